@@ -1,0 +1,166 @@
+/* zoff config: DeepSpeed's JSON config -> one validated zoff_config.
+ *
+ * A user's existing DeepSpeed file works unchanged. A key zoff does not know,
+ * a value of the wrong type or out of range, or a contradiction is an error
+ * (ZOFF_ERR_CONFIG) whose message names the key path (e.g.
+ * "zero_optimization.offload_optimizer.device"), the value and what is allowed.
+ * Defaults are DeepSpeed's. */
+#ifndef ZOFF_CONFIG_H
+#define ZOFF_CONFIG_H
+
+#include "zoff/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum zoff_optimizer_type {
+    ZOFF_OPTIM_ADAM = 0,  /* "Adam": adam_w_mode defaults to true in DeepSpeed's fused/CPU Adam */
+    ZOFF_OPTIM_ADAMW,     /* "AdamW": always decoupled weight decay */
+    ZOFF_OPTIM_ADAGRAD,
+    ZOFF_OPTIM_LION
+} zoff_optimizer_type;
+
+typedef enum zoff_scheduler_type {
+    ZOFF_SCHED_NONE = 0,        /* constant lr */
+    ZOFF_SCHED_WARMUP_LR,       /* "WarmupLR" */
+    ZOFF_SCHED_WARMUP_DECAY_LR, /* "WarmupDecayLR" */
+    ZOFF_SCHED_WARMUP_COSINE_LR /* "WarmupCosineLR" */
+} zoff_scheduler_type;
+
+typedef enum zoff_warmup_type { ZOFF_WARMUP_LOG = 0, ZOFF_WARMUP_LINEAR } zoff_warmup_type;
+
+typedef enum zoff_offload_device { ZOFF_OFFLOAD_NONE = 0, ZOFF_OFFLOAD_CPU, ZOFF_OFFLOAD_NVME } zoff_offload_device;
+
+typedef struct zoff_optimizer_config {
+    zoff_optimizer_type type;
+    double lr;              /* default 1e-3 */
+    double beta1, beta2;    /* betas, default [0.9, 0.999] */
+    double eps;             /* default 1e-8 */
+    double weight_decay;    /* default 0 (Adam/AdamW: DeepSpeed default 0.0; Lion 0) */
+    bool adam_w_mode;       /* default true */
+    bool bias_correction;   /* default true */
+    bool torch_adam;        /* accepted for compatibility; no effect (zoff has one Adam) */
+    double initial_accumulator_value; /* Adagrad, default 0 */
+} zoff_optimizer_config;
+
+typedef struct zoff_scheduler_config {
+    zoff_scheduler_type type;
+    /* WarmupLR / WarmupDecayLR */
+    double warmup_min_lr;      /* default 0 */
+    double warmup_max_lr;      /* default 0.001 */
+    int64_t warmup_num_steps;  /* default 1000 */
+    zoff_warmup_type warmup_type; /* default log */
+    int64_t total_num_steps;   /* WarmupDecayLR, WarmupCosineLR: required */
+    /* WarmupCosineLR */
+    double warmup_min_ratio;   /* default 0 */
+    double cos_min_ratio;      /* default 0.0001 */
+} zoff_scheduler_config;
+
+typedef struct zoff_fp16_config {
+    bool enabled;
+    double loss_scale;          /* 0 = dynamic (default) */
+    int initial_scale_power;    /* default 16 */
+    int loss_scale_window;      /* default 1000 */
+    int hysteresis;             /* default 2 */
+    bool consecutive_hysteresis;/* default false */
+    double min_loss_scale;      /* default 1 */
+} zoff_fp16_config;
+
+typedef struct zoff_offload_optimizer_config {
+    zoff_offload_device device; /* "none" (default), "cpu", "nvme" */
+    char nvme_path[4096];
+    bool pin_memory;            /* default false */
+    int64_t buffer_count;       /* default 4 */
+    bool pipeline_read, pipeline_write; /* default false */
+    bool fast_init;             /* default false */
+    double ratio;               /* default 1.0: fraction of the update on the host (Twin-Flow) */
+    bool ratio_auto;            /* "ratio": "auto" */
+} zoff_offload_optimizer_config;
+
+typedef struct zoff_offload_param_config {
+    zoff_offload_device device; /* "none" (default), "cpu", "nvme" */
+    char nvme_path[4096];
+    bool pin_memory;            /* default false */
+    int64_t buffer_count;       /* default 5 */
+    int64_t buffer_size;        /* default 1e8 */
+    int64_t max_in_cpu;         /* default 1e9 */
+} zoff_offload_param_config;
+
+typedef struct zoff_zero_config {
+    int stage;                        /* 0..3, default 0 */
+    bool contiguous_gradients;        /* default true */
+    bool overlap_comm;                /* default false (stage 3: true) */
+    bool reduce_scatter;              /* default true */
+    bool allgather_partitions;        /* default true */
+    int64_t reduce_bucket_size;       /* default 5e8 */
+    int64_t allgather_bucket_size;    /* default 5e8 */
+    int64_t sub_group_size;           /* default 1e9 */
+    bool round_robin_gradients;       /* default false */
+    bool cpu_offload;                 /* legacy key: same as offload_optimizer.device = "cpu" */
+    int64_t stage3_prefetch_bucket_size;       /* default 5e7 */
+    int64_t stage3_param_persistence_threshold;/* default 1e5 */
+    int64_t stage3_max_live_parameters;        /* default 1e9 */
+    int64_t stage3_max_reuse_distance;         /* default 1e9 */
+    bool stage3_gather_16bit_weights_on_model_save; /* default false */
+    bool elastic_checkpoint;          /* accepted; no effect */
+    /* zoff extension: ZeRO-Offload's delayed parameter update (one-step delay). */
+    bool delayed_param_update;        /* "zoff_delayed_param_update", default false */
+    int64_t delayed_param_update_warmup; /* "zoff_delayed_param_update_warmup", default 10 */
+    zoff_offload_optimizer_config offload_optimizer;
+    zoff_offload_param_config offload_param;
+} zoff_zero_config;
+
+typedef struct zoff_aio_config {
+    int64_t block_size;           /* default 1048576 */
+    int64_t queue_depth;          /* default 8 */
+    int64_t intra_op_parallelism; /* default 1; older name "thread_count" */
+    bool single_submit;           /* default false */
+    bool overlap_events;          /* default true */
+} zoff_aio_config;
+
+/* The "model" section (zoff's own; Megatron-style flags override it). 0 = unset. */
+typedef struct zoff_model_config {
+    int64_t num_layers, hidden_size, num_attention_heads, seq_length, vocab_size, max_position_embeddings;
+} zoff_model_config;
+
+typedef struct zoff_config {
+    /* batch: as given (0 = not given) and resolved by zoff_config_resolve_batch */
+    int64_t train_batch_size;
+    int64_t train_micro_batch_size_per_gpu;
+    int64_t gradient_accumulation_steps;
+    zoff_optimizer_config optimizer;
+    bool optimizer_given;
+    zoff_scheduler_config scheduler;
+    double gradient_clipping;     /* 0 = off (default) */
+    zoff_fp16_config fp16;
+    bool bf16_enabled;            /* "bf16": {"enabled": true}; "bfloat16" is accepted as an alias */
+    int64_t steps_per_print;      /* default 10 */
+    bool wall_clock_breakdown;    /* default false */
+    bool prescale_gradients;      /* default false */
+    double gradient_predivide_factor; /* default 1 */
+    zoff_zero_config zero;
+    zoff_aio_config aio;
+    zoff_model_config model;
+    char *source;                 /* the JSON text as given (owned; NULL for defaults) */
+} zoff_config;
+
+/* Fill DeepSpeed's defaults (no file). */
+void zoff_config_defaults(zoff_config *cfg);
+/* Parse and validate a DeepSpeed JSON file. On error cfg is left freed/defaulted. */
+zoff_status zoff_config_load_file(const char *path, zoff_config *cfg);
+/* Same, from a string; `source_name` names it in messages. */
+zoff_status zoff_config_load_string(const char *json, const char *source_name, zoff_config *cfg);
+/* DeepSpeed's batch relation: train_batch_size = micro * accum * world_size.
+ * Any two give the third; all three must agree; with only one given the others
+ * default as DeepSpeed does (micro only: accum 1; global only: accum 1, micro = global / world). */
+zoff_status zoff_config_resolve_batch(zoff_config *cfg, int world_size);
+/* Settings that parse and validate but that this version of zoff does not
+ * implement yet: an error (ZOFF_ERR_UNSUPPORTED) naming the key, not silently ignored. */
+zoff_status zoff_config_check_supported(const zoff_config *cfg);
+void zoff_config_free(zoff_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,92 @@
+/* zoff core: status codes and error messages, logging, aligned allocation,
+ * timers, CPU feature detection. Every other module builds on this one. */
+#ifndef ZOFF_CORE_H
+#define ZOFF_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every fallible function returns a zoff_status. On failure the thread-local
+ * message (zoff_last_error) says what was wrong, with what value, and what to do. */
+typedef enum zoff_status {
+    ZOFF_OK = 0,
+    ZOFF_ERR_INVALID,      /* bad argument or input value */
+    ZOFF_ERR_CONFIG,       /* bad configuration (unknown key, wrong type, out of range, contradiction) */
+    ZOFF_ERR_IO,           /* file system or I/O failure */
+    ZOFF_ERR_FORMAT,       /* a file exists but its content is wrong (magic, version, size, checksum) */
+    ZOFF_ERR_NOMEM,        /* host memory exhausted */
+    ZOFF_ERR_DEVICE_OOM,   /* device memory budget exhausted */
+    ZOFF_ERR_DEVICE,       /* device runtime failure (CUDA error, stream error) */
+    ZOFF_ERR_UNSUPPORTED,  /* valid request that this build/backend/version does not implement */
+    ZOFF_ERR_INTERNAL      /* a bug in zoff */
+} zoff_status;
+
+/* Name of a status code, e.g. "ZOFF_ERR_CONFIG". */
+const char *zoff_status_name(zoff_status s);
+
+/* Set the thread-local error message (printf-style) and return `code`.
+ * Usage: return zoff_error(ZOFF_ERR_IO, "cannot open %s: %s", path, strerror(errno)); */
+zoff_status zoff_error(zoff_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefix the current message with context: "loading checkpoint: <old message>". Returns code. */
+zoff_status zoff_error_context(zoff_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The calling thread's last error message ("" when none). */
+const char *zoff_last_error(void);
+void zoff_clear_error(void);
+
+/* Propagate a failing status unchanged. */
+#define ZOFF_TRY(expr)                         \
+    do {                                       \
+        zoff_status zoff_try_s_ = (expr);      \
+        if (zoff_try_s_ != ZOFF_OK) return zoff_try_s_; \
+    } while (0)
+
+/* ---- logging ---- */
+typedef enum { ZOFF_LOG_DEBUG = 0, ZOFF_LOG_INFO, ZOFF_LOG_WARN, ZOFF_LOG_ERROR } zoff_log_level;
+void zoff_log_set_level(zoff_log_level level);
+zoff_log_level zoff_log_get_level(void);
+/* Writes "zoff: [level] message\n" to stderr when level >= the set level. */
+void zoff_log(zoff_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- aligned allocation (host, pageable) ---- */
+/* Returns NULL on failure and sets the error message (naming `what` and the size). */
+void *zoff_aligned_alloc(size_t alignment, size_t bytes, const char *what);
+void zoff_aligned_free(void *p);
+
+/* ---- timers ---- */
+double zoff_now(void); /* monotonic seconds */
+
+/* ---- sizes ---- */
+/* Parse "256MiB", "1.5GB", "4096", "2G" into bytes. Binary units for Ki/Mi/Gi/K/M/G, decimal for kB/MB/GB. */
+zoff_status zoff_parse_size(const char *text, size_t *out);
+/* Format bytes as e.g. "1.50 GiB" into buf. Returns buf. */
+const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen);
+
+/* ---- CPU features ---- */
+typedef struct zoff_cpu_features {
+    bool avx2, fma, f16c;
+    bool avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16;
+    bool neon;
+    int logical_cores;
+} zoff_cpu_features;
+const zoff_cpu_features *zoff_cpu_features_get(void);
+
+/* ---- half-precision conversion (scalar, round-to-nearest-even) ---- */
+float zoff_bf16_to_f32(uint16_t h);
+uint16_t zoff_f32_to_bf16(float f);
+float zoff_f16_to_f32(uint16_t h);
+uint16_t zoff_f32_to_f16(float f);
+
+/* ---- checksums ---- */
+uint32_t zoff_crc32c(uint32_t crc, const void *data, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

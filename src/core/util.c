@@ -1,0 +1,156 @@
+/* Aligned allocation, timers, sizes, half-precision conversion, CRC32C. */
+#define _POSIX_C_SOURCE 200809L
+#include "zoff/core.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void *zoff_aligned_alloc(size_t alignment, size_t bytes, const char *what) {
+    void *p = NULL;
+    if (alignment < sizeof(void *)) alignment = sizeof(void *);
+    int rc = posix_memalign(&p, alignment, bytes ? bytes : alignment);
+    if (rc != 0) {
+        char b[32];
+        zoff_error(ZOFF_ERR_NOMEM, "out of host memory allocating %s (%s): %s; free memory or use a smaller model/batch",
+                   what ? what : "buffer", zoff_format_bytes(bytes, b, sizeof b), strerror(rc));
+        return NULL;
+    }
+    return p;
+}
+
+void zoff_aligned_free(void *p) { free(p); }
+
+double zoff_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+zoff_status zoff_parse_size(const char *text, size_t *out) {
+    if (!text || !*text) return zoff_error(ZOFF_ERR_INVALID, "empty size; expected e.g. 256MiB, 2GiB or 4096");
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(text, &end);
+    if (end == text || errno || !(v >= 0) || !isfinite(v))
+        return zoff_error(ZOFF_ERR_INVALID, "invalid size '%s'; expected e.g. 256MiB, 2GiB or 4096", text);
+    while (*end == ' ') end++;
+    double mul = 1;
+    struct { const char *s; double m; } units[] = {
+        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"kB", 1e3}, {"KB", 1e3},
+        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
+        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
+        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+    size_t i;
+    for (i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].s) == 0) { mul = units[i].m; break; }
+    if (i == sizeof units / sizeof units[0])
+        return zoff_error(ZOFF_ERR_INVALID, "invalid size unit in '%s'; use B, KiB, MiB, GiB, TiB (or kB, MB, GB, TB)", text);
+    double bytes = v * mul;
+    if (bytes > 1.8e19) return zoff_error(ZOFF_ERR_INVALID, "size '%s' is too large", text);
+    *out = (size_t)bytes;
+    return ZOFF_OK;
+}
+
+const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int i = 0;
+    while (v >= 1024.0 && i < 4) { v /= 1024.0; i++; }
+    if (i == 0) snprintf(buf, buflen, "%zu B", bytes);
+    else snprintf(buf, buflen, "%.2f %s", v, u[i]);
+    return buf;
+}
+
+float zoff_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t zoff_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float zoff_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (man == 0) u = sign;
+        else { /* subnormal */
+            float f = (float)man * 5.9604644775390625e-8f; /* 2^-24 */
+            memcpy(&u, &f, 4);
+            u |= sign;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t zoff_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t au = u & 0x7fffffffu;
+    if (au > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);     /* NaN */
+    if (au >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);    /* overflow -> inf (rounds past 65504) */
+    if (au < 0x38800000u) {                                      /* subnormal or zero in f16 */
+        float a;
+        memcpy(&a, &au, 4);
+        /* round to nearest even at 2^-24 granularity */
+        float q = a * 16777216.0f; /* 2^24 */
+        float r = nearbyintf(q);
+        return (uint16_t)(sign | (uint32_t)r);
+    }
+    uint32_t mant_round = au + 0xfffu + ((au >> 13) & 1u);
+    uint32_t h = ((mant_round >> 13) - (112u << 10));
+    return (uint16_t)(sign | h);
+}
+
+/* CRC32C (Castagnoli), table-driven. */
+static uint32_t g_crc_table[8][256];
+static int g_crc_init;
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+        g_crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            g_crc_table[t][i] = (g_crc_table[t - 1][i] >> 8) ^ g_crc_table[0][g_crc_table[t - 1][i] & 0xff];
+    __atomic_store_n(&g_crc_init, 1, __ATOMIC_RELEASE);
+}
+
+uint32_t zoff_crc32c(uint32_t crc, const void *data, size_t n) {
+    if (!__atomic_load_n(&g_crc_init, __ATOMIC_ACQUIRE)) crc_init();
+    const uint8_t *p = data;
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= crc;
+        crc = g_crc_table[7][lo & 0xff] ^ g_crc_table[6][(lo >> 8) & 0xff] ^ g_crc_table[5][(lo >> 16) & 0xff] ^
+              g_crc_table[4][lo >> 24] ^ g_crc_table[3][hi & 0xff] ^ g_crc_table[2][(hi >> 8) & 0xff] ^
+              g_crc_table[1][(hi >> 16) & 0xff] ^ g_crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ g_crc_table[0][(crc ^ *p++) & 0xff];
+    return ~crc;
+}
