@@ -39,7 +39,14 @@ zoff_status zoff_error_context(zoff_status code, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, g_msg, sizeof old);
-    snprintf(g_msg, sizeof g_msg, "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    if (n > sizeof g_msg - 3) n = sizeof g_msg - 3;
+    memcpy(g_msg, prefix, n);
+    memcpy(g_msg + n, ": ", 2);
+    size_t room = sizeof g_msg - n - 3, m = strlen(old);
+    if (m > room) m = room;
+    memcpy(g_msg + n + 2, old, m);
+    g_msg[n + 2 + m] = '\0';
     return code;
 }
 

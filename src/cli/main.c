@@ -1,0 +1,59 @@
+/* The zoff command: subcommand dispatch. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "zoff/core.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "zoff %s: train GPT-2-family models with ZeRO-Offload-style memory savings\n"
+            "\n"
+            "usage: zoff <command> [options]     (zoff <command> --help for its options)\n"
+            "\n"
+            "commands:\n"
+            "  train      train a model (default: small GPT-2 on the bundled corpus)\n"
+            "  sample     generate text from a checkpoint\n"
+            "  tokenize   write token shards (.bin) from text files\n"
+            "  bench      measure against the machine's limits (adam)\n"
+            "  version    print the version and build features\n",
+            ZOFF_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return zoff_cmd_train(argc, argv); /* `zoff` alone = the default job */
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        const zoff_cpu_features *f = zoff_cpu_features_get();
+        printf("zoff %s\ncuda: %s\nmpi: %s\nio_uring: %s\ncpu: %d logical cores, avx2=%d avx512f=%d avx512_bf16=%d avx512_fp16=%d\n",
+               ZOFF_VERSION,
+#ifdef ZOFF_HAVE_CUDA
+               "built",
+#else
+               "not built",
+#endif
+#ifdef ZOFF_HAVE_MPI
+               "built",
+#else
+               "not built",
+#endif
+#ifdef ZOFF_HAVE_URING
+               "built",
+#else
+               "not built",
+#endif
+               f->logical_cores, f->avx2, f->avx512f, f->avx512_bf16, f->avx512_fp16);
+        return 0;
+    }
+    if (!strcmp(cmd, "train")) return zoff_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sample")) return zoff_cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return zoff_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return zoff_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "zoff: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
