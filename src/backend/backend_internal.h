@@ -1,0 +1,79 @@
+/* Private to src/backend: the common layer's handles and the backend registry.
+ *
+ * src/backend/device.c implements include/zoff/device.h on top of a
+ * zoff_backend_vtable. The public handles (zoff_device, zoff_stream,
+ * zoff_event) are common-layer structs that wrap a backend's opaque objects
+ * (`impl`): a backend never sees a zoff_stream, only its own stream object.
+ *
+ * What the common layer does for every backend (so a backend must not):
+ *   - budget and pointer->size accounting of device and pinned memory;
+ *   - argument validation of every call, including zoff_launch's per-op checks
+ *     (op code, args_size, required pointers, non-negative sizes, dtypes);
+ *   - the default compute stream, and destroying whatever the user left alive
+ *     at zoff_device_destroy (streams drained first, then events, then memory).
+ *
+ * What a backend must do (contract for src/backend/cpu and src/backend/cuda):
+ *   - launch(ctx, stream, op, args): `args` points to the op's struct and is
+ *     only valid during the call: copy it if the work runs later;
+ *     zoff_op_args_size(op) gives its size;
+ *   - stream_sync / event_sync return the stream's sticky error with its
+ *     message set (zoff_error) on the calling thread;
+ *   - event_destroy may be called while a record or wait of the event is still
+ *     pending on a stream: the pending work must still complete safely;
+ *   - mem_alloc / pinned_alloc set a message on failure; a backend reports its
+ *     own out-of-memory as ZOFF_ERR_DEVICE_OOM and the common layer adds the
+ *     allocation's name, size and the accounting to the message. */
+#ifndef ZOFF_BACKEND_INTERNAL_H
+#define ZOFF_BACKEND_INTERNAL_H
+
+#include <pthread.h>
+
+#include "zoff/device.h"
+
+/* Pointer -> size map (open addressing, linear probing); guarded by the device mutex. */
+typedef struct zoff_ptr_map {
+    uintptr_t *keys; /* 0 = empty slot */
+    size_t *sizes;
+    size_t cap;      /* power of two, or 0 before the first insert */
+    size_t count;
+} zoff_ptr_map;
+
+struct zoff_stream {
+    zoff_device *dev;
+    void *impl;              /* the backend's stream */
+    char name[64];
+    bool is_default;         /* the device's compute stream: destroyed with the device only */
+    zoff_stream *prev, *next; /* device's list of live streams (under dev->mu) */
+};
+
+struct zoff_event {
+    zoff_device *dev;
+    void *impl;              /* the backend's event */
+    zoff_event *prev, *next; /* device's list of live events (under dev->mu) */
+};
+
+struct zoff_device {
+    const zoff_backend_vtable *vt;
+    void *ctx;               /* the backend's context (from vt->init) */
+    zoff_device_options opts;
+    pthread_mutex_t mu;      /* guards the maps, the counters and the lists below */
+    zoff_ptr_map device_allocs, pinned_allocs;
+    size_t device_in_use, device_peak, pinned_in_use, pinned_peak;
+    zoff_stream *default_stream;
+    zoff_stream *streams;    /* user-created streams, not the default one */
+    zoff_event *events;
+};
+
+/* sizeof the op's args struct (0 for an op code out of range). */
+size_t zoff_op_args_size(zoff_op op);
+
+/* ---- backend registry ---- */
+extern const zoff_backend_vtable zoff_cpu_backend_vtable;
+#ifdef ZOFF_HAVE_CUDA
+extern const zoff_backend_vtable zoff_cuda_backend_vtable;
+/* Implemented by src/backend/cuda: is a usable CUDA device present (cudaGetDeviceCount > 0)?
+ * Must not abort or print when the driver is missing. */
+bool zoff_cuda_backend_available(void);
+#endif
+
+#endif
