@@ -1,0 +1,1071 @@
+/* CPU backend kernels: the math of every zoff_op (see include/zoff/device.h
+ * for each op's arguments and exact semantics).
+ *
+ * Every kernel is written once, in fp32. Storage dtypes (f32, bf16, f16) are
+ * handled at the edges by a few view helpers: for f32 a "view" is the tensor
+ * itself (no copy), for bf16/f16 it is a per-thread fp32 scratch row that is
+ * converted on load and rounded to nearest even on store. Matrix products go
+ * through OpenBLAS cblas_sgemm (16-bit operands are widened to fp32 scratch).
+ *
+ * Threads: OpenMP with nt = threads ? threads : omp_get_max_threads(). These
+ * functions run on a stream's thread, never assume the main thread. Results
+ * are deterministic for a given thread count; the reductions (dweight/dbias
+ * of matmul and layernorm, dwte/dwpe, GRAD_STATS) are deterministic for any
+ * thread count: they are parallelised over the output dimension or over
+ * fixed-size chunks combined in a fixed order. */
+#include "backend/cpu/cpu_kernels.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Elements per block for the flat (elementwise) kernels; three such fp32
+ * blocks live on the stack of each thread. */
+#define BLK 1024
+/* Ops with fewer elements than this run on one thread. */
+#define PAR_MIN 16384
+/* Rows per block in attention (S/P scratch is ATT_RB x T per thread). */
+#define ATT_RB 64
+/* Columns per block for column reductions (dbias, layernorm dweight). */
+#define COL_BLK 64
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline int nthreads(int threads) {
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+    return nt > 0 ? nt : 1;
+}
+
+static inline float bf16_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Bit-identical to zoff_f32_to_bf16 (round to nearest even, NaN stays quiet NaN),
+ * branch-free so loops vectorise. */
+static inline uint16_t f32_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t q = (u >> 16) | 0x40u;
+    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? q : r);
+}
+
+static inline size_t dsize(zoff_dtype dt) { return dt == ZOFF_BF16 || dt == ZOFF_F16 ? 2 : 4; }
+
+/* Address of element i of a tensor of dtype dt. */
+static inline void *eptr(const void *base, int64_t i, zoff_dtype dt) {
+    return (char *)base + (size_t)i * dsize(dt);
+}
+
+/* dst(n) fp32 = src(n) of dt. */
+static void load_f32(float *dst, const void *src, int64_t n, zoff_dtype dt) {
+    if (dt == ZOFF_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else if (dt == ZOFF_BF16) {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_f32(s[i]);
+    } else {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = zoff_f16_to_f32(s[i]);
+    }
+}
+
+/* dst(n) of dt = src(n) fp32, round to nearest even. */
+static void store_f32(void *dst, const float *src, int64_t n, zoff_dtype dt) {
+    if (dt == ZOFF_F32) {
+        if (dst != src) memmove(dst, src, (size_t)n * 4);
+    } else if (dt == ZOFF_BF16) {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = f32_bf16(src[i]);
+    } else {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = zoff_f32_to_f16(src[i]);
+    }
+}
+
+/* Read-only fp32 view of n elements at src: src itself for f32, else converted into scratch. */
+static inline const float *view_rd(const void *src, int64_t n, zoff_dtype dt, float *scratch) {
+    if (dt == ZOFF_F32) return src;
+    load_f32(scratch, src, n, dt);
+    return scratch;
+}
+
+/* Writable fp32 buffer for dst: dst itself for f32, else scratch (contents undefined). */
+static inline float *view_wr(void *dst, zoff_dtype dt, float *scratch) {
+    return dt == ZOFF_F32 ? (float *)dst : scratch;
+}
+
+/* Read-write fp32 view (for accumulation): dst itself for f32, else scratch loaded from dst. */
+static inline float *view_rw(void *dst, int64_t n, zoff_dtype dt, float *scratch) {
+    if (dt == ZOFF_F32) return dst;
+    load_f32(scratch, dst, n, dt);
+    return scratch;
+}
+
+/* Write back a view_wr/view_rw buffer (no-op for f32). */
+static inline void view_commit(void *dst, const float *buf, int64_t n, zoff_dtype dt) {
+    if (dt != ZOFF_F32) store_f32(dst, buf, n, dt);
+}
+
+/* Parallel dst(n) fp32 = src(n) of dt. */
+static void load_f32_par(float *dst, const void *src, int64_t n, zoff_dtype dt, int nt) {
+    int64_t nb = (n + BLK - 1) / BLK;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        load_f32(dst + i0, eptr(src, i0, dt), len, dt);
+    }
+}
+
+/* Parallel rows: dst(rows, cols) fp32 (row stride ldd) = src(rows, cols) of dt (row stride lds). */
+static void load_f32_2d(float *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols,
+                        zoff_dtype dt, int nt) {
+#pragma omp parallel for num_threads(nt) if (rows * cols > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) load_f32(dst + r * ldd, eptr(src, r * lds, dt), cols, dt);
+}
+
+/* Parallel rows: dst(rows, cols) of dt (row stride ldd) (+)= src(rows, cols) fp32 (row stride lds). */
+static void store_f32_2d(void *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols,
+                         zoff_dtype dt, int accumulate, int nt) {
+#pragma omp parallel for num_threads(nt) if (rows * cols > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        void *d = eptr(dst, r * ldd, dt);
+        const float *s = src + r * lds;
+        if (!accumulate) {
+            store_f32(d, s, cols, dt);
+            continue;
+        }
+        float tmp[BLK];
+        for (int64_t c0 = 0; c0 < cols; c0 += BLK) {
+            int64_t len = cols - c0 < BLK ? cols - c0 : BLK;
+            void *dc = eptr(d, c0, dt);
+            float *acc = view_rw(dc, len, dt, tmp);
+            for (int64_t c = 0; c < len; c++) acc[c] += s[c0 + c];
+            view_commit(dc, acc, len, dt);
+        }
+    }
+}
+
+/* acc(cols) = sum over rows of x(rows, cols) (row stride ld), rows summed in order:
+ * deterministic for any thread count (parallel over column blocks). */
+static void colsum(float *acc, const float *x, int64_t ld, int64_t rows, int64_t cols, int nt) {
+    int64_t ncb = (cols + COL_BLK - 1) / COL_BLK;
+#pragma omp parallel for num_threads(nt) if (rows * cols > PAR_MIN) schedule(static)
+    for (int64_t cb = 0; cb < ncb; cb++) {
+        int64_t c0 = cb * COL_BLK, len = cols - c0 < COL_BLK ? cols - c0 : COL_BLK;
+        float s[COL_BLK];
+        for (int64_t c = 0; c < len; c++) s[c] = 0.0f;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * ld + c0;
+            for (int64_t c = 0; c < len; c++) s[c] += xr[c];
+        }
+        for (int64_t c = 0; c < len; c++) acc[c0 + c] = s[c];
+    }
+}
+
+static float *scratch_alloc(int64_t count, const char *what) {
+    return zoff_aligned_alloc(64, (size_t)(count > 0 ? count : 1) * sizeof(float), what);
+}
+
+static zoff_status check_dt(zoff_op op, const char *role, zoff_dtype dt) {
+    if (dt == ZOFF_F32 || dt == ZOFF_BF16 || dt == ZOFF_F16) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                      "%s: %s dtype %s (%d) is not supported by the CPU backend; use f32, bf16 or f16",
+                      zoff_op_name(op), role, (unsigned)dt < ZOFF_DTYPE_COUNT ? zoff_dtype_name(dt) : "invalid",
+                      (int)dt);
+}
+
+static zoff_status check_blas_dim(zoff_op op, const char *name, int64_t v) {
+    if (v >= 0 && v <= INT_MAX) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                      "%s: %s = %lld exceeds the BLAS limit of %d on the CPU backend; split the operation",
+                      zoff_op_name(op), name, (long long)v, INT_MAX);
+}
+
+static zoff_status check_tokens(const char *what, const int32_t *tokens, int64_t n, int64_t T, int64_t V) {
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return zoff_error(ZOFF_ERR_INVALID,
+                              "%s: token id %d at position %lld (b=%lld, t=%lld) is out of range [0, %lld); "
+                              "check that the data was tokenized with this model's vocabulary",
+                              what, (int)tokens[i], (long long)i, (long long)(i / T), (long long)(i % T),
+                              (long long)V);
+    }
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+/* out is (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T) int32, wte (V,C), wpe (maxT,C). */
+static zoff_status embed_fwd(const zoff_op_embed_fwd_args *a, int nt) {
+    const int64_t BT = a->B * a->T, C = a->C;
+    const zoff_dtype dt = a->dt;
+    if (BT == 0 || C == 0) return ZOFF_OK;
+    ZOFF_TRY(check_tokens("embedding forward", a->tokens, BT, a->T, a->V));
+    float *scr = NULL;
+    if (dt != ZOFF_F32 && !(scr = scratch_alloc((int64_t)nt * 3 * C, "embedding scratch"))) return ZOFF_ERR_NOMEM;
+#pragma omp parallel num_threads(nt) if (BT * C > PAR_MIN)
+    {
+        float *s = scr ? scr + (int64_t)omp_get_thread_num() * 3 * C : NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < BT; i++) {
+            int64_t t = i % a->T;
+            const float *w = view_rd(eptr(a->wte, (int64_t)a->tokens[i] * C, dt), C, dt, s);
+            const float *p = view_rd(eptr(a->wpe, t * C, dt), C, dt, s ? s + C : NULL);
+            void *orow = eptr(a->out, i * C, dt);
+            float *o = view_wr(orow, dt, s ? s + 2 * C : NULL);
+            for (int64_t c = 0; c < C; c++) o[c] = w[c] + p[c];
+            view_commit(orow, o, C, dt);
+        }
+    }
+    zoff_aligned_free(scr);
+    return ZOFF_OK;
+}
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* dwte (V,C) += dout rows by token; dwpe (maxT,C) row t += sum_b dout[b,t]; dout (B,T,C).
+ * dwte: positions are sorted by token, each token's rows are summed in position
+ * order in fp32 and added once, so it is deterministic for any thread count. */
+static zoff_status embed_bwd(const zoff_op_embed_bwd_args *a, int nt) {
+    const int64_t B = a->B, T = a->T, BT = B * T, C = a->C;
+    const zoff_dtype dt = a->dt;
+    if (BT == 0 || C == 0) return ZOFF_OK;
+    if (a->dwte) ZOFF_TRY(check_tokens("embedding backward", a->tokens, BT, T, a->V));
+    float *scr = scratch_alloc((int64_t)nt * 3 * C, "embedding backward scratch");
+    if (!scr) return ZOFF_ERR_NOMEM;
+    zoff_status st = ZOFF_OK;
+    if (a->dwpe) {
+#pragma omp parallel num_threads(nt) if (BT * C > PAR_MIN)
+        {
+            float *s = scr + (int64_t)omp_get_thread_num() * 3 * C;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                float *acc = s;
+                for (int64_t c = 0; c < C; c++) acc[c] = 0.0f;
+                for (int64_t b = 0; b < B; b++) {
+                    const float *d = view_rd(eptr(a->dout, (b * T + t) * C, dt), C, dt, s + C);
+                    for (int64_t c = 0; c < C; c++) acc[c] += d[c];
+                }
+                void *prow = eptr(a->dwpe, t * C, dt);
+                float *p = view_rw(prow, C, dt, s + 2 * C);
+                for (int64_t c = 0; c < C; c++) p[c] += acc[c];
+                view_commit(prow, p, C, dt);
+            }
+        }
+    }
+    if (a->dwte) {
+        /* key = token * BT + position: sorting groups positions by token, in position order. */
+        int64_t *keys = malloc((size_t)BT * sizeof(int64_t) + (size_t)(BT + 1) * sizeof(int64_t));
+        if (!keys) {
+            st = zoff_error(ZOFF_ERR_NOMEM, "embedding backward: out of host memory for %lld token keys",
+                            (long long)BT);
+        } else {
+            int64_t *starts = keys + BT, ng = 0;
+            for (int64_t i = 0; i < BT; i++) keys[i] = (int64_t)a->tokens[i] * BT + i;
+            qsort(keys, (size_t)BT, sizeof(int64_t), cmp_i64);
+            for (int64_t i = 0; i < BT; i++)
+                if (i == 0 || keys[i] / BT != keys[i - 1] / BT) starts[ng++] = i;
+            starts[ng] = BT;
+#pragma omp parallel num_threads(nt) if (BT * C > PAR_MIN)
+            {
+                float *s = scr + (int64_t)omp_get_thread_num() * 3 * C;
+#pragma omp for schedule(dynamic, 16)
+                for (int64_t g = 0; g < ng; g++) {
+                    float *acc = s;
+                    for (int64_t c = 0; c < C; c++) acc[c] = 0.0f;
+                    for (int64_t k = starts[g]; k < starts[g + 1]; k++) {
+                        int64_t pos = keys[k] % BT;
+                        const float *d = view_rd(eptr(a->dout, pos * C, dt), C, dt, s + C);
+                        for (int64_t c = 0; c < C; c++) acc[c] += d[c];
+                    }
+                    int64_t tok = keys[starts[g]] / BT;
+                    void *wrow = eptr(a->dwte, tok * C, dt);
+                    float *w = view_rw(wrow, C, dt, s + 2 * C);
+                    for (int64_t c = 0; c < C; c++) w[c] += acc[c];
+                    view_commit(wrow, w, C, dt);
+                }
+            }
+            free(keys);
+        }
+    }
+    zoff_aligned_free(scr);
+    return st;
+}
+
+/* ------------------------------------------------------------------ layernorm */
+
+/* out (N,C) = (inp - mean) * rstd * weight + bias; inp (N,C), weight/bias (C), mean/rstd (N) fp32. */
+static zoff_status layernorm_fwd(const zoff_op_layernorm_fwd_args *a, int nt) {
+    const int64_t N = a->N, C = a->C;
+    const zoff_dtype dt = a->dt;
+    if (N == 0 || C == 0) return ZOFF_OK;
+    /* [w32 C][b32 C] shared + per thread [x C][o C] */
+    float *scr = scratch_alloc(2 * C + (int64_t)nt * 2 * C, "layernorm scratch");
+    if (!scr) return ZOFF_ERR_NOMEM;
+    const float *w = view_rd(a->weight, C, dt, scr);
+    float *bz = scr + C;
+    const float *bias;
+    if (a->bias) {
+        bias = view_rd(a->bias, C, dt, bz);
+    } else {
+        for (int64_t c = 0; c < C; c++) bz[c] = 0.0f;
+        bias = bz;
+    }
+#pragma omp parallel num_threads(nt) if (N * C > PAR_MIN)
+    {
+        float *s = scr + 2 * C + (int64_t)omp_get_thread_num() * 2 * C;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            const float *x = view_rd(eptr(a->inp, i * C, dt), C, dt, s);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t c = 0; c < C; c++) sum += x[c];
+            float m = sum / (float)C, var = 0.0f;
+#pragma omp simd reduction(+ : var)
+            for (int64_t c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+            float r = 1.0f / sqrtf(var / (float)C + 1e-5f);
+            void *orow = eptr(a->out, i * C, dt);
+            float *o = view_wr(orow, dt, s + C);
+            for (int64_t c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + bias[c];
+            view_commit(orow, o, C, dt);
+            if (a->mean) a->mean[i] = m;
+            if (a->rstd) a->rstd[i] = r;
+        }
+    }
+    zoff_aligned_free(scr);
+    return ZOFF_OK;
+}
+
+/* dinp (N,C) +=, dweight (C) +=, dbias (C) +=; dout, inp (N,C); weight (C); mean, rstd (N) fp32.
+ * dinp is row-parallel; dweight/dbias are column-parallel (rows summed in order). */
+static zoff_status layernorm_bwd(const zoff_op_layernorm_bwd_args *a, int nt) {
+    const int64_t N = a->N, C = a->C;
+    const zoff_dtype dt = a->dt;
+    if (N == 0 || C == 0) return ZOFF_OK;
+    /* [w32 C] shared + per thread [x C][dy C][dx C] */
+    float *scr = scratch_alloc(C + (int64_t)nt * 3 * C, "layernorm backward scratch");
+    if (!scr) return ZOFF_ERR_NOMEM;
+    if (a->dinp) {
+        const float *w = view_rd(a->weight, C, dt, scr);
+#pragma omp parallel num_threads(nt) if (N * C > PAR_MIN)
+        {
+            float *s = scr + C + (int64_t)omp_get_thread_num() * 3 * C;
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < N; i++) {
+                const float *x = view_rd(eptr(a->inp, i * C, dt), C, dt, s);
+                const float *dy = view_rd(eptr(a->dout, i * C, dt), C, dt, s + C);
+                const float m = a->mean[i], r = a->rstd[i];
+                float dmean = 0.0f, dnmean = 0.0f;
+#pragma omp simd reduction(+ : dmean, dnmean)
+                for (int64_t c = 0; c < C; c++) {
+                    float dn = w[c] * dy[c];
+                    dmean += dn;
+                    dnmean += dn * (x[c] - m) * r;
+                }
+                dmean /= (float)C;
+                dnmean /= (float)C;
+                void *drow = eptr(a->dinp, i * C, dt);
+                float *dx = view_rw(drow, C, dt, s + 2 * C);
+                for (int64_t c = 0; c < C; c++) {
+                    float norm = (x[c] - m) * r;
+                    dx[c] += (w[c] * dy[c] - dmean - norm * dnmean) * r;
+                }
+                view_commit(drow, dx, C, dt);
+            }
+        }
+    }
+    if (a->dweight || a->dbias) {
+        int64_t ncb = (C + COL_BLK - 1) / COL_BLK;
+#pragma omp parallel for num_threads(nt) if (N * C > PAR_MIN) schedule(static)
+        for (int64_t cb = 0; cb < ncb; cb++) {
+            int64_t c0 = cb * COL_BLK, len = C - c0 < COL_BLK ? C - c0 : COL_BLK;
+            float aw[COL_BLK], ab[COL_BLK], tx[COL_BLK], td[COL_BLK];
+            for (int64_t c = 0; c < len; c++) aw[c] = ab[c] = 0.0f;
+            for (int64_t i = 0; i < N; i++) {
+                const float *x = view_rd(eptr(a->inp, i * C + c0, dt), len, dt, tx);
+                const float *dy = view_rd(eptr(a->dout, i * C + c0, dt), len, dt, td);
+                const float m = a->mean[i], r = a->rstd[i];
+                for (int64_t c = 0; c < len; c++) {
+                    aw[c] += dy[c] * ((x[c] - m) * r);
+                    ab[c] += dy[c];
+                }
+            }
+            if (a->dweight) {
+                void *p = eptr(a->dweight, c0, dt);
+                float *d = view_rw(p, len, dt, tx);
+                for (int64_t c = 0; c < len; c++) d[c] += aw[c];
+                view_commit(p, d, len, dt);
+            }
+            if (a->dbias) {
+                void *p = eptr(a->dbias, c0, dt);
+                float *d = view_rw(p, len, dt, tx);
+                for (int64_t c = 0; c < len; c++) d[c] += ab[c];
+                view_commit(p, d, len, dt);
+            }
+        }
+    }
+    zoff_aligned_free(scr);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ matmul */
+
+/* OC rows per block when 16-bit operands are widened to fp32 scratch: bounds
+ * the scratch to about 8M floats per operand block. */
+static int64_t oc_block(int64_t N, int64_t C, int64_t OC) {
+    int64_t big = N > C ? N : C;
+    int64_t ob = ((int64_t)8 << 20) / (big > 0 ? big : 1);
+    if (ob < 64) ob = 64;
+    return ob < OC ? ob : OC;
+}
+
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL. */
+static zoff_status matmul_fwd(const zoff_op_matmul_fwd_args *a, int nt) {
+    const int64_t N = a->N, C = a->C, OC = a->OC;
+    const zoff_dtype dt = a->dt;
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_FWD, "N", N));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_FWD, "C", C));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_FWD, "OC", OC));
+    if (N == 0 || OC == 0) return ZOFF_OK;
+    if (dt == ZOFF_F32) {
+        float *out = a->out;
+        const float *bias = a->bias;
+#pragma omp parallel for num_threads(nt) if (N * OC > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            float *o = out + i * OC;
+            if (bias) memcpy(o, bias, (size_t)OC * 4);
+            else memset(o, 0, (size_t)OC * 4);
+        }
+        if (C > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, a->inp, (int)C,
+                        a->weight, (int)C, 1.0f, out, (int)OC);
+        return ZOFF_OK;
+    }
+    const int64_t ob = oc_block(N, C, OC);
+    float *inp32 = scratch_alloc(N * C, "matmul fp32 input");
+    float *w32 = scratch_alloc(ob * C, "matmul fp32 weight block");
+    float *o32 = scratch_alloc(N * ob, "matmul fp32 output block");
+    float *b32 = scratch_alloc(OC, "matmul fp32 bias");
+    zoff_status st = ZOFF_OK;
+    if (!inp32 || !w32 || !o32 || !b32) {
+        st = ZOFF_ERR_NOMEM;
+        goto done;
+    }
+    load_f32_par(inp32, a->inp, N * C, dt, nt);
+    if (a->bias) load_f32(b32, a->bias, OC, dt);
+    else memset(b32, 0, (size_t)OC * 4);
+    for (int64_t oc0 = 0; oc0 < OC; oc0 += ob) {
+        int64_t n = OC - oc0 < ob ? OC - oc0 : ob;
+        load_f32_par(w32, eptr(a->weight, oc0 * C, dt), n * C, dt, nt);
+#pragma omp parallel for num_threads(nt) if (N * n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < N; i++) memcpy(o32 + i * n, b32 + oc0, (size_t)n * 4);
+        if (C > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)n, (int)C, 1.0f, inp32, (int)C, w32,
+                        (int)C, 1.0f, o32, (int)n);
+        store_f32_2d(eptr(a->out, oc0, dt), OC, o32, n, N, n, dt, 0, nt);
+    }
+done:
+    zoff_aligned_free(inp32);
+    zoff_aligned_free(w32);
+    zoff_aligned_free(o32);
+    zoff_aligned_free(b32);
+    return st;
+}
+
+/* dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp (N,C);
+ * dbias (OC) += column sums of dout. NULL outputs are skipped. */
+static zoff_status matmul_bwd(const zoff_op_matmul_bwd_args *a, int nt) {
+    const int64_t N = a->N, C = a->C, OC = a->OC;
+    const zoff_dtype dt = a->dt;
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_BWD, "N", N));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_BWD, "C", C));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_BWD, "OC", OC));
+    if (N == 0 || OC == 0) return ZOFF_OK;
+    if (dt == ZOFF_F32) {
+        if (a->dinp && C > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0f, a->dout, (int)OC,
+                        a->weight, (int)C, 1.0f, a->dinp, (int)C);
+        if (a->dweight && C > 0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0f, a->dout, (int)OC,
+                        a->inp, (int)C, 1.0f, a->dweight, (int)C);
+        if (a->dbias) {
+            float *acc = scratch_alloc(OC, "matmul dbias scratch");
+            if (!acc) return ZOFF_ERR_NOMEM;
+            colsum(acc, a->dout, OC, N, OC, nt);
+            float *db = a->dbias;
+            for (int64_t o = 0; o < OC; o++) db[o] += acc[o];
+            zoff_aligned_free(acc);
+        }
+        return ZOFF_OK;
+    }
+    const int64_t ob = oc_block(N, C, OC);
+    const int need_inp = a->dweight && C > 0, need_dinp = a->dinp && C > 0;
+    float *inp32 = need_inp ? scratch_alloc(N * C, "matmul backward fp32 input") : NULL;
+    float *dinp32 = need_dinp ? scratch_alloc(N * C, "matmul backward fp32 dinp") : NULL;
+    float *do32 = scratch_alloc(N * ob, "matmul backward fp32 dout block");
+    float *w32 = scratch_alloc(ob * C, "matmul backward fp32 weight block");
+    float *db32 = scratch_alloc(ob, "matmul backward fp32 dbias block");
+    zoff_status st = ZOFF_OK;
+    if ((need_inp && !inp32) || (need_dinp && !dinp32) || !do32 || !w32 || !db32) {
+        st = ZOFF_ERR_NOMEM;
+        goto done;
+    }
+    if (need_inp) load_f32_par(inp32, a->inp, N * C, dt, nt);
+    if (need_dinp) memset(dinp32, 0, (size_t)(N * C) * 4);
+    for (int64_t oc0 = 0; oc0 < OC; oc0 += ob) {
+        int64_t n = OC - oc0 < ob ? OC - oc0 : ob;
+        load_f32_2d(do32, n, eptr(a->dout, oc0, dt), OC, N, n, dt, nt);
+        if (need_dinp) {
+            load_f32_par(w32, eptr(a->weight, oc0 * C, dt), n * C, dt, nt);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)n, 1.0f, do32, (int)n, w32,
+                        (int)C, 1.0f, dinp32, (int)C);
+        }
+        if (need_inp) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)C, (int)N, 1.0f, do32, (int)n, inp32,
+                        (int)C, 0.0f, w32, (int)C);
+            store_f32_2d(eptr(a->dweight, oc0 * C, dt), C, w32, C, n, C, dt, 1, nt);
+        }
+        if (a->dbias) {
+            colsum(db32, do32, n, N, n, nt);
+            store_f32_2d(eptr(a->dbias, oc0, dt), n, db32, n, 1, n, dt, 1, 1);
+        }
+    }
+    if (need_dinp) store_f32_2d(a->dinp, C, dinp32, C, N, C, dt, 1, nt);
+done:
+    zoff_aligned_free(inp32);
+    zoff_aligned_free(dinp32);
+    zoff_aligned_free(do32);
+    zoff_aligned_free(w32);
+    zoff_aligned_free(db32);
+    return st;
+}
+
+/* ------------------------------------------------------------------ attention */
+
+/* One (b,h) head, causal. q, k, v are (T,HS) with row stride ldq; o (T,HS) row
+ * stride ldo; lse (T). S is ATT_RB x T scratch. Rows are processed in blocks of
+ * ATT_RB: S = scale Q_blk K[0:i1]^T, softmax with the causal mask, O_blk = P V[0:i1]. */
+static void attn_fwd_head(const float *q, const float *k, const float *v, int64_t ldq, float *o, int64_t ldo,
+                          float *lse, int64_t T, int64_t HS, float *S) {
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t i0 = 0; i0 < T; i0 += ATT_RB) {
+        int64_t i1 = T - i0 < ATT_RB ? T : i0 + ATT_RB, rb = i1 - i0, nc = i1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)nc, (int)HS, scale, q + i0 * ldq,
+                    (int)ldq, k, (int)ldq, 0.0f, S, (int)nc);
+        for (int64_t r = 0; r < rb; r++) {
+            int64_t i = i0 + r;
+            float *row = S + r * nc;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
+            float sum = 0.0f;
+            for (int64_t j = 0; j <= i; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            float inv = 1.0f / sum;
+            for (int64_t j = 0; j <= i; j++) row[j] *= inv;
+            for (int64_t j = i + 1; j < nc; j++) row[j] = 0.0f;
+            lse[i] = mx + logf(sum);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)HS, (int)nc, 1.0f, S, (int)nc, v,
+                    (int)ldq, 0.0f, o + i0 * ldo, (int)ldo);
+    }
+}
+
+/* One (b,h) head backward. q,k,v (T,HS) stride ldq; o, dout (T,HS) stride ldo;
+ * dq,dk,dv (T,HS) stride ldd (overwritten). P is recomputed from lse:
+ *   P = exp(scale q k^T - lse), D_i = dout_i . o_i, dS = P * (dout v^T - D),
+ *   dq = scale dS k, dk = scale dS^T q, dv = P^T dout.
+ * S, dP: ATT_RB x T scratch each. */
+static void attn_bwd_head(const float *q, const float *k, const float *v, int64_t ldq, const float *o,
+                          const float *dout, int64_t ldo, const float *lse, float *dq, float *dk, float *dv,
+                          int64_t ldd, int64_t T, int64_t HS, float *S, float *dP, float *D) {
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t t = 0; t < T; t++) {
+        float s = 0.0f;
+        for (int64_t c = 0; c < HS; c++) {
+            s += dout[t * ldo + c] * o[t * ldo + c];
+            dk[t * ldd + c] = 0.0f;
+            dv[t * ldd + c] = 0.0f;
+        }
+        D[t] = s;
+    }
+    for (int64_t i0 = 0; i0 < T; i0 += ATT_RB) {
+        int64_t i1 = T - i0 < ATT_RB ? T : i0 + ATT_RB, rb = i1 - i0, nc = i1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)nc, (int)HS, scale, q + i0 * ldq,
+                    (int)ldq, k, (int)ldq, 0.0f, S, (int)nc);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)nc, (int)HS, 1.0f, dout + i0 * ldo,
+                    (int)ldo, v, (int)ldq, 0.0f, dP, (int)nc);
+        for (int64_t r = 0; r < rb; r++) {
+            int64_t i = i0 + r;
+            float *srow = S + r * nc, *drow = dP + r * nc;
+            const float l = lse[i], Di = D[i];
+            for (int64_t j = 0; j <= i; j++) {
+                float p = expf(srow[j] - l);
+                srow[j] = p;
+                drow[j] = p * (drow[j] - Di);
+            }
+            for (int64_t j = i + 1; j < nc; j++) srow[j] = drow[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)HS, (int)rb, 1.0f, S, (int)nc,
+                    dout + i0 * ldo, (int)ldo, 1.0f, dv, (int)ldd);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)HS, (int)nc, scale, dP, (int)nc, k,
+                    (int)ldq, 0.0f, dq + i0 * ldd, (int)ldd);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)HS, (int)rb, scale, dP, (int)nc,
+                    q + i0 * ldq, (int)ldq, 1.0f, dk, (int)ldd);
+    }
+}
+
+static zoff_status check_heads(zoff_op op, int64_t C, int64_t NH) {
+    if (NH > 0 && C % NH == 0) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_INVALID, "%s: C = %lld is not divisible by NH = %lld; C must be a multiple of the head count",
+                      zoff_op_name(op), (long long)C, (long long)NH);
+}
+
+/* Gather head h of rows (T) from a (T, ld) tensor of dt at column offset col into fp32 (T,HS). */
+static void gather_head(float *dst, const void *src, int64_t ld, int64_t col, int64_t T, int64_t HS, zoff_dtype dt) {
+    for (int64_t t = 0; t < T; t++) load_f32(dst + t * HS, eptr(src, t * ld + col, dt), HS, dt);
+}
+
+static void scatter_head(void *dst, int64_t ld, int64_t col, const float *src, int64_t T, int64_t HS, zoff_dtype dt) {
+    for (int64_t t = 0; t < T; t++) store_f32(eptr(dst, t * ld + col, dt), src + t * HS, HS, dt);
+}
+
+/* out (B,T,C) = causal softmax(q k^T / sqrt(HS)) v per head; qkv (B,T,3C); lse (B,NH,T) fp32. */
+static zoff_status attention_fwd(const zoff_op_attention_fwd_args *a, int nt) {
+    const int64_t B = a->B, T = a->T, C = a->C, NH = a->NH;
+    const zoff_dtype dt = a->dt;
+    ZOFF_TRY(check_heads(ZOFF_OP_ATTENTION_FWD, C, NH));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_ATTENTION_FWD, "3C", 3 * C));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_ATTENTION_FWD, "T", T));
+    if (B == 0 || T == 0 || C == 0) return ZOFF_OK;
+    const int64_t HS = C / NH, C3 = 3 * C;
+    /* per thread: S (ATT_RB x T), lse fallback (T), and for 16-bit q,k,v,o (T x HS each) */
+    const int64_t per = ATT_RB * T + T + (dt == ZOFF_F32 ? 0 : 4 * T * HS);
+    float *scr = scratch_alloc((int64_t)nt * per, "attention scratch");
+    if (!scr) return ZOFF_ERR_NOMEM;
+#pragma omp parallel num_threads(nt) if (B * NH > 1 && B * T * C > PAR_MIN)
+    {
+        float *s = scr + (int64_t)omp_get_thread_num() * per;
+        float *S = s, *lse_tmp = s + ATT_RB * T, *h16 = lse_tmp + T;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * NH; bh++) {
+            int64_t b = bh / NH, h = bh % NH;
+            float *lse = a->lse ? a->lse + bh * T : lse_tmp;
+            if (dt == ZOFF_F32) {
+                const float *base = (const float *)a->qkv + b * T * C3 + h * HS;
+                attn_fwd_head(base, base + C, base + 2 * C, C3, (float *)a->out + b * T * C + h * HS, C, lse, T, HS,
+                              S);
+            } else {
+                float *q = h16, *k = q + T * HS, *v = k + T * HS, *o = v + T * HS;
+                const void *base = eptr(a->qkv, b * T * C3, dt);
+                gather_head(q, base, C3, h * HS, T, HS, dt);
+                gather_head(k, base, C3, C + h * HS, T, HS, dt);
+                gather_head(v, base, C3, 2 * C + h * HS, T, HS, dt);
+                attn_fwd_head(q, k, v, HS, o, HS, lse, T, HS, S);
+                scatter_head(eptr(a->out, b * T * C, dt), C, h * HS, o, T, HS, dt);
+            }
+        }
+    }
+    zoff_aligned_free(scr);
+    return ZOFF_OK;
+}
+
+/* dqkv (B,T,3C) = gradient of attention; dout, out (B,T,C); qkv (B,T,3C); lse (B,NH,T). */
+static zoff_status attention_bwd(const zoff_op_attention_bwd_args *a, int nt) {
+    const int64_t B = a->B, T = a->T, C = a->C, NH = a->NH;
+    const zoff_dtype dt = a->dt;
+    ZOFF_TRY(check_heads(ZOFF_OP_ATTENTION_BWD, C, NH));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_ATTENTION_BWD, "3C", 3 * C));
+    ZOFF_TRY(check_blas_dim(ZOFF_OP_ATTENTION_BWD, "T", T));
+    if (B == 0 || T == 0 || C == 0) return ZOFF_OK;
+    const int64_t HS = C / NH, C3 = 3 * C;
+    /* per thread: S, dP (ATT_RB x T each), D (T); for 16-bit q,k,v,o,dout,dq,dk,dv (T x HS each) */
+    const int64_t per = 2 * ATT_RB * T + T + (dt == ZOFF_F32 ? 0 : 8 * T * HS);
+    float *scr = scratch_alloc((int64_t)nt * per, "attention backward scratch");
+    if (!scr) return ZOFF_ERR_NOMEM;
+#pragma omp parallel num_threads(nt) if (B * NH > 1 && B * T * C > PAR_MIN)
+    {
+        float *s = scr + (int64_t)omp_get_thread_num() * per;
+        float *S = s, *dP = S + ATT_RB * T, *D = dP + ATT_RB * T, *h16 = D + T;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * NH; bh++) {
+            int64_t b = bh / NH, h = bh % NH;
+            const float *lse = a->lse + bh * T;
+            if (dt == ZOFF_F32) {
+                const float *base = (const float *)a->qkv + b * T * C3 + h * HS;
+                float *dbase = (float *)a->dqkv + b * T * C3 + h * HS;
+                const float *o = (const float *)a->out + b * T * C + h * HS;
+                const float *dout = (const float *)a->dout + b * T * C + h * HS;
+                attn_bwd_head(base, base + C, base + 2 * C, C3, o, dout, C, lse, dbase, dbase + C, dbase + 2 * C, C3,
+                              T, HS, S, dP, D);
+            } else {
+                const int64_t TH = T * HS;
+                float *q = h16, *k = q + TH, *v = k + TH, *o = v + TH, *dout = o + TH, *dq = dout + TH,
+                      *dk = dq + TH, *dv = dk + TH;
+                const void *base = eptr(a->qkv, b * T * C3, dt);
+                gather_head(q, base, C3, h * HS, T, HS, dt);
+                gather_head(k, base, C3, C + h * HS, T, HS, dt);
+                gather_head(v, base, C3, 2 * C + h * HS, T, HS, dt);
+                gather_head(o, eptr(a->out, b * T * C, dt), C, h * HS, T, HS, dt);
+                gather_head(dout, eptr(a->dout, b * T * C, dt), C, h * HS, T, HS, dt);
+                attn_bwd_head(q, k, v, HS, o, dout, HS, lse, dq, dk, dv, HS, T, HS, S, dP, D);
+                void *dbase = eptr(a->dqkv, b * T * C3, dt);
+                scatter_head(dbase, C3, h * HS, dq, T, HS, dt);
+                scatter_head(dbase, C3, C + h * HS, dk, T, HS, dt);
+                scatter_head(dbase, C3, 2 * C + h * HS, dv, T, HS, dt);
+            }
+        }
+    }
+    zoff_aligned_free(scr);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ elementwise */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+/* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n). */
+static zoff_status gelu_fwd(const zoff_op_gelu_fwd_args *a, int nt) {
+    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
+    const zoff_dtype dt = a->dt;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sx[BLK], so[BLK];
+        const float *x = view_rd(eptr(a->inp, i0, dt), len, dt, sx);
+        void *op = eptr(a->out, i0, dt);
+        float *o = view_wr(op, dt, so);
+        for (int64_t i = 0; i < len; i++) {
+            float xi = x[i];
+            o[i] = 0.5f * xi * (1.0f + tanhf(GELU_K * (xi + 0.044715f * xi * xi * xi)));
+        }
+        view_commit(op, o, len, dt);
+    }
+    return ZOFF_OK;
+}
+
+/* dinp (n) = GELU'(inp) * dout; dinp may alias dout. */
+static zoff_status gelu_bwd(const zoff_op_gelu_bwd_args *a, int nt) {
+    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
+    const zoff_dtype dt = a->dt;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sx[BLK], sd[BLK], so[BLK];
+        const float *x = view_rd(eptr(a->inp, i0, dt), len, dt, sx);
+        const float *dy = view_rd(eptr(a->dout, i0, dt), len, dt, sd);
+        void *op = eptr(a->dinp, i0, dt);
+        float *o = view_wr(op, dt, so);
+        for (int64_t i = 0; i < len; i++) {
+            float xi = x[i];
+            float th = tanhf(GELU_K * (xi + 0.044715f * xi * xi * xi));
+            float sech2 = 1.0f - th * th;
+            float g = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * xi * xi);
+            o[i] = g * dy[i];
+        }
+        view_commit(op, o, len, dt);
+    }
+    return ZOFF_OK;
+}
+
+/* out (n) = a + b; out may alias a or b. */
+static zoff_status add_op(const zoff_op_add_args *a, int nt) {
+    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
+    const zoff_dtype dt = a->dt;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sa[BLK], sb[BLK], so[BLK];
+        const float *x = view_rd(eptr(a->a, i0, dt), len, dt, sa);
+        const float *y = view_rd(eptr(a->b, i0, dt), len, dt, sb);
+        void *op = eptr(a->out, i0, dt);
+        float *o = view_wr(op, dt, so);
+        for (int64_t i = 0; i < len; i++) o[i] = x[i] + y[i];
+        view_commit(op, o, len, dt);
+    }
+    return ZOFF_OK;
+}
+
+/* x (n) *= alpha. */
+static zoff_status scale_op(const zoff_op_scale_args *a, int nt) {
+    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
+    const zoff_dtype dt = a->dt;
+    const float alpha = a->alpha;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sx[BLK];
+        void *xp = eptr(a->x, i0, dt);
+        float *x = view_rw(xp, len, dt, sx);
+        for (int64_t i = 0; i < len; i++) x[i] *= alpha;
+        view_commit(xp, x, len, dt);
+    }
+    return ZOFF_OK;
+}
+
+/* dst (n) of dst_dt = src (n) of src_dt, round to nearest even. */
+static zoff_status cast_op(const zoff_op_cast_args *a, int nt) {
+    const int64_t n = a->n;
+    if (a->dst_dt == a->src_dt && (unsigned)a->dst_dt < ZOFF_DTYPE_COUNT) {
+        if (n > 0 && a->dst != a->src) memmove(a->dst, a->src, (size_t)n * zoff_dtype_size(a->dst_dt));
+        return ZOFF_OK;
+    }
+    ZOFF_TRY(check_dt(ZOFF_OP_CAST, "source", a->src_dt));
+    ZOFF_TRY(check_dt(ZOFF_OP_CAST, "destination", a->dst_dt));
+    if (n > 0 && a->dst != a->src && dsize(a->dst_dt) != dsize(a->src_dt)) {
+        /* in place only when the element sizes match (each block is read before it is written) */
+        const char *d = a->dst, *s = a->src;
+        size_t db = (size_t)n * dsize(a->dst_dt), sb = (size_t)n * dsize(a->src_dt);
+        if (d < s + sb && s < d + db)
+            return zoff_error(ZOFF_ERR_INVALID, "cast: source and destination overlap with different element sizes "
+                                                "(%s -> %s); use separate buffers", zoff_dtype_name(a->src_dt),
+                              zoff_dtype_name(a->dst_dt));
+    }
+    const int64_t nb = (n + BLK - 1) / BLK;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sx[BLK];
+        const float *x = view_rd(eptr(a->src, i0, a->src_dt), len, a->src_dt, sx);
+        if (a->dst_dt == ZOFF_F32) {
+            memmove(eptr(a->dst, i0, ZOFF_F32), x, (size_t)len * 4);
+        } else {
+            store_f32(eptr(a->dst, i0, a->dst_dt), x, len, a->dst_dt);
+        }
+    }
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ cross entropy */
+
+/* losses (N) fp32 = logsumexp(logits[i,:V]) - logits[i,target]; logits (N,Vp);
+ * dlogits (N,Vp) = (softmax - onehot) * dloss, padded columns 0; may alias logits. */
+static zoff_status cross_entropy(const zoff_op_cross_entropy_args *a, int nt) {
+    const int64_t N = a->N, V = a->V, Vp = a->Vp;
+    const zoff_dtype dt = a->dt;
+    if (N == 0) return ZOFF_OK;
+    if (V < 1 || Vp < V)
+        return zoff_error(ZOFF_ERR_INVALID, "cross entropy: need 1 <= V <= Vp, got V = %lld, Vp = %lld",
+                          (long long)V, (long long)Vp);
+    for (int64_t i = 0; i < N; i++)
+        if (a->targets[i] >= V)
+            return zoff_error(ZOFF_ERR_INVALID,
+                              "cross entropy: target %d at row %lld is >= the vocabulary size V = %lld; targets "
+                              "must be in [0, V), or negative to ignore a row",
+                              (int)a->targets[i], (long long)i, (long long)V);
+    float *scr = NULL;
+    if (dt != ZOFF_F32 && !(scr = scratch_alloc((int64_t)nt * 2 * Vp, "cross entropy scratch"))) return ZOFF_ERR_NOMEM;
+    const float dloss = a->dloss;
+#pragma omp parallel num_threads(nt) if (N * Vp > PAR_MIN)
+    {
+        float *s = scr ? scr + (int64_t)omp_get_thread_num() * 2 * Vp : NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            const int32_t tgt = a->targets[i];
+            const float *l = view_rd(eptr(a->logits, i * Vp, dt), V, dt, s);
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+            const float lt = tgt >= 0 ? l[tgt] : 0.0f;
+            float sum = 0.0f;
+            void *drow = a->dlogits ? eptr(a->dlogits, i * Vp, dt) : NULL;
+            if (drow && tgt >= 0) {
+                /* one exp per element: d = exp(l - max) (in place when d aliases l), then scale */
+                float *d = view_wr(drow, dt, s ? s + Vp : NULL);
+                for (int64_t j = 0; j < V; j++) {
+                    float e = expf(l[j] - mx);
+                    d[j] = e;
+                    sum += e;
+                }
+                const float sc = dloss / sum;
+                for (int64_t j = 0; j < V; j++) d[j] *= sc;
+                d[tgt] -= dloss;
+                for (int64_t j = V; j < Vp; j++) d[j] = 0.0f;
+                view_commit(drow, d, Vp, dt);
+            } else {
+                if (tgt >= 0)
+                    for (int64_t j = 0; j < V; j++) sum += expf(l[j] - mx);
+                if (drow) {
+                    if (dt == ZOFF_F32) memset(drow, 0, (size_t)Vp * 4);
+                    else memset(drow, 0, (size_t)Vp * 2); /* +0 in bf16 and f16 */
+                }
+            }
+            if (a->losses) a->losses[i] = tgt >= 0 ? mx + logf(sum) - lt : 0.0f;
+        }
+    }
+    zoff_aligned_free(scr);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ optimizer support */
+
+/* Elements per GRAD_STATS chunk: partial sums are combined in chunk order, so
+ * the result is the same for any thread count. */
+#define GS_CHUNK 65536
+
+/* stats[0] += sum of x^2 (fp64 accumulation); stats[1] = 1 if x has inf/NaN. x (n). */
+static zoff_status grad_stats(const zoff_op_grad_stats_args *a, int nt) {
+    const int64_t n = a->n, nch = (n + GS_CHUNK - 1) / GS_CHUNK;
+    const zoff_dtype dt = a->dt;
+    if (n == 0) return ZOFF_OK;
+    double *part = malloc((size_t)nch * sizeof(double));
+    if (!part)
+        return zoff_error(ZOFF_ERR_NOMEM, "grad stats: out of host memory for %lld partial sums", (long long)nch);
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        int64_t c0 = ch * GS_CHUNK, c1 = n - c0 < GS_CHUNK ? n : c0 + GS_CHUNK;
+        double s = 0.0;
+        for (int64_t i0 = c0; i0 < c1; i0 += BLK) {
+            int64_t len = c1 - i0 < BLK ? c1 - i0 : BLK;
+            float sx[BLK];
+            const float *x = view_rd(eptr(a->x, i0, dt), len, dt, sx);
+            double bs = 0.0;
+#pragma omp simd reduction(+ : bs)
+            for (int64_t i = 0; i < len; i++) bs += (double)x[i] * (double)x[i];
+            s += bs;
+        }
+        part[ch] = s;
+    }
+    double total = 0.0;
+    for (int64_t ch = 0; ch < nch; ch++) total += part[ch];
+    free(part);
+    /* squares of finite floats are < 2^256, so the fp64 sum is finite unless an element was inf/NaN */
+    if (!isfinite(total)) a->stats[1] = 1.0f;
+    a->stats[0] = (float)((double)a->stats[0] + total);
+    return ZOFF_OK;
+}
+
+/* Fused Adam/AdamW over n elements; params, m, v fp32 (n); grads (n) of grad_dt;
+ * params16 (n) of p16_dt (optional copy of the new weights). */
+static zoff_status adam(const zoff_op_adam_args *a, int nt) {
+    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
+    const zoff_dtype gdt = a->grad_dt, pdt = a->p16_dt;
+    const float lr = a->lr, b1 = a->beta1, b2 = a->beta2, eps = a->eps, wd = a->weight_decay;
+    const float ibc1 = 1.0f / a->bc1, ibc2 = 1.0f / a->bc2, gs = a->grad_scale;
+    const int adamw = a->adam_w_mode;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sg[BLK];
+        const float *g = view_rd(eptr(a->grads, i0, gdt), len, gdt, sg);
+        float *p = a->params + i0, *m = a->m + i0, *v = a->v + i0;
+        for (int64_t i = 0; i < len; i++) {
+            float gi = g[i] * gs, pi = p[i];
+            if (!adamw) gi += wd * pi;
+            float mi = b1 * m[i] + (1.0f - b1) * gi;
+            float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            if (adamw) pi -= lr * wd * pi;
+            pi -= lr * (mi * ibc1) / (sqrtf(vi * ibc2) + eps);
+            p[i] = pi;
+        }
+        if (a->params16) {
+            if (pdt == ZOFF_F32) memcpy(eptr(a->params16, i0, pdt), p, (size_t)len * 4);
+            else store_f32(eptr(a->params16, i0, pdt), p, len, pdt);
+        }
+    }
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+zoff_status zoff_cpu_run_op(zoff_op op, const void *args, int threads) {
+    if (!args) return zoff_error(ZOFF_ERR_INVALID, "zoff_cpu_run_op: args is NULL for op %d", (int)op);
+    const int nt = nthreads(threads);
+    switch (op) {
+    case ZOFF_OP_EMBED_FWD: {
+        const zoff_op_embed_fwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return embed_fwd(a, nt);
+    }
+    case ZOFF_OP_EMBED_BWD: {
+        const zoff_op_embed_bwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return embed_bwd(a, nt);
+    }
+    case ZOFF_OP_LAYERNORM_FWD: {
+        const zoff_op_layernorm_fwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return layernorm_fwd(a, nt);
+    }
+    case ZOFF_OP_LAYERNORM_BWD: {
+        const zoff_op_layernorm_bwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return layernorm_bwd(a, nt);
+    }
+    case ZOFF_OP_MATMUL_FWD: {
+        const zoff_op_matmul_fwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return matmul_fwd(a, nt);
+    }
+    case ZOFF_OP_MATMUL_BWD: {
+        const zoff_op_matmul_bwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return matmul_bwd(a, nt);
+    }
+    case ZOFF_OP_ATTENTION_FWD: {
+        const zoff_op_attention_fwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return attention_fwd(a, nt);
+    }
+    case ZOFF_OP_ATTENTION_BWD: {
+        const zoff_op_attention_bwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return attention_bwd(a, nt);
+    }
+    case ZOFF_OP_GELU_FWD: {
+        const zoff_op_gelu_fwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return gelu_fwd(a, nt);
+    }
+    case ZOFF_OP_GELU_BWD: {
+        const zoff_op_gelu_bwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return gelu_bwd(a, nt);
+    }
+    case ZOFF_OP_ADD: {
+        const zoff_op_add_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return add_op(a, nt);
+    }
+    case ZOFF_OP_CROSS_ENTROPY: {
+        const zoff_op_cross_entropy_args *a = args;
+        ZOFF_TRY(check_dt(op, "logits", a->dt));
+        return cross_entropy(a, nt);
+    }
+    case ZOFF_OP_CAST:
+        return cast_op(args, nt);
+    case ZOFF_OP_SCALE: {
+        const zoff_op_scale_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return scale_op(a, nt);
+    }
+    case ZOFF_OP_GRAD_STATS: {
+        const zoff_op_grad_stats_args *a = args;
+        ZOFF_TRY(check_dt(op, "gradient", a->dt));
+        return grad_stats(a, nt);
+    }
+    case ZOFF_OP_ADAM: {
+        const zoff_op_adam_args *a = args;
+        ZOFF_TRY(check_dt(op, "gradient", a->grad_dt));
+        if (a->params16) ZOFF_TRY(check_dt(op, "params16", a->p16_dt));
+        return adam(a, nt);
+    }
+    case ZOFF_OP_COUNT:
+        break;
+    }
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "CPU backend: unknown op code %d; valid ops are 0..%d", (int)op,
+                      (int)ZOFF_OP_COUNT - 1);
+}
