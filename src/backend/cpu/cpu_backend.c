@@ -14,7 +14,14 @@
  * woken. A wait enqueues an item that blocks the waiting stream's thread until
  * the event has completed the generation current when the wait was issued.
  * Events are reference-counted, so an event destroyed while a record or wait
- * is pending stays alive until that item has run.
+ * is pending stays alive until that item has run. An event re-recorded on a
+ * different stream completes a generation when any later generation does
+ * (completion is a high-water mark); record-then-wait, the pattern zoff uses,
+ * is exact.
+ *
+ * Memory: freeing device memory does not wait for streams (unlike cudaFree,
+ * like cudaFreeAsync): synchronise the streams that use a buffer before
+ * freeing it; AddressSanitizer reports the use-after-free otherwise.
  *
  * Errors: a kernel that fails makes its stream fail (sticky). The message is
  * kept and re-raised by every later stream_sync on that stream and by
