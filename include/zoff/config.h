@@ -34,9 +34,9 @@ typedef enum zoff_offload_device { ZOFF_OFFLOAD_NONE = 0, ZOFF_OFFLOAD_CPU, ZOFF
 
 typedef struct zoff_optimizer_config {
     zoff_optimizer_type type;
-    double lr;              /* default 1e-3 */
+    double lr;              /* default 1e-3 (Adagrad: 1e-2) */
     double beta1, beta2;    /* betas, default [0.9, 0.999] */
-    double eps;             /* default 1e-8 */
+    double eps;             /* default 1e-8 (Adagrad: 1e-10) */
     double weight_decay;    /* default 0 (Adam/AdamW: DeepSpeed default 0.0; Lion 0) */
     bool adam_w_mode;       /* default true */
     bool bias_correction;   /* default true */
@@ -48,10 +48,13 @@ typedef struct zoff_scheduler_config {
     zoff_scheduler_type type;
     /* WarmupLR / WarmupDecayLR */
     double warmup_min_lr;      /* default 0 */
-    double warmup_max_lr;      /* default 0.001 */
-    int64_t warmup_num_steps;  /* default 1000 */
+    double warmup_max_lr;      /* default 0.001 (WarmupDecayLR); see warmup_max_lr_given */
+    /* false when the key is absent: WarmupLR then warms up to the optimizer's lr
+     * (DeepSpeed 0.19: warmup_max_lr=None), WarmupDecayLR to 0.001. */
+    bool warmup_max_lr_given;
+    int64_t warmup_num_steps;  /* default 1000; >= 1 (the schedule uses max(2, n) as DeepSpeed does) */
     zoff_warmup_type warmup_type; /* default log */
-    int64_t total_num_steps;   /* WarmupDecayLR, WarmupCosineLR: required */
+    int64_t total_num_steps;   /* WarmupDecayLR, WarmupCosineLR: required (0 = not given) */
     /* WarmupCosineLR */
     double warmup_min_ratio;   /* default 0 */
     double cos_min_ratio;      /* default 0.0001 */
@@ -70,7 +73,7 @@ typedef struct zoff_fp16_config {
 typedef struct zoff_offload_optimizer_config {
     zoff_offload_device device; /* "none" (default), "cpu", "nvme" */
     char nvme_path[4096];
-    bool pin_memory;            /* default false */
+    bool pin_memory;            /* default true (DeepSpeed 0.19; older releases: false) */
     int64_t buffer_count;       /* default 4 */
     bool pipeline_read, pipeline_write; /* default false */
     bool fast_init;             /* default false */
@@ -81,7 +84,7 @@ typedef struct zoff_offload_optimizer_config {
 typedef struct zoff_offload_param_config {
     zoff_offload_device device; /* "none" (default), "cpu", "nvme" */
     char nvme_path[4096];
-    bool pin_memory;            /* default false */
+    bool pin_memory;            /* default true (DeepSpeed 0.19; older releases: false) */
     int64_t buffer_count;       /* default 5 */
     int64_t buffer_size;        /* default 1e8 */
     int64_t max_in_cpu;         /* default 1e9 */
@@ -132,7 +135,7 @@ typedef struct zoff_config {
     zoff_optimizer_config optimizer;
     bool optimizer_given;
     zoff_scheduler_config scheduler;
-    double gradient_clipping;     /* 0 = off (default) */
+    double gradient_clipping;     /* max global norm; 0 = off. Default 1.0 (DeepSpeed 0.19; older releases: 0) */
     zoff_fp16_config fp16;
     bool bf16_enabled;            /* "bf16": {"enabled": true}; "bfloat16" is accepted as an alias */
     int64_t steps_per_print;      /* default 10 */
@@ -143,6 +146,7 @@ typedef struct zoff_config {
     zoff_aio_config aio;
     zoff_model_config model;
     char *source;                 /* the JSON text as given (owned; NULL for defaults) */
+    char *source_name;            /* the file name (or load_string's source_name) for messages (owned; NULL for defaults) */
 } zoff_config;
 
 /* Fill DeepSpeed's defaults (no file). */
