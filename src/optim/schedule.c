@@ -1,0 +1,66 @@
+/* DeepSpeed's learning-rate schedules as a function of the step count.
+ * Each formula is written the way deepspeed/runtime/lr_schedules.py computes it
+ * (same operations in the same order), so values agree to the last bit or two. */
+#include "zoff/schedule.h"
+
+#include <math.h>
+
+/* DeepSpeed's _get_gamma warmup part; `it` is last_batch_iteration, 0 <= it < w. */
+static double warmup_gamma(zoff_warmup_type type, int64_t it, int64_t w) {
+    if (type == ZOFF_WARMUP_LINEAR) return (double)it / (double)w;
+    double inverse_log_warm_up = 1.0 / log((double)w);
+    return inverse_log_warm_up * log((double)(it + 1));
+}
+
+double zoff_lr_at(const zoff_scheduler_config *s, double base_lr, int64_t step) {
+    if (s == NULL || s->type == ZOFF_SCHED_NONE) return base_lr;
+    if (step < 0) step = 0;
+    int64_t it = step - 1; /* DeepSpeed's last_batch_iteration */
+    int64_t w = s->warmup_num_steps > 2 ? s->warmup_num_steps : 2;
+    int64_t total = s->total_num_steps;
+
+    switch (s->type) {
+    case ZOFF_SCHED_WARMUP_LR:
+    case ZOFF_SCHED_WARMUP_DECAY_LR: {
+        double min_lr = s->warmup_min_lr;
+        double max_lr = s->warmup_max_lr;
+        if (s->type == ZOFF_SCHED_WARMUP_LR && !s->warmup_max_lr_given) max_lr = base_lr;
+        if (it < 0) return min_lr; /* before the first scheduler.step() */
+        double delta = max_lr - min_lr;
+        double gamma;
+        if (it < w) {
+            gamma = warmup_gamma(s->warmup_type, it, w);
+        } else if (s->type == ZOFF_SCHED_WARMUP_LR) {
+            gamma = 1.0;
+        } else {
+            double den = (double)(total - w);
+            if (den < 1.0) den = 1.0;
+            gamma = (double)(total - it) / den;
+            if (gamma < 0.0) gamma = 0.0;
+        }
+        return min_lr + delta * gamma;
+    }
+    case ZOFF_SCHED_WARMUP_COSINE_LR: {
+        if (it < 0) return 0.0; /* DeepSpeed: ratio 0 before the first scheduler.step() */
+        double ratio;
+        if (it < w) {
+            ratio = warmup_gamma(s->warmup_type, it, w);
+            double ratio_delta = 1.0 - s->warmup_min_ratio;
+            ratio = s->warmup_min_ratio + ratio * ratio_delta;
+        } else {
+            int64_t real_last_step = it - w + 1;
+            int64_t real_total_steps = total - w > 1 ? total - w : 1;
+            double progress = (double)real_last_step / (double)real_total_steps;
+            if (progress > 1.0) progress = 1.0;
+            double ratio_delta = 1.0 - s->cos_min_ratio;
+            ratio = (1.0 + cos(M_PI * progress)) / 2.0;
+            ratio = s->cos_min_ratio + ratio_delta * ratio;
+            if (ratio < 0.0) ratio = 0.0;
+        }
+        return base_lr * ratio;
+    }
+    case ZOFF_SCHED_NONE:
+        break;
+    }
+    return base_lr;
+}
