@@ -1,0 +1,165 @@
+/* zoff tokenize: text files -> token shards (llm.c .bin format). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "zoff/data.h"
+
+static void tokenize_usage(FILE *f) {
+    fprintf(f,
+            "usage: zoff tokenize [options] --output-prefix DIR/name FILE...\n"
+            "\n"
+            "Tokenize text files into token shards (llm.c's .bin format: 256 int32 header,\n"
+            "then uint16 tokens). Each FILE is one document; with gpt2 each document starts\n"
+            "with <|endoftext|>. The last --val-fraction of all tokens becomes the validation\n"
+            "split. Files are written completely or not at all.\n"
+            "\n"
+            "options:\n"
+            "  --tokenizer gpt2|byte   GPT-2 BPE (50257 tokens, default) or bytes (256 tokens)\n"
+            "  --output-prefix P       write P_train.bin and P_val.bin (DIR must exist)\n"
+            "  --val-fraction F        fraction of tokens for validation, 0 <= F < 1 (default 0.05;\n"
+            "                          0 writes no val file)\n"
+            "  --shard-size N          at most N tokens per file: P_train_000000.bin, ... (default:\n"
+            "                          one file per split)\n"
+            "  --quiet                 no progress lines\n"
+            "  -h, --help              this help\n"
+            "\n"
+            "The GPT-2 tables are searched in $ZOFF_DATA_DIR/gpt2, the source tree's data/gpt2\n"
+            "and /usr/local/share/zoff/gpt2.\n"
+            "\n"
+            "example:\n"
+            "  scripts/prepare_corpus.sh out/corpus\n"
+            "  zoff tokenize --tokenizer gpt2 --output-prefix out/data/corpus out/corpus/corpus.txt\n");
+}
+
+/* Accepts "--name value" and "--name=value". Returns the value or NULL (and sets *bad). */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, int *bad) {
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "zoff tokenize: %s needs a value (see zoff tokenize --help)\n", name);
+        *bad = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int zoff_cmd_tokenize(int argc, char **argv) {
+    const char *tokenizer = "gpt2", *prefix = NULL;
+    double val_fraction = 0.05;
+    int64_t shard_tokens = 0;
+    bool quiet = false;
+    const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
+    int ninputs = 0, bad = 0;
+    if (!inputs) {
+        fprintf(stderr, "zoff tokenize: out of memory\n");
+        return 1;
+    }
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            tokenize_usage(stdout);
+            free(inputs);
+            return 0;
+        } else if (!strcmp(a, "--quiet")) {
+            quiet = true;
+        } else if ((v = opt_value(argc, argv, &i, "--tokenizer", &bad))) {
+            tokenizer = v;
+        } else if ((v = opt_value(argc, argv, &i, "--output-prefix", &bad))) {
+            prefix = v;
+        } else if ((v = opt_value(argc, argv, &i, "--val-fraction", &bad))) {
+            char *end;
+            errno = 0;
+            val_fraction = strtod(v, &end);
+            if (errno || end == v || *end || !(val_fraction >= 0 && val_fraction < 1)) {
+                fprintf(stderr, "zoff tokenize: --val-fraction '%s' must be a number in [0, 1)\n", v);
+                bad = 1;
+            }
+        } else if ((v = opt_value(argc, argv, &i, "--shard-size", &bad))) {
+            char *end;
+            errno = 0;
+            double d = strtod(v, &end);
+            if (errno || end == v || *end || !(d >= 1) || d > (double)ZOFF_SHARD_MAX_TOKENS || d != (double)(int64_t)d) {
+                fprintf(stderr, "zoff tokenize: --shard-size '%s' must be a whole number of tokens in [1, %lld]\n", v,
+                        (long long)ZOFF_SHARD_MAX_TOKENS);
+                bad = 1;
+            }
+            shard_tokens = (int64_t)d;
+        } else if (bad) {
+            break;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "zoff tokenize: unknown option '%s' (see zoff tokenize --help)\n", a);
+            bad = 1;
+        } else {
+            inputs[ninputs++] = a;
+        }
+    }
+    if (!bad && !prefix) {
+        fprintf(stderr, "zoff tokenize: --output-prefix is required (e.g. --output-prefix out/data/corpus)\n");
+        bad = 1;
+    }
+    if (!bad && ninputs == 0) {
+        fprintf(stderr, "zoff tokenize: no input files (see zoff tokenize --help)\n");
+        bad = 1;
+    }
+    if (!bad && strcmp(tokenizer, "gpt2") != 0 && strcmp(tokenizer, "byte") != 0) {
+        fprintf(stderr, "zoff tokenize: unknown tokenizer '%s'; expected gpt2 or byte\n", tokenizer);
+        bad = 1;
+    }
+    for (int i = 0; i < ninputs && !bad; i++) {
+        struct stat st;
+        const char *why = NULL;
+        if (stat(inputs[i], &st) != 0) why = strerror(errno);
+        else if (!S_ISREG(st.st_mode)) why = "not a regular file";
+        else if (access(inputs[i], R_OK) != 0) why = strerror(errno);
+        if (why) {
+            fprintf(stderr, "zoff tokenize: input %s: %s (nothing was written)\n", inputs[i], why);
+            bad = 1;
+        }
+    }
+    if (bad) {
+        free(inputs);
+        return 2;
+    }
+
+    zoff_tokenizer *tok = NULL;
+    zoff_status s = zoff_tokenizer_open(tokenizer, &tok);
+    if (s != ZOFF_OK) {
+        fprintf(stderr, "zoff tokenize: %s\n", zoff_last_error());
+        free(inputs);
+        return 1;
+    }
+    zoff_tokenize_options o = {.output_prefix = prefix, .val_fraction = val_fraction, .shard_tokens = shard_tokens,
+                               .quiet = quiet};
+    zoff_tokenize_result r;
+    s = zoff_tokenize_files(tok, inputs, ninputs, &o, &r);
+    free(inputs);
+    zoff_tokenizer_free(tok);
+    if (s != ZOFF_OK) {
+        fprintf(stderr, "zoff tokenize: %s (nothing was written)\n", zoff_last_error());
+        return s == ZOFF_ERR_INVALID ? 2 : 1;
+    }
+    int64_t total = r.tokens_train + r.tokens_val;
+    printf("tokenizer %s: %d file(s), %lld bytes -> %lld tokens (%.2f bytes/token) in %.2f s (%.1f MB/s)\n", tokenizer,
+           ninputs, (long long)r.bytes_in, (long long)total, total ? (double)r.bytes_in / (double)total : 0.0,
+           r.seconds, r.seconds > 0 ? (double)r.bytes_in / r.seconds / 1e6 : 0.0);
+    printf("train: %lld tokens, val: %lld tokens\n", (long long)r.tokens_train, (long long)r.tokens_val);
+    for (int i = 0; i < r.num_paths; i++) {
+        zoff_shard *sh = NULL;
+        if (zoff_shard_open(r.paths[i], 0, &sh) == ZOFF_OK) {
+            printf("  %s  %lld tokens\n", r.paths[i], (long long)zoff_shard_num_tokens(sh));
+            zoff_shard_close(sh);
+        } else {
+            printf("  %s\n", r.paths[i]);
+        }
+    }
+    zoff_tokenize_result_free(&r);
+    return 0;
+}

@@ -1,0 +1,247 @@
+/* Text files -> token shards (the engine of `zoff tokenize`): all-or-nothing. */
+#define _GNU_SOURCE
+#include "zoff/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHUNK_BYTES ((size_t)1 << 20)
+
+typedef struct u16vec {
+    uint16_t *p;
+    int64_t n, cap;
+} u16vec;
+
+static zoff_status u16_append(u16vec *v, const int32_t *ids, size_t m) {
+    if (v->n + (int64_t)m > v->cap) {
+        int64_t nc = v->cap ? v->cap : ((int64_t)1 << 20);
+        while (nc < v->n + (int64_t)m) nc *= 2;
+        uint16_t *q = realloc(v->p, (size_t)nc * sizeof *q);
+        if (!q)
+            return zoff_error(ZOFF_ERR_NOMEM, "out of memory holding %lld tokens (%lld MiB); tokenize fewer files at a time",
+                              (long long)nc, (long long)(nc * 2 >> 20));
+        v->p = q;
+        v->cap = nc;
+    }
+    for (size_t i = 0; i < m; i++) v->p[v->n + (int64_t)i] = (uint16_t)ids[i];
+    v->n += (int64_t)m;
+    return ZOFF_OK;
+}
+
+static bool is_ascii_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/* End of the next chunk of text[pos..len): at least CHUNK_BYTES when possible, and
+ * at a place where GPT-2's pre-tokeniser must start a new piece (after '\n', before
+ * an ASCII non-space), so encoding chunk by chunk equals encoding the whole. */
+static size_t chunk_end(const char *text, size_t pos, size_t len) {
+    if (len - pos <= CHUNK_BYTES) return len;
+    for (size_t p = pos + CHUNK_BYTES; p < len; p++) {
+        uint8_t c = (uint8_t)text[p];
+        if (text[p - 1] == '\n' && c < 0x80 && !is_ascii_space(c)) return p;
+    }
+    return len;
+}
+
+static zoff_status tokenize_one(zoff_tokenizer *t, const char *path, bool quiet, zoff_tokens *scratch, u16vec *all,
+                                int64_t *bytes_in) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot open input %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return zoff_error(ZOFF_ERR_IO, "input %s is not a regular file", path);
+    }
+    size_t len = (size_t)st.st_size;
+    const char *text = NULL;
+    if (len > 0) {
+        void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return zoff_error(ZOFF_ERR_IO, "cannot read %s (%zu bytes): %s", path, len, strerror(e));
+        }
+        (void)madvise(m, len, MADV_SEQUENTIAL);
+        text = m;
+    }
+    close(fd);
+    zoff_status s = ZOFF_OK;
+    int32_t eot = zoff_tokenizer_eot(t);
+    if (eot >= 0) s = u16_append(all, &eot, 1);
+    size_t next_report = (size_t)64 << 20;
+    for (size_t pos = 0; pos < len && s == ZOFF_OK;) {
+        size_t end = chunk_end(text, pos, len);
+        scratch->n = 0;
+        s = zoff_tokenizer_encode(t, text + pos, end - pos, scratch);
+        if (s == ZOFF_OK) s = u16_append(all, scratch->ids, scratch->n);
+        pos = end;
+        if (!quiet && pos >= next_report) {
+            zoff_log(ZOFF_LOG_INFO, "%s: %zu of %zu MiB, %lld tokens so far", path, pos >> 20, len >> 20,
+                     (long long)all->n);
+            next_report += (size_t)64 << 20;
+        }
+    }
+    if (text) munmap((void *)text, len);
+    *bytes_in += (int64_t)len;
+    if (s != ZOFF_OK) return zoff_error_context(s, "tokenizing %s", path);
+    return ZOFF_OK;
+}
+
+void zoff_tokenize_result_free(zoff_tokenize_result *res) {
+    if (!res) return;
+    for (int i = 0; i < res->num_paths; i++) free(res->paths[i]);
+    free(res->paths);
+    res->paths = NULL;
+    res->num_paths = 0;
+}
+
+typedef struct plan_file {
+    char *final_path;
+    char *tmp_path;
+    int64_t begin, count;
+    bool written;
+} plan_file;
+
+static zoff_status plan_split(const zoff_tokenize_options *opt, const char *split, int64_t begin, int64_t count,
+                              plan_file **files, int *nfiles, int *cap) {
+    int64_t per = opt->shard_tokens > 0 ? opt->shard_tokens : count;
+    if (per > ZOFF_SHARD_MAX_TOKENS)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "the %s split has %lld tokens, more than one shard holds (%lld); use --shard-size "
+                          "(e.g. --shard-size 100000000)",
+                          split, (long long)count, (long long)ZOFF_SHARD_MAX_TOKENS);
+    int64_t nshards = per > 0 ? (count + per - 1) / per : 1;
+    if (nshards < 1) nshards = 1;
+    for (int64_t i = 0; i < nshards; i++) {
+        if (*nfiles == *cap) {
+            *cap = *cap ? *cap * 2 : 8;
+            plan_file *q = realloc(*files, (size_t)*cap * sizeof *q);
+            if (!q) return zoff_error(ZOFF_ERR_NOMEM, "out of memory planning output files");
+            *files = q;
+        }
+        plan_file *f = &(*files)[(*nfiles)++];
+        memset(f, 0, sizeof *f);
+        size_t l = strlen(opt->output_prefix) + 64;
+        f->final_path = malloc(l);
+        f->tmp_path = malloc(l + 32);
+        if (!f->final_path || !f->tmp_path) return zoff_error(ZOFF_ERR_NOMEM, "out of memory planning output files");
+        if (opt->shard_tokens > 0)
+            snprintf(f->final_path, l, "%s_%s_%06lld.bin", opt->output_prefix, split, (long long)i);
+        else
+            snprintf(f->final_path, l, "%s_%s.bin", opt->output_prefix, split);
+        snprintf(f->tmp_path, l + 32, "%s.incomplete-%ld", f->final_path, (long)getpid());
+        f->begin = begin + i * per;
+        f->count = (i == nshards - 1) ? count - i * per : per;
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
+                                const zoff_tokenize_options *opt, zoff_tokenize_result *res) {
+    memset(res, 0, sizeof *res);
+    if (!opt->output_prefix || !*opt->output_prefix)
+        return zoff_error(ZOFF_ERR_INVALID, "no output prefix; give e.g. --output-prefix out/data/corpus");
+    if (nfiles < 1) return zoff_error(ZOFF_ERR_INVALID, "no input files to tokenize");
+    if (!(opt->val_fraction >= 0.0 && opt->val_fraction < 1.0))
+        return zoff_error(ZOFF_ERR_INVALID, "validation fraction %g must be in [0, 1)", opt->val_fraction);
+    if (opt->shard_tokens < 0)
+        return zoff_error(ZOFF_ERR_INVALID, "shard size %lld tokens must be >= 0", (long long)opt->shard_tokens);
+    if (zoff_tokenizer_vocab_size(t) > 65536)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "tokenizer vocabulary %d does not fit uint16 shards",
+                          (int)zoff_tokenizer_vocab_size(t));
+
+    /* check everything that can be checked before spending time */
+    for (int i = 0; i < nfiles; i++) {
+        struct stat st;
+        if (stat(files[i], &st) != 0)
+            return zoff_error(ZOFF_ERR_IO, "input %s: %s", files[i], strerror(errno));
+        if (!S_ISREG(st.st_mode)) return zoff_error(ZOFF_ERR_IO, "input %s is not a regular file", files[i]);
+        if (access(files[i], R_OK) != 0) return zoff_error(ZOFF_ERR_IO, "input %s: %s", files[i], strerror(errno));
+    }
+    {
+        char *copy = strdup(opt->output_prefix);
+        if (!copy) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+        const char *dir = dirname(copy);
+        struct stat st;
+        zoff_status s = ZOFF_OK;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            s = zoff_error(ZOFF_ERR_IO, "output directory %s does not exist; create it (mkdir -p %s)", dir, dir);
+        else if (access(dir, W_OK) != 0)
+            s = zoff_error(ZOFF_ERR_IO, "output directory %s is not writable: %s", dir, strerror(errno));
+        free(copy);
+        ZOFF_TRY(s);
+    }
+
+    double t0 = zoff_now();
+    u16vec all = {0};
+    zoff_tokens scratch = {0};
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; i < nfiles && s == ZOFF_OK; i++)
+        s = tokenize_one(t, files[i], opt->quiet, &scratch, &all, &res->bytes_in);
+    zoff_tokens_free(&scratch);
+
+    int64_t n = all.n, nval = 0;
+    if (s == ZOFF_OK && n == 0) s = zoff_error(ZOFF_ERR_INVALID, "the input files hold no text; nothing to write");
+    if (s == ZOFF_OK && opt->val_fraction > 0) {
+        nval = (int64_t)((double)n * opt->val_fraction);
+        if (nval < 1 || nval >= n)
+            s = zoff_error(ZOFF_ERR_INVALID,
+                           "a validation fraction of %g of %lld tokens leaves %lld validation and %lld training "
+                           "tokens; give more text or --val-fraction 0",
+                           opt->val_fraction, (long long)n, (long long)nval, (long long)(n - nval));
+    }
+
+    plan_file *plan = NULL;
+    int nplan = 0, cap = 0, ntrain = 0;
+    if (s == ZOFF_OK) s = plan_split(opt, "train", 0, n - nval, &plan, &nplan, &cap);
+    ntrain = nplan;
+    if (s == ZOFF_OK && nval > 0) s = plan_split(opt, "val", n - nval, nval, &plan, &nplan, &cap);
+    int32_t vocab = zoff_tokenizer_vocab_size(t);
+    for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
+        s = zoff_shard_write(plan[i].tmp_path, all.p + plan[i].begin, plan[i].count, vocab);
+        if (s == ZOFF_OK) plan[i].written = true;
+    }
+    free(all.p);
+    /* all complete: move into place */
+    for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
+        if (rename(plan[i].tmp_path, plan[i].final_path) != 0) {
+            s = zoff_error(ZOFF_ERR_IO, "renaming %s to %s: %s%s", plan[i].tmp_path, plan[i].final_path,
+                           strerror(errno), i > 0 ? " (earlier output files were already replaced)" : "");
+            break;
+        }
+        plan[i].written = false;
+    }
+    if (s == ZOFF_OK) {
+        res->paths = calloc((size_t)nplan, sizeof *res->paths);
+        if (!res->paths) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < nplan; i++) {
+        if (plan[i].written) unlink(plan[i].tmp_path);
+        if (s == ZOFF_OK) {
+            res->paths[i] = plan[i].final_path;
+            plan[i].final_path = NULL;
+        }
+        free(plan[i].final_path);
+        free(plan[i].tmp_path);
+    }
+    free(plan);
+    if (s != ZOFF_OK) {
+        int64_t b = res->bytes_in;
+        zoff_tokenize_result_free(res);
+        memset(res, 0, sizeof *res);
+        res->bytes_in = b;
+        return s;
+    }
+    res->num_paths = nplan;
+    res->num_train_files = ntrain;
+    res->tokens_train = n - nval;
+    res->tokens_val = nval;
+    res->seconds = zoff_now() - t0;
+    return ZOFF_OK;
+}
