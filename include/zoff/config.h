@@ -151,13 +151,17 @@ typedef struct zoff_config {
 
 /* Fill DeepSpeed's defaults (no file). */
 void zoff_config_defaults(zoff_config *cfg);
-/* Parse and validate a DeepSpeed JSON file. On error cfg is left freed/defaulted. */
+/* Parse and validate a DeepSpeed JSON file. cfg need not be initialised; what it
+ * held before is overwritten, not freed (zoff_config_free it first). On error cfg
+ * is left at the defaults, owning nothing. */
 zoff_status zoff_config_load_file(const char *path, zoff_config *cfg);
 /* Same, from a string; `source_name` names it in messages. */
 zoff_status zoff_config_load_string(const char *json, const char *source_name, zoff_config *cfg);
 /* DeepSpeed's batch relation: train_batch_size = micro * accum * world_size.
  * Any two give the third; all three must agree; with only one given the others
- * default as DeepSpeed does (micro only: accum 1; global only: accum 1, micro = global / world). */
+ * default as DeepSpeed does (micro only: accum 1; global only: accum 1, micro = global / world);
+ * neither train_batch_size nor micro given is an error, as in DeepSpeed. Overwrites the
+ * three fields with the resolved values (calling it again with the same world size is a no-op). */
 zoff_status zoff_config_resolve_batch(zoff_config *cfg, int world_size);
 /* Settings that parse and validate but that this version of zoff does not
  * implement yet: an error (ZOFF_ERR_UNSUPPORTED) naming the key, not silently ignored. */
