@@ -11,8 +11,5 @@
         fprintf(stderr, "zoff: %s is not built yet\n", #fn);           \
         return 1;                                                      \
     }
-STUB(zoff_cmd_train)
-STUB(zoff_cmd_sample)
 STUB(zoff_cmd_tokenize)
-STUB(zoff_cmd_bench)
 STUB(zoff_cmd_bench_adam)

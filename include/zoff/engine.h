@@ -1,0 +1,81 @@
+/* zoff engine (src/zero): owns the optimizer side of training.
+ *
+ * The model hands the engine a flat parameter buffer and a flat gradient
+ * buffer on the device plus a tensor table (zoff_tensor_info); during backward
+ * it reports finished gradient ranges through zoff_engine_grad_ready. The
+ * engine keeps the fp32 master weights and optimizer state (where they live is
+ * the configuration's choice: device, host, disk), and at each accumulation
+ * boundary checks gradients, clips, steps the optimizer and writes the new
+ * weights back into the model's parameter buffer. It never knows which model
+ * it trains. */
+#ifndef ZOFF_ENGINE_H
+#define ZOFF_ENGINE_H
+
+#include "zoff/config.h"
+#include "zoff/device.h"
+#include "zoff/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zoff_engine zoff_engine;
+
+typedef struct zoff_engine_options {
+    zoff_device *dev;
+    const zoff_config *cfg;
+    const zoff_tensor_info *tensors;
+    int num_tensors;
+    int64_t num_params;
+    void *params;        /* device, num_params of dtype: the weights forward/backward use */
+    void *grads;         /* device, num_params of dtype: backward accumulates here */
+    zoff_dtype dtype;    /* F32, BF16 or F16 */
+    const float *init_params; /* host fp32, num_params: initial master weights */
+} zoff_engine_options;
+
+/* Result of one optimizer step (one accumulation boundary). */
+typedef struct zoff_step_info {
+    double grad_norm;    /* global L2 norm of the unscaled gradient, before clipping */
+    double loss_scale;   /* loss scale used for this step's gradients */
+    bool skipped;        /* gradients had inf/NaN: the update was skipped */
+    double t_step;       /* seconds in zoff_engine_step */
+} zoff_step_info;
+
+zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
+void zoff_engine_destroy(zoff_engine *e);
+
+/* Loss gradient multiplier for backward: loss scale / accumulation steps. */
+float zoff_engine_backward_scale(const zoff_engine *e);
+/* Grad-ready callback to pass to the model's backward (arg = the engine). */
+void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);
+/* Zero the device gradient buffer (start of an accumulation window). */
+zoff_status zoff_engine_zero_grad(zoff_engine *e);
+/* Check, clip and update with learning rate lr; afterwards the model's
+ * parameter buffer holds the new weights (stream-ordered on the compute stream). */
+zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info);
+/* Optimizer steps taken (skipped ones excluded). */
+int64_t zoff_engine_steps_taken(const zoff_engine *e);
+
+/* ---- state for checkpoints ----
+ * The engine's state is a list of named fp32 arrays of num_params elements
+ * ("master", "exp_avg", "exp_avg_sq", ...) plus scalars. get copies one to a
+ * host buffer; set restores it (and refreshes the model's weights from master). */
+int zoff_engine_state_count(const zoff_engine *e);
+const char *zoff_engine_state_name(const zoff_engine *e, int i);
+zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst);
+zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
+/* Scalars: step count and loss-scaler state, as a small JSON-free struct. */
+typedef struct zoff_engine_scalars {
+    int64_t steps_taken, steps_skipped;
+    double loss_scale;
+    int64_t good_steps; int hysteresis_left;
+} zoff_engine_scalars;
+void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out);
+zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *in);
+/* Copy the current fp32 master weights to the model's parameter buffer. */
+zoff_status zoff_engine_sync_params(zoff_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

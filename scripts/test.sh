@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole test suite: a -Werror build (with the CUDA backend compiled and
+# linked when nvcc is present), its tests, then the same tests under
+# AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under
+# ThreadSanitizer. Prints one closing line "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"
+JOBS="${JOBS:-$(nproc)}"
+passed=0; failed=0; failed_names=()
+
+run_suite() { # label, build dir, ctest regex, cmake args...
+  local label="$1" dir="$2" regex="$3"; shift 3
+  echo "== $label: configure and build ($dir)"
+  if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DZOFF_WERROR=ON "$@" >"$dir.configure.log" 2>&1; then
+    cat "$dir.configure.log"; failed=$((failed + 1)); failed_names+=("$label:configure"); return
+  fi
+  if ! cmake --build "$dir" -j "$JOBS" >"$dir.build.log" 2>&1; then
+    tail -50 "$dir.build.log"; failed=$((failed + 1)); failed_names+=("$label:build"); return
+  fi
+  echo "== $label: ctest"
+  (cd "$dir" && ctest --output-on-failure -j "$JOBS" -R "$regex" --output-junit "ctest-junit.xml") | tee "$dir.ctest.log"
+  local p f
+  p=$(grep -cE "Test +#[0-9]+: .* Passed" "$dir.ctest.log" || true)
+  f=$(grep -cE "Test +#[0-9]+: .* (\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Not Run|SEGFAULT|Child aborted)" "$dir.ctest.log" || true)
+  if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then f=1; failed_names+=("$label:no-tests"); fi
+  passed=$((passed + p)); failed=$((failed + f))
+  [ "$f" -gt 0 ] && failed_names+=("$label")
+}
+
+mkdir -p "$BUILD_DIR"
+run_suite "release" "$BUILD_DIR" "."
+if [ "${ZOFF_SKIP_SANITIZERS:-0}" != 1 ]; then
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  run_suite "asan+ubsan" "$BUILD_DIR-asan" "." -DZOFF_CUDA=OFF -DZOFF_SANITIZE=address -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  # ThreadSanitizer for the threaded parts: device streams, CPU Adam threads, engine.
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+  run_suite "tsan" "$BUILD_DIR-tsan" "test_device|test_cpu_adam|test_engine|test_train" -DZOFF_CUDA=OFF -DZOFF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+
+echo
+[ ${#failed_names[@]} -gt 0 ] && echo "failed suites: ${failed_names[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,17 @@
+/* zoff bench: measurements against the machine's limits. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+int zoff_cmd_bench(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: zoff bench <what> [options]   (zoff bench <what> --help)\n"
+                "  adam   host optimizer step vs the machine's in-place memory bandwidth\n");
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "adam")) return zoff_cmd_bench_adam(argc - 1, argv + 1);
+    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam)\n", argv[1]);
+    return 2;
+}

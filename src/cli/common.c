@@ -1,0 +1,325 @@
+/* Shared pieces of the zoff subcommands. */
+#define _GNU_SOURCE
+#include "cli/common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+bool cli_parse_i64(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double d = strtod(text, &end); /* accept 1e6 as well as 1000000 */
+    long long v = strtoll(text, NULL, 10);
+    if (end == text || *end || errno || d != (double)(int64_t)d) {
+        fprintf(stderr, "zoff %s: %s: '%s' is not an integer\n", cmd, flag, text);
+        return false;
+    }
+    if (d != (double)v) v = (long long)d;
+    if (v < min || v > max) {
+        fprintf(stderr, "zoff %s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v, (long long)min,
+                (long long)max);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double min, double max, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double d = strtod(text, &end);
+    if (end == text || *end || errno) {
+        fprintf(stderr, "zoff %s: %s: '%s' is not a number\n", cmd, flag, text);
+        return false;
+    }
+    if (!(d >= min && d <= max)) {
+        fprintf(stderr, "zoff %s: %s: %g is out of range [%g, %g]\n", cmd, flag, d, min, max);
+        return false;
+    }
+    *out = d;
+    return true;
+}
+
+const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
+    const char *arg = argv[*i];
+    const char *eq = strchr(arg, '=');
+    if (eq && arg[0] == '-' && arg[1] == '-') return eq + 1; /* --flag=value */
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "zoff %s: %s needs a value\n", cmd, arg);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+/* ------------------------------------------------------------------ default data */
+
+#define FORTUNES_DIR "/usr/share/games/fortunes"
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Concatenate the fortune files into one text: each fortune ends at a line "%";
+ * fortunes are separated by a blank line. */
+static zoff_status build_fortunes_text(const char *out_path) {
+    DIR *d = opendir(FORTUNES_DIR);
+    if (!d)
+        return zoff_error(ZOFF_ERR_IO,
+                          "the default corpus needs Debian's fortunes package (%s: %s); run `apt-get install "
+                          "fortunes`, or give --data-path with your own shards (see zoff tokenize)",
+                          FORTUNES_DIR, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || strchr(de->d_name, '.')) continue; /* skip .dat/.u8 indexes */
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", FORTUNES_DIR, de->d_name);
+        struct stat st;
+        if (stat(p, &st) || !S_ISREG(st.st_mode)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **nn = realloc(names, cap * sizeof *nn);
+            if (!nn) break;
+            names = nn;
+        }
+        names[n++] = strdup(de->d_name);
+    }
+    closedir(d);
+    if (n == 0) {
+        free(names);
+        return zoff_error(ZOFF_ERR_IO, "no fortune files in %s; reinstall the fortunes package", FORTUNES_DIR);
+    }
+    qsort(names, n, sizeof *names, cmp_str);
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof tmp)
+        return zoff_error(ZOFF_ERR_INVALID, "path too long: %s", out_path);
+    FILE *o = fopen(tmp, "w");
+    zoff_status s = ZOFF_OK;
+    if (!o) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    for (size_t i = 0; s == ZOFF_OK && i < n; i++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", FORTUNES_DIR, names[i]);
+        FILE *f = fopen(p, "r");
+        if (!f) continue;
+        char *line = NULL;
+        size_t lcap = 0;
+        ssize_t len;
+        while ((len = getline(&line, &lcap, f)) > 0) {
+            if (!strcmp(line, "%\n") || !strcmp(line, "%")) fputs("\n", o);
+            else fwrite(line, 1, (size_t)len, o);
+        }
+        free(line);
+        fclose(f);
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (o && (fflush(o) || fsync(fileno(o)) || ferror(o)))
+        s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    if (o) fclose(o);
+    if (s == ZOFF_OK && rename(tmp, out_path))
+        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, out_path, strerror(errno));
+    if (s != ZOFF_OK) unlink(tmp);
+    return s;
+}
+
+static zoff_status mkdir_p(const char *dir) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST)
+            return zoff_error(ZOFF_ERR_IO, "cannot create directory %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST)
+        return zoff_error(ZOFF_ERR_IO, "cannot create directory %s: %s", buf, strerror(errno));
+    return ZOFF_OK;
+}
+
+zoff_status cli_prepare_default_data(const char *dir, zoff_tokenizer *tok, char *train_path, size_t cap,
+                                     char *val_path, size_t vcap) {
+    const char *tn = zoff_tokenizer_name(tok);
+    snprintf(train_path, cap, "%s/fortunes_%s_train.bin", dir, tn);
+    snprintf(val_path, vcap, "%s/fortunes_%s_val.bin", dir, tn);
+    struct stat st;
+    if (stat(train_path, &st) == 0 && stat(val_path, &st) == 0) return ZOFF_OK;
+    ZOFF_TRY(mkdir_p(dir));
+    char text[4200], prefix[4200];
+    snprintf(text, sizeof text, "%s/fortunes.txt", dir);
+    snprintf(prefix, sizeof prefix, "%s/fortunes_%s", dir, tn);
+    zoff_log(ZOFF_LOG_INFO, "preparing the default corpus (Debian's fortunes) in %s", dir);
+    ZOFF_TRY(build_fortunes_text(text));
+    const char *files[1] = {text};
+    zoff_tokenize_options o = {.output_prefix = prefix, .val_fraction = 0.05, .quiet = true};
+    zoff_tokenize_result res;
+    memset(&res, 0, sizeof res);
+    ZOFF_TRY(zoff_tokenize_files(tok, files, 1, &o, &res));
+    zoff_log(ZOFF_LOG_INFO, "corpus: %lld bytes -> %lld train + %lld val tokens (%s) in %.1f s",
+             (long long)res.bytes_in, (long long)res.tokens_train, (long long)res.tokens_val, tn, res.seconds);
+    zoff_tokenize_result_free(&res);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ checkpoints */
+
+static json_t *loader_to_json(const zoff_loader_state *l) {
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "seed_lo", (json_int_t)(l->seed & 0xffffffffu), "seed_hi",
+                     (json_int_t)(l->seed >> 32), "epoch", (json_int_t)l->epoch, "window", (json_int_t)l->window,
+                     "seq_len", (json_int_t)l->seq_len, "num_windows", (json_int_t)l->num_windows, "fingerprint",
+                     "");
+}
+
+zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const cli_meta *meta,
+                                const char *config_json) {
+    int64_t n = zoff_gpt2_num_params(model);
+    float *buf = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
+    if (!buf) return ZOFF_ERR_NOMEM;
+    zoff_ckpt_writer *w = NULL;
+    zoff_status s = zoff_ckpt_writer_open(dir, meta->step, 0, NULL, &w);
+    /* weights: the fp32 master, one entry per tensor (Hugging Face names, zoff layout) */
+    if (s == ZOFF_OK) s = zoff_engine_state_get(eng, 0, buf);
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
+    for (int i = 0; s == ZOFF_OK && i < nt; i++)
+        s = zoff_ckpt_add(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, buf + t[i].offset,
+                          (size_t)t[i].numel * sizeof(float));
+    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
+        s = zoff_engine_state_get(eng, k, buf);
+        int64_t shape[1] = {n};
+        if (s == ZOFF_OK)
+            s = zoff_ckpt_add(w, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf, (size_t)n * sizeof(float));
+    }
+    if (s == ZOFF_OK) {
+        const zoff_gpt2_shape *sh = &meta->shape;
+        char fp[32];
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)meta->loader.fingerprint);
+        json_t *lj = loader_to_json(&meta->loader);
+        json_object_set_new(lj, "fingerprint", json_string(fp));
+        json_t *root = json_pack(
+            "{s:s,s:i,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:s,s:I,s:I,s:o,s:{s:I,s:I,s:f,s:I,s:i},s:f}", "format",
+            "zoff-train-state", "version", 1, "step", (json_int_t)meta->step, "model", "num_layers",
+            (json_int_t)sh->num_layers, "hidden_size", (json_int_t)sh->hidden_size, "num_heads",
+            (json_int_t)sh->num_heads, "max_seq_len", (json_int_t)sh->max_seq_len, "vocab_size",
+            (json_int_t)sh->vocab_size, "padded_vocab_size", (json_int_t)sh->padded_vocab_size, "seq_len",
+            (json_int_t)meta->seq_len, "tokenizer", meta->tokenizer, "seed_lo",
+            (json_int_t)(meta->seed & 0xffffffffu), "seed_hi", (json_int_t)(meta->seed >> 32), "loader", lj,
+            "engine", "steps_taken", (json_int_t)meta->engine.steps_taken, "steps_skipped",
+            (json_int_t)meta->engine.steps_skipped, "loss_scale", meta->engine.loss_scale, "good_steps",
+            (json_int_t)meta->engine.good_steps, "hysteresis_left", meta->engine.hysteresis_left,
+            "consumed_tokens", meta->consumed_tokens);
+        char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
+        json_decref(root);
+        if (!txt) s = zoff_error(ZOFF_ERR_INTERNAL, "cannot encode checkpoint metadata");
+        if (s == ZOFF_OK) s = zoff_ckpt_add_blob(w, "meta", txt, strlen(txt));
+        free(txt);
+        if (s == ZOFF_OK && config_json) s = zoff_ckpt_add_blob(w, "config", config_json, strlen(config_json));
+    }
+    zoff_aligned_free(buf);
+    if (s != ZOFF_OK) {
+        zoff_ckpt_abort(w);
+        return zoff_error_context(s, "saving checkpoint step %lld under %s", (long long)meta->step, dir);
+    }
+    s = zoff_ckpt_commit(w);
+    if (s == ZOFF_OK) s = zoff_ckpt_finalize(dir, meta->step, 1, NULL);
+    return s;
+}
+
+static zoff_status get_int(json_t *o, const char *key, const char *path, int64_t *out) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata field '%s' is missing or not an integer", path,
+                          key);
+    *out = (int64_t)json_integer_value(v);
+    return ZOFF_OK;
+}
+
+zoff_status cli_read_meta(zoff_ckpt_reader *r, cli_meta *m, char **config_json) {
+    const char *path = zoff_ckpt_reader_path(r);
+    memset(m, 0, sizeof *m);
+    char *txt = NULL;
+    ZOFF_TRY(zoff_ckpt_read_blob(r, "meta", &txt, NULL));
+    json_error_t jerr;
+    json_t *root = json_loads(txt, 0, &jerr);
+    free(txt);
+    if (!root) return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata is not valid JSON (%s)", path, jerr.text);
+    zoff_status s = ZOFF_OK;
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    int64_t ver = 0, lo = 0, hi = 0, t;
+    if (!fmt || strcmp(fmt, "zoff-train-state"))
+        s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: not a zoff training state", path);
+    if (s == ZOFF_OK) s = get_int(root, "version", path, &ver);
+    if (s == ZOFF_OK && ver != 1)
+        s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: training-state version %lld, this zoff reads version 1", path,
+                       (long long)ver);
+    json_t *mo = json_object_get(root, "model"), *lj = json_object_get(root, "loader"),
+           *ej = json_object_get(root, "engine");
+    if (s == ZOFF_OK && (!json_is_object(mo) || !json_is_object(lj) || !json_is_object(ej)))
+        s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata lacks model/loader/engine sections", path);
+    if (s == ZOFF_OK) s = get_int(root, "step", path, &m->step);
+    if (s == ZOFF_OK) s = get_int(root, "seq_len", path, &m->seq_len);
+    if (s == ZOFF_OK) s = get_int(mo, "num_layers", path, &m->shape.num_layers);
+    if (s == ZOFF_OK) s = get_int(mo, "hidden_size", path, &m->shape.hidden_size);
+    if (s == ZOFF_OK) s = get_int(mo, "num_heads", path, &m->shape.num_heads);
+    if (s == ZOFF_OK) s = get_int(mo, "max_seq_len", path, &m->shape.max_seq_len);
+    if (s == ZOFF_OK) s = get_int(mo, "vocab_size", path, &m->shape.vocab_size);
+    if (s == ZOFF_OK) s = get_int(mo, "padded_vocab_size", path, &m->shape.padded_vocab_size);
+    if (s == ZOFF_OK) s = get_int(root, "seed_lo", path, &lo);
+    if (s == ZOFF_OK) s = get_int(root, "seed_hi", path, &hi);
+    if (s == ZOFF_OK) m->seed = (uint64_t)lo | ((uint64_t)hi << 32);
+    if (s == ZOFF_OK) s = get_int(lj, "seed_lo", path, &lo);
+    if (s == ZOFF_OK) s = get_int(lj, "seed_hi", path, &hi);
+    if (s == ZOFF_OK) m->loader.seed = (uint64_t)lo | ((uint64_t)hi << 32);
+    if (s == ZOFF_OK) s = get_int(lj, "epoch", path, &m->loader.epoch);
+    if (s == ZOFF_OK) s = get_int(lj, "window", path, &m->loader.window);
+    if (s == ZOFF_OK) s = get_int(lj, "seq_len", path, &m->loader.seq_len);
+    if (s == ZOFF_OK) s = get_int(lj, "num_windows", path, &m->loader.num_windows);
+    if (s == ZOFF_OK) {
+        const char *fp = json_string_value(json_object_get(lj, "fingerprint"));
+        m->loader.fingerprint = fp ? strtoull(fp, NULL, 16) : 0;
+    }
+    if (s == ZOFF_OK) s = get_int(ej, "steps_taken", path, &m->engine.steps_taken);
+    if (s == ZOFF_OK) s = get_int(ej, "steps_skipped", path, &m->engine.steps_skipped);
+    if (s == ZOFF_OK) s = get_int(ej, "good_steps", path, &m->engine.good_steps);
+    if (s == ZOFF_OK) s = get_int(ej, "hysteresis_left", path, &t);
+    if (s == ZOFF_OK) {
+        m->engine.hysteresis_left = (int)t;
+        m->engine.loss_scale = json_number_value(json_object_get(ej, "loss_scale"));
+        m->consumed_tokens = json_number_value(json_object_get(root, "consumed_tokens"));
+        const char *tk = json_string_value(json_object_get(root, "tokenizer"));
+        snprintf(m->tokenizer, sizeof m->tokenizer, "%s", tk ? tk : "gpt2");
+    }
+    json_decref(root);
+    if (s == ZOFF_OK && config_json) {
+        *config_json = NULL;
+        if (zoff_ckpt_find(r, "config")) s = zoff_ckpt_read_blob(r, "config", config_json, NULL);
+    }
+    return s;
+}
+
+zoff_status cli_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params) {
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
+    for (int i = 0; i < nt; i++)
+        ZOFF_TRY(zoff_ckpt_read_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, host_params + t[i].offset,
+                                       (size_t)t[i].numel * sizeof(float)));
+    return ZOFF_OK;
+}
+
+zoff_status cli_read_engine_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
+    float *buf = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
+    if (!buf) return ZOFF_ERR_NOMEM;
+    zoff_status s = ZOFF_OK;
+    int64_t shape[1] = {n};
+    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
+        s = zoff_ckpt_read_tensor(r, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf,
+                                  (size_t)n * sizeof(float));
+        if (s == ZOFF_OK) s = zoff_engine_state_set(eng, k, buf);
+    }
+    zoff_aligned_free(buf);
+    return s;
+}

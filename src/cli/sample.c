@@ -1,0 +1,184 @@
+/* zoff sample: generate text from a training checkpoint. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+
+static void sample_usage(FILE *f) {
+    fprintf(f,
+            "usage: zoff sample --load DIR [options]\n"
+            "\n"
+            "  --load DIR              checkpoint root (newest complete step) or a step directory\n"
+            "  --prompt TEXT           text to continue (default: start of a document)\n"
+            "  --max-new-tokens N      tokens to generate (default 200)\n"
+            "  --temperature X         softmax temperature, 0 = greedy (default 0.8)\n"
+            "  --top-k N               sample among the N most likely tokens, 0 = all (default 40)\n"
+            "  --seed N                sampling seed (default 1)\n"
+            "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n");
+}
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+/* Pick a token from logits[0..V): temperature and top-k. */
+static int32_t pick(const float *logits, int64_t V, double temp, int64_t top_k, uint64_t *rng, float *scratch) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temp <= 0) return (int32_t)best;
+    double thresh = -INFINITY;
+    if (top_k > 0 && top_k < V) { /* k-th largest by partial selection on a copy */
+        memcpy(scratch, logits, (size_t)V * sizeof(float));
+        int64_t lo = 0, hi = V - 1, k = top_k - 1; /* index of k-th largest in descending order */
+        while (lo < hi) {
+            float pv = scratch[(lo + hi) / 2];
+            int64_t i = lo, j = hi;
+            while (i <= j) {
+                while (scratch[i] > pv) i++;
+                while (scratch[j] < pv) j--;
+                if (i <= j) {
+                    float t = scratch[i];
+                    scratch[i] = scratch[j];
+                    scratch[j] = t;
+                    i++;
+                    j--;
+                }
+            }
+            if (k <= j) hi = j;
+            else if (k >= i) lo = i;
+            else break;
+        }
+        thresh = scratch[k];
+    }
+    double mx = logits[best], sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (logits[i] >= thresh) sum += exp(((double)logits[i] - mx) / temp);
+    double u = (double)(rng_next(rng) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
+    for (int64_t i = 0; i < V; i++) {
+        if (logits[i] < thresh) continue;
+        acc += exp(((double)logits[i] - mx) / temp);
+        if (acc >= u) return (int32_t)i;
+    }
+    return (int32_t)best;
+}
+
+int zoff_cmd_sample(int argc, char **argv) {
+    const char *load = NULL, *prompt = "", *device = NULL;
+    int64_t max_new = 200, top_k = 40, seed = 1;
+    double temp = 0.8;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            sample_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--load")) {
+            if (!(v = cli_value("sample", argc, argv, &i))) return 2;
+            load = v;
+        } else if (!strcmp(a, "--prompt")) {
+            if (!(v = cli_value("sample", argc, argv, &i))) return 2;
+            prompt = v;
+        } else if (!strcmp(a, "--device")) {
+            if (!(v = cli_value("sample", argc, argv, &i))) return 2;
+            device = v;
+        } else if (!strcmp(a, "--max-new-tokens")) {
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_i64("sample", a, v, 0, 1 << 24, &max_new))
+                return 2;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_i64("sample", a, v, 0, 1 << 24, &top_k))
+                return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_i64("sample", a, v, 0, INT64_MAX, &seed))
+                return 2;
+        } else if (!strcmp(a, "--temperature")) {
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 100, &temp))
+                return 2;
+        } else {
+            fprintf(stderr, "zoff sample: unknown option '%s' (zoff sample --help lists them)\n", a);
+            return 2;
+        }
+    }
+    if (!load) {
+        fprintf(stderr, "zoff sample: --load DIR is required (a folder written by zoff train --save)\n");
+        return 2;
+    }
+    int rc = 1;
+    zoff_ckpt_reader *rd = NULL;
+    zoff_tokenizer *tok = NULL;
+    zoff_device *dev = NULL;
+    zoff_gpt2 *model = NULL;
+    float *w = NULL, *logits = NULL, *scratch = NULL;
+    int32_t *dtok = NULL;
+    zoff_tokens ctx = {0};
+    cli_meta meta;
+    zoff_status s = zoff_ckpt_open(load, 0, &rd);
+    if (s == ZOFF_OK) s = cli_read_meta(rd, &meta, NULL);
+    if (s != ZOFF_OK) {
+        fprintf(stderr, "zoff sample: --load %s: %s\n", load, zoff_last_error());
+        zoff_ckpt_close(rd);
+        return 2;
+    }
+    const int64_t T = meta.seq_len;
+    zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU};
+    if ((device && !strcmp(device, "cuda")) || (!device && zoff_backend_available(ZOFF_BACKEND_CUDA)))
+        dopt.kind = ZOFF_BACKEND_CUDA;
+    zoff_gpt2_options mo = {.shape = meta.shape, .batch_size = 1, .seq_len = T, .dtype = ZOFF_F32};
+    s = zoff_tokenizer_open(meta.tokenizer, &tok);
+    if (s == ZOFF_OK) s = zoff_device_create(&dopt, &dev);
+    if (s == ZOFF_OK) s = zoff_gpt2_create(dev, &mo, &model);
+    int64_t n = s == ZOFF_OK ? zoff_gpt2_num_params(model) : 0;
+    int64_t V = meta.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
+    if (s == ZOFF_OK && !(w = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "weights"))) s = ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK) s = cli_read_weights(rd, model, w);
+    zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
+    if (s == ZOFF_OK) s = zoff_memcpy_async(st, zoff_gpt2_params(model), w, (size_t)n * sizeof(float), ZOFF_COPY_H2D);
+    if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)T * sizeof(int32_t), "context tokens", (void **)&dtok);
+    if (s == ZOFF_OK && (!(logits = malloc((size_t)Vp * sizeof(float))) || !(scratch = malloc((size_t)Vp * sizeof(float)))))
+        s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    int32_t eot = tok ? zoff_tokenizer_eot(tok) : -1;
+    if (s == ZOFF_OK && eot >= 0) s = zoff_tokens_push(&ctx, eot);
+    if (s == ZOFF_OK) s = zoff_tokenizer_encode(tok, prompt, strlen(prompt), &ctx);
+    if (s == ZOFF_OK && ctx.n == 0) s = zoff_tokens_push(&ctx, '\n'); /* byte tokenizer, empty prompt */
+    if (s != ZOFF_OK) goto done;
+    fputs(prompt, stdout);
+    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t k = 0; k < max_new; k++) {
+        int64_t len = (int64_t)ctx.n < T ? (int64_t)ctx.n : T;
+        const int32_t *win = ctx.ids + ctx.n - (size_t)len;
+        s = zoff_memcpy_async(st, dtok, win, (size_t)len * sizeof(int32_t), ZOFF_COPY_H2D);
+        if (s == ZOFF_OK) s = zoff_gpt2_forward(model, dtok, NULL, 1, len);
+        if (s == ZOFF_OK)
+            s = zoff_memcpy_async(st, logits, (const float *)zoff_gpt2_logits(model) + (size_t)(len - 1) * (size_t)Vp,
+                                  (size_t)Vp * sizeof(float), ZOFF_COPY_D2H);
+        if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
+        if (s != ZOFF_OK) goto done;
+        int32_t id = pick(logits, V, temp, top_k, &rng, scratch);
+        if (id == eot) break;
+        if ((s = zoff_tokens_push(&ctx, id)) != ZOFF_OK) goto done;
+        size_t nb = 0;
+        const char *bytes = zoff_tokenizer_token_bytes(tok, id, &nb);
+        if (bytes) fwrite(bytes, 1, nb, stdout);
+        fflush(stdout);
+    }
+    fputc('\n', stdout);
+    rc = 0;
+done:
+    if (s != ZOFF_OK) fprintf(stderr, "zoff sample: %s\n", zoff_last_error());
+    zoff_tokens_free(&ctx);
+    free(logits);
+    free(scratch);
+    zoff_aligned_free(w);
+    if (dev) zoff_device_free(dev, dtok);
+    zoff_gpt2_destroy(model);
+    zoff_device_destroy(dev);
+    zoff_tokenizer_free(tok);
+    zoff_ckpt_close(rd);
+    return rc;
+}
