@@ -1,0 +1,657 @@
+/* GPT-2 forward and backward on the zoff device interface.
+ *
+ * Every kernel goes through ZOFF_LAUNCH on the device's compute stream and
+ * every byte moves through zoff_memcpy_async / zoff_memset_async, so the same
+ * code runs on the CPU backend and on CUDA.
+ *
+ * Notation: B batch, T sequence length, N = B*T tokens, C hidden size,
+ * NH heads, HS = C/NH, L layers, V vocabulary, Vp padded vocabulary (rows of
+ * wte), maxT rows of wpe. "dt" is the storage dtype chosen at create;
+ * LayerNorm statistics, attention log-sum-exp and losses are always fp32.
+ *
+ * Flat parameter layout (elements), see include/zoff/model.h:
+ *   wte (Vp,C) | wpe (maxT,C) | h.0 | h.1 | ... | h.{L-1} | ln_f.weight (C) | ln_f.bias (C)
+ * and each block h.l is, in this order (Hugging Face names under "h.l."):
+ *   ln_1.weight (C), ln_1.bias (C),
+ *   attn.c_attn.weight (3C,C), attn.c_attn.bias (3C),
+ *   attn.c_proj.weight (C,C),  attn.c_proj.bias (C),
+ *   ln_2.weight (C), ln_2.bias (C),
+ *   mlp.c_fc.weight (4C,C),    mlp.c_fc.bias (4C),
+ *   mlp.c_proj.weight (C,4C),  mlp.c_proj.bias (C)
+ * Linear weights are (out, in), like torch.nn.Linear. Hugging Face GPT-2
+ * stores them as Conv1D (in, out): a safetensors export/import must
+ * transpose the four *.weight matrices of attn.c_attn, attn.c_proj,
+ * mlp.c_fc and mlp.c_proj, and must drop/zero-fill rows V..Vp-1 of wte
+ * (Hugging Face's wte is (V,C)). The gradient buffer has the same layout.
+ *
+ * Activations, per block l (forward saves them for backward):
+ *   resid[l] (N,C) block input (residual stream); resid[0] = embeddings,
+ *   resid[L] = input of ln_f
+ *   ln1 (N,C) + ln1_mean, ln1_rstd (N) fp32
+ *   qkv (N,3C); atty (N,C) attention output + lse (B,NH,T) fp32
+ *   res2 (N,C) = resid[l] + attn.c_proj(atty)
+ *   ln2 (N,C) + ln2_mean, ln2_rstd (N) fp32
+ *   fch (N,4C) = mlp.c_fc(ln2); fch_gelu (N,4C) = GELU(fch)
+ *   resid[l+1] = res2 + mlp.c_proj(fch_gelu)
+ * With checkpoint_activations only resid[0..L] are kept per block and a
+ * single set of block activations is shared: backward recomputes block l
+ * from resid[l] with the very same ops, so gradients are bit-identical.
+ * The last block's activations are still in the shared set when backward
+ * starts, so it is not recomputed. */
+#include "zoff/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tensors of one block, in layout order. */
+enum {
+    P_LN1W = 0, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB,
+    P_PER_BLOCK
+};
+/* Tensor table index of wte, wpe; blocks start at 2; ln_f.* follow the blocks. */
+#define T_WTE 0
+#define T_WPE 1
+#define T_BLOCK(l, k) (2 + (l) * P_PER_BLOCK + (k))
+
+/* Upper bounds that keep every element count far inside int64 and every
+ * token id inside int32. They are generous (GPT-2 XL is L=48, C=1600). */
+#define MAX_LAYERS ((int64_t)1 << 16)
+#define MAX_HIDDEN ((int64_t)1 << 17)
+#define MAX_SEQ ((int64_t)1 << 24)
+#define MAX_VOCAB ((int64_t)INT32_MAX)
+#define MAX_BATCH ((int64_t)1 << 24)
+
+/* Activations of one block (pointers into the activation allocation). */
+typedef struct gpt2_block_acts {
+    void *ln1; float *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
+    void *qkv;                             /* (N,3C) */
+    void *atty; float *lse;                /* (N,C), (B,NH,T) */
+    void *res2;                            /* (N,C) */
+    void *ln2; float *ln2_mean, *ln2_rstd; /* (N,C), (N), (N) */
+    void *fch, *fch_gelu;                  /* (N,4C), (N,4C) */
+} gpt2_block_acts;
+
+struct zoff_gpt2 {
+    zoff_device *dev;
+    zoff_gpt2_shape shape; /* padded_vocab_size resolved */
+    int64_t cap_B, cap_T;  /* activation capacity */
+    zoff_dtype dt;
+    size_t dts;            /* bytes per element of dt */
+    bool checkpoint;
+
+    zoff_tensor_info *tensors;
+    int ntensors;
+    int64_t num_params;
+    int64_t block_numel;   /* elements of one block */
+
+    void *params, *grads;  /* flat (num_params) of dt */
+    void *acts_mem;        /* one allocation carved below */
+    size_t params_bytes, grads_bytes, acts_bytes;
+
+    void **resid;          /* L+1 pointers, each (N,C) */
+    gpt2_block_acts *blocks; /* L sets, or 1 when checkpointing */
+    int nblock_sets;
+    void *lnf; float *lnf_mean, *lnf_rstd; /* (N,C), (N), (N) */
+    void *logits;          /* (N,Vp); dlogits in place during backward */
+    float *losses;         /* (N) */
+    int32_t *tokens, *targets; /* (N) copies of the caller's batch */
+    /* backward scratch */
+    void *dresid;          /* (N,C) gradient of the residual stream */
+    void *dln;             /* (N,C) gradient of a LayerNorm output */
+    void *datty;           /* (N,C) */
+    void *dqkv;            /* (N,3C) */
+    void *dfch;            /* (N,4C) */
+
+    float *host_losses;    /* pinned (cap_B*cap_T) for zoff_gpt2_mean_loss */
+
+    /* state of the last forward */
+    int64_t fwd_B, fwd_T;
+    bool have_logits, have_targets;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+static void *elem_ptr(void *base, int64_t elem, size_t dts) {
+    return (char *)base + (size_t)elem * dts;
+}
+
+static void *param_ptr(const zoff_gpt2 *m, int t) {
+    return elem_ptr(m->params, m->tensors[t].offset, m->dts);
+}
+
+static void *grad_ptr(const zoff_gpt2 *m, int t) {
+    return elem_ptr(m->grads, m->tensors[t].offset, m->dts);
+}
+
+/* Bump allocator over one device allocation. With base == NULL it only
+ * measures; overflow of size_t arithmetic is recorded, never wrapped. */
+typedef struct carver {
+    char *base;
+    size_t off;
+    bool overflow;
+} carver;
+
+static void *carve(carver *c, int64_t count, size_t elem_size) {
+    size_t bytes, start;
+    if (count < 0 || __builtin_mul_overflow((size_t)count, elem_size, &bytes) ||
+        __builtin_add_overflow(c->off, (size_t)255, &start)) {
+        c->overflow = true;
+        return NULL;
+    }
+    start &= ~(size_t)255;
+    if (__builtin_add_overflow(start, bytes, &c->off)) {
+        c->overflow = true;
+        return NULL;
+    }
+    return c->base ? c->base + start : NULL;
+}
+
+/* Lay out all activations for N = cap_B*cap_T tokens (see the file comment). */
+static void layout_activations(zoff_gpt2 *m, carver *c) {
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
+    const int64_t NH = m->shape.num_heads, Vp = m->shape.padded_vocab_size;
+    const int64_t N = m->cap_B * m->cap_T;
+    const size_t d = m->dts;
+    for (int64_t l = 0; l <= L; l++) m->resid[l] = carve(c, N * C, d);
+    for (int i = 0; i < m->nblock_sets; i++) {
+        gpt2_block_acts *a = &m->blocks[i];
+        a->ln1 = carve(c, N * C, d);
+        a->ln1_mean = carve(c, N, sizeof(float));
+        a->ln1_rstd = carve(c, N, sizeof(float));
+        a->qkv = carve(c, N * 3 * C, d);
+        a->atty = carve(c, N * C, d);
+        a->lse = carve(c, N * NH, sizeof(float));
+        a->res2 = carve(c, N * C, d);
+        a->ln2 = carve(c, N * C, d);
+        a->ln2_mean = carve(c, N, sizeof(float));
+        a->ln2_rstd = carve(c, N, sizeof(float));
+        a->fch = carve(c, N * 4 * C, d);
+        a->fch_gelu = carve(c, N * 4 * C, d);
+    }
+    m->lnf = carve(c, N * C, d);
+    m->lnf_mean = carve(c, N, sizeof(float));
+    m->lnf_rstd = carve(c, N, sizeof(float));
+    /* N*Vp can exceed int64 only past the bounds checked in validate_options */
+    m->logits = carve(c, N * Vp, d);
+    m->losses = carve(c, N, sizeof(float));
+    m->tokens = carve(c, N, sizeof(int32_t));
+    m->targets = carve(c, N, sizeof(int32_t));
+    m->dresid = carve(c, N * C, d);
+    m->dln = carve(c, N * C, d);
+    m->datty = carve(c, N * C, d);
+    m->dqkv = carve(c, N * 3 * C, d);
+    m->dfch = carve(c, N * 4 * C, d);
+}
+
+static void set_tensor(zoff_tensor_info *t, int64_t *offset, const char *name, int ndim,
+                       int64_t d0, int64_t d1, bool decay, int layer) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->offset = *offset;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 0;
+    t->numel = ndim > 1 ? d0 * d1 : d0;
+    t->decay = decay;
+    t->layer = layer;
+    *offset += t->numel;
+}
+
+/* Fill the tensor table (the flat layout of the file comment). */
+static void build_tensor_table(zoff_gpt2 *m) {
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
+    int64_t off = 0;
+    char name[64];
+    zoff_tensor_info *t = m->tensors;
+    set_tensor(&t[T_WTE], &off, "wte.weight", 2, m->shape.padded_vocab_size, C, true, -1);
+    set_tensor(&t[T_WPE], &off, "wpe.weight", 2, m->shape.max_seq_len, C, true, -1);
+    static const struct { const char *suffix; int ndim; int64_t out_mult, in_mult; } blk[P_PER_BLOCK] = {
+        [P_LN1W] = {"ln_1.weight", 1, 1, 0},
+        [P_LN1B] = {"ln_1.bias", 1, 1, 0},
+        [P_QKVW] = {"attn.c_attn.weight", 2, 3, 1},
+        [P_QKVB] = {"attn.c_attn.bias", 1, 3, 0},
+        [P_ATTPROJW] = {"attn.c_proj.weight", 2, 1, 1},
+        [P_ATTPROJB] = {"attn.c_proj.bias", 1, 1, 0},
+        [P_LN2W] = {"ln_2.weight", 1, 1, 0},
+        [P_LN2B] = {"ln_2.bias", 1, 1, 0},
+        [P_FCW] = {"mlp.c_fc.weight", 2, 4, 1},
+        [P_FCB] = {"mlp.c_fc.bias", 1, 4, 0},
+        [P_FCPROJW] = {"mlp.c_proj.weight", 2, 1, 4},
+        [P_FCPROJB] = {"mlp.c_proj.bias", 1, 1, 0},
+    };
+    for (int64_t l = 0; l < L; l++) {
+        for (int k = 0; k < P_PER_BLOCK; k++) {
+            snprintf(name, sizeof name, "h.%lld.%s", (long long)l, blk[k].suffix);
+            set_tensor(&t[T_BLOCK(l, k)], &off, name, blk[k].ndim, blk[k].out_mult * C,
+                       blk[k].in_mult * C, blk[k].ndim == 2, (int)l);
+        }
+    }
+    set_tensor(&t[T_BLOCK(L, 0)], &off, "ln_f.weight", 1, C, 0, false, -1);
+    set_tensor(&t[T_BLOCK(L, 0) + 1], &off, "ln_f.bias", 1, C, 0, false, -1);
+    m->num_params = off;
+    /* T_BLOCK(1, 0) is ln_f.weight when L == 1 */
+    m->block_numel = t[T_BLOCK(1, 0)].offset - t[T_BLOCK(0, 0)].offset;
+}
+
+/* Check the options; resolve the padded vocabulary into *shape. */
+static zoff_status validate_options(const zoff_gpt2_options *o, zoff_gpt2_shape *shape) {
+    const zoff_gpt2_shape *s = &o->shape;
+    const char *w = "zoff_gpt2_create";
+    if (s->num_layers < 1 || s->num_layers > MAX_LAYERS)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.num_layers is %lld; it must be in [1, %lld]",
+                          w, (long long)s->num_layers, (long long)MAX_LAYERS);
+    if (s->hidden_size < 1 || s->hidden_size > MAX_HIDDEN)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.hidden_size is %lld; it must be in [1, %lld]",
+                          w, (long long)s->hidden_size, (long long)MAX_HIDDEN);
+    if (s->num_heads < 1 || s->num_heads > s->hidden_size)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.num_heads is %lld; it must be in [1, hidden_size=%lld]",
+                          w, (long long)s->num_heads, (long long)s->hidden_size);
+    if (s->hidden_size % s->num_heads != 0)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "%s: shape.hidden_size (%lld) is not divisible by shape.num_heads (%lld); "
+                          "choose a head count that divides the hidden size",
+                          w, (long long)s->hidden_size, (long long)s->num_heads);
+    if (s->max_seq_len < 1 || s->max_seq_len > MAX_SEQ)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.max_seq_len is %lld; it must be in [1, %lld]",
+                          w, (long long)s->max_seq_len, (long long)MAX_SEQ);
+    if (s->vocab_size < 1 || s->vocab_size > MAX_VOCAB)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.vocab_size is %lld; it must be in [1, %lld]",
+                          w, (long long)s->vocab_size, (long long)MAX_VOCAB);
+    int64_t Vp = s->padded_vocab_size;
+    if (Vp == 0) Vp = (s->vocab_size + 127) / 128 * 128;
+    if (Vp < s->vocab_size || Vp > MAX_VOCAB + 128)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "%s: shape.padded_vocab_size is %lld but vocab_size is %lld; it must be >= vocab_size "
+                          "(or 0 to round vocab_size up to a multiple of 128)",
+                          w, (long long)s->padded_vocab_size, (long long)s->vocab_size);
+    if (o->batch_size < 1 || o->batch_size > MAX_BATCH)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: batch_size is %lld; it must be in [1, %lld]",
+                          w, (long long)o->batch_size, (long long)MAX_BATCH);
+    if (o->seq_len < 1 || o->seq_len > s->max_seq_len)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "%s: seq_len is %lld but shape.max_seq_len is %lld; seq_len must be in [1, max_seq_len] "
+                          "(raise max_seq_len or shorten the sequences)",
+                          w, (long long)o->seq_len, (long long)s->max_seq_len);
+    if (o->dtype != ZOFF_F32 && o->dtype != ZOFF_BF16 && o->dtype != ZOFF_F16)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: dtype is %d (%s); use ZOFF_F32, ZOFF_BF16 or ZOFF_F16",
+                          w, (int)o->dtype, (unsigned)o->dtype < ZOFF_DTYPE_COUNT ? zoff_dtype_name(o->dtype) : "?");
+    /* N*Vp and N*4C must fit int64 (counts passed to the ops) */
+    int64_t N = o->batch_size * o->seq_len, tmp;
+    if (__builtin_mul_overflow(N, Vp, &tmp) || __builtin_mul_overflow(N, 4 * s->hidden_size, &tmp))
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "%s: batch_size*seq_len (%lld) is too large for vocabulary %lld and hidden size %lld",
+                          w, (long long)N, (long long)Vp, (long long)s->hidden_size);
+    *shape = *s;
+    shape->padded_vocab_size = Vp;
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+
+void zoff_gpt2_destroy(zoff_gpt2 *m) {
+    if (!m) return;
+    if (m->dev) {
+        zoff_stream *s = zoff_device_stream(m->dev);
+        /* no op may still use these buffers; a sticky stream error is not ours to report here */
+        if (s) (void)zoff_stream_synchronize(s);
+        if (m->params) zoff_device_free(m->dev, m->params);
+        if (m->grads) zoff_device_free(m->dev, m->grads);
+        if (m->acts_mem) zoff_device_free(m->dev, m->acts_mem);
+        if (m->host_losses) zoff_host_free_pinned(m->dev, m->host_losses);
+    }
+    free(m->tensors);
+    free(m->resid);
+    free(m->blocks);
+    free(m);
+}
+
+zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zoff_gpt2 **out) {
+    if (!out) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_create: out is NULL");
+    *out = NULL;
+    if (!dev || !opts) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_create: dev or opts is NULL");
+    zoff_gpt2_shape shape;
+    ZOFF_TRY(validate_options(opts, &shape));
+
+    zoff_gpt2 *m = calloc(1, sizeof *m);
+    if (!m) return zoff_error(ZOFF_ERR_NOMEM, "zoff_gpt2_create: out of host memory for the model struct");
+    m->dev = dev;
+    m->shape = shape;
+    m->cap_B = opts->batch_size;
+    m->cap_T = opts->seq_len;
+    m->dt = opts->dtype;
+    m->dts = zoff_dtype_size(opts->dtype);
+    m->checkpoint = opts->checkpoint_activations;
+    const int64_t L = shape.num_layers;
+    m->ntensors = (int)(2 + L * P_PER_BLOCK + 2);
+    m->nblock_sets = m->checkpoint ? 1 : (int)L;
+    m->tensors = calloc((size_t)m->ntensors, sizeof *m->tensors);
+    m->resid = calloc((size_t)L + 1, sizeof *m->resid);
+    m->blocks = calloc((size_t)m->nblock_sets, sizeof *m->blocks);
+    if (!m->tensors || !m->resid || !m->blocks) {
+        zoff_gpt2_destroy(m);
+        return zoff_error(ZOFF_ERR_NOMEM, "zoff_gpt2_create: out of host memory for the tensor table (%d tensors)",
+                          2 + (int)L * P_PER_BLOCK + 2);
+    }
+    build_tensor_table(m);
+
+    char b1[32], b2[32];
+    zoff_status st;
+    m->params_bytes = (size_t)m->num_params * m->dts;
+    m->grads_bytes = m->params_bytes;
+    carver measure = {0};
+    layout_activations(m, &measure);
+    if (measure.overflow) {
+        zoff_gpt2_destroy(m);
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "zoff_gpt2_create: activation memory for batch_size %lld x seq_len %lld overflows size_t",
+                          (long long)opts->batch_size, (long long)opts->seq_len);
+    }
+    m->acts_bytes = measure.off;
+
+    const char *ctx = "creating GPT-2 (L=%lld, C=%lld, B=%lld, T=%lld, %s; parameters %s, activations %s)";
+#define CREATE_TRY(expr)                                                                              \
+    do {                                                                                              \
+        st = (expr);                                                                                  \
+        if (st != ZOFF_OK) {                                                                          \
+            zoff_error_context(st, ctx, (long long)L, (long long)shape.hidden_size,                   \
+                               (long long)m->cap_B, (long long)m->cap_T, zoff_dtype_name(m->dt),      \
+                               zoff_format_bytes(m->params_bytes, b1, sizeof b1),                     \
+                               zoff_format_bytes(m->acts_bytes, b2, sizeof b2));                      \
+            zoff_gpt2_destroy(m);                                                                     \
+            return st;                                                                                \
+        }                                                                                             \
+    } while (0)
+    CREATE_TRY(zoff_device_alloc(dev, m->params_bytes, "gpt2 parameters", &m->params));
+    CREATE_TRY(zoff_device_alloc(dev, m->grads_bytes, "gpt2 gradients", &m->grads));
+    CREATE_TRY(zoff_device_alloc(dev, m->acts_bytes, "gpt2 activations", &m->acts_mem));
+    CREATE_TRY(zoff_host_alloc_pinned(dev, (size_t)(m->cap_B * m->cap_T) * sizeof(float), "gpt2 host losses",
+                                      (void **)&m->host_losses));
+    carver place = {.base = m->acts_mem};
+    layout_activations(m, &place);
+    /* gradients start at zero: backward accumulates */
+    CREATE_TRY(zoff_memset_async(zoff_device_stream(dev), m->grads, 0, m->grads_bytes));
+#undef CREATE_TRY
+    *out = m;
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ accessors */
+
+const zoff_tensor_info *zoff_gpt2_tensors(const zoff_gpt2 *m, int *count) {
+    if (count) *count = m ? m->ntensors : 0;
+    return m ? m->tensors : NULL;
+}
+int64_t zoff_gpt2_num_params(const zoff_gpt2 *m) { return m ? m->num_params : 0; }
+const zoff_gpt2_shape *zoff_gpt2_get_shape(const zoff_gpt2 *m) { return m ? &m->shape : NULL; }
+void *zoff_gpt2_params(zoff_gpt2 *m) { return m ? m->params : NULL; }
+void *zoff_gpt2_grads(zoff_gpt2 *m) { return m ? m->grads : NULL; }
+size_t zoff_gpt2_device_bytes(const zoff_gpt2 *m) {
+    return m ? m->params_bytes + m->grads_bytes + m->acts_bytes : 0;
+}
+const void *zoff_gpt2_logits(zoff_gpt2 *m) { return m && m->have_logits ? m->logits : NULL; }
+
+/* ------------------------------------------------------------------ init */
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Standard normal by Box-Muller from two uniforms in (0,1]. */
+static double normal01(uint64_t *state) {
+    double u1 = ((double)(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
+    double u2 = (double)(splitmix64(state) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+}
+
+/* host_params (num_params) fp32. Each tensor draws from its own stream
+ * (seed, tensor index), so the values of a tensor do not depend on the others. */
+void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params) {
+    if (!m || !host_params) return;
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
+    const double resid_std = 0.02 / sqrt(2.0 * (double)L);
+    for (int i = 0; i < m->ntensors; i++) {
+        const zoff_tensor_info *t = &m->tensors[i];
+        float *p = host_params + t->offset;
+        uint64_t state = seed ^ (0x5851F42D4C957F2Dull * (uint64_t)(i + 1));
+        const char *leaf = strrchr(t->name, '.'); /* ".weight" / ".bias" */
+        bool is_ln = strstr(t->name, "ln_") != NULL;
+        if (leaf && strcmp(leaf, ".bias") == 0) {
+            memset(p, 0, (size_t)t->numel * sizeof(float));
+        } else if (is_ln) {
+            for (int64_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+        } else {
+            double std = 0.02;
+            if (strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight")) std = resid_std;
+            int64_t n = t->numel;
+            if (i == T_WTE) n = m->shape.vocab_size * C; /* padded rows stay 0 */
+            for (int64_t j = 0; j < n; j++) p[j] = (float)(std * normal01(&state));
+            for (int64_t j = n; j < t->numel; j++) p[j] = 0.0f;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ forward */
+
+#define LAUNCH(op, args, ...)                                                 \
+    do {                                                                      \
+        zoff_status launch_s_ = ZOFF_LAUNCH(s, op, args);                     \
+        if (launch_s_ != ZOFF_OK) return zoff_error_context(launch_s_, __VA_ARGS__); \
+    } while (0)
+
+/* Block l forward for B,T (N = B*T rows): x = resid[l] (N,C) into the
+ * activations a; writes resid[l+1] (N,C) when out != NULL (NULL when
+ * recomputing for backward, which needs only a). */
+static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, const void *x, void *out,
+                                 int64_t B, int64_t T) {
+    zoff_stream *s = zoff_device_stream(m->dev);
+    const int64_t C = m->shape.hidden_size, NH = m->shape.num_heads, N = B * T;
+    const zoff_dtype dt = m->dt;
+    const char *w = "GPT-2 forward, block %lld, %s";
+#define P(k) param_ptr(m, T_BLOCK(l, k))
+    zoff_op_layernorm_fwd_args ln1 = {.out = a->ln1, .mean = a->ln1_mean, .rstd = a->ln1_rstd, .inp = x,
+                                      .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln1, w, (long long)l, "ln_1");
+    zoff_op_matmul_fwd_args qkv = {.out = a->qkv, .inp = a->ln1, .weight = P(P_QKVW), .bias = P(P_QKVB),
+                                   .N = N, .C = C, .OC = 3 * C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_FWD, qkv, w, (long long)l, "attn.c_attn");
+    zoff_op_attention_fwd_args att = {.out = a->atty, .lse = a->lse, .qkv = a->qkv,
+                                      .B = B, .T = T, .C = C, .NH = NH, .dt = dt};
+    LAUNCH(ZOFF_OP_ATTENTION_FWD, att, w, (long long)l, "attention");
+    zoff_op_matmul_fwd_args proj = {.out = a->res2, .inp = a->atty, .weight = P(P_ATTPROJW),
+                                    .bias = P(P_ATTPROJB), .N = N, .C = C, .OC = C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_FWD, proj, w, (long long)l, "attn.c_proj");
+    zoff_op_add_args res = {.out = a->res2, .a = a->res2, .b = x, .n = N * C, .dt = dt};
+    LAUNCH(ZOFF_OP_ADD, res, w, (long long)l, "attention residual");
+    zoff_op_layernorm_fwd_args ln2 = {.out = a->ln2, .mean = a->ln2_mean, .rstd = a->ln2_rstd, .inp = a->res2,
+                                      .weight = P(P_LN2W), .bias = P(P_LN2B), .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln2, w, (long long)l, "ln_2");
+    zoff_op_matmul_fwd_args fc = {.out = a->fch, .inp = a->ln2, .weight = P(P_FCW), .bias = P(P_FCB),
+                                  .N = N, .C = C, .OC = 4 * C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc");
+    zoff_op_gelu_fwd_args gelu = {.out = a->fch_gelu, .inp = a->fch, .n = N * 4 * C, .dt = dt};
+    LAUNCH(ZOFF_OP_GELU_FWD, gelu, w, (long long)l, "gelu");
+    if (out) {
+        zoff_op_matmul_fwd_args fcproj = {.out = out, .inp = a->fch_gelu, .weight = P(P_FCPROJW),
+                                          .bias = P(P_FCPROJB), .N = N, .C = 4 * C, .OC = C, .dt = dt};
+        LAUNCH(ZOFF_OP_MATMUL_FWD, fcproj, w, (long long)l, "mlp.c_proj");
+        zoff_op_add_args res_mlp = {.out = out, .a = out, .b = a->res2, .n = N * C, .dt = dt};
+        LAUNCH(ZOFF_OP_ADD, res_mlp, w, (long long)l, "mlp residual");
+    }
+#undef P
+    return ZOFF_OK;
+}
+
+static gpt2_block_acts *block_acts(zoff_gpt2 *m, int64_t l) {
+    return &m->blocks[m->checkpoint ? 0 : l];
+}
+
+zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
+    if (!m || !tokens) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_forward: model or tokens is NULL");
+    if (B < 1 || B > m->cap_B || T < 1 || T > m->cap_T)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "zoff_gpt2_forward: batch %lld x %lld exceeds the activation capacity %lld x %lld "
+                          "chosen at create (batch_size x seq_len); both must be >= 1 and within it",
+                          (long long)B, (long long)T, (long long)m->cap_B, (long long)m->cap_T);
+    zoff_stream *s = zoff_device_stream(m->dev);
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size, N = B * T;
+    const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
+    const zoff_dtype dt = m->dt;
+    m->have_logits = false;
+    m->have_targets = false;
+
+    /* own copies of the batch: backward needs them, the caller may reuse its buffers */
+    ZOFF_TRY(zoff_memcpy_async(s, m->tokens, tokens, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2D));
+    if (targets)
+        ZOFF_TRY(zoff_memcpy_async(s, m->targets, targets, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2D));
+
+    zoff_op_embed_fwd_args emb = {.out = m->resid[0], .tokens = m->tokens, .wte = param_ptr(m, T_WTE),
+                                  .wpe = param_ptr(m, T_WPE), .B = B, .T = T, .C = C, .V = V, .dt = dt};
+    LAUNCH(ZOFF_OP_EMBED_FWD, emb, "GPT-2 forward, embeddings");
+    for (int64_t l = 0; l < L; l++)
+        ZOFF_TRY(block_forward(m, l, block_acts(m, l), m->resid[l], m->resid[l + 1], B, T));
+
+    const int t_lnf = T_BLOCK(L, 0);
+    zoff_op_layernorm_fwd_args lnf = {.out = m->lnf, .mean = m->lnf_mean, .rstd = m->lnf_rstd,
+                                      .inp = m->resid[L], .weight = param_ptr(m, t_lnf),
+                                      .bias = param_ptr(m, t_lnf + 1), .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_LAYERNORM_FWD, lnf, "GPT-2 forward, ln_f");
+    zoff_op_matmul_fwd_args head = {.out = m->logits, .inp = m->lnf, .weight = param_ptr(m, T_WTE),
+                                    .bias = NULL, .N = N, .C = C, .OC = Vp, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_FWD, head, "GPT-2 forward, lm head (wte^T)");
+    if (targets) {
+        zoff_op_cross_entropy_args ce = {.losses = m->losses, .dlogits = NULL, .logits = m->logits,
+                                         .targets = m->targets, .N = N, .V = V, .Vp = Vp, .dloss = 1.0f,
+                                         .dt = dt};
+        LAUNCH(ZOFF_OP_CROSS_ENTROPY, ce, "GPT-2 forward, cross-entropy");
+    }
+    m->fwd_B = B;
+    m->fwd_T = T;
+    m->have_logits = true;
+    m->have_targets = targets != NULL;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss) {
+    if (!m || !loss) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_mean_loss: model or loss is NULL");
+    if (!m->have_targets)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "zoff_gpt2_mean_loss: the last forward had no targets; pass targets to zoff_gpt2_forward");
+    zoff_stream *s = zoff_device_stream(m->dev);
+    const int64_t N = m->fwd_B * m->fwd_T;
+    ZOFF_TRY(zoff_memcpy_async(s, m->host_losses, m->losses, (size_t)N * sizeof(float), ZOFF_COPY_D2H));
+    ZOFF_TRY(zoff_stream_synchronize(s));
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++) sum += (double)m->host_losses[i];
+    *loss = (float)(sum / (double)N);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* Block l backward (N = B*T rows). On entry dresid (N,C) holds d resid[l+1];
+ * on exit d resid[l]. Parameter gradients are accumulated into the block's
+ * range of the flat gradient buffer. */
+static zoff_status block_backward(zoff_gpt2 *m, int64_t l, const gpt2_block_acts *a, int64_t B, int64_t T) {
+    zoff_stream *s = zoff_device_stream(m->dev);
+    const int64_t C = m->shape.hidden_size, NH = m->shape.num_heads, N = B * T;
+    const zoff_dtype dt = m->dt;
+    const size_t d = m->dts;
+    const char *w = "GPT-2 backward, block %lld, %s";
+#define P(k) param_ptr(m, T_BLOCK(l, k))
+#define G(k) grad_ptr(m, T_BLOCK(l, k))
+    /* MLP: resid[l+1] = res2 + fch_gelu @ Wproj^T + bproj */
+    ZOFF_TRY(zoff_memset_async(s, m->dfch, 0, (size_t)(N * 4 * C) * d));
+    zoff_op_matmul_bwd_args fcproj = {.dinp = m->dfch, .dweight = G(P_FCPROJW), .dbias = G(P_FCPROJB),
+                                      .dout = m->dresid, .inp = a->fch_gelu, .weight = P(P_FCPROJW),
+                                      .N = N, .C = 4 * C, .OC = C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_BWD, fcproj, w, (long long)l, "mlp.c_proj");
+    zoff_op_gelu_bwd_args gelu = {.dinp = m->dfch, .inp = a->fch, .dout = m->dfch, .n = N * 4 * C, .dt = dt};
+    LAUNCH(ZOFF_OP_GELU_BWD, gelu, w, (long long)l, "gelu");
+    ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
+    zoff_op_matmul_bwd_args fc = {.dinp = m->dln, .dweight = G(P_FCW), .dbias = G(P_FCB), .dout = m->dfch,
+                                  .inp = a->ln2, .weight = P(P_FCW), .N = N, .C = C, .OC = 4 * C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_BWD, fc, w, (long long)l, "mlp.c_fc");
+    /* d res2 = d resid[l+1] + ln_2 backward */
+    zoff_op_layernorm_bwd_args ln2 = {.dinp = m->dresid, .dweight = G(P_LN2W), .dbias = G(P_LN2B),
+                                      .dout = m->dln, .inp = a->res2, .weight = P(P_LN2W),
+                                      .mean = a->ln2_mean, .rstd = a->ln2_rstd, .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_LAYERNORM_BWD, ln2, w, (long long)l, "ln_2");
+    /* attention: res2 = resid[l] + atty @ Wproj^T + bproj */
+    ZOFF_TRY(zoff_memset_async(s, m->datty, 0, (size_t)(N * C) * d));
+    zoff_op_matmul_bwd_args proj = {.dinp = m->datty, .dweight = G(P_ATTPROJW), .dbias = G(P_ATTPROJB),
+                                    .dout = m->dresid, .inp = a->atty, .weight = P(P_ATTPROJW),
+                                    .N = N, .C = C, .OC = C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_BWD, proj, w, (long long)l, "attn.c_proj");
+    zoff_op_attention_bwd_args att = {.dqkv = m->dqkv, .dout = m->datty, .qkv = a->qkv, .out = a->atty,
+                                      .lse = a->lse, .B = B, .T = T, .C = C, .NH = NH, .dt = dt};
+    LAUNCH(ZOFF_OP_ATTENTION_BWD, att, w, (long long)l, "attention");
+    ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
+    zoff_op_matmul_bwd_args qkv = {.dinp = m->dln, .dweight = G(P_QKVW), .dbias = G(P_QKVB), .dout = m->dqkv,
+                                   .inp = a->ln1, .weight = P(P_QKVW), .N = N, .C = C, .OC = 3 * C, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_BWD, qkv, w, (long long)l, "attn.c_attn");
+    /* d resid[l] = d res2 + ln_1 backward */
+    zoff_op_layernorm_bwd_args ln1 = {.dinp = m->dresid, .dweight = G(P_LN1W), .dbias = G(P_LN1B),
+                                      .dout = m->dln, .inp = m->resid[l], .weight = P(P_LN1W),
+                                      .mean = a->ln1_mean, .rstd = a->ln1_rstd, .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_LAYERNORM_BWD, ln1, w, (long long)l, "ln_1");
+#undef P
+#undef G
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_backward(zoff_gpt2 *m, float dloss_scale, zoff_grad_ready_fn ready, void *ready_arg) {
+    if (!m) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_backward: model is NULL");
+    if (!m->have_logits || !m->have_targets)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "zoff_gpt2_backward: no forward with targets to differentiate (%s); call "
+                          "zoff_gpt2_forward with targets before each backward",
+                          m->have_logits ? "the last forward had no targets" : "none since create or the last backward");
+    zoff_stream *s = zoff_device_stream(m->dev);
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
+    const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
+    const int64_t B = m->fwd_B, T = m->fwd_T, N = B * T;
+    const zoff_dtype dt = m->dt;
+    const size_t d = m->dts;
+    /* logits become dlogits below: whatever happens next, they are gone */
+    m->have_logits = false;
+    m->have_targets = false;
+
+    /* loss = sum(losses) / (B*T), scaled */
+    zoff_op_cross_entropy_args ce = {.losses = m->losses, .dlogits = m->logits, .logits = m->logits,
+                                     .targets = m->targets, .N = N, .V = V, .Vp = Vp,
+                                     .dloss = dloss_scale / (float)N, .dt = dt};
+    LAUNCH(ZOFF_OP_CROSS_ENTROPY, ce, "GPT-2 backward, cross-entropy");
+    ZOFF_TRY(zoff_memset_async(s, m->dresid, 0, (size_t)(N * C) * d));
+    ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
+    zoff_op_matmul_bwd_args head = {.dinp = m->dln, .dweight = grad_ptr(m, T_WTE), .dbias = NULL,
+                                    .dout = m->logits, .inp = m->lnf, .weight = param_ptr(m, T_WTE),
+                                    .N = N, .C = C, .OC = Vp, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_BWD, head, "GPT-2 backward, lm head (wte^T)");
+    const int t_lnf = T_BLOCK(L, 0);
+    zoff_op_layernorm_bwd_args lnf = {.dinp = m->dresid, .dweight = grad_ptr(m, t_lnf),
+                                      .dbias = grad_ptr(m, t_lnf + 1), .dout = m->dln, .inp = m->resid[L],
+                                      .weight = param_ptr(m, t_lnf), .mean = m->lnf_mean, .rstd = m->lnf_rstd,
+                                      .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_LAYERNORM_BWD, lnf, "GPT-2 backward, ln_f");
+    if (ready) ready(ready_arg, s, m->tensors[t_lnf].offset, 2 * C);
+
+    for (int64_t l = L - 1; l >= 0; l--) {
+        gpt2_block_acts *a = block_acts(m, l);
+        /* checkpointing: the shared set still holds block L-1 from forward */
+        if (m->checkpoint && l != L - 1) ZOFF_TRY(block_forward(m, l, a, m->resid[l], NULL, B, T));
+        ZOFF_TRY(block_backward(m, l, a, B, T));
+        if (ready) ready(ready_arg, s, m->tensors[T_BLOCK(l, 0)].offset, m->block_numel);
+    }
+
+    zoff_op_embed_bwd_args emb = {.dwte = grad_ptr(m, T_WTE), .dwpe = grad_ptr(m, T_WPE), .dout = m->dresid,
+                                  .tokens = m->tokens, .B = B, .T = T, .C = C, .V = V, .dt = dt};
+    LAUNCH(ZOFF_OP_EMBED_BWD, emb, "GPT-2 backward, embeddings");
+    if (ready) ready(ready_arg, s, 0, m->tensors[T_WTE].numel + m->tensors[T_WPE].numel);
+    return ZOFF_OK;
+}
