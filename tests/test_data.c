@@ -745,6 +745,39 @@ static void test_tokenize_files(void **state) {
     zoff_tokenize_result_free(&r);
     zoff_tokens_free(&want);
 
+    /* chunked encoding at 1 MiB boundaries: texts whose only line breaks are "\n\n"
+     * (must not be split there) and lone "\n" (split there) encode as a whole */
+    for (int variant = 0; variant < 2; variant++) {
+        size_t cl = 0, ccap = 3u << 20;
+        char *ct = malloc(ccap);
+        for (int line = 0; cl + 64 < ccap; line++)
+            cl += (size_t)sprintf(ct + cl, "line %d of the text's body%s", line,
+                                  variant == 0 ? "\n\n" : (line % 7 ? "\n" : "  \n\n\t"));
+        write_text(path_in("tok/c.txt"), ct, cl);
+        const char *cf[1] = {path_in("tok/c.txt")};
+        o.output_prefix = path_in("tok/chunk");
+        o.shard_tokens = 0;
+        o.val_fraction = 0;
+        CHECK_OK(zoff_tokenize_files(g_gpt2, cf, 1, &o, &r));
+        zoff_tokens direct = {0};
+        CHECK_OK(zoff_tokens_push(&direct, 50256));
+        CHECK_OK(zoff_tokenizer_encode(g_gpt2, ct, cl, &direct));
+        zoff_shard *sh;
+        CHECK_OK(zoff_shard_open(r.paths[0], 50257, &sh));
+        assert_int_equal(zoff_shard_num_tokens(sh), (int64_t)direct.n);
+        for (size_t i = 0; i < direct.n; i++)
+            if (zoff_shard_tokens(sh)[i] != direct.ids[i])
+                fail_msg("variant %d token %zu: chunked %d, whole %d", variant, i, zoff_shard_tokens(sh)[i],
+                         direct.ids[i]);
+        zoff_shard_close(sh);
+        zoff_tokens_free(&direct);
+        zoff_tokenize_result_free(&r);
+        unlink(path_in("tok/chunk_train.bin"));
+        unlink(path_in("tok/c.txt"));
+        free(ct);
+    }
+    o.val_fraction = 0.1;
+
     /* errors write nothing */
     int before = count_files(path_in("tok"));
     const char *missing[2] = {fa, fm};

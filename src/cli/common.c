@@ -168,10 +168,17 @@ zoff_status cli_prepare_default_data(const char *dir, zoff_tokenizer *tok, char 
 /* ------------------------------------------------------------------ checkpoints */
 
 static json_t *loader_to_json(const zoff_loader_state *l) {
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "seed_lo", (json_int_t)(l->seed & 0xffffffffu), "seed_hi",
-                     (json_int_t)(l->seed >> 32), "epoch", (json_int_t)l->epoch, "window", (json_int_t)l->window,
-                     "seq_len", (json_int_t)l->seq_len, "num_windows", (json_int_t)l->num_windows, "fingerprint",
-                     "");
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)l->fingerprint);
+    json_t *o = json_object();
+    json_object_set_new(o, "seed_lo", json_integer((json_int_t)(l->seed & 0xffffffffu)));
+    json_object_set_new(o, "seed_hi", json_integer((json_int_t)(l->seed >> 32)));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)l->epoch));
+    json_object_set_new(o, "window", json_integer((json_int_t)l->window));
+    json_object_set_new(o, "seq_len", json_integer((json_int_t)l->seq_len));
+    json_object_set_new(o, "num_windows", json_integer((json_int_t)l->num_windows));
+    json_object_set_new(o, "fingerprint", json_string(fp));
+    return o;
 }
 
 zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const cli_meta *meta,
@@ -196,10 +203,7 @@ zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gp
     }
     if (s == ZOFF_OK) {
         const zoff_gpt2_shape *sh = &meta->shape;
-        char fp[32];
-        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)meta->loader.fingerprint);
         json_t *lj = loader_to_json(&meta->loader);
-        json_object_set_new(lj, "fingerprint", json_string(fp));
         json_t *root = json_pack(
             "{s:s,s:i,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:s,s:I,s:I,s:o,s:{s:I,s:I,s:f,s:I,s:i},s:f}", "format",
             "zoff-train-state", "version", 1, "step", (json_int_t)meta->step, "model", "num_layers",

@@ -38,13 +38,16 @@ static zoff_status u16_append(u16vec *v, const int32_t *ids, size_t m) {
 static bool is_ascii_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 /* End of the next chunk of text[pos..len): at least CHUNK_BYTES when possible, and
- * at a place where GPT-2's pre-tokeniser must start a new piece (after '\n', before
- * an ASCII non-space), so encoding chunk by chunk equals encoding the whole. */
+ * at a place where GPT-2's pre-tokeniser must start a new piece whether or not the
+ * text goes on, so encoding chunk by chunk equals encoding the whole: a lone '\n'
+ * between ASCII non-spaces ("x\ny"). The '\n' is then a piece of its own either way
+ * (regex alternative 6 mid-text, 5 at a chunk's end). After a longer whitespace run
+ * the split would differ ("\n\n" at the end of a chunk vs "\n" "\n" mid-text). */
 static size_t chunk_end(const char *text, size_t pos, size_t len) {
     if (len - pos <= CHUNK_BYTES) return len;
     for (size_t p = pos + CHUNK_BYTES; p < len; p++) {
-        uint8_t c = (uint8_t)text[p];
-        if (text[p - 1] == '\n' && c < 0x80 && !is_ascii_space(c)) return p;
+        uint8_t c = (uint8_t)text[p], b = (uint8_t)text[p - 2];
+        if (text[p - 1] == '\n' && c < 0x80 && !is_ascii_space(c) && b < 0x80 && !is_ascii_space(b)) return p;
     }
     return len;
 }

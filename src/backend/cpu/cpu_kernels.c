@@ -553,6 +553,83 @@ done:
 
 /* ------------------------------------------------------------------ attention */
 
+/* Attention does not call BLAS: its per-head products are small, and calling
+ * the (pthread) OpenBLAS from inside an OpenMP loop oversubscribes the cores
+ * (measured 10x slower). These tight loops are compiled for AVX-512, AVX2 and
+ * baseline x86-64 and picked at load time (target_clones). Causal: row r of a
+ * block starting at query i0 uses keys j <= i0 + r only. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#define ZOFF_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define ZOFF_CLONES
+#endif
+
+/* S (rows, *) row stride lds: S[r][j] = scale * A_r . B_j for j <= i0 + r;
+ * A (rows,HS) stride lda, B (*,HS) stride ldb. Four keys at a time. */
+ZOFF_CLONES static void att_dots(float *S, int64_t lds, const float *A, int64_t lda, const float *Bm, int64_t ldb,
+                                 int64_t rows, int64_t i0, int64_t HS, float scale) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = A + r * lda;
+        float *srow = S + r * lds;
+        const int64_t jend = i0 + r + 1;
+        int64_t j = 0;
+        for (; j + 4 <= jend; j += 4) {
+            const float *b0 = Bm + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            for (int64_t c = 0; c < HS; c++) {
+                s0 += a[c] * b0[c];
+                s1 += a[c] * b1[c];
+                s2 += a[c] * b2[c];
+                s3 += a[c] * b3[c];
+            }
+            srow[j] = s0 * scale;
+            srow[j + 1] = s1 * scale;
+            srow[j + 2] = s2 * scale;
+            srow[j + 3] = s3 * scale;
+        }
+        for (; j < jend; j++) {
+            const float *b = Bm + j * ldb;
+            float s0 = 0.0f;
+#pragma omp simd reduction(+ : s0)
+            for (int64_t c = 0; c < HS; c++) s0 += a[c] * b[c];
+            srow[j] = s0 * scale;
+        }
+    }
+}
+
+/* O_r = scale * sum_{j <= i0+r} P[r][j] B_j; O (rows,HS) stride ldo (overwritten),
+ * P (rows,*) stride ldp, B (*,HS) stride ldb. */
+ZOFF_CLONES static void att_pv(float *O, int64_t ldo, const float *P, int64_t ldp, const float *Bm, int64_t ldb,
+                               int64_t rows, int64_t i0, int64_t HS, float scale) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *o = O + r * ldo;
+        const float *prow = P + r * ldp;
+        for (int64_t c = 0; c < HS; c++) o[c] = 0.0f;
+        const int64_t jend = i0 + r + 1;
+        for (int64_t j = 0; j < jend; j++) {
+            const float p = prow[j] * scale, *b = Bm + j * ldb;
+#pragma omp simd
+            for (int64_t c = 0; c < HS; c++) o[c] += p * b[c];
+        }
+    }
+}
+
+/* D_j += scale * sum_{r : j <= i0+r} P[r][j] A_r for j < i0 + rows; D (*,HS) stride ldd,
+ * P (rows,*) stride ldp, A (rows,HS) stride lda. */
+ZOFF_CLONES static void att_ptv(float *D, int64_t ldd, const float *P, int64_t ldp, const float *A, int64_t lda,
+                                int64_t rows, int64_t i0, int64_t HS, float scale) {
+    const int64_t ncols = i0 + rows;
+    for (int64_t j = 0; j < ncols; j++) {
+        float *d = D + j * ldd;
+        for (int64_t r = j > i0 ? j - i0 : 0; r < rows; r++) {
+            const float p = P[r * ldp + j] * scale, *a = A + r * lda;
+#pragma omp simd
+            for (int64_t c = 0; c < HS; c++) d[c] += p * a[c];
+        }
+    }
+}
+
 /* One (b,h) head, causal. q, k, v are (T,HS) with row stride ldq; o (T,HS) row
  * stride ldo; lse (T). S is ATT_RB x T scratch. Rows are processed in blocks of
  * ATT_RB: S = scale Q_blk K[0:i1]^T, softmax with the causal mask, O_blk = P V[0:i1]. */
@@ -561,8 +638,7 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int64_
     const float scale = 1.0f / sqrtf((float)HS);
     for (int64_t i0 = 0; i0 < T; i0 += ATT_RB) {
         int64_t i1 = T - i0 < ATT_RB ? T : i0 + ATT_RB, rb = i1 - i0, nc = i1;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)nc, (int)HS, scale, q + i0 * ldq,
-                    (int)ldq, k, (int)ldq, 0.0f, S, (int)nc);
+        att_dots(S, nc, q + i0 * ldq, ldq, k, ldq, rb, i0, HS, scale);
         for (int64_t r = 0; r < rb; r++) {
             int64_t i = i0 + r;
             float *row = S + r * nc;
@@ -575,11 +651,9 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int64_
             }
             float inv = 1.0f / sum;
             for (int64_t j = 0; j <= i; j++) row[j] *= inv;
-            for (int64_t j = i + 1; j < nc; j++) row[j] = 0.0f;
             lse[i] = mx + logf(sum);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)HS, (int)nc, 1.0f, S, (int)nc, v,
-                    (int)ldq, 0.0f, o + i0 * ldo, (int)ldo);
+        att_pv(o + i0 * ldo, ldo, S, nc, v, ldq, rb, i0, HS, 1.0f);
     }
 }
 
@@ -587,7 +661,7 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int64_
  * dq,dk,dv (T,HS) stride ldd (overwritten). P is recomputed from lse:
  *   P = exp(scale q k^T - lse), D_i = dout_i . o_i, dS = P * (dout v^T - D),
  *   dq = scale dS k, dk = scale dS^T q, dv = P^T dout.
- * S, dP: ATT_RB x T scratch each. */
+ * S, dP: ATT_RB x T scratch each; D: T scratch. */
 static void attn_bwd_head(const float *q, const float *k, const float *v, int64_t ldq, const float *o,
                           const float *dout, int64_t ldo, const float *lse, float *dq, float *dk, float *dv,
                           int64_t ldd, int64_t T, int64_t HS, float *S, float *dP, float *D) {
@@ -603,10 +677,8 @@ static void attn_bwd_head(const float *q, const float *k, const float *v, int64_
     }
     for (int64_t i0 = 0; i0 < T; i0 += ATT_RB) {
         int64_t i1 = T - i0 < ATT_RB ? T : i0 + ATT_RB, rb = i1 - i0, nc = i1;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)nc, (int)HS, scale, q + i0 * ldq,
-                    (int)ldq, k, (int)ldq, 0.0f, S, (int)nc);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)nc, (int)HS, 1.0f, dout + i0 * ldo,
-                    (int)ldo, v, (int)ldq, 0.0f, dP, (int)nc);
+        att_dots(S, nc, q + i0 * ldq, ldq, k, ldq, rb, i0, HS, scale);
+        att_dots(dP, nc, dout + i0 * ldo, ldo, v, ldq, rb, i0, HS, 1.0f);
         for (int64_t r = 0; r < rb; r++) {
             int64_t i = i0 + r;
             float *srow = S + r * nc, *drow = dP + r * nc;
@@ -616,14 +688,10 @@ static void attn_bwd_head(const float *q, const float *k, const float *v, int64_
                 srow[j] = p;
                 drow[j] = p * (drow[j] - Di);
             }
-            for (int64_t j = i + 1; j < nc; j++) srow[j] = drow[j] = 0.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)HS, (int)rb, 1.0f, S, (int)nc,
-                    dout + i0 * ldo, (int)ldo, 1.0f, dv, (int)ldd);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)HS, (int)nc, scale, dP, (int)nc, k,
-                    (int)ldq, 0.0f, dq + i0 * ldd, (int)ldd);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nc, (int)HS, (int)rb, scale, dP, (int)nc,
-                    q + i0 * ldq, (int)ldq, 1.0f, dk, (int)ldd);
+        att_ptv(dv, ldd, S, nc, dout + i0 * ldo, ldo, rb, i0, HS, 1.0f);
+        att_pv(dq + i0 * ldd, ldd, dP, nc, k, ldq, rb, i0, HS, scale);
+        att_ptv(dk, ldd, dP, nc, q + i0 * ldq, ldq, rb, i0, HS, scale);
     }
 }
 
