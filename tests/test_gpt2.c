@@ -740,6 +740,34 @@ static void test_bad_shapes(void **state) {
     zoff_device_destroy(dev);
 }
 
+/* Token ids in [V, Vp) address padded wte rows: they must fail the stream
+ * (the model passes the real V to the ops, not Vp). Same for targets. */
+static void test_out_of_range_ids(void **state) {
+    (void)state;
+    const int64_t N = (int64_t)g_fx.B * g_fx.T;
+    int32_t *bad = malloc((size_t)N * sizeof(int32_t));
+    assert_non_null(bad);
+    for (int which = 0; which < 2; which++) {
+        zoff_device *dev = make_device(0); /* a failed stream stays failed: one device each */
+        zoff_gpt2 *m = fixture_model(dev, &g_fx, g_fx.B, g_fx.T, ZOFF_F32, false);
+        memcpy(bad, which == 0 ? g_fx.tokens : g_fx.targets, (size_t)N * sizeof(int32_t));
+        bad[3] = g_fx.V; /* first padded id */
+        int32_t *dbad = upload_i32(dev, bad, N);
+        int32_t *dgood = upload_i32(dev, which == 0 ? g_fx.targets : g_fx.tokens, N);
+        const int32_t *tok = which == 0 ? dbad : dgood, *tgt = which == 0 ? dgood : dbad;
+        float loss;
+        zoff_status st = zoff_gpt2_forward(m, tok, tgt, g_fx.B, g_fx.T);
+        if (st == ZOFF_OK) st = zoff_gpt2_mean_loss(m, &loss);
+        assert_int_equal(st, ZOFF_ERR_INVALID);
+        print_message("%s id %d refused: %s\n", which == 0 ? "token" : "target", g_fx.V, zoff_last_error());
+        zoff_device_free(dev, dbad);
+        zoff_device_free(dev, dgood);
+        zoff_gpt2_destroy(m);
+        zoff_device_destroy(dev);
+    }
+    free(bad);
+}
+
 static void test_device_oom(void **state) {
     (void)state;
     const zoff_gpt2_options o = {.shape = fx_shape(&g_fx), .batch_size = g_fx.B, .seq_len = g_fx.T,
@@ -836,6 +864,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_storage),
         cmocka_unit_test(test_f16_storage),
         cmocka_unit_test(test_bad_shapes),
+        cmocka_unit_test(test_out_of_range_ids),
         cmocka_unit_test(test_device_oom),
         cmocka_unit_test(test_init_params),
     };
