@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# CLI behaviour of zoff train / sample / tokenize: the files it writes, exit
+# codes and messages on bad input, exact resume. Usage: cli_train.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-cli-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0
+ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+
+# a small byte-level corpus from the project's own sources
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+check "tokenize writes train and val shards" "[ -s '$W/corpus_train.bin' ] && [ -s '$W/corpus_val.bin' ]"
+
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
+      --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
+
+# 1. a short run writes metrics and a complete checkpoint; sample reads it
+"$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/run" >"$W/out.txt" 2>&1
+rc=$?
+check "train exits 0" "[ $rc -eq 0 ]"
+check "metrics.jsonl has 6 step lines with loss, lr, grad_norm, tokens_per_s, step_time" \
+  "[ \$(grep -c '\"loss\".*\"lr\".*\"grad_norm\".*\"tokens_per_s\".*\"step_time\"' '$W/run/metrics.jsonl') -eq 6 ]"
+check "checkpoint step_00000006 is complete" "[ -f '$W/run/step_00000006/COMPLETE' ]"
+"$ZOFF" sample --load "$W/run" --max-new-tokens 20 --prompt "int " >"$W/sample.txt" 2>&1
+check "sample generates text" "[ \$? -eq 0 ] && [ \$(wc -c < '$W/sample.txt') -gt 4 ]"
+
+# 2. exact resume: 3 steps, then resume to 6 == 6 straight (losses bit-identical)
+"$ZOFF" train "${TINY[@]}" --train-iters 3 --save "$W/resume" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/resume" --load "$W/resume" >/dev/null 2>&1
+check "resume run exits 0 and ends at step 6" "[ -f '$W/resume/step_00000006/COMPLETE' ]"
+grep '"loss"' "$W/run/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.txt"
+grep '"loss"' "$W/resume/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
+check "resumed losses, lr and grad norms are bit-identical to the straight run" "cmp -s '$W/a.txt' '$W/b.txt'"
+
+# 3. bad config: unknown key -> exit 2, message names the key, nothing written
+echo '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0, "bogus_key": 1}}' > "$W/bad.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/bad.json" --save "$W/badcfg" >"$W/err.txt" 2>&1
+rc=$?
+check "unknown config key exits 2" "[ $rc -eq 2 ]"
+check "message names zero_optimization.bogus_key" "grep -q 'zero_optimization.bogus_key' '$W/err.txt'"
+check "nothing written for a bad config" "[ ! -e '$W/badcfg' ]"
+
+# 4. batch contradiction
+echo '{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}' > "$W/contra.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/contra.json" --save "$W/contra" >"$W/err.txt" 2>&1
+check "batch contradiction exits 2 with the key named" "[ \$? -eq 2 ] && grep -q 'train_batch_size' '$W/err.txt'"
+
+# 5. missing / truncated data
+"$ZOFF" train "${TINY[@]/$W\/corpus_train.bin/$W/nope.bin}" --save "$W/nodata" >"$W/err.txt" 2>&1
+check "missing data file: non-zero exit naming the file" "[ \$? -ne 0 ] && grep -q 'nope.bin' '$W/err.txt'"
+head -c 2000 "$W/corpus_train.bin" > "$W/trunc.bin"
+"$ZOFF" train "${TINY[@]/$W\/corpus_train.bin/$W/trunc.bin}" --save "$W/trunc" >"$W/err.txt" 2>&1
+check "truncated shard: non-zero exit naming the file" "[ \$? -ne 0 ] && grep -q 'trunc.bin' '$W/err.txt'"
+check "nothing written for bad data" "[ ! -e '$W/nodata' ] && [ ! -e '$W/trunc' ]"
+
+# 6. unwritable output directory
+mkdir -p "$W/ro" && touch "$W/ro/file"
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/ro/file/sub" >"$W/err.txt" 2>&1
+check "unwritable --save: non-zero exit naming the directory" "[ \$? -ne 0 ] && grep -q 'ro/file' '$W/err.txt'"
+
+# 7. corrupt checkpoint: refused, nothing overwritten
+cp -r "$W/run" "$W/corrupt"
+f="$W/corrupt/step_00000006/rank_00000.zckpt"
+printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=5000 conv=notrunc 2>/dev/null
+sum_before=$(md5sum "$f" | cut -d' ' -f1)
+"$ZOFF" train "${TINY[@]}" --train-iters 8 --save "$W/corrupt" --load "$W/corrupt" >"$W/err.txt" 2>&1
+rc=$?
+check "corrupt checkpoint: non-zero exit with a checksum message" "[ $rc -ne 0 ] && grep -qi 'checksum\\|corrupt' '$W/err.txt'"
+check "corrupt checkpoint left as it was, no newer step written" \
+  "[ \"\$(md5sum '$f' | cut -d' ' -f1)\" = '$sum_before' ] && [ ! -e '$W/corrupt/step_00000008' ]"
+
+# 8. mismatched checkpoint: flags that contradict the saved model
+"$ZOFF" train "${TINY[@]/--hidden-size/--hidden-size}" --hidden-size 64 --train-iters 8 --save "$W/run2" --load "$W/run" >"$W/err.txt" 2>&1
+check "mismatched checkpoint shape: exit 2 with an explanation" "[ \$? -eq 2 ] && grep -q 'width 32' '$W/err.txt'"
+
+# 9. unknown option
+"$ZOFF" train --no-such-flag >"$W/err.txt" 2>&1
+check "unknown option exits 2 naming it" "[ \$? -eq 2 ] && grep -q 'no-such-flag' '$W/err.txt'"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
