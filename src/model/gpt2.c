@@ -491,6 +491,8 @@ static gpt2_block_acts *block_acts(zoff_gpt2 *m, int64_t l) {
     return &m->blocks[m->checkpoint ? 0 : l];
 }
 
+/* tokens, targets (B,T) int32 device -> resid[0..L], block activations, lnf (N,C),
+ * logits (N,Vp), losses (N) when targets != NULL. */
 zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
     if (!m || !tokens) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_forward: model or tokens is NULL");
     if (B < 1 || B > m->cap_B || T < 1 || T > m->cap_T)
@@ -537,6 +539,7 @@ zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t
     return ZOFF_OK;
 }
 
+/* Mean of losses (N) of the last forward, summed in double on the host. */
 zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss) {
     if (!m || !loss) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_mean_loss: model or loss is NULL");
     if (!m->have_targets)
@@ -605,6 +608,8 @@ static zoff_status block_backward(zoff_gpt2 *m, int64_t l, const gpt2_block_acts
     return ZOFF_OK;
 }
 
+/* dlogits (N,Vp) in place of the logits, then ln_f, blocks L-1..0, embeddings;
+ * parameter gradients accumulate into the flat buffer (num_params). */
 zoff_status zoff_gpt2_backward(zoff_gpt2 *m, float dloss_scale, zoff_grad_ready_fn ready, void *ready_arg) {
     if (!m) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_backward: model is NULL");
     if (!m->have_logits || !m->have_targets)
