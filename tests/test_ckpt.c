@@ -1,0 +1,817 @@
+/* Checkpoint container and directory tests: round trip, latest/resolve, corruption, mismatch
+ * messages, abort/overwrite, prune, multi-rank finalize, injected I/O failures. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "zoff/ckpt.h"
+
+#define assert_ok(expr)                                                                       \
+    do {                                                                                      \
+        zoff_status s_ = (expr);                                                              \
+        if (s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(s_), zoff_last_error()); \
+    } while (0)
+
+#define assert_err(expr, code, needle)                                                        \
+    do {                                                                                      \
+        zoff_status s_ = (expr);                                                              \
+        if (s_ != (code))                                                                     \
+            fail_msg("%s -> %s (expected %s): %s", #expr, zoff_status_name(s_), zoff_status_name(code), \
+                     zoff_last_error());                                                      \
+        if (getenv("ZOFF_TEST_VERBOSE")) printf("  [%s] %s\n", zoff_status_name(s_), zoff_last_error()); \
+        if (!strstr(zoff_last_error(), (needle)))                                             \
+            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, zoff_last_error(), (needle));   \
+    } while (0)
+
+/* Set ZOFF_TEST_VERBOSE=1 to print every expected error message. */
+
+/* ------------------------------------------------------------------ helpers */
+
+static int rm_cb(const char *p, const struct stat *sb, int t, struct FTW *f) {
+    (void)sb;
+    (void)f;
+    return (t == FTW_DP || t == FTW_D) ? rmdir(p) : unlink(p);
+}
+static void rm_rf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+static int setup(void **state) {
+    char *root = malloc(64);
+    snprintf(root, 64, "/tmp/zoff_ckpt_test_XXXXXX");
+    if (!mkdtemp(root)) return -1;
+    *state = root;
+    return 0;
+}
+static int teardown(void **state) {
+    zoff_ckpt_set_io_hook(NULL, NULL);
+    unsetenv("ZOFF_CKPT_FAULT");
+    rm_rf(*state);
+    free(*state);
+    return 0;
+}
+
+/* out = a/b, checked */
+static void join(char *out, size_t cap, const char *a, const char *b) {
+    int n = snprintf(out, cap, "%s/%s", a, b);
+    assert_true(n > 0 && (size_t)n < cap);
+}
+
+static void step_dir(const char *root, int64_t step, char *out, size_t cap) {
+    assert_ok(zoff_ckpt_step_path(root, step, out, cap));
+}
+static void rank_file(const char *root, int64_t step, int rank, char *out, size_t cap) {
+    char d[4096];
+    step_dir(root, step, d, sizeof d);
+    char name[32];
+    snprintf(name, sizeof name, "rank_%05d.zckpt", rank);
+    join(out, cap, d, name);
+}
+
+/* Does root hold any name containing `needle`? */
+static bool dir_has(const char *root, const char *needle) {
+    DIR *d = opendir(root);
+    assert_non_null(d);
+    bool found = false;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, needle)) found = true;
+    closedir(d);
+    return found;
+}
+
+static void flip_byte(const char *path, int64_t off) {
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+static void put_bytes(const char *path, int64_t off, const void *p, size_t n) {
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, p, n, off), (ssize_t)n);
+    close(fd);
+}
+static int64_t file_size(const char *path) {
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (int64_t)st.st_size;
+}
+
+/* A small checkpoint whose content depends on `seed`. */
+#define SMALL_N 300
+static void small_weights(float *w, int seed) {
+    for (int i = 0; i < SMALL_N; i++) w[i] = (float)(seed * 1000 + i) * 0.5f;
+}
+static void save_small(const char *root, int64_t step, int seed, const zoff_ckpt_options *opts) {
+    zoff_ckpt_writer *w;
+    float wt[SMALL_N];
+    small_weights(wt, seed);
+    int64_t shape[2] = {30, 10};
+    char json[64];
+    int jn = snprintf(json, sizeof json, "{\"step\": %lld, \"seed\": %d}", (long long)step, seed);
+    assert_ok(zoff_ckpt_writer_open(root, step, 0, opts, &w));
+    assert_ok(zoff_ckpt_add(w, "h.0.attn.c_attn.weight", ZOFF_F32, 2, shape, wt, sizeof wt));
+    assert_ok(zoff_ckpt_add_blob(w, "state.json", json, (size_t)jn));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, step, 1, opts));
+}
+static void check_small(const char *path, int64_t step, int seed) {
+    zoff_ckpt_reader *r;
+    assert_ok(zoff_ckpt_open(path, 0, &r));
+    assert_int_equal(zoff_ckpt_reader_step(r), step);
+    float got[SMALL_N], want[SMALL_N];
+    small_weights(want, seed);
+    int64_t shape[2] = {30, 10};
+    assert_ok(zoff_ckpt_read_tensor(r, "h.0.attn.c_attn.weight", ZOFF_F32, 2, shape, got, sizeof got));
+    assert_memory_equal(got, want, sizeof got);
+    char *json;
+    assert_ok(zoff_ckpt_read_blob(r, "state.json", &json, NULL));
+    char expect[64];
+    snprintf(expect, sizeof expect, "{\"step\": %lld, \"seed\": %d}", (long long)step, seed);
+    assert_string_equal(json, expect);
+    free(json);
+    zoff_ckpt_close(r);
+}
+
+/* ------------------------------------------------------------------ round trip */
+
+static void test_roundtrip_all_dtypes(void **state) {
+    const char *root = *state;
+    /* f32 > 4096 bytes, bf16, f16, i32, a scalar, an empty tensor, an empty blob, a blob,
+     * an entry in pieces larger than the writer's staging buffer, a 127-byte name. */
+    enum { NF = 3000, NH = 777, NI = 1234, NBIG = 1500000 };
+    float *f = malloc(NF * sizeof *f);
+    uint16_t *bf = malloc(NH * 2), *hf = malloc(NH * 2);
+    int32_t *iv = malloc(NI * 4);
+    float *big = malloc((size_t)NBIG * 4);
+    for (int i = 0; i < NF; i++) f[i] = (float)i * 0.25f - 7.0f;
+    for (int i = 0; i < NH; i++) {
+        bf[i] = zoff_f32_to_bf16((float)i / 3.0f);
+        hf[i] = zoff_f32_to_f16((float)-i / 5.0f);
+    }
+    for (int i = 0; i < NI; i++) iv[i] = i * 7919 - 50000;
+    for (int i = 0; i < NBIG; i++) big[i] = (float)(i % 1009) * 1e-3f;
+    float scalar = 3.5f;
+    const char *blob = "{\"step\": 100, \"loss_scale\": 65536.0, \"config\": \"...\"}";
+    char longname[ZOFF_CKPT_MAX_NAME + 1];
+    memset(longname, 'n', ZOFF_CKPT_MAX_NAME);
+    longname[ZOFF_CKPT_MAX_NAME] = '\0';
+
+    int64_t sf[2] = {60, 50}, sh[1] = {NH}, si[3] = {2, 617, 1}, s0[2] = {0, 768}, sbig[1] = {NBIG};
+    zoff_ckpt_writer *w;
+    assert_ok(zoff_ckpt_writer_open(root, 100, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add(w, "wte.weight", ZOFF_F32, 2, sf, f, NF * sizeof *f));
+    assert_ok(zoff_ckpt_add(w, "ln_f.bias.bf16", ZOFF_BF16, 1, sh, bf, NH * 2));
+    assert_ok(zoff_ckpt_add(w, "ln_f.bias.f16", ZOFF_F16, 1, sh, hf, NH * 2));
+    assert_ok(zoff_ckpt_add(w, "rng.counts", ZOFF_I32, 3, si, iv, NI * 4));
+    assert_ok(zoff_ckpt_add(w, "scalar", ZOFF_F32, 0, NULL, &scalar, 4));
+    assert_ok(zoff_ckpt_add(w, "empty", ZOFF_F32, 2, s0, NULL, 0));
+    assert_ok(zoff_ckpt_add_blob(w, "empty.blob", NULL, 0));
+    assert_ok(zoff_ckpt_add_blob(w, "state.json", blob, strlen(blob)));
+    assert_ok(zoff_ckpt_begin_entry(w, "optim.m", ZOFF_F32, 1, sbig));
+    size_t piece[] = {1, 4095, 4096, (size_t)5 << 20, 100000, 7};
+    size_t off = 0, total = (size_t)NBIG * 4;
+    for (int k = 0; off < total; k = (k + 1) % 6) {
+        size_t n = piece[k] < total - off ? piece[k] : total - off;
+        assert_ok(zoff_ckpt_append(w, (const uint8_t *)big + off, n));
+        off += n;
+    }
+    assert_ok(zoff_ckpt_end_entry(w));
+    assert_ok(zoff_ckpt_add(w, longname, ZOFF_I32, 1, (int64_t[]){1}, iv, 4));
+    assert_ok(zoff_ckpt_commit(w));
+    /* not visible before finalize */
+    int64_t latest = 0;
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, -1);
+    assert_ok(zoff_ckpt_finalize(root, 100, 1, NULL));
+    assert_false(dir_has(root, ".tmp-"));
+
+    zoff_ckpt_reader *r;
+    char sd[4096];
+    step_dir(root, 100, sd, sizeof sd);
+    assert_ok(zoff_ckpt_open(sd, 0, &r));
+    assert_int_equal(zoff_ckpt_reader_step(r), 100);
+    assert_int_equal(zoff_ckpt_reader_nranks(r), 1);
+    assert_non_null(strstr(zoff_ckpt_reader_path(r), "step_00000100/rank_00000.zckpt"));
+    assert_int_equal(zoff_ckpt_num_entries(r), 10);
+    const char *order[] = {"wte.weight", "ln_f.bias.bf16", "ln_f.bias.f16", "rng.counts", "scalar",
+                           "empty",      "empty.blob",     "state.json",    "optim.m"};
+    for (size_t i = 0; i < 9; i++) {
+        const zoff_ckpt_entry *e = zoff_ckpt_entry_at(r, i);
+        assert_string_equal(e->name, order[i]);
+        assert_int_equal(e->offset % ZOFF_CKPT_ALIGN, 0);
+        assert_true(e->offset >= ZOFF_CKPT_ALIGN);
+    }
+    assert_null(zoff_ckpt_entry_at(r, 10));
+    const zoff_ckpt_entry *e = zoff_ckpt_find(r, "rng.counts");
+    assert_non_null(e);
+    assert_int_equal(e->dtype, ZOFF_I32);
+    assert_int_equal(e->ndim, 3);
+    assert_int_equal(e->shape[1], 617);
+    assert_int_equal(e->bytes, NI * 4);
+    assert_null(zoff_ckpt_find(r, "nope"));
+    assert_non_null(zoff_ckpt_find(r, longname));
+    assert_int_equal(zoff_ckpt_find(r, "state.json")->dtype, ZOFF_CKPT_RAW);
+
+    float *gf = malloc(NF * 4);
+    assert_ok(zoff_ckpt_read_tensor(r, "wte.weight", ZOFF_F32, 2, sf, gf, NF * 4));
+    assert_memory_equal(gf, f, NF * 4);
+    uint16_t *g16 = malloc(NH * 2);
+    assert_ok(zoff_ckpt_read_tensor(r, "ln_f.bias.bf16", ZOFF_BF16, 1, sh, g16, NH * 2));
+    assert_memory_equal(g16, bf, NH * 2);
+    assert_ok(zoff_ckpt_read_tensor(r, "ln_f.bias.f16", ZOFF_F16, 1, sh, g16, NH * 2));
+    assert_memory_equal(g16, hf, NH * 2);
+    int32_t *gi = malloc(NI * 4);
+    assert_ok(zoff_ckpt_read_tensor(r, "rng.counts", ZOFF_I32, 3, si, gi, NI * 4));
+    assert_memory_equal(gi, iv, NI * 4);
+    float gs = 0;
+    assert_ok(zoff_ckpt_read_tensor(r, "scalar", ZOFF_F32, 0, NULL, &gs, 4));
+    assert_true(gs == 3.5f);
+    assert_ok(zoff_ckpt_read_tensor(r, "empty", ZOFF_F32, 2, s0, NULL, 0));
+    char *txt;
+    size_t tn = 99;
+    assert_ok(zoff_ckpt_read_blob(r, "empty.blob", &txt, &tn));
+    assert_int_equal(tn, 0);
+    assert_string_equal(txt, "");
+    free(txt);
+    assert_ok(zoff_ckpt_read_blob(r, "state.json", &txt, &tn));
+    assert_int_equal(tn, strlen(blob));
+    assert_string_equal(txt, blob);
+    free(txt);
+    /* streamed back in pieces with read_range */
+    float *gb = malloc((size_t)NBIG * 4);
+    for (size_t o = 0; o < total;) {
+        size_t n = total - o < 999999 ? total - o : 999999;
+        assert_ok(zoff_ckpt_read_range(r, "optim.m", (int64_t)o, (uint8_t *)gb + o, n));
+        o += n;
+    }
+    assert_memory_equal(gb, big, total);
+    memset(gb, 0, total);
+    assert_ok(zoff_ckpt_read(r, "optim.m", gb, total));
+    assert_memory_equal(gb, big, total);
+    assert_err(zoff_ckpt_read_range(r, "optim.m", (int64_t)total - 4, gb, 8), ZOFF_ERR_INVALID, "outside entry 'optim.m'");
+    assert_ok(zoff_ckpt_verify(r, NULL));
+    assert_err(zoff_ckpt_read(r, "nope", gb, 4), ZOFF_ERR_FORMAT, "has no entry 'nope'");
+    zoff_ckpt_close(r);
+
+    /* the root resolves to the same checkpoint */
+    char resolved[4096];
+    int64_t step = 0;
+    assert_ok(zoff_ckpt_resolve(root, resolved, sizeof resolved, &step));
+    assert_int_equal(step, 100);
+    assert_string_equal(resolved, sd);
+    free(f), free(bf), free(hf), free(iv), free(big), free(gf), free(g16), free(gi), free(gb);
+}
+
+static void test_empty_checkpoint(void **state) {
+    const char *root = *state;
+    zoff_ckpt_writer *w;
+    assert_ok(zoff_ckpt_writer_open(root, 0, 0, NULL, &w));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, 0, 1, NULL));
+    zoff_ckpt_reader *r;
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    assert_int_equal(zoff_ckpt_num_entries(r), 0);
+    assert_int_equal(zoff_ckpt_reader_step(r), 0);
+    zoff_ckpt_close(r);
+}
+
+/* ------------------------------------------------------------------ latest / resolve */
+
+static void test_latest_skips_incomplete_and_tmp(void **state) {
+    const char *root = *state;
+    int64_t latest = 0;
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, -1);
+    assert_err(zoff_ckpt_open(root, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "no complete checkpoint in");
+
+    save_small(root, 100, 1, NULL);
+    save_small(root, 200, 2, NULL);
+    /* step 300: files written, never finalized (crash before rename) -> temp dir */
+    zoff_ckpt_writer *w;
+    assert_ok(zoff_ckpt_writer_open(root, 300, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add_blob(w, "x", "abc", 3));
+    assert_ok(zoff_ckpt_commit(w));
+    /* step 400: renamed but no COMPLETE (crash before the marker) */
+    char sd[4096], p[4096];
+    save_small(root, 400, 4, NULL);
+    step_dir(root, 400, sd, sizeof sd);
+    join(p, sizeof p, sd, "COMPLETE");
+    assert_int_equal(unlink(p), 0);
+    /* junk names are ignored */
+    join(p, sizeof p, root, "step_abc");
+    assert_int_equal(mkdir(p, 0755), 0);
+    join(p, sizeof p, root, "step_500"); /* not our spelling */
+    assert_int_equal(mkdir(p, 0755), 0);
+
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, 200);
+    char trailing[4096];
+    join(trailing, sizeof trailing, root, "//");
+    assert_ok(zoff_ckpt_latest(trailing, &latest));
+    assert_int_equal(latest, 200);
+    check_small(root, 200, 2);
+    step_dir(root, 100, p, sizeof p);
+    check_small(p, 100, 1);
+    /* naming the incomplete step directly is an error that says so */
+    assert_err(zoff_ckpt_open(sd, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_FORMAT, "is incomplete");
+    /* a rank that did not write */
+    assert_err(zoff_ckpt_open(root, 1, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "saved by 1 rank(s)");
+    /* not a directory */
+    join(p, sizeof p, root, "file");
+    fclose(fopen(p, "w"));
+    assert_err(zoff_ckpt_open(p, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "is not a directory");
+    join(p, sizeof p, root, "missing");
+    assert_err(zoff_ckpt_open(p, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_IO, "cannot open checkpoint");
+    assert_err(zoff_ckpt_latest(p, &latest), ZOFF_ERR_IO, "cannot read checkpoint directory");
+
+    /* the incomplete leftover is replaced by the next save of that step */
+    save_small(root, 400, 44, NULL);
+    check_small(sd, 400, 44);
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, 400);
+}
+
+/* ------------------------------------------------------------------ corruption */
+
+static void test_corrupt_data_names_entry(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+    char f[4096];
+    rank_file(root, 100, 0, f, sizeof f);
+    zoff_ckpt_reader *r;
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    const zoff_ckpt_entry *e = zoff_ckpt_find(r, "h.0.attn.c_attn.weight");
+    int64_t off = e->offset + 17;
+    zoff_ckpt_close(r);
+    flip_byte(f, off);
+    assert_ok(zoff_ckpt_open(root, 0, &r)); /* the index is fine; the data is checked when read */
+    float buf[SMALL_N];
+    int64_t shape[2] = {30, 10};
+    assert_err(zoff_ckpt_read_tensor(r, "h.0.attn.c_attn.weight", ZOFF_F32, 2, shape, buf, sizeof buf), ZOFF_ERR_FORMAT,
+               "checksum mismatch in entry 'h.0.attn.c_attn.weight' of ");
+    assert_non_null(strstr(zoff_last_error(), "step_00000100/rank_00000.zckpt: the file is corrupt; use an earlier checkpoint"));
+    assert_err(zoff_ckpt_read_range(r, "h.0.attn.c_attn.weight", 0, buf, 8), ZOFF_ERR_FORMAT, "checksum mismatch");
+    assert_err(zoff_ckpt_verify(r, NULL), ZOFF_ERR_FORMAT, "'h.0.attn.c_attn.weight'");
+    char *json;
+    assert_ok(zoff_ckpt_read_blob(r, "state.json", &json, NULL)); /* other entries are still fine */
+    free(json);
+    zoff_ckpt_close(r);
+}
+
+static void test_corrupt_header_index_truncated(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+    char f[4096], backup[4096];
+    rank_file(root, 100, 0, f, sizeof f);
+    join(backup, sizeof backup, root, "backup");
+    int64_t size = file_size(f);
+    uint8_t *orig = malloc((size_t)size);
+    FILE *fp = fopen(f, "rb");
+    assert_int_equal(fread(orig, 1, (size_t)size, fp), (size_t)size);
+    fclose(fp);
+#define RESTORE()                                 \
+    do {                                          \
+        put_bytes(f, 0, orig, (size_t)size);      \
+        assert_int_equal(truncate(f, size), 0);   \
+    } while (0)
+    zoff_ckpt_reader *r = NULL;
+
+    /* header field (entry_count) */
+    flip_byte(f, 40);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "header checksum mismatch in ");
+    assert_non_null(strstr(zoff_last_error(), "rank_00000.zckpt"));
+    assert_null(r);
+    RESTORE();
+    /* index record */
+    flip_byte(f, size - 256 + 3);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "index checksum mismatch");
+    RESTORE();
+    /* truncated: lose the tail, or all but a few bytes */
+    assert_int_equal(truncate(f, size - 100), 0);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "the file is truncated");
+    assert_int_equal(truncate(f, 50), 0);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "too small");
+    RESTORE();
+    /* trailing garbage */
+    put_bytes(f, size, "xx", 2);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "but its header says");
+    RESTORE();
+    /* wrong magic */
+    put_bytes(f, 0, "GGUF", 4);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "is not a zoff checkpoint file");
+    RESTORE();
+    /* wrong version (newer) -> named before the checksum */
+    uint8_t v2[4] = {2, 0, 0, 0};
+    put_bytes(f, 8, v2, 4);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "format version 2 but this zoff reads version 1");
+    assert_non_null(strstr(zoff_last_error(), "newer zoff"));
+    RESTORE();
+    /* a valid file again */
+    check_small(root, 100, 1);
+    /* a missing rank file in a complete checkpoint */
+    assert_int_equal(rename(f, backup), 0);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "cannot open checkpoint file");
+    assert_int_equal(rename(backup, f), 0);
+    /* a malformed COMPLETE marker */
+    char m[4096], sd[4096];
+    step_dir(root, 100, sd, sizeof sd);
+    join(m, sizeof m, sd, "COMPLETE");
+    fp = fopen(m, "w");
+    fputs("hello\n", fp);
+    fclose(fp);
+    assert_err(zoff_ckpt_open(root, 0, &r), ZOFF_ERR_FORMAT, "is malformed");
+    free(orig);
+#undef RESTORE
+}
+
+/* A file from another step copied into place is caught by the header's step/rank. */
+static void test_mixed_up_files(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+    save_small(root, 200, 2, NULL);
+    char a[4096], b[4096];
+    rank_file(root, 100, 0, a, sizeof a);
+    rank_file(root, 200, 0, b, sizeof b);
+    assert_int_equal(rename(a, b), 0);
+    assert_err(zoff_ckpt_open(root, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_FORMAT,
+               "says it is rank 0 of step 100, expected rank 0 of step 200");
+}
+
+/* ------------------------------------------------------------------ mismatch messages */
+
+static void test_shape_dtype_size_mismatch(void **state) {
+    const char *root = *state;
+    zoff_ckpt_writer *w;
+    int64_t shape[2] = {50304, 8};
+    size_t n = 50304 * 8;
+    float *data = calloc(n, 4);
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add(w, "wte.weight", ZOFF_F32, 2, shape, data, n * 4));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, 1, 1, NULL));
+    zoff_ckpt_reader *r;
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    int64_t model[2] = {50304, 4};
+    assert_err(zoff_ckpt_read_tensor(r, "wte.weight", ZOFF_F32, 2, model, data, 50304 * 4 * 4), ZOFF_ERR_INVALID,
+               "shape mismatch for 'wte.weight': checkpoint has [50304, 8] but the model has [50304, 4]: was this "
+               "checkpoint made with other model flags (--num-layers, --hidden-size");
+    int64_t model1[1] = {50304 * 8};
+    assert_err(zoff_ckpt_read_tensor(r, "wte.weight", ZOFF_F32, 1, model1, data, n * 4), ZOFF_ERR_INVALID,
+               "checkpoint has [50304, 8] but the model has [402432]");
+    assert_err(zoff_ckpt_read_tensor(r, "wte.weight", ZOFF_BF16, 2, shape, data, n * 2), ZOFF_ERR_INVALID,
+               "dtype mismatch for 'wte.weight': checkpoint has f32 but the model has bf16");
+    assert_err(zoff_ckpt_read(r, "wte.weight", data, n * 2), ZOFF_ERR_INVALID,
+               "size mismatch for 'wte.weight': checkpoint");
+    assert_ok(zoff_ckpt_read_tensor(r, "wte.weight", ZOFF_F32, 2, shape, data, n * 4));
+    zoff_ckpt_close(r);
+    free(data);
+}
+
+static void test_writer_argument_errors(void **state) {
+    const char *root = *state;
+    zoff_ckpt_writer *w;
+    int64_t shape[1] = {4};
+    float x[4] = {0};
+    char name[200];
+    memset(name, 'a', 128);
+    name[128] = '\0';
+    /* each error kills the writer and removes its temp dir; abort then frees it */
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_err(zoff_ckpt_add(w, name, ZOFF_F32, 1, shape, x, 16), ZOFF_ERR_INVALID, "is 128 bytes long; the limit is 127");
+    assert_err(zoff_ckpt_add(w, "ok", ZOFF_F32, 1, shape, x, 16), ZOFF_ERR_INVALID, "already failed");
+    zoff_ckpt_abort(w);
+    assert_false(dir_has(root, "step_"));
+
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_err(zoff_ckpt_add(w, "x", ZOFF_F32, 1, shape, x, 12), ZOFF_ERR_INVALID,
+               "shape [4] of f32 is 16 bytes but 12 bytes were given");
+    assert_false(dir_has(root, "step_"));
+    zoff_ckpt_abort(w);
+
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add(w, "x", ZOFF_F32, 1, shape, x, 16));
+    assert_err(zoff_ckpt_add(w, "x", ZOFF_F32, 1, shape, x, 16), ZOFF_ERR_INVALID, "'x' was added twice");
+    zoff_ckpt_abort(w);
+
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_err(zoff_ckpt_add(w, "x", (zoff_dtype)7, 1, shape, x, 16), ZOFF_ERR_INVALID, "invalid dtype 7");
+    zoff_ckpt_abort(w);
+
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_ok(zoff_ckpt_begin_entry(w, "m", ZOFF_F32, 1, shape));
+    assert_ok(zoff_ckpt_append(w, x, 8));
+    assert_err(zoff_ckpt_end_entry(w), ZOFF_ERR_INVALID, "8 bytes were appended but its shape [4] of f32 needs 16");
+    zoff_ckpt_abort(w);
+
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_ok(zoff_ckpt_begin_entry(w, "m", ZOFF_F32, 1, shape));
+    assert_err(zoff_ckpt_append(w, x, 20), ZOFF_ERR_INVALID, "more than its shape [4] of f32 holds");
+    zoff_ckpt_abort(w);
+
+    assert_ok(zoff_ckpt_writer_open(root, 1, 0, NULL, &w));
+    assert_ok(zoff_ckpt_begin_entry(w, "m", ZOFF_F32, 1, shape));
+    assert_err(zoff_ckpt_commit(w), ZOFF_ERR_INVALID, "was begun but never ended");
+    assert_false(dir_has(root, "step_"));
+
+    assert_err(zoff_ckpt_writer_open(root, -1, 0, NULL, &w), ZOFF_ERR_INVALID, "step must be >= 0");
+    zoff_ckpt_options bad = {.tmp_tag = "../x"};
+    assert_err(zoff_ckpt_writer_open(root, 1, 0, &bad, &w), ZOFF_ERR_INVALID, "may only contain");
+    assert_false(dir_has(root, "step_"));
+    assert_err(zoff_ckpt_finalize(root, 5, 1, NULL), ZOFF_ERR_IO, "does not exist");
+}
+
+/* ------------------------------------------------------------------ abort, overwrite, prune */
+
+static void test_abort_keeps_previous(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+    zoff_ckpt_writer *w;
+    float big[4000] = {0};
+    assert_ok(zoff_ckpt_writer_open(root, 200, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add(w, "a", ZOFF_F32, 1, (int64_t[]){4000}, big, sizeof big));
+    assert_true(dir_has(root, ".tmp-"));
+    zoff_ckpt_abort(w);
+    assert_false(dir_has(root, ".tmp-"));
+    assert_false(dir_has(root, "step_00000200"));
+    int64_t latest;
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, 100);
+    check_small(root, 100, 1);
+    zoff_ckpt_abort(NULL);
+
+    /* same-step save into a complete checkpoint: refused at open, and at finalize */
+    assert_err(zoff_ckpt_writer_open(root, 100, 0, NULL, &w), ZOFF_ERR_INVALID, "already exists and is complete");
+    assert_false(dir_has(root, ".tmp-"));
+    zoff_ckpt_options ow = {.overwrite = true};
+    assert_ok(zoff_ckpt_writer_open(root, 100, 0, &ow, &w));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_err(zoff_ckpt_finalize(root, 100, 1, NULL), ZOFF_ERR_INVALID, "refusing to overwrite");
+    assert_false(dir_has(root, ".tmp-"));
+    check_small(root, 100, 1);
+    /* with overwrite it is replaced, and nothing is left aside */
+    save_small(root, 100, 9, &ow);
+    check_small(root, 100, 9);
+    assert_false(dir_has(root, ".old-"));
+    assert_false(dir_has(root, ".tmp-"));
+}
+
+static void test_prune(void **state) {
+    const char *root = *state;
+    for (int s = 1; s <= 5; s++) save_small(root, s * 10, s, NULL);
+    /* an incomplete dir and a temp dir are left alone */
+    char p[4096];
+    join(p, sizeof p, root, "step_00000005");
+    assert_int_equal(mkdir(p, 0755), 0);
+    join(p, sizeof p, root, "step_00000060.tmp-123");
+    assert_int_equal(mkdir(p, 0755), 0);
+    assert_err(zoff_ckpt_prune(root, 0), ZOFF_ERR_INVALID, "keep_last must be >= 1");
+    assert_ok(zoff_ckpt_prune(root, 10)); /* fewer than keep_last: nothing to do */
+    assert_true(dir_has(root, "step_00000010"));
+    assert_ok(zoff_ckpt_prune(root, 2));
+    for (int s = 1; s <= 3; s++) {
+        char name[32];
+        snprintf(name, sizeof name, "step_%08d", s * 10);
+        assert_false(dir_has(root, name));
+    }
+    check_small(root, 50, 5);
+    step_dir(root, 40, p, sizeof p);
+    check_small(p, 40, 4);
+    assert_true(dir_has(root, "step_00000005"));
+    assert_true(dir_has(root, "step_00000060.tmp-123"));
+    assert_ok(zoff_ckpt_prune(root, 1));
+    assert_false(dir_has(root, "step_00000040"));
+    check_small(root, 50, 5);
+}
+
+/* ------------------------------------------------------------------ several ranks */
+
+static void test_multi_rank_finalize(void **state) {
+    const char *root = *state;
+    zoff_ckpt_options o = {.tmp_tag = "job42"};
+    for (int rank = 0; rank < 3; rank++) {
+        zoff_ckpt_writer *w;
+        int32_t v = 1000 + rank;
+        assert_ok(zoff_ckpt_writer_open(root, 7, rank, &o, &w));
+        assert_ok(zoff_ckpt_add(w, "rank", ZOFF_I32, 0, NULL, &v, 4));
+        assert_ok(zoff_ckpt_commit(w));
+    }
+    assert_true(dir_has(root, "step_00000007.tmp-job42"));
+    /* finalize with the wrong count: too few is caught, and the temp dir goes away */
+    assert_err(zoff_ckpt_finalize(root, 7, 2, &o), ZOFF_ERR_INVALID, "it also holds");
+    assert_false(dir_has(root, "step_00000007"));
+
+    for (int rank = 0; rank < 3; rank++) {
+        zoff_ckpt_writer *w;
+        int32_t v = 1000 + rank;
+        assert_ok(zoff_ckpt_writer_open(root, 7, rank, &o, &w));
+        assert_ok(zoff_ckpt_add(w, "rank", ZOFF_I32, 0, NULL, &v, 4));
+        assert_ok(zoff_ckpt_commit(w));
+    }
+    assert_err(zoff_ckpt_finalize(root, 7, 4, &o), ZOFF_ERR_IO, "rank_00003.zckpt");
+    assert_false(dir_has(root, "step_00000007"));
+
+    for (int rank = 0; rank < 3; rank++) {
+        zoff_ckpt_writer *w;
+        int32_t v = 1000 + rank;
+        assert_ok(zoff_ckpt_writer_open(root, 7, rank, &o, &w));
+        assert_ok(zoff_ckpt_add(w, "rank", ZOFF_I32, 0, NULL, &v, 4));
+        assert_ok(zoff_ckpt_commit(w));
+    }
+    assert_ok(zoff_ckpt_finalize(root, 7, 3, &o));
+    for (int rank = 0; rank < 3; rank++) {
+        zoff_ckpt_reader *r;
+        int32_t v = 0;
+        assert_ok(zoff_ckpt_open(root, rank, &r));
+        assert_int_equal(zoff_ckpt_reader_nranks(r), 3);
+        assert_ok(zoff_ckpt_read_tensor(r, "rank", ZOFF_I32, 0, NULL, &v, 4));
+        assert_int_equal(v, 1000 + rank);
+        zoff_ckpt_close(r);
+    }
+    assert_err(zoff_ckpt_open(root, 3, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID,
+               "saved by 3 rank(s) and has no file for rank 3");
+
+    /* one rank aborts: discard removes what the others wrote */
+    zoff_ckpt_writer *w;
+    assert_ok(zoff_ckpt_writer_open(root, 8, 0, &o, &w));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_writer_open(root, 8, 1, &o, &w));
+    zoff_ckpt_abort(w);
+    assert_true(dir_has(root, "step_00000008.tmp-job42"));
+    assert_ok(zoff_ckpt_discard(root, 8, &o));
+    assert_false(dir_has(root, "step_00000008"));
+}
+
+/* ------------------------------------------------------------------ injected I/O failures */
+
+typedef struct fault {
+    const char *path_needle; /* only files whose path contains this */
+    zoff_ckpt_io_op op;
+    int64_t fail_at;  /* WRITE: fail writes reaching this offset (after a short write up to it) */
+    int err;
+    int max_chunk;    /* >0: every write is short, at most this many bytes */
+    bool zero;        /* WRITE returns 0 */
+    bool suffix;      /* match paths that end with path_needle (instead of containing it) */
+    int hits;
+} fault;
+
+static int64_t hook(void *user, zoff_ckpt_io_op op, const char *path, int fd, const void *buf, size_t n, int64_t off) {
+    fault *f = user;
+    size_t pl = strlen(path), nl = strlen(f->path_needle);
+    bool match = f->suffix ? (pl >= nl && strcmp(path + pl - nl, f->path_needle) == 0) : strstr(path, f->path_needle) != NULL;
+    if (match && op == f->op) {
+        if (op == ZOFF_CKPT_IO_FSYNC) {
+            f->hits++;
+            errno = f->err;
+            return -1;
+        }
+        if (f->zero) {
+            f->hits++;
+            return 0;
+        }
+        if (f->max_chunk > 0 && n > (size_t)f->max_chunk) n = (size_t)f->max_chunk;
+        if (f->fail_at >= 0 && off + (int64_t)n > f->fail_at) {
+            f->hits++;
+            if (off < f->fail_at) n = (size_t)(f->fail_at - off); /* short write first */
+            else {
+                errno = f->err;
+                return -1;
+            }
+        }
+    }
+    return zoff_ckpt_io_default(op, fd, buf, n, off);
+}
+
+/* Write step 200 (entries of 40000 bytes) under the hook; return the status of the first failure. */
+static zoff_status save_under_fault(const char *root, fault *f) {
+    zoff_ckpt_set_io_hook(hook, f);
+    zoff_ckpt_writer *w;
+    static float big[10000];
+    zoff_status st = zoff_ckpt_writer_open(root, 200, 0, NULL, &w);
+    for (int i = 0; i < 3 && st == ZOFF_OK; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", i);
+        st = zoff_ckpt_add(w, name, ZOFF_F32, 1, (int64_t[]){10000}, big, sizeof big);
+    }
+    if (st == ZOFF_OK) st = zoff_ckpt_commit(w);
+    else zoff_ckpt_abort(w);
+    if (st == ZOFF_OK) st = zoff_ckpt_finalize(root, 200, 1, NULL);
+    zoff_ckpt_set_io_hook(NULL, NULL);
+    return st;
+}
+
+static void expect_previous_intact(const char *root) {
+    assert_false(dir_has(root, ".tmp-"));
+    assert_false(dir_has(root, "step_00000200"));
+    int64_t latest;
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, 100);
+    check_small(root, 100, 1);
+}
+
+static void test_injected_write_failures(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+
+    fault enospc = {.path_needle = "step_00000200", .op = ZOFF_CKPT_IO_WRITE, .fail_at = 50000, .err = ENOSPC};
+    assert_err(save_under_fault(root, &enospc), ZOFF_ERR_IO, "cannot write checkpoint file ");
+    const char *msg = zoff_last_error();
+    assert_non_null(strstr(msg, "step_00000200.tmp-"));
+    assert_non_null(strstr(msg, "rank_00000.zckpt at offset 50000"));
+    assert_non_null(strstr(msg, "No space left on device"));
+    assert_non_null(strstr(msg, "earlier checkpoints in"));
+    assert_true(enospc.hits > 0);
+    expect_previous_intact(root);
+
+    /* failure in the index / header at commit */
+    fault late = {.path_needle = "step_00000200", .op = ZOFF_CKPT_IO_WRITE, .fail_at = 3 * 40960 + 4096, .err = EIO};
+    assert_err(save_under_fault(root, &late), ZOFF_ERR_IO, "Input/output error");
+    expect_previous_intact(root);
+
+    fault fs = {.path_needle = "rank_00000.zckpt", .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO};
+    assert_err(save_under_fault(root, &fs), ZOFF_ERR_IO, "cannot fsync ");
+    expect_previous_intact(root);
+
+    /* the COMPLETE marker cannot be written: the renamed step dir is removed again */
+    fault marker = {.path_needle = "COMPLETE", .op = ZOFF_CKPT_IO_WRITE, .fail_at = 0, .err = ENOSPC};
+    assert_err(save_under_fault(root, &marker), ZOFF_ERR_IO, "COMPLETE");
+    expect_previous_intact(root);
+
+    /* fsync of the directory after the rename */
+    fault dirsync = {.path_needle = "/step_00000200", .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO, .suffix = true};
+    assert_err(save_under_fault(root, &dirsync), ZOFF_ERR_IO, "cannot fsync");
+    assert_int_equal(dirsync.hits, 1);
+    expect_previous_intact(root);
+    /* fsync of the parent directory after the rename */
+    fault parentsync = {.path_needle = root, .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO, .suffix = true};
+    assert_err(save_under_fault(root, &parentsync), ZOFF_ERR_IO, "cannot fsync");
+    assert_true(parentsync.hits >= 1);
+    expect_previous_intact(root);
+    fault markersync = {.path_needle = "step_00000200/COMPLETE", .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO};
+    assert_err(save_under_fault(root, &markersync), ZOFF_ERR_IO, "cannot fsync");
+    assert_int_equal(markersync.hits, 1);
+    expect_previous_intact(root);
+
+    fault zero = {.path_needle = "step_00000200", .op = ZOFF_CKPT_IO_WRITE, .fail_at = -1, .zero = true};
+    assert_err(save_under_fault(root, &zero), ZOFF_ERR_IO, "short write to checkpoint file ");
+    expect_previous_intact(root);
+
+    /* short (partial) writes are continued: the checkpoint is fine */
+    fault shorty = {.path_needle = "step_00000200", .op = ZOFF_CKPT_IO_WRITE, .fail_at = -1, .max_chunk = 1000};
+    assert_ok(save_under_fault(root, &shorty));
+    zoff_ckpt_reader *r;
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    assert_int_equal(zoff_ckpt_reader_step(r), 200);
+    assert_ok(zoff_ckpt_verify(r, NULL));
+    zoff_ckpt_close(r);
+}
+
+static void test_fault_env(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+    setenv("ZOFF_CKPT_FAULT", "ENOSPC@8192", 1);
+    fault none = {.path_needle = "\x01", .fail_at = -1};
+    assert_err(save_under_fault(root, &none), ZOFF_ERR_IO, "at offset 8192");
+    assert_non_null(strstr(zoff_last_error(), "No space left on device"));
+    expect_previous_intact(root);
+    setenv("ZOFF_CKPT_FAULT", "bogus", 1);
+    zoff_ckpt_writer *w;
+    assert_err(zoff_ckpt_writer_open(root, 300, 0, NULL, &w), ZOFF_ERR_INVALID, "ZOFF_CKPT_FAULT='bogus' is invalid");
+    unsetenv("ZOFF_CKPT_FAULT");
+    expect_previous_intact(root);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_roundtrip_all_dtypes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_empty_checkpoint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_latest_skips_incomplete_and_tmp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_data_names_entry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_header_index_truncated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mixed_up_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shape_dtype_size_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_writer_argument_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_keeps_previous, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_multi_rank_finalize, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_injected_write_failures, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fault_env, setup, teardown),
+    };
+    zoff_log_set_level(ZOFF_LOG_ERROR); /* the ignored-directory lines are expected here */
+    return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);
+}
