@@ -41,8 +41,7 @@ typedef enum key_kind {
 enum {
     F_LO_OPEN = 1u << 0,   /* K_NUM: lower bound excluded */
     F_HI_OPEN = 1u << 1,   /* K_NUM: upper bound excluded */
-    F_NOCASE = 1u << 2,    /* K_ENUM: case-insensitive (DeepSpeed lower-cases optimizer names) */
-    F_REQUIRED = 1u << 3,  /* the key must be present in its object */
+    F_REQUIRED = 1u << 2,  /* the key must be present in its object */
 };
 
 typedef struct enum_name {
@@ -524,8 +523,7 @@ static zoff_status handle_key(walk *w, const key_spec *k, json_t *v, const char 
                              show(v, val, sizeof val));
         const char *s = json_string_value(v);
         for (const enum_name *e = k->enums; e->name != NULL; e++) {
-            bool eq = (k->flags & F_NOCASE) ? strcasecmp(s, e->name) == 0 : strcmp(s, e->name) == 0;
-            if (eq) {
+            if (strcmp(s, e->name) == 0) {
                 *(int *)field = e->value;
                 return ZOFF_OK;
             }
