@@ -103,6 +103,7 @@ void zoff_tokens_free(zoff_tokens *v) {
 }
 
 zoff_status zoff_data_find(const char *rel, char *out, size_t outlen) {
+    if (!rel || !out || outlen == 0) return zoff_error(ZOFF_ERR_INVALID, "zoff_data_find: no path or output buffer");
     const char *dirs[3];
     int nd = 0;
     const char *env = getenv("ZOFF_DATA_DIR");
@@ -281,8 +282,26 @@ static inline int32_t pair_get(const zoff_tokenizer *t, int32_t a, int32_t b, in
 }
 
 static zoff_status load_encoder_json(zoff_tokenizer *t, const char *path, const int16_t dec[0x144]) {
+    /* read whole, then parse: json_load_file reads with getc, several times slower */
+    FILE *f = fopen(path, "rb");
+    if (!f) return zoff_error(ZOFF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    zoff_status rs = ZOFF_OK;
+    if (fseek(f, 0, SEEK_END) != 0 || (long)(len = (size_t)ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+        rs = zoff_error(ZOFF_ERR_IO, "cannot size %s: %s", path, strerror(errno));
+    else if (!(text = malloc(len ? len : 1)))
+        rs = zoff_error(ZOFF_ERR_NOMEM, "out of memory reading %s (%zu bytes)", path, len);
+    else if (fread(text, 1, len, f) != len)
+        rs = zoff_error(ZOFF_ERR_IO, "reading %s: %s", path, ferror(f) ? strerror(errno) : "file shrank");
+    fclose(f);
+    if (rs != ZOFF_OK) {
+        free(text);
+        return rs;
+    }
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    free(text);
     if (!root)
         return zoff_error(ZOFF_ERR_FORMAT, "%s: not valid JSON at line %d column %d: %s; expected GPT-2's encoder.json",
                           path, jerr.line, jerr.column, jerr.text);
