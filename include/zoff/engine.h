@@ -33,17 +33,39 @@ typedef struct zoff_engine_options {
     const float *init_params; /* host fp32, num_params: initial master weights */
 } zoff_engine_options;
 
-/* Result of one optimizer step (one accumulation boundary). */
+/* Result of one optimizer step (one accumulation boundary). Times in seconds. */
 typedef struct zoff_step_info {
     double grad_norm;    /* global L2 norm of the unscaled gradient, before clipping */
     double loss_scale;   /* loss scale used for this step's gradients */
     bool skipped;        /* gradients had inf/NaN: the update was skipped */
-    double t_step;       /* seconds in zoff_engine_step */
+    double t_step;       /* wall time in zoff_engine_step */
+    double t_wait_grads; /* waiting for the gradient statistics and the last gradient copies */
+    double t_host;       /* host optimizer (this step's; with delayed update: the previous step's wait) */
+    double t_device;     /* issuing the device optimizer (Twin-Flow / no offload) */
+    double t_wait_weights; /* waiting for the last new weights to reach the device */
 } zoff_step_info;
+
+/* Where the engine keeps its memory, in bytes (for the memory report and zoff plan). */
+typedef struct zoff_engine_memory {
+    size_t device;       /* optimizer state and buffers the engine allocated on the device */
+    size_t pinned;       /* pinned host memory the engine allocated */
+    size_t pageable;     /* pageable host memory the engine allocated */
+    int64_t host_params; /* parameters whose optimizer state and update live on the host */
+    int64_t device_params;
+    int num_subgroups;
+} zoff_engine_memory;
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
 
+void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *out);
+/* Human-readable description of the placement ("host optimizer (cpu offload), avx512+bf16, 2 threads"). */
+const char *zoff_engine_describe(const zoff_engine *e);
+
+/* Call before each micro-batch's backward: is_boundary is true for the last
+ * micro-batch of the accumulation window, whose backward streams the finished
+ * gradients to the host (earlier micro-batches accumulate on the device). */
+void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary);
 /* Loss gradient multiplier for backward: loss scale / accumulation steps. */
 float zoff_engine_backward_scale(const zoff_engine *e);
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
@@ -51,7 +73,9 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
 /* Zero the device gradient buffer (start of an accumulation window). */
 zoff_status zoff_engine_zero_grad(zoff_engine *e);
 /* Check, clip and update with learning rate lr; afterwards the model's
- * parameter buffer holds the new weights (stream-ordered on the compute stream). */
+ * parameter buffer holds the new weights (stream-ordered on the compute stream).
+ * With the delayed parameter update, the host part of this step runs in the
+ * background and the weights it produces are applied at the next call. */
 zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info);
 /* Optimizer steps taken (skipped ones excluded). */
 int64_t zoff_engine_steps_taken(const zoff_engine *e);
@@ -67,13 +91,17 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
 /* Scalars: step count and loss-scaler state, as a small JSON-free struct. */
 typedef struct zoff_engine_scalars {
     int64_t steps_taken, steps_skipped;
+    /* loss scaler (zoff_loss_scaler) */
     double loss_scale;
-    int64_t good_steps; int hysteresis_left;
+    int64_t scaler_iter, last_overflow_iter;
+    int hysteresis_left;
 } zoff_engine_scalars;
 void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out);
 zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *in);
 /* Copy the current fp32 master weights to the model's parameter buffer. */
 zoff_status zoff_engine_sync_params(zoff_engine *e);
+/* Wait for background work (delayed update) so that the state is final. */
+zoff_status zoff_engine_flush(zoff_engine *e);
 
 #ifdef __cplusplus
 }

@@ -205,7 +205,7 @@ zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gp
         const zoff_gpt2_shape *sh = &meta->shape;
         json_t *lj = loader_to_json(&meta->loader);
         json_t *root = json_pack(
-            "{s:s,s:i,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:s,s:I,s:I,s:o,s:{s:I,s:I,s:f,s:I,s:i},s:f}", "format",
+            "{s:s,s:i,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:s,s:I,s:I,s:o,s:{s:I,s:I,s:f,s:I,s:I,s:i},s:f}", "format",
             "zoff-train-state", "version", 1, "step", (json_int_t)meta->step, "model", "num_layers",
             (json_int_t)sh->num_layers, "hidden_size", (json_int_t)sh->hidden_size, "num_heads",
             (json_int_t)sh->num_heads, "max_seq_len", (json_int_t)sh->max_seq_len, "vocab_size",
@@ -213,8 +213,9 @@ zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gp
             (json_int_t)meta->seq_len, "tokenizer", meta->tokenizer, "seed_lo",
             (json_int_t)(meta->seed & 0xffffffffu), "seed_hi", (json_int_t)(meta->seed >> 32), "loader", lj,
             "engine", "steps_taken", (json_int_t)meta->engine.steps_taken, "steps_skipped",
-            (json_int_t)meta->engine.steps_skipped, "loss_scale", meta->engine.loss_scale, "good_steps",
-            (json_int_t)meta->engine.good_steps, "hysteresis_left", meta->engine.hysteresis_left,
+            (json_int_t)meta->engine.steps_skipped, "loss_scale", meta->engine.loss_scale, "scaler_iter",
+            (json_int_t)meta->engine.scaler_iter, "last_overflow_iter", (json_int_t)meta->engine.last_overflow_iter,
+            "hysteresis_left", meta->engine.hysteresis_left,
             "consumed_tokens", meta->consumed_tokens);
         char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
         json_decref(root);
@@ -288,7 +289,8 @@ zoff_status cli_read_meta(zoff_ckpt_reader *r, cli_meta *m, char **config_json) 
     }
     if (s == ZOFF_OK) s = get_int(ej, "steps_taken", path, &m->engine.steps_taken);
     if (s == ZOFF_OK) s = get_int(ej, "steps_skipped", path, &m->engine.steps_skipped);
-    if (s == ZOFF_OK) s = get_int(ej, "good_steps", path, &m->engine.good_steps);
+    if (s == ZOFF_OK) s = get_int(ej, "scaler_iter", path, &m->engine.scaler_iter);
+    if (s == ZOFF_OK) s = get_int(ej, "last_overflow_iter", path, &m->engine.last_overflow_iter);
     if (s == ZOFF_OK) s = get_int(ej, "hysteresis_left", path, &t);
     if (s == ZOFF_OK) {
         m->engine.hysteresis_left = (int)t;

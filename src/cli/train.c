@@ -306,8 +306,7 @@ static int run(train_ctx *c) {
     }
     if ((s = zoff_config_resolve_batch(&c->cfg, 1)) != ZOFF_OK) return fail("config", s);
     if ((s = zoff_config_check_supported(&c->cfg)) != ZOFF_OK) return fail("config", s);
-    if (c->cfg.bf16_enabled || c->cfg.fp16.enabled)
-        return fail("config", zoff_error(ZOFF_ERR_UNSUPPORTED, "mixed precision is not implemented yet"));
+    zoff_dtype dtype = c->cfg.bf16_enabled ? ZOFF_BF16 : c->cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
 
     const char *tokname = a->tokenizer;
     cli_meta resume;
@@ -408,7 +407,7 @@ static int run(train_ctx *c) {
         zoff_ckpt_close(rd);
         return fail("device", s);
     }
-    zoff_gpt2_options mo = {.shape = shape, .batch_size = B, .seq_len = T, .dtype = ZOFF_F32,
+    zoff_gpt2_options mo = {.shape = shape, .batch_size = B, .seq_len = T, .dtype = dtype,
                             .checkpoint_activations = a->checkpoint_activations};
     if ((s = zoff_gpt2_create(c->dev, &mo, &c->model)) != ZOFF_OK) {
         zoff_ckpt_close(rd);
@@ -431,7 +430,7 @@ static int run(train_ctx *c) {
     const zoff_tensor_info *tensors = zoff_gpt2_tensors(c->model, &nt);
     zoff_engine_options eo = {.dev = c->dev, .cfg = &c->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = nparams, .params = zoff_gpt2_params(c->model),
-                              .grads = zoff_gpt2_grads(c->model), .dtype = ZOFF_F32, .init_params = c->init};
+                              .grads = zoff_gpt2_grads(c->model), .dtype = dtype, .init_params = c->init};
     if ((s = zoff_engine_create(&eo, &c->eng)) != ZOFF_OK) {
         zoff_ckpt_close(rd);
         return fail("engine", s);
@@ -460,16 +459,26 @@ static int run(train_ctx *c) {
 
     zoff_memory_stats ms;
     zoff_device_memory_stats(c->dev, &ms);
-    char b1[32], b2[32];
+    zoff_engine_memory em;
+    zoff_engine_memory_usage(c->eng, &em);
+    char b1[32], b2[32], b3[32], b4[32];
     if (!a->quiet) {
         fprintf(stderr,
+                "zoff: %s\n"
+                "zoff: memory: device %s (model %s: weights, gradients, activations; optimizer %s), pinned host %s, "
+                "pageable host %s\n",
+                zoff_engine_describe(c->eng), zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
+                zoff_format_bytes(zoff_gpt2_device_bytes(c->model), b2, sizeof b2),
+                zoff_format_bytes(em.device, b3, sizeof b3), zoff_format_bytes(ms.pinned_in_use, b4, sizeof b4),
+                zoff_format_bytes(em.pageable, b2, sizeof b2));
+        fprintf(stderr,
                 "zoff: GPT-2 %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s\n"
-                "zoff: batch %lld x %lld accumulation = %lld sequences (%lld tokens) per step, %lld steps; "
+                "zoff: batch %lld x %lld accumulation = %lld sequences (%lld tokens) per step, %lld steps, %s; "
                 "device memory %s in use (budget %s)\n",
                 (long long)shape.num_layers, (long long)shape.hidden_size, (long long)shape.num_heads, (long long)T,
                 (long long)shape.vocab_size, (double)nparams / 1e6, zoff_device_name(c->dev), (long long)B,
                 (long long)accum, (long long)(B * accum), (long long)(B * accum * T), (long long)a->train_iters,
-                zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
+                zoff_dtype_name(dtype), zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
                 ms.device_budget ? zoff_format_bytes(ms.device_budget, b2, sizeof b2) : "unlimited");
     }
 
@@ -507,6 +516,7 @@ static int run(train_ctx *c) {
             float l = 0;
             if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(c->model, &l);
             double tb = zoff_now();
+            zoff_engine_begin_backward(c->eng, mb == accum - 1);
             if (s == ZOFF_OK)
                 s = zoff_gpt2_backward(c->model, zoff_engine_backward_scale(c->eng), zoff_engine_grad_ready, c->eng);
             if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
@@ -525,9 +535,12 @@ static int run(train_ctx *c) {
         double tps = (double)(B * T * accum) / dt;
         fprintf(c->metrics,
                 "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
-                "\"forward\":%.6f,\"backward\":%.6f,\"optimizer\":%.6f,\"skipped\":%s}\n",
-                (long long)step, last_loss, lr, si.grad_norm, tps, dt, t_fwd, t_bwd, si.t_step,
-                si.skipped ? "true" : "false");
+                "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
+                "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s}\n",
+                (long long)step, last_loss, lr, si.grad_norm, tps, dt, t_fwd, t_bwd, si.t_wait_grads, si.t_host,
+                si.t_device, si.t_wait_weights,
+                fmax(0.0, dt - t_fwd - t_bwd - si.t_wait_grads - si.t_host - si.t_device - si.t_wait_weights),
+                si.loss_scale, si.skipped ? "true" : "false");
         if (!isfinite(last_loss)) {
             fprintf(stderr, "zoff train: loss is %f at step %lld; stopping (lower the learning rate?)\n", last_loss,
                     (long long)step);
@@ -546,9 +559,12 @@ static int run(train_ctx *c) {
                     (long long)step, (long long)a->train_iters, last_loss, lr, si.grad_norm, tps, e1, e2);
         }
         if (c->cfg.wall_clock_breakdown && !a->quiet && step % print_every == 0)
-            fprintf(stderr, "%stime (s): forward %.4f backward %.4f optimizer %.4f step %.4f\n", tty ? "\n" : "",
-                    t_fwd, t_bwd, si.t_step, dt);
+            fprintf(stderr,
+                    "%stime (s): forward %.4f backward %.4f wait-grads %.4f host-step %.4f device-step %.4f "
+                    "wait-weights %.4f step %.4f\n",
+                    tty ? "\n" : "", t_fwd, t_bwd, si.t_wait_grads, si.t_host, si.t_device, si.t_wait_weights, dt);
         if (a->save_interval && step % a->save_interval == 0 && step < a->train_iters) {
+            if ((s = zoff_engine_flush(c->eng)) != ZOFF_OK) return fail("optimizer step", s);
             cli_meta m = {.step = step, .shape = shape, .seq_len = T, .seed = a->seed, .consumed_tokens = consumed};
             snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(c->tok));
             m.loader = zoff_loader_get_state(c->train_ld);
@@ -565,6 +581,7 @@ static int run(train_ctx *c) {
     if (g_stop && !a->quiet) fprintf(stderr, "zoff: signal %d: saving a checkpoint at step %lld\n", (int)g_stop, (long long)step);
 
     /* final checkpoint (also on SIGINT/SIGTERM) */
+    if ((s = zoff_engine_flush(c->eng)) != ZOFF_OK) return fail("optimizer step", s);
     cli_meta m = {.step = step, .shape = shape, .seq_len = T, .seed = a->seed, .consumed_tokens = consumed};
     snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(c->tok));
     m.loader = zoff_loader_get_state(c->train_ld);

@@ -1,52 +1,128 @@
-/* The engine: optimizer state, gradient checks, clipping and the update.
+/* The engine: optimizer state, gradient checks, clipping, loss scaling and
+ * the update, with the optimizer's memory and work on the device or offloaded
+ * to the host (ZeRO-Offload).
  *
- * This version implements ZeRO stage 0 with the optimizer on the device (the
- * baseline): fp32 master weights, m and v live in device memory next to the
- * model's weights, and the update is the device's fused Adam op. The model's
- * flat buffers and tensor table are all the engine knows of the model. */
+ * The flat parameter space [0, n) is cut into sub-groups of
+ * zero_optimization.sub_group_size elements. Each sub-group is placed on the
+ * host or on the device:
+ *   - host: fp32 master, m, v in (pinned) host memory; its 16-bit gradients
+ *     are copied to a host buffer during the boundary micro-batch's backward,
+ *     on a copy stream, as the model reports them final; the host optimizer
+ *     (SIMD CPU Adam) widens them in registers and writes the new 16-bit
+ *     weights into a staging buffer in the same pass; each sub-group's weights
+ *     go back to the device as soon as it is done, overlapping the next one.
+ *   - device: fp32 master, m, v in device memory, updated by the device's
+ *     fused Adam op (stage 0 without offload).
+ * No fp32 gradient buffer exists anywhere.
+ *
+ * Gradients of micro-batches before the boundary accumulate on the device in
+ * the model's gradient buffer (its dtype); only the boundary backward streams
+ * them out, so every micro-batch is counted exactly once.
+ *
+ * Delayed parameter update (ZeRO-Offload's one-step delay, off by default):
+ * the host update of step t runs on a worker thread while forward and
+ * backward of step t+1 run with the weights of step t-1's update; the new
+ * weights are applied at the next boundary. Host gradients are double
+ * buffered so that backward t+1 never overwrites what the worker reads. */
+#define _GNU_SOURCE
 #include "zoff/engine.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct range {
+#include "zoff/loss_scale.h"
+#include "zoff/optim.h"
+
+typedef struct range { /* a run of tensors with the same weight-decay flag */
     int64_t offset, count;
     bool decay;
 } range;
 
+typedef struct subgroup {
+    int64_t offset, count; /* flat parameter range */
+    bool on_host;
+    int64_t state_off;     /* offset into the host or device state arrays */
+} subgroup;
+
 struct zoff_engine {
     zoff_device *dev;
-    zoff_stream *stream;
+    zoff_stream *compute, *d2h, *h2d, *opt_stream;
     const zoff_config *cfg;
     zoff_dtype dtype;
+    size_t esize;
     int64_t n;
-    void *params, *grads;
-    float *master; /* aliases params when dtype is F32 */
-    float *m, *v;
-    bool master_is_params;
-    float *stats_dev; /* 2 floats */
+    void *params, *grads; /* the model's device buffers */
+
     range *ranges;
     int nranges;
+    subgroup *sg; /* in flat order */
+    int nsg;
+
+    /* device-side state (device sub-groups). For fp32 weights the model's
+     * parameter buffer is the master copy. */
+    int64_t n_dev;
+    float *d_master, *d_m, *d_v;
+    float *stats_dev; /* 2 floats: sum of squares, non-finite flag */
+
+    /* host-side state (host sub-groups) */
+    int64_t n_host;
+    bool pinned;
+    float *h_master, *h_m, *h_v;
+    void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update */
+    void *h_staging;    /* new 16-bit weights (NULL for fp32: h_master goes back directly) */
+    zoff_host_optimizer *hopt;
+    int gbuf;           /* which h_grads receives the current backward */
+    bool boundary;      /* the current backward streams gradients out */
+    zoff_event *ev_grads_done, *ev_weights_done, *ev_dev_done, *ev_stats;
+    zoff_event **ev_ready; /* per grad-ready call: compute -> d2h ordering (pool) */
+    int nready, cap_ready;
+    char describe[256];
+
+    zoff_loss_scaler ls;
     zoff_engine_scalars sc;
+
+    /* delayed parameter update */
+    bool dpu;
+    int64_t dpu_warmup;
+    pthread_t worker;
+    bool worker_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool job_pending, job_done, quit;
+    struct {
+        int gbuf;
+        double lr, grad_scale;
+        int64_t t;
+    } job;
+    zoff_status job_status;
+    char job_error[512];
+    bool weights_pending; /* the worker finished a job whose weights are not on the device yet */
+    double job_seconds;
 };
+
+/* ------------------------------------------------------------------ helpers */
+
+static const char *state_names_adam[] = {"optimizer.master", "optimizer.exp_avg", "optimizer.exp_avg_sq"};
+
+static bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
+static bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 
 static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int nt) {
     e->ranges = calloc((size_t)(nt > 0 ? nt : 1), sizeof *e->ranges);
     if (!e->ranges) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the engine's tensor ranges");
-    /* sort-free: tensors come in layout order; merge neighbours with the same decay flag */
     int64_t covered = 0;
     for (int i = 0; i < nt; i++) {
         if (t[i].offset != covered)
-            return zoff_error(ZOFF_ERR_INVALID,
-                              "tensor table is not contiguous at '%s' (offset %lld, expected %lld)", t[i].name,
-                              (long long)t[i].offset, (long long)covered);
+            return zoff_error(ZOFF_ERR_INVALID, "tensor table is not contiguous at '%s' (offset %lld, expected %lld)",
+                              t[i].name, (long long)t[i].offset, (long long)covered);
         covered += t[i].numel;
-        if (e->nranges > 0 && e->ranges[e->nranges - 1].decay == t[i].decay) {
+        if (e->nranges > 0 && e->ranges[e->nranges - 1].decay == t[i].decay)
             e->ranges[e->nranges - 1].count += t[i].numel;
-        } else {
+        else
             e->ranges[e->nranges++] = (range){t[i].offset, t[i].numel, t[i].decay};
-        }
     }
     if (covered != e->n)
         return zoff_error(ZOFF_ERR_INVALID, "tensor table covers %lld elements but num_params is %lld",
@@ -54,15 +130,151 @@ static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int n
     return ZOFF_OK;
 }
 
+/* Cut [0, n) into sub-groups and place them. Backward finishes the highest
+ * offsets first (the model's layout puts the last layers last), so host
+ * sub-groups are taken from the top: their gradients arrive first. */
+static zoff_status build_subgroups(zoff_engine *e, double host_ratio) {
+    int64_t sgs = e->cfg->zero.sub_group_size > 0 ? e->cfg->zero.sub_group_size : e->n;
+    int64_t nsg = (e->n + sgs - 1) / sgs;
+    e->sg = calloc((size_t)nsg, sizeof *e->sg);
+    if (!e->sg) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %lld sub-groups", (long long)nsg);
+    e->nsg = (int)nsg;
+    for (int64_t i = 0; i < nsg; i++) {
+        e->sg[i].offset = i * sgs;
+        e->sg[i].count = (i == nsg - 1) ? e->n - i * sgs : sgs;
+    }
+    /* host fraction: whole sub-groups from the top until >= ratio * n */
+    int64_t want = (int64_t)ceil(host_ratio * (double)e->n), got = 0;
+    for (int64_t i = nsg - 1; i >= 0 && got < want; i--) {
+        e->sg[i].on_host = true;
+        got += e->sg[i].count;
+    }
+    for (int64_t i = 0; i < nsg; i++) {
+        if (e->sg[i].on_host) {
+            e->sg[i].state_off = e->n_host;
+            e->n_host += e->sg[i].count;
+        } else {
+            e->sg[i].state_off = e->n_dev;
+            e->n_dev += e->sg[i].count;
+        }
+    }
+    return ZOFF_OK;
+}
+
+static zoff_status host_alloc(zoff_engine *e, size_t bytes, const char *what, void **out) {
+    if (e->pinned) return zoff_host_alloc_pinned(e->dev, bytes, what, out);
+    *out = zoff_aligned_alloc(4096, bytes, what);
+    return *out ? ZOFF_OK : ZOFF_ERR_NOMEM;
+}
+
+static void host_free(zoff_engine *e, void *p) {
+    if (!p) return;
+    if (e->pinned) zoff_host_free_pinned(e->dev, p);
+    else zoff_aligned_free(p);
+}
+
+/* ------------------------------------------------------------------ worker (delayed update) */
+
+static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale);
+
+static void *worker_main(void *arg) {
+    zoff_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->job_pending && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
+        if (e->quit) break;
+        int gbuf = e->job.gbuf;
+        double lr = e->job.lr, gs = e->job.grad_scale;
+        int64_t t = e->job.t;
+        pthread_mutex_unlock(&e->mu);
+        double t0 = zoff_now();
+        zoff_status s = host_update(e, gbuf, t, lr, gs);
+        double dt = zoff_now() - t0;
+        pthread_mutex_lock(&e->mu);
+        e->job_status = s;
+        if (s != ZOFF_OK) snprintf(e->job_error, sizeof e->job_error, "%s", zoff_last_error());
+        e->job_seconds = dt;
+        e->job_pending = false;
+        e->job_done = true;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Wait for the worker's job (if any); returns its status. */
+static zoff_status wait_job(zoff_engine *e) {
+    if (!e->worker_started) return ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
+    zoff_status s = e->job_status;
+    e->job_status = ZOFF_OK;
+    if (s != ZOFF_OK) zoff_error(s, "delayed parameter update: %s", e->job_error);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+
 void zoff_engine_destroy(zoff_engine *e) {
     if (!e) return;
-    if (e->stream) zoff_stream_synchronize(e->stream);
-    if (!e->master_is_params) zoff_device_free(e->dev, e->master);
-    zoff_device_free(e->dev, e->m);
-    zoff_device_free(e->dev, e->v);
+    if (e->worker_started) {
+        pthread_mutex_lock(&e->mu);
+        e->quit = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->worker, NULL);
+    }
+    if (e->compute) zoff_stream_synchronize(e->compute);
+    if (e->d2h) zoff_stream_destroy(e->d2h);
+    if (e->h2d) zoff_stream_destroy(e->h2d);
+    if (e->opt_stream) zoff_stream_destroy(e->opt_stream);
+    zoff_event_destroy(e->ev_grads_done);
+    zoff_event_destroy(e->ev_weights_done);
+    zoff_event_destroy(e->ev_dev_done);
+    zoff_event_destroy(e->ev_stats);
+    for (int i = 0; i < e->cap_ready; i++) zoff_event_destroy(e->ev_ready[i]);
+    free(e->ev_ready);
+    if (e->dtype != ZOFF_F32) zoff_device_free(e->dev, e->d_master);
+    zoff_device_free(e->dev, e->d_m);
+    zoff_device_free(e->dev, e->d_v);
     zoff_device_free(e->dev, e->stats_dev);
+    host_free(e, e->h_master);
+    host_free(e, e->h_m);
+    host_free(e, e->h_v);
+    host_free(e, e->h_grads[0]);
+    host_free(e, e->h_grads[1]);
+    host_free(e, e->h_staging);
+    zoff_host_optimizer_destroy(e->hopt);
+    if (e->worker_started || e->dpu) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+    }
     free(e->ranges);
+    free(e->sg);
     free(e);
+}
+
+static zoff_status check_supported(const zoff_engine_options *o) {
+    const zoff_config *cfg = o->cfg;
+    const zoff_zero_config *z = &cfg->zero;
+    bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU || z->cpu_offload;
+    if (z->offload_optimizer.device == ZOFF_OFFLOAD_NVME)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.offload_optimizer.device \"nvme\" is not implemented "
+                                                "yet; use \"cpu\"");
+    if (offload && z->stage == 0)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (got 0), as in "
+                          "DeepSpeed; set \"stage\": 2");
+    if (!offload && cfg->optimizer.type != ZOFF_OPTIM_ADAM && cfg->optimizer.type != ZOFF_OPTIM_ADAMW)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "optimizer.type %s runs on the host optimizer only: set "
+                          "zero_optimization.offload_optimizer.device to \"cpu\" (stage 1 or 2)",
+                          cfg->optimizer.type == ZOFF_OPTIM_LION ? "Lion" : "Adagrad");
+    if (z->delayed_param_update && !offload)
+        return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.zoff_delayed_param_update needs "
+                                           "offload_optimizer.device \"cpu\"");
+    return ZOFF_OK;
 }
 
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
@@ -71,149 +283,487 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: missing device, config or buffers");
     if (o->dtype != ZOFF_F32 && o->dtype != ZOFF_BF16 && o->dtype != ZOFF_F16)
         return zoff_error(ZOFF_ERR_INVALID, "engine dtype must be f32, bf16 or f16 (got %s)", zoff_dtype_name(o->dtype));
+    ZOFF_TRY(check_supported(o));
     const zoff_config *cfg = o->cfg;
-    if (cfg->zero.stage != 0 || cfg->zero.offload_optimizer.device != ZOFF_OFFLOAD_NONE)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.stage %d with offload is not implemented yet",
-                          cfg->zero.stage);
-    if (cfg->optimizer.type != ZOFF_OPTIM_ADAM && cfg->optimizer.type != ZOFF_OPTIM_ADAMW)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "optimizer.type: only Adam and AdamW run on the device optimizer");
+    const zoff_zero_config *z = &cfg->zero;
+    bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU || z->cpu_offload;
 
     zoff_engine *e = calloc(1, sizeof *e);
     if (!e) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the engine");
     e->dev = o->dev;
-    e->stream = zoff_device_stream(o->dev);
+    e->compute = zoff_device_stream(o->dev);
     e->cfg = cfg;
     e->dtype = o->dtype;
+    e->esize = zoff_dtype_size(o->dtype);
     e->n = o->num_params;
     e->params = o->params;
     e->grads = o->grads;
-    e->sc.loss_scale = 1.0;
+    e->pinned = z->offload_optimizer.pin_memory || z->cpu_offload;
+    if (o->dtype == ZOFF_F16) zoff_loss_scaler_init(&e->ls, &cfg->fp16);
+    else zoff_loss_scaler_init_fixed(&e->ls, 1.0);
+    e->dpu = offload && z->delayed_param_update;
+    e->dpu_warmup = z->delayed_param_update_warmup;
+
+    double ratio = offload ? (z->offload_optimizer.ratio_auto ? 1.0 : z->offload_optimizer.ratio) : 0.0;
     zoff_status s = build_ranges(e, o->tensors, o->num_tensors);
-    size_t bytes = (size_t)e->n * sizeof(float);
-    if (s == ZOFF_OK && o->dtype == ZOFF_F32) {
-        e->master = o->params;
-        e->master_is_params = true;
-    } else if (s == ZOFF_OK) {
-        s = zoff_device_alloc(e->dev, bytes, "fp32 master weights", (void **)&e->master);
+    if (s == ZOFF_OK) s = build_subgroups(e, ratio);
+    size_t f4 = sizeof(float);
+    /* device side */
+    if (s == ZOFF_OK && e->n_dev > 0) {
+        if (e->dtype != ZOFF_F32)
+            s = zoff_device_alloc(e->dev, (size_t)e->n_dev * f4, "fp32 master weights (device)", (void **)&e->d_master);
+        if (s == ZOFF_OK)
+            s = zoff_device_alloc(e->dev, (size_t)e->n_dev * f4, "Adam exp_avg (device)", (void **)&e->d_m);
+        if (s == ZOFF_OK)
+            s = zoff_device_alloc(e->dev, (size_t)e->n_dev * f4, "Adam exp_avg_sq (device)", (void **)&e->d_v);
+        if (s == ZOFF_OK) s = zoff_memset_async(e->compute, e->d_m, 0, (size_t)e->n_dev * f4);
+        if (s == ZOFF_OK) s = zoff_memset_async(e->compute, e->d_v, 0, (size_t)e->n_dev * f4);
     }
-    if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, bytes, "Adam exp_avg (m)", (void **)&e->m);
-    if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, bytes, "Adam exp_avg_sq (v)", (void **)&e->v);
-    if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, 2 * sizeof(float), "gradient statistics", (void **)&e->stats_dev);
-    if (s == ZOFF_OK) s = zoff_memset_async(e->stream, e->m, 0, bytes);
-    if (s == ZOFF_OK) s = zoff_memset_async(e->stream, e->v, 0, bytes);
-    if (s == ZOFF_OK && o->init_params) s = zoff_memcpy_async(e->stream, e->master, o->init_params, bytes, ZOFF_COPY_H2D);
-    if (s == ZOFF_OK) s = zoff_stream_synchronize(e->stream);
-    if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
-    if (s == ZOFF_OK) s = zoff_stream_synchronize(e->stream);
+    if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, 2 * f4, "gradient statistics", (void **)&e->stats_dev);
+    /* host side */
+    if (s == ZOFF_OK && e->n_host > 0) {
+        size_t nh = (size_t)e->n_host;
+        s = host_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master);
+        if (s == ZOFF_OK && uses_m(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg (host)", (void **)&e->h_m);
+        if (s == ZOFF_OK && uses_v(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg_sq (host)", (void **)&e->h_v);
+        if (s == ZOFF_OK) s = host_alloc(e, nh * e->esize, "gradient partition (host)", &e->h_grads[0]);
+        if (s == ZOFF_OK && e->dpu)
+            s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
+        if (s == ZOFF_OK && e->dtype != ZOFF_F32)
+            s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
+        if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
+        if (s == ZOFF_OK) {
+            zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
+                                    .state_dt = ZOFF_F32, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
+            s = zoff_host_optimizer_init_state(e->hopt, &t);
+        }
+        if (s == ZOFF_OK) s = zoff_stream_create(e->dev, "gradients to host", &e->d2h);
+        if (s == ZOFF_OK) s = zoff_stream_create(e->dev, "weights to device", &e->h2d);
+    }
+    if (s == ZOFF_OK && e->n_dev > 0 && e->n_host > 0)
+        s = zoff_stream_create(e->dev, "device optimizer", &e->opt_stream);
+    if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_grads_done);
+    if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_weights_done);
+    if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
+    if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
+    if (s == ZOFF_OK && e->dpu) {
+        pthread_mutex_init(&e->mu, NULL);
+        pthread_cond_init(&e->cv, NULL);
+        if (pthread_create(&e->worker, NULL, worker_main, e) != 0)
+            s = zoff_error(ZOFF_ERR_INTERNAL, "cannot start the delayed-update worker thread");
+        else
+            e->worker_started = true;
+    }
+    /* initial weights */
+    if (s == ZOFF_OK && o->init_params) {
+        for (int i = 0; i < e->nsg; i++) {
+            subgroup *g = &e->sg[i];
+            if (g->on_host) {
+                memcpy(e->h_master + g->state_off, o->init_params + g->offset, (size_t)g->count * f4);
+            } else {
+                float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->offset : e->d_master + g->state_off;
+                s = zoff_memcpy_async(e->compute, dst, o->init_params + g->offset, (size_t)g->count * f4,
+                                      ZOFF_COPY_H2D);
+                if (s != ZOFF_OK) break;
+            }
+        }
+        if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
+    }
+    if (s == ZOFF_OK) s = zoff_stream_synchronize(e->compute);
     if (s != ZOFF_OK) {
         zoff_engine_destroy(e);
         return s;
     }
+    int host_sgs = 0;
+    for (int i = 0; i < e->nsg; i++) host_sgs += e->sg[i].on_host;
+    if (e->n_host == 0)
+        snprintf(e->describe, sizeof e->describe, "optimizer on the device (no offload), %d sub-group%s", e->nsg,
+                 e->nsg == 1 ? "" : "s");
+    else
+        snprintf(e->describe, sizeof e->describe,
+                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
+                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
+                 zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
+                 e->pinned ? "pinned" : "pageable", e->dpu ? ", delayed parameter update" : "");
     *out = e;
     return ZOFF_OK;
 }
 
-zoff_status zoff_engine_sync_params(zoff_engine *e) {
-    if (e->master_is_params) return ZOFF_OK;
-    zoff_op_cast_args a = {.dst = e->params, .src = e->master, .n = e->n, .dst_dt = e->dtype, .src_dt = ZOFF_F32};
-    return ZOFF_LAUNCH(e->stream, ZOFF_OP_CAST, a);
+/* ------------------------------------------------------------------ weights to the device */
+
+/* Device sub-groups: master -> model weights (16-bit cast; nothing for fp32). */
+static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
+    if (e->dtype == ZOFF_F32) return ZOFF_OK;
+    for (int i = 0; i < e->nsg; i++) {
+        subgroup *g = &e->sg[i];
+        if (g->on_host) continue;
+        zoff_op_cast_args a = {.dst = (char *)e->params + (size_t)g->offset * e->esize,
+                               .src = e->d_master + g->state_off, .n = g->count, .dst_dt = e->dtype,
+                               .src_dt = ZOFF_F32};
+        ZOFF_TRY(ZOFF_LAUNCH(st, ZOFF_OP_CAST, a));
+    }
+    return ZOFF_OK;
 }
+
+/* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
+static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
+    void *dst = (char *)e->params + (size_t)g->offset * e->esize;
+    const void *src = e->dtype == ZOFF_F32 ? (const void *)(e->h_master + g->state_off)
+                                           : (const void *)((const char *)e->h_staging + (size_t)g->state_off * e->esize);
+    return zoff_memcpy_async(e->h2d, dst, src, (size_t)g->count * e->esize, ZOFF_COPY_H2D);
+}
+
+/* Round the host master weights to 16 bits into the staging buffer (initial weights, restore). */
+static void host_master_to_staging(zoff_engine *e) {
+    if (e->dtype == ZOFF_F32) return;
+    uint16_t *st = e->h_staging;
+    for (int64_t i = 0; i < e->n_host; i++)
+        st[i] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(e->h_master[i]) : zoff_f32_to_f16(e->h_master[i]);
+}
+
+zoff_status zoff_engine_sync_params(zoff_engine *e) {
+    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(sync_device_subgroups(e, e->compute));
+    if (e->n_host > 0) {
+        host_master_to_staging(e);
+        ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute)); /* h2d after whatever compute did */
+        ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
+        for (int i = 0; i < e->nsg; i++)
+            if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+        ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
+        ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+        e->weights_pending = false;
+    }
+    return zoff_stream_synchronize(e->compute);
+}
+
+/* ------------------------------------------------------------------ gradients to the host */
 
 float zoff_engine_backward_scale(const zoff_engine *e) {
     int64_t acc = e->cfg->gradient_accumulation_steps > 0 ? e->cfg->gradient_accumulation_steps : 1;
-    return (float)(e->sc.loss_scale / (double)acc);
+    return (float)(e->ls.scale / (double)acc);
 }
 
+void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
+    e->boundary = is_boundary;
+    e->nready = 0;
+}
+
+static zoff_event *ready_event(zoff_engine *e) {
+    if (e->nready == e->cap_ready) {
+        int cap = e->cap_ready ? 2 * e->cap_ready : 16;
+        zoff_event **ne = realloc(e->ev_ready, (size_t)cap * sizeof *ne);
+        if (!ne) return NULL;
+        e->ev_ready = ne;
+        for (int i = e->cap_ready; i < cap; i++)
+            if (zoff_event_create(e->dev, &e->ev_ready[i]) != ZOFF_OK) {
+                e->cap_ready = i;
+                return NULL;
+            }
+        e->cap_ready = cap;
+    }
+    return e->ev_ready[e->nready++];
+}
+
+/* Called by the model in stream order as [offset, offset+count) of the
+ * gradient buffer becomes final. Copies the host sub-groups' part to the host
+ * on the d2h stream, ordered after the compute work that produced it.
+ * Failures here are sticky on the d2h stream's next synchronisation or noted
+ * in the log; the step reports them. */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
-    /* Stage 0 keeps gradients on the device until the step: nothing to move. */
-    (void)engine; (void)stream; (void)offset; (void)count;
+    zoff_engine *e = engine;
+    if (!e->boundary || e->n_host == 0) return;
+    if (e->nready == 0 && e->dpu) {
+        /* the worker may still read this buffer's previous contents (two steps ago) */
+        if (wait_job(e) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
+    }
+    zoff_event *ev = ready_event(e);
+    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
+        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
+        return;
+    }
+    int64_t end = offset + count;
+    for (int i = 0; i < e->nsg; i++) {
+        subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        int64_t lo = offset > g->offset ? offset : g->offset;
+        int64_t hi = end < g->offset + g->count ? end : g->offset + g->count;
+        if (lo >= hi) continue;
+        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->offset) * e->esize;
+        const void *src = (const char *)e->grads + (size_t)lo * e->esize;
+        if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
+            zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
+    }
 }
 
 zoff_status zoff_engine_zero_grad(zoff_engine *e) {
-    return zoff_memset_async(e->stream, e->grads, 0, (size_t)e->n * zoff_dtype_size(e->dtype));
+    return zoff_memset_async(e->compute, e->grads, 0, (size_t)e->n * e->esize);
 }
 
 int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken; }
 
-zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
-    double t0 = zoff_now();
-    float stats[2] = {0, 0};
-    ZOFF_TRY(zoff_memset_async(e->stream, e->stats_dev, 0, sizeof stats));
-    zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n, .dt = e->dtype};
-    ZOFF_TRY(ZOFF_LAUNCH(e->stream, ZOFF_OP_GRAD_STATS, ga));
-    ZOFF_TRY(zoff_memcpy_async(e->stream, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
-    ZOFF_TRY(zoff_stream_synchronize(e->stream));
+/* ------------------------------------------------------------------ the step */
 
-    double scale = e->sc.loss_scale;
-    double norm = sqrt((double)stats[0]) / scale;
-    bool overflow = stats[1] != 0.0f || !isfinite(norm);
-    zoff_step_info si = {.grad_norm = norm, .loss_scale = scale, .skipped = overflow};
-    if (overflow) {
-        e->sc.steps_skipped++;
-        zoff_log(ZOFF_LOG_WARN, "gradient has inf/NaN at optimizer step %lld: update skipped",
-                 (long long)e->sc.steps_taken + 1);
-    } else {
-        const zoff_optimizer_config *oc = &e->cfg->optimizer;
-        double clip = e->cfg->gradient_clipping, coef = 1.0;
-        if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
-        int64_t t = ++e->sc.steps_taken;
-        bool w_mode = oc->type == ZOFF_OPTIM_ADAMW || oc->adam_w_mode;
-        double bc1 = oc->bias_correction ? 1.0 - pow(oc->beta1, (double)t) : 1.0;
-        double bc2 = oc->bias_correction ? 1.0 - pow(oc->beta2, (double)t) : 1.0;
-        for (int i = 0; i < e->nranges; i++) {
-            const range *r = &e->ranges[i];
-            size_t es = zoff_dtype_size(e->dtype);
+/* The host part of a step: every host sub-group, last layers first (their
+ * gradients arrived first), each pushed to the device as soon as it is done
+ * (unless the update is delayed: then the boundary code pushes them). */
+static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale) {
+    const zoff_optimizer_config *oc = &e->cfg->optimizer;
+    ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
+    if (e->h_staging && !e->dpu) {
+        /* the previous step's pushes read the staging buffer: they must be done */
+        ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+    }
+    for (int i = e->nsg - 1; i >= 0; i--) {
+        const subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        for (int r = 0; r < e->nranges; r++) { /* pieces with one weight-decay value */
+            const range *rg = &e->ranges[r];
+            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
+            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
+            if (lo >= hi) continue;
+            int64_t so = g->state_off + (lo - g->offset);
+            zoff_optim_tensors tt = {
+                .params = e->h_master + so,
+                .exp_avg = e->h_m ? e->h_m + so : NULL,
+                .exp_avg_sq = e->h_v ? e->h_v + so : NULL,
+                .state_dt = ZOFF_F32,
+                .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
+                .grad_dt = e->dtype,
+                .params16 = e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL,
+                .p16_dt = e->dtype,
+                .n = hi - lo,
+                .index_base = lo};
+            ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
+        }
+        if (!e->dpu) ZOFF_TRY(push_host_subgroup(e, g));
+    }
+    return ZOFF_OK;
+}
+
+/* Device sub-groups: fused Adam on the device (own stream when the host works too). */
+static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double grad_scale) {
+    const zoff_optimizer_config *oc = &e->cfg->optimizer;
+    zoff_stream *st = e->opt_stream ? e->opt_stream : e->compute;
+    if (e->opt_stream) {
+        ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute));
+        ZOFF_TRY(zoff_stream_wait_event(st, e->ev_stats));
+    }
+    bool w_mode = oc->type == ZOFF_OPTIM_ADAMW || oc->adam_w_mode;
+    double bc1 = oc->bias_correction ? 1.0 - pow(oc->beta1, (double)t) : 1.0;
+    double bc2 = oc->bias_correction ? 1.0 - pow(oc->beta2, (double)t) : 1.0;
+    for (int i = 0; i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        if (g->on_host) continue;
+        for (int r = 0; r < e->nranges; r++) {
+            const range *rg = &e->ranges[r];
+            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
+            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
+            if (lo >= hi) continue;
+            int64_t so = g->state_off + (lo - g->offset);
+            bool f32 = e->dtype == ZOFF_F32;
             zoff_op_adam_args a = {
-                .params = e->master + r->offset, .m = e->m + r->offset, .v = e->v + r->offset,
-                .grads = (const char *)e->grads + (size_t)r->offset * es,
-                .params16 = e->master_is_params ? NULL : (char *)e->params + (size_t)r->offset * es,
-                .n = r->count, .grad_dt = e->dtype, .p16_dt = e->dtype,
+                .params = f32 ? (float *)e->params + lo : e->d_master + so,
+                .m = e->d_m + so, .v = e->d_v + so,
+                .grads = (const char *)e->grads + (size_t)lo * e->esize,
+                .params16 = f32 ? NULL : (char *)e->params + (size_t)lo * e->esize,
+                .n = hi - lo, .grad_dt = e->dtype, .p16_dt = e->dtype,
                 .lr = (float)lr, .beta1 = (float)oc->beta1, .beta2 = (float)oc->beta2, .eps = (float)oc->eps,
-                .weight_decay = r->decay ? (float)oc->weight_decay : 0.0f,
-                .bc1 = (float)bc1, .bc2 = (float)bc2, .grad_scale = (float)(coef / scale),
-                .adam_w_mode = w_mode};
-            ZOFF_TRY(ZOFF_LAUNCH(e->stream, ZOFF_OP_ADAM, a));
+                .weight_decay = rg->decay ? (float)oc->weight_decay : 0.0f,
+                .bc1 = (float)bc1, .bc2 = (float)bc2, .grad_scale = (float)grad_scale, .adam_w_mode = w_mode};
+            ZOFF_TRY(ZOFF_LAUNCH(st, ZOFF_OP_ADAM, a));
         }
     }
-    ZOFF_TRY(zoff_stream_synchronize(e->stream));
+    if (e->opt_stream) {
+        ZOFF_TRY(zoff_event_record(e->ev_dev_done, st));
+        ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_dev_done));
+    }
+    return ZOFF_OK;
+}
+
+/* Delayed update: put the finished job's weights on the device. */
+static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait) {
+    double t0 = zoff_now();
+    ZOFF_TRY(wait_job(e));
+    *t_wait += zoff_now() - t0;
+    if (!e->weights_pending) return ZOFF_OK;
+    ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute));
+    ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
+    for (int i = e->nsg - 1; i >= 0; i--)
+        if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+    ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
+    ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+    e->weights_pending = false;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
+    double t0 = zoff_now();
+    zoff_step_info si = {.loss_scale = e->ls.scale};
+    /* 1. gradient statistics on the device, and the last gradient copies */
+    float stats[2] = {0, 0};
+    ZOFF_TRY(zoff_memset_async(e->compute, e->stats_dev, 0, sizeof stats));
+    zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n, .dt = e->dtype};
+    ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
+    ZOFF_TRY(zoff_memcpy_async(e->compute, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
+    if (e->n_host > 0) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
+    ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    if (e->n_host > 0) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
+    si.t_wait_grads = zoff_now() - t0;
+
+    double scale = e->ls.scale;
+    double norm = sqrt((double)stats[0]) / scale;
+    bool overflow = stats[1] != 0.0f || !isfinite(norm);
+    si.grad_norm = norm;
+    si.skipped = overflow;
+    if (overflow) {
+        e->sc.steps_skipped++;
+        zoff_log(e->dtype == ZOFF_F16 ? ZOFF_LOG_DEBUG : ZOFF_LOG_WARN,
+                 "gradient has inf/NaN (loss scale %g): step skipped", scale);
+    }
+    zoff_status s = zoff_loss_scaler_update(&e->ls, overflow);
+    if (s != ZOFF_OK) return s;
+    if (!overflow) {
+        double clip = e->cfg->gradient_clipping, coef = 1.0;
+        if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
+        double grad_scale = coef / scale;
+        int64_t t = ++e->sc.steps_taken;
+        double td = zoff_now();
+        if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, grad_scale));
+        si.t_device = zoff_now() - td;
+        if (e->n_host > 0) {
+            bool delayed = e->dpu && t > e->dpu_warmup;
+            if (delayed) {
+                /* weights of the previous job go to the device now; this step's job runs in the background */
+                ZOFF_TRY(apply_pending_weights(e, &si.t_host));
+                pthread_mutex_lock(&e->mu);
+                e->job.gbuf = e->gbuf;
+                e->job.lr = lr;
+                e->job.grad_scale = grad_scale;
+                e->job.t = t;
+                e->job_pending = true;
+                e->job_done = false;
+                e->weights_pending = true;
+                pthread_cond_broadcast(&e->cv);
+                pthread_mutex_unlock(&e->mu);
+                e->gbuf ^= 1; /* the next backward fills the other buffer */
+            } else {
+                double th = zoff_now();
+                if (e->dpu) { /* warm-up step of the delayed mode: synchronous */
+                    ZOFF_TRY(apply_pending_weights(e, &si.t_host));
+                    bool saved = e->dpu;
+                    e->dpu = false;
+                    s = host_update(e, e->gbuf, t, lr, grad_scale);
+                    e->dpu = saved;
+                    ZOFF_TRY(s);
+                } else {
+                    ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale));
+                }
+                si.t_host += zoff_now() - th;
+                ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
+                ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+                double tw = zoff_now();
+                ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+                si.t_wait_weights = zoff_now() - tw;
+            }
+        }
+    } else if (e->dpu && e->n_host > 0) {
+        /* nothing new to run; still apply what the worker finished */
+        ZOFF_TRY(apply_pending_weights(e, &si.t_host));
+    }
+    double tw = zoff_now();
+    ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    si.t_wait_weights += zoff_now() - tw;
     si.t_step = zoff_now() - t0;
     if (info) *info = si;
     return ZOFF_OK;
 }
 
+zoff_status zoff_engine_flush(zoff_engine *e) {
+    double dummy = 0;
+    if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy));
+    return zoff_stream_synchronize(e->compute);
+}
+
+/* ------------------------------------------------------------------ state */
+
 int zoff_engine_state_count(const zoff_engine *e) { (void)e; return 3; }
 
 const char *zoff_engine_state_name(const zoff_engine *e, int i) {
     (void)e;
-    static const char *names[] = {"optimizer.master", "optimizer.exp_avg", "optimizer.exp_avg_sq"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < 3 ? state_names_adam[i] : NULL;
 }
 
-static float *state_ptr(zoff_engine *e, int i) {
-    return i == 0 ? e->master : i == 1 ? e->m : i == 2 ? e->v : NULL;
-}
-
-zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst) {
-    float *p = state_ptr(e, i);
-    if (!p) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
-    ZOFF_TRY(zoff_memcpy_async(e->stream, host_dst, p, (size_t)e->n * sizeof(float), ZOFF_COPY_D2H));
-    return zoff_stream_synchronize(e->stream);
-}
-
-zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src) {
-    float *p = state_ptr(e, i);
-    if (!p) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
-    ZOFF_TRY(zoff_memcpy_async(e->stream, p, host_src, (size_t)e->n * sizeof(float), ZOFF_COPY_H2D));
-    if (i == 0) ZOFF_TRY(zoff_engine_sync_params(e));
-    return zoff_stream_synchronize(e->stream);
-}
-
-void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out) { *out = e->sc; }
-
-zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *in) {
-    if (in->steps_taken < 0 || !(in->loss_scale > 0))
-        return zoff_error(ZOFF_ERR_FORMAT, "engine state has steps_taken %lld and loss_scale %g: corrupt checkpoint?",
-                          (long long)in->steps_taken, in->loss_scale);
-    e->sc = *in;
+/* Copy state array i (0 master, 1 m, 2 v) between the engine and a host array of n floats. */
+static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
+    if (i < 0 || i > 2) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
+    ZOFF_TRY(wait_job(e));
+    size_t f4 = sizeof(float);
+    bool absent = (i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e));
+    for (int k = 0; k < e->nsg; k++) {
+        const subgroup *g = &e->sg[k];
+        float *h = host + g->offset;
+        if (g->on_host) {
+            float *src = i == 0 ? e->h_master : i == 1 ? e->h_m : e->h_v;
+            if (absent) {
+                if (get) memset(h, 0, (size_t)g->count * f4);
+                continue;
+            }
+            if (get) memcpy(h, src + g->state_off, (size_t)g->count * f4);
+            else memcpy(src + g->state_off, h, (size_t)g->count * f4);
+        } else {
+            float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->offset : e->d_master + g->state_off)
+                              : (i == 1 ? e->d_m : e->d_v) + g->state_off;
+            ZOFF_TRY(zoff_memcpy_async(e->compute, get ? (void *)h : (void *)d, get ? (const void *)d : (const void *)h,
+                                       (size_t)g->count * f4, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
+        }
+    }
+    ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    if (!get && i == 0) {
+        e->weights_pending = false;
+        ZOFF_TRY(zoff_engine_sync_params(e));
+    }
     return ZOFF_OK;
 }
+
+zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst) { return state_io(e, i, host_dst, true); }
+zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src) {
+    return state_io(e, i, (float *)host_src, false);
+}
+
+void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out) {
+    *out = e->sc;
+    out->loss_scale = e->ls.scale;
+    out->scaler_iter = e->ls.iter;
+    out->last_overflow_iter = e->ls.last_overflow_iter;
+    out->hysteresis_left = e->ls.hysteresis_left;
+}
+
+zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *in) {
+    if (in->steps_taken < 0 || in->steps_skipped < 0 || !(in->loss_scale > 0) || !isfinite(in->loss_scale))
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "engine state has steps_taken %lld and loss_scale %g: the checkpoint is corrupt",
+                          (long long)in->steps_taken, in->loss_scale);
+    e->sc.steps_taken = in->steps_taken;
+    e->sc.steps_skipped = in->steps_skipped;
+    e->ls.scale = in->loss_scale;
+    e->ls.iter = in->scaler_iter;
+    e->ls.last_overflow_iter = in->last_overflow_iter;
+    e->ls.hysteresis_left = in->hysteresis_left;
+    return ZOFF_OK;
+}
+
+void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
+    size_t f4 = sizeof(float);
+    memset(m, 0, sizeof *m);
+    m->device = (size_t)e->n_dev * f4 * ((e->dtype != ZOFF_F32) + 2) + 2 * f4;
+    size_t host = (size_t)e->n_host * (f4 * (1 + (size_t)uses_m(e) + (size_t)uses_v(e)) +
+                                       e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
+    if (e->pinned) m->pinned = host;
+    else m->pageable = host;
+    m->host_params = e->n_host;
+    m->device_params = e->n_dev;
+    m->num_subgroups = e->nsg;
+}
+
+const char *zoff_engine_describe(const zoff_engine *e) { return e->describe; }

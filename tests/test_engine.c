@@ -1,0 +1,325 @@
+/* The engine (src/zero) with a real GPT-2 on the CPU backend: ZeRO-Offload
+ * (optimizer state and update on the host) against the device optimizer,
+ * gradient accumulation, fp16 loss scaling with an injected overflow, the
+ * device memory budget, and the delayed parameter update.
+ *
+ * The reference for "offload" is the same training with the optimizer on the
+ * device (the device's fused Adam op, an independent implementation of the
+ * update in src/backend/cpu/cpu_kernels.c): the two must agree within a
+ * stated tolerance (they use different fp32 operation orders). The reference
+ * for the loss-scale schedule is a transcription of DeepSpeed's
+ * DynamicLossScaler.update_scale written in this file. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "zoff/config.h"
+#include "zoff/engine.h"
+#include "zoff/model.h"
+
+enum { L = 2, C = 32, NH = 2, T = 16, V = 97, B = 4 };
+
+typedef struct run_result {
+    float losses[32];
+    double norms[32];
+    double scales[32];
+    bool skipped[32];
+    float *weights; /* fp32 master after training */
+    int64_t n;
+    size_t device_peak;
+    int64_t steps_taken;
+} run_result;
+
+static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
+    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(step * 131 + mb * 7 + 1);
+    for (int i = 0; i < B * T + 1; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t tok = (int32_t)((s >> 33) % (V / 3)); /* a learnable, skewed distribution */
+        if (i < B * T) x[i] = tok;
+        if (i > 0) y[i - 1] = tok;
+    }
+}
+
+/* Train nsteps with the given config JSON and dtype; accum micro-batches per step. */
+static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t budget, run_result *r) {
+    memset(r, 0, sizeof *r);
+    zoff_config cfg;
+    zoff_status s = zoff_config_load_string(json, "test config", &cfg);
+    if (s != ZOFF_OK) return s;
+    s = zoff_config_resolve_batch(&cfg, 1);
+    if (s != ZOFF_OK) return s;
+    int accum = (int)cfg.gradient_accumulation_steps;
+    zoff_device *dev = NULL;
+    zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU, .memory_budget = budget};
+    s = zoff_device_create(&dopt, &dev);
+    assert_int_equal(s, ZOFF_OK);
+    zoff_gpt2 *m = NULL;
+    zoff_engine *e = NULL;
+    int32_t *dx = NULL, *dy = NULL;
+    float *init = NULL;
+    int64_t mb_rows = cfg.train_micro_batch_size_per_gpu;
+    zoff_gpt2_options mo = {.shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = T,
+                                      .vocab_size = V},
+                            .batch_size = mb_rows, .seq_len = T, .dtype = dt};
+    s = zoff_gpt2_create(dev, &mo, &m);
+    if (s == ZOFF_OK) {
+        r->n = zoff_gpt2_num_params(m);
+        init = malloc((size_t)r->n * sizeof(float));
+        zoff_gpt2_init_params(m, 42, init);
+        int nt;
+        const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
+        zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
+                                  .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
+                                  .init_params = init};
+        s = zoff_engine_create(&eo, &e);
+    }
+    if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "x", (void **)&dx);
+    if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "y", (void **)&dy);
+    zoff_stream *st = zoff_device_stream(dev);
+    /* Each step sees the same B*accum sequences whatever the split into micro-batches:
+     * micro-batch k of a step takes rows [k*mb_rows, (k+1)*mb_rows) of the step's B x accum rows. */
+    int32_t hx[B * T], hy[B * T];
+    for (int step = 0; s == ZOFF_OK && step < nsteps; step++) {
+        tokens_for(step, 0, hx, hy);
+        s = zoff_engine_zero_grad(e);
+        double loss = 0;
+        for (int k = 0; s == ZOFF_OK && k < accum; k++) {
+            size_t off = (size_t)k * (size_t)mb_rows * T, bytes = (size_t)mb_rows * T * 4;
+            s = zoff_memcpy_async(st, dx, hx + off, bytes, ZOFF_COPY_H2D);
+            if (s == ZOFF_OK) s = zoff_memcpy_async(st, dy, hy + off, bytes, ZOFF_COPY_H2D);
+            if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dy, mb_rows, T);
+            float l = 0;
+            if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(m, &l);
+            loss += l;
+            zoff_engine_begin_backward(e, k == accum - 1);
+            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+        }
+        r->losses[step] = (float)(loss / accum);
+        zoff_step_info si;
+        if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-2, &si);
+        r->norms[step] = si.grad_norm;
+        r->scales[step] = si.loss_scale;
+        r->skipped[step] = si.skipped;
+    }
+    if (s == ZOFF_OK) {
+        r->weights = malloc((size_t)r->n * sizeof(float));
+        s = zoff_engine_flush(e);
+        if (s == ZOFF_OK) s = zoff_engine_state_get(e, 0, r->weights);
+        r->steps_taken = zoff_engine_steps_taken(e);
+    }
+    zoff_memory_stats ms;
+    zoff_device_memory_stats(dev, &ms);
+    r->device_peak = ms.device_peak;
+    if (dx) zoff_device_free(dev, dx);
+    if (dy) zoff_device_free(dev, dy);
+    zoff_engine_destroy(e);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+    zoff_config_free(&cfg);
+    free(init);
+    return s;
+}
+
+static const char *cfg_json(char *buf, size_t n, const char *zero, const char *prec, int accum) {
+    snprintf(buf, n,
+             "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
+             " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.1}},"
+             " \"gradient_clipping\": 1.0, %s \"zero_optimization\": %s}",
+             B / accum, accum, prec, zero);
+    return buf;
+}
+
+/* ||a - b|| / ||b|| (Adam's sign-like early updates make a max-based measure
+ * meaningless: an element whose gradient is pure rounding noise moves by +-lr). */
+static double max_rel_diff(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / den);
+}
+
+#define OFFLOAD "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}"
+#define DEVICE "{\"stage\": 0}"
+
+/* Offload vs device optimizer, fp32 / bf16 / fp16: 8 steps at lr 1e-2, same
+ * losses and weights. The two Adams differ only in fp32 operation order; Adam's
+ * sign-like early steps turn such 1-ulp differences into +-lr moves for
+ * elements whose gradient is rounding noise, and with 16-bit weights a master
+ * that straddles a rounding boundary changes the next forward. Tolerances
+ * (measured in parentheses): losses relative at every step, fp32 1e-5 (3e-7),
+ * bf16 and fp16 1e-4 (worst step 1.6e-5, 1.1e-5); weights, relative L2 distance: fp32 1e-4 (9.8e-6),
+ * bf16 and fp16 3e-2 (1.1e-2, 4.6e-3). A sub-group left out of the update moves
+ * the weights by ~0.3, a wrong weight decay the losses by > 1e-4. */
+static void check_offload_equivalence(zoff_dtype dt, const char *prec, double tol) {
+    char a[1024], b[1024];
+    run_result off, dev;
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), dt, 8, 0, &off), ZOFF_OK);
+    assert_int_equal(train(cfg_json(b, sizeof b, DEVICE, prec, 1), dt, 8, 0, &dev), ZOFF_OK);
+    assert_true(off.losses[7] < off.losses[0] - 0.05); /* it trains */
+    for (int i = 0; i < 8; i++) {
+        double d = fabs(off.losses[i] - dev.losses[i]) / dev.losses[i];
+        if (d > (dt == ZOFF_F32 ? 1e-5 : 1e-4)) fail_msg("%s step %d: offload loss %.7f vs device %.7f", prec, i, off.losses[i], dev.losses[i]);
+    }
+    double w = max_rel_diff(off.weights, dev.weights, off.n);
+    printf("%s: losses step 8 %.7f vs %.7f, weights rel L2 diff %.3g\n", dt == ZOFF_F32 ? "f32" : prec, off.losses[7], dev.losses[7], w);
+    if (w > tol) fail_msg("%s: weights differ by %.3g (max rel) > %.3g", prec, w, tol);
+    free(off.weights);
+    free(dev.weights);
+}
+
+static void test_offload_equals_device_f32(void **st) { (void)st; check_offload_equivalence(ZOFF_F32, "", 1e-4); }
+static void test_offload_equals_device_bf16(void **st) {
+    (void)st;
+    check_offload_equivalence(ZOFF_BF16, "\"bf16\": {\"enabled\": true},", 3e-2);
+}
+static void test_offload_equals_device_fp16(void **st) {
+    (void)st;
+    check_offload_equivalence(ZOFF_F16, "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8},", 3e-2);
+}
+
+/* Accumulation is exact: 2 micro-batches of B/2 rows == 1 micro-batch of B rows
+ * (fp32; same sequences; sums in another order): losses 1e-5, gradient norms
+ * 1e-4, weights 1e-5 relative L2 (measured 5.3e-6). A micro-batch counted
+ * twice or lost changes the gradient norm by ~30% and the weights by >= 1e-2. */
+static void test_accumulation_exact(void **st) {
+    (void)st;
+    char a[1024], b[1024];
+    run_result one, two;
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, "", 1), ZOFF_F32, 5, 0, &one), ZOFF_OK);
+    assert_int_equal(train(cfg_json(b, sizeof b, OFFLOAD, "", 2), ZOFF_F32, 5, 0, &two), ZOFF_OK);
+    for (int i = 0; i < 5; i++) {
+        assert_true(fabs(one.losses[i] - two.losses[i]) <= 1e-5 * one.losses[i]);
+        assert_true(fabs(one.norms[i] - two.norms[i]) <= 1e-4 * one.norms[i]);
+    }
+    double w = max_rel_diff(two.weights, one.weights, one.n);
+    printf("accumulation: weights rel L2 diff %.3g\n", w);
+    if (w > 1e-5) fail_msg("accumulated weights differ by %.3g", w);
+    free(one.weights);
+    free(two.weights);
+}
+
+/* DeepSpeed's DynamicLossScaler.update_scale, transcribed. */
+typedef struct ref_scaler {
+    double cur_scale, min_scale;
+    int cur_iter, last_overflow_iter, scale_window, delayed_shift, cur_hysteresis;
+} ref_scaler;
+static void ref_update(ref_scaler *r, bool overflow) {
+    if (overflow) {
+        if (r->delayed_shift == 1 || r->cur_hysteresis == 1) r->cur_scale = fmax(r->cur_scale / 2, r->min_scale);
+        else r->cur_hysteresis -= 1;
+        r->last_overflow_iter = r->cur_iter;
+    } else {
+        if ((r->cur_iter - r->last_overflow_iter) % r->scale_window == 0) {
+            r->cur_hysteresis = r->delayed_shift;
+            r->cur_scale *= 2;
+        }
+    }
+    r->cur_iter += 1;
+}
+
+/* fp16 with a loss scale far too large: the first steps overflow (inf in the
+ * fp16 gradients), are skipped (weights unchanged, schedule not advanced), and
+ * the scale follows DeepSpeed's schedule with hysteresis 2 and window 3. */
+static void test_fp16_overflow_schedule(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    const char *prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 40, \"hysteresis\": 2,"
+                       " \"loss_scale_window\": 3, \"min_loss_scale\": 1},";
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), ZOFF_F16, 30, 0, &r), ZOFF_OK);
+    ref_scaler ref = {.cur_scale = ldexp(1, 40), .min_scale = 1, .last_overflow_iter = -1, .scale_window = 3,
+                      .delayed_shift = 2, .cur_hysteresis = 2};
+    int nskipped = 0;
+    for (int i = 0; i < 30; i++) {
+        if (r.scales[i] != ref.cur_scale) fail_msg("step %d: scale %g, DeepSpeed's %g", i, r.scales[i], ref.cur_scale);
+        ref_update(&ref, r.skipped[i]);
+        nskipped += r.skipped[i];
+    }
+    assert_true(r.skipped[0] && r.skipped[1]); /* 2^40 overflows fp16 */
+    assert_true(nskipped >= 10 && nskipped < 30); /* it found a working scale and trained */
+    assert_int_equal(r.steps_taken, 30 - nskipped);
+    free(r.weights);
+    /* skipped steps leave the weights alone: all-overflow run == initial weights */
+    const char *prec2 = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 60, \"hysteresis\": 100},";
+    run_result z;
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec2, 1), ZOFF_F16, 3, 0, &z), ZOFF_OK);
+    assert_int_equal(z.steps_taken, 0);
+    zoff_device *dev;
+    zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU};
+    assert_int_equal(zoff_device_create(&dopt, &dev), ZOFF_OK);
+    zoff_gpt2 *m;
+    zoff_gpt2_options mo = {.shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = T,
+                                      .vocab_size = V},
+                            .batch_size = B, .seq_len = T, .dtype = ZOFF_F16};
+    assert_int_equal(zoff_gpt2_create(dev, &mo, &m), ZOFF_OK);
+    float *init = malloc((size_t)z.n * sizeof(float));
+    zoff_gpt2_init_params(m, 42, init);
+    assert_memory_equal(init, z.weights, (size_t)z.n * sizeof(float));
+    free(init);
+    free(z.weights);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+}
+
+/* A model that does not fit the device budget with the optimizer on the device
+ * fits and trains with offload (state 12 B/param moves to the host). */
+static void test_device_budget(void **st) {
+    (void)st;
+    char a[1024], b[1024];
+    run_result r;
+    /* measure what offload needs, then give the device 10% more than that */
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, "\"bf16\": {\"enabled\": true},", 1), ZOFF_BF16, 2, 0, &r),
+                     ZOFF_OK);
+    size_t budget = r.device_peak + r.device_peak / 10;
+    free(r.weights);
+    assert_int_equal(train(cfg_json(b, sizeof b, DEVICE, "\"bf16\": {\"enabled\": true},", 1), ZOFF_BF16, 2, budget, &r),
+                     ZOFF_ERR_DEVICE_OOM);
+    assert_non_null(strstr(zoff_last_error(), "device out of memory"));
+    free(r.weights);
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, "\"bf16\": {\"enabled\": true},", 1), ZOFF_BF16, 4, budget, &r),
+                     ZOFF_OK);
+    assert_true(r.losses[3] < r.losses[0]);
+    free(r.weights);
+}
+
+/* Delayed parameter update: one step stale after a warm-up of 3; the loss curve
+ * stays within 5% of the undelayed one over 20 steps and still falls. */
+static void test_delayed_update(void **st) {
+    (void)st;
+    char a[1024], b[1024];
+    run_result d, u;
+    const char *dz = "{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true,"
+                     " \"zoff_delayed_param_update_warmup\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}}";
+    assert_int_equal(train(cfg_json(a, sizeof a, dz, "", 1), ZOFF_F32, 20, 0, &d), ZOFF_OK);
+    assert_int_equal(train(cfg_json(b, sizeof b, OFFLOAD, "", 1), ZOFF_F32, 20, 0, &u), ZOFF_OK);
+    for (int i = 0; i < 4; i++) assert_true(d.losses[i] == u.losses[i]); /* warm-up + first delayed forward */
+    bool differs = false;
+    for (int i = 0; i < 20; i++) {
+        double rel = fabs(d.losses[i] - u.losses[i]) / u.losses[i];
+        if (rel > 0.05) fail_msg("step %d: delayed loss %.4f vs %.4f", i, d.losses[i], u.losses[i]);
+        differs |= d.losses[i] != u.losses[i];
+    }
+    assert_true(differs); /* the delay is real */
+    assert_true(d.losses[19] < d.losses[0] - 0.1);
+    free(d.weights);
+    free(u.weights);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
+        cmocka_unit_test(test_offload_equals_device_fp16), cmocka_unit_test(test_accumulation_exact),
+        cmocka_unit_test(test_fp16_overflow_schedule),     cmocka_unit_test(test_device_budget),
+        cmocka_unit_test(test_delayed_update),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
