@@ -76,7 +76,9 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
 
 /* Forward pass on the device's stream. tokens, targets: device int32 (B,T) with B <= batch_size,
  * T <= seq_len. targets may be NULL (logits only). Losses per token stay on the device;
- * zoff_gpt2_mean_loss synchronises and returns their mean. */
+ * zoff_gpt2_mean_loss synchronises and returns their mean. The model copies tokens and targets
+ * on the stream (backward uses its copies), so the caller's buffers may be reused once the stream
+ * has run past this call (synchronise, or record an event), not before. */
 zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T);
 zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss);
 /* Device pointer to the logits (B,T,Vp) of the last forward (valid until backward). */
