@@ -40,7 +40,8 @@ typedef struct zoff_step_info {
     bool skipped;        /* gradients had inf/NaN: the update was skipped */
     double t_step;       /* wall time in zoff_engine_step */
     double t_wait_grads; /* waiting for the gradient statistics and the last gradient copies */
-    double t_host;       /* host optimizer (this step's; with delayed update: the previous step's wait) */
+    double t_host;       /* host optimizer time on the step's critical path (delayed update: waiting for it) */
+    double t_host_work;  /* host optimizer compute time (delayed update: the job that finished during this step) */
     double t_device;     /* issuing the device optimizer (Twin-Flow / no offload) */
     double t_wait_weights; /* waiting for the last new weights to reach the device */
 } zoff_step_info;

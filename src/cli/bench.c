@@ -8,10 +8,12 @@ int zoff_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: zoff bench <what> [options]   (zoff bench <what> --help)\n"
-                "  adam   host optimizer step vs the machine's in-place memory bandwidth\n");
+                "  adam   host optimizer step vs the machine's in-place memory bandwidth\n"
+                "  step   a training step and its components, with and without offload\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "adam")) return zoff_cmd_bench_adam(argc - 1, argv + 1);
-    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam)\n", argv[1]);
+    if (!strcmp(argv[1], "step")) return zoff_cmd_bench_step(argc - 1, argv + 1);
+    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step)\n", argv[1]);
     return 2;
 }

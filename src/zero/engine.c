@@ -175,7 +175,7 @@ static void host_free(zoff_engine *e, void *p) {
 
 /* ------------------------------------------------------------------ worker (delayed update) */
 
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale);
+static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push);
 
 static void *worker_main(void *arg) {
     zoff_engine *e = arg;
@@ -188,7 +188,7 @@ static void *worker_main(void *arg) {
         int64_t t = e->job.t;
         pthread_mutex_unlock(&e->mu);
         double t0 = zoff_now();
-        zoff_status s = host_update(e, gbuf, t, lr, gs);
+        zoff_status s = host_update(e, gbuf, t, lr, gs, false);
         double dt = zoff_now() - t0;
         pthread_mutex_lock(&e->mu);
         e->job_status = s;
@@ -507,13 +507,11 @@ int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken
 /* The host part of a step: every host sub-group, last layers first (their
  * gradients arrived first), each pushed to the device as soon as it is done
  * (unless the update is delayed: then the boundary code pushes them). */
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale) {
+static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
-    if (e->h_staging && !e->dpu) {
-        /* the previous step's pushes read the staging buffer: they must be done */
-        ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
-    }
+    /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
+    ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
     for (int i = e->nsg - 1; i >= 0; i--) {
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
@@ -536,7 +534,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
                 .index_base = lo};
             ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
         }
-        if (!e->dpu) ZOFF_TRY(push_host_subgroup(e, g));
+        if (push) ZOFF_TRY(push_host_subgroup(e, g));
     }
     return ZOFF_OK;
 }
@@ -582,10 +580,11 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
 }
 
 /* Delayed update: put the finished job's weights on the device. */
-static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait) {
+static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait, double *t_work) {
     double t0 = zoff_now();
     ZOFF_TRY(wait_job(e));
     *t_wait += zoff_now() - t0;
+    if (t_work && e->weights_pending) *t_work += e->job_seconds;
     if (!e->weights_pending) return ZOFF_OK;
     ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute));
     ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
@@ -635,7 +634,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
             bool delayed = e->dpu && t > e->dpu_warmup;
             if (delayed) {
                 /* weights of the previous job go to the device now; this step's job runs in the background */
-                ZOFF_TRY(apply_pending_weights(e, &si.t_host));
+                ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
                 pthread_mutex_lock(&e->mu);
                 e->job.gbuf = e->gbuf;
                 e->job.lr = lr;
@@ -649,17 +648,10 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
                 e->gbuf ^= 1; /* the next backward fills the other buffer */
             } else {
                 double th = zoff_now();
-                if (e->dpu) { /* warm-up step of the delayed mode: synchronous */
-                    ZOFF_TRY(apply_pending_weights(e, &si.t_host));
-                    bool saved = e->dpu;
-                    e->dpu = false;
-                    s = host_update(e, e->gbuf, t, lr, grad_scale);
-                    e->dpu = saved;
-                    ZOFF_TRY(s);
-                } else {
-                    ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale));
-                }
+                if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work)); /* warm-up */
+                ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale, true));
                 si.t_host += zoff_now() - th;
+                si.t_host_work += zoff_now() - th;
                 ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
                 ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
                 double tw = zoff_now();
@@ -669,7 +661,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         }
     } else if (e->dpu && e->n_host > 0) {
         /* nothing new to run; still apply what the worker finished */
-        ZOFF_TRY(apply_pending_weights(e, &si.t_host));
+        ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
     }
     double tw = zoff_now();
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
@@ -681,7 +673,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
 
 zoff_status zoff_engine_flush(zoff_engine *e) {
     double dummy = 0;
-    if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy));
+    if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
     return zoff_stream_synchronize(e->compute);
 }
 
