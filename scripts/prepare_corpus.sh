@@ -11,13 +11,17 @@
 #
 # Format of corpus.txt (UTF-8 plain text): each fortune entry, with its lines as in
 # the package, followed by one empty line. The '%' separator lines are removed (an
-# empty line stands in for them); blank lines at the start and end of an entry are
-# dropped. Terminal overstriking is resolved as a terminal shows it ("____\b\b\b\bBODY"
-# -> "BODY", "X\bX" -> "X"), and other control characters (bell, ...) are removed;
-# tabs are kept. The output is deterministic for a given package version.
+# empty line stands in for them). In every line, terminal overstriking is resolved
+# as a terminal shows it (a backspace erases the character before it:
+# "____\b\b\b\bBODY" -> "BODY", "X\bX" -> "X"), other control characters (bell, ...)
+# are removed (tabs are kept), then trailing spaces and tabs are cut. Empty lines at
+# the start and end of an entry are dropped. The output is deterministic for a given
+# package version: 2,560,755 bytes, 15,217 entries from fortunes 1:1.99.1-7.3.
 #
 # The file is written to a temporary name and renamed, so an interrupted run
-# leaves no partial corpus.txt. Then, for training:
+# leaves no partial corpus.txt. zoff_corpus_build_fortunes() in src/data/corpus.c
+# implements the same rules in C (for `zoff train`'s default job); tests/test_data.c
+# checks that both produce the same bytes. Then, for training:
 #   zoff tokenize --tokenizer gpt2 --output-prefix OUTDIR/corpus OUTDIR/corpus.txt
 set -euo pipefail
 
@@ -51,8 +55,8 @@ perl -CSD -e '
   use strict; use warnings;
   my ($entries, @lines) = (0);
   sub flush {
-    shift @lines while @lines && $lines[0] =~ /^\s*$/;
-    pop @lines while @lines && $lines[-1] =~ /^\s*$/;
+    shift @lines while @lines && $lines[0] eq "";
+    pop @lines while @lines && $lines[-1] eq "";
     if (@lines) { print join("\n", @lines), "\n\n"; $entries++; }
     @lines = ();
   }
@@ -63,7 +67,7 @@ perl -CSD -e '
       if ($l eq "%") { flush(); next; }
       1 while $l =~ s/[^\x08]\x08//;          # backspace erases the character before it
       $l =~ s/[\x00-\x08\x0b-\x1f\x7f]//g;     # other control characters (tab is \x09)
-      $l =~ s/\s+\z//;
+      $l =~ s/[ \t]+\z//;                   # trailing blanks
       push @lines, $l;
     }
     flush();

@@ -808,6 +808,127 @@ static void test_tokenize_files(void **state) {
     free(text);
 }
 
+static int run_cmd(const char *cmd, char *out, size_t outlen);
+
+/* -------------------------------------------------------------- default corpus */
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    *len = fread(s, 1, (size_t)n, f);
+    s[*len] = '\0';
+    fclose(f);
+    return s;
+}
+
+/* C and scripts/prepare_corpus.sh give the same bytes; returns the script's exit code */
+static int compare_with_script(const char *src, const char *c_out, const char *sh_dir) {
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd, "ZOFF_FORTUNES_DIR='%s' bash '%s/../scripts/prepare_corpus.sh' '%s' 2>&1", src,
+             ZOFF_TEST_DIR, sh_dir);
+    int rc = run_cmd(cmd, out, sizeof out);
+    if (rc != 0) return rc;
+    char sh_out[600];
+    snprintf(sh_out, sizeof sh_out, "%s/corpus.txt", sh_dir);
+    size_t a = 0, b = 0;
+    char *x = read_file(c_out, &a), *y = read_file(sh_out, &b);
+    assert_non_null(x);
+    assert_non_null(y);
+    size_t i = 0;
+    while (i < a && i < b && x[i] == y[i]) i++;
+    if (a != b || i != a) fail_msg("C corpus (%zu bytes) and script corpus (%zu bytes) differ at byte %zu", a, b, i);
+    free(x);
+    free(y);
+    return 0;
+}
+
+static void test_default_corpus(void **state) {
+    (void)state;
+    make_subdir("fort");
+    make_subdir("fort/off");
+    make_subdir("fort_c");
+    make_subdir("fort_sh");
+    const char alpha[] = "First line\n"
+                         "  second, with trailing blanks \t \n"
+                         "%\n"
+                         "\n"
+                         "\n"
+                         "caf\xc3\xa9 ____\b\b\b\bBODY and X\bX bold, \xc3\xa9\bE accent\a\n"
+                         "\n"
+                         "\ttabbed line\r\n"
+                         "\n"
+                         "%\n"
+                         "%\n"
+                         "\b\bleading backspaces, bell\a\b erases the bell\n"
+                         "% not a separator\n"
+                         "%";
+    write_text(path_in("fort/alpha"), alpha, sizeof alpha - 1);
+    write_text(path_in("fort/beta"), "no final newline", 16);
+    write_text(path_in("fort/alpha.dat"), "\x00\x01\x02binary", 9);
+    write_text(path_in("fort/off/rude"), "skipped\n", 8);
+    char target[600];
+    snprintf(target, sizeof target, "%s", path_in("fort/alpha"));
+    assert_int_equal(symlink(target, path_in("fort/alpha.u8")), 0);
+    assert_int_equal(symlink(target, path_in("fort/zeta")), 0); /* symlinks are skipped */
+
+    const char want[] = "First line\n"
+                        "  second, with trailing blanks\n"
+                        "\n"
+                        "caf\xc3\xa9 BODY and X bold, E accent\n"
+                        "\n"
+                        "\ttabbed line\n"
+                        "\n"
+                        "leading backspaces, bell erases the bell\n"
+                        "% not a separator\n"
+                        "\n"
+                        "no final newline\n"
+                        "\n";
+    zoff_corpus_info info;
+    char c_out[600];
+    snprintf(c_out, sizeof c_out, "%s", path_in("fort_c/corpus.txt"));
+    CHECK_OK(zoff_corpus_build_fortunes(path_in("fort"), c_out, &info));
+    size_t n = 0;
+    char *got = read_file(c_out, &n);
+    assert_non_null(got);
+    if (n != sizeof want - 1 || memcmp(got, want, n) != 0) fail_msg("corpus text:\n%s\n--- want:\n%s", got, want);
+    free(got);
+    assert_int_equal(info.bytes, (int64_t)(sizeof want - 1));
+    assert_int_equal(info.entries, 4);
+    assert_int_equal(info.files, 2);
+    assert_int_equal(count_files(path_in("fort_c")), 1);
+    int rc = compare_with_script(path_in("fort"), c_out, path_in("fort_sh"));
+    if (rc != 0) fail_msg("scripts/prepare_corpus.sh exited %d", rc);
+
+    /* missing package: the message says how to install it, nothing is written */
+    setenv("ZOFF_FORTUNES_DIR", path_in("no_fortunes_here"), 1);
+    expect_error(zoff_corpus_build_fortunes(NULL, path_in("fort_c/other.txt"), &info), ZOFF_ERR_IO,
+                 (const char *[]){"no_fortunes_here", "apt-get install fortunes", NULL});
+    unsetenv("ZOFF_FORTUNES_DIR");
+    assert_int_equal(count_files(path_in("fort_c")), 1);
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "ZOFF_FORTUNES_DIR=/nonexistent bash '%s/../scripts/prepare_corpus.sh' '%s' 2>&1",
+             ZOFF_TEST_DIR, path_in("fort_none"));
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "apt-get install fortunes"));
+
+    /* the real package, when installed: C and script agree on all of it */
+    struct stat st;
+    if (stat(ZOFF_FORTUNES_DIR, &st) == 0) {
+        CHECK_OK(zoff_corpus_build_fortunes(NULL, c_out, &info));
+        print_message("fortunes corpus: %lld bytes, %lld entries, %d files\n", (long long)info.bytes,
+                      (long long)info.entries, info.files);
+        assert_true(info.bytes > 1000000);
+        rc = compare_with_script(ZOFF_FORTUNES_DIR, c_out, path_in("fort_sh"));
+        if (rc != 0) fail_msg("scripts/prepare_corpus.sh exited %d on the installed package", rc);
+    } else {
+        print_message("fortunes package not installed: real-corpus comparison not run\n");
+    }
+}
+
 /* ------------------------------------------------------------------ the command */
 
 static int run_cmd(const char *cmd, char *out, size_t outlen) {
@@ -895,6 +1016,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_round_trip_bytes),
         cmocka_unit_test(test_data_find),
         cmocka_unit_test(test_tokenize_files),
+        cmocka_unit_test(test_default_corpus),
         cmocka_unit_test(test_cli_tokenize),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown);
