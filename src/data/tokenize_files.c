@@ -145,6 +145,33 @@ static zoff_status plan_split(const zoff_tokenize_options *opt, const char *spli
     return ZOFF_OK;
 }
 
+/* Files an earlier run with another --shard-size or --val-fraction left beside
+ * ours would be picked up by a glob over the prefix: say so (never delete them). */
+static void warn_if_exists(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0)
+        zoff_log(ZOFF_LOG_WARN, "%s is left from an earlier run and is not part of this one; remove it before "
+                                "reading these shards with a glob or a directory",
+                 path);
+}
+
+static void warn_stale(const zoff_tokenize_options *opt, const char *split, int nwritten) {
+    char p[4200];
+    if (opt->shard_tokens > 0) {
+        snprintf(p, sizeof p, "%s_%s_%06d.bin", opt->output_prefix, split, nwritten); /* one past ours */
+        warn_if_exists(p);
+        snprintf(p, sizeof p, "%s_%s.bin", opt->output_prefix, split);
+        warn_if_exists(p);
+    } else {
+        snprintf(p, sizeof p, "%s_%s_000000.bin", opt->output_prefix, split);
+        warn_if_exists(p);
+        if (nwritten == 0) {
+            snprintf(p, sizeof p, "%s_%s.bin", opt->output_prefix, split);
+            warn_if_exists(p);
+        }
+    }
+}
+
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
                                 const zoff_tokenize_options *opt, zoff_tokenize_result *res) {
     memset(res, 0, sizeof *res);
@@ -243,6 +270,8 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     }
     res->num_paths = nplan;
     res->num_train_files = ntrain;
+    warn_stale(opt, "train", ntrain);
+    warn_stale(opt, "val", nplan - ntrain);
     res->tokens_train = n - nval;
     res->tokens_val = nval;
     res->seconds = zoff_now() - t0;
