@@ -35,6 +35,7 @@ typedef struct run_result {
     int64_t n;
     size_t device_peak;
     int64_t steps_taken;
+    double host_ratio;
 } run_result;
 
 static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
@@ -79,6 +80,11 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
                                   .init_params = init};
         s = zoff_engine_create(&eo, &e);
+    }
+    if (s == ZOFF_OK) {
+        zoff_engine_memory em;
+        zoff_engine_memory_usage(e, &em);
+        r->host_ratio = em.host_ratio;
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "x", (void **)&dx);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "y", (void **)&dy);
@@ -314,12 +320,85 @@ static void test_delayed_update(void **st) {
     free(u.weights);
 }
 
+/* Twin-Flow: ratios 0, 0.3 and 0.7 (part of the update on the device, on its
+ * own stream, at the same time as the host part) give ratio 1's losses and
+ * weights, with the tolerances of the offload-vs-device test. */
+static void check_ratios(zoff_dtype dt, const char *prec, double loss_tol, double w_tol) {
+    char a[1024], b[1024], z[512];
+    run_result ref;
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), dt, 6, 0, &ref), ZOFF_OK);
+    assert_true(ref.host_ratio == 1.0);
+    const double ratios[] = {0.0, 0.3, 0.7};
+    for (int k = 0; k < 3; k++) {
+        snprintf(z, sizeof z,
+                 "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": %g}}",
+                 ratios[k]);
+        run_result r;
+        assert_int_equal(train(cfg_json(b, sizeof b, z, prec, 1), dt, 6, 0, &r), ZOFF_OK);
+        /* whole sub-groups: at least the ratio, less than the ratio plus one sub-group */
+        assert_true(r.host_ratio >= ratios[k] && r.host_ratio < ratios[k] + 3000.0 / (double)r.n + 1e-9);
+        for (int i = 0; i < 6; i++)
+            if (fabs(r.losses[i] - ref.losses[i]) > loss_tol * ref.losses[i])
+                fail_msg("ratio %g step %d: loss %.7f vs ratio 1 %.7f", ratios[k], i, r.losses[i], ref.losses[i]);
+        double w = max_rel_diff(r.weights, ref.weights, r.n);
+        printf("ratio %g (%s): host fraction %.3f, weights rel L2 diff vs ratio 1: %.3g\n", ratios[k],
+               dt == ZOFF_F32 ? "f32" : dt == ZOFF_BF16 ? "bf16" : "fp16", r.host_ratio, w);
+        if (w > w_tol) fail_msg("ratio %g: weights differ by %.3g > %.3g", ratios[k], w, w_tol);
+        free(r.weights);
+    }
+    free(ref.weights);
+}
+static void test_twin_flow_f32(void **st) { (void)st; check_ratios(ZOFF_F32, "", 1e-5, 1e-4); }
+static void test_twin_flow_bf16(void **st) {
+    (void)st;
+    check_ratios(ZOFF_BF16, "\"bf16\": {\"enabled\": true},", 1e-4, 3e-2);
+}
+static void test_twin_flow_fp16(void **st) {
+    (void)st;
+    check_ratios(ZOFF_F16, "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8},", 1e-4, 3e-2);
+}
+
+/* "ratio": "auto" under a device budget picks the smallest host fraction that
+ * fits: it trains, and one sub-group less on the host does not fit. */
+static void test_auto_ratio_minimal(void **st) {
+    (void)st;
+    char a[1024], b[1024], z[512];
+    run_result full, r;
+    const char *prec = "\"bf16\": {\"enabled\": true},";
+    /* device peak with everything on the host, then room for about half the device state */
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), ZOFF_BF16, 1, 0, &full), ZOFF_OK);
+    free(full.weights);
+    size_t budget = (size_t)((double)(full.device_peak + (size_t)full.n * 6) / 0.95);
+    const char *az = "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": \"auto\"}}";
+    assert_int_equal(train(cfg_json(a, sizeof a, az, prec, 1), ZOFF_BF16, 3, budget, &r), ZOFF_OK);
+    printf("auto ratio under a %zu-byte budget: host fraction %.3f\n", budget, r.host_ratio);
+    assert_true(r.host_ratio > 0.2 && r.host_ratio < 0.9);
+    assert_true(r.losses[2] < r.losses[0]);
+    free(r.weights);
+    double less = r.host_ratio - 3000.0 / (double)r.n - 1e-6;
+    snprintf(z, sizeof z,
+             "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": %.6f}}", less);
+    assert_int_equal(train(cfg_json(b, sizeof b, z, prec, 1), ZOFF_BF16, 3, budget, &r), ZOFF_ERR_DEVICE_OOM);
+    free(r.weights);
+    /* no budget at all: auto keeps everything on the device */
+    assert_int_equal(train(cfg_json(a, sizeof a, az, prec, 1), ZOFF_BF16, 1, 0, &r), ZOFF_OK);
+    assert_true(r.host_ratio == 0.0);
+    free(r.weights);
+    /* a budget the model alone fills: a clear error with numbers */
+    assert_int_equal(train(cfg_json(a, sizeof a, az, prec, 1), ZOFF_BF16, 1, full.device_peak, &r),
+                     ZOFF_ERR_DEVICE_OOM);
+    assert_non_null(strstr(zoff_last_error(), "even ratio 1"));
+    free(r.weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
         cmocka_unit_test(test_offload_equals_device_fp16), cmocka_unit_test(test_accumulation_exact),
         cmocka_unit_test(test_fp16_overflow_schedule),     cmocka_unit_test(test_device_budget),
         cmocka_unit_test(test_delayed_update),
+        cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
+        cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

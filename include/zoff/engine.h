@@ -43,6 +43,7 @@ typedef struct zoff_step_info {
     double t_host;       /* host optimizer time on the step's critical path (delayed update: waiting for it) */
     double t_host_work;  /* host optimizer compute time (delayed update: the job that finished during this step) */
     double t_device;     /* issuing the device optimizer (Twin-Flow / no offload) */
+    double t_wait_device;/* waiting for the device optimizer after the host part was done (Twin-Flow) */
     double t_wait_weights; /* waiting for the last new weights to reach the device */
 } zoff_step_info;
 
@@ -54,6 +55,7 @@ typedef struct zoff_engine_memory {
     int64_t host_params; /* parameters whose optimizer state and update live on the host */
     int64_t device_params;
     int num_subgroups;
+    double host_ratio;   /* fraction of parameters on the host (chosen by "auto" or given) */
 } zoff_engine_memory;
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);

@@ -766,6 +766,21 @@ static zoff_status validate_config(walk *w, json_t *root) {
                          "\"%s\" needs zero_optimization.stage 3 (parameters are partitioned only in stage 3), "
                          "but stage is %d; allowed with stage %d: \"none\"",
                          device_name(z->offload_param.device), z->stage, z->stage);
+    if (z->offload_optimizer.device != ZOFF_OFFLOAD_NONE && z->stage == 0)
+        return cfg_error(w, "zero_optimization.offload_optimizer.device",
+                         "\"%s\" needs zero_optimization.stage 1, 2 or 3 (as in DeepSpeed), but stage is 0; "
+                         "set \"stage\": 2, or offload \"none\"",
+                         device_name(z->offload_optimizer.device));
+    if (z->offload_optimizer.device == ZOFF_OFFLOAD_NONE &&
+        (z->offload_optimizer.ratio_auto || z->offload_optimizer.ratio < 1.0)) {
+        char rv[32];
+        if (z->offload_optimizer.ratio_auto) snprintf(rv, sizeof rv, "\"auto\"");
+        else snprintf(rv, sizeof rv, "%g", z->offload_optimizer.ratio);
+        return cfg_error(w, "zero_optimization.offload_optimizer.ratio",
+                         "%s needs an offload device, but offload_optimizer.device is \"none\"; allowed: set "
+                         "device \"cpu\" (the ratio is the fraction of the update on the host), or drop ratio",
+                         rv);
+    }
     if (z->delayed_param_update && z->offload_optimizer.device == ZOFF_OFFLOAD_NONE)
         return cfg_error(w, "zero_optimization.zoff_delayed_param_update",
                          "true needs the optimizer on the host (offload_optimizer.device \"cpu\" or \"nvme\"), "
@@ -1039,21 +1054,14 @@ zoff_status zoff_config_check_supported(const zoff_config *cfg) {
         }                                                                                              \
     } while (0)
     const zoff_zero_config *z = &cfg->zero;
-    UNSUPPORTED(z->stage >= 1, "zero_optimization.stage %d", z->stage);
-    UNSUPPORTED(z->cpu_offload, "zero_optimization.cpu_offload true");
-    UNSUPPORTED(!z->cpu_offload && z->offload_optimizer.device != ZOFF_OFFLOAD_NONE,
-                "zero_optimization.offload_optimizer.device \"%s\"", device_name(z->offload_optimizer.device));
+    UNSUPPORTED(z->stage >= 3, "zero_optimization.stage %d", z->stage);
+    UNSUPPORTED(z->offload_optimizer.device == ZOFF_OFFLOAD_NVME, "zero_optimization.offload_optimizer.device \"nvme\"");
     UNSUPPORTED(z->offload_param.device != ZOFF_OFFLOAD_NONE, "zero_optimization.offload_param.device \"%s\"",
                 device_name(z->offload_param.device));
-    UNSUPPORTED(z->delayed_param_update, "zero_optimization.zoff_delayed_param_update true");
-    UNSUPPORTED(cfg->fp16.enabled, "fp16.enabled true");
-    UNSUPPORTED(cfg->bf16_enabled, "bf16.enabled true");
-    UNSUPPORTED(cfg->optimizer.type == ZOFF_OPTIM_ADAGRAD, "optimizer.type \"Adagrad\"");
-    UNSUPPORTED(cfg->optimizer.type == ZOFF_OPTIM_LION, "optimizer.type \"Lion\"");
 #undef UNSUPPORTED
     if (used == 0) return ZOFF_OK;
     return zoff_error(ZOFF_ERR_UNSUPPORTED,
-                      "%s: not implemented yet in zoff %s: %s (this version trains with zero_optimization.stage 0, "
-                      "no offload, fp32, optimizer Adam or AdamW)",
+                      "%s: not implemented yet in zoff %s: %s (this version trains with zero_optimization.stage "
+                      "0, 1 or 2, offload_optimizer.device none or cpu, fp32, bf16 or fp16)",
                       cfg->source_name ? cfg->source_name : "config", ZOFF_VERSION, list);
 }

@@ -173,6 +173,48 @@ static void host_free(zoff_engine *e, void *p) {
     else zoff_aligned_free(p);
 }
 
+/* "ratio": "auto": the smallest host fraction for which the device-side
+ * optimizer state fits in what the device budget leaves after the model
+ * (weights, gradients, activations: allocated before the engine) and a margin
+ * of 5% of the budget. Prints the arithmetic. */
+#define AUTO_MARGIN_FRACTION 0.05
+static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
+    zoff_memory_stats ms;
+    zoff_device_memory_stats(e->dev, &ms);
+    char b1[32], b2[32], b3[32], b4[32];
+    if (ms.device_budget == 0) {
+        *ratio = 0.0;
+        zoff_log(ZOFF_LOG_INFO,
+                 "offload_optimizer.ratio auto: the device has no memory budget (CPU backend without "
+                 "--device-memory): everything fits, host ratio 0");
+        return ZOFF_OK;
+    }
+    size_t margin = (size_t)((double)ms.device_budget * AUTO_MARGIN_FRACTION);
+    size_t used = ms.device_in_use + 64; /* + the engine's gradient-statistics buffer */
+    if (used + margin >= ms.device_budget)
+        return zoff_error(ZOFF_ERR_DEVICE_OOM,
+                          "offload_optimizer.ratio auto: the device budget %s is used up by the model (%s in use: "
+                          "weights, gradients, activations) and the %s margin (5%%); even ratio 1 (all optimizer "
+                          "state on the host) does not fit. Lower the micro-batch size, use "
+                          "--checkpoint-activations, or raise --device-memory",
+                          zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
+                          zoff_format_bytes(margin, b3, sizeof b3));
+    size_t free_bytes = ms.device_budget - used - margin;
+    size_t per = sizeof(float) * (e->dtype == ZOFF_F32 ? 2 : 3); /* (master,) m, v */
+    int64_t max_dev = (int64_t)(free_bytes / per);
+    int64_t host = e->n - max_dev;
+    if (host < 0) host = 0;
+    *ratio = (double)host / (double)e->n;
+    zoff_log(ZOFF_LOG_INFO,
+             "offload_optimizer.ratio auto: budget %s - in use %s (weights, gradients, activations) - margin %s "
+             "(5%%) = %s free; device optimizer state takes %zu B/param, so at most %lld of %lld parameters "
+             "fit on the device: host ratio >= %.4f (rounded up to whole sub-groups)",
+             zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
+             zoff_format_bytes(margin, b3, sizeof b3), zoff_format_bytes(free_bytes, b4, sizeof b4), per,
+             (long long)(max_dev < e->n ? max_dev : e->n), (long long)e->n, *ratio);
+    return ZOFF_OK;
+}
+
 /* ------------------------------------------------------------------ worker (delayed update) */
 
 static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push);
@@ -304,8 +346,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     e->dpu = offload && z->delayed_param_update;
     e->dpu_warmup = z->delayed_param_update_warmup;
 
-    double ratio = offload ? (z->offload_optimizer.ratio_auto ? 1.0 : z->offload_optimizer.ratio) : 0.0;
+    double ratio = offload ? z->offload_optimizer.ratio : 0.0;
     zoff_status s = build_ranges(e, o->tensors, o->num_tensors);
+    if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, &ratio);
     if (s == ZOFF_OK) s = build_subgroups(e, ratio);
     size_t f4 = sizeof(float);
     /* device side */
@@ -652,6 +695,11 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
                 ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale, true));
                 si.t_host += zoff_now() - th;
                 si.t_host_work += zoff_now() - th;
+                if (e->opt_stream) {
+                    double tdv = zoff_now();
+                    ZOFF_TRY(zoff_event_synchronize(e->ev_dev_done));
+                    si.t_wait_device = zoff_now() - tdv;
+                }
                 ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
                 ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
                 double tw = zoff_now();
@@ -756,6 +804,7 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     m->host_params = e->n_host;
     m->device_params = e->n_dev;
     m->num_subgroups = e->nsg;
+    m->host_ratio = (double)e->n_host / (double)e->n;
 }
 
 const char *zoff_engine_describe(const zoff_engine *e) { return e->describe; }
