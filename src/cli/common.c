@@ -2,7 +2,6 @@
 #define _GNU_SOURCE
 #include "cli/common.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -58,74 +57,6 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
 
 /* ------------------------------------------------------------------ default data */
 
-#define FORTUNES_DIR "/usr/share/games/fortunes"
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* Concatenate the fortune files into one text: each fortune ends at a line "%";
- * fortunes are separated by a blank line. */
-static zoff_status build_fortunes_text(const char *out_path) {
-    DIR *d = opendir(FORTUNES_DIR);
-    if (!d)
-        return zoff_error(ZOFF_ERR_IO,
-                          "the default corpus needs Debian's fortunes package (%s: %s); run `apt-get install "
-                          "fortunes`, or give --data-path with your own shards (see zoff tokenize)",
-                          FORTUNES_DIR, strerror(errno));
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.' || strchr(de->d_name, '.')) continue; /* skip .dat/.u8 indexes */
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", FORTUNES_DIR, de->d_name);
-        struct stat st;
-        if (stat(p, &st) || !S_ISREG(st.st_mode)) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            char **nn = realloc(names, cap * sizeof *nn);
-            if (!nn) break;
-            names = nn;
-        }
-        names[n++] = strdup(de->d_name);
-    }
-    closedir(d);
-    if (n == 0) {
-        free(names);
-        return zoff_error(ZOFF_ERR_IO, "no fortune files in %s; reinstall the fortunes package", FORTUNES_DIR);
-    }
-    qsort(names, n, sizeof *names, cmp_str);
-    char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof tmp)
-        return zoff_error(ZOFF_ERR_INVALID, "path too long: %s", out_path);
-    FILE *o = fopen(tmp, "w");
-    zoff_status s = ZOFF_OK;
-    if (!o) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    for (size_t i = 0; s == ZOFF_OK && i < n; i++) {
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", FORTUNES_DIR, names[i]);
-        FILE *f = fopen(p, "r");
-        if (!f) continue;
-        char *line = NULL;
-        size_t lcap = 0;
-        ssize_t len;
-        while ((len = getline(&line, &lcap, f)) > 0) {
-            if (!strcmp(line, "%\n") || !strcmp(line, "%")) fputs("\n", o);
-            else fwrite(line, 1, (size_t)len, o);
-        }
-        free(line);
-        fclose(f);
-    }
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
-    if (o && (fflush(o) || fsync(fileno(o)) || ferror(o)))
-        s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    if (o) fclose(o);
-    if (s == ZOFF_OK && rename(tmp, out_path))
-        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, out_path, strerror(errno));
-    if (s != ZOFF_OK) unlink(tmp);
-    return s;
-}
-
 static zoff_status mkdir_p(const char *dir) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", dir);
@@ -153,7 +84,8 @@ zoff_status cli_prepare_default_data(const char *dir, zoff_tokenizer *tok, char 
     snprintf(text, sizeof text, "%s/fortunes.txt", dir);
     snprintf(prefix, sizeof prefix, "%s/fortunes_%s", dir, tn);
     zoff_log(ZOFF_LOG_INFO, "preparing the default corpus (Debian's fortunes) in %s", dir);
-    ZOFF_TRY(build_fortunes_text(text));
+    zoff_corpus_info ci;
+    ZOFF_TRY(zoff_corpus_build_fortunes(NULL, text, &ci));
     const char *files[1] = {text};
     zoff_tokenize_options o = {.output_prefix = prefix, .val_fraction = 0.05, .quiet = true};
     zoff_tokenize_result res;
