@@ -1,0 +1,512 @@
+/* Host optimizers: hyperparameters, beta powers, SIMD path dispatch and
+ * threading. The kernels are in cpu_optim_body.h, compiled once per path
+ * (cpu_adam_scalar.c, cpu_adam_avx2.c, cpu_adam_avx512.c, cpu_adam_neon.c). */
+#define _POSIX_C_SOURCE 200809L
+#include "zoff/optim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/cpu_optim_internal.h"
+
+#if defined(__SANITIZE_THREAD__)
+#include <pthread.h>
+#endif
+
+/* Chunk boundaries fall on multiples of this many elements past the first
+ * 64-byte-aligned fp32 weight: 64 bytes of fp32 and of 16-bit arrays alike. */
+#define ZO_ALIGN_ELEMS 32
+
+struct zoff_host_optimizer {
+    zoff_optimizer_type type;
+    int kind;           /* ZO_KIND_* */
+    bool decoupled;     /* Adam: decoupled weight decay */
+    bool bias_correction;
+    double beta1, beta2, eps, init_acc;
+    /* beta powers, kept as DeepSpeed's Adam_Optimizer::IncrementStep does */
+    int64_t step;       /* last step begun (0 = none) */
+    double beta1_t, beta2_t;
+    double pow_b1, pow_b2; /* the betas the powers were computed with */
+    bool begun;
+    double lr;
+    float step_size, bc2inv;
+    uint32_t step_seed;
+    /* execution */
+    int threads;
+    int64_t serial_below;
+    zoff_simd_path path;
+    zoff_optim_range_fn (*select)(int kind, int gd, int sd, int pd);
+    zoff_state_rounding sround;
+    uint32_t salt;
+};
+
+/* ------------------------------------------------------------------ paths */
+
+const char *zoff_simd_path_name(zoff_simd_path path) {
+    switch (path) {
+    case ZOFF_SIMD_AUTO: return "auto";
+    case ZOFF_SIMD_SCALAR: return "scalar";
+    case ZOFF_SIMD_AVX2: return "avx2";
+    case ZOFF_SIMD_AVX512: return "avx512";
+    case ZOFF_SIMD_AVX512_BF16: return "avx512+bf16";
+    case ZOFF_SIMD_NEON: return "neon";
+    }
+    return "unknown";
+}
+
+zoff_status zoff_simd_path_parse(const char *name, zoff_simd_path *out) {
+    if (!name) return zoff_error(ZOFF_ERR_INVALID, "SIMD path name is NULL");
+    if (!strcmp(name, "auto")) *out = ZOFF_SIMD_AUTO;
+    else if (!strcmp(name, "scalar")) *out = ZOFF_SIMD_SCALAR;
+    else if (!strcmp(name, "avx2")) *out = ZOFF_SIMD_AVX2;
+    else if (!strcmp(name, "avx512"))
+        *out = zoff_simd_path_available(ZOFF_SIMD_AVX512_BF16) ? ZOFF_SIMD_AVX512_BF16 : ZOFF_SIMD_AVX512;
+    else if (!strcmp(name, "avx512-nobf16")) *out = ZOFF_SIMD_AVX512;
+    else if (!strcmp(name, "avx512+bf16")) *out = ZOFF_SIMD_AVX512_BF16;
+    else if (!strcmp(name, "neon")) *out = ZOFF_SIMD_NEON;
+    else
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "unknown SIMD path '%s'; use one of auto, scalar, avx2, avx512, avx512-nobf16, neon", name);
+    return ZOFF_OK;
+}
+
+bool zoff_simd_path_available(zoff_simd_path path) {
+    const zoff_cpu_features *f = zoff_cpu_features_get();
+    switch (path) {
+    case ZOFF_SIMD_AUTO:
+    case ZOFF_SIMD_SCALAR: return true;
+#if defined(__x86_64__) || defined(__i386__)
+    case ZOFF_SIMD_AVX2: return f->avx2 && f->fma && f->f16c;
+    case ZOFF_SIMD_AVX512: return f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->fma && f->f16c;
+    case ZOFF_SIMD_AVX512_BF16:
+        return f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->fma && f->f16c && f->avx512_bf16;
+#endif
+#if defined(__aarch64__)
+    case ZOFF_SIMD_NEON: return f->neon;
+#endif
+    default: return false;
+    }
+}
+
+zoff_simd_path zoff_simd_path_best(void) {
+    static const zoff_simd_path order[] = {ZOFF_SIMD_AVX512_BF16, ZOFF_SIMD_AVX512, ZOFF_SIMD_AVX2, ZOFF_SIMD_NEON};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (zoff_simd_path_available(order[i])) return order[i];
+    return ZOFF_SIMD_SCALAR;
+}
+
+static zoff_optim_range_fn (*path_select(zoff_simd_path path))(int, int, int, int) {
+    switch (path) {
+#if defined(__x86_64__) || defined(__i386__)
+    case ZOFF_SIMD_AVX2: return zoff_optim_select_avx2;
+    case ZOFF_SIMD_AVX512: return zoff_optim_select_avx512;
+    case ZOFF_SIMD_AVX512_BF16: return zoff_optim_select_avx512bf16;
+#endif
+#if defined(__aarch64__)
+    case ZOFF_SIMD_NEON: return zoff_optim_select_neon;
+#endif
+    default: return zoff_optim_select_scalar;
+    }
+}
+
+zoff_status zoff_host_optimizer_set_path(zoff_host_optimizer *opt, zoff_simd_path path) {
+    if (!opt) return zoff_error(ZOFF_ERR_INVALID, "optimizer is NULL");
+    if (path == ZOFF_SIMD_AUTO) {
+        const char *env = getenv("ZOFF_SIMD");
+        if (env && *env) {
+            zoff_status s = zoff_simd_path_parse(env, &path);
+            if (s != ZOFF_OK) return zoff_error_context(s, "environment variable ZOFF_SIMD");
+        }
+        if (path == ZOFF_SIMD_AUTO) path = zoff_simd_path_best();
+    }
+    if (!zoff_simd_path_available(path)) {
+        const zoff_cpu_features *f = zoff_cpu_features_get();
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "SIMD path '%s' is not available on this CPU/build (avx2=%d fma=%d f16c=%d avx512f=%d "
+                          "avx512bw=%d avx512vl=%d avx512dq=%d avx512_bf16=%d neon=%d); best available is '%s' "
+                          "(unset ZOFF_SIMD to use it)",
+                          zoff_simd_path_name(path), f->avx2, f->fma, f->f16c, f->avx512f, f->avx512bw, f->avx512vl,
+                          f->avx512dq, f->avx512_bf16, f->neon, zoff_simd_path_name(zoff_simd_path_best()));
+    }
+    opt->path = path;
+    opt->select = path_select(path);
+    return ZOFF_OK;
+}
+
+zoff_simd_path zoff_host_optimizer_simd(const zoff_host_optimizer *opt) { return opt->path; }
+const char *zoff_host_optimizer_path(const zoff_host_optimizer *opt) { return zoff_simd_path_name(opt->path); }
+int zoff_host_optimizer_threads(const zoff_host_optimizer *opt) { return opt->threads; }
+zoff_optimizer_type zoff_host_optimizer_type(const zoff_host_optimizer *opt) { return opt->type; }
+bool zoff_host_optimizer_uses_exp_avg(const zoff_host_optimizer *opt) { return opt->kind != ZO_KIND_ADAGRAD; }
+bool zoff_host_optimizer_uses_exp_avg_sq(const zoff_host_optimizer *opt) { return opt->kind != ZO_KIND_LION; }
+
+/* ------------------------------------------------------------------ threads */
+
+/* Leading positive integer of an environment variable; 0 if unset or not one. */
+static int env_threads(const char *name, bool strict, zoff_status *st) {
+    const char *s = getenv(name);
+    *st = ZOFF_OK;
+    if (!s || !*s) return 0;
+    errno = 0;
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    bool ok = end != s && errno == 0 && v > 0 && v <= 4096 && (!strict || *end == '\0');
+    if (!ok) {
+        if (strict)
+            *st = zoff_error(ZOFF_ERR_INVALID, "environment variable %s='%s' is not a thread count (1..4096)", name, s);
+        return 0;
+    }
+    return (int)v;
+}
+
+zoff_status zoff_host_optimizer_set_threads(zoff_host_optimizer *opt, int threads) {
+    if (!opt) return zoff_error(ZOFF_ERR_INVALID, "optimizer is NULL");
+    if (threads < 0 || threads > 4096)
+        return zoff_error(ZOFF_ERR_INVALID, "optimizer thread count %d is out of range (0 = default, 1..4096)", threads);
+    if (threads == 0) {
+        zoff_status st;
+        threads = env_threads("ZOFF_THREADS", true, &st);
+        if (st != ZOFF_OK) return st;
+        if (threads == 0) threads = env_threads("OMP_NUM_THREADS", false, &st);
+        if (threads == 0) threads = zoff_cpu_features_get()->logical_cores;
+        if (threads < 1) threads = 1;
+    }
+    opt->threads = threads;
+    return ZOFF_OK;
+}
+
+static int64_t chunk_bound(int k, int nt, int64_t n, int64_t head) {
+    if (k <= 0) return 0;
+    if (k >= nt) return n;
+    int64_t x = (n / nt) * k + ((n % nt) * k) / nt;
+    if (x <= head) return head < n ? head : n;
+    x = head + ((x - head) / ZO_ALIGN_ELEMS) * ZO_ALIGN_ELEMS;
+    return x < n ? x : n;
+}
+
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer cannot see libgomp's fork/join synchronisation (libgomp is not
+ * instrumented) and reports every parallel region as a race. TSan builds fork
+ * and join plain pthreads instead: the same chunks and kernels, with
+ * synchronisation TSan understands. */
+typedef struct zo_job {
+    zoff_optim_range_fn fn;
+    const zoff_optim_kargs *a;
+    int64_t lo, hi;
+} zo_job;
+
+static void *zo_job_main(void *arg) {
+    zo_job *j = arg;
+    if (j->lo < j->hi) j->fn(j->a, j->lo, j->hi);
+    return NULL;
+}
+
+static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int nt, int64_t head) {
+    enum { MAXT = 64 };
+    zo_job jobs[MAXT];
+    pthread_t th[MAXT];
+    bool started[MAXT] = {false};
+    if (nt > MAXT) nt = MAXT;
+    for (int k = 0; k < nt; k++)
+        jobs[k] = (zo_job){fn, a, chunk_bound(k, nt, a->n, head), chunk_bound(k + 1, nt, a->n, head)};
+    for (int k = 1; k < nt; k++) started[k] = pthread_create(&th[k], NULL, zo_job_main, &jobs[k]) == 0;
+    zo_job_main(&jobs[0]);
+    for (int k = 1; k < nt; k++) {
+        if (started[k]) pthread_join(th[k], NULL);
+        else zo_job_main(&jobs[k]);
+    }
+}
+#endif
+
+/* Run fn over [0, n): serially when short, else one contiguous aligned chunk per thread. */
+static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, const zoff_optim_kargs *a) {
+    const int64_t n = a->n;
+    int nt = opt->threads;
+    int64_t maxt = (n + ZO_ALIGN_ELEMS - 1) / ZO_ALIGN_ELEMS; /* at least one aligned block each */
+    if (maxt < nt) nt = (int)maxt;
+    if (nt <= 1 || (opt->serial_below > 0 && n < opt->serial_below) || omp_in_parallel()) {
+        fn(a, 0, n);
+        return;
+    }
+    uintptr_t addr = (uintptr_t)a->p;
+    int64_t head = (addr & 3) ? 0 : (int64_t)(((64 - (addr & 63)) & 63) / 4);
+#if defined(__SANITIZE_THREAD__)
+    run_pthreads(fn, a, nt, head);
+#else
+#pragma omp parallel num_threads(nt)
+    {
+        int tn = omp_get_num_threads(), k = omp_get_thread_num();
+        int64_t lo = chunk_bound(k, tn, n, head), hi = chunk_bound(k + 1, tn, n, head);
+        if (lo < hi) fn(a, lo, hi);
+    }
+#endif
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+zoff_status zoff_host_optimizer_create(const zoff_optimizer_config *cfg, int threads, zoff_host_optimizer **out) {
+    zoff_host_optimizer_options o = {0};
+    o.threads = threads;
+    return zoff_host_optimizer_create_ex(cfg, &o, out);
+}
+
+static bool finite_in(double x, double lo, double hi) { return isfinite(x) && x >= lo && x <= hi; }
+
+zoff_status zoff_host_optimizer_create_ex(const zoff_optimizer_config *cfg, const zoff_host_optimizer_options *opts,
+                                          zoff_host_optimizer **out) {
+    if (!cfg || !out) return zoff_error(ZOFF_ERR_INVALID, "zoff_host_optimizer_create: cfg and out must not be NULL");
+    *out = NULL;
+    zoff_host_optimizer_options o = {0};
+    if (opts) o = *opts;
+    int kind;
+    switch (cfg->type) {
+    case ZOFF_OPTIM_ADAM:
+    case ZOFF_OPTIM_ADAMW: kind = ZO_KIND_ADAM; break;
+    case ZOFF_OPTIM_ADAGRAD: kind = ZO_KIND_ADAGRAD; break;
+    case ZOFF_OPTIM_LION: kind = ZO_KIND_LION; break;
+    default: return zoff_error(ZOFF_ERR_INVALID, "optimizer.type %d is not a known optimizer", (int)cfg->type);
+    }
+    if (kind != ZO_KIND_ADAGRAD) {
+        if (!finite_in(cfg->beta1, 0.0, 1.0) || cfg->beta1 >= 1.0 || !finite_in(cfg->beta2, 0.0, 1.0) ||
+            cfg->beta2 >= 1.0)
+            return zoff_error(ZOFF_ERR_CONFIG, "optimizer.params.betas [%g, %g] must both be in [0, 1)", cfg->beta1,
+                              cfg->beta2);
+    }
+    if (kind != ZO_KIND_LION && !finite_in(cfg->eps, 0.0, HUGE_VAL))
+        return zoff_error(ZOFF_ERR_CONFIG, "optimizer.params.eps %g must be finite and >= 0", cfg->eps);
+    if (!isfinite(cfg->initial_accumulator_value) || cfg->initial_accumulator_value < 0)
+        return zoff_error(ZOFF_ERR_CONFIG, "optimizer.params.initial_accumulator_value %g must be finite and >= 0",
+                          cfg->initial_accumulator_value);
+    if (o.bf16_state_rounding != ZOFF_STATE_ROUND_STOCHASTIC && o.bf16_state_rounding != ZOFF_STATE_ROUND_NEAREST)
+        return zoff_error(ZOFF_ERR_INVALID, "bf16_state_rounding %d is not a zoff_state_rounding",
+                          (int)o.bf16_state_rounding);
+
+    zoff_host_optimizer *opt = calloc(1, sizeof *opt);
+    if (!opt) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory allocating the host optimizer");
+    opt->type = cfg->type;
+    opt->kind = kind;
+    opt->decoupled = cfg->type == ZOFF_OPTIM_ADAMW || (cfg->type == ZOFF_OPTIM_ADAM && cfg->adam_w_mode);
+    opt->bias_correction = cfg->bias_correction;
+    opt->beta1 = cfg->beta1;
+    opt->beta2 = cfg->beta2;
+    opt->eps = cfg->eps;
+    opt->init_acc = cfg->initial_accumulator_value;
+    opt->beta1_t = opt->beta2_t = 1.0;
+    opt->pow_b1 = cfg->beta1;
+    opt->pow_b2 = cfg->beta2;
+    opt->sround = o.bf16_state_rounding;
+    opt->salt = o.seed;
+    opt->serial_below = o.serial_below == 0 ? ZOFF_OPTIM_SERIAL_BELOW : o.serial_below;
+    zoff_status s = zoff_host_optimizer_set_threads(opt, o.threads);
+    if (s == ZOFF_OK) s = zoff_host_optimizer_set_path(opt, o.path);
+    if (s != ZOFF_OK) {
+        free(opt);
+        return s;
+    }
+    *out = opt;
+    return ZOFF_OK;
+}
+
+void zoff_host_optimizer_destroy(zoff_host_optimizer *opt) { free(opt); }
+
+zoff_status zoff_host_optimizer_set_betas(zoff_host_optimizer *opt, double beta1, double beta2) {
+    if (!opt) return zoff_error(ZOFF_ERR_INVALID, "optimizer is NULL");
+    if (!finite_in(beta1, 0.0, 1.0) || beta1 >= 1.0 || !finite_in(beta2, 0.0, 1.0) || beta2 >= 1.0)
+        return zoff_error(ZOFF_ERR_INVALID, "betas [%g, %g] must both be in [0, 1)", beta1, beta2);
+    opt->beta1 = beta1;
+    opt->beta2 = beta2;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_host_optimizer_set_eps(zoff_host_optimizer *opt, double eps) {
+    if (!opt) return zoff_error(ZOFF_ERR_INVALID, "optimizer is NULL");
+    if (!finite_in(eps, 0.0, HUGE_VAL)) return zoff_error(ZOFF_ERR_INVALID, "eps %g must be finite and >= 0", eps);
+    opt->eps = eps;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_host_optimizer_begin_step(zoff_host_optimizer *opt, int64_t step, double lr) {
+    if (!opt) return zoff_error(ZOFF_ERR_INVALID, "optimizer is NULL");
+    if (step < 1) return zoff_error(ZOFF_ERR_INVALID, "optimizer step %lld must be >= 1 (steps are 1-based)", (long long)step);
+    if (!isfinite(lr)) return zoff_error(ZOFF_ERR_INVALID, "learning rate %g is not finite", lr);
+    /* DeepSpeed's IncrementStep: multiply on consecutive steps, pow() after a jump or a change of betas */
+    if (opt->beta1 != opt->pow_b1 || opt->beta2 != opt->pow_b2 || step != opt->step + 1) {
+        opt->beta1_t = pow(opt->beta1, (double)step);
+        opt->beta2_t = pow(opt->beta2, (double)step);
+        opt->pow_b1 = opt->beta1;
+        opt->pow_b2 = opt->beta2;
+    } else {
+        opt->beta1_t *= opt->beta1;
+        opt->beta2_t *= opt->beta2;
+    }
+    opt->step = step;
+    opt->lr = lr;
+    double bc1 = 1.0, bc2 = 1.0;
+    if (opt->kind == ZO_KIND_ADAM && opt->bias_correction) {
+        bc1 = 1.0 - opt->beta1_t;
+        bc2 = 1.0 - opt->beta2_t;
+    }
+    if (opt->kind == ZO_KIND_ADAM) {
+        opt->step_size = (float)(-lr / bc1);
+        opt->bc2inv = (float)(1.0 / sqrt(bc2));
+    } else {
+        opt->step_size = (float)(-lr);
+        opt->bc2inv = 1.0f;
+    }
+    uint64_t su = (uint64_t)step;
+    opt->step_seed = zoff_optim_hash32(opt->salt ^ zoff_optim_hash32((uint32_t)su ^ zoff_optim_hash32((uint32_t)(su >> 32) + 0x9e3779b9u)));
+    opt->begun = true;
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ update */
+
+static int zo_dt(zoff_dtype dt) {
+    switch (dt) {
+    case ZOFF_F32: return ZO_F32;
+    case ZOFF_BF16: return ZO_BF16;
+    case ZOFF_F16: return ZO_F16;
+    default: return -1;
+    }
+}
+
+static zoff_status check_tensors(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, const char *fn, int *gd,
+                                 int *sd, int *pd) {
+    if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "%s: optimizer and tensors must not be NULL", fn);
+    if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "%s: n = %lld is negative", fn, (long long)t->n);
+    *gd = zo_dt(t->grad_dt);
+    if (*gd < 0)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: gradient dtype %s is not supported (use f32, bf16 or f16)", fn,
+                          zoff_dtype_name(t->grad_dt));
+    *sd = zo_dt(t->state_dt);
+    if (*sd != ZO_F32 && *sd != ZO_BF16)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: optimizer state dtype %s is not supported (use f32 or bf16)", fn,
+                          zoff_dtype_name(t->state_dt));
+    *pd = ZO_NONE;
+    if (t->params16) {
+        *pd = zo_dt(t->p16_dt);
+        if (*pd != ZO_BF16 && *pd != ZO_F16)
+            return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: params16 dtype %s is not supported (use bf16 or f16)", fn,
+                              zoff_dtype_name(t->p16_dt));
+        if ((const void *)t->params16 == t->grads && *gd == ZO_F32)
+            return zoff_error(ZOFF_ERR_INVALID, "%s: params16 aliases fp32 grads; it may alias 16-bit grads only", fn);
+    }
+    if (t->n == 0) return ZOFF_OK;
+    if (!t->params || !t->grads)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: params and grads must not be NULL (n = %lld)", fn, (long long)t->n);
+    if (zoff_host_optimizer_uses_exp_avg(opt) && !t->exp_avg)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: %s needs exp_avg (m) but it is NULL", fn,
+                          opt->kind == ZO_KIND_LION ? "Lion" : "Adam");
+    if (zoff_host_optimizer_uses_exp_avg_sq(opt) && !t->exp_avg_sq)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: %s needs exp_avg_sq (v) but it is NULL", fn,
+                          opt->kind == ZO_KIND_ADAGRAD ? "Adagrad" : "Adam");
+    return ZOFF_OK;
+}
+
+static void fill_kargs(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, zoff_optim_kargs *a) {
+    memset(a, 0, sizeof *a);
+    a->p = t->params;
+    a->m = zoff_host_optimizer_uses_exp_avg(opt) ? t->exp_avg : NULL;
+    a->v = zoff_host_optimizer_uses_exp_avg_sq(opt) ? t->exp_avg_sq : NULL;
+    a->g = t->grads;
+    a->p16 = t->params16;
+    a->n = t->n;
+    a->idx0 = (uint32_t)(uint64_t)t->index_base;
+}
+
+zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
+                                       double grad_scale) {
+    int gd = 0, sd = 0, pd = ZO_NONE;
+    ZOFF_TRY(check_tensors(opt, t, "optimizer update", &gd, &sd, &pd));
+    if (!opt->begun) return zoff_error(ZOFF_ERR_INVALID, "optimizer update before zoff_host_optimizer_begin_step");
+    if (!isfinite(weight_decay)) return zoff_error(ZOFF_ERR_INVALID, "weight_decay %g is not finite", weight_decay);
+    if (!isfinite(grad_scale)) return zoff_error(ZOFF_ERR_INVALID, "grad_scale %g is not finite", grad_scale);
+    if (t->n == 0) return ZOFF_OK;
+    zoff_optim_kargs a;
+    fill_kargs(opt, t, &a);
+    a.seed = opt->step_seed;
+    a.sround = sd == ZO_BF16 && opt->sround == ZOFF_STATE_ROUND_STOCHASTIC;
+    a.gscale = (float)grad_scale;
+    a.step = opt->step_size;
+    a.bc2inv = opt->bc2inv;
+    a.eps = (float)opt->eps;
+    a.b1 = (float)opt->beta1;
+    a.omb1 = (float)(1.0 - opt->beta1);
+    a.b2 = (float)opt->beta2;
+    a.omb2 = (float)(1.0 - opt->beta2);
+    a.lr = (float)opt->lr;
+    const bool decay = weight_decay != 0.0;
+    switch (opt->kind) {
+    case ZO_KIND_ADAM:
+        a.decay_mode = !decay ? ZO_DECAY_NONE : opt->decoupled ? ZO_DECAY_DECOUPLED : ZO_DECAY_L2;
+        a.decay = (float)(opt->decoupled ? -opt->lr * weight_decay : weight_decay);
+        break;
+    case ZO_KIND_ADAGRAD:
+        a.decay_mode = decay ? ZO_DECAY_L2 : ZO_DECAY_NONE;
+        a.decay = (float)weight_decay;
+        break;
+    default: /* Lion */
+        a.decay_mode = decay ? ZO_DECAY_DECOUPLED : ZO_DECAY_NONE;
+        a.decay = (float)(1.0 - opt->lr * weight_decay);
+        break;
+    }
+    zoff_optim_range_fn fn = opt->select(opt->kind, gd, sd, pd);
+    if (!fn) return zoff_error(ZOFF_ERR_INTERNAL, "no optimizer kernel for kind %d dtypes %d/%d/%d", opt->kind, gd, sd, pd);
+    run_range(opt, fn, &a);
+    return ZOFF_OK;
+}
+
+zoff_status zoff_host_optimizer_bandwidth_probe(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    int gd = 0, sd = 0, pd = ZO_NONE;
+    ZOFF_TRY(check_tensors(opt, t, "bandwidth probe", &gd, &sd, &pd));
+    if (t->n == 0) return ZOFF_OK;
+    zoff_optim_kargs a;
+    fill_kargs(opt, t, &a);
+    a.gscale = 0.0f; /* p = fma(g, 0, p) = p for finite g and p */
+    a.b1 = 1.0f;     /* m = m * 1, v = v * 1 */
+    zoff_optim_range_fn fn = opt->select(ZO_KIND_PROBE, gd, sd, pd);
+    if (!fn) return zoff_error(ZOFF_ERR_INTERNAL, "no probe kernel for dtypes %d/%d/%d", gd, sd, pd);
+    run_range(opt, fn, &a);
+    return ZOFF_OK;
+}
+
+double zoff_host_optimizer_bytes_per_param(const zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    double ss = zoff_dtype_size(t->state_dt), gs = zoff_dtype_size(t->grad_dt);
+    int nstates = (int)zoff_host_optimizer_uses_exp_avg(opt) + (int)zoff_host_optimizer_uses_exp_avg_sq(opt);
+    return 8.0 + 2.0 * ss * nstates + gs + (t->params16 ? 2.0 : 0.0);
+}
+
+zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    int gd = 0, sd = 0, pd = ZO_NONE;
+    if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: optimizer and tensors must not be NULL");
+    if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: n = %lld is negative", (long long)t->n);
+    sd = zo_dt(t->state_dt);
+    if (sd != ZO_F32 && sd != ZO_BF16)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "optimizer init_state: state dtype %s is not supported (use f32 or bf16)",
+                          zoff_dtype_name(t->state_dt));
+    (void)gd;
+    (void)pd;
+    const size_t n = (size_t)t->n, ss = sd == ZO_F32 ? 4 : 2;
+    if (n == 0) return ZOFF_OK;
+    if (zoff_host_optimizer_uses_exp_avg(opt)) {
+        if (!t->exp_avg) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg is NULL");
+        memset(t->exp_avg, 0, n * ss);
+    }
+    if (zoff_host_optimizer_uses_exp_avg_sq(opt)) {
+        if (!t->exp_avg_sq) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg_sq is NULL");
+        double init = opt->kind == ZO_KIND_ADAGRAD ? opt->init_acc : 0.0;
+        if (init == 0.0) {
+            memset(t->exp_avg_sq, 0, n * ss);
+        } else if (sd == ZO_F32) {
+            float *v = t->exp_avg_sq;
+            for (size_t i = 0; i < n; i++) v[i] = (float)init;
+        } else {
+            uint16_t *v = t->exp_avg_sq, b = zoff_f32_to_bf16((float)init);
+            for (size_t i = 0; i < n; i++) v[i] = b;
+        }
+    }
+    return ZOFF_OK;
+}

@@ -1,0 +1,77 @@
+/* AVX2 + FMA + F16C kernels (8 fp32 lanes) for the host optimizers; the code
+ * is cpu_optim_body.h. bf16 rounding is done with integer ops (AVX2 has no bf16
+ * conversion), fp16 with F16C (exact, nearest even). Only called when
+ * zoff_cpu_features_get() reports avx2, fma and f16c. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "optim/cpu_optim_internal.h"
+
+typedef __m256 zv;
+typedef __m256i zi;
+#define ZW 8
+
+#define zv_set1(f) _mm256_set1_ps(f)
+#define zv_ld_f32(ptr) _mm256_loadu_ps(ptr)
+#define zv_ld_bf16(ptr) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(ptr))), 16))
+#define zv_ld_f16(ptr) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ptr)))
+#define zv_st_f32(ptr, x) _mm256_storeu_ps((ptr), (x))
+#define zv_add _mm256_add_ps
+#define zv_sub _mm256_sub_ps
+#define zv_mul _mm256_mul_ps
+#define zv_div _mm256_div_ps
+#define zv_sqrt _mm256_sqrt_ps
+#define zv_fma _mm256_fmadd_ps
+#define zi_zero() _mm256_setzero_si256()
+#define zi_lo16(r) _mm256_and_si256((r), _mm256_set1_epi32(0xffff))
+#define zi_hi16(r) _mm256_srli_epi32((r), 16)
+
+static inline __attribute__((always_inline)) zv zv_negcopysign(zv mag, zv x) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    return _mm256_xor_ps(_mm256_or_ps(_mm256_and_ps(x, sign), mag), sign);
+}
+
+static inline __attribute__((always_inline)) zi zi_rand(uint32_t seed, uint32_t idx) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i x = _mm256_xor_si256(_mm256_add_epi32(_mm256_set1_epi32((int)idx), lane), _mm256_set1_epi32((int)seed));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    return x;
+}
+
+/* 8 values (< 2^16 each, in 32-bit lanes) -> 8 uint16 */
+static inline __attribute__((always_inline)) void zo_st_u16x8(uint16_t *ptr, __m256i r) {
+    __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+    _mm_storeu_si128((__m128i *)ptr, _mm_packus_epi32(lo, hi));
+}
+
+static inline __attribute__((always_inline)) void zv_st_bf16(uint16_t *ptr, zv x) {
+    __m256i b = _mm256_castps_si256(x);
+    __m256i hi = _mm256_srli_epi32(b, 16);
+    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1))));
+    r = _mm256_srli_epi32(r, 16);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    zo_st_u16x8(ptr, r);
+}
+
+static inline __attribute__((always_inline)) void zv_st_f16(uint16_t *ptr, zv x) {
+    _mm_storeu_si128((__m128i *)ptr, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, zv x, zi r16) {
+    __m256i b = _mm256_castps_si256(x);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    b = _mm256_or_si256(b, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
+    zo_st_u16x8(ptr, _mm256_srli_epi32(_mm256_add_epi32(b, r16), 16));
+}
+
+#define zv_st16_bf16 zv_st_bf16
+#define zv_st16_f16 zv_st_f16
+
+#define ZO_FN(name) name##_avx2
+#include "optim/cpu_optim_body.h"

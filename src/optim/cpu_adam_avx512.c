@@ -1,0 +1,98 @@
+/* AVX-512 kernels (16 fp32 lanes) for the host optimizers: two variants of
+ * the same code (cpu_optim_body.h):
+ *   _avx512      AVX-512 F/BW/VL/DQ; bf16 rounding done with integer ops
+ *   _avx512bf16  plus AVX512_BF16's VCVTNEPS2BF16 for nearest-even bf16 stores
+ *                (it flushes fp32 subnormal inputs to +-0; see optim.h)
+ * fp16 conversions use AVX-512F's VCVTPS2PH / VCVTPH2PS (exact, nearest even);
+ * AVX512_FP16 arithmetic is not needed because all math is fp32.
+ * Only called when zoff_cpu_features_get() reports the features. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "optim/cpu_optim_internal.h"
+
+typedef __m512 zv;
+typedef __m512i zi;
+#define ZW 16
+
+#define zv_set1(f) _mm512_set1_ps(f)
+#define zv_ld_f32(ptr) _mm512_loadu_ps(ptr)
+#define zv_ld_bf16(ptr) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ptr))), 16))
+#define zv_ld_f16(ptr) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ptr)))
+#define zv_st_f32(ptr, x) _mm512_storeu_ps((ptr), (x))
+#define zv_add _mm512_add_ps
+#define zv_sub _mm512_sub_ps
+#define zv_mul _mm512_mul_ps
+#define zv_div _mm512_div_ps
+#define zv_sqrt _mm512_sqrt_ps
+#define zv_fma _mm512_fmadd_ps
+#define zi_zero() _mm512_setzero_si512()
+#define zi_lo16(r) _mm512_and_si512((r), _mm512_set1_epi32(0xffff))
+#define zi_hi16(r) _mm512_srli_epi32((r), 16)
+
+static inline __attribute__((always_inline)) zv zv_negcopysign(zv mag, zv x) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512i r = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(x), sign), _mm512_castps_si512(mag));
+    return _mm512_castsi512_ps(_mm512_xor_si512(r, sign));
+}
+
+static inline __attribute__((always_inline)) zi zi_rand(uint32_t seed, uint32_t idx) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i x = _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32((int)idx), lane), _mm512_set1_epi32((int)seed));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x846ca68bu));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    return x;
+}
+
+/* 16 values (< 2^16 each, in 32-bit lanes) -> 16 uint16 */
+#define zo_st_u16x16(ptr, r) _mm256_storeu_si256((__m256i *)(ptr), _mm512_cvtepi32_epi16(r))
+
+/* nearest even with integer ops (same as zoff_f32_to_bf16) */
+static inline __attribute__((always_inline)) void zo_st_bf16_int(uint16_t *ptr, zv x) {
+    __m512i b = _mm512_castps_si512(x);
+    __m512i hi = _mm512_srli_epi32(b, 16);
+    __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    zo_st_u16x16(ptr, r);
+}
+
+static inline __attribute__((always_inline)) void zo_st_bf16_hw(uint16_t *ptr, zv x) {
+    __m256bh h = _mm512_cvtneps_pbh(x);
+    __m256i hi;
+    __builtin_memcpy(&hi, &h, sizeof hi);
+    _mm256_storeu_si256((__m256i *)ptr, hi);
+}
+
+static inline __attribute__((always_inline)) void zv_st_f16(uint16_t *ptr, zv x) {
+    _mm256_storeu_si256((__m256i *)ptr, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, zv x, zi r16) {
+    __m512i b = _mm512_castps_si512(x);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    b = _mm512_mask_or_epi32(b, nan, b, _mm512_set1_epi32(0x00400000));
+    zo_st_u16x16(ptr, _mm512_srli_epi32(_mm512_add_epi32(b, r16), 16));
+}
+
+#define zv_st16_f16 zv_st_f16
+
+/* ---- variant 1: integer bf16 rounding ---- */
+#define ZO_FN(name) name##_avx512
+#define zv_st_bf16 zo_st_bf16_int
+#define zv_st16_bf16 zo_st_bf16_int
+#include "optim/cpu_optim_body.h"
+#undef ZO_FN
+#undef zv_st_bf16
+#undef zv_st16_bf16
+
+/* ---- variant 2: AVX512_BF16 rounding ---- */
+#define ZO_FN(name) name##_avx512bf16
+#define zv_st_bf16 zo_st_bf16_hw
+#define zv_st16_bf16 zo_st_bf16_hw
+#include "optim/cpu_optim_body.h"

@@ -1,0 +1,55 @@
+/* Portable C kernels (one element at a time) for the host optimizers; the code
+ * is cpu_optim_body.h with a one-lane "vector". fmaf() is the fused
+ * multiply-add the SIMD paths use, so results match them bit for bit. This path
+ * runs on any CPU; it is the fallback, not the fast path. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "optim/cpu_optim_internal.h"
+#include "zoff/core.h"
+
+typedef float zv;
+typedef uint32_t zi;
+#define ZW 1
+
+static inline uint32_t zo_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float zo_float(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+#define zv_set1(f) (f)
+#define zv_ld_f32(ptr) (*(ptr))
+#define zv_ld_bf16(ptr) zo_float((uint32_t)(*(ptr)) << 16)
+#define zv_ld_f16(ptr) zoff_f16_to_f32(*(ptr))
+#define zv_st_f32(ptr, x) (*(ptr) = (x))
+#define zv_st_bf16(ptr, x) (*(ptr) = zoff_f32_to_bf16(x))
+#define zv_st_f16(ptr, x) (*(ptr) = zoff_f32_to_f16(x))
+#define zv_st16_bf16 zv_st_bf16
+#define zv_st16_f16 zv_st_f16
+#define zv_add(a, b) ((a) + (b))
+#define zv_sub(a, b) ((a) - (b))
+#define zv_mul(a, b) ((a) * (b))
+#define zv_div(a, b) ((a) / (b))
+#define zv_sqrt(a) sqrtf(a)
+#define zv_fma(a, b, c) fmaf((a), (b), (c))
+#define zv_negcopysign(mag, x) (-copysignf((mag), (x)))
+#define zi_zero() 0u
+#define zi_lo16(r) ((r) & 0xffffu)
+#define zi_hi16(r) ((r) >> 16)
+#define zi_rand(seed, idx) zoff_optim_hash32((idx) ^ (seed))
+
+static inline void zv_st_bf16_sr(uint16_t *ptr, float x, uint32_t r16) {
+    uint32_t b = zo_bits(x);
+    if (x != x) b |= 0x00400000u;
+    *ptr = (uint16_t)((b + r16) >> 16);
+}
+
+#define ZO_FN(name) name##_scalar
+#include "optim/cpu_optim_body.h"
