@@ -133,8 +133,20 @@ static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int n
 /* Cut [0, n) into sub-groups and place them. Backward finishes the highest
  * offsets first (the model's layout puts the last layers last), so host
  * sub-groups are taken from the top: their gradients arrive first. */
+#define TWIN_FLOW_MIN_SUBGROUPS 32
 static zoff_status build_subgroups(zoff_engine *e, double host_ratio) {
     int64_t sgs = e->cfg->zero.sub_group_size > 0 ? e->cfg->zero.sub_group_size : e->n;
+    if (host_ratio > 0 && host_ratio < 1 && (e->n + sgs - 1) / sgs < TWIN_FLOW_MIN_SUBGROUPS) {
+        /* Whole sub-groups cannot honour a fractional ratio when there are only a
+         * few: split finer (the ratio is what the user asked for). */
+        int64_t finer = (e->n + TWIN_FLOW_MIN_SUBGROUPS - 1) / TWIN_FLOW_MIN_SUBGROUPS;
+        finer = (finer + 63) / 64 * 64;
+        zoff_log(ZOFF_LOG_INFO,
+                 "offload_optimizer.ratio %.3g: sub-groups of %lld elements from sub_group_size %lld so that the "
+                 "ratio can be honoured in whole sub-groups (%lld parameters)",
+                 host_ratio, (long long)finer, (long long)sgs, (long long)e->n);
+        sgs = finer;
+    }
     int64_t nsg = (e->n + sgs - 1) / sgs;
     e->sg = calloc((size_t)nsg, sizeof *e->sg);
     if (!e->sg) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %lld sub-groups", (long long)nsg);
