@@ -57,6 +57,8 @@
  *
  *   bytes [4096, index_offset): entry data, in the order the entries were added; each entry
  *     starts at a multiple of 4096 and the gaps are zero padding. Empty entries take no bytes.
+ *     Since index_offset is aligned too, an O_DIRECT reader may read any entry rounded out to
+ *     [offset, align_up(offset + bytes)) without running past the file.
  *
  *   bytes [index_offset, file_bytes): the index, entry_count records of 256 bytes, in file order
  *     off  size  field
