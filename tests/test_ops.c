@@ -15,7 +15,9 @@
  *      are also compared with the CPU backend's result.
  * The backward references are themselves checked against central finite
  * differences of the double forward references (test_reference_gradients), so
- * nothing here depends on the code under test.
+ * nothing here depends on the code under test. The whole table runs twice: on
+ * the row kernels the CPU backend picks for this machine (AVX2 where present)
+ * and, in a child process with ZOFF_CPU_KERNELS=scalar, on the portable ones.
  *
  * Tolerances (normalised error; 16-bit outputs are rounded once on store, so
  * the limit is two units of roundoff 2^-8 for bf16, four of 2^-11 for f16;
@@ -47,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1230,5 +1234,23 @@ int main(void) {
         cmocka_unit_test(test_deterministic_across_threads), cmocka_unit_test(test_unsupported_dtype),
     };
     memcpy(tests + NOPS, extra, sizeof extra);
-    return _cmocka_run_group_tests("ops", tests, sizeof tests / sizeof tests[0], NULL, NULL);
+    const char *path = getenv("ZOFF_CPU_KERNELS");
+    int rc = _cmocka_run_group_tests(path && *path ? "ops (portable kernels)" : "ops", tests,
+                                     sizeof tests / sizeof tests[0], NULL, NULL);
+    if (path) return rc;
+    /* Run the table again in a child on the portable scalar row kernels, which
+     * the SIMD ones replace on this CPU (the choice is made once per process). */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("ZOFF_CPU_KERNELS", "scalar", 1);
+        execl("/proc/self/exe", "test_ops", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "test_ops: the run on the portable kernels failed (status %d)\n", status);
+        return rc ? rc : 1;
+    }
+    return rc;
 }

@@ -14,12 +14,14 @@
  * thread count: they are parallelised over the output dimension or over
  * fixed-size chunks combined in a fixed order. */
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_kernels_simd.h"
 
 #include <cblas.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +36,8 @@
 #define COL_BLK 64
 
 /* ------------------------------------------------------------------ helpers */
+
+static inline const zoff_cpu_vec_ops *vec(void);
 
 static inline int nthreads(int threads) {
     int nt = threads > 0 ? threads : omp_get_max_threads();
@@ -72,8 +76,7 @@ static void load_f32(float *dst, const void *src, int64_t n, zoff_dtype dt) {
         const uint16_t *s = src;
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_f32(s[i]);
     } else {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = zoff_f16_to_f32(s[i]);
+        vec()->f16_to_f32(dst, src, n);
     }
 }
 
@@ -85,8 +88,7 @@ static void store_f32(void *dst, const float *src, int64_t n, zoff_dtype dt) {
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = f32_bf16(src[i]);
     } else {
-        uint16_t *d = dst;
-        for (int64_t i = 0; i < n; i++) d[i] = zoff_f32_to_f16(src[i]);
+        vec()->f32_to_f16(dst, src, n);
     }
 }
 
@@ -199,6 +201,90 @@ static zoff_status check_tokens(const char *what, const int32_t *tokens, int64_t
                               (long long)V);
     }
     return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ row math
+ * exp/tanh-heavy rows and f16 conversion go through a table: AVX2+FMA+F16C
+ * (cpu_kernels_avx2.c, vectorised exp) when the CPU has them, else the
+ * portable scalar loops below (libm). One indirect call per row. */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static float sc_max(const float *x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
+static float sc_exp_sum(float *dst, const float *src, int64_t n, float shift) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        float e = expf(src[j] - shift);
+        if (dst) dst[j] = e;
+        sum += e;
+    }
+    return sum;
+}
+
+static void sc_softmax_grad(float *s, float *d, int64_t n, float l, float D) {
+    for (int64_t j = 0; j < n; j++) {
+        float p = expf(s[j] - l);
+        s[j] = p;
+        d[j] = p * (d[j] - D);
+    }
+}
+
+static void sc_gelu(float *o, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        o[i] = 0.5f * xi * (1.0f + tanhf(GELU_K * (xi + 0.044715f * xi * xi * xi)));
+    }
+}
+
+static void sc_gelu_grad(float *o, const float *x, const float *dy, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float th = tanhf(GELU_K * (xi + 0.044715f * xi * xi * xi));
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * xi * xi);
+        o[i] = g * dy[i];
+    }
+}
+
+static void sc_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = zoff_f16_to_f32(src[i]);
+}
+
+static void sc_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = zoff_f32_to_f16(src[i]);
+}
+
+static const zoff_cpu_vec_ops g_vec_scalar = {
+    .max = sc_max,
+    .exp_sum = sc_exp_sum,
+    .softmax_grad = sc_softmax_grad,
+    .gelu = sc_gelu,
+    .gelu_grad = sc_gelu_grad,
+    .f16_to_f32 = sc_f16_to_f32,
+    .f32_to_f16 = sc_f32_to_f16,
+};
+
+static const zoff_cpu_vec_ops *g_vec;
+static pthread_once_t g_vec_once = PTHREAD_ONCE_INIT;
+
+static void vec_select(void) {
+    g_vec = &g_vec_scalar;
+#if defined(__x86_64__)
+    const zoff_cpu_features *f = zoff_cpu_features_get();
+    const char *env = getenv("ZOFF_CPU_KERNELS");
+    if (f->avx2 && f->fma && f->f16c && !(env && strcmp(env, "scalar") == 0)) g_vec = &zoff_cpu_vec_avx2;
+#endif
+}
+
+/* The row-math table for this process (ZOFF_CPU_KERNELS=scalar forces the portable one). */
+static inline const zoff_cpu_vec_ops *vec(void) {
+    pthread_once(&g_vec_once, vec_select);
+    return g_vec;
 }
 
 /* ------------------------------------------------------------------ embedding */
@@ -553,107 +639,53 @@ done:
 
 /* ------------------------------------------------------------------ attention */
 
-/* Attention does not call BLAS: its per-head products are small, and calling
- * the (pthread) OpenBLAS from inside an OpenMP loop oversubscribes the cores
- * (measured 10x slower). These tight loops are compiled for AVX-512, AVX2 and
- * baseline x86-64 and picked at load time (target_clones). Causal: row r of a
- * block starting at query i0 uses keys j <= i0 + r only. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
-#define ZOFF_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define ZOFF_CLONES
-#endif
+/* Attention runs one (b,h) head per OpenMP thread and does its products with
+ * cblas_sgemm on tiles of ATT_RB query rows x att_cb(HS) keys. The tiles are
+ * kept at or below OpenBLAS's single-thread threshold (m*n*k <= 4 * 65536), so
+ * the pthread OpenBLAS does not start its own threads inside our OpenMP loop
+ * (that oversubscribes the cores: measured 10x slower); tight C loops were
+ * 3-5x slower than these small single-threaded sgemms. */
+#define ATT_MNK_MAX 262144
 
-/* S (rows, *) row stride lds: S[r][j] = scale * A_r . B_j for j <= i0 + r;
- * A (rows,HS) stride lda, B (*,HS) stride ldb. Four keys at a time. */
-ZOFF_CLONES static void att_dots(float *S, int64_t lds, const float *A, int64_t lda, const float *Bm, int64_t ldb,
-                                 int64_t rows, int64_t i0, int64_t HS, float scale) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *a = A + r * lda;
-        float *srow = S + r * lds;
-        const int64_t jend = i0 + r + 1;
-        int64_t j = 0;
-        for (; j + 4 <= jend; j += 4) {
-            const float *b0 = Bm + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-            for (int64_t c = 0; c < HS; c++) {
-                s0 += a[c] * b0[c];
-                s1 += a[c] * b1[c];
-                s2 += a[c] * b2[c];
-                s3 += a[c] * b3[c];
-            }
-            srow[j] = s0 * scale;
-            srow[j + 1] = s1 * scale;
-            srow[j + 2] = s2 * scale;
-            srow[j + 3] = s3 * scale;
-        }
-        for (; j < jend; j++) {
-            const float *b = Bm + j * ldb;
-            float s0 = 0.0f;
-#pragma omp simd reduction(+ : s0)
-            for (int64_t c = 0; c < HS; c++) s0 += a[c] * b[c];
-            srow[j] = s0 * scale;
-        }
-    }
+static int64_t att_cb(int64_t HS) {
+    int64_t cb = ATT_MNK_MAX / (ATT_RB * (HS > 0 ? HS : 1));
+    return cb < 8 ? 8 : cb > ATT_RB ? ATT_RB : cb;
 }
 
-/* O_r = scale * sum_{j <= i0+r} P[r][j] B_j; O (rows,HS) stride ldo (overwritten),
- * P (rows,*) stride ldp, B (*,HS) stride ldb. */
-ZOFF_CLONES static void att_pv(float *O, int64_t ldo, const float *P, int64_t ldp, const float *Bm, int64_t ldb,
-                               int64_t rows, int64_t i0, int64_t HS, float scale) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *o = O + r * ldo;
-        const float *prow = P + r * ldp;
-        for (int64_t c = 0; c < HS; c++) o[c] = 0.0f;
-        const int64_t jend = i0 + r + 1;
-        for (int64_t j = 0; j < jend; j++) {
-            const float p = prow[j] * scale, *b = Bm + j * ldb;
-#pragma omp simd
-            for (int64_t c = 0; c < HS; c++) o[c] += p * b[c];
-        }
-    }
-}
-
-/* D_j += scale * sum_{r : j <= i0+r} P[r][j] A_r for j < i0 + rows; D (*,HS) stride ldd,
- * P (rows,*) stride ldp, A (rows,HS) stride lda. */
-ZOFF_CLONES static void att_ptv(float *D, int64_t ldd, const float *P, int64_t ldp, const float *A, int64_t lda,
-                                int64_t rows, int64_t i0, int64_t HS, float scale) {
-    const int64_t ncols = i0 + rows;
-    for (int64_t j = 0; j < ncols; j++) {
-        float *d = D + j * ldd;
-        for (int64_t r = j > i0 ? j - i0 : 0; r < rows; r++) {
-            const float p = P[r * ldp + j] * scale, *a = A + r * lda;
-#pragma omp simd
-            for (int64_t c = 0; c < HS; c++) d[c] += p * a[c];
-        }
-    }
+static inline void sgemm_rm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                            const float *Bm, int64_t ldb, float beta, float *Cm, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, A, (int)lda, Bm, (int)ldb, beta, Cm, (int)ldc);
 }
 
 /* One (b,h) head, causal. q, k, v are (T,HS) with row stride ldq; o (T,HS) row
- * stride ldo; lse (T). S is ATT_RB x T scratch. Rows are processed in blocks of
- * ATT_RB: S = scale Q_blk K[0:i1]^T, softmax with the causal mask, O_blk = P V[0:i1]. */
+ * stride ldo; lse (T). S is ATT_RB x T scratch. Per block of ATT_RB query rows
+ * [i0,i1): S = scale Q_blk K[0:i1]^T, masked softmax (P stored in S, zero above
+ * the diagonal), O_blk = P V[0:i1]. */
 static void attn_fwd_head(const float *q, const float *k, const float *v, int64_t ldq, float *o, int64_t ldo,
                           float *lse, int64_t T, int64_t HS, float *S) {
     const float scale = 1.0f / sqrtf((float)HS);
+    const int64_t cb = att_cb(HS);
     for (int64_t i0 = 0; i0 < T; i0 += ATT_RB) {
         int64_t i1 = T - i0 < ATT_RB ? T : i0 + ATT_RB, rb = i1 - i0, nc = i1;
-        att_dots(S, nc, q + i0 * ldq, ldq, k, ldq, rb, i0, HS, scale);
+        for (int64_t j0 = 0; j0 < nc; j0 += cb) {
+            int64_t w = nc - j0 < cb ? nc - j0 : cb;
+            sgemm_rm(0, 1, rb, w, HS, scale, q + i0 * ldq, ldq, k + j0 * ldq, ldq, 0.0f, S + j0, nc);
+        }
         for (int64_t r = 0; r < rb; r++) {
             int64_t i = i0 + r;
             float *row = S + r * nc;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
-            float sum = 0.0f;
-            for (int64_t j = 0; j <= i; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
-            }
+            float mx = vec()->max(row, i + 1);
+            float sum = vec()->exp_sum(row, row, i + 1, mx);
             float inv = 1.0f / sum;
             for (int64_t j = 0; j <= i; j++) row[j] *= inv;
+            for (int64_t j = i + 1; j < nc; j++) row[j] = 0.0f;
             lse[i] = mx + logf(sum);
         }
-        att_pv(o + i0 * ldo, ldo, S, nc, v, ldq, rb, i0, HS, 1.0f);
+        for (int64_t j0 = 0; j0 < nc; j0 += cb) {
+            int64_t w = nc - j0 < cb ? nc - j0 : cb;
+            sgemm_rm(0, 0, rb, HS, w, 1.0f, S + j0, nc, v + j0 * ldq, ldq, j0 ? 1.0f : 0.0f, o + i0 * ldo, ldo);
+        }
     }
 }
 
@@ -666,6 +698,7 @@ static void attn_bwd_head(const float *q, const float *k, const float *v, int64_
                           const float *dout, int64_t ldo, const float *lse, float *dq, float *dk, float *dv,
                           int64_t ldd, int64_t T, int64_t HS, float *S, float *dP, float *D) {
     const float scale = 1.0f / sqrtf((float)HS);
+    const int64_t cb = att_cb(HS);
     for (int64_t t = 0; t < T; t++) {
         float s = 0.0f;
         for (int64_t c = 0; c < HS; c++) {
@@ -677,21 +710,26 @@ static void attn_bwd_head(const float *q, const float *k, const float *v, int64_
     }
     for (int64_t i0 = 0; i0 < T; i0 += ATT_RB) {
         int64_t i1 = T - i0 < ATT_RB ? T : i0 + ATT_RB, rb = i1 - i0, nc = i1;
-        att_dots(S, nc, q + i0 * ldq, ldq, k, ldq, rb, i0, HS, scale);
-        att_dots(dP, nc, dout + i0 * ldo, ldo, v, ldq, rb, i0, HS, 1.0f);
+        for (int64_t j0 = 0; j0 < nc; j0 += cb) {
+            int64_t w = nc - j0 < cb ? nc - j0 : cb;
+            sgemm_rm(0, 1, rb, w, HS, scale, q + i0 * ldq, ldq, k + j0 * ldq, ldq, 0.0f, S + j0, nc);
+            sgemm_rm(0, 1, rb, w, HS, 1.0f, dout + i0 * ldo, ldo, v + j0 * ldq, ldq, 0.0f, dP + j0, nc);
+        }
         for (int64_t r = 0; r < rb; r++) {
             int64_t i = i0 + r;
             float *srow = S + r * nc, *drow = dP + r * nc;
             const float l = lse[i], Di = D[i];
-            for (int64_t j = 0; j <= i; j++) {
-                float p = expf(srow[j] - l);
-                srow[j] = p;
-                drow[j] = p * (drow[j] - Di);
-            }
+            vec()->softmax_grad(srow, drow, i + 1, l, Di);
+            for (int64_t j = i + 1; j < nc; j++) srow[j] = drow[j] = 0.0f;
         }
-        att_ptv(dv, ldd, S, nc, dout + i0 * ldo, ldo, rb, i0, HS, 1.0f);
-        att_pv(dq + i0 * ldd, ldd, dP, nc, k, ldq, rb, i0, HS, scale);
-        att_ptv(dk, ldd, dP, nc, q + i0 * ldq, ldq, rb, i0, HS, scale);
+        for (int64_t j0 = 0; j0 < nc; j0 += cb) {
+            int64_t w = nc - j0 < cb ? nc - j0 : cb;
+            /* dv[j0:j0+w] += P[:, tile]^T dout_blk;  dk[tile] += scale dS[:, tile]^T q_blk */
+            sgemm_rm(1, 0, w, HS, rb, 1.0f, S + j0, nc, dout + i0 * ldo, ldo, 1.0f, dv + j0 * ldd, ldd);
+            sgemm_rm(1, 0, w, HS, rb, scale, dP + j0, nc, q + i0 * ldq, ldq, 1.0f, dk + j0 * ldd, ldd);
+            /* dq_blk (+)= scale dS[:, tile] k[tile] */
+            sgemm_rm(0, 0, rb, HS, w, scale, dP + j0, nc, k + j0 * ldq, ldq, j0 ? 1.0f : 0.0f, dq + i0 * ldd, ldd);
+        }
     }
 }
 
@@ -802,8 +840,6 @@ static zoff_status attention_bwd(const zoff_op_attention_bwd_args *a, int nt) {
 
 /* ------------------------------------------------------------------ elementwise */
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-
 /* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n). */
 static zoff_status gelu_fwd(const zoff_op_gelu_fwd_args *a, int nt) {
     const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
@@ -815,10 +851,7 @@ static zoff_status gelu_fwd(const zoff_op_gelu_fwd_args *a, int nt) {
         const float *x = view_rd(eptr(a->inp, i0, dt), len, dt, sx);
         void *op = eptr(a->out, i0, dt);
         float *o = view_wr(op, dt, so);
-        for (int64_t i = 0; i < len; i++) {
-            float xi = x[i];
-            o[i] = 0.5f * xi * (1.0f + tanhf(GELU_K * (xi + 0.044715f * xi * xi * xi)));
-        }
+        vec()->gelu(o, x, len);
         view_commit(op, o, len, dt);
     }
     return ZOFF_OK;
@@ -836,13 +869,7 @@ static zoff_status gelu_bwd(const zoff_op_gelu_bwd_args *a, int nt) {
         const float *dy = view_rd(eptr(a->dout, i0, dt), len, dt, sd);
         void *op = eptr(a->dinp, i0, dt);
         float *o = view_wr(op, dt, so);
-        for (int64_t i = 0; i < len; i++) {
-            float xi = x[i];
-            float th = tanhf(GELU_K * (xi + 0.044715f * xi * xi * xi));
-            float sech2 = 1.0f - th * th;
-            float g = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * xi * xi);
-            o[i] = g * dy[i];
-        }
+        vec()->gelu_grad(o, x, dy, len);
         view_commit(op, o, len, dt);
     }
     return ZOFF_OK;
@@ -943,27 +970,21 @@ static zoff_status cross_entropy(const zoff_op_cross_entropy_args *a, int nt) {
         for (int64_t i = 0; i < N; i++) {
             const int32_t tgt = a->targets[i];
             const float *l = view_rd(eptr(a->logits, i * Vp, dt), V, dt, s);
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+            const float mx = vec()->max(l, V);
             const float lt = tgt >= 0 ? l[tgt] : 0.0f;
             float sum = 0.0f;
             void *drow = a->dlogits ? eptr(a->dlogits, i * Vp, dt) : NULL;
             if (drow && tgt >= 0) {
                 /* one exp per element: d = exp(l - max) (in place when d aliases l), then scale */
                 float *d = view_wr(drow, dt, s ? s + Vp : NULL);
-                for (int64_t j = 0; j < V; j++) {
-                    float e = expf(l[j] - mx);
-                    d[j] = e;
-                    sum += e;
-                }
+                sum = vec()->exp_sum(d, l, V, mx);
                 const float sc = dloss / sum;
                 for (int64_t j = 0; j < V; j++) d[j] *= sc;
                 d[tgt] -= dloss;
                 for (int64_t j = V; j < Vp; j++) d[j] = 0.0f;
                 view_commit(drow, d, Vp, dt);
             } else {
-                if (tgt >= 0)
-                    for (int64_t j = 0; j < V; j++) sum += expf(l[j] - mx);
+                if (tgt >= 0) sum = vec()->exp_sum(NULL, l, V, mx);
                 if (drow) {
                     if (dt == ZOFF_F32) memset(drow, 0, (size_t)Vp * 4);
                     else memset(drow, 0, (size_t)Vp * 2); /* +0 in bf16 and f16 */
