@@ -21,7 +21,7 @@ static const char *DEFAULT_CONFIG =
     "  \"gradient_accumulation_steps\": 1,\n"
     "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3, \"betas\": [0.9, 0.95], \"eps\": 1e-8, "
     "\"weight_decay\": 0.1}},\n"
-    "  \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": 300, \"warmup_num_steps\": "
+    "  \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": 200, \"warmup_num_steps\": "
     "20, \"cos_min_ratio\": 0.1}},\n"
     "  \"gradient_clipping\": 1.0,\n"
     "  \"steps_per_print\": 10,\n"
@@ -54,7 +54,7 @@ static void train_usage(FILE *f) {
             "  --max-position-embeddings N rows of the position table     (default: seq length)\n"
             "  --vocab-size N              vocabulary (default: the tokenizer's, 50257 for gpt2)\n"
             "  --micro-batch-size N        overrides train_micro_batch_size_per_gpu\n"
-            "  --train-iters N             optimizer steps                (default 300)\n"
+            "  --train-iters N             optimizer steps                (default 200)\n"
             "  --eval-iters N              validation batches before and after training (default 20; 0 = none)\n"
             "  --data-path PATTERN         training shards (.bin file, directory or glob; see zoff tokenize)\n"
             "  --val-path PATTERN          validation shards (default: the last 5%% of --data-path)\n"
@@ -82,7 +82,7 @@ static int fail(const char *what, zoff_status s) {
 
 static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
-    a->train_iters = 300;
+    a->train_iters = 200;
     a->eval_iters = 20;
     a->seed = 1234;
     a->save_dir = "out/gpt2-small";
