@@ -1,0 +1,669 @@
+// CUDA kernels of every zoff_op except matmul (cuda_matmul.cu) and attention
+// (cuda_attention.cu), and the op dispatch zoff_cuda_run_op.
+//
+// Semantics are those of include/zoff/device.h; the CPU backend
+// (src/backend/cpu/cpu_kernels.c) is the reference. All math is fp32 (fp64
+// for GRAD_STATS); storage is f32, bf16 or f16 through the policies of
+// cuda_common.cuh. Every reduction here is deterministic: a fixed grid that
+// depends only on the shapes, fixed per-thread orders, partial sums combined
+// in a fixed order (no floating-point atomics). The embedding backward sorts
+// positions by token id (CUB radix sort, stable) and sums each token's rows in
+// position order, like the CPU backend.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+using namespace zoff_cuda;
+
+namespace {
+
+constexpr int EW_THREADS = 256; // elementwise kernels
+
+// Round up to a multiple of 256 bytes (carving scratch buffers).
+inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// ------------------------------------------------------------------ embedding
+
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T) int32, wte (V,C), wpe (maxT,C).
+// One block per (b,t) row (grid-stride); a row whose token is out of range is
+// skipped and reported.
+template <class S>
+__global__ void embed_fwd_kernel(typename S::T *out, const int32_t *tokens, const typename S::T *wte,
+                                 const typename S::T *wpe, int64_t BT, int64_t T, int64_t C, int64_t V, ErrRef err) {
+    for (int64_t row = blockIdx.x; row < BT; row += gridDim.x) {
+        const int32_t tok = tokens[row];
+        if (tok < 0 || (int64_t)tok >= V) {
+            if (threadIdx.x == 0) raise_error(err, ZOFF_CUDA_ERRK_TOKEN, tok, row, V, T);
+            continue;
+        }
+        const int64_t t = row % T;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+            S::store(out, row * C + c, S::load(wte, (int64_t)tok * C + c) + S::load(wpe, t * C + c));
+    }
+}
+
+// dwpe (maxT,C) row t += sum_b dout[b,t] (b in order); dout (B,T,C). One thread per (t,c).
+template <class S>
+__global__ void embed_bwd_wpe_kernel(typename S::T *dwpe, const typename S::T *dout, int64_t B, int64_t T,
+                                     int64_t C) {
+    const int64_t n = T * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / C, c = i % C;
+        float acc = 0.0f;
+        for (int64_t b = 0; b < B; b++) acc += S::load(dout, (b * T + t) * C + c);
+        S::store(dwpe, i, S::load(dwpe, i) + acc);
+    }
+}
+
+// keys (BT) = token id, or V for an out-of-range id (sorted last, skipped, reported); vals (BT) = position.
+__global__ void embed_bwd_keys_kernel(unsigned int *keys, unsigned int *vals, const int32_t *tokens, int64_t BT,
+                                      int64_t T, int64_t V, ErrRef err) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < BT; i += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t tok = tokens[i];
+        const bool ok = tok >= 0 && (int64_t)tok < V;
+        if (!ok) raise_error(err, ZOFF_CUDA_ERRK_TOKEN, tok, i, V, T);
+        keys[i] = ok ? (unsigned int)tok : (unsigned int)V;
+        vals[i] = (unsigned int)i;
+    }
+}
+
+// dwte (V,C): for each run of equal keys in the sorted (keys, vals) (BT), the block
+// at the run's first index sums the dout (B*T,C) rows of its positions in order
+// and adds the sum once.
+template <class S>
+__global__ void embed_bwd_wte_kernel(typename S::T *dwte, const typename S::T *dout, const unsigned int *keys,
+                                     const unsigned int *vals, int64_t BT, int64_t C, int64_t V) {
+    for (int64_t k = blockIdx.x; k < BT; k += gridDim.x) {
+        const unsigned int tok = keys[k];
+        if ((int64_t)tok >= V) continue;             // out-of-range ids (reported by the keys kernel)
+        if (k > 0 && keys[k - 1] == tok) continue;   // not the head of its run
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int64_t r = k; r < BT && keys[r] == tok; r++) acc += S::load(dout, (int64_t)vals[r] * C + c);
+            const int64_t o = (int64_t)tok * C + c;
+            S::store(dwte, o, S::load(dwte, o) + acc);
+        }
+    }
+}
+
+template <class S> zoff_status embed_fwd(const zoff_cuda_launch *L, const zoff_op_embed_fwd_args *a) {
+    typedef typename S::T T;
+    const int64_t BT = a->B * a->T;
+    if (BT == 0 || a->C == 0) return ZOFF_OK;
+    const unsigned int grid = (unsigned int)(BT < 65535 ? BT : 65535);
+    const int threads = a->C >= 256 ? 256 : a->C >= 64 ? 128 : 32;
+    embed_fwd_kernel<S><<<grid, threads, 0, L->s>>>((T *)a->out, a->tokens, (const T *)a->wte, (const T *)a->wpe, BT,
+                                                    a->T, a->C, a->V, err_ref(L));
+    ZOFF_CUDA_CHECK_LAUNCH("embed_fwd_kernel");
+    return ZOFF_OK;
+}
+
+template <class S> zoff_status embed_bwd(const zoff_cuda_launch *L, const zoff_op_embed_bwd_args *a) {
+    typedef typename S::T T;
+    const int64_t BT = a->B * a->T, C = a->C, V = a->V;
+    if (BT == 0 || C == 0) return ZOFF_OK;
+    if (a->dwpe) {
+        const int64_t n = a->T * C;
+        embed_bwd_wpe_kernel<S><<<flat_blocks(n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->dwpe, (const T *)a->dout,
+                                                                                   a->B, a->T, C);
+        ZOFF_CUDA_CHECK_LAUNCH("embed_bwd_wpe_kernel");
+    }
+    if (!a->dwte) return ZOFF_OK;
+    if (BT > INT32_MAX || V >= (int64_t)UINT32_MAX)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "embedding backward: B*T = %lld or V = %lld is too large for the CUDA radix sort (limit "
+                          "2^31 - 1 positions, 2^32 - 1 tokens); use a smaller micro-batch",
+                          (long long)BT, (long long)V);
+    int end_bit = 1; // keys are in [0, V]: V < 2^end_bit
+    while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)V) end_bit++;
+    const int num = (int)BT;
+    size_t temp_bytes = 0;
+    ZOFF_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, (const unsigned int *)nullptr,
+                                                    (unsigned int *)nullptr, (const unsigned int *)nullptr,
+                                                    (unsigned int *)nullptr, num, 0, end_bit, L->s));
+    const size_t vec = align256((size_t)BT * sizeof(unsigned int));
+    void *scr = nullptr;
+    ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, 4 * vec + align256(temp_bytes), &scr));
+    char *base = (char *)scr;
+    unsigned int *keys_in = (unsigned int *)base, *keys_out = (unsigned int *)(base + vec);
+    unsigned int *vals_in = (unsigned int *)(base + 2 * vec), *vals_out = (unsigned int *)(base + 3 * vec);
+    void *temp = base + 4 * vec;
+    embed_bwd_keys_kernel<<<flat_blocks(BT, EW_THREADS), EW_THREADS, 0, L->s>>>(keys_in, vals_in, a->tokens, BT, a->T,
+                                                                               V, err_ref(L));
+    ZOFF_CUDA_CHECK_LAUNCH("embed_bwd_keys_kernel");
+    ZOFF_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out, num, 0,
+                                                    end_bit, L->s));
+    const unsigned int grid = (unsigned int)(BT < 65535 ? BT : 65535);
+    const int threads = C >= 256 ? 256 : C >= 64 ? 128 : 32;
+    embed_bwd_wte_kernel<S><<<grid, threads, 0, L->s>>>((T *)a->dwte, (const T *)a->dout, keys_out, vals_out, BT, C,
+                                                        V);
+    ZOFF_CUDA_CHECK_LAUNCH("embed_bwd_wte_kernel");
+    return ZOFF_OK;
+}
+
+// ------------------------------------------------------------------ layernorm
+
+constexpr int LN_WARPS = 8;   // warps per block (one row per warp at a time)
+constexpr int LN_CHUNK = 32;  // rows per chunk in the backward
+constexpr int LN_MAX_BLOCKS = 1024;
+
+// out (N,C) = (inp - mean) * rstd * weight + bias; inp (N,C), weight, bias (C) (bias may be NULL);
+// mean, rstd (N) fp32 (may be NULL). One warp per row, two passes for the variance (as the CPU).
+template <class S>
+__global__ void __launch_bounds__(LN_WARPS * 32)
+    layernorm_fwd_kernel(typename S::T *out, float *mean, float *rstd, const typename S::T *inp,
+                         const typename S::T *weight, const typename S::T *bias, int64_t N, int64_t C) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t row = (int64_t)blockIdx.x * LN_WARPS + warp; row < N; row += (int64_t)gridDim.x * LN_WARPS) {
+        const typename S::T *x = inp + row * C;
+        float s = 0.0f;
+        for (int64_t c = lane; c < C; c += 32) s += S::load(x, c);
+        const float m = warp_sum(s) / (float)C;
+        float v = 0.0f;
+        for (int64_t c = lane; c < C; c += 32) {
+            const float d = S::load(x, c) - m;
+            v += d * d;
+        }
+        const float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
+        typename S::T *o = out + row * C;
+        for (int64_t c = lane; c < C; c += 32) {
+            const float b = bias ? S::load(bias, c) : 0.0f;
+            S::store(o, c, (S::load(x, c) - m) * r * S::load(weight, c) + b);
+        }
+        if (lane == 0) {
+            if (mean) mean[row] = m;
+            if (rstd) rstd[row] = r;
+        }
+    }
+}
+
+// Layernorm backward, part 1. Block g of G takes the LN_CHUNK-row chunks g, g+G, g+2G, ...
+//   dinp (N,C) += (w dy - mean(w dy) - xhat mean(w dy xhat)) * rstd   (one warp per row)
+//   pw[g][c] = sum over the block's rows of dy * xhat, pb[g][c] = sum of dy   (one thread per column,
+//   rows in order); xhat = (x - mean) * rstd. dout, inp (N,C); weight (C); mean, rstd (N); pw, pb (G,C).
+template <class S>
+__global__ void __launch_bounds__(LN_WARPS * 32)
+    layernorm_bwd_kernel(typename S::T *dinp, float *pw, float *pb, const typename S::T *dout,
+                         const typename S::T *inp, const typename S::T *weight, const float *mean, const float *rstd,
+                         int64_t N, int64_t C) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t nchunks = (N + LN_CHUNK - 1) / LN_CHUNK;
+    if (dinp) {
+        for (int64_t ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
+            const int64_t r1 = (ch + 1) * LN_CHUNK < N ? (ch + 1) * LN_CHUNK : N;
+            for (int64_t row = ch * LN_CHUNK + warp; row < r1; row += LN_WARPS) {
+                const typename S::T *x = inp + row * C, *dy = dout + row * C;
+                const float m = mean[row], r = rstd[row];
+                float dm = 0.0f, dn = 0.0f;
+                for (int64_t c = lane; c < C; c += 32) {
+                    const float g = S::load(weight, c) * S::load(dy, c);
+                    dm += g;
+                    dn += g * (S::load(x, c) - m) * r;
+                }
+                dm = warp_sum(dm) / (float)C;
+                dn = warp_sum(dn) / (float)C;
+                typename S::T *dx = dinp + row * C;
+                for (int64_t c = lane; c < C; c += 32) {
+                    const float xh = (S::load(x, c) - m) * r;
+                    const float g = S::load(weight, c) * S::load(dy, c);
+                    S::store(dx, c, S::load(dx, c) + (g - dm - xh * dn) * r);
+                }
+            }
+        }
+    }
+    if (pw) {
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            float aw = 0.0f, ab = 0.0f;
+            for (int64_t ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
+                const int64_t r1 = (ch + 1) * LN_CHUNK < N ? (ch + 1) * LN_CHUNK : N;
+                for (int64_t row = ch * LN_CHUNK; row < r1; row++) {
+                    const float dy = S::load(dout, row * C + c);
+                    aw += dy * ((S::load(inp, row * C + c) - mean[row]) * rstd[row]);
+                    ab += dy;
+                }
+            }
+            pw[(int64_t)blockIdx.x * C + c] = aw;
+            pb[(int64_t)blockIdx.x * C + c] = ab;
+        }
+    }
+}
+
+// Layernorm backward, part 2: dweight (C) += sum_g pw[g] and dbias (C) += sum_g pb[g], g in order.
+template <class S>
+__global__ void layernorm_bwd_reduce_kernel(typename S::T *dweight, typename S::T *dbias, const float *pw,
+                                            const float *pb, int64_t G, int64_t C) {
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
+        float aw = 0.0f, ab = 0.0f;
+        for (int64_t g = 0; g < G; g++) {
+            aw += pw[g * C + c];
+            ab += pb[g * C + c];
+        }
+        if (dweight) S::store(dweight, c, S::load(dweight, c) + aw);
+        if (dbias) S::store(dbias, c, S::load(dbias, c) + ab);
+    }
+}
+
+template <class S> zoff_status layernorm_fwd(const zoff_cuda_launch *L, const zoff_op_layernorm_fwd_args *a) {
+    typedef typename S::T T;
+    if (a->N == 0 || a->C == 0) return ZOFF_OK;
+    const int64_t nb = (a->N + LN_WARPS - 1) / LN_WARPS;
+    const unsigned int grid = (unsigned int)(nb < 65535 ? nb : 65535);
+    layernorm_fwd_kernel<S><<<grid, LN_WARPS * 32, 0, L->s>>>((T *)a->out, a->mean, a->rstd, (const T *)a->inp,
+                                                              (const T *)a->weight, (const T *)a->bias, a->N, a->C);
+    ZOFF_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
+    return ZOFF_OK;
+}
+
+template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zoff_op_layernorm_bwd_args *a) {
+    typedef typename S::T T;
+    const int64_t N = a->N, C = a->C;
+    if (N == 0 || C == 0) return ZOFF_OK;
+    const int64_t nchunks = (N + LN_CHUNK - 1) / LN_CHUNK;
+    const int64_t G = nchunks < LN_MAX_BLOCKS ? nchunks : LN_MAX_BLOCKS; // depends on N only: deterministic
+    float *pw = nullptr, *pb = nullptr;
+    const bool params = a->dweight || a->dbias;
+    if (params) {
+        void *scr = nullptr;
+        ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, 2 * align256((size_t)(G * C) * sizeof(float)), &scr));
+        pw = (float *)scr;
+        pb = (float *)((char *)scr + align256((size_t)(G * C) * sizeof(float)));
+    }
+    if (!a->dinp && !params) return ZOFF_OK;
+    layernorm_bwd_kernel<S><<<(unsigned int)G, LN_WARPS * 32, 0, L->s>>>(
+        (T *)a->dinp, pw, pb, (const T *)a->dout, (const T *)a->inp, (const T *)a->weight, a->mean, a->rstd, N, C);
+    ZOFF_CUDA_CHECK_LAUNCH("layernorm_bwd_kernel");
+    if (params) {
+        layernorm_bwd_reduce_kernel<S><<<flat_blocks(C, EW_THREADS), EW_THREADS, 0, L->s>>>(
+            (T *)a->dweight, (T *)a->dbias, pw, pb, G, C);
+        ZOFF_CUDA_CHECK_LAUNCH("layernorm_bwd_reduce_kernel");
+    }
+    return ZOFF_OK;
+}
+
+// ------------------------------------------------------------------ elementwise
+
+#define GELU_K 0.7978845608028654f // sqrt(2/pi)
+
+// out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n).
+template <class S> __global__ void gelu_fwd_kernel(typename S::T *out, const typename S::T *inp, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = S::load(inp, i);
+        S::store(out, i, 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
+    }
+}
+
+// dinp (n) = GELU'(inp) * dout; dinp may alias dout (each element is read before it is written).
+template <class S>
+__global__ void gelu_bwd_kernel(typename S::T *dinp, const typename S::T *inp, const typename S::T *dout, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = S::load(inp, i), dy = S::load(dout, i);
+        const float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        const float sech2 = 1.0f - th * th;
+        const float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        S::store(dinp, i, g * dy);
+    }
+}
+
+// out (n) = a + b; out may alias a or b.
+template <class S>
+__global__ void add_kernel(typename S::T *out, const typename S::T *a, const typename S::T *b, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        S::store(out, i, S::load(a, i) + S::load(b, i));
+}
+
+// x (n) *= alpha.
+template <class S> __global__ void scale_kernel(typename S::T *x, float alpha, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        S::store(x, i, S::load(x, i) * alpha);
+}
+
+// dst (n) of D = src (n) of Sd, round to nearest even (exact through fp32: every
+// bf16/f16 value is an fp32 value). dst == src is allowed (same index read, then written).
+template <class D, class Sd>
+__global__ void cast_kernel(typename D::T *dst, const typename Sd::T *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        D::store(dst, i, Sd::load(src, i));
+}
+
+template <class S> zoff_status gelu_fwd(const zoff_cuda_launch *L, const zoff_op_gelu_fwd_args *a) {
+    typedef typename S::T T;
+    if (a->n == 0) return ZOFF_OK;
+    gelu_fwd_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->out, (const T *)a->inp, a->n);
+    ZOFF_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
+    return ZOFF_OK;
+}
+
+template <class S> zoff_status gelu_bwd(const zoff_cuda_launch *L, const zoff_op_gelu_bwd_args *a) {
+    typedef typename S::T T;
+    if (a->n == 0) return ZOFF_OK;
+    gelu_bwd_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->dinp, (const T *)a->inp,
+                                                                             (const T *)a->dout, a->n);
+    ZOFF_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
+    return ZOFF_OK;
+}
+
+template <class S> zoff_status add_op(const zoff_cuda_launch *L, const zoff_op_add_args *a) {
+    typedef typename S::T T;
+    if (a->n == 0) return ZOFF_OK;
+    add_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->out, (const T *)a->a,
+                                                                        (const T *)a->b, a->n);
+    ZOFF_CUDA_CHECK_LAUNCH("add_kernel");
+    return ZOFF_OK;
+}
+
+template <class S> zoff_status scale_op(const zoff_cuda_launch *L, const zoff_op_scale_args *a) {
+    typedef typename S::T T;
+    if (a->n == 0) return ZOFF_OK;
+    scale_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->x, a->alpha, a->n);
+    ZOFF_CUDA_CHECK_LAUNCH("scale_kernel");
+    return ZOFF_OK;
+}
+
+template <class D, class Sd> zoff_status cast_typed(const zoff_cuda_launch *L, void *dst, const void *src, int64_t n) {
+    cast_kernel<D, Sd><<<flat_blocks(n, EW_THREADS), EW_THREADS, 0, L->s>>>((typename D::T *)dst,
+                                                                          (const typename Sd::T *)src, n);
+    ZOFF_CUDA_CHECK_LAUNCH("cast_kernel");
+    return ZOFF_OK;
+}
+
+zoff_status cast_op(const zoff_cuda_launch *L, const zoff_op_cast_args *a) {
+    const int64_t n = a->n;
+    if (n == 0) return ZOFF_OK;
+    const size_t ds = zoff_dtype_size(a->dst_dt), ss = zoff_dtype_size(a->src_dt);
+    const char *d = (const char *)a->dst, *s = (const char *)a->src;
+    const size_t db = (size_t)n * ds, sb = (size_t)n * ss;
+    const bool overlap = d < s + sb && s < d + db;
+    if (a->dst_dt == a->src_dt) {
+        if (d == s) return ZOFF_OK;
+        if (!overlap) {
+            ZOFF_CUDA_CHECK(cudaMemcpyAsync(a->dst, a->src, db, cudaMemcpyDeviceToDevice, L->s));
+            return ZOFF_OK;
+        }
+        void *tmp = nullptr; // overlapping copy (memmove): through the stream's scratch
+        ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, db, &tmp));
+        ZOFF_CUDA_CHECK(cudaMemcpyAsync(tmp, a->src, db, cudaMemcpyDeviceToDevice, L->s));
+        ZOFF_CUDA_CHECK(cudaMemcpyAsync(a->dst, tmp, db, cudaMemcpyDeviceToDevice, L->s));
+        return ZOFF_OK;
+    }
+    if (overlap && d != s)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "cast: source and destination overlap without being the same buffer (%s -> %s); use "
+                          "separate buffers or cast in place",
+                          zoff_dtype_name(a->src_dt), zoff_dtype_name(a->dst_dt));
+    if (d == s && ds != ss)
+        return zoff_error(ZOFF_ERR_INVALID, "cast: in-place cast with different element sizes (%s -> %s); use "
+                                            "separate buffers", zoff_dtype_name(a->src_dt), zoff_dtype_name(a->dst_dt));
+    ZOFF_CUDA_DISPATCH(a->dst_dt, D, ZOFF_CUDA_DISPATCH(a->src_dt, Sd, return cast_typed<D, Sd>(L, a->dst, a->src, n)));
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "cast: %s -> %s is not supported by the CUDA backend; use f32, bf16 or f16",
+                      zoff_dtype_name(a->src_dt), zoff_dtype_name(a->dst_dt));
+}
+
+// ------------------------------------------------------------------ cross entropy
+
+constexpr int CE_THREADS = 512;
+
+// Combine two (max, sum of exp(x - max)) pairs.
+__device__ __forceinline__ void lse_combine(float &m, float &s, float m2, float s2) {
+    const float M = fmaxf(m, m2);
+    if (M == -INFINITY) return; // both empty
+    s = (m == -INFINITY ? 0.0f : s * expf(m - M)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - M));
+    m = M;
+}
+
+// losses (N) fp32 = logsumexp(logits[i,:V]) - logits[i,target]; logits (N,Vp); targets (N) int32.
+// dlogits (N,Vp) (may be NULL, may alias logits) = (softmax - onehot(target)) * dloss, padded
+// columns 0. target < 0: loss 0, gradient row 0. target >= V: reported, row left as loss 0 / zeros.
+// One block per row (grid-stride): pass 1 an online (max, sum) per thread, combined over the
+// block; pass 2 writes the gradient (each element is read and written by the same thread).
+template <class S>
+__global__ void __launch_bounds__(CE_THREADS)
+    cross_entropy_kernel(float *losses, typename S::T *dlogits, const typename S::T *logits, const int32_t *targets,
+                         int64_t N, int64_t V, int64_t Vp, float dloss, ErrRef err) {
+    __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
+    __shared__ float s_lt, s_max, s_sum;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+        const int32_t tgt = targets[row]; // the same for the whole block: branches below are uniform
+        const typename S::T *l = logits + row * Vp;
+        typename S::T *d = dlogits ? dlogits + row * Vp : nullptr;
+        if (tgt < 0 || (int64_t)tgt >= V) {
+            if (threadIdx.x == 0) {
+                if ((int64_t)tgt >= V) raise_error(err, ZOFF_CUDA_ERRK_TARGET, tgt, row, V, 0);
+                if (losses) losses[row] = 0.0f;
+            }
+            if (d)
+                for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) S::store(d, j, 0.0f);
+            continue;
+        }
+        if (threadIdx.x == 0) s_lt = S::load(l, tgt); // read before any thread writes d (d may alias l)
+        float m = -INFINITY, s = 0.0f;
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            const float x = S::load(l, j);
+            if (x > m) {
+                s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
+                m = x;
+            } else if (m != -INFINITY) {
+                s += expf(x - m);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            lse_combine(m, s, m2, s2);
+        }
+        if (lane == 0) {
+            sm[warp] = m;
+            ss[warp] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float M = sm[0], Ssum = ss[0];
+            for (int w = 1; w < nwarps; w++) lse_combine(M, Ssum, sm[w], ss[w]);
+            s_max = M;
+            s_sum = Ssum;
+            if (losses) losses[row] = M + logf(Ssum) - s_lt;
+        }
+        __syncthreads();
+        if (d) {
+            const float M = s_max, sc = dloss / s_sum;
+            for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) {
+                float g = 0.0f;
+                if (j < V) {
+                    g = expf(S::load(l, j) - M) * sc;
+                    if (j == tgt) g -= dloss;
+                }
+                S::store(d, j, g);
+            }
+        }
+        __syncthreads(); // shared values are rewritten for the next row
+    }
+}
+
+template <class S> zoff_status cross_entropy(const zoff_cuda_launch *L, const zoff_op_cross_entropy_args *a) {
+    typedef typename S::T T;
+    if (a->N == 0) return ZOFF_OK;
+    const unsigned int grid = (unsigned int)(a->N < 65535 ? a->N : 65535);
+    cross_entropy_kernel<S><<<grid, CE_THREADS, 0, L->s>>>(a->losses, (T *)a->dlogits, (const T *)a->logits,
+                                                           a->targets, a->N, a->V, a->Vp, a->dloss, err_ref(L));
+    ZOFF_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+    return ZOFF_OK;
+}
+
+// ------------------------------------------------------------------ grad stats
+
+constexpr int GS_THREADS = 256;
+constexpr int GS_MAX_BLOCKS = 1024;
+
+__device__ __forceinline__ double block_sum_double(double v, double *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    double t = 0.0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
+    return t; // valid in thread 0
+}
+
+// part[blockIdx.x] = sum of x^2 over the block's grid-stride elements, in fp64; x (n).
+template <class S> __global__ void __launch_bounds__(GS_THREADS)
+    grad_stats_part_kernel(double *part, const typename S::T *x, int64_t n) {
+    __shared__ double sh[GS_THREADS / 32];
+    double acc = 0.0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const double v = (double)S::load(x, i);
+        acc += v * v;
+    }
+    const double t = block_sum_double(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = t;
+}
+
+// stats[0] += sum of part (G) in a fixed order; stats[1] = 1 if the sum is not finite (inf/NaN input:
+// squares of finite fp32 values cannot overflow fp64).
+__global__ void __launch_bounds__(GS_THREADS) grad_stats_final_kernel(float *stats, const double *part, int64_t G) {
+    __shared__ double sh[GS_THREADS / 32];
+    double acc = 0.0;
+    for (int64_t g = threadIdx.x; g < G; g += blockDim.x) acc += part[g];
+    const double total = block_sum_double(acc, sh);
+    if (threadIdx.x == 0) {
+        if (!isfinite(total)) stats[1] = 1.0f;
+        stats[0] = (float)((double)stats[0] + total);
+    }
+}
+
+template <class S> zoff_status grad_stats(const zoff_cuda_launch *L, const zoff_op_grad_stats_args *a) {
+    typedef typename S::T T;
+    if (a->n == 0) return ZOFF_OK;
+    const int64_t want = (a->n + GS_THREADS * 16 - 1) / (GS_THREADS * 16);
+    const int64_t G = want < GS_MAX_BLOCKS ? want : GS_MAX_BLOCKS; // depends on n only: deterministic
+    void *scr = nullptr;
+    ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, (size_t)G * sizeof(double), &scr));
+    grad_stats_part_kernel<S><<<(unsigned int)G, GS_THREADS, 0, L->s>>>((double *)scr, (const T *)a->x, a->n);
+    ZOFF_CUDA_CHECK_LAUNCH("grad_stats_part_kernel");
+    grad_stats_final_kernel<<<1, GS_THREADS, 0, L->s>>>(a->stats, (const double *)scr, G);
+    ZOFF_CUDA_CHECK_LAUNCH("grad_stats_final_kernel");
+    return ZOFF_OK;
+}
+
+// ------------------------------------------------------------------ adam
+
+// Fused Adam/AdamW (device.h): params, m, v fp32 (n); grads (n) of G; params16 (n) of p16_dt or NULL.
+template <class G>
+__global__ void adam_kernel(float *p, float *m, float *v, const typename G::T *grads, void *params16, int p16_dt,
+                            int64_t n, float lr, float b1, float b2, float eps, float wd, float ibc1, float ibc2,
+                            float gs, int adamw) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float gi = G::load(grads, i) * gs, pi = p[i];
+        if (!adamw) gi += wd * pi;
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        if (adamw) pi -= lr * wd * pi;
+        pi -= lr * (mi * ibc1) / (sqrtf(vi * ibc2) + eps);
+        p[i] = pi;
+        if (params16) {
+            if (p16_dt == ZOFF_BF16) BF16::store((uint16_t *)params16, i, pi);
+            else if (p16_dt == ZOFF_F16) F16::store((uint16_t *)params16, i, pi);
+            else F32::store((float *)params16, i, pi);
+        }
+    }
+}
+
+template <class G> zoff_status adam(const zoff_cuda_launch *L, const zoff_op_adam_args *a) {
+    if (a->n == 0) return ZOFF_OK;
+    adam_kernel<G><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>(
+        a->params, a->m, a->v, (const typename G::T *)a->grads, a->params16, (int)a->p16_dt, a->n, a->lr, a->beta1,
+        a->beta2, a->eps, a->weight_decay, 1.0f / a->bc1, 1.0f / a->bc2, a->grad_scale, a->adam_w_mode);
+    ZOFF_CUDA_CHECK_LAUNCH("adam_kernel");
+    return ZOFF_OK;
+}
+
+zoff_status unsupported_dt(zoff_op op, const char *role, zoff_dtype dt) {
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: %s dtype %s (%d) is not supported by the CUDA backend; use f32, bf16 or f16",
+                      zoff_op_name(op), role, (unsigned)dt < ZOFF_DTYPE_COUNT ? zoff_dtype_name(dt) : "invalid",
+                      (int)dt);
+}
+
+} // namespace
+
+extern "C" zoff_status zoff_cuda_run_op(const zoff_cuda_launch *L, const void *args) {
+    const zoff_op op = L->op;
+    switch (op) {
+    case ZOFF_OP_EMBED_FWD: {
+        const zoff_op_embed_fwd_args *a = (const zoff_op_embed_fwd_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return embed_fwd<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_EMBED_BWD: {
+        const zoff_op_embed_bwd_args *a = (const zoff_op_embed_bwd_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return embed_bwd<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_LAYERNORM_FWD: {
+        const zoff_op_layernorm_fwd_args *a = (const zoff_op_layernorm_fwd_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_fwd<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_LAYERNORM_BWD: {
+        const zoff_op_layernorm_bwd_args *a = (const zoff_op_layernorm_bwd_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_bwd<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_MATMUL_FWD:
+        return zoff_cuda_matmul_fwd(L, (const zoff_op_matmul_fwd_args *)args);
+    case ZOFF_OP_MATMUL_BWD:
+        return zoff_cuda_matmul_bwd(L, (const zoff_op_matmul_bwd_args *)args);
+    case ZOFF_OP_ATTENTION_FWD:
+        return zoff_cuda_attention_fwd(L, (const zoff_op_attention_fwd_args *)args);
+    case ZOFF_OP_ATTENTION_BWD:
+        return zoff_cuda_attention_bwd(L, (const zoff_op_attention_bwd_args *)args);
+    case ZOFF_OP_GELU_FWD: {
+        const zoff_op_gelu_fwd_args *a = (const zoff_op_gelu_fwd_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return gelu_fwd<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_GELU_BWD: {
+        const zoff_op_gelu_bwd_args *a = (const zoff_op_gelu_bwd_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return gelu_bwd<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_ADD: {
+        const zoff_op_add_args *a = (const zoff_op_add_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return add_op<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_CROSS_ENTROPY: {
+        const zoff_op_cross_entropy_args *a = (const zoff_op_cross_entropy_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return cross_entropy<S>(L, a));
+        return unsupported_dt(op, "logits", a->dt);
+    }
+    case ZOFF_OP_CAST:
+        return cast_op(L, (const zoff_op_cast_args *)args);
+    case ZOFF_OP_SCALE: {
+        const zoff_op_scale_args *a = (const zoff_op_scale_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return scale_op<S>(L, a));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_GRAD_STATS: {
+        const zoff_op_grad_stats_args *a = (const zoff_op_grad_stats_args *)args;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return grad_stats<S>(L, a));
+        return unsupported_dt(op, "gradient", a->dt);
+    }
+    case ZOFF_OP_ADAM: {
+        const zoff_op_adam_args *a = (const zoff_op_adam_args *)args;
+        if (a->params16 && a->p16_dt != ZOFF_F32 && a->p16_dt != ZOFF_BF16 && a->p16_dt != ZOFF_F16)
+            return unsupported_dt(op, "params16", a->p16_dt);
+        ZOFF_CUDA_DISPATCH(a->grad_dt, G, return adam<G>(L, a));
+        return unsupported_dt(op, "gradient", a->grad_dt);
+    }
+    case ZOFF_OP_COUNT:
+        break;
+    }
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "CUDA backend: unknown op code %d; valid ops are 0..%d", (int)op,
+                      (int)ZOFF_OP_COUNT - 1);
+}

@@ -1,0 +1,393 @@
+// MATMUL_FWD / MATMUL_BWD on the CUDA backend.
+//
+// Products go through cuBLASLt with fp32 accumulation and fp32 scale
+// (CUBLAS_COMPUTE_32F: no TF32, so fp32 results match the CPU to ~1e-6);
+// A/B/C/D are all of the op's storage dtype (f32, bf16 or f16). zoff's
+// matrices are row-major; cuBLASLt is column-major, so a row-major X (r,c) is
+// used as the column-major X^T (c,r):
+//   fwd     out (N,OC) = inp (N,C) @ W (OC,C)^T + bias   ->  D(OC,N) = W^T(OC,C) . inp(C,N), epilogue BIAS
+//   dinp    dinp (N,C) += dout (N,OC) @ W (OC,C)         ->  D(C,N)  = W(C,OC) . dout(OC,N), beta = 1
+//   dweight dW (OC,C) += dout^T @ inp (N,C)              ->  D(C,OC) = inp(C,N) . dout^T(N,OC), beta = 1
+//   dbias   dbias (OC) += column sums of dout            ->  two deterministic reduction kernels
+// Accumulating outputs are C == D with beta = 1: the old value is read in the
+// storage dtype, added in fp32 and rounded once (as the CPU backend does).
+//
+// One cuBLASLt handle per device; one workspace per stream (two streams must
+// not share a workspace), allocated on the stream's first matmul. Heuristic
+// results are cached per (shape, layout, dtype, pointer alignment). The
+// pointer alignments are passed to the heuristic (weights live at arbitrary
+// offsets of flat buffers; the default assumes 256-byte alignment). When
+// cuBLASLt has no algorithm for a case (or ZOFF_CUDA_MATMUL=simple), a simple
+// tiled fp32-accumulating kernel does the product instead.
+#include <cublasLt.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+using namespace zoff_cuda;
+
+namespace {
+
+constexpr size_t WORKSPACE_BYTES = (size_t)32 << 20; // cuBLAS recommends 32 MiB on Hopper
+constexpr int CACHE_SIZE = 256;
+
+#define ZOFF_CUBLAS_CHECK(call)                                                                          \
+    do {                                                                                                 \
+        cublasStatus_t zoff_cublas_s_ = (call);                                                          \
+        if (zoff_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,  \
+                              cublasLtGetStatusString(zoff_cublas_s_), cublasLtGetStatusName(zoff_cublas_s_)); \
+    } while (0)
+
+struct MMKey {
+    int64_t m, n, k, lda, ldb, ldd;
+    int ta, tb, dt, bias;
+    uint32_t align_a, align_b, align_d, align_bias;
+};
+
+struct MMEntry {
+    MMKey key;
+    int valid;
+    int has_algo; // 0: cuBLASLt has no algorithm for this case (use the simple kernel)
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace;
+};
+
+struct MMCache {
+    MMEntry e[CACHE_SIZE];
+    int next; // round-robin replacement
+};
+
+bool key_eq(const MMKey &a, const MMKey &b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+uint32_t ptr_align(const void *p) {
+    const uintptr_t u = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && (u % a) != 0) a >>= 1;
+    return a;
+}
+
+cudaDataType_t cuda_type(zoff_dtype dt) {
+    return dt == ZOFF_BF16 ? CUDA_R_16BF : dt == ZOFF_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+// ------------------------------------------------------------------ simple kernels
+
+constexpr int SG_TILE = 16;
+
+// D (m,n) column-major with leading dimension ldd:
+//   D = op(A) (m,k) . op(B) (k,n) + beta * D + bias (m, broadcast over columns; may be NULL).
+// op(A) = A (stored m x k, lda) or A^T (A stored k x m); op(B) = B (k x n, ldb) or B^T (B stored n x k).
+// 16x16 output tile per block, fp32 accumulation. Grid (ceil(n/16), ceil(m/16)).
+template <class S>
+__global__ void simple_gemm_kernel(int64_t m, int64_t n, int64_t k, int ta, int tb, const typename S::T *A,
+                                   int64_t lda, const typename S::T *B, int64_t ldb, float beta, typename S::T *D,
+                                   int64_t ldd, const typename S::T *bias) {
+    __shared__ float As[SG_TILE][SG_TILE + 1], Bs[SG_TILE][SG_TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t i = (int64_t)blockIdx.y * SG_TILE + ty; // row of D
+    const int64_t j = (int64_t)blockIdx.x * SG_TILE + tx; // column of D
+    float acc = 0.0f;
+    for (int64_t k0 = 0; k0 < k; k0 += SG_TILE) {
+        const int64_t ak = k0 + tx, bk = k0 + ty;
+        As[ty][tx] = (i < m && ak < k) ? S::load(A, ta ? ak + i * lda : i + ak * lda) : 0.0f;
+        Bs[ty][tx] = (bk < k && j < n) ? S::load(B, tb ? j + bk * ldb : bk + j * ldb) : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < SG_TILE; kk++) acc += As[ty][kk] * Bs[kk][tx];
+        __syncthreads();
+    }
+    if (i < m && j < n) {
+        float v = acc;
+        if (beta != 0.0f) v += beta * S::load(D, i + j * ldd);
+        if (bias) v += S::load(bias, i);
+        S::store(D, i + j * ldd, v);
+    }
+}
+
+// out (N,OC) = bias (OC) broadcast over rows, or 0 when bias is NULL (matmul with C = 0).
+template <class S>
+__global__ void fill_rows_kernel(typename S::T *out, const typename S::T *bias, int64_t N, int64_t OC) {
+    const int64_t n = N * OC;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        S::store(out, i, bias ? S::load(bias, i % OC) : 0.0f);
+}
+
+constexpr int DB_THREADS = 256;
+constexpr int64_t DB_MAX_PARTS = 256;
+
+// part (G,OC): part[g][oc] = sum over rows [g*rpb, min((g+1)*rpb, N)) of dout (N,OC), rows in order.
+// Grid (ceil(OC/256), G).
+template <class S>
+__global__ void dbias_part_kernel(float *part, const typename S::T *dout, int64_t N, int64_t OC, int64_t rpb) {
+    const int64_t oc = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
+    if (oc >= OC) return;
+    const int64_t r0 = g * rpb, r1 = r0 + rpb < N ? r0 + rpb : N;
+    float acc = 0.0f;
+    for (int64_t r = r0; r < r1; r++) acc += S::load(dout, r * OC + oc);
+    part[g * OC + oc] = acc;
+}
+
+// dbias (OC) += sum over g of part (G,OC), g in order.
+template <class S> __global__ void dbias_final_kernel(typename S::T *dbias, const float *part, int64_t G, int64_t OC) {
+    for (int64_t oc = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; oc < OC; oc += (int64_t)gridDim.x * blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < G; g++) acc += part[g * OC + oc];
+        S::store(dbias, oc, S::load(dbias, oc) + acc);
+    }
+}
+
+template <class S>
+zoff_status simple_gemm(const zoff_cuda_launch *L, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                        int64_t lda, const void *B, int64_t ldb, float beta, void *D, int64_t ldd, const void *bias) {
+    typedef typename S::T T;
+    const int64_t gy = (m + SG_TILE - 1) / SG_TILE, gx = (n + SG_TILE - 1) / SG_TILE;
+    if (gy > 65535 || gx > INT32_MAX)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "simple GEMM: %lld x %lld output is too large for its grid",
+                          (long long)m, (long long)n);
+    simple_gemm_kernel<S><<<dim3((unsigned int)gx, (unsigned int)gy), dim3(SG_TILE, SG_TILE), 0, L->s>>>(
+        m, n, k, ta, tb, (const T *)A, lda, (const T *)B, ldb, beta, (T *)D, ldd, (const T *)bias);
+    ZOFF_CUDA_CHECK_LAUNCH("simple_gemm_kernel");
+    return ZOFF_OK;
+}
+
+zoff_status simple_gemm_dt(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *D, int64_t ldd,
+                           const void *bias) {
+    ZOFF_CUDA_DISPATCH(dt, S, return simple_gemm<S>(L, ta, tb, m, n, k, A, lda, B, ldb, beta, D, ldd, bias));
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "matmul: dtype %s is not supported by the CUDA backend", zoff_dtype_name(dt));
+}
+
+// ------------------------------------------------------------------ cuBLASLt
+
+// Descriptors of one cuBLASLt call, destroyed together by lt_descs_free (plain C style: no
+// destructors, so the host code needs no C++ exception runtime at link time).
+struct LtDescs {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulPreference_t pref;
+};
+
+void lt_descs_free(LtDescs *dd) {
+    if (dd->pref) cublasLtMatmulPreferenceDestroy(dd->pref);
+    if (dd->d) cublasLtMatrixLayoutDestroy(dd->d);
+    if (dd->b) cublasLtMatrixLayoutDestroy(dd->b);
+    if (dd->a) cublasLtMatrixLayoutDestroy(dd->a);
+    if (dd->op) cublasLtMatmulDescDestroy(dd->op);
+    memset(dd, 0, sizeof *dd);
+}
+
+// Look up / fill the algorithm cache entry of key. *found: 1 with an algorithm, 0 without.
+zoff_status lt_algo(zoff_cuda_ctx *ctx, const MMKey &key, LtDescs &dd, cublasLtMatmulAlgo_t *algo, size_t *ws,
+                    int *found) {
+    MMCache *cache = (MMCache *)ctx->mm_cache;
+    pthread_mutex_lock(&ctx->mu);
+    for (int i = 0; i < CACHE_SIZE; i++) {
+        const MMEntry &e = cache->e[i];
+        if (e.valid && key_eq(e.key, key)) {
+            *found = e.has_algo;
+            *algo = e.algo;
+            *ws = e.workspace;
+            pthread_mutex_unlock(&ctx->mu);
+            return ZOFF_OK;
+        }
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int nres = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->blaslt, dd.op, dd.a, dd.b, dd.d, dd.d,
+                                                      dd.pref, 1, &res, &nres);
+    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+        return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: cublasLtMatmulAlgoGetHeuristic failed: %s (%s)", __FILE__, __LINE__,
+                          cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+    *found = s == CUBLAS_STATUS_SUCCESS && nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    *algo = res.algo;
+    *ws = *found ? res.workspaceSize : 0;
+    pthread_mutex_lock(&ctx->mu);
+    MMEntry &e = cache->e[cache->next];
+    cache->next = (cache->next + 1) % CACHE_SIZE;
+    e.key = key;
+    e.valid = 1;
+    e.has_algo = *found;
+    e.algo = res.algo;
+    e.workspace = *ws;
+    pthread_mutex_unlock(&ctx->mu);
+    return ZOFF_OK;
+}
+
+// D (m,n) col-major = op(A) . op(B) + beta * D (+ bias (m) through the epilogue when bias != NULL).
+// *done = 0 when cuBLASLt has no algorithm for the case (nothing was issued).
+zoff_status lt_gemm_body(const zoff_cuda_launch *L, LtDescs &dd, zoff_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                         int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *D,
+                         int64_t ldd, const void *bias, int *done) {
+    *done = 0;
+    zoff_cuda_ctx *ctx = L->ctx;
+    const cudaDataType_t ty = cuda_type(dt);
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&dd.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.a, ty, (uint64_t)(ta ? k : m), (uint64_t)(ta ? m : k), lda));
+    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.b, ty, (uint64_t)(tb ? n : k), (uint64_t)(tb ? k : n), ldb));
+    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.d, ty, (uint64_t)m, (uint64_t)n, ldd));
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&dd.pref));
+    const uint64_t wsmax = WORKSPACE_BYTES;
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax,
+                                                           sizeof wsmax));
+    MMKey key;
+    memset(&key, 0, sizeof key); // padding bytes take part in the comparison
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+    key.ta = ta, key.tb = tb, key.dt = (int)dt, key.bias = bias != nullptr;
+    key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_d = ptr_align(D);
+    key.align_bias = bias ? ptr_align(bias) : 0;
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                           &key.align_a, sizeof key.align_a));
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                           &key.align_b, sizeof key.align_b));
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                           &key.align_d, sizeof key.align_d));
+    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                           &key.align_d, sizeof key.align_d));
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_need = 0;
+    int found = 0;
+    ZOFF_TRY(lt_algo(ctx, key, dd, &algo, &ws_need, &found));
+    if (!found) return ZOFF_OK;
+    void *ws = nullptr;
+    if (ws_need > 0) ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 1, WORKSPACE_BYTES, &ws));
+    const float alpha = 1.0f;
+    cublasStatus_t s = cublasLtMatmul((cublasLtHandle_t)ctx->blaslt, dd.op, &alpha, A, dd.a, B, dd.b, &beta, D, dd.d,
+                                      D, dd.d, &algo, ws, ws ? WORKSPACE_BYTES : 0, L->s);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return ZOFF_OK; // nothing issued: the caller falls back
+    ZOFF_CUBLAS_CHECK(s);
+    *done = 1;
+    return ZOFF_OK;
+}
+
+zoff_status lt_gemm(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *D, int64_t ldd,
+                    const void *bias, int *done) {
+    LtDescs dd;
+    memset(&dd, 0, sizeof dd);
+    zoff_status st = lt_gemm_body(L, dd, dt, ta, tb, m, n, k, A, lda, B, ldb, beta, D, ldd, bias, done);
+    lt_descs_free(&dd);
+    return st;
+}
+
+template <class S> zoff_status fill_rows(const zoff_cuda_launch *L, void *out, const void *bias, int64_t N, int64_t OC) {
+    typedef typename S::T T;
+    fill_rows_kernel<S><<<flat_blocks(N * OC, 256), 256, 0, L->s>>>((T *)out, (const T *)bias, N, OC);
+    ZOFF_CUDA_CHECK_LAUNCH("fill_rows_kernel");
+    return ZOFF_OK;
+}
+
+zoff_status fill_rows_dt(const zoff_cuda_launch *L, zoff_dtype dt, void *out, const void *bias, int64_t N, int64_t OC) {
+    ZOFF_CUDA_DISPATCH(dt, S, return fill_rows<S>(L, out, bias, N, OC));
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "matmul: dtype %s is not supported by the CUDA backend", zoff_dtype_name(dt));
+}
+
+// D = op(A) op(B) + beta D (+ bias): cuBLASLt (bias through its epilogue when the bias pointer is
+// 16-byte aligned, else written into D first and added with beta = 1), or the simple kernel.
+zoff_status gemm(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *D, int64_t ldd,
+                 const void *bias) {
+    if (L->ctx->matmul_mode != ZOFF_CUDA_MM_SIMPLE) {
+        int done = 0;
+        if (bias && beta == 0.0f && ptr_align(bias) >= 16) {
+            ZOFF_TRY(lt_gemm(L, dt, ta, tb, m, n, k, A, lda, B, ldb, 0.0f, D, ldd, bias, &done));
+            if (done) return ZOFF_OK;
+        }
+        if (bias && beta == 0.0f) {
+            if (ldd != m)
+                return zoff_error(ZOFF_ERR_INTERNAL, "matmul: bias fill needs a contiguous output (ldd %lld != m %lld)",
+                                  (long long)ldd, (long long)m);
+            // D (m,n) col-major is out (n,m) row-major: fill each row with the bias, then accumulate
+            ZOFF_TRY(fill_rows_dt(L, dt, D, bias, n, m));
+            ZOFF_TRY(lt_gemm(L, dt, ta, tb, m, n, k, A, lda, B, ldb, 1.0f, D, ldd, nullptr, &done));
+            if (done) return ZOFF_OK;
+            return simple_gemm_dt(L, dt, ta, tb, m, n, k, A, lda, B, ldb, 1.0f, D, ldd, nullptr);
+        }
+        ZOFF_TRY(lt_gemm(L, dt, ta, tb, m, n, k, A, lda, B, ldb, beta, D, ldd, bias, &done));
+        if (done) return ZOFF_OK;
+    }
+    return simple_gemm_dt(L, dt, ta, tb, m, n, k, A, lda, B, ldb, beta, D, ldd, bias);
+}
+
+template <class S> zoff_status dbias(const zoff_cuda_launch *L, void *dbias_, const void *dout, int64_t N, int64_t OC) {
+    typedef typename S::T T;
+    const int64_t want = (N + 63) / 64;
+    const int64_t G = want < DB_MAX_PARTS ? want : DB_MAX_PARTS; // depends on N only: deterministic
+    const int64_t rpb = (N + G - 1) / G;
+    void *scr = nullptr;
+    ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, (size_t)(G * OC) * sizeof(float), &scr));
+    const int64_t gx = (OC + DB_THREADS - 1) / DB_THREADS;
+    if (gx > INT32_MAX) return zoff_error(ZOFF_ERR_UNSUPPORTED, "matmul dbias: OC = %lld is too large", (long long)OC);
+    dbias_part_kernel<S><<<dim3((unsigned int)gx, (unsigned int)G), DB_THREADS, 0, L->s>>>((float *)scr,
+                                                                                          (const T *)dout, N, OC, rpb);
+    ZOFF_CUDA_CHECK_LAUNCH("dbias_part_kernel");
+    dbias_final_kernel<S><<<flat_blocks(OC, DB_THREADS), DB_THREADS, 0, L->s>>>((T *)dbias_, (const float *)scr, G, OC);
+    ZOFF_CUDA_CHECK_LAUNCH("dbias_final_kernel");
+    return ZOFF_OK;
+}
+
+} // namespace
+
+extern "C" zoff_status zoff_cuda_matmul_init(zoff_cuda_ctx *ctx) {
+    MMCache *cache = (MMCache *)calloc(1, sizeof(MMCache));
+    if (!cache) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the matmul algorithm cache");
+    ctx->mm_cache = cache;
+    cublasLtHandle_t h = nullptr;
+    ZOFF_CUBLAS_CHECK(cublasLtCreate(&h));
+    ctx->blaslt = h;
+    return ZOFF_OK;
+}
+
+extern "C" void zoff_cuda_matmul_fini(zoff_cuda_ctx *ctx) {
+    if (ctx->blaslt) {
+        cublasStatus_t s = cublasLtDestroy((cublasLtHandle_t)ctx->blaslt);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            zoff_log(ZOFF_LOG_ERROR, "%s:%d: cublasLtDestroy failed: %s", __FILE__, __LINE__, cublasLtGetStatusString(s));
+        ctx->blaslt = nullptr;
+    }
+    free(ctx->mm_cache);
+    ctx->mm_cache = nullptr;
+}
+
+// out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL.
+extern "C" zoff_status zoff_cuda_matmul_fwd(const zoff_cuda_launch *L, const zoff_op_matmul_fwd_args *a) {
+    const int64_t N = a->N, C = a->C, OC = a->OC;
+    if (a->dt != ZOFF_F32 && a->dt != ZOFF_BF16 && a->dt != ZOFF_F16)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "matmul_fwd: dtype %s is not supported by the CUDA backend",
+                          zoff_dtype_name(a->dt));
+    if (N == 0 || OC == 0) return ZOFF_OK;
+    if (C == 0) return fill_rows_dt(L, a->dt, a->out, a->bias, N, OC);
+    return gemm(L, a->dt, 1, 0, OC, N, C, a->weight, C, a->inp, C, 0.0f, a->out, OC, a->bias);
+}
+
+// dinp (N,C) += dout (N,OC) @ weight (OC,C) (skipped when dinp is NULL); dweight (OC,C) += dout^T @ inp (N,C);
+// dbias (OC) += column sums of dout (skipped when dbias is NULL).
+extern "C" zoff_status zoff_cuda_matmul_bwd(const zoff_cuda_launch *L, const zoff_op_matmul_bwd_args *a) {
+    const int64_t N = a->N, C = a->C, OC = a->OC;
+    const zoff_dtype dt = a->dt;
+    if (dt != ZOFF_F32 && dt != ZOFF_BF16 && dt != ZOFF_F16)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "matmul_bwd: dtype %s is not supported by the CUDA backend",
+                          zoff_dtype_name(dt));
+    if (N == 0 || OC == 0) return ZOFF_OK;
+    if (C > 0) {
+        if (a->dinp) ZOFF_TRY(gemm(L, dt, 0, 0, C, N, OC, a->weight, C, a->dout, OC, 1.0f, a->dinp, C, nullptr));
+        if (a->dweight) ZOFF_TRY(gemm(L, dt, 0, 1, C, OC, N, a->inp, C, a->dout, OC, 1.0f, a->dweight, C, nullptr));
+    }
+    if (a->dbias) {
+        ZOFF_CUDA_DISPATCH(dt, S, return dbias<S>(L, a->dbias, a->dout, N, OC));
+    }
+    return ZOFF_OK;
+}
