@@ -2,6 +2,7 @@
  * is cpu_optim_body.h. bf16 rounding is done with integer ops (AVX2 has no bf16
  * conversion), fp16 with F16C (exact, nearest even). Only called when
  * zoff_cpu_features_get() reports avx2, fma and f16c. */
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -33,14 +34,9 @@ static inline __attribute__((always_inline)) zv zv_negcopysign(zv mag, zv x) {
 }
 
 static inline __attribute__((always_inline)) zi zi_rand(uint32_t seed, uint32_t idx) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256i x = _mm256_xor_si256(_mm256_add_epi32(_mm256_set1_epi32((int)idx), lane), _mm256_set1_epi32((int)seed));
-    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
-    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
-    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
-    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-    return x;
+    const __m256i lanes = _mm256_setr_epi32(0, (int)ZO_WEYL, (int)(2 * ZO_WEYL), (int)(3 * ZO_WEYL), (int)(4 * ZO_WEYL),
+                                            (int)(5 * ZO_WEYL), (int)(6 * ZO_WEYL), (int)(7 * ZO_WEYL));
+    return _mm256_add_epi32(_mm256_set1_epi32((int)(idx * ZO_WEYL + seed)), lanes);
 }
 
 /* 8 values (< 2^16 each, in 32-bit lanes) -> 8 uint16 */
@@ -75,3 +71,7 @@ static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, z
 
 #define ZO_FN(name) name##_avx2
 #include "optim/cpu_optim_body.h"
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int zoff_cpu_adam_avx2_unused;
+#endif

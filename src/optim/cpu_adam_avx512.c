@@ -6,6 +6,7 @@
  * fp16 conversions use AVX-512F's VCVTPS2PH / VCVTPH2PS (exact, nearest even);
  * AVX512_FP16 arithmetic is not needed because all math is fp32.
  * Only called when zoff_cpu_features_get() reports the features. */
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -38,14 +39,12 @@ static inline __attribute__((always_inline)) zv zv_negcopysign(zv mag, zv x) {
 }
 
 static inline __attribute__((always_inline)) zi zi_rand(uint32_t seed, uint32_t idx) {
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i x = _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32((int)idx), lane), _mm512_set1_epi32((int)seed));
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x846ca68bu));
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-    return x;
+    const __m512i lanes = _mm512_setr_epi32(0, (int)ZO_WEYL, (int)(2 * ZO_WEYL), (int)(3 * ZO_WEYL), (int)(4 * ZO_WEYL),
+                                            (int)(5 * ZO_WEYL), (int)(6 * ZO_WEYL), (int)(7 * ZO_WEYL), (int)(8 * ZO_WEYL),
+                                            (int)(9 * ZO_WEYL), (int)(10 * ZO_WEYL), (int)(11 * ZO_WEYL),
+                                            (int)(12 * ZO_WEYL), (int)(13 * ZO_WEYL), (int)(14 * ZO_WEYL),
+                                            (int)(15 * ZO_WEYL));
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(idx * ZO_WEYL + seed)), lanes);
 }
 
 /* 16 values (< 2^16 each, in 32-bit lanes) -> 16 uint16 */
@@ -96,3 +95,7 @@ static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, z
 #define zv_st_bf16 zo_st_bf16_hw
 #define zv_st16_bf16 zo_st_bf16_hw
 #include "optim/cpu_optim_body.h"
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int zoff_cpu_adam_avx512_unused;
+#endif

@@ -34,14 +34,8 @@ static inline __attribute__((always_inline)) zv zv_negcopysign(zv mag, zv x) {
 }
 
 static inline __attribute__((always_inline)) zi zi_rand(uint32_t seed, uint32_t idx) {
-    static const uint32_t lanes[4] = {0, 1, 2, 3};
-    uint32x4_t x = veorq_u32(vaddq_u32(vdupq_n_u32(idx), vld1q_u32(lanes)), vdupq_n_u32(seed));
-    x = veorq_u32(x, vshrq_n_u32(x, 16));
-    x = vmulq_u32(x, vdupq_n_u32(0x7feb352du));
-    x = veorq_u32(x, vshrq_n_u32(x, 15));
-    x = vmulq_u32(x, vdupq_n_u32(0x846ca68bu));
-    x = veorq_u32(x, vshrq_n_u32(x, 16));
-    return x;
+    static const uint32_t lanes[4] = {0, ZO_WEYL, 2 * ZO_WEYL, 3 * ZO_WEYL};
+    return vaddq_u32(vdupq_n_u32(idx * ZO_WEYL + seed), vld1q_u32(lanes));
 }
 
 static inline __attribute__((always_inline)) void zv_st_bf16(uint16_t *ptr, zv x) {

@@ -43,7 +43,7 @@ static inline float zo_float(uint32_t u) {
 #define zi_zero() 0u
 #define zi_lo16(r) ((r) & 0xffffu)
 #define zi_hi16(r) ((r) >> 16)
-#define zi_rand(seed, idx) zoff_optim_hash32((idx) ^ (seed))
+#define zi_rand(seed, idx) ((idx) * ZO_WEYL + (seed))
 
 static inline void zv_st_bf16_sr(uint16_t *ptr, float x, uint32_t r16) {
     uint32_t b = zo_bits(x);

@@ -15,7 +15,7 @@
  *   zv_st16_bf16 / zv_st16_f16 (uint16_t *, zv)  stores of params16 (may differ: NT)
  *   zv_add, zv_sub, zv_mul, zv_div, zv_sqrt, zv_fma(a, b, c) = a*b+c rounded once
  *   zv_negcopysign(mag, x) = -copysign(mag, x)
- *   zi_rand(uint32_t seed, uint32_t idx) = zoff_optim_hash32((idx + lane) ^ seed) per lane
+ *   zi_rand(uint32_t seed, uint32_t idx) = (idx + lane) * ZO_WEYL + seed per lane (mod 2^32)
  *   zi_lo16(zi), zi_hi16(zi)   r & 0xffff, r >> 16
  *   zi_zero()
  * All loads/stores are unaligned. */

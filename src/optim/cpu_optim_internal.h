@@ -54,7 +54,16 @@ zoff_optim_range_fn zoff_optim_select_avx512bf16(int kind, int gd, int sd, int p
 zoff_optim_range_fn zoff_optim_select_neon(int kind, int gd, int sd, int pd);
 #endif
 
-/* The stochastic-rounding hash (lowbias32), shared so every path and the tests agree. */
+/* Stochastic rounding of bf16 state takes 16 random bits per value from
+ *     x = (index * ZO_WEYL + seed) mod 2^32
+ * (low half for m, high half for v), where seed is a hash of the step (and a
+ * salt). For a given element and step, x is uniform because seed is, so the
+ * rounding is unbiased; steps are independent; within a step, neighbouring
+ * elements get well-spread (Weyl sequence) offsets. It costs one vector add
+ * per vector, where a per-element hash cost two multiplies. */
+#define ZO_WEYL 0x9e3779b9u
+
+/* lowbias32: hashes the step number into the seed. */
 static inline uint32_t zoff_optim_hash32(uint32_t x) {
     x ^= x >> 16;
     x *= 0x7feb352du;
