@@ -48,23 +48,25 @@ ZO_AI void ZO_FN(zo_st16)(void *base, int64_t i, zv x, const int dt) {
 }
 
 /* One vector of ZW elements at offset i of the given bases; idx = global index of element i. */
-ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int pd, const zoff_optim_kargs *a,
-                         const ZO_FN(zo_hv) *h, float *p, void *m, void *v, const void *g, void *p16, int64_t i,
-                         uint32_t idx) {
+/* decay_mode, sround and seed are the kargs fields, passed as values so that
+ * the compiler keeps them in registers (stores to the arrays could alias *a). */
+ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int pd, const int decay_mode,
+                         const int sround, const uint32_t seed, const ZO_FN(zo_hv) *h, float *p, void *m, void *v,
+                         const void *g, void *p16, int64_t i, uint32_t idx) {
     zv pv = zv_ld_f32(p + i);
     zv gr = ZO_FN(zo_ld)(g, i, gd);
-    const int sr = (sd == ZO_BF16) && a->sround && kind != ZO_KIND_PROBE;
-    zi r = sr ? zi_rand(a->seed, idx) : zi_zero();
+    const int sr = (sd == ZO_BF16) && sround && kind != ZO_KIND_PROBE;
+    zi r = sr ? zi_rand(seed, idx) : zi_zero();
     if (kind == ZO_KIND_ADAM) {
         zv mv = ZO_FN(zo_ld)(m, i, sd);
         zv vv = ZO_FN(zo_ld)(v, i, sd);
         zv gv = zv_mul(gr, h->gscale);
-        if (a->decay_mode == ZO_DECAY_L2) gv = zv_fma(pv, h->decay, gv);
+        if (decay_mode == ZO_DECAY_L2) gv = zv_fma(pv, h->decay, gv);
         mv = zv_fma(gv, h->omb1, zv_mul(mv, h->b1));
         vv = zv_fma(zv_mul(gv, gv), h->omb2, zv_mul(vv, h->b2));
         zv denom = zv_fma(zv_sqrt(vv), h->bc2inv, h->eps);
         zv u = zv_div(mv, denom);
-        if (a->decay_mode == ZO_DECAY_DECOUPLED) pv = zv_fma(pv, h->decay, pv);
+        if (decay_mode == ZO_DECAY_DECOUPLED) pv = zv_fma(pv, h->decay, pv);
         pv = zv_fma(u, h->step, pv);
         zv_st_f32(p + i, pv);
         ZO_FN(zo_st_state)(m, i, mv, sd, sr, zi_lo16(r));
@@ -72,7 +74,7 @@ ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int p
     } else if (kind == ZO_KIND_ADAGRAD) {
         zv vv = ZO_FN(zo_ld)(v, i, sd);
         zv gv = zv_mul(gr, h->gscale);
-        zv gd2 = a->decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, gv) : gv;
+        zv gd2 = decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, gv) : gv;
         vv = zv_fma(gd2, gd2, vv);
         zv u = zv_div(gv, zv_add(zv_sqrt(vv), h->eps));
         pv = zv_fma(u, h->step, pv);
@@ -83,7 +85,7 @@ ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int p
         zv gv = zv_mul(gr, h->gscale);
         zv c = zv_fma(gv, h->omb1, zv_mul(mv, h->b1));
         zv t = zv_add(zv_negcopysign(h->lr, c), zv_sub(c, c));
-        pv = a->decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, t) : zv_add(pv, t);
+        pv = decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, t) : zv_add(pv, t);
         mv = zv_fma(gv, h->omb2, zv_mul(mv, h->b2));
         zv_st_f32(p + i, pv);
         ZO_FN(zo_st_state)(m, i, mv, sd, sr, zi_lo16(r));
@@ -112,8 +114,11 @@ ZO_AI void ZO_FN(zo_range)(const int kind, const int gd, const int sd, const int
     float *p = a->p;
     void *m = a->m, *v = a->v, *p16 = a->p16;
     const void *g = a->g;
+    const int decay_mode = a->decay_mode, sround = a->sround;
+    const uint32_t seed = a->seed, idx0 = a->idx0;
     int64_t i = lo;
-    for (; i + ZW <= hi; i += ZW) ZO_FN(zo_vec)(kind, gd, sd, pd, a, &h, p, m, v, g, p16, i, a->idx0 + (uint32_t)i);
+    for (; i + ZW <= hi; i += ZW)
+        ZO_FN(zo_vec)(kind, gd, sd, pd, decay_mode, sround, seed, &h, p, m, v, g, p16, i, idx0 + (uint32_t)i);
 #if ZW > 1
     if (i < hi) { /* tail: the same vector code on copies, so tails match full vectors bit for bit */
         const size_t r = (size_t)(hi - i);
@@ -128,8 +133,8 @@ ZO_AI void ZO_FN(zo_range)(const int kind, const int gd, const int sd, const int
         if (m) memcpy(tb.m, (const char *)m + (size_t)i * ss, r * ss);
         if (v) memcpy(tb.v, (const char *)v + (size_t)i * ss, r * ss);
         memcpy(tb.g, (const char *)g + (size_t)i * gs, r * gs);
-        ZO_FN(zo_vec)(kind, gd, sd, pd, a, &h, tb.p, m ? (void *)tb.m : NULL, v ? (void *)tb.v : NULL, tb.g,
-                      tb.p16, 0, a->idx0 + (uint32_t)i);
+        ZO_FN(zo_vec)(kind, gd, sd, pd, decay_mode, sround, seed, &h, tb.p, m ? (void *)tb.m : NULL,
+                      v ? (void *)tb.v : NULL, tb.g, tb.p16, 0, idx0 + (uint32_t)i);
         memcpy(p + i, tb.p, r * 4);
         if (m) memcpy((char *)m + (size_t)i * ss, tb.m, r * ss);
         if (v) memcpy((char *)v + (size_t)i * ss, tb.v, r * ss);
