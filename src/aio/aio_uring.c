@@ -1,0 +1,203 @@
+/* The io_uring engine (compiled only where liburing was found): each I/O
+ * thread owns a ring and keeps up to queue_depth chunks in flight, taking them
+ * from the shared request queue. Partial transfers are resubmitted for the
+ * rest; a read that hits the end of the file is reported as short. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aio/aio_internal.h"
+
+typedef struct uring_thread {
+    zoff_aio *a;
+    struct io_uring ring;
+    bool ring_ok;
+    aio_chunk *slots;
+    int *free_slots;
+    int nfree;
+    int inflight;
+    pthread_t th;
+    bool started;
+} uring_thread;
+
+typedef struct uring_state {
+    int n;
+    uring_thread *t;
+} uring_state;
+
+static void prep(uring_thread *t, aio_chunk *c) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
+    while (!sqe) { /* the submission queue is full: hand it to the kernel */
+        io_uring_submit(&t->ring);
+        sqe = io_uring_get_sqe(&t->ring);
+    }
+    size_t want = c->len - c->done;
+    if (c->limit && want > c->limit - c->done) want = c->limit - c->done;
+    int fd = c->r->file->fd;
+    if (c->r->op == ZOFF_AIO_READ)
+        io_uring_prep_read(sqe, fd, zoff_aio__chunk_buf(c), (unsigned)want, (uint64_t)zoff_aio__chunk_offset(c));
+    else
+        io_uring_prep_write(sqe, fd, zoff_aio__chunk_buf(c), (unsigned)want, (uint64_t)zoff_aio__chunk_offset(c));
+    io_uring_sqe_set_data(sqe, c);
+}
+
+static void complete(uring_thread *t, aio_chunk *c) {
+    zoff_aio *a = t->a;
+    zoff_aio__finish_chunk(a, c);
+    pthread_mutex_lock(&a->mu);
+    zoff_aio__complete_chunk(a, c);
+    pthread_mutex_unlock(&a->mu);
+    t->free_slots[t->nfree++] = (int)(c - t->slots);
+    t->inflight--;
+}
+
+/* Handle one completion; returns true if the chunk was resubmitted. */
+static bool handle_cqe(uring_thread *t, struct io_uring_cqe *cqe) {
+    aio_chunk *c = io_uring_cqe_get_data(cqe);
+    int res = cqe->res;
+    io_uring_cqe_seen(&t->ring, cqe);
+    if (res == -EINTR || res == -EAGAIN) {
+        prep(t, c);
+        io_uring_submit(&t->ring);
+        return true;
+    }
+    if (res < 0) {
+        c->err = -res;
+    } else if (res > 0) {
+        c->done += (size_t)res;
+        bool limited = c->limit && c->done >= c->limit;
+        if (c->done < c->len && !limited) { /* partial transfer: the rest */
+            prep(t, c);
+            io_uring_submit(&t->ring);
+            return true;
+        }
+    } /* res == 0: end of file (read) or nothing written: short */
+    complete(t, c);
+    return false;
+}
+
+static void *uring_main(void *arg) {
+    uring_thread *t = arg;
+    zoff_aio *a = t->a;
+    int qd = (int)a->o.queue_depth;
+    for (;;) {
+        int prepared = 0;
+        pthread_mutex_lock(&a->mu);
+        while (t->inflight < qd) {
+            aio_chunk c;
+            if (!zoff_aio__take_chunk(a, &c)) break;
+            pthread_mutex_unlock(&a->mu);
+            int slot = t->free_slots[--t->nfree];
+            t->slots[slot] = c;
+            aio_chunk *cp = &t->slots[slot];
+            t->inflight++;
+            if (!zoff_aio__prepare_chunk(a, cp)) {
+                complete(t, cp); /* injected failure: never issued */
+            } else {
+                prep(t, cp);
+                prepared++;
+                if (a->o.single_submit) io_uring_submit(&t->ring);
+            }
+            pthread_mutex_lock(&a->mu);
+        }
+        if (t->inflight == 0) {
+            if (a->quit) {
+                pthread_mutex_unlock(&a->mu);
+                break;
+            }
+            pthread_cond_wait(&a->cv_work, &a->mu);
+            pthread_mutex_unlock(&a->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&a->mu);
+        if (prepared && !a->o.single_submit) io_uring_submit(&t->ring);
+        /* overlap_events: take new chunks after each completion; else drain the batch first */
+        do {
+            struct io_uring_cqe *cqe = NULL;
+            int r = io_uring_wait_cqe(&t->ring, &cqe);
+            if (r == -EINTR) continue;
+            if (r < 0) { /* the ring itself failed: fail everything in flight */
+                for (int i = 0; i < qd; i++) {
+                    bool used = true;
+                    for (int k = 0; k < t->nfree; k++) used &= t->free_slots[k] != i;
+                    if (used) {
+                        t->slots[i].err = -r;
+                        complete(t, &t->slots[i]);
+                    }
+                }
+                break;
+            }
+            handle_cqe(t, cqe);
+            while (io_uring_peek_cqe(&t->ring, &cqe) == 0 && cqe) handle_cqe(t, cqe);
+        } while (!a->o.overlap_events && t->inflight > 0);
+    }
+    return NULL;
+}
+
+static void free_state(uring_state *u) {
+    for (int i = 0; i < u->n; i++) {
+        if (u->t[i].ring_ok) io_uring_queue_exit(&u->t[i].ring);
+        free(u->t[i].slots);
+        free(u->t[i].free_slots);
+    }
+    free(u->t);
+    free(u);
+}
+
+zoff_status zoff_aio__uring_start(zoff_aio *a, char *why, size_t whylen) {
+    uring_state *u = calloc(1, sizeof *u);
+    int n = (int)a->o.threads, qd = (int)a->o.queue_depth;
+    if (!u || !(u->t = calloc((size_t)n, sizeof *u->t))) {
+        free(u);
+        snprintf(why, whylen, "out of host memory");
+        return ZOFF_ERR_NOMEM;
+    }
+    u->n = n;
+    for (int i = 0; i < n; i++) {
+        uring_thread *t = &u->t[i];
+        t->a = a;
+        int r = io_uring_queue_init((unsigned)qd, &t->ring, 0);
+        if (r < 0) {
+            snprintf(why, whylen, "io_uring_queue_init: %s", strerror(-r));
+            free_state(u);
+            return ZOFF_ERR_UNSUPPORTED;
+        }
+        t->ring_ok = true;
+        t->slots = calloc((size_t)qd, sizeof *t->slots);
+        t->free_slots = calloc((size_t)qd, sizeof *t->free_slots);
+        if (!t->slots || !t->free_slots) {
+            snprintf(why, whylen, "out of host memory");
+            free_state(u);
+            return ZOFF_ERR_NOMEM;
+        }
+        for (int k = 0; k < qd; k++) t->free_slots[k] = qd - 1 - k;
+        t->nfree = qd;
+    }
+    a->uring = u;
+    for (int i = 0; i < n; i++) {
+        if (pthread_create(&u->t[i].th, NULL, uring_main, &u->t[i]) != 0) {
+            snprintf(why, whylen, "cannot start an I/O thread: %s", strerror(errno));
+            pthread_mutex_lock(&a->mu);
+            a->quit = true;
+            pthread_cond_broadcast(&a->cv_work);
+            pthread_mutex_unlock(&a->mu);
+            zoff_aio__uring_stop(a);
+            a->quit = false;
+            return ZOFF_ERR_INTERNAL;
+        }
+        u->t[i].started = true;
+    }
+    return ZOFF_OK;
+}
+
+void zoff_aio__uring_stop(zoff_aio *a) {
+    uring_state *u = a->uring;
+    if (!u) return;
+    for (int i = 0; i < u->n; i++)
+        if (u->t[i].started) pthread_join(u->t[i].th, NULL);
+    free_state(u);
+    a->uring = NULL;
+}
