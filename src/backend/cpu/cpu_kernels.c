@@ -7,7 +7,8 @@
  * converted on load and rounded to nearest even on store. Matrix products go
  * through OpenBLAS cblas_sgemm (16-bit operands are widened to fp32 scratch).
  *
- * Threads: OpenMP with nt = threads ? threads : omp_get_max_threads(). These
+ * Threads: OpenMP with nt = threads ? threads : omp_get_max_threads(); OpenBLAS
+ * is set to one thread and sgemm calls are split over the OpenMP team. These
  * functions run on a stream's thread, never assume the main thread. Results
  * are deterministic for a given thread count; the reductions (dweight/dbias
  * of matmul and layernorm, dwte/dwpe, GRAD_STATS) are deterministic for any
@@ -507,6 +508,42 @@ static zoff_status layernorm_bwd(const zoff_op_layernorm_bwd_args *a, int nt) {
 
 /* ------------------------------------------------------------------ matmul */
 
+/* OpenBLAS runs single-threaded: all parallelism of this backend is OpenMP.
+ * Letting the pthread OpenBLAS start its own threads next to the OpenMP team
+ * made the two pools fight for the cores (profile of the default training run:
+ * ~40% of the time spinning in libgomp and in OpenBLAS' sched_yield; 10x
+ * slower attention when sgemm was called inside an OpenMP loop). Set once per
+ * process; no other module of zoff calls BLAS. */
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+/* Rows/columns per block of a parallel sgemm. Fixed (not derived from the
+ * thread count), so every output element is computed by the same sgemm call
+ * whatever the number of threads: results do not depend on it. */
+#define GEMM_BLK 128
+
+/* Row-major C(M,N) = alpha op(A)(M,K) op(B)(K,N) + beta C, op = transpose when
+ * ta/tb. Split into GEMM_BLK blocks of the larger of M and N, one sgemm per
+ * block, blocks spread over nt OpenMP threads. */
+static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *Bm, int64_t ldb, float beta, float *Cm, int64_t ldc, int nt) {
+    if (M == 0 || N == 0) return;
+    const CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+    const int split_m = M >= N;
+    const int64_t dim = split_m ? M : N, nb = (dim + GEMM_BLK - 1) / GEMM_BLK;
+#pragma omp parallel for num_threads(nt) if (nb > 1 && M * N * K > 4 * PAR_MIN) schedule(dynamic, 1)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t d0 = b * GEMM_BLK, len = dim - d0 < GEMM_BLK ? dim - d0 : GEMM_BLK;
+        if (split_m) /* rows d0.. of op(A) and C */
+            cblas_sgemm(CblasRowMajor, TA, TB, (int)len, (int)N, (int)K, alpha, ta ? A + d0 : A + d0 * lda, (int)lda,
+                        Bm, (int)ldb, beta, Cm + d0 * ldc, (int)ldc);
+        else /* columns d0.. of op(B) and C */
+            cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)len, (int)K, alpha, A, (int)lda,
+                        tb ? Bm + d0 * ldb : Bm + d0, (int)ldb, beta, Cm + d0, (int)ldc);
+    }
+}
+
+
 /* OC rows per block when 16-bit operands are widened to fp32 scratch: bounds
  * the scratch to about 8M floats per operand block. */
 static int64_t oc_block(int64_t N, int64_t C, int64_t OC) {
@@ -534,8 +571,7 @@ static zoff_status matmul_fwd(const zoff_op_matmul_fwd_args *a, int nt) {
             else memset(o, 0, (size_t)OC * 4);
         }
         if (C > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, a->inp, (int)C,
-                        a->weight, (int)C, 1.0f, out, (int)OC);
+            gemm(0, 1, N, OC, C, 1.0f, a->inp, C, a->weight, C, 1.0f, out, OC, nt);
         return ZOFF_OK;
     }
     const int64_t ob = oc_block(N, C, OC);
@@ -557,8 +593,7 @@ static zoff_status matmul_fwd(const zoff_op_matmul_fwd_args *a, int nt) {
 #pragma omp parallel for num_threads(nt) if (N * n > PAR_MIN) schedule(static)
         for (int64_t i = 0; i < N; i++) memcpy(o32 + i * n, b32 + oc0, (size_t)n * 4);
         if (C > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)n, (int)C, 1.0f, inp32, (int)C, w32,
-                        (int)C, 1.0f, o32, (int)n);
+            gemm(0, 1, N, n, C, 1.0f, inp32, C, w32, C, 1.0f, o32, n, nt);
         store_f32_2d(eptr(a->out, oc0, dt), OC, o32, n, N, n, dt, 0, nt);
     }
 done:
@@ -580,11 +615,9 @@ static zoff_status matmul_bwd(const zoff_op_matmul_bwd_args *a, int nt) {
     if (N == 0 || OC == 0) return ZOFF_OK;
     if (dt == ZOFF_F32) {
         if (a->dinp && C > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0f, a->dout, (int)OC,
-                        a->weight, (int)C, 1.0f, a->dinp, (int)C);
+            gemm(0, 0, N, C, OC, 1.0f, a->dout, OC, a->weight, C, 1.0f, a->dinp, C, nt);
         if (a->dweight && C > 0)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0f, a->dout, (int)OC,
-                        a->inp, (int)C, 1.0f, a->dweight, (int)C);
+            gemm(1, 0, OC, C, N, 1.0f, a->dout, OC, a->inp, C, 1.0f, a->dweight, C, nt);
         if (a->dbias) {
             float *acc = scratch_alloc(OC, "matmul dbias scratch");
             if (!acc) return ZOFF_ERR_NOMEM;
@@ -614,12 +647,10 @@ static zoff_status matmul_bwd(const zoff_op_matmul_bwd_args *a, int nt) {
         load_f32_2d(do32, n, eptr(a->dout, oc0, dt), OC, N, n, dt, nt);
         if (need_dinp) {
             load_f32_par(w32, eptr(a->weight, oc0 * C, dt), n * C, dt, nt);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)n, 1.0f, do32, (int)n, w32,
-                        (int)C, 1.0f, dinp32, (int)C);
+            gemm(0, 0, N, C, n, 1.0f, do32, n, w32, C, 1.0f, dinp32, C, nt);
         }
         if (need_inp) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)C, (int)N, 1.0f, do32, (int)n, inp32,
-                        (int)C, 0.0f, w32, (int)C);
+            gemm(1, 0, n, C, N, 1.0f, do32, n, inp32, C, 0.0f, w32, C, nt);
             store_f32_2d(eptr(a->dweight, oc0 * C, dt), C, w32, C, n, C, dt, 1, nt);
         }
         if (a->dbias) {
@@ -640,11 +671,9 @@ done:
 /* ------------------------------------------------------------------ attention */
 
 /* Attention runs one (b,h) head per OpenMP thread and does its products with
- * cblas_sgemm on tiles of ATT_RB query rows x att_cb(HS) keys. The tiles are
- * kept at or below OpenBLAS's single-thread threshold (m*n*k <= 4 * 65536), so
- * the pthread OpenBLAS does not start its own threads inside our OpenMP loop
- * (that oversubscribes the cores: measured 10x slower); tight C loops were
- * 3-5x slower than these small single-threaded sgemms. */
+ * (single-threaded) cblas_sgemm on tiles of ATT_RB query rows x att_cb(HS)
+ * keys, skipping the tiles above the causal diagonal; tight C loops were 3-5x
+ * slower than these small sgemms. */
 #define ATT_MNK_MAX 262144
 
 static int64_t att_cb(int64_t HS) {
@@ -1073,6 +1102,7 @@ static zoff_status adam(const zoff_op_adam_args *a, int nt) {
 zoff_status zoff_cpu_run_op(zoff_op op, const void *args, int threads) {
     if (!args) return zoff_error(ZOFF_ERR_INVALID, "zoff_cpu_run_op: args is NULL for op %d", (int)op);
     const int nt = nthreads(threads);
+    pthread_once(&g_blas_once, blas_single_thread);
     switch (op) {
     case ZOFF_OP_EMBED_FWD: {
         const zoff_op_embed_fwd_args *a = args;
