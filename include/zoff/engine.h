@@ -56,6 +56,8 @@ typedef struct zoff_engine_memory {
     int64_t device_params;
     int num_subgroups;
     double host_ratio;   /* fraction of parameters on the host (chosen by "auto" or given) */
+    size_t nvme;         /* bytes of the NVMe swap file (offload_optimizer.device "nvme"; the host
+                            sub-groups' fp32 state, which then is not in pinned/pageable) */
 } zoff_engine_memory;
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);

@@ -35,6 +35,7 @@
 
 #include "zoff/loss_scale.h"
 #include "zoff/optim.h"
+#include "zoff/swapper.h"
 
 typedef struct range { /* a run of tensors with the same weight-decay flag */
     int64_t offset, count;
@@ -74,12 +75,19 @@ struct zoff_engine {
     void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update */
     void *h_staging;    /* new 16-bit weights (NULL for fp32: h_master goes back directly) */
     zoff_host_optimizer *hopt;
+    /* NVMe offload (offload_optimizer.device "nvme"): the host sub-groups' fp32
+     * master, m, v live in a swap file (h_master, h_m, h_v stay NULL), streamed
+     * through the swapper's buffers; h_staging exists for fp32 weights too. */
+    zoff_swapper *swap;
+    int *swap_sg;    /* engine sub-group of each swap group (host sub-groups in flat order) */
+    int *swap_order; /* the update order: swap groups from the top down */
+    int nswap;
     int gbuf;           /* which h_grads receives the current backward */
     bool boundary;      /* the current backward streams gradients out */
     zoff_event *ev_grads_done, *ev_weights_done, *ev_dev_done, *ev_stats;
     zoff_event **ev_ready; /* per grad-ready call: compute -> d2h ordering (pool) */
     int nready, cap_ready;
-    char describe[256];
+    char describe[1536];
 
     zoff_loss_scaler ls;
     zoff_engine_scalars sc;
@@ -268,6 +276,142 @@ static zoff_status wait_job(zoff_engine *e) {
     return s;
 }
 
+/* ------------------------------------------------------------------ NVMe state (ZeRO-Infinity) */
+
+/* Swap arrays: 0 master, then m (if the optimizer uses it), then v (if it does). */
+static int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }
+static unsigned nvme_all_arrays(const zoff_engine *e) { return (1u << nvme_narrays(e)) - 1; }
+/* Swap array of engine state i (0 master, 1 m, 2 v); -1 when the optimizer has none. */
+static int nvme_array_of(const zoff_engine *e, int i) {
+    if (i == 0) return 0;
+    if (i == 1) return uses_m(e) ? 1 : -1;
+    return uses_v(e) ? 1 + (int)uses_m(e) : -1;
+}
+
+/* One swap group per host sub-group; updated from the top down like the host state. */
+static zoff_status nvme_create(zoff_engine *e) {
+    const zoff_offload_optimizer_config *oo = &e->cfg->zero.offload_optimizer;
+    int nh = 0;
+    for (int i = 0; i < e->nsg; i++) nh += e->sg[i].on_host;
+    int64_t *counts = calloc((size_t)nh, sizeof *counts);
+    e->swap_sg = calloc((size_t)nh, sizeof *e->swap_sg);
+    e->swap_order = calloc((size_t)nh, sizeof *e->swap_order);
+    if (!counts || !e->swap_sg || !e->swap_order) {
+        free(counts);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d NVMe sub-groups", nh);
+    }
+    for (int i = 0; i < e->nsg; i++)
+        if (e->sg[i].on_host) {
+            e->swap_sg[e->nswap] = i;
+            counts[e->nswap++] = e->sg[i].count;
+        }
+    for (int k = 0; k < nh; k++) e->swap_order[k] = nh - 1 - k;
+    zoff_swapper_options so = {.dir = oo->nvme_path, .stem = "optimizer", .num_groups = nh, .counts = counts,
+                               .num_arrays = nvme_narrays(e), .buffer_count = oo->buffer_count,
+                               .pipeline_read = oo->pipeline_read, .pipeline_write = oo->pipeline_write,
+                               .fast_init = oo->fast_init};
+    /* what zoff_host_optimizer_init_state writes: m = 0; v = 0 (Adagrad: initial_accumulator_value) */
+    if (uses_v(e) && e->cfg->optimizer.type == ZOFF_OPTIM_ADAGRAD)
+        so.init_value[nvme_array_of(e, 2)] = (float)e->cfg->optimizer.initial_accumulator_value;
+    zoff_aio_options_from_config(&e->cfg->aio, &so.aio);
+    zoff_status s = zoff_swapper_create(&so, &e->swap);
+    free(counts);
+    if (s != ZOFF_OK) return zoff_error_context(s, "offload_optimizer.device nvme");
+    return ZOFF_OK;
+}
+
+/* The initial state on disk: master = init (zeros without), m and v as the
+ * optimizer initialises them (fast_init: master only; m and v are produced in
+ * memory at their first read). */
+static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
+    bool fast = e->cfg->zero.offload_optimizer.fast_init;
+    ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_WRITE, fast ? 1u : nvme_all_arrays(e)));
+    for (int k = 0; k < e->nswap; k++) {
+        int sw;
+        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
+        const subgroup *g = &e->sg[e->swap_sg[sw]];
+        if (init) memcpy(arr[0], init + g->offset, (size_t)g->count * sizeof(float));
+        else memset(arr[0], 0, (size_t)g->count * sizeof(float));
+        if (!fast) {
+            int am = nvme_array_of(e, 1), av = nvme_array_of(e, 2);
+            zoff_optim_tensors t = {.params = arr[0], .exp_avg = am >= 0 ? arr[am] : NULL,
+                                    .exp_avg_sq = av >= 0 ? arr[av] : NULL, .state_dt = ZOFF_F32,
+                                    .grads = arr[0], .grad_dt = ZOFF_F32, .n = g->count};
+            ZOFF_TRY(zoff_host_optimizer_init_state(e->hopt, &t));
+        }
+        ZOFF_TRY(zoff_swapper_release(e->swap));
+    }
+    return zoff_swapper_end(e->swap);
+}
+
+/* host_update: the next sub-group's state from the swapper (it must be sub-group i). */
+static zoff_status nvme_next(zoff_engine *e, int i, float **master, float **m, float **v) {
+    int sw;
+    float *arr[ZOFF_SWAP_MAX_ARRAYS];
+    ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
+    if (e->swap_sg[sw] != i)
+        return zoff_error(ZOFF_ERR_INTERNAL, "NVMe swapper returned sub-group %d, expected %d", e->swap_sg[sw], i);
+    int am = nvme_array_of(e, 1), av = nvme_array_of(e, 2);
+    *master = arr[0];
+    *m = am >= 0 ? arr[am] : NULL;
+    *v = av >= 0 ? arr[av] : NULL;
+    return ZOFF_OK;
+}
+
+/* host_update: sub-group g is updated; fp32 weights go to the device from the
+ * staging buffer (the swap buffer is reused), then the state goes back to disk. */
+static zoff_status nvme_release(zoff_engine *e, const subgroup *g, const float *master) {
+    if (e->dtype == ZOFF_F32)
+        memcpy((float *)e->h_staging + g->state_off, master, (size_t)g->count * sizeof(float));
+    return zoff_swapper_release(e->swap);
+}
+
+/* The 16-bit (or fp32) weights of the host sub-groups from the master on disk. */
+static zoff_status nvme_master_to_staging(zoff_engine *e) {
+    ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_READ, 1u));
+    for (int k = 0; k < e->nswap; k++) {
+        int sw;
+        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
+        const subgroup *g = &e->sg[e->swap_sg[sw]];
+        const float *mst = arr[0];
+        if (e->dtype == ZOFF_F32) {
+            memcpy((float *)e->h_staging + g->state_off, mst, (size_t)g->count * sizeof(float));
+        } else {
+            uint16_t *st = (uint16_t *)e->h_staging + g->state_off;
+            for (int64_t j = 0; j < g->count; j++)
+                st[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(mst[j]) : zoff_f32_to_f16(mst[j]);
+        }
+        ZOFF_TRY(zoff_swapper_release(e->swap));
+    }
+    return zoff_swapper_end(e->swap);
+}
+
+/* state_io for the host sub-groups: one pass over the swap file, array i only. */
+static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, bool absent) {
+    int a = nvme_array_of(e, i);
+    if (absent || a < 0) {
+        if (get)
+            for (int k = 0; k < e->nswap; k++) {
+                const subgroup *g = &e->sg[e->swap_sg[k]];
+                memset(host + g->offset, 0, (size_t)g->count * sizeof(float));
+            }
+        return ZOFF_OK;
+    }
+    ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, get ? ZOFF_SWAP_READ : ZOFF_SWAP_WRITE, 1u << a));
+    for (int k = 0; k < e->nswap; k++) {
+        int sw;
+        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
+        const subgroup *g = &e->sg[e->swap_sg[sw]];
+        if (get) memcpy(host + g->offset, arr[a], (size_t)g->count * sizeof(float));
+        else memcpy(arr[a], host + g->offset, (size_t)g->count * sizeof(float));
+        ZOFF_TRY(zoff_swapper_release(e->swap));
+    }
+    return zoff_swapper_end(e->swap);
+}
+
 /* ------------------------------------------------------------------ create / destroy */
 
 void zoff_engine_destroy(zoff_engine *e) {
@@ -300,6 +444,9 @@ void zoff_engine_destroy(zoff_engine *e) {
     host_free(e, e->h_grads[1]);
     host_free(e, e->h_staging);
     zoff_host_optimizer_destroy(e->hopt);
+    zoff_swapper_destroy(e->swap);
+    free(e->swap_sg);
+    free(e->swap_order);
     if (e->worker_started || e->dpu) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
@@ -312,10 +459,8 @@ void zoff_engine_destroy(zoff_engine *e) {
 static zoff_status check_supported(const zoff_engine_options *o) {
     const zoff_config *cfg = o->cfg;
     const zoff_zero_config *z = &cfg->zero;
-    bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU || z->cpu_offload;
-    if (z->offload_optimizer.device == ZOFF_OFFLOAD_NVME)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.offload_optimizer.device \"nvme\" is not implemented "
-                                                "yet; use \"cpu\"");
+    bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU ||
+                   z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->cpu_offload;
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
                           "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (got 0), as in "
@@ -327,7 +472,7 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           cfg->optimizer.type == ZOFF_OPTIM_LION ? "Lion" : "Adagrad");
     if (z->delayed_param_update && !offload)
         return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.zoff_delayed_param_update needs "
-                                           "offload_optimizer.device \"cpu\"");
+                                           "offload_optimizer.device \"cpu\" or \"nvme\"");
     return ZOFF_OK;
 }
 
@@ -340,7 +485,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     ZOFF_TRY(check_supported(o));
     const zoff_config *cfg = o->cfg;
     const zoff_zero_config *z = &cfg->zero;
-    bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU || z->cpu_offload;
+    bool nvme = z->offload_optimizer.device == ZOFF_OFFLOAD_NVME;
+    bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU || nvme || z->cpu_offload;
 
     zoff_engine *e = calloc(1, sizeof *e);
     if (!e) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the engine");
@@ -378,16 +524,19 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     /* host side */
     if (s == ZOFF_OK && e->n_host > 0) {
         size_t nh = (size_t)e->n_host;
-        s = host_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master);
-        if (s == ZOFF_OK && uses_m(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg (host)", (void **)&e->h_m);
-        if (s == ZOFF_OK && uses_v(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg_sq (host)", (void **)&e->h_v);
+        if (nvme) s = nvme_create(e);
+        else s = host_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master);
+        if (s == ZOFF_OK && !nvme && uses_m(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg (host)", (void **)&e->h_m);
+        if (s == ZOFF_OK && !nvme && uses_v(e))
+            s = host_alloc(e, nh * f4, "optimizer exp_avg_sq (host)", (void **)&e->h_v);
         if (s == ZOFF_OK) s = host_alloc(e, nh * e->esize, "gradient partition (host)", &e->h_grads[0]);
         if (s == ZOFF_OK && e->dpu)
             s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
-        if (s == ZOFF_OK && e->dtype != ZOFF_F32)
+        if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme))
             s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
         if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
-        if (s == ZOFF_OK) {
+        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, o->init_params);
+        if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
                                     .state_dt = ZOFF_F32, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
             s = zoff_host_optimizer_init_state(e->hopt, &t);
@@ -414,7 +563,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         for (int i = 0; i < e->nsg; i++) {
             subgroup *g = &e->sg[i];
             if (g->on_host) {
-                memcpy(e->h_master + g->state_off, o->init_params + g->offset, (size_t)g->count * f4);
+                if (!e->swap) memcpy(e->h_master + g->state_off, o->init_params + g->offset, (size_t)g->count * f4);
             } else {
                 float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->offset : e->d_master + g->state_off;
                 s = zoff_memcpy_async(e->compute, dst, o->init_params + g->offset, (size_t)g->count * f4,
@@ -440,6 +589,11 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
                  100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
                  e->pinned ? "pinned" : "pageable", e->dpu ? ", delayed parameter update" : "");
+    if (e->swap) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
+        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
+    }
     *out = e;
     return ZOFF_OK;
 }
@@ -463,24 +617,26 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 /* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
 static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
     void *dst = (char *)e->params + (size_t)g->offset * e->esize;
-    const void *src = e->dtype == ZOFF_F32 ? (const void *)(e->h_master + g->state_off)
+    const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
                                            : (const void *)((const char *)e->h_staging + (size_t)g->state_off * e->esize);
     return zoff_memcpy_async(e->h2d, dst, src, (size_t)g->count * e->esize, ZOFF_COPY_H2D);
 }
 
 /* Round the host master weights to 16 bits into the staging buffer (initial weights, restore). */
-static void host_master_to_staging(zoff_engine *e) {
-    if (e->dtype == ZOFF_F32) return;
+static zoff_status host_master_to_staging(zoff_engine *e) {
+    if (e->swap) return nvme_master_to_staging(e);
+    if (e->dtype == ZOFF_F32) return ZOFF_OK;
     uint16_t *st = e->h_staging;
     for (int64_t i = 0; i < e->n_host; i++)
         st[i] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(e->h_master[i]) : zoff_f32_to_f16(e->h_master[i]);
+    return ZOFF_OK;
 }
 
 zoff_status zoff_engine_sync_params(zoff_engine *e) {
     ZOFF_TRY(wait_job(e));
     ZOFF_TRY(sync_device_subgroups(e, e->compute));
     if (e->n_host > 0) {
-        host_master_to_staging(e);
+        ZOFF_TRY(host_master_to_staging(e));
         ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute)); /* h2d after whatever compute did */
         ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
         for (int i = 0; i < e->nsg; i++)
@@ -567,9 +723,14 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
     /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
     ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+    if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
     for (int i = e->nsg - 1; i >= 0; i--) {
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
+        /* this sub-group's fp32 state: in host memory, or read from the NVMe swap file */
+        float *master = e->h_master ? e->h_master + g->state_off : NULL;
+        float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
+        if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
         for (int r = 0; r < e->nranges; r++) { /* pieces with one weight-decay value */
             const range *rg = &e->ranges[r];
             int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
@@ -577,20 +738,22 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
             if (lo >= hi) continue;
             int64_t so = g->state_off + (lo - g->offset);
             zoff_optim_tensors tt = {
-                .params = e->h_master + so,
-                .exp_avg = e->h_m ? e->h_m + so : NULL,
-                .exp_avg_sq = e->h_v ? e->h_v + so : NULL,
+                .params = master + (lo - g->offset),
+                .exp_avg = hm ? hm + (lo - g->offset) : NULL,
+                .exp_avg_sq = hv ? hv + (lo - g->offset) : NULL,
                 .state_dt = ZOFF_F32,
                 .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
                 .grad_dt = e->dtype,
-                .params16 = e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL,
+                .params16 = e->h_staging && e->dtype != ZOFF_F32 ? (char *)e->h_staging + (size_t)so * e->esize : NULL,
                 .p16_dt = e->dtype,
                 .n = hi - lo,
                 .index_base = lo};
             ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
         }
+        if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
         if (push) ZOFF_TRY(push_host_subgroup(e, g));
     }
+    if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
     return ZOFF_OK;
 }
 
@@ -734,6 +897,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
 zoff_status zoff_engine_flush(zoff_engine *e) {
     double dummy = 0;
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
+    if (e->swap) ZOFF_TRY(zoff_swapper_flush(e->swap)); /* NVMe writes still in flight */
     return zoff_stream_synchronize(e->compute);
 }
 
@@ -755,6 +919,7 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
     for (int k = 0; k < e->nsg; k++) {
         const subgroup *g = &e->sg[k];
         float *h = host + g->offset;
+        if (g->on_host && e->swap) continue; /* below: one pass over the swap file */
         if (g->on_host) {
             float *src = i == 0 ? e->h_master : i == 1 ? e->h_m : e->h_v;
             if (absent) {
@@ -770,6 +935,7 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
                                        (size_t)g->count * f4, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
         }
     }
+    if (e->swap) ZOFF_TRY(nvme_state_io(e, i, host, get, absent));
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
     if (!get && i == 0) {
         e->weights_pending = false;
@@ -809,10 +975,14 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     size_t f4 = sizeof(float);
     memset(m, 0, sizeof *m);
     m->device = (size_t)e->n_dev * f4 * ((e->dtype != ZOFF_F32) + 2) + 2 * f4;
-    size_t host = (size_t)e->n_host * (f4 * (1 + (size_t)uses_m(e) + (size_t)uses_v(e)) +
+    size_t host = (size_t)e->n_host * (f4 * (1 + (size_t)uses_m(e) + (size_t)uses_v(e)) * (size_t)(e->swap == NULL) +
                                        e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
+    if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
+        m->pageable += zoff_swapper_buffer_bytes(e->swap);
+        m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);
+    }
     m->host_params = e->n_host;
     m->device_params = e->n_dev;
     m->num_subgroups = e->nsg;

@@ -1,0 +1,101 @@
+/* zoff swapper (src/zero/swapper.c): the NVMe optimizer state of ZeRO-Infinity.
+ *
+ * The fp32 arrays of each sub-group ("group" here: master weights, exp_avg,
+ * exp_avg_sq) live in one swap file on fast disk and are streamed through
+ * buffer_count host buffers, each big enough for one group's arrays. A pass
+ * visits groups in a given order; for every group the caller gets its arrays
+ * in a buffer (next), works on them, and hands the buffer back (release):
+ *
+ *     zoff_swapper_begin(s, order, n, ZOFF_SWAP_UPDATE, mask);
+ *     for (k = 0; k < n; k++) {
+ *         zoff_swapper_next(s, &g, arrays);   // waits for group order[k]'s read
+ *         update(g, arrays);                  // the disk reads k+1.. and writes k-1 meanwhile
+ *         zoff_swapper_release(s);            // queues the write of group g
+ *     }
+ *     zoff_swapper_end(s);                    // returns without waiting for the last writes
+ *
+ * With pipeline_read the reads of the next buffer_count-1 groups run ahead of
+ * the caller (read i+1 | update i | write i-1); with pipeline_write writes are
+ * not waited for. pipeline_read and pipeline_write need 3 buffers (2 with one
+ * of them, 1 with neither; never more than the number of groups); fewer is a
+ * configuration error that names the needed count. At the end of an update
+ * pass the first groups of the next identical pass are read ahead, so that
+ * the disk keeps working while the caller does other things (forward and
+ * backward); a pass of another kind discards them.
+ *
+ * Integrity: every block written is checksummed (CRC32C, computed on the I/O
+ * threads) and checked when read back; the file size and its header (magic,
+ * version) are checked at the start of each reading pass. A truncated or
+ * changed file, a full disk, an I/O error or a short read is an error naming
+ * the file and the offset. After any error the swapper refuses further passes
+ * (its state may be half written): the caller resumes from a checkpoint.
+ *
+ * The file (DIR/zoff-<stem>-<pid>-<n>.swp) is created by zoff_swapper_create,
+ * reserved in full (a disk too small fails then) and deleted by destroy. */
+#ifndef ZOFF_SWAPPER_H
+#define ZOFF_SWAPPER_H
+
+#include "zoff/aio.h"
+#include "zoff/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZOFF_SWAP_MAX_ARRAYS 3
+
+typedef struct zoff_swapper zoff_swapper;
+
+typedef struct zoff_swapper_options {
+    const char *dir;         /* offload_optimizer.nvme_path; created (one level) if missing */
+    const char *stem;        /* file name stem, e.g. "optimizer" */
+    int num_groups;
+    const int64_t *counts;   /* fp32 elements of each group (copied) */
+    int num_arrays;          /* 1..ZOFF_SWAP_MAX_ARRAYS arrays per group */
+    int64_t buffer_count;    /* offload_optimizer.buffer_count */
+    bool pipeline_read, pipeline_write;
+    bool fast_init;          /* arrays 1.. are not written by the first pass that writes only array 0:
+                                until written they read as init_value[a] without disk I/O */
+    float init_value[ZOFF_SWAP_MAX_ARRAYS];
+    zoff_aio_options aio;
+} zoff_swapper_options;
+
+zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **out);
+/* Waits for outstanding I/O, closes and deletes the file. */
+void zoff_swapper_destroy(zoff_swapper *s);
+
+/* "…/zoff-optimizer-123-0.swp, 1.20 GiB, O_DIRECT, io_uring ..., 4 buffers of 48.0 MiB, pipelined read+write" */
+const char *zoff_swapper_describe(const zoff_swapper *s);
+const char *zoff_swapper_path(const zoff_swapper *s);
+int64_t zoff_swapper_file_bytes(const zoff_swapper *s);
+size_t zoff_swapper_buffer_bytes(const zoff_swapper *s); /* host memory of all buffers */
+int zoff_swapper_buffers(const zoff_swapper *s);
+/* Buffers needed by the pipeline flags for this many groups (1 + read + write, at most num_groups). */
+int zoff_swapper_buffers_needed(bool pipeline_read, bool pipeline_write, int num_groups);
+bool zoff_swapper_direct(const zoff_swapper *s);
+zoff_aio_engine_kind zoff_swapper_engine(const zoff_swapper *s);
+
+/* Pass kinds: READ reads the masked arrays of each group, WRITE writes them
+ * (the buffer's previous contents are undefined: the caller fills it), UPDATE
+ * does both. array_mask: bit a for array a. */
+enum { ZOFF_SWAP_READ = 1, ZOFF_SWAP_WRITE = 2, ZOFF_SWAP_UPDATE = 3 };
+zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigned mode, unsigned array_mask);
+/* The next group of the pass and its arrays (arrays[a] for every a < num_arrays;
+ * only the masked ones hold the group's data). */
+zoff_status zoff_swapper_next(zoff_swapper *s, int *group, float *arrays[ZOFF_SWAP_MAX_ARRAYS]);
+zoff_status zoff_swapper_release(zoff_swapper *s);
+zoff_status zoff_swapper_end(zoff_swapper *s);
+/* Wait for every write in flight (and report its failure). Read-ahead is kept. */
+zoff_status zoff_swapper_flush(zoff_swapper *s);
+
+typedef struct zoff_swapper_stats {
+    int64_t bytes_read, bytes_written; /* since create */
+    double t_wait_read;  /* seconds the caller waited in next() for reads */
+    double t_wait_write; /* seconds the caller waited for writes (pipeline_write off, WRITE passes, flush) */
+} zoff_swapper_stats;
+void zoff_swapper_get_stats(const zoff_swapper *s, zoff_swapper_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

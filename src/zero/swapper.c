@@ -1,0 +1,500 @@
+/* The NVMe state swapper (see include/zoff/swapper.h).
+ *
+ * File layout: a 4 KiB header (magic "ZOFFSWAP", version, array count, group
+ * count, block size, then the element count of each group while it fits),
+ * followed by the groups in index order; group g holds its arrays one after
+ * the other, each padded to ZOFF_AIO_ALIGN. A buffer ("slot") has the same
+ * layout for the largest group.
+ *
+ * Visits (one group in one pass) are numbered globally; visit q uses slot
+ * q % nslots. A read into a slot follows (aio `after`) the slot's last write,
+ * which frees the buffer, and the last write of the same group, which makes
+ * the data current; so reads never wait on the caller, only on the disk. */
+#define _GNU_SOURCE
+#include "zoff/swapper.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SWAP_MAGIC "ZOFFSWAP"
+#define SWAP_VERSION 1u
+#define HEADER_BYTES ((int64_t)ZOFF_AIO_ALIGN)
+
+typedef struct slot {
+    char *buf;
+    zoff_aio_request rd, wr;
+    int read_group;  /* group of the last read issued into it (-1 none) */
+    int write_group; /* group of the last write issued from it (-1 none) */
+} slot;
+
+struct zoff_swapper {
+    zoff_swapper_options o;
+    int64_t *counts;
+    int ng, na;
+    zoff_aio *io;
+    zoff_aio_file *f;
+    char path[4096];
+    int64_t file_bytes;
+    int64_t *goff;      /* file offset of each group */
+    size_t *abytes;     /* padded bytes of one array of each group */
+    size_t max_abytes;
+    size_t *crc_base;   /* crcs of (g, a): crcs + crc_base[g] + a * nchunks(g) */
+    uint32_t *crcs;
+    bool *fresh;        /* [g * na + a]: never written, reads as init_value[a] */
+    zoff_aio_request **last_write; /* per group: the slot write request that last wrote it */
+    slot *slots;
+    int nslots;
+    size_t slot_bytes;
+    void *hdr;          /* aligned copy of the header */
+    /* the current pass */
+    bool in_pass, handed_out;
+    int *order;
+    int n, pos, issued;
+    unsigned mode, mask;
+    int64_t q0, qnext;
+    /* read-ahead of the next update pass */
+    bool pf_valid;
+    int *pf_order;
+    int pf_n, pf_count;
+    unsigned pf_mask;
+    /* after an error */
+    zoff_status broken;
+    char broken_msg[1024];
+    zoff_swapper_stats stats;
+    char describe[1024];
+};
+
+/* snprintf for text that may be cut (long paths). */
+__attribute__((format(printf, 3, 4))) static void textf(char *buf, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+}
+
+static size_t align_up(size_t x) { return (x + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN; }
+static size_t nchunks(const zoff_swapper *s, int g) {
+    size_t bs = (size_t)s->o.aio.block_size;
+    return (s->abytes[g] + bs - 1) / bs;
+}
+static uint32_t *crcs_of(zoff_swapper *s, int g, int a) { return s->crcs + s->crc_base[g] + (size_t)a * nchunks(s, g); }
+static float *slot_array(const zoff_swapper *s, const slot *sl, int a) {
+    return (float *)(sl->buf + (size_t)a * s->max_abytes);
+}
+
+/* Record the first error: the swapper refuses everything afterwards. */
+static zoff_status fail(zoff_swapper *s, zoff_status st) {
+    if (s->broken == ZOFF_OK) {
+        s->broken = st;
+        textf(s->broken_msg, sizeof s->broken_msg, "%s", zoff_last_error());
+    }
+    return st;
+}
+
+static zoff_status check_broken(zoff_swapper *s) {
+    if (s->broken == ZOFF_OK) return ZOFF_OK;
+    return zoff_error(s->broken,
+                      "the NVMe optimizer state in %s is unusable after an earlier error (%s); resume from the last "
+                      "checkpoint",
+                      s->path, s->broken_msg);
+}
+
+int zoff_swapper_buffers_needed(bool pipeline_read, bool pipeline_write, int num_groups) {
+    int need = 1 + (int)pipeline_read + (int)pipeline_write;
+    return num_groups < need ? (num_groups > 0 ? num_groups : 1) : need;
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+
+static void build_header(zoff_swapper *s) {
+    unsigned char *h = s->hdr;
+    memset(h, 0, HEADER_BYTES);
+    memcpy(h, SWAP_MAGIC, 8);
+    uint32_t u[4] = {SWAP_VERSION, (uint32_t)s->na, (uint32_t)s->ng, (uint32_t)s->o.aio.block_size};
+    memcpy(h + 8, u, sizeof u);
+    int fit = (int)((HEADER_BYTES - 32) / 8);
+    for (int g = 0; g < s->ng && g < fit; g++) memcpy(h + 32 + 8 * g, &s->counts[g], 8);
+}
+
+static zoff_status write_header(zoff_swapper *s) {
+    uint32_t crc[1];
+    zoff_aio_request r = {.op = ZOFF_AIO_WRITE, .file = s->f, .nseg = 1,
+                          .seg = {{.buf = s->hdr, .offset = 0, .bytes = HEADER_BYTES, .crcs = crc}}};
+    ZOFF_TRY(zoff_aio_submit(s->io, &r));
+    return zoff_aio_wait(s->io, &r);
+}
+
+/* The file is as zoff left it: size and header. */
+static zoff_status check_file(zoff_swapper *s) {
+    struct stat st;
+    if (fstat(zoff_aio_file_fd(s->f), &st) != 0)
+        return zoff_error(ZOFF_ERR_IO, "cannot stat the swap file %s: %s", s->path, strerror(errno));
+    if ((int64_t)st.st_size != s->file_bytes)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "the swap file %s is %lld bytes but zoff wrote %lld: it was truncated or extended behind "
+                          "zoff's back (at offset %lld)",
+                          s->path, (long long)st.st_size, (long long)s->file_bytes,
+                          (long long)(st.st_size < s->file_bytes ? st.st_size : s->file_bytes));
+    unsigned char *chk = (unsigned char *)s->hdr + HEADER_BYTES; /* second half of the header allocation */
+    uint32_t crc[1];
+    zoff_aio_request r = {.op = ZOFF_AIO_READ, .file = s->f, .nseg = 1,
+                          .seg = {{.buf = chk, .offset = 0, .bytes = HEADER_BYTES, .crcs = crc}}};
+    ZOFF_TRY(zoff_aio_submit(s->io, &r));
+    ZOFF_TRY(zoff_aio_wait(s->io, &r));
+    if (memcmp(chk, SWAP_MAGIC, 8) != 0)
+        return zoff_error(ZOFF_ERR_FORMAT, "the swap file %s has lost its magic number \"%s\" at offset 0: it was "
+                                           "changed behind zoff's back", s->path, SWAP_MAGIC);
+    uint32_t ver;
+    memcpy(&ver, chk + 8, 4);
+    if (ver != SWAP_VERSION)
+        return zoff_error(ZOFF_ERR_FORMAT, "the swap file %s has version %u at offset 8, zoff wrote %u: it was "
+                                           "changed behind zoff's back", s->path, ver, SWAP_VERSION);
+    for (int64_t i = 0; i < HEADER_BYTES; i++)
+        if (chk[i] != ((unsigned char *)s->hdr)[i])
+            return zoff_error(ZOFF_ERR_FORMAT, "the header of the swap file %s differs at offset %lld from what zoff "
+                                               "wrote: it was changed behind zoff's back", s->path, (long long)i);
+    return ZOFF_OK;
+}
+
+static void wait_all(zoff_swapper *s) {
+    for (int i = 0; i < s->nslots; i++) {
+        (void)zoff_aio_wait(s->io, &s->slots[i].rd);
+        (void)zoff_aio_wait(s->io, &s->slots[i].wr);
+    }
+}
+
+void zoff_swapper_destroy(zoff_swapper *s) {
+    if (!s) return;
+    if (s->io && s->slots) wait_all(s);
+    if (s->f) {
+        zoff_aio_file_close(s->f);
+        unlink(s->path);
+    }
+    zoff_aio_destroy(s->io);
+    if (s->slots)
+        for (int i = 0; i < s->nslots; i++) zoff_aligned_free(s->slots[i].buf);
+    free(s->slots);
+    zoff_aligned_free(s->hdr);
+    free(s->counts);
+    free(s->goff);
+    free(s->abytes);
+    free(s->crc_base);
+    free(s->crcs);
+    free(s->fresh);
+    free(s->last_write);
+    free(s->order);
+    free(s->pf_order);
+    free(s);
+}
+
+zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **out) {
+    *out = NULL;
+    if (!o || !o->dir || !o->dir[0] || o->num_groups < 1 || !o->counts || o->num_arrays < 1 ||
+        o->num_arrays > ZOFF_SWAP_MAX_ARRAYS)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_create: missing directory, groups or arrays");
+    int need = zoff_swapper_buffers_needed(o->pipeline_read, o->pipeline_write, o->num_groups);
+    if (o->buffer_count < need)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "zero_optimization.offload_optimizer.buffer_count %lld is too few: with pipeline_read %s and "
+                          "pipeline_write %s and %d sub-groups the swapper needs %d buffers (read i+1 | update i | "
+                          "write i-1); set buffer_count to %d or more",
+                          (long long)o->buffer_count, o->pipeline_read ? "true" : "false",
+                          o->pipeline_write ? "true" : "false", o->num_groups, need, need);
+    zoff_swapper *s = calloc(1, sizeof *s);
+    if (!s) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper");
+    s->o = *o;
+    s->ng = o->num_groups;
+    s->na = o->num_arrays;
+    s->nslots = (int)(o->buffer_count < o->num_groups ? o->buffer_count : o->num_groups);
+    size_t ng = (size_t)s->ng;
+    s->counts = malloc(ng * sizeof *s->counts);
+    s->goff = malloc(ng * sizeof *s->goff);
+    s->abytes = malloc(ng * sizeof *s->abytes);
+    s->crc_base = malloc(ng * sizeof *s->crc_base);
+    s->fresh = calloc(ng * (size_t)s->na, sizeof *s->fresh);
+    s->last_write = calloc(ng, sizeof *s->last_write);
+    s->order = malloc(ng * sizeof *s->order);
+    s->pf_order = malloc(ng * sizeof *s->pf_order);
+    s->slots = calloc((size_t)s->nslots, sizeof *s->slots);
+    s->hdr = zoff_aligned_alloc(ZOFF_AIO_ALIGN, 2 * HEADER_BYTES, "swap file header");
+    zoff_status st = ZOFF_OK;
+    if (!s->counts || !s->goff || !s->abytes || !s->crc_base || !s->fresh || !s->last_write || !s->order ||
+        !s->pf_order || !s->slots || !s->hdr)
+        st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper's tables (%d sub-groups)", s->ng);
+    if (st == ZOFF_OK) st = zoff_aio_create(&o->aio, &s->io);
+    size_t total_chunks = 0;
+    if (st == ZOFF_OK) {
+        memcpy(s->counts, o->counts, ng * sizeof *s->counts);
+        int64_t off = HEADER_BYTES;
+        for (int g = 0; g < s->ng; g++) {
+            if (s->counts[g] < 0) {
+                st = zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_create: group %d has %lld elements", g,
+                                (long long)s->counts[g]);
+                break;
+            }
+            s->abytes[g] = align_up((size_t)s->counts[g] * sizeof(float));
+            if (s->abytes[g] > s->max_abytes) s->max_abytes = s->abytes[g];
+            s->goff[g] = off;
+            off += (int64_t)s->abytes[g] * s->na;
+            s->crc_base[g] = total_chunks;
+            total_chunks += nchunks(s, g) * (size_t)s->na;
+        }
+        s->file_bytes = off;
+    }
+    if (st == ZOFF_OK && !(s->crcs = calloc(total_chunks ? total_chunks : 1, sizeof *s->crcs)))
+        st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %zu block checksums", total_chunks);
+    s->slot_bytes = s->max_abytes * (size_t)s->na;
+    for (int i = 0; st == ZOFF_OK && i < s->nslots; i++) {
+        s->slots[i].read_group = s->slots[i].write_group = -1;
+        s->slots[i].buf = zoff_aligned_alloc(ZOFF_AIO_ALIGN, s->slot_bytes ? s->slot_bytes : ZOFF_AIO_ALIGN,
+                                             "NVMe swap buffer");
+        if (!s->slots[i].buf) st = ZOFF_ERR_NOMEM;
+        else memset(s->slots[i].buf, 0, s->slot_bytes); /* padding is written too: keep it defined */
+    }
+    /* the file */
+    if (st == ZOFF_OK && mkdir(o->dir, 0755) != 0 && errno != EEXIST)
+        st = zoff_error(ZOFF_ERR_IO, "cannot create zero_optimization.offload_optimizer.nvme_path %s: %s", o->dir,
+                        strerror(errno));
+    static int counter;
+    int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+    if (st == ZOFF_OK) {
+        int m = snprintf(s->path, sizeof s->path, "%s/zoff-%s-%ld-%d.swp", o->dir, o->stem ? o->stem : "state",
+                         (long)getpid(), my);
+        if (m < 0 || (size_t)m >= sizeof s->path)
+            st = zoff_error(ZOFF_ERR_INVALID, "nvme_path is too long (%zu bytes)", strlen(o->dir));
+    }
+    if (st == ZOFF_OK) st = zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE, &s->f);
+    if (st == ZOFF_OK) st = zoff_aio_file_reserve(s->f, s->file_bytes);
+    if (st == ZOFF_OK) {
+        build_header(s);
+        st = write_header(s);
+    }
+    if (st != ZOFF_OK) {
+        zoff_swapper_destroy(s);
+        return st;
+    }
+    if (o->fast_init)
+        for (size_t i = 0; i < ng * (size_t)s->na; i++) s->fresh[i] = (i % (size_t)s->na) != 0;
+    char fb[32], bb[32];
+    textf(s->describe, sizeof s->describe,
+             "%s (%s, %s), %s; %d buffer%s of %s; %s%s",
+             s->path, zoff_format_bytes((size_t)s->file_bytes, fb, sizeof fb),
+             zoff_aio_file_direct(s->f) ? "O_DIRECT" : zoff_aio_file_direct_note(s->f), zoff_aio_describe(s->io),
+             s->nslots, s->nslots == 1 ? "" : "s", zoff_format_bytes(s->slot_bytes, bb, sizeof bb),
+             o->pipeline_read && o->pipeline_write ? "pipelined read+write"
+             : o->pipeline_read                    ? "pipelined read, synchronous write"
+             : o->pipeline_write                   ? "synchronous read, pipelined write"
+                                                   : "synchronous read and write (pipeline_read/pipeline_write off)",
+             o->fast_init ? ", fast_init" : "");
+    *out = s;
+    return ZOFF_OK;
+}
+
+const char *zoff_swapper_describe(const zoff_swapper *s) { return s->describe; }
+const char *zoff_swapper_path(const zoff_swapper *s) { return s->path; }
+int64_t zoff_swapper_file_bytes(const zoff_swapper *s) { return s->file_bytes; }
+size_t zoff_swapper_buffer_bytes(const zoff_swapper *s) { return s->slot_bytes * (size_t)s->nslots; }
+int zoff_swapper_buffers(const zoff_swapper *s) { return s->nslots; }
+bool zoff_swapper_direct(const zoff_swapper *s) { return zoff_aio_file_direct(s->f); }
+zoff_aio_engine_kind zoff_swapper_engine(const zoff_swapper *s) { return zoff_aio_engine(s->io); }
+void zoff_swapper_get_stats(const zoff_swapper *s, zoff_swapper_stats *out) { *out = s->stats; }
+
+/* ------------------------------------------------------------------ passes */
+
+static slot *slot_of(zoff_swapper *s, int j) { return &s->slots[(s->q0 + j) % s->nslots]; }
+
+/* Queue the read of visit j of the current pass. */
+static zoff_status issue_read(zoff_swapper *s, int j) {
+    slot *sl = slot_of(s, j);
+    int g = s->order[j];
+    zoff_aio_request *r = &sl->rd;
+    memset(r, 0, offsetof(zoff_aio_request, priv));
+    r->op = ZOFF_AIO_READ;
+    r->file = s->f;
+    r->flags = ZOFF_AIO_CRC_VERIFY;
+    for (int a = 0; a < s->na; a++) {
+        if (!(s->mask & (1u << a)) || s->fresh[(size_t)g * (size_t)s->na + (size_t)a]) continue;
+        r->seg[r->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a),
+                                               .offset = s->goff[g] + (int64_t)(s->abytes[g] * (size_t)a),
+                                               .bytes = s->abytes[g], .crcs = crcs_of(s, g, a)};
+        s->stats.bytes_read += (int64_t)s->abytes[g];
+    }
+    r->after[0] = &sl->wr; /* the buffer is free */
+    if (s->last_write[g] && s->last_write[g] != &sl->wr) r->after[1] = s->last_write[g]; /* the data is current */
+    sl->read_group = g;
+    return zoff_aio_submit(s->io, r);
+}
+
+/* Wait for the read-ahead of visits [0, count) of the pass described by pf_*, then forget it. */
+static zoff_status drop_prefetch(zoff_swapper *s) {
+    zoff_status st = ZOFF_OK;
+    if (!s->pf_valid) return ZOFF_OK;
+    for (int j = 0; j < s->pf_count; j++) {
+        zoff_status r = zoff_aio_wait(s->io, &s->slots[(s->qnext + j) % s->nslots].rd);
+        if (r != ZOFF_OK && st == ZOFF_OK) st = fail(s, r);
+    }
+    s->pf_valid = false;
+    return st;
+}
+
+zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigned mode, unsigned mask) {
+    ZOFF_TRY(check_broken(s));
+    if (s->in_pass) return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_begin: the previous pass was not ended");
+    if (n < 0 || n > s->ng || !(mode & ZOFF_SWAP_UPDATE) || (mode & ~(unsigned)ZOFF_SWAP_UPDATE) || !mask ||
+        (mask >> s->na))
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_begin: %d groups (of %d), mode %u, mask %#x (%d arrays)", n,
+                          s->ng, mode, mask, s->na);
+    for (int j = 0; j < n; j++)
+        if (order[j] < 0 || order[j] >= s->ng)
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_begin: group %d out of range (%d groups)", order[j],
+                              s->ng);
+    bool adopt = s->pf_valid && mode == ZOFF_SWAP_UPDATE && n == s->pf_n && mask == s->pf_mask &&
+                 memcmp(order, s->pf_order, (size_t)n * sizeof *order) == 0;
+    s->issued = 0;
+    if (adopt) {
+        s->issued = s->pf_count;
+        s->pf_valid = false;
+    } else if (s->pf_valid) {
+        ZOFF_TRY(drop_prefetch(s));
+    }
+    s->q0 = s->qnext;
+    s->qnext += n;
+    memcpy(s->order, order, (size_t)n * sizeof *order);
+    s->n = n;
+    s->pos = 0;
+    s->mode = mode;
+    s->mask = mask;
+    s->handed_out = false;
+    zoff_status st = ZOFF_OK;
+    if (mode & ZOFF_SWAP_READ) st = check_file(s);
+    while (st == ZOFF_OK && (mode & ZOFF_SWAP_READ) && s->o.pipeline_read && s->issued < n &&
+           s->issued < s->nslots)
+        st = issue_read(s, s->issued++);
+    if (st != ZOFF_OK) return fail(s, st);
+    s->in_pass = true;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_swapper_next(zoff_swapper *s, int *group, float *arrays[ZOFF_SWAP_MAX_ARRAYS]) {
+    ZOFF_TRY(check_broken(s));
+    if (!s->in_pass || s->handed_out || s->pos >= s->n)
+        return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_next: no pass, or the previous group was not released");
+    int j = s->pos, g = s->order[j];
+    slot *sl = slot_of(s, j);
+    double t0 = zoff_now();
+    if (s->mode & ZOFF_SWAP_READ) {
+        if (j >= s->issued) {
+            zoff_status st = issue_read(s, j);
+            if (st != ZOFF_OK) return fail(s, st);
+            s->issued = j + 1;
+        }
+        zoff_status st = zoff_aio_wait(s->io, &sl->rd);
+        s->stats.t_wait_read += zoff_now() - t0;
+        if (st != ZOFF_OK) return fail(s, st);
+    } else {
+        zoff_status st = zoff_aio_wait(s->io, &sl->wr); /* the buffer's previous write */
+        s->stats.t_wait_write += zoff_now() - t0;
+        if (st != ZOFF_OK) return fail(s, st);
+    }
+    for (int a = 0; a < s->na; a++) {
+        arrays[a] = slot_array(s, sl, a);
+        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->fresh[(size_t)g * (size_t)s->na + (size_t)a]) {
+            float v = s->o.init_value[a];
+            for (int64_t i = 0; i < s->counts[g]; i++) arrays[a][i] = v;
+        }
+    }
+    for (int a = s->na; a < ZOFF_SWAP_MAX_ARRAYS; a++) arrays[a] = NULL;
+    *group = g;
+    s->handed_out = true;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_swapper_release(zoff_swapper *s) {
+    ZOFF_TRY(check_broken(s));
+    if (!s->in_pass || !s->handed_out)
+        return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_release: no group was handed out");
+    int j = s->pos, g = s->order[j];
+    slot *sl = slot_of(s, j);
+    if (s->mode & ZOFF_SWAP_WRITE) {
+        /* the slot's previous write is complete (its buffer was read into or waited for) */
+        if (sl->write_group >= 0 && s->last_write[sl->write_group] == &sl->wr) s->last_write[sl->write_group] = NULL;
+        zoff_aio_request *w = &sl->wr;
+        memset(w, 0, offsetof(zoff_aio_request, priv));
+        w->op = ZOFF_AIO_WRITE;
+        w->file = s->f;
+        w->flags = ZOFF_AIO_CRC_STORE;
+        for (int a = 0; a < s->na; a++) {
+            if (!(s->mask & (1u << a))) continue;
+            w->seg[w->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a),
+                                                   .offset = s->goff[g] + (int64_t)(s->abytes[g] * (size_t)a),
+                                                   .bytes = s->abytes[g], .crcs = crcs_of(s, g, a)};
+            s->fresh[(size_t)g * (size_t)s->na + (size_t)a] = false;
+            s->stats.bytes_written += (int64_t)s->abytes[g];
+        }
+        zoff_status st = zoff_aio_submit(s->io, w);
+        if (st != ZOFF_OK) return fail(s, st);
+        s->last_write[g] = w;
+        sl->write_group = g;
+        if (!s->o.pipeline_write) {
+            double t0 = zoff_now();
+            st = zoff_aio_wait(s->io, w);
+            s->stats.t_wait_write += zoff_now() - t0;
+            if (st != ZOFF_OK) return fail(s, st);
+        }
+    }
+    s->handed_out = false;
+    s->pos++;
+    while ((s->mode & ZOFF_SWAP_READ) && s->o.pipeline_read && s->issued < s->n && s->issued - s->pos < s->nslots) {
+        zoff_status st = issue_read(s, s->issued++);
+        if (st != ZOFF_OK) return fail(s, st);
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_swapper_end(zoff_swapper *s) {
+    ZOFF_TRY(check_broken(s));
+    if (!s->in_pass || s->handed_out || s->pos != s->n)
+        return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_end: the pass visited %d of %d groups", s->pos, s->n);
+    s->in_pass = false;
+    if (s->mode == ZOFF_SWAP_UPDATE && s->o.pipeline_read && s->n > 0) {
+        /* read ahead the first groups of the next, identical pass */
+        memcpy(s->pf_order, s->order, (size_t)s->n * sizeof *s->order);
+        s->pf_n = s->n;
+        s->pf_mask = s->mask;
+        s->pf_count = s->n < s->nslots ? s->n : s->nslots;
+        s->q0 = s->qnext; /* visits of the next pass */
+        s->mode = ZOFF_SWAP_READ;
+        for (int j = 0; j < s->pf_count; j++) {
+            zoff_status st = issue_read(s, j);
+            if (st != ZOFF_OK) {
+                /* what was queued must finish before the buffers can be reused */
+                s->pf_count = j;
+                s->pf_valid = true;
+                (void)drop_prefetch(s);
+                return fail(s, st);
+            }
+        }
+        s->pf_valid = true;
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_swapper_flush(zoff_swapper *s) {
+    ZOFF_TRY(check_broken(s));
+    double t0 = zoff_now();
+    for (int i = 0; i < s->nslots; i++) {
+        zoff_status st = zoff_aio_wait(s->io, &s->slots[i].wr);
+        if (st != ZOFF_OK) {
+            s->stats.t_wait_write += zoff_now() - t0;
+            return fail(s, st);
+        }
+    }
+    s->stats.t_wait_write += zoff_now() - t0;
+    return ZOFF_OK;
+}
