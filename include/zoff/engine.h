@@ -11,6 +11,7 @@
 #ifndef ZOFF_ENGINE_H
 #define ZOFF_ENGINE_H
 
+#include "zoff/comm.h"
 #include "zoff/config.h"
 #include "zoff/device.h"
 #include "zoff/model.h"
@@ -31,6 +32,13 @@ typedef struct zoff_engine_options {
     void *grads;         /* device, num_params of dtype: backward accumulates here */
     zoff_dtype dtype;    /* F32, BF16 or F16 */
     const float *init_params; /* host fp32, num_params: initial master weights */
+    /* Data parallel (NULL = one rank): the job's communicator, not owned; it must
+     * outlive the engine. With N > 1 ranks create is collective (it checks that
+     * every rank has the same configuration and tensor table, and dups comm), as
+     * are zoff_engine_step, zoff_engine_sync_params, zoff_engine_flush, setting
+     * state 0 and zoff_engine_state_gather: every rank calls them in the same
+     * order. See "data parallel" below. */
+    zoff_comm *comm;
 } zoff_engine_options;
 
 /* Result of one optimizer step (one accumulation boundary). Times in seconds. */
@@ -71,7 +79,7 @@ const char *zoff_engine_describe(const zoff_engine *e);
  * micro-batch of the accumulation window, whose backward streams the finished
  * gradients to the host (earlier micro-batches accumulate on the device). */
 void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary);
-/* Loss gradient multiplier for backward: loss scale / accumulation steps. */
+/* Loss gradient multiplier for backward: loss scale / (accumulation steps x ranks). */
 float zoff_engine_backward_scale(const zoff_engine *e);
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);
@@ -86,9 +94,11 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info);
 int64_t zoff_engine_steps_taken(const zoff_engine *e);
 
 /* ---- state for checkpoints ----
- * The engine's state is a list of named fp32 arrays of num_params elements
- * ("master", "exp_avg", "exp_avg_sq", ...) plus scalars. get copies one to a
- * host buffer; set restores it (and refreshes the model's weights from master). */
+ * The engine's state is a list of named fp32 arrays ("master", "exp_avg",
+ * "exp_avg_sq", ...) over this rank's partition (zoff_engine_partition_numel
+ * elements, in partition order; with one rank: num_params elements in model
+ * order) plus scalars. get copies one to a host buffer; set restores it (and
+ * refreshes the model's weights from master). */
 int zoff_engine_state_count(const zoff_engine *e);
 const char *zoff_engine_state_name(const zoff_engine *e, int i);
 zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst);
@@ -103,6 +113,26 @@ typedef struct zoff_engine_scalars {
 } zoff_engine_scalars;
 void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out);
 zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *in);
+/* ---- data parallel ----
+ * With N > 1 ranks the model's flat space is cut into one partition per rank
+ * (zero/partition.h): stage 0 all-reduces gradients and every rank updates
+ * everything; stage 1 all-reduces gradients, each rank updates its partition
+ * and the new weights are all-gathered; stage 2 reduce-scatters the gradients
+ * instead. Gradient norm, overflow and loss scale are global: the statistics
+ * are summed over ranks. zoff_engine_backward_scale pre-divides each rank's
+ * loss gradient by N, so that the sum over ranks is the mean gradient, of the
+ * same magnitude as one rank's (fp16 overflows the same way). A partition is a
+ * list of runs of the model space (one run unless round_robin_gradients). */
+int64_t zoff_engine_partition_numel(const zoff_engine *e);
+/* This rank's partition as runs (model offset, count) in partition order: copies
+ * up to cap runs, returns how many there are. */
+int zoff_engine_partition(const zoff_engine *e, int64_t *model_offsets, int64_t *counts, int cap);
+/* Collective: state array i of every rank, in model order, into full (num_params) on every rank. */
+zoff_status zoff_engine_state_gather(zoff_engine *e, int i, float *full);
+/* This rank's part of state array i from a model-order array (num_params), e.g. a
+ * checkpoint written with another number of ranks. Collective for i = 0. */
+zoff_status zoff_engine_state_set_full(zoff_engine *e, int i, const float *full);
+
 /* Copy the current fp32 master weights to the model's parameter buffer. */
 zoff_status zoff_engine_sync_params(zoff_engine *e);
 /* Wait for background work (delayed update) so that the state is final. */

@@ -33,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "zero/partition.h"
+#include "zoff/comm.h"
 #include "zoff/loss_scale.h"
 #include "zoff/optim.h"
 #include "zoff/swapper.h"
@@ -43,7 +45,8 @@ typedef struct range { /* a run of tensors with the same weight-decay flag */
 } range;
 
 typedef struct subgroup {
-    int64_t offset, count; /* flat parameter range */
+    int64_t offset, count; /* flat parameter range (this rank's optimizer space: see e->n) */
+    int64_t model;         /* model-space offset of element `offset` (== offset with one rank) */
     bool on_host;
     int64_t state_off;     /* offset into the host or device state arrays */
 } subgroup;
@@ -109,6 +112,24 @@ struct zoff_engine {
     char job_error[512];
     bool weights_pending; /* the worker finished a job whose weights are not on the device yet */
     double job_seconds;
+
+    /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
+     * optimizer space: its partition (stages 1-2) or everything (stage 0, one
+     * rank); sub-groups cut it and `map` takes it to the model's flat space. */
+    zoff_comm *comm;        /* the job's communicator (not owned); NULL = one rank */
+    zoff_comm *chan;        /* dup of comm for the collectives on the d2h stream (owned) */
+    int world, rank;
+    int64_t n_model;        /* the model's parameters */
+    bool replicated;        /* stage 0 over ranks: every rank updates every parameter */
+    bool scatter;           /* stage 2: reduce-scatter the gradients */
+    zoff_dp_plan plan;
+    zoff_dp_layout layout;
+    zoff_dp_scratch scratch;
+    zoff_dp_piece *map;     /* optimizer space -> model space, in local order */
+    int nmap;
+    zoff_event *ev_gather;
+    zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
+    char async_msg[512];
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -117,6 +138,194 @@ static const char *state_names_adam[] = {"optimizer.master", "optimizer.exp_avg"
 
 static bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
 static bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
+
+/* ------------------------------------------------------------------ data parallel (world > 1) */
+
+/* Model offset of optimizer-space element `local`. */
+static int64_t map_local(const zoff_engine *e, int64_t local) {
+    int a = 0, b = e->nmap - 1;
+    while (a < b) {
+        int mid = (a + b) / 2;
+        if (e->map[mid].local + e->map[mid].count <= local) a = mid + 1;
+        else b = mid;
+    }
+    return e->map[a].model + (local - e->map[a].local);
+}
+
+/* Split sub-groups where the partition's pieces end, so that each sub-group is
+ * one contiguous model range (round-robin partitions have a piece per tensor),
+ * and give each its model offset. */
+static zoff_status dp_split_subgroups(zoff_engine *e) {
+    int extra = 0;
+    for (int i = 0; i < e->nsg; i++)
+        for (int k = 0; k < e->nmap; k++) {
+            int64_t b = e->map[k].local; /* a piece boundary strictly inside the sub-group */
+            if (b > e->sg[i].offset && b < e->sg[i].offset + e->sg[i].count) extra++;
+        }
+    if (extra > 0) {
+        subgroup *ns = calloc((size_t)(e->nsg + extra), sizeof *ns);
+        if (!ns) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d sub-groups", e->nsg + extra);
+        int n = 0;
+        for (int i = 0; i < e->nsg; i++) {
+            int64_t lo = e->sg[i].offset, hi = lo + e->sg[i].count;
+            for (int k = 0; k < e->nmap && lo < hi; k++) {
+                int64_t pe = e->map[k].local + e->map[k].count;
+                if (pe <= lo) continue;
+                int64_t cut = pe < hi ? pe : hi;
+                ns[n++] = (subgroup){.offset = lo, .count = cut - lo};
+                lo = cut;
+            }
+        }
+        free(e->sg);
+        e->sg = ns;
+        e->nsg = n;
+    }
+    for (int i = 0; i < e->nsg; i++) e->sg[i].model = map_local(e, e->sg[i].offset);
+    return ZOFF_OK;
+}
+
+/* What must agree across ranks: the engine's configuration and the tensor table. */
+static uint64_t dp_fingerprint(const zoff_engine *e, const zoff_engine_options *o) {
+    const zoff_config *c = e->cfg;
+    const zoff_zero_config *z = &c->zero;
+    uint64_t h = ZOFF_FNV_INIT;
+#define H(x) h = zoff_fnv1a(h, &(x), sizeof(x))
+    H(c->train_batch_size); H(c->train_micro_batch_size_per_gpu); H(c->gradient_accumulation_steps);
+    H(c->optimizer.type); H(c->optimizer.lr); H(c->optimizer.beta1); H(c->optimizer.beta2); H(c->optimizer.eps);
+    H(c->optimizer.weight_decay); H(c->optimizer.adam_w_mode); H(c->optimizer.bias_correction);
+    H(c->scheduler.type); H(c->scheduler.warmup_num_steps); H(c->scheduler.total_num_steps);
+    H(c->gradient_clipping); H(c->fp16.enabled); H(c->fp16.loss_scale); H(c->fp16.initial_scale_power);
+    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.min_loss_scale); H(c->bf16_enabled);
+    H(z->stage); H(z->sub_group_size); H(z->round_robin_gradients); H(z->reduce_bucket_size);
+    H(z->allgather_bucket_size); H(z->offload_optimizer.device); H(z->offload_optimizer.ratio);
+    H(z->offload_optimizer.ratio_auto); H(z->offload_param.device); H(z->delayed_param_update);
+    H(z->delayed_param_update_warmup); H(z->stage3_prefetch_bucket_size); H(z->stage3_param_persistence_threshold);
+    H(o->dtype); H(o->num_params);
+    for (int i = 0; i < o->num_tensors; i++) {
+        const zoff_tensor_info *t = &o->tensors[i];
+        h = zoff_fnv1a(h, t->name, strlen(t->name));
+        H(t->offset); H(t->numel); H(t->decay); H(t->layer);
+    }
+#undef H
+    return h;
+}
+
+/* Largest run of tensors of one layer: the largest range the model reports ready. */
+static int64_t dp_max_group(const zoff_tensor_info *t, int nt) {
+    int64_t best = 0, cur = 0;
+    for (int i = 0; i < nt; i++) {
+        cur = (i > 0 && t[i].layer == t[i - 1].layer) ? cur + t[i].numel : t[i].numel;
+        if (cur > best) best = cur;
+    }
+    return best;
+}
+
+/* Before the sub-groups are built: the plan, this rank's optimizer space (e->n,
+ * map), its tensor table (*ltab, decay flags per piece) and initial master
+ * weights (*init_local); both NULL when the space is the model's. Collective
+ * when world > 1 (fingerprint check, communicator dup). */
+static zoff_status dp_setup(zoff_engine *e, const zoff_engine_options *o, zoff_tensor_info **ltab, int *nlt,
+                            float **init_local) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    *ltab = NULL;
+    *nlt = 0;
+    *init_local = NULL;
+    e->n_model = o->num_params;
+    e->comm = o->comm;
+    e->world = o->comm ? zoff_comm_size(o->comm) : 1;
+    e->rank = o->comm ? zoff_comm_rank(o->comm) : 0;
+    e->replicated = e->world > 1 && z->stage == 0;
+    e->scatter = e->world > 1 && z->stage >= 2;
+    if (e->world > 1) {
+        ZOFF_TRY(zoff_comm_check_same(e->comm, dp_fingerprint(e, o),
+                                      "the training configuration (batch, optimizer, precision, zero_optimization) "
+                                      "or the model's tensor table"));
+        ZOFF_TRY(zoff_dp_plan_build(&e->plan, o->tensors, o->num_tensors, e->n_model, e->world, e->rank,
+                                    z->round_robin_gradients));
+        ZOFF_TRY(zoff_dp_layout_alloc(&e->plan, &e->layout));
+        ZOFF_TRY(zoff_comm_dup(e->comm, &e->chan));
+        ZOFF_TRY(zoff_comm_bind_device(e->chan, e->dev));
+        ZOFF_TRY(zoff_event_create(e->dev, &e->ev_gather));
+        /* scratch for reduce-scatter (recv) and round-robin packing (pack): one layer, at most a bucket */
+        int64_t el = dp_max_group(o->tensors, o->num_tensors);
+        if (z->reduce_bucket_size > 0 && el > z->reduce_bucket_size) el = z->reduce_bucket_size;
+        e->scratch.elems = el;
+        if (e->scatter)
+            ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)el * e->esize, "reduce-scatter buffer", &e->scratch.recv));
+        if (e->plan.round_robin)
+            ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)el * e->esize, "round-robin packing buffer", &e->scratch.pack));
+    }
+    if (e->world == 1 || e->replicated) {
+        e->map = malloc(sizeof *e->map);
+        if (!e->map) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the engine");
+        e->map[0] = (zoff_dp_piece){.model = 0, .local = 0, .count = e->n_model, .owner = e->rank};
+        e->nmap = 1;
+        e->n = e->n_model;
+        return ZOFF_OK;
+    }
+    const zoff_dp_plan *p = &e->plan;
+    e->n = p->numel[e->rank];
+    if (e->n == 0)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "rank %d of %d: its partition is empty (%lld parameters over %d ranks); run fewer ranks",
+                          e->rank, e->world, (long long)e->n_model, e->world);
+    e->nmap = p->nown[e->rank];
+    e->map = malloc((size_t)e->nmap * sizeof *e->map);
+    /* one entry per (piece x tensor) */
+    *ltab = calloc((size_t)(e->nmap + o->num_tensors), sizeof **ltab);
+    if (!e->map || !*ltab) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the partition map");
+    for (int k = 0; k < e->nmap; k++) {
+        zoff_dp_piece q = p->pieces[p->own[e->rank][k]];
+        e->map[k] = q;
+        for (int64_t m = q.model; m < q.model + q.count;) {
+            int a = 0, b = o->num_tensors - 1; /* the tensor holding m */
+            while (a < b) {
+                int mid = (a + b + 1) / 2;
+                if (o->tensors[mid].offset <= m) a = mid;
+                else b = mid - 1;
+            }
+            const zoff_tensor_info *t = &o->tensors[a];
+            int64_t end = t->offset + t->numel < q.model + q.count ? t->offset + t->numel : q.model + q.count;
+            zoff_tensor_info *lt = &(*ltab)[(*nlt)++];
+            *lt = *t;
+            lt->offset = q.local + (m - q.model);
+            lt->numel = end - m;
+            m = end;
+        }
+    }
+    if (o->init_params) {
+        *init_local = zoff_aligned_alloc(64, (size_t)e->n * sizeof(float), "initial weights of the partition");
+        if (!*init_local) return ZOFF_ERR_NOMEM;
+        zoff_dp_gather_local(p, o->init_params, *init_local, 0, e->n);
+    }
+    return ZOFF_OK;
+}
+
+/* After the update: every rank's new weights to every rank (stages 1, 2). */
+static zoff_status dp_gather_weights(zoff_engine *e) {
+    if (e->world == 1 || e->replicated) return ZOFF_OK;
+    /* the compute stream has waited for the host pushes and the device optimizer */
+    ZOFF_TRY(zoff_event_record(e->ev_gather, e->compute));
+    ZOFF_TRY(zoff_stream_wait_event(e->d2h, e->ev_gather));
+    ZOFF_TRY(zoff_dp_allgather_params(&e->plan, e->chan, e->d2h, e->params, e->dtype, &e->scratch, &e->layout));
+    ZOFF_TRY(zoff_event_record(e->ev_gather, e->d2h));
+    return zoff_stream_wait_event(e->compute, e->ev_gather);
+}
+
+static void note_async(zoff_engine *e, zoff_status s, const char *what) {
+    if (e->async_status == ZOFF_OK) {
+        e->async_status = s;
+        snprintf(e->async_msg, sizeof e->async_msg, "%s (rank %d of %d): %s", what, e->rank, e->world,
+                 zoff_last_error());
+    }
+}
+
+static zoff_status take_async(zoff_engine *e) {
+    zoff_status s = e->async_status;
+    if (s == ZOFF_OK) return ZOFF_OK;
+    e->async_status = ZOFF_OK;
+    return zoff_error(s, "%s", e->async_msg);
+}
 
 static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int nt) {
     e->ranges = calloc((size_t)(nt > 0 ? nt : 1), sizeof *e->ranges);
@@ -163,6 +372,8 @@ static zoff_status build_subgroups(zoff_engine *e, double host_ratio) {
         e->sg[i].offset = i * sgs;
         e->sg[i].count = (i == nsg - 1) ? e->n - i * sgs : sgs;
     }
+    ZOFF_TRY(dp_split_subgroups(e)); /* each sub-group maps to one model range */
+    nsg = e->nsg;
     /* host fraction: whole sub-groups from the top until >= ratio * n */
     int64_t want = (int64_t)ceil(host_ratio * (double)e->n), got = 0;
     for (int64_t i = nsg - 1; i >= 0 && got < want; i--) {
@@ -444,6 +655,13 @@ void zoff_engine_destroy(zoff_engine *e) {
     host_free(e, e->h_grads[1]);
     host_free(e, e->h_staging);
     zoff_host_optimizer_destroy(e->hopt);
+    if (e->scratch.recv) zoff_device_free(e->dev, e->scratch.recv);
+    if (e->scratch.pack) zoff_device_free(e->dev, e->scratch.pack);
+    zoff_event_destroy(e->ev_gather);
+    zoff_comm_destroy(e->chan);
+    zoff_dp_layout_free(&e->layout);
+    zoff_dp_plan_free(&e->plan);
+    free(e->map);
     zoff_swapper_destroy(e->swap);
     free(e->swap_sg);
     free(e->swap_order);
@@ -461,6 +679,8 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     const zoff_zero_config *z = &cfg->zero;
     bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU ||
                    z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->cpu_offload;
+    if (z->stage >= 3)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.stage 3 is not implemented yet; use stage 2");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
                           "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (got 0), as in "
@@ -505,7 +725,13 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     e->dpu_warmup = z->delayed_param_update_warmup;
 
     double ratio = offload ? z->offload_optimizer.ratio : 0.0;
-    zoff_status s = build_ranges(e, o->tensors, o->num_tensors);
+    /* this rank's optimizer space (the model's with one rank) */
+    zoff_tensor_info *ltab = NULL;
+    int nlt = 0;
+    float *init_local = NULL;
+    zoff_status s = dp_setup(e, o, &ltab, &nlt, &init_local);
+    const float *init = init_local ? init_local : o->init_params;
+    if (s == ZOFF_OK) s = build_ranges(e, ltab ? ltab : o->tensors, ltab ? nlt : o->num_tensors);
     if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, &ratio);
     if (s == ZOFF_OK) s = build_subgroups(e, ratio);
     size_t f4 = sizeof(float);
@@ -535,7 +761,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme))
             s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
         if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
-        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, o->init_params);
+        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
         if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
                                     .state_dt = ZOFF_F32, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
@@ -546,6 +772,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     }
     if (s == ZOFF_OK && e->n_dev > 0 && e->n_host > 0)
         s = zoff_stream_create(e->dev, "device optimizer", &e->opt_stream);
+    if (s == ZOFF_OK && e->world > 1 && !e->d2h) /* the collectives' stream (and the gradients' with offload) */
+        s = zoff_stream_create(e->dev, "collectives", &e->d2h);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_grads_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_weights_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
@@ -559,14 +787,14 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
             e->worker_started = true;
     }
     /* initial weights */
-    if (s == ZOFF_OK && o->init_params) {
+    if (s == ZOFF_OK && init) {
         for (int i = 0; i < e->nsg; i++) {
             subgroup *g = &e->sg[i];
             if (g->on_host) {
-                if (!e->swap) memcpy(e->h_master + g->state_off, o->init_params + g->offset, (size_t)g->count * f4);
+                if (!e->swap) memcpy(e->h_master + g->state_off, init + g->offset, (size_t)g->count * f4);
             } else {
-                float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->offset : e->d_master + g->state_off;
-                s = zoff_memcpy_async(e->compute, dst, o->init_params + g->offset, (size_t)g->count * f4,
+                float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
+                s = zoff_memcpy_async(e->compute, dst, init + g->offset, (size_t)g->count * f4,
                                       ZOFF_COPY_H2D);
                 if (s != ZOFF_OK) break;
             }
@@ -574,6 +802,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
     }
     if (s == ZOFF_OK) s = zoff_stream_synchronize(e->compute);
+    free(ltab);
+    zoff_aligned_free(init_local);
     if (s != ZOFF_OK) {
         zoff_engine_destroy(e);
         return s;
@@ -589,6 +819,18 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
                  100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
                  e->pinned ? "pinned" : "pageable", e->dpu ? ", delayed parameter update" : "");
+    if (e->world > 1) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used,
+                 "; data parallel: rank %d of %d (%s), stage %d: %s%s, %lld of %lld parameters in this rank's "
+                 "partition%s",
+                 e->rank, e->world, zoff_comm_backend_name(e->comm), z->stage,
+                 e->replicated ? "gradients all-reduced, optimizer replicated"
+                 : e->scatter  ? "gradients reduce-scattered, optimizer partitioned, weights all-gathered"
+                               : "gradients all-reduced, optimizer partitioned, weights all-gathered",
+                 e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
+                 e->nmap > 1 ? "" : "");
+    }
     if (e->swap) {
         size_t used = strlen(e->describe);
         snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
@@ -606,7 +848,7 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
     for (int i = 0; i < e->nsg; i++) {
         subgroup *g = &e->sg[i];
         if (g->on_host) continue;
-        zoff_op_cast_args a = {.dst = (char *)e->params + (size_t)g->offset * e->esize,
+        zoff_op_cast_args a = {.dst = (char *)e->params + (size_t)g->model * e->esize,
                                .src = e->d_master + g->state_off, .n = g->count, .dst_dt = e->dtype,
                                .src_dt = ZOFF_F32};
         ZOFF_TRY(ZOFF_LAUNCH(st, ZOFF_OP_CAST, a));
@@ -616,7 +858,7 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 
 /* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
 static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
-    void *dst = (char *)e->params + (size_t)g->offset * e->esize;
+    void *dst = (char *)e->params + (size_t)g->model * e->esize;
     const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
                                            : (const void *)((const char *)e->h_staging + (size_t)g->state_off * e->esize);
     return zoff_memcpy_async(e->h2d, dst, src, (size_t)g->count * e->esize, ZOFF_COPY_H2D);
@@ -645,14 +887,18 @@ zoff_status zoff_engine_sync_params(zoff_engine *e) {
         ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
         e->weights_pending = false;
     }
-    return zoff_stream_synchronize(e->compute);
+    ZOFF_TRY(dp_gather_weights(e));
+    ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    return e->chan ? zoff_comm_error(e->chan) : ZOFF_OK;
 }
 
 /* ------------------------------------------------------------------ gradients to the host */
 
 float zoff_engine_backward_scale(const zoff_engine *e) {
     int64_t acc = e->cfg->gradient_accumulation_steps > 0 ? e->cfg->gradient_accumulation_steps : 1;
-    return (float)(e->ls.scale / (double)acc);
+    /* with N ranks each rank's gradient is pre-divided by N, so that their sum is the
+     * mean: the reduced gradients have the one-rank magnitude (same fp16 overflow) */
+    return (float)(e->ls.scale / ((double)acc * (double)e->world));
 }
 
 void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
@@ -683,7 +929,7 @@ static zoff_event *ready_event(zoff_engine *e) {
  * in the log; the step reports them. */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
     zoff_engine *e = engine;
-    if (!e->boundary || e->n_host == 0) return;
+    if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;
     if (e->nready == 0 && e->dpu) {
         /* the worker may still read this buffer's previous contents (two steps ago) */
         if (wait_job(e) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
@@ -694,13 +940,21 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         return;
     }
     int64_t end = offset + count;
+    if (e->world > 1) { /* sum over ranks first (stage 2: only this rank's pieces come back) */
+        zoff_status s = zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, e->grads, e->dtype, offset, end, e->scatter,
+                                             &e->scratch, &e->layout);
+        if (s != ZOFF_OK) {
+            note_async(e, s, "gradient reduction");
+            return;
+        }
+    }
     for (int i = 0; i < e->nsg; i++) {
         subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
-        int64_t lo = offset > g->offset ? offset : g->offset;
-        int64_t hi = end < g->offset + g->count ? end : g->offset + g->count;
+        int64_t lo = offset > g->model ? offset : g->model; /* model space */
+        int64_t hi = end < g->model + g->count ? end : g->model + g->count;
         if (lo >= hi) continue;
-        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->offset) * e->esize;
+        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
         const void *src = (const char *)e->grads + (size_t)lo * e->esize;
         if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
             zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
@@ -708,7 +962,7 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
 }
 
 zoff_status zoff_engine_zero_grad(zoff_engine *e) {
-    return zoff_memset_async(e->compute, e->grads, 0, (size_t)e->n * e->esize);
+    return zoff_memset_async(e->compute, e->grads, 0, (size_t)e->n_model * e->esize);
 }
 
 int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken; }
@@ -747,7 +1001,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
                 .params16 = e->h_staging && e->dtype != ZOFF_F32 ? (char *)e->h_staging + (size_t)so * e->esize : NULL,
                 .p16_dt = e->dtype,
                 .n = hi - lo,
-                .index_base = lo};
+                .index_base = g->model + (lo - g->offset)}; /* model index: rounding independent of ranks */
             ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
         }
         if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
@@ -776,13 +1030,13 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
             int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
             int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
             if (lo >= hi) continue;
-            int64_t so = g->state_off + (lo - g->offset);
+            int64_t so = g->state_off + (lo - g->offset), mo = g->model + (lo - g->offset);
             bool f32 = e->dtype == ZOFF_F32;
             zoff_op_adam_args a = {
-                .params = f32 ? (float *)e->params + lo : e->d_master + so,
+                .params = f32 ? (float *)e->params + mo : e->d_master + so,
                 .m = e->d_m + so, .v = e->d_v + so,
-                .grads = (const char *)e->grads + (size_t)lo * e->esize,
-                .params16 = f32 ? NULL : (char *)e->params + (size_t)lo * e->esize,
+                .grads = (const char *)e->grads + (size_t)mo * e->esize,
+                .params16 = f32 ? NULL : (char *)e->params + (size_t)mo * e->esize,
                 .n = hi - lo, .grad_dt = e->dtype, .p16_dt = e->dtype,
                 .lr = (float)lr, .beta1 = (float)oc->beta1, .beta2 = (float)oc->beta2, .eps = (float)oc->eps,
                 .weight_decay = rg->decay ? (float)oc->weight_decay : 0.0f,
@@ -819,18 +1073,37 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     zoff_step_info si = {.loss_scale = e->ls.scale};
     /* 1. gradient statistics on the device, and the last gradient copies */
     float stats[2] = {0, 0};
+    if (e->d2h) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
+    if (e->world > 1) ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_grads_done)); /* the reduced gradients */
     ZOFF_TRY(zoff_memset_async(e->compute, e->stats_dev, 0, sizeof stats));
-    zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n, .dt = e->dtype};
-    ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
+    if (e->world == 1) {
+        zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n_model, .dt = e->dtype};
+        ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
+    } else { /* this rank's pieces (stage 0: its share of the replicated sum); summed over ranks below */
+        for (int k = 0; k < e->plan.nown[e->rank]; k++) {
+            const zoff_dp_piece *q = &e->plan.pieces[e->plan.own[e->rank][k]];
+            zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = (char *)e->grads + (size_t)q->model * e->esize,
+                                          .n = q->count, .dt = e->dtype};
+            ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
+        }
+    }
     ZOFF_TRY(zoff_memcpy_async(e->compute, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
-    if (e->n_host > 0) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
-    if (e->n_host > 0) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
+    if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
+    double sumsq = stats[0], nonfinite = stats[1];
+    if (e->world > 1) { /* global statistics: every rank takes the same decision */
+        ZOFF_TRY(take_async(e));
+        ZOFF_TRY(zoff_comm_error(e->chan));
+        double g[2] = {sumsq, nonfinite};
+        ZOFF_TRY(zoff_comm_allreduce_f64(e->comm, g, 2, ZOFF_REDUCE_SUM));
+        sumsq = g[0];
+        nonfinite = g[1];
+    }
     si.t_wait_grads = zoff_now() - t0;
 
     double scale = e->ls.scale;
-    double norm = sqrt((double)stats[0]) / scale;
-    bool overflow = stats[1] != 0.0f || !isfinite(norm);
+    double norm = sqrt(sumsq) / scale;
+    bool overflow = nonfinite != 0.0 || !isfinite(norm);
     si.grad_norm = norm;
     si.skipped = overflow;
     if (overflow) {
@@ -887,7 +1160,9 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
     }
     double tw = zoff_now();
+    if (!overflow || (e->dpu && e->n_host > 0)) ZOFF_TRY(dp_gather_weights(e));
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    if (e->chan) ZOFF_TRY(zoff_comm_error(e->chan));
     si.t_wait_weights += zoff_now() - tw;
     si.t_step = zoff_now() - t0;
     if (info) *info = si;
@@ -896,7 +1171,9 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
 
 zoff_status zoff_engine_flush(zoff_engine *e) {
     double dummy = 0;
+    bool pending = e->weights_pending;
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
+    if (e->dpu && pending) ZOFF_TRY(dp_gather_weights(e));
     if (e->swap) ZOFF_TRY(zoff_swapper_flush(e->swap)); /* NVMe writes still in flight */
     return zoff_stream_synchronize(e->compute);
 }
@@ -929,7 +1206,7 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
             if (get) memcpy(h, src + g->state_off, (size_t)g->count * f4);
             else memcpy(src + g->state_off, h, (size_t)g->count * f4);
         } else {
-            float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->offset : e->d_master + g->state_off)
+            float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off)
                               : (i == 1 ? e->d_m : e->d_v) + g->state_off;
             ZOFF_TRY(zoff_memcpy_async(e->compute, get ? (void *)h : (void *)d, get ? (const void *)d : (const void *)h,
                                        (size_t)g->count * f4, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
@@ -945,6 +1222,42 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
 }
 
 zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst) { return state_io(e, i, host_dst, true); }
+
+int64_t zoff_engine_partition_numel(const zoff_engine *e) { return e->n; }
+
+int zoff_engine_partition(const zoff_engine *e, int64_t *model_offsets, int64_t *counts, int cap) {
+    for (int k = 0; k < e->nmap && k < cap; k++) {
+        model_offsets[k] = e->map[k].model;
+        counts[k] = e->map[k].count;
+    }
+    return e->nmap;
+}
+
+zoff_status zoff_engine_state_gather(zoff_engine *e, int i, float *full) {
+    if (e->world == 1 || e->replicated) return state_io(e, i, full, true);
+    float *loc = zoff_aligned_alloc(64, (size_t)e->n * sizeof(float), "engine state of this rank's partition");
+    zoff_dp_scratch hs = {.elems = e->scratch.elems};
+    if (e->plan.round_robin)
+        hs.pack = zoff_aligned_alloc(64, (size_t)hs.elems * sizeof(float), "engine state gather buffer");
+    zoff_status s = !loc || (e->plan.round_robin && !hs.pack) ? ZOFF_ERR_NOMEM : state_io(e, i, loc, true);
+    if (s == ZOFF_OK) {
+        zoff_dp_scatter_local(&e->plan, loc, full, 0, e->n);
+        s = zoff_dp_allgather_params(&e->plan, e->comm, NULL, full, ZOFF_F32, &hs, &e->layout);
+    }
+    zoff_aligned_free(hs.pack);
+    zoff_aligned_free(loc);
+    return s;
+}
+
+zoff_status zoff_engine_state_set_full(zoff_engine *e, int i, const float *full) {
+    if (e->world == 1 || e->replicated) return state_io(e, i, (float *)full, false);
+    float *loc = zoff_aligned_alloc(64, (size_t)e->n * sizeof(float), "engine state of this rank's partition");
+    if (!loc) return ZOFF_ERR_NOMEM;
+    zoff_dp_gather_local(&e->plan, full, loc, 0, e->n);
+    zoff_status s = state_io(e, i, loc, false);
+    zoff_aligned_free(loc);
+    return s;
+}
 zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src) {
     return state_io(e, i, (float *)host_src, false);
 }
