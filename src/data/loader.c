@@ -237,7 +237,8 @@ zoff_status zoff_loader_set_state(zoff_loader *l, const zoff_loader_state *s) {
                           "cannot restore the data position: the data files, split or shuffle setting differ from "
                           "the saved run (fingerprint %016llx, now %016llx); resume with the same data and options",
                           (unsigned long long)s->fingerprint, (unsigned long long)l->fingerprint);
-    if (s->epoch < 0 || s->window < 0 || s->window > l->num_windows)
+    /* epochs past 2^62 cannot be reached (each takes at least one batch) and would overflow the epoch counter */
+    if (s->epoch < 0 || s->epoch > (INT64_C(1) << 62) || s->window < 0 || s->window > l->num_windows)
         return zoff_error(ZOFF_ERR_INVALID, "cannot restore the data position: epoch %lld window %lld is out of range "
                                             "(%lld windows); the saved state is corrupt",
                           (long long)s->epoch, (long long)s->window, (long long)l->num_windows);
