@@ -649,6 +649,12 @@ static void test_dp_fp16_overflow(void **st) {
             "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 1.0, 1e-4,
             1e-2);
 }
+static void test_dp_stage2_nvme(void **st) {
+    (void)st;
+    dp_case("stage 2, offload nvme",
+            "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp/zoff_test_comm_nvme\"}}",
+            "", ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);
+}
 static void test_dp_delayed_update(void **st) {
     (void)st;
     dp_case("stage 2, offload cpu, delayed update",
@@ -733,7 +739,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dp_stage1_device), cmocka_unit_test(test_dp_stage2_offload_accum),
         cmocka_unit_test(test_dp_stage2_device_rr), cmocka_unit_test(test_dp_stage2_twinflow_rr),
         cmocka_unit_test(test_dp_stage2_bf16_rr), cmocka_unit_test(test_dp_fp16_overflow),
-        cmocka_unit_test(test_dp_delayed_update), cmocka_unit_test(test_dp_exact_and_discriminating),
+        cmocka_unit_test(test_dp_stage2_nvme), cmocka_unit_test(test_dp_delayed_update),
+        cmocka_unit_test(test_dp_exact_and_discriminating),
     };
     char name[64];
     snprintf(name, sizeof name, "comm (rank %d of %d, %s)", R, N, zoff_comm_backend_name(g_world));
