@@ -24,7 +24,8 @@ static double median(double *v, int n) {
 
 /* Run `iters` timed steps (after `warmup`) of one configuration; medians into *out. */
 static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, int64_t T, zoff_dtype dt,
-                              zoff_backend_kind kind, int warmup, int iters, step_stats *out, size_t *dev_peak) {
+                              zoff_backend_kind kind, size_t budget, int warmup, int iters, step_stats *out,
+                              size_t *dev_peak) {
     zoff_config cfg;
     ZOFF_TRY(zoff_config_load_string(json, "bench config", &cfg));
     zoff_status s = zoff_config_resolve_batch(&cfg, 1);
@@ -35,7 +36,7 @@ static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, in
     int32_t *dx = NULL, *hx = NULL;
     float *init = NULL;
     double *samples = NULL;
-    zoff_device_options dopt = {.kind = kind};
+    zoff_device_options dopt = {.kind = kind, .memory_budget = budget};
     if (s == ZOFF_OK) s = zoff_device_create(&dopt, &dev);
     zoff_gpt2_options mo = {.shape = *shape, .batch_size = B, .seq_len = T, .dtype = dt};
     if (s == ZOFF_OK) s = zoff_gpt2_create(dev, &mo, &m);
@@ -119,6 +120,9 @@ static void bench_step_usage(FILE *f) {
                "                         model shape (default: the default job's, 4 x 128, 4 heads, 64, 50257)\n"
                "  --micro-batch-size N   (default 8)\n"
                "  --dtype f32|bf16|fp16  weights on the device (default bf16)\n"
+               "  --ratios LIST          Twin-Flow sweep instead: offload with these host ratios, e.g.\n"
+               "                         0,0.25,0.5,0.75,1 (and \"auto\" when --device-memory is given)\n"
+               "  --device-memory SIZE   device memory budget (CPU backend: simulated)\n"
                "  --iters N              timed steps per configuration and round (default 5)\n"
                "  --rounds N             interleaved rounds (default 3)\n"
                "  --device cpu|cuda      (default: cuda when available)\n"
@@ -129,7 +133,8 @@ int zoff_cmd_bench_step(int argc, char **argv) {
     zoff_gpt2_shape shape = {.num_layers = 4, .hidden_size = 128, .num_heads = 4, .max_seq_len = 64,
                              .vocab_size = 50257};
     int64_t T = 64, B = 8, iters = 5, rounds = 3;
-    const char *dts = "bf16", *device = NULL;
+    const char *dts = "bf16", *device = NULL, *ratios = NULL;
+    size_t budget = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -159,6 +164,17 @@ int zoff_cmd_bench_step(int argc, char **argv) {
             if (!(v = cli_value("bench step", argc, argv, &i))) return 2;
             device = v;
         }
+        else if (!strcmp(a, "--ratios")) {
+            if (!(v = cli_value("bench step", argc, argv, &i))) return 2;
+            ratios = v;
+        }
+        else if (!strcmp(a, "--device-memory")) {
+            if (!(v = cli_value("bench step", argc, argv, &i))) return 2;
+            if (zoff_parse_size(v, &budget) != ZOFF_OK) {
+                fprintf(stderr, "zoff bench step: --device-memory: %s\n", zoff_last_error());
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--json")) json = true;
         else {
             fprintf(stderr, "zoff bench step: unknown option '%s' (--help lists them)\n", a);
@@ -179,21 +195,45 @@ int zoff_cmd_bench_step(int argc, char **argv) {
     zoff_backend_kind kind = ZOFF_BACKEND_CPU;
     if ((device && !strcmp(device, "cuda")) || (!device && zoff_backend_available(ZOFF_BACKEND_CUDA)))
         kind = ZOFF_BACKEND_CUDA;
-    const char *names[3] = {"device-optimizer", "offload", "offload+delayed"};
-    const char *zero[3] = {"{\"stage\": 0}",
-                           "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
-                           "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
-                           " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}"};
-    step_stats acc[3][100];
-    size_t peak[3] = {0};
+    enum { MAXC = 16 };
+    char namebuf[MAXC][32], zerobuf[MAXC][256];
+    const char *names[MAXC] = {"device-optimizer", "offload", "offload+delayed"};
+    const char *zero[MAXC] = {"{\"stage\": 0}",
+                              "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
+                              "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
+                              " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}"};
+    int nconf = 3;
+    if (ratios) { /* Twin-Flow sweep: one offload config per ratio */
+        nconf = 0;
+        char list[512];
+        snprintf(list, sizeof list, "%s", ratios);
+        for (char *tok = strtok(list, ","); tok && nconf < MAXC; tok = strtok(NULL, ",")) {
+            double rv = 0;
+            bool is_auto = !strcmp(tok, "auto");
+            if (!is_auto && !cli_parse_f64("bench step", "--ratios", tok, 0, 1, &rv)) return 2;
+            snprintf(namebuf[nconf], sizeof namebuf[nconf], "ratio %s", tok);
+            snprintf(zerobuf[nconf], sizeof zerobuf[nconf],
+                     "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": %s%s%s}}",
+                     is_auto ? "\"" : "", tok, is_auto ? "\"" : "");
+            names[nconf] = namebuf[nconf];
+            zero[nconf] = zerobuf[nconf];
+            nconf++;
+        }
+        if (nconf == 0) {
+            fprintf(stderr, "zoff bench step: --ratios: give a comma-separated list, e.g. 0,0.5,1\n");
+            return 2;
+        }
+    }
+    static step_stats acc[MAXC][100];
+    size_t peak[MAXC] = {0};
     for (int64_t r = 0; r < rounds; r++) {
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < nconf; c++) {
             char js[1024];
             snprintf(js, sizeof js,
                      "{\"train_micro_batch_size_per_gpu\": %lld, %s \"optimizer\": {\"type\": \"AdamW\"},"
                      " \"zero_optimization\": %s}",
                      (long long)B, prec, zero[c]);
-            zoff_status s = run_config(js, &shape, T, dt, kind, 2, (int)iters, &acc[c][r], &peak[c]);
+            zoff_status s = run_config(js, &shape, T, dt, kind, budget, 2, (int)iters, &acc[c][r], &peak[c]);
             if (s != ZOFF_OK) {
                 fprintf(stderr, "zoff bench step: %s: %s\n", names[c], zoff_last_error());
                 return 1;
@@ -201,8 +241,8 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         }
     }
     /* median over rounds of each component */
-    step_stats med[3];
-    for (int c = 0; c < 3; c++) {
+    step_stats med[MAXC];
+    for (int c = 0; c < nconf; c++) {
         double v[100];
         double *fields[8] = {&med[c].step, &med[c].fwd, &med[c].bwd, &med[c].wait_grads,
                              &med[c].host, &med[c].host_work, &med[c].device, &med[c].wait_weights};
@@ -225,7 +265,7 @@ int zoff_cmd_bench_step(int argc, char **argv) {
                (long long)shape.vocab_size, (long long)B, dts, kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
                (long long)rounds, (long long)iters, "config", "step", "forward", "backward", "wait-grad", "host-opt",
                "host-work", "dev-opt", "wait-wts", "tokens/s", "step/sum", "step/max");
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < nconf; c++) {
         const step_stats *m = &med[c];
         double work = m->host_work > 0 ? m->host_work : m->host;
         double sum = m->fwd + m->bwd + m->wait_grads + work + m->device + m->wait_weights;
@@ -243,10 +283,12 @@ int zoff_cmd_bench_step(int argc, char **argv) {
     }
     if (json) printf("}}\n");
     else {
-        char b0[32], b1[32];
-        printf("\ndevice memory peak: device optimizer %s, offload %s\n"
-               "step/sum < 1: part of the work overlaps; step/max = 1: the step is as short as its longest part\n",
-               zoff_format_bytes(peak[0], b0, sizeof b0), zoff_format_bytes(peak[1], b1, sizeof b1));
+        printf("\ndevice memory peak:");
+        for (int c = 0; c < nconf; c++) {
+            char b0[32];
+            printf("%s %s %s", c ? "," : "", names[c], zoff_format_bytes(peak[c], b0, sizeof b0));
+        }
+        printf("\nstep/sum < 1: part of the work overlaps; step/max = 1: the step is as short as its longest part\n");
     }
     return 0;
 }
