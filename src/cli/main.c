@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "  train      train a model (default: small GPT-2 on the bundled corpus)\n"
             "  sample     generate text from a checkpoint\n"
             "  tokenize   write token shards (.bin) from text files\n"
+            "  export     write a checkpoint's weights as safetensors (Hugging Face GPT-2 or fp32)\n"
             "  bench      measure against the machine's limits (adam)\n"
             "  version    print the version and build features\n",
             ZOFF_VERSION);
@@ -69,6 +70,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "sample")) return zoff_cmd_sample(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return zoff_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return zoff_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export")) return zoff_cmd_export(argc - 1, argv + 1);
     fprintf(stderr, "zoff: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

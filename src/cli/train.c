@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "zoff/safetensors.h"
 #include "zoff/schedule.h"
 
 /* The default job's DeepSpeed config: a small GPT-2 trained with AdamW and a
@@ -34,6 +35,7 @@ typedef struct train_args {
     int64_t num_layers, hidden_size, num_heads, seq_length, vocab_size, max_pos, micro_batch;
     int64_t train_iters, eval_iters, save_interval, keep_last;
     const char *save_dir, *load_dir, *data_path, *val_path, *tokenizer, *device;
+    const char *init_from; /* --init-from: safetensors weights to start from */
     size_t device_memory;
     uint64_t seed;
     bool checkpoint_activations, quiet;
@@ -63,6 +65,8 @@ static void train_usage(FILE *f) {
             "  --save-interval N           also save every N steps (default: only at the end)\n"
             "  --keep-last N               keep only the newest N checkpoints (default: all)\n"
             "  --load DIR                  resume from the newest complete checkpoint in DIR\n"
+            "  --init-from FILE            start from the GPT-2 weights of a safetensors file (zoff export, or\n"
+            "                              Hugging Face's gpt2 model.safetensors); the flags must give its shape\n"
             "  --seed N                    initialisation and data order (default 1234)\n"
             "  --device cpu|cuda           backend (default: cuda when available, else cpu)\n"
             "  --device-memory SIZE        device memory budget, e.g. 256MiB (CPU backend: simulated)\n"
@@ -138,6 +142,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
         } else if (FLAG("--load")) {
             VALUE();
             a->load_dir = v;
+        } else if (FLAG("--init-from")) {
+            VALUE();
+            a->init_from = v;
         } else if (FLAG("--data-path")) {
             VALUE();
             a->data_path = v;
@@ -268,6 +275,7 @@ typedef struct train_ctx {
     zoff_gpt2 *model;
     zoff_engine *eng;
     float *init;
+    zoff_st_file *init_st; /* --init-from */
     int32_t *hx, *hy, *dx, *dy;
     FILE *metrics;
 } train_ctx;
@@ -284,6 +292,7 @@ static void ctx_free(train_ctx *c) {
     free(c->hx);
     free(c->hy);
     zoff_aligned_free(c->init);
+    zoff_st_close(c->init_st);
     zoff_loader_free(c->train_ld);
     zoff_loader_free(c->val_ld);
     zoff_dataset_free(c->train_ds);
@@ -344,6 +353,17 @@ static int run(train_ctx *c) {
         }
         shape = *r;
         T = resume.seq_len;
+    }
+    if (a->init_from) { /* checked against the model shape before anything is written */
+        if (rd) {
+            fprintf(stderr, "zoff train: --init-from and --load exclude each other: --load resumes a run (weights, "
+                            "optimizer state, data position), --init-from starts a new run from weights\n");
+            zoff_ckpt_close(rd);
+            return 2;
+        }
+        if ((s = zoff_st_open(a->init_from, &c->init_st)) != ZOFF_OK ||
+            (s = zoff_gpt2_st_check(c->init_st, &shape)) != ZOFF_OK)
+            return fail("--init-from", s);
     }
     int64_t B = c->cfg.train_micro_batch_size_per_gpu, accum = c->cfg.gradient_accumulation_steps;
 
@@ -420,14 +440,21 @@ static int run(train_ctx *c) {
         zoff_ckpt_close(rd);
         return fail("model", ZOFF_ERR_NOMEM);
     }
+    int nt = 0;
+    const zoff_tensor_info *tensors = zoff_gpt2_tensors(c->model, &nt);
     if (rd) s = cli_read_weights(rd, c->model, c->init);
+    else if (c->init_st) s = zoff_gpt2_st_load(c->init_st, &shape, tensors, nt, c->init);
     else zoff_gpt2_init_params(c->model, a->seed, c->init);
     if (s != ZOFF_OK) {
         zoff_ckpt_close(rd);
-        return fail("--load", s);
+        return fail(rd ? "--load" : "--init-from", s);
     }
-    int nt = 0;
-    const zoff_tensor_info *tensors = zoff_gpt2_tensors(c->model, &nt);
+    if (c->init_st) {
+        zoff_log(ZOFF_LOG_INFO, "initialised the weights from %s (%s layout)", a->init_from,
+                 zoff_gpt2_st_layout(c->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");
+        zoff_st_close(c->init_st);
+        c->init_st = NULL;
+    }
     zoff_engine_options eo = {.dev = c->dev, .cfg = &c->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = nparams, .params = zoff_gpt2_params(c->model),
                               .grads = zoff_gpt2_grads(c->model), .dtype = dtype, .init_params = c->init};

@@ -1,0 +1,280 @@
+/* zoff export: a training checkpoint -> safetensors (Hugging Face GPT-2, or zoff's fp32 layout).
+ * Formats: include/zoff/safetensors.h. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "zoff/safetensors.h"
+
+static void export_usage(FILE *f) {
+    fprintf(f,
+            "usage: zoff export --load DIR --output PATH [options]\n"
+            "\n"
+            "Writes the weights of a training checkpoint (all of its rank files, consolidated) as one\n"
+            "safetensors file. Nothing is written unless the whole export succeeds; an existing PATH is\n"
+            "replaced atomically.\n"
+            "\n"
+            "  --load DIR            checkpoint root (its newest complete step) or a step directory\n"
+            "                        (--checkpoint is the same flag)\n"
+            "  --step N              export step N of the root DIR instead of the newest\n"
+            "  --format FORMAT       safetensors (default): Hugging Face GPT-2 names and layout, loadable\n"
+            "                          by transformers.GPT2LMHeadModel (Conv1D weights transposed, wte\n"
+            "                          without padding rows, LM head tied and not stored)\n"
+            "                        fp32: the fp32 master weights in zoff's own layout (the zero_to_fp32\n"
+            "                          step); zoff train --init-from reads both\n"
+            "  --output PATH         the file to write; with --format safetensors, a PATH that is a\n"
+            "                        directory or ends in '/' gets PATH/model.safetensors and a GPT-2\n"
+            "                        PATH/config.json (GPT2LMHeadModel.from_pretrained(PATH) loads it)\n"
+            "  --dtype f32|bf16|f16  data type of --format safetensors (default f32)\n"
+            "  --quiet               no summary line\n");
+}
+
+static int fail(const char *what, zoff_status s) {
+    fprintf(stderr, "zoff export: %s: %s\n", what, zoff_last_error());
+    return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2 : 1;
+}
+
+/* fetch callback: one tensor of the consolidated checkpoint as fp32 */
+typedef struct fetch_ctx {
+    zoff_ckpt_gather *g;
+} fetch_ctx;
+
+static zoff_status fetch_tensor(void *user, const zoff_tensor_info *t, float *dst) {
+    fetch_ctx *c = user;
+    const zoff_ckpt_gathered *e = zoff_ckpt_gather_find(c->g, t->name);
+    if (!e) return zoff_error(ZOFF_ERR_FORMAT, "the checkpoint has no tensor '%s'", t->name);
+    if (e->dtype == ZOFF_F32) return zoff_ckpt_gather_read(c->g, t->name, dst, (size_t)t->numel * sizeof(float));
+    if (e->dtype != ZOFF_BF16 && e->dtype != ZOFF_F16)
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint tensor '%s' is %s; expected f32, bf16 or f16", t->name,
+                          zoff_dtype_name(e->dtype));
+    uint16_t *h = malloc((size_t)t->numel * sizeof(uint16_t));
+    if (!h) return zoff_error(ZOFF_ERR_NOMEM, "out of memory reading '%s'", t->name);
+    zoff_status s = zoff_ckpt_gather_read(c->g, t->name, h, (size_t)t->numel * sizeof(uint16_t));
+    for (int64_t i = 0; s == ZOFF_OK && i < t->numel; i++)
+        dst[i] = e->dtype == ZOFF_BF16 ? zoff_bf16_to_f32(h[i]) : zoff_f16_to_f32(h[i]);
+    free(h);
+    return s;
+}
+
+/* Write a small text file atomically (temp + fsync + rename + fsync of the directory). */
+static zoff_status write_text_atomic(const char *dir, const char *name, const char *text) {
+    char path[4200], tmp[4300];
+    int pn = snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (pn < 0 || (size_t)pn >= sizeof path) return zoff_error(ZOFF_ERR_INVALID, "output path %s is too long", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    size_t n = strlen(text), done = 0;
+    zoff_status s = ZOFF_OK;
+    while (done < n && s == ZOFF_OK) {
+        ssize_t w = write(fd, text + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, w < 0 ? strerror(errno) : "short write");
+        else done += (size_t)w;
+    }
+    if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
+    if (s == ZOFF_OK && rename(tmp, path) != 0)
+        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (s != ZOFF_OK) {
+        unlink(tmp);
+        return s;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(errno));
+    if (dfd >= 0) close(dfd);
+    return s;
+}
+
+/* transformers' GPT2Config for the exported weights. */
+static char *hf_config_json(const zoff_gpt2_shape *sh, const char *tokenizer, zoff_st_dtype dt) {
+    bool gpt2_tok = !strcmp(tokenizer, "gpt2");
+    const char *torch_dtype = dt == ZOFF_ST_BF16 ? "bfloat16" : dt == ZOFF_ST_F16 ? "float16" : "float32";
+    json_t *o = json_pack("{s:[s],s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:n,s:s,s:f,s:f,s:f,s:f,s:f,s:b,s:b,s:b,s:s,s:s}",
+                          "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "vocab_size",
+                          (json_int_t)sh->vocab_size, "n_positions", (json_int_t)sh->max_seq_len, "n_ctx",
+                          (json_int_t)sh->max_seq_len, "n_embd", (json_int_t)sh->hidden_size, "n_layer",
+                          (json_int_t)sh->num_layers, "n_head", (json_int_t)sh->num_heads, "n_inner",
+                          "activation_function", "gelu_new", "layer_norm_epsilon", 1e-5, "initializer_range", 0.02,
+                          "resid_pdrop", 0.1, "embd_pdrop", 0.1, "attn_pdrop", 0.1, "scale_attn_weights", 1,
+                          "tie_word_embeddings", 1, "use_cache", 1, "torch_dtype", torch_dtype, "zoff_tokenizer",
+                          tokenizer);
+    if (!o) return NULL;
+    if (gpt2_tok) {
+        json_object_set_new(o, "bos_token_id", json_integer(50256));
+        json_object_set_new(o, "eos_token_id", json_integer(50256));
+    }
+    char *txt = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(8));
+    json_decref(o);
+    if (!txt) return NULL;
+    size_t n = strlen(txt);
+    char *out = realloc(txt, n + 2);
+    if (!out) {
+        free(txt);
+        return NULL;
+    }
+    out[n] = '\n';
+    out[n + 1] = '\0';
+    return out;
+}
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int zoff_cmd_export(int argc, char **argv) {
+    const char *load = NULL, *output = NULL, *format = "safetensors", *dtype_s = "f32";
+    int64_t step = -1;
+    bool quiet = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        char name[64];
+        const char *eq = strchr(a, '=');
+        size_t nl = eq && a[0] == '-' && a[1] == '-' ? (size_t)(eq - a) : strlen(a);
+        snprintf(name, sizeof name, "%.*s", (int)(nl < 63 ? nl : 63), a);
+        if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
+            export_usage(stdout);
+            return 0;
+        } else if (!strcmp(name, "--load") || !strcmp(name, "--checkpoint")) {
+            if (!(v = cli_value("export", argc, argv, &i))) return 2;
+            load = v;
+        } else if (!strcmp(name, "--output")) {
+            if (!(v = cli_value("export", argc, argv, &i))) return 2;
+            output = v;
+        } else if (!strcmp(name, "--format")) {
+            if (!(v = cli_value("export", argc, argv, &i))) return 2;
+            format = v;
+        } else if (!strcmp(name, "--dtype")) {
+            if (!(v = cli_value("export", argc, argv, &i))) return 2;
+            dtype_s = v;
+        } else if (!strcmp(name, "--step")) {
+            if (!(v = cli_value("export", argc, argv, &i)) || !cli_parse_i64("export", name, v, 0, INT64_MAX / 2, &step))
+                return 2;
+        } else if (!strcmp(name, "--quiet")) {
+            quiet = true;
+        } else {
+            fprintf(stderr, "zoff export: unknown option '%s' (zoff export --help lists them)\n", a);
+            return 2;
+        }
+    }
+    if (!load || !output) {
+        fprintf(stderr, "zoff export: --load DIR and --output PATH are required (zoff export --help)\n");
+        return 2;
+    }
+    zoff_gpt2_export_options eo = {.layout = ZOFF_GPT2_LAYOUT_HF, .dtype = ZOFF_ST_F32};
+    if (!strcmp(format, "fp32")) eo.layout = ZOFF_GPT2_LAYOUT_ZOFF;
+    else if (strcmp(format, "safetensors")) {
+        fprintf(stderr, "zoff export: --format: '%s' is not one of safetensors, fp32\n", format);
+        return 2;
+    }
+    if (!strcmp(dtype_s, "bf16")) eo.dtype = ZOFF_ST_BF16;
+    else if (!strcmp(dtype_s, "f16") || !strcmp(dtype_s, "fp16")) eo.dtype = ZOFF_ST_F16;
+    else if (strcmp(dtype_s, "f32") && strcmp(dtype_s, "fp32")) {
+        fprintf(stderr, "zoff export: --dtype: '%s' is not one of f32, bf16, f16\n", dtype_s);
+        return 2;
+    }
+    if (eo.layout == ZOFF_GPT2_LAYOUT_ZOFF && eo.dtype != ZOFF_ST_F32) {
+        fprintf(stderr, "zoff export: --format fp32 is always f32; --dtype %s applies to --format safetensors\n",
+                dtype_s);
+        return 2;
+    }
+    size_t olen = strlen(output);
+    bool dir_mode = olen > 0 && (output[olen - 1] == '/' || is_dir(output));
+    if (dir_mode && eo.layout == ZOFF_GPT2_LAYOUT_ZOFF) {
+        fprintf(stderr, "zoff export: --format fp32 writes one file; %s is a directory: give a file name\n", output);
+        return 2;
+    }
+
+    /* the checkpoint: a root, a step directory, or root + --step */
+    char stepdir[4096];
+    if (step >= 0) {
+        zoff_status s = zoff_ckpt_step_path(load, step, stepdir, sizeof stepdir);
+        if (s != ZOFF_OK) return fail("--step", s);
+    } else {
+        snprintf(stepdir, sizeof stepdir, "%s", load);
+    }
+    zoff_ckpt_gather *g = NULL;
+    zoff_status s = zoff_ckpt_gather_open(stepdir, &g);
+    if (s != ZOFF_OK) return fail("--load", s);
+    cli_meta meta;
+    s = cli_read_meta(zoff_ckpt_gather_reader(g, 0), &meta, NULL);
+    if (s != ZOFF_OK) {
+        zoff_ckpt_gather_close(g);
+        return fail("--load", s);
+    }
+    /* the weights: every GPT-2 parameter of the checkpoint (optimizer state and blobs are not exported) */
+    size_t nt = zoff_ckpt_gather_num_tensors(g);
+    zoff_tensor_info *tab = calloc(nt ? nt : 1, sizeof *tab);
+    if (!tab) {
+        zoff_ckpt_gather_close(g);
+        return fail("export", zoff_error(ZOFF_ERR_NOMEM, "out of memory"));
+    }
+    int n = 0;
+    for (size_t i = 0; i < nt; i++) {
+        const zoff_ckpt_gathered *e = zoff_ckpt_gather_tensor_at(g, i);
+        if (!zoff_gpt2_st_is_param(e->name, meta.shape.num_layers)) continue;
+        if (strlen(e->name) >= sizeof tab[n].name || e->ndim < 1 || e->ndim > 2) {
+            s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint tensor '%s' has %d dimensions; GPT-2 parameters have 1 or 2",
+                           e->name, e->ndim);
+            break;
+        }
+        zoff_tensor_info *t = &tab[n++];
+        snprintf(t->name, sizeof t->name, "%s", e->name);
+        t->ndim = e->ndim;
+        t->shape[0] = e->shape[0];
+        t->shape[1] = e->ndim > 1 ? e->shape[1] : 0;
+        t->numel = e->numel;
+        t->layer = -1;
+    }
+    char out_file[4200], dir[4200];
+    if (dir_mode) {
+        snprintf(dir, sizeof dir, "%.*s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output);
+        int on = snprintf(out_file, sizeof out_file, "%s/model.safetensors", dir);
+        if (on < 0 || (size_t)on >= sizeof out_file) s = zoff_error(ZOFF_ERR_INVALID, "--output %s is too long", dir);
+        if (s == ZOFF_OK && !is_dir(dir) && mkdir(dir, 0755) != 0)
+            s = zoff_error(ZOFF_ERR_IO, "cannot create directory %s: %s", dir, strerror(errno));
+    } else {
+        snprintf(out_file, sizeof out_file, "%s", output);
+    }
+    char step_txt[32];
+    snprintf(step_txt, sizeof step_txt, "%" PRId64, zoff_ckpt_gather_step(g));
+    const char *extra[] = {"zoff.step", step_txt, "zoff.tokenizer", meta.tokenizer};
+    eo.metadata = extra;
+    eo.metadata_pairs = 2;
+    fetch_ctx fc = {.g = g};
+    double t0 = zoff_now();
+    if (s == ZOFF_OK) s = zoff_gpt2_st_export(out_file, &meta.shape, tab, n, fetch_tensor, &fc, &eo);
+    double dt = zoff_now() - t0;
+    if (s == ZOFF_OK && dir_mode) {
+        char *cfg = hf_config_json(&meta.shape, meta.tokenizer, eo.dtype);
+        s = cfg ? write_text_atomic(dir, "config.json", cfg) : zoff_error(ZOFF_ERR_NOMEM, "cannot encode config.json");
+        free(cfg);
+    }
+    int nranks = zoff_ckpt_gather_nranks(g);
+    zoff_ckpt_gather_close(g);
+    free(tab);
+    if (s != ZOFF_OK) return fail(out_file, s);
+    if (!quiet) {
+        struct stat st;
+        char b[32];
+        stat(out_file, &st);
+        fprintf(stderr,
+                "zoff: exported step %s (%d rank file%s) to %s%s: GPT-2 %" PRId64 " layers, width %" PRId64
+                ", vocabulary %" PRId64 ", %s %s, %s in %.2f s\n",
+                step_txt, nranks, nranks == 1 ? "" : "s", out_file, dir_mode ? " (+ config.json)" : "",
+                meta.shape.num_layers, meta.shape.hidden_size, meta.shape.vocab_size,
+                eo.layout == ZOFF_GPT2_LAYOUT_HF ? "Hugging Face layout" : "zoff layout",
+                zoff_st_dtype_name(eo.dtype), zoff_format_bytes((size_t)st.st_size, b, sizeof b), dt);
+    }
+    return 0;
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# CLI behaviour of zoff export and zoff train --init-from: files written, round trips, an
+# independent PyTorch check of exported weights (when /usr/bin/python3 has torch), and refusal
+# of bad input with nothing overwritten. Usage: cli_export.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-cli-export-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0; skip=0
+ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# md5 of a safetensors file's data (everything after the 8-byte length and the header)
+data_md5() { local h; h=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + h)) "$1" | md5sum | cut -d' ' -f1; }
+PYCHECK="$SRC/tests/fixtures/check_export_safetensors.py"
+HAVE_TORCH=0
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then HAVE_TORCH=1; fi
+
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
+      --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
+
+# 1. a trained checkpoint exports in both formats and as a Hugging Face directory
+"$ZOFF" train "${TINY[@]}" --train-iters 4 --save-interval 2 --save "$W/run" >/dev/null 2>&1
+"$ZOFF" export --load "$W/run" --output "$W/m.safetensors" >"$W/out.txt" 2>&1
+check "export exits 0 and says what it wrote" "[ \$? -eq 0 ] && grep -q 'exported step 4 (1 rank file)' '$W/out.txt'"
+check "the file starts with a JSON header holding format pt and HF names" \
+  "head -c 400 '$W/m.safetensors' | grep -q '\"format\":\"pt\".*\"wte.weight\":{\"dtype\":\"F32\",\"shape\":\\[256,32\\]'"
+check "no temp file left beside it" "! ls '$W' | grep -q 'tmp-'"
+"$ZOFF" export --load "$W/run" --step 2 --output "$W/m2.safetensors" --quiet
+check "--step 2 exports the older checkpoint" "grep -q '\"zoff.step\":\"2\"' '$W/m2.safetensors' && [ \"\$(data_md5 '$W/m.safetensors')\" != \"\$(data_md5 '$W/m2.safetensors')\" ]"
+"$ZOFF" export --load "$W/run/step_00000004" --output "$W/hf/" --quiet
+check "a directory output gets model.safetensors + config.json" \
+  "cmp -s '$W/hf/model.safetensors' '$W/m.safetensors' && grep -q '\"n_layer\": 2' '$W/hf/config.json' && grep -q '\"model_type\": \"gpt2\"' '$W/hf/config.json'"
+"$ZOFF" export --load "$W/run" --dtype bf16 --output "$W/bf16.safetensors" --quiet
+check "--dtype bf16 writes BF16 tensors of half the size" \
+  "grep -q '\"dtype\":\"BF16\"' '$W/bf16.safetensors' && [ \$(stat -c %s '$W/bf16.safetensors') -lt \$(( \$(stat -c %s '$W/m.safetensors') * 6 / 10 )) ]"
+"$ZOFF" export --load "$W/run" --format fp32 --output "$W/z.safetensors" --quiet
+check "--format fp32 writes zoff's layout" "grep -q '\"zoff.layout\":\"zoff\"' '$W/z.safetensors'"
+
+# 2. round trips through train --init-from: export -> import -> export gives the same bytes
+for fmt in safetensors fp32; do
+  src="$W/m.safetensors"; [ $fmt = fp32 ] && src="$W/z.safetensors"
+  rm -rf "$W/rt"
+  "$ZOFF" train "${TINY[@]}" --init-from "$src" --train-iters 0 --eval-iters 0 --save "$W/rt" >"$W/err.txt" 2>&1
+  check "train --init-from ($fmt) with 0 steps exits 0" "[ \$? -eq 0 ] && [ -f '$W/rt/step_00000000/COMPLETE' ]"
+  "$ZOFF" export --load "$W/rt" --format $fmt --output "$W/rt.safetensors" --quiet
+  check "export -> --init-from -> export ($fmt): identical weights" "[ \"\$(data_md5 '$src')\" = \"\$(data_md5 '$W/rt.safetensors')\" ]"
+done
+"$ZOFF" train "${TINY[@]}" --init-from "$W/m.safetensors" --train-iters 2 --save "$W/ft" >/dev/null 2>&1
+check "fine-tuning from an export runs and saves" "[ -f '$W/ft/step_00000002/COMPLETE' ]"
+
+# 3. independent check: a random GPT-2 (Hugging Face layout, written by Python) -> zoff train
+#    --init-from -> 2 steps -> zoff sample (greedy) and zoff export; the independent PyTorch model
+#    on the exported weights must pick zoff's greedy tokens, and the untrained import must too.
+if [ $HAVE_TORCH = 1 ]; then
+  /usr/bin/python3 "$PYCHECK" random "$W/rand.safetensors" --layers 2 --hidden 32 --heads 2 --positions 16 --vocab 256 >/dev/null
+  for steps in 0 2; do
+    rm -rf "$W/r$steps"
+    "$ZOFF" train "${TINY[@]}" --init-from "$W/rand.safetensors" --train-iters $steps --eval-iters 0 --save "$W/r$steps" >/dev/null 2>&1
+    "$ZOFF" export --load "$W/r$steps" --output "$W/r$steps.safetensors" --quiet
+    "$ZOFF" sample --load "$W/r$steps" --temperature 0 --max-new-tokens 48 --prompt "static int " >"$W/s$steps.txt" 2>/dev/null
+    /usr/bin/python3 "$PYCHECK" greedy "$W/r$steps.safetensors" "$W/s$steps.txt" --seq-len 16 --prompt-len 11 >"$W/py.txt" 2>&1
+    check "PyTorch on zoff's export ($steps steps after import) picks zoff's 48 greedy tokens" "[ \$? -eq 0 ]" || cat "$W/py.txt"
+  done
+  check "an untrained import exports the Python-written weights bit for bit" \
+    "[ \"\$(data_md5 '$W/rand.safetensors')\" = \"\$(data_md5 '$W/r0.safetensors')\" ]"
+else
+  echo "skip - the PyTorch checks (no /usr/bin/python3 with torch; scripts/deps.sh installs python3-torch)"
+  skip=$((skip + 3))
+fi
+
+# 4. bad input to --init-from: exit 2, a clear message, nothing written
+"$ZOFF" train "${TINY[@]}" --hidden-size 64 --init-from "$W/m.safetensors" --save "$W/nope1" >"$W/err.txt" 2>&1
+check "shape mismatch: exit 2 naming the tensor, both shapes and the flags" \
+  "[ \$? -eq 2 ] && grep -q \"'wte.weight' has shape \\[256, 32\\], but the model needs \\[256, 64\\]\" '$W/err.txt' && grep -q -- '--hidden-size 32' '$W/err.txt'"
+head -c 5000 "$W/m.safetensors" > "$W/trunc.safetensors"
+"$ZOFF" train "${TINY[@]}" --init-from "$W/trunc.safetensors" --save "$W/nope2" >"$W/err.txt" 2>&1
+check "truncated file: exit 2 naming the file" "[ \$? -eq 2 ] && grep -q 'trunc.safetensors.*truncated' '$W/err.txt'"
+cp "$W/m.safetensors" "$W/corrupt.safetensors"
+printf '}}}}' | dd of="$W/corrupt.safetensors" bs=1 seek=20 conv=notrunc 2>/dev/null
+"$ZOFF" train "${TINY[@]}" --init-from "$W/corrupt.safetensors" --save "$W/nope3" >"$W/err.txt" 2>&1
+check "corrupt header: exit 2, 'not valid JSON'" "[ \$? -eq 2 ] && grep -q 'not valid JSON' '$W/err.txt'"
+printf 'hello world, not a safetensors file' > "$W/text.safetensors"
+"$ZOFF" train "${TINY[@]}" --init-from "$W/text.safetensors" --save "$W/nope4" >"$W/err.txt" 2>&1
+check "not a safetensors file: exit 2" "[ \$? -eq 2 ] && grep -q 'text.safetensors' '$W/err.txt'"
+"$ZOFF" train "${TINY[@]}" --init-from "$W/missing.safetensors" --save "$W/nope5" >"$W/err.txt" 2>&1
+check "missing file: non-zero exit naming it" "[ \$? -ne 0 ] && grep -q 'missing.safetensors' '$W/err.txt'"
+"$ZOFF" train "${TINY[@]}" --init-from "$W/m.safetensors" --load "$W/run" --save "$W/nope6" >"$W/err.txt" 2>&1
+check "--init-from with --load: exit 2" "[ \$? -eq 2 ] && grep -q 'exclude each other' '$W/err.txt'"
+check "nothing written for bad --init-from input" "! ls -d '$W'/nope* >/dev/null 2>&1"
+
+# 5. bad checkpoints and failing writes: refused, the previous output untouched, no temp files
+before=$(md5sum "$W/m.safetensors" | cut -d' ' -f1)
+cp -r "$W/run" "$W/corrupt"
+printf '\xff\xff\xff\xff' | dd of="$W/corrupt/step_00000004/rank_00000.zckpt" bs=1 seek=5000 conv=notrunc 2>/dev/null
+"$ZOFF" export --load "$W/corrupt" --output "$W/m.safetensors" >"$W/err.txt" 2>&1
+check "corrupt checkpoint: exit non-zero with a checksum message" "[ \$? -ne 0 ] && grep -qi 'checksum\\|crc' '$W/err.txt'"
+cp -r "$W/run" "$W/version"
+printf '\x02' | dd of="$W/version/step_00000004/rank_00000.zckpt" bs=1 seek=8 conv=notrunc 2>/dev/null
+"$ZOFF" export --load "$W/version" --output "$W/m.safetensors" >"$W/err.txt" 2>&1
+check "wrong container version: exit 2 naming the version" "[ \$? -eq 2 ] && grep -qi 'version' '$W/err.txt'"
+cp -r "$W/run" "$W/short"
+f="$W/short/step_00000004/rank_00000.zckpt"; truncate -s $(( $(stat -c %s "$f") - 100 )) "$f"
+"$ZOFF" export --load "$W/short" --output "$W/m.safetensors" >"$W/err.txt" 2>&1
+check "truncated checkpoint: exit 2" "[ \$? -eq 2 ] && grep -qi 'truncated' '$W/err.txt'"
+ZOFF_CKPT_FAULT=ENOSPC@70000 "$ZOFF" export --load "$W/run" --output "$W/m.safetensors" >"$W/err.txt" 2>&1
+check "disk full during export: exit 1 saying so" "[ \$? -eq 1 ] && grep -q 'No space left' '$W/err.txt'"
+"$ZOFF" export --load "$W/nothing-here" --output "$W/m.safetensors" >"$W/err.txt" 2>&1
+check "missing checkpoint: non-zero exit naming it" "[ \$? -ne 0 ] && grep -q 'nothing-here' '$W/err.txt'"
+"$ZOFF" export --load "$W/run" --step 3 --output "$W/m.safetensors" >"$W/err.txt" 2>&1
+check "--step of a step that was not saved: non-zero exit" "[ \$? -ne 0 ] && grep -q 'step_00000003' '$W/err.txt'"
+check "the earlier export is untouched and no temp file is left" \
+  "[ \"\$(md5sum '$W/m.safetensors' | cut -d' ' -f1)\" = '$before' ] && ! ls '$W' | grep -q 'tmp-'"
+
+# 6. usage errors
+"$ZOFF" export --load "$W/run" >"$W/err.txt" 2>&1
+check "missing --output: exit 2" "[ \$? -eq 2 ] && grep -q -- '--output' '$W/err.txt'"
+"$ZOFF" export --load "$W/run" --output "$W/x" --format onnx >"$W/err.txt" 2>&1
+check "unknown --format: exit 2 naming it" "[ \$? -eq 2 ] && grep -q 'onnx' '$W/err.txt'"
+"$ZOFF" export --load "$W/run" --output "$W/x" --format fp32 --dtype bf16 >"$W/err.txt" 2>&1
+check "--format fp32 --dtype bf16: exit 2" "[ \$? -eq 2 ]"
+"$ZOFF" export --bogus >"$W/err.txt" 2>&1
+check "unknown option: exit 2 naming it" "[ \$? -eq 2 ] && grep -q 'bogus' '$W/err.txt'"
+check "nothing written by the failed exports" "[ ! -e '$W/x' ]"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
