@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Twin-Flow through the CLI: with half the update on the host and half on the
+# device (bf16), 3 steps + resume + 3 steps gives bit-identical losses to 6
+# straight (the checkpoint holds both halves' optimizer state), and the auto
+# ratio under a device budget reports its choice. Usage: cli_twinflow.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-tf-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0
+check() { if eval "$2"; then echo "ok   - $1"; pass=$((pass + 1)); else echo "FAIL - $1"; fail=$((fail + 1)); fi; }
+
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/c" "$W/corpus.txt" >/dev/null 2>&1
+cat > "$W/tf.json" <<'J'
+{"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true},
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+ "zero_optimization": {"stage": 2, "sub_group_size": 2048, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
+J
+BASE=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte
+      --data-path "$W/c_train.bin" --val-path "$W/c_val.bin" --eval-iters 1)
+TINY=("${BASE[@]}" --quiet --config "$W/tf.json")
+"$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/straight" >"$W/o1.txt" 2>&1
+check "ratio 0.5 trains 6 steps" "[ -f '$W/straight/step_00000006/COMPLETE' ]"
+"$ZOFF" train "${TINY[@]}" --train-iters 3 --save "$W/resumed" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/resumed" --load "$W/resumed" >/dev/null 2>&1
+grep '"loss"' "$W/straight/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.txt"
+grep '"loss"' "$W/resumed/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
+check "3 + resume + 3 steps == 6 steps, bit for bit (both halves restored)" "[ -s '$W/a.txt' ] && cmp -s '$W/a.txt' '$W/b.txt'"
+
+sed 's/"ratio": 0.5/"ratio": "auto"/' "$W/tf.json" > "$W/auto.json"
+AUTO=("${BASE[@]}" --config "$W/auto.json")
+"$ZOFF" train "${AUTO[@]}" --train-iters 2 --save "$W/auto" --device-memory 600KiB >"$W/auto.txt" 2>&1
+check "auto ratio under a 600 KiB budget trains and prints its arithmetic" \
+  "[ -f '$W/auto/step_00000002/COMPLETE' ] && grep -q 'ratio auto: budget 600.00 KiB' '$W/auto.txt'"
+check "and puts part of the update on the host, part on the device" \
+  "grep -Eq 'offloaded to the host: [1-9][0-9]?\\.[0-9]% of parameters' '$W/auto.txt'"
+"$ZOFF" train "${AUTO[@]}" --train-iters 2 --save "$W/tiny" --device-memory 200KiB >"$W/tiny.txt" 2>&1
+check "a budget that cannot hold the model: non-zero exit with numbers" \
+  "[ \$? -ne 0 ] && grep -q 'device out of memory' '$W/tiny.txt' && grep -q 'KiB' '$W/tiny.txt'"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
