@@ -77,6 +77,21 @@
  * [4096, index_offset) without overlapping the previous entry. An entry's data CRC is checked
  * whenever the entry is read. Every error names the file, the entry, and what is wrong.
  *
+ * ==== Partitioned entries (data parallel; written by src/cli/common.c) ====
+ *
+ * Every rank file holds a "partition" blob, JSON:
+ *   {"format":"zoff-partition","version":1,"rank":R,"world_size":N,"num_params":P,
+ *    "runs":[[offset,count],...]}
+ * and the optimizer state entries "optimizer.exp_avg", "optimizer.exp_avg_sq" (fp32, 1-D)
+ * of that rank only: element k of such an entry is model element (flat offset) of the
+ * runs laid end to end in the order given (runs are ranges of the model's flat parameter
+ * space; one run [0,P) for one rank; one per rank without round_robin_gradients, about one
+ * per tensor with it; an empty list when the rank holds a replica: stage 0). The runs of
+ * all rank files cover [0,P) exactly once. Consolidating = for each rank file, scatter each
+ * entry through its runs into a P-element array. Tensor weights (fp32 master, Hugging Face
+ * names), "meta" and "config" are whole, in rank_00000.zckpt only. A file without a
+ * "partition" blob (one rank, older zoff) has full P-element optimizer entries.
+ *
  * ==== Fault injection (tests) ====
  *
  * Every write and fsync of checkpoint files goes through one function, which calls the hook

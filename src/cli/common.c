@@ -113,27 +113,90 @@ static json_t *loader_to_json(const zoff_loader_state *l) {
     return o;
 }
 
+/* This rank's partition as the "partition" blob of its checkpoint file (see
+ * include/zoff/ckpt.h, "Partitioned entries"). *runs / *nruns: the runs. */
+static zoff_status partition_runs(zoff_engine *eng, int64_t **runs, int *nruns) {
+    int nr = zoff_engine_partition(eng, NULL, NULL, 0);
+    int64_t *off = malloc((size_t)(nr + 1) * sizeof *off), *cnt = malloc((size_t)(nr + 1) * sizeof *cnt);
+    *runs = malloc((size_t)(2 * nr + 2) * sizeof **runs);
+    if (!off || !cnt || !*runs) {
+        free(off);
+        free(cnt);
+        free(*runs);
+        *runs = NULL;
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the partition of a checkpoint");
+    }
+    zoff_engine_partition(eng, off, cnt, nr);
+    for (int k = 0; k < nr; k++) { /* [off0, cnt0, off1, cnt1, ...] */
+        (*runs)[2 * k] = off[k];
+        (*runs)[2 * k + 1] = cnt[k];
+    }
+    free(off);
+    free(cnt);
+    *nruns = nr;
+    return ZOFF_OK;
+}
+
+static char *partition_json(int rank, int world, int64_t n, const int64_t *runs, int nruns) {
+    json_t *arr = json_array();
+    for (int k = 0; k < nruns; k++)
+        json_array_append_new(arr, json_pack("[I,I]", (json_int_t)runs[2 * k], (json_int_t)runs[2 * k + 1]));
+    json_t *root = json_pack("{s:s,s:i,s:i,s:i,s:I,s:o}", "format", "zoff-partition", "version", 1, "rank", rank,
+                             "world_size", world, "num_params", (json_int_t)n, "runs", arr);
+    char *txt = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return txt;
+}
+
 zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const cli_meta *meta,
                                 const char *config_json) {
-    int64_t n = zoff_gpt2_num_params(model);
+    return cli_save_checkpoint_dp(dir, eng, model, meta, config_json, NULL);
+}
+
+zoff_status cli_save_checkpoint_dp(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const cli_meta *meta,
+                                   const char *config_json, zoff_comm *comm) {
+    int rank = zoff_comm_rank(comm), world = zoff_comm_size(comm);
+    int64_t n = zoff_gpt2_num_params(model), pn = zoff_engine_partition_numel(eng);
+    /* all ranks write into one temp dir: its tag is rank 0's pid */
+    long long pid = (long long)getpid();
+    char tag[32];
+    zoff_status s = world > 1 ? zoff_comm_broadcast_bytes(comm, &pid, sizeof pid, 0) : ZOFF_OK;
+    if (s != ZOFF_OK) return zoff_error_context(s, "saving checkpoint step %lld", (long long)meta->step);
+    snprintf(tag, sizeof tag, "%lld", pid);
+    zoff_ckpt_options opts = {.tmp_tag = tag};
+    int64_t *runs = NULL;
+    int nruns = 0;
     float *buf = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
-    if (!buf) return ZOFF_ERR_NOMEM;
+    if (!buf) s = ZOFF_ERR_NOMEM;
+    /* collective first (every rank, same order): the fp32 master of all ranks, in model order */
+    if (s == ZOFF_OK) s = zoff_engine_state_gather(eng, 0, buf);
+    if (s == ZOFF_OK) s = partition_runs(eng, &runs, &nruns);
+    /* stage 0 replicates the state: rank 0 stores it, the other ranks an empty partition */
+    bool replica = s == ZOFF_OK && rank > 0 && nruns == 1 && runs[0] == 0 && runs[1] == n;
+    if (replica) nruns = 0;
     zoff_ckpt_writer *w = NULL;
-    zoff_status s = zoff_ckpt_writer_open(dir, meta->step, 0, NULL, &w);
-    /* weights: the fp32 master, one entry per tensor (Hugging Face names, zoff layout) */
-    if (s == ZOFF_OK) s = zoff_engine_state_get(eng, 0, buf);
+    if (s == ZOFF_OK) s = zoff_ckpt_writer_open(dir, meta->step, rank, &opts, &w);
+    /* weights: the fp32 master, one entry per tensor (Hugging Face names, zoff layout), in rank 0's file */
     int nt = 0;
     const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
-    for (int i = 0; s == ZOFF_OK && i < nt; i++)
+    for (int i = 0; rank == 0 && s == ZOFF_OK && i < nt; i++)
         s = zoff_ckpt_add(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, buf + t[i].offset,
                           (size_t)t[i].numel * sizeof(float));
+    /* optimizer state: this rank's partition, described by the "partition" blob */
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
-        s = zoff_engine_state_get(eng, k, buf);
-        int64_t shape[1] = {n};
+        int64_t shape[1] = {replica ? 0 : pn};
+        if (!replica) s = zoff_engine_state_get(eng, k, buf);
         if (s == ZOFF_OK)
-            s = zoff_ckpt_add(w, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf, (size_t)n * sizeof(float));
+            s = zoff_ckpt_add(w, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf, (size_t)shape[0] * sizeof(float));
     }
     if (s == ZOFF_OK) {
+        char *pj = partition_json(rank, world, n, runs, nruns);
+        s = pj ? zoff_ckpt_add_blob(w, "partition", pj, strlen(pj))
+               : zoff_error(ZOFF_ERR_INTERNAL, "cannot encode the checkpoint's partition");
+        free(pj);
+    }
+    free(runs);
+    if (s == ZOFF_OK && rank == 0) {
         const zoff_gpt2_shape *sh = &meta->shape;
         json_t *lj = loader_to_json(&meta->loader);
         json_t *root = json_pack(
@@ -159,11 +222,37 @@ zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gp
     zoff_aligned_free(buf);
     if (s != ZOFF_OK) {
         zoff_ckpt_abort(w);
-        return zoff_error_context(s, "saving checkpoint step %lld under %s", (long long)meta->step, dir);
+        zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)", (long long)meta->step, dir,
+                           rank, world);
+    } else {
+        s = zoff_ckpt_commit(w);
     }
-    s = zoff_ckpt_commit(w);
-    if (s == ZOFF_OK) s = zoff_ckpt_finalize(dir, meta->step, 1, NULL);
-    return s;
+    if (world == 1) return s == ZOFF_OK ? zoff_ckpt_finalize(dir, meta->step, 1, &opts) : s;
+    /* every rank's file is committed (or failed) before rank 0 makes the checkpoint visible */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", s == ZOFF_OK ? "" : zoff_last_error());
+    double failed = s != ZOFF_OK, fin = 0;
+    zoff_status cs = zoff_comm_allreduce_f64(comm, &failed, 1, ZOFF_REDUCE_SUM);
+    if (cs != ZOFF_OK) return cs;
+    if (failed > 0) {
+        if (rank == 0) (void)zoff_ckpt_discard(dir, meta->step, &opts);
+        if (s != ZOFF_OK) return zoff_error(s, "%s", msg);
+        return zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: %.0f rank(s) failed to write their "
+                                       "part (see their messages); the checkpoint was discarded",
+                          (long long)meta->step, dir, failed);
+    }
+    if (rank == 0) {
+        s = zoff_ckpt_finalize(dir, meta->step, world, &opts);
+        if (s != ZOFF_OK) snprintf(msg, sizeof msg, "%s", zoff_last_error());
+        fin = s != ZOFF_OK;
+    }
+    if ((cs = zoff_comm_allreduce_f64(comm, &fin, 1, ZOFF_REDUCE_SUM)) != ZOFF_OK) return cs;
+    if (fin > 0)
+        return rank == 0 ? zoff_error(s, "%s", msg)
+                         : zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: rank 0 could not finalize "
+                                                   "it (see its message)",
+                                      (long long)meta->step, dir);
+    return ZOFF_OK;
 }
 
 static zoff_status get_int(json_t *o, const char *key, const char *path, int64_t *out) {
@@ -248,16 +337,114 @@ zoff_status cli_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float 
     return ZOFF_OK;
 }
 
-zoff_status cli_read_engine_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
-    float *buf = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
-    if (!buf) return ZOFF_ERR_NOMEM;
+/* The runs of a rank file's partitioned entries: its "partition" blob, or [[0, n]]
+ * for a file without one (checkpoints of one rank written before it existed). */
+static zoff_status read_runs(zoff_ckpt_reader *r, int64_t n, int64_t **runs, int *nruns) {
+    *runs = NULL;
+    *nruns = 0;
+    const char *path = zoff_ckpt_reader_path(r);
+    if (!zoff_ckpt_find(r, "partition")) {
+        if (!(*runs = malloc(2 * sizeof **runs))) return ZOFF_ERR_NOMEM;
+        (*runs)[0] = 0;
+        (*runs)[1] = n;
+        *nruns = 1;
+        return ZOFF_OK;
+    }
+    char *txt = NULL;
+    ZOFF_TRY(zoff_ckpt_read_blob(r, "partition", &txt, NULL));
+    json_error_t jerr;
+    json_t *root = json_loads(txt, 0, &jerr), *arr = json_object_get(root, "runs");
+    free(txt);
     zoff_status s = ZOFF_OK;
-    int64_t shape[1] = {n};
+    json_int_t np = json_integer_value(json_object_get(root, "num_params"));
+    if (!root || !json_is_array(arr) || np != n)
+        s = zoff_error(ZOFF_ERR_FORMAT,
+                       "checkpoint %s: the partition blob is not valid or is for %lld parameters (the model has "
+                       "%lld)",
+                       path, (long long)np, (long long)n);
+    size_t na = s == ZOFF_OK ? json_array_size(arr) : 0;
+    if (s == ZOFF_OK && !(*runs = malloc((2 * na + 2) * sizeof **runs))) s = ZOFF_ERR_NOMEM;
+    for (size_t k = 0; s == ZOFF_OK && k < na; k++) {
+        json_t *e = json_array_get(arr, k);
+        json_int_t o = json_integer_value(json_array_get(e, 0)), c = json_integer_value(json_array_get(e, 1));
+        if (json_array_size(e) != 2 || o < 0 || c < 0 || o > n - c)
+            s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: partition run %zu [%lld, +%lld) is outside [0, %lld)", path,
+                           k, (long long)o, (long long)c, (long long)n);
+        else {
+            (*runs)[2 * k] = o;
+            (*runs)[2 * k + 1] = c;
+        }
+    }
+    if (s == ZOFF_OK) *nruns = (int)na;
+    json_decref(root);
+    if (s != ZOFF_OK) {
+        free(*runs);
+        *runs = NULL;
+    }
+    return s;
+}
+
+/* Resharding: this rank's partition of each optimizer state array is read from
+ * whichever rank files of the checkpoint hold it, however many ranks wrote it. */
+zoff_status cli_read_engine_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
+    int oldn = zoff_ckpt_reader_nranks(r);
+    int64_t pn = zoff_engine_partition_numel(eng);
+    int64_t *mine = NULL, *theirs = NULL;
+    int nmine = 0, ntheirs = 0;
+    zoff_status s = partition_runs(eng, &mine, &nmine);
+    if (s != ZOFF_OK) return s;
+    float *buf = zoff_aligned_alloc(64, (size_t)(pn > 0 ? pn : 1) * sizeof(float), "checkpoint staging buffer");
+    if (!buf) {
+        free(mine);
+        return ZOFF_ERR_NOMEM;
+    }
+    char stepdir[4096];
+    snprintf(stepdir, sizeof stepdir, "%s", zoff_ckpt_reader_path(r));
+    char *slash = strrchr(stepdir, '/');
+    if (slash) *slash = 0;
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
-        s = zoff_ckpt_read_tensor(r, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf,
-                                  (size_t)n * sizeof(float));
+        const char *name = zoff_engine_state_name(eng, k);
+        int64_t covered = 0;
+        for (int q = 0; s == ZOFF_OK && q < oldn; q++) {
+            zoff_ckpt_reader *rq = r;
+            if (q > 0) s = zoff_ckpt_open(stepdir, q, &rq);
+            if (s == ZOFF_OK) s = read_runs(rq, n, &theirs, &ntheirs);
+            const zoff_ckpt_entry *en = s == ZOFF_OK ? zoff_ckpt_find(rq, name) : NULL;
+            int64_t total = 0;
+            for (int a = 0; a < ntheirs; a++) total += theirs[2 * a + 1];
+            if (s == ZOFF_OK && (!en || en->dtype != ZOFF_F32 || en->bytes != total * (int64_t)sizeof(float)))
+                s = zoff_error(ZOFF_ERR_FORMAT,
+                               "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 values its "
+                               "partition describes",
+                               zoff_ckpt_reader_path(rq), name, (long long)total);
+            /* intersect each of their runs with each of mine */
+            int64_t eo = 0;
+            for (int a = 0; s == ZOFF_OK && a < ntheirs; a++) {
+                int64_t o = theirs[2 * a], c = theirs[2 * a + 1], lo = 0;
+                for (int b = 0; s == ZOFF_OK && b < nmine; b++) {
+                    int64_t m = mine[2 * b], mc = mine[2 * b + 1];
+                    int64_t x = o > m ? o : m, y = o + c < m + mc ? o + c : m + mc;
+                    if (x < y) {
+                        s = zoff_ckpt_read_range(rq, name, (eo + x - o) * (int64_t)sizeof(float), buf + lo + (x - m),
+                                                 (size_t)(y - x) * sizeof(float));
+                        covered += y - x;
+                    }
+                    lo += mc;
+                }
+                eo += c;
+            }
+            free(theirs);
+            theirs = NULL;
+            if (q > 0) zoff_ckpt_close(rq);
+        }
+        if (s == ZOFF_OK && covered != pn)
+            s = zoff_error(ZOFF_ERR_FORMAT,
+                           "checkpoint %s: its %d rank file(s) hold %lld of the %lld values of '%s' this rank needs "
+                           "(overlapping or missing partitions); the checkpoint is incomplete or corrupt",
+                           stepdir, oldn, (long long)covered, (long long)pn, name);
         if (s == ZOFF_OK) s = zoff_engine_state_set(eng, k, buf);
     }
+    free(mine);
     zoff_aligned_free(buf);
     return s;
 }

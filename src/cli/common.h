@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "zoff/ckpt.h"
+#include "zoff/comm.h"
 #include "zoff/config.h"
 #include "zoff/data.h"
 #include "zoff/engine.h"
@@ -38,11 +39,20 @@ typedef struct cli_meta {
  * DIR/step_X (atomic). config_json may be NULL. */
 zoff_status cli_save_checkpoint(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const cli_meta *meta,
                                 const char *config_json);
+/* The same over the ranks of comm (collective; comm NULL = one rank): every rank
+ * writes rank_%05d.zckpt with its partition of the optimizer state and a
+ * "partition" blob; rank 0's file also holds the weights (gathered), meta and
+ * config; after all committed, rank 0 finalizes. A failure on any rank discards
+ * the checkpoint on all. */
+zoff_status cli_save_checkpoint_dp(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const cli_meta *meta,
+                                   const char *config_json, zoff_comm *comm);
 /* Read meta from a checkpoint (root or step dir). *config_json (malloc'd, may be NULL). */
 zoff_status cli_read_meta(zoff_ckpt_reader *r, cli_meta *meta, char **config_json);
 /* Read the fp32 master weights of every tensor of `model` into host_params (num_params floats). */
 zoff_status cli_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params);
-/* Restore the engine's optimizer state and scalars. */
+/* Restore the engine's optimizer state (this rank's partition, read from whichever
+ * rank files hold it: the checkpoint may have been written by another number of
+ * ranks). r is rank 0's file. */
 zoff_status cli_read_engine_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params);
 
 #endif
