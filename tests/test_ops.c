@@ -920,7 +920,7 @@ static void test_op(void **state) {
             }
     for (int b = 0; b < NBACK; b++)
         if (devs[b])
-            print_message("  %-14s %-28s max normalised error f32 %.2e (limit %.0e)  bf16 %.2e (%.0e)  f16 %.2e (%.0e)\n",
+            print_message("  %-14s %-28s max normalised error f32 %.2e (limit %.2g)  bf16 %.2e (%.2g)  f16 %.2e (%.2g)\n",
                           e->name, zoff_device_name(devs[b]), worst[b][0], e->tol[0], worst[b][1], e->tol[1],
                           worst[b][2], e->tol[2]);
     for (int b = 0; b < NBACK; b++)
