@@ -39,6 +39,9 @@ typedef struct zoff_engine_options {
      * state 0 and zoff_engine_state_gather: every rank calls them in the same
      * order. See "data parallel" below. */
     zoff_comm *comm;
+    /* Record when the gradient stream reduces and copies each range the model
+     * reports during the boundary backward (zoff_engine_grad_timeline). */
+    bool timeline;
 } zoff_engine_options;
 
 /* Result of one optimizer step (one accumulation boundary). Times in seconds. */
@@ -132,6 +135,20 @@ zoff_status zoff_engine_state_gather(zoff_engine *e, int i, float *full);
 /* This rank's part of state array i from a model-order array (num_params), e.g. a
  * checkpoint written with another number of ranks. Collective for i = 0. */
 zoff_status zoff_engine_state_set_full(zoff_engine *e, int i, const float *full);
+
+/* With zoff_engine_options.timeline: the gradient stream's work for each range
+ * the model reported during the last boundary backward, in report order. Times
+ * are seconds since zoff_engine_begin_backward; valid after zoff_engine_step
+ * until the next boundary backward. */
+typedef struct zoff_grad_event {
+    int64_t offset, count;  /* the range (model space) */
+    double t_ready;         /* reported by the model (issue time on the host) */
+    double t_reduce_start;  /* the gradient stream reached it (after the compute that produced it) */
+    double t_reduce_end;    /* summed over ranks (equals t_reduce_start with one rank) */
+    double t_copy_end;      /* this rank's host sub-groups' part copied to the host */
+    int64_t copy_bytes;     /* bytes this rank copied to the host for it */
+} zoff_grad_event;
+int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **events);
 
 /* Copy the current fp32 master weights to the model's parameter buffer. */
 zoff_status zoff_engine_sync_params(zoff_engine *e);

@@ -13,6 +13,9 @@
 #include "cli/common.h"
 #include "zoff/safetensors.h"
 #include "zoff/schedule.h"
+#ifdef ZOFF_HAVE_MPI
+#include <mpi.h>
+#endif
 
 /* The default job's DeepSpeed config: a small GPT-2 trained with AdamW and a
  * warmup + cosine schedule. `zoff train --config FILE` replaces it. */
@@ -39,6 +42,7 @@ typedef struct train_args {
     size_t device_memory;
     uint64_t seed;
     bool checkpoint_activations, quiet;
+    double comm_timeout; /* --comm-timeout (0: ZOFF_COMM_TIMEOUT or the default) */
 } train_args;
 
 static void train_usage(FILE *f) {
@@ -71,15 +75,19 @@ static void train_usage(FILE *f) {
             "  --device cpu|cuda           backend (default: cuda when available, else cpu)\n"
             "  --device-memory SIZE        device memory budget, e.g. 256MiB (CPU backend: simulated)\n"
             "  --checkpoint-activations    recompute block activations in backward (less memory)\n"
-            "  --quiet                     no progress output\n");
+            "  --quiet                     no progress output\n"
+            "  --comm-timeout SECONDS      data parallel (mpirun -np N zoff train): a collective that does not\n"
+            "                              finish in time ends all ranks with an error (default: $ZOFF_COMM_TIMEOUT,\n"
+            "                              else 300; see docs/multinode.md)\n");
 }
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
 
 /* Exit code for a failing status: bad input / config -> 2, runtime -> 1. */
+static char g_who[64] = "zoff train"; /* "zoff train [rank 1/2]" with several ranks */
 static int fail(const char *what, zoff_status s) {
-    fprintf(stderr, "zoff train: %s: %s\n", what, zoff_last_error());
+    fprintf(stderr, "%s: %s: %s\n", g_who, what, zoff_last_error());
     return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2
                                                                                                               : 1;
 }
@@ -175,6 +183,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->checkpoint_activations = true;
         } else if (FLAG("--quiet")) {
             a->quiet = true;
+        } else if (FLAG("--comm-timeout")) {
+            VALUE();
+            if (!cli_parse_f64("train", name, v, 1e-3, 1e9, &a->comm_timeout)) return 2;
         } else {
             fprintf(stderr, "zoff train: unknown option '%s' (zoff train --help lists them)\n", arg);
             return 2;
@@ -278,6 +289,10 @@ typedef struct train_ctx {
     zoff_st_file *init_st; /* --init-from */
     int32_t *hx, *hy, *dx, *dy;
     FILE *metrics;
+    /* data parallel: mpirun -np N zoff train */
+    zoff_comm *comm;
+    int rank, world;
+    FILE *timeline; /* DIR/grad_timeline_rank_%05d.jsonl with several ranks */
 } train_ctx;
 
 static void ctx_free(train_ctx *c) {
@@ -300,6 +315,40 @@ static void ctx_free(train_ctx *c) {
     zoff_tokenizer_free(c->tok);
     free(c->config_text);
     zoff_config_free(&c->cfg);
+    if (c->timeline) fclose(c->timeline);
+}
+
+/* ------------------------------------------------------------------ data parallel */
+
+/* Mean over ranks (loss, validation loss); the identity with one rank. */
+static zoff_status dp_mean(train_ctx *c, double *v) {
+    if (c->world == 1) return ZOFF_OK;
+    ZOFF_TRY(zoff_comm_allreduce_f64(c->comm, v, 1, ZOFF_REDUCE_SUM));
+    *v /= c->world;
+    return ZOFF_OK;
+}
+
+/* All ranks stop at the same step: a signal seen by any rank stops every rank. */
+static zoff_status dp_agree_stop(train_ctx *c) {
+    if (c->world == 1) return ZOFF_OK;
+    double sig = (double)g_stop;
+    ZOFF_TRY(zoff_comm_allreduce_f64(c->comm, &sig, 1, ZOFF_REDUCE_MAX));
+    g_stop = (sig_atomic_t)sig;
+    return ZOFF_OK;
+}
+
+/* One line per step of this rank's gradient-stream timeline (see zoff_grad_event). */
+static void dp_write_timeline(train_ctx *c, int64_t step, const zoff_step_info *si, double t_bwd) {
+    if (!c->timeline) return;
+    const zoff_grad_event *ev;
+    int n = zoff_engine_grad_timeline(c->eng, &ev);
+    fprintf(c->timeline, "{\"step\":%lld,\"rank\":%d,\"backward\":%.6f,\"wait_grads\":%.6f,\"ranges\":[", (long long)step,
+            c->rank, t_bwd, si->t_wait_grads);
+    for (int i = 0; i < n; i++)
+        fprintf(c->timeline, "%s[%lld,%lld,%.6f,%.6f,%.6f,%.6f,%lld]", i ? "," : "", (long long)ev[i].offset,
+                (long long)ev[i].count, ev[i].t_ready, ev[i].t_reduce_start, ev[i].t_reduce_end, ev[i].t_copy_end,
+                (long long)ev[i].copy_bytes);
+    fprintf(c->timeline, "]}\n");
 }
 
 static int run(train_ctx *c) {
@@ -313,7 +362,8 @@ static int run(train_ctx *c) {
         c->cfg.train_micro_batch_size_per_gpu = a->micro_batch;
         if (c->cfg.train_batch_size && c->cfg.gradient_accumulation_steps) c->cfg.gradient_accumulation_steps = 0;
     }
-    if ((s = zoff_config_resolve_batch(&c->cfg, 1)) != ZOFF_OK) return fail("config", s);
+    if ((s = zoff_config_resolve_batch(&c->cfg, c->world)) != ZOFF_OK) return fail("config", s);
+    if (c->rank > 0) a->quiet = true; /* progress from rank 0 only; errors from every rank */
     if ((s = zoff_config_check_supported(&c->cfg)) != ZOFF_OK) return fail("config", s);
     zoff_dtype dtype = c->cfg.bf16_enabled ? ZOFF_BF16 : c->cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
 
@@ -370,8 +420,12 @@ static int run(train_ctx *c) {
     /* 2. data (validated before any output is written) */
     char train_path[4096], val_path[4096];
     if (!a->data_path) {
-        if ((s = cli_prepare_default_data("out/data", c->tok, train_path, sizeof train_path, val_path,
-                                          sizeof val_path)) != ZOFF_OK) {
+        /* several ranks: local rank 0 builds the corpus, the others wait and find it */
+        bool first = c->world == 1 || zoff_comm_local_rank(c->comm) == 0;
+        if (!first && (s = zoff_comm_barrier(c->comm)) != ZOFF_OK) return fail("default corpus", s);
+        s = cli_prepare_default_data("out/data", c->tok, train_path, sizeof train_path, val_path, sizeof val_path);
+        if (s == ZOFF_OK && first && c->world > 1) s = zoff_comm_barrier(c->comm);
+        if (s != ZOFF_OK) {
             zoff_ckpt_close(rd);
             return fail("default corpus", s);
         }
@@ -386,6 +440,8 @@ static int run(train_ctx *c) {
     }
     zoff_loader_options lo = zoff_loader_defaults(B, T);
     lo.seed = a->seed;
+    lo.rank = c->rank; /* rank r takes rows [r*B, (r+1)*B) of each global batch of world*B */
+    lo.world_size = c->world;
     bool split_val = !val_path[0];
     int64_t total = zoff_dataset_num_tokens(c->train_ds);
     if (split_val) {
@@ -402,6 +458,8 @@ static int run(train_ctx *c) {
     if (a->eval_iters > 0) {
         zoff_loader_options vo = zoff_loader_defaults(B, T);
         vo.shuffle = false;
+        vo.rank = c->rank;
+        vo.world_size = c->world;
         if (split_val) {
             vo.split = ZOFF_SPLIT_VAL;
             vo.val_tokens = lo.val_tokens;
@@ -421,6 +479,17 @@ static int run(train_ctx *c) {
         return fail("--save", s);
     }
     zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU, .memory_budget = a->device_memory};
+    if (c->world > 1) { /* GPU by local rank; on the CPU backend the host's cores are shared out */
+        int local = zoff_comm_local_rank(c->comm), nlocal = zoff_comm_local_size(c->comm);
+        dopt.ordinal = local;
+        if (!getenv("ZOFF_THREADS")) {
+            int per = zoff_cpu_features_get()->logical_cores / (nlocal > 0 ? nlocal : 1);
+            char buf[16];
+            snprintf(buf, sizeof buf, "%d", per > 0 ? per : 1);
+            setenv("ZOFF_THREADS", buf, 1); /* the host optimizer's threads */
+            dopt.threads = per > 0 ? per : 1;
+        }
+    }
     if ((a->device && !strcmp(a->device, "cuda")) || (!a->device && zoff_backend_available(ZOFF_BACKEND_CUDA)))
         dopt.kind = ZOFF_BACKEND_CUDA;
     if ((s = zoff_device_create(&dopt, &c->dev)) != ZOFF_OK) {
@@ -457,7 +526,8 @@ static int run(train_ctx *c) {
     }
     zoff_engine_options eo = {.dev = c->dev, .cfg = &c->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = nparams, .params = zoff_gpt2_params(c->model),
-                              .grads = zoff_gpt2_grads(c->model), .dtype = dtype, .init_params = c->init};
+                              .grads = zoff_gpt2_grads(c->model), .dtype = dtype, .init_params = c->init,
+                              .comm = c->world > 1 ? c->comm : NULL, .timeline = c->world > 1};
     if ((s = zoff_engine_create(&eo, &c->eng)) != ZOFF_OK) {
         zoff_ckpt_close(rd);
         return fail("engine", s);
@@ -510,13 +580,21 @@ static int run(train_ctx *c) {
     }
 
     char mpath[4200];
-    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", a->save_dir);
+    if (c->rank == 0) snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", a->save_dir);
+    else snprintf(mpath, sizeof mpath, "%s/metrics_rank_%05d.jsonl", a->save_dir, c->rank); /* own breakdown */
+    if (c->world > 1) {
+        char tpath[4200];
+        snprintf(tpath, sizeof tpath, "%s/grad_timeline_rank_%05d.jsonl", a->save_dir, c->rank);
+        if (!(c->timeline = fopen(tpath, start_step > 0 ? "a" : "w")))
+            return fail("--save", zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tpath, strerror(errno)));
+    }
     c->metrics = fopen(mpath, start_step > 0 ? "a" : "w");
     if (!c->metrics) return fail("--save", zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", mpath, strerror(errno)));
 
     double val_before = NAN, val_after = NAN;
     if (c->val_ld && a->eval_iters > 0) {
         s = evaluate(c->model, c->val_ld, a->eval_iters, B, T, c->hx, c->hy, c->dx, c->dy, st, &val_before);
+        if (s == ZOFF_OK) s = dp_mean(c, &val_before);
         if (s != ZOFF_OK) return fail("evaluation", s);
         if (!a->quiet) fprintf(stderr, "zoff: validation loss before training: %.4f\n", val_before);
         fprintf(c->metrics, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)start_step, val_before);
@@ -530,6 +608,7 @@ static int run(train_ctx *c) {
     float last_loss = NAN;
     int64_t step = start_step;
     const zoff_optimizer_config *oc = &c->cfg.optimizer;
+    if ((s = dp_agree_stop(c)) != ZOFF_OK) return fail("step", s);
     while (step < a->train_iters && !g_stop) {
         double t0 = zoff_now(), t_fwd = 0, t_bwd = 0;
         if ((s = zoff_engine_zero_grad(c->eng)) != ZOFF_OK) return fail("step", s);
@@ -555,11 +634,13 @@ static int run(train_ctx *c) {
         double lr = zoff_lr_at(&c->cfg.scheduler, oc->lr, zoff_engine_steps_taken(c->eng));
         zoff_step_info si;
         if ((s = zoff_engine_step(c->eng, lr, &si)) != ZOFF_OK) return fail("optimizer step", s);
+        if ((s = dp_mean(c, &loss_sum)) != ZOFF_OK || (s = dp_agree_stop(c)) != ZOFF_OK) return fail("step", s);
         step++;
-        consumed += (double)(B * T * accum);
+        dp_write_timeline(c, step, &si, t_bwd);
+        consumed += (double)(B * T * accum * c->world);
         double dt = zoff_now() - t0, elapsed = zoff_now() - t_start;
         last_loss = (float)(loss_sum / (double)accum);
-        double tps = (double)(B * T * accum) / dt;
+        double tps = (double)(B * T * accum * c->world) / dt; /* all ranks */
         fprintf(c->metrics,
                 "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
                 "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
@@ -596,9 +677,9 @@ static int run(train_ctx *c) {
             snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(c->tok));
             m.loader = zoff_loader_get_state(c->train_ld);
             zoff_engine_get_scalars(c->eng, &m.engine);
-            if ((s = cli_save_checkpoint(a->save_dir, c->eng, c->model, &m, c->cfg.source)) != ZOFF_OK)
+            if ((s = cli_save_checkpoint_dp(a->save_dir, c->eng, c->model, &m, c->cfg.source, c->comm)) != ZOFF_OK)
                 return fail("checkpoint", s);
-            if (a->keep_last && (s = zoff_ckpt_prune(a->save_dir, (int)a->keep_last)) != ZOFF_OK)
+            if (a->keep_last && c->rank == 0 && (s = zoff_ckpt_prune(a->save_dir, (int)a->keep_last)) != ZOFF_OK)
                 return fail("checkpoint", s);
         }
     }
@@ -615,16 +696,19 @@ static int run(train_ctx *c) {
     zoff_engine_get_scalars(c->eng, &m.engine);
     int64_t latest = -1;
     zoff_ckpt_latest(a->save_dir, &latest);
+    if (c->world > 1 && (s = zoff_comm_broadcast_bytes(c->comm, &latest, sizeof latest, 0)) != ZOFF_OK)
+        return fail("checkpoint", s); /* rank 0's view decides, for all */
     if (latest != step) {
-        if ((s = cli_save_checkpoint(a->save_dir, c->eng, c->model, &m, c->cfg.source)) != ZOFF_OK)
+        if ((s = cli_save_checkpoint_dp(a->save_dir, c->eng, c->model, &m, c->cfg.source, c->comm)) != ZOFF_OK)
             return fail("checkpoint", s);
-        if (a->keep_last && (s = zoff_ckpt_prune(a->save_dir, (int)a->keep_last)) != ZOFF_OK)
+        if (a->keep_last && c->rank == 0 && (s = zoff_ckpt_prune(a->save_dir, (int)a->keep_last)) != ZOFF_OK)
             return fail("checkpoint", s);
     }
     if (g_stop) return 128 + (int)g_stop;
 
     if (c->val_ld && a->eval_iters > 0) {
         s = evaluate(c->model, c->val_ld, a->eval_iters, B, T, c->hx, c->hy, c->dx, c->dy, st, &val_after);
+        if (s == ZOFF_OK) s = dp_mean(c, &val_after);
         if (s != ZOFF_OK) return fail("evaluation", s);
         fprintf(c->metrics, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)step, val_after);
     }
@@ -636,10 +720,20 @@ static int run(train_ctx *c) {
                 "zoff: checkpoint %s, metrics %s\n"
                 "zoff: try: zoff sample --load %s\n",
                 (long long)(step - start_step), train_time,
-                (double)(step - start_step) * (double)(B * T * accum) / train_time, last_loss, val_before, val_after,
+                (double)(step - start_step) * (double)(B * T * accum * c->world) / train_time, last_loss, val_before, val_after,
                 ck, mpath, a->save_dir);
     }
     return 0;
+}
+
+/* After a failure with several ranks the others may wait in a collective: end
+ * the job (the failing rank printed why). */
+static void dp_abort(train_ctx *c, int rc) {
+    if (c->world <= 1) return;
+    fflush(stderr);
+#ifdef ZOFF_HAVE_MPI
+    MPI_Abort(MPI_COMM_WORLD, rc);
+#endif
 }
 
 int zoff_cmd_train(int argc, char **argv) {
@@ -647,7 +741,16 @@ int zoff_cmd_train(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     int rc = parse_args(argc, argv, &c.a);
     if (rc) return rc < 0 ? 0 : rc;
+    /* one rank, or rank r of N under mpirun (docs/multinode.md) */
+    zoff_comm_options co = {.timeout_s = c.a.comm_timeout};
+    zoff_status s = zoff_comm_init(NULL, NULL, &co, &c.comm);
+    if (s != ZOFF_OK) return fail("data parallel", s);
+    c.rank = zoff_comm_rank(c.comm);
+    c.world = zoff_comm_size(c.comm);
+    if (c.world > 1) snprintf(g_who, sizeof g_who, "zoff train [rank %d/%d]", c.rank, c.world);
     rc = run(&c);
+    if (rc == 1 || rc == 2) dp_abort(&c, rc);
     ctx_free(&c);
+    zoff_comm_destroy(c.comm); /* last: finalises MPI */
     return rc;
 }

@@ -130,6 +130,11 @@ struct zoff_engine {
     zoff_event *ev_gather;
     zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
     char async_msg[512];
+    /* gradient stream timeline (options.timeline) */
+    bool timeline;
+    double t_bwd0;
+    zoff_grad_event *tl;
+    int ntl, cap_tl, want_tl;
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -662,6 +667,7 @@ void zoff_engine_destroy(zoff_engine *e) {
     zoff_dp_layout_free(&e->layout);
     zoff_dp_plan_free(&e->plan);
     free(e->map);
+    free(e->tl);
     zoff_swapper_destroy(e->swap);
     free(e->swap_sg);
     free(e->swap_order);
@@ -722,6 +728,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (o->dtype == ZOFF_F16) zoff_loss_scaler_init(&e->ls, &cfg->fp16);
     else zoff_loss_scaler_init_fixed(&e->ls, 1.0);
     e->dpu = offload && z->delayed_param_update;
+    e->timeline = o->timeline;
+    e->want_tl = o->timeline ? 64 : 0;
     e->dpu_warmup = z->delayed_param_update_warmup;
 
     double ratio = offload ? z->offload_optimizer.ratio : 0.0;
@@ -904,6 +912,56 @@ float zoff_engine_backward_scale(const zoff_engine *e) {
 void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
     e->boundary = is_boundary;
     e->nready = 0;
+    if (is_boundary && e->timeline) {
+        /* grow between backwards only: the gradient stream stamps entries while one runs
+         * (the last step waited for all of them) */
+        if (e->want_tl > e->cap_tl) {
+            zoff_grad_event *n = realloc(e->tl, (size_t)e->want_tl * sizeof *n);
+            if (n) {
+                e->tl = n;
+                e->cap_tl = e->want_tl;
+            }
+        }
+        e->ntl = 0;
+        e->t_bwd0 = zoff_now();
+    }
+}
+
+/* Timeline stamps, run on the gradient stream (host functions). */
+typedef struct tl_stamp {
+    zoff_engine *e;
+    int i, which;
+} tl_stamp;
+static void tl_stamp_fn(void *arg) {
+    tl_stamp *t = arg;
+    double now = zoff_now() - t->e->t_bwd0;
+    zoff_grad_event *ev = &t->e->tl[t->i];
+    if (t->which == 0) ev->t_reduce_start = now;
+    else if (t->which == 1) ev->t_reduce_end = now;
+    else ev->t_copy_end = now;
+    free(t);
+}
+static void tl_mark(zoff_engine *e, int i, int which) {
+    tl_stamp *t = malloc(sizeof *t);
+    if (!t) return;
+    *t = (tl_stamp){e, i, which};
+    if (zoff_stream_host_fn(e->d2h, tl_stamp_fn, t) != ZOFF_OK) free(t);
+}
+/* A new timeline entry for a reported range (-1 when off or out of memory). */
+static int tl_begin(zoff_engine *e, int64_t offset, int64_t count) {
+    if (!e->timeline) return -1;
+    if (e->ntl == e->cap_tl) { /* lost for this backward; room for the next one */
+        e->want_tl = e->cap_tl ? 2 * e->cap_tl : 64;
+        return -1;
+    }
+    int i = e->ntl++;
+    e->tl[i] = (zoff_grad_event){.offset = offset, .count = count, .t_ready = zoff_now() - e->t_bwd0};
+    return i;
+}
+
+int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **events) {
+    *events = e->tl;
+    return e->ntl;
 }
 
 static zoff_event *ready_event(zoff_engine *e) {
@@ -940,6 +998,8 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         return;
     }
     int64_t end = offset + count;
+    int ti = tl_begin(e, offset, count);
+    if (ti >= 0) tl_mark(e, ti, 0);
     if (e->world > 1) { /* sum over ranks first (stage 2: only this rank's pieces come back) */
         zoff_status s = zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, e->grads, e->dtype, offset, end, e->scatter,
                                              &e->scratch, &e->layout);
@@ -948,6 +1008,7 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
             return;
         }
     }
+    if (ti >= 0) tl_mark(e, ti, 1);
     for (int i = 0; i < e->nsg; i++) {
         subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
@@ -958,7 +1019,9 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         const void *src = (const char *)e->grads + (size_t)lo * e->esize;
         if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
             zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
+        if (ti >= 0) e->tl[ti].copy_bytes += (hi - lo) * (int64_t)e->esize;
     }
+    if (ti >= 0) tl_mark(e, ti, 2);
 }
 
 zoff_status zoff_engine_zero_grad(zoff_engine *e) {
