@@ -682,8 +682,9 @@ done:
  * (single-threaded) cblas_sgemm on tiles of ATT_RB query rows x att_cb(HS)
  * keys, skipping the tiles above the causal diagonal; tight C loops were 3-5x
  * slower than these small sgemms. */
-#define ATT_MNK_MAX 262144
+#define ATT_MNK_MAX 262144 /* multiply-adds per tile product: keeps S, P tiles in L2 */
 
+/* keys per tile for head size HS (8..ATT_RB) */
 static int64_t att_cb(int64_t HS) {
     int64_t cb = ATT_MNK_MAX / (ATT_RB * (HS > 0 ? HS : 1));
     return cb < 8 ? 8 : cb > ATT_RB ? ATT_RB : cb;
