@@ -897,6 +897,39 @@ static void test_bf16_state_rounding(void **state) {
     }
 }
 
+/* The bandwidth probe touches the same arrays as update() and leaves the values unchanged
+ * (params16 receives the weights); bytes_per_param counts what update() reads and writes. */
+static void test_probe(void **state) {
+    (void)state;
+    for (int pi = 0; pi < g_npaths; pi++)
+        for (int oi = 0; oi < NOCASES; oi += 2) {
+            const ocase *oc = &g_ocases[oi];
+            for (int sdi = 0; sdi < 2; sdi++) {
+                tbuf in, out;
+                tb_alloc(&in, 3001, sdi ? ZOFF_BF16 : ZOFF_F32, sdi ? ZOFF_BF16 : ZOFF_F32, ZOFF_BF16, 1);
+                tb_fill(&in, R_MIXED);
+                tb_copy(&out, &in, 2);
+                zoff_host_optimizer *opt = make_opt(oc, g_paths[pi], 2, ZOFF_STATE_ROUND_STOCHASTIC, -1);
+                zoff_optim_tensors t = tensors_of(&out, oc->type);
+                OK(zoff_host_optimizer_bandwidth_probe(opt, &t));
+                assert_memory_equal(out.p, in.p, 3001 * 4);
+                assert_memory_equal(out.m, in.m, 3001 * dsize(in.sd));
+                assert_memory_equal(out.v, in.v, 3001 * dsize(in.sd));
+                for (int64_t i = 0; i < 3001; i++) {
+                    uint16_t h = ((uint16_t *)out.p16)[i];
+                    bool ftz = fabsf(in.p[i]) < 1.1754944e-38f && (h & 0x7fff) == 0;
+                    if (h != zoff_f32_to_bf16(in.p[i]) && !ftz) fail_msg("probe params16[%lld]", (long long)i);
+                }
+                int nstates = oc->type == ZOFF_OPTIM_ADAM || oc->type == ZOFF_OPTIM_ADAMW ? 2 : 1;
+                double want = 8 + 2.0 * (double)dsize(in.sd) * nstates + (double)dsize(in.gd) + 2;
+                assert_true(zoff_host_optimizer_bytes_per_param(opt, &t) == want);
+                zoff_host_optimizer_destroy(opt);
+                tb_free(&in);
+                tb_free(&out);
+            }
+        }
+}
+
 /* ------------------------------------------------------------------ PyTorch fixtures */
 
 typedef struct fixture_case {
@@ -1097,6 +1130,7 @@ int main(void) {
         cmocka_unit_test(test_config_wiring),
         cmocka_unit_test(test_beta_powers),
         cmocka_unit_test(test_bf16_state_rounding),
+        cmocka_unit_test(test_probe),
         cmocka_unit_test(test_torch_fixture),
         cmocka_unit_test(test_bf16_state_accuracy),
     };

@@ -126,9 +126,9 @@ zoff_status zoff_host_optimizer_set_eps(zoff_host_optimizer *opt, double eps);
 /* Update one range (see the formulas above). weight_decay applies to all n
  * elements: call once per decay / no-decay range. Ranges shorter than the
  * serial threshold run on the calling thread; longer ones are split into one
- * contiguous, 64-byte-aligned chunk per thread. Thread safe for distinct
- * ranges only if called from one thread at a time per optimizer (begin_step
- * state is shared). */
+ * contiguous, 64-byte-aligned chunk per thread. update() only reads the
+ * optimizer object, so updates of disjoint ranges may run concurrently; none
+ * may run concurrently with begin_step or the setters. */
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
                                        double grad_scale);
 
@@ -137,7 +137,9 @@ zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_
 
 /* Measure the machine's bound: a STREAM-style pass with the same access pattern
  * as update() on t (reads and writes the same arrays, same dtypes, same chunks
- * and threads) and trivial arithmetic; values are left unchanged. */
+ * and threads) and trivial arithmetic (p = fma(g, 0, p), m = m * 1, v = v * 1);
+ * finite values are left unchanged (up to the sign of a zero weight), params16
+ * receives the weights. */
 zoff_status zoff_host_optimizer_bandwidth_probe(zoff_host_optimizer *opt, const zoff_optim_tensors *t);
 
 /* Bytes read + written per element by update() on t's dtypes (no write-allocate). */
