@@ -50,9 +50,28 @@ zoff_status zoff_dp_plan_build(zoff_dp_plan *p, const zoff_tensor_info *t, int n
         return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the partition plan (%d tensors)", nt);
     }
     int k = 0;
-    if (p->round_robin) {
+    if (p->round_robin) { /* deal whole tensors: arrival order (last first), to the lightest bucket */
+        int *bucket = malloc((size_t)nt * sizeof *bucket);
+        int64_t *load = calloc((size_t)world, sizeof *load);
+        if (!bucket || !load) {
+            free(bucket);
+            free(load);
+            free(order);
+            zoff_dp_plan_free(p);
+            return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the partition plan (%d tensors)", nt);
+        }
+        for (int i = nt - 1; i >= 0; i--) {
+            int b = 0;
+            for (int r = 1; r < world; r++)
+                if (load[r] < load[b]) b = r;
+            bucket[i] = b;
+            load[b] += t[i].numel;
+        }
         for (int b = 0; b < world; b++)
-            for (int i = b; i < nt; i += world) order[k++] = i;
+            for (int i = 0; i < nt; i++)
+                if (bucket[i] == b) order[k++] = i;
+        free(bucket);
+        free(load);
     } else {
         for (int i = 0; i < nt; i++) order[k++] = i;
     }

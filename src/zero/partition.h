@@ -15,12 +15,21 @@
  * others have nothing to copy.
  *
  * With round_robin_gradients (DeepSpeed's load-balanced gradient copying),
- * tensor i is first assigned to bucket i mod N, the buckets are laid end to end
- * (bucket 0's tensors, then bucket 1's, ...) into an "engine order", and that
- * order is split evenly. Each rank then owns about every N-th tensor, so the
- * gradients of each finished layer are spread over all ranks and every rank
- * copies its share as the layer finishes. A partition is then a list of
- * segments (pieces of tensors) in model space.
+ * whole tensors are first dealt into N buckets, the buckets are laid end to
+ * end (bucket 0's tensors, then bucket 1's, ...) into an "engine order", and
+ * that order is split evenly. Each rank then owns a share of every layer, so
+ * the gradients of each finished layer are spread over all ranks and every
+ * rank copies its share as the layer finishes. A partition is then a list of
+ * pieces of tensors in model space.
+ *
+ * Dealing: DeepSpeed puts tensor i into bucket i mod N. In GPT-2 weights and
+ * biases alternate, so with N = 2 every matrix lands in bucket 0, the even
+ * split cuts bucket 0 in half and the partitions are contiguous again (each
+ * block's gradients copied by one rank: measured, docs/multinode.md). zoff
+ * deals in the order gradients arrive (the model's last tensor first) and
+ * gives each tensor to the bucket holding the fewest elements so far (ties:
+ * the lowest bucket): consecutive large tensors alternate between ranks and
+ * the buckets stay within one tensor of equal, whatever the layout.
  *
  * The plan is the same on every rank (a pure function of the tensor table, N
  * and the flags). */

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Data parallel with mpirun -np 2 on this machine (docs/multinode.md):
+#   - the collectives and the engine's stage 0-2 equivalence (test_comm under mpirun);
+#   - a collective one rank does not join times out instead of hanging;
+#   - zoff train: 2 ranks at micro-batch 2 == 1 rank at micro-batch 4 (losses,
+#     weights and the consolidated optimizer state, read by an independent Python
+#     reader of the checkpoint), per stage, with and without offload, round-robin;
+#   - per-rank checkpoints load onto another number of ranks (resharding);
+#   - round-robin ordering spreads each layer's gradient copies over both ranks;
+#   - mismatched configs are refused at start; a stalled or killed rank ends the job
+#     with an error within the timeout.
+# Usage: cli_mpi.sh ZOFF SRCDIR. Skips (exit 0) when zoff or mpirun lack MPI.
+set -u
+ZOFF="$1"; SRC="$2"
+BIN=$(dirname "$ZOFF")
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+if ! command -v mpirun >/dev/null 2>&1 || ! "$ZOFF" version | grep -q '^mpi: built'; then
+  echo "skip: zoff was built without MPI or mpirun is missing"; exit 0
+fi
+W=$(mktemp -d /tmp/zoff-mpi-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0
+ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+
+# Open MPI as root in a container without a network: shared memory only, one core per rank,
+# no CMA single-copy (needs ptrace rights containers often lack).
+MPIOPTS=(--allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+         --mca btl_vader_single_copy_mechanism none -x ZOFF_THREADS=1 -x OMP_NUM_THREADS=1
+         -x OMP_WAIT_POLICY=passive -x ZOFF_COMM_TIMEOUT=120)
+MPI2=(mpirun "${MPIOPTS[@]}" -np 2)
+
+# 1. collectives and engine equivalence
+timeout 600 "${MPI2[@]}" "$BIN/test_comm" >"$W/test_comm.txt" 2>&1
+rc=$?
+check "test_comm under mpirun -np 2 passes (collectives, stages 0-2 == 1 rank)" "[ $rc -eq 0 ]"
+[ $rc -eq 0 ] || tail -30 "$W/test_comm.txt"
+grep '  dp ' "$W/test_comm.txt" | sort -u
+timeout 60 "${MPI2[@]}" "$BIN/test_comm" timeout >"$W/timeout.txt" 2>&1
+check "a collective one rank skips times out after 1 s instead of hanging" \
+  "grep -q 'rank 0: timeout test PASSED' '$W/timeout.txt'"
+
+# 2. zoff train: 2 ranks x 2 rows == 1 rank x 4 rows
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte
+      --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
+cfg() { # name micro zero-json [precision-json]
+  echo "{\"train_micro_batch_size_per_gpu\": $2, \"gradient_accumulation_steps\": 2, \"gradient_clipping\": 1.0,
+         \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.1}}, ${4:-}
+         \"zero_optimization\": $3}" > "$W/$1.json"
+}
+# Compare two checkpoints: weights (rank 0's tensors) and the optimizer state consolidated
+# from every rank file through its "partition" blob (include/zoff/ckpt.h).
+cat > "$W/cmp.py" <<'EOF'
+import json, math, os, struct, sys
+sys.path.insert(0, sys.argv[1])
+import zckpt
+def load(stepdir):
+    files = sorted(f for f in os.listdir(stepdir) if f.startswith("rank_"))
+    _, e0 = zckpt.read_file(os.path.join(stepdir, files[0]))
+    w = {e["name"]: struct.unpack("<%df" % (e["bytes"] // 4), e["data"]) for e in e0
+         if e["dtype"] == 0 and not e["name"].startswith("optimizer.")}
+    n = sum(len(v) for v in w.values())
+    opt = {}
+    for f in files:
+        _, es = zckpt.read_file(os.path.join(stepdir, f))
+        d = {e["name"]: e for e in es}
+        runs = json.loads(d["partition"]["data"])["runs"] if "partition" in d else [[0, n]]
+        for name in ("optimizer.exp_avg", "optimizer.exp_avg_sq"):
+            vals = struct.unpack("<%df" % (d[name]["bytes"] // 4), d[name]["data"])
+            full = opt.setdefault(name, [None] * n)
+            k = 0
+            for o, c in runs:
+                for i in range(c):
+                    if full[o + i] is not None: raise SystemExit("element %d in two partitions" % (o + i))
+                    full[o + i] = vals[k + i]
+                k += c
+            if k != len(vals): raise SystemExit("%s: %s holds %d values, its runs %d" % (f, name, len(vals), k))
+    for name, full in opt.items():
+        if any(v is None for v in full): raise SystemExit("%s: the partitions do not cover every element" % name)
+    return w, opt
+def rel(a, b):
+    num = sum((x - y) ** 2 for x, y in zip(a, b)); den = sum(y * y for y in b)
+    return math.sqrt(num / max(den, 1e-30))
+wa, oa = load(sys.argv[2]); wb, ob = load(sys.argv[3]); tol = float(sys.argv[4])
+ew = rel([v for k in sorted(wa) for v in wa[k]], [v for k in sorted(wb) for v in wb[k]])
+eo = max(rel(oa[k], ob[k]) for k in oa)
+print("weights %.2e, optimizer state %.2e (tolerance %.0e)" % (ew, eo, tol))
+sys.exit(0 if ew <= tol and eo <= 10 * tol else 1)
+EOF
+# losses of two metrics files: max relative difference
+lossdiff() {
+  paste <(grep '"loss"' "$1" | sed 's/.*"loss":\([^,]*\).*/\1/') <(grep '"loss"' "$2" | sed 's/.*"loss":\([^,]*\).*/\1/') |
+    awk '{d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++} END {if (n != 6) print 1; else printf "%.3g\n", m}'
+}
+equiv() { # name zero-json loss-tol weight-tol [precision-json]
+  cfg "$1_1" 4 "$2" "${5:-}"; cfg "$1_2" 2 "$2" "${5:-}"
+  "$ZOFF" train "${TINY[@]}" --config "$W/$1_1.json" --train-iters 6 --save "$W/$1_one" >"$W/$1_one.txt" 2>&1
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/$1_2.json" --train-iters 6 --save "$W/$1_two" \
+    >"$W/$1_two.txt" 2>&1
+  local rc=$? d
+  d=$(lossdiff "$W/$1_one/metrics.jsonl" "$W/$1_two/metrics.jsonl")
+  echo "     $1: 2 ranks vs 1, losses max rel diff $d; $($PY "$W/cmp.py" "$SRC/scripts" "$W/$1_two/step_00000006" "$W/$1_one/step_00000006" "$4")"
+  check "$1: 2 ranks x 2 == 1 rank x 4 (losses within $3, weights within $4)" \
+    "[ $rc -eq 0 ] && awk 'BEGIN {exit !($d <= $3)}' && $PY '$W/cmp.py' '$SRC/scripts' '$W/$1_two/step_00000006' '$W/$1_one/step_00000006' $4 >/dev/null"
+}
+# tolerances: see tests/test_comm.c (fp32: summation order only; bf16: per-rank rounding)
+equiv stage0        '{"stage": 0}' 1e-5 1e-4
+equiv stage1_cpu    '{"stage": 1, "offload_optimizer": {"device": "cpu"}}' 1e-5 1e-4
+equiv stage2        '{"stage": 2}' 1e-5 1e-4
+equiv stage2_cpu_rr '{"stage": 2, "round_robin_gradients": true, "offload_optimizer": {"device": "cpu"}}' 1e-5 1e-4
+equiv stage2_bf16   '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' 5e-3 5e-2 '"bf16": {"enabled": true},'
+
+# 3. checkpoints: one file per rank, COMPLETE says 2 ranks, every CRC checks
+S=$W/stage2_cpu_rr_two/step_00000006
+check "2-rank checkpoint: rank_00000 and rank_00001, COMPLETE with 2 ranks" \
+  "[ -f $S/rank_00000.zckpt ] && [ -f $S/rank_00001.zckpt ] && grep -q 'ranks 2' $S/COMPLETE"
+check "2-rank checkpoint verifies with the independent reader" "$PY '$SRC/scripts/zckpt.py' verify '$W/stage2_cpu_rr_two' >/dev/null"
+"$ZOFF" sample --load "$W/stage2_cpu_rr_two" --max-new-tokens 10 --prompt "int " >"$W/sample.txt" 2>&1
+check "zoff sample reads a 2-rank checkpoint" "[ \$? -eq 0 ]"
+
+# 4. resharding: 3 steps on 2 ranks, resume on 1 (and 1 -> 2) == 6 straight on 1
+cfg rs1 4 '{"stage": 2, "round_robin_gradients": true, "offload_optimizer": {"device": "cpu"}}'
+cfg rs2 2 '{"stage": 2, "round_robin_gradients": true, "offload_optimizer": {"device": "cpu"}}'
+"$ZOFF" train "${TINY[@]}" --config "$W/rs1.json" --train-iters 6 --save "$W/rs_straight" >/dev/null 2>&1
+"${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/rs2.json" --train-iters 3 --save "$W/rs21" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/rs1.json" --train-iters 6 --save "$W/rs21" --load "$W/rs21" >"$W/rs21.txt" 2>&1
+check "2 ranks -> resume on 1 rank: losses == straight 1-rank run" \
+  "[ \$? -eq 0 ] && [ \$(lossdiff '$W/rs_straight/metrics.jsonl' '$W/rs21/metrics.jsonl') = 0 ] || awk 'BEGIN {exit !($(lossdiff "$W/rs_straight/metrics.jsonl" "$W/rs21/metrics.jsonl") <= 1e-5)}'"
+"$ZOFF" train "${TINY[@]}" --config "$W/rs1.json" --train-iters 3 --save "$W/rs12" >/dev/null 2>&1
+"${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/rs2.json" --train-iters 6 --save "$W/rs12" --load "$W/rs12" >"$W/rs12.txt" 2>&1
+check "1 rank -> resume on 2 ranks: losses == straight 1-rank run" \
+  "[ \$? -eq 0 ] && awk 'BEGIN {exit !($(lossdiff "$W/rs_straight/metrics.jsonl" "$W/rs12/metrics.jsonl") <= 1e-5)}'"
+
+# 5. round-robin: each transformer block's gradient copies are shared by both ranks (its
+#    range has bytes on both); without it, a block is copied by one rank (two at the boundary).
+share() { # dir: transformer blocks (the ranges between ln_f and the embeddings) copied by both ranks
+  $PY - "$1" <<'EOF'
+import json, sys
+last = [json.loads(open("%s/grad_timeline_rank_%05d.jsonl" % (sys.argv[1], r)).read().splitlines()[-1]) for r in (0, 1)]
+blocks = list(zip(last[0]["ranges"], last[1]["ranges"]))[1:-1]
+print("%d/%d" % (sum(1 for a, b in blocks if a[6] > 0 and b[6] > 0), len(blocks)))
+EOF
+}
+cfg plain 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+"${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --train-iters 2 --eval-iters 0 --save "$W/plain" >/dev/null 2>&1
+rr=$(share "$W/stage2_cpu_rr_two"); pl=$(share "$W/plain")
+echo "     transformer blocks whose gradients both ranks copy: round-robin $rr, contiguous $pl"
+check "round-robin: every block's gradient copies are spread over both ranks" "[ '${rr%/*}' = '${rr#*/}' ]"
+check "contiguous partitions: at most one block is shared (the partition boundary)" "[ ${pl%/*} -le 1 ]"
+
+# 6. mismatched configs across ranks are refused at start, on every rank
+timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --save "$W/mm" : \
+  -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --micro-batch-size 3 --save "$W/mm" >"$W/mm.txt" 2>&1
+rc=$?
+check "mismatched micro-batch across ranks: non-zero exit within the timeout" "[ $rc -ne 0 ] && [ $rc -ne 124 ]"
+check "... with a message naming the mismatch and the ranks" "grep -q 'differs across ranks.*rank 1 has' '$W/mm.txt'"
+
+# 7. failures: a stalled rank and a killed rank end the job with an error, never a hang
+rank_pid() { # save-dir rank
+  for p in $(pgrep -f "zoff train .*--save $1( |\$)"); do
+    tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo $p; return; }
+  done
+}
+fault() { # name signal
+  "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --train-iters 100000 --eval-iters 0 \
+    --comm-timeout 3 --save "$W/$1" >"$W/$1.txt" 2>&1 &
+  local mp=$! p="" t0
+  for _ in $(seq 100); do [ -s "$W/$1/metrics.jsonl" ] && p=$(rank_pid "$W/$1" 1) && [ -n "$p" ] && break; sleep 0.2; done
+  t0=$(date +%s.%N)
+  [ -n "$p" ] && kill -"$2" "$p"
+  for _ in $(seq 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $mp 2>/dev/null; then kill -9 $mp; wait $mp 2>/dev/null; echo hung; return; fi
+  wait $mp; local rc=$?
+  [ -n "$p" ] && kill -9 "$p" 2>/dev/null
+  echo "$rc $(echo "$(date +%s.%N) - $t0" | bc)"
+}
+r=$(fault stall STOP)
+echo "     rank 1 stopped (SIGSTOP): exit ${r% *} after ${r#* } s"
+check "a stalled rank: the job ends with an error within the 3 s timeout (+ margin)" \
+  "[ '$r' != hung ] && [ ${r%% *} -ne 0 ] && awk 'BEGIN {exit !(${r#* } < 20)}'"
+check "... and rank 0 says which collective timed out" "grep -q 'timed out after 3 s on rank 0 of 2' '$W/stall.txt'"
+r=$(fault dead KILL)
+echo "     rank 1 killed (SIGKILL): exit ${r% *} after ${r#* } s"
+check "a killed rank: the job ends with an error, no hang" "[ '$r' != hung ] && [ ${r%% *} -ne 0 ]"
+
+echo "cli_mpi: $pass passed, $fail failed"
+[ $fail -eq 0 ]
