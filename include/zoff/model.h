@@ -52,12 +52,40 @@ typedef struct zoff_gpt2_options {
     int64_t seq_len;           /* T <= max_seq_len */
     zoff_dtype dtype;          /* storage dtype of weights/activations on the device */
     bool checkpoint_activations; /* recompute each block's activations during backward */
+    /* No flat parameter/gradient buffers: the weights are provided, group by group,
+     * through zoff_param_hooks (ZeRO stage 3). zoff_gpt2_params/grads return NULL. */
+    bool external_params;
 } zoff_gpt2_options;
+
+/* Parameter residency hooks (ZeRO stage 3: weights partitioned over ranks and
+ * gathered just before use). The model's flat space is used in groups: one
+ * contiguous range per transformer block, the embeddings [wte, wpe] and the
+ * final LayerNorm [ln_f.weight, ln_f.bias] (the runs of equal `layer` in the
+ * tensor table). Before issuing the first op that reads a group the model calls
+ * acquire, which returns where the group's weights are (and, in backward, a
+ * gradient buffer of the group's size that starts at zero and into which
+ * backward accumulates), valid in stream order on `s`; after issuing the last op
+ * that uses them it calls release. A group may be acquired twice at once (the
+ * tied wte at the start and the end of forward is released in between; in
+ * backward the embeddings are held from the lm head to the end). In backward,
+ * the grad-ready callback for a group's range comes before its release. Each
+ * forward and each backward starts with begin_pass, so that the callee can
+ * learn the order of acquisitions and prefetch. The generic shape (offset,
+ * count of the flat space) lets any model use an engine that implements it. */
+typedef struct zoff_param_hooks {
+    void *arg;
+    zoff_status (*begin_pass)(void *arg, zoff_stream *s, bool backward);
+    zoff_status (*acquire)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward, void **params,
+                           void **grads);
+    zoff_status (*release)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward);
+} zoff_param_hooks;
 
 /* Validates the shape (clear error naming the field), allocates parameters,
  * gradients and activations on dev (failing with ZOFF_ERR_DEVICE_OOM if over budget). */
 zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zoff_gpt2 **out);
 void zoff_gpt2_destroy(zoff_gpt2 *m);
+/* Install the hooks of a model created with external_params (copied). */
+zoff_status zoff_gpt2_set_param_hooks(zoff_gpt2 *m, const zoff_param_hooks *hooks);
 
 /* The tensor table and sizes (elements). */
 const zoff_tensor_info *zoff_gpt2_tensors(const zoff_gpt2 *m, int *count);

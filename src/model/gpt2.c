@@ -87,7 +87,15 @@ struct zoff_gpt2 {
     int64_t num_params;
     int64_t block_numel;   /* elements of one block */
 
-    void *params, *grads;  /* flat (num_params) of dt */
+    void *params, *grads;  /* flat (num_params) of dt; NULL with external_params */
+    /* parameter groups (zoff_param_hooks): 0 = [wte, wpe], 1 + l = block l, L + 1 = ln_f;
+     * gp/gg: where each group's weights / gradients are now (flat buffers, or what acquire gave) */
+    bool external;
+    zoff_param_hooks hooks;
+    bool have_hooks;
+    int ngroups;
+    int64_t *goff, *gcount;
+    void **gp, **gg;
     void *acts_mem;        /* one allocation carved below */
     size_t params_bytes, grads_bytes, acts_bytes;
 
@@ -118,12 +126,58 @@ static void *elem_ptr(void *base, int64_t elem, size_t dts) {
     return (char *)base + (size_t)elem * dts;
 }
 
+static int group_of(const zoff_gpt2 *m, int t) {
+    if (t < T_BLOCK(0, 0)) return 0;
+    if (t >= T_BLOCK(m->shape.num_layers, 0)) return m->ngroups - 1;
+    return 1 + (t - T_BLOCK(0, 0)) / P_PER_BLOCK;
+}
+
 static void *param_ptr(const zoff_gpt2 *m, int t) {
-    return elem_ptr(m->params, m->tensors[t].offset, m->dts);
+    int g = group_of(m, t);
+    return elem_ptr(m->gp[g], m->tensors[t].offset - m->goff[g], m->dts);
 }
 
 static void *grad_ptr(const zoff_gpt2 *m, int t) {
-    return elem_ptr(m->grads, m->tensors[t].offset, m->dts);
+    int g = group_of(m, t);
+    return elem_ptr(m->gg[g], m->tensors[t].offset - m->goff[g], m->dts);
+}
+
+/* Parameter group g is about to be used / is no longer used (hooks; nothing with flat buffers). */
+static zoff_status group_use(zoff_gpt2 *m, int g, bool backward) {
+    if (!m->external) return ZOFF_OK;
+    if (!m->have_hooks)
+        return zoff_error(ZOFF_ERR_INVALID, "GPT-2 with external parameters: no parameter hooks installed "
+                                            "(zoff_gpt2_set_param_hooks)");
+    void *p = NULL, *gr = NULL;
+    zoff_status s = m->hooks.acquire(m->hooks.arg, zoff_device_stream(m->dev), m->goff[g], m->gcount[g], backward, &p,
+                                     backward ? &gr : NULL);
+    if (s != ZOFF_OK) return zoff_error_context(s, "acquiring the weights of parameter group %d", g);
+    m->gp[g] = p;
+    if (backward) m->gg[g] = gr;
+    return ZOFF_OK;
+}
+
+static zoff_status group_done(zoff_gpt2 *m, int g, bool backward) {
+    if (!m->external) return ZOFF_OK;
+    zoff_status s = m->hooks.release(m->hooks.arg, zoff_device_stream(m->dev), m->goff[g], m->gcount[g], backward);
+    if (s != ZOFF_OK) return zoff_error_context(s, "releasing the weights of parameter group %d", g);
+    return ZOFF_OK;
+}
+
+static zoff_status pass_begin(zoff_gpt2 *m, bool backward) {
+    if (!m->external || !m->have_hooks || !m->hooks.begin_pass) return ZOFF_OK;
+    return m->hooks.begin_pass(m->hooks.arg, zoff_device_stream(m->dev), backward);
+}
+
+zoff_status zoff_gpt2_set_param_hooks(zoff_gpt2 *m, const zoff_param_hooks *hooks) {
+    if (!m || !hooks || !hooks->acquire || !hooks->release)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_param_hooks: model, acquire or release is NULL");
+    if (!m->external)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_param_hooks: the model was created with its own "
+                                            "parameter buffers; create it with external_params");
+    m->hooks = *hooks;
+    m->have_hooks = true;
+    return ZOFF_OK;
 }
 
 /* Bump allocator over one device allocation. With base == NULL it only
@@ -305,6 +359,10 @@ void zoff_gpt2_destroy(zoff_gpt2 *m) {
     free(m->tensors);
     free(m->resid);
     free(m->blocks);
+    free(m->goff);
+    free(m->gcount);
+    free(m->gp);
+    free(m->gg);
     free(m);
 }
 
@@ -336,10 +394,26 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
                           2 + (int)L * P_PER_BLOCK + 2);
     }
     build_tensor_table(m);
+    m->external = opts->external_params;
+    m->ngroups = (int)L + 2;
+    m->goff = calloc((size_t)m->ngroups, sizeof *m->goff);
+    m->gcount = calloc((size_t)m->ngroups, sizeof *m->gcount);
+    m->gp = calloc((size_t)m->ngroups, sizeof *m->gp);
+    m->gg = calloc((size_t)m->ngroups, sizeof *m->gg);
+    if (!m->goff || !m->gcount || !m->gp || !m->gg) {
+        zoff_gpt2_destroy(m);
+        return zoff_error(ZOFF_ERR_NOMEM, "zoff_gpt2_create: out of host memory for the parameter groups");
+    }
+    for (int gi = 0; gi < m->ngroups; gi++) {
+        int first = gi == 0 ? T_WTE : gi == m->ngroups - 1 ? T_BLOCK(L, 0) : T_BLOCK(gi - 1, 0);
+        int last = gi == 0 ? T_WPE : gi == m->ngroups - 1 ? T_BLOCK(L, 0) + 1 : T_BLOCK(gi - 1, P_PER_BLOCK - 1);
+        m->goff[gi] = m->tensors[first].offset;
+        m->gcount[gi] = m->tensors[last].offset + m->tensors[last].numel - m->goff[gi];
+    }
 
     char b1[32], b2[32];
     zoff_status st;
-    m->params_bytes = (size_t)m->num_params * m->dts;
+    m->params_bytes = m->external ? 0 : (size_t)m->num_params * m->dts;
     m->grads_bytes = m->params_bytes;
     carver measure = {0};
     layout_activations(m, &measure);
@@ -364,15 +438,21 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
             return st;                                                                                \
         }                                                                                             \
     } while (0)
-    CREATE_TRY(zoff_device_alloc(dev, m->params_bytes, "gpt2 parameters", &m->params));
-    CREATE_TRY(zoff_device_alloc(dev, m->grads_bytes, "gpt2 gradients", &m->grads));
+    if (!m->external) {
+        CREATE_TRY(zoff_device_alloc(dev, m->params_bytes, "gpt2 parameters", &m->params));
+        CREATE_TRY(zoff_device_alloc(dev, m->grads_bytes, "gpt2 gradients", &m->grads));
+        for (int gi = 0; gi < m->ngroups; gi++) {
+            m->gp[gi] = elem_ptr(m->params, m->goff[gi], m->dts);
+            m->gg[gi] = elem_ptr(m->grads, m->goff[gi], m->dts);
+        }
+    }
     CREATE_TRY(zoff_device_alloc(dev, m->acts_bytes, "gpt2 activations", &m->acts_mem));
     CREATE_TRY(zoff_host_alloc_pinned(dev, (size_t)(m->cap_B * m->cap_T) * sizeof(float), "gpt2 host losses",
                                       (void **)&m->host_losses));
     carver place = {.base = m->acts_mem};
     layout_activations(m, &place);
     /* gradients start at zero: backward accumulates */
-    CREATE_TRY(zoff_memset_async(zoff_device_stream(dev), m->grads, 0, m->grads_bytes));
+    if (!m->external) CREATE_TRY(zoff_memset_async(zoff_device_stream(dev), m->grads, 0, m->grads_bytes));
 #undef CREATE_TRY
     *out = m;
     return ZOFF_OK;
@@ -512,12 +592,21 @@ zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t
     if (targets)
         ZOFF_TRY(zoff_memcpy_async(s, m->targets, targets, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2D));
 
+    const int g_lnf = m->ngroups - 1;
+    ZOFF_TRY(pass_begin(m, false));
+    ZOFF_TRY(group_use(m, 0, false));
     zoff_op_embed_fwd_args emb = {.out = m->resid[0], .tokens = m->tokens, .wte = param_ptr(m, T_WTE),
                                   .wpe = param_ptr(m, T_WPE), .B = B, .T = T, .C = C, .V = V, .dt = dt};
     LAUNCH(ZOFF_OP_EMBED_FWD, emb, "GPT-2 forward, embeddings");
-    for (int64_t l = 0; l < L; l++)
+    ZOFF_TRY(group_done(m, 0, false));
+    for (int64_t l = 0; l < L; l++) {
+        ZOFF_TRY(group_use(m, 1 + (int)l, false));
         ZOFF_TRY(block_forward(m, l, block_acts(m, l), m->resid[l], m->resid[l + 1], B, T));
+        ZOFF_TRY(group_done(m, 1 + (int)l, false));
+    }
 
+    ZOFF_TRY(group_use(m, g_lnf, false));
+    ZOFF_TRY(group_use(m, 0, false)); /* the lm head is wte */
     const int t_lnf = T_BLOCK(L, 0);
     zoff_op_layernorm_fwd_args lnf = {.out = m->lnf, .mean = m->lnf_mean, .rstd = m->lnf_rstd,
                                       .inp = m->resid[L], .weight = param_ptr(m, t_lnf),
@@ -532,6 +621,8 @@ zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t
                                          .dt = dt};
         LAUNCH(ZOFF_OP_CROSS_ENTROPY, ce, "GPT-2 forward, cross-entropy");
     }
+    ZOFF_TRY(group_done(m, g_lnf, false));
+    ZOFF_TRY(group_done(m, 0, false));
     m->fwd_B = B;
     m->fwd_T = T;
     m->have_logits = true;
@@ -627,6 +718,10 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, float dloss_scale, zoff_grad_ready_
     m->have_logits = false;
     m->have_targets = false;
 
+    const int g_lnf = m->ngroups - 1;
+    ZOFF_TRY(pass_begin(m, true));
+    ZOFF_TRY(group_use(m, g_lnf, true));
+    ZOFF_TRY(group_use(m, 0, true)); /* held to the end: wte's gradient comes from the head and the embedding */
     /* loss = sum(losses) / (B*T), scaled */
     zoff_op_cross_entropy_args ce = {.losses = m->losses, .dlogits = m->logits, .logits = m->logits,
                                      .targets = m->targets, .N = N, .V = V, .Vp = Vp,
@@ -645,18 +740,22 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, float dloss_scale, zoff_grad_ready_
                                       .N = N, .C = C, .dt = dt};
     LAUNCH(ZOFF_OP_LAYERNORM_BWD, lnf, "GPT-2 backward, ln_f");
     if (ready) ready(ready_arg, s, m->tensors[t_lnf].offset, 2 * C);
+    ZOFF_TRY(group_done(m, g_lnf, true));
 
     for (int64_t l = L - 1; l >= 0; l--) {
         gpt2_block_acts *a = block_acts(m, l);
+        ZOFF_TRY(group_use(m, 1 + (int)l, true));
         /* checkpointing: the shared set still holds block L-1 from forward */
         if (m->checkpoint && l != L - 1) ZOFF_TRY(block_forward(m, l, a, m->resid[l], NULL, B, T));
         ZOFF_TRY(block_backward(m, l, a, B, T));
         if (ready) ready(ready_arg, s, m->tensors[T_BLOCK(l, 0)].offset, m->block_numel);
+        ZOFF_TRY(group_done(m, 1 + (int)l, true));
     }
 
     zoff_op_embed_bwd_args emb = {.dwte = grad_ptr(m, T_WTE), .dwpe = grad_ptr(m, T_WPE), .dout = m->dresid,
                                   .tokens = m->tokens, .B = B, .T = T, .C = C, .V = V, .dt = dt};
     LAUNCH(ZOFF_OP_EMBED_BWD, emb, "GPT-2 backward, embeddings");
     if (ready) ready(ready_arg, s, 0, m->tensors[T_WTE].numel + m->tensors[T_WPE].numel);
+    ZOFF_TRY(group_done(m, 0, true));
     return ZOFF_OK;
 }
