@@ -46,10 +46,13 @@ struct zoff_aio {
 /* Under a->mu: the next startable chunk (false if none). Fails requests whose
  * dependency failed (completing them if nothing is in flight). */
 bool zoff_aio__take_chunk(zoff_aio *a, aio_chunk *c);
-/* Without the lock, before issuing: the fault hook (sets c->limit or c->err)
- * and, for writes with ZOFF_AIO_CRC_STORE, the chunk's checksum. Returns false
- * when the chunk must not be issued (c->err set). */
+/* Without the lock, before issuing: the fault hook (sets c->limit or c->err).
+ * Returns false when the chunk must not be issued (c->err set). */
 bool zoff_aio__prepare_chunk(zoff_aio *a, aio_chunk *c);
+/* Without the lock, before the chunk completes (a write's buffer does not
+ * change while it is in flight, so after issuing it is fine): a write's
+ * checksum when the request asks for ZOFF_AIO_CRC_STORE. */
+void zoff_aio__store_crc(aio_chunk *c);
 /* Without the lock, after the transfer: read checksum verification. */
 void zoff_aio__finish_chunk(zoff_aio *a, aio_chunk *c);
 /* Under a->mu: account the finished chunk; completes its request when it was the last. */

@@ -18,6 +18,9 @@ typedef struct uring_thread {
     aio_chunk *slots;
     int *free_slots;
     int nfree;
+    int *done_list; /* chunks back from the kernel, not yet verified and completed */
+    int *fresh;     /* chunks issued in this round (their write checksums) */
+    int ndone;
     int inflight;
     pthread_t th;
     bool started;
@@ -44,25 +47,20 @@ static void prep(uring_thread *t, aio_chunk *c) {
     io_uring_sqe_set_data(sqe, c);
 }
 
-static void complete(uring_thread *t, aio_chunk *c) {
-    zoff_aio *a = t->a;
-    zoff_aio__finish_chunk(a, c);
-    pthread_mutex_lock(&a->mu);
-    zoff_aio__complete_chunk(a, c);
-    pthread_mutex_unlock(&a->mu);
-    t->free_slots[t->nfree++] = (int)(c - t->slots);
-    t->inflight--;
+/* A chunk left the kernel (or was never issued): verify it later, off the submission path. */
+static void finished(uring_thread *t, aio_chunk *c) {
+    t->done_list[t->ndone++] = (int)(c - t->slots);
 }
 
-/* Handle one completion; returns true if the chunk was resubmitted. */
-static bool handle_cqe(uring_thread *t, struct io_uring_cqe *cqe) {
+/* Handle one completion: partial transfers go back to the kernel for the rest. */
+static void handle_cqe(uring_thread *t, struct io_uring_cqe *cqe) {
     aio_chunk *c = io_uring_cqe_get_data(cqe);
     int res = cqe->res;
     io_uring_cqe_seen(&t->ring, cqe);
     if (res == -EINTR || res == -EAGAIN) {
         prep(t, c);
         io_uring_submit(&t->ring);
-        return true;
+        return;
     }
     if (res < 0) {
         c->err = -res;
@@ -72,38 +70,54 @@ static bool handle_cqe(uring_thread *t, struct io_uring_cqe *cqe) {
         if (c->done < c->len && !limited) { /* partial transfer: the rest */
             prep(t, c);
             io_uring_submit(&t->ring);
-            return true;
+            return;
         }
     } /* res == 0: end of file (read) or nothing written: short */
-    complete(t, c);
-    return false;
+    t->inflight--;
+    finished(t, c);
 }
 
+/* Verify (read checksums) and complete the chunks that left the kernel. */
+static void drain_finished(uring_thread *t) {
+    zoff_aio *a = t->a;
+    for (int i = 0; i < t->ndone; i++) zoff_aio__finish_chunk(a, &t->slots[t->done_list[i]]);
+    pthread_mutex_lock(&a->mu);
+    for (int i = 0; i < t->ndone; i++) zoff_aio__complete_chunk(a, &t->slots[t->done_list[i]]);
+    pthread_mutex_unlock(&a->mu);
+    for (int i = 0; i < t->ndone; i++) t->free_slots[t->nfree++] = t->done_list[i];
+    t->ndone = 0;
+}
+
+/* Fill the ring up to queue_depth, submit, then do the CPU work (write
+ * checksums of what is in flight, read checksums of what came back) while the
+ * disk works, then wait for completions. */
 static void *uring_main(void *arg) {
     uring_thread *t = arg;
     zoff_aio *a = t->a;
     int qd = (int)a->o.queue_depth;
+    int *fresh = t->fresh;
     for (;;) {
-        int prepared = 0;
+        int prepared = 0, nfresh = 0;
         pthread_mutex_lock(&a->mu);
-        while (t->inflight < qd) {
+        while (t->inflight < qd && t->nfree > 0) {
             aio_chunk c;
             if (!zoff_aio__take_chunk(a, &c)) break;
             pthread_mutex_unlock(&a->mu);
             int slot = t->free_slots[--t->nfree];
             t->slots[slot] = c;
             aio_chunk *cp = &t->slots[slot];
-            t->inflight++;
             if (!zoff_aio__prepare_chunk(a, cp)) {
-                complete(t, cp); /* injected failure: never issued */
+                finished(t, cp); /* injected failure: never issued */
             } else {
                 prep(t, cp);
+                t->inflight++;
                 prepared++;
+                fresh[nfresh++] = slot;
                 if (a->o.single_submit) io_uring_submit(&t->ring);
             }
             pthread_mutex_lock(&a->mu);
         }
-        if (t->inflight == 0) {
+        if (t->inflight == 0 && t->ndone == 0) {
             if (a->quit) {
                 pthread_mutex_unlock(&a->mu);
                 break;
@@ -114,18 +128,23 @@ static void *uring_main(void *arg) {
         }
         pthread_mutex_unlock(&a->mu);
         if (prepared && !a->o.single_submit) io_uring_submit(&t->ring);
+        for (int i = 0; i < nfresh; i++) zoff_aio__store_crc(&t->slots[fresh[i]]); /* in flight: the buffer is fixed */
+        if (t->ndone) drain_finished(t);
+        if (t->inflight == 0) continue;
         /* overlap_events: take new chunks after each completion; else drain the batch first */
         do {
             struct io_uring_cqe *cqe = NULL;
             int r = io_uring_wait_cqe(&t->ring, &cqe);
             if (r == -EINTR) continue;
             if (r < 0) { /* the ring itself failed: fail everything in flight */
-                for (int i = 0; i < qd; i++) {
+                for (int i = 0; i < 2 * qd; i++) {
                     bool used = true;
                     for (int k = 0; k < t->nfree; k++) used &= t->free_slots[k] != i;
+                    for (int k = 0; k < t->ndone; k++) used &= t->done_list[k] != i;
                     if (used) {
                         t->slots[i].err = -r;
-                        complete(t, &t->slots[i]);
+                        t->inflight--;
+                        finished(t, &t->slots[i]);
                     }
                 }
                 break;
@@ -142,6 +161,8 @@ static void free_state(uring_state *u) {
         if (u->t[i].ring_ok) io_uring_queue_exit(&u->t[i].ring);
         free(u->t[i].slots);
         free(u->t[i].free_slots);
+        free(u->t[i].done_list);
+        free(u->t[i].fresh);
     }
     free(u->t);
     free(u);
@@ -166,15 +187,18 @@ zoff_status zoff_aio__uring_start(zoff_aio *a, char *why, size_t whylen) {
             return ZOFF_ERR_UNSUPPORTED;
         }
         t->ring_ok = true;
-        t->slots = calloc((size_t)qd, sizeof *t->slots);
-        t->free_slots = calloc((size_t)qd, sizeof *t->free_slots);
-        if (!t->slots || !t->free_slots) {
+        /* queue_depth in the kernel, as many more waiting for their checksums */
+        t->slots = calloc((size_t)(2 * qd), sizeof *t->slots);
+        t->free_slots = calloc((size_t)(2 * qd), sizeof *t->free_slots);
+        t->done_list = calloc((size_t)(2 * qd), sizeof *t->done_list);
+        t->fresh = calloc((size_t)qd, sizeof *t->fresh);
+        if (!t->slots || !t->free_slots || !t->done_list || !t->fresh) {
             snprintf(why, whylen, "out of host memory");
             free_state(u);
             return ZOFF_ERR_NOMEM;
         }
-        for (int k = 0; k < qd; k++) t->free_slots[k] = qd - 1 - k;
-        t->nfree = qd;
+        for (int k = 0; k < 2 * qd; k++) t->free_slots[k] = 2 * qd - 1 - k;
+        t->nfree = 2 * qd;
     }
     a->uring = u;
     for (int i = 0; i < n; i++) {
