@@ -9,7 +9,8 @@ PKGS=(build-essential cmake pkg-config git
       fortunes                  # the default training corpus (text)
       python3-torch python3-numpy python3-regex  # reference fixtures and peer benchmarks
       clang libclang-rt-14-dev  # fuzzing and sanitizers
-      gnuplot-nox)              # step-breakdown and loss-curve plots
+      gnuplot-nox               # step-breakdown and loss-curve plots
+      fio)                      # zoff bench nvme: the disk's bandwidth beside the swapper's
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -9,11 +9,13 @@ int zoff_cmd_bench(int argc, char **argv) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: zoff bench <what> [options]   (zoff bench <what> --help)\n"
                 "  adam   host optimizer step vs the machine's in-place memory bandwidth\n"
-                "  step   a training step and its components, with and without offload\n");
+                "  step   a training step and its components, with and without offload\n"
+                "  nvme   the NVMe swapper against fio on one disk, and steps with nvme vs cpu offload\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "adam")) return zoff_cmd_bench_adam(argc - 1, argv + 1);
     if (!strcmp(argv[1], "step")) return zoff_cmd_bench_step(argc - 1, argv + 1);
-    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step)\n", argv[1]);
+    if (!strcmp(argv[1], "nvme")) return zoff_cmd_bench_nvme(argc - 1, argv + 1);
+    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme)\n", argv[1]);
     return 2;
 }

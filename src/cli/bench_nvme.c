@@ -1,0 +1,462 @@
+/* zoff bench nvme: the NVMe swapper against fio on the same directory in the
+ * same run (sequential read, write and mixed read+write; direct I/O, same
+ * block size and queue depth; interleaved rounds, medians), then training
+ * steps with the optimizer state on NVMe against cpu offload. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "zoff/swapper.h"
+
+enum { NKIND = 3 }; /* read, write, mixed (update pass: read + write) */
+static const char *kind_names[NKIND] = {"read", "write", "read+write"};
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct bench_args {
+    const char *dir;
+    int64_t size, block, qd, buffers, sgs, rounds, iters, B, T;
+    zoff_gpt2_shape shape;
+    const char *dts;
+    bool json, fio, step, delayed;
+} bench_args;
+
+/* ------------------------------------------------------------------ fio */
+
+static bool have_fio(void) { return system("fio --version >/dev/null 2>&1") == 0; }
+
+/* One fio job; bytes per second (read + write for the mixed job). */
+static zoff_status run_fio(const bench_args *a, int kind, bool uring, double *bps) {
+    char file[4200], cmd[8192], errf[64];
+    snprintf(file, sizeof file, "%s/zoff-bench-fio.dat", a->dir);
+    snprintf(errf, sizeof errf, "/tmp/zoff-bench-fio-%ld.err", (long)getpid());
+    const char *rw = kind == 0 ? "read" : kind == 1 ? "write" : "rw --rwmixread=50";
+    if (uring)
+        snprintf(cmd, sizeof cmd,
+                 "fio --name=zoff --filename='%s' --size=%lld --bs=%lld --iodepth=%lld --direct=1 --ioengine=io_uring "
+                 "--rw=%s --output-format=json 2>%s",
+                 file, (long long)a->size, (long long)a->block, (long long)a->qd, rw, errf);
+    else /* the thread-pool engine: queue_depth synchronous workers */
+        snprintf(cmd, sizeof cmd,
+                 "fio --name=zoff --filename='%s' --size=%lld --offset_increment=%lld --numjobs=%lld "
+                 "--group_reporting --bs=%lld --direct=1 --ioengine=psync --rw=%s --output-format=json 2>%s",
+                 file, (long long)(a->size / a->qd), (long long)(a->size / a->qd), (long long)a->qd,
+                 (long long)a->block, rw, errf);
+    FILE *p = popen(cmd, "r");
+    if (!p) return zoff_error(ZOFF_ERR_IO, "cannot run fio: %s", strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap);
+    size_t got;
+    while (out && (got = fread(out + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (len + 1 == cap) {
+            char *n2 = realloc(out, cap *= 2);
+            if (!n2) break;
+            out = n2;
+        }
+    }
+    int rc = pclose(p);
+    if (!out) return zoff_error(ZOFF_ERR_NOMEM, "out of memory reading fio's output");
+    out[len] = '\0';
+    char *brace = strchr(out, '{'); /* fio may print notes before the JSON */
+    json_error_t je;
+    json_t *root = rc == 0 && brace ? json_loads(brace, 0, &je) : NULL;
+    free(out);
+    if (!root) {
+        char msg[512] = "";
+        FILE *e = fopen(errf, "r");
+        if (e) {
+            size_t n = fread(msg, 1, sizeof msg - 1, e);
+            msg[n] = '\0';
+            fclose(e);
+        }
+        unlink(errf);
+        return zoff_error(ZOFF_ERR_IO, "fio %s on %s failed (exit %d): %s", kind_names[kind], a->dir, rc, msg);
+    }
+    unlink(errf);
+    json_t *job = json_array_get(json_object_get(root, "jobs"), 0);
+    double r = json_number_value(json_object_get(json_object_get(job, "read"), "bw_bytes"));
+    double w = json_number_value(json_object_get(json_object_get(job, "write"), "bw_bytes"));
+    json_decref(root);
+    *bps = kind == 0 ? r : kind == 1 ? w : r + w;
+    if (!(*bps > 0)) return zoff_error(ZOFF_ERR_IO, "fio %s reported no bandwidth", kind_names[kind]);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ the swapper */
+
+/* One pass over all groups; bytes per second moved (read + write for an update pass). */
+static zoff_status swapper_pass(zoff_swapper *s, int ng, const int *order, int kind, double *bps) {
+    unsigned mode = kind == 0 ? ZOFF_SWAP_READ : kind == 1 ? ZOFF_SWAP_WRITE : ZOFF_SWAP_UPDATE;
+    double t0 = zoff_now();
+    ZOFF_TRY(zoff_swapper_begin(s, order, ng, mode, 7u));
+    for (int k = 0; k < ng; k++) {
+        int g;
+        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        ZOFF_TRY(zoff_swapper_next(s, &g, arr));
+        ZOFF_TRY(zoff_swapper_release(s));
+    }
+    ZOFF_TRY(zoff_swapper_end(s));
+    ZOFF_TRY(zoff_swapper_flush(s));
+    double dt = zoff_now() - t0;
+    *bps = (double)(zoff_swapper_file_bytes(s) - ZOFF_AIO_ALIGN) * (kind == 2 ? 2 : 1) / dt; /* less the header */
+    if (kind == 2) { /* an update pass reads ahead the next one: wait for it, outside the timing */
+        ZOFF_TRY(zoff_swapper_begin(s, order, 0, ZOFF_SWAP_READ, 7u));
+        ZOFF_TRY(zoff_swapper_end(s));
+    }
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ training steps */
+
+typedef struct step_result {
+    double step, compute, host;
+} step_result;
+
+static zoff_status run_steps(const bench_args *a, const char *json, zoff_dtype dt, zoff_backend_kind kind,
+                             step_result *out, int64_t *nparams) {
+    zoff_config cfg;
+    ZOFF_TRY(zoff_config_load_string(json, "bench config", &cfg));
+    zoff_status s = zoff_config_resolve_batch(&cfg, 1);
+    int64_t B = a->B, T = a->T;
+    zoff_device *dev = NULL;
+    zoff_gpt2 *m = NULL;
+    zoff_engine *e = NULL;
+    int32_t *dx = NULL, *hx = NULL;
+    float *init = NULL;
+    int iters = (int)a->iters, warm = 2;
+    double *samp = calloc((size_t)iters * 3, sizeof(double));
+    zoff_device_options dopt = {.kind = kind};
+    if (s == ZOFF_OK) s = zoff_device_create(&dopt, &dev);
+    zoff_gpt2_options mo = {.shape = a->shape, .batch_size = B, .seq_len = T, .dtype = dt};
+    if (s == ZOFF_OK) s = zoff_gpt2_create(dev, &mo, &m);
+    int64_t n = s == ZOFF_OK ? zoff_gpt2_num_params(m) : 0;
+    if (s == ZOFF_OK && !(init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights"))) s = ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK) {
+        zoff_gpt2_init_params(m, 1, init);
+        int nt;
+        const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
+        zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = n,
+                                  .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
+                                  .init_params = init};
+        s = zoff_engine_create(&eo, &e);
+    }
+    size_t tb = (size_t)(B * T) * sizeof(int32_t);
+    if (s == ZOFF_OK) s = zoff_device_alloc(dev, tb, "tokens", (void **)&dx);
+    if (s == ZOFF_OK && (!(hx = malloc(tb)) || !samp)) s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    uint64_t rng = 88172645463325252ull;
+    zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
+    for (int it = 0; s == ZOFF_OK && it < warm + iters; it++) {
+        double t0 = zoff_now();
+        s = zoff_engine_zero_grad(e);
+        for (int64_t i = 0; i < B * T; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            hx[i] = (int32_t)(rng % (uint64_t)a->shape.vocab_size);
+        }
+        if (s == ZOFF_OK) s = zoff_memcpy_async(st, dx, hx, tb, ZOFF_COPY_H2D);
+        if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dx, B, T);
+        zoff_engine_begin_backward(e, true);
+        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+        if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
+        double tc = zoff_now() - t0;
+        zoff_step_info si;
+        if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-4, &si);
+        if (s != ZOFF_OK || it < warm) continue;
+        double *p = samp + (size_t)(it - warm) * 3;
+        p[0] = zoff_now() - t0, p[1] = tc, p[2] = si.t_host_work;
+    }
+    if (s == ZOFF_OK) s = zoff_engine_flush(e);
+    if (s == ZOFF_OK) {
+        double col[1000];
+        double *dst[3] = {&out->step, &out->compute, &out->host};
+        for (int c = 0; c < 3; c++) {
+            for (int i = 0; i < iters; i++) col[i] = samp[(size_t)i * 3 + (size_t)c];
+            *dst[c] = median(col, iters);
+        }
+        *nparams = n;
+    }
+    free(samp);
+    free(hx);
+    if (dev && dx) zoff_device_free(dev, dx);
+    zoff_engine_destroy(e);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+    zoff_aligned_free(init);
+    zoff_config_free(&cfg);
+    return s;
+}
+
+/* ------------------------------------------------------------------ the command */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: zoff bench nvme [options]\n"
+            "\n"
+            "Measures, on one directory and in one run, fio's sequential read, write and mixed\n"
+            "read+write bandwidth (direct I/O, same block size and queue depth) and zoff's NVMe\n"
+            "swapper reading, writing and updating (read + write) optimizer state of the same size,\n"
+            "interleaved round by round; prints the medians and the swapper/fio ratios. Then times\n"
+            "training steps with offload_optimizer.device nvme against cpu offload for one model.\n"
+            "\n"
+            "  --dir DIR              directory on the disk to measure (default /tmp)\n"
+            "  --size BYTES           optimizer state streamed per pass, e.g. 1GiB (default 1GiB)\n"
+            "  --block-size BYTES     aio.block_size and fio --bs (default 1MiB)\n"
+            "  --queue-depth N        aio.queue_depth and fio --iodepth (default 8)\n"
+            "  --buffer-count N       offload_optimizer.buffer_count (default 4)\n"
+            "  --sub-group-size N     elements per sub-group (default: size / 12 / 16; steps: params / 16)\n"
+            "  --rounds N             interleaved rounds (default 3)\n"
+            "  --no-fio               swapper only\n"
+            "  --no-step              I/O only\n"
+            "  --delayed              steps with the delayed parameter update (both configurations)\n"
+            "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N --vocab-size N\n"
+            "                         model for the steps (default 4 x 128, 4 heads, 64, 50257)\n"
+            "  --micro-batch-size N   (default 8)\n"
+            "  --dtype f32|bf16|fp16  (default bf16)\n"
+            "  --iters N              timed steps per configuration and round (default 3)\n"
+            "  --json                 one JSON object on stdout\n");
+}
+
+int zoff_cmd_bench_nvme(int argc, char **argv) {
+    bench_args a = {.dir = "/tmp", .size = (int64_t)1 << 30, .block = 1 << 20, .qd = 8, .buffers = 4, .rounds = 3,
+                    .iters = 3, .B = 8, .T = 64, .dts = "bf16", .fio = true, .step = true,
+                    .shape = {.num_layers = 4, .hidden_size = 128, .num_heads = 4, .max_seq_len = 64,
+                              .vocab_size = 50257}};
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v;
+        int64_t x;
+#define NUM(flag, lo, hi, dst) \
+    else if (!strcmp(o, flag)) { \
+        if (!(v = cli_value("bench nvme", argc, argv, &i)) || !cli_parse_i64("bench nvme", o, v, lo, hi, &x)) return 2; \
+        dst = x; \
+    }
+#define SIZE(flag, dst) \
+    else if (!strcmp(o, flag)) { \
+        size_t sz; \
+        if (!(v = cli_value("bench nvme", argc, argv, &i))) return 2; \
+        if (zoff_parse_size(v, &sz) != ZOFF_OK || sz == 0) { \
+            fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", o, v); \
+            return 2; \
+        } \
+        dst = (int64_t)sz; \
+    }
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        SIZE("--size", a.size)
+        SIZE("--block-size", a.block)
+        NUM("--queue-depth", 1, 4096, a.qd)
+        NUM("--buffer-count", 1, 1024, a.buffers)
+        NUM("--sub-group-size", 1024, (int64_t)1 << 40, a.sgs)
+        NUM("--rounds", 1, 99, a.rounds)
+        NUM("--iters", 1, 999, a.iters)
+        NUM("--num-layers", 1, 1024, a.shape.num_layers)
+        NUM("--hidden-size", 1, 1 << 20, a.shape.hidden_size)
+        NUM("--num-attention-heads", 1, 4096, a.shape.num_heads)
+        NUM("--seq-length", 1, 1 << 20, a.T)
+        NUM("--vocab-size", 2, 1 << 20, a.shape.vocab_size)
+        NUM("--micro-batch-size", 1, 1 << 20, a.B)
+        else if (!strcmp(o, "--dir")) {
+            if (!(a.dir = cli_value("bench nvme", argc, argv, &i))) return 2;
+        }
+        else if (!strcmp(o, "--dtype")) {
+            if (!(a.dts = cli_value("bench nvme", argc, argv, &i))) return 2;
+        }
+        else if (!strcmp(o, "--no-fio")) a.fio = false;
+        else if (!strcmp(o, "--no-step")) a.step = false;
+        else if (!strcmp(o, "--delayed")) a.delayed = true;
+        else if (!strcmp(o, "--json")) a.json = true;
+        else {
+            fprintf(stderr, "zoff bench nvme: unknown option '%s' (--help lists them)\n", o);
+            return 2;
+        }
+#undef NUM
+#undef SIZE
+    }
+    a.shape.max_seq_len = a.T;
+    if (a.block % ZOFF_AIO_ALIGN) {
+        fprintf(stderr, "zoff bench nvme: --block-size %lld is not a multiple of %d\n", (long long)a.block,
+                ZOFF_AIO_ALIGN);
+        return 2;
+    }
+    if (strchr(a.dir, '\'')) {
+        fprintf(stderr, "zoff bench nvme: --dir must not contain a quote\n");
+        return 2;
+    }
+    zoff_dtype dt;
+    const char *prec;
+    if (!strcmp(a.dts, "f32")) dt = ZOFF_F32, prec = "";
+    else if (!strcmp(a.dts, "bf16")) dt = ZOFF_BF16, prec = "\"bf16\": {\"enabled\": true},";
+    else if (!strcmp(a.dts, "fp16")) dt = ZOFF_F16, prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},";
+    else {
+        fprintf(stderr, "zoff bench nvme: --dtype: '%s' is not one of f32, bf16, fp16\n", a.dts);
+        return 2;
+    }
+    if (a.fio && !have_fio()) {
+        fprintf(stderr, "zoff bench nvme: fio not found (apt-get install fio, or scripts/deps.sh); measuring the "
+                        "swapper only\n");
+        a.fio = false;
+    }
+
+    /* ---- the swapper, sized to --size ---- */
+    int64_t sgs = a.sgs ? a.sgs : a.size / 12 / 16;
+    sgs = sgs / 1024 * 1024;
+    if (sgs < 1024) sgs = 1024;
+    int ng = (int)((a.size / 12 + sgs - 1) / sgs);
+    int64_t *counts = calloc((size_t)ng, sizeof *counts);
+    int *order = calloc((size_t)ng, sizeof *order);
+    if (!counts || !order) {
+        fprintf(stderr, "zoff bench nvme: out of memory\n");
+        return 1;
+    }
+    for (int g = 0; g < ng; g++) counts[g] = sgs, order[g] = ng - 1 - g;
+    zoff_swapper_options so = {.dir = a.dir, .stem = "bench", .num_groups = ng, .counts = counts, .num_arrays = 3,
+                               .buffer_count = a.buffers, .pipeline_read = true, .pipeline_write = true};
+    zoff_aio_options_default(&so.aio);
+    so.aio.block_size = a.block;
+    so.aio.queue_depth = a.qd;
+    zoff_swapper *sw = NULL;
+    zoff_status s = zoff_swapper_create(&so, &sw);
+    free(counts);
+    if (s != ZOFF_OK) {
+        fprintf(stderr, "zoff bench nvme: %s\n", zoff_last_error());
+        free(order);
+        return 1;
+    }
+    bool uring = zoff_swapper_engine(sw) == ZOFF_AIO_URING;
+    char fb[32], bb[32];
+    if (!a.json)
+        printf("zoff bench nvme: %s\n  swapper: %s\n  state per pass %s in %d sub-groups of %lld elements\n", a.dir,
+               zoff_swapper_describe(sw), zoff_format_bytes((size_t)zoff_swapper_file_bytes(sw), fb, sizeof fb), ng,
+               (long long)sgs);
+    double fio_s[NKIND][100], zs[NKIND][100];
+    double bps;
+    if (a.fio) s = run_fio(&a, 1, uring, &bps); /* lay the file out; not measured */
+    if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, 1, &bps); /* the initial write */
+    for (int r = 0; s == ZOFF_OK && r < a.rounds; r++) {
+        for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {
+            int kind = k == 0 ? 1 : k == 1 ? 0 : 2; /* write, read, mixed */
+            if (a.fio) s = run_fio(&a, kind, uring, &fio_s[kind][r]);
+            if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, kind, &zs[kind][r]);
+        }
+    }
+    char fiofile[4200];
+    snprintf(fiofile, sizeof fiofile, "%s/zoff-bench-fio.dat", a.dir);
+    unlink(fiofile);
+    bool direct = zoff_swapper_direct(sw);
+    zoff_swapper_destroy(sw);
+    free(order);
+    if (s != ZOFF_OK) {
+        fprintf(stderr, "zoff bench nvme: %s\n", zoff_last_error());
+        return 1;
+    }
+    double fio_m[NKIND] = {0}, z_m[NKIND];
+    for (int k = 0; k < NKIND; k++) {
+        if (a.fio) fio_m[k] = median(fio_s[k], (int)a.rounds);
+        z_m[k] = median(zs[k], (int)a.rounds);
+    }
+    if (a.json)
+        printf("{\"dir\":\"%s\",\"direct\":%s,\"engine\":\"%s\",\"block_size\":%lld,\"queue_depth\":%lld,"
+               "\"buffer_count\":%lld,\"state_bytes\":%lld,\"rounds\":%lld,\"io\":{",
+               a.dir, direct ? "true" : "false", uring ? "io_uring" : "threads", (long long)a.block, (long long)a.qd,
+               (long long)a.buffers, (long long)a.size, (long long)a.rounds);
+    else
+        printf("\nmedians of %lld rounds (MB/s = 1e6 bytes/s)\n%-12s %12s %12s %8s\n", (long long)a.rounds, "pass",
+               "fio", "swapper", "ratio");
+    for (int k = 0; k < NKIND; k++) {
+        if (a.json)
+            printf("%s\"%s\":{\"fio_bps\":%.0f,\"swapper_bps\":%.0f,\"ratio\":%.4f}", k ? "," : "", kind_names[k],
+                   fio_m[k], z_m[k], a.fio ? z_m[k] / fio_m[k] : 0.0);
+        else if (a.fio)
+            printf("%-12s %12.1f %12.1f %8.3f\n", kind_names[k], fio_m[k] / 1e6, z_m[k] / 1e6, z_m[k] / fio_m[k]);
+        else
+            printf("%-12s %12s %12.1f %8s\n", kind_names[k], "-", z_m[k] / 1e6, "-");
+    }
+    if (a.json) printf("}");
+
+    /* ---- training steps: nvme against cpu offload ---- */
+    if (a.step) {
+        zoff_backend_kind bk = zoff_backend_available(ZOFF_BACKEND_CUDA) ? ZOFF_BACKEND_CUDA : ZOFF_BACKEND_CPU;
+        step_result res[2][100];
+        int64_t n = 0;
+        for (int r = 0; s == ZOFF_OK && r < a.rounds; r++)
+            for (int c = 0; s == ZOFF_OK && c < 2; c++) {
+                char js[6000], sg[64];
+                /* default: about 16 sub-groups (GPT-2's parameter count without padding) */
+                int64_t L = a.shape.num_layers, C = a.shape.hidden_size;
+                int64_t approx = a.shape.vocab_size * C + a.T * C + L * (12 * C * C + 13 * C) + 2 * C;
+                snprintf(sg, sizeof sg, ", \"sub_group_size\": %lld", (long long)(a.sgs ? a.sgs : (approx + 15) / 16));
+                snprintf(js, sizeof js,
+                         "{\"train_micro_batch_size_per_gpu\": %lld, %s \"optimizer\": {\"type\": \"AdamW\"},"
+                         " \"zero_optimization\": {\"stage\": 2 %s %s, \"offload_optimizer\": {\"device\": \"%s\","
+                         " \"nvme_path\": \"%s\", \"buffer_count\": %lld, \"pipeline_read\": true,"
+                         " \"pipeline_write\": true}}, \"aio\": {\"block_size\": %lld, \"queue_depth\": %lld}}",
+                         (long long)a.B, prec, sg,
+                         a.delayed ? ", \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1"
+                                   : "",
+                         c == 0 ? "cpu" : "nvme", a.dir, (long long)a.buffers, (long long)a.block, (long long)a.qd);
+                s = run_steps(&a, js, dt, bk, &res[c][r], &n);
+            }
+        if (s != ZOFF_OK) {
+            fprintf(stderr, "zoff bench nvme: steps: %s\n", zoff_last_error());
+            return 1;
+        }
+        step_result med[2];
+        for (int c = 0; c < 2; c++) {
+            double v[100];
+            for (int r = 0; r < a.rounds; r++) v[r] = res[c][r].step;
+            med[c].step = median(v, (int)a.rounds);
+            for (int r = 0; r < a.rounds; r++) v[r] = res[c][r].compute;
+            med[c].compute = median(v, (int)a.rounds);
+            for (int r = 0; r < a.rounds; r++) v[r] = res[c][r].host;
+            med[c].host = median(v, (int)a.rounds);
+        }
+        double disk_bytes = 24.0 * (double)n; /* read and write fp32 master, m, v */
+        double disk_t = a.fio ? 12.0 * (double)n / fio_m[0] + 12.0 * (double)n / fio_m[1] : 0;
+        bool carries = a.fio && disk_t <= med[0].compute;
+        double ratio = med[1].step / med[0].step;
+        if (a.json)
+            printf(",\"steps\":{\"backend\":\"%s\",\"params\":%lld,\"dtype\":\"%s\",\"delayed\":%s,"
+                   "\"cpu_offload\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},"
+                   "\"nvme\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},\"nvme_over_cpu\":%.4f,"
+                   "\"disk_bytes_per_step\":%.0f,\"disk_seconds_at_fio\":%.6f,\"disk_carries_within_compute\":%s}}\n",
+                   bk == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", (long long)n, a.dts, a.delayed ? "true" : "false",
+                   med[0].step, med[0].compute, med[0].host, med[1].step, med[1].compute, med[1].host, ratio,
+                   disk_bytes, disk_t, carries ? "true" : "false");
+        else {
+            printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s\n"
+                   "%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
+                   "nvme / cpu offload step time: %.3f (target <= 1.25 where the disk carries 24 B/param/step "
+                   "within the compute time)\n",
+                   (long long)a.shape.num_layers, (long long)a.shape.hidden_size, (long long)n, (long long)a.B,
+                   (long long)a.T, a.dts, bk == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
+                   a.delayed ? ", delayed parameter update" : "", "config", "step", "compute", "host-opt",
+                   "cpu offload", med[0].step, med[0].compute, med[0].host, "nvme", med[1].step, med[1].compute,
+                   med[1].host, ratio);
+            if (a.fio)
+                printf("disk: %s per step at fio's read and write speeds = %.4f s; compute (forward + backward) "
+                       "%.4f s: the disk %s carry it within the compute time\n",
+                       zoff_format_bytes((size_t)disk_bytes, bb, sizeof bb), disk_t, med[0].compute,
+                       carries ? "can" : "cannot");
+        }
+    } else if (a.json) {
+        printf("}\n");
+    }
+    return 0;
+}
