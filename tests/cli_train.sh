@@ -81,5 +81,19 @@ check "mismatched checkpoint shape: exit 2 with an explanation" "[ \$? -eq 2 ] &
 "$ZOFF" train --no-such-flag >"$W/err.txt" 2>&1
 check "unknown option exits 2 naming it" "[ \$? -eq 2 ] && grep -q 'no-such-flag' '$W/err.txt'"
 
+# 10. NVMe offload: 3 steps + resume to 6 through the swap file == cpu offload, 6 straight
+mkdir -p "$W/nvme"
+nvcfg() { echo "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 4000, \"offload_optimizer\": {\"device\": \"$1\", \"nvme_path\": \"$W/nvme\", \"buffer_count\": 4, \"pipeline_read\": true, \"pipeline_write\": true}}}"; }
+nvcfg cpu > "$W/ocpu.json"; nvcfg nvme > "$W/onvme.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/ocpu.json" --train-iters 6 --save "$W/ocpu" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/onvme.json" --train-iters 3 --save "$W/onvme" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/onvme.json" --train-iters 6 --save "$W/onvme" --load "$W/onvme" >"$W/nvme.txt" 2>&1
+check "nvme offload: resumed run ends at step 6 and leaves no swap file" \
+  "[ -f '$W/onvme/step_00000006/COMPLETE' ] && [ -z \"\$(ls -A '$W/nvme')\" ]"
+grep '"loss"' "$W/ocpu/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/c.txt"
+grep '"loss"' "$W/onvme/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/n.txt"
+check "nvme offload (3 + resume to 6): losses, lr and grad norms bit-identical to cpu offload" \
+  "[ -s '$W/c.txt' ] && cmp -s '$W/c.txt' '$W/n.txt'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
