@@ -114,7 +114,30 @@ check "--step of a step that was not saved: non-zero exit" "[ \$? -ne 0 ] && gre
 check "the earlier export is untouched and no temp file is left" \
   "[ \"\$(md5sum '$W/m.safetensors' | cut -d' ' -f1)\" = '$before' ] && ! ls '$W' | grep -q 'tmp-'"
 
-# 6. usage errors
+# 6. a data-parallel checkpoint (mpirun -np 2, ZeRO stage 2: optimizer state partitioned over
+#    two rank files): export consolidates it (when zoff and mpirun have MPI)
+if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
+  echo '{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+         "zero_optimization": {"stage": 2, "round_robin_gradients": true}}' > "$W/dp.json"
+  timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader \
+    --mca btl_vader_single_copy_mechanism none -x ZOFF_THREADS=1 -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=passive \
+    -x ZOFF_COMM_TIMEOUT=120 -np 2 "$ZOFF" train "${TINY[@]}" --config "$W/dp.json" --train-iters 2 --save "$W/dp" \
+    >"$W/dp.txt" 2>&1
+  if [ -f "$W/dp/step_00000002/rank_00001.zckpt" ]; then
+    "$ZOFF" export --load "$W/dp" --format fp32 --output "$W/dp.safetensors" >"$W/out.txt" 2>&1
+    check "export of a 2-rank stage-2 checkpoint" "[ \$? -eq 0 ] && grep -q '(2 rank files)' '$W/out.txt'"
+    rm -rf "$W/dprt"
+    "$ZOFF" train "${TINY[@]}" --init-from "$W/dp.safetensors" --train-iters 0 --eval-iters 0 --save "$W/dprt" >/dev/null 2>&1
+    "$ZOFF" export --load "$W/dprt" --format fp32 --output "$W/dprt.safetensors" --quiet
+    check "its weights round-trip through --init-from" "[ \"\$(data_md5 '$W/dp.safetensors')\" = \"\$(data_md5 '$W/dprt.safetensors')\" ]"
+  else
+    bad "mpirun -np 2 zoff train wrote no 2-rank checkpoint"; tail -5 "$W/dp.txt"
+  fi
+else
+  echo "skip - the data-parallel export (no MPI in zoff or no mpirun)"; skip=$((skip + 2))
+fi
+
+# 7. usage errors
 "$ZOFF" export --load "$W/run" >"$W/err.txt" 2>&1
 check "missing --output: exit 2" "[ \$? -eq 2 ] && grep -q -- '--output' '$W/err.txt'"
 "$ZOFF" export --load "$W/run" --output "$W/x" --format onnx >"$W/err.txt" 2>&1

@@ -808,6 +808,83 @@ static void test_gather_partitioned_checkpoint(void **state) {
     zoff_device_destroy(dev);
 }
 
+/* The layout `zoff train` writes with several ranks (ckpt.h, "Partitioned entries"): weights whole
+ * in rank 0's file, "optimizer.*" entries holding each rank's runs, a "partition" blob per file.
+ * runs[r]: rank r's [offset, count] pairs (-1 terminated); stage 0 replicas have none. */
+static void write_dp(const char *dir, zoff_gpt2 *m, const float *p, int R, const int64_t runs[][8]) {
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(m, &nt);
+    const int64_t n = zoff_gpt2_num_params(m);
+    zoff_ckpt_options o = {.tmp_tag = "dp", .overwrite = true};
+    float *buf = malloc((size_t)n * 4);
+    for (int r = 0; r < R; r++) {
+        zoff_ckpt_writer *w = NULL;
+        assert_ok(zoff_ckpt_writer_open(dir, 7, r, &o, &w));
+        for (int i = 0; r == 0 && i < nt; i++)
+            assert_ok(zoff_ckpt_add(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, p + t[i].offset,
+                                    (size_t)t[i].numel * 4));
+        char js[512];
+        int k = snprintf(js, sizeof js, "{\"format\":\"zoff-partition\",\"version\":1,\"rank\":%d,\"world_size\":%d,"
+                         "\"num_params\":%" PRId64 ",\"runs\":[", r, R, n);
+        int64_t len = 0;
+        for (int j = 0; runs[r][2 * j] >= 0; j++) {
+            k += snprintf(js + k, sizeof js - (size_t)k, "%s[%" PRId64 ",%" PRId64 "]", j ? "," : "", runs[r][2 * j],
+                          runs[r][2 * j + 1]);
+            for (int64_t e = 0; e < runs[r][2 * j + 1]; e++) buf[len + e] = -p[runs[r][2 * j] + e]; /* exp_avg := -p */
+            len += runs[r][2 * j + 1];
+        }
+        snprintf(js + k, sizeof js - (size_t)k, "]}");
+        assert_ok(zoff_ckpt_add(w, "optimizer.exp_avg", ZOFF_F32, 1, &len, buf, (size_t)len * 4));
+        assert_ok(zoff_ckpt_add_blob(w, "partition", js, strlen(js)));
+        if (r == 0) assert_ok(zoff_ckpt_add_blob(w, "meta", META_JSON, strlen(META_JSON)));
+        assert_ok(zoff_ckpt_commit(w));
+    }
+    assert_ok(zoff_ckpt_finalize(dir, 7, R, &o));
+    free(buf);
+}
+
+static void test_gather_dp_checkpoint(void **state) {
+    const char *dir = pathf(*state, "dp");
+    zoff_device *dev = make_device();
+    zoff_gpt2 *m = make_model(dev, &FX_SHAPE, 1, 4);
+    const int64_t n = zoff_gpt2_num_params(m), h = n / 2, q = n / 4;
+    float *p = load_file_into(FIXTURE, m), *got = malloc((size_t)n * 4);
+    const int64_t stage2[2][8] = {{0, h, -1}, {h, n - h, -1}};
+    const int64_t round_robin[3][8] = {{q, q, 3 * q, n - 3 * q, -1}, {0, 1, 2 * q, q, -1}, {1, q - 1, -1}};
+    const int64_t stage0[2][8] = {{0, n, -1}, {-1}};
+    const int64_t (*cases[3])[8] = {stage2, round_robin, stage0};
+    const int ranks[3] = {2, 3, 2};
+    char cmd[2048];
+    const char *out = pathf(*state, "dp.safetensors");
+    for (int c = 0; c < 3; c++) {
+        write_dp(dir, m, p, ranks[c], cases[c]);
+        zoff_ckpt_gather *g = NULL;
+        assert_ok(zoff_ckpt_gather_open(dir, &g));
+        assert_ok(zoff_ckpt_gather_read(g, "optimizer.exp_avg", got, (size_t)n * 4));
+        for (int64_t i = 0; i < n; i++)
+            if (got[i] != -p[i]) fail_msg("case %d: exp_avg[%" PRId64 "] = %g, want %g", c, i, got[i], -p[i]);
+        assert_ok(zoff_ckpt_gather_read(g, "h.1.mlp.c_fc.weight", got, 128 * 32 * 4));
+        zoff_ckpt_gather_close(g);
+        snprintf(cmd, sizeof cmd, "%s export --load %s --format fp32 --output %s --quiet", ZOFF_BINARY, dir, out);
+        assert_int_equal(system(cmd), 0);
+        float *a = load_file_into(out, m);
+        assert_memory_equal(a, p, (size_t)n * 4);
+        free(a);
+    }
+    /* runs that leave a gap, or disagree with the entry's length, are refused */
+    const int64_t gap[2][8] = {{0, h - 1, -1}, {h, n - h, -1}};
+    write_dp(dir, m, p, 2, gap);
+    zoff_ckpt_gather *g = NULL;
+    assert_err(zoff_ckpt_gather_open(dir, &g), ZOFF_ERR_FORMAT, "of 'optimizer.exp_avg' are in no rank's file");
+    const int64_t outside[2][8] = {{0, h, -1}, {h, n, -1}};
+    write_dp(dir, m, p, 2, outside);
+    assert_err(zoff_ckpt_gather_open(dir, &g), ZOFF_ERR_FORMAT, "partition run 0 is not [offset, count] inside");
+    free(got);
+    free(p);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+}
+
 /* One rank file per case, made by hand; every inconsistency is refused by name. */
 typedef struct piece {
     int rank;
@@ -880,6 +957,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_variants_and_mismatches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_partitioned_checkpoint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gather_dp_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_refuses_inconsistent_pieces, setup, teardown),
     };
     zoff_log_set_level(ZOFF_LOG_ERROR);

@@ -64,6 +64,10 @@
  *   - a whole tensor: entry "NAME" with the tensor's own dtype and shape. Several ranks may hold
  *     the same whole tensor (replicated state); they must agree on dtype, shape and data CRC,
  *     and the lowest rank's copy is read; or
+ *   - in a file with a "partition" blob (what `zoff train` writes with several ranks; format in
+ *     ckpt.h, "Partitioned entries"): an entry "optimizer.*" holds the model elements of the
+ *     blob's runs laid end to end; the gathered tensor is 1-D with the blob's num_params
+ *     elements (every file's blob must give the same num_params); or
  *   - a piece of a partitioned tensor: entry "NAME@START/D0xD1x...", 1-D with COUNT elements,
  *     holding elements [START, START + COUNT) of the tensor flattened row-major; D0xD1x... is the
  *     whole tensor's shape (decimal, 'x'-separated, at least one dimension). Example: rank 1 of

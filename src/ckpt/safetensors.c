@@ -1303,7 +1303,9 @@ zoff_status zoff_gpt2_st_load(zoff_st_file *f, const zoff_gpt2_shape *shape, con
 typedef struct gather_piece {
     int rank;
     char entry[ZOFF_CKPT_MAX_NAME + 1];
-    int64_t start, count;
+    int64_t start, count; /* elements [start, start + count) of the tensor */
+    int64_t src;          /* ... are elements [src, src + count) of the entry */
+    int64_t entry_numel;
 } gather_piece;
 
 typedef struct gather_tensor {
@@ -1319,6 +1321,7 @@ struct zoff_ckpt_gather {
     char stepdir[4096];
     int64_t step;
     int nranks;
+    int64_t part_params; /* num_params of the "partition" blobs (-1: none seen) */
     zoff_ckpt_reader **r;
     gather_tensor *t;
     size_t n, cap;
@@ -1424,13 +1427,148 @@ static int cmp_piece(const void *a, const void *b) {
     return x->count < y->count ? -1 : x->count > y->count;
 }
 
+static zoff_status gather_index_entries(zoff_ckpt_gather *g, int rank, bool skip_optimizer);
+
+static zoff_status add_piece(gather_tensor *t, int rank, const char *entry, int64_t start, int64_t count,
+                             int64_t src, int64_t entry_numel) {
+    if (count == 0) return ZOFF_OK;
+    if (t->np == t->pcap) {
+        size_t c = t->pcap ? 2 * t->pcap : 4;
+        gather_piece *p = realloc(t->p, c * sizeof *p);
+        if (!p) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+        t->p = p;
+        t->pcap = c;
+    }
+    gather_piece *p = &t->p[t->np++];
+    p->rank = rank;
+    snprintf(p->entry, sizeof p->entry, "%s", entry);
+    p->start = start;
+    p->count = count;
+    p->src = src;
+    p->entry_numel = entry_numel;
+    return ZOFF_OK;
+}
+
+/* A rank file's "partition" blob (ckpt.h, "Partitioned entries"): runs [offset, count] of a flat
+ * space of *P elements. *runs is NULL (and *nruns 0) when the file has no such blob. */
+static zoff_status read_partition_blob(zoff_ckpt_gather *g, int rank, int64_t **runs, size_t *nruns, int64_t *P) {
+    zoff_ckpt_reader *r = g->r[rank];
+    const char *file = zoff_ckpt_reader_path(r);
+    *runs = NULL;
+    *nruns = 0;
+    *P = 0;
+    if (!zoff_ckpt_find(r, "partition")) return ZOFF_OK;
+    char *txt = NULL;
+    ZOFF_TRY(zoff_ckpt_read_blob(r, "partition", &txt, NULL));
+    json_error_t jerr;
+    json_t *root = json_loads(txt, JSON_REJECT_DUPLICATES, &jerr);
+    free(txt);
+    zoff_status s = ZOFF_OK;
+    json_t *jr = json_object_get(root, "runs"), *jrank = json_object_get(root, "rank");
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    if (!root || !fmt || strcmp(fmt, "zoff-partition") || json_integer_value(json_object_get(root, "version")) != 1 ||
+        !json_u63(json_object_get(root, "num_params"), P) || !json_is_array(jr) ||
+        (jrank && (!json_is_integer(jrank) || json_integer_value(jrank) != rank)))
+        s = zoff_error(ZOFF_ERR_FORMAT,
+                       "checkpoint file %s: the \"partition\" blob is not a zoff-partition version 1 object for rank "
+                       "%d with num_params and runs",
+                       file, rank);
+    size_t n = s == ZOFF_OK ? json_array_size(jr) : 0;
+    if (s == ZOFF_OK && !(*runs = malloc((2 * n + 1) * sizeof **runs)))
+        s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; s == ZOFF_OK && i < n; i++) {
+        json_t *run = json_array_get(jr, i);
+        int64_t off, cnt;
+        if (!json_is_array(run) || json_array_size(run) != 2 || !json_u63(json_array_get(run, 0), &off) ||
+            !json_u63(json_array_get(run, 1), &cnt) || off > *P || cnt > *P - off)
+            s = zoff_error(ZOFF_ERR_FORMAT,
+                           "checkpoint file %s: partition run %zu is not [offset, count] inside [0, %" PRId64 ")", file,
+                           i, *P);
+        else {
+            (*runs)[2 * i] = off;
+            (*runs)[2 * i + 1] = cnt;
+        }
+    }
+    if (s == ZOFF_OK && g->part_params >= 0 && g->part_params != *P)
+        s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: the partition blobs disagree on num_params (%" PRId64 " and %" PRId64
+                       " in rank %d's file)", g->stepdir, g->part_params, *P, rank);
+    json_decref(root);
+    if (s != ZOFF_OK) {
+        free(*runs);
+        *runs = NULL;
+        return s;
+    }
+    g->part_params = *P;
+    *nruns = n;
+    return ZOFF_OK;
+}
+
+/* An entry "optimizer.*" of a file with a partition blob: its elements are the runs' model
+ * elements laid end to end. */
+static zoff_status index_run_entry(zoff_ckpt_gather *g, int rank, const zoff_ckpt_entry *e, const int64_t *runs,
+                                   size_t nruns, int64_t P) {
+    const char *file = zoff_ckpt_reader_path(g->r[rank]);
+    char sa[200];
+    int64_t total = 0;
+    for (size_t i = 0; i < nruns; i++) total += runs[2 * i + 1];
+    if (e->ndim != 1 || e->shape[0] != total)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "checkpoint file %s: partitioned entry '%s' is %s, but the partition blob's runs hold %" PRId64
+                          " elements",
+                          file, e->name, shape_str(e->ndim, e->shape, sa, sizeof sa), total);
+    char shape_text[32];
+    snprintf(shape_text, sizeof shape_text, "%" PRId64, P);
+    gather_tensor *t = gfind(g, e->name);
+    if (t && !t->info.pieces)
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: '%s' is whole in rank %d's file but partitioned in rank %d's",
+                          g->stepdir, e->name, t->rank, rank);
+    if (!t) {
+        if (!(t = gadd(g, e->name))) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+        t->info.dtype = e->dtype;
+        t->info.ndim = 1;
+        t->info.shape[0] = P;
+        t->info.numel = P;
+        t->info.bytes = P * (int64_t)ck_dtype_size(e->dtype);
+        t->info.pieces = 1;
+        snprintf(t->shape_text, sizeof t->shape_text, "%s", shape_text);
+    } else if (t->info.dtype != e->dtype || strcmp(t->shape_text, shape_text))
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: the parts of '%s' disagree (%s [%s] and %s [%s] in rank %d's file)",
+                          g->stepdir, e->name, zoff_dtype_name(t->info.dtype), t->shape_text, zoff_dtype_name(e->dtype),
+                          shape_text, rank);
+    int64_t src = 0;
+    for (size_t i = 0; i < nruns; i++) {
+        ZOFF_TRY(add_piece(t, rank, e->name, runs[2 * i], runs[2 * i + 1], src, total));
+        src += runs[2 * i + 1];
+    }
+    return ZOFF_OK;
+}
+
 static zoff_status gather_index_rank(zoff_ckpt_gather *g, int rank) {
+    int64_t *runs = NULL, P = 0;
+    size_t nruns = 0;
+    ZOFF_TRY(read_partition_blob(g, rank, &runs, &nruns, &P));
+    zoff_status s = ZOFF_OK;
+    zoff_ckpt_reader *r = g->r[rank];
+    for (size_t i = 0; runs && s == ZOFF_OK && i < zoff_ckpt_num_entries(r); i++) {
+        const zoff_ckpt_entry *e = zoff_ckpt_entry_at(r, i);
+        if (e->dtype != ZOFF_CKPT_RAW && !strchr(e->name, '@') && !strncmp(e->name, "optimizer.", 10))
+            s = index_run_entry(g, rank, e, runs, nruns, P);
+    }
+    free(runs);
+    if (s != ZOFF_OK) return s;
+    return gather_index_entries(g, rank, zoff_ckpt_find(r, "partition") != NULL);
+}
+
+/* Whole tensors and NAME@START/SHAPE pieces of one rank file (skip_optimizer: its "optimizer.*"
+ * entries were indexed through the partition blob). */
+static zoff_status gather_index_entries(zoff_ckpt_gather *g, int rank, bool skip_optimizer) {
     zoff_ckpt_reader *r = g->r[rank];
     const char *file = zoff_ckpt_reader_path(r);
     char sa[200], sb[200];
     for (size_t i = 0; i < zoff_ckpt_num_entries(r); i++) {
         const zoff_ckpt_entry *e = zoff_ckpt_entry_at(r, i);
         if (e->dtype == ZOFF_CKPT_RAW) continue;
+        if (skip_optimizer && !strchr(e->name, '@') && !strncmp(e->name, "optimizer.", 10)) continue;
         if (!strchr(e->name, '@')) { /* a whole tensor */
             gather_tensor *t = gfind(g, e->name);
             if (t && t->info.pieces)
@@ -1492,19 +1630,7 @@ static zoff_status gather_index_rank(zoff_ckpt_gather *g, int rank) {
                               "checkpoint file %s: piece '%s' holds elements [%" PRId64 ", %" PRId64
                               ") of a tensor of %" PRId64,
                               file, e->name, start, start + e->shape[0], t->info.numel);
-        if (e->shape[0] == 0) continue;
-        if (t->np == t->pcap) {
-            size_t c = t->pcap ? 2 * t->pcap : 4;
-            gather_piece *p = realloc(t->p, c * sizeof *p);
-            if (!p) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-            t->p = p;
-            t->pcap = c;
-        }
-        gather_piece *p = &t->p[t->np++];
-        p->rank = rank;
-        snprintf(p->entry, sizeof p->entry, "%s", e->name);
-        p->start = start;
-        p->count = e->shape[0];
+        ZOFF_TRY(add_piece(t, rank, e->name, start, e->shape[0], 0, e->shape[0]));
     }
     return ZOFF_OK;
 }
@@ -1513,6 +1639,7 @@ zoff_status zoff_ckpt_gather_open(const char *path, zoff_ckpt_gather **out) {
     *out = NULL;
     zoff_ckpt_gather *g = calloc(1, sizeof *g);
     if (!g) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    g->part_params = -1;
     zoff_status s = zoff_ckpt_resolve(path, g->stepdir, sizeof g->stepdir, &g->step);
     zoff_ckpt_reader *r0 = NULL;
     if (s == ZOFF_OK) s = zoff_ckpt_open(g->stepdir, 0, &r0);
@@ -1576,8 +1703,9 @@ zoff_status zoff_ckpt_gather_read(zoff_ckpt_gather *g, const char *name, void *d
     size_t es = ck_dtype_size(t->info.dtype);
     for (size_t k = 0; k < t->np; k++) {
         const gather_piece *p = &t->p[k];
-        ZOFF_TRY(zoff_ckpt_read(g->r[p->rank], p->entry, (uint8_t *)dst + (size_t)p->start * es,
-                                (size_t)p->count * es));
+        uint8_t *d = (uint8_t *)dst + (size_t)p->start * es;
+        if (p->src == 0 && p->count == p->entry_numel) ZOFF_TRY(zoff_ckpt_read(g->r[p->rank], p->entry, d, (size_t)p->count * es));
+        else ZOFF_TRY(zoff_ckpt_read_range(g->r[p->rank], p->entry, p->src * (int64_t)es, d, (size_t)p->count * es));
     }
     return ZOFF_OK;
 }
