@@ -494,9 +494,10 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
     zoff_engine *e = NULL;
     int32_t *dx = NULL, *dy = NULL;
     float *init = NULL;
+    bool stage3 = cfg.zero.stage == 3;
     zoff_gpt2_options mo = {.shape = {.num_layers = DL, .hidden_size = DC, .num_heads = DNH, .max_seq_len = DT,
                                       .vocab_size = DV},
-                            .batch_size = rows, .seq_len = DT, .dtype = dt};
+                            .batch_size = rows, .seq_len = DT, .dtype = dt, .external_params = stage3};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
@@ -508,6 +509,12 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
                                   .init_params = init, .comm = comm};
         s = zoff_engine_create(&eo, &e);
+        if (s == ZOFF_OK && stage3) { /* the model asks the engine for each group's weights */
+            assert_null(zoff_gpt2_params(m));
+            zoff_param_hooks hk = {.arg = e, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
+                                   .release = zoff_engine_release};
+            s = zoff_gpt2_set_param_hooks(m, &hk);
+        }
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)rows * DT * 4, "x", (void **)&dx);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)rows * DT * 4, "y", (void **)&dy);
@@ -569,14 +576,16 @@ static double dp_weight_err(const dp_result *a, const dp_result *b) {
 }
 
 /* The data-parallel run against the reference; returns through *le, *we. */
-static void dp_case(const char *name, const char *zero, const char *prec, zoff_dtype dt, int accum, double clip,
-                    double loss_tol, double weight_tol) {
+/* ref_zero: the reference's zero_optimization (NULL: the same as the run's) */
+static void dp_case_ref(const char *name, const char *zero, const char *ref_zero, const char *prec, zoff_dtype dt,
+                        int accum, double clip, double loss_tol, double weight_tol) {
     dp_result d, ref;
     zoff_comm *c = NULL;
     assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
     zoff_status s = dp_train(zero, prec, dt, accum, clip, c, DB, R * DB, &d);
     if (s != ZOFF_OK) fail_msg("%s: data-parallel run failed: %s", name, zoff_last_error());
-    assert_int_equal(dp_train(zero, prec, dt, accum, clip, NULL, N * DB, 0, &ref), ZOFF_OK);
+    s = dp_train(ref_zero ? ref_zero : zero, prec, dt, accum, clip, NULL, N * DB, 0, &ref);
+    if (s != ZOFF_OK) fail_msg("%s: reference run failed: %s", name, zoff_last_error());
     double le = dp_loss_err(&d, &ref), we = dp_weight_err(&d, &ref);
     bool same_sched = true;
     for (int i = 0; i < DP_STEPS; i++) same_sched = same_sched && d.skipped[i] == ref.skipped[i] && d.scale[i] == ref.scale[i];
@@ -594,6 +603,11 @@ static void dp_case(const char *name, const char *zero, const char *prec, zoff_d
     free(d.w);
     free(ref.w);
     zoff_comm_destroy(c);
+}
+
+static void dp_case(const char *name, const char *zero, const char *prec, zoff_dtype dt, int accum, double clip,
+                    double loss_tol, double weight_tol) {
+    dp_case_ref(name, zero, NULL, prec, dt, accum, clip, loss_tol, weight_tol);
 }
 
 /* Tolerances: max relative loss error over the steps, relative L2 distance of
@@ -662,6 +676,52 @@ static void test_dp_delayed_update(void **st) {
             "", ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);
 }
 
+/* Stage 3 against one rank with stage 2 (a different path: flat buffers, no gathering). */
+#define S2_REF "{\"stage\": 2}"
+#define S2_REF_CPU "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}"
+static void test_dp_stage3(void **st) {
+    (void)st;
+    dp_case_ref("stage 3, every group gathered", "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}", S2_REF, "",
+                ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);
+}
+static void test_dp_stage3_persistent_accum(void **st) {
+    (void)st;
+    /* embeddings (4608) and ln_f (64) stay whole, blocks (12704) are gathered; no prefetch */
+    dp_case_ref("stage 3, persistent <= 5000, no prefetch, accum 2",
+                "{\"stage\": 3, \"stage3_param_persistence_threshold\": 5000, \"stage3_prefetch_bucket_size\": 0}",
+                S2_REF, "", ZOFF_F32, 2, 1.0, F32_LOSS, F32_W);
+}
+static void test_dp_stage3_offload_param_rr(void **st) {
+    (void)st;
+    dp_case_ref("stage 3, offload param+optimizer cpu, round robin",
+                "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"round_robin_gradients\": true,"
+                " \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}",
+                S2_REF_CPU, "", ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);
+}
+static void test_dp_stage3_bf16_offload(void **st) {
+    (void)st;
+    dp_case_ref("stage 3, bf16, offload optimizer cpu",
+                "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0,"
+                " \"offload_optimizer\": {\"device\": \"cpu\"}}",
+                S2_REF_CPU, "\"bf16\": {\"enabled\": true},", ZOFF_BF16, 1, 1.0, 2e-3, 5e-2);
+}
+/* Prefetching changes when groups are gathered, never what: bit-identical to none. */
+static void test_dp_stage3_prefetch_exact(void **st) {
+    (void)st;
+    zoff_comm *c = NULL;
+    assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    dp_result a, b;
+    assert_int_equal(dp_train("{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 0}",
+                              "", ZOFF_F32, 1, 1.0, c, DB, R * DB, &a), ZOFF_OK);
+    assert_int_equal(dp_train("{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 100000}",
+                              "", ZOFF_F32, 1, 1.0, c, DB, R * DB, &b), ZOFF_OK);
+    assert_int_equal(memcmp(a.w, b.w, (size_t)a.n * sizeof(float)), 0);
+    assert_int_equal(memcmp(a.loss, b.loss, sizeof a.loss), 0);
+    free(a.w);
+    free(b.w);
+    zoff_comm_destroy(c);
+}
+
 /* Partitioning does not change the arithmetic of an element: without clipping
  * (the norm's summation order is the only difference), stage 1, stage 2 and
  * round-robin runs agree bit for bit. And the comparison can fail: one rank's
@@ -717,6 +777,7 @@ static int run_timeout(void) {
 }
 
 int main(int argc, char **argv) {
+    if (getenv("ZOFF_TEST_VERBOSE")) zoff_log_set_level(ZOFF_LOG_DEBUG);
     zoff_comm_options o = {.timeout_s = 120};
     if (zoff_comm_init(&argc, &argv, &o, &g_world) != ZOFF_OK) {
         fprintf(stderr, "test_comm: %s\n", zoff_last_error());
@@ -739,7 +800,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dp_stage2_device_rr), cmocka_unit_test(test_dp_stage2_twinflow_rr),
         cmocka_unit_test(test_dp_stage2_bf16_rr), cmocka_unit_test(test_dp_fp16_overflow),
         cmocka_unit_test(test_dp_stage2_nvme), cmocka_unit_test(test_dp_delayed_update),
-        cmocka_unit_test(test_dp_exact_and_discriminating),
+        cmocka_unit_test(test_dp_exact_and_discriminating), cmocka_unit_test(test_dp_stage3),
+        cmocka_unit_test(test_dp_stage3_persistent_accum), cmocka_unit_test(test_dp_stage3_offload_param_rr),
+        cmocka_unit_test(test_dp_stage3_bf16_offload), cmocka_unit_test(test_dp_stage3_prefetch_exact),
     };
     char name[64];
     snprintf(name, sizeof name, "comm (rank %d of %d, %s)", R, N, zoff_comm_backend_name(g_world));

@@ -28,8 +28,8 @@ typedef struct zoff_engine_options {
     const zoff_tensor_info *tensors;
     int num_tensors;
     int64_t num_params;
-    void *params;        /* device, num_params of dtype: the weights forward/backward use */
-    void *grads;         /* device, num_params of dtype: backward accumulates here */
+    void *params;        /* device, num_params of dtype: the weights forward/backward use (NULL: stage 3) */
+    void *grads;         /* device, num_params of dtype: backward accumulates here (NULL: stage 3) */
     zoff_dtype dtype;    /* F32, BF16 or F16 */
     const float *init_params; /* host fp32, num_params: initial master weights */
     /* Data parallel (NULL = one rank): the job's communicator, not owned; it must
@@ -84,6 +84,20 @@ const char *zoff_engine_describe(const zoff_engine *e);
 void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary);
 /* Loss gradient multiplier for backward: loss scale / (accumulation steps x ranks). */
 float zoff_engine_backward_scale(const zoff_engine *e);
+/* ZeRO stage 3 (zero_optimization.stage 3): the model is created with
+ * external_params (no flat buffers: options.params/grads are NULL) and given
+ * these three as its zoff_param_hooks (arg = the engine). Each rank keeps its
+ * partition of the 16-bit weights (on the device, or with offload_param "cpu"
+ * in the host optimizer's output buffer) and of the gradients; a group is
+ * all-gathered when the model acquires it (prefetched along the recorded order,
+ * stage3_prefetch_bucket_size), freed after release (small groups, at most
+ * stage3_param_persistence_threshold elements, stay whole), and its gradients
+ * are reduce-scattered into the partition every micro-batch. */
+zoff_status zoff_engine_begin_pass(void *engine, zoff_stream *s, bool backward);
+zoff_status zoff_engine_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward,
+                                void **params, void **grads);
+zoff_status zoff_engine_release(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward);
+
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);
 /* Zero the device gradient buffer (start of an accumulation window). */

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "zero/partition.h"
+#include "zero/stage3.h"
 #include "zoff/comm.h"
 #include "zoff/loss_scale.h"
 #include "zoff/optim.h"
@@ -128,6 +129,15 @@ struct zoff_engine {
     zoff_dp_piece *map;     /* optimizer space -> model space, in local order */
     int nmap;
     zoff_event *ev_gather;
+    const zoff_tensor_info *tensors; /* the model's table (not owned) */
+    int ntensors;
+    /* ZeRO stage 3 (zero/stage3.c): the model has no flat buffers; e->params and
+     * e->grads are this rank's partition of the weights and gradients (local
+     * space, map = identity), the groups are gathered on use */
+    zoff_s3 *s3;
+    bool stage3;
+    void *s3_params_dev, *s3_grads_dev; /* owned (the weights are on the host with offload_param) */
+    bool no_push;           /* offload_param cpu: the host optimizer writes the partition weights in place */
     zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
     char async_msg[512];
     /* gradient stream timeline (options.timeline) */
@@ -236,11 +246,23 @@ static zoff_status dp_setup(zoff_engine *e, const zoff_engine_options *o, zoff_t
     *nlt = 0;
     *init_local = NULL;
     e->n_model = o->num_params;
+    e->tensors = o->tensors;
+    e->ntensors = o->num_tensors;
     e->comm = o->comm;
     e->world = o->comm ? zoff_comm_size(o->comm) : 1;
     e->rank = o->comm ? zoff_comm_rank(o->comm) : 0;
     e->replicated = e->world > 1 && z->stage == 0;
     e->scatter = e->world > 1 && z->stage >= 2;
+    e->stage3 = z->stage >= 3;
+    if (e->stage3 && e->world == 1) { /* the same machinery over one rank */
+        ZOFF_TRY(zoff_dp_plan_build(&e->plan, o->tensors, o->num_tensors, e->n_model, 1, 0, false));
+        ZOFF_TRY(zoff_dp_layout_alloc(&e->plan, &e->layout));
+        ZOFF_TRY(zoff_comm_create_single(&e->chan));
+        ZOFF_TRY(zoff_event_create(e->dev, &e->ev_gather));
+        e->scratch.elems = dp_max_group(o->tensors, o->num_tensors);
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)e->scratch.elems * e->esize, "reduce-scatter buffer",
+                                   &e->scratch.recv));
+    }
     if (e->world > 1) {
         ZOFF_TRY(zoff_comm_check_same(e->comm, dp_fingerprint(e, o),
                                       "the training configuration (batch, optimizer, precision, zero_optimization) "
@@ -253,14 +275,15 @@ static zoff_status dp_setup(zoff_engine *e, const zoff_engine_options *o, zoff_t
         ZOFF_TRY(zoff_event_create(e->dev, &e->ev_gather));
         /* scratch for reduce-scatter (recv) and round-robin packing (pack): one layer, at most a bucket */
         int64_t el = dp_max_group(o->tensors, o->num_tensors);
-        if (z->reduce_bucket_size > 0 && el > z->reduce_bucket_size) el = z->reduce_bucket_size;
+        /* stage 3 reduces and gathers a whole group at once */
+        if (!e->stage3 && z->reduce_bucket_size > 0 && el > z->reduce_bucket_size) el = z->reduce_bucket_size;
         e->scratch.elems = el;
         if (e->scatter)
             ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)el * e->esize, "reduce-scatter buffer", &e->scratch.recv));
         if (e->plan.round_robin)
             ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)el * e->esize, "round-robin packing buffer", &e->scratch.pack));
     }
-    if (e->world == 1 || e->replicated) {
+    if ((e->world == 1 && !e->stage3) || e->replicated) {
         e->map = malloc(sizeof *e->map);
         if (!e->map) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the engine");
         e->map[0] = (zoff_dp_piece){.model = 0, .local = 0, .count = e->n_model, .owner = e->rank};
@@ -303,11 +326,43 @@ static zoff_status dp_setup(zoff_engine *e, const zoff_engine_options *o, zoff_t
         if (!*init_local) return ZOFF_ERR_NOMEM;
         zoff_dp_gather_local(p, o->init_params, *init_local, 0, e->n);
     }
+    if (e->stage3) { /* the engine's buffers are the partition itself: the map is the identity */
+        e->map[0] = (zoff_dp_piece){.model = 0, .local = 0, .count = e->n, .owner = e->rank};
+        e->nmap = 1;
+    }
     return ZOFF_OK;
+}
+
+/* Stage 3, after the host side exists: the partition's weights and gradients and the
+ * group manager. With offload_param "cpu" the weights are the host optimizer's
+ * 16-bit output buffer (fp32: the master) and nothing is pushed to the device. */
+static zoff_status s3_setup(zoff_engine *e) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    bool on_host = z->offload_param.device == ZOFF_OFFLOAD_CPU;
+    if (on_host) {
+        e->params = e->h_staging ? e->h_staging : (void *)e->h_master;
+        e->no_push = true;
+    } else {
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)e->n * e->esize, "stage 3 weight partition", &e->s3_params_dev));
+        e->params = e->s3_params_dev;
+    }
+    ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)e->n * e->esize, "stage 3 gradient partition", &e->s3_grads_dev));
+    e->grads = e->s3_grads_dev;
+    ZOFF_TRY(zoff_memset_async(e->compute, e->grads, 0, (size_t)e->n * e->esize));
+    if (e->plan.round_robin && !e->scratch.pack)
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)e->scratch.elems * e->esize, "round-robin packing buffer",
+                                   &e->scratch.pack));
+    zoff_s3_options so = {.dev = e->dev, .compute = e->compute, .comm = e->d2h, .chan = e->chan, .plan = &e->plan,
+                          .layout = &e->layout, .scratch = &e->scratch, .dtype = e->dtype, .tensors = e->tensors,
+                          .num_tensors = e->ntensors, .p_params = e->params, .params_on_host = on_host,
+                          .p_grads = e->grads, .prefetch_elems = z->stage3_prefetch_bucket_size,
+                          .persistence_threshold = z->stage3_param_persistence_threshold};
+    return zoff_s3_create(&so, &e->s3);
 }
 
 /* After the update: every rank's new weights to every rank (stages 1, 2). */
 static zoff_status dp_gather_weights(zoff_engine *e) {
+    if (e->s3) return zoff_s3_params_updated(e->s3); /* gathered on use; persistent groups now */
     if (e->world == 1 || e->replicated) return ZOFF_OK;
     /* the compute stream has waited for the host pushes and the device optimizer */
     ZOFF_TRY(zoff_event_record(e->ev_gather, e->compute));
@@ -639,7 +694,16 @@ void zoff_engine_destroy(zoff_engine *e) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->worker, NULL);
     }
+    if (e->s3) {
+        zoff_s3_stats ss;
+        zoff_s3_get_stats(e->s3, &ss);
+        zoff_log(ZOFF_LOG_DEBUG, "stage 3: %lld gathers, %lld of them ahead of use, %lld prefetch hits; pool %zu bytes",
+                 (long long)ss.gathers, (long long)ss.prefetched, (long long)ss.prefetch_hits, ss.pool_bytes);
+    }
+    zoff_s3_destroy(e->s3); /* synchronises its streams */
     if (e->compute) zoff_stream_synchronize(e->compute);
+    if (e->s3_params_dev) zoff_device_free(e->dev, e->s3_params_dev);
+    if (e->s3_grads_dev) zoff_device_free(e->dev, e->s3_grads_dev);
     if (e->d2h) zoff_stream_destroy(e->d2h);
     if (e->h2d) zoff_stream_destroy(e->h2d);
     if (e->opt_stream) zoff_stream_destroy(e->opt_stream);
@@ -685,8 +749,21 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     const zoff_zero_config *z = &cfg->zero;
     bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU ||
                    z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->cpu_offload;
-    if (z->stage >= 3)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.stage 3 is not implemented yet; use stage 2");
+    if (z->offload_param.device == ZOFF_OFFLOAD_NVME)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.offload_param.device \"nvme\" is not implemented "
+                                                "yet; use \"cpu\"");
+    if (z->offload_param.device == ZOFF_OFFLOAD_CPU &&
+        (!offload || z->offload_optimizer.ratio_auto || z->offload_optimizer.ratio < 1.0))
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.offload_param.device \"cpu\" needs the whole optimizer on the host: "
+                          "offload_optimizer.device \"cpu\" (or \"nvme\") with ratio 1 (the host optimizer writes "
+                          "the partition's weights in place)");
+    if (z->stage >= 3 && z->delayed_param_update)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
+    if (z->stage < 3 && (!o->params || !o->grads))
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no parameter/gradient buffers "
+                                            "(external_params), which only zero_optimization.stage 3 supports");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
                           "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (got 0), as in "
@@ -704,8 +781,8 @@ static zoff_status check_supported(const zoff_engine_options *o) {
 
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
     *out = NULL;
-    if (!o || !o->dev || !o->cfg || !o->params || !o->grads || o->num_params <= 0)
-        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: missing device, config or buffers");
+    if (!o || !o->dev || !o->cfg || !o->tensors || o->num_params <= 0)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: missing device, config or tensor table");
     if (o->dtype != ZOFF_F32 && o->dtype != ZOFF_BF16 && o->dtype != ZOFF_F16)
         return zoff_error(ZOFF_ERR_INVALID, "engine dtype must be f32, bf16 or f16 (got %s)", zoff_dtype_name(o->dtype));
     ZOFF_TRY(check_supported(o));
@@ -780,8 +857,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     }
     if (s == ZOFF_OK && e->n_dev > 0 && e->n_host > 0)
         s = zoff_stream_create(e->dev, "device optimizer", &e->opt_stream);
-    if (s == ZOFF_OK && e->world > 1 && !e->d2h) /* the collectives' stream (and the gradients' with offload) */
+    if (s == ZOFF_OK && (e->world > 1 || e->stage3) && !e->d2h) /* the collectives' stream */
         s = zoff_stream_create(e->dev, "collectives", &e->d2h);
+    if (s == ZOFF_OK && e->stage3) s = s3_setup(e);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_grads_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_weights_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
@@ -827,6 +905,17 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
                  100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
                  e->pinned ? "pinned" : "pageable", e->dpu ? ", delayed parameter update" : "");
+    if (e->s3) {
+        zoff_s3_stats ss;
+        zoff_s3_get_stats(e->s3, &ss);
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used,
+                 "; stage 3: weights %s (%lld of %lld per rank), %d parameter groups gathered on use (%d kept whole, "
+                 "<= %lld elements), prefetch %lld elements",
+                 z->offload_param.device == ZOFF_OFFLOAD_CPU ? "offloaded to the host" : "partitioned on the device",
+                 (long long)e->n, (long long)e->n_model, ss.groups, ss.persistent,
+                 (long long)z->stage3_param_persistence_threshold, (long long)z->stage3_prefetch_bucket_size);
+    }
     if (e->world > 1) {
         size_t used = strlen(e->describe);
         snprintf(e->describe + used, sizeof e->describe - used,
@@ -834,6 +923,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
                  "partition%s",
                  e->rank, e->world, zoff_comm_backend_name(e->comm), z->stage,
                  e->replicated ? "gradients all-reduced, optimizer replicated"
+                 : e->stage3   ? "gradients reduce-scattered every micro-batch, optimizer and weights partitioned"
                  : e->scatter  ? "gradients reduce-scattered, optimizer partitioned, weights all-gathered"
                                : "gradients all-reduced, optimizer partitioned, weights all-gathered",
                  e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
@@ -866,6 +956,7 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 
 /* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
 static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
+    if (e->no_push) return ZOFF_OK; /* stage 3, offload_param: written in place */
     void *dst = (char *)e->params + (size_t)g->model * e->esize;
     const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
                                            : (const void *)((const char *)e->h_staging + (size_t)g->state_off * e->esize);
@@ -985,8 +1076,52 @@ static zoff_event *ready_event(zoff_engine *e) {
  * on the d2h stream, ordered after the compute work that produced it.
  * Failures here are sticky on the d2h stream's next synchronisation or noted
  * in the log; the step reports them. */
+/* The host sub-groups' part of e->grads [offset, end) (the engine's space: the
+ * model's, or stage 3's local space) to the host, on the d2h stream. */
+static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti) {
+    for (int i = 0; i < e->nsg; i++) {
+        subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        int64_t lo = offset > g->model ? offset : g->model; /* model space */
+        int64_t hi = end < g->model + g->count ? end : g->model + g->count;
+        if (lo >= hi) continue;
+        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
+        const void *src = (const char *)e->grads + (size_t)lo * e->esize;
+        if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
+            zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
+        if (ti >= 0) e->tl[ti].copy_bytes += (hi - lo) * (int64_t)e->esize;
+    }
+}
+
+/* Stage 3: every micro-batch's group gradients are reduce-scattered into the
+ * partition; at the boundary this rank's pieces then go to the host. */
+static void s3_grad_ready(zoff_engine *e, zoff_stream *stream, int64_t offset, int64_t count) {
+    int ti = e->boundary ? tl_begin(e, offset, count) : -1;
+    if (ti >= 0) tl_mark(e, ti, 0);
+    zoff_status s = zoff_s3_reduce(e->s3, stream, offset, count);
+    if (s != ZOFF_OK) {
+        note_async(e, s, "stage 3 gradient reduction");
+        return;
+    }
+    if (ti >= 0) tl_mark(e, ti, 1);
+    if (e->boundary && e->n_host > 0) { /* this rank's pieces of the range, in its local space */
+        const zoff_dp_plan *p = &e->plan;
+        for (int k = 0; k < p->nown[p->rank]; k++) {
+            const zoff_dp_piece *q = &p->pieces[p->own[p->rank][k]];
+            int64_t x = q->model > offset ? q->model : offset;
+            int64_t y = q->model + q->count < offset + count ? q->model + q->count : offset + count;
+            if (x < y) copy_host_grads(e, q->local + (x - q->model), q->local + (y - q->model), ti);
+        }
+    }
+    if (ti >= 0) tl_mark(e, ti, 2);
+}
+
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
     zoff_engine *e = engine;
+    if (e->s3) {
+        s3_grad_ready(e, stream, offset, count);
+        return;
+    }
     if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;
     if (e->nready == 0 && e->dpu) {
         /* the worker may still read this buffer's previous contents (two steps ago) */
@@ -1009,23 +1144,33 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         }
     }
     if (ti >= 0) tl_mark(e, ti, 1);
-    for (int i = 0; i < e->nsg; i++) {
-        subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        int64_t lo = offset > g->model ? offset : g->model; /* model space */
-        int64_t hi = end < g->model + g->count ? end : g->model + g->count;
-        if (lo >= hi) continue;
-        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
-        const void *src = (const char *)e->grads + (size_t)lo * e->esize;
-        if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
-            zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
-        if (ti >= 0) e->tl[ti].copy_bytes += (hi - lo) * (int64_t)e->esize;
-    }
+    copy_host_grads(e, offset, end, ti);
     if (ti >= 0) tl_mark(e, ti, 2);
 }
 
 zoff_status zoff_engine_zero_grad(zoff_engine *e) {
-    return zoff_memset_async(e->compute, e->grads, 0, (size_t)e->n_model * e->esize);
+    return zoff_memset_async(e->compute, e->grads, 0, (size_t)(e->stage3 ? e->n : e->n_model) * e->esize);
+}
+
+/* ---- stage 3 parameter hooks (zoff_param_hooks; arg = the engine) ---- */
+zoff_status zoff_engine_begin_pass(void *engine, zoff_stream *s, bool backward) {
+    zoff_engine *e = engine;
+    (void)s;
+    if (!e->s3) return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_begin_pass: the engine is not in stage 3");
+    return zoff_s3_begin_pass(e->s3, backward);
+}
+zoff_status zoff_engine_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward,
+                                void **params, void **grads) {
+    zoff_engine *e = engine;
+    (void)s;
+    if (!e->s3) return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_acquire: the engine is not in stage 3");
+    return zoff_s3_acquire(e->s3, offset, count, backward, params, grads);
+}
+zoff_status zoff_engine_release(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward) {
+    zoff_engine *e = engine;
+    (void)s;
+    if (!e->s3) return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_release: the engine is not in stage 3");
+    return zoff_s3_release(e->s3, offset, count, backward);
 }
 
 int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken; }
@@ -1137,10 +1282,12 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     /* 1. gradient statistics on the device, and the last gradient copies */
     float stats[2] = {0, 0};
     if (e->d2h) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
-    if (e->world > 1) ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_grads_done)); /* the reduced gradients */
+    if (e->world > 1 || e->stage3) /* the reduced gradients */
+        ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_grads_done));
     ZOFF_TRY(zoff_memset_async(e->compute, e->stats_dev, 0, sizeof stats));
-    if (e->world == 1) {
-        zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n_model, .dt = e->dtype};
+    if (e->world == 1 || e->stage3) { /* stage 3: this rank's partition, e->n elements */
+        zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->stage3 ? e->n : e->n_model,
+                                      .dt = e->dtype};
         ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
     } else { /* this rank's pieces (stage 0: its share of the replicated sum); summed over ranks below */
         for (int k = 0; k < e->plan.nown[e->rank]; k++) {
@@ -1289,6 +1436,14 @@ zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst) { retu
 int64_t zoff_engine_partition_numel(const zoff_engine *e) { return e->n; }
 
 int zoff_engine_partition(const zoff_engine *e, int64_t *model_offsets, int64_t *counts, int cap) {
+    if (e->stage3) { /* the plan's pieces (the engine's own map is the identity of its local space) */
+        const zoff_dp_plan *p = &e->plan;
+        for (int k = 0; k < p->nown[p->rank] && k < cap; k++) {
+            model_offsets[k] = p->pieces[p->own[p->rank][k]].model;
+            counts[k] = p->pieces[p->own[p->rank][k]].count;
+        }
+        return p->nown[p->rank];
+    }
     for (int k = 0; k < e->nmap && k < cap; k++) {
         model_offsets[k] = e->map[k].model;
         counts[k] = e->map[k].count;
@@ -1297,7 +1452,7 @@ int zoff_engine_partition(const zoff_engine *e, int64_t *model_offsets, int64_t 
 }
 
 zoff_status zoff_engine_state_gather(zoff_engine *e, int i, float *full) {
-    if (e->world == 1 || e->replicated) return state_io(e, i, full, true);
+    if (e->world == 1 || e->replicated) return state_io(e, i, full, true); /* local == model */
     float *loc = zoff_aligned_alloc(64, (size_t)e->n * sizeof(float), "engine state of this rank's partition");
     zoff_dp_scratch hs = {.elems = e->scratch.elems};
     if (e->plan.round_robin)
@@ -1351,6 +1506,13 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     size_t f4 = sizeof(float);
     memset(m, 0, sizeof *m);
     m->device = (size_t)e->n_dev * f4 * ((e->dtype != ZOFF_F32) + 2) + 2 * f4;
+    if (e->s3) { /* stage 3: the partition's weights and gradients, gathered groups, scratch */
+        zoff_s3_stats ss;
+        zoff_s3_get_stats(e->s3, &ss);
+        m->device += ss.pool_bytes + ss.persistent_bytes + (size_t)e->n * e->esize * (1 + (e->s3_params_dev != NULL));
+    }
+    if (e->scratch.recv) m->device += (size_t)e->scratch.elems * e->esize;
+    if (e->scratch.pack) m->device += (size_t)e->scratch.elems * e->esize;
     size_t host = (size_t)e->n_host * (f4 * (1 + (size_t)uses_m(e) + (size_t)uses_v(e)) * (size_t)(e->swap == NULL) +
                                        e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
     if (e->pinned) m->pinned = host;
