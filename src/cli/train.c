@@ -497,7 +497,8 @@ static int run(train_ctx *c) {
         return fail("device", s);
     }
     zoff_gpt2_options mo = {.shape = shape, .batch_size = B, .seq_len = T, .dtype = dtype,
-                            .checkpoint_activations = a->checkpoint_activations};
+                            .checkpoint_activations = a->checkpoint_activations,
+                            .external_params = c->cfg.zero.stage == 3}; /* stage 3: weights from the engine */
     if ((s = zoff_gpt2_create(c->dev, &mo, &c->model)) != ZOFF_OK) {
         zoff_ckpt_close(rd);
         return fail("model", s);
@@ -531,6 +532,14 @@ static int run(train_ctx *c) {
     if ((s = zoff_engine_create(&eo, &c->eng)) != ZOFF_OK) {
         zoff_ckpt_close(rd);
         return fail("engine", s);
+    }
+    if (c->cfg.zero.stage == 3) { /* the model asks the engine for each group's weights */
+        zoff_param_hooks hk = {.arg = c->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
+                               .release = zoff_engine_release};
+        if ((s = zoff_gpt2_set_param_hooks(c->model, &hk)) != ZOFF_OK) {
+            zoff_ckpt_close(rd);
+            return fail("engine", s);
+        }
     }
     int64_t start_step = 0;
     double consumed = 0;
