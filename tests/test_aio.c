@@ -311,7 +311,7 @@ static void run_fault(zoff_aio_engine_kind kind, fault_plan *plan, zoff_status w
                               .after = {failed, NULL}};
     assert_int_equal(zoff_aio_submit(a, &after), ZOFF_OK);
     assert_int_equal(zoff_aio_wait(a, &after), want);
-    assert_msg_has("not started");
+    assert_msg_has("was not started");
     assert_msg_has(needle);
     zoff_aligned_free(r2);
     zoff_aligned_free(w);

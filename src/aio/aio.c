@@ -184,8 +184,8 @@ bool zoff_aio__take_chunk(zoff_aio *a, aio_chunk *c) {
         }
         if (failed) {
             r->priv.status = failed->priv.status;
-            msgf(r->priv.msg, sizeof r->priv.msg, "%s %s not started: it follows a request that failed: %s",
-                     op_name(r->op), r->file->path, failed->priv.msg);
+            msgf(r->priv.msg, sizeof r->priv.msg, "%s (so %s %s, which follows it, was not started)",
+                     failed->priv.msg, op_name(r->op), r->file->path);
             stop_issuing(a, r);
             r = next;
             continue;
