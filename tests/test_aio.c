@@ -464,6 +464,41 @@ static void test_direct_io_report(void **st) {
     zoff_aio_destroy(a);
 }
 
+/* direct = 0: buffered files, said so, and the same bytes. */
+static void test_buffered(void **st) {
+    (void)st;
+    zoff_aio_engine_kind ks[2];
+    int nk = engines(ks);
+    for (int k = 0; k < nk; k++) {
+        zoff_aio_options o;
+        zoff_aio_options_default(&o);
+        o.engine = ks[k];
+        o.direct = 0;
+        zoff_aio *a = NULL;
+        assert_int_equal(zoff_aio_create(&o, &a), ZOFF_OK);
+        zoff_aio_file *f = create_file(a, "buffered.dat", 1 << 20);
+        assert_false(zoff_aio_file_direct(f));
+        assert_non_null(strstr(zoff_aio_file_direct_note(f), "buffered"));
+        char *w = abuf(1 << 20), *r = abuf(1 << 20);
+        uint32_t crcs[1];
+        fill_pattern(w, 1 << 20, 77);
+        zoff_aio_request q = {.op = ZOFF_AIO_WRITE, .file = f, .nseg = 1, .flags = ZOFF_AIO_CRC_STORE,
+                              .seg = {{.buf = w, .offset = 0, .bytes = 1 << 20, .crcs = crcs}}};
+        assert_int_equal(zoff_aio_submit(a, &q), ZOFF_OK);
+        assert_int_equal(zoff_aio_wait(a, &q), ZOFF_OK);
+        q.op = ZOFF_AIO_READ;
+        q.flags = ZOFF_AIO_CRC_VERIFY;
+        q.seg[0].buf = r;
+        assert_int_equal(zoff_aio_submit(a, &q), ZOFF_OK);
+        assert_int_equal(zoff_aio_wait(a, &q), ZOFF_OK);
+        assert_memory_equal(w, r, 1 << 20);
+        zoff_aligned_free(w);
+        zoff_aligned_free(r);
+        close_file(f);
+        zoff_aio_destroy(a);
+    }
+}
+
 static int setup(void **st) {
     (void)st;
     snprintf(g_dir, sizeof g_dir, "/tmp/zoff-test-aio-XXXXXX");
@@ -488,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_truncated_file),
         cmocka_unit_test(test_bad_requests_and_options),
         cmocka_unit_test(test_direct_io_report),
+        cmocka_unit_test(test_buffered),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
