@@ -2,6 +2,7 @@
  * and datasets of shards from a file, directory, glob or list. */
 #define _GNU_SOURCE
 #include "zoff/data.h"
+#include "zoff/iofault.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,7 +31,7 @@ static zoff_status write_all(int fd, const void *buf, size_t n, const char *path
     const char *p = buf;
     while (n > 0) {
         size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t w = write(fd, p, chunk);
+        ssize_t w = zoff_io_write(fd, p, chunk, path); /* write(2), or an injected fault (tests) */
         if (w < 0) {
             if (errno == EINTR) continue;
             return zoff_error(ZOFF_ERR_IO, "writing %s: %s; check free disk space and permissions", path,
