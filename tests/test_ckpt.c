@@ -747,13 +747,15 @@ static void test_injected_write_failures(void **state) {
     assert_err(save_under_fault(root, &fs), ZOFF_ERR_IO, "cannot fsync ");
     expect_previous_intact(root);
 
-    /* the COMPLETE marker cannot be written: the renamed step dir is removed again */
+    /* the COMPLETE marker (in the temp dir) cannot be written: the temp dir is removed */
     fault marker = {.path_needle = "COMPLETE", .op = ZOFF_CKPT_IO_WRITE, .fail_at = 0, .err = ENOSPC};
     assert_err(save_under_fault(root, &marker), ZOFF_ERR_IO, "COMPLETE");
     expect_previous_intact(root);
 
-    /* fsync of the directory after the rename */
-    fault dirsync = {.path_needle = "/step_00000200", .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO, .suffix = true};
+    /* fsync of the temp directory (holding the marker) before the rename */
+    char tmpname[64];
+    snprintf(tmpname, sizeof tmpname, "/step_00000200.tmp-%ld", (long)getpid());
+    fault dirsync = {.path_needle = tmpname, .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO, .suffix = true};
     assert_err(save_under_fault(root, &dirsync), ZOFF_ERR_IO, "cannot fsync");
     assert_int_equal(dirsync.hits, 1);
     expect_previous_intact(root);
@@ -762,7 +764,7 @@ static void test_injected_write_failures(void **state) {
     assert_err(save_under_fault(root, &parentsync), ZOFF_ERR_IO, "cannot fsync");
     assert_true(parentsync.hits >= 1);
     expect_previous_intact(root);
-    fault markersync = {.path_needle = "step_00000200/COMPLETE", .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO};
+    fault markersync = {.path_needle = "/COMPLETE", .op = ZOFF_CKPT_IO_FSYNC, .fail_at = -1, .err = EIO, .suffix = true};
     assert_err(save_under_fault(root, &markersync), ZOFF_ERR_IO, "cannot fsync");
     assert_int_equal(markersync.hits, 1);
     expect_previous_intact(root);

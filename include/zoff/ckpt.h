@@ -6,7 +6,8 @@
  *       rank_00000.zckpt            more digits past step 99,999,999)
  *       rank_00001.zckpt            one container file per rank ("rank_%05d.zckpt")
  *       COMPLETE                    written last; a step directory without it is ignored
- *   DIR/step_00000200.tmp-<tag>/    a checkpoint being written, or left by a crash: ignored
+ *   DIR/step_00000200.tmp-<tag>/    a checkpoint being written, or left by a crash: ignored,
+ *                                   and removed by the next successful save
  *   DIR/step_00000100.old-<tag>/    a complete checkpoint moved aside while it is being
  *                                   overwritten (ZOFF_CKPT_OVERWRITE): ignored; after a crash
  *                                   in that window it can be renamed back by hand
@@ -20,13 +21,17 @@
  *                zoff_ckpt_commit(w)       writes the index and header, fsyncs and closes the file
  *   (ranks > 1:  barrier, so that every rank's file is committed)
  *   rank 0:      zoff_ckpt_finalize(DIR, step, nranks, opts)
- *                    checks every rank file's header, fsyncs the temp dir, renames it to
- *                    DIR/step_X, fsyncs DIR, writes COMPLETE, fsyncs it and DIR/step_X.
+ *                    checks every rank file's header, writes COMPLETE into the temp dir and
+ *                    fsyncs it and the temp dir, renames the temp dir to DIR/step_X (the commit
+ *                    point: the step dir appears with its marker), fsyncs DIR.
  *   single rank: commit, then finalize(DIR, step, 1, opts) right away.
  *
- * A crash at any point leaves the earlier checkpoints untouched plus, at worst, a temp or
- * incomplete directory that readers ignore (with a log line) and the next save of that
- * step replaces. Every failure of a writer (ENOSPC, EIO, short write, bad argument) removes
+ * A crash at any point leaves the earlier checkpoints untouched plus, at worst, a temp
+ * directory that readers ignore (with a log line) and the next successful finalize in DIR
+ * removes (any step_X.tmp-<tag> whose tag is not its own): every DIR/step_X directory has its
+ * COMPLETE marker (scripts/crash_test.sh checks this under SIGKILL). A step_X without COMPLETE (written
+ * by an older zoff, or by hand) is ignored the same way and replaced by the next save of that
+ * step. Every failure of a writer (ENOSPC, EIO, short write, bad argument) removes
  * its temp file (and the temp dir once empty) before the call returns; an existing complete
  * step_X is never touched unless ZOFF_CKPT_OVERWRITE is given, and even then it is only
  * removed after the new one is complete.
@@ -197,9 +202,9 @@ zoff_status zoff_ckpt_latest(const char *dir, int64_t *step);
  * step into *step (either may be NULL/0). Errors say what was found instead. */
 zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *step);
 
-/* Remove all but the newest keep_last (>= 1) complete checkpoints under dir. The COMPLETE
- * marker of each goes first, so an interrupted prune leaves an ignored incomplete dir. Temp
- * and incomplete directories are left alone. */
+/* Remove all but the newest keep_last (>= 1) complete checkpoints under dir. Each is first
+ * renamed to DIR/step_X.tmp-prune-<pid>, so an interrupted prune leaves an ignored temp dir.
+ * Other temp and incomplete directories are left alone. */
 zoff_status zoff_ckpt_prune(const char *dir, int keep_last);
 
 /* ---- reader ---- */

@@ -820,6 +820,35 @@ static zoff_status check_rank_file(const char *path) {
     return st;
 }
 
+/* After a successful save: remove the temp dirs that other (dead) writers left in dir, i.e.
+ * step_X.tmp-<tag> with a tag other than this save's (a crash or kill during a save, or during
+ * a prune). Each holds up to a whole checkpoint, so without this every interrupted save would
+ * leak that much disk. The ranks of one save share a tag and commit before finalize, so no
+ * live writer of this job is touched. Best effort: failures are logged. */
+static void remove_stale_tmp(const char *dir, const char *tag) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    bool removed = false;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int64_t s;
+        if (parse_step_name(de->d_name, &s) != NAME_TMP) continue;
+        const char *t = strstr(de->d_name, ".tmp-") + 5;
+        if (strcmp(t, tag) == 0) continue;
+        char p[CK_PATH];
+        if (path_join(p, sizeof p, dir, de->d_name) != ZOFF_OK) continue;
+        if (rmtree(p) == 0) {
+            zoff_log(ZOFF_LOG_INFO, "removed %s, left by an interrupted checkpoint save", p);
+            removed = true;
+        } else {
+            zoff_log(ZOFF_LOG_WARN, "could not remove %s (left by an interrupted checkpoint save): %s", p,
+                     strerror(errno));
+        }
+    }
+    closedir(d);
+    if (removed) (void)fsync_dir(dir);
+}
+
 zoff_status zoff_ckpt_finalize(const char *dir_in, int64_t step, int nranks, const zoff_ckpt_options *opts) {
     char dir[CK_PATH], tag[CK_MAX_TAG + 1], tmpdir[CK_PATH], stepdir[CK_PATH], olddir[CK_PATH], p[CK_PATH];
     if (step < 0) return zoff_error(ZOFF_ERR_INVALID, "checkpoint step must be >= 0 (got %" PRId64 ")", step);
@@ -842,7 +871,9 @@ zoff_status zoff_ckpt_finalize(const char *dir_in, int64_t step, int nranks, con
     if (st == ZOFF_OK && rank_file_path(tmpdir, nranks, p, sizeof p) == ZOFF_OK && access(p, F_OK) == 0)
         st = zoff_error(ZOFF_ERR_INVALID, "cannot finalize checkpoint %s for %d rank(s): it also holds %s", tmpdir, nranks,
                         p);
-    if (st == ZOFF_OK) st = fsync_dir(tmpdir);
+    /* COMPLETE goes into the temp dir (fsynced with it) before the rename, so the rename is the
+     * commit point: a crash never leaves a DIR/step_X without its marker */
+    if (st == ZOFF_OK) st = write_marker(tmpdir, step, nranks);
     bool moved_old = false;
     if (st == ZOFF_OK && is_dir(stepdir)) {
         if (has_marker(stepdir)) {
@@ -868,13 +899,13 @@ zoff_status zoff_ckpt_finalize(const char *dir_in, int64_t step, int nranks, con
         else renamed = true;
     }
     if (st == ZOFF_OK) st = fsync_dir(dir);
-    if (st == ZOFF_OK) st = write_marker(stepdir, step, nranks);
     if (st == ZOFF_OK) {
         if (moved_old) {
             if (rmtree(olddir) != 0)
                 zoff_log(ZOFF_LOG_WARN, "could not remove the overwritten checkpoint %s: %s", olddir, strerror(errno));
             (void)fsync_dir(dir);
         }
+        remove_stale_tmp(dir, tag);
         zoff_clear_error();
         return ZOFF_OK;
     }
@@ -1035,18 +1066,20 @@ zoff_status zoff_ckpt_prune(const char *dir_in, int keep_last) {
     ZOFF_TRY(list_complete(dir, false, &v, &n));
     zoff_status st = ZOFF_OK;
     for (size_t i = 0; i + (size_t)keep_last < n && st == ZOFF_OK; i++) {
-        char sd[CK_PATH], marker[CK_PATH];
+        char sd[CK_PATH], gone[CK_PATH], tag[CK_MAX_TAG + 1];
+        snprintf(tag, sizeof tag, "prune-%ld", (long)getpid());
         st = step_dir_path(dir, v[i], "", "", sd, sizeof sd);
-        if (st == ZOFF_OK) st = path_join(marker, sizeof marker, sd, CK_MARKER);
+        if (st == ZOFF_OK) st = step_dir_path(dir, v[i], ".tmp-", tag, gone, sizeof gone);
         if (st != ZOFF_OK) break;
-        /* marker first (durably), so an interrupted prune leaves an ignored incomplete dir */
-        if (unlink(marker) != 0 && errno != ENOENT) {
-            st = zoff_error(ZOFF_ERR_IO, "cannot remove old checkpoint %s: %s", marker, strerror(errno));
+        /* renamed to a temp name first (durably), so an interrupted prune leaves an ignored temp
+         * dir, never a step dir without its marker */
+        if (rmtree(gone) != 0 || rename(sd, gone) != 0) {
+            st = zoff_error(ZOFF_ERR_IO, "cannot remove old checkpoint %s: %s", sd, strerror(errno));
             break;
         }
-        st = fsync_dir(sd);
-        if (st == ZOFF_OK && rmtree(sd) != 0)
-            st = zoff_error(ZOFF_ERR_IO, "cannot remove old checkpoint %s: %s", sd, strerror(errno));
+        st = fsync_dir(dir);
+        if (st == ZOFF_OK && rmtree(gone) != 0)
+            st = zoff_error(ZOFF_ERR_IO, "cannot remove old checkpoint %s: %s", gone, strerror(errno));
         if (st == ZOFF_OK) zoff_log(ZOFF_LOG_INFO, "removed old checkpoint %s (keeping the newest %d)", sd, keep_last);
     }
     free(v);
