@@ -287,6 +287,10 @@ zoff_status cli_read_meta(zoff_ckpt_reader *r, cli_meta *m, char **config_json) 
     if (s == ZOFF_OK && (!json_is_object(mo) || !json_is_object(lj) || !json_is_object(ej)))
         s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata lacks model/loader/engine sections", path);
     if (s == ZOFF_OK) s = get_int(root, "step", path, &m->step);
+    if (s == ZOFF_OK && m->step != zoff_ckpt_reader_step(r))
+        s = zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: its metadata says step %lld but the file is step %lld: %s", path,
+                       (long long)m->step, (long long)zoff_ckpt_reader_step(r),
+                       "the metadata does not belong to this checkpoint; use an earlier checkpoint");
     if (s == ZOFF_OK) s = get_int(root, "seq_len", path, &m->seq_len);
     if (s == ZOFF_OK) s = get_int(mo, "num_layers", path, &m->shape.num_layers);
     if (s == ZOFF_OK) s = get_int(mo, "hidden_size", path, &m->shape.hidden_size);

@@ -1,8 +1,10 @@
 /* zoff train: the training loop. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "zoff/iofault.h"
+#include "zoff/resources.h"
 #include "zoff/safetensors.h"
 #include "zoff/schedule.h"
 #ifdef ZOFF_HAVE_MPI
@@ -268,6 +272,111 @@ static zoff_status evaluate(zoff_gpt2 *model, zoff_loader *val, int64_t n, int64
     return ZOFF_OK;
 }
 
+/* One metrics line, written straight to the file (no stdio buffer): a crash (kill -9) loses
+ * at most the line being written, never the lines of steps a checkpoint already holds, and a
+ * write error (a full disk) stops the run with the file named instead of being dropped. */
+static zoff_status metrics_line(FILE *f, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static zoff_status metrics_line(FILE *f, const char *path, const char *fmt, ...) {
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof line) return zoff_error(ZOFF_ERR_INTERNAL, "metrics line for %s too long", path);
+    /* JSON has no inf/nan (printf's text for an fp16 overflow step's grad_norm): write null */
+    for (char *v = line; (v = strchr(v, ':')) != NULL; v++) {
+        char *t = v + 1 + (v[1] == '-');
+        if ((!strncmp(t, "inf", 3) || !strncmp(t, "nan", 3)) && (t[3] == ',' || t[3] == '}') &&
+            (size_t)n + 1 < sizeof line) {
+            memmove(v + 5, t + 3, strlen(t + 3) + 1); /* the rest first: "null" may be longer */
+            memcpy(v + 1, "null", 4);
+            n = (int)strlen(line);
+        }
+    }
+    for (size_t done = 0; done < (size_t)n;) {
+        ssize_t w = zoff_io_write(fileno(f), line + done, (size_t)n - done, path);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            return zoff_error(ZOFF_ERR_IO, "cannot write %s: %s%s", path, strerror(e),
+                              e == ENOSPC || e == EDQUOT
+                                  ? " (the disk is full: free space, or keep fewer checkpoints with --keep-last)"
+                                  : "");
+        }
+        done += (size_t)w;
+    }
+    return ZOFF_OK;
+}
+
+/* Before appending on resume: cut a last line that a crash or a full disk left unfinished,
+ * so that every line of metrics.jsonl stays whole JSON. */
+static zoff_status metrics_drop_torn_tail(const char *path) {
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? ZOFF_OK : zoff_error(ZOFF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    zoff_status s = ZOFF_OK;
+    if (fstat(fd, &st) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    off_t end = s == ZOFF_OK ? st.st_size : 0, keep = -1;
+    char buf[4096];
+    for (off_t pos = end; s == ZOFF_OK && pos > 0 && keep < 0;) { /* back to the last newline */
+        size_t n = pos < (off_t)sizeof buf ? (size_t)pos : sizeof buf;
+        pos -= (off_t)n;
+        if (pread(fd, buf, n, pos) != (ssize_t)n) s = zoff_error(ZOFF_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+        for (size_t i = n; s == ZOFF_OK && keep < 0 && i-- > 0;)
+            if (buf[i] == '\n') keep = pos + (off_t)i + 1;
+    }
+    if (keep < 0) keep = 0;
+    if (s == ZOFF_OK && keep != end) {
+        if (ftruncate(fd, keep) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot truncate %s: %s", path, strerror(errno));
+        else zoff_log(ZOFF_LOG_WARN, "%s: removed an unfinished last line (%lld bytes) left by an interrupted run",
+                      path, (long long)(end - keep));
+    }
+    close(fd);
+    return s;
+}
+
+/* Host memory this job needs at least, checked before anything large is allocated: the
+ * initial fp32 weights and the checkpoint staging buffer (4 bytes per parameter each), the
+ * optimizer state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and
+ * the optimizer's moments, plus 16-bit gradients and weight staging), and on the CPU backend
+ * the "device" memory too (weights, gradients, a lower bound for activations, optimizer state
+ * not offloaded). A lower bound: the engine checks its own allocations exactly. */
+static zoff_status check_host_memory(const train_args *a, const zoff_config *cfg, const zoff_gpt2_shape *sh,
+                                     int64_t B, int64_t T, zoff_dtype dtype) {
+    /* a shape the model will refuse: leave the message to zoff_gpt2_create */
+    if (sh->num_layers < 1 || sh->num_layers > (1 << 20) || sh->hidden_size < 1 || sh->hidden_size > (1 << 20) ||
+        sh->vocab_size < 1 || sh->vocab_size > INT32_MAX || sh->max_seq_len < 1 || sh->max_seq_len > (1 << 24) ||
+        sh->padded_vocab_size < 0 || sh->padded_vocab_size > INT32_MAX || B < 1 || T < 1 || B > (1 << 24) ||
+        T > (1 << 24))
+        return ZOFF_OK;
+    const double L = (double)sh->num_layers, C = (double)sh->hidden_size;
+    const double Vp = (double)(sh->padded_vocab_size ? sh->padded_vocab_size : (sh->vocab_size + 127) / 128 * 128);
+    const double N = Vp * C + (double)sh->max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+    const double d = dtype == ZOFF_F32 ? 4 : 2;
+    const zoff_optimizer_type ot = cfg->optimizer.type;
+    const double moments = ot == ZOFF_OPTIM_ADAM || ot == ZOFF_OPTIM_ADAMW ? 2 : 1;
+    const zoff_offload_optimizer_config *oo = &cfg->zero.offload_optimizer;
+    /* ratio "auto" is decided by the engine: count it as all on the device (a lower bound either way) */
+    double host_part = oo->device != ZOFF_OFFLOAD_CPU ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
+    double cli = 8 * N, pinned = host_part * 2 * d * N, host_state = host_part * 4 * (1 + moments) * N;
+    double dev_on_host = 0;
+    bool cuda = (a->device && !strcmp(a->device, "cuda")) || (!a->device && zoff_backend_available(ZOFF_BACKEND_CUDA));
+    if (!cuda) /* the CPU backend's device memory is host memory */
+        dev_on_host = 2 * d * N + (1 - host_part) * 4 * (1 + moments) * N + d * (double)B * (double)T * C * (L + 1) * 4;
+    double pageable = cli + host_state + dev_on_host;
+    char what[256];
+    snprintf(what, sizeof what,
+             "this training job (GPT-2 %lld layers, width %lld: %.2fM parameters%s; at least this much)",
+             (long long)sh->num_layers, (long long)sh->hidden_size, N / 1e6,
+             cuda ? "" : ", CPU backend: device memory is host memory");
+    zoff_host_request rq = {.what = what,
+                            .pageable = pageable >= 0x1p63 ? SIZE_MAX / 2 : (size_t)pageable,
+                            .pinned = pinned >= 0x1p62 ? SIZE_MAX / 4 : (size_t)pinned,
+                            .hint = "use a smaller model (--num-layers, --hidden-size) or --micro-batch-size, or "
+                                    "keep the optimizer state on NVMe (offload_optimizer.device nvme)"};
+    return zoff_host_memory_check(&rq);
+}
+
 static void fmt_hms(double s, char *buf, size_t n) {
     if (!(s >= 0) || s > 359999) s = 0;
     int t = (int)(s + 0.5);
@@ -416,6 +525,10 @@ static int run(train_ctx *c) {
             return fail("--init-from", s);
     }
     int64_t B = c->cfg.train_micro_batch_size_per_gpu, accum = c->cfg.gradient_accumulation_steps;
+    if ((s = check_host_memory(a, &c->cfg, &shape, B, T, dtype)) != ZOFF_OK) {
+        zoff_ckpt_close(rd);
+        return fail("host memory", s);
+    }
 
     /* 2. data (validated before any output is written) */
     char train_path[4096], val_path[4096];
@@ -597,6 +710,7 @@ static int run(train_ctx *c) {
         if (!(c->timeline = fopen(tpath, start_step > 0 ? "a" : "w")))
             return fail("--save", zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tpath, strerror(errno)));
     }
+    if (start_step > 0 && (s = metrics_drop_torn_tail(mpath)) != ZOFF_OK) return fail("--save", s);
     c->metrics = fopen(mpath, start_step > 0 ? "a" : "w");
     if (!c->metrics) return fail("--save", zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", mpath, strerror(errno)));
 
@@ -606,7 +720,8 @@ static int run(train_ctx *c) {
         if (s == ZOFF_OK) s = dp_mean(c, &val_before);
         if (s != ZOFF_OK) return fail("evaluation", s);
         if (!a->quiet) fprintf(stderr, "zoff: validation loss before training: %.4f\n", val_before);
-        fprintf(c->metrics, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)start_step, val_before);
+        s = metrics_line(c->metrics, mpath, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)start_step, val_before);
+        if (s != ZOFF_OK) return fail("metrics", s);
     }
 
     signal(SIGINT, on_signal);
@@ -650,7 +765,7 @@ static int run(train_ctx *c) {
         double dt = zoff_now() - t0, elapsed = zoff_now() - t_start;
         last_loss = (float)(loss_sum / (double)accum);
         double tps = (double)(B * T * accum * c->world) / dt; /* all ranks */
-        fprintf(c->metrics,
+        s = metrics_line(c->metrics, mpath,
                 "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
                 "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
                 "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s}\n",
@@ -658,6 +773,7 @@ static int run(train_ctx *c) {
                 si.t_device, si.t_wait_weights,
                 fmax(0.0, dt - t_fwd - t_bwd - si.t_wait_grads - si.t_host - si.t_device - si.t_wait_weights),
                 si.loss_scale, si.skipped ? "true" : "false");
+        if (s != ZOFF_OK) return fail("metrics", s);
         if (!isfinite(last_loss)) {
             fprintf(stderr, "zoff train: loss is %f at step %lld; stopping (lower the learning rate?)\n", last_loss,
                     (long long)step);
@@ -719,7 +835,8 @@ static int run(train_ctx *c) {
         s = evaluate(c->model, c->val_ld, a->eval_iters, B, T, c->hx, c->hy, c->dx, c->dy, st, &val_after);
         if (s == ZOFF_OK) s = dp_mean(c, &val_after);
         if (s != ZOFF_OK) return fail("evaluation", s);
-        fprintf(c->metrics, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)step, val_after);
+        s = metrics_line(c->metrics, mpath, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)step, val_after);
+        if (s != ZOFF_OK) return fail("metrics", s);
     }
     if (!a->quiet) {
         char ck[4200];
