@@ -10,12 +10,14 @@ int zoff_cmd_bench(int argc, char **argv) {
                 "usage: zoff bench <what> [options]   (zoff bench <what> --help)\n"
                 "  adam   host optimizer step vs the machine's in-place memory bandwidth\n"
                 "  step   a training step and its components, with and without offload\n"
-                "  nvme   the NVMe swapper against fio on one disk, and steps with nvme vs cpu offload\n");
+                "  nvme   the NVMe swapper against fio on one disk, and steps with nvme vs cpu offload\n"
+                "  ckpt   checkpoint save/load and safetensors export/import vs the disk's bandwidth\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "adam")) return zoff_cmd_bench_adam(argc - 1, argv + 1);
     if (!strcmp(argv[1], "step")) return zoff_cmd_bench_step(argc - 1, argv + 1);
     if (!strcmp(argv[1], "nvme")) return zoff_cmd_bench_nvme(argc - 1, argv + 1);
-    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme)\n", argv[1]);
+    if (!strcmp(argv[1], "ckpt")) return zoff_cmd_bench_ckpt(argc - 1, argv + 1);
+    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme, ckpt)\n", argv[1]);
     return 2;
 }

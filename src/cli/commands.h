@@ -9,6 +9,7 @@ int zoff_cmd_tokenize(int argc, char **argv);
 int zoff_cmd_bench(int argc, char **argv);      /* dispatches to the bench_* below */
 int zoff_cmd_bench_adam(int argc, char **argv);
 int zoff_cmd_bench_step(int argc, char **argv);
+int zoff_cmd_bench_ckpt(int argc, char **argv);
 int zoff_cmd_bench_nvme(int argc, char **argv);
 int zoff_cmd_plan(int argc, char **argv);
 int zoff_cmd_export(int argc, char **argv);
