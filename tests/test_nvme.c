@@ -153,6 +153,13 @@ static void run_swapper_case(const swap_case *sc) {
     int g;
     float *arr[ZOFF_SWAP_MAX_ARRAYS];
     assert_int_equal(zoff_swapper_next(s, &g, arr), ZOFF_ERR_INTERNAL);
+    /* a pass abandoned midway leaves the state half updated: refused from then on, saying why */
+    assert_int_equal(zoff_swapper_begin(s, order, NG, ZOFF_SWAP_UPDATE, 7u), ZOFF_OK);
+    assert_int_equal(zoff_swapper_next(s, &g, arr), ZOFF_OK);
+    assert_int_equal(zoff_swapper_begin(s, order, NG, ZOFF_SWAP_READ, 7u), ZOFF_ERR_INVALID);
+    assert_msg_has("stopped after 0 of 7 sub-groups");
+    assert_int_equal(zoff_swapper_begin(s, order, NG, ZOFF_SWAP_READ, 7u), ZOFF_ERR_INVALID);
+    assert_msg_has("resume from the last checkpoint");
     assert_int_equal(swap_files(NULL, 0), 1);
     zoff_swapper_destroy(s);
     assert_int_equal(swap_files(NULL, 0), 0); /* the file is deleted */

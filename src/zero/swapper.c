@@ -345,7 +345,12 @@ static zoff_status drop_prefetch(zoff_swapper *s) {
 
 zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigned mode, unsigned mask) {
     ZOFF_TRY(check_broken(s));
-    if (s->in_pass) return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_begin: the previous pass was not ended");
+    if (s->in_pass) { /* the caller stopped midway (an error of its own): part of the state is new, part old */
+        wait_all(s);
+        return fail(s, zoff_error(ZOFF_ERR_INVALID,
+                                  "an earlier pass over the NVMe state in %s stopped after %d of %d sub-groups (after "
+                                  "an error in the caller)", s->path, s->pos, s->n));
+    }
     if (n < 0 || n > s->ng || !(mode & ZOFF_SWAP_UPDATE) || (mode & ~(unsigned)ZOFF_SWAP_UPDATE) || !mask ||
         (mask >> s->na))
         return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_begin: %d groups (of %d), mode %u, mask %#x (%d arrays)", n,
