@@ -2,7 +2,8 @@
 # The whole test suite: a -Werror build (with the CUDA backend compiled and
 # linked when nvcc is present), its tests, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under
-# ThreadSanitizer. Prints one closing line "N passed, N failed".
+# ThreadSanitizer, then short runs of the libFuzzer harnesses (scripts/fuzz.sh).
+# Prints one closing line "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
@@ -41,6 +42,21 @@ if [ "${ZOFF_SKIP_SANITIZERS:-0}" != 1 ]; then
   # Tests that check OpenMP threading itself request their thread counts explicitly.
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
   OMP_NUM_THREADS=1 run_suite "tsan" "$BUILD_DIR-tsan" "test_device|test_cpu_adam|test_engine|test_train" -DZOFF_CUDA=OFF -DZOFF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+# Fuzz smoke runs: every libFuzzer harness (fuzz/, clang, ASan + UBSan) for FUZZ_SECONDS (30)
+# from its committed seeds; each harness counts as one test. The crash test (tests/cli_crash.sh)
+# and the fuzz inputs' replay (test_fuzz_replay) run in the ctest suites above.
+if [ "${ZOFF_SKIP_FUZZ:-0}" != 1 ]; then
+  if command -v clang >/dev/null 2>&1; then
+    bash scripts/fuzz.sh --time "${FUZZ_SECONDS:-30}" --build-dir "$BUILD_DIR-fuzz" --jobs "$JOBS" | tee "$BUILD_DIR-fuzz.log"
+    p=$(grep -c "^PASS " "$BUILD_DIR-fuzz.log" || true); f=$(grep -c "^FAIL " "$BUILD_DIR-fuzz.log" || true)
+    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p)); failed=$((failed + f))
+    [ "$f" -gt 0 ] && failed_names+=("fuzz")
+  else
+    echo "fuzz: clang not found (scripts/deps.sh installs clang libclang-rt-14-dev)"
+    failed=$((failed + 1)); failed_names+=("fuzz:no-clang")
+  fi
 fi
 
 echo
