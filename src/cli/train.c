@@ -680,16 +680,16 @@ static int run(train_ctx *c) {
     zoff_device_memory_stats(c->dev, &ms);
     zoff_engine_memory em;
     zoff_engine_memory_usage(c->eng, &em);
-    char b1[32], b2[32], b3[32], b4[32], b5[32];
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
     if (!a->quiet) {
         fprintf(stderr,
                 "zoff: %s\n"
                 "zoff: memory: device %s (model %s: weights, gradients, activations; optimizer %s), pinned host %s, "
-                "pageable host %s\n",
+                "pageable host %s, disk %s\n",
                 zoff_engine_describe(c->eng), zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
                 zoff_format_bytes(zoff_gpt2_device_bytes(c->model), b2, sizeof b2),
                 zoff_format_bytes(em.device, b3, sizeof b3), zoff_format_bytes(ms.pinned_in_use, b4, sizeof b4),
-                zoff_format_bytes(em.pageable, b5, sizeof b5));
+                zoff_format_bytes(em.pageable, b5, sizeof b5), zoff_format_bytes(em.nvme, b6, sizeof b6));
         fprintf(stderr,
                 "zoff: GPT-2 %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s\n"
                 "zoff: batch %lld x %lld accumulation = %lld sequences (%lld tokens) per step, %lld steps, %s; "
