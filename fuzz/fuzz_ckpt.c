@@ -11,11 +11,13 @@
  *
  * Checks: no crash / UB / leak / unbounded allocation; every error has a message naming the
  * file; a file that opens is written again through the writer (entries, dtypes, shapes, data)
- * and reads back identical. */
+ * and reads back identical. The consolidated reader of `zoff export` (zoff_ckpt_gather_*)
+ * then reads the same checkpoint (its piece names and partition blob come from the file too). */
 #include <sys/stat.h>
 
 #include "fuzz_util.h"
 #include "zoff/ckpt.h"
+#include "zoff/safetensors.h" /* zoff_ckpt_gather_*: the consolidated reader of zoff export */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -182,6 +184,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     longname[sizeof longname - 1] = 0;
     FUZZ_CHECK(zoff_ckpt_find(r, longname) == NULL, "find of a name that cannot exist");
     if (all_ok) ckpt_roundtrip(r, bufs, root2);
+
+    /* the consolidated reader (zoff export): parses "NAME@START/D0xD1" piece names and the
+     * "partition" blob of the same file */
+    zoff_ckpt_gather *g = NULL;
+    s = zoff_ckpt_gather_open(root, &g);
+    if (s != ZOFF_OK) fuzz_check_error(s, NULL);
+    else {
+        for (size_t i = 0; i < zoff_ckpt_gather_num_tensors(g); i++) {
+            const zoff_ckpt_gathered *t = zoff_ckpt_gather_tensor_at(g, i);
+            FUZZ_CHECK(t && zoff_ckpt_gather_find(g, t->name) == t, "gather find");
+            if (t->bytes < 0 || t->bytes > CKPT_MAX_ENTRY_READ) continue;
+            uint8_t *x = malloc((size_t)t->bytes + 1);
+            s = zoff_ckpt_gather_read(g, t->name, x, (size_t)t->bytes);
+            if (s != ZOFF_OK) fuzz_check_error(s, NULL);
+            free(x);
+        }
+        zoff_ckpt_gather_close(g);
+    }
     for (size_t i = 0; i < ne; i++) free(bufs[i]);
     free(bufs);
     zoff_ckpt_close(r);

@@ -69,6 +69,11 @@ def seeds_ckpt():
     for i, (flags, e) in enumerate([(0, ents), (0x0F, ents), (0, ents[:1]), (0x0F, []), (0, ents[1:2])]):
         zckpt.write_file(tmp, 1, 0, e)
         out("ckpt", "valid_%d.bin" % i, bytes([flags]) + open(tmp, "rb").read())
+    # pieces of a partitioned tensor, as `zoff train` writes with several ranks (zoff_ckpt_gather)
+    pieces = [("w@0/2x3", 0, [3], f32[:12]), ("w@3/2x3", 0, [3], f32[12:]), ("optimizer.exp_avg@0/6", 0, [6], f32),
+              ("meta", zckpt.RAW, [], b"{}")]
+    zckpt.write_file(tmp, 1, 0, pieces)
+    out("ckpt", "pieces.bin", bytes([0x0F]) + open(tmp, "rb").read())
     os.remove(tmp)
 
 
@@ -129,6 +134,61 @@ def seeds_tokenizer():
     out("tokenizer_text", "ids.bin", struct.pack("<6i", 464, 2068, 50256, 50257, -1, 7))
 
 
+def safetensors(tensors, metadata=None, pad=True):
+    """tensors: list of (name, dtype, shape, data bytes) in data order."""
+    hdr, off = {}, 0
+    if metadata is not None:
+        hdr["__metadata__"] = metadata
+    for name, dt, shape, data in tensors:
+        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors)
+
+
+def seeds_safetensors():
+    f32 = lambda n, k=0.0: struct.pack("<%df" % n, *[k + 0.01 * i for i in range(n)])
+    out("safetensors", "mixed.safetensors", safetensors([
+        ("a", "F32", [2, 3], f32(6)), ("b", "BF16", [4], struct.pack("<4H", 0x3F80, 0, 0xBF80, 0x7F80)),
+        ("c", "I64", [2], struct.pack("<2q", -1, 1 << 40)), ("empty", "F16", [0, 5], b""),
+        ("d", "F64", [1], struct.pack("<d", 2.5)), ("e", "U8", [3], b"xyz")], {"format": "pt", "k": "v"}))
+    out("safetensors", "no_metadata_unpadded.safetensors", safetensors([("x", "F16", [2], b"\0\x3c\0\xbc")],
+                                                                       None, pad=False))
+    out("safetensors", "empty.safetensors", safetensors([], {}))
+    # a 1-layer GPT-2 (C 4, V 8, maxT 4) in Hugging Face's layout, and in zoff's
+    L, C, V, T = 1, 4, 8, 4
+    hf = [("wte.weight", [V, C]), ("wpe.weight", [T, C])]
+    for l in range(L):
+        p = "h.%d." % l
+        hf += [(p + "ln_1.weight", [C]), (p + "ln_1.bias", [C]), (p + "attn.c_attn.weight", [C, 3 * C]),
+               (p + "attn.c_attn.bias", [3 * C]), (p + "attn.c_proj.weight", [C, C]), (p + "attn.c_proj.bias", [C]),
+               (p + "ln_2.weight", [C]), (p + "ln_2.bias", [C]), (p + "mlp.c_fc.weight", [C, 4 * C]),
+               (p + "mlp.c_fc.bias", [4 * C]), (p + "mlp.c_proj.weight", [4 * C, C]), (p + "mlp.c_proj.bias", [C])]
+    hf += [("ln_f.weight", [C]), ("ln_f.bias", [C])]
+    def numel(sh):
+        n = 1
+        for d in sh:
+            n *= d
+        return n
+    out("safetensors", "gpt2_hf.safetensors", safetensors([(n, "F32", sh, f32(numel(sh))) for n, sh in hf],
+                                                          {"format": "pt", "zoff.num_heads": "2"}))
+    out("safetensors", "gpt2_hf_bf16.safetensors", safetensors(
+        [("transformer." + n, "BF16", sh, b"\x80\x3f" * numel(sh)) for n, sh in hf], {"format": "pt"}))
+    zo = []
+    for n, sh in hf:
+        if n == "wte.weight":
+            sh = [128, C]
+        elif n.endswith(".weight") and len(sh) == 2 and n != "wpe.weight":
+            sh = [sh[1], sh[0]]
+        zo.append((n, "F32", sh, f32(numel(sh))))
+    out("safetensors", "gpt2_zoff.safetensors", safetensors(zo, {"format": "pt", "zoff.layout": "zoff"}))
+    fx = os.path.join(ROOT, "tests", "fixtures", "safetensors_gpt2_small_expected.safetensors")
+    if os.path.exists(fx):
+        out("safetensors", "fixture_expected.safetensors", open(fx, "rb").read())
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -136,6 +196,7 @@ def main():
     seeds_ckpt()
     seeds_shard()
     seeds_tokenizer()
+    seeds_safetensors()
     n = sum(len(fs) for _, _, fs in os.walk(CORPUS))
     print("wrote %d seed files under %s" % (n, CORPUS))
 

@@ -46,6 +46,12 @@
 #undef LLVMFuzzerInitialize
 #undef LLVMFuzzerTestOneInput
 
+#define LLVMFuzzerInitialize fuzz_st_init
+#define LLVMFuzzerTestOneInput fuzz_st_one
+#include "../fuzz/fuzz_safetensors.c"
+#undef LLVMFuzzerInitialize
+#undef LLVMFuzzerTestOneInput
+
 typedef int (*one_fn)(const uint8_t *, size_t);
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -123,6 +129,11 @@ static void test_tokenizer_text(void **state) {
     text_gpt2 = text_byte = NULL;
 }
 
+static void test_safetensors(void **state) {
+    fuzz_st_init(NULL, NULL);
+    replay("safetensors", fuzz_st_one, 3);
+}
+
 /* ---- explicit regressions for what the fuzzers found ---- */
 
 /* fuzz_shard: a loader position with epoch near INT64_MAX (from a corrupt checkpoint) was
@@ -156,6 +167,7 @@ int main(void) {
         cmocka_unit_test(test_shard),
         cmocka_unit_test(test_tokenizer_tables),
         cmocka_unit_test(test_tokenizer_text),
+        cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_regression_loader_epoch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
