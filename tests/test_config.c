@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -50,6 +51,8 @@ static void expect_error_v(const char *text, ...) {
         assert_msg_has(needle);
     va_end(ap);
     assert_null(cfg.source);
+    assert_null(cfg.no_effect);
+    assert_null(cfg.unsupported);
     assert_int_equal(cfg.zero.stage, 0);
     zoff_config_free(&cfg);
 }
@@ -124,6 +127,8 @@ static void check_defaults(const zoff_config *c) {
     assert_true(c->aio.overlap_events);
     assert_int_equal(c->model.num_layers, 0);
     assert_int_equal(c->model.hidden_size, 0);
+    assert_null(c->no_effect);
+    assert_null(c->unsupported);
 }
 
 static void test_defaults(void **state) {
@@ -384,18 +389,32 @@ static void test_unknown_keys(void **state) {
                  "scheduler.params.warmup_steps", "warmup_num_steps");
     expect_error("{'scheduler': {'type': 'WarmupLR', 'lr': 5}}", "scheduler.lr", "allowed keys at scheduler");
     expect_error("{'fp16': {'enabled': false, 'initial_scale': 12}}", "fp16.initial_scale", "initial_scale_power");
-    expect_error("{'bf16': {'enabled': true, 'immediate_grad_update': true}}", "bf16.immediate_grad_update",
-                 "allowed keys at bf16: enabled");
+    expect_error("{'bf16': {'enabled': true, 'immediate_grad_updates': true}}", "bf16.immediate_grad_updates",
+                 "did you mean \"immediate_grad_update\"", "allowed keys at bf16: enabled",
+                 "also accepted", "bf16_optimizer_states");
     expect_error("{'zero_optimization': {'stage': 1, 'offload_optimiser': {}}}",
                  "zero_optimization.offload_optimiser", "did you mean \"offload_optimizer\"",
-                 "stage3_max_live_parameters");
+                 "allowed keys at zero_optimization: stage, ", "also accepted", "stage3_max_live_parameters");
     expect_error("{'zero_optimization': {'offload_optimizer': {'device': 'cpu', 'pin': true}}}",
                  "zero_optimization.offload_optimizer.pin", "pin_memory", "ratio");
     expect_error("{'zero_optimization': {'offload_param': {'device': 'cpu', 'buffer': 5}}}",
                  "zero_optimization.offload_param.buffer", "buffer_count", "max_in_cpu");
     expect_error("{'aio': {'blocksize': 4096}}", "aio.blocksize", "block_size", "thread_count");
     expect_error("{'model': {'n_layer': 12}}", "model.n_layer", "num_layers", "max_position_embeddings");
-    expect_error("{'zero_allow_untested_optimizer': true}", "zero_allow_untested_optimizer");
+    /* Not DeepSpeed keys: another tool's name (DeepSpeed's is data_types.grad_accum_dtype), typos. */
+    expect_error("{'gradient_accumulation_dtype': 'fp32'}", "gradient_accumulation_dtype", "unknown key",
+                 "data_types");
+    expect_error("{'zero_allow_untested_optimiser': true}", "did you mean \"zero_allow_untested_optimizer\"");
+    expect_error("{'tensorboard': {'enable': true}}", "tensorboard.enable", "did you mean \"enabled\"");
+    expect_error("{'wandb': {'enabled': false, 'projet': 'x'}}", "wandb.projet", "did you mean \"project\"");
+    expect_error("{'zero_optimization': {'stage3_prefetch_bucket_sise': 5}}",
+                 "did you mean \"stage3_prefetch_bucket_size\"");
+    expect_error("{'activation_checkpointing': {'partitioned_activations': true}}",
+                 "activation_checkpointing.partitioned_activations", "did you mean \"partition_activations\"");
+    /* a feature section zoff does not implement: a near miss of its switch is not "off" */
+    expect_error("{'elasticity': {'enabeld': true, 'max_train_batch_size': 2000}}", "elasticity.enabeld",
+                 "did you mean \"enabled\"", "accepted while \"enabled\" is false or absent");
+    expect_error("{'compile': {'deep_compile': true}}", "compile.deep_compile", "did you mean \"deepcompile\"");
     /* A key that belongs to another type of optimizer or scheduler. */
     expect_error("{'optimizer': {'type': 'Lion', 'params': {'eps': 1e-8}}}", "optimizer.params.eps",
                  "not a parameter of Lion", "allowed keys at optimizer.params for Lion: lr, betas, weight_decay");
@@ -474,7 +493,6 @@ static void test_out_of_range(void **state) {
                  "scheduler.params.warmup_min_lr");
     expect_error("{'scheduler': {'type': 'WarmupCosineLR', 'params': {'total_num_steps': 10, 'cos_min_ratio': 2}}}",
                  "scheduler.params.cos_min_ratio", "[0, 1]");
-    expect_error("{'fp16': {'auto_cast': true}}", "fp16.auto_cast", "unsupported");
     expect_error("{'fp16': {'min_loss_scale': 0}}", "fp16.min_loss_scale", "a number > 0");
     expect_error("{'fp16': {'initial_scale_power': 200}}", "fp16.initial_scale_power", "[0, 127]");
     expect_error("{'fp16': {'loss_scale': -1}}", "fp16.loss_scale");
@@ -707,6 +725,432 @@ static void test_check_supported(void **state) {
                        "zero_optimization.stage 3; zero_optimization.offload_param.device \"nvme\"");
 }
 
+/* ------------------------------------------------------------------ real DeepSpeed files from other tools */
+
+/* Whole items of a ", "-separated list. */
+static bool list_has(const char *list, const char *item) {
+    if (list == NULL) return false;
+    size_t n = strlen(item);
+    for (const char *p = strstr(list, item); p != NULL; p = strstr(p + 1, item)) {
+        bool starts = p == list || (p >= list + 2 && p[-2] == ',' && p[-1] == ' ');
+        bool ends = p[n] == '\0' || p[n] == ',';
+        if (starts && ends) return true;
+    }
+    return false;
+}
+
+/* Loads `text` with the log captured: returns what was written to stderr (caller frees). */
+static char *load_logged(const char *text, zoff_config *cfg, zoff_status *st) {
+    zoff_log_level old = zoff_log_get_level();
+    zoff_log_set_level(ZOFF_LOG_INFO);
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *tmp = tmpfile();
+    assert_true(saved >= 0 && tmp != NULL);
+    assert_true(dup2(fileno(tmp), 2) >= 0);
+    *st = load(text, cfg);
+    fflush(stderr);
+    assert_true(dup2(saved, 2) >= 0);
+    close(saved);
+    zoff_log_set_level(old);
+    long n = ftell(tmp);
+    assert_true(n >= 0);
+    char *out = calloc((size_t)n + 1, 1);
+    assert_non_null(out);
+    rewind(tmp);
+    assert_int_equal(fread(out, 1, (size_t)n, tmp), (size_t)n);
+    fclose(tmp);
+    return out;
+}
+
+/* The ZeRO-2 offload config of the Hugging Face DeepSpeed integration docs, as the Trainer
+ * hands it to DeepSpeed: every "auto" filled in with a number (bf16, lr 5e-5, micro batch 8,
+ * accumulation 4, one rank). */
+static void test_hf_trainer_file(void **state) {
+    (void)state;
+    zoff_config cfg;
+    zoff_status st = zoff_config_load_file(ZOFF_TEST_DIR "/configs/hf_trainer_zero2.json", &cfg);
+    if (st != ZOFF_OK) fail_msg("%s", zoff_last_error());
+    assert_true(cfg.bf16_enabled && !cfg.fp16.enabled);
+    assert_int_equal(cfg.fp16.loss_scale_window, 1000);
+    assert_int_equal(cfg.optimizer.type, ZOFF_OPTIM_ADAMW);
+    assert_true(cfg.optimizer.lr == 5e-05 && cfg.optimizer.eps == 1e-08 && cfg.optimizer.weight_decay == 0.0);
+    assert_true(cfg.optimizer.beta1 == 0.9 && cfg.optimizer.beta2 == 0.999);
+    assert_int_equal(cfg.scheduler.type, ZOFF_SCHED_WARMUP_DECAY_LR);
+    assert_true(cfg.scheduler.warmup_min_lr == 0.0 && cfg.scheduler.warmup_max_lr == 5e-05);
+    assert_int_equal(cfg.scheduler.warmup_num_steps, 30);
+    assert_int_equal(cfg.scheduler.total_num_steps, 300);
+    assert_int_equal(cfg.zero.stage, 2);
+    assert_int_equal(cfg.zero.offload_optimizer.device, ZOFF_OFFLOAD_CPU);
+    assert_true(cfg.zero.offload_optimizer.pin_memory);
+    assert_int_equal(cfg.zero.reduce_bucket_size, 589824);
+    assert_int_equal(cfg.zero.allgather_bucket_size, 200000000);
+    assert_true(cfg.zero.round_robin_gradients);
+    assert_true(cfg.gradient_clipping == 1.0);
+    assert_int_equal(cfg.steps_per_print, 2000);
+    assert_false(cfg.wall_clock_breakdown);
+    assert_int_equal(zoff_config_resolve_batch(&cfg, 1), ZOFF_OK);
+    assert_int_equal(cfg.train_batch_size, 32);
+    assert_int_equal(cfg.gradient_accumulation_steps, 4);
+    /* the keys zoff does not use are named, the rest is honoured */
+    assert_string_equal(cfg.no_effect, "zero_optimization.contiguous_gradients, zero_optimization.overlap_comm, "
+                                       "zero_optimization.reduce_scatter, zero_optimization.allgather_partitions, "
+                                       "zero_optimization.allgather_bucket_size");
+    assert_null(cfg.unsupported);
+    st = zoff_config_check_supported(&cfg);
+    if (st != ZOFF_OK) fail_msg("%s", zoff_last_error());
+    zoff_config_free(&cfg);
+    assert_null(cfg.no_effect);
+}
+
+/* The same file before the Trainer fills it in: one error naming every "auto". */
+static void test_hf_auto(void **state) {
+    (void)state;
+    zoff_config cfg;
+    zoff_status st = zoff_config_load_file(ZOFF_TEST_DIR "/configs/hf_trainer_zero2_auto.json", &cfg);
+    assert_int_equal(st, ZOFF_ERR_CONFIG);
+    static const char *const named[] = {
+        "hf_trainer_zero2_auto.json",
+        "\"auto\" at train_batch_size (an integer >= 1)",
+        "; train_micro_batch_size_per_gpu (an integer >= 1)",
+        "; gradient_accumulation_steps (an integer >= 1)",
+        "; optimizer.params.lr (a number >= 0)",
+        "; optimizer.params.betas (an array of two numbers, each in [0, 1))",
+        "; optimizer.params.eps (",
+        "; optimizer.params.weight_decay (",
+        "; scheduler.params.warmup_min_lr (",
+        "; scheduler.params.warmup_max_lr (",
+        "; scheduler.params.warmup_num_steps (an integer >= 1)",
+        "; scheduler.params.total_num_steps (",
+        "; gradient_clipping (a number >= 0)",
+        "; fp16.enabled (true or false)",
+        "; bf16.enabled (true or false)",
+        "; zero_optimization.reduce_bucket_size (an integer >= 1)",
+        "filled in by the Hugging Face Trainer",
+        "DeepSpeed does not compute it",
+        "give a value for each",
+    };
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) assert_msg_has(named[i]);
+    assert_null(cfg.source);
+    assert_null(cfg.no_effect);
+
+    /* one key; through an alias; an enum; a not-implemented key: all the same error */
+    expect_error("{'gradient_clipping': 'auto'}", "test.json: \"auto\" at gradient_clipping (a number >= 0)",
+                 "Hugging Face Trainer");
+    expect_error("{'aio': {'thread_count': 'auto'}}", "aio.thread_count (an integer >= 1)");
+    expect_error("{'scheduler': {'type': 'WarmupLR', 'params': {'warmup_type': 'auto'}}}",
+                 "scheduler.params.warmup_type (one of \"log\", \"linear\")");
+    expect_error("{'communication_data_type': 'auto'}", "communication_data_type (one of");
+    expect_error("{'zero_optimization': {'stage3_max_live_parameters': 'auto'}}",
+                 "zero_optimization.stage3_max_live_parameters");
+    /* "auto" is a string like any other where the key takes any string */
+    zoff_config c;
+    load_ok("{'tensorboard': {'enabled': false, 'job_name': 'auto'}}", &c);
+    zoff_config_free(&c);
+    /* and zoff implements it for the Twin-Flow ratio */
+    load_ok("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'cpu', 'ratio': 'auto'}}}", &c);
+    assert_true(c.zero.offload_optimizer.ratio_auto);
+    zoff_config_free(&c);
+    /* a wrong type elsewhere still wins over the list of "auto"s (walk order) */
+    expect_error("{'train_batch_size': 'auto', 'zero_optimization': {'stage': '2'}}", "zero_optimization.stage",
+                 "expected an integer");
+}
+
+/* ------------------------------------------------------------------ accepted, no effect */
+
+typedef struct key_list {
+    const char *paths[512];
+    zoff_config_key_class cls[512];
+    int n;
+} key_list;
+
+static void collect_key(const zoff_config_key *k, void *ctx) {
+    key_list *l = ctx;
+    assert_true(l->n < 512);
+    if (k->alias_of != NULL) return; /* another name: the file uses the canonical one */
+    l->paths[l->n] = strdup(k->path);
+    l->cls[l->n] = k->cls;
+    l->n++;
+}
+
+static void free_keys(key_list *l) {
+    for (int i = 0; i < l->n; i++) free((char *)l->paths[i]);
+}
+
+/* A config with every key zoff accepts without effect (and every not-implemented key at
+ * DeepSpeed's default or off): it loads, is supported, each key is named once in the log. */
+static void test_no_effect_keys(void **state) {
+    (void)state;
+    FILE *f = fopen(ZOFF_TEST_DIR "/configs/no_effect_keys.json", "rb");
+    assert_non_null(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+
+    zoff_config cfg;
+    zoff_status st;
+    char *log = load_logged(text, &cfg, &st);
+    if (st != ZOFF_OK) fail_msg("%s", zoff_last_error());
+    st = zoff_config_check_supported(&cfg);
+    if (st != ZOFF_OK) fail_msg("%s", zoff_last_error());
+    assert_null(cfg.unsupported);
+    assert_non_null(cfg.no_effect);
+    /* once, at info level, naming the keys */
+    if (strstr(log, "test.json: accepted, no effect in zoff (see docs/config.md): managed_gradient_accumulation, "
+                    "optimizer.params.torch_adam") == NULL)
+        fail_msg("log: %s", log);
+    const char *second = strstr(log, "accepted, no effect");
+    assert_null(strstr(second + 1, "accepted, no effect"));
+    free(log);
+
+    key_list keys = {0};
+    zoff_config_foreach_key(collect_key, &keys);
+    int no_effect = 0, not_impl = 0;
+    for (int i = 0; i < keys.n; i++) {
+        if (keys.cls[i] == ZOFF_KEY_IMPLEMENTED) {
+            assert_false(list_has(cfg.no_effect, keys.paths[i]));
+            continue;
+        }
+        if (!list_has(cfg.no_effect, keys.paths[i]))
+            fail_msg("%s (%s) is not in no_effect_keys.json or not reported: %s", keys.paths[i],
+                     keys.cls[i] == ZOFF_KEY_NO_EFFECT ? "no effect" : "not implemented", cfg.no_effect);
+        if (keys.cls[i] == ZOFF_KEY_NO_EFFECT) no_effect++;
+        else not_impl++;
+    }
+    assert_true(no_effect >= 60 && not_impl >= 30);
+    /* the values of the keys zoff does use are unchanged */
+    assert_true(cfg.bf16_enabled);
+    assert_int_equal(cfg.zero.stage, 2);
+    assert_int_equal(cfg.zero.offload_optimizer.device, ZOFF_OFFLOAD_CPU);
+    assert_true(cfg.optimizer.lr == 1e-4);
+    free_keys(&keys);
+    zoff_config_free(&cfg);
+
+    /* nothing to say, nothing logged */
+    log = load_logged("{'train_batch_size': 8}", &cfg, &st);
+    assert_int_equal(st, ZOFF_OK);
+    assert_string_equal(log, "");
+    assert_null(cfg.no_effect);
+    free(log);
+    zoff_config_free(&cfg);
+}
+
+/* Accepted keys are still type-checked, and a refused key leaves nothing behind. */
+static void test_no_effect_values_checked(void **state) {
+    (void)state;
+    expect_error("{'zero_allow_untested_optimizer': 1}", "zero_allow_untested_optimizer", "JSON boolean");
+    expect_error("{'tensorboard': {'enabled': 'yes'}}", "tensorboard.enabled", "JSON boolean", "\"yes\"");
+    expect_error("{'tensorboard': {'enabled': false, 'output_path': 5}}", "tensorboard.output_path",
+                 "expected a string");
+    expect_error("{'flops_profiler': {'profile_step': 1.5}}", "flops_profiler.profile_step", "1.5 is not an integer");
+    expect_error("{'checkpoint': {'tag_validation': 'maybe'}}", "checkpoint.tag_validation", "\"maybe\"",
+                 "\"Ignore\", \"Warn\", \"Fail\" (any case)");
+    expect_error("{'communication_data_type': 'int8'}", "communication_data_type", "\"fp16\", \"bf16\", \"fp32\"");
+    expect_error("{'gradient_allreduce_op': 'max'}", "gradient_allreduce_op", "\"mean\", \"sum\"");
+    expect_error("{'zero_optimization': {'offload_optimizer': {'cpuadam_cores_perc': 1.5}}}",
+                 "zero_optimization.offload_optimizer.cpuadam_cores_perc", "[0, 1]");
+    expect_error("{'elasticity': true}", "elasticity", "expected an object");
+    expect_error("{'amp': {'enabled': 'true'}}", "amp.enabled", "JSON boolean");
+    expect_error("{'data_types': {'grad_accum_dtype': 'fp64'}}", "data_types.grad_accum_dtype", "\"fp64\"",
+                 "\"bf16\"");
+    /* a valid key recorded before a later error does not leak or survive (ASan) */
+    expect_error("{'memory_breakdown': false, 'tensorboard': {'enabled': true}, 'train_batch_size': 0}",
+                 "train_batch_size");
+    expect_error("{'memory_breakdown': false, 'zero_optimization': {'stage': 1, 'offload_optimizer': "
+                 "{'ratio': 0.5}}}",
+                 "zero_optimization.offload_optimizer.ratio"); /* a cross-key error after the walk */
+
+    zoff_config cfg;
+    load_ok("{'checkpoint': {'tag_validation': 'warn'}, 'communication_data_type': null, 'amp': null}", &cfg);
+    assert_string_equal(cfg.no_effect, "communication_data_type, checkpoint.tag_validation");
+    zoff_config_free(&cfg);
+    /* the gradient accumulation dtype zoff uses is the training dtype: that value is implemented */
+    load_ok("{'bf16': {'enabled': true}, 'data_types': {'grad_accum_dtype': 'bf16'}}", &cfg);
+    assert_null(cfg.unsupported);
+    assert_null(cfg.no_effect);
+    zoff_config_free(&cfg);
+    load_ok("{'data_types': {'grad_accum_dtype': 'torch.float32'}}", &cfg);
+    assert_null(cfg.unsupported);
+    zoff_config_free(&cfg);
+}
+
+/* ------------------------------------------------------------------ valid DeepSpeed, not implemented */
+
+static void test_not_implemented_refused(void **state) {
+    (void)state;
+    static const struct {
+        const char *json, *needle;
+    } cases[] = {
+        {"{'tensorboard': {'enabled': true, 'output_path': 'logs/'}}", "tensorboard.enabled true (TensorBoard"},
+        {"{'wandb': {'enabled': true, 'project': 'p'}}", "wandb.enabled true"},
+        {"{'csv_monitor': {'enabled': true}}", "csv_monitor.enabled true"},
+        {"{'comet': {'enabled': true}}", "comet.enabled true"},
+        {"{'tensorboard': {'enabled': true}}", "DIR/metrics.jsonl"},
+        {"{'flops_profiler': {'enabled': true, 'profile_step': 5}}", "flops_profiler.enabled true"},
+        {"{'comms_logger': {'enabled': true}}", "comms_logger.enabled true"},
+        {"{'activation_checkpointing': {'partition_activations': true}}",
+         "activation_checkpointing.partition_activations true"},
+        {"{'activation_checkpointing': {'partition_activations': true}}", "--checkpoint-activations"},
+        {"{'activation_checkpointing': {'cpu_checkpointing': true}}", "activation_checkpointing.cpu_checkpointing"},
+        {"{'communication_data_type': 'fp32'}", "communication_data_type \"fp32\""},
+        {"{'gradient_allreduce_op': 'sum'}", "gradient_allreduce_op \"sum\""},
+        {"{'managed_gradient_accumulation': false}", "managed_gradient_accumulation false"},
+        {"{'fp16': {'enabled': true, 'fp16_master_weights_and_grads': true}}", "fp16.fp16_master_weights_and_grads"},
+        {"{'bf16': {'enabled': true, 'bf16_master_weights_and_grads': true, 'bf16_optimizer_states': true}}",
+         "bf16.bf16_master_weights_and_grads true (16-bit master weights are not implemented: zoff keeps fp32 ones); "
+         "bf16.bf16_optimizer_states true"},
+        {"{'bf16': {'enabled': true}, 'data_types': {'grad_accum_dtype': 'fp32'}}",
+         "data_types.grad_accum_dtype \"fp32\" (zoff accumulates gradients in the training dtype, here bf16)"},
+        {"{'zero_optimization': {'stage': 2, 'zero_quantized_gradients': true}}",
+         "zero_optimization.zero_quantized_gradients true"},
+        {"{'zero_optimization': {'zero_hpz_partition_size': 8}}", "zero_optimization.zero_hpz_partition_size 8"},
+        {"{'zero_optimization': {'mics_shard_size': 8}}", "zero_optimization.mics_shard_size 8 (MiCS"},
+        {"{'zero_optimization': {'load_from_fp32_weights': false}}", "zero_optimization.load_from_fp32_weights"},
+        {"{'zero_optimization': {'cpu_offload_param': true}}", "zero_optimization.cpu_offload_param true"},
+        {"{'zero_optimization': {'zenflow': {'topk_ratio': 0.1}}}", "zero_optimization.zenflow {\"topk_ratio\""},
+        {"{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'cpu', 'super_offload': true}}}",
+         "zero_optimization.offload_optimizer.super_offload true"},
+        {"{'aio': {'use_gds': true}}", "aio.use_gds true (GPUDirect Storage"},
+        {"{'checkpoint': {'load_universal': true}}", "checkpoint.load_universal true"},
+        {"{'amp': {'enabled': true, 'opt_level': 'O1'}}", "amp.enabled true (NVIDIA Apex AMP is not implemented"},
+        {"{'torch_autocast': {'enabled': true}}", "torch_autocast.enabled true"},
+        {"{'elasticity': {'enabled': true, 'max_train_batch_size': 2000}}", "elasticity.enabled true"},
+        {"{'autotuning': {'enabled': true}}", "autotuning.enabled true"},
+        {"{'compile': {'deepcompile': true}}", "compile.deepcompile true"},
+        {"{'pipeline': {'stages': 2}}", "pipeline {\"stages\":2} (pipeline parallelism is not implemented"},
+        {"{'sparse_attention': {'mode': 'fixed'}}", "sparse_attention {\"mode\":\"fixed\"}"},
+        {"{'tensor_parallel': {'autotp_size': 2}}", "tensor_parallel"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_unsupported(cases[i].json, cases[i].needle);
+    /* the engine's own refusals and the config's come in one list, and only the former add the stage summary */
+    expect_unsupported("{'zero_optimization': {'stage': 3}, 'wandb': {'enabled': true}, 'amp': {'enabled': true}}",
+                       "zero_optimization.stage 3; wandb.enabled true");
+    assert_msg_has("; amp.enabled true");
+    assert_msg_has("this version trains with zero_optimization.stage 0, 1 or 2");
+    expect_unsupported("{'wandb': {'enabled': true}}", "wandb.enabled true");
+    if (strstr(zoff_last_error(), "this version trains with") != NULL) fail_msg("%s", zoff_last_error());
+
+    /* off, or at DeepSpeed's default: accepted */
+    static const char *const ok[] = {
+        "{'tensorboard': {'enabled': false, 'output_path': 'logs/'}}",
+        "{'flops_profiler': {'enabled': false, 'profile_step': 5, 'output_file': null}}",
+        "{'activation_checkpointing': {'partition_activations': false, 'cpu_checkpointing': false, "
+        "'number_checkpoints': 4}}",
+        "{'amp': {'enabled': false, 'opt_level': 'O2'}}",
+        "{'elasticity': {'max_train_batch_size': 2000}}", /* no switch: DeepSpeed's default, off */
+        "{'pipeline': {}, 'sparse_attention': null}",
+        "{'zero_optimization': {'zero_hpz_partition_size': 1.0, 'mics_shard_size': -1}}",
+        "{'gradient_allreduce_op': 'mean', 'communication_data_type': null, 'managed_gradient_accumulation': true}",
+        "{'fp16': {'enabled': true}, 'data_types': {'grad_accum_dtype': 'half'}}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        zoff_config cfg;
+        load_ok(ok[i], &cfg);
+        if (cfg.unsupported != NULL || zoff_config_check_supported(&cfg) != ZOFF_OK)
+            fail_msg("%s: %s", ok[i], zoff_last_error());
+        zoff_config_free(&cfg);
+    }
+}
+
+/* ------------------------------------------------------------------ docs/config.md lists every key */
+
+typedef struct doc_row {
+    char key[160];
+    int cls; /* the section it is listed in: 0 implemented, 1 no effect, 2 not implemented, 3 unknown */
+} doc_row;
+
+typedef struct doc_check {
+    doc_row rows[512];
+    int n;
+    int missing;
+} doc_check;
+
+static void check_documented(const zoff_config_key *k, void *ctx) {
+    doc_check *d = ctx;
+    for (int i = 0; i < d->n; i++) {
+        if (strcmp(d->rows[i].key, k->path) != 0) continue;
+        if (d->rows[i].cls != (int)k->cls) {
+            print_message("docs/config.md lists %s in the wrong section (%d, the tables say %d)\n", k->path,
+                          d->rows[i].cls, (int)k->cls);
+            d->missing++;
+        }
+        d->rows[i].cls = -1; /* seen */
+        return;
+    }
+    print_message("docs/config.md does not list %s\n", k->path);
+    d->missing++;
+}
+
+static void test_docs_list_every_key(void **state) {
+    (void)state;
+    FILE *f = fopen(ZOFF_TEST_DIR "/../docs/config.md", "r");
+    assert_non_null(f);
+    static doc_check d;
+    memset(&d, 0, sizeof d);
+    char line[4096];
+    int cls = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "## ", 3) == 0) {
+            cls = strncmp(line, "## Implemented", 14) == 0                   ? 0
+                  : strncmp(line, "## Accepted, no effect", 22) == 0         ? 1
+                  : strncmp(line, "## Valid DeepSpeed, not implemented", 35) == 0 ? 2
+                  : strncmp(line, "## Unknown", 10) == 0                     ? 3
+                                                                               : -1;
+            continue;
+        }
+        if (cls < 0 || strncmp(line, "| `", 3) != 0) continue;
+        const char *end = strchr(line + 3, '`');
+        assert_non_null(end);
+        assert_true(d.n < 512);
+        snprintf(d.rows[d.n].key, sizeof d.rows[d.n].key, "%.*s", (int)(end - line - 3), line + 3);
+        d.rows[d.n].cls = cls;
+        d.n++;
+    }
+    fclose(f);
+    assert_true(d.n > 100);
+    zoff_config_foreach_key(check_documented, &d);
+    /* and every documented key is one zoff accepts (except the unknown-key examples) */
+    for (int i = 0; i < d.n; i++) {
+        if (d.rows[i].cls == -1 || d.rows[i].cls == 3) continue;
+        print_message("docs/config.md lists %s, which zoff does not accept\n", d.rows[i].key);
+        d.missing++;
+    }
+    /* the unknown-key examples really are unknown */
+    for (int i = 0; i < d.n; i++) {
+        if (d.rows[i].cls != 3) continue;
+        char json[400];
+        const char *dot = strrchr(d.rows[i].key, '.');
+        if (dot == NULL) snprintf(json, sizeof json, "{\"%s\": 1}", d.rows[i].key);
+        else snprintf(json, sizeof json, "{\"%.*s\": {\"%s\": 1}}", (int)(dot - d.rows[i].key), d.rows[i].key, dot + 1);
+        zoff_config cfg;
+        zoff_status st = zoff_config_load_string(json, "docs", &cfg);
+        if (st != ZOFF_ERR_CONFIG || strstr(zoff_last_error(), "unknown key") == NULL) {
+            print_message("docs/config.md: %s is listed as unknown but %s\n", d.rows[i].key,
+                          st == ZOFF_OK ? "loads" : zoff_last_error());
+            d.missing++;
+        }
+        zoff_config_free(&cfg);
+    }
+    assert_int_equal(d.missing, 0);
+}
+
+/* Every key that is not implemented says why (no effect) or what to do (not implemented). */
+static void check_note(const zoff_config_key *k, void *ctx) {
+    int *bad = ctx;
+    if (k->cls != ZOFF_KEY_IMPLEMENTED && k->alias_of == NULL && (k->note == NULL || strlen(k->note) < 10)) {
+        print_message("%s has no reason / hint\n", k->path);
+        (*bad)++;
+    }
+}
+
+static void test_keys_have_reasons(void **state) {
+    (void)state;
+    int bad = 0;
+    zoff_config_foreach_key(check_note, &bad);
+    assert_int_equal(bad, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -725,6 +1169,15 @@ int main(void) {
         cmocka_unit_test(test_cross_key),
         cmocka_unit_test(test_optimizer_types),
         cmocka_unit_test(test_check_supported),
+        cmocka_unit_test(test_hf_trainer_file),
+        cmocka_unit_test(test_hf_auto),
+        cmocka_unit_test(test_no_effect_keys),
+        cmocka_unit_test(test_no_effect_values_checked),
+        cmocka_unit_test(test_not_implemented_refused),
+        cmocka_unit_test(test_docs_list_every_key),
+        cmocka_unit_test(test_keys_have_reasons),
     };
+    /* keep the output to failures: tests that look at the log raise the level themselves */
+    zoff_log_set_level(ZOFF_LOG_WARN);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,16 @@
  * a value of the wrong type or out of range, or a contradiction is an error
  * (ZOFF_ERR_CONFIG) whose message names the key path (e.g.
  * "zero_optimization.offload_optimizer.device"), the value and what is allowed.
- * Defaults are DeepSpeed's. */
+ * Defaults are DeepSpeed's.
+ *
+ * Every key zoff accepts is in one of three classes (docs/config.md lists them all):
+ * implemented (zoff honours the value); accepted with no effect in zoff by design
+ * (the key concerns something zoff does not have or does another way, so the value
+ * cannot change training; zoff logs these keys at load); and valid DeepSpeed that
+ * zoff does not implement yet, accepted at DeepSpeed's default (or with the feature
+ * off) and otherwise refused by zoff_config_check_supported, naming key and value.
+ * Hugging Face Trainer "auto" values are an error naming every such key, except
+ * where zoff implements "auto" (offload_optimizer.ratio). */
 #ifndef ZOFF_CONFIG_H
 #define ZOFF_CONFIG_H
 
@@ -147,6 +156,12 @@ typedef struct zoff_config {
     zoff_model_config model;
     char *source;                 /* the JSON text as given (owned; NULL for defaults) */
     char *source_name;            /* the file name (or load_string's source_name) for messages (owned; NULL for defaults) */
+    /* Keys given that have no effect in zoff (accepted by design, or a not-implemented
+     * feature at its default / off), ", "-separated, as logged at load (owned; NULL if none). */
+    char *no_effect;
+    /* Settings given that are valid DeepSpeed but not implemented in zoff, "; "-separated
+     * as "key value (hint)"; zoff_config_check_supported refuses them (owned; NULL if none). */
+    char *unsupported;
 } zoff_config;
 
 /* Fill DeepSpeed's defaults (no file). */
@@ -167,6 +182,29 @@ zoff_status zoff_config_resolve_batch(zoff_config *cfg, int world_size);
  * implement yet: an error (ZOFF_ERR_UNSUPPORTED) naming the key, not silently ignored. */
 zoff_status zoff_config_check_supported(const zoff_config *cfg);
 void zoff_config_free(zoff_config *cfg);
+
+/* The key tables, for documentation and tests. */
+typedef enum zoff_config_key_class {
+    ZOFF_KEY_IMPLEMENTED = 0, /* zoff honours the value */
+    ZOFF_KEY_NO_EFFECT,       /* accepted; no effect in zoff by design (note: why) */
+    ZOFF_KEY_NOT_IMPLEMENTED  /* valid DeepSpeed; accepted at DeepSpeed's default or with the feature off,
+                                 any other value refused by zoff_config_check_supported (note: hint) */
+} zoff_config_key_class;
+
+typedef struct zoff_config_key {
+    const char *path;     /* e.g. "zero_optimization.offload_optimizer.ratio" (valid during the call only) */
+    zoff_config_key_class cls;
+    const char *alias_of; /* the key of the same object this is another name for, or NULL */
+    const char *note;     /* the reason, hint or extra words, or NULL */
+    const char *dflt;     /* not implemented: the one value accepted, DeepSpeed's default, as JSON; else NULL */
+    const char *on_key;   /* the section of a feature: the key that turns it on ("enabled"), or NULL when
+                             anything in it does (the section is accepted only empty) */
+} zoff_config_key;
+
+/* Calls fn for every key zoff accepts (the keys of objects, not the objects), in table
+ * order. The section of a DeepSpeed feature zoff does not implement (e.g. "elasticity",
+ * accepted while off) is one key: the keys inside it are not checked while it is off. */
+void zoff_config_foreach_key(void (*fn)(const zoff_config_key *key, void *ctx), void *ctx);
 
 #ifdef __cplusplus
 }

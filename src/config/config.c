@@ -7,6 +7,21 @@
  * than one key (batch relation, fp16 + bf16, nvme without a path, ...) follow
  * the walk in validate_config().
  *
+ * Each key is in one of three classes (docs/config.md is the full list):
+ * - implemented: stored in zoff_config and honoured;
+ * - accepted, no effect (F_NO_EFFECT, .note = why): the key concerns something
+ *   zoff does not have or does another way, so its value cannot change training;
+ *   the value is still type-checked, and the key is listed in cfg->no_effect and
+ *   logged once at load;
+ * - valid DeepSpeed, not implemented (F_DEFAULT_ONLY with .dflt = DeepSpeed's
+ *   default as JSON, or K_FEATURE for a whole feature section with an on switch):
+ *   at the default / off it has no effect (listed like the above); any other value
+ *   is recorded in cfg->unsupported and refused by zoff_config_check_supported
+ *   with the key, the value and .note as a hint.
+ * Anything else is an unknown key: an error with the allowed keys and a "did you
+ * mean". "auto" (the Hugging Face Trainer's placeholder) is an error naming every
+ * key that holds it, except for keys that implement "auto" (F_AUTO_OK).
+ *
  * Defaults are DeepSpeed 0.19.8's (deepspeed/runtime/constants.py,
  * zero/config.py, zero/offload_config.py, swap_tensor/constants.py,
  * precision_config.py, lr_schedules.py, and the optimizers' constructors). */
@@ -35,13 +50,21 @@ typedef enum key_kind {
     K_ENUM,    /* enum field; JSON string from a list */
     K_SECTION, /* nested object with its own table */
     K_CUSTOM,  /* handled by a function */
-    K_ALIAS    /* another name for a key of the same table */
+    K_ALIAS,   /* another name for a key of the same table */
+    K_ANY,     /* any JSON value (with F_UNSTORED: nothing is stored) */
+    K_FEATURE  /* object of a DeepSpeed feature zoff does not implement: accepted while off (.sw) */
 } key_kind;
 
 enum {
-    F_LO_OPEN = 1u << 0,   /* K_NUM: lower bound excluded */
-    F_HI_OPEN = 1u << 1,   /* K_NUM: upper bound excluded */
-    F_REQUIRED = 1u << 2,  /* the key must be present in its object */
+    F_LO_OPEN = 1u << 0,      /* K_NUM: lower bound excluded */
+    F_HI_OPEN = 1u << 1,      /* K_NUM: upper bound excluded */
+    F_REQUIRED = 1u << 2,     /* the key must be present in its object */
+    F_NO_EFFECT = 1u << 3,    /* accepted, no effect in zoff by design; .note says why */
+    F_DEFAULT_ONLY = 1u << 4, /* not implemented: only DeepSpeed's default .dflt is accepted; .note is a hint */
+    F_UNSTORED = 1u << 5,     /* no field: the value is checked, not kept */
+    F_AUTO_OK = 1u << 6,      /* "auto" is a value this key implements */
+    F_NULL_OK = 1u << 7,      /* null means "not given" (DeepSpeed's Optional[...] = None) */
+    F_NOCASE = 1u << 8,       /* K_ENUM: matched case-insensitively (DeepSpeed lowercases / uppercases it) */
 };
 
 typedef struct enum_name {
@@ -76,7 +99,10 @@ struct key_spec {
     custom_fn custom;      /* K_CUSTOM */
     const char *alias_of;  /* K_ALIAS: the key this is another name for */
     unsigned mask;         /* 0: always allowed; else the types (section.mask_of) that allow it */
-    const char *note;      /* extra words for messages */
+    const char *note;      /* extra words for messages; F_NO_EFFECT: why; F_DEFAULT_ONLY, K_FEATURE: a hint */
+    const char *dflt;      /* F_DEFAULT_ONLY: DeepSpeed's default as JSON text ("false", "1", "\"mean\"", "null") */
+    const char *sw;        /* K_FEATURE: the key that turns the feature on ("enabled"); NULL: any non-empty object */
+    const char *allowed;   /* K_CUSTOM, K_ANY: what is allowed, in words, for messages */
 };
 
 #define FIELD(T, f) (((T *)0)->f)
@@ -98,6 +124,31 @@ struct key_spec {
 #define KC(nm, fn, ...) {.name = (nm), .kind = K_CUSTOM, .custom = (fn), __VA_ARGS__}
 #define KA(nm, target) {.name = (nm), .kind = K_ALIAS, .alias_of = (target)}
 #define SECTION(table, ...) {(table), sizeof(table) / sizeof((table)[0]), __VA_ARGS__}
+/* Appended to a stored key's line: accepted, kept in the struct, no effect in zoff (why). */
+#define NOEFF(why) .flags = F_NO_EFFECT, .note = (why)
+
+/* Accepted, no effect in zoff, nothing stored: the value is type-checked (null allowed). */
+#define XU_ (F_NO_EFFECT | F_UNSTORED | F_NULL_OK)
+#define XB(nm, why) {.name = (nm), .kind = K_BOOL, .flags = XU_, .note = (why)}
+#define XI(nm, ...) XI_(nm, __VA_ARGS__) /* lets the range be NONNEG */
+#define XI_(nm, lo, hi, why) {.name = (nm), .kind = K_I64, .ilo = (lo), .ihi = (hi), .flags = XU_, .note = (why)}
+#define XN(nm, lo, hi, why) {.name = (nm), .kind = K_NUM, .dlo = (lo), .dhi = (hi), .flags = XU_, .note = (why)}
+#define XS(nm, why) {.name = (nm), .kind = K_STR, .flags = XU_, .note = (why)}
+#define XE(nm, list, why) {.name = (nm), .kind = K_ENUM, .enums = (list), .flags = XU_ | F_NOCASE, .note = (why)}
+#define XANY(nm, words, why) {.name = (nm), .kind = K_ANY, .allowed = (words), .flags = XU_, .note = (why)}
+/* Valid DeepSpeed, not implemented: accepted only at DeepSpeed's default `dj` (JSON text; null = not given). */
+#define DU_ (F_DEFAULT_ONLY | F_UNSTORED | F_NULL_OK)
+#define DB(nm, dj, hint) {.name = (nm), .kind = K_BOOL, .dflt = (dj), .flags = DU_, .note = (hint)}
+#define DI(nm, ...) DI_(nm, __VA_ARGS__)
+#define DI_(nm, lo, hi, dj, hint) \
+    {.name = (nm), .kind = K_I64, .ilo = (lo), .ihi = (hi), .dflt = (dj), .flags = DU_, .note = (hint)}
+#define DE(nm, list, dj, hint) \
+    {.name = (nm), .kind = K_ENUM, .enums = (list), .dflt = (dj), .flags = DU_ | F_NOCASE, .note = (hint)}
+#define DANY(nm, words, dj, hint) \
+    {.name = (nm), .kind = K_ANY, .allowed = (words), .dflt = (dj), .flags = DU_, .note = (hint)}
+/* A DeepSpeed feature's object, not implemented: accepted while `onkey` is absent or false
+ * (onkey NULL: while the object is empty); its other keys are then not checked. */
+#define KF(nm, onkey, hint) {.name = (nm), .kind = K_FEATURE, .sw = (onkey), .note = (hint)}
 
 #define ANY_INT INT64_MIN, INT64_MAX
 #define NONNEG 0, INT64_MAX
@@ -121,6 +172,15 @@ static const enum_name k_schedulers[] = {{"WarmupLR", ZOFF_SCHED_WARMUP_LR},
                                          {"WarmupDecayLR", ZOFF_SCHED_WARMUP_DECAY_LR},
                                          {"WarmupCosineLR", ZOFF_SCHED_WARMUP_COSINE_LR},
                                          {NULL, 0}};
+/* Value lists of keys zoff checks but does not store (the numbers are unused). */
+static const enum_name k_comm_dtypes[] = {{"fp16", 0}, {"bf16", 1}, {"fp32", 2}, {NULL, 0}};
+static const enum_name k_allreduce_ops[] = {{"mean", 0}, {"sum", 1}, {NULL, 0}};
+static const enum_name k_tag_validation[] = {{"Ignore", 0}, {"Warn", 1}, {"Fail", 2}, {NULL, 0}};
+/* DeepSpeed's DtypeEnum names for data_types.grad_accum_dtype; value: 0 fp32, 1 fp16, 2 bf16. */
+static const enum_name k_dtype_names[] = {
+    {"fp32", 0},          {"fp16", 1},          {"bf16", 2},          {"float32", 0}, {"float", 0},
+    {"torch.float32", 0}, {"float16", 1},       {"half", 1},          {"torch.float16", 1},
+    {"bfloat16", 2},      {"torch.bfloat16", 2}, {NULL, 0}};
 
 /* Optimizer and scheduler types as key-mask bits. */
 #define M_ADAM (1u << ZOFF_OPTIM_ADAM)
@@ -136,22 +196,34 @@ static zoff_status h_betas(walk *w, const key_spec *k, json_t *v, const char *pa
 static zoff_status h_only_false(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_last_batch_iteration(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_ratio(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
+static zoff_status h_grad_accum_dtype(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static unsigned optimizer_mask(const zoff_config *cfg);
 static const char *optimizer_name(const zoff_config *cfg);
 static unsigned scheduler_mask(const zoff_config *cfg);
 static const char *scheduler_name(const zoff_config *cfg);
 
+/* Reasons and hints shared by several lines. */
+#define ST3 "a ZeRO stage 3 setting (no effect in stages 0-2); zoff does not implement stage 3 yet"
+#define OFFP "used by parameter offload (ZeRO stage 3), which zoff does not implement yet"
+#define PROF "a flops profiler setting; the profiler is off"
+#define MON "a setting of a monitor that is off"
+#define MON_HINT "zoff writes loss, lr, grad norm and step times to DIR/metrics.jsonl every step"
+#define COMMS "a communication logger setting; the logger is off"
+#define ZPP "ZeRO++ (stage 3) is not implemented"
+#define MICS "MiCS (a stage 3 variant) is not implemented"
+
 /* optimizer.params: which keys each optimizer takes follows the constructors
  * DeepSpeed calls (FusedAdam/DeepSpeedCPUAdam, Adagrad, FusedLion). */
 static const key_spec k_optimizer_params[] = {
     KN("lr", zoff_optimizer_config, lr, 0, INFINITY),
-    KC("betas", h_betas, .mask = M_ADAM | M_ADAMW | M_LION),
+    KC("betas", h_betas, .mask = M_ADAM | M_ADAMW | M_LION, .allowed = "an array of two numbers, each in [0, 1)"),
     KN("eps", zoff_optimizer_config, eps, 0, INFINITY, .mask = M_ADAM | M_ADAMW | M_ADAGRAD),
     KN("weight_decay", zoff_optimizer_config, weight_decay, 0, INFINITY),
     KB("adam_w_mode", zoff_optimizer_config, adam_w_mode, .mask = M_ADAM | M_ADAMW),
     KB("bias_correction", zoff_optimizer_config, bias_correction, .mask = M_ADAM | M_ADAMW),
-    KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW),
-    KC("amsgrad", h_only_false, .mask = M_ADAM | M_ADAMW | M_ADAGRAD,
+    KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW,
+       NOEFF("picks torch's Adam over DeepSpeed's fused one (the same update); zoff has one Adam")),
+    KC("amsgrad", h_only_false, .mask = M_ADAM | M_ADAMW | M_ADAGRAD, .allowed = "false",
        .note = "AMSGrad is not implemented, as in DeepSpeed's fused and CPU Adam"),
     KN("initial_accumulator_value", zoff_optimizer_config, initial_accumulator_value, 0, INFINITY,
        .mask = M_ADAGRAD),
@@ -159,8 +231,10 @@ static const key_spec k_optimizer_params[] = {
 static const section s_optimizer_params = SECTION(k_optimizer_params, optimizer_mask, optimizer_name);
 
 static const key_spec k_optimizer[] = {
-    KC("type", h_optimizer_type, .flags = F_REQUIRED), /* first: params are checked against it */
+    KC("type", h_optimizer_type, .flags = F_REQUIRED, /* first: params are checked against it */
+       .allowed = "\"Adam\", \"AdamW\", \"Adagrad\" or \"Lion\""),
     KSEC_SAME("params", &s_optimizer_params),
+    XB("legacy_fusion", "chooses between two DeepSpeed fp16 optimizer implementations; zoff has one"),
 };
 static const section s_optimizer = SECTION(k_optimizer, NULL, NULL);
 
@@ -174,30 +248,37 @@ static const key_spec k_scheduler_params[] = {
     KI("total_num_steps", zoff_scheduler_config, total_num_steps, POSITIVE, .mask = M_WDECAY | M_WCOS),
     KN("warmup_min_ratio", zoff_scheduler_config, warmup_min_ratio, 0, 1, .mask = M_WCOS),
     KN("cos_min_ratio", zoff_scheduler_config, cos_min_ratio, 0, 1, .mask = M_WCOS),
-    KC("last_batch_iteration", h_last_batch_iteration),
+    KC("last_batch_iteration", h_last_batch_iteration, .allowed = "-1"),
 };
 static const section s_scheduler_params = SECTION(k_scheduler_params, scheduler_mask, scheduler_name);
 
 static const key_spec k_scheduler[] = {
-    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED),
+    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED,
+       .note = " (DeepSpeed's OneCycle and LRRangeTest are not implemented yet)"),
     KSEC_SAME("params", &s_scheduler_params),
 };
 static const section s_scheduler = SECTION(k_scheduler, NULL, NULL);
 
 static const key_spec k_fp16[] = {
     KB("enabled", zoff_fp16_config, enabled),
-    KC("auto_cast", h_only_false, .note = "casting inputs is the model's job in zoff"),
+    XB("auto_cast", "casts floating-point model inputs to fp16; zoff's model input is token ids, which it leaves alone"),
     KN("loss_scale", zoff_fp16_config, loss_scale, 0, INFINITY),
     KI("initial_scale_power", zoff_fp16_config, initial_scale_power, 0, 127),
     KI("loss_scale_window", zoff_fp16_config, loss_scale_window, 1, INT_MAX),
     KI("hysteresis", zoff_fp16_config, hysteresis, 1, INT_MAX),
     KB("consecutive_hysteresis", zoff_fp16_config, consecutive_hysteresis),
     KN("min_loss_scale", zoff_fp16_config, min_loss_scale, 0, INFINITY, .flags = F_LO_OPEN),
+    DB("fp16_master_weights_and_grads", "false", "16-bit master weights are not implemented: zoff keeps fp32 ones"),
 };
 static const section s_fp16 = SECTION(k_fp16, NULL, NULL);
 
 static const key_spec k_bf16[] = {
     KB("enabled", zoff_config, bf16_enabled),
+    XB("immediate_grad_update", "when DeepSpeed's bf16 optimizer folds 16-bit gradients into fp32 ones; zoff "
+                                "accumulates on the device and has no fp32 gradient buffer"),
+    XB("check_grad_overflow", "zoff always checks the gradients for inf/NaN and skips such a step, in every precision"),
+    DB("bf16_master_weights_and_grads", "false", "16-bit master weights are not implemented: zoff keeps fp32 ones"),
+    DB("bf16_optimizer_states", "false", "16-bit optimizer state is not implemented: zoff keeps fp32 state"),
 };
 static const section s_bf16 = SECTION(k_bf16, NULL, NULL);
 
@@ -209,43 +290,90 @@ static const key_spec k_offload_optimizer[] = {
     KB("pipeline_read", zoff_offload_optimizer_config, pipeline_read),
     KB("pipeline_write", zoff_offload_optimizer_config, pipeline_write),
     KB("fast_init", zoff_offload_optimizer_config, fast_init),
-    KC("ratio", h_ratio),
+    KC("ratio", h_ratio, .flags = F_AUTO_OK, .allowed = "a number in [0, 1] or \"auto\""),
+    DB("super_offload", "false", "SuperOffload (for superchips) is not implemented"),
+    XB("convert_grad_on_cpu", "where 16-bit gradients are widened to fp32; zoff widens them inside its CPU "
+                              "optimizer (the same values)"),
+    XN("cpuadam_cores_perc", 0, 1, "SuperOffload's share of cores; zoff's CPU optimizer uses the OpenMP team"),
 };
 static const section s_offload_optimizer = SECTION(k_offload_optimizer, NULL, NULL);
 
 static const key_spec k_offload_param[] = {
     KE("device", zoff_offload_param_config, device, k_devices),
-    KS("nvme_path", zoff_offload_param_config, nvme_path),
-    KB("pin_memory", zoff_offload_param_config, pin_memory),
-    KI("buffer_count", zoff_offload_param_config, buffer_count, NONNEG),
-    KI("buffer_size", zoff_offload_param_config, buffer_size, NONNEG),
-    KI("max_in_cpu", zoff_offload_param_config, max_in_cpu, NONNEG),
+    KS("nvme_path", zoff_offload_param_config, nvme_path, NOEFF(OFFP)),
+    KB("pin_memory", zoff_offload_param_config, pin_memory, NOEFF(OFFP)),
+    KI("buffer_count", zoff_offload_param_config, buffer_count, NONNEG, NOEFF(OFFP)),
+    KI("buffer_size", zoff_offload_param_config, buffer_size, NONNEG, NOEFF(OFFP)),
+    KI("max_in_cpu", zoff_offload_param_config, max_in_cpu, NONNEG, NOEFF(OFFP)),
 };
 static const section s_offload_param = SECTION(k_offload_param, NULL, NULL);
 
 static const key_spec k_zero[] = {
-    KI("stage", zoff_zero_config, stage, 0, 3),
-    KB("contiguous_gradients", zoff_zero_config, contiguous_gradients),
-    KB("overlap_comm", zoff_zero_config, overlap_comm),
-    KB("reduce_scatter", zoff_zero_config, reduce_scatter),
-    KB("allgather_partitions", zoff_zero_config, allgather_partitions),
+    KI("stage", zoff_zero_config, stage, 0, 3, .note = "0, 1 and 2; 3 is refused as not implemented yet"),
+    KB("contiguous_gradients", zoff_zero_config, contiguous_gradients,
+       NOEFF("zoff's gradients always live in one flat buffer")),
+    KB("overlap_comm", zoff_zero_config, overlap_comm,
+       NOEFF("zoff always overlaps gradient copies and reductions with backward (zoff plan's time estimate "
+             "reads it)")),
+    KB("reduce_scatter", zoff_zero_config, reduce_scatter,
+       NOEFF("zoff reduce-scatters in stage 2 and all-reduces in stages 0-1: the same sums")),
+    KB("allgather_partitions", zoff_zero_config, allgather_partitions,
+       NOEFF("zoff always all-gathers the updated weights (DeepSpeed's alternative, broadcasts, gives the same)")),
     KI("reduce_bucket_size", zoff_zero_config, reduce_bucket_size, POSITIVE),
-    KI("allgather_bucket_size", zoff_zero_config, allgather_bucket_size, NONNEG),
+    KI("allgather_bucket_size", zoff_zero_config, allgather_bucket_size, NONNEG,
+       NOEFF("zoff all-gathers in place in one collective (in reduce_bucket_size pieces with round_robin_gradients)")),
     KI("sub_group_size", zoff_zero_config, sub_group_size, NONNEG),
     KB("round_robin_gradients", zoff_zero_config, round_robin_gradients),
     KB("cpu_offload", zoff_zero_config, cpu_offload),
-    KI("stage3_prefetch_bucket_size", zoff_zero_config, stage3_prefetch_bucket_size, NONNEG),
+    DB("cpu_offload_param", "false", "parameter offload needs ZeRO stage 3, not implemented yet"),
+    XB("cpu_offload_use_pin_memory", "deprecated; sets nothing in DeepSpeed either (use offload_optimizer.pin_memory)"),
+    DB("load_from_fp32_weights", "true", "zoff always restores the fp32 master weights from its checkpoint"),
+    XB("ignore_unused_parameters", "zoff's GPT-2 uses every parameter in every step"),
+    XB("legacy_stage1", "selects DeepSpeed's old stage 1 code; zoff has one implementation"),
+    XB("use_multi_rank_bucket_allreduce", "chooses how DeepSpeed groups its reductions; zoff's collectives give the "
+                                          "same sums"),
+    XB("compute_grad_norm", "zoff always computes the global gradient norm (metrics report it); skipping it changes "
+                            "no values"),
+    XB("parameter_alignment", "pads DeepSpeed's flat buffers for aligned parameters; zoff's flat layout is its own"),
+    XB("enable_sanity_checks", "DeepSpeed's internal debugging checks"),
+    KB("elastic_checkpoint", zoff_zero_config, elastic_checkpoint,
+       NOEFF("a DeepSpeed checkpoint layout option; zoff's checkpoints reshard to any number of ranks on resume")),
+    KI("stage3_prefetch_bucket_size", zoff_zero_config, stage3_prefetch_bucket_size, NONNEG, NOEFF(ST3)),
     KA("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
-    KI("stage3_param_persistence_threshold", zoff_zero_config, stage3_param_persistence_threshold, NONNEG),
+    KI("stage3_param_persistence_threshold", zoff_zero_config, stage3_param_persistence_threshold, NONNEG,
+       NOEFF(ST3)),
     KA("param_persistence_threshold", "stage3_param_persistence_threshold"),
-    KI("stage3_max_live_parameters", zoff_zero_config, stage3_max_live_parameters, NONNEG),
+    XI("stage3_model_persistence_threshold", NONNEG, ST3),
+    KA("model_persistence_threshold", "stage3_model_persistence_threshold"),
+    KI("stage3_max_live_parameters", zoff_zero_config, stage3_max_live_parameters, NONNEG, NOEFF(ST3)),
     KA("max_live_parameters", "stage3_max_live_parameters"),
-    KI("stage3_max_reuse_distance", zoff_zero_config, stage3_max_reuse_distance, NONNEG),
+    KI("stage3_max_reuse_distance", zoff_zero_config, stage3_max_reuse_distance, NONNEG, NOEFF(ST3)),
     KA("max_reuse_distance", "stage3_max_reuse_distance"),
-    KB("stage3_gather_16bit_weights_on_model_save", zoff_zero_config, stage3_gather_16bit_weights_on_model_save),
+    KB("stage3_gather_16bit_weights_on_model_save", zoff_zero_config, stage3_gather_16bit_weights_on_model_save,
+       NOEFF("zoff's checkpoints always hold the whole model (rank 0 gathers it); zoff export writes 16-bit "
+             "safetensors")),
     KA("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"),
     KA("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"),
-    KB("elastic_checkpoint", zoff_zero_config, elastic_checkpoint),
+    XI("stage3_module_granularity_threshold", ANY_INT, ST3),
+    KA("module_granularity_threshold", "stage3_module_granularity_threshold"),
+    XB("stage3_use_all_reduce_for_fetch_params", ST3),
+    KA("use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"),
+    XB("stage3_allgather_sequential", ST3),
+    KA("allgather_sequential", "stage3_allgather_sequential"),
+    XI("stage3_partition_stream_chunk_size", NONNEG, ST3),
+    KA("partition_stream_chunk_size", "stage3_partition_stream_chunk_size"),
+    XB("memory_efficient_linear", ST3),
+    XB("pipeline_loading_checkpoint", ST3),
+    XB("override_module_apply", ST3),
+    XB("log_trace_cache_warnings", ST3),
+    DI("zero_hpz_partition_size", NONNEG, "1", ZPP),
+    DB("zero_quantized_weights", "false", ZPP),
+    DB("zero_quantized_nontrainable_weights", "false", ZPP),
+    DB("zero_quantized_gradients", "false", ZPP),
+    DANY("zeropp_loco_param", "an object or null", "null", ZPP),
+    DI("mics_shard_size", ANY_INT, "-1", MICS),
+    DB("mics_hierarchical_params_gather", "false", MICS),
+    KF("zenflow", NULL, "ZenFlow (stall-free offload) is not implemented"),
     KB("zoff_delayed_param_update", zoff_zero_config, delayed_param_update),
     KI("zoff_delayed_param_update_warmup", zoff_zero_config, delayed_param_update_warmup, NONNEG),
     KSEC("offload_optimizer", zoff_zero_config, offload_optimizer, &s_offload_optimizer),
@@ -260,6 +388,7 @@ static const key_spec k_aio[] = {
     KA("thread_count", "intra_op_parallelism"),
     KB("single_submit", zoff_aio_config, single_submit),
     KB("overlap_events", zoff_aio_config, overlap_events),
+    DB("use_gds", "false", "GPUDirect Storage is not implemented: zoff's swap I/O goes through pinned host memory"),
 };
 static const section s_aio = SECTION(k_aio, NULL, NULL);
 
@@ -273,32 +402,220 @@ static const key_spec k_model[] = {
 };
 static const section s_model = SECTION(k_model, NULL, NULL);
 
+/* activation_checkpointing configures deepspeed.checkpointing, which a model calls;
+ * zoff's GPT-2 checkpoints activations with `zoff train --checkpoint-activations`. */
+static const key_spec k_act_ckpt[] = {
+    DB("partition_activations", "false", "partitioning activations over model-parallel ranks is not implemented; "
+                                         "zoff recomputes activations with `zoff train --checkpoint-activations`"),
+    DB("cpu_checkpointing", "false", "moving checkpointed activations to the host is not implemented; `zoff train "
+                                     "--checkpoint-activations` recomputes them"),
+    XB("contiguous_memory_optimization", "arranges PyTorch's activation buffers against allocator fragmentation; "
+                                         "zoff has no PyTorch allocator"),
+    XI("number_checkpoints", NONNEG, "sizes the buffer of contiguous_memory_optimization"),
+    XB("synchronize_checkpoint_boundary", "a device synchronisation at each checkpoint, for debugging"),
+    DB("profile", "false", "timing each checkpointed function is not implemented; metrics.jsonl has the forward "
+                           "and backward time of every step"),
+};
+static const section s_act_ckpt = SECTION(k_act_ckpt, NULL, NULL);
+
+static const key_spec k_flops_profiler[] = {
+    DB("enabled", "false", "the flops profiler is not implemented; metrics.jsonl and `zoff bench step` report step "
+                           "times and tokens/s"),
+    XN("recompute_fwd_factor", 0, INFINITY, PROF),
+    XI("profile_step", ANY_INT, PROF),
+    XI("module_depth", ANY_INT, PROF),
+    XI("top_modules", ANY_INT, PROF),
+    XB("detailed", PROF),
+    XS("output_file", PROF),
+};
+static const section s_flops_profiler = SECTION(k_flops_profiler, NULL, NULL);
+
+static const key_spec k_tensorboard[] = {
+    DB("enabled", "false", "TensorBoard logging is not implemented; " MON_HINT),
+    XS("output_path", MON),
+    XS("job_name", MON),
+};
+static const section s_tensorboard = SECTION(k_tensorboard, NULL, NULL);
+
+static const key_spec k_wandb[] = {
+    DB("enabled", "false", "Weights & Biases logging is not implemented; " MON_HINT),
+    XS("group", MON),
+    XS("team", MON),
+    XS("project", MON),
+};
+static const section s_wandb = SECTION(k_wandb, NULL, NULL);
+
+static const key_spec k_csv_monitor[] = {
+    DB("enabled", "false", "CSV monitor files are not implemented; " MON_HINT),
+    XS("output_path", MON),
+    XS("job_name", MON),
+};
+static const section s_csv_monitor = SECTION(k_csv_monitor, NULL, NULL);
+
+static const key_spec k_comet[] = {
+    DB("enabled", "false", "Comet logging is not implemented; " MON_HINT),
+    XI("samples_log_interval", ANY_INT, MON),
+    XS("project", MON),
+    XS("workspace", MON),
+    XS("api_key", MON),
+    XS("experiment_name", MON),
+    XS("experiment_key", MON),
+    XB("online", MON),
+    XS("mode", MON),
+};
+static const section s_comet = SECTION(k_comet, NULL, NULL);
+
+static const key_spec k_trackio[] = {
+    DB("enabled", "false", "Trackio logging is not implemented; " MON_HINT),
+    XS("project", MON),
+};
+static const section s_trackio = SECTION(k_trackio, NULL, NULL);
+
+static const key_spec k_comms_logger[] = {
+    DB("enabled", "false", "communication logging is not implemented"),
+    XB("verbose", COMMS),
+    XB("prof_all", COMMS),
+    XB("debug", COMMS),
+    XANY("prof_ops", "a list of operation names", COMMS),
+};
+static const section s_comms_logger = SECTION(k_comms_logger, NULL, NULL);
+
+static const key_spec k_ckpt_parallel_write[] = {
+    XB("pipeline_stage", "writes checkpoints in parallel by pipeline stage; zoff has no pipeline parallelism"),
+};
+static const section s_ckpt_parallel_write = SECTION(k_ckpt_parallel_write, NULL, NULL);
+
+static const key_spec k_checkpoint[] = {
+    XE("tag_validation", k_tag_validation, "checks that ranks agree on DeepSpeed's checkpoint tag; zoff names "
+                                           "checkpoints by step and commits one only when every rank has written"),
+    DB("load_universal", "false", "DeepSpeed's universal checkpoints are not implemented (zoff's own checkpoints "
+                                  "reshard to any number of ranks on resume)"),
+    DB("use_node_local_storage", "false", "node-local checkpoint storage is not implemented: every rank writes "
+                                          "under --save"),
+    KSEC_SAME("parallel_write", &s_ckpt_parallel_write),
+};
+static const section s_checkpoint = SECTION(k_checkpoint, NULL, NULL);
+
+static const key_spec k_data_types[] = {
+    KC("grad_accum_dtype", h_grad_accum_dtype, .allowed = "\"fp32\", \"fp16\" or \"bf16\" (or null)",
+       .note = "implemented when it is the training dtype (null: DeepSpeed's default, the same); another dtype "
+               "is refused as not implemented"),
+    DE("param_dtype", k_dtype_names, "null", "zoff's parameter dtype is set by fp16.enabled / bf16.enabled"),
+    XE("buffer_dtype", k_dtype_names, "the dtype of the model's non-parameter buffers; zoff's GPT-2 has none"),
+};
+static const section s_data_types = SECTION(k_data_types, NULL, NULL);
+
 static const key_spec k_top[] = {
     KI("train_batch_size", zoff_config, train_batch_size, POSITIVE),
     KI("train_micro_batch_size_per_gpu", zoff_config, train_micro_batch_size_per_gpu, POSITIVE),
     KI("gradient_accumulation_steps", zoff_config, gradient_accumulation_steps, POSITIVE),
+    DB("managed_gradient_accumulation", "true", "zoff's training loop always owns the accumulation boundary"),
     KSEC("optimizer", zoff_config, optimizer, &s_optimizer),
     KSEC("scheduler", zoff_config, scheduler, &s_scheduler),
     KN("gradient_clipping", zoff_config, gradient_clipping, 0, INFINITY),
     KSEC("fp16", zoff_config, fp16, &s_fp16),
     KSEC_SAME("bf16", &s_bf16),
     KA("bfloat16", "bf16"),
+    KSEC_SAME("data_types", &s_data_types), /* after fp16 and bf16: compared with the training dtype */
     KI("steps_per_print", zoff_config, steps_per_print, POSITIVE),
     KB("wall_clock_breakdown", zoff_config, wall_clock_breakdown),
-    KB("prescale_gradients", zoff_config, prescale_gradients),
-    KN("gradient_predivide_factor", zoff_config, gradient_predivide_factor, 0, INFINITY, .flags = F_LO_OPEN),
+    KB("prescale_gradients", zoff_config, prescale_gradients,
+       NOEFF("where DeepSpeed divides by the rank count; zoff pre-divides the loss gradient and sums in fp32")),
+    KN("gradient_predivide_factor", zoff_config, gradient_predivide_factor, 0, INFINITY, .flags = F_LO_OPEN | F_NO_EFFECT,
+       .note = "splits DeepSpeed's division by the rank count in two; zoff pre-divides the loss gradient and sums in "
+               "fp32"),
+    DE("communication_data_type", k_comm_dtypes, "null", "zoff sends gradients in the training dtype and sums them "
+                                                         "in fp32"),
+    DE("gradient_allreduce_op", k_allreduce_ops, "\"mean\"", "zoff averages gradients over ranks"),
+    XB("disable_allgather", "chooses an all-gather or broadcasts for the updated weights: the same values"),
+    XB("sparse_gradients", "concerns torch's sparse embedding gradients; zoff's gradients are dense"),
+    XB("zero_allow_untested_optimizer", "zoff runs only its own optimizers, each tested with every stage"),
+    XB("zero_force_ds_cpu_optimizer", "zoff always runs its own CPU optimizer on offloaded state"),
+    XB("memory_breakdown", "prints PyTorch allocator statistics; zoff has no PyTorch allocator (zoff plan shows "
+                           "memory by place)"),
+    XB("dump_state", "prints DeepSpeed's engine object after initialisation; zoff has no such object"),
+    XB("dataloader_drop_last", "for the loader DeepSpeed builds from a torch Dataset; zoff's loader always skips an "
+                               "epoch's tail shorter than a batch"),
+    XB("graph_harvesting", "captures PyTorch kernel sequences in CUDA graphs; zoff launches its own kernels"),
+    XB("disable_python_gc", "Python's garbage collector; zoff has no Python"),
+    XI("vocabulary_size", NONNEG, "DeepSpeed only warns when it is not a multiple of 8; zoff's vocabulary is "
+                                  "model.vocab_size"),
     KSEC("zero_optimization", zoff_config, zero, &s_zero),
     KSEC("aio", zoff_config, aio, &s_aio),
     KSEC("model", zoff_config, model, &s_model),
+    KSEC_SAME("activation_checkpointing", &s_act_ckpt),
+    KSEC_SAME("flops_profiler", &s_flops_profiler),
+    KSEC_SAME("tensorboard", &s_tensorboard),
+    KSEC_SAME("wandb", &s_wandb),
+    KSEC_SAME("csv_monitor", &s_csv_monitor),
+    KSEC_SAME("comet", &s_comet),
+    KSEC_SAME("trackio", &s_trackio),
+    KSEC_SAME("comms_logger", &s_comms_logger),
+    KSEC_SAME("checkpoint", &s_checkpoint),
+    KF("amp", "enabled", "NVIDIA Apex AMP is not implemented; use fp16 or bf16"),
+    KF("torch_autocast", "enabled", "torch.autocast is not implemented; use fp16 or bf16"),
+    KF("autotuning", "enabled", "the autotuner is not implemented; zoff plan and zoff bench size a run"),
+    KF("elasticity", "enabled", "elastic training is not implemented"),
+    KF("data_efficiency", "enabled", "the data efficiency library is not implemented"),
+    KF("curriculum_learning", "enabled", "curriculum learning is not implemented"),
+    KF("progressive_layer_drop", "enabled", "progressive layer drop is not implemented"),
+    KF("quantize_training", "enabled", "quantization-aware training (MoQ) is not implemented"),
+    KF("hybrid_engine", "enabled", "the hybrid (RLHF) engine is not implemented"),
+    KF("expert_parallel", "enabled", "expert parallelism is not implemented"),
+    KF("nebula", "enabled", "Nebula checkpointing is not implemented"),
+    KF("compile", "deepcompile", "DeepCompile is not implemented"),
+    KF("sparse_attention", NULL, "sparse attention is not implemented"),
+    KF("pipeline", NULL, "pipeline parallelism is not implemented; zoff trains data parallel with mpirun -np N"),
+    KF("tensor_parallel", NULL, "tensor parallelism is not implemented"),
+    KF("compression_training", NULL, "compression training is not implemented"),
+    KF("weight_quantization", NULL, "weight quantization is not implemented"),
 };
 static const section s_top = SECTION(k_top, NULL, NULL);
 
 /* ------------------------------------------------------------------ messages */
 
+/* A growing list of items joined by a separator (heap text, NULL while empty). */
+typedef struct strlist {
+    char *s;
+    size_t len, cap;
+} strlist;
+
 struct walk {
     const char *src; /* source name for messages */
     zoff_config *cfg;
+    strlist no_effect;   /* keys given that have no effect in zoff -> cfg->no_effect */
+    strlist unsupported; /* "key value (hint)" not implemented -> cfg->unsupported */
+    strlist autos;       /* "key (allowed)" holding the Trainer's "auto" -> one error after the walk */
+    bool oom;            /* a list could not grow */
 };
+
+static void list_add(walk *w, strlist *l, const char *sep, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void list_add(walk *w, strlist *l, const char *sep, const char *fmt, ...) {
+    char item[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(item, sizeof item, fmt, ap);
+    va_end(ap);
+    size_t add = (l->len ? strlen(sep) : 0) + strlen(item);
+    if (l->len + add + 1 > l->cap) {
+        size_t cap = l->cap ? l->cap : 256;
+        while (cap < l->len + add + 1) cap *= 2;
+        char *p = realloc(l->s, cap);
+        if (p == NULL) {
+            w->oom = true;
+            return;
+        }
+        l->s = p;
+        l->cap = cap;
+    }
+    snprintf(l->s + l->len, l->cap - l->len, "%s%s", l->len ? sep : "", item);
+    l->len += add;
+}
+
+static void list_free(strlist *l) {
+    free(l->s);
+    *l = (strlist){0};
+}
 
 /* A JSON value as the user wrote it, shortened for a message. */
 static const char *show(const json_t *v, char *buf, size_t n) {
@@ -452,34 +769,131 @@ static size_t edit_distance(const char *a, const char *b) {
     return row[lb];
 }
 
+/* The class of a key (of a section: implemented if any key in it is). */
+static zoff_config_key_class key_class(const section *sec, const key_spec *k) {
+    if (k->kind == K_ALIAS) {
+        const key_spec *t = find_key(sec, k->alias_of);
+        return t != NULL && t->kind != K_ALIAS ? key_class(sec, t) : ZOFF_KEY_IMPLEMENTED;
+    }
+    if (k->flags & F_NO_EFFECT) return ZOFF_KEY_NO_EFFECT;
+    if ((k->flags & F_DEFAULT_ONLY) || k->kind == K_FEATURE) return ZOFF_KEY_NOT_IMPLEMENTED;
+    if (k->kind == K_SECTION) {
+        zoff_config_key_class c = ZOFF_KEY_NO_EFFECT;
+        for (size_t i = 0; i < k->sub->n; i++) {
+            zoff_config_key_class ci = key_class(k->sub, &k->sub->keys[i]);
+            if (ci == ZOFF_KEY_IMPLEMENTED) return ci;
+            if (ci == ZOFF_KEY_NOT_IMPLEMENTED) c = ci;
+        }
+        return c;
+    }
+    return ZOFF_KEY_IMPLEMENTED;
+}
+
+/* Appends ", name" to buf if it fits; else marks it cut with ", ..." once. */
+static void append_name(char *buf, size_t n, size_t *used, bool *cut, const char *name) {
+    if (*cut) return;
+    int m = snprintf(buf + *used, n - *used, "%s%s", *used ? ", " : "", name);
+    if (m < 0 || (size_t)m >= n - *used - 6) {
+        snprintf(buf + *used, n - *used, ", ...");
+        *cut = true;
+        return;
+    }
+    *used += (size_t)m;
+}
+
 static zoff_status unknown_key(walk *w, const section *sec, unsigned mask, const char *path, const char *key,
                                bool other_type) {
-    char full[512], list[1200], hint[160] = "";
-    size_t used = 0, best = 3; /* suggest only close matches */
-    list[0] = '\0';
+    /* Keys zoff implements are listed first; the others it accepts (no effect, or only at
+     * DeepSpeed's default) after them. */
+    char full[512], list[900], more[640], hint[160] = "";
+    size_t used = 0, used_more = 0, best = 3; /* suggest only close matches */
+    bool cut = false, cut_more = false;
+    list[0] = more[0] = '\0';
     for (size_t i = 0; i < sec->n; i++) {
-        if (!key_allowed(&sec->keys[i], mask)) continue;
-        size_t d = edit_distance(key, sec->keys[i].name);
+        const key_spec *k = &sec->keys[i];
+        if (!key_allowed(k, mask)) continue;
+        size_t d = edit_distance(key, k->name);
         if (!other_type && d < best) {
             best = d;
-            snprintf(hint, sizeof hint, " (did you mean \"%s\"?)", sec->keys[i].name);
+            snprintf(hint, sizeof hint, " (did you mean \"%s\"?)", k->name);
         }
-        int m = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", sec->keys[i].name);
-        if (m < 0 || (size_t)m >= sizeof list - used) break;
-        used += (size_t)m;
+        if (key_class(sec, k) == ZOFF_KEY_IMPLEMENTED) append_name(list, sizeof list, &used, &cut, k->name);
+        else if (k->kind != K_ALIAS) append_name(more, sizeof more, &used_more, &cut_more, k->name);
     }
+    char extra[760] = "";
+    if (used_more)
+        snprintf(extra, sizeof extra, "; also accepted (no effect in zoff, or only at DeepSpeed's default; see "
+                                      "docs/config.md): %s", more);
     join_path(full, sizeof full, path, key);
     const char *where = path[0] ? path : "the top level";
     if (other_type) {
         const char *tname = sec->mask_name(w->cfg);
-        return zoff_error(ZOFF_ERR_CONFIG, "%s: %s: unknown key: \"%s\" is not a parameter of %s; allowed keys at %s for %s: %s",
-                          w->src, full, key, tname, where, tname, list);
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "%s: %s: unknown key: \"%s\" is not a parameter of %s; allowed keys at %s for %s: %s%s",
+                          w->src, full, key, tname, where, tname, list, extra);
     }
-    return zoff_error(ZOFF_ERR_CONFIG, "%s: %s: unknown key \"%s\"%s; allowed keys at %s: %s", w->src, full, key,
-                      hint, where, list);
+    return zoff_error(ZOFF_ERR_CONFIG, "%s: %s: unknown key \"%s\"%s; allowed keys at %s: %s%s", w->src, full, key,
+                      hint, where, list, extra);
 }
 
-static zoff_status handle_key(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
+/* What a key allows, in words (for the "auto" message). */
+static void allowed_words(const key_spec *k, char *buf, size_t n) {
+    char list[256];
+    switch (k->kind) {
+    case K_BOOL: snprintf(buf, n, "true or false"); return;
+    case K_INT:
+    case K_I64: int_range_words(k, buf, n); return;
+    case K_NUM: num_range_words(k, buf, n); return;
+    case K_STR: snprintf(buf, n, "a string"); return;
+    case K_ENUM:
+        enum_words(k->enums, list, sizeof list);
+        snprintf(buf, n, "one of %s", list);
+        return;
+    case K_SECTION:
+    case K_FEATURE: snprintf(buf, n, "an object {...}"); return;
+    case K_CUSTOM:
+    case K_ANY:
+    case K_ALIAS: break;
+    }
+    snprintf(buf, n, "%s", k->allowed ? k->allowed : "a value");
+}
+
+/* "auto" where the key does not implement it: the Hugging Face Trainer's placeholder. */
+static bool refuses_auto(const key_spec *k, json_t *v) {
+    if (!json_is_string(v) || strcmp(json_string_value(v), "auto") != 0) return false;
+    if ((k->flags & F_AUTO_OK) || k->kind == K_STR || k->kind == K_ANY || k->kind == K_SECTION ||
+        k->kind == K_FEATURE)
+        return false;
+    if (k->kind == K_ENUM)
+        for (const enum_name *e = k->enums; e->name != NULL; e++)
+            if (strcmp(e->name, "auto") == 0) return false;
+    return true;
+}
+
+static void note_no_effect(walk *w, const char *path) { list_add(w, &w->no_effect, ", ", "%s", path); }
+
+/* A valid DeepSpeed setting zoff does not implement: recorded for zoff_config_check_supported. */
+static void note_unsupported(walk *w, const char *path, const json_t *v, const char *hint) {
+    char val[96];
+    if (hint != NULL) list_add(w, &w->unsupported, "; ", "%s %s (%s)", path, show(v, val, sizeof val), hint);
+    else list_add(w, &w->unsupported, "; ", "%s %s", path, show(v, val, sizeof val));
+}
+
+/* Is v DeepSpeed's default of an F_DEFAULT_ONLY key (numbers compared by value)? */
+static zoff_status is_default(const key_spec *k, json_t *v, bool *out) {
+    json_error_t jerr;
+    json_t *d = json_loads(k->dflt ? k->dflt : "", JSON_DECODE_ANY, &jerr);
+    if (d == NULL) return zoff_error(ZOFF_ERR_INTERNAL, "config: key \"%s\" has a bad default", k->name);
+    if (json_is_number(d) && json_is_number(v)) *out = json_number_value(d) == json_number_value(v);
+    else if (json_is_string(d) && json_is_string(v) && (k->flags & F_NOCASE))
+        *out = strcasecmp(json_string_value(d), json_string_value(v)) == 0;
+    else *out = json_equal(d, v);
+    json_decref(d);
+    return ZOFF_OK;
+}
+
+/* Reads v into the field at base + k->offset, checking its JSON type and range. */
+static zoff_status store_value(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
     char val[96], allowed[256];
     char *field = base + k->offset;
     switch (k->kind) {
@@ -509,6 +923,7 @@ static zoff_status handle_key(walk *w, const key_spec *k, json_t *v, const char 
         if (!json_is_string(v))
             return cfg_error(w, path, "expected a string, got %s %s", json_type_name(v), show(v, val, sizeof val));
         size_t len = json_string_length(v);
+        if (k->flags & F_UNSTORED) return ZOFF_OK;
         if (len == 0) return cfg_error(w, path, "is empty; allowed: a non-empty string");
         if (len >= k->size || strlen(json_string_value(v)) != len)
             return cfg_error(w, path, "%s is too long or contains a NUL byte; allowed: at most %zu bytes",
@@ -523,26 +938,108 @@ static zoff_status handle_key(walk *w, const key_spec *k, json_t *v, const char 
                              show(v, val, sizeof val));
         const char *s = json_string_value(v);
         for (const enum_name *e = k->enums; e->name != NULL; e++) {
-            if (strcmp(s, e->name) == 0) {
+            if ((k->flags & F_NOCASE) ? strcasecmp(s, e->name) == 0 : strcmp(s, e->name) == 0) {
                 *(int *)field = e->value;
                 return ZOFF_OK;
             }
         }
-        return cfg_error(w, path, "%s is not allowed; allowed: %s%s", show(v, val, sizeof val), allowed,
-                         k->note ? k->note : "");
+        return cfg_error(w, path, "%s is not allowed; allowed: %s%s%s", show(v, val, sizeof val), allowed,
+                         (k->flags & F_NOCASE) ? " (any case)" : "",
+                         (k->flags & (F_NO_EFFECT | F_DEFAULT_ONLY)) == 0 && k->note ? k->note : "");
     }
+    case K_ANY:
+        return ZOFF_OK;
+    case K_SECTION:
+    case K_FEATURE:
+    case K_CUSTOM:
+    case K_ALIAS:
+        break;
+    }
+    return zoff_error(ZOFF_ERR_INTERNAL, "config: key table entry \"%s\" has no reader", k->name);
+}
+
+/* A key without a field: checked, then classed (no effect / default / not implemented). */
+static zoff_status handle_unstored(walk *w, const key_spec *k, json_t *v, const char *path) {
+    if (json_is_null(v) && (k->flags & F_NULL_OK)) {
+        note_no_effect(w, path); /* DeepSpeed's None: not given */
+        return ZOFF_OK;
+    }
+    union {
+        bool b;
+        int i;
+        int64_t l;
+        double d;
+    } scratch;
+    ZOFF_TRY(store_value(w, k, v, path, (char *)&scratch)); /* unstored keys have offset 0 */
+    if (k->flags & F_DEFAULT_ONLY) {
+        bool dflt = false;
+        ZOFF_TRY(is_default(k, v, &dflt));
+        if (!dflt) {
+            note_unsupported(w, path, v, k->note);
+            return ZOFF_OK;
+        }
+    }
+    note_no_effect(w, path);
+    return ZOFF_OK;
+}
+
+/* The object of a DeepSpeed feature zoff does not implement: accepted while off. */
+static zoff_status handle_feature(walk *w, const key_spec *k, json_t *v, const char *path) {
+    char val[96], sub[600];
+    if (!json_is_object(v))
+        return cfg_error(w, path, "expected an object {...}, got %s %s", json_type_name(v), show(v, val, sizeof val));
+    if (k->sw == NULL) { /* on as soon as it says anything */
+        if (json_object_size(v) == 0) note_no_effect(w, path);
+        else note_unsupported(w, path, v, k->note);
+        return ZOFF_OK;
+    }
+    json_t *on = json_object_get(v, k->sw);
+    join_path(sub, sizeof sub, path, k->sw);
+    if (on == NULL || json_is_null(on)) {
+        /* Off (DeepSpeed's default). A near miss of the switch is a typo, not "off". */
+        const char *key;
+        json_t *x;
+        json_object_foreach(v, key, x) {
+            if (strcmp(key, k->sw) != 0 && edit_distance(key, k->sw) <= 2) {
+                char full[600];
+                join_path(full, sizeof full, path, key);
+                return zoff_error(ZOFF_ERR_CONFIG,
+                                  "%s: %s: unknown key \"%s\" (did you mean \"%s\"?); %s is a DeepSpeed feature "
+                                  "zoff does not implement, accepted while \"%s\" is false or absent",
+                                  w->src, full, key, k->sw, path, k->sw);
+            }
+        }
+        note_no_effect(w, path);
+        return ZOFF_OK;
+    }
+    bool b = false;
+    ZOFF_TRY(read_bool(w, on, sub, &b));
+    if (b) note_unsupported(w, sub, on, k->note);
+    else note_no_effect(w, path);
+    return ZOFF_OK;
+}
+
+static zoff_status handle_key(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
+    char val[96];
+    switch (k->kind) {
     case K_SECTION:
         if (json_is_null(v)) return ZOFF_OK; /* DeepSpeed: a null section means "not given" */
         if (!json_is_object(v))
             return cfg_error(w, path, "expected an object {...}, got %s %s", json_type_name(v),
                              show(v, val, sizeof val));
-        return walk_section(w, k->sub, v, path, field);
+        return walk_section(w, k->sub, v, path, base + k->offset);
+    case K_FEATURE:
+        if (json_is_null(v)) return ZOFF_OK;
+        return handle_feature(w, k, v, path);
     case K_CUSTOM:
         return k->custom(w, k, v, path, base);
-    case K_ALIAS:
+    default:
         break;
     }
-    return zoff_error(ZOFF_ERR_INTERNAL, "config: key table entry \"%s\" has no handler", k->name);
+    if (k->flags & F_UNSTORED) return handle_unstored(w, k, v, path);
+    ZOFF_TRY(store_value(w, k, v, path, base));
+    if (k->flags & F_NO_EFFECT) note_no_effect(w, path);
+    return ZOFF_OK;
 }
 
 static zoff_status walk_section(walk *w, const section *sec, json_t *obj, const char *path, char *base) {
@@ -587,6 +1084,12 @@ static zoff_status walk_section(walk *w, const section *sec, json_t *obj, const 
                                  show(canon, b, sizeof b), k->name, k->alias_of, k->alias_of);
             }
             k = target;
+        }
+        if (refuses_auto(k, v)) { /* all of them are named in one error after the walk */
+            char words[300];
+            allowed_words(k, words, sizeof words);
+            list_add(w, &w->autos, "; ", "%s (%s)", child, words);
+            continue;
         }
         ZOFF_TRY(handle_key(w, k, v, child, base));
     }
@@ -633,6 +1136,15 @@ static zoff_status h_optimizer_type(walk *w, const key_spec *k, json_t *v, const
                 return ZOFF_OK;
             }
         }
+        /* DeepSpeed's other optimizers (deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS) */
+        static const char *const ds_only[] = {"Lamb",   "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam",
+                                              "MuAdamW", "MuSGD",     "Muon",        NULL};
+        for (const char *const *n = ds_only; *n; n++)
+            if (strcasecmp(json_string_value(v), *n) == 0)
+                return cfg_error(w, path,
+                                 "%s is not supported: a DeepSpeed optimizer zoff does not implement yet; allowed "
+                                 "(case-insensitive): %s",
+                                 show(v, val, sizeof val), allowed);
         return cfg_error(w, path, "%s is not supported; allowed (case-insensitive): %s", show(v, val, sizeof val),
                          allowed);
     }
@@ -697,6 +1209,30 @@ static zoff_status h_ratio(walk *w, const key_spec *k, json_t *v, const char *pa
         return cfg_error(w, path, "%s is out of range; allowed: %s", show(v, val, sizeof val), allowed);
     o->ratio = d;
     o->ratio_auto = false;
+    return ZOFF_OK;
+}
+
+/* data_types.grad_accum_dtype: zoff accumulates gradients in the training dtype, which is
+ * also DeepSpeed's default (null). Runs after fp16 and bf16 (table order). */
+static zoff_status h_grad_accum_dtype(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
+    char val[96], allowed[300];
+    if (json_is_null(v)) return ZOFF_OK;
+    enum_words(k_dtype_names, allowed, sizeof allowed);
+    if (!json_is_string(v))
+        return cfg_error(w, path, "expected one of %s (or null), got %s %s", allowed, json_type_name(v),
+                         show(v, val, sizeof val));
+    const enum_name *e = k_dtype_names;
+    while (e->name != NULL && strcmp(e->name, json_string_value(v)) != 0) e++;
+    if (e->name == NULL)
+        return cfg_error(w, path, "%s is not allowed; allowed: %s (or null)", show(v, val, sizeof val), allowed);
+    const zoff_config *c = w->cfg;
+    int train = c->bf16_enabled ? 2 : c->fp16.enabled ? 1 : 0;
+    static const char *const names[] = {"fp32", "fp16", "bf16"};
+    if (e->value != train) {
+        char hint[160];
+        snprintf(hint, sizeof hint, "zoff accumulates gradients in the training dtype, here %s", names[train]);
+        note_unsupported(w, path, v, hint);
+    }
     return ZOFF_OK;
 }
 
@@ -873,12 +1409,16 @@ void zoff_config_defaults(zoff_config *cfg) {
     /* model: 0 = unset */
     cfg->source = NULL;
     cfg->source_name = NULL;
+    cfg->no_effect = NULL;
+    cfg->unsupported = NULL;
 }
 
 void zoff_config_free(zoff_config *cfg) {
     if (cfg == NULL) return;
     free(cfg->source);
     free(cfg->source_name);
+    free(cfg->no_effect);
+    free(cfg->unsupported);
     zoff_config_defaults(cfg);
 }
 
@@ -907,19 +1447,34 @@ static zoff_status load_buffer(const char *text, size_t len, const char *name, z
                         json_type_name(root), show(root, val, sizeof val));
     } else {
         st = walk_section(&w, &s_top, root, "", (char *)cfg);
+        if (st == ZOFF_OK && w.oom) st = zoff_error(ZOFF_ERR_NOMEM, "%s: out of memory reading the config", name);
+        if (st == ZOFF_OK && w.autos.len > 0)
+            st = zoff_error(ZOFF_ERR_CONFIG,
+                            "%s: \"auto\" at %s. \"auto\" is filled in by the Hugging Face Trainer before DeepSpeed "
+                            "reads the file; DeepSpeed does not compute it (it fails on it, or in some sections "
+                            "quietly uses its default), and zoff reads the file as it is: give a value for each "
+                            "(zoff implements \"auto\" only for zero_optimization.offload_optimizer.ratio)",
+                            name, w.autos.s);
         if (st == ZOFF_OK) st = validate_config(&w, root);
     }
     json_decref(root);
+    list_free(&w.autos);
     if (st != ZOFF_OK) {
+        list_free(&w.no_effect);
+        list_free(&w.unsupported);
         zoff_config_defaults(cfg);
         return st;
     }
+    cfg->no_effect = w.no_effect.s; /* owned by cfg from here */
+    cfg->unsupported = w.unsupported.s;
     cfg->source = dup_bytes(text, len);
     cfg->source_name = dup_bytes(name, strlen(name));
     if (cfg->source == NULL || cfg->source_name == NULL) {
         zoff_config_free(cfg);
         return zoff_error(ZOFF_ERR_NOMEM, "%s: out of memory keeping the config text (%zu bytes)", name, len);
     }
+    if (cfg->no_effect != NULL)
+        zoff_log(ZOFF_LOG_INFO, "%s: accepted, no effect in zoff (see docs/config.md): %s", name, cfg->no_effect);
     return ZOFF_OK;
 }
 
@@ -1039,7 +1594,7 @@ zoff_status zoff_config_resolve_batch(zoff_config *cfg, int world_size) {
  * per missing feature: delete the line when the feature lands. */
 zoff_status zoff_config_check_supported(const zoff_config *cfg) {
     if (cfg == NULL) return zoff_error(ZOFF_ERR_INVALID, "zoff_config_check_supported: cfg is NULL");
-    char list[1400];
+    char list[1800];
     size_t used = 0;
     list[0] = '\0';
 #define UNSUPPORTED(cond, ...)                                                                         \
@@ -1057,10 +1612,40 @@ zoff_status zoff_config_check_supported(const zoff_config *cfg) {
     UNSUPPORTED(z->stage >= 3, "zero_optimization.stage %d", z->stage);
     UNSUPPORTED(z->offload_param.device != ZOFF_OFFLOAD_NONE, "zero_optimization.offload_param.device \"%s\"",
                 device_name(z->offload_param.device));
+    size_t core_used = used;
+    UNSUPPORTED(cfg->unsupported != NULL, "%s", cfg->unsupported); /* valid DeepSpeed keys, recorded at load */
 #undef UNSUPPORTED
     if (used == 0) return ZOFF_OK;
-    return zoff_error(ZOFF_ERR_UNSUPPORTED,
-                      "%s: not implemented yet in zoff %s: %s (this version trains with zero_optimization.stage "
-                      "0, 1 or 2, offload_optimizer.device none, cpu or nvme, fp32, bf16 or fp16)",
-                      cfg->source_name ? cfg->source_name : "config", ZOFF_VERSION, list);
+    return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: not implemented yet in zoff %s: %s%s",
+                      cfg->source_name ? cfg->source_name : "config", ZOFF_VERSION, list,
+                      core_used ? " (this version trains with zero_optimization.stage 0, 1 or 2, "
+                                  "offload_optimizer.device none, cpu or nvme, fp32, bf16 or fp16)"
+                                : "");
+}
+
+/* ------------------------------------------------------------------ the key tables, listed */
+
+static void foreach_in(const section *sec, const char *prefix, void (*fn)(const zoff_config_key *, void *),
+                       void *ctx) {
+    char path[512];
+    for (size_t i = 0; i < sec->n; i++) {
+        const key_spec *k = &sec->keys[i];
+        join_path(path, sizeof path, prefix, k->name);
+        if (k->kind == K_SECTION) {
+            foreach_in(k->sub, path, fn, ctx);
+            continue;
+        }
+        const key_spec *t = k->kind == K_ALIAS ? find_key(sec, k->alias_of) : k;
+        zoff_config_key info = {.path = path,
+                                .cls = key_class(sec, k),
+                                .alias_of = k->kind == K_ALIAS ? k->alias_of : NULL,
+                                .note = t != NULL ? t->note : NULL,
+                                .dflt = t != NULL ? t->dflt : NULL,
+                                .on_key = t != NULL ? t->sw : NULL};
+        fn(&info, ctx);
+    }
+}
+
+void zoff_config_foreach_key(void (*fn)(const zoff_config_key *key, void *ctx), void *ctx) {
+    if (fn != NULL) foreach_in(&s_top, "", fn, ctx);
 }
