@@ -1,0 +1,610 @@
+// CPU emulation of the CUDA runtime, device execution and cuBLASLt subset used by
+// src/backend/cuda (see emu_runtime.h, emu_device.hpp and run.sh). Development
+// tool: it checks the backend's indexing, barriers, layouts and error paths on a
+// machine without a GPU. It says nothing about speed, the memory model, or
+// behaviour of the real cuBLASLt / CUB.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "emu_device.hpp"
+#include "include/cublasLt.h"
+
+// ------------------------------------------------------------------ runtime
+
+static thread_local cudaError_t g_last = cudaSuccess;
+static std::mutex g_alloc_mu;
+static std::set<void *> g_allocs;
+
+[[noreturn]] static void emu_fatal(const char *fmt, const char *what) {
+    fprintf(stderr, "cuda emulator: ");
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n");
+    abort();
+}
+
+extern "C" void emu_set_error(cudaError_t e) {
+    if (e != cudaSuccess) g_last = e;
+}
+
+static cudaError_t ret(cudaError_t e) {
+    emu_set_error(e);
+    return e;
+}
+
+extern "C" size_t emu_live_allocations(void) {
+    std::lock_guard<std::mutex> g(g_alloc_mu);
+    return g_allocs.size();
+}
+
+extern "C" cudaError_t cudaGetDeviceCount(int *count) {
+    if (getenv("EMU_NO_DEVICE")) {
+        *count = 0;
+        return ret(cudaErrorNoDevice);
+    }
+    *count = 1;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : ret(cudaErrorInvalidValue); }
+extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (device != 0) return ret(cudaErrorInvalidValue);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "CUDA emulator (CPU)");
+    prop->totalGlobalMem = (size_t)80 << 30;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 132;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+    if (device != 0) return ret(cudaErrorInvalidValue);
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 132; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; return cudaSuccess;
+    }
+    return ret(cudaErrorInvalidValue);
+}
+extern "C" cudaError_t cudaGetLastError(void) {
+    cudaError_t e = g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+extern "C" cudaError_t cudaPeekAtLastError(void) { return g_last; }
+extern "C" const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "emulated error";
+    }
+}
+extern "C" const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaErrorUnknown";
+    }
+}
+extern "C" cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+static void *emu_alloc(size_t bytes, size_t align) {
+    size_t n = (bytes + align - 1) / align * align;
+    void *p = aligned_alloc(align, n ? n : align);
+    if (!p) return nullptr;
+    memset(p, 0xff, n ? n : align); // uninitialised device memory reads as NaN
+    std::lock_guard<std::mutex> g(g_alloc_mu);
+    g_allocs.insert(p);
+    return p;
+}
+static cudaError_t emu_free(void *p) {
+    if (!p) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> g(g_alloc_mu);
+        if (!g_allocs.erase(p)) emu_fatal("free of %s: not a live allocation", "a pointer");
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
+    *p = emu_alloc(bytes, 256);
+    return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+}
+extern "C" cudaError_t cudaFree(void *p) { return emu_free(p); }
+extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
+    (void)flags;
+    *p = emu_alloc(bytes, 4096);
+    return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
+}
+extern "C" cudaError_t cudaFreeHost(void *p) { return emu_free(p); }
+extern "C" cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags) {
+    (void)flags;
+    *dev = host;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
+    *free_b = (size_t)40 << 30;
+    *total_b = (size_t)80 << 30;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+    if (!s) emu_fatal("%s on the legacy default stream", "cudaMallocAsync");
+    return cudaMalloc(p, bytes);
+}
+extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+    if (!s) emu_fatal("%s on the legacy default stream", "cudaFreeAsync");
+    return emu_free(p);
+}
+extern "C" cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
+    if (!s) emu_fatal("%s on the legacy default stream", "cudaMemsetAsync");
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                                       cudaStream_t s) {
+    (void)kind;
+    if (!s) emu_fatal("%s on the legacy default stream", "cudaMemcpyAsync");
+    const char *d = (const char *)dst, *q = (const char *)src;
+    if (bytes && d < q + bytes && q < d + bytes && d != q)
+        emu_fatal("%s: overlapping source and destination (undefined in CUDA)", "cudaMemcpyAsync");
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+struct emu_stream {
+    int magic;
+};
+struct emu_event {
+    int magic;
+};
+
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+    (void)flags;
+    *s = new emu_stream{0x5eed};
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s || s->magic != 0x5eed) emu_fatal("%s of an invalid stream", "cudaStreamDestroy");
+    s->magic = 0;
+    delete s;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (!s || s->magic != 0x5eed) emu_fatal("%s of an invalid stream", "cudaStreamSynchronize");
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    (void)flags;
+    if (!s || !e) emu_fatal("%s with a NULL handle", "cudaStreamWaitEvent");
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+    (void)flags;
+    *e = new emu_event{0xe7e7};
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e || e->magic != 0xe7e7) emu_fatal("%s of an invalid event", "cudaEventDestroy");
+    e->magic = 0;
+    delete e;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e || !s) emu_fatal("%s with a NULL handle", "cudaEventRecord");
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) emu_fatal("%s with a NULL handle", "cudaEventSynchronize");
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!e) emu_fatal("%s with a NULL handle", "cudaEventQuery");
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
+    if (!s) emu_fatal("%s on the legacy default stream", "cudaLaunchHostFunc");
+    fn(arg);
+    return cudaSuccess;
+}
+
+// ------------------------------------------------------------------ device execution
+
+emu_fiber_state *emu_cur = nullptr;
+uint3 emu_block_idx;
+dim3 emu_block_dim, emu_grid_dim;
+
+namespace {
+
+enum { F_RUN, F_BAR_BLOCK, F_BAR_WARP, F_DONE };
+constexpr size_t STACK = 256 * 1024;
+constexpr int MAX_THREADS = 1024;
+
+struct Fiber {
+    ucontext_t ctx;
+    emu_fiber_state st;
+    int state;
+    int lin;
+};
+
+ucontext_t g_sched;
+Fiber g_fibers[MAX_THREADS];
+int g_nf = 0;
+Fiber *g_curf = nullptr;
+char *g_stacks = nullptr;
+const std::function<void()> *g_body = nullptr;
+std::vector<unsigned char> g_dyn;
+unsigned char g_slots[MAX_THREADS / 32][32][8];
+bool g_reverse = false;
+bool g_in_launch = false;
+
+void fiber_entry() {
+    (*g_body)();
+    g_curf->state = F_DONE;
+    // returning resumes g_sched (uc_link)
+}
+
+void yield_to_scheduler(int state) {
+    if (!g_in_launch) emu_fatal("%s outside a kernel", "a barrier");
+    g_curf->state = state;
+    swapcontext(&g_curf->ctx, &g_sched);
+}
+
+void dump_states(const char *why) {
+    fprintf(stderr, "cuda emulator: %s in block (%u,%u,%u); thread states:", why, emu_block_idx.x, emu_block_idx.y,
+            emu_block_idx.z);
+    for (int i = 0; i < g_nf; i++) {
+        static const char *names[] = {"run", "syncthreads", "warp-sync", "done"};
+        if (i % 8 == 0) fprintf(stderr, "\n  ");
+        fprintf(stderr, "%4d:%-12s", i, names[g_fibers[i].state]);
+    }
+    fprintf(stderr, "\n");
+    abort();
+}
+
+void run_block() {
+    for (int i = 0; i < g_nf; i++) {
+        Fiber &f = g_fibers[i];
+        f.state = F_RUN;
+        f.lin = i;
+        f.st.tid.x = (unsigned int)i % emu_block_dim.x;
+        f.st.tid.y = ((unsigned int)i / emu_block_dim.x) % emu_block_dim.y;
+        f.st.tid.z = (unsigned int)i / (emu_block_dim.x * emu_block_dim.y);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK;
+        f.ctx.uc_stack.ss_size = STACK;
+        f.ctx.uc_link = &g_sched;
+        makecontext(&f.ctx, fiber_entry, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (int k = 0; k < g_nf; k++) {
+            Fiber &f = g_fibers[g_reverse ? g_nf - 1 - k : k];
+            if (f.state != F_RUN) continue;
+            g_curf = &f;
+            emu_cur = &f.st;
+            swapcontext(&g_sched, &f.ctx);
+            ran = true;
+        }
+        int live = 0, at_block = 0;
+        for (int i = 0; i < g_nf; i++) {
+            if (g_fibers[i].state != F_DONE) live++;
+            if (g_fibers[i].state == F_BAR_BLOCK) at_block++;
+        }
+        if (live == 0) return;
+        bool released = false;
+        if (at_block == live) {
+            for (int i = 0; i < g_nf; i++)
+                if (g_fibers[i].state == F_BAR_BLOCK) g_fibers[i].state = F_RUN;
+            released = true;
+        } else {
+            for (int w0 = 0; w0 < g_nf; w0 += 32) {
+                const int w1 = w0 + 32 < g_nf ? w0 + 32 : g_nf;
+                int wl = 0, ww = 0, wd = 0;
+                for (int i = w0; i < w1; i++) {
+                    if (g_fibers[i].state == F_DONE) wd++;
+                    else wl++;
+                    if (g_fibers[i].state == F_BAR_WARP) ww++;
+                }
+                if (ww > 0 && ww == wl) {
+                    if (wd > 0) dump_states("warp-level barrier or shuffle (full mask) with exited lanes");
+                    for (int i = w0; i < w1; i++)
+                        if (g_fibers[i].state == F_BAR_WARP) g_fibers[i].state = F_RUN;
+                    released = true;
+                }
+            }
+        }
+        if (!released && !ran) dump_states("deadlock (divergent barrier)");
+        if (!released && ran) {
+            // every fiber ran and blocked, but no barrier is complete: a mix of block and warp barriers
+            bool any_run = false;
+            for (int i = 0; i < g_nf; i++) any_run |= g_fibers[i].state == F_RUN;
+            if (!any_run) dump_states("deadlock (threads wait at different barriers)");
+        }
+    }
+}
+
+} // namespace
+
+void __syncthreads() { yield_to_scheduler(F_BAR_BLOCK); }
+void __syncwarp(unsigned int mask) {
+    (void)mask;
+    yield_to_scheduler(F_BAR_WARP);
+}
+
+void emu_warp_exchange(const void *in, void *out, int src_lane, size_t size) {
+    const int lin = g_curf->lin, warp = lin / 32, lane = lin % 32;
+    memcpy(g_slots[warp][lane], in, size);
+    yield_to_scheduler(F_BAR_WARP);
+    const int wsize = g_nf - warp * 32 < 32 ? g_nf - warp * 32 : 32;
+    if (src_lane >= 0 && src_lane < wsize) memcpy(out, g_slots[warp][src_lane], size);
+    else memcpy(out, in, size);
+    yield_to_scheduler(F_BAR_WARP);
+}
+
+void *emu_dyn_smem() { return g_dyn.data(); }
+
+void emu_run_grid(const emu_cfg_t &cfg, const std::function<void()> &body) {
+    const dim3 g = cfg.grid, b = cfg.block;
+    const unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
+    if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535 || threads == 0 ||
+        threads > 1024 || b.z > 64 || cfg.smem > 227 * 1024) {
+        fprintf(stderr, "cuda emulator: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", g.x,
+                g.y, g.z, b.x, b.y, b.z, cfg.smem);
+        emu_set_error(cudaErrorInvalidConfiguration);
+        return;
+    }
+    if (!cfg.stream) emu_fatal("%s on the legacy default stream", "kernel launch");
+    if (g_in_launch) emu_fatal("%s from inside a kernel", "kernel launch");
+    if (!g_stacks) {
+        g_stacks = (char *)mmap(nullptr, STACK * MAX_THREADS, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (g_stacks == MAP_FAILED) emu_fatal("%s", "cannot map fiber stacks");
+    }
+    g_reverse = getenv("EMU_ORDER") && !strcmp(getenv("EMU_ORDER"), "reverse");
+    g_in_launch = true;
+    g_body = &body;
+    g_nf = (int)threads;
+    emu_block_dim = b;
+    emu_grid_dim = g;
+    g_dyn.assign(cfg.smem ? cfg.smem : 16, 0xff); // uninitialised shared memory reads as NaN
+    for (unsigned int z = 0; z < g.z; z++)
+        for (unsigned int y = 0; y < g.y; y++)
+            for (unsigned int x = 0; x < g.x; x++) {
+                emu_block_idx = uint3{x, y, z};
+                memset(g_dyn.data(), 0xff, g_dyn.size());
+                run_block();
+            }
+    g_in_launch = false;
+    emu_cur = nullptr;
+}
+
+// ------------------------------------------------------------------ cuBLASLt (reference)
+
+struct emu_lt_handle {
+    int magic;
+};
+struct emu_lt_desc {
+    int transa = 0, transb = 0, epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void *bias = nullptr;
+    int bias_type = -1;
+};
+struct emu_lt_layout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct emu_lt_pref {
+    uint64_t max_ws = 0;
+    uint32_t align[4] = {256, 256, 256, 256};
+};
+
+static float lt_load(const void *p, cudaDataType_t t, int64_t i) {
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    if (t == CUDA_R_16BF) return __uint_as_float((uint32_t)h << 16);
+    return __half2float(__ushort_as_half(h));
+}
+static void lt_store(void *p, cudaDataType_t t, int64_t i, float v) {
+    if (t == CUDA_R_32F) {
+        ((float *)p)[i] = v;
+    } else if (t == CUDA_R_16BF) {
+        const uint32_t u = __float_as_uint(v);
+        ((uint16_t *)p)[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                                              : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    } else {
+        ((uint16_t *)p)[i] = __half_as_ushort(__float2half_rn(v));
+    }
+}
+
+static uint32_t ptr_align(const void *p) {
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)p % a) != 0) a >>= 1;
+    return a;
+}
+
+// Checks the layouts against each other: op(A) is m x k, op(B) k x n, C = D are m x n.
+static cublasStatus_t lt_check(const emu_lt_desc *op, const emu_lt_layout *a, const emu_lt_layout *b,
+                               const emu_lt_layout *c, const emu_lt_layout *d) {
+    const uint64_t m = d->rows, n = d->cols;
+    const uint64_t am = op->transa ? a->cols : a->rows, ak = op->transa ? a->rows : a->cols;
+    const uint64_t bk = op->transb ? b->cols : b->rows, bn = op->transb ? b->rows : b->cols;
+    if (am != m || bn != n || ak != bk || c->rows != m || c->cols != n || c->ld != d->ld) {
+        fprintf(stderr,
+                "cuda emulator: cublasLt layouts disagree: D %llux%llu, op(A) %llux%llu, op(B) %llux%llu, C %llux%llu\n",
+                (unsigned long long)m, (unsigned long long)n, (unsigned long long)am, (unsigned long long)ak,
+                (unsigned long long)bk, (unsigned long long)bn, (unsigned long long)c->rows,
+                (unsigned long long)c->cols);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (a->ld < (int64_t)a->rows || b->ld < (int64_t)b->rows || d->ld < (int64_t)d->rows) {
+        fprintf(stderr, "cuda emulator: cublasLt leading dimension smaller than the rows\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (a->type != d->type || b->type != d->type || c->type != d->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" const char *cublasLtGetStatusName(cublasStatus_t s) { return s == 0 ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_ERROR"; }
+extern "C" const char *cublasLtGetStatusString(cublasStatus_t s) { return s == 0 ? "success" : "emulated cuBLASLt error"; }
+extern "C" cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = new emu_lt_handle{0x17};
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                                   cudaDataType_t scale) {
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *d = new emu_lt_desc();
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a,
+                                                         const void *buf, size_t size) {
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB: {
+        if (size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        const int v = *(const cublasOperation_t *)buf == CUBLAS_OP_T;
+        (a == CUBLASLT_MATMUL_DESC_TRANSA ? d->transa : d->transb) = v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+        if (size != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        d->epilogue = *(const cublasLtEpilogue_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->bias, buf, sizeof(void *));
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+        if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        d->bias_type = *(const int32_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+extern "C" cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
+                                                     uint64_t cols, int64_t ld) {
+    *l = new emu_lt_layout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = new emu_lt_pref();
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                               cublasLtMatmulPreferenceAttributes_t a, const void *buf,
+                                                               size_t size) {
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        p->max_ws = *(const uint64_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+        if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = *(const uint32_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// EMU_LT=none: no algorithm for anything (exercises the fallback kernels);
+// EMU_LT=aligned16: no algorithm unless every matrix (and the bias) is 16-byte aligned.
+extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op,
+                                                         cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                         cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                                         cublasLtMatmulPreference_t pref, int requested,
+                                                         cublasLtMatmulHeuristicResult_t *results, int *count) {
+    (void)h;
+    *count = 0;
+    if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    cublasStatus_t s = lt_check(op, a, b, c, d);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    const char *mode = getenv("EMU_LT");
+    if (mode && !strcmp(mode, "none")) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (mode && !strcmp(mode, "aligned16")) {
+        for (int i = 0; i < 4; i++)
+            if (pref->align[i] < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (op->bias && ptr_align(op->bias) < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    memset(&results[0], 0, sizeof results[0]);
+    results[0].algo.data[0] = 0xa160;
+    results[0].algo.data[1] = pref->align[0] | (uint64_t)pref->align[1] << 16 | (uint64_t)pref->align[2] << 32 |
+                              (uint64_t)pref->align[3] << 48;
+    results[0].workspaceSize = pref->max_ws >= (1u << 20) ? (1u << 20) : 0;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    *count = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
+                                         const void *A, cublasLtMatrixLayout_t a, const void *B,
+                                         cublasLtMatrixLayout_t b, const void *beta, const void *C,
+                                         cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
+                                         const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                                         cudaStream_t stream) {
+    (void)h;
+    if (!stream) emu_fatal("%s on the legacy default stream", "cublasLtMatmul");
+    cublasStatus_t s = lt_check(op, a, b, c, d);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    if (!algo || algo->data[0] != 0xa160) emu_fatal("%s: algorithm not from the heuristic", "cublasLtMatmul");
+    // the pointers must be as aligned as the preference the algorithm was chosen with
+    const uint64_t al = algo->data[1];
+    const void *ptrs[4] = {A, B, C, D};
+    for (int i = 0; i < 4; i++)
+        if (ptr_align(ptrs[i]) < ((al >> (16 * i)) & 0xffff))
+            emu_fatal("%s: a pointer is less aligned than the heuristic was told", "cublasLtMatmul");
+    if (workspace_bytes && !workspace) emu_fatal("%s: workspace size without a pointer", "cublasLtMatmul");
+    if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && !op->bias) emu_fatal("%s: BIAS epilogue without a pointer", "cublasLtMatmul");
+    const float al_ = *(const float *)alpha, be = *(const float *)beta;
+    const uint64_t m = d->rows, n = d->cols, k = op->transa ? a->rows : a->cols;
+    const cudaDataType_t t = d->type;
+    std::vector<float> out((size_t)(m * n));
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+            double acc = 0;
+            for (uint64_t kk = 0; kk < k; kk++) {
+                const float x = lt_load(A, t, op->transa ? (int64_t)(kk + i * a->ld) : (int64_t)(i + kk * a->ld));
+                const float y = lt_load(B, t, op->transb ? (int64_t)(j + kk * b->ld) : (int64_t)(kk + j * b->ld));
+                acc += (double)x * (double)y;
+            }
+            float v = al_ * (float)acc;
+            if (be != 0.0f) v += be * lt_load(C, t, (int64_t)(i + j * c->ld));
+            if (op->epilogue == CUBLASLT_EPILOGUE_BIAS) v += lt_load(op->bias, t, (int64_t)i);
+            out[(size_t)(i + j * m)] = v;
+        }
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) lt_store(D, t, (int64_t)(i + j * d->ld), out[(size_t)(i + j * m)]);
+    return CUBLAS_STATUS_SUCCESS;
+}
