@@ -1,0 +1,860 @@
+/* zoff plan: memory and step-time predictions per setting, the grid, the
+ * recommendation, and the recommended config as DeepSpeed JSON.
+ *
+ * Every byte count here re-derives an allocation made elsewhere, from the
+ * shape alone:
+ *   model   src/model/gpt2.c   zoff_gpt2_create: parameters, gradients, one
+ *                              activation allocation carved in 256-byte aligned
+ *                              pieces (layout_activations), pinned losses
+ *   engine  src/zero/engine.c  zoff_engine_create: sub-groups placed from the
+ *                              top (build_subgroups), "auto" (auto_ratio),
+ *                              device master/m/v + 8 bytes of statistics, host
+ *                              master/m/v + gradient partition(s) + staging
+ *   loop    src/cli/train.c    token buffers on the device, initial fp32
+ *                              weights and checkpoint staging on the host
+ * tests/test_plan.c compares them with what those functions really allocate.
+ * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
+#define _GNU_SOURCE
+#include "zoff/plan.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Same bounds as src/model/gpt2.c. */
+#define MAX_LAYERS ((int64_t)1 << 16)
+#define MAX_HIDDEN ((int64_t)1 << 17)
+#define MAX_SEQ ((int64_t)1 << 24)
+#define MAX_VOCAB ((int64_t)INT32_MAX)
+#define MAX_BATCH ((int64_t)1 << 24)
+
+/* The engine's "ratio": "auto" keeps 5% of the budget free (engine.c AUTO_MARGIN_FRACTION). */
+#define ENGINE_AUTO_MARGIN 0.05
+/* nvme grid rows with ratio 0 or 1 get at least this many sub-groups when the
+ * config's sub_group_size gives fewer. */
+#define PLAN_MIN_SUBGROUPS 16
+/* Predicted times within this fraction of the fastest count as a tie. */
+#define TIE_FRACTION 0.02
+
+const char *zoff_plan_offload_name(zoff_offload_device d) {
+    return d == ZOFF_OFFLOAD_CPU ? "cpu" : d == ZOFF_OFFLOAD_NVME ? "nvme" : "none";
+}
+
+const char *zoff_plan_source_name(zoff_plan_source s) {
+    switch (s) {
+    case ZOFF_PLAN_SRC_PROBE: return "probe";
+    case ZOFF_PLAN_SRC_BENCH: return "bench";
+    case ZOFF_PLAN_SRC_FLAG: return "flag";
+    default: return "assumed";
+    }
+}
+
+/* ------------------------------------------------------------------ the model's allocations */
+
+typedef struct measure {
+    size_t off;
+    bool overflow;
+} measure;
+
+/* src/model/gpt2.c carve(): each piece starts at the next multiple of 256 bytes. */
+static void carve(measure *c, int64_t count, size_t elem) {
+    size_t bytes, start;
+    if (count < 0 || __builtin_mul_overflow((size_t)count, elem, &bytes) ||
+        __builtin_add_overflow(c->off, (size_t)255, &start)) {
+        c->overflow = true;
+        return;
+    }
+    start &= ~(size_t)255;
+    if (__builtin_add_overflow(start, bytes, &c->off)) c->overflow = true;
+}
+
+zoff_status zoff_plan_model_bytes_get(const zoff_gpt2_options *o, zoff_plan_model_bytes *out) {
+    memset(out, 0, sizeof *out);
+    const zoff_gpt2_shape *s = &o->shape;
+    const char *w = "zoff plan: model shape";
+    if (s->num_layers < 1 || s->num_layers > MAX_LAYERS)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: num_layers is %lld; it must be in [1, %lld]", w,
+                          (long long)s->num_layers, (long long)MAX_LAYERS);
+    if (s->hidden_size < 1 || s->hidden_size > MAX_HIDDEN)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: hidden_size is %lld; it must be in [1, %lld]", w,
+                          (long long)s->hidden_size, (long long)MAX_HIDDEN);
+    if (s->num_heads < 1 || s->num_heads > s->hidden_size || s->hidden_size % s->num_heads != 0)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "%s: num_attention_heads is %lld; it must divide hidden_size %lld", w,
+                          (long long)s->num_heads, (long long)s->hidden_size);
+    if (s->max_seq_len < 1 || s->max_seq_len > MAX_SEQ)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: max_position_embeddings is %lld; it must be in [1, %lld]", w,
+                          (long long)s->max_seq_len, (long long)MAX_SEQ);
+    if (s->vocab_size < 1 || s->vocab_size > MAX_VOCAB)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: vocab_size is %lld; it must be in [1, %lld]", w,
+                          (long long)s->vocab_size, (long long)MAX_VOCAB);
+    int64_t Vp = s->padded_vocab_size ? s->padded_vocab_size : (s->vocab_size + 127) / 128 * 128;
+    if (Vp < s->vocab_size)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: padded_vocab_size %lld is below vocab_size %lld", w,
+                          (long long)Vp, (long long)s->vocab_size);
+    if (o->batch_size < 1 || o->batch_size > MAX_BATCH)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: micro-batch size is %lld; it must be in [1, %lld]", w,
+                          (long long)o->batch_size, (long long)MAX_BATCH);
+    if (o->seq_len < 1 || o->seq_len > s->max_seq_len)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: seq_length %lld must be in [1, max_position_embeddings=%lld]", w,
+                          (long long)o->seq_len, (long long)s->max_seq_len);
+    if (o->dtype != ZOFF_F32 && o->dtype != ZOFF_BF16 && o->dtype != ZOFF_F16)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: dtype must be f32, bf16 or fp16", w);
+    const int64_t L = s->num_layers, C = s->hidden_size, NH = s->num_heads;
+    const int64_t N = o->batch_size * o->seq_len;
+    int64_t tmp;
+    if (__builtin_mul_overflow(N, Vp, &tmp) || __builtin_mul_overflow(N, 4 * C, &tmp))
+        return zoff_error(ZOFF_ERR_INVALID, "%s: micro-batch x seq_length (%lld) is too large", w, (long long)N);
+    const size_t d = zoff_dtype_size(o->dtype), f = sizeof(float);
+    out->padded_vocab_size = Vp;
+    out->block_params = 12 * C * C + 13 * C;
+    out->num_params = Vp * C + s->max_seq_len * C + L * out->block_params + 2 * C;
+    out->params = (size_t)out->num_params * d;
+    out->grads = out->params;
+    /* layout_activations(), in its order */
+    measure c = {0};
+    for (int64_t l = 0; l <= L; l++) carve(&c, N * C, d); /* resid[0..L] */
+    int64_t sets = o->checkpoint_activations ? 1 : L;
+    for (int64_t i = 0; i < sets; i++) {
+        carve(&c, N * C, d);     /* ln1 */
+        carve(&c, N, f);         /* ln1_mean */
+        carve(&c, N, f);         /* ln1_rstd */
+        carve(&c, N * 3 * C, d); /* qkv */
+        carve(&c, N * C, d);     /* atty */
+        carve(&c, N * NH, f);    /* lse */
+        carve(&c, N * C, d);     /* res2 */
+        carve(&c, N * C, d);     /* ln2 */
+        carve(&c, N, f);         /* ln2_mean */
+        carve(&c, N, f);         /* ln2_rstd */
+        carve(&c, N * 4 * C, d); /* fch */
+        carve(&c, N * 4 * C, d); /* fch_gelu */
+    }
+    carve(&c, N * C, d);           /* lnf */
+    carve(&c, N, f);               /* lnf_mean */
+    carve(&c, N, f);               /* lnf_rstd */
+    carve(&c, N * Vp, d);          /* logits */
+    carve(&c, N, f);               /* losses */
+    carve(&c, N, sizeof(int32_t)); /* tokens */
+    carve(&c, N, sizeof(int32_t)); /* targets */
+    carve(&c, N * C, d);           /* dresid */
+    carve(&c, N * C, d);           /* dln */
+    carve(&c, N * C, d);           /* datty */
+    carve(&c, N * 3 * C, d);       /* dqkv */
+    carve(&c, N * 4 * C, d);       /* dfch */
+    if (c.overflow)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: activation memory for %lld tokens overflows size_t", w, (long long)N);
+    out->activations = c.off;
+    out->host_losses = (size_t)N * f;
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ settings */
+
+void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s) {
+    const zoff_zero_config *z = &cfg->zero;
+    memset(s, 0, sizeof *s);
+    s->stage = z->stage;
+    s->offload = z->cpu_offload && z->offload_optimizer.device == ZOFF_OFFLOAD_NONE ? ZOFF_OFFLOAD_CPU
+                                                                                    : z->offload_optimizer.device;
+    s->param_offload = z->offload_param.device;
+    s->ratio = s->offload == ZOFF_OFFLOAD_NONE ? 0.0 : z->offload_optimizer.ratio;
+    s->ratio_auto = s->offload != ZOFF_OFFLOAD_NONE && z->offload_optimizer.ratio_auto;
+    s->pin_memory = z->offload_optimizer.pin_memory || z->cpu_offload;
+    s->sub_group_size = z->sub_group_size;
+}
+
+/* engine.c build_subgroups(): whole sub-groups of the flat range [0, n) from the
+ * top until at least ceil(ratio * n) elements are on the host. The top
+ * sub-group is the short one. */
+typedef struct placement {
+    int64_t host;        /* elements on the host */
+    int64_t sgs;         /* sub-group size used */
+    int nsg;             /* sub-groups */
+    int host_groups;     /* of them on the host */
+    int64_t top;         /* elements of the top (last, possibly short) sub-group */
+} placement;
+
+/* engine.c TWIN_FLOW_MIN_SUBGROUPS: a fractional ratio with fewer sub-groups
+ * than this splits [0, n) finer, in multiples of 64 elements. */
+#define ENGINE_MIN_SUBGROUPS 32
+static placement place_host(int64_t n, int64_t sgs, double ratio) {
+    placement p = {0};
+    if (sgs <= 0) sgs = n;
+    if (ratio > 0 && ratio < 1 && (n + sgs - 1) / sgs < ENGINE_MIN_SUBGROUPS) {
+        sgs = (n + ENGINE_MIN_SUBGROUPS - 1) / ENGINE_MIN_SUBGROUPS;
+        sgs = (sgs + 63) / 64 * 64;
+    }
+    int64_t nsg = (n + sgs - 1) / sgs;
+    p.sgs = sgs;
+    p.nsg = nsg > INT32_MAX ? INT32_MAX : (int)nsg;
+    p.top = n - (nsg - 1) * sgs;
+    int64_t want = (int64_t)ceil(ratio * (double)n);
+    if (want <= 0) return p;
+    int64_t more = want <= p.top ? 0 : (want - p.top + sgs - 1) / sgs;
+    if (more > nsg - 1) more = nsg - 1;
+    p.host = p.top + more * sgs;
+    p.host_groups = (int)(1 + more);
+    return p;
+}
+
+/* src/zero/swapper.c: each array of a group is padded to 4 KiB (ZOFF_AIO_ALIGN). */
+#define SWAP_ALIGN ((size_t)4096)
+static size_t swap_array_bytes(int64_t count) {
+    return ((size_t)count * sizeof(float) + SWAP_ALIGN - 1) / SWAP_ALIGN * SWAP_ALIGN;
+}
+
+static bool uses_m(const zoff_config *cfg) { return cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
+static bool uses_v(const zoff_config *cfg) { return cfg->optimizer.type != ZOFF_OPTIM_LION; }
+
+static size_t mul_sat(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static size_t frac_of(size_t cap, double keep) { return (size_t)((double)cap * keep); }
+
+/* FLOPs of one micro-batch: forward, backward (2x forward) and the forward
+ * recomputation of activation checkpointing (every block but the last). */
+static double micro_batch_flops(const zoff_gpt2_options *o, int64_t Vp, double *bwd_out) {
+    const double L = (double)o->shape.num_layers, C = (double)o->shape.hidden_size;
+    const double B = (double)o->batch_size, T = (double)o->seq_len, N = B * T;
+    double blocks = 2.0 * N * L * 12.0 * C * C + 4.0 * B * T * T * C * L; /* matmuls + attention scores/values */
+    double fwd = blocks + 2.0 * N * (double)Vp * C;                       /* + the tied lm head */
+    double recompute = o->checkpoint_activations ? blocks * (L - 1.0) / L : 0.0;
+    if (bwd_out) *bwd_out = 2.0 * fwd + recompute;
+    return 3.0 * fwd + recompute;
+}
+
+/* src/zero/partition.c zoff_dp_plan_build: rank r ends at
+ * floor(n (r+1) / N) rounded down to ZOFF_DP_ALIGN (64) elements when n >= 256 N,
+ * the last rank at n. Returns the largest partition (the rank the plan reports). */
+static int64_t largest_partition(int64_t n, int64_t world) {
+    if (world <= 1) return n;
+    int64_t align = n >= 64 * world * 4 ? 64 : 1, prev = 0, big = 0;
+    for (int64_t r = 0; r < world; r++) {
+        int64_t end = r == world - 1 ? n : (int64_t)((double)n * (double)(r + 1) / (double)world) / align * align;
+        if (end < prev) end = prev;
+        if (end - prev > big) big = end - prev;
+        prev = end;
+    }
+    return big;
+}
+
+/* src/zero/stage3.c: groups are the runs of one `layer` (embeddings, each
+ * block, ln_f). Groups of at most stage3_param_persistence_threshold elements
+ * stay gathered. The others are gathered into pooled device buffers of exactly
+ * their size, kept for reuse. In backward every group also takes a gradient
+ * buffer of its size from the pool. At the high-water mark: the embeddings'
+ * weights and gradient buffer (held through backward), ln_f's, and for blocks
+ * the one in use plus those prefetched within stage3_prefetch_bucket_size (all
+ * of them when persistent) and one gradient buffer. An estimate of a dynamic
+ * peak, checked against runs in tests/test_plan.c (docs/plan.md). */
+static size_t stage3_gathered(const zoff_config *cfg, int64_t emb, int64_t blk, int64_t lnf, int64_t L, size_t es) {
+    const int64_t thr = cfg->zero.stage3_param_persistence_threshold, pf = cfg->zero.stage3_prefetch_bucket_size;
+    /* weights (persistent or pooled) and one gradient buffer of each size in backward */
+    int64_t elems = 2 * emb + 2 * lnf + blk;
+    if (blk <= thr) {
+        elems += L * blk;
+    } else {
+        int64_t ahead = pf > 0 ? pf / blk : 0;
+        elems += (1 + ahead < L ? 1 + ahead : L) * blk;
+    }
+    return (size_t)elems * es;
+}
+
+static const char *short_unsupported(const zoff_plan_setting *s) {
+    if (s->stage >= 3) return "stage 3 is not implemented yet";
+    if (s->offload == ZOFF_OFFLOAD_NVME) return "nvme optimizer offload is not implemented yet";
+    if (s->param_offload != ZOFF_OFFLOAD_NONE) return "parameter offload is not implemented yet";
+    return NULL;
+}
+
+static void append_why(zoff_plan_row *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void append_why(zoff_plan_row *r, const char *fmt, ...) {
+    size_t used = strlen(r->why);
+    if (used + 3 >= sizeof r->why) return;
+    if (used) {
+        memcpy(r->why + used, "; ", 3);
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->why + used, sizeof r->why - used, fmt, ap);
+    va_end(ap);
+}
+
+zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
+    memset(r, 0, sizeof *r);
+    if (!in || !in->cfg || !s) return zoff_error(ZOFF_ERR_INVALID, "zoff_plan_evaluate: missing inputs");
+    const zoff_config *cfg = in->cfg;
+    const zoff_plan_machine *M = &in->machine;
+    const zoff_gpt2_options *mo = &in->model;
+    if (s->stage < 0 || s->stage > 3)
+        return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.stage is %d; allowed: 0, 1, 2, 3", s->stage);
+    if (s->offload != ZOFF_OFFLOAD_NONE && s->stage == 0)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "zero_optimization.offload_optimizer.device \"%s\" needs stage 1, 2 or 3 (got 0)",
+                          zoff_plan_offload_name(s->offload));
+    if (s->param_offload != ZOFF_OFFLOAD_NONE && s->stage != 3)
+        return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.offload_param.device \"%s\" needs stage 3 (got %d)",
+                          zoff_plan_offload_name(s->param_offload), s->stage);
+    if (!s->ratio_auto && !(s->ratio >= 0.0 && s->ratio <= 1.0))
+        return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.offload_optimizer.ratio is %g; allowed: [0, 1] or \"auto\"",
+                          s->ratio);
+    if (M->ranks < 1 || M->ranks_per_node < 1 || M->ranks_per_node > M->ranks)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff plan: ranks %d and ranks per node %d: need 1 <= per node <= ranks",
+                          M->ranks, M->ranks_per_node);
+    r->setting = *s;
+    zoff_plan_model_bytes mb;
+    ZOFF_TRY(zoff_plan_model_bytes_get(mo, &mb));
+    const zoff_dtype dt = mo->dtype;
+    const size_t es = zoff_dtype_size(dt), f4 = sizeof(float);
+    const int64_t n = mb.num_params, R = M->ranks;
+    const bool offload = s->offload != ZOFF_OFFLOAD_NONE;
+    const bool pinned = s->pin_memory;
+    const bool dpu = cfg->zero.delayed_param_update && offload;
+    const size_t state_b = f4 * (1 + (size_t)uses_m(cfg) + (size_t)uses_v(cfg)); /* host: master (+m) (+v) */
+    const int64_t B = mo->batch_size, T = mo->seq_len;
+    const int64_t accum = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
+    zoff_plan_memory *m = &r->mem;
+
+    /* ---- partition of the optimizer state (stages 1-3 partition it over the ranks;
+     * stage 0 with several ranks replicates it) */
+    const int64_t part = s->stage >= 1 ? largest_partition(n, R) : n;
+    r->partition_params = part;
+
+    /* ---- the model's device buffers and the engine's data-parallel buffers */
+    const int64_t C = mo->shape.hidden_size, L = mo->shape.num_layers;
+    const int64_t emb = (mb.padded_vocab_size + mo->shape.max_seq_len) * C; /* group: wte + wpe */
+    const int64_t blk = mb.block_params, lnf = 2 * C;
+    const int64_t maxgrp = emb > blk ? (emb > lnf ? emb : lnf) : (blk > lnf ? blk : lnf);
+    const bool rr = cfg->zero.round_robin_gradients && R > 1;
+    m->activations = mb.activations;
+    m->tokens = 2 * (size_t)(B * T) * sizeof(int32_t);
+    if (s->stage < 3) {
+        m->params16 = mb.params;
+        m->grads16 = mb.grads;
+        if (R > 1) { /* engine.c dp_setup: one layer's gradients, at most a reduce bucket */
+            int64_t el = maxgrp;
+            if (cfg->zero.reduce_bucket_size > 0 && el > cfg->zero.reduce_bucket_size) el = cfg->zero.reduce_bucket_size;
+            m->comm_buffers = (size_t)el * es * ((s->stage >= 2 ? 1 : 0) + (rr ? 1 : 0));
+        }
+    } else {
+        /* engine.c s3_setup: this rank's weights (on the host with offload_param
+         * cpu: the host optimizer's output) and gradients; a whole group for
+         * reduce-scatter (and round-robin packing) */
+        m->params16 = s->param_offload == ZOFF_OFFLOAD_NONE ? (size_t)part * es : 0;
+        m->grads16 = (size_t)part * es;
+        m->comm_buffers = (size_t)maxgrp * es * (1 + (rr ? 1 : 0));
+        m->gathered = stage3_gathered(cfg, emb, blk, lnf, L, es);
+    }
+    m->runtime_reserve = M->runtime_reserve;
+
+    /* ---- placement of the optimizer's partition: host (cpu/nvme) or device */
+    double ratio = offload ? s->ratio : 0.0;
+    size_t model_dev_before_engine = 0; /* what the engine sees in use when it chooses "auto" */
+    if (offload && s->ratio_auto) {
+        /* allocated before the engine chooses: the model, the data-parallel buffers */
+        model_dev_before_engine = (s->stage < 3 ? m->params16 + m->grads16 : 0) + m->activations + m->comm_buffers;
+        size_t budget = M->device_budget ? M->device_bytes : 0;
+        if (budget == 0) {
+            ratio = 0.0; /* engine: no budget, everything fits on the device */
+        } else {
+            size_t margin = (size_t)((double)budget * ENGINE_AUTO_MARGIN);
+            size_t used = model_dev_before_engine + 64;
+            if (used + margin >= budget) {
+                r->auto_failed = true;
+                ratio = 1.0;
+            } else {
+                size_t freeb = budget - used - margin;
+                size_t per = f4 * (dt == ZOFF_F32 ? 2 : 3);
+                int64_t max_dev = (int64_t)(freeb / per);
+                int64_t host = part - max_dev;
+                if (host < 0) host = 0;
+                ratio = (double)host / (double)part;
+            }
+        }
+    }
+    placement pl = place_host(part, s->sub_group_size, offload ? ratio : 0.0);
+    r->host_params = pl.host;
+    r->num_subgroups = pl.nsg;
+    r->device_params = part - r->host_params;
+    r->host_ratio = part > 0 ? (double)r->host_params / (double)part : 0.0;
+    const size_t nh = (size_t)r->host_params, nd = (size_t)r->device_params;
+    const bool nvme = s->offload == ZOFF_OFFLOAD_NVME;
+
+    /* ---- the engine */
+    m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + 2 * f4;
+    if (nh > 0) {
+        if (!nvme) m->host_optimizer = mul_sat(nh, state_b);
+        m->host_grads = mul_sat(nh, es * (1 + (dpu ? 1 : 0)));
+        m->host_staging = dt != ZOFF_F32 || nvme ? nh * es : 0; /* nvme: fp32 weights are staged too */
+    }
+    if (nvme && nh > 0) {
+        /* src/zero/swapper.c: one swap group per host sub-group, its arrays
+         * (master, m, v as the optimizer uses them) 4 KiB aligned; a 4 KiB
+         * header; min(buffer_count, groups) buffers of the largest group */
+        const size_t na = state_b / f4;
+        const int64_t big = pl.host_groups > 1 ? pl.sgs : pl.top;
+        int64_t bc = cfg->zero.offload_optimizer.buffer_count;
+        int need = 1 + (cfg->zero.offload_optimizer.pipeline_read ? 1 : 0) + (cfg->zero.offload_optimizer.pipeline_write ? 1 : 0);
+        if (need > pl.host_groups) need = pl.host_groups;
+        if (bc < need) {
+            r->bad_config = true;
+            snprintf(r->why, sizeof r->why,
+                     "zero_optimization.offload_optimizer.buffer_count %lld is too few for the pipeline flags (needs %d)",
+                     (long long)bc, need);
+        }
+        int64_t slots = bc < pl.host_groups ? bc : pl.host_groups;
+        if (slots < 1) slots = 1;
+        m->swap_buffers = add_sat(mul_sat((size_t)slots, mul_sat(na, swap_array_bytes(big))), 2 * SWAP_ALIGN);
+        m->disk_optimizer = add_sat(SWAP_ALIGN, mul_sat(na, add_sat(swap_array_bytes(pl.top),
+                                                                    mul_sat((size_t)(pl.host_groups - 1),
+                                                                            swap_array_bytes(pl.sgs)))));
+    }
+    /* stage 3, offload_param cpu: the weights are the host optimizer's output
+     * buffer (16-bit staging, fp32: the master), already counted above */
+    if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
+        m->disk_params = (size_t)part * es;
+        int64_t cnt = cfg->zero.offload_param.buffer_count, sz = cfg->zero.offload_param.buffer_size;
+        m->param_buffers = mul_sat((size_t)(cnt > 0 ? cnt : 1) * (size_t)(sz > 0 ? sz : 1), es);
+    }
+    m->model_pinned = mb.host_losses;
+    /* train.c: initial fp32 weights (held for the run), the checkpoint staging
+     * buffer while saving, input and target tokens */
+    m->loop_pageable = 2 * (size_t)n * f4 + 2 * (size_t)(B * T) * sizeof(int32_t);
+
+    /* ---- totals */
+    m->device = m->params16 + m->grads16 + m->activations + m->tokens + m->comm_buffers + m->gathered +
+                m->device_optimizer + m->runtime_reserve;
+    size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
+    m->pinned = add_sat(m->model_pinned, m->param_buffers);
+    m->pageable = add_sat(m->loop_pageable, m->swap_buffers);
+    if (pinned) m->pinned = add_sat(m->pinned, add_sat(engine_host, m->host_params));
+    else m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params));
+    m->disk = add_sat(m->disk_optimizer, m->disk_params);
+
+    /* ---- fit, with the margin */
+    const double keep = 1.0 - M->margin;
+    const size_t rpn = (size_t)M->ranks_per_node;
+    char b1[32], b2[32];
+    r->fits_device = M->device_bytes == 0 || m->device <= frac_of(M->device_bytes, keep);
+    if (!r->fits_device)
+        append_why(r, "device %s > %s", zoff_format_bytes(m->device, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(M->device_bytes, keep), b2, sizeof b2));
+    r->fits_pinned = M->pinned_limit == SIZE_MAX || m->pinned <= frac_of(M->pinned_limit, keep);
+    if (!r->fits_pinned)
+        append_why(r, "pinned %s > %s (ulimit -l)", zoff_format_bytes(m->pinned, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(M->pinned_limit, keep), b2, sizeof b2));
+    size_t per_rank_host = add_sat(add_sat(m->pinned, m->pageable), M->process_baseline);
+    if (M->backend == ZOFF_BACKEND_CPU) per_rank_host = add_sat(per_rank_host, m->device); /* device memory is host memory */
+    r->host_use = mul_sat(per_rank_host, rpn);
+    r->fits_host = M->host_bytes == 0 || r->host_use <= frac_of(M->host_bytes, keep);
+    if (!r->fits_host)
+        append_why(r, "host %s > %s", zoff_format_bytes(r->host_use, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(M->host_bytes, keep), b2, sizeof b2));
+    size_t disk_use = mul_sat(m->disk, rpn);
+    r->fits_disk = m->disk == 0 || (M->disk_bytes > 0 && disk_use <= frac_of(M->disk_bytes, keep));
+    if (!r->fits_disk) {
+        if (M->disk_bytes == 0) append_why(r, "disk %s, free space unknown", zoff_format_bytes(disk_use, b1, sizeof b1));
+        else
+            append_why(r, "disk %s > %s", zoff_format_bytes(disk_use, b1, sizeof b1),
+                       zoff_format_bytes(frac_of(M->disk_bytes, keep), b2, sizeof b2));
+    }
+    if (r->auto_failed)
+        append_why(r, "ratio auto: the model alone (%s) leaves less than the engine's 5%% margin of the budget",
+                   zoff_format_bytes(model_dev_before_engine, b1, sizeof b1));
+    r->fits = r->fits_device && r->fits_pinned && r->fits_host && r->fits_disk && !r->auto_failed && !r->bad_config;
+
+    /* ---- runnable by this version */
+    zoff_config c2 = *cfg; /* shallow: only read by check_supported */
+    c2.zero.stage = s->stage;
+    c2.zero.cpu_offload = false;
+    c2.zero.offload_optimizer.device = s->offload;
+    c2.zero.offload_param.device = s->param_offload;
+    if (s->offload == ZOFF_OFFLOAD_NVME && !c2.zero.offload_optimizer.nvme_path[0])
+        snprintf(c2.zero.offload_optimizer.nvme_path, sizeof c2.zero.offload_optimizer.nvme_path, ".");
+    zoff_status cs = zoff_config_check_supported(&c2);
+    r->runnable = cs == ZOFF_OK;
+    if (cs != ZOFF_OK) {
+        const char *why = short_unsupported(s);
+        append_why(r, "not runnable: %s", why ? why : zoff_last_error());
+        zoff_clear_error();
+    }
+#if !defined(ZOFF_HAVE_MPI)
+    if (r->runnable && R > 1) {
+        r->runnable = false;
+        append_why(r, "not runnable: %lld ranks need a build with MPI (this one has none)", (long long)R);
+    }
+#endif
+    /* the engine's own rules (engine.c check_supported) */
+    if (r->runnable && s->param_offload == ZOFF_OFFLOAD_CPU && (!offload || s->ratio_auto || s->ratio < 1.0)) {
+        r->runnable = false;
+        append_why(r, "not runnable: offload_param cpu needs the whole optimizer on the host (ratio 1)");
+    }
+    if (r->runnable && s->stage >= 3 && dpu) {
+        r->runnable = false;
+        append_why(r, "not runnable: the delayed parameter update is not implemented with stage 3");
+    }
+    if (r->runnable && r->device_params > 0 && cfg->optimizer.type != ZOFF_OPTIM_ADAM &&
+        cfg->optimizer.type != ZOFF_OPTIM_ADAMW) {
+        r->runnable = false;
+        append_why(r, "not runnable: the device optimizer is Adam/AdamW only (use offload cpu, ratio 1)");
+    }
+
+    /* ---- step time */
+    const zoff_plan_rates *rt = &M->rates;
+    zoff_plan_time *t = &r->time;
+    double bwd_flops = 0;
+    double mb_flops = micro_batch_flops(mo, mb.padded_vocab_size, &bwd_flops);
+    double t_mb = mb_flops / rt->device_flops, t_bwd = bwd_flops / rt->device_flops;
+    double copy_scale = (!pinned && M->backend == ZOFF_BACKEND_CUDA) ? 0.5 : 1.0; /* pageable copies */
+    double h2d = rt->h2d * copy_scale, d2h = rt->d2h * copy_scale;
+    if (s->stage == 3) { /* parameter fetches per micro-batch (forward and backward), prefetched */
+        double fetch = 0;
+        if (s->param_offload == ZOFF_OFFLOAD_CPU) fetch += 2.0 * (double)part * (double)es / h2d;
+        if (s->param_offload == ZOFF_OFFLOAD_NVME) fetch += 2.0 * (double)part * (double)es / rt->disk_read;
+        if (R > 1) fetch += 2.0 * (double)(R - 1) / (double)R * (double)n * (double)es / rt->link;
+        t_mb = fmax(t_mb, fetch);
+        t_bwd = fmax(t_bwd, fetch / 2);
+    }
+    t->compute = (double)accum * t_mb;
+    t->grads_out = fmax(0.0, (double)nh * (double)es / d2h - t_bwd);
+    if (R > 1) {
+        double frac = (double)(R - 1) / (double)R, bytes = (double)n * (double)es;
+        double c = s->stage == 3 ? frac * bytes : 2.0 * frac * bytes; /* allreduce = reduce-scatter + all-gather */
+        c /= rt->link;
+        t->comm = cfg->zero.overlap_comm ? fmax(0.0, c - t_bwd) : c;
+    }
+    double host_phase = (double)nh / rt->host_adam;
+    size_t sg_now = (size_t)(pl.host_groups > 1 ? pl.sgs : pl.top);
+    if (nh == 0) sg_now = 0;
+    if (s->offload == ZOFF_OFFLOAD_NVME && nh > 0) {
+        double rd = (double)nh * (double)state_b / rt->disk_read, wr = (double)nh * (double)state_b / rt->disk_write;
+        host_phase = fmax(host_phase, fmax(rd, wr)) + (double)sg_now * (double)state_b / rt->disk_read +
+                     (double)sg_now * (double)state_b / rt->disk_write;
+    }
+    t->host_optim = host_phase;
+    t->weights_in = nh > 0 ? fmax(0.0, (double)nh * (double)es / h2d - host_phase) + (double)sg_now * (double)es / h2d
+                           : 0.0;
+    t->device_optim = (double)nd / rt->device_adam;
+    double before_opt = t->compute + t->grads_out + t->comm;
+    if (M->backend == ZOFF_BACKEND_CPU) /* "device" and host share the same cores: nothing overlaps */
+        t->step = before_opt + t->host_optim + t->weights_in + t->device_optim;
+    else if (dpu) t->step = fmax(before_opt + t->device_optim, t->host_optim + t->weights_in);
+    else t->step = before_opt + fmax(t->host_optim + t->weights_in, t->device_optim);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ the grid */
+
+static size_t row_footprint(const zoff_plan_row *r) {
+    return add_sat(add_sat(r->mem.device, r->mem.pinned), add_sat(r->mem.pageable, r->mem.disk));
+}
+
+static int pick_best(const zoff_plan *p, int cfg_stage, bool need_runnable) {
+    double tmin = INFINITY;
+    for (int i = 0; i < p->nrows; i++) {
+        const zoff_plan_row *r = &p->rows[i];
+        if (r->fits && (r->runnable || !need_runnable) && r->time.step < tmin) tmin = r->time.step;
+    }
+    if (!isfinite(tmin)) return -1;
+    int best = -1;
+    for (int i = 0; i < p->nrows; i++) {
+        const zoff_plan_row *r = &p->rows[i];
+        if (!r->fits || (need_runnable && !r->runnable) || r->time.step > tmin * (1.0 + TIE_FRACTION)) continue;
+        if (best < 0) {
+            best = i;
+            continue;
+        }
+        const zoff_plan_row *b = &p->rows[best];
+        bool rs = r->setting.stage == cfg_stage, bs = b->setting.stage == cfg_stage;
+        if (rs != bs) {
+            if (rs) best = i;
+            continue;
+        }
+        size_t fr = row_footprint(r), fb = row_footprint(b);
+        if (fr != fb) {
+            if (fr < fb) best = i;
+            continue;
+        }
+        /* equal memory (stages 1 and 2 on one rank): the usual ZeRO-Offload stage 2, then 0, 1, 3 */
+        static const int pref[4] = {1, 2, 0, 3};
+        if (pref[r->setting.stage] < pref[b->setting.stage]) best = i;
+    }
+    return best;
+}
+
+/* Evaluate s and append it; when its pinned bytes exceed the pinned limit,
+ * append the same setting with pageable host memory too. */
+static zoff_status add_row(const zoff_plan_inputs *in, const zoff_plan_setting *s, bool fitted, zoff_plan *out) {
+    zoff_plan_row *r = &out->rows[out->nrows];
+    ZOFF_TRY(zoff_plan_evaluate(in, s, r));
+    r->ratio_fitted = fitted;
+    out->nrows++;
+    if (!r->fits_pinned && s->pin_memory &&
+        (s->offload != ZOFF_OFFLOAD_NONE || s->param_offload != ZOFF_OFFLOAD_NONE)) {
+        zoff_plan_setting s2 = *s;
+        s2.pin_memory = false;
+        zoff_plan_row *r2 = &out->rows[out->nrows];
+        ZOFF_TRY(zoff_plan_evaluate(in, &s2, r2));
+        r2->ratio_fitted = fitted;
+        out->nrows++;
+    }
+    return ZOFF_OK;
+}
+
+/* The smallest host ratio whose device bytes fit the device with the plan's
+ * margin ("as low as possible without causing OOM"): every device-side
+ * parameter costs the engine's fp32 master (16-bit models), m and v (stage 3:
+ * and its gradient); whole sub-groups only raise the host part. Adds a row
+ * when that ratio lies strictly between 0 and 1. */
+static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_setting *base, zoff_plan *out) {
+    const zoff_plan_machine *M = &in->machine;
+    if (M->device_bytes == 0) return ZOFF_OK;
+    zoff_plan_setting s = *base;
+    s.ratio_auto = false;
+    s.ratio = 1.0;
+    zoff_plan_row all_host;
+    ZOFF_TRY(zoff_plan_evaluate(in, &s, &all_host));
+    size_t cap = frac_of(M->device_bytes, 1.0 - M->margin);
+    if (all_host.mem.device > cap) return ZOFF_OK; /* not even everything on the host fits */
+    size_t per = sizeof(float) * (in->model.dtype != ZOFF_F32 ? 3 : 2) +
+                 (s.stage == 3 ? zoff_dtype_size(in->model.dtype) : 0);
+    int64_t part = all_host.partition_params;
+    int64_t nd_max = (int64_t)((cap - all_host.mem.device) / per);
+    if (nd_max >= part) return ZOFF_OK; /* ratio 0 fits */
+    double ratio = 1.0 - (double)nd_max / (double)part;
+    ratio = ceil(ratio * 1e4) / 1e4; /* a ratio that reads well in a config; rounds towards the host */
+    if (!(ratio > 0.0 && ratio < 1.0)) return ZOFF_OK;
+    s.ratio = ratio;
+    return add_row(in, &s, true, out);
+}
+
+void zoff_plan_free(zoff_plan *p) {
+    if (!p) return;
+    free(p->rows);
+    memset(p, 0, sizeof *p);
+}
+
+zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, int nratios, zoff_plan *out) {
+    memset(out, 0, sizeof *out);
+    static const double default_ratios[] = {0.0, 0.25, 0.5, 0.75, 1.0};
+    if (!ratios) {
+        ratios = default_ratios;
+        nratios = (int)(sizeof default_ratios / sizeof default_ratios[0]);
+    }
+    if (nratios < 0 || nratios > 64) return zoff_error(ZOFF_ERR_INVALID, "zoff plan: %d ratios (at most 64)", nratios);
+    ZOFF_TRY(zoff_plan_model_bytes_get(&in->model, &out->model));
+    zoff_plan_setting base;
+    zoff_plan_setting_from_config(in->cfg, &base);
+    /* stage 0: 1; stages 1-3: none + (cpu, nvme) x (ratios + fitted + auto + stage 3's parameter offload),
+     * each maybe with a pageable variant */
+    int cap = 1 + 3 * (1 + 2 * (nratios + 3)) * 2;
+    out->rows = calloc((size_t)cap, sizeof *out->rows);
+    if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d rows", cap);
+    zoff_status st = ZOFF_OK;
+    for (int stage = 0; stage <= 3 && st == ZOFF_OK; stage++) {
+        static const zoff_offload_device devs[3] = {ZOFF_OFFLOAD_NONE, ZOFF_OFFLOAD_CPU, ZOFF_OFFLOAD_NVME};
+        for (int d = 0; d < 3 && st == ZOFF_OK; d++) {
+            if (stage == 0 && d > 0) break;
+            int nr = devs[d] == ZOFF_OFFLOAD_NONE ? 1 : nratios + 1;
+            for (int k = 0; k < nr && st == ZOFF_OK; k++) {
+                zoff_plan_setting s = base;
+                s.stage = stage;
+                s.offload = devs[d];
+                s.param_offload = stage == 3 ? base.param_offload : ZOFF_OFFLOAD_NONE;
+                s.ratio_auto = devs[d] != ZOFF_OFFLOAD_NONE && k == nratios;
+                s.ratio = devs[d] == ZOFF_OFFLOAD_NONE ? 0.0 : s.ratio_auto ? 1.0 : ratios[k];
+                /* nvme streams whole sub-groups through its buffers: with one huge
+                 * sub-group the buffers would hold all the state (the engine itself
+                 * splits finer only for fractional ratios) */
+                bool fine = devs[d] == ZOFF_OFFLOAD_NVME && !s.ratio_auto && (s.ratio == 0.0 || s.ratio == 1.0);
+                if (fine) {
+                    int64_t R = in->machine.ranks, n = out->model.num_params;
+                    int64_t part = stage >= 1 ? (n + R - 1) / R : n;
+                    int64_t sgs = s.sub_group_size > 0 ? s.sub_group_size : part;
+                    if ((part + sgs - 1) / sgs < PLAN_MIN_SUBGROUPS)
+                        s.sub_group_size = (part + PLAN_MIN_SUBGROUPS - 1) / PLAN_MIN_SUBGROUPS;
+                }
+                st = add_row(in, &s, false, out);
+                /* stage 3 with the whole optimizer offloaded: the weights can follow (ZeRO-Infinity) */
+                if (st == ZOFF_OK && stage == 3 && base.param_offload == ZOFF_OFFLOAD_NONE &&
+                    devs[d] != ZOFF_OFFLOAD_NONE && !s.ratio_auto && s.ratio == 1.0) {
+                    zoff_plan_setting sp = s;
+                    sp.param_offload = devs[d];
+                    st = add_row(in, &sp, false, out);
+                }
+                if (st == ZOFF_OK && k == nratios - 1 && devs[d] != ZOFF_OFFLOAD_NONE)
+                    st = add_fitted_row(in, &s, out); /* after the last ratio: the smallest that fits */
+            }
+        }
+    }
+    if (st != ZOFF_OK) {
+        zoff_plan_free(out);
+        return st;
+    }
+    out->best = pick_best(out, base.stage, true);
+    out->best_any = pick_best(out, base.stage, false);
+    return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ the recommended config */
+
+static json_t *obj_child(json_t *parent, const char *key) {
+    json_t *o = json_object_get(parent, key);
+    if (!json_is_object(o)) {
+        o = json_object();
+        json_object_set_new(parent, key, o);
+    }
+    return o;
+}
+
+zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *row, const char *nvme_path,
+                                  char **out) {
+    *out = NULL;
+    json_t *root;
+    if (base->source) {
+        json_error_t je;
+        root = json_loads(base->source, 0, &je);
+        if (!json_is_object(root)) {
+            json_decref(root);
+            return zoff_error(ZOFF_ERR_CONFIG, "%s: the config is not a JSON object (%s)",
+                              base->source_name ? base->source_name : "config", je.text);
+        }
+    } else {
+        root = json_object();
+        json_object_set_new(root, "train_micro_batch_size_per_gpu",
+                            json_integer((json_int_t)base->train_micro_batch_size_per_gpu));
+    }
+    const zoff_plan_setting *s = &row->setting;
+    if (!nvme_path || !*nvme_path) nvme_path = ".";
+    json_t *zo = obj_child(root, "zero_optimization");
+    json_object_set_new(zo, "stage", json_integer(s->stage));
+    json_object_del(zo, "cpu_offload"); /* legacy form of offload_optimizer */
+    json_t *oo = json_object_get(zo, "offload_optimizer");
+    if (s->offload == ZOFF_OFFLOAD_NONE) {
+        if (json_is_object(oo)) {
+            json_object_set_new(oo, "device", json_string("none"));
+            json_object_del(oo, "ratio");
+        }
+        json_object_del(zo, "zoff_delayed_param_update"); /* needs the optimizer on the host */
+    } else {
+        oo = obj_child(zo, "offload_optimizer");
+        json_object_set_new(oo, "device", json_string(zoff_plan_offload_name(s->offload)));
+        json_object_set_new(oo, "pin_memory", json_boolean(s->pin_memory));
+        /* the concrete ratio the plan predicted (auto resolved), unless it is all on the host */
+        if (s->ratio_auto && row->host_ratio >= 1.0) json_object_del(oo, "ratio");
+        else if (s->ratio_auto) json_object_set_new(oo, "ratio", json_real(row->host_ratio));
+        else if (s->ratio >= 1.0) json_object_del(oo, "ratio");
+        else json_object_set_new(oo, "ratio", json_real(s->ratio));
+        if (s->offload == ZOFF_OFFLOAD_NVME && !json_is_string(json_object_get(oo, "nvme_path")))
+            json_object_set_new(oo, "nvme_path", json_string(nvme_path));
+    }
+    json_t *op = json_object_get(zo, "offload_param");
+    if (s->param_offload != ZOFF_OFFLOAD_NONE) {
+        op = obj_child(zo, "offload_param");
+        json_object_set_new(op, "device", json_string(zoff_plan_offload_name(s->param_offload)));
+        json_object_set_new(op, "pin_memory", json_boolean(s->pin_memory));
+        if (s->param_offload == ZOFF_OFFLOAD_NVME && !json_is_string(json_object_get(op, "nvme_path")))
+            json_object_set_new(op, "nvme_path", json_string(nvme_path));
+    } else if (json_is_object(op)) {
+        json_object_set_new(op, "device", json_string("none"));
+    }
+    if (s->sub_group_size != base->zero.sub_group_size)
+        json_object_set_new(zo, "sub_group_size", json_integer((json_int_t)s->sub_group_size));
+    char *txt = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    json_decref(root);
+    if (!txt) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: cannot encode the recommended config");
+    size_t len = strlen(txt);
+    char *withnl = realloc(txt, len + 2);
+    if (!withnl) {
+        free(txt);
+        return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory");
+    }
+    withnl[len] = '\n';
+    withnl[len + 1] = '\0';
+    *out = withnl;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_plan_write_file_atomic(const char *path, const char *text) {
+    if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "zoff plan: empty output path");
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 32), *dircopy = strdup(path);
+    if (!tmp || !dircopy) {
+        free(tmp);
+        free(dircopy);
+        return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory");
+    }
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    zoff_status st = ZOFF_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st = zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            st = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+            break;
+        }
+        off += (size_t)w;
+    }
+    if (st == ZOFF_OK && fsync(fd) != 0) st = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && st == ZOFF_OK) st = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
+    if (st == ZOFF_OK && rename(tmp, path) != 0)
+        st = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (st != ZOFF_OK) {
+        unlink(tmp);
+        goto done;
+    }
+    {
+        int dfd = open(dirname(dircopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd); /* best effort: the rename is done */
+            close(dfd);
+        }
+    }
+done:
+    free(tmp);
+    free(dircopy);
+    return st;
+}
+
+/* ------------------------------------------------------------------ DeepSpeed's estimators */
+
+void zoff_plan_deepspeed_estimate(const zoff_gpt2_shape *sh, int gpus_per_node, int nodes, zoff_plan_deepspeed *o) {
+    memset(o, 0, sizeof *o);
+    const int64_t L = sh->num_layers, C = sh->hidden_size, V = sh->vocab_size, P = sh->max_seq_len;
+    /* Hugging Face GPT2LMHeadModel: wte (V,C), wpe (P,C), blocks, ln_f; lm_head tied to wte (one data_ptr) */
+    o->total_params = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;
+    /* model.modules() with recurse=False: wte / lm_head (V*C), c_fc (4C^2 + 4C), c_attn (3C^2 + 3C), ... */
+    int64_t fc = 4 * C * C + 4 * C;
+    o->largest_layer_params = V * C > fc ? V * C : fc;
+    const double tp = (double)o->total_params, ll = (double)o->largest_layer_params, abf = 1.5;
+    const double G = (double)gpus_per_node * (double)nodes, gpn = (double)gpus_per_node, gf = 1.0 / (double)nodes;
+    /* estimate_zero2_model_states_mem_needs (DeepSpeed 0.16+: 2 + 18/G without offload) */
+    o->z2_offload_gpu = 2.0 * tp;
+    o->z2_offload_cpu = tp * fmax(4.0 * G, 16.0) * abf;
+    o->z2_none_gpu = 2.0 * tp + floor(18.0 * tp / G);
+    o->z2_none_cpu = tp * 4.0 * gpn * abf;
+    /* estimate_zero3_model_states_mem_needs, zero_init = 1 */
+    double llm = 4.0 * ll;
+    o->z3_both_gpu = llm;
+    o->z3_both_cpu = tp * 18.0 * gf * abf;
+    o->z3_opt_gpu = llm + floor(2.0 * tp / G);
+    o->z3_opt_cpu = tp * 16.0 * gf * abf;
+    o->z3_none_gpu = llm + floor(18.0 * tp / G);
+    o->z3_none_cpu = ll * 4.0 * gpn * abf;
+}
