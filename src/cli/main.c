@@ -20,6 +20,7 @@ static void usage(FILE *f) {
             "  tokenize   write token shards (.bin) from text files\n"
             "  export     write a checkpoint's weights as safetensors (Hugging Face GPT-2 or fp32)\n"
             "  bench      measure against the machine's limits (adam)\n"
+            "  plan       what fits where (device, pinned, host, disk) and the fastest setting that fits\n"
             "  version    print the version and build features\n",
             ZOFF_VERSION);
 }
@@ -71,6 +72,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return zoff_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return zoff_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "export")) return zoff_cmd_export(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return zoff_cmd_plan(argc - 1, argv + 1);
     fprintf(stderr, "zoff: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

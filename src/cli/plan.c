@@ -1,0 +1,620 @@
+/* zoff plan: what fits where, and the fastest configuration that fits, before
+ * a run. The arithmetic is in src/plan (include/zoff/plan.h); this file reads
+ * the flags, finds the machine's sizes and rates, and prints. */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "zoff/plan.h"
+
+#ifdef ZOFF_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* Without --config: DeepSpeed's defaults with the default job's micro-batch and optimizer. */
+static const char *PLAN_DEFAULT_CONFIG = "{\"train_micro_batch_size_per_gpu\": 8, \"optimizer\": {\"type\": \"AdamW\"}}";
+
+#define MAX_BENCH 8
+#define MAX_RATIOS 16
+
+typedef struct plan_args {
+    const char *config_path, *device, *nvme_path, *write_config;
+    const char *bench[MAX_BENCH];
+    int nbench;
+    int64_t num_layers, hidden_size, num_heads, seq_length, vocab_size, max_pos, micro_batch, ranks, ranks_per_node;
+    size_t device_memory, host_memory, pinned_limit, disk_free;
+    bool have_host, have_pinned, have_disk;
+    double margin;
+    bool have_margin;
+    double ratios[MAX_RATIOS];
+    int nratios;
+    bool checkpoint_activations, json, no_probe, deepspeed;
+} plan_args;
+
+static void plan_usage(FILE *f) {
+    fprintf(f,
+            "usage: zoff plan [options]\n"
+            "\n"
+            "Predicts, for every ZeRO stage x offload device x host ratio, the bytes each rank holds on the\n"
+            "device, in pinned and pageable host memory and on disk; marks what fits this machine with a\n"
+            "margin and which settings this zoff can run; recommends the fastest that fits, with a predicted\n"
+            "step time. See docs/plan.md.\n"
+            "\n"
+            "model and config (as zoff train takes them):\n"
+            "  --config FILE               DeepSpeed JSON (batch, precision, optimizer, zero_optimization)\n"
+            "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N\n"
+            "  --max-position-embeddings N --vocab-size N (default 50257) --micro-batch-size N\n"
+            "  --checkpoint-activations\n"
+            "machine (detected unless given):\n"
+            "  --device cpu|cuda           backend (default: cuda when available)\n"
+            "  --device-memory SIZE        per rank (default: CUDA: free memory of the GPU; CPU: no limit);\n"
+            "                              also the budget zoff train --device-memory gives the engine\n"
+            "  --host-memory SIZE          per node (default: MemAvailable of /proc/meminfo)\n"
+            "  --pinned-limit SIZE|unlimited  per rank (default: ulimit -l)\n"
+            "  --disk-free SIZE            free space for nvme offload (default: statvfs at the nvme path)\n"
+            "  --nvme-path DIR             (default: the config's nvme_path, else .)\n"
+            "  --ranks N --ranks-per-node N  data-parallel ranks (default 1; per node default: all)\n"
+            "  --margin F                  fraction of each capacity kept free (default 0.10)\n"
+            "rates:\n"
+            "  --bench FILE                output of zoff bench adam|step|nvme --json (repeatable)\n"
+            "  --no-probe                  skip the quick built-in probes; use assumed figures\n"
+            "output:\n"
+            "  --ratios LIST               host ratios to plan, e.g. 0,0.5,1 (default 0,0.25,0.5,0.75,1; auto always)\n"
+            "  --json                      one JSON object on stdout\n"
+            "  --deepspeed                 also print DeepSpeed's estimate_zero2/zero3 figures for this model\n"
+            "  --write-config FILE         write the recommended setting as DeepSpeed JSON (atomically)\n");
+}
+
+static bool parse_size_flag(const char *flag, const char *v, size_t *out) {
+    if (zoff_parse_size(v, out) != ZOFF_OK) {
+        fprintf(stderr, "zoff plan: %s: %s\n", flag, zoff_last_error());
+        return false;
+    }
+    return true;
+}
+
+static bool parse_ratios(const char *v, plan_args *a) {
+    a->nratios = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        double r;
+        if (a->nratios == MAX_RATIOS) {
+            fprintf(stderr, "zoff plan: --ratios: at most %d values\n", MAX_RATIOS);
+            return false;
+        }
+        if (!cli_parse_f64("plan", "--ratios", tok, 0.0, 1.0, &r)) return false;
+        a->ratios[a->nratios++] = r;
+    }
+    if (a->nratios == 0) {
+        fprintf(stderr, "zoff plan: --ratios: '%s' has no values (e.g. 0,0.5,1)\n", v);
+        return false;
+    }
+    return true;
+}
+
+static int parse_args(int argc, char **argv, plan_args *a) {
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v;
+        int64_t x;
+        char name[64];
+        const char *eq = strchr(arg, '=');
+        size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
+        snprintf(name, sizeof name, "%.*s", (int)(nl < 63 ? nl : 63), arg);
+#define FLAG(s) (!strcmp(name, s))
+#define VALUE() \
+    if (!(v = cli_value("plan", argc, argv, &i))) return 2
+#define INTV(field, lo, hi) \
+    VALUE(); \
+    if (!cli_parse_i64("plan", name, v, lo, hi, &x)) return 2; \
+    a->field = x
+        if (FLAG("-h") || FLAG("--help")) {
+            plan_usage(stdout);
+            return -1;
+        } else if (FLAG("--config")) {
+            VALUE();
+            a->config_path = v;
+        } else if (FLAG("--num-layers")) {
+            INTV(num_layers, 1, 65536);
+        } else if (FLAG("--hidden-size")) {
+            INTV(hidden_size, 1, 1 << 17);
+        } else if (FLAG("--num-attention-heads")) {
+            INTV(num_heads, 1, 1 << 17);
+        } else if (FLAG("--seq-length")) {
+            INTV(seq_length, 1, 1 << 24);
+        } else if (FLAG("--max-position-embeddings")) {
+            INTV(max_pos, 1, 1 << 24);
+        } else if (FLAG("--vocab-size")) {
+            INTV(vocab_size, 2, INT32_MAX);
+        } else if (FLAG("--micro-batch-size")) {
+            INTV(micro_batch, 1, 1 << 24);
+        } else if (FLAG("--ranks")) {
+            INTV(ranks, 1, 1 << 20);
+        } else if (FLAG("--ranks-per-node")) {
+            INTV(ranks_per_node, 1, 1 << 20);
+        } else if (FLAG("--checkpoint-activations")) {
+            a->checkpoint_activations = true;
+        } else if (FLAG("--device")) {
+            VALUE();
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "zoff plan: --device: '%s' is not one of cpu, cuda\n", v);
+                return 2;
+            }
+            a->device = v;
+        } else if (FLAG("--device-memory")) {
+            VALUE();
+            if (!parse_size_flag(name, v, &a->device_memory)) return 2;
+            if (a->device_memory == 0) {
+                fprintf(stderr, "zoff plan: --device-memory: must be > 0\n");
+                return 2;
+            }
+        } else if (FLAG("--host-memory")) {
+            VALUE();
+            if (!parse_size_flag(name, v, &a->host_memory)) return 2;
+            a->have_host = true;
+        } else if (FLAG("--pinned-limit")) {
+            VALUE();
+            if (!strcmp(v, "unlimited")) a->pinned_limit = SIZE_MAX;
+            else if (!parse_size_flag(name, v, &a->pinned_limit)) return 2;
+            a->have_pinned = true;
+        } else if (FLAG("--disk-free")) {
+            VALUE();
+            if (!parse_size_flag(name, v, &a->disk_free)) return 2;
+            a->have_disk = true;
+        } else if (FLAG("--nvme-path")) {
+            VALUE();
+            a->nvme_path = v;
+        } else if (FLAG("--margin")) {
+            VALUE();
+            if (!cli_parse_f64("plan", name, v, 0.0, 0.9, &a->margin)) return 2;
+            a->have_margin = true;
+        } else if (FLAG("--ratios")) {
+            VALUE();
+            if (!parse_ratios(v, a)) return 2;
+        } else if (FLAG("--bench")) {
+            VALUE();
+            if (a->nbench == MAX_BENCH) {
+                fprintf(stderr, "zoff plan: --bench: at most %d files\n", MAX_BENCH);
+                return 2;
+            }
+            a->bench[a->nbench++] = v;
+        } else if (FLAG("--no-probe")) {
+            a->no_probe = true;
+        } else if (FLAG("--json")) {
+            a->json = true;
+        } else if (FLAG("--deepspeed")) {
+            a->deepspeed = true;
+        } else if (FLAG("--write-config")) {
+            VALUE();
+            a->write_config = v;
+        } else {
+            fprintf(stderr, "zoff plan: unknown option '%s' (zoff plan --help lists them)\n", arg);
+            return 2;
+        }
+#undef FLAG
+#undef VALUE
+#undef INTV
+    }
+    if (a->ranks_per_node && a->ranks && a->ranks_per_node > a->ranks) {
+        fprintf(stderr, "zoff plan: --ranks-per-node %lld exceeds --ranks %lld\n", (long long)a->ranks_per_node,
+                (long long)a->ranks);
+        return 2;
+    }
+    return 0;
+}
+
+static int fail(const char *what, zoff_status s) {
+    fprintf(stderr, "zoff plan: %s: %s\n", what, zoff_last_error());
+    return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2 : 1;
+}
+
+/* ------------------------------------------------------------------ output */
+
+static const char *fmt_b(size_t b, char *buf, size_t n) {
+    if (b == SIZE_MAX) return "unlimited";
+    return zoff_format_bytes(b, buf, n);
+}
+
+static void offload_label(const zoff_plan_setting *s, char *buf, size_t n) {
+    if (s->stage == 3 && s->param_offload != ZOFF_OFFLOAD_NONE)
+        snprintf(buf, n, "%s+p:%s", zoff_plan_offload_name(s->offload), zoff_plan_offload_name(s->param_offload));
+    else snprintf(buf, n, "%s", zoff_plan_offload_name(s->offload));
+}
+
+static void ratio_label(const zoff_plan_row *r, char *buf, size_t n) {
+    const zoff_plan_setting *s = &r->setting;
+    if (s->offload == ZOFF_OFFLOAD_NONE) snprintf(buf, n, "-");
+    else if (s->ratio_auto) snprintf(buf, n, "auto");
+    else snprintf(buf, n, "%g%s", s->ratio, r->ratio_fitted ? " fit" : "");
+}
+
+static void fits_label(const zoff_plan_row *r, char *buf, size_t n) {
+    if (r->fits) {
+        snprintf(buf, n, "yes");
+        return;
+    }
+    snprintf(buf, n, "no:%s%s%s%s%s%s", !r->fits_device ? "dev," : "", !r->fits_pinned ? "pin," : "",
+             !r->fits_host ? "host," : "", !r->fits_disk ? "disk," : "", r->auto_failed ? "auto," : "",
+             r->bad_config ? "config," : "");
+    size_t l = strlen(buf);
+    if (l && buf[l - 1] == ',') buf[l - 1] = '\0';
+}
+
+static void print_row_detail(const char *title, const zoff_plan_row *r, const zoff_plan_inputs *in) {
+    const zoff_plan_memory *m = &r->mem;
+    const zoff_plan_time *t = &r->time;
+    char o[32], rt[48], b[12][32];
+    offload_label(&r->setting, o, sizeof o);
+    ratio_label(r, rt, sizeof rt);
+    printf("%s: stage %d, offload %s, ratio %s (host %.1f%% of %lld parameters in %d sub-group%s), pin_memory %s%s\n",
+           title, r->setting.stage, o, rt, 100.0 * r->host_ratio, (long long)r->partition_params, r->num_subgroups,
+           r->num_subgroups == 1 ? "" : "s", r->setting.pin_memory ? "true" : "false",
+           in->cfg->zero.delayed_param_update && r->setting.offload != ZOFF_OFFLOAD_NONE ? ", delayed update" : "");
+    printf("  device   %10s = weights %s + gradients %s + activations %s + tokens %s + optimizer %s",
+           fmt_b(m->device, b[0], 32), fmt_b(m->params16, b[1], 32), fmt_b(m->grads16, b[2], 32),
+           fmt_b(m->activations, b[3], 32), fmt_b(m->tokens, b[4], 32), fmt_b(m->device_optimizer, b[5], 32));
+    if (m->comm_buffers) printf(" + reduce-scatter buffers %s", fmt_b(m->comm_buffers, b[8], 32));
+    if (m->gathered) printf(" + gathered %s", fmt_b(m->gathered, b[6], 32));
+    if (m->runtime_reserve) printf(" + runtime %s", fmt_b(m->runtime_reserve, b[7], 32));
+    printf("\n");
+    const char *hp = r->setting.pin_memory ? "pinned" : "pageable";
+    printf("  pinned   %10s = losses %s", fmt_b(m->pinned, b[0], 32), fmt_b(m->model_pinned, b[1], 32));
+    if (m->param_buffers) printf(" + parameter swap buffers %s", fmt_b(m->param_buffers, b[2], 32));
+    if (r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
+        printf(" + optimizer state %s + gradients %s + staging %s%s%s", fmt_b(m->host_optimizer, b[3], 32),
+               fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
+               m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
+    printf("\n  pageable %10s = training loop %s (initial fp32 weights, checkpoint staging, tokens)",
+           fmt_b(m->pageable, b[0], 32), fmt_b(m->loop_pageable, b[1], 32));
+    if (m->swap_buffers) printf(" + NVMe swap buffers %s", fmt_b(m->swap_buffers, b[2], 32));
+    if (!r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
+        printf(" + %s optimizer state %s + gradients %s + staging %s%s%s", hp, fmt_b(m->host_optimizer, b[3], 32),
+               fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
+               m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
+    printf("\n");
+    if (m->disk)
+        printf("  disk     %10s = optimizer state %s + params %s\n", fmt_b(m->disk, b[0], 32),
+               fmt_b(m->disk_optimizer, b[1], 32), fmt_b(m->disk_params, b[2], 32));
+    printf("  host use %10s per node (x%d ranks%s)\n", fmt_b(r->host_use, b[0], 32), in->machine.ranks_per_node,
+           in->machine.backend == ZOFF_BACKEND_CPU ? "; CPU backend: device memory is host memory" : "");
+    if (in->machine.backend == ZOFF_BACKEND_CPU)
+        printf("  step     %.4g s = compute %.4g + gradients out %.4g + comm %.4g + host optimizer %.4g + weights in "
+               "%.4g + device optimizer %.4g (CPU backend: one set of cores, nothing overlaps)\n",
+               t->step, t->compute, t->grads_out, t->comm, t->host_optim, t->weights_in, t->device_optim);
+    else if (in->cfg->zero.delayed_param_update && r->setting.offload != ZOFF_OFFLOAD_NONE)
+        printf("  step     %.4g s = max(compute %.4g + gradients out %.4g + comm %.4g + device optimizer %.4g, host "
+               "optimizer %.4g + weights in %.4g) (delayed update: the host part overlaps the next step)\n",
+               t->step, t->compute, t->grads_out, t->comm, t->device_optim, t->host_optim, t->weights_in);
+    else
+        printf("  step     %.4g s = compute %.4g + gradients out %.4g + comm %.4g + max(host optimizer %.4g + weights "
+               "in %.4g, device optimizer %.4g)\n",
+               t->step, t->compute, t->grads_out, t->comm, t->host_optim, t->weights_in, t->device_optim);
+    if (r->why[0]) printf("  note     %s\n", r->why);
+}
+
+static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zoff_plan *p) {
+    const zoff_gpt2_options *mo = &in->model;
+    const zoff_plan_machine *M = &in->machine;
+    const zoff_plan_rates *r = &M->rates;
+    char b[8][32];
+    printf("zoff plan: GPT-2 %lld layers, width %lld, %lld heads, seq %lld, vocab %lld (padded %lld): %.2fM parameters, "
+           "%s\n",
+           (long long)mo->shape.num_layers, (long long)mo->shape.hidden_size, (long long)mo->shape.num_heads,
+           (long long)mo->seq_len, (long long)mo->shape.vocab_size, (long long)p->model.padded_vocab_size,
+           (double)p->model.num_params / 1e6, zoff_dtype_name(mo->dtype));
+    printf("  micro-batch %lld x accumulation %lld x %d ranks, activation checkpointing %s, config %s\n",
+           (long long)mo->batch_size, (long long)in->cfg->gradient_accumulation_steps, M->ranks,
+           mo->checkpoint_activations ? "on" : "off", a->config_path ? a->config_path : "(defaults)");
+    printf("machine: %s backend, %d rank%s (%d per node); device %s%s; host %s available per node; pinned limit %s "
+           "per rank%s; disk %s free; margin %.0f%%\n",
+           M->backend == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", M->ranks, M->ranks == 1 ? "" : "s", M->ranks_per_node,
+           M->device_bytes ? fmt_b(M->device_bytes, b[0], 32) : "unlimited",
+           M->device_bytes ? (M->device_budget ? " (--device-memory)" : " (free on the GPU)")
+                           : " (CPU backend: device memory is host memory)",
+           fmt_b(M->host_bytes, b[1], 32), fmt_b(M->pinned_limit, b[2], 32), a->have_pinned ? "" : " (ulimit -l)",
+           M->disk_bytes ? fmt_b(M->disk_bytes, b[3], 32) : "unknown", 100.0 * M->margin);
+    printf("rates: compute %.3g GFLOP/s (%s), device Adam %.3g Mparam/s (%s), host Adam %.3g Mparam/s (%s; bound "
+           "%.3g GB/s),\n  copies H2D %.3g / D2H %.3g GB/s (%s), disk read %.3g / write %.3g GB/s (%s), link %.3g GB/s "
+           "(%s)%s%s\n\n",
+           r->device_flops / 1e9, zoff_plan_source_name(r->src_compute), r->device_adam / 1e6,
+           zoff_plan_source_name(r->src_device_adam), r->host_adam / 1e6, zoff_plan_source_name(r->src_host_adam),
+           r->host_mem_bw / 1e9, r->h2d / 1e9, r->d2h / 1e9, zoff_plan_source_name(r->src_copy), r->disk_read / 1e9,
+           r->disk_write / 1e9, zoff_plan_source_name(r->src_disk), r->link / 1e9, zoff_plan_source_name(r->src_link),
+           r->bench_files[0] ? "\n  bench files: " : "", r->bench_files);
+    printf("per rank:  %5s %-13s %-10s %6s %3s %11s %11s %11s %11s  %-16s %9s  %s\n", "stage", "offload", "ratio", "host%",
+           "pin", "device", "pinned", "pageable", "disk", "fits", "step s", "runs");
+    for (int i = 0; i < p->nrows; i++) {
+        const zoff_plan_row *w = &p->rows[i];
+        char o[32], rt[48], fl[48];
+        offload_label(&w->setting, o, sizeof o);
+        ratio_label(w, rt, sizeof rt);
+        fits_label(w, fl, sizeof fl);
+        printf("%-9s  %5d %-13s %-10s %5.1f%% %3s %11s %11s %11s %11s  %-16s %9.4g  %s\n",
+               i == p->best ? "  best ->" : i == p->best_any ? "fastest>" : "", w->setting.stage, o, rt,
+               100.0 * w->host_ratio, w->setting.offload == ZOFF_OFFLOAD_NONE ? "-" : w->setting.pin_memory ? "y" : "n",
+               fmt_b(w->mem.device, b[0], 32), fmt_b(w->mem.pinned, b[1], 32), fmt_b(w->mem.pageable, b[2], 32),
+               fmt_b(w->mem.disk, b[3], 32), fl, w->time.step, w->runnable ? "yes" : "no");
+    }
+    printf("\n");
+    if (p->best >= 0) print_row_detail("recommended", &p->rows[p->best], in);
+    else
+        printf("recommended: nothing this zoff can run fits. Lower --micro-batch-size, add --checkpoint-activations, "
+               "or free host memory / raise ulimit -l (see the 'fits' column).\n");
+    if (p->best_any >= 0 && p->best_any != p->best) print_row_detail("fastest that fits (not runnable yet)", &p->rows[p->best_any], in);
+}
+
+static json_t *row_json(const zoff_plan_row *w, int index) {
+    const zoff_plan_memory *m = &w->mem;
+    const zoff_plan_time *t = &w->time;
+    json_t *ratio = w->setting.offload == ZOFF_OFFLOAD_NONE ? json_null()
+                    : w->setting.ratio_auto               ? json_string("auto")
+                                                          : json_real(w->setting.ratio);
+    return json_pack(
+        "{s:i,s:i,s:s,s:s,s:o,s:b,s:f,s:b,s:I,s:I,s:I,s:I,s:i,s:b,s:b,s:s,"
+        "s:{s:I,s:I,s:I,s:I},"
+        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
+        "s:{s:b,s:b,s:b,s:b,s:b},s:I,"
+        "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
+        "index", index, "stage", w->setting.stage, "offload", zoff_plan_offload_name(w->setting.offload),
+        "param_offload", zoff_plan_offload_name(w->setting.param_offload), "ratio", ratio, "ratio_fitted",
+        w->ratio_fitted, "host_ratio", w->host_ratio,
+        "pin_memory", w->setting.pin_memory, "sub_group_size", (json_int_t)w->setting.sub_group_size,
+        "partition_params", (json_int_t)w->partition_params, "host_params", (json_int_t)w->host_params,
+        "device_params", (json_int_t)w->device_params, "num_subgroups", w->num_subgroups, "runnable", w->runnable,
+        "fits", w->fits, "why", w->why,
+        "per_rank", "device", (json_int_t)m->device, "pinned", (json_int_t)m->pinned, "pageable",
+        (json_int_t)m->pageable, "disk", (json_int_t)m->disk,
+        "breakdown", "params16", (json_int_t)m->params16, "grads16", (json_int_t)m->grads16, "activations",
+        (json_int_t)m->activations, "tokens", (json_int_t)m->tokens, "comm_buffers", (json_int_t)m->comm_buffers,
+        "gathered", (json_int_t)m->gathered,
+        "device_optimizer", (json_int_t)m->device_optimizer, "runtime_reserve", (json_int_t)m->runtime_reserve,
+        "host_optimizer", (json_int_t)m->host_optimizer, "host_grads", (json_int_t)m->host_grads, "host_staging",
+        (json_int_t)m->host_staging, "swap_buffers", (json_int_t)m->swap_buffers, "param_buffers",
+        (json_int_t)m->param_buffers, "host_params",
+        (json_int_t)m->host_params, "model_pinned", (json_int_t)m->model_pinned, "loop_pageable",
+        (json_int_t)m->loop_pageable, "disk_optimizer", (json_int_t)m->disk_optimizer, "disk_params",
+        (json_int_t)m->disk_params,
+        "fits_detail", "device", w->fits_device, "pinned", w->fits_pinned, "host", w->fits_host, "disk", w->fits_disk,
+        "auto_failed", w->auto_failed, "host_use_per_node", (json_int_t)w->host_use,
+        "time", "step", t->step, "compute", t->compute, "grads_out", t->grads_out, "comm", t->comm, "host_optim",
+        t->host_optim, "weights_in", t->weights_in, "device_optim", t->device_optim);
+}
+
+static json_t *deepspeed_json(const zoff_plan_deepspeed *d) {
+    return json_pack("{s:I,s:I,s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "total_params",
+                     (json_int_t)d->total_params, "largest_layer_params", (json_int_t)d->largest_layer_params,
+                     "zero2_offload_cpu", "gpu", d->z2_offload_gpu, "cpu", d->z2_offload_cpu, "zero2_none", "gpu",
+                     d->z2_none_gpu, "cpu", d->z2_none_cpu, "zero3_offload_param_and_optimizer_cpu", "gpu",
+                     d->z3_both_gpu, "cpu", d->z3_both_cpu, "zero3_offload_optimizer_cpu", "gpu", d->z3_opt_gpu, "cpu",
+                     d->z3_opt_cpu, "zero3_none", "gpu", d->z3_none_gpu, "cpu", d->z3_none_cpu);
+}
+
+static int print_json(const plan_args *a, const zoff_plan_inputs *in, const zoff_plan *p, const zoff_plan_deepspeed *ds,
+                      const char *rec_config) {
+    const zoff_gpt2_options *mo = &in->model;
+    const zoff_plan_machine *M = &in->machine;
+    const zoff_plan_rates *r = &M->rates;
+    json_t *rows = json_array();
+    for (int i = 0; i < p->nrows; i++) json_array_append_new(rows, row_json(&p->rows[i], i));
+    json_t *root = json_pack(
+        "{s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:b},"
+        "s:{s:s,s:i,s:i,s:I,s:b,s:I,s:I,s:I,s:f,s:I,s:I,"
+        "s:{s:f,s:s,s:f,s:s,s:f,s:s,s:f,s:f,s:f,s:s,s:f,s:f,s:s,s:f,s:s,s:s}},"
+        "s:o,s:i,s:i}",
+        "model", "num_layers", (json_int_t)mo->shape.num_layers, "hidden_size", (json_int_t)mo->shape.hidden_size,
+        "num_attention_heads", (json_int_t)mo->shape.num_heads, "seq_length", (json_int_t)mo->seq_len, "vocab_size",
+        (json_int_t)mo->shape.vocab_size, "padded_vocab_size", (json_int_t)p->model.padded_vocab_size, "num_params",
+        (json_int_t)p->model.num_params, "micro_batch", (json_int_t)mo->batch_size, "accumulation",
+        (json_int_t)in->cfg->gradient_accumulation_steps, "dtype", zoff_dtype_name(mo->dtype),
+        "checkpoint_activations", mo->checkpoint_activations,
+        "machine", "backend", M->backend == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", "ranks", M->ranks, "ranks_per_node",
+        M->ranks_per_node, "device_bytes", (json_int_t)M->device_bytes, "device_budget", M->device_budget,
+        "host_bytes", (json_int_t)M->host_bytes, "pinned_limit",
+        (json_int_t)(M->pinned_limit == SIZE_MAX ? -1 : (json_int_t)M->pinned_limit), "disk_bytes",
+        (json_int_t)M->disk_bytes, "margin", M->margin, "runtime_reserve", (json_int_t)M->runtime_reserve,
+        "process_baseline", (json_int_t)M->process_baseline,
+        "rates", "device_flops", r->device_flops, "device_flops_source", zoff_plan_source_name(r->src_compute),
+        "device_adam", r->device_adam, "device_adam_source", zoff_plan_source_name(r->src_device_adam), "host_adam",
+        r->host_adam, "host_adam_source", zoff_plan_source_name(r->src_host_adam), "host_mem_bw", r->host_mem_bw, "h2d",
+        r->h2d, "d2h", r->d2h, "copy_source", zoff_plan_source_name(r->src_copy), "disk_read", r->disk_read,
+        "disk_write", r->disk_write, "disk_source", zoff_plan_source_name(r->src_disk), "link", r->link,
+        "link_source", zoff_plan_source_name(r->src_link), "bench_files", r->bench_files,
+        "rows", rows, "best", p->best, "fastest_any", p->best_any);
+    if (!root) {
+        fprintf(stderr, "zoff plan: cannot encode the JSON output\n");
+        return 1;
+    }
+    if (rec_config) {
+        json_error_t je;
+        json_t *rc = json_loads(rec_config, 0, &je);
+        if (rc) json_object_set_new(root, "recommended_config", rc);
+    }
+    if (ds) json_object_set_new(root, "deepspeed", deepspeed_json(ds));
+    (void)a;
+    char *txt = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    json_decref(root);
+    if (!txt) return 1;
+    printf("%s\n", txt);
+    free(txt);
+    return 0;
+}
+
+static void print_deepspeed(const zoff_plan_deepspeed *d, const zoff_plan_inputs *in) {
+    char b[4][32];
+    const double G = 1.0 / (1024.0 * 1024.0 * 1024.0);
+    printf("\nDeepSpeed's estimators for this model (Hugging Face GPT-2: %.2fM parameters, largest layer %.2fM;\n"
+           "model states only, no activations; additional_buffer_factor 1.5; cpu = per node, %d GPU%s per node):\n",
+           (double)d->total_params / 1e6, (double)d->largest_layer_params / 1e6, in->machine.ranks_per_node,
+           in->machine.ranks_per_node == 1 ? "" : "s");
+    printf("  %-44s %12s %12s\n", "option", "per GPU", "per CPU");
+    printf("  %-44s %10.2fGB %10.2fGB\n", "zero2 offload_optimizer=cpu", d->z2_offload_gpu * G, d->z2_offload_cpu * G);
+    printf("  %-44s %10.2fGB %10.2fGB\n", "zero2 offload_optimizer=none", d->z2_none_gpu * G, d->z2_none_cpu * G);
+    printf("  %-44s %10.2fGB %10.2fGB\n", "zero3 offload_param=cpu, offload_optimizer=cpu", d->z3_both_gpu * G,
+           d->z3_both_cpu * G);
+    printf("  %-44s %10.2fGB %10.2fGB\n", "zero3 offload_param=none, offload_optimizer=cpu", d->z3_opt_gpu * G,
+           d->z3_opt_cpu * G);
+    printf("  %-44s %10.2fGB %10.2fGB\n", "zero3 offload_param=none, offload_optimizer=none", d->z3_none_gpu * G,
+           d->z3_none_cpu * G);
+    (void)b;
+    printf("(GB = 2^30 bytes, as DeepSpeed prints; docs/plan.md compares them with zoff's figures)\n");
+}
+
+/* ------------------------------------------------------------------ main */
+
+#ifdef ZOFF_HAVE_CUDA
+static bool cuda_free_memory(size_t *out) {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    *out = f;
+    return true;
+}
+#endif
+
+int zoff_cmd_plan(int argc, char **argv) {
+    plan_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc < 0) return 0;
+    if (rc) return rc;
+    zoff_config cfg;
+    zoff_status s;
+    if (a.config_path) s = zoff_config_load_file(a.config_path, &cfg);
+    else s = zoff_config_load_string(PLAN_DEFAULT_CONFIG, "the default config", &cfg);
+    if (s != ZOFF_OK) return fail("config", s);
+    int ranks = a.ranks ? (int)a.ranks : 1;
+    if (a.micro_batch) {
+        cfg.train_micro_batch_size_per_gpu = a.micro_batch;
+        if (cfg.train_batch_size && cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 0;
+    }
+    if ((s = zoff_config_resolve_batch(&cfg, ranks)) != ZOFF_OK) {
+        zoff_config_free(&cfg);
+        return fail("config", s);
+    }
+    /* the shape: flags, then the config's model section, then zoff train's defaults */
+    const zoff_model_config *mc = &cfg.model;
+#define PICK(flag, cfgv, def) ((flag) ? (flag) : (cfgv) ? (cfgv) : (def))
+    zoff_plan_inputs in;
+    memset(&in, 0, sizeof in);
+    in.cfg = &cfg;
+    in.model.shape.num_layers = PICK(a.num_layers, mc->num_layers, 4);
+    in.model.shape.hidden_size = PICK(a.hidden_size, mc->hidden_size, 128);
+    in.model.shape.num_heads = PICK(a.num_heads, mc->num_attention_heads, 4);
+    in.model.seq_len = PICK(a.seq_length, mc->seq_length, 64);
+    in.model.shape.max_seq_len = PICK(a.max_pos, mc->max_position_embeddings, in.model.seq_len);
+    in.model.shape.vocab_size = PICK(a.vocab_size, mc->vocab_size, 50257);
+#undef PICK
+    in.model.batch_size = cfg.train_micro_batch_size_per_gpu;
+    in.model.dtype = cfg.bf16_enabled ? ZOFF_BF16 : cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
+    in.model.checkpoint_activations = a.checkpoint_activations;
+    zoff_plan_model_bytes mb;
+    if ((s = zoff_plan_model_bytes_get(&in.model, &mb)) != ZOFF_OK) {
+        zoff_config_free(&cfg);
+        return fail("model", s);
+    }
+
+    /* the machine */
+    zoff_backend_kind kind = ZOFF_BACKEND_CPU;
+    if ((a.device && !strcmp(a.device, "cuda")) || (!a.device && zoff_backend_available(ZOFF_BACKEND_CUDA)))
+        kind = ZOFF_BACKEND_CUDA;
+    if (kind == ZOFF_BACKEND_CUDA && !zoff_backend_available(ZOFF_BACKEND_CUDA) && !a.device_memory) {
+        fprintf(stderr, "zoff plan: --device cuda: no CUDA device here (or not built); give --device-memory to plan "
+                        "for a GPU from this machine\n");
+        zoff_config_free(&cfg);
+        return 2;
+    }
+    zoff_plan_machine *M = &in.machine;
+    zoff_plan_machine_defaults(M, kind);
+    M->ranks = ranks;
+    M->ranks_per_node = a.ranks_per_node ? (int)a.ranks_per_node : ranks;
+    const char *nvme = a.nvme_path                                    ? a.nvme_path
+                       : cfg.zero.offload_optimizer.nvme_path[0]      ? cfg.zero.offload_optimizer.nvme_path
+                       : cfg.zero.offload_param.nvme_path[0]          ? cfg.zero.offload_param.nvme_path
+                                                                      : ".";
+    zoff_plan_machine_detect(M, nvme);
+    if (a.device_memory) {
+        M->device_bytes = a.device_memory;
+        M->device_budget = true;
+        if (kind == ZOFF_BACKEND_CUDA) M->runtime_reserve = 0; /* the budget counts zoff's own allocations only */
+    }
+#ifdef ZOFF_HAVE_CUDA
+    else if (kind == ZOFF_BACKEND_CUDA) {
+        size_t f;
+        if (cuda_free_memory(&f)) M->device_bytes = f;
+    }
+#endif
+    if (a.have_host) M->host_bytes = a.host_memory;
+    if (a.have_pinned) M->pinned_limit = a.pinned_limit;
+    if (a.have_disk) M->disk_bytes = a.disk_free;
+    if (a.have_margin) M->margin = a.margin;
+
+    /* rates: bench files, then the probes, then the assumed figures */
+    for (int i = 0; i < a.nbench; i++) {
+        if ((s = zoff_plan_read_bench(a.bench[i], in.model.dtype, M)) != ZOFF_OK) {
+            zoff_config_free(&cfg);
+            return fail("--bench", s);
+        }
+    }
+    if (!a.no_probe && zoff_backend_available(kind)) {
+        zoff_device *dev = NULL;
+        zoff_device_options dopt = {.kind = kind};
+        s = zoff_device_create(&dopt, &dev);
+        if (s == ZOFF_OK) s = zoff_plan_probe(dev, &cfg, &in.model, M);
+        zoff_device_destroy(dev);
+        if (s != ZOFF_OK)
+            fprintf(stderr, "zoff plan: warning: %s; using assumed rates where the probe did not finish\n",
+                    zoff_last_error());
+    }
+
+    zoff_plan plan;
+    s = zoff_plan_build(&in, a.nratios ? a.ratios : NULL, a.nratios, &plan);
+    if (s != ZOFF_OK) {
+        zoff_config_free(&cfg);
+        return fail("plan", s);
+    }
+    char *rec = NULL;
+    if (plan.best >= 0 && (s = zoff_plan_config_json(&cfg, &plan.rows[plan.best], nvme, &rec)) != ZOFF_OK) {
+        zoff_plan_free(&plan);
+        zoff_config_free(&cfg);
+        return fail("recommended config", s);
+    }
+    zoff_plan_deepspeed ds;
+    zoff_plan_deepspeed_estimate(&in.model.shape, M->ranks_per_node, (M->ranks + M->ranks_per_node - 1) / M->ranks_per_node,
+                                 &ds);
+    rc = 0;
+    if (a.json) {
+        rc = print_json(&a, &in, &plan, a.deepspeed ? &ds : NULL, rec);
+    } else {
+        print_text(&a, &in, &plan);
+        if (a.deepspeed) print_deepspeed(&ds, &in);
+    }
+    if (a.write_config && rc == 0) {
+        if (!rec) {
+            fprintf(stderr, "zoff plan: --write-config %s: nothing this zoff can run fits; no config written\n",
+                    a.write_config);
+            rc = 1;
+        } else if ((s = zoff_plan_write_file_atomic(a.write_config, rec)) != ZOFF_OK) {
+            rc = fail("--write-config", s);
+        } else if (!a.json) {
+            printf("\nwrote %s: zoff train --config %s", a.write_config, a.write_config);
+            printf(" --num-layers %lld --hidden-size %lld --num-attention-heads %lld --seq-length %lld --vocab-size "
+                   "%lld%s",
+                   (long long)in.model.shape.num_layers, (long long)in.model.shape.hidden_size,
+                   (long long)in.model.shape.num_heads, (long long)in.model.seq_len,
+                   (long long)in.model.shape.vocab_size, in.model.checkpoint_activations ? " --checkpoint-activations" : "");
+            if (M->device_budget) printf(" --device-memory %zu", M->device_bytes);
+            printf("\n");
+        }
+    }
+    free(rec);
+    zoff_plan_free(&plan);
+    zoff_config_free(&cfg);
+    return rc;
+}
