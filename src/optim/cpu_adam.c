@@ -480,15 +480,12 @@ double zoff_host_optimizer_bytes_per_param(const zoff_host_optimizer *opt, const
 }
 
 zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
-    int gd = 0, sd = 0, pd = ZO_NONE;
     if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: optimizer and tensors must not be NULL");
     if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: n = %lld is negative", (long long)t->n);
-    sd = zo_dt(t->state_dt);
+    const int sd = zo_dt(t->state_dt);
     if (sd != ZO_F32 && sd != ZO_BF16)
         return zoff_error(ZOFF_ERR_UNSUPPORTED, "optimizer init_state: state dtype %s is not supported (use f32 or bf16)",
                           zoff_dtype_name(t->state_dt));
-    (void)gd;
-    (void)pd;
     const size_t n = (size_t)t->n, ss = sd == ZO_F32 ? 4 : 2;
     if (n == 0) return ZOFF_OK;
     if (zoff_host_optimizer_uses_exp_avg(opt)) {
