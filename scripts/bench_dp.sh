@@ -43,6 +43,15 @@ for name, label in (("one", "1 rank, micro-batch 8"), ("two", "2 ranks x 4, cont
     print("| %s | %.3f | %.3f | %.3f | %.4f | %.3f | %.4f | %.0f |" % (label, med([x["step_time"] for x in s]),
           med([x["forward"] for x in s]), med([x["backward"] for x in s]), med([x["wait_grads"] for x in s]),
           med([x["host_step"] for x in s]), med([x["wait_weights"] for x in s]), med([x["tokens_per_s"] for x in s])))
+print("\nPer round (the three runs back to back): median step time, and the 2-rank runs' speed-up over 1 rank")
+print("\n| round | 1 rank (s) | 2 ranks contiguous (s) | 2 ranks round-robin (s) | speed-up contiguous | speed-up round-robin |")
+print("|---|---|---|---|---|---|")
+ups = {"two": [], "tworr": []}
+for r in range(1, R + 1):
+    m = {n: med([x["step_time"] for x in steps("%s/%s_%d/metrics.jsonl" % (W, n, r))]) for n in ("one", "two", "tworr")}
+    for n in ups: ups[n].append(m["one"] / m[n])
+    print("| %d | %.3f | %.3f | %.3f | %.2fx | %.2fx |" % (r, m["one"], m["two"], m["tworr"], m["one"] / m["two"], m["one"] / m["tworr"]))
+print("| median | | | | %.2fx | %.2fx |" % (med(ups["two"]), med(ups["tworr"])))
 print("\nPer-rank gradient stream, boundary backward (medians over steps; times from the start of backward):")
 print("\n| run | rank | wait grads (s) | backward (s) | ranges it copies | MB copied | first copy done | last copy done |")
 print("|---|---|---|---|---|---|---|---|")
