@@ -127,7 +127,7 @@ zoff_status zoff_host_optimizer_set_path(zoff_host_optimizer *opt, zoff_simd_pat
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "SIMD path '%s' is not available on this CPU/build (avx2=%d fma=%d f16c=%d avx512f=%d "
                           "avx512bw=%d avx512vl=%d avx512dq=%d avx512_bf16=%d neon=%d); best available is '%s' "
-                          "(unset ZOFF_SIMD to use it)",
+                          "(unset ZOFF_SIMD or choose another path)",
                           zoff_simd_path_name(path), f->avx2, f->fma, f->f16c, f->avx512f, f->avx512bw, f->avx512vl,
                           f->avx512dq, f->avx512_bf16, f->neon, zoff_simd_path_name(zoff_simd_path_best()));
     }
