@@ -646,6 +646,8 @@ static int run(train_ctx *c) {
         zoff_ckpt_close(rd);
         return fail("engine", s);
     }
+    zoff_aligned_free(c->init); /* the engine holds the master weights now: 4 B/param less on the host */
+    c->init = NULL;
     if (c->cfg.zero.stage == 3) { /* the model asks the engine for each group's weights */
         zoff_param_hooks hk = {.arg = c->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
                                .release = zoff_engine_release};
