@@ -816,10 +816,10 @@ static void write_dp(const char *dir, zoff_gpt2 *m, const float *p, int R, const
     const zoff_tensor_info *t = zoff_gpt2_tensors(m, &nt);
     const int64_t n = zoff_gpt2_num_params(m);
     zoff_ckpt_options o = {.tmp_tag = "dp", .overwrite = true};
-    float *buf = malloc((size_t)n * 4);
+    float *buf = malloc((size_t)n * 8); /* room for runs that (wrongly) hold more than n */
     for (int r = 0; r < R; r++) {
         zoff_ckpt_writer *w = NULL;
-        assert_ok(zoff_ckpt_writer_open(dir, 7, r, &o, &w));
+        assert_ok(zoff_ckpt_writer_open(dir, 5, r, &o, &w));
         for (int i = 0; r == 0 && i < nt; i++)
             assert_ok(zoff_ckpt_add(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, p + t[i].offset,
                                     (size_t)t[i].numel * 4));
@@ -830,7 +830,10 @@ static void write_dp(const char *dir, zoff_gpt2 *m, const float *p, int R, const
         for (int j = 0; runs[r][2 * j] >= 0; j++) {
             k += snprintf(js + k, sizeof js - (size_t)k, "%s[%" PRId64 ",%" PRId64 "]", j ? "," : "", runs[r][2 * j],
                           runs[r][2 * j + 1]);
-            for (int64_t e = 0; e < runs[r][2 * j + 1]; e++) buf[len + e] = -p[runs[r][2 * j] + e]; /* exp_avg := -p */
+            for (int64_t e = 0; e < runs[r][2 * j + 1]; e++) { /* exp_avg := -p (0 past the end: bad runs) */
+                int64_t at = runs[r][2 * j] + e;
+                buf[len + e] = at < n ? -p[at] : 0.0f;
+            }
             len += runs[r][2 * j + 1];
         }
         snprintf(js + k, sizeof js - (size_t)k, "]}");
@@ -839,7 +842,7 @@ static void write_dp(const char *dir, zoff_gpt2 *m, const float *p, int R, const
         if (r == 0) assert_ok(zoff_ckpt_add_blob(w, "meta", META_JSON, strlen(META_JSON)));
         assert_ok(zoff_ckpt_commit(w));
     }
-    assert_ok(zoff_ckpt_finalize(dir, 7, R, &o));
+    assert_ok(zoff_ckpt_finalize(dir, 5, R, &o));
     free(buf);
 }
 
