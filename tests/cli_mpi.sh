@@ -22,7 +22,7 @@ trap 'rm -rf "$W"' EXIT
 pass=0; fail=0
 ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
 bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; return 1; fi; }
 
 # Open MPI as root in a container without a network: shared memory only, one core per rank,
 # no CMA single-copy (needs ptrace rights containers often lack). Under ASan, leak detection
@@ -108,7 +108,8 @@ equiv() { # name zero-json loss-tol weight-tol [precision-json]
   d=$(lossdiff "$W/$1_one/metrics.jsonl" "$W/$1_two/metrics.jsonl")
   echo "     $1: 2 ranks vs 1, losses max rel diff $d; $($PY "$W/cmp.py" "$SRC/scripts" "$W/$1_two/step_00000006" "$W/$1_one/step_00000006" "$4")"
   check "$1: 2 ranks x 2 == 1 rank x 4 (losses within $3, weights within $4)" \
-    "[ $rc -eq 0 ] && awk 'BEGIN {exit !($d <= $3)}' && $PY '$W/cmp.py' '$SRC/scripts' '$W/$1_two/step_00000006' '$W/$1_one/step_00000006' $4 >/dev/null"
+    "[ $rc -eq 0 ] && awk 'BEGIN {exit !($d <= $3)}' && $PY '$W/cmp.py' '$SRC/scripts' '$W/$1_two/step_00000006' '$W/$1_one/step_00000006' $4 >/dev/null" ||
+    { echo "     mpirun exit $rc; its output:"; tail -8 "$W/$1_two.txt"; echo "     one rank's output:"; tail -4 "$W/$1_one.txt"; }
 }
 # tolerances: see tests/test_comm.c (fp32: summation order only; bf16: per-rank rounding)
 equiv stage0        '{"stage": 0}' 1e-5 1e-4
