@@ -179,6 +179,10 @@ timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W
 rc=$?
 check "mismatched micro-batch across ranks: non-zero exit within the timeout" "[ $rc -ne 0 ] && [ $rc -ne 124 ]"
 check "... with a message naming the mismatch and the ranks" "grep -q 'differs across ranks.*rank 1 has' '$W/mm.txt'"
+timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --save "$W/mm2" : \
+  -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --seed 7 --save "$W/mm2" >"$W/mm2.txt" 2>&1
+check "mismatched --seed across ranks (data order) is refused too" \
+  "[ \$? -eq 2 ] && grep -q 'command line.*differs across ranks' '$W/mm2.txt'"
 
 # 7. failures: a stalled rank and a killed rank end the job with an error, never a hang
 rank_pid() { # save-dir rank

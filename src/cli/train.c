@@ -473,6 +473,16 @@ static int run(train_ctx *c) {
     }
     if ((s = zoff_config_resolve_batch(&c->cfg, c->world)) != ZOFF_OK) return fail("config", s);
     if (c->rank > 0) a->quiet = true; /* progress from rank 0 only; errors from every rank */
+    if (c->world > 1) { /* what the engine's check cannot see must agree too */
+        uint64_t h = ZOFF_FNV_INIT;
+        const char *str[] = {a->data_path, a->val_path, a->tokenizer, a->save_dir, a->load_dir, a->init_from};
+        for (size_t i = 0; i < sizeof str / sizeof str[0]; i++)
+            h = str[i] ? zoff_fnv1a(h, str[i], strlen(str[i]) + 1) : zoff_fnv1a(h, "", 1);
+        int64_t nums[] = {(int64_t)a->seed, a->train_iters, a->eval_iters, a->save_interval, a->keep_last};
+        h = zoff_fnv1a(h, nums, sizeof nums);
+        if ((s = zoff_comm_check_same(c->comm, h, "the command line (data, seed, iterations, save, load)")) != ZOFF_OK)
+            return fail("data parallel", s);
+    }
     if ((s = zoff_config_check_supported(&c->cfg)) != ZOFF_OK) return fail("config", s);
     zoff_dtype dtype = c->cfg.bf16_enabled ? ZOFF_BF16 : c->cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
 
