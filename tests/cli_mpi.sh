@@ -41,8 +41,8 @@ rc=$?
 check "test_comm under mpirun -np 2 passes (collectives, stages 0-2 == 1 rank)" "[ $rc -eq 0 ]"
 [ $rc -eq 0 ] || tail -30 "$W/test_comm.txt"
 grep '  dp ' "$W/test_comm.txt" | sort -u
-timeout 60 "${MPI2[@]}" "$BIN/test_comm" timeout >"$W/timeout.txt" 2>&1
-check "a collective one rank skips times out after 1 s instead of hanging" \
+timeout 90 "${MPI2[@]}" "$BIN/test_comm" timeout >"$W/timeout.txt" 2>&1
+check "a collective one rank joins 6 s late times out after 1 s instead of hanging" \
   "grep -q 'rank 0: timeout test PASSED' '$W/timeout.txt'"
 
 # 2. zoff train: 2 ranks x 2 rows == 1 rank x 4 rows

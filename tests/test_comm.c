@@ -752,12 +752,13 @@ static void test_dp_exact_and_discriminating(void **st) {
 }
 
 /* `test_comm timeout`: rank 0 enters an all-reduce that rank 1 joins only after
- * 3 s; with a 1 s timeout rank 0 must fail in [1, 2.5) s with a message. */
+ * 6 s; with a 1 s timeout rank 0 must fail in [1, 5) s (a loaded machine may
+ * deschedule it for a while) with a message. */
 static int run_timeout(void) {
     zoff_comm_set_timeout(g_world, 1.0);
     double x = 1;
     if (R == 1) {
-        sleep(3);
+        sleep(6);
         printf("rank 1: joined late\n");
         fflush(stdout);
         return 0;
@@ -767,7 +768,7 @@ static int run_timeout(void) {
     double dt = zoff_now() - t0;
     printf("rank %d: status %s after %.2f s: %s\n", R, zoff_status_name(s), dt, zoff_last_error());
     fflush(stdout);
-    bool ok = s == ZOFF_ERR_COMM && dt >= 0.99 && dt < 2.5 && strstr(zoff_last_error(), "timed out");
+    bool ok = s == ZOFF_ERR_COMM && dt >= 0.99 && dt < 5.0 && strstr(zoff_last_error(), "timed out");
     /* a second call fails at once (sticky) */
     t0 = zoff_now();
     ok = ok && zoff_comm_barrier(g_world) == ZOFF_ERR_COMM && zoff_now() - t0 < 0.5;
