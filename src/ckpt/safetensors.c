@@ -1357,7 +1357,26 @@ const zoff_ckpt_gathered *zoff_ckpt_gather_find(const zoff_ckpt_gather *g, const
     return t ? &t->info : NULL;
 }
 
-static size_t ck_dtype_size(zoff_dtype dt) { return dt == ZOFF_CKPT_RAW ? 1 : zoff_dtype_size(dt); }
+/* Local, so that src/ckpt needs only src/core (the fuzzing build links just those). */
+static size_t ck_dtype_size(zoff_dtype dt) {
+    switch ((int)dt) {
+    case ZOFF_F32:
+    case ZOFF_I32: return 4;
+    case ZOFF_BF16:
+    case ZOFF_F16: return 2;
+    default: return 1; /* ZOFF_CKPT_RAW */
+    }
+}
+
+static const char *ck_dtype_name(zoff_dtype dt) {
+    switch ((int)dt) {
+    case ZOFF_F32: return "f32";
+    case ZOFF_BF16: return "bf16";
+    case ZOFF_F16: return "f16";
+    case ZOFF_I32: return "i32";
+    default: return "raw bytes";
+    }
+}
 
 /* Decimal int64 without sign; advances *p. */
 static bool parse_dec(const char **p, int64_t *out) {
@@ -1533,7 +1552,7 @@ static zoff_status index_run_entry(zoff_ckpt_gather *g, int rank, const zoff_ckp
         snprintf(t->shape_text, sizeof t->shape_text, "%s", shape_text);
     } else if (t->info.dtype != e->dtype || strcmp(t->shape_text, shape_text))
         return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: the parts of '%s' disagree (%s [%s] and %s [%s] in rank %d's file)",
-                          g->stepdir, e->name, zoff_dtype_name(t->info.dtype), t->shape_text, zoff_dtype_name(e->dtype),
+                          g->stepdir, e->name, ck_dtype_name(t->info.dtype), t->shape_text, ck_dtype_name(e->dtype),
                           shape_text, rank);
     int64_t src = 0;
     for (size_t i = 0; i < nruns; i++) {
@@ -1581,8 +1600,8 @@ static zoff_status gather_index_entries(zoff_ckpt_gather *g, int rank, bool skip
                     return zoff_error(ZOFF_ERR_FORMAT,
                                       "checkpoint %s: ranks %d and %d both hold '%s' but disagree (%s %s vs %s %s, or "
                                       "different data)",
-                                      g->stepdir, t->rank, rank, e->name, zoff_dtype_name(t->info.dtype),
-                                      shape_str(t->info.ndim, t->info.shape, sa, sizeof sa), zoff_dtype_name(e->dtype),
+                                      g->stepdir, t->rank, rank, e->name, ck_dtype_name(t->info.dtype),
+                                      shape_str(t->info.ndim, t->info.shape, sa, sizeof sa), ck_dtype_name(e->dtype),
                                       shape_str(e->ndim, e->shape, sb, sizeof sb));
                 continue;
             }
@@ -1623,8 +1642,8 @@ static zoff_status gather_index_entries(zoff_ckpt_gather *g, int rank, bool skip
         } else if (t->info.dtype != e->dtype || strcmp(t->shape_text, shape_text))
             return zoff_error(ZOFF_ERR_FORMAT,
                               "checkpoint %s: pieces of '%s' disagree: %s with shape %s, and %s with shape %s (rank %d)",
-                              g->stepdir, name, zoff_dtype_name(t->info.dtype), t->shape_text,
-                              zoff_dtype_name(e->dtype), shape_text, rank);
+                              g->stepdir, name, ck_dtype_name(t->info.dtype), t->shape_text,
+                              ck_dtype_name(e->dtype), shape_text, rank);
         if (start > t->info.numel || e->shape[0] > t->info.numel - start)
             return zoff_error(ZOFF_ERR_FORMAT,
                               "checkpoint file %s: piece '%s' holds elements [%" PRId64 ", %" PRId64
