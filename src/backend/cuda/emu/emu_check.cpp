@@ -1,8 +1,8 @@
 // Extra checks of the CUDA backend against the CPU backend, through the public
 // device API, for what tests/test_ops.c does not reach: flash attention at head
 // sizes 32/64/128 across tile boundaries, matmuls on unaligned operands, the
-// grid-stride / partial-sum caps of the reductions, overlapping casts, and the
-// asynchronous error semantics of streams and events. Built and run by run.sh
+// grid-stride / partial-sum caps of the reductions, overlapping casts, run-to-run
+// determinism, and the asynchronous error semantics of streams and events. Built and run by run.sh
 // (on the emulator); on a GPU it can be built against the real library too:
 //   g++ -std=c++17 -Iinclude -Isrc emu_check.cpp -Lbuild -lzoff ...
 #include <math.h>
@@ -301,6 +301,83 @@ void reductions(zoff_device *cpu, zoff_device *gpu) {
     }
 }
 
+// The reductions have no floating-point atomics: two runs give the same bits.
+void determinism(zoff_device *gpu) {
+    struct Case {
+        const char *what;
+        std::vector<Buf> bufs;
+        Launch launch;
+    };
+    const int64_t B = 2, T = 150, C = 128, NH = 2, N = B * T, V = 300, OC = 96;
+    std::vector<float> tok((size_t)N), mean((size_t)N, 0.1f), rstd((size_t)N, 1.3f);
+    for (auto &t : tok) t = (float)(int)((frand() + 1.0f) * 0.5f * (V - 1));
+    std::vector<Case> cases;
+    cases.push_back({"attention bwd (flash, HS 64) bf16",
+                     {{"dqkv", ZOFF_BF16, N * 3 * C, true, {}},
+                      {"dout", ZOFF_BF16, N * C, false, randv(N * C, 1.0f)},
+                      {"qkv", ZOFF_BF16, N * 3 * C, false, randv(N * 3 * C, 2.0f)},
+                      {"out", ZOFF_BF16, N * C, false, randv(N * C, 1.0f)},
+                      {"lse", ZOFF_F32, B * NH * T, false, randv(B * NH * T, 1.0f)}},
+                     [&](zoff_stream *s, std::vector<void *> &p) {
+                         zoff_op_attention_bwd_args a = {p[0], p[1], p[2], p[3], (const float *)p[4], B, T, C, NH,
+                                                         ZOFF_BF16};
+                         return ZOFF_LAUNCH(s, ZOFF_OP_ATTENTION_BWD, a);
+                     }});
+    cases.push_back({"layernorm bwd f32",
+                     {{"dinp", ZOFF_F32, N * C, true, randv(N * C, 1.0f)},
+                      {"dweight", ZOFF_F32, C, true, randv(C, 1.0f)},
+                      {"dbias", ZOFF_F32, C, true, randv(C, 1.0f)},
+                      {"dout", ZOFF_F32, N * C, false, randv(N * C, 1.0f)},
+                      {"inp", ZOFF_F32, N * C, false, randv(N * C, 1.0f)},
+                      {"weight", ZOFF_F32, C, false, randv(C, 1.0f)},
+                      {"mean", ZOFF_F32, N, false, mean},
+                      {"rstd", ZOFF_F32, N, false, rstd}},
+                     [&](zoff_stream *s, std::vector<void *> &p) {
+                         zoff_op_layernorm_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], (const float *)p[6],
+                                                         (const float *)p[7], N, C, ZOFF_F32};
+                         return ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_BWD, a);
+                     }});
+    cases.push_back({"embed bwd f32",
+                     {{"dwte", ZOFF_F32, V * C, true, randv(V * C, 1.0f)},
+                      {"dwpe", ZOFF_F32, T * C, true, randv(T * C, 1.0f)},
+                      {"dout", ZOFF_F32, N * C, false, randv(N * C, 1.0f)},
+                      {"tokens", ZOFF_I32, N, false, tok}},
+                     [&](zoff_stream *s, std::vector<void *> &p) {
+                         zoff_op_embed_bwd_args a = {p[0], p[1], p[2], (const int32_t *)p[3], B, T, C, V, ZOFF_F32};
+                         return ZOFF_LAUNCH(s, ZOFF_OP_EMBED_BWD, a);
+                     }});
+    cases.push_back({"matmul bwd bf16",
+                     {{"dinp", ZOFF_BF16, N * C, true, randv(N * C, 1.0f)},
+                      {"dweight", ZOFF_BF16, OC * C, true, randv(OC * C, 1.0f)},
+                      {"dbias", ZOFF_BF16, OC, true, randv(OC, 1.0f)},
+                      {"dout", ZOFF_BF16, N * OC, false, randv(N * OC, 1.0f)},
+                      {"inp", ZOFF_BF16, N * C, false, randv(N * C, 1.0f)},
+                      {"weight", ZOFF_BF16, OC * C, false, randv(OC * C, 0.3f)}},
+                     [&](zoff_stream *s, std::vector<void *> &p) {
+                         zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_BF16};
+                         return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
+                     }});
+    cases.push_back({"grad_stats f32",
+                     {{"stats", ZOFF_F32, 2, true, {0.0f, 0.0f}}, {"x", ZOFF_F32, 3000001, false, randv(3000001, 1.0f)}},
+                     [&](zoff_stream *s, std::vector<void *> &p) {
+                         zoff_op_grad_stats_args a = {(float *)p[0], p[1], 3000001, ZOFF_F32};
+                         return ZOFF_LAUNCH(s, ZOFF_OP_GRAD_STATS, a);
+                     }});
+    for (auto &c : cases) {
+        zoff_status s1, s2;
+        std::vector<Buf> b1 = c.bufs, b2 = c.bufs;
+        auto r1 = run(gpu, b1, c.launch, &s1);
+        auto r2 = run(gpu, b2, c.launch, &s2);
+        CHECK(s1 == ZOFF_OK && s2 == ZOFF_OK, "%s: %s", c.what, zoff_last_error());
+        if (s1 != ZOFF_OK || s2 != ZOFF_OK) continue;
+        bool same = r1.size() == r2.size();
+        for (size_t k = 0; same && k < r1.size(); k++)
+            same = memcmp(r1[k].data(), r2[k].data(), r1[k].size() * sizeof(float)) == 0;
+        CHECK(same, "%s: two runs differ", c.what);
+        printf("emu_check: deterministic: %-40s %s\n", c.what, same ? "yes" : "NO");
+    }
+}
+
 // Asynchronous errors: reported by stream sync (sticky) and by event sync for events
 // recorded after the failing launch only; other streams are unaffected.
 void async_errors(zoff_device *gpu) {
@@ -391,6 +468,7 @@ int main() {
     attention(cpu, gpu);
     matmul(cpu, gpu);
     reductions(cpu, gpu);
+    determinism(gpu);
     async_errors(gpu);
     zoff_device_destroy(gpu);
     zoff_device_destroy(cpu);
