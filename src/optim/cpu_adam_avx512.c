@@ -81,6 +81,56 @@ static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, z
 
 #define zv_st16_f16 zv_st_f16
 
+/* ---- even/odd split for all-bf16 modes (cpu_optim_body.h, ZO_EO) ---- */
+#define ZO_EO 1
+static inline __attribute__((always_inline)) void zv_ld_f32_eo(const float *ptr, zv *e, zv *o) {
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    zv a = _mm512_loadu_ps(ptr), b = _mm512_loadu_ps(ptr + 16);
+    *e = _mm512_permutex2var_ps(a, ie, b);
+    *o = _mm512_permutex2var_ps(a, io, b);
+}
+static inline __attribute__((always_inline)) void zv_st_f32_eo(float *ptr, zv e, zv o) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    _mm512_storeu_ps(ptr, _mm512_permutex2var_ps(e, lo, o));
+    _mm512_storeu_ps(ptr + 16, _mm512_permutex2var_ps(e, hi, o));
+}
+static inline __attribute__((always_inline)) void zv_ld_bf16_eo(const uint16_t *ptr, zv *e, zv *o) {
+    __m512i x = _mm512_loadu_si512(ptr);
+    *e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *o = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+/* the bf16 rounding of x (nearest even; NaN quieted) in the high half of each lane */
+static inline __attribute__((always_inline)) zi zo_bits_rne(zv x) {
+    __m512i b = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
+    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm512_set1_epi32(0x00400000));
+}
+/* stochastic: bits + r16, NaN quieted first, in the high half */
+static inline __attribute__((always_inline)) zi zo_bits_sr(zv x, zi r16) {
+    __m512i b = _mm512_castps_si512(x);
+    b = _mm512_mask_or_epi32(b, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm512_set1_epi32(0x00400000));
+    return _mm512_add_epi32(b, r16);
+}
+/* interleave the high halves of e (even elements) and o (odd elements) into 32 bf16 */
+static inline __attribute__((always_inline)) void zo_st_bits_eo(uint16_t *ptr, zi e, zi o) {
+    /* (o & 0xffff0000) | (e >> 16): ternary-logic truth table A | (B & C) = 0xF8 */
+    __m512i x = _mm512_ternarylogic_epi32(_mm512_srli_epi32(e, 16), o, _mm512_set1_epi32((int)0xffff0000u), 0xF8);
+    _mm512_storeu_si512(ptr, x);
+}
+static inline __attribute__((always_inline)) void zi_rand_eo(uint32_t seed, uint32_t idx, zi *e, zi *o) {
+    const __m512i le = _mm512_setr_epi32(0, (int)(2 * ZO_WEYL), (int)(4 * ZO_WEYL), (int)(6 * ZO_WEYL), (int)(8 * ZO_WEYL),
+                                         (int)(10 * ZO_WEYL), (int)(12 * ZO_WEYL), (int)(14 * ZO_WEYL),
+                                         (int)(16 * ZO_WEYL), (int)(18 * ZO_WEYL), (int)(20 * ZO_WEYL),
+                                         (int)(22 * ZO_WEYL), (int)(24 * ZO_WEYL), (int)(26 * ZO_WEYL),
+                                         (int)(28 * ZO_WEYL), (int)(30 * ZO_WEYL));
+    __m512i base = _mm512_set1_epi32((int)(idx * ZO_WEYL + seed));
+    *e = _mm512_add_epi32(base, le);
+    *o = _mm512_add_epi32(*e, _mm512_set1_epi32((int)ZO_WEYL));
+}
+
 /* ---- variant 1: integer bf16 rounding ---- */
 #define ZO_FN(name) name##_avx512
 #define zv_st_bf16 zo_st_bf16_int

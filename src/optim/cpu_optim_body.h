@@ -47,19 +47,12 @@ ZO_AI void ZO_FN(zo_st16)(void *base, int64_t i, zv x, const int dt) {
     else if (dt == ZO_F16) zv_st16_f16((uint16_t *)base + i, x);
 }
 
-/* One vector of ZW elements at offset i of the given bases; idx = global index of element i. */
-/* decay_mode, sround and seed are the kargs fields, passed as values so that
- * the compiler keeps them in registers (stores to the arrays could alias *a). */
-ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int pd, const int decay_mode,
-                         const int sround, const uint32_t seed, const ZO_FN(zo_hv) *h, float *p, void *m, void *v,
-                         const void *g, void *p16, int64_t i, uint32_t idx) {
-    zv pv = zv_ld_f32(p + i);
-    zv gr = ZO_FN(zo_ld)(g, i, gd);
-    const int sr = (sd == ZO_BF16) && sround && kind != ZO_KIND_PROBE;
-    zi r = sr ? zi_rand(seed, idx) : zi_zero();
+/* The update of one vector, in registers: p, m, v in/out (m, v as the kind uses them). */
+ZO_AI void ZO_FN(zo_math)(const int kind, const int decay_mode, const ZO_FN(zo_hv) *h, zv *pp, zv gr, zv *mp,
+                          zv *vp) {
+    zv pv = *pp;
     if (kind == ZO_KIND_ADAM) {
-        zv mv = ZO_FN(zo_ld)(m, i, sd);
-        zv vv = ZO_FN(zo_ld)(v, i, sd);
+        zv mv = *mp, vv = *vp;
         zv gv = zv_mul(gr, h->gscale);
         if (decay_mode == ZO_DECAY_L2) gv = zv_fma(pv, h->decay, gv);
         mv = zv_fma(gv, h->omb1, zv_mul(mv, h->b1));
@@ -68,35 +61,90 @@ ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int p
         zv u = zv_div(mv, denom);
         if (decay_mode == ZO_DECAY_DECOUPLED) pv = zv_fma(pv, h->decay, pv);
         pv = zv_fma(u, h->step, pv);
-        zv_st_f32(p + i, pv);
-        ZO_FN(zo_st_state)(m, i, mv, sd, sr, zi_lo16(r));
-        ZO_FN(zo_st_state)(v, i, vv, sd, sr, zi_hi16(r));
+        *mp = mv;
+        *vp = vv;
     } else if (kind == ZO_KIND_ADAGRAD) {
-        zv vv = ZO_FN(zo_ld)(v, i, sd);
+        zv vv = *vp;
         zv gv = zv_mul(gr, h->gscale);
         zv gd2 = decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, gv) : gv;
         vv = zv_fma(gd2, gd2, vv);
         zv u = zv_div(gv, zv_add(zv_sqrt(vv), h->eps));
         pv = zv_fma(u, h->step, pv);
-        zv_st_f32(p + i, pv);
-        ZO_FN(zo_st_state)(v, i, vv, sd, sr, zi_hi16(r));
+        *vp = vv;
     } else if (kind == ZO_KIND_LION) {
-        zv mv = ZO_FN(zo_ld)(m, i, sd);
+        zv mv = *mp;
         zv gv = zv_mul(gr, h->gscale);
         zv c = zv_fma(gv, h->omb1, zv_mul(mv, h->b1));
         zv t = zv_add(zv_negcopysign(h->lr, c), zv_sub(c, c));
         pv = decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, t) : zv_add(pv, t);
-        mv = zv_fma(gv, h->omb2, zv_mul(mv, h->b2));
-        zv_st_f32(p + i, pv);
-        ZO_FN(zo_st_state)(m, i, mv, sd, sr, zi_lo16(r));
-    } else { /* ZO_KIND_PROBE: same loads and stores, trivial math, values unchanged */
+        *mp = zv_fma(gv, h->omb2, zv_mul(mv, h->b2));
+    } else { /* ZO_KIND_PROBE: trivial math (gscale = 0, b1 = 1: values unchanged) */
         pv = zv_fma(gr, h->gscale, pv);
-        zv_st_f32(p + i, pv);
-        if (m) ZO_FN(zo_st_state)(m, i, zv_mul(ZO_FN(zo_ld)(m, i, sd), h->b1), sd, 0, r);
-        if (v) ZO_FN(zo_st_state)(v, i, zv_mul(ZO_FN(zo_ld)(v, i, sd), h->b1), sd, 0, r);
+        *mp = zv_mul(*mp, h->b1);
+        *vp = zv_mul(*vp, h->b1);
     }
+    *pp = pv;
+}
+
+/* One vector of ZW elements at offset i of the given bases; idx = global index of element i.
+ * decay_mode, sround and seed are the kargs fields, passed as values so that
+ * the compiler keeps them in registers (stores to the arrays could alias *a). */
+ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int pd, const int decay_mode,
+                         const int sround, const uint32_t seed, const ZO_FN(zo_hv) *h, float *p, void *m, void *v,
+                         const void *g, void *p16, int64_t i, uint32_t idx) {
+    const int usem = kind == ZO_KIND_PROBE ? m != NULL : kind != ZO_KIND_ADAGRAD;
+    const int usev = kind == ZO_KIND_PROBE ? v != NULL : kind != ZO_KIND_LION;
+    zv pv = zv_ld_f32(p + i);
+    zv gr = ZO_FN(zo_ld)(g, i, gd);
+    zv mv = usem ? ZO_FN(zo_ld)(m, i, sd) : zv_set1(0.0f);
+    zv vv = usev ? ZO_FN(zo_ld)(v, i, sd) : zv_set1(0.0f);
+    const int sr = (sd == ZO_BF16) && sround && kind != ZO_KIND_PROBE;
+    zi r = sr ? zi_rand(seed, idx) : zi_zero();
+    ZO_FN(zo_math)(kind, decay_mode, h, &pv, gr, &mv, &vv);
+    zv_st_f32(p + i, pv);
+    if (usem) ZO_FN(zo_st_state)(m, i, mv, sd, sr, zi_lo16(r));
+    if (usev) ZO_FN(zo_st_state)(v, i, vv, sd, sr, zi_hi16(r));
     if (pd != ZO_NONE) ZO_FN(zo_st16)(p16, i, pv, pd);
 }
+
+#ifdef ZO_EO
+/* Two vectors (2 ZW elements) when every array but the weights is bf16: each
+ * 16-bit array is read and written as whole vectors split into even and odd
+ * elements with shifts (no widening or narrowing shuffles); the fp32 weights
+ * are permuted into the same order. Elementwise math does not care about the
+ * order, so the results are the per-vector path's bit for bit (bf16 rounding
+ * done in integer ops, as on the paths without AVX512_BF16). The path defines:
+ *   zv_ld_f32_eo(const float *, zv *e, zv *o), zv_st_f32_eo(float *, zv e, zv o)
+ *   zv_ld_bf16_eo(const uint16_t *, zv *e, zv *o)
+ *   zi zo_bits_rne(zv), zi zo_bits_sr(zv, zi r16): the rounded bf16 in the high half
+ *   zo_st_bits_eo(uint16_t *, zi e, zi o), zi_rand_eo(seed, idx, zi *e, zi *o) */
+ZO_AI void ZO_FN(zo_vec_eo)(const int kind, const int pd, const int decay_mode, const int sround, const uint32_t seed,
+                            const ZO_FN(zo_hv) *h, float *p, void *m, void *v, const void *g, void *p16, int64_t i,
+                            uint32_t idx) {
+    const int usem = kind != ZO_KIND_ADAGRAD, usev = kind != ZO_KIND_LION;
+    zv pe, po, ge, go, me, mo, ve, vo;
+    zv_ld_f32_eo(p + i, &pe, &po);
+    zv_ld_bf16_eo((const uint16_t *)g + i, &ge, &go);
+    if (usem) zv_ld_bf16_eo((const uint16_t *)m + i, &me, &mo);
+    else me = mo = zv_set1(0.0f);
+    if (usev) zv_ld_bf16_eo((const uint16_t *)v + i, &ve, &vo);
+    else ve = vo = zv_set1(0.0f);
+    zi re = zi_zero(), ro = zi_zero();
+    if (sround) zi_rand_eo(seed, idx, &re, &ro);
+    ZO_FN(zo_math)(kind, decay_mode, h, &pe, ge, &me, &ve);
+    ZO_FN(zo_math)(kind, decay_mode, h, &po, go, &mo, &vo);
+    zv_st_f32_eo(p + i, pe, po);
+    if (usem) {
+        if (sround) zo_st_bits_eo((uint16_t *)m + i, zo_bits_sr(me, zi_lo16(re)), zo_bits_sr(mo, zi_lo16(ro)));
+        else zo_st_bits_eo((uint16_t *)m + i, zo_bits_rne(me), zo_bits_rne(mo));
+    }
+    if (usev) {
+        if (sround) zo_st_bits_eo((uint16_t *)v + i, zo_bits_sr(ve, zi_hi16(re)), zo_bits_sr(vo, zi_hi16(ro)));
+        else zo_st_bits_eo((uint16_t *)v + i, zo_bits_rne(ve), zo_bits_rne(vo));
+    }
+    if (pd == ZO_BF16) zo_st_bits_eo((uint16_t *)p16 + i, zo_bits_rne(pe), zo_bits_rne(po));
+}
+#endif
 
 ZO_AI void ZO_FN(zo_range)(const int kind, const int gd, const int sd, const int pd, const zoff_optim_kargs *a,
                            int64_t lo, int64_t hi) {
@@ -117,6 +165,11 @@ ZO_AI void ZO_FN(zo_range)(const int kind, const int gd, const int sd, const int
     const int decay_mode = a->decay_mode, sround = a->sround;
     const uint32_t seed = a->seed, idx0 = a->idx0;
     int64_t i = lo;
+#ifdef ZO_EO
+    if (kind != ZO_KIND_PROBE && gd == ZO_BF16 && sd == ZO_BF16 && (pd == ZO_BF16 || pd == ZO_NONE))
+        for (; i + 2 * ZW <= hi; i += 2 * ZW)
+            ZO_FN(zo_vec_eo)(kind, pd, decay_mode, sround, seed, &h, p, m, v, g, p16, i, idx0 + (uint32_t)i);
+#endif
     for (; i + ZW <= hi; i += ZW)
         ZO_FN(zo_vec)(kind, gd, sd, pd, decay_mode, sround, seed, &h, p, m, v, g, p16, i, idx0 + (uint32_t)i);
 #if ZW > 1
