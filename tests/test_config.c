@@ -231,7 +231,7 @@ static void test_zero_infinity_file(void **state) {
     assert_int_equal(cfg.train_batch_size, 64);
 
     assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_ERR_UNSUPPORTED);
-    assert_msg_has("zero_optimization.stage 3");
+    /* stage 3 is implemented; parameter offload to nvme is not */
     assert_msg_has("zero_optimization.offload_param.device \"nvme\"");
     zoff_config_free(&cfg);
 }
@@ -714,15 +714,21 @@ static void test_check_supported(void **state) {
             "'bf16': {'enabled': true}, 'optimizer': {'type': 'Lion'}}", &cfg);
     assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK);
     zoff_config_free(&cfg);
-    expect_unsupported("{'zero_optimization': {'stage': 3}}", "zero_optimization.stage 3");
-    expect_unsupported("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'cpu'}}}",
-                       "zero_optimization.offload_param.device \"cpu\"");
+    load_ok("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'cpu'}, "
+            "'offload_optimizer': {'device': 'cpu'}}}", &cfg);
+    assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK); /* ZeRO-3 with parameter offload to the host */
+    zoff_config_free(&cfg);
+    expect_unsupported("{'zero_optimization': {'stage': 3, 'zoff_delayed_param_update': true, "
+                       "'offload_optimizer': {'device': 'cpu'}}}",
+                       "zero_optimization.zoff_delayed_param_update with stage 3");
     load_ok("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'nvme', 'nvme_path': '/tmp'}}}", &cfg);
     assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK); /* NVMe offload, stages 1 and 2: implemented */
     zoff_config_free(&cfg);
     /* everything at once is listed at once */
-    expect_unsupported("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}}}",
-                       "zero_optimization.stage 3; zero_optimization.offload_param.device \"nvme\"");
+    expect_unsupported("{'zero_optimization': {'stage': 3, 'zoff_delayed_param_update': true, "
+                       "'offload_optimizer': {'device': 'cpu'}, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}}}",
+                       "zero_optimization.offload_param.device \"nvme\"; zero_optimization.zoff_delayed_param_update "
+                       "with stage 3");
 }
 
 /* ------------------------------------------------------------------ real DeepSpeed files from other tools */
@@ -1024,10 +1030,11 @@ static void test_not_implemented_refused(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_unsupported(cases[i].json, cases[i].needle);
     /* the engine's own refusals and the config's come in one list, and only the former add the stage summary */
-    expect_unsupported("{'zero_optimization': {'stage': 3}, 'wandb': {'enabled': true}, 'amp': {'enabled': true}}",
-                       "zero_optimization.stage 3; wandb.enabled true");
+    expect_unsupported("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}}, "
+                       "'wandb': {'enabled': true}, 'amp': {'enabled': true}}",
+                       "zero_optimization.offload_param.device \"nvme\"; wandb.enabled true");
     assert_msg_has("; amp.enabled true");
-    assert_msg_has("this version trains with zero_optimization.stage 0, 1 or 2");
+    assert_msg_has("this version trains with zero_optimization.stage 0-3");
     expect_unsupported("{'wandb': {'enabled': true}}", "wandb.enabled true");
     if (strstr(zoff_last_error(), "this version trains with") != NULL) fail_msg("%s", zoff_last_error());
 

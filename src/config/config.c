@@ -1609,17 +1609,18 @@ zoff_status zoff_config_check_supported(const zoff_config *cfg) {
         }                                                                                              \
     } while (0)
     const zoff_zero_config *z = &cfg->zero;
-    UNSUPPORTED(z->stage >= 3, "zero_optimization.stage %d", z->stage);
-    UNSUPPORTED(z->offload_param.device != ZOFF_OFFLOAD_NONE, "zero_optimization.offload_param.device \"%s\"",
-                device_name(z->offload_param.device));
+    UNSUPPORTED(z->offload_param.device == ZOFF_OFFLOAD_NVME, "zero_optimization.offload_param.device \"nvme\"");
+    UNSUPPORTED(z->stage == 3 && z->delayed_param_update,
+                "zero_optimization.zoff_delayed_param_update with stage 3");
     size_t core_used = used;
     UNSUPPORTED(cfg->unsupported != NULL, "%s", cfg->unsupported); /* valid DeepSpeed keys, recorded at load */
 #undef UNSUPPORTED
     if (used == 0) return ZOFF_OK;
     return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: not implemented yet in zoff %s: %s%s",
                       cfg->source_name ? cfg->source_name : "config", ZOFF_VERSION, list,
-                      core_used ? " (this version trains with zero_optimization.stage 0, 1 or 2, "
-                                  "offload_optimizer.device none, cpu or nvme, fp32, bf16 or fp16)"
+                      core_used ? " (this version trains with zero_optimization.stage 0-3, "
+                                  "offload_optimizer.device none, cpu or nvme, offload_param.device none or cpu, "
+                                  "fp32, bf16 or fp16)"
                                 : "");
 }
 
