@@ -33,12 +33,12 @@ set output "$out/loss.png"
 set title "zoff train: loss ($dir)"
 set xlabel "step"; set ylabel "loss"; set grid
 plot "$tmp/steps.dat" using 1:2 with lines title "train loss", \
-     "$tmp/val.dat" using 1:2 with linespoints pt 7 title "validation loss"
+     "$tmp/val.dat" using 1:2 with points pt 7 ps 1.5 title "validation loss"
 set output "$out/breakdown.png"
 set title "zoff train: step time breakdown ($dir)"
 set ylabel "seconds"; set key outside right
 set style data histograms; set style histogram rowstacked; set style fill solid 0.8 noborder
-set boxwidth 1
+set boxwidth 1; set xrange [0:*]
 set xtics auto
 plot "$tmp/steps.dat" using 4 title "forward", "" using 5 title "backward", "" using 6 title "wait grads", \
      "" using 7 title "host step", "" using 8 title "device step", "" using 9 title "wait weights", \
