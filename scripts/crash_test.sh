@@ -107,11 +107,11 @@ verify() { # after every interruption
 # until the final checkpoint exists: launch (resuming when there is a checkpoint), interrupt
 # (while fewer than KILLS interruptions so far), check the directory
 while [ ! -f "$RUN/$FINAL/COMPLETE" ]; do
-  load=(); done_steps=0
-  for d in "$RUN"/step_*/COMPLETE; do # newest complete step, without forks (timing matters below)
+  load=()
+  for d in "$RUN"/step_*/COMPLETE; do # any complete step? (no forks: timing matters below)
     d="${d%/COMPLETE}"; d="${d##*/step_}"
     [[ "$d" =~ ^[0-9]+$ ]] || continue # not a temp dir (which holds COMPLETE just before its rename)
-    load=(--load "$RUN"); done_steps=$((10#$d))
+    load=(--load "$RUN")
   done
   launches=$((launches + 1))
   "$ZOFF" "${TRAIN[@]}" --save "$RUN" "${load[@]}" >"$WORK/run.log" 2>&1 &
