@@ -384,7 +384,9 @@ static void grid_vs_real(const char *json, const zoff_gpt2_options *mo, size_t b
         if (row->setting.offload != ZOFF_OFFLOAD_NONE) assert_int_equal(again.pin_memory, row->setting.pin_memory);
         bool supported = zoff_config_check_supported(&cfg) == ZOFF_OK;
         zoff_clear_error();
-        if (!row->runnable || !supported) {
+        /* stage 3 reaches its peak only after steps have gathered and pooled the
+         * parameter groups: test_stage3_vs_real compares stage 3 after real steps */
+        if (!row->runnable || !supported || row->setting.stage == 3) {
             assert_false(row->runnable && !supported); /* runnable implies supported */
             skipped++;
             zoff_config_free(&cfg);
