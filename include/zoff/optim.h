@@ -41,8 +41,9 @@
  * same operations whichever thread or vector lane it lands in) and are
  * bit-identical across the scalar, AVX2, AVX-512 and NEON paths, with two
  * stated exceptions: (1) on the "avx512+bf16" path the hardware bf16 rounding
- * (VCVTNEPS2BF16) flushes fp32 values below 2^-126 in magnitude to +-0 where the
- * other paths round them to bf16 subnormals (bf16 states, bf16 params16 only);
+ * (VCVTNEPS2BF16), where it is used, flushes fp32 values below 2^-126 in
+ * magnitude to +-0 where the other paths round them to bf16 subnormals (bf16
+ * states, bf16 params16 only);
  * (2) NaN payloads may differ (NaN stays NaN). */
 #ifndef ZOFF_OPTIM_H
 #define ZOFF_OPTIM_H
