@@ -20,11 +20,13 @@ run_suite() { # label, build dir, ctest regex, cmake args...
     tail -50 "$dir.build.log"; failed=$((failed + 1)); failed_names+=("$label:build"); return
   fi
   echo "== $label: ctest"
+  local rc p f
   (cd "$dir" && ctest --output-on-failure -j "$JOBS" -R "$regex" --output-junit "ctest-junit.xml") | tee "$dir.ctest.log"
-  local p f
-  p=$(grep -cE "Test +#[0-9]+: .* Passed" "$dir.ctest.log" || true)
-  f=$(grep -cE "Test +#[0-9]+: .* (\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Not Run|SEGFAULT|Child aborted)" "$dir.ctest.log" || true)
+  rc=${PIPESTATUS[0]}
+  p=$(grep -cE "Test +#[0-9]+: .*Passed" "$dir.ctest.log" || true)
+  f=$(grep -cE "Test +#[0-9]+: .*(\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Not Run|SEGFAULT|Child aborted)" "$dir.ctest.log" || true)
   if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then f=1; failed_names+=("$label:no-tests"); fi
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; failed_names+=("$label:ctest-exit-$rc"); fi
   passed=$((passed + p)); failed=$((failed + f))
   [ "$f" -gt 0 ] && failed_names+=("$label")
 }
