@@ -391,6 +391,36 @@ static void test_auto_ratio_minimal(void **st) {
     free(r.weights);
 }
 
+/* The engine checks host memory for its host part before allocating it: with less available
+ * than the optimizer state needs, offload is refused with the sizes and what to change; the
+ * same job with the optimizer on the device (nothing on the host) runs. The state needs
+ * n x (4 + 4 + 4 + 2 + 2) bytes here (bf16: master, m, v, gradients, weight staging). */
+static void test_host_memory_checked(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    const char *prec = "\"bf16\": {\"enabled\": true},";
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), ZOFF_BF16, 1, 0, &r), ZOFF_OK);
+    free(r.weights);
+    size_t need = (size_t)r.n * 16;
+    char v[32];
+    snprintf(v, sizeof v, "%zu", need - need / 10);
+    setenv("ZOFF_TEST_MEM_AVAILABLE", v, 1);
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), ZOFF_BF16, 1, 0, &r), ZOFF_ERR_NOMEM);
+    const char *msg = zoff_last_error();
+    printf("%s\n", msg);
+    assert_non_null(strstr(msg, "host part of the optimizer"));
+    assert_non_null(strstr(msg, "offload_optimizer.ratio"));
+    free(r.weights);
+    assert_int_equal(train(cfg_json(a, sizeof a, DEVICE, prec, 1), ZOFF_BF16, 1, 0, &r), ZOFF_OK);
+    free(r.weights);
+    snprintf(v, sizeof v, "%zu", need + need / 10);
+    setenv("ZOFF_TEST_MEM_AVAILABLE", v, 1);
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), ZOFF_BF16, 1, 0, &r), ZOFF_OK);
+    free(r.weights);
+    unsetenv("ZOFF_TEST_MEM_AVAILABLE");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
@@ -399,6 +429,7 @@ int main(void) {
         cmocka_unit_test(test_delayed_update),
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
+        cmocka_unit_test(test_host_memory_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -194,6 +194,15 @@ static void test_swapper_too_few_buffers(void **st) {
     assert_int_equal(zoff_swapper_buffers_needed(false, false, 9), 1);
     assert_int_equal(zoff_swapper_buffers_needed(true, false, 9), 2);
     assert_int_equal(zoff_swapper_buffers_needed(true, true, 9), 3);
+    /* host memory for the buffers is checked first: 2 buffers x 3 arrays x 4096-byte aligned groups */
+    setenv("ZOFF_TEST_MEM_AVAILABLE", "20000", 1);
+    assert_int_equal(zoff_swapper_create(&o, &s), ZOFF_ERR_NOMEM);
+    assert_msg_has("NVMe swap buffers (2 x 12288 bytes)");
+    assert_msg_has("buffer_count");
+    setenv("ZOFF_TEST_MEM_AVAILABLE", "30000", 1);
+    assert_int_equal(zoff_swapper_create(&o, &s), ZOFF_OK);
+    zoff_swapper_destroy(s);
+    unsetenv("ZOFF_TEST_MEM_AVAILABLE");
 }
 
 /* ------------------------------------------------------------------ training */

@@ -19,7 +19,8 @@
  * its pinned memory counts against available memory (it can never be swapped out).
  *
  * ZOFF_SKIP_MEMORY_CHECK=1 turns the check into a warning (for machines where the numbers
- * mislead, e.g. a large swap the user wants to use). */
+ * mislead, e.g. a large swap the user wants to use). ZOFF_TEST_MEM_AVAILABLE=BYTES replaces
+ * MemAvailable (for tests of the callers' checks). */
 #ifndef ZOFF_RESOURCES_H
 #define ZOFF_RESOURCES_H
 

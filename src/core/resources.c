@@ -111,6 +111,12 @@ zoff_status zoff_host_memory_query(zoff_host_memory *m) {
         size_t fr = proc_kb("/proc/meminfo", "MemFree"), ca = proc_kb("/proc/meminfo", "Cached");
         if (fr != SIZE_MAX) m->available = fr + (ca != SIZE_MAX ? ca : 0);
     }
+    const char *fake = getenv("ZOFF_TEST_MEM_AVAILABLE"); /* tests: pretend this little is available */
+    if (fake && *fake) {
+        char *end;
+        unsigned long long v = strtoull(fake, &end, 10);
+        if (*end == 0) m->available = (size_t)v;
+    }
     cgroup_limit(&m->cgroup_limit, &m->cgroup_usage);
     struct rlimit rl;
     m->as_limit = getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (size_t)rl.rlim_cur : SIZE_MAX;

@@ -38,6 +38,7 @@
 #include "zoff/comm.h"
 #include "zoff/loss_scale.h"
 #include "zoff/optim.h"
+#include "zoff/resources.h"
 #include "zoff/swapper.h"
 
 typedef struct range { /* a run of tensors with the same weight-decay flag */
@@ -779,6 +780,26 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     return ZOFF_OK;
 }
 
+/* Before the host allocations below: the exact bytes this rank's host part needs (see
+ * include/zoff/resources.h), so that a job too large for the host fails here with what to
+ * change instead of being OOM-killed when the pages are first touched. */
+static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
+    const size_t nh = (size_t)e->n_host, f4 = sizeof(float);
+    size_t state = nvme ? 0 : nh * f4 * (1 + (uses_m(e) ? 1 : 0) + (uses_v(e) ? 1 : 0));
+    size_t bufs = nh * e->esize * (e->dpu ? 2 : 1) + (e->dtype != ZOFF_F32 || nvme ? nh * e->esize : 0);
+    char what[200];
+    snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master and "
+             "moments, 16-bit gradient and weight buffers%s)", (long long)e->n_host, e->rank,
+             e->pinned ? ", pinned" : "");
+    zoff_host_request rq = {.what = what,
+                            .pageable = e->pinned ? 0 : state + bufs,
+                            .pinned = e->pinned ? state + bufs : 0,
+                            .hint = "move part of the update to the device (offload_optimizer.ratio below 1), "
+                                    "keep the optimizer state on NVMe (offload_optimizer.device nvme), or use "
+                                    "more ranks (ZeRO stage 1-3 partition it)"};
+    return zoff_host_memory_check(&rq);
+}
+
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
     *out = NULL;
     if (!o || !o->dev || !o->cfg || !o->tensors || o->num_params <= 0)
@@ -833,6 +854,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, 2 * f4, "gradient statistics", (void **)&e->stats_dev);
     /* host side */
+    if (s == ZOFF_OK && e->n_host > 0) s = check_host_memory(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) {
         size_t nh = (size_t)e->n_host;
         if (nvme) s = nvme_create(e);

@@ -12,6 +12,7 @@
  * the data current; so reads never wait on the caller, only on the disk. */
 #define _GNU_SOURCE
 #include "zoff/swapper.h"
+#include "zoff/resources.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -250,6 +251,14 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     if (st == ZOFF_OK && !(s->crcs = calloc(total_chunks ? total_chunks : 1, sizeof *s->crcs)))
         st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %zu block checksums", total_chunks);
     s->slot_bytes = s->max_abytes * (size_t)s->na;
+    if (st == ZOFF_OK) { /* the swap buffers are pageable (not registered with io_uring) */
+        char what[160];
+        snprintf(what, sizeof what, "the NVMe swap buffers (%d x %zu bytes)", s->nslots, s->slot_bytes);
+        zoff_host_request rq = {.what = what, .pageable = (size_t)s->nslots * s->slot_bytes,
+                                .hint = "lower zero_optimization.offload_optimizer.buffer_count or "
+                                        "sub_group_size"};
+        st = zoff_host_memory_check(&rq);
+    }
     for (int i = 0; st == ZOFF_OK && i < s->nslots; i++) {
         s->slots[i].read_group = s->slots[i].write_group = -1;
         s->slots[i].buf = zoff_aligned_alloc(ZOFF_AIO_ALIGN, s->slot_bytes ? s->slot_bytes : ZOFF_AIO_ALIGN,
