@@ -50,9 +50,9 @@ cat "$SRC"/src/*/*.c > "$W/corpus.txt"
 "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte
       --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
-cfg() { # name micro zero-json [precision-json]
+cfg() { # name micro zero-json [precision-json [lr]]
   echo "{\"train_micro_batch_size_per_gpu\": $2, \"gradient_accumulation_steps\": 2, \"gradient_clipping\": 1.0,
-         \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.1}}, ${4:-}
+         \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": ${5:-1e-2}, \"weight_decay\": 0.1}}, ${4:-}
          \"zero_optimization\": $3}" > "$W/$1.json"
 }
 # Compare two checkpoints: weights (rank 0's tensors) and the optimizer state consolidated
@@ -99,8 +99,8 @@ lossdiff() {
   paste <(grep '"loss"' "$1" | sed 's/.*"loss":\([^,]*\).*/\1/') <(grep '"loss"' "$2" | sed 's/.*"loss":\([^,]*\).*/\1/') |
     awk '{d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d; n++} END {if (n != 6) print 1; else printf "%.3g\n", m}'
 }
-equiv() { # name zero-json loss-tol weight-tol [precision-json]
-  cfg "$1_1" 4 "$2" "${5:-}"; cfg "$1_2" 2 "$2" "${5:-}"
+equiv() { # name zero-json loss-tol weight-tol [precision-json [lr]]
+  cfg "$1_1" 4 "$2" "${5:-}" "${6:-}"; cfg "$1_2" 2 "$2" "${5:-}" "${6:-}"
   "$ZOFF" train "${TINY[@]}" --config "$W/$1_1.json" --train-iters 6 --save "$W/$1_one" >"$W/$1_one.txt" 2>&1
   timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/$1_2.json" --train-iters 6 --save "$W/$1_two" \
     >"$W/$1_two.txt" 2>&1
@@ -116,14 +116,14 @@ equiv stage0        '{"stage": 0}' 1e-5 1e-4
 equiv stage1_cpu    '{"stage": 1, "offload_optimizer": {"device": "cpu"}}' 1e-5 1e-4
 equiv stage2        '{"stage": 2}' 1e-5 1e-4
 equiv stage2_cpu_rr '{"stage": 2, "round_robin_gradients": true, "offload_optimizer": {"device": "cpu"}}' 1e-5 1e-4
-# The bf16 variant through the CLI diverged once (loss 6.4e-3, optimizer state 0.21) in a
-# CI run under heavy load and matched in every other run: a nondeterminism that is being
-# investigated (issue 8). test_comm checks 2-rank bf16 stage 2/3 at the engine level.
-if [ "${ZOFF_TEST_DP_BF16_CLI:-0}" = 1 ]; then
-  equiv stage2_bf16   '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' 5e-3 5e-2 '"bf16": {"enabled": true},'
-else
-  echo "skip - stage2_bf16 through the CLI (known intermittent divergence under load; ZOFF_TEST_DP_BF16_CLI=1 runs it)"
-fi
+# bf16: each rank rounds its gradients to bf16 before the (fp32) sum, where one rank rounds
+# once; Adam turns the sign change of a near-zero gradient into a full lr step. At lr 1e-2
+# this tiny model's 6 steps are chaotic enough for such steps to matter: over 20 corpora
+# (the sources in shuffled orders) 19 gave losses within 6e-4 of one rank, one 1.0e-2 (its
+# weights after step 5 give a gradient norm of 37 in fp32 on one rank too: the landscape,
+# not the reduction; docs/multinode.md). At lr 1e-3, over 30 corpora: losses <= 6.0e-5,
+# weights <= 1.5e-3, optimizer state <= 5.9e-3. Tolerances 5e-4 and 1e-2 (state 1e-1).
+equiv stage2_bf16   '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' 5e-4 1e-2 '"bf16": {"enabled": true},' 1e-3
 
 # stage 3 through zoff train (test_comm covers it at the engine level either way)
 cfg s3probe 4 '{"stage": 3}'
