@@ -1,4 +1,4 @@
-/* Aligned allocation, timers, sizes, half-precision conversion, CRC32C. */
+/* Aligned allocation, timers, sizes, half-precision conversion (CRC32C: crc32c.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "zoff/core.h"
 
@@ -119,38 +119,4 @@ uint16_t zoff_f32_to_f16(float f) {
     uint32_t mant_round = au + 0xfffu + ((au >> 13) & 1u);
     uint32_t h = ((mant_round >> 13) - (112u << 10));
     return (uint16_t)(sign | h);
-}
-
-/* CRC32C (Castagnoli), table-driven. */
-static uint32_t g_crc_table[8][256];
-static int g_crc_init;
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-        g_crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            g_crc_table[t][i] = (g_crc_table[t - 1][i] >> 8) ^ g_crc_table[0][g_crc_table[t - 1][i] & 0xff];
-    __atomic_store_n(&g_crc_init, 1, __ATOMIC_RELEASE);
-}
-
-uint32_t zoff_crc32c(uint32_t crc, const void *data, size_t n) {
-    if (!__atomic_load_n(&g_crc_init, __ATOMIC_ACQUIRE)) crc_init();
-    const uint8_t *p = data;
-    crc = ~crc;
-    while (n >= 8) {
-        uint32_t lo, hi;
-        memcpy(&lo, p, 4);
-        memcpy(&hi, p + 4, 4);
-        lo ^= crc;
-        crc = g_crc_table[7][lo & 0xff] ^ g_crc_table[6][(lo >> 8) & 0xff] ^ g_crc_table[5][(lo >> 16) & 0xff] ^
-              g_crc_table[4][lo >> 24] ^ g_crc_table[3][hi & 0xff] ^ g_crc_table[2][(hi >> 8) & 0xff] ^
-              g_crc_table[1][(hi >> 16) & 0xff] ^ g_crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) crc = (crc >> 8) ^ g_crc_table[0][(crc ^ *p++) & 0xff];
-    return ~crc;
 }
