@@ -163,8 +163,8 @@ zoff_status zoff_aio_wait(zoff_aio *a, zoff_aio_request *r);
 /* Non-blocking: has r completed (or was it never submitted)? */
 bool zoff_aio_done(zoff_aio *a, zoff_aio_request *r);
 
-/* CRC32C (Castagnoli), the same value as zoff_crc32c, with the SSE4.2
- * instruction where the CPU has it. */
+/* CRC32C (Castagnoli): zoff_crc32c (SSE4.2 where the CPU has it), kept under this
+ * name for the I/O engine's callers. */
 uint32_t zoff_aio_crc32c(uint32_t crc, const void *data, size_t n);
 
 #ifdef __cplusplus

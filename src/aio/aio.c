@@ -13,11 +13,6 @@
 #include <unistd.h>
 
 #include "aio/aio_internal.h"
-
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 /* snprintf for messages that may be cut (paths are long; the message stays readable). */
 __attribute__((format(printf, 3, 4))) static void msgf(char *buf, size_t n, const char *fmt, ...) {
     va_list ap;
@@ -28,76 +23,7 @@ __attribute__((format(printf, 3, 4))) static void msgf(char *buf, size_t n, cons
 
 /* ------------------------------------------------------------------ checksums */
 
-#if defined(__x86_64__)
-/* The raw CRC32C state update of the SSE4.2 instruction, one stream. */
-__attribute__((target("sse4.2"))) static uint64_t crc_raw(uint64_t c, const unsigned char *p, size_t n) {
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = _mm_crc32_u64(c, v);
-        p += 8;
-        n -= 8;
-    }
-    uint32_t c32 = (uint32_t)c;
-    while (n--) c32 = _mm_crc32_u8(c32, *p++);
-    return c32;
-}
-
-/* Three streams at once hide the instruction's latency (3 cycles, one per
- * cycle issued): a block of 3 x CRC_K bytes is split in thirds, each third's
- * state computed independently (the 2nd and 3rd from 0), and the states
- * joined by the linearity of CRCs: R(s, A|B) = S_K(R(s, A)) ^ R(0, B), where
- * S_K (K zero bytes) is a linear map kept as four byte tables. */
-#define CRC_K 4096
-static uint32_t g_shift[4][256];
-static pthread_once_t g_shift_once = PTHREAD_ONCE_INIT;
-
-__attribute__((target("sse4.2"))) static void shift_init(void) {
-    static const unsigned char zeros[CRC_K];
-    uint32_t basis[32];
-    for (int b = 0; b < 32; b++) basis[b] = (uint32_t)crc_raw((uint64_t)1u << b, zeros, CRC_K);
-    for (int t = 0; t < 4; t++)
-        for (int v = 0; v < 256; v++) {
-            uint32_t r = 0;
-            for (int b = 0; b < 8; b++)
-                if (v & (1 << b)) r ^= basis[8 * t + b];
-            g_shift[t][v] = r;
-        }
-}
-
-static uint32_t shift_k(uint32_t x) {
-    return g_shift[0][x & 0xff] ^ g_shift[1][(x >> 8) & 0xff] ^ g_shift[2][(x >> 16) & 0xff] ^ g_shift[3][x >> 24];
-}
-
-__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const void *data, size_t n) {
-    const unsigned char *p = data;
-    uint64_t c0 = (uint32_t)~crc;
-    if (n >= 3 * CRC_K) pthread_once(&g_shift_once, shift_init);
-    while (n >= 3 * CRC_K) {
-        uint64_t c1 = 0, c2 = 0;
-        for (size_t i = 0; i < CRC_K; i += 8) {
-            uint64_t a, b, d;
-            memcpy(&a, p + i, 8);
-            memcpy(&b, p + CRC_K + i, 8);
-            memcpy(&d, p + 2 * CRC_K + i, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-        }
-        c0 = shift_k(shift_k((uint32_t)c0) ^ (uint32_t)c1) ^ (uint32_t)c2;
-        p += 3 * CRC_K;
-        n -= 3 * CRC_K;
-    }
-    return ~(uint32_t)crc_raw(c0, p, n);
-}
-#endif
-
-uint32_t zoff_aio_crc32c(uint32_t crc, const void *data, size_t n) {
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("sse4.2")) return crc32c_sse42(crc, data, n);
-#endif
-    return zoff_crc32c(crc, data, n);
-}
+uint32_t zoff_aio_crc32c(uint32_t crc, const void *data, size_t n) { return zoff_crc32c(crc, data, n); }
 
 /* ------------------------------------------------------------------ fault hook */
 
