@@ -9,8 +9,12 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
-#include <set>
+#include <thread>
 #include <vector>
 
 #include "emu_device.hpp"
@@ -20,7 +24,8 @@
 
 static thread_local cudaError_t g_last = cudaSuccess;
 static std::mutex g_alloc_mu;
-static std::set<void *> g_allocs;
+static std::map<void *, std::pair<size_t, bool>> g_allocs; // base -> (bytes, device memory)
+static void device_ready(); // waits for all asynchronous work ("asynchronous work" below)
 
 [[noreturn]] static void emu_fatal(const char *fmt, const char *what) {
     fprintf(stderr, "cuda emulator: ");
@@ -98,15 +103,18 @@ extern "C" const char *cudaGetErrorName(cudaError_t e) {
     default: return "cudaErrorUnknown";
     }
 }
-extern "C" cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+extern "C" cudaError_t cudaDeviceSynchronize(void) {
+    device_ready();
+    return cudaSuccess;
+}
 
-static void *emu_alloc(size_t bytes, size_t align) {
+static void *emu_alloc(size_t bytes, size_t align, bool device) {
     size_t n = (bytes + align - 1) / align * align;
     void *p = aligned_alloc(align, n ? n : align);
     if (!p) return nullptr;
     memset(p, 0xff, n ? n : align); // uninitialised device memory reads as NaN
     std::lock_guard<std::mutex> g(g_alloc_mu);
-    g_allocs.insert(p);
+    g_allocs[p] = {bytes, device};
     return p;
 }
 static cudaError_t emu_free(void *p) {
@@ -119,17 +127,126 @@ static cudaError_t emu_free(void *p) {
     return cudaSuccess;
 }
 
+extern "C" int emu_device_range(const void *p, size_t bytes) {
+    std::lock_guard<std::mutex> g(g_alloc_mu);
+    auto it = g_allocs.upper_bound(const_cast<void *>(p));
+    if (it == g_allocs.begin()) return 0;
+    --it;
+    const char *base = (const char *)it->first, *q = (const char *)p;
+    return it->second.second && q >= base && (size_t)(q - base) <= it->second.first &&
+           bytes <= it->second.first - (size_t)(q - base);
+}
+
+// ------------------------------------------------------------------ asynchronous work
+//
+// Every operation above and below runs when it is issued, except work handed to
+// emu_stream_enqueue (the NCCL stand-in, nccl_emu.cpp: a collective waits for
+// other processes, as an NCCL kernel does on a GPU while the host goes on). Such
+// work runs on the stream's worker thread, in issue order. So that the schedule
+// stays one CUDA allows:
+//   - every other operation on a stream first waits for the stream's queued work
+//     and for the events the stream was told to wait for (cudaStreamWaitEvent is
+//     recorded, and honoured by the stream's next operation);
+//   - an event recorded on a stream completes when the work queued there so far
+//     (and what the stream waits for) is done: cudaEventQuery says cudaErrorNotReady
+//     until then, cudaEventSynchronize blocks;
+//   - cudaStreamSynchronize waits for the stream, cudaDeviceSynchronize, cudaFree
+//     and cudaFreeHost for all queued work (cudaFree synchronises the device).
+namespace {
+struct emu_queue;
+struct emu_dep {
+    std::shared_ptr<emu_queue> q;
+    uint64_t ticket; // done when q->done >= ticket
+};
+struct emu_queue {
+    uint64_t issued = 0, done = 0;
+    std::deque<std::pair<std::function<void()>, std::vector<emu_dep>>> items;
+    std::thread worker;
+    bool quit = false;
+};
+// never destroyed: a process may exit with streams alive (their workers wait on g_acv)
+std::mutex &g_amu = *new std::mutex; // guards all of the asynchronous state
+std::condition_variable &g_acv = *new std::condition_variable;
+uint64_t g_aissued = 0, g_adone = 0;
+
+bool deps_done(const std::vector<emu_dep> &d) {
+    for (const emu_dep &x : d)
+        if (x.q->done < x.ticket) return false;
+    return true;
+}
+
+void worker_main(std::shared_ptr<emu_queue> q) {
+    std::unique_lock<std::mutex> l(g_amu);
+    for (;;) {
+        g_acv.wait(l, [&] { return q->quit || !q->items.empty(); });
+        if (q->items.empty()) return;
+        auto &it = q->items.front(); // references into a deque survive push_back
+        g_acv.wait(l, [&] { return deps_done(it.second); });
+        std::function<void()> fn = std::move(it.first);
+        q->items.pop_front();
+        l.unlock();
+        fn();
+        l.lock();
+        q->done++;
+        g_adone++;
+        g_acv.notify_all();
+    }
+}
+} // namespace
+
+struct emu_stream {
+    int magic;
+    std::shared_ptr<emu_queue> q; // created by the first emu_stream_enqueue
+    std::vector<emu_dep> waits;   // from cudaStreamWaitEvent, not yet honoured
+};
+struct emu_event {
+    int magic;
+    std::vector<emu_dep> deps; // what the recorded point waits for (empty: complete)
+};
+
+// Before a synchronous operation on s: its queued work and its waits are done.
+static void stream_ready(cudaStream_t s) {
+    std::unique_lock<std::mutex> l(g_amu);
+    g_acv.wait(l, [&] { return (!s->q || s->q->done == s->q->issued) && deps_done(s->waits); });
+    s->waits.clear();
+}
+
+static void device_ready() {
+    std::unique_lock<std::mutex> l(g_amu);
+    g_acv.wait(l, [&] { return g_adone == g_aissued; });
+}
+
+void emu_stream_enqueue(cudaStream_t s, std::function<void()> fn) {
+    if (!s || s->magic != 0x5eed) emu_fatal("%s on an invalid stream", "asynchronous work");
+    std::lock_guard<std::mutex> l(g_amu);
+    if (!s->q) {
+        s->q = std::make_shared<emu_queue>();
+        s->q->worker = std::thread(worker_main, s->q);
+    }
+    s->q->items.emplace_back(std::move(fn), std::move(s->waits));
+    s->waits.clear();
+    s->q->issued++;
+    g_aissued++;
+    g_acv.notify_all();
+}
+
 extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
-    *p = emu_alloc(bytes, 256);
+    *p = emu_alloc(bytes, 256, true);
     return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
 }
-extern "C" cudaError_t cudaFree(void *p) { return emu_free(p); }
+extern "C" cudaError_t cudaFree(void *p) {
+    device_ready();
+    return emu_free(p);
+}
 extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
     (void)flags;
-    *p = emu_alloc(bytes, 4096);
+    *p = emu_alloc(bytes, 4096, false);
     return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
 }
-extern "C" cudaError_t cudaFreeHost(void *p) { return emu_free(p); }
+extern "C" cudaError_t cudaFreeHost(void *p) {
+    device_ready();
+    return emu_free(p);
+}
 extern "C" cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned int flags) {
     (void)flags;
     *dev = host;
@@ -142,10 +259,12 @@ extern "C" cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 }
 extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
     if (!s) emu_fatal("%s on the legacy default stream", "cudaMallocAsync");
+    stream_ready(s);
     return cudaMalloc(p, bytes);
 }
 extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     if (!s) emu_fatal("%s on the legacy default stream", "cudaFreeAsync");
+    stream_ready(s);
     return emu_free(p);
 }
 extern "C" cudaError_t cudaMemset(void *p, int value, size_t bytes) {
@@ -154,6 +273,7 @@ extern "C" cudaError_t cudaMemset(void *p, int value, size_t bytes) {
 }
 extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
     if (!s) emu_fatal("%s on the legacy default stream", "cudaMemsetAsync");
+    stream_ready(s);
     memset(p, value, bytes);
     return cudaSuccess;
 }
@@ -161,6 +281,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
                                        cudaStream_t s) {
     (void)kind;
     if (!s) emu_fatal("%s on the legacy default stream", "cudaMemcpyAsync");
+    stream_ready(s);
     const char *d = (const char *)dst, *q = (const char *)src;
     if (bytes && d < q + bytes && q < d + bytes && d != q)
         emu_fatal("%s: overlapping source and destination (undefined in CUDA)", "cudaMemcpyAsync");
@@ -168,36 +289,42 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
     return cudaSuccess;
 }
 
-struct emu_stream {
-    int magic;
-};
-struct emu_event {
-    int magic;
-};
-
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
     (void)flags;
-    *s = new emu_stream{0x5eed};
+    *s = new emu_stream{0x5eed, nullptr, {}};
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s || s->magic != 0x5eed) emu_fatal("%s of an invalid stream", "cudaStreamDestroy");
+    stream_ready(s);
+    if (s->q) {
+        {
+            std::lock_guard<std::mutex> l(g_amu);
+            s->q->quit = true;
+            g_acv.notify_all();
+        }
+        s->q->worker.join();
+    }
     s->magic = 0;
     delete s;
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (!s || s->magic != 0x5eed) emu_fatal("%s of an invalid stream", "cudaStreamSynchronize");
+    stream_ready(s);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
     (void)flags;
     if (!s || !e) emu_fatal("%s with a NULL handle", "cudaStreamWaitEvent");
+    std::lock_guard<std::mutex> l(g_amu);
+    for (const emu_dep &d : e->deps)
+        if (d.q->done < d.ticket) s->waits.push_back(d);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
     (void)flags;
-    *e = new emu_event{0xe7e7};
+    *e = new emu_event{0xe7e7, {}};
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -208,18 +335,27 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e || !s) emu_fatal("%s with a NULL handle", "cudaEventRecord");
+    std::lock_guard<std::mutex> l(g_amu);
+    e->deps.clear();
+    for (const emu_dep &d : s->waits)
+        if (d.q->done < d.ticket) e->deps.push_back(d);
+    if (s->q && s->q->done < s->q->issued) e->deps.push_back(emu_dep{s->q, s->q->issued});
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!e) emu_fatal("%s with a NULL handle", "cudaEventSynchronize");
+    std::unique_lock<std::mutex> l(g_amu);
+    g_acv.wait(l, [&] { return deps_done(e->deps); });
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!e) emu_fatal("%s with a NULL handle", "cudaEventQuery");
-    return cudaSuccess;
+    std::lock_guard<std::mutex> l(g_amu);
+    return deps_done(e->deps) ? cudaSuccess : cudaErrorNotReady; // not ready is not an error: no last error
 }
 extern "C" cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
     if (!s) emu_fatal("%s on the legacy default stream", "cudaLaunchHostFunc");
+    stream_ready(s);
     fn(arg);
     return cudaSuccess;
 }
@@ -371,6 +507,7 @@ void emu_run_grid(const emu_cfg_t &cfg, const std::function<void()> &body) {
         return;
     }
     if (!cfg.stream) emu_fatal("%s on the legacy default stream", "kernel launch");
+    stream_ready(cfg.stream);
     if (g_in_launch) emu_fatal("%s from inside a kernel", "kernel launch");
     if (!g_stacks) {
         g_stacks = (char *)mmap(nullptr, STACK * MAX_THREADS, PROT_READ | PROT_WRITE,
@@ -576,6 +713,7 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
                                          cudaStream_t stream) {
     (void)h;
     if (!stream) emu_fatal("%s on the legacy default stream", "cublasLtMatmul");
+    stream_ready(stream);
     cublasStatus_t s = lt_check(op, a, b, c, d);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     if (!algo || algo->data[0] != 0xa160) emu_fatal("%s: algorithm not from the heuristic", "cublasLtMatmul");

@@ -102,8 +102,15 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg);
 void emu_set_error(cudaError_t e);
 /* Number of live device allocations (leak check in run.sh). */
 size_t emu_live_allocations(void);
+/* Does [p, p + bytes) lie inside one live cudaMalloc/cudaMallocAsync allocation? */
+int emu_device_range(const void *p, size_t bytes);
 
 #ifdef __cplusplus
 }
+#include <functional>
+/* Queue fn on stream s: it runs on the stream's worker thread after the work and
+ * the waits issued on s so far, and later operations on s wait for it (emu.cpp,
+ * "asynchronous work"). Used by the NCCL stand-in (nccl_emu.cpp). */
+void emu_stream_enqueue(cudaStream_t s, std::function<void()> fn);
 #endif
 #endif

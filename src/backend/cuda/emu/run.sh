@@ -4,6 +4,15 @@
 # (emu_check.cpp). Development tool: not built by CMake, not part of the library.
 #
 #   bash src/backend/cuda/emu/run.sh [BUILD_DIR]     (default /tmp/zoff-cuda-emu)
+#   EMU_ONLY="label ..." runs only those runs (and builds only what they need)
+#
+# NCCL (EMU_ONLY=nccl, also part of the default runs): zoff built with CUDA, MPI
+# and NCCL (src/comm/comm_nccl.c) against the emulator and a stand-in NCCL over
+# MPI (include/nccl.h, nccl_emu.cpp); tests/test_comm.c runs under mpirun -np 2
+# (label nccl: collectives on CUDA device buffers through NCCL, the engine on a
+# CUDA device), alone (nccl_1rank: the one-rank path on a CUDA device) and as
+# `test_comm nccl_timeout` (nccl_timeout: the watchdog aborts a collective a
+# rank never joins). Needs mpicc/mpicxx/mpirun (Open MPI) and JOBS <= cores.
 #
 # How: the .cu files are rewritten (kernel<<<cfg>>>(args) -> emu_launch(emu_cfg(cfg),
 # kernel, args); extern __shared__ T x[] -> T *x = (T *)emu_dyn_smem()) and compiled
@@ -21,7 +30,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../../.." && pwd)
 B=${1:-/tmp/zoff-cuda-emu}
 JOBS=${JOBS:-$(nproc)}
-mkdir -p "$B/gen" "$B/obj"
+mkdir -p "$B/gen" "$B/obj" "$B/obj-nccl"
+
+# which runs: EMU_ONLY empty = all; "nccl" stands for every nccl_* run too
+wanted() {
+  [ -z "${EMU_ONLY:-}" ] && return 0
+  [[ " $EMU_ONLY " == *" $1 "* ]] && return 0
+  [[ "$1" == nccl_* && " $EMU_ONLY " == *" nccl "* ]]
+}
+want_ops=0
+want_nccl=0
+for l in emu_check test_ops test_ops_reverse test_ops_simple_attention test_ops_no_cublaslt test_ops_cublaslt_aligned16 \
+         test_ops_no_device; do wanted "$l" && want_ops=1; done
+for l in nccl nccl_1rank nccl_timeout; do wanted "$l" && want_nccl=1; done
 
 SAN=""
 if [ "${ZOFF_EMU_ASAN:-0}" = 1 ]; then SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"; fi
@@ -53,6 +74,8 @@ compile() { # src obj compiler flags...
 compile "$HERE/emu.cpp" "$B/obj/emu.o" g++ $CXXFLAGS
 for f in "$B"/gen/*.cpp; do compile "$f" "$B/obj/$(basename "$f" .cpp).o" g++ $CXXFLAGS -I"$ROOT/src/backend/cuda"; done
 compile "$ROOT/src/backend/cuda/cuda_backend.c" "$B/obj/cuda_backend.o" gcc -std=gnu11 $CFLAGS -I"$HERE/include" -Wall -Wextra
+emu_objs=("${objs[@]}")
+if [ "$want_ops" = 1 ]; then
 while IFS= read -r -d '' c; do
   case "$c" in */src/cli/*|*/src/backend/cuda/*|*mpi*|*uring*) continue ;; esac
   o="$B/obj/lib_$(echo "${c#$ROOT/src/}" | tr '/' '_' | sed 's/\.c$/.o/')"
@@ -69,6 +92,29 @@ g++ $SAN -fopenmp -o "$B/test_ops_emu" "${lib_objs[@]}" "$B/obj/test_ops.o" -lja
 objs=()
 compile "$HERE/emu_check.cpp" "$B/obj/emu_check.o" g++ $CXXFLAGS
 g++ $SAN -fopenmp -o "$B/emu_check" "${lib_objs[@]}" "$B/obj/emu_check.o" -ljansson -lopenblas -lm -lpthread
+fi
+
+# NCCL: the rest of zoff again, with MPI and NCCL (comm_mpi.c, comm_nccl.c), the stand-in NCCL, test_comm
+if [ "$want_nccl" = 1 ]; then
+  NFLAGS="$CFLAGS -DZOFF_HAVE_MPI=1 -DZOFF_HAVE_NCCL=1"
+  objs=("${emu_objs[@]}")
+  compile "$HERE/nccl_emu.cpp" "$B/obj-nccl/nccl_emu.o" mpicxx $CXXFLAGS -Wextra -Werror
+  while IFS= read -r -d '' c; do
+    case "$c" in */src/cli/*|*/src/backend/cuda/*|*uring*) continue ;; esac
+    o="$B/obj-nccl/lib_$(echo "${c#$ROOT/src/}" | tr '/' '_' | sed 's/\.c$/.o/')"
+    isa=""
+    case "$c" in
+      *_avx512.c) isa="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512fp16 -mfma -mf16c -mavx2" ;;
+      *_avx2.c) isa="-mavx2 -mfma -mf16c" ;;
+    esac
+    warn="-w"
+    # the code under test: the project's warnings, as errors, against the stand-in headers
+    case "$c" in */src/comm/*) warn="-I$HERE/include -Wall -Wextra -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wmissing-prototypes -Werror" ;; esac
+    compile "$c" "$o" mpicc -std=gnu11 $NFLAGS $isa $warn
+  done < <(find "$ROOT/src" -name '*.c' -print0 | sort -z)
+  compile "$ROOT/tests/test_comm.c" "$B/obj-nccl/test_comm.o" mpicc -std=gnu11 $NFLAGS -I"$ROOT/tests" -Wall -Wextra -Werror -Wno-unused-parameter
+  mpicxx $SAN -fopenmp -o "$B/test_comm_nccl" "${objs[@]}" -ljansson -lopenblas -lcmocka -lm -lpthread
+fi
 
 # 3. run (EMU_ONLY="label ..." runs only those). tests/test_ops.c re-runs itself in a child with
 # ZOFF_CPU_KERNELS=scalar unless that variable is set: the variants set it (one run each).
@@ -76,10 +122,12 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:detect_stack_use_after_retu
 fail=0
 run() { # label, env..., command
   local label=$1; shift
-  if [ -n "${EMU_ONLY:-}" ] && ! [[ " $EMU_ONLY " == *" $label "* ]]; then return; fi
+  wanted "$label" || return 0
   echo "== $label"
+  local t0=$SECONDS
   if env "$@" > "$B/$label.log" 2>&1; then
-    grep -E "PASSED|FAILED|max normalised|emu_check:" "$B/$label.log" | grep -v "^\[ *OK" | head -60
+    grep -E "PASSED|FAILED|SKIPPED|max normalised|emu_check:|^  (dp|nccl) " "$B/$label.log" | grep -v "^\[ *OK" | head -60
+    echo "   ($((SECONDS - t0)) s)"
   else
     tail -60 "$B/$label.log"; echo "!! $label FAILED (log: $B/$label.log)"; fail=1
   fi
@@ -91,4 +139,12 @@ run test_ops_simple_attention ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=simple
 run test_ops_no_cublaslt ZOFF_CPU_KERNELS=scalar EMU_LT=none "$B/test_ops_emu"
 run test_ops_cublaslt_aligned16 ZOFF_CPU_KERNELS=scalar EMU_LT=aligned16 "$B/test_ops_emu"
 run test_ops_no_device ZOFF_CPU_KERNELS=scalar EMU_NO_DEVICE=1 "$B/test_ops_emu"
+# NCCL: the options of tests/cli_mpi.sh; one thread per rank's kernels (2 ranks share the cores)
+MPI2=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+      --mca btl_vader_single_copy_mechanism none -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS -np 2)
+run nccl timeout 900 "${MPI2[@]}" "$B/test_comm_nccl"
+run nccl_1rank timeout 900 "$B/test_comm_nccl"
+# the watchdog: rank 0's all-reduce fails after the 1 s timeout; the ranks end without MPI_Finalize, so
+# mpirun's status is not the verdict: rank 0's line is
+run nccl_timeout bash -c "timeout 120 ${MPI2[*]} $B/test_comm_nccl nccl_timeout; grep -q 'rank 0: nccl timeout test PASSED' $B/nccl_timeout.log"
 [ "$fail" = 0 ] && echo "emulator: all runs passed" || { echo "emulator: some runs FAILED"; exit 1; }
