@@ -19,7 +19,12 @@
  * that has not finished after the comm's timeout, or an asynchronous NCCL
  * error, makes it call ncclCommAbort (which unblocks the kernels) and record a
  * sticky communication error; the next synchronisation of the caller's stream
- * returns and the engine reports zoff_comm_error. It never exits the process. */
+ * returns and the engine reports zoff_comm_error. It never exits the process.
+ * Issuing holds the watchdog's mutex and refuses an aborted communicator, so
+ * the watchdog never aborts (frees) a communicator another thread is using.
+ *
+ * Tested without a GPU by src/backend/cuda/emu (EMU_ONLY=nccl: the CUDA
+ * emulator and an NCCL stand-in over MPI, tests/test_comm.c under mpirun). */
 #if defined(ZOFF_HAVE_NCCL) && defined(ZOFF_HAVE_MPI) && defined(ZOFF_HAVE_CUDA)
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
@@ -60,13 +65,6 @@ typedef struct nccl_impl {
 
 static cudaStream_t native(zoff_stream *s) { return ((zoff_cuda_stream *)s->impl)->s; }
 
-#define NCCL_TRY(c, call)                                                                                       \
-    do {                                                                                                        \
-        ncclResult_t r_ = (call);                                                                               \
-        if (r_ != ncclSuccess)                                                                                  \
-            return zoff_error(ZOFF_ERR_COMM, "communication: %s failed on rank %d of %d: %s", #call, (c)->rank, \
-                              (c)->size, ncclGetErrorString(r_));                                               \
-    } while (0)
 #define CUDA_TRY(c, call)                                                                                       \
     do {                                                                                                        \
         cudaError_t e_ = (call);                                                                                \
@@ -117,34 +115,53 @@ static void *watchdog_main(void *arg) {
 /* Watch the collective just issued on n->cs. */
 static void watch(nccl_impl *n, const char *what) {
     pthread_mutex_lock(&n->mu);
-    int next = (n->head + 1) % WATCH_RING;
-    if (next == n->tail) { /* full: the oldest must finish first (the watchdog aborts it if it never does) */
+    /* full: the oldest must finish first (the watchdog aborts it if it never does). The watchdog may
+     * retire entries meanwhile: retire the one waited for only if it is still the oldest. */
+    while ((n->head + 1) % WATCH_RING == n->tail) {
+        int t = n->tail;
         pthread_mutex_unlock(&n->mu);
-        cudaEventSynchronize(n->ring[n->tail]);
+        cudaEventSynchronize(n->ring[t]);
         pthread_mutex_lock(&n->mu);
-        n->tail = (n->tail + 1) % WATCH_RING;
+        if (n->tail == t) n->tail = (t + 1) % WATCH_RING;
     }
     cudaEventRecord(n->ring[n->head], n->cs);
     n->issued[n->head] = zoff_now();
     snprintf(n->what[n->head], sizeof n->what[n->head], "%s", what);
-    n->head = next;
+    n->head = (n->head + 1) % WATCH_RING;
     pthread_mutex_unlock(&n->mu);
 }
 
 /* ------------------------------------------------------------------ setup */
 
-static void nccl_free(nccl_impl *n) {
+/* Has c or a communicator it was made from failed? (No error message is set.) */
+static bool comm_failed(zoff_comm *c) {
+    bool failed = false;
+    for (zoff_comm *p = c; p && !failed; p = p->parent) {
+        pthread_mutex_lock(&p->mu);
+        failed = p->sticky != ZOFF_OK;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return failed;
+}
+
+/* force_abort: end the NCCL communicator with ncclCommAbort (setup failed on some rank). */
+static void nccl_free(nccl_impl *n, bool force_abort) {
     if (!n) return;
+    /* Collectives still in flight finish (or are aborted by the watchdog after the timeout) before the
+     * watchdog stops; after a failure (of this comm or a parent) they may never finish: abort at once. */
+    bool abort_it = force_abort || comm_failed(n->owner);
+    if (n->nc && n->cs && !abort_it) cudaStreamSynchronize(n->cs);
     if (n->wd_started) {
         pthread_mutex_lock(&n->mu);
         n->quit = true;
         pthread_mutex_unlock(&n->mu);
         pthread_join(n->wd, NULL);
     }
-    if (n->nc) {
-        if (n->aborted || n->owner->sticky != ZOFF_OK) ncclCommAbort(n->nc);
+    if (n->nc && !n->aborted) { /* the watchdog's ncclCommAbort already freed an aborted one */
+        if (abort_it || comm_failed(n->owner)) ncclCommAbort(n->nc);
         else ncclCommDestroy(n->nc);
     }
+    n->nc = NULL;
     if (n->cs) cudaStreamSynchronize(n->cs);
     for (int i = 0; i < WATCH_RING; i++)
         if (n->ring[i]) cudaEventDestroy(n->ring[i]);
@@ -154,6 +171,22 @@ static void nccl_free(nccl_impl *n) {
     if (n->scratch) zoff_device_free(n->dev, n->scratch);
     pthread_mutex_destroy(&n->mu);
     free(n);
+}
+
+/* Every rank learns whether every rank has succeeded so far (over c's MPI, with the timeout). A rank
+ * that failed alone would leave the others in ncclCommInitRank, which waits for all ranks forever. */
+static zoff_status agree(zoff_comm *c, zoff_status mine) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", mine != ZOFF_OK ? zoff_last_error() : "");
+    double bad = mine != ZOFF_OK;
+    zoff_status s = c->vt->allreduce_f64(c, &bad, 1, ZOFF_REDUCE_MAX);
+    if (mine != ZOFF_OK) return zoff_error(mine, "%s", msg);
+    if (s != ZOFF_OK) return s;
+    if (bad != 0)
+        return zoff_error(ZOFF_ERR_COMM, "communication: setting up NCCL failed on another rank (rank %d of %d is "
+                                         "fine; that rank's message says why)",
+                          c->rank, c->size);
+    return ZOFF_OK;
 }
 
 /* Collective over c: a new NCCL communicator on c's ranks (id from rank 0 over c's MPI). */
@@ -175,6 +208,8 @@ static zoff_status nccl_open(zoff_comm *c, zoff_device *dev, nccl_impl **out) {
     if (s == ZOFF_OK) s = bs;
     if (s == ZOFF_OK && cudaSetDevice(n->ordinal) != cudaSuccess)
         s = zoff_error(ZOFF_ERR_DEVICE, "communication: cudaSetDevice(%d) failed on rank %d", n->ordinal, c->rank);
+    s = agree(c, s); /* all ranks call ncclCommInitRank, or none */
+    bool all_init = s == ZOFF_OK;
     if (s == ZOFF_OK) {
         ncclResult_t r = ncclCommInitRank(&n->nc, c->size, id, c->rank);
         if (r != ncclSuccess) {
@@ -199,18 +234,21 @@ static zoff_status nccl_open(zoff_comm *c, zoff_device *dev, nccl_impl **out) {
         else
             n->wd_started = true;
     }
+    if (all_init) s = agree(c, s); /* every rank keeps its communicator, or none does */
     if (s != ZOFF_OK) {
-        nccl_free(n);
+        nccl_free(n, true);
         return s;
     }
     *out = n;
     return ZOFF_OK;
 }
 
-static zoff_status scratch(zoff_comm *c, nccl_impl *n, size_t bytes) {
+static zoff_status scratch(zoff_comm *c, nccl_impl *n, zoff_stream *s, size_t bytes) {
     if (bytes <= n->scratch_bytes) return ZOFF_OK;
-    /* the previous user finished: the caller's stream waited for ev_out before this call's casts */
+    /* The previous call's readers of the old buffer: NCCL (on n->cs) and the cast back to 16 bits on
+     * the caller's stream, which may not have run yet (waiting for NCCL): both must finish. */
     CUDA_TRY(c, cudaStreamSynchronize(n->cs));
+    CUDA_TRY(c, cudaStreamSynchronize(native(s)));
     if (n->scratch) zoff_device_free(n->dev, n->scratch);
     n->scratch = NULL;
     n->scratch_bytes = 0;
@@ -238,6 +276,29 @@ static zoff_status leave(zoff_comm *c, nccl_impl *n, zoff_stream *s, const char 
     return ZOFF_OK;
 }
 
+/* Issuing NCCL calls: under n->mu (the watchdog aborts under it too), never on an aborted communicator. */
+static zoff_status issue_lock(zoff_comm *c, nccl_impl *n) {
+    pthread_mutex_lock(&n->mu);
+    if (!n->aborted) return ZOFF_OK;
+    pthread_mutex_unlock(&n->mu);
+    return zoff_error(ZOFF_ERR_COMM, "communication: the NCCL communicator of rank %d of %d was aborted", c->rank,
+                      c->size);
+}
+
+static zoff_status issue_unlock(zoff_comm *c, nccl_impl *n, ncclResult_t r, const char *what) {
+    pthread_mutex_unlock(&n->mu);
+    if (r == ncclSuccess) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_COMM, "communication: %s failed on rank %d of %d: %s", what, c->rank, c->size,
+                      ncclGetErrorString(r));
+}
+
+/* Closes the group even when a call inside it failed (an open group would swallow every later
+ * NCCL call of this thread); the first failure is returned. */
+static ncclResult_t group_end(ncclResult_t r) {
+    ncclResult_t e = ncclGroupEnd();
+    return r != ncclSuccess ? r : e;
+}
+
 static bool is16(zoff_dtype dt) { return dt == ZOFF_BF16 || dt == ZOFF_F16; }
 static ncclDataType_t ntype(zoff_dtype dt) { return dt == ZOFF_I32 ? ncclInt32 : ncclFloat32; }
 
@@ -249,12 +310,14 @@ static zoff_status n_allreduce(zoff_comm *c, zoff_stream *s, void *buf, int64_t 
     ncclRedOp_t rop = op == ZOFF_REDUCE_MAX ? ncclMax : ncclSum;
     void *p = buf;
     if (is16(dt)) {
-        ZOFF_TRY(scratch(c, n, (size_t)count * sizeof(float)));
+        ZOFF_TRY(scratch(c, n, s, (size_t)count * sizeof(float)));
         ZOFF_TRY(cast(s, n->scratch, ZOFF_F32, buf, dt, count));
         p = n->scratch;
     }
     ZOFF_TRY(enter(c, n, s));
-    NCCL_TRY(c, ncclAllReduce(p, p, (size_t)count, is16(dt) ? ncclFloat32 : ntype(dt), rop, n->nc, n->cs));
+    ZOFF_TRY(issue_lock(c, n));
+    ncclResult_t r = ncclAllReduce(p, p, (size_t)count, is16(dt) ? ncclFloat32 : ntype(dt), rop, n->nc, n->cs);
+    ZOFF_TRY(issue_unlock(c, n, r, "ncclAllReduce"));
     ZOFF_TRY(leave(c, n, s, "all-reduce"));
     if (is16(dt)) ZOFF_TRY(cast(s, buf, dt, n->scratch, ZOFF_F32, count));
     return ZOFF_OK;
@@ -273,7 +336,7 @@ static zoff_status n_reduce_scatter(zoff_comm *c, zoff_stream *s, const void *se
     const void *sp = send;
     void *rp = recv;
     if (is16(dt)) { /* [send as fp32 | recv as fp32] */
-        ZOFF_TRY(scratch(c, n, (size_t)(total + mine) * sizeof(float)));
+        ZOFF_TRY(scratch(c, n, s, (size_t)(total + mine) * sizeof(float)));
         ZOFF_TRY(cast(s, n->scratch, ZOFF_F32, send, dt, total));
         sp = n->scratch;
         rp = (float *)n->scratch + total;
@@ -281,19 +344,24 @@ static zoff_status n_reduce_scatter(zoff_comm *c, zoff_stream *s, const void *se
     ncclDataType_t t = is16(dt) ? ncclFloat32 : ntype(dt);
     size_t es = 4;
     ZOFF_TRY(enter(c, n, s));
+    ZOFF_TRY(issue_lock(c, n));
+    ncclResult_t nr;
     if (equal) {
-        NCCL_TRY(c, ncclReduceScatter(sp, rp, (size_t)counts[0], t, ncclSum, n->nc, n->cs));
+        nr = ncclReduceScatter(sp, rp, (size_t)counts[0], t, ncclSum, n->nc, n->cs);
     } else {
-        NCCL_TRY(c, ncclGroupStart());
-        int64_t off = 0;
-        for (int r = 0; r < c->size; r++) {
-            if (counts[r] > 0)
-                NCCL_TRY(c, ncclReduce((const char *)sp + (size_t)off * es, rp, (size_t)counts[r], t, ncclSum, r,
-                                       n->nc, n->cs));
-            off += counts[r];
+        nr = ncclGroupStart();
+        if (nr == ncclSuccess) {
+            int64_t off = 0;
+            for (int r = 0; r < c->size && nr == ncclSuccess; r++) {
+                if (counts[r] > 0)
+                    nr = ncclReduce((const char *)sp + (size_t)off * es, rp, (size_t)counts[r], t, ncclSum, r, n->nc,
+                                    n->cs);
+                off += counts[r];
+            }
+            nr = group_end(nr);
         }
-        NCCL_TRY(c, ncclGroupEnd());
     }
+    ZOFF_TRY(issue_unlock(c, n, nr, equal ? "ncclReduceScatter" : "grouped ncclReduce"));
     ZOFF_TRY(leave(c, n, s, "reduce-scatter"));
     (void)before;
     if (is16(dt)) ZOFF_TRY(cast(s, recv, dt, rp, ZOFF_F32, mine));
@@ -308,26 +376,33 @@ static zoff_status n_allgatherv(zoff_comm *c, zoff_stream *s, void *buf, const i
     for (int r = 0; r < c->size; r++) regular = regular && counts[r] == counts[0] && displs[r] == displs[0] + r * counts[0];
     char *b = buf;
     ZOFF_TRY(enter(c, n, s));
+    ZOFF_TRY(issue_lock(c, n));
+    ncclResult_t nr;
     if (regular) {
         char *base = b + (size_t)displs[0] * es;
-        NCCL_TRY(c, ncclAllGather(base + (size_t)c->rank * (size_t)counts[0] * es, base, (size_t)counts[0] * es,
-                                  ncclUint8, n->nc, n->cs));
+        nr = ncclAllGather(base + (size_t)c->rank * (size_t)counts[0] * es, base, (size_t)counts[0] * es, ncclUint8,
+                           n->nc, n->cs);
     } else {
-        NCCL_TRY(c, ncclGroupStart());
-        for (int r = 0; r < c->size; r++)
-            if (counts[r] > 0) {
-                char *p = b + (size_t)displs[r] * es;
-                NCCL_TRY(c, ncclBroadcast(p, p, (size_t)counts[r] * es, ncclUint8, r, n->nc, n->cs));
-            }
-        NCCL_TRY(c, ncclGroupEnd());
+        nr = ncclGroupStart();
+        if (nr == ncclSuccess) {
+            for (int r = 0; r < c->size && nr == ncclSuccess; r++)
+                if (counts[r] > 0) {
+                    char *p = b + (size_t)displs[r] * es;
+                    nr = ncclBroadcast(p, p, (size_t)counts[r] * es, ncclUint8, r, n->nc, n->cs);
+                }
+            nr = group_end(nr);
+        }
     }
+    ZOFF_TRY(issue_unlock(c, n, nr, regular ? "ncclAllGather" : "grouped ncclBroadcast"));
     return leave(c, n, s, "all-gather");
 }
 
 static zoff_status n_broadcast(zoff_comm *c, zoff_stream *s, void *buf, int64_t count, zoff_dtype dt, int root) {
     nccl_impl *n = c->simpl;
     ZOFF_TRY(enter(c, n, s));
-    NCCL_TRY(c, ncclBroadcast(buf, buf, (size_t)count * zoff_dtype_size(dt), ncclUint8, root, n->nc, n->cs));
+    ZOFF_TRY(issue_lock(c, n));
+    ncclResult_t r = ncclBroadcast(buf, buf, (size_t)count * zoff_dtype_size(dt), ncclUint8, root, n->nc, n->cs);
+    ZOFF_TRY(issue_unlock(c, n, r, "ncclBroadcast"));
     return leave(c, n, s, "broadcast");
 }
 
@@ -339,7 +414,7 @@ static zoff_status n_dup(zoff_comm *c, zoff_comm *child) {
 }
 
 static void n_destroy(zoff_comm *c) {
-    nccl_free(c->simpl);
+    nccl_free(c->simpl, false);
     c->simpl = NULL;
 }
 
