@@ -230,9 +230,8 @@ static void test_zero_infinity_file(void **state) {
     assert_int_equal(zoff_config_resolve_batch(&cfg, 2), ZOFF_OK);
     assert_int_equal(cfg.train_batch_size, 64);
 
-    assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_ERR_UNSUPPORTED);
-    /* stage 3 is implemented; parameter offload to nvme is not */
-    assert_msg_has("zero_optimization.offload_param.device \"nvme\"");
+    /* stage 3 with the optimizer and the parameters on NVMe (ZeRO-Infinity) is implemented */
+    assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK);
     zoff_config_free(&cfg);
 }
 
@@ -725,10 +724,14 @@ static void test_check_supported(void **state) {
     assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK); /* NVMe offload, stages 1 and 2: implemented */
     zoff_config_free(&cfg);
     /* everything at once is listed at once */
+    load_ok("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}, "
+            "'offload_optimizer': {'device': 'nvme', 'nvme_path': '/x'}}}", &cfg);
+    assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK); /* ZeRO-Infinity: parameters on NVMe */
+    zoff_config_free(&cfg);
     expect_unsupported("{'zero_optimization': {'stage': 3, 'zoff_delayed_param_update': true, "
-                       "'offload_optimizer': {'device': 'cpu'}, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}}}",
-                       "zero_optimization.offload_param.device \"nvme\"; zero_optimization.zoff_delayed_param_update "
-                       "with stage 3");
+                       "'offload_optimizer': {'device': 'cpu'}, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}}, "
+                       "'wandb': {'enabled': true}}",
+                       "zero_optimization.zoff_delayed_param_update with stage 3; wandb.enabled true");
 }
 
 /* ------------------------------------------------------------------ real DeepSpeed files from other tools */
@@ -1030,9 +1033,9 @@ static void test_not_implemented_refused(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_unsupported(cases[i].json, cases[i].needle);
     /* the engine's own refusals and the config's come in one list, and only the former add the stage summary */
-    expect_unsupported("{'zero_optimization': {'stage': 3, 'offload_param': {'device': 'nvme', 'nvme_path': '/x'}}, "
-                       "'wandb': {'enabled': true}, 'amp': {'enabled': true}}",
-                       "zero_optimization.offload_param.device \"nvme\"; wandb.enabled true");
+    expect_unsupported("{'zero_optimization': {'stage': 3, 'zoff_delayed_param_update': true, "
+                       "'offload_optimizer': {'device': 'cpu'}}, 'wandb': {'enabled': true}, 'amp': {'enabled': true}}",
+                       "zero_optimization.zoff_delayed_param_update with stage 3; wandb.enabled true");
     assert_msg_has("; amp.enabled true");
     assert_msg_has("this version trains with zero_optimization.stage 0-3");
     expect_unsupported("{'wandb': {'enabled': true}}", "wandb.enabled true");

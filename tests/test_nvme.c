@@ -273,7 +273,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, const run_
     float *init = NULL;
     zoff_gpt2_options mo = {.shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = T,
                                       .vocab_size = V},
-                            .batch_size = B, .seq_len = T, .dtype = dt};
+                            .batch_size = B, .seq_len = T, .dtype = dt, .external_params = cfg.zero.stage == 3};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
@@ -286,6 +286,11 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, const run_
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
                                   .init_params = init};
         s = zoff_engine_create(&eo, &e);
+        if (s == ZOFF_OK && cfg.zero.stage == 3) { /* stage 3: the model asks the engine for each group */
+            zoff_param_hooks hk = {.arg = e, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
+                                   .release = zoff_engine_release};
+            s = zoff_gpt2_set_param_hooks(m, &hk);
+        }
     }
     int first = 0;
     if (s == ZOFF_OK && ro->resume) { /* as the CLI does: weights at create, then the state and the scalars */
@@ -652,6 +657,164 @@ static int teardown(void **st) {
     return rmdir(g_dir);
 }
 
+
+/* ------------------------------------------------------------------ stage 3, offload_param nvme (one rank) */
+
+/* Stage 3 with the parameters offloaded to `pdev` ("cpu" or "nvme", with `pextra` in offload_param) and the
+ * optimizer to `odev`. */
+static const char *cfg3_json(char *buf, size_t n, const char *prec, const char *pdev, const char *pextra,
+                             const char *odev, const char *zero_extra) {
+    snprintf(buf, n,
+             "{\"train_micro_batch_size_per_gpu\": %d, \"optimizer\": " ADAMW ", \"gradient_clipping\": 1.0, %s"
+             " \"zero_optimization\": {\"stage\": 3 %s,"
+             " \"offload_optimizer\": {\"device\": \"%s\", \"nvme_path\": \"%s\", " NVME_DEFAULT "},"
+             " \"offload_param\": {\"device\": \"%s\", \"nvme_path\": \"%s\" %s}}}",
+             B, prec, zero_extra, odev, g_dir, pdev, g_dir, pextra);
+    return buf;
+}
+
+#define BF16 "\"bf16\": {\"enabled\": true},"
+
+/* The parameters on NVMe give the same arithmetic as on the host: losses, norms and state bit-identical,
+ * whatever the buffers, max_in_cpu, prefetch and persistence. */
+static void test_param_nvme_equals_cpu(void **st) {
+    (void)st;
+    static const struct {
+        const char *what, *prec, *pextra, *odev, *zextra;
+        zoff_dtype dt;
+        bool on_disk; /* and less host memory than cpu (the buffers can be larger than this tiny partition) */
+    } v[] = {
+        {"bf16, 1 buffer, all on disk", BF16, ", \"buffer_count\": 1, \"max_in_cpu\": 0", "cpu", "", ZOFF_BF16, true},
+        {"bf16, 2 buffers, max_in_cpu 5000, optimizer nvme", BF16,
+         ", \"buffer_count\": 2, \"buffer_size\": 20000, \"max_in_cpu\": 5000, \"pin_memory\": false", "nvme",
+         ", \"sub_group_size\": 3000", ZOFF_BF16, true},
+        {"bf16, persistent <= 5000, no prefetch", BF16, ", \"max_in_cpu\": 0",
+         "cpu", ", \"stage3_param_persistence_threshold\": 5000, \"stage3_prefetch_bucket_size\": 0", ZOFF_BF16, true},
+        {"f32, 3 buffers, small prefetch", "", ", \"buffer_count\": 3, \"max_in_cpu\": 0", "nvme",
+         ", \"stage3_prefetch_bucket_size\": 13000, \"stage3_param_persistence_threshold\": 0", ZOFF_F32, true},
+        {"bf16, everything in max_in_cpu", BF16, "", "cpu", "", ZOFF_BF16, false},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char a[2048], b[2048];
+        run_result nv, cpu;
+        cfg3_json(a, sizeof a, v[i].prec, "nvme", v[i].pextra, v[i].odev, v[i].zextra);
+        cfg3_json(b, sizeof b, v[i].prec, "cpu", "", v[i].odev, v[i].zextra);
+        zoff_status s = train(a, v[i].dt, 8, NULL, &nv);
+        if (s != ZOFF_OK || nv.failed) fail_msg("%s: nvme run: %s", v[i].what, s ? zoff_last_error() : nv.msg);
+        s = train(b, v[i].dt, 8, NULL, &cpu);
+        if (s != ZOFF_OK || cpu.failed) fail_msg("%s: cpu run: %s", v[i].what, s ? zoff_last_error() : cpu.msg);
+        assert_true(nv.losses[7] < nv.losses[0]);
+        assert_identical(&nv, &cpu, 8, v[i].what);
+        assert_non_null(strstr(nv.describe, "NVMe weights"));
+        size_t opt_nvme = strcmp(v[i].odev, "nvme") == 0 ? cpu.mem.nvme : 0;
+        size_t h_nv = nv.mem.pinned + nv.mem.pageable, h_cpu = cpu.mem.pinned + cpu.mem.pageable;
+        if (v[i].on_disk) {
+            assert_true(nv.mem.nvme > opt_nvme); /* the weights are on disk */
+            if (i == 0) assert_true(h_nv < h_cpu); /* and not in host memory: one buffer of one group instead of
+                                                      the whole partition */
+        } else {
+            assert_int_equal(nv.mem.nvme, opt_nvme);
+        }
+        printf("param nvme %-48s bit-identical to offload_param cpu; host %zu B vs %zu B, disk %zu B\n",
+               v[i].what, h_nv, h_cpu, nv.mem.nvme);
+        free_result(&nv);
+        free_result(&cpu);
+        assert_int_equal(swap_files(NULL, 0), 0);
+    }
+}
+
+static void test_param_nvme_config_errors(void **st) {
+    (void)st;
+    char a[2048];
+    run_result r;
+    cfg3_json(a, sizeof a, BF16, "nvme", ", \"buffer_size\": 1000, \"max_in_cpu\": 0", "cpu", "");
+    assert_int_equal(train(a, ZOFF_BF16, 1, NULL, &r), ZOFF_ERR_CONFIG);
+    printf("buffer_size too small: %s\n", zoff_last_error());
+    assert_non_null(strstr(zoff_last_error(), "offload_param.buffer_size"));
+    assert_non_null(strstr(zoff_last_error(), "at least"));
+    cfg3_json(a, sizeof a, BF16, "nvme", ", \"buffer_count\": 0, \"max_in_cpu\": 0", "cpu", "");
+    assert_int_equal(train(a, ZOFF_BF16, 1, NULL, &r), ZOFF_ERR_CONFIG);
+    assert_non_null(strstr(zoff_last_error(), "offload_param.buffer_count"));
+    assert_int_equal(swap_files(NULL, 0), 0);
+}
+
+/* Checkpoint after 3 steps, resume in a new engine: bit-identical to the straight run. */
+static void test_param_nvme_checkpoint_resume(void **st) {
+    (void)st;
+    char a[2048];
+    cfg3_json(a, sizeof a, BF16, "nvme", ", \"buffer_count\": 2, \"max_in_cpu\": 3000", "nvme", "");
+    run_result straight, first, resumed;
+    snapshot snap = {0};
+    run_opts save = {.save_after = 3, .save = &snap};
+    assert_int_equal(train(a, ZOFF_BF16, 8, NULL, &straight), ZOFF_OK);
+    assert_int_equal(train(a, ZOFF_BF16, 3, &save, &first), ZOFF_OK);
+    run_opts res = {.resume = &snap};
+    assert_int_equal(train(a, ZOFF_BF16, 8, &res, &resumed), ZOFF_OK);
+    assert_int_equal(resumed.failed, ZOFF_OK);
+    for (int i = 3; i < 8; i++) assert_memory_equal(&resumed.losses[i], &straight.losses[i], sizeof(float));
+    for (int k = 0; k < 3; k++)
+        assert_memory_equal(resumed.state[k], straight.state[k], (size_t)straight.n * sizeof(float));
+    for (int k = 0; k < 3; k++) free(snap.state[k]);
+    free_result(&straight);
+    free_result(&first);
+    free_result(&resumed);
+}
+
+static int64_t param_fault_hook(void *arg, const zoff_aio_fault_site *s) {
+    fault_ctl *f = arg;
+    if (!__atomic_load_n(&f->armed, __ATOMIC_ACQUIRE) || s->op != f->op || !strstr(s->path, "zoff-param-")) return 0;
+    __atomic_fetch_add(&f->hits, 1, __ATOMIC_RELAXED);
+    return f->ret;
+}
+
+static void corrupt_param_file(void *arg) {
+    (void)arg;
+    char p[600];
+    assert_int_equal(swap_files(p, sizeof p), 1);
+    assert_non_null(strstr(p, "zoff-param-"));
+    int fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    char junk[100];
+    memset(junk, 0x5a, sizeof junk);
+    assert_int_equal(pwrite(fd, junk, sizeof junk, 100), (ssize_t)sizeof junk);
+    fsync(fd);
+    close(fd);
+}
+
+/* Faults in the parameter swap file: an error naming the file in the step where it happens. */
+static void test_param_nvme_faults(void **st) {
+    (void)st;
+    char a[2048];
+    /* nothing persistent: forward reads every group from the file */
+    cfg3_json(a, sizeof a, BF16, "nvme", ", \"buffer_count\": 2, \"max_in_cpu\": 0", "cpu",
+              ", \"stage3_param_persistence_threshold\": 0");
+    fault_ctl eio = {.op = ZOFF_AIO_READ, .ret = -EIO}, full = {.op = ZOFF_AIO_WRITE, .ret = -ENOSPC};
+    fault_ctl *faults[2] = {&eio, &full};
+    const char *needles[2] = {"I/O error reading", "disk full"};
+    for (int i = 0; i < 3; i++) {
+        run_result r;
+        run_opts ro = {.event_step = 3};
+        if (i < 2) {
+            zoff_aio_set_fault_hook(param_fault_hook, faults[i]);
+            ro.event = arm;
+            ro.event_arg = faults[i];
+        } else {
+            ro.event = corrupt_param_file;
+        }
+        assert_int_equal(train(a, ZOFF_BF16, 8, &ro, &r), ZOFF_OK);
+        zoff_aio_set_fault_hook(NULL, NULL);
+        const char *needle = i < 2 ? needles[i] : "changed behind zoff's back";
+        printf("param fault \"%s\": %s\n", needle, r.msg);
+        if (r.failed == ZOFF_OK) fail_msg("%s: no error", needle);
+        assert_int_equal(r.failed_step, 3);
+        if (!strstr(r.msg, needle)) fail_msg("message lacks '%s': %s", needle, r.msg);
+        if (!strstr(r.msg, g_dir) || !strstr(r.msg, "zoff-param-")) fail_msg("message lacks the file: %s", r.msg);
+        if (i < 2) assert_true(faults[i]->hits > 0);
+        free_result(&r);
+        assert_int_equal(swap_files(NULL, 0), 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_swapper_passes),
@@ -665,6 +828,10 @@ int main(void) {
         cmocka_unit_test(test_nvme_checkpoint_resume),
         cmocka_unit_test(test_nvme_faults),
         cmocka_unit_test(test_nvme_bad_path),
+        cmocka_unit_test(test_param_nvme_equals_cpu),
+        cmocka_unit_test(test_param_nvme_config_errors),
+        cmocka_unit_test(test_param_nvme_checkpoint_resume),
+        cmocka_unit_test(test_param_nvme_faults),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

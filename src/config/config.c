@@ -204,7 +204,6 @@ static const char *scheduler_name(const zoff_config *cfg);
 
 /* Reasons and hints shared by several lines. */
 #define ST3 "a ZeRO stage 3 setting (no effect in stages 0-2); zoff does not implement stage 3 yet"
-#define OFFP "used by parameter offload (ZeRO stage 3), which zoff does not implement yet"
 #define PROF "a flops profiler setting; the profiler is off"
 #define MON "a setting of a monitor that is off"
 #define MON_HINT "zoff writes loss, lr, grad norm and step times to DIR/metrics.jsonl every step"
@@ -300,11 +299,11 @@ static const section s_offload_optimizer = SECTION(k_offload_optimizer, NULL, NU
 
 static const key_spec k_offload_param[] = {
     KE("device", zoff_offload_param_config, device, k_devices),
-    KS("nvme_path", zoff_offload_param_config, nvme_path, NOEFF(OFFP)),
-    KB("pin_memory", zoff_offload_param_config, pin_memory, NOEFF(OFFP)),
-    KI("buffer_count", zoff_offload_param_config, buffer_count, NONNEG, NOEFF(OFFP)),
-    KI("buffer_size", zoff_offload_param_config, buffer_size, NONNEG, NOEFF(OFFP)),
-    KI("max_in_cpu", zoff_offload_param_config, max_in_cpu, NONNEG, NOEFF(OFFP)),
+    KS("nvme_path", zoff_offload_param_config, nvme_path),
+    KB("pin_memory", zoff_offload_param_config, pin_memory),
+    KI("buffer_count", zoff_offload_param_config, buffer_count, NONNEG),
+    KI("buffer_size", zoff_offload_param_config, buffer_size, NONNEG),
+    KI("max_in_cpu", zoff_offload_param_config, max_in_cpu, NONNEG),
 };
 static const section s_offload_param = SECTION(k_offload_param, NULL, NULL);
 
@@ -325,7 +324,7 @@ static const key_spec k_zero[] = {
     KI("sub_group_size", zoff_zero_config, sub_group_size, NONNEG),
     KB("round_robin_gradients", zoff_zero_config, round_robin_gradients),
     KB("cpu_offload", zoff_zero_config, cpu_offload),
-    DB("cpu_offload_param", "false", "parameter offload needs ZeRO stage 3, not implemented yet"),
+    DB("cpu_offload_param", "false", "deprecated; give offload_param.device \"cpu\" (stage 3) instead"),
     XB("cpu_offload_use_pin_memory", "deprecated; sets nothing in DeepSpeed either (use offload_optimizer.pin_memory)"),
     DB("load_from_fp32_weights", "true", "zoff always restores the fp32 master weights from its checkpoint"),
     XB("ignore_unused_parameters", "zoff's GPT-2 uses every parameter in every step"),
@@ -1609,7 +1608,6 @@ zoff_status zoff_config_check_supported(const zoff_config *cfg) {
         }                                                                                              \
     } while (0)
     const zoff_zero_config *z = &cfg->zero;
-    UNSUPPORTED(z->offload_param.device == ZOFF_OFFLOAD_NVME, "zero_optimization.offload_param.device \"nvme\"");
     UNSUPPORTED(z->stage == 3 && z->delayed_param_update,
                 "zero_optimization.zoff_delayed_param_update with stage 3");
     size_t core_used = used;
@@ -1619,7 +1617,7 @@ zoff_status zoff_config_check_supported(const zoff_config *cfg) {
     return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: not implemented yet in zoff %s: %s%s",
                       cfg->source_name ? cfg->source_name : "config", ZOFF_VERSION, list,
                       core_used ? " (this version trains with zero_optimization.stage 0-3, "
-                                  "offload_optimizer.device none, cpu or nvme, offload_param.device none or cpu, "
+                                  "offload_optimizer.device none, cpu or nvme, offload_param.device none, cpu or nvme, "
                                   "fp32, bf16 or fp16)"
                                 : "");
 }

@@ -139,6 +139,8 @@ struct zoff_engine {
     bool stage3;
     void *s3_params_dev, *s3_grads_dev; /* owned (the weights are on the host with offload_param) */
     bool no_push;           /* offload_param cpu: the host optimizer writes the partition weights in place */
+    bool pnvme;             /* offload_param nvme: the partition weights live in the stage 3 swap file; the host
+                               optimizer writes them there (zoff_s3_out_span), no h_staging */
     zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
     char async_msg[512];
     /* gradient stream timeline (options.timeline) */
@@ -340,7 +342,10 @@ static zoff_status dp_setup(zoff_engine *e, const zoff_engine_options *o, zoff_t
 static zoff_status s3_setup(zoff_engine *e) {
     const zoff_zero_config *z = &e->cfg->zero;
     bool on_host = z->offload_param.device == ZOFF_OFFLOAD_CPU;
-    if (on_host) {
+    if (e->pnvme) {
+        e->params = NULL;
+        e->no_push = true;
+    } else if (on_host) {
         e->params = e->h_staging ? e->h_staging : (void *)e->h_master;
         e->no_push = true;
     } else {
@@ -358,7 +363,18 @@ static zoff_status s3_setup(zoff_engine *e) {
                           .num_tensors = e->ntensors, .p_params = e->params, .params_on_host = on_host,
                           .p_grads = e->grads, .prefetch_elems = z->stage3_prefetch_bucket_size,
                           .persistence_threshold = z->stage3_param_persistence_threshold};
-    return zoff_s3_create(&so, &e->s3);
+    if (e->pnvme) {
+        const zoff_offload_param_config *op = &z->offload_param;
+        so.nvme.dir = op->nvme_path;
+        so.nvme.buffer_count = op->buffer_count;
+        so.nvme.buffer_size = op->buffer_size;
+        so.nvme.max_in_cpu = op->max_in_cpu;
+        so.nvme.pin_memory = op->pin_memory;
+        zoff_aio_options_from_config(&e->cfg->aio, &so.nvme.aio);
+    }
+    zoff_status st = zoff_s3_create(&so, &e->s3);
+    if (st != ZOFF_OK && e->pnvme) return zoff_error_context(st, "offload_param.device nvme");
+    return st;
 }
 
 /* After the update: every rank's new weights to every rank (stages 1, 2). */
@@ -634,9 +650,55 @@ static zoff_status nvme_next(zoff_engine *e, int i, float **master, float **m, f
 /* host_update: sub-group g is updated; fp32 weights go to the device from the
  * staging buffer (the swap buffer is reused), then the state goes back to disk. */
 static zoff_status nvme_release(zoff_engine *e, const subgroup *g, const float *master) {
-    if (e->dtype == ZOFF_F32)
+    if (e->dtype == ZOFF_F32 && e->h_staging)
         memcpy((float *)e->h_staging + g->state_off, master, (size_t)g->count * sizeof(float));
     return zoff_swapper_release(e->swap);
+}
+
+/* offload_param nvme: the weights of host sub-group g's local range [lo, hi) from its fp32
+ * master (mst: g's master at g->offset) to the stage 3 swap file, highest first. */
+static zoff_status pn_put_master(zoff_engine *e, const subgroup *g, const float *mst, int64_t lo, int64_t hi) {
+    while (hi > lo) {
+        int64_t a;
+        void *out;
+        ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
+        const float *src = mst + (a - g->offset);
+        if (e->dtype == ZOFF_F32) {
+            memcpy(out, src, (size_t)(hi - a) * sizeof(float));
+        } else {
+            uint16_t *d = out;
+            for (int64_t j = 0; j < hi - a; j++)
+                d[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(src[j]) : zoff_f32_to_f16(src[j]);
+        }
+        ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
+        hi = a;
+    }
+    return ZOFF_OK;
+}
+
+/* offload_param nvme: every host sub-group's master (host memory or the optimizer's swap
+ * file) rounded into the parameter swap file (initial weights, restore). */
+static zoff_status pn_master_to_file(zoff_engine *e) {
+    ZOFF_TRY(zoff_s3_begin_update(e->s3));
+    if (e->swap) {
+        ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_READ, 1u));
+        for (int k = 0; k < e->nswap; k++) {
+            int sw;
+            float *arr[ZOFF_SWAP_MAX_ARRAYS];
+            ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
+            const subgroup *g = &e->sg[e->swap_sg[sw]];
+            ZOFF_TRY(pn_put_master(e, g, arr[0], g->offset, g->offset + g->count));
+            ZOFF_TRY(zoff_swapper_release(e->swap));
+        }
+        ZOFF_TRY(zoff_swapper_end(e->swap));
+    } else {
+        for (int i = e->nsg - 1; i >= 0; i--) {
+            const subgroup *g = &e->sg[i];
+            if (g->on_host)
+                ZOFF_TRY(pn_put_master(e, g, e->h_master + g->state_off, g->offset, g->offset + g->count));
+        }
+    }
+    return zoff_s3_end_update(e->s3);
 }
 
 /* The 16-bit (or fp32) weights of the host sub-groups from the master on disk. */
@@ -750,15 +812,14 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     const zoff_zero_config *z = &cfg->zero;
     bool offload = z->offload_optimizer.device == ZOFF_OFFLOAD_CPU ||
                    z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->cpu_offload;
-    if (z->offload_param.device == ZOFF_OFFLOAD_NVME)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "zero_optimization.offload_param.device \"nvme\" is not implemented "
-                                                "yet; use \"cpu\"");
-    if (z->offload_param.device == ZOFF_OFFLOAD_CPU &&
+    if (z->offload_param.device != ZOFF_OFFLOAD_NONE &&
         (!offload || z->offload_optimizer.ratio_auto || z->offload_optimizer.ratio < 1.0))
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
-                          "zero_optimization.offload_param.device \"cpu\" needs the whole optimizer on the host: "
+                          "zero_optimization.offload_param.device \"%s\" needs the whole optimizer on the host: "
                           "offload_optimizer.device \"cpu\" (or \"nvme\") with ratio 1 (the host optimizer writes "
-                          "the partition's weights in place)");
+                          "the partition's weights %s)",
+                          z->offload_param.device == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu",
+                          z->offload_param.device == ZOFF_OFFLOAD_NVME ? "to the parameter swap file" : "in place");
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
@@ -786,10 +847,11 @@ static zoff_status check_supported(const zoff_engine_options *o) {
 static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
     const size_t nh = (size_t)e->n_host, f4 = sizeof(float);
     size_t state = nvme ? 0 : nh * f4 * (1 + (uses_m(e) ? 1 : 0) + (uses_v(e) ? 1 : 0));
-    size_t bufs = nh * e->esize * (e->dpu ? 2 : 1) + (e->dtype != ZOFF_F32 || nvme ? nh * e->esize : 0);
+    size_t bufs = nh * e->esize * (e->dpu ? 2 : 1) + ((e->dtype != ZOFF_F32 || nvme) && !e->pnvme ? nh * e->esize : 0);
     char what[200];
     snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master and "
-             "moments, 16-bit gradient and weight buffers%s)", (long long)e->n_host, e->rank,
+             "moments, 16-bit gradient%s buffers%s)", (long long)e->n_host, e->rank,
+             e->pnvme ? "" : " and weight",
              e->pinned ? ", pinned" : "");
     zoff_host_request rq = {.what = what,
                             .pageable = e->pinned ? 0 : state + bufs,
@@ -823,6 +885,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     e->params = o->params;
     e->grads = o->grads;
     e->pinned = z->offload_optimizer.pin_memory || z->cpu_offload;
+    e->pnvme = z->stage >= 3 && z->offload_param.device == ZOFF_OFFLOAD_NVME;
     if (o->dtype == ZOFF_F16) zoff_loss_scaler_init(&e->ls, &cfg->fp16);
     else zoff_loss_scaler_init_fixed(&e->ls, 1.0);
     e->dpu = offload && z->delayed_param_update;
@@ -865,7 +928,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK) s = host_alloc(e, nh * e->esize, "gradient partition (host)", &e->h_grads[0]);
         if (s == ZOFF_OK && e->dpu)
             s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
-        if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme))
+        if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme) && !e->pnvme)
             s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
         if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
         if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
@@ -934,7 +997,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         snprintf(e->describe + used, sizeof e->describe - used,
                  "; stage 3: weights %s (%lld of %lld per rank), %d parameter groups gathered on use (%d kept whole, "
                  "<= %lld elements), prefetch %lld elements",
-                 z->offload_param.device == ZOFF_OFFLOAD_CPU ? "offloaded to the host" : "partitioned on the device",
+                 z->offload_param.device == ZOFF_OFFLOAD_CPU    ? "offloaded to the host"
+                 : z->offload_param.device == ZOFF_OFFLOAD_NVME ? "offloaded to NVMe"
+                                                                : "partitioned on the device",
                  (long long)e->n, (long long)e->n_model, ss.groups, ss.persistent,
                  (long long)z->stage3_param_persistence_threshold, (long long)z->stage3_prefetch_bucket_size);
     }
@@ -950,6 +1015,11 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
                                : "gradients all-reduced, optimizer partitioned, weights all-gathered",
                  e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
                  e->nmap > 1 ? "" : "");
+    }
+    if (e->pnvme) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe weights: %s", zoff_s3_nvme_describe(e->s3));
+        zoff_log(ZOFF_LOG_INFO, "offload_param.device nvme: %s", zoff_s3_nvme_describe(e->s3));
     }
     if (e->swap) {
         size_t used = strlen(e->describe);
@@ -987,6 +1057,7 @@ static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
 
 /* Round the host master weights to 16 bits into the staging buffer (initial weights, restore). */
 static zoff_status host_master_to_staging(zoff_engine *e) {
+    if (e->pnvme) return pn_master_to_file(e);
     if (e->swap) return nvme_master_to_staging(e);
     if (e->dtype == ZOFF_F32) return ZOFF_OK;
     uint16_t *st = e->h_staging;
@@ -1207,6 +1278,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
     /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
     ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+    if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
     if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
     for (int i = e->nsg - 1; i >= 0; i--) {
         const subgroup *g = &e->sg[i];
@@ -1220,6 +1292,9 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
             int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
             int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
             if (lo >= hi) continue;
+            if (e->pnvme) { /* later: highest first, straight into the parameter swap file's buffers */
+                continue;
+            }
             int64_t so = g->state_off + (lo - g->offset);
             zoff_optim_tensors tt = {
                 .params = master + (lo - g->offset),
@@ -1234,10 +1309,39 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
                 .index_base = g->model + (lo - g->offset)}; /* model index: rounding independent of ranks */
             ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
         }
+        /* offload_param nvme: the pieces from the top down, each cut where the swap file's runs
+         * end; every run is written as soon as it is complete (elementwise update: the
+         * same arithmetic as one call per piece) */
+        for (int r = e->pnvme ? e->nranges - 1 : -1; r >= 0; r--) {
+            const range *rg = &e->ranges[r];
+            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
+            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
+            while (hi > lo) {
+                int64_t a;
+                void *out;
+                ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
+                int64_t d = a - g->offset, so = g->state_off + d;
+                zoff_optim_tensors tt = {.params = master + d,
+                                         .exp_avg = hm ? hm + d : NULL,
+                                         .exp_avg_sq = hv ? hv + d : NULL,
+                                         .state_dt = ZOFF_F32,
+                                         .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
+                                         .grad_dt = e->dtype,
+                                         .params16 = e->dtype != ZOFF_F32 ? out : NULL,
+                                         .p16_dt = e->dtype,
+                                         .n = hi - a,
+                                         .index_base = g->model + d};
+                ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
+                if (e->dtype == ZOFF_F32) memcpy(out, master + d, (size_t)(hi - a) * sizeof(float));
+                ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
+                hi = a;
+            }
+        }
         if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
         if (push) ZOFF_TRY(push_host_subgroup(e, g));
     }
     if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
+    if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
     return ZOFF_OK;
 }
 
@@ -1542,6 +1646,14 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);
+    }
+    if (e->s3 && e->pnvme) { /* the weight partition on disk: host memory holds the buffers and max_in_cpu */
+        zoff_s3_stats ss;
+        zoff_s3_get_stats(e->s3, &ss);
+        size_t h = ss.nvme_buffer_bytes + ss.nvme_resident_bytes;
+        if (ss.nvme_pinned) m->pinned += h;
+        else m->pageable += h;
+        m->nvme += (size_t)ss.nvme_file_bytes;
     }
     m->host_params = e->n_host;
     m->device_params = e->n_dev;

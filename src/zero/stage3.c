@@ -2,8 +2,14 @@
 #define _GNU_SOURCE
 #include "zero/stage3.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "zoff/resources.h"
 
 /* A pooled device buffer. Before a stream reuses it, it waits for both events. */
 typedef struct s3_buf {
@@ -22,7 +28,38 @@ typedef struct s3_group {
     zoff_event *ev_ready; /* comm: the gather is done */
     s3_buf *grads;     /* backward: the gradient buffer handed out */
     bool prefetched;   /* gathered ahead, not acquired yet */
+    /* offload_param nvme */
+    int run0, nrun;    /* its runs: s->grun[run0 .. run0 + nrun) */
+    int64_t lcount;    /* elements of this rank's partition in the group */
+    size_t rbytes;     /* its runs laid out in a buffer, each padded to ZOFF_AIO_ALIGN */
+    char *res;         /* max_in_cpu: resident (never on disk); NULL otherwise */
+    int hb;            /* host buffer holding (or reading) it, -1 none */
 } s3_group;
+
+/* NVMe: a maximal stretch of local space whose elements belong to one group. */
+typedef struct s3_run {
+    int64_t lo, count; /* local space */
+    int grp;
+    size_t boff;       /* offset in the group's buffer layout */
+    int64_t foff;      /* file offset (-1: resident group) */
+    size_t bytes;      /* count * es, padded to ZOFF_AIO_ALIGN */
+    uint32_t *crcs;    /* one per aio block */
+    bool written;      /* the file holds it (else it reads as zeros) */
+    int64_t filled;    /* out_span/out_done progress */
+    int wbuf;          /* host buffer it is being filled in, -1 none */
+} s3_run;
+
+enum { HB_IDLE = 0, HB_READ, HB_FILL, HB_WRITE };
+typedef struct s3_hbuf {
+    char *ptr;          /* ZOFF_AIO_ALIGN-aligned */
+    void *alloc;
+    int mode, grp, run; /* HB_READ: group grp; HB_FILL, HB_WRITE: run */
+    uint64_t seq;
+    zoff_aio_request *req;
+    int nreq, cap_req;  /* requests submitted and not waited for */
+    zoff_event *ev;     /* comm: the copies out of it are done */
+    bool ev_set;
+} s3_hbuf;
 
 typedef struct s3_trace {
     int *g;
@@ -43,6 +80,19 @@ struct zoff_s3 {
     bool following;    /* the current pass follows its recorded trace */
     zoff_event *ev_tmp;
     zoff_s3_stats st;
+    /* offload_param nvme */
+    bool nv, broken;
+    zoff_aio *io;
+    zoff_aio_file *f;
+    char path[4200];
+    char describe[4096];
+    s3_run *runs; /* by local offset */
+    int nruns;
+    int *grun;    /* run indices grouped by group */
+    s3_hbuf *hb;
+    int nhb;
+    void *res_alloc;
+    uint64_t seq;
 };
 
 static void *at(void *base, int64_t elem, size_t es) { return (char *)base + (size_t)elem * es; }
@@ -55,10 +105,37 @@ static void buf_free(zoff_s3 *s, s3_buf *b) {
     free(b);
 }
 
+static void nv_free_mem(zoff_s3 *s, void *p) {
+    if (!p) return;
+    if (s->o.nvme.pin_memory) zoff_host_free_pinned(s->o.dev, p);
+    else zoff_aligned_free(p);
+}
+
+static void nv_destroy(zoff_s3 *s) {
+    for (int i = 0; i < s->nhb; i++) {
+        s3_hbuf *b = &s->hb[i];
+        for (int k = 0; k < b->nreq; k++) (void)zoff_aio_wait(s->io, &b->req[k]);
+        free(b->req);
+        zoff_event_destroy(b->ev);
+        nv_free_mem(s, b->alloc);
+    }
+    free(s->hb);
+    if (s->f) {
+        zoff_aio_file_close(s->f);
+        (void)unlink(s->path);
+    }
+    if (s->io) zoff_aio_destroy(s->io);
+    for (int r = 0; r < s->nruns; r++) free(s->runs[r].crcs);
+    free(s->runs);
+    free(s->grun);
+    nv_free_mem(s, s->res_alloc);
+}
+
 void zoff_s3_destroy(zoff_s3 *s) {
     if (!s) return;
     if (s->o.comm) (void)zoff_stream_synchronize(s->o.comm);
     if (s->o.compute) (void)zoff_stream_synchronize(s->o.compute);
+    nv_destroy(s);
     for (int i = 0; i < s->nbufs; i++) buf_free(s, s->bufs[i]);
     for (int g = 0; g < s->ngrp; g++) zoff_event_destroy(s->grp[g].ev_ready);
     for (int k = 0; k < 2; k++) free(s->trace[k].g);
@@ -105,6 +182,419 @@ static void buf_put(s3_buf *b) {
     if (b) b->busy = false;
 }
 
+/* ------------------------------------------------------------------ offload_param nvme */
+
+static size_t align_up(size_t x) { return (x + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN; }
+
+static zoff_status nv_alloc_mem(zoff_s3 *s, size_t bytes, const char *what, void **alloc, char **aligned) {
+    bytes += ZOFF_AIO_ALIGN; /* aligned by hand: pinned memory's alignment is the backend's */
+    if (s->o.nvme.pin_memory) {
+        ZOFF_TRY(zoff_host_alloc_pinned(s->o.dev, bytes, what, alloc));
+    } else {
+        *alloc = zoff_aligned_alloc(ZOFF_AIO_ALIGN, bytes, what);
+        if (!*alloc) return ZOFF_ERR_NOMEM;
+    }
+    memset(*alloc, 0, bytes); /* padding is written too: keep it defined */
+    *aligned = (char *)align_up((size_t)(uintptr_t)*alloc);
+    return ZOFF_OK;
+}
+
+/* The group holding model element m. */
+static int group_of(const zoff_s3 *s, int64_t m) {
+    int a = 0, b = s->ngrp - 1;
+    while (a < b) {
+        int mid = (a + b + 1) / 2;
+        if (s->grp[mid].offset <= m) a = mid;
+        else b = mid - 1;
+    }
+    return a;
+}
+
+/* The run holding local element x. */
+static s3_run *run_of(zoff_s3 *s, int64_t x) {
+    int a = 0, b = s->nruns - 1;
+    while (a < b) {
+        int mid = (a + b + 1) / 2;
+        if (s->runs[mid].lo <= x) a = mid;
+        else b = mid - 1;
+    }
+    return &s->runs[a];
+}
+
+static zoff_status nv_create(zoff_s3 *s) {
+    const zoff_dp_plan *p = s->o.plan;
+    const int64_t bs = s->o.nvme.aio.block_size > 0 ? s->o.nvme.aio.block_size : (1 << 20);
+    int nown = p->nown[p->rank];
+    s->runs = calloc((size_t)(nown + s->ngrp), sizeof *s->runs);
+    s->grun = calloc((size_t)(nown + s->ngrp), sizeof *s->grun);
+    if (!s->runs || !s->grun) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap file");
+    for (int k = 0; k < nown; k++) { /* this rank's pieces in local order, cut at group boundaries */
+        const zoff_dp_piece *q = &p->pieces[p->own[p->rank][k]];
+        for (int64_t m = q->model; m < q->model + q->count;) {
+            int g = group_of(s, m);
+            int64_t gend = s->grp[g].offset + s->grp[g].count;
+            int64_t end = gend < q->model + q->count ? gend : q->model + q->count;
+            int64_t local = q->local + (m - q->model);
+            s3_run *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
+            if (last && last->grp == g && last->lo + last->count == local) {
+                last->count += end - m;
+            } else {
+                s->runs[s->nruns++] = (s3_run){.lo = local, .count = end - m, .grp = g, .wbuf = -1};
+            }
+            m = end;
+        }
+    }
+    /* per group: its runs and their layout in a buffer */
+    for (int r = 0; r < s->nruns; r++) s->grp[s->runs[r].grp].nrun++;
+    int at_ = 0;
+    for (int g = 0; g < s->ngrp; g++) {
+        s->grp[g].run0 = at_;
+        at_ += s->grp[g].nrun;
+        s->grp[g].nrun = 0;
+        s->grp[g].hb = -1;
+    }
+    for (int r = 0; r < s->nruns; r++) {
+        s3_group *g = &s->grp[s->runs[r].grp];
+        s->runs[r].bytes = align_up((size_t)s->runs[r].count * s->es);
+        s->runs[r].boff = g->rbytes;
+        g->rbytes += s->runs[r].bytes;
+        g->lcount += s->runs[r].count;
+        s->grun[g->run0 + g->nrun++] = r;
+    }
+    /* max_in_cpu: whole groups, in order, while they fit; the rest on disk */
+    int64_t res_elems = 0, biggest = 0;
+    size_t res_bytes = 0, buf_bytes = 0;
+    int ondisk = 0, biggest_g = -1, max_req = 1;
+    for (int g = 0; g < s->ngrp; g++) {
+        s3_group *gr = &s->grp[g];
+        if (gr->lcount == 0) continue;
+        if (res_elems + gr->lcount <= s->o.nvme.max_in_cpu) {
+            res_elems += gr->lcount;
+            res_bytes += gr->rbytes;
+            gr->res = (char *)1; /* set below */
+            continue;
+        }
+        ondisk++;
+        if (gr->lcount > biggest) biggest = gr->lcount, biggest_g = g;
+        if (gr->rbytes > buf_bytes) buf_bytes = gr->rbytes;
+        int nr = (gr->nrun + ZOFF_AIO_MAX_SEGMENTS - 1) / ZOFF_AIO_MAX_SEGMENTS;
+        if (nr > max_req) max_req = nr;
+    }
+    if (ondisk > 0 && biggest > s->o.nvme.buffer_size)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "zero_optimization.offload_param.buffer_size is %lld elements, but this rank's part of "
+                          "parameter group [%lld, +%lld) has %lld: set buffer_size to at least %lld (or raise "
+                          "max_in_cpu to keep such groups in host memory)",
+                          (long long)s->o.nvme.buffer_size, (long long)s->grp[biggest_g].offset,
+                          (long long)s->grp[biggest_g].count, (long long)biggest, (long long)biggest);
+    if (ondisk > 0 && s->o.nvme.buffer_count < 1)
+        return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.offload_param.buffer_count is %lld: it needs at least 1",
+                          (long long)s->o.nvme.buffer_count);
+    s->nhb = ondisk == 0 ? 0 : (int)(s->o.nvme.buffer_count < ondisk ? s->o.nvme.buffer_count : ondisk);
+    char what[200];
+    snprintf(what, sizeof what, "the parameter swap buffers (%d x %zu bytes) and %lld resident parameters "
+             "(offload_param nvme)", s->nhb, buf_bytes, (long long)res_elems);
+    zoff_host_request rq = {.what = what, .hint = "lower zero_optimization.offload_param.buffer_count or max_in_cpu"};
+    size_t need = (size_t)s->nhb * (buf_bytes + ZOFF_AIO_ALIGN) + res_bytes;
+    if (s->o.nvme.pin_memory) rq.pinned = need;
+    else rq.pageable = need;
+    ZOFF_TRY(zoff_host_memory_check(&rq));
+    if (res_bytes > 0) {
+        char *base;
+        ZOFF_TRY(nv_alloc_mem(s, res_bytes, "resident parameters (offload_param.max_in_cpu)", &s->res_alloc, &base));
+        for (int g = 0; g < s->ngrp; g++)
+            if (s->grp[g].res) {
+                s->grp[g].res = base;
+                base += s->grp[g].rbytes;
+            }
+    }
+    s->hb = calloc((size_t)(s->nhb ? s->nhb : 1), sizeof *s->hb);
+    if (!s->hb) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap buffers");
+    for (int i = 0; i < s->nhb; i++) {
+        s3_hbuf *b = &s->hb[i];
+        b->grp = b->run = -1;
+        ZOFF_TRY(nv_alloc_mem(s, buf_bytes, "parameter swap buffer (offload_param nvme)", &b->alloc, &b->ptr));
+        b->req = calloc((size_t)max_req, sizeof *b->req);
+        if (!b->req) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap buffers");
+        b->cap_req = max_req;
+        ZOFF_TRY(zoff_event_create(s->o.dev, &b->ev));
+    }
+    /* the file: the runs of the groups on disk, group by group */
+    int64_t fbytes = 0;
+    for (int g = 0; g < s->ngrp; g++)
+        for (int k = 0; k < s->grp[g].nrun; k++) {
+            s3_run *r = &s->runs[s->grun[s->grp[g].run0 + k]];
+            r->foff = -1;
+            if (s->grp[g].res) continue;
+            r->foff = fbytes;
+            fbytes += (int64_t)r->bytes;
+            r->crcs = calloc((size_t)(((int64_t)r->bytes + bs - 1) / bs) + 1, sizeof *r->crcs);
+            if (!r->crcs) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap checksums");
+        }
+    s->st.nvme_file_bytes = fbytes;
+    s->st.nvme_buffers = s->nhb;
+    s->st.nvme_buffer_bytes = (size_t)s->nhb * buf_bytes;
+    s->st.nvme_resident_bytes = res_bytes;
+    s->st.nvme_resident_elems = res_elems;
+    s->st.nvme_pinned = s->o.nvme.pin_memory;
+    const char *dir = s->o.nvme.dir;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return zoff_error(ZOFF_ERR_IO, "cannot create zero_optimization.offload_param.nvme_path %s: %s", dir,
+                          strerror(errno));
+    static int counter;
+    int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+    int m = snprintf(s->path, sizeof s->path, "%s/zoff-param-%ld-%d.swp", dir, (long)getpid(), my);
+    if (m < 0 || (size_t)m >= sizeof s->path)
+        return zoff_error(ZOFF_ERR_INVALID, "zero_optimization.offload_param.nvme_path is too long (%zu bytes)",
+                          strlen(dir));
+    ZOFF_TRY(zoff_aio_create(&s->o.nvme.aio, &s->io));
+    ZOFF_TRY(zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE, &s->f));
+    if (fbytes > 0) ZOFF_TRY(zoff_aio_file_reserve(s->f, fbytes));
+    s->st.nvme_path = s->path;
+    char fb[32], bb[32], rb[32];
+    snprintf(s->describe, sizeof s->describe, "%.2000s (%s, %.200s), %.400s; %d buffer%s of %s%s; %lld elements resident (%s)",
+             s->path, zoff_format_bytes((size_t)fbytes, fb, sizeof fb),
+             zoff_aio_file_direct(s->f) ? "O_DIRECT" : zoff_aio_file_direct_note(s->f), zoff_aio_describe(s->io),
+             s->nhb, s->nhb == 1 ? "" : "s", zoff_format_bytes(buf_bytes, bb, sizeof bb),
+             s->o.nvme.pin_memory ? " pinned" : "", (long long)res_elems, zoff_format_bytes(res_bytes, rb, sizeof rb));
+    return ZOFF_OK;
+}
+
+/* Wait for a buffer's requests; the first failure is returned (the buffer is idle afterwards). */
+static zoff_status hb_wait(zoff_s3 *s, s3_hbuf *b) {
+    zoff_status st = ZOFF_OK;
+    for (int k = 0; k < b->nreq; k++) {
+        zoff_status r = zoff_aio_wait(s->io, &b->req[k]);
+        if (r != ZOFF_OK && st == ZOFF_OK) st = r;
+    }
+    b->nreq = 0;
+    return st;
+}
+
+/* A buffer to (re)use: an idle one whose copies are done; with `block`, any idle one
+ * (waiting for its copies), else the read furthest ahead is dropped, else the
+ * oldest write is waited for. -1: none now (without block). */
+static zoff_status hb_take(zoff_s3 *s, bool block, int *out) {
+    *out = -1;
+    int idle = -1;
+    for (int i = 0; i < s->nhb; i++) {
+        s3_hbuf *b = &s->hb[i];
+        if (b->mode != HB_IDLE) continue;
+        if (!b->ev_set || zoff_event_query(b->ev)) {
+            b->ev_set = false;
+            *out = i;
+            return ZOFF_OK;
+        }
+        if (idle < 0) idle = i;
+    }
+    if (!block) return ZOFF_OK;
+    if (idle < 0) {
+        int rd = -1, wr = -1;
+        for (int i = 0; i < s->nhb; i++) {
+            s3_hbuf *b = &s->hb[i];
+            if (b->mode == HB_READ && (rd < 0 || b->seq > s->hb[rd].seq)) rd = i;
+            if (b->mode == HB_WRITE && (wr < 0 || b->seq < s->hb[wr].seq)) wr = i;
+        }
+        if (wr >= 0) {
+            s3_hbuf *b = &s->hb[wr];
+            zoff_status st = hb_wait(s, b);
+            b->mode = HB_IDLE;
+            b->run = -1;
+            if (st != ZOFF_OK) {
+                s->broken = true;
+                return zoff_error_context(st, "offload_param nvme: writing the new weights to %s", s->path);
+            }
+        } else if (rd >= 0) {
+            s3_hbuf *b = &s->hb[rd];
+            (void)hb_wait(s, b); /* read ahead for later: dropped (it is read again when needed) */
+            s->grp[b->grp].hb = -1;
+            b->mode = HB_IDLE;
+            b->grp = -1;
+        } else {
+            return zoff_error(ZOFF_ERR_INTERNAL, "offload_param nvme: every parameter buffer is being filled "
+                                                 "(the host optimizer's output is out of order)");
+        }
+        idle = rd >= 0 ? rd : wr;
+    }
+    s3_hbuf *b = &s->hb[idle];
+    if (b->ev_set) ZOFF_TRY(zoff_event_synchronize(b->ev));
+    b->ev_set = false;
+    *out = idle;
+    return ZOFF_OK;
+}
+
+/* Start reading group g's runs into a buffer (none free without block: nothing done). */
+static zoff_status nv_read(zoff_s3 *s, s3_group *g, bool block) {
+    if (g->res || g->nrun == 0 || g->hb >= 0) return ZOFF_OK;
+    if (s->broken)
+        return zoff_error(ZOFF_ERR_IO, "offload_param nvme: %s is half written after an earlier error; resume from "
+                                       "a checkpoint", s->path);
+    int i;
+    ZOFF_TRY(hb_take(s, block, &i));
+    if (i < 0) return ZOFF_OK;
+    s3_hbuf *b = &s->hb[i];
+    b->mode = HB_READ;
+    b->grp = (int)(g - s->grp);
+    b->seq = ++s->seq;
+    b->nreq = 0;
+    g->hb = i;
+    zoff_aio_request *rq = NULL;
+    for (int k = 0; k < g->nrun; k++) {
+        s3_run *r = &s->runs[s->grun[g->run0 + k]];
+        if (!r->written) { /* never written: zeros */
+            memset(b->ptr + r->boff, 0, r->bytes);
+            continue;
+        }
+        if (!rq || rq->nseg == ZOFF_AIO_MAX_SEGMENTS) {
+            if (rq) {
+                zoff_status st = zoff_aio_submit(s->io, rq);
+                if (st != ZOFF_OK) return st;
+                b->nreq++;
+            }
+            rq = &b->req[b->nreq];
+            memset(rq, 0, sizeof *rq);
+            *rq = (zoff_aio_request){.op = ZOFF_AIO_READ, .file = s->f, .flags = ZOFF_AIO_CRC_VERIFY};
+        }
+        rq->seg[rq->nseg++] = (zoff_aio_segment){.buf = b->ptr + r->boff, .offset = r->foff, .bytes = r->bytes,
+                                                 .crcs = r->crcs};
+        s->st.nvme_bytes_read += (int64_t)r->bytes;
+    }
+    if (rq) {
+        ZOFF_TRY(zoff_aio_submit(s->io, rq));
+        b->nreq++;
+    }
+    return ZOFF_OK;
+}
+
+/* Group g's runs are in host memory (read, or resident) when this returns. */
+static zoff_status nv_ready(zoff_s3 *s, s3_group *g) {
+    if (g->res || g->nrun == 0) return ZOFF_OK;
+    ZOFF_TRY(nv_read(s, g, true));
+    s3_hbuf *b = &s->hb[g->hb];
+    zoff_status st = hb_wait(s, b);
+    if (st != ZOFF_OK) {
+        b->mode = HB_IDLE;
+        b->grp = -1;
+        g->hb = -1;
+        return zoff_error_context(st, "offload_param nvme: reading the weights of parameter group [%lld, +%lld) "
+                                      "from %s",
+                                  (long long)g->offset, (long long)g->count, s->path);
+    }
+    return ZOFF_OK;
+}
+
+/* Where this rank's local element x of group g is in host memory (after nv_ready). */
+static void *nv_src(zoff_s3 *s, s3_group *g, int64_t x) {
+    const s3_run *r = run_of(s, x);
+    char *base = g->res ? g->res : s->hb[g->hb].ptr;
+    return base + r->boff + (size_t)(x - r->lo) * s->es;
+}
+
+/* After the gather's copies were queued on the comm stream: the buffer is free once they are done. */
+static zoff_status nv_done(zoff_s3 *s, s3_group *g) {
+    if (g->res || g->hb < 0) return ZOFF_OK;
+    s3_hbuf *b = &s->hb[g->hb];
+    ZOFF_TRY(zoff_event_record(b->ev, s->o.comm));
+    b->ev_set = true;
+    b->mode = HB_IDLE;
+    b->grp = -1;
+    g->hb = -1;
+    return ZOFF_OK;
+}
+
+bool zoff_s3_nvme(const zoff_s3 *s) { return s->nv; }
+
+zoff_status zoff_s3_begin_update(zoff_s3 *s) {
+    if (!s->nv) return ZOFF_OK;
+    for (int i = 0; i < s->nhb; i++) { /* reads ahead of stale weights: waited for and dropped */
+        s3_hbuf *b = &s->hb[i];
+        if (b->mode != HB_READ) continue;
+        (void)hb_wait(s, b);
+        s->grp[b->grp].hb = -1;
+        b->mode = HB_IDLE;
+        b->grp = -1;
+    }
+    for (int r = 0; r < s->nruns; r++) s->runs[r].filled = 0;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_s3_out_span(zoff_s3 *s, int64_t lo_bound, int64_t hi, int64_t *lo, void **ptr) {
+    s3_run *r = run_of(s, hi - 1);
+    int64_t a = lo_bound > r->lo ? lo_bound : r->lo;
+    *lo = a;
+    s3_group *g = &s->grp[r->grp];
+    if (g->res) {
+        *ptr = g->res + r->boff + (size_t)(a - r->lo) * s->es;
+        return ZOFF_OK;
+    }
+    if (r->wbuf < 0) {
+        if (s->broken)
+            return zoff_error(ZOFF_ERR_IO, "offload_param nvme: %s is half written after an earlier error; resume "
+                                           "from a checkpoint", s->path);
+        int i;
+        ZOFF_TRY(hb_take(s, true, &i));
+        s3_hbuf *b = &s->hb[i];
+        b->mode = HB_FILL;
+        b->run = (int)(r - s->runs);
+        b->seq = ++s->seq;
+        r->wbuf = i;
+    }
+    *ptr = s->hb[r->wbuf].ptr + (size_t)(a - r->lo) * s->es;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_s3_out_done(zoff_s3 *s, int64_t lo, int64_t hi) {
+    s3_run *r = run_of(s, lo);
+    r->filled += hi - lo;
+    if (r->filled < r->count || s->grp[r->grp].res) return ZOFF_OK;
+    s3_hbuf *b = &s->hb[r->wbuf];
+    size_t used = (size_t)r->count * s->es;
+    memset(b->ptr + used, 0, r->bytes - used);
+    zoff_aio_request *rq = &b->req[0];
+    memset(rq, 0, sizeof *rq);
+    *rq = (zoff_aio_request){.op = ZOFF_AIO_WRITE, .file = s->f, .flags = ZOFF_AIO_CRC_STORE, .nseg = 1,
+                             .seg = {{.buf = b->ptr, .offset = r->foff, .bytes = r->bytes, .crcs = r->crcs}}};
+    r->wbuf = -1;
+    b->mode = HB_WRITE;
+    r->written = true;
+    s->st.nvme_bytes_written += (int64_t)r->bytes;
+    zoff_status st = zoff_aio_submit(s->io, rq);
+    if (st != ZOFF_OK) {
+        b->mode = HB_IDLE;
+        s->broken = true;
+        return st;
+    }
+    b->nreq = 1;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_s3_end_update(zoff_s3 *s) {
+    if (!s->nv) return ZOFF_OK;
+    zoff_status st = ZOFF_OK;
+    for (int i = 0; i < s->nhb; i++) {
+        s3_hbuf *b = &s->hb[i];
+        if (b->mode == HB_FILL && st == ZOFF_OK) {
+            s->broken = true;
+            st = zoff_error(ZOFF_ERR_INTERNAL, "offload_param nvme: local elements [%lld, +%lld) were not all "
+                                               "written by the update",
+                            (long long)s->runs[b->run].lo, (long long)s->runs[b->run].count);
+        }
+        if (b->mode == HB_WRITE) {
+            zoff_status r = hb_wait(s, b);
+            if (r != ZOFF_OK && st == ZOFF_OK) {
+                s->broken = true;
+                st = zoff_error_context(r, "offload_param nvme: writing the new weights to %s", s->path);
+            }
+        }
+        if (b->mode == HB_FILL) s->runs[b->run].wbuf = -1;
+        b->mode = HB_IDLE;
+        b->run = b->grp = -1;
+    }
+    return st;
+}
+
+const char *zoff_s3_nvme_describe(const zoff_s3 *s) { return s->nv ? s->describe : ""; }
+
 zoff_status zoff_s3_create(const zoff_s3_options *o, zoff_s3 **out) {
     *out = NULL;
     zoff_s3 *s = calloc(1, sizeof *s);
@@ -136,6 +626,8 @@ zoff_status zoff_s3_create(const zoff_s3_options *o, zoff_s3 **out) {
     }
     if (st == ZOFF_OK) st = zoff_event_create(o->dev, &s->ev_tmp);
     s->st.groups = s->ngrp;
+    s->nv = o->nvme.dir != NULL;
+    if (st == ZOFF_OK && s->nv) st = nv_create(s);
     if (st != ZOFF_OK) {
         zoff_s3_destroy(s);
         return st;
@@ -161,20 +653,25 @@ static s3_group *find(zoff_s3 *s, int64_t offset, int64_t count) {
     return g;
 }
 
+static void *src_at(zoff_s3 *s, s3_group *g, int64_t local) {
+    return s->nv ? nv_src(s, g, local) : at(s->o.p_params, local, s->es);
+}
+
 /* All-gather group g's weights into dst (device, g->count elements), on the comm stream. */
 static zoff_status gather(zoff_s3 *s, s3_group *g, s3_buf *dst) {
     const zoff_dp_plan *p = s->o.plan;
     zoff_dp_layout *l = s->o.layout;
     zoff_stream *cs = s->o.comm;
     size_t es = s->es;
-    zoff_copy_kind kind = s->o.params_on_host ? ZOFF_COPY_H2D : ZOFF_COPY_D2D;
+    zoff_copy_kind kind = s->o.params_on_host || s->nv ? ZOFF_COPY_H2D : ZOFF_COPY_D2D;
+    if (s->nv) ZOFF_TRY(nv_ready(s, g)); /* this rank's runs of the group in host memory */
     ZOFF_TRY(zoff_stream_wait_event(cs, dst->ev_used)); /* the compute stream is done with its old contents */
     int64_t a = g->offset;
     zoff_dp_layout_of(p, a, a + g->count, l);
     if (l->identity) { /* every rank's block at its place in the group: in place */
         for (int i = 0; i < l->np; i++)
             if (l->p[i].owner == p->rank)
-                ZOFF_TRY(zoff_memcpy_async(cs, at(dst->ptr, l->p[i].model - a, es), at(s->o.p_params, l->p[i].local, es),
+                ZOFF_TRY(zoff_memcpy_async(cs, at(dst->ptr, l->p[i].model - a, es), src_at(s, g, l->p[i].local),
                                            (size_t)l->p[i].count * es, kind));
         ZOFF_TRY(zoff_comm_allgatherv(s->o.chan, cs, dst->ptr, l->counts, l->starts, s->o.dtype));
     } else { /* round-robin: through the packing buffer */
@@ -182,7 +679,7 @@ static zoff_status gather(zoff_s3 *s, s3_group *g, s3_buf *dst) {
         int64_t pos = l->starts[p->rank];
         for (int i = 0; i < l->np; i++)
             if (l->p[i].owner == p->rank) {
-                ZOFF_TRY(zoff_memcpy_async(cs, at(pack, pos, es), at(s->o.p_params, l->p[i].local, es),
+                ZOFF_TRY(zoff_memcpy_async(cs, at(pack, pos, es), src_at(s, g, l->p[i].local),
                                            (size_t)l->p[i].count * es, kind));
                 pos += l->p[i].count;
             }
@@ -196,6 +693,7 @@ static zoff_status gather(zoff_s3 *s, s3_group *g, s3_buf *dst) {
     }
     ZOFF_TRY(zoff_event_record(g->ev_ready, cs));
     ZOFF_TRY(zoff_event_record(dst->ev_comm, cs));
+    if (s->nv) ZOFF_TRY(nv_done(s, g));
     s->st.gathers++;
     return ZOFF_OK;
 }
@@ -232,6 +730,19 @@ static zoff_status prefetch(zoff_s3 *s) {
     int64_t ahead = 0;
     for (int g = 0; g < s->ngrp; g++)
         if (s->grp[g].prefetched) ahead += s->grp[g].count;
+    if (s->nv) { /* NVMe: the reads of the next groups first, into the free buffers (no waiting) */
+        int64_t rd = ahead;
+        for (int k = s->pos; k < t->n; k++) {
+            s3_group *g = &s->grp[t->g[k]];
+            if (g->persistent || g->params) continue;
+            if (rd + g->count > s->o.prefetch_elems) break;
+            rd += g->count;
+            if (g->res || g->nrun == 0 || g->hb >= 0) continue;
+            ZOFF_TRY(nv_read(s, g, false));
+            if (g->hb < 0) break; /* no free buffer */
+            s->st.nvme_reads_ahead++;
+        }
+    }
     for (int k = s->pos; k < t->n; k++) {
         s3_group *g = &s->grp[t->g[k]];
         if (g->persistent || g->params) continue;
