@@ -831,6 +831,47 @@ static void test_dp_stage3_prefetch_exact(void **st) {
     zoff_comm_destroy(c);
 }
 
+/* offload_param nvme (ZeRO-Infinity) against offload_param cpu: the same arithmetic, bit for bit, on N
+ * ranks and on one rank (stage 3 over one rank), with the weights read from each rank's swap file
+ * (max_in_cpu 0, small buffer pools, round-robin runs) or partly resident. */
+static void test_dp_stage3_param_nvme_exact(void **st) {
+    (void)st;
+    static const char *pn[3] = {
+        ", \"buffer_count\": 1, \"max_in_cpu\": 0",
+        ", \"buffer_count\": 2, \"buffer_size\": 13000, \"max_in_cpu\": 3000, \"pin_memory\": false",
+        ", \"buffer_count\": 3, \"max_in_cpu\": 0"};
+    static const char *zx[3] = {", \"round_robin_gradients\": true",
+                                ", \"stage3_prefetch_bucket_size\": 0", ", \"stage3_prefetch_bucket_size\": 13000"};
+    zoff_comm *c = NULL;
+    assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    for (int k = 0; k < 3; k++)
+        for (int one = 0; one < 2; one++) { /* N ranks, then one rank */
+            char a[700], b[700];
+            const char *fmt = "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0 %s,"
+                              " \"offload_optimizer\": {\"device\": \"%s\", \"nvme_path\": \"/tmp/zoff_test_comm_nvme\"},"
+                              " \"offload_param\": {\"device\": \"%s\", \"nvme_path\": \"/tmp/zoff_test_comm_pnvme\" %s}}";
+            const char *odev = k == 2 ? "nvme" : "cpu";
+            snprintf(a, sizeof a, fmt, zx[k], odev, "nvme", pn[k]);
+            snprintf(b, sizeof b, fmt, zx[k], odev, "cpu", "");
+            dp_result x, y;
+            const char *prec = "\"bf16\": {\"enabled\": true},";
+            zoff_status s = dp_train(a, prec, ZOFF_BF16, 1 + k % 2, 1.0, one ? NULL : c, one ? N * DB : DB,
+                                     one ? 0 : R * DB, &x);
+            if (s != ZOFF_OK) fail_msg("param nvme case %d: %s", k, zoff_last_error());
+            s = dp_train(b, prec, ZOFF_BF16, 1 + k % 2, 1.0, one ? NULL : c, one ? N * DB : DB, one ? 0 : R * DB, &y);
+            if (s != ZOFF_OK) fail_msg("param cpu case %d: %s", k, zoff_last_error());
+            assert_int_equal(memcmp(x.w, y.w, (size_t)x.n * sizeof(float)), 0);
+            assert_int_equal(memcmp(x.loss, y.loss, sizeof x.loss), 0);
+            assert_true(x.loss[DP_STEPS - 1] < x.loss[0]);
+            if (R == 0)
+                printf("  dp stage 3 param nvme case %d on %d rank%s: bit-identical to param cpu (loss %.6f -> %.6f)\n",
+                       k, one ? 1 : N, one || N == 1 ? "" : "s", x.loss[0], x.loss[DP_STEPS - 1]);
+            free(x.w);
+            free(y.w);
+        }
+    zoff_comm_destroy(c);
+}
+
 /* Partitioning does not change the arithmetic of an element: without clipping
  * (the norm's summation order is the only difference), stage 1, stage 2 and
  * round-robin runs agree bit for bit. And the comparison can fail: one rank's
@@ -982,6 +1023,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dp_exact_and_discriminating), cmocka_unit_test(test_dp_stage3),
         cmocka_unit_test(test_dp_stage3_persistent_accum), cmocka_unit_test(test_dp_stage3_offload_param_rr),
         cmocka_unit_test(test_dp_stage3_bf16_offload), cmocka_unit_test(test_dp_stage3_prefetch_exact),
+        cmocka_unit_test(test_dp_stage3_param_nvme_exact),
         cmocka_unit_test(test_cuda_allreduce), cmocka_unit_test(test_cuda_reduce_scatter),
         cmocka_unit_test(test_cuda_allgatherv), cmocka_unit_test(test_cuda_broadcast),
         cmocka_unit_test(test_cuda_concurrent_channels), cmocka_unit_test(test_cuda_dp_stage2_bf16_rr),
