@@ -132,6 +132,24 @@ if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-
   equiv stage3        '{"stage": 3, "stage3_param_persistence_threshold": 0}' 1e-5 1e-4
   equiv stage3_off_rr '{"stage": 3, "stage3_param_persistence_threshold": 0, "round_robin_gradients": true,
                         "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}' 1e-5 1e-4
+  # offload_param nvme (ZeRO-Infinity): the same arithmetic as offload_param cpu, bit for bit (losses and
+  # checkpoint), with every group read from each rank's swap file; then save at 3 and resume to 6
+  PN='"stage3_param_persistence_threshold": 0, "round_robin_gradients": true, "offload_optimizer": {"device": "cpu"}'
+  cfg s3pn 2 "{\"stage\": 3, $PN, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$W/pnvme\",
+                \"buffer_count\": 2, \"max_in_cpu\": 0}}"
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pn.json" --train-iters 6 --save "$W/s3pn" \
+    >"$W/s3pn.txt" 2>&1
+  rc=$?
+  check "stage 3 offload_param nvme, 2 ranks: losses and checkpoint == offload_param cpu, bit for bit" \
+    "[ $rc -eq 0 ] && [ -d '$W/pnvme' ] && [ \"\$(lossdiff '$W/stage3_off_rr_two/metrics.jsonl' '$W/s3pn/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/s3pn/step_00000006' '$W/stage3_off_rr_two/step_00000006' 0 >/dev/null" ||
+    tail -8 "$W/s3pn.txt"
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pn.json" --train-iters 3 --save "$W/s3pnr" \
+    >/dev/null 2>&1
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pn.json" --train-iters 6 --save "$W/s3pnr" \
+    --load "$W/s3pnr" >"$W/s3pnr.txt" 2>&1
+  check "stage 3 offload_param nvme: save at 3, resume to 6 on 2 ranks: losses == straight run" \
+    "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/s3pn/metrics.jsonl' '$W/s3pnr/metrics.jsonl')\" = 0 ] && [ -z \"\$(ls '$W/pnvme')\" ]" ||
+    tail -8 "$W/s3pnr.txt"
   cfg s3rs1 4 '{"stage": 3, "stage3_param_persistence_threshold": 0}'
   cfg s3rs2 2 '{"stage": 3, "stage3_param_persistence_threshold": 0}'
   "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3rs2.json" --train-iters 3 --save "$W/s3rs" >/dev/null 2>&1
