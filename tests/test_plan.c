@@ -571,6 +571,8 @@ static void test_stage3_vs_real(void **st) {
         {1, ZOFF_F32, "{\"stage\": 3, \"stage3_prefetch_bucket_size\": 0}"},
         {2, ZOFF_F16, "{\"stage\": 3, \"stage3_prefetch_bucket_size\": 300000}"},
         {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}"},
+        {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
+                       "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 0}}"},
         {0, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}"},
         {1, ZOFF_BF16, "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 500000}"},
     };

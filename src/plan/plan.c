@@ -396,6 +396,8 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         if (!nvme) m->host_optimizer = mul_sat(nh, state_b);
         m->host_grads = mul_sat(nh, es * (1 + (dpu ? 1 : 0)));
         m->host_staging = dt != ZOFF_F32 || nvme ? nh * es : 0; /* nvme: fp32 weights are staged too */
+        /* offload_param nvme: the host optimizer writes the weights to the swap file (no staging) */
+        if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) m->host_staging = 0;
     }
     if (nvme && nh > 0) {
         /* src/zero/swapper.c: one swap group per host sub-group, its arrays
@@ -422,9 +424,19 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
-        m->disk_params = (size_t)part * es;
-        int64_t cnt = cfg->zero.offload_param.buffer_count, sz = cfg->zero.offload_param.buffer_size;
-        m->param_buffers = mul_sat((size_t)(cnt > 0 ? cnt : 1) * (size_t)(sz > 0 ? sz : 1), es);
+        /* src/zero/stage3.c: whole groups up to max_in_cpu elements stay in host memory (counted
+         * here as min(max_in_cpu, partition)); the rest is on disk, read through min(buffer_count,
+         * groups) buffers as large as this rank's part of the largest group (at most buffer_size) */
+        const zoff_offload_param_config *op = &cfg->zero.offload_param;
+        int64_t res = op->max_in_cpu < part ? op->max_in_cpu : part;
+        int64_t cnt = op->buffer_count < L + 2 ? op->buffer_count : L + 2;
+        int64_t big = maxgrp < part ? maxgrp : part;
+        if (big > op->buffer_size) big = op->buffer_size;
+        m->disk_params = (size_t)(part - res) * es;
+        /* O_DIRECT alignment, and 4 KiB more per allocation (aligned by hand) */
+        size_t bbytes = ((size_t)(big > 0 ? big : 1) * es + 4095) / 4096 * 4096 + 4096;
+        m->param_buffers = mul_sat((size_t)(res < part ? (cnt > 0 ? cnt : 1) : 0), bbytes);
+        m->param_buffers = add_sat(m->param_buffers, (size_t)res * es);
     }
     m->model_pinned = mb.host_losses;
     /* train.c: initial fp32 weights (held for the run), the checkpoint staging
@@ -435,8 +447,9 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     m->device = m->params16 + m->grads16 + m->activations + m->tokens + m->comm_buffers + m->gathered +
                 m->device_optimizer + m->runtime_reserve;
     size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
-    m->pinned = add_sat(m->model_pinned, m->param_buffers);
-    m->pageable = add_sat(m->loop_pageable, m->swap_buffers);
+    bool pin_params = cfg->zero.offload_param.pin_memory;
+    m->pinned = add_sat(m->model_pinned, pin_params ? m->param_buffers : 0);
+    m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers), pin_params ? 0 : m->param_buffers);
     if (pinned) m->pinned = add_sat(m->pinned, add_sat(engine_host, m->host_params));
     else m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params));
     m->disk = add_sat(m->disk_optimizer, m->disk_params);
@@ -495,9 +508,10 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     }
 #endif
     /* the engine's own rules (engine.c check_supported) */
-    if (r->runnable && s->param_offload == ZOFF_OFFLOAD_CPU && (!offload || s->ratio_auto || s->ratio < 1.0)) {
+    if (r->runnable && s->param_offload != ZOFF_OFFLOAD_NONE && (!offload || s->ratio_auto || s->ratio < 1.0)) {
         r->runnable = false;
-        append_why(r, "not runnable: offload_param cpu needs the whole optimizer on the host (ratio 1)");
+        append_why(r, "not runnable: offload_param %s needs the whole optimizer on the host (ratio 1)",
+                   s->param_offload == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu");
     }
     if (r->runnable && s->stage >= 3 && dpu) {
         r->runnable = false;

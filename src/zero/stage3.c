@@ -333,8 +333,8 @@ static zoff_status nv_create(zoff_s3 *s) {
         }
     s->st.nvme_file_bytes = fbytes;
     s->st.nvme_buffers = s->nhb;
-    s->st.nvme_buffer_bytes = (size_t)s->nhb * buf_bytes;
-    s->st.nvme_resident_bytes = res_bytes;
+    s->st.nvme_buffer_bytes = (size_t)s->nhb * (buf_bytes + ZOFF_AIO_ALIGN); /* as allocated (nv_alloc_mem) */
+    s->st.nvme_resident_bytes = res_bytes ? res_bytes + ZOFF_AIO_ALIGN : 0;
     s->st.nvme_resident_elems = res_elems;
     s->st.nvme_pinned = s->o.nvme.pin_memory;
     const char *dir = s->o.nvme.dir;
