@@ -506,6 +506,9 @@ bool zoff_s3_nvme(const zoff_s3 *s) { return s->nv; }
 
 zoff_status zoff_s3_begin_update(zoff_s3 *s) {
     if (!s->nv) return ZOFF_OK;
+    /* gathers still copying out of the resident part or the buffers (restore, initial weights;
+     * in a step the collective stream is drained already) */
+    ZOFF_TRY(zoff_stream_synchronize(s->o.comm));
     for (int i = 0; i < s->nhb; i++) { /* reads ahead of stale weights: waited for and dropped */
         s3_hbuf *b = &s->hb[i];
         if (b->mode != HB_READ) continue;
