@@ -206,7 +206,7 @@ static zoff_status chunk_error(aio_chunk *c, char *msg, size_t n) {
         format_free_space(path, fs, sizeof fs);
         msgf(msg, n,
                  "disk full %s %s at offset %lld (%zu bytes): %s (%s). Free space there or point "
-                 "offload_optimizer.nvme_path at a larger disk",
+                 "its nvme_path (offload_optimizer or offload_param) at a larger disk",
                  op_name(r->op), path, off, c->len, strerror(c->err), fs);
         return ZOFF_ERR_IO;
     }
@@ -530,8 +530,8 @@ zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
     if (err == ENOSPC || err == EDQUOT) {
         format_free_space(f->path, fs, sizeof fs);
         return zoff_error(ZOFF_ERR_IO,
-                          "disk full: %s needs %s for the optimizer state (%s). Free space there or point "
-                          "offload_optimizer.nvme_path at a larger disk",
+                          "disk full: swap file %s needs %s (%s). Free space there or point its nvme_path "
+                          "(offload_optimizer or offload_param) at a larger disk",
                           f->path, zoff_format_bytes((size_t)bytes, need, sizeof need), fs);
     }
     if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)

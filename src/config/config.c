@@ -203,7 +203,8 @@ static unsigned scheduler_mask(const zoff_config *cfg);
 static const char *scheduler_name(const zoff_config *cfg);
 
 /* Reasons and hints shared by several lines. */
-#define ST3 "a ZeRO stage 3 setting (no effect in stages 0-2); zoff does not implement stage 3 yet"
+#define ST3 "a DeepSpeed stage 3 tuning setting zoff does not use: its stage 3 gathers one parameter group at a time, " \
+            "prefetching up to stage3_prefetch_bucket_size elements (no effect in stages 0-2 either)"
 #define PROF "a flops profiler setting; the profiler is off"
 #define MON "a setting of a monitor that is off"
 #define MON_HINT "zoff writes loss, lr, grad norm and step times to DIR/metrics.jsonl every step"
@@ -337,10 +338,9 @@ static const key_spec k_zero[] = {
     XB("enable_sanity_checks", "DeepSpeed's internal debugging checks"),
     KB("elastic_checkpoint", zoff_zero_config, elastic_checkpoint,
        NOEFF("a DeepSpeed checkpoint layout option; zoff's checkpoints reshard to any number of ranks on resume")),
-    KI("stage3_prefetch_bucket_size", zoff_zero_config, stage3_prefetch_bucket_size, NONNEG, NOEFF(ST3)),
+    KI("stage3_prefetch_bucket_size", zoff_zero_config, stage3_prefetch_bucket_size, NONNEG),
     KA("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
-    KI("stage3_param_persistence_threshold", zoff_zero_config, stage3_param_persistence_threshold, NONNEG,
-       NOEFF(ST3)),
+    KI("stage3_param_persistence_threshold", zoff_zero_config, stage3_param_persistence_threshold, NONNEG),
     KA("param_persistence_threshold", "stage3_param_persistence_threshold"),
     XI("stage3_model_persistence_threshold", NONNEG, ST3),
     KA("model_persistence_threshold", "stage3_model_persistence_threshold"),
