@@ -676,51 +676,51 @@ static zoff_status pn_put_master(zoff_engine *e, const subgroup *g, const float 
     return ZOFF_OK;
 }
 
-/* offload_param nvme: every host sub-group's master (host memory or the optimizer's swap
- * file) rounded into the parameter swap file (initial weights, restore). */
-static zoff_status pn_master_to_file(zoff_engine *e) {
-    ZOFF_TRY(zoff_s3_begin_update(e->s3));
-    if (e->swap) {
-        ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_READ, 1u));
-        for (int k = 0; k < e->nswap; k++) {
-            int sw;
-            float *arr[ZOFF_SWAP_MAX_ARRAYS];
-            ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
-            const subgroup *g = &e->sg[e->swap_sg[sw]];
-            ZOFF_TRY(pn_put_master(e, g, arr[0], g->offset, g->offset + g->count));
-            ZOFF_TRY(zoff_swapper_release(e->swap));
-        }
-        ZOFF_TRY(zoff_swapper_end(e->swap));
-    } else {
-        for (int i = e->nsg - 1; i >= 0; i--) {
-            const subgroup *g = &e->sg[i];
-            if (g->on_host)
-                ZOFF_TRY(pn_put_master(e, g, e->h_master + g->state_off, g->offset, g->offset + g->count));
-        }
-    }
-    return zoff_s3_end_update(e->s3);
-}
-
-/* The 16-bit (or fp32) weights of the host sub-groups from the master on disk. */
-static zoff_status nvme_master_to_staging(zoff_engine *e) {
+/* fn(e, g, master) for every host sub-group, its fp32 master read from the optimizer's swap file. */
+static zoff_status each_swapped_master(zoff_engine *e, zoff_status (*fn)(zoff_engine *, const subgroup *, const float *)) {
     ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_READ, 1u));
     for (int k = 0; k < e->nswap; k++) {
         int sw;
         float *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
-        const subgroup *g = &e->sg[e->swap_sg[sw]];
-        const float *mst = arr[0];
-        if (e->dtype == ZOFF_F32) {
-            memcpy((float *)e->h_staging + g->state_off, mst, (size_t)g->count * sizeof(float));
-        } else {
-            uint16_t *st = (uint16_t *)e->h_staging + g->state_off;
-            for (int64_t j = 0; j < g->count; j++)
-                st[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(mst[j]) : zoff_f32_to_f16(mst[j]);
-        }
+        ZOFF_TRY(fn(e, &e->sg[e->swap_sg[sw]], arr[0]));
         ZOFF_TRY(zoff_swapper_release(e->swap));
     }
     return zoff_swapper_end(e->swap);
 }
+
+static zoff_status pn_put_group(zoff_engine *e, const subgroup *g, const float *mst) {
+    return pn_put_master(e, g, mst, g->offset, g->offset + g->count);
+}
+
+/* offload_param nvme: every host sub-group's master (host memory or the optimizer's swap
+ * file) rounded into the parameter swap file (initial weights, restore). */
+static zoff_status pn_master_to_file(zoff_engine *e) {
+    ZOFF_TRY(zoff_s3_begin_update(e->s3));
+    if (e->swap) {
+        ZOFF_TRY(each_swapped_master(e, pn_put_group));
+    } else {
+        for (int i = e->nsg - 1; i >= 0; i--) {
+            const subgroup *g = &e->sg[i];
+            if (g->on_host) ZOFF_TRY(pn_put_group(e, g, e->h_master + g->state_off));
+        }
+    }
+    return zoff_s3_end_update(e->s3);
+}
+
+static zoff_status staging_put_group(zoff_engine *e, const subgroup *g, const float *mst) {
+    if (e->dtype == ZOFF_F32) {
+        memcpy((float *)e->h_staging + g->state_off, mst, (size_t)g->count * sizeof(float));
+    } else {
+        uint16_t *st = (uint16_t *)e->h_staging + g->state_off;
+        for (int64_t j = 0; j < g->count; j++)
+            st[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(mst[j]) : zoff_f32_to_f16(mst[j]);
+    }
+    return ZOFF_OK;
+}
+
+/* The 16-bit (or fp32) weights of the host sub-groups from the master on disk. */
+static zoff_status nvme_master_to_staging(zoff_engine *e) { return each_swapped_master(e, staging_put_group); }
 
 /* state_io for the host sub-groups: one pass over the swap file, array i only. */
 static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, bool absent) {
@@ -1270,6 +1270,25 @@ int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken
 
 /* ------------------------------------------------------------------ the step */
 
+/* The host optimizer on [lo, hi) (model space) of host sub-group g, whose state starts at
+ * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer. */
+static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, float *hm, float *hv,
+                                int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
+    int64_t d = lo - g->offset, so = g->state_off + d;
+    void *p16 = out16 ? out16 : e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL;
+    zoff_optim_tensors tt = {.params = master + d,
+                             .exp_avg = hm ? hm + d : NULL,
+                             .exp_avg_sq = hv ? hv + d : NULL,
+                             .state_dt = ZOFF_F32,
+                             .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
+                             .grad_dt = e->dtype,
+                             .params16 = e->dtype != ZOFF_F32 ? p16 : NULL,
+                             .p16_dt = e->dtype,
+                             .n = hi - lo,
+                             .index_base = g->model + d}; /* model index: rounding independent of ranks */
+    return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
+}
+
 /* The host part of a step: every host sub-group, last layers first (their
  * gradients arrived first), each pushed to the device as soon as it is done
  * (unless the update is delayed: then the boundary code pushes them). */
@@ -1287,52 +1306,24 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
         float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
         if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
-        for (int r = 0; r < e->nranges; r++) { /* pieces with one weight-decay value */
-            const range *rg = &e->ranges[r];
+        /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
+         * where the swap file's runs end, every run written as soon as it is complete
+         * (elementwise update: the same arithmetic as one call per piece) */
+        for (int k = 0; k < e->nranges; k++) {
+            const range *rg = &e->ranges[e->pnvme ? e->nranges - 1 - k : k];
+            double wd = rg->decay ? oc->weight_decay : 0.0;
             int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
             int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
-            if (lo >= hi) continue;
-            if (e->pnvme) { /* later: highest first, straight into the parameter swap file's buffers */
+            if (!e->pnvme) {
+                if (lo < hi) ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, lo, hi, NULL, wd, grad_scale));
                 continue;
             }
-            int64_t so = g->state_off + (lo - g->offset);
-            zoff_optim_tensors tt = {
-                .params = master + (lo - g->offset),
-                .exp_avg = hm ? hm + (lo - g->offset) : NULL,
-                .exp_avg_sq = hv ? hv + (lo - g->offset) : NULL,
-                .state_dt = ZOFF_F32,
-                .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
-                .grad_dt = e->dtype,
-                .params16 = e->h_staging && e->dtype != ZOFF_F32 ? (char *)e->h_staging + (size_t)so * e->esize : NULL,
-                .p16_dt = e->dtype,
-                .n = hi - lo,
-                .index_base = g->model + (lo - g->offset)}; /* model index: rounding independent of ranks */
-            ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
-        }
-        /* offload_param nvme: the pieces from the top down, each cut where the swap file's runs
-         * end; every run is written as soon as it is complete (elementwise update: the
-         * same arithmetic as one call per piece) */
-        for (int r = e->pnvme ? e->nranges - 1 : -1; r >= 0; r--) {
-            const range *rg = &e->ranges[r];
-            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
-            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
             while (hi > lo) {
                 int64_t a;
                 void *out;
                 ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
-                int64_t d = a - g->offset, so = g->state_off + d;
-                zoff_optim_tensors tt = {.params = master + d,
-                                         .exp_avg = hm ? hm + d : NULL,
-                                         .exp_avg_sq = hv ? hv + d : NULL,
-                                         .state_dt = ZOFF_F32,
-                                         .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
-                                         .grad_dt = e->dtype,
-                                         .params16 = e->dtype != ZOFF_F32 ? out : NULL,
-                                         .p16_dt = e->dtype,
-                                         .n = hi - a,
-                                         .index_base = g->model + d};
-                ZOFF_TRY(zoff_host_optimizer_update(e->hopt, &tt, rg->decay ? oc->weight_decay : 0.0, grad_scale));
-                if (e->dtype == ZOFF_F32) memcpy(out, master + d, (size_t)(hi - a) * sizeof(float));
+                ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, hi, out, wd, grad_scale));
+                if (e->dtype == ZOFF_F32) memcpy(out, master + (a - g->offset), (size_t)(hi - a) * sizeof(float));
                 ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
                 hi = a;
             }
