@@ -101,8 +101,8 @@
  *
  * Every write and fsync of checkpoint files goes through one function, which calls the hook
  * set with zoff_ckpt_set_io_hook() when there is one. In addition the environment variable
- * ZOFF_CKPT_FAULT=<ENOSPC|EIO>@<offset> (read when a writer opens) makes every write to a
- * .zckpt file fail with that errno once it reaches byte <offset> of the file (the bytes before
+ * ZOFF_CKPT_FAULT=<ENOSPC|EIO>@<offset> (read when a writer opens; one parser, src/ckpt/ckpt.c,
+ * for .zckpt and safetensors writers) makes every write to a .zckpt file fail with that errno once it reaches byte <offset> of the file (the bytes before
  * it are written first, like a disk that fills up): for shell-level tests of the CLI. */
 #ifndef ZOFF_CKPT_H
 #define ZOFF_CKPT_H
@@ -243,6 +243,13 @@ zoff_status zoff_ckpt_read_blob(zoff_ckpt_reader *r, const char *name, char **da
 zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst, size_t bytes);
 /* Check the CRC of one entry (NULL name: of every entry) without keeping the data. */
 zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name);
+
+/* The file's "partition" blob ("Partitioned entries" above), checked: its runs as 2 * *nruns
+ * values offset, count (malloc'ed, free with free()) inside [0, *num_params). A file without
+ * the blob gives *runs = NULL, *nruns = 0, *num_params = 0. rank >= 0: a "rank" field, when
+ * present, must equal it. The one reader of the blob (the rank merge and resharding use it). */
+zoff_status zoff_ckpt_read_partition(zoff_ckpt_reader *r, int rank, int64_t **runs, size_t *nruns,
+                                     int64_t *num_params);
 
 /* ---- fault-injection hook (tests) ----
  * While set, every write and fsync of a checkpoint file (the .zckpt files and COMPLETE) and

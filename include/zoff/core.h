@@ -47,6 +47,18 @@ void zoff_clear_error(void);
         if (zoff_try_s_ != ZOFF_OK) return zoff_try_s_; \
     } while (0)
 
+/* ---- element types of tensors (device buffers, checkpoints) ---- */
+typedef enum zoff_dtype {
+    ZOFF_F32 = 0,
+    ZOFF_BF16 = 1,
+    ZOFF_F16 = 2,
+    ZOFF_I32 = 3,
+    ZOFF_DTYPE_COUNT
+} zoff_dtype;
+/* Bytes per element (0 for a value out of range) and the name ("bf16"; "invalid-dtype"). */
+size_t zoff_dtype_size(zoff_dtype dt);
+const char *zoff_dtype_name(zoff_dtype dt);
+
 /* ---- logging ---- */
 typedef enum { ZOFF_LOG_DEBUG = 0, ZOFF_LOG_INFO, ZOFF_LOG_WARN, ZOFF_LOG_ERROR } zoff_log_level;
 void zoff_log_set_level(zoff_log_level level);

@@ -27,15 +27,7 @@
 extern "C" {
 #endif
 
-typedef enum zoff_dtype {
-    ZOFF_F32 = 0,
-    ZOFF_BF16 = 1,
-    ZOFF_F16 = 2,
-    ZOFF_I32 = 3,
-    ZOFF_DTYPE_COUNT
-} zoff_dtype;
-size_t zoff_dtype_size(zoff_dtype dt);
-const char *zoff_dtype_name(zoff_dtype dt);
+/* zoff_dtype, zoff_dtype_size and zoff_dtype_name are in core.h. */
 
 typedef struct zoff_device zoff_device;
 typedef struct zoff_stream zoff_stream;

@@ -1,6 +1,7 @@
 /* Crash-safe checkpoint directories and the .zckpt container (format: include/zoff/ckpt.h). */
 #define _GNU_SOURCE /* nftw, O_CLOEXEC, O_DIRECTORY */
 #include "zoff/ckpt.h"
+#include "ckpt_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -44,39 +45,31 @@ static uint32_t get_u32(const uint8_t *p) {
     for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
     return v;
 }
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 static int64_t align_up(int64_t x) { return (x + ZOFF_CKPT_ALIGN - 1) / ZOFF_CKPT_ALIGN * ZOFF_CKPT_ALIGN; }
 
 static bool dtype_valid(zoff_dtype dt) { return (unsigned)dt < (unsigned)ZOFF_DTYPE_COUNT || dt == ZOFF_CKPT_RAW; }
 
-static int64_t dtype_bytes(zoff_dtype dt) {
-    switch ((int)dt) {
-    case ZOFF_F32: return 4;
-    case ZOFF_BF16: return 2;
-    case ZOFF_F16: return 2;
-    case ZOFF_I32: return 4;
-    default: return 1; /* ZOFF_CKPT_RAW */
-    }
+int64_t zoff_ckpt_dtype_bytes(zoff_dtype dt) {
+    if (dt == ZOFF_CKPT_RAW) return 1;
+    size_t n = zoff_dtype_size(dt);
+    return n ? (int64_t)n : 1;
 }
 
-static const char *dtype_str(zoff_dtype dt) {
-    switch ((int)dt) {
-    case ZOFF_F32: return "f32";
-    case ZOFF_BF16: return "bf16";
-    case ZOFF_F16: return "f16";
-    case ZOFF_I32: return "i32";
-    case ZOFF_CKPT_RAW: return "raw bytes";
-    default: return "unknown dtype";
-    }
+const char *zoff_ckpt_dtype_str(zoff_dtype dt) {
+    if (dt == ZOFF_CKPT_RAW) return "raw bytes";
+    return (unsigned)dt < (unsigned)ZOFF_DTYPE_COUNT ? zoff_dtype_name(dt) : "unknown dtype";
 }
 
-/* "[50304, 768]" */
-static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+bool zoff_ckpt_json_u63(json_t *v, int64_t *out) {
+    if (!json_is_integer(v)) return false;
+    json_int_t x = json_integer_value(v);
+    if (x < 0) return false;
+    *out = (int64_t)x;
+    return true;
+}
+
+const char *zoff_ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t n = 0;
     buf[0] = '\0';
     n += (size_t)snprintf(buf, cap, "[");
@@ -104,7 +97,7 @@ static zoff_status check_meta(const char *name, zoff_dtype dtype, int ndim, cons
         *expect = -1;
         return ZOFF_OK;
     }
-    int64_t elems = 1, es = dtype_bytes(dtype);
+    int64_t elems = 1, es = zoff_ckpt_dtype_bytes(dtype);
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s': dimension %d is negative (%" PRId64 ")", name, i,
@@ -266,13 +259,7 @@ static int64_t io_call(zoff_ckpt_io_op op, const char *path, int fd, const void 
     return zoff_ckpt_io_default(op, fd, buf, n, off);
 }
 
-/* Injected fault from ZOFF_CKPT_FAULT: writes at or past `at` fail with `err`. */
-typedef struct ck_fault {
-    int64_t at; /* -1: none */
-    int err;
-} ck_fault;
-
-static zoff_status parse_fault(ck_fault *f) {
+zoff_status zoff_ckpt_fault_from_env(zoff_ckpt_fault *f, const char *files) {
     f->at = -1;
     f->err = 0;
     const char *s = getenv("ZOFF_CKPT_FAULT");
@@ -291,8 +278,19 @@ static zoff_status parse_fault(ck_fault *f) {
         f->at = -1;
         return zoff_error(ZOFF_ERR_INVALID, "ZOFF_CKPT_FAULT='%s' is invalid; expected ENOSPC@<offset> or EIO@<offset>", s);
     }
-    zoff_log(ZOFF_LOG_WARN, "ZOFF_CKPT_FAULT=%s: checkpoint writes will fail from that offset on (fault-injection test)", s);
+    zoff_log(ZOFF_LOG_WARN, "ZOFF_CKPT_FAULT=%s: %s writes will fail from that offset on (fault-injection test)", s,
+             files);
     return ZOFF_OK;
+}
+
+bool zoff_ckpt_fault_allows(const zoff_ckpt_fault *f, int64_t pos, size_t *chunk) {
+    if (!f || f->at < 0) return true;
+    if (pos >= f->at) {
+        errno = f->err;
+        return false;
+    }
+    if (pos + (int64_t)*chunk > f->at) *chunk = (size_t)(f->at - pos);
+    return true;
 }
 
 static zoff_status write_failed(const char *path, int64_t off, size_t n, int e) {
@@ -304,20 +302,14 @@ static zoff_status write_failed(const char *path, int64_t off, size_t n, int e) 
 }
 
 /* Write all n bytes at off. Short writes are continued; a write of 0 bytes is an error. */
-static zoff_status io_write_all(const char *path, int fd, const void *buf, size_t n, int64_t off, const ck_fault *fault) {
+static zoff_status io_write_all(const char *path, int fd, const void *buf, size_t n, int64_t off, const zoff_ckpt_fault *fault) {
     const uint8_t *p = buf;
     size_t done = 0;
     while (done < n) {
         size_t chunk = n - done < CK_IO_CHUNK ? n - done : CK_IO_CHUNK;
         int64_t pos = off + (int64_t)done;
-        int64_t r;
-        if (fault && fault->at >= 0 && pos >= fault->at) {
-            errno = fault->err;
-            r = -1;
-        } else {
-            if (fault && fault->at >= 0 && pos + (int64_t)chunk > fault->at) chunk = (size_t)(fault->at - pos);
-            r = io_call(ZOFF_CKPT_IO_WRITE, path, fd, p + done, chunk, pos);
-        }
+        int64_t r = zoff_ckpt_fault_allows(fault, pos, &chunk) ? io_call(ZOFF_CKPT_IO_WRITE, path, fd, p + done, chunk, pos)
+                                                               : -1;
         if (r < 0) {
             if (errno == EINTR) continue;
             return write_failed(path, pos, n - done, errno);
@@ -436,13 +428,13 @@ static zoff_status read_header(const char *path, int fd, ck_header *h) {
     h->header_bytes = get_u32(b + 12);
     h->alignment = get_u32(b + 16);
     h->entry_bytes = get_u32(b + 20);
-    h->step = (int64_t)get_u64(b + 24);
+    h->step = (int64_t)zoff_ckpt_get_u64(b + 24);
     h->rank = get_u32(b + 32);
     h->flags = get_u32(b + 36);
-    h->count = get_u64(b + 40);
-    h->index_offset = get_u64(b + 48);
-    h->index_bytes = get_u64(b + 56);
-    h->file_bytes = get_u64(b + 64);
+    h->count = zoff_ckpt_get_u64(b + 40);
+    h->index_offset = zoff_ckpt_get_u64(b + 48);
+    h->index_bytes = zoff_ckpt_get_u64(b + 56);
+    h->file_bytes = zoff_ckpt_get_u64(b + 64);
     h->index_crc = get_u32(b + 72);
     if (h->header_bytes != CK_HEADER_BYTES || h->alignment != ZOFF_CKPT_ALIGN || h->entry_bytes != CK_ENTRY_BYTES ||
         h->flags != 0)
@@ -477,7 +469,7 @@ struct zoff_ckpt_writer {
     int rank;
     int fd;
     bool failed;
-    ck_fault fault;
+    zoff_ckpt_fault fault;
     zoff_ckpt_entry *ents;
     size_t n, cap;
     /* staging buffer: bytes [buf_off, buf_off + buf_len) of the file */
@@ -568,7 +560,7 @@ zoff_status zoff_ckpt_writer_open(const char *dir, int64_t step, int rank, const
     zoff_status st = norm_dir(dir, w->dir, sizeof w->dir);
     if (st == ZOFF_OK) st = tmp_tag(opts, tag, sizeof tag);
     if (st == ZOFF_OK) st = step_dir_path(w->dir, step, "", "", stepdir, sizeof stepdir);
-    if (st == ZOFF_OK) st = parse_fault(&w->fault);
+    if (st == ZOFF_OK) st = zoff_ckpt_fault_from_env(&w->fault, "checkpoint");
     if (st == ZOFF_OK && has_marker(stepdir) && !(opts && opts->overwrite))
         st = zoff_error(ZOFF_ERR_INVALID,
                         "checkpoint %s already exists and is complete; refusing to overwrite it: save to another "
@@ -641,8 +633,8 @@ zoff_status zoff_ckpt_append(zoff_ckpt_writer *w, const void *data, size_t bytes
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID,
                                     "checkpoint entry '%s': %" PRId64 " + %zu bytes appended, more than its shape %s of "
                                     "%s holds (%" PRId64 " bytes)",
-                                    w->cur.name, w->cur.bytes, bytes, shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
-                                    dtype_str(w->cur.dtype), w->cur_expect));
+                                    w->cur.name, w->cur.bytes, bytes, zoff_ckpt_shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
+                                    zoff_ckpt_dtype_str(w->cur.dtype), w->cur_expect));
     }
     w->cur.crc32c = zoff_crc32c(w->cur.crc32c, data, bytes);
     zoff_status st = w_put(w, data, bytes);
@@ -660,8 +652,8 @@ zoff_status zoff_ckpt_end_entry(zoff_ckpt_writer *w) {
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID,
                                     "checkpoint entry '%s': %" PRId64 " bytes were appended but its shape %s of %s "
                                     "needs %" PRId64,
-                                    w->cur.name, w->cur.bytes, shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
-                                    dtype_str(w->cur.dtype), w->cur_expect));
+                                    w->cur.name, w->cur.bytes, zoff_ckpt_shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
+                                    zoff_ckpt_dtype_str(w->cur.dtype), w->cur_expect));
     }
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 64;
@@ -685,7 +677,7 @@ zoff_status zoff_ckpt_add(zoff_ckpt_writer *w, const char *name, zoff_dtype dtyp
         char s[256];
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID,
                                     "checkpoint entry '%s': shape %s of %s is %" PRId64 " bytes but %zu bytes were given",
-                                    name, shape_str(ndim, shape, s, sizeof s), dtype_str(dtype), expect, bytes));
+                                    name, zoff_ckpt_shape_str(ndim, shape, s, sizeof s), zoff_ckpt_dtype_str(dtype), expect, bytes));
     }
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dtype, ndim, shape));
     ZOFF_TRY(zoff_ckpt_append(w, data, bytes));
@@ -1131,9 +1123,9 @@ static zoff_status decode_index(zoff_ckpt_reader *r, const uint8_t *b, const ck_
             return zoff_error(ZOFF_ERR_FORMAT, "entry '%s' of %s has %u dimensions (at most %d): %s", e->name, r->path, nd,
                               ZOFF_CKPT_MAX_DIMS, corrupt);
         e->ndim = (int)nd;
-        for (int k = 0; k < ZOFF_CKPT_MAX_DIMS; k++) e->shape[k] = (int64_t)get_u64(rec + 136 + 8 * k);
-        e->offset = (int64_t)get_u64(rec + 200);
-        e->bytes = (int64_t)get_u64(rec + 208);
+        for (int k = 0; k < ZOFF_CKPT_MAX_DIMS; k++) e->shape[k] = (int64_t)zoff_ckpt_get_u64(rec + 136 + 8 * k);
+        e->offset = (int64_t)zoff_ckpt_get_u64(rec + 200);
+        e->bytes = (int64_t)zoff_ckpt_get_u64(rec + 208);
         e->crc32c = get_u32(rec + 216);
         int64_t expect = 0;
         if (check_meta(e->name, e->dtype, e->ndim, e->shape, &expect) != ZOFF_OK) {
@@ -1144,7 +1136,7 @@ static zoff_status decode_index(zoff_ckpt_reader *r, const uint8_t *b, const ck_
         char s[256];
         if (e->bytes < 0 || (expect >= 0 && e->bytes != expect))
             return zoff_error(ZOFF_ERR_FORMAT, "entry '%s' of %s: size %" PRId64 " does not match its shape %s of %s: %s",
-                              e->name, r->path, e->bytes, shape_str(e->ndim, e->shape, s, sizeof s), dtype_str(e->dtype),
+                              e->name, r->path, e->bytes, zoff_ckpt_shape_str(e->ndim, e->shape, s, sizeof s), zoff_ckpt_dtype_str(e->dtype),
                               corrupt);
         if (e->offset % ZOFF_CKPT_ALIGN != 0 || e->offset < prev_end || e->offset > (int64_t)h->index_offset ||
             e->bytes > (int64_t)h->index_offset - e->offset)
@@ -1326,7 +1318,7 @@ zoff_status zoff_ckpt_read_tensor(zoff_ckpt_reader *r, const char *name, zoff_dt
         return zoff_error(ZOFF_ERR_INVALID,
                           "dtype mismatch for '%s': checkpoint has %s but the model has %s: was this checkpoint made "
                           "with other fp16/bf16 settings? (%s)",
-                          name, dtype_str(e->dtype), dtype_str(dtype), r->path);
+                          name, zoff_ckpt_dtype_str(e->dtype), zoff_ckpt_dtype_str(dtype), r->path);
     bool same = e->ndim == ndim && (ndim == 0 || shape);
     for (int i = 0; same && i < ndim; i++) same = e->shape[i] == shape[i];
     if (!same) {
@@ -1335,8 +1327,8 @@ zoff_status zoff_ckpt_read_tensor(zoff_ckpt_reader *r, const char *name, zoff_dt
                           "shape mismatch for '%s': checkpoint has %s but the model has %s: was this checkpoint made "
                           "with other model flags (--num-layers, --hidden-size, --num-attention-heads, vocabulary or "
                           "sequence length)? (%s)",
-                          name, shape_str(e->ndim, e->shape, a, sizeof a),
-                          shape ? shape_str(ndim < 0 ? 0 : (ndim > ZOFF_CKPT_MAX_DIMS ? ZOFF_CKPT_MAX_DIMS : ndim), shape,
+                          name, zoff_ckpt_shape_str(e->ndim, e->shape, a, sizeof a),
+                          shape ? zoff_ckpt_shape_str(ndim < 0 ? 0 : (ndim > ZOFF_CKPT_MAX_DIMS ? ZOFF_CKPT_MAX_DIMS : ndim), shape,
                                             b, sizeof b)
                                 : "(no shape)",
                           r->path);

@@ -1,7 +1,5 @@
-/* The two dtype helpers of src/backend/device.c that the checkpoint/safetensors code calls,
- * copied so that the fuzzed parsers link without the backends (OpenBLAS, OpenMP). Keep them
- * equal to the originals. */
-#include "zoff/device.h"
+/* Element types: sizes and names (include/zoff/core.h). */
+#include "zoff/core.h"
 
 size_t zoff_dtype_size(zoff_dtype dt) {
     switch (dt) {

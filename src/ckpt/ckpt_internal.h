@@ -1,0 +1,64 @@
+/* Private to src/ckpt: what the .zckpt container (ckpt.c), the safetensors format
+ * (safetensors.c), the GPT-2 name mapping (safetensors_gpt2.c) and the rank merge (gather.c)
+ * share. src/ckpt needs only src/core and jansson (the fuzzing build links just those). */
+#ifndef ZOFF_CKPT_INTERNAL_H
+#define ZOFF_CKPT_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zoff/ckpt.h"
+#include "zoff/safetensors.h"
+
+/* ---- the fault-injection seam of every file src/ckpt writes ----
+ *
+ * ZOFF_CKPT_FAULT=<ENOSPC|EIO>@<offset> (ckpt.h): a write that reaches byte <offset> of a
+ * checkpoint or safetensors file writes the bytes before it (a short write, as a filling disk
+ * does) and the next write fails with that errno. */
+typedef struct zoff_ckpt_fault {
+    int64_t at; /* -1: no fault */
+    int err;
+} zoff_ckpt_fault;
+
+/* Reads ZOFF_CKPT_FAULT into *f (at = -1 when unset). `files` names what will fail in the
+ * warning that is logged ("checkpoint", "safetensors"). A malformed value is ZOFF_ERR_INVALID. */
+zoff_status zoff_ckpt_fault_from_env(zoff_ckpt_fault *f, const char *files);
+
+/* Applies f to a write of *chunk bytes at file offset pos: false (errno set to the fault's)
+ * when the write must fail now; otherwise true, with *chunk cut to end at the fault offset. */
+bool zoff_ckpt_fault_allows(const zoff_ckpt_fault *f, int64_t pos, size_t *chunk);
+
+/* ---- small shared helpers ---- */
+
+/* Little-endian 64-bit load. */
+static inline uint64_t zoff_ckpt_get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static inline bool zoff_ckpt_same_shape(int na, const int64_t *a, int nb, const int64_t *b) {
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return false;
+    return true;
+}
+
+/* "[50304, 768]" into buf; returns buf. */
+const char *zoff_ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* Bytes per element of a checkpoint entry's dtype (1 for ZOFF_CKPT_RAW) and its name. */
+int64_t zoff_ckpt_dtype_bytes(zoff_dtype dt);
+const char *zoff_ckpt_dtype_str(zoff_dtype dt);
+
+/* F32, F16, BF16 or F64: what GPT-2 import converts to fp32. */
+static inline bool zoff_st_dtype_is_float(zoff_st_dtype dt) {
+    return dt == ZOFF_ST_F32 || dt == ZOFF_ST_F16 || dt == ZOFF_ST_BF16 || dt == ZOFF_ST_F64;
+}
+
+/* A non-negative JSON integer. */
+bool zoff_ckpt_json_u63(json_t *v, int64_t *out);
+
+#endif

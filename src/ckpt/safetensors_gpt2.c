@@ -1,0 +1,469 @@
+/* GPT-2 in safetensors: Hugging Face's names and layouts <-> zoff's tensor table (export,
+ * shape inference, checks, import). Rules: include/zoff/safetensors.h, "GPT-2 in Hugging Face's
+ * layout" and "GPT-2 in zoff's layout". */
+#include "zoff/safetensors.h"
+#include "ckpt_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ST_NAME_SHOWN 160 /* longest name shown in a message */
+
+/* ------------------------------------------------------------------ GPT-2 names and shapes */
+
+enum { P_PER_BLOCK = 12 };
+static const char *const g_block[P_PER_BLOCK] = {
+    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+/* zoff shape of block tensor k: (out_mult*C, in_mult*C) or (out_mult*C) when in_mult == 0 */
+static const int g_out_mult[P_PER_BLOCK] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
+static const int g_in_mult[P_PER_BLOCK] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
+#define HF_PREFIX "transformer."
+
+static int64_t nparams_of(int64_t L) { return 4 + P_PER_BLOCK * L; }
+
+/* Parse "h.<l>.<rest>": the layer (decimal, no sign or leading zero, < 2^31) and rest. */
+static bool parse_block_name(const char *name, int64_t *layer, const char **rest) {
+    if (strncmp(name, "h.", 2) != 0) return false;
+    const char *p = name + 2;
+    if (*p < '0' || *p > '9' || (*p == '0' && p[1] != '.')) return false;
+    int64_t l = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9') {
+        if (++digits > 9) return false;
+        l = l * 10 + (*p++ - '0');
+    }
+    if (*p != '.') return false;
+    *layer = l;
+    *rest = p + 1;
+    return true;
+}
+
+/* Canonical parameter index of a GPT-2 name (zoff's flat order): 0 wte, 1 wpe, 2 + 12 l + k, then
+ * ln_f.weight, ln_f.bias. -1: not a GPT-2 parameter name; -2: a block beyond L (*layer set). */
+static int64_t param_index(const char *name, int64_t L, int64_t *layer) {
+    *layer = -1;
+    if (!strcmp(name, "wte.weight")) return 0;
+    if (!strcmp(name, "wpe.weight")) return 1;
+    if (!strcmp(name, "ln_f.weight")) return 2 + P_PER_BLOCK * L;
+    if (!strcmp(name, "ln_f.bias")) return 3 + P_PER_BLOCK * L;
+    int64_t l;
+    const char *rest;
+    if (!parse_block_name(name, &l, &rest)) return -1;
+    for (int k = 0; k < P_PER_BLOCK; k++)
+        if (!strcmp(rest, g_block[k])) {
+            *layer = l;
+            return l < L ? 2 + P_PER_BLOCK * l + k : -2;
+        }
+    return -1;
+}
+
+bool zoff_gpt2_st_is_param(const char *name, int64_t num_layers) {
+    int64_t layer;
+    return name && param_index(name, num_layers, &layer) >= 0;
+}
+
+/* Buffers of older Hugging Face files that are not parameters. */
+static bool is_hf_buffer(const char *name) {
+    int64_t l;
+    const char *rest;
+    return parse_block_name(name, &l, &rest) && (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias"));
+}
+
+static void param_name(int64_t idx, int64_t L, char *out, size_t cap) {
+    if (idx == 0) snprintf(out, cap, "wte.weight");
+    else if (idx == 1) snprintf(out, cap, "wpe.weight");
+    else if (idx == 2 + P_PER_BLOCK * L) snprintf(out, cap, "ln_f.weight");
+    else if (idx == 3 + P_PER_BLOCK * L) snprintf(out, cap, "ln_f.bias");
+    else snprintf(out, cap, "h.%" PRId64 ".%s", (idx - 2) / P_PER_BLOCK, g_block[(idx - 2) % P_PER_BLOCK]);
+}
+
+/* Stored as Conv1D (in, out) in Hugging Face's layout. */
+static bool is_conv1d(int64_t idx, int64_t L) {
+    if (idx < 2 || idx >= 2 + P_PER_BLOCK * L) return false;
+    return g_in_mult[(idx - 2) % P_PER_BLOCK] != 0;
+}
+
+/* Shape of parameter idx in the given layout. sh->padded_vocab_size must be resolved. */
+static int param_shape(int64_t idx, const zoff_gpt2_shape *sh, zoff_gpt2_layout layout, int64_t *dims) {
+    const int64_t C = sh->hidden_size, L = sh->num_layers;
+    if (idx == 0) {
+        dims[0] = layout == ZOFF_GPT2_LAYOUT_HF ? sh->vocab_size : sh->padded_vocab_size;
+        dims[1] = C;
+        return 2;
+    }
+    if (idx == 1) {
+        dims[0] = sh->max_seq_len;
+        dims[1] = C;
+        return 2;
+    }
+    if (idx >= 2 + P_PER_BLOCK * L) {
+        dims[0] = C;
+        return 1;
+    }
+    int k = (int)((idx - 2) % P_PER_BLOCK);
+    int64_t out = g_out_mult[k] * C, in = g_in_mult[k] * C;
+    if (!in) {
+        dims[0] = out;
+        return 1;
+    }
+    if (layout == ZOFF_GPT2_LAYOUT_HF) {
+        dims[0] = in;
+        dims[1] = out;
+    } else {
+        dims[0] = out;
+        dims[1] = in;
+    }
+    return 2;
+}
+
+static zoff_status check_model_shape(const zoff_gpt2_shape *in, zoff_gpt2_shape *out) {
+    *out = *in;
+    if (in->num_layers < 1 || in->num_layers > ((int64_t)1 << 24) || in->hidden_size < 1 ||
+        in->hidden_size > ((int64_t)1 << 24) || in->max_seq_len < 1 || in->max_seq_len > ((int64_t)1 << 32) ||
+        in->vocab_size < 1 || in->vocab_size > ((int64_t)1 << 32))
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "GPT-2 shape out of range: %" PRId64 " layers, width %" PRId64 ", %" PRId64
+                          " positions, vocabulary %" PRId64,
+                          in->num_layers, in->hidden_size, in->max_seq_len, in->vocab_size);
+    if (out->padded_vocab_size == 0) out->padded_vocab_size = (in->vocab_size + 127) / 128 * 128;
+    if (out->padded_vocab_size < in->vocab_size)
+        return zoff_error(ZOFF_ERR_INVALID, "GPT-2 shape: padded vocabulary %" PRId64 " < vocabulary %" PRId64,
+                          out->padded_vocab_size, in->vocab_size);
+    return ZOFF_OK;
+}
+
+/* zoff (out, in) -> (in, out), blocked for the cache. */
+static void transpose(const float *src, float *dst, int64_t rows, int64_t cols) {
+    const int64_t B = 32;
+    for (int64_t r0 = 0; r0 < rows; r0 += B)
+        for (int64_t c0 = 0; c0 < cols; c0 += B) {
+            int64_t r1 = r0 + B < rows ? r0 + B : rows, c1 = c0 + B < cols ? c0 + B : cols;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) dst[c * rows + r] = src[r * cols + c];
+        }
+}
+
+/* ------------------------------------------------------------------ GPT-2 export */
+
+zoff_status zoff_gpt2_st_export(const char *path, const zoff_gpt2_shape *shape_in, const zoff_tensor_info *tensors,
+                                int ntensors, zoff_gpt2_fetch_fn fetch, void *user,
+                                const zoff_gpt2_export_options *opts) {
+    zoff_gpt2_export_options def = {.layout = ZOFF_GPT2_LAYOUT_HF, .dtype = ZOFF_ST_F32};
+    if (!opts) opts = &def;
+    if (!shape_in || !tensors || !fetch) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_st_export: NULL argument");
+    if (opts->layout != ZOFF_GPT2_LAYOUT_HF && opts->layout != ZOFF_GPT2_LAYOUT_ZOFF)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_st_export: invalid layout %d", (int)opts->layout);
+    if (opts->dtype != ZOFF_ST_F32 && (opts->layout == ZOFF_GPT2_LAYOUT_ZOFF ||
+                                       (opts->dtype != ZOFF_ST_BF16 && opts->dtype != ZOFF_ST_F16)))
+        return zoff_error(ZOFF_ERR_INVALID, "export dtype %s: the %s layout is written as %s",
+                          zoff_st_dtype_name(opts->dtype), opts->layout == ZOFF_GPT2_LAYOUT_HF ? "Hugging Face" : "zoff",
+                          opts->layout == ZOFF_GPT2_LAYOUT_HF ? "F32, BF16 or F16" : "F32 only");
+    zoff_gpt2_shape sh;
+    ZOFF_TRY(check_model_shape(shape_in, &sh));
+    const int64_t L = sh.num_layers, np = nparams_of(L);
+    if (ntensors != np)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "export: %d tensors given; a GPT-2 with %" PRId64 " layers has %" PRId64 " parameters",
+                          ntensors, L, np);
+    const zoff_tensor_info **slot = calloc((size_t)np, sizeof *slot);
+    if (!slot) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    zoff_status s = ZOFF_OK;
+    int64_t maxel = 1;
+    char sa[200], sb[200];
+    for (int i = 0; i < ntensors && s == ZOFF_OK; i++) {
+        const zoff_tensor_info *t = &tensors[i];
+        int64_t layer, idx = param_index(t->name, L, &layer), dims[2];
+        if (idx == -1) s = zoff_error(ZOFF_ERR_INVALID, "export: '%.*s' is not a GPT-2 parameter", ST_NAME_SHOWN, t->name);
+        else if (idx == -2)
+            s = zoff_error(ZOFF_ERR_INVALID, "export: '%s' is beyond the model's %" PRId64 " layers", t->name, L);
+        else if (slot[idx]) s = zoff_error(ZOFF_ERR_INVALID, "export: tensor '%s' given twice", t->name);
+        if (s != ZOFF_OK) break;
+        int nd = param_shape(idx, &sh, ZOFF_GPT2_LAYOUT_ZOFF, dims);
+        if (!zoff_ckpt_same_shape(t->ndim, t->shape, nd, dims) || t->numel != (nd == 2 ? dims[0] * dims[1] : dims[0]))
+            s = zoff_error(ZOFF_ERR_INVALID, "export: tensor '%s' has shape %s; this GPT-2 has %s", t->name,
+                           zoff_ckpt_shape_str(t->ndim, t->shape, sa, sizeof sa), zoff_ckpt_shape_str(nd, dims, sb, sizeof sb));
+        slot[idx] = t;
+        if (t->numel > maxel) maxel = t->numel;
+    }
+    zoff_st_writer *w = NULL;
+    if (s == ZOFF_OK) s = zoff_st_writer_open(path, &w);
+    char num[64];
+    const char *layout_name = opts->layout == ZOFF_GPT2_LAYOUT_HF ? "hf" : "zoff";
+    if (s == ZOFF_OK) s = zoff_st_writer_metadata(w, "format", "pt");
+    if (s == ZOFF_OK) s = zoff_st_writer_metadata(w, "zoff.layout", layout_name);
+#define META_I64(key, v)                                    \
+    if (s == ZOFF_OK) {                                     \
+        snprintf(num, sizeof num, "%" PRId64, (int64_t)(v)); \
+        s = zoff_st_writer_metadata(w, key, num);           \
+    }
+    META_I64("zoff.num_layers", sh.num_layers);
+    META_I64("zoff.hidden_size", sh.hidden_size);
+    META_I64("zoff.num_heads", sh.num_heads);
+    META_I64("zoff.max_seq_len", sh.max_seq_len);
+    META_I64("zoff.vocab_size", sh.vocab_size);
+    META_I64("zoff.padded_vocab_size", sh.padded_vocab_size);
+#undef META_I64
+    for (size_t i = 0; s == ZOFF_OK && i < opts->metadata_pairs; i++)
+        s = zoff_st_writer_metadata(w, opts->metadata[2 * i], opts->metadata[2 * i + 1]);
+    for (int64_t idx = 0; idx < np && s == ZOFF_OK; idx++) {
+        int64_t dims[2];
+        int nd = param_shape(idx, &sh, opts->layout, dims);
+        s = zoff_st_writer_declare(w, slot[idx]->name, opts->dtype, nd, dims);
+    }
+    float *a = NULL, *b = NULL;
+    uint16_t *h = NULL;
+    if (s == ZOFF_OK) {
+        a = malloc((size_t)maxel * sizeof(float));
+        b = malloc((size_t)maxel * sizeof(float));
+        h = opts->dtype != ZOFF_ST_F32 ? malloc((size_t)maxel * sizeof(uint16_t)) : NULL;
+        if (!a || !b || (opts->dtype != ZOFF_ST_F32 && !h))
+            s = zoff_error(ZOFF_ERR_NOMEM, "out of memory for export buffers (%" PRId64 " elements)", maxel);
+    }
+    for (int64_t idx = 0; idx < np && s == ZOFF_OK; idx++) {
+        const zoff_tensor_info *t = slot[idx];
+        s = fetch(user, t, a);
+        if (s != ZOFF_OK) {
+            s = zoff_error_context(s, "export: reading '%s'", t->name);
+            break;
+        }
+        const float *src = a;
+        int64_t count = t->numel;
+        if (opts->layout == ZOFF_GPT2_LAYOUT_HF) {
+            if (idx == 0) count = sh.vocab_size * sh.hidden_size; /* drop the padding rows */
+            else if (is_conv1d(idx, L)) {
+                transpose(a, b, t->shape[0], t->shape[1]);
+                src = b;
+            }
+        }
+        if (opts->dtype == ZOFF_ST_F32) {
+            s = zoff_st_writer_append(w, src, (size_t)count * sizeof(float));
+        } else {
+            bool bf = opts->dtype == ZOFF_ST_BF16;
+            for (int64_t j = 0; j < count; j++) h[j] = bf ? zoff_f32_to_bf16(src[j]) : zoff_f32_to_f16(src[j]);
+            s = zoff_st_writer_append(w, h, (size_t)count * sizeof(uint16_t));
+        }
+    }
+    free(a);
+    free(b);
+    free(h);
+    free(slot);
+    if (s != ZOFF_OK) {
+        zoff_st_writer_abort(w);
+        return s;
+    }
+    return zoff_st_writer_commit(w);
+}
+
+/* ------------------------------------------------------------------ GPT-2 import */
+
+zoff_gpt2_layout zoff_gpt2_st_layout(const zoff_st_file *f) {
+    const char *v = zoff_st_metadata(f, "zoff.layout");
+    return v && !strcmp(v, "zoff") ? ZOFF_GPT2_LAYOUT_ZOFF : ZOFF_GPT2_LAYOUT_HF;
+}
+
+/* A tensor by its bare name or with the "transformer." prefix. */
+static const zoff_st_tensor *find_either(const zoff_st_file *f, const char *name) {
+    const zoff_st_tensor *t = zoff_st_find(f, name);
+    if (t) return t;
+    char buf[256];
+    if ((size_t)snprintf(buf, sizeof buf, HF_PREFIX "%s", name) >= sizeof buf) return NULL;
+    return zoff_st_find(f, buf);
+}
+
+static const char *strip_prefix(const char *name) {
+    return strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0 ? name + strlen(HF_PREFIX) : name;
+}
+
+zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out) {
+    memset(out, 0, sizeof *out);
+    const zoff_st_tensor *wte = find_either(f, "wte.weight"), *wpe = find_either(f, "wpe.weight");
+    if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "%s does not hold GPT-2 weights: no 2-D wte.weight and wpe.weight (or "
+                          "transformer.wte.weight, ...)",
+                          zoff_st_path(f));
+    int64_t L = 0;
+    for (size_t i = 0; i < zoff_st_num_tensors(f); i++) {
+        int64_t l;
+        const char *rest;
+        if (parse_block_name(strip_prefix(zoff_st_tensor_at(f, i)->name), &l, &rest) && l + 1 > L) L = l + 1;
+    }
+    out->num_layers = L;
+    out->hidden_size = wte->shape[1];
+    out->max_seq_len = wpe->shape[0];
+    bool zl = zoff_gpt2_st_layout(f) == ZOFF_GPT2_LAYOUT_ZOFF;
+    out->vocab_size = wte->shape[0];
+    if (zl) {
+        out->padded_vocab_size = wte->shape[0];
+        const char *v = zoff_st_metadata(f, "zoff.vocab_size");
+        if (v) out->vocab_size = strtoll(v, NULL, 10);
+    }
+    const char *nh = zoff_st_metadata(f, "zoff.num_heads");
+    if (nh) out->num_heads = strtoll(nh, NULL, 10);
+    return ZOFF_OK;
+}
+
+/* "the file holds ...: use --num-layers ... " (for shape errors). */
+static void shape_hint(const zoff_st_file *f, const zoff_gpt2_shape *model, char *buf, size_t cap) {
+    zoff_gpt2_shape fs;
+    buf[0] = '\0';
+    zoff_status s = zoff_gpt2_st_infer_shape(f, &fs);
+    zoff_clear_error();
+    if (s != ZOFF_OK) return;
+    int n = snprintf(buf, cap,
+                     "; the file holds a GPT-2 with %" PRId64 " layers, width %" PRId64 ", %" PRId64
+                     " positions, vocabulary %" PRId64 ", the model has %" PRId64 ", %" PRId64 ", %" PRId64
+                     ", %" PRId64 ": train with --num-layers %" PRId64 " --hidden-size %" PRId64
+                     " --max-position-embeddings %" PRId64 " --vocab-size %" PRId64,
+                     fs.num_layers, fs.hidden_size, fs.max_seq_len, fs.vocab_size, model->num_layers,
+                     model->hidden_size, model->max_seq_len, model->vocab_size, fs.num_layers, fs.hidden_size,
+                     fs.max_seq_len, fs.vocab_size);
+    if (n > 0 && (size_t)n < cap && fs.num_heads > 0)
+        snprintf(buf + n, cap - (size_t)n, " --num-attention-heads %" PRId64, fs.num_heads);
+}
+
+/* Map every tensor of the file to its parameter (slot[np]); *lm_head: the optional tied head. */
+static zoff_status match_tensors(const zoff_st_file *f, const zoff_gpt2_shape *sh, zoff_gpt2_layout layout,
+                                 const zoff_st_tensor **slot, const zoff_st_tensor **lm_head) {
+    const char *path = zoff_st_path(f);
+    const int64_t L = sh->num_layers, np = nparams_of(L);
+    char hint[600], sa[200], sb[200], nm[160];
+    *lm_head = NULL;
+    for (size_t i = 0; i < zoff_st_num_tensors(f); i++) {
+        const zoff_st_tensor *t = zoff_st_tensor_at(f, i);
+        const char *name = strip_prefix(t->name);
+        if (layout == ZOFF_GPT2_LAYOUT_HF && is_hf_buffer(name)) continue;
+        if (layout == ZOFF_GPT2_LAYOUT_HF && !strcmp(t->name, "lm_head.weight")) {
+            *lm_head = t;
+            continue;
+        }
+        int64_t layer, idx = param_index(name, L, &layer);
+        if (idx == -1)
+            return zoff_error(ZOFF_ERR_FORMAT,
+                              "%s: tensor '%.*s' is not a GPT-2 parameter (is this a file of another model?)", path,
+                              ST_NAME_SHOWN, t->name);
+        if (idx == -2) {
+            shape_hint(f, sh, hint, sizeof hint);
+            return zoff_error(ZOFF_ERR_FORMAT, "%s: tensor '%s' belongs to layer %" PRId64
+                              ", but the model has %" PRId64 " layers%s", path, t->name, layer, L, hint);
+        }
+        if (slot[idx])
+            return zoff_error(ZOFF_ERR_FORMAT, "%s: tensors '%s' and '%s' are the same parameter", path,
+                              slot[idx]->name, t->name);
+        if (!zoff_st_dtype_is_float(t->dtype) || (layout == ZOFF_GPT2_LAYOUT_ZOFF && t->dtype != ZOFF_ST_F32))
+            return zoff_error(ZOFF_ERR_FORMAT, "%s: tensor '%s' is %s; expected %s", path, t->name,
+                              zoff_st_dtype_name(t->dtype),
+                              layout == ZOFF_GPT2_LAYOUT_ZOFF ? "F32 (a zoff-layout file)" : "F32, F16, BF16 or F64");
+        int64_t dims[2];
+        int nd = param_shape(idx, sh, layout, dims);
+        if (!zoff_ckpt_same_shape(t->ndim, t->shape, nd, dims)) {
+            shape_hint(f, sh, hint, sizeof hint);
+            return zoff_error(ZOFF_ERR_FORMAT, "%s: tensor '%s' has shape %s, but the model needs %s%s%s", path,
+                              t->name, zoff_ckpt_shape_str(t->ndim, t->shape, sa, sizeof sa), zoff_ckpt_shape_str(nd, dims, sb, sizeof sb),
+                              layout == ZOFF_GPT2_LAYOUT_ZOFF ? " (zoff layout)" : " (Hugging Face layout)", hint);
+        }
+        slot[idx] = t;
+    }
+    for (int64_t idx = 0; idx < np; idx++)
+        if (!slot[idx]) {
+            param_name(idx, L, nm, sizeof nm);
+            shape_hint(f, sh, hint, sizeof hint);
+            return zoff_error(ZOFF_ERR_FORMAT, "%s: tensor '%s' is missing%s", path, nm, hint);
+        }
+    if (*lm_head) {
+        const zoff_st_tensor *w = slot[0];
+        if (!zoff_ckpt_same_shape((*lm_head)->ndim, (*lm_head)->shape, w->ndim, w->shape) || !zoff_st_dtype_is_float((*lm_head)->dtype))
+            return zoff_error(ZOFF_ERR_FORMAT,
+                              "%s: lm_head.weight is %s %s but wte is %s: zoff ties the LM head to wte and cannot load "
+                              "a separate head",
+                              path, zoff_st_dtype_name((*lm_head)->dtype),
+                              zoff_ckpt_shape_str((*lm_head)->ndim, (*lm_head)->shape, sa, sizeof sa),
+                              zoff_ckpt_shape_str(w->ndim, w->shape, sb, sizeof sb));
+    }
+    const char *nh = zoff_st_metadata(f, "zoff.num_heads");
+    if (nh && sh->num_heads > 0 && strtoll(nh, NULL, 10) != sh->num_heads)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "%s was written from a model with %.20s attention heads, the model has %" PRId64
+                          ": use --num-attention-heads %.20s",
+                          path, nh, sh->num_heads, nh);
+    if (layout == ZOFF_GPT2_LAYOUT_ZOFF) {
+        const char *v = zoff_st_metadata(f, "zoff.vocab_size");
+        if (v && strtoll(v, NULL, 10) != sh->vocab_size) {
+            shape_hint(f, sh, hint, sizeof hint);
+            return zoff_error(ZOFF_ERR_FORMAT, "%s: the file's vocabulary is %s, the model's %" PRId64 "%s", path, v,
+                              sh->vocab_size, hint);
+        }
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_st_check(const zoff_st_file *f, const zoff_gpt2_shape *shape) {
+    zoff_gpt2_shape sh;
+    ZOFF_TRY(check_model_shape(shape, &sh));
+    const zoff_st_tensor **slot = calloc((size_t)nparams_of(sh.num_layers), sizeof *slot), *lm;
+    if (!slot) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    zoff_status s = match_tensors(f, &sh, zoff_gpt2_st_layout(f), slot, &lm);
+    free(slot);
+    return s;
+}
+
+zoff_status zoff_gpt2_st_load(zoff_st_file *f, const zoff_gpt2_shape *shape, const zoff_tensor_info *tensors,
+                              int ntensors, float *host_params) {
+    zoff_gpt2_shape sh;
+    ZOFF_TRY(check_model_shape(shape, &sh));
+    const int64_t L = sh.num_layers, np = nparams_of(L);
+    const zoff_gpt2_layout layout = zoff_gpt2_st_layout(f);
+    if (ntensors != np)
+        return zoff_error(ZOFF_ERR_INVALID, "load: %d model tensors; a GPT-2 with %" PRId64 " layers has %" PRId64,
+                          ntensors, L, np);
+    const zoff_st_tensor **slot = calloc((size_t)np, sizeof *slot), *lm = NULL;
+    if (!slot) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    zoff_status s = match_tensors(f, &sh, layout, slot, &lm);
+    int64_t maxel = 1;
+    char sa[200], sb[200];
+    for (int i = 0; i < ntensors && s == ZOFF_OK; i++) {
+        const zoff_tensor_info *t = &tensors[i];
+        int64_t layer, idx = param_index(t->name, L, &layer), dims[2];
+        int nd = idx >= 0 ? param_shape(idx, &sh, ZOFF_GPT2_LAYOUT_ZOFF, dims) : 0;
+        if (idx < 0 || !zoff_ckpt_same_shape(t->ndim, t->shape, nd, dims))
+            s = zoff_error(ZOFF_ERR_INVALID, "load: model tensor '%.*s' %s is not a parameter of GPT-2 shape %s",
+                           ST_NAME_SHOWN, t->name, zoff_ckpt_shape_str(t->ndim, t->shape, sa, sizeof sa),
+                           idx >= 0 ? zoff_ckpt_shape_str(nd, dims, sb, sizeof sb) : "");
+        if (t->numel > maxel) maxel = t->numel;
+    }
+    float *tmp = s == ZOFF_OK ? malloc((size_t)maxel * sizeof(float)) : NULL;
+    if (s == ZOFF_OK && !tmp) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory (%" PRId64 " floats)", maxel);
+    for (int i = 0; i < ntensors && s == ZOFF_OK; i++) {
+        const zoff_tensor_info *t = &tensors[i];
+        int64_t layer, idx = param_index(t->name, L, &layer);
+        const zoff_st_tensor *ft = slot[idx];
+        float *dst = host_params + t->offset;
+        if (layout == ZOFF_GPT2_LAYOUT_HF && idx == 0) {
+            s = zoff_st_read_f32(f, ft, dst, ft->numel);
+            memset(dst + ft->numel, 0, (size_t)(t->numel - ft->numel) * sizeof(float));
+        } else if (layout == ZOFF_GPT2_LAYOUT_HF && is_conv1d(idx, L)) {
+            s = zoff_st_read_f32(f, ft, tmp, ft->numel);
+            if (s == ZOFF_OK) transpose(tmp, dst, ft->shape[0], ft->shape[1]);
+        } else {
+            s = zoff_st_read_f32(f, ft, dst, t->numel);
+        }
+    }
+    if (s == ZOFF_OK && lm) { /* tied: say so when the file's head is not wte */
+        s = zoff_st_read_f32(f, lm, tmp, lm->numel);
+        const float *wte = NULL;
+        for (int i = 0; i < ntensors; i++)
+            if (!strcmp(tensors[i].name, "wte.weight")) wte = host_params + tensors[i].offset;
+        if (s == ZOFF_OK && wte && memcmp(tmp, wte, (size_t)lm->numel * sizeof(float)) != 0)
+            zoff_log(ZOFF_LOG_WARN, "%s: lm_head.weight differs from wte.weight; zoff ties the LM head to wte and "
+                     "uses wte (the file's separate head is ignored)", zoff_st_path(f));
+        else if (s == ZOFF_OK)
+            zoff_log(ZOFF_LOG_DEBUG, "%s: lm_head.weight equals wte.weight (tied)", zoff_st_path(f));
+    }
+    free(tmp);
+    free(slot);
+    return s;
+}
+
