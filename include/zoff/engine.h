@@ -14,7 +14,7 @@
 #include "zoff/comm.h"
 #include "zoff/config.h"
 #include "zoff/device.h"
-#include "zoff/model.h"
+#include "zoff/param_space.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -13,21 +13,11 @@
 #define ZOFF_MODEL_H
 
 #include "zoff/device.h"
+#include "zoff/param_space.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* One tensor of a flat parameter buffer. Offsets and sizes count elements. */
-typedef struct zoff_tensor_info {
-    char name[64];     /* Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight" */
-    int64_t offset;    /* first element in the flat buffer */
-    int64_t numel;
-    int ndim;
-    int64_t shape[4];  /* zoff's own layout: Linear weights are (out, in) */
-    bool decay;        /* weight decay applies (matrices and embeddings: yes; biases, LayerNorm: no) */
-    int layer;         /* transformer block index, -1 for embeddings / final LayerNorm */
-} zoff_tensor_info;
 
 typedef struct zoff_gpt2_shape {
     int64_t num_layers;       /* L */
@@ -40,12 +30,6 @@ typedef struct zoff_gpt2_shape {
 
 typedef struct zoff_gpt2 zoff_gpt2;
 
-/* Called during backward, in stream order, when the gradients of elements
- * [offset, offset + count) of the flat gradient buffer are final for this
- * micro-batch: all ops producing them have been issued on `stream`. The callee
- * may record an event on `stream` and copy them out on another stream. */
-typedef void (*zoff_grad_ready_fn)(void *arg, zoff_stream *stream, int64_t offset, int64_t count);
-
 typedef struct zoff_gpt2_options {
     zoff_gpt2_shape shape;
     int64_t batch_size;        /* B: activations are allocated for B x seq_len tokens */
@@ -56,29 +40,6 @@ typedef struct zoff_gpt2_options {
      * through zoff_param_hooks (ZeRO stage 3). zoff_gpt2_params/grads return NULL. */
     bool external_params;
 } zoff_gpt2_options;
-
-/* Parameter residency hooks (ZeRO stage 3: weights partitioned over ranks and
- * gathered just before use). The model's flat space is used in groups: one
- * contiguous range per transformer block, the embeddings [wte, wpe] and the
- * final LayerNorm [ln_f.weight, ln_f.bias] (the runs of equal `layer` in the
- * tensor table). Before issuing the first op that reads a group the model calls
- * acquire, which returns where the group's weights are (and, in backward, a
- * gradient buffer of the group's size that starts at zero and into which
- * backward accumulates), valid in stream order on `s`; after issuing the last op
- * that uses them it calls release. A group may be acquired twice at once (the
- * tied wte at the start and the end of forward is released in between; in
- * backward the embeddings are held from the lm head to the end). In backward,
- * the grad-ready callback for a group's range comes before its release. Each
- * forward and each backward starts with begin_pass, so that the callee can
- * learn the order of acquisitions and prefetch. The generic shape (offset,
- * count of the flat space) lets any model use an engine that implements it. */
-typedef struct zoff_param_hooks {
-    void *arg;
-    zoff_status (*begin_pass)(void *arg, zoff_stream *s, bool backward);
-    zoff_status (*acquire)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward, void **params,
-                           void **grads);
-    zoff_status (*release)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward);
-} zoff_param_hooks;
 
 /* Validates the shape (clear error naming the field), allocates parameters,
  * gradients and activations on dev (failing with ZOFF_ERR_DEVICE_OOM if over budget). */
