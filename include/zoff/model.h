@@ -30,6 +30,45 @@ typedef struct zoff_gpt2_shape {
 
 typedef struct zoff_gpt2 zoff_gpt2;
 
+/* ---- GPT-2's layout: a pure function of the shape (src/model/gpt2_layout.c) ----
+ *
+ * The one table of bounds of a GPT-2 shape and of a run's sizes: the model checks them, and
+ * every command's flags (zoff train, zoff plan, zoff bench) accept exactly these ranges. They
+ * keep every element count far inside int64 and every token id inside int32 (GPT-2 XL is
+ * L=48, C=1600). num_heads is bounded by hidden_size (it must divide it). */
+#define ZOFF_GPT2_MAX_LAYERS ((int64_t)1 << 16)
+#define ZOFF_GPT2_MAX_HIDDEN ((int64_t)1 << 17)
+#define ZOFF_GPT2_MAX_SEQ ((int64_t)1 << 24)        /* max_seq_len (rows of wpe) and seq_len */
+#define ZOFF_GPT2_MAX_VOCAB ((int64_t)INT32_MAX)    /* the model: token ids are int32 on the device */
+#define ZOFF_GPT2_MAX_TRAIN_VOCAB ((int64_t)65536)  /* training: token shards store uint16 ids */
+#define ZOFF_GPT2_MAX_BATCH ((int64_t)1 << 24)      /* micro-batch size */
+
+/* The tensors of one block in layout order: name after "h.<l>.", and zoff's shape
+ * (out_mult*C, in_mult*C), or (out_mult*C) when in_mult == 0 (biases, LayerNorm). */
+#define ZOFF_GPT2_BLOCK_TENSORS 12
+typedef struct zoff_gpt2_block_tensor {
+    const char *suffix;
+    int out_mult, in_mult;
+} zoff_gpt2_block_tensor;
+extern const zoff_gpt2_block_tensor zoff_gpt2_block_table[ZOFF_GPT2_BLOCK_TENSORS];
+
+/* padded_vocab_size, or vocab_size rounded up to a multiple of 128 when it is 0. */
+int64_t zoff_gpt2_padded_vocab(const zoff_gpt2_shape *s);
+/* Parameters of one block: 12 C^2 + 13 C. */
+int64_t zoff_gpt2_block_params(int64_t hidden_size);
+/* All parameters: Vp C + maxT C + L (12 C^2 + 13 C) + 2 C (the tied LM head is wte). */
+int64_t zoff_gpt2_count_params(const zoff_gpt2_shape *s);
+/* Entries of the tensor table: wte, wpe, 12 per block, ln_f.weight, ln_f.bias. */
+int zoff_gpt2_num_tensors(int64_t num_layers);
+/* Is the shape inside the bounds above (and num_heads divides hidden_size)? No message. */
+bool zoff_gpt2_shape_in_bounds(const zoff_gpt2_shape *s);
+/* Same check with a message naming the field, its value and its range, prefixed by `who`;
+ * *resolved (may be NULL) gets the shape with padded_vocab_size resolved. */
+zoff_status zoff_gpt2_check_shape(const zoff_gpt2_shape *s, const char *who, zoff_gpt2_shape *resolved);
+/* Fills the tensor table (zoff_gpt2_num_tensors entries; the flat layout of the file comment)
+ * of a checked shape and returns the parameter count. */
+int64_t zoff_gpt2_tensor_table(const zoff_gpt2_shape *s, zoff_tensor_info *tensors);
+
 typedef struct zoff_gpt2_options {
     zoff_gpt2_shape shape;
     int64_t batch_size;        /* B: activations are allocated for B x seq_len tokens */

@@ -1,11 +1,10 @@
 /* The merge of a checkpoint's rank files into whole tensors (zoff_ckpt_gather_*, the
- * zero_to_fp32 step) and the reader of a rank file's "partition" blob. Rules:
+ * zero_to_fp32 step). Rules:
  * include/zoff/safetensors.h, "Partitioned checkpoints", and include/zoff/ckpt.h. */
 #include "zoff/safetensors.h"
 #include "ckpt_internal.h"
 
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,66 +158,20 @@ static zoff_status add_piece(gather_tensor *t, int rank, const char *entry, int6
     return ZOFF_OK;
 }
 
-zoff_status zoff_ckpt_read_partition(zoff_ckpt_reader *r, int rank, int64_t **runs, size_t *nruns, int64_t *P) {
-    const char *file = zoff_ckpt_reader_path(r);
-    *runs = NULL;
-    *nruns = 0;
-    *P = 0;
-    if (!zoff_ckpt_find(r, "partition")) return ZOFF_OK;
-    char *txt = NULL;
-    ZOFF_TRY(zoff_ckpt_read_blob(r, "partition", &txt, NULL));
-    json_error_t jerr;
-    json_t *root = json_loads(txt, JSON_REJECT_DUPLICATES, &jerr);
-    free(txt);
-    zoff_status s = ZOFF_OK;
-    json_t *jr = json_object_get(root, "runs"), *jrank = json_object_get(root, "rank");
-    const char *fmt = json_string_value(json_object_get(root, "format"));
-    if (!root || !fmt || strcmp(fmt, "zoff-partition") || json_integer_value(json_object_get(root, "version")) != 1 ||
-        !zoff_ckpt_json_u63(json_object_get(root, "num_params"), P) || !json_is_array(jr) ||
-        (rank >= 0 && jrank && (!json_is_integer(jrank) || json_integer_value(jrank) != rank)))
-        s = zoff_error(ZOFF_ERR_FORMAT,
-                       "checkpoint file %s: the \"partition\" blob is not a zoff-partition version 1 object for rank "
-                       "%d with num_params and runs",
-                       file, rank);
-    size_t n = s == ZOFF_OK ? json_array_size(jr) : 0;
-    if (s == ZOFF_OK && !(*runs = malloc((2 * n + 1) * sizeof **runs)))
-        s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; s == ZOFF_OK && i < n; i++) {
-        json_t *run = json_array_get(jr, i);
-        int64_t off, cnt;
-        if (!json_is_array(run) || json_array_size(run) != 2 || !zoff_ckpt_json_u63(json_array_get(run, 0), &off) ||
-            !zoff_ckpt_json_u63(json_array_get(run, 1), &cnt) || off > *P || cnt > *P - off)
-            s = zoff_error(ZOFF_ERR_FORMAT,
-                           "checkpoint file %s: partition run %zu is not [offset, count] inside [0, %" PRId64 ")", file,
-                           i, *P);
-        else {
-            (*runs)[2 * i] = off;
-            (*runs)[2 * i + 1] = cnt;
-        }
-    }
-    json_decref(root);
-    if (s != ZOFF_OK) {
-        free(*runs);
-        *runs = NULL;
-        return s;
-    }
-    *nruns = n;
-    return ZOFF_OK;
-}
-
-/* The partition blob of rank file `rank`; every rank's blob must give the same num_params. */
-static zoff_status read_partition_blob(zoff_ckpt_gather *g, int rank, int64_t **runs, size_t *nruns, int64_t *P) {
-    ZOFF_TRY(zoff_ckpt_read_partition(g->r[rank], rank, runs, nruns, P));
-    if (*runs && g->part_params >= 0 && g->part_params != *P) {
-        free(*runs);
-        *runs = NULL;
-        *nruns = 0;
+/* The partition blob of rank file `rank` (zoff_ckpt_read_partition, src/ckpt/partition.c);
+ * every rank's blob must give the same num_params. */
+static zoff_status read_partition_blob(zoff_ckpt_gather *g, int rank, zoff_ckpt_partition *part) {
+    ZOFF_TRY(zoff_ckpt_read_partition(g->r[rank], rank, part));
+    if (!part->present) return ZOFF_OK;
+    if (g->part_params >= 0 && g->part_params != part->num_params) {
+        int64_t P = part->num_params;
+        zoff_ckpt_partition_free(part);
         return zoff_error(ZOFF_ERR_FORMAT,
                           "checkpoint %s: the partition blobs disagree on num_params (%" PRId64 " and %" PRId64
                           " in rank %d's file)",
-                          g->stepdir, g->part_params, *P, rank);
+                          g->stepdir, g->part_params, P, rank);
     }
-    if (*runs) g->part_params = *P;
+    g->part_params = part->num_params;
     return ZOFF_OK;
 }
 
@@ -263,17 +216,16 @@ static zoff_status index_run_entry(zoff_ckpt_gather *g, int rank, const zoff_ckp
 }
 
 static zoff_status gather_index_rank(zoff_ckpt_gather *g, int rank) {
-    int64_t *runs = NULL, P = 0;
-    size_t nruns = 0;
-    ZOFF_TRY(read_partition_blob(g, rank, &runs, &nruns, &P));
+    zoff_ckpt_partition part;
+    ZOFF_TRY(read_partition_blob(g, rank, &part));
     zoff_status s = ZOFF_OK;
     zoff_ckpt_reader *r = g->r[rank];
-    for (size_t i = 0; runs && s == ZOFF_OK && i < zoff_ckpt_num_entries(r); i++) {
+    for (size_t i = 0; part.present && s == ZOFF_OK && i < zoff_ckpt_num_entries(r); i++) {
         const zoff_ckpt_entry *e = zoff_ckpt_entry_at(r, i);
         if (e->dtype != ZOFF_CKPT_RAW && !strchr(e->name, '@') && !strncmp(e->name, "optimizer.", 10))
-            s = index_run_entry(g, rank, e, runs, nruns, P);
+            s = index_run_entry(g, rank, e, part.runs, part.nruns, part.num_params);
     }
-    free(runs);
+    zoff_ckpt_partition_free(&part);
     if (s != ZOFF_OK) return s;
     return gather_index_entries(g, rank, zoff_ckpt_find(r, "partition") != NULL);
 }

@@ -13,16 +13,11 @@
 
 /* ------------------------------------------------------------------ GPT-2 names and shapes */
 
-enum { P_PER_BLOCK = 12 };
-static const char *const g_block[P_PER_BLOCK] = {
-    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-/* zoff shape of block tensor k: (out_mult*C, in_mult*C) or (out_mult*C) when in_mult == 0 */
-static const int g_out_mult[P_PER_BLOCK] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
-static const int g_in_mult[P_PER_BLOCK] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
+/* Names and zoff shapes of a block's tensors: the model's table (include/zoff/model.h). */
+enum { P_PER_BLOCK = ZOFF_GPT2_BLOCK_TENSORS };
 #define HF_PREFIX "transformer."
 
-static int64_t nparams_of(int64_t L) { return 4 + P_PER_BLOCK * L; }
+static int64_t nparams_of(int64_t L) { return zoff_gpt2_num_tensors(L); }
 
 /* Parse "h.<l>.<rest>": the layer (decimal, no sign or leading zero, < 2^31) and rest. */
 static bool parse_block_name(const char *name, int64_t *layer, const char **rest) {
@@ -53,7 +48,7 @@ static int64_t param_index(const char *name, int64_t L, int64_t *layer) {
     const char *rest;
     if (!parse_block_name(name, &l, &rest)) return -1;
     for (int k = 0; k < P_PER_BLOCK; k++)
-        if (!strcmp(rest, g_block[k])) {
+        if (!strcmp(rest, zoff_gpt2_block_table[k].suffix)) {
             *layer = l;
             return l < L ? 2 + P_PER_BLOCK * l + k : -2;
         }
@@ -77,13 +72,13 @@ static void param_name(int64_t idx, int64_t L, char *out, size_t cap) {
     else if (idx == 1) snprintf(out, cap, "wpe.weight");
     else if (idx == 2 + P_PER_BLOCK * L) snprintf(out, cap, "ln_f.weight");
     else if (idx == 3 + P_PER_BLOCK * L) snprintf(out, cap, "ln_f.bias");
-    else snprintf(out, cap, "h.%" PRId64 ".%s", (idx - 2) / P_PER_BLOCK, g_block[(idx - 2) % P_PER_BLOCK]);
+    else snprintf(out, cap, "h.%" PRId64 ".%s", (idx - 2) / P_PER_BLOCK, zoff_gpt2_block_table[(idx - 2) % P_PER_BLOCK].suffix);
 }
 
 /* Stored as Conv1D (in, out) in Hugging Face's layout. */
 static bool is_conv1d(int64_t idx, int64_t L) {
     if (idx < 2 || idx >= 2 + P_PER_BLOCK * L) return false;
-    return g_in_mult[(idx - 2) % P_PER_BLOCK] != 0;
+    return zoff_gpt2_block_table[(idx - 2) % P_PER_BLOCK].in_mult != 0;
 }
 
 /* Shape of parameter idx in the given layout. sh->padded_vocab_size must be resolved. */
@@ -104,7 +99,7 @@ static int param_shape(int64_t idx, const zoff_gpt2_shape *sh, zoff_gpt2_layout 
         return 1;
     }
     int k = (int)((idx - 2) % P_PER_BLOCK);
-    int64_t out = g_out_mult[k] * C, in = g_in_mult[k] * C;
+    int64_t out = zoff_gpt2_block_table[k].out_mult * C, in = zoff_gpt2_block_table[k].in_mult * C;
     if (!in) {
         dims[0] = out;
         return 1;
@@ -128,7 +123,7 @@ static zoff_status check_model_shape(const zoff_gpt2_shape *in, zoff_gpt2_shape 
                           "GPT-2 shape out of range: %" PRId64 " layers, width %" PRId64 ", %" PRId64
                           " positions, vocabulary %" PRId64,
                           in->num_layers, in->hidden_size, in->max_seq_len, in->vocab_size);
-    if (out->padded_vocab_size == 0) out->padded_vocab_size = (in->vocab_size + 127) / 128 * 128;
+    out->padded_vocab_size = zoff_gpt2_padded_vocab(in);
     if (out->padded_vocab_size < in->vocab_size)
         return zoff_error(ZOFF_ERR_INVALID, "GPT-2 shape: padded vocabulary %" PRId64 " < vocabulary %" PRId64,
                           out->padded_vocab_size, in->vocab_size);

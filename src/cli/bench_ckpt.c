@@ -174,11 +174,11 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
             if (!(v = cli_value("bench ckpt", argc, argv, &i))) return 2;
             dir = v;
             continue;
-        } else if (!strcmp(a, "--num-layers")) dst = &L;
-        else if (!strcmp(a, "--hidden-size")) dst = &C;
-        else if (!strcmp(a, "--num-attention-heads")) dst = &NH;
-        else if (!strcmp(a, "--vocab-size")) dst = &V, hi = INT32_MAX;
-        else if (!strcmp(a, "--max-position-embeddings")) dst = &P;
+        } else if (!strcmp(a, "--num-layers")) dst = &L, hi = ZOFF_GPT2_MAX_LAYERS;
+        else if (!strcmp(a, "--hidden-size")) dst = &C, hi = ZOFF_GPT2_MAX_HIDDEN;
+        else if (!strcmp(a, "--num-attention-heads")) dst = &NH, hi = ZOFF_GPT2_MAX_HIDDEN;
+        else if (!strcmp(a, "--vocab-size")) dst = &V, lo = 2, hi = ZOFF_GPT2_MAX_TRAIN_VOCAB;
+        else if (!strcmp(a, "--max-position-embeddings")) dst = &P, hi = ZOFF_GPT2_MAX_SEQ;
         else if (!strcmp(a, "--rounds")) dst = &rounds, hi = MAX_ROUNDS;
         else {
             fprintf(stderr, "zoff bench ckpt: unknown option '%s' (zoff bench ckpt --help)\n", a);

@@ -266,12 +266,12 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
         NUM("--sub-group-size", 1024, (int64_t)1 << 40, a.sgs)
         NUM("--rounds", 1, 99, a.rounds)
         NUM("--iters", 1, 999, a.iters)
-        NUM("--num-layers", 1, 1024, a.shape.num_layers)
-        NUM("--hidden-size", 1, 1 << 20, a.shape.hidden_size)
-        NUM("--num-attention-heads", 1, 4096, a.shape.num_heads)
-        NUM("--seq-length", 1, 1 << 20, a.T)
-        NUM("--vocab-size", 2, 1 << 20, a.shape.vocab_size)
-        NUM("--micro-batch-size", 1, 1 << 20, a.B)
+        NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, a.shape.num_layers)
+        NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, a.shape.hidden_size)
+        NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, a.shape.num_heads)
+        NUM("--seq-length", 1, ZOFF_GPT2_MAX_SEQ, a.T)
+        NUM("--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, a.shape.vocab_size)
+        NUM("--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, a.B)
         else if (!strcmp(o, "--dir")) {
             if (!(a.dir = cli_value("bench nvme", argc, argv, &i))) return 2;
         }
@@ -399,8 +399,10 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
             for (int c = 0; s == ZOFF_OK && c < 2; c++) {
                 char js[6000], sg[64];
                 /* default: about 16 sub-groups (GPT-2's parameter count without padding) */
-                int64_t L = a.shape.num_layers, C = a.shape.hidden_size;
-                int64_t approx = a.shape.vocab_size * C + a.T * C + L * (12 * C * C + 13 * C) + 2 * C;
+                zoff_gpt2_shape unpadded = a.shape;
+                unpadded.max_seq_len = a.T;
+                unpadded.padded_vocab_size = a.shape.vocab_size;
+                int64_t approx = zoff_gpt2_count_params(&unpadded);
                 snprintf(sg, sizeof sg, ", \"sub_group_size\": %lld", (long long)(a.sgs ? a.sgs : (approx + 15) / 16));
                 snprintf(js, sizeof js,
                          "{\"train_micro_batch_size_per_gpu\": %lld, %s \"optimizer\": {\"type\": \"AdamW\"},"

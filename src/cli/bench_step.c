@@ -148,12 +148,12 @@ int zoff_cmd_bench_step(int argc, char **argv) {
             bench_step_usage(stdout);
             return 0;
         }
-        NUM("--num-layers", 1, 1024, shape.num_layers)
-        NUM("--hidden-size", 1, 1 << 20, shape.hidden_size)
-        NUM("--num-attention-heads", 1, 4096, shape.num_heads)
-        NUM("--seq-length", 1, 1 << 20, T)
-        NUM("--vocab-size", 2, 65536, shape.vocab_size)
-        NUM("--micro-batch-size", 1, 1 << 20, B)
+        NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, shape.num_layers)
+        NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, shape.hidden_size)
+        NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, shape.num_heads)
+        NUM("--seq-length", 1, ZOFF_GPT2_MAX_SEQ, T)
+        NUM("--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, shape.vocab_size)
+        NUM("--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, B)
         NUM("--iters", 1, 1000, iters)
         NUM("--rounds", 1, 100, rounds)
         else if (!strcmp(a, "--dtype")) {

@@ -121,19 +121,19 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             VALUE();
             a->config_path = v;
         } else if (FLAG("--num-layers")) {
-            INTV(num_layers, 1, 65536);
+            INTV(num_layers, 1, ZOFF_GPT2_MAX_LAYERS);
         } else if (FLAG("--hidden-size")) {
-            INTV(hidden_size, 1, 1 << 17);
+            INTV(hidden_size, 1, ZOFF_GPT2_MAX_HIDDEN);
         } else if (FLAG("--num-attention-heads")) {
-            INTV(num_heads, 1, 1 << 17);
+            INTV(num_heads, 1, ZOFF_GPT2_MAX_HIDDEN);
         } else if (FLAG("--seq-length")) {
-            INTV(seq_length, 1, 1 << 24);
+            INTV(seq_length, 1, ZOFF_GPT2_MAX_SEQ);
         } else if (FLAG("--max-position-embeddings")) {
-            INTV(max_pos, 1, 1 << 24);
+            INTV(max_pos, 1, ZOFF_GPT2_MAX_SEQ);
         } else if (FLAG("--vocab-size")) {
-            INTV(vocab_size, 2, INT32_MAX);
+            INTV(vocab_size, 2, ZOFF_GPT2_MAX_TRAIN_VOCAB);
         } else if (FLAG("--micro-batch-size")) {
-            INTV(micro_batch, 1, 1 << 24);
+            INTV(micro_batch, 1, ZOFF_GPT2_MAX_BATCH);
         } else if (FLAG("--ranks")) {
             INTV(ranks, 1, 1 << 20);
         } else if (FLAG("--ranks-per-node")) {

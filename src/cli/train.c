@@ -125,19 +125,19 @@ static int parse_args(int argc, char **argv, train_args *a) {
             VALUE();
             a->config_path = v;
         } else if (FLAG("--num-layers")) {
-            INTV(num_layers, 1, 1024);
+            INTV(num_layers, 1, ZOFF_GPT2_MAX_LAYERS);
         } else if (FLAG("--hidden-size")) {
-            INTV(hidden_size, 1, 1 << 20);
+            INTV(hidden_size, 1, ZOFF_GPT2_MAX_HIDDEN);
         } else if (FLAG("--num-attention-heads")) {
-            INTV(num_heads, 1, 4096);
+            INTV(num_heads, 1, ZOFF_GPT2_MAX_HIDDEN);
         } else if (FLAG("--seq-length")) {
-            INTV(seq_length, 1, 1 << 20);
+            INTV(seq_length, 1, ZOFF_GPT2_MAX_SEQ);
         } else if (FLAG("--max-position-embeddings")) {
-            INTV(max_pos, 1, 1 << 20);
+            INTV(max_pos, 1, ZOFF_GPT2_MAX_SEQ);
         } else if (FLAG("--vocab-size")) {
-            INTV(vocab_size, 2, 65536);
+            INTV(vocab_size, 2, ZOFF_GPT2_MAX_TRAIN_VOCAB);
         } else if (FLAG("--micro-batch-size")) {
-            INTV(micro_batch, 1, 1 << 20);
+            INTV(micro_batch, 1, ZOFF_GPT2_MAX_BATCH);
         } else if (FLAG("--train-iters")) {
             INTV(train_iters, 0, INT64_MAX / 2);
         } else if (FLAG("--eval-iters")) {

@@ -56,13 +56,7 @@ enum {
 #define T_WPE 1
 #define T_BLOCK(l, k) (2 + (l) * P_PER_BLOCK + (k))
 
-/* Upper bounds that keep every element count far inside int64 and every
- * token id inside int32. They are generous (GPT-2 XL is L=48, C=1600). */
-#define MAX_LAYERS ((int64_t)1 << 16)
-#define MAX_HIDDEN ((int64_t)1 << 17)
-#define MAX_SEQ ((int64_t)1 << 24)
-#define MAX_VOCAB ((int64_t)INT32_MAX)
-#define MAX_BATCH ((int64_t)1 << 24)
+_Static_assert(P_PER_BLOCK == ZOFF_GPT2_BLOCK_TENSORS, "the block enum follows zoff_gpt2_block_table");
 
 /* Activations of one block (pointers into the activation allocation). */
 typedef struct gpt2_block_acts {
@@ -240,90 +234,22 @@ static void layout_activations(zoff_gpt2 *m, carver *c) {
     m->dfch = carve(c, N * 4 * C, d);
 }
 
-static void set_tensor(zoff_tensor_info *t, int64_t *offset, const char *name, int ndim,
-                       int64_t d0, int64_t d1, bool decay, int layer) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->offset = *offset;
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = ndim > 1 ? d1 : 0;
-    t->numel = ndim > 1 ? d0 * d1 : d0;
-    t->decay = decay;
-    t->layer = layer;
-    *offset += t->numel;
-}
-
-/* Fill the tensor table (the flat layout of the file comment). */
+/* Fill the tensor table (the flat layout of the file comment, zoff_gpt2_tensor_table). */
 static void build_tensor_table(zoff_gpt2 *m) {
-    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
-    int64_t off = 0;
-    char name[64];
-    zoff_tensor_info *t = m->tensors;
-    set_tensor(&t[T_WTE], &off, "wte.weight", 2, m->shape.padded_vocab_size, C, true, -1);
-    set_tensor(&t[T_WPE], &off, "wpe.weight", 2, m->shape.max_seq_len, C, true, -1);
-    static const struct { const char *suffix; int ndim; int64_t out_mult, in_mult; } blk[P_PER_BLOCK] = {
-        [P_LN1W] = {"ln_1.weight", 1, 1, 0},
-        [P_LN1B] = {"ln_1.bias", 1, 1, 0},
-        [P_QKVW] = {"attn.c_attn.weight", 2, 3, 1},
-        [P_QKVB] = {"attn.c_attn.bias", 1, 3, 0},
-        [P_ATTPROJW] = {"attn.c_proj.weight", 2, 1, 1},
-        [P_ATTPROJB] = {"attn.c_proj.bias", 1, 1, 0},
-        [P_LN2W] = {"ln_2.weight", 1, 1, 0},
-        [P_LN2B] = {"ln_2.bias", 1, 1, 0},
-        [P_FCW] = {"mlp.c_fc.weight", 2, 4, 1},
-        [P_FCB] = {"mlp.c_fc.bias", 1, 4, 0},
-        [P_FCPROJW] = {"mlp.c_proj.weight", 2, 1, 4},
-        [P_FCPROJB] = {"mlp.c_proj.bias", 1, 1, 0},
-    };
-    for (int64_t l = 0; l < L; l++) {
-        for (int k = 0; k < P_PER_BLOCK; k++) {
-            snprintf(name, sizeof name, "h.%lld.%s", (long long)l, blk[k].suffix);
-            set_tensor(&t[T_BLOCK(l, k)], &off, name, blk[k].ndim, blk[k].out_mult * C,
-                       blk[k].in_mult * C, blk[k].ndim == 2, (int)l);
-        }
-    }
-    set_tensor(&t[T_BLOCK(L, 0)], &off, "ln_f.weight", 1, C, 0, false, -1);
-    set_tensor(&t[T_BLOCK(L, 0) + 1], &off, "ln_f.bias", 1, C, 0, false, -1);
-    m->num_params = off;
+    m->num_params = zoff_gpt2_tensor_table(&m->shape, m->tensors);
     /* T_BLOCK(1, 0) is ln_f.weight when L == 1 */
-    m->block_numel = t[T_BLOCK(1, 0)].offset - t[T_BLOCK(0, 0)].offset;
+    m->block_numel = m->tensors[T_BLOCK(1, 0)].offset - m->tensors[T_BLOCK(0, 0)].offset;
 }
 
 /* Check the options; resolve the padded vocabulary into *shape. */
 static zoff_status validate_options(const zoff_gpt2_options *o, zoff_gpt2_shape *shape) {
     const zoff_gpt2_shape *s = &o->shape;
     const char *w = "zoff_gpt2_create";
-    if (s->num_layers < 1 || s->num_layers > MAX_LAYERS)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.num_layers is %lld; it must be in [1, %lld]",
-                          w, (long long)s->num_layers, (long long)MAX_LAYERS);
-    if (s->hidden_size < 1 || s->hidden_size > MAX_HIDDEN)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.hidden_size is %lld; it must be in [1, %lld]",
-                          w, (long long)s->hidden_size, (long long)MAX_HIDDEN);
-    if (s->num_heads < 1 || s->num_heads > s->hidden_size)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.num_heads is %lld; it must be in [1, hidden_size=%lld]",
-                          w, (long long)s->num_heads, (long long)s->hidden_size);
-    if (s->hidden_size % s->num_heads != 0)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s: shape.hidden_size (%lld) is not divisible by shape.num_heads (%lld); "
-                          "choose a head count that divides the hidden size",
-                          w, (long long)s->hidden_size, (long long)s->num_heads);
-    if (s->max_seq_len < 1 || s->max_seq_len > MAX_SEQ)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.max_seq_len is %lld; it must be in [1, %lld]",
-                          w, (long long)s->max_seq_len, (long long)MAX_SEQ);
-    if (s->vocab_size < 1 || s->vocab_size > MAX_VOCAB)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.vocab_size is %lld; it must be in [1, %lld]",
-                          w, (long long)s->vocab_size, (long long)MAX_VOCAB);
-    int64_t Vp = s->padded_vocab_size;
-    if (Vp == 0) Vp = (s->vocab_size + 127) / 128 * 128;
-    if (Vp < s->vocab_size || Vp > MAX_VOCAB + 128)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s: shape.padded_vocab_size is %lld but vocab_size is %lld; it must be >= vocab_size "
-                          "(or 0 to round vocab_size up to a multiple of 128)",
-                          w, (long long)s->padded_vocab_size, (long long)s->vocab_size);
-    if (o->batch_size < 1 || o->batch_size > MAX_BATCH)
+    ZOFF_TRY(zoff_gpt2_check_shape(s, w, shape));
+    const int64_t Vp = shape->padded_vocab_size;
+    if (o->batch_size < 1 || o->batch_size > ZOFF_GPT2_MAX_BATCH)
         return zoff_error(ZOFF_ERR_INVALID, "%s: batch_size is %lld; it must be in [1, %lld]",
-                          w, (long long)o->batch_size, (long long)MAX_BATCH);
+                          w, (long long)o->batch_size, (long long)ZOFF_GPT2_MAX_BATCH);
     if (o->seq_len < 1 || o->seq_len > s->max_seq_len)
         return zoff_error(ZOFF_ERR_INVALID,
                           "%s: seq_len is %lld but shape.max_seq_len is %lld; seq_len must be in [1, max_seq_len] "
@@ -338,8 +264,6 @@ static zoff_status validate_options(const zoff_gpt2_options *o, zoff_gpt2_shape 
         return zoff_error(ZOFF_ERR_INVALID,
                           "%s: batch_size*seq_len (%lld) is too large for vocabulary %lld and hidden size %lld",
                           w, (long long)N, (long long)Vp, (long long)s->hidden_size);
-    *shape = *s;
-    shape->padded_vocab_size = Vp;
     return ZOFF_OK;
 }
 
@@ -383,7 +307,7 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     m->dts = zoff_dtype_size(opts->dtype);
     m->checkpoint = opts->checkpoint_activations;
     const int64_t L = shape.num_layers;
-    m->ntensors = (int)(2 + L * P_PER_BLOCK + 2);
+    m->ntensors = zoff_gpt2_num_tensors(L);
     m->nblock_sets = m->checkpoint ? 1 : (int)L;
     m->tensors = calloc((size_t)m->ntensors, sizeof *m->tensors);
     m->resid = calloc((size_t)L + 1, sizeof *m->resid);

@@ -358,7 +358,8 @@ static zoff_status read_bench_step(json_t *root, const char *path, zoff_dtype dt
     r->device_flops = probe_flops(Li, Ci, Bi, Ti, Vp) / (fwd + bwd);
     r->src_compute = ZOFF_PLAN_SRC_BENCH;
     /* the rest of the device-optimizer step is the device Adam over all parameters */
-    double n = (double)(Vp * Ci + Ti * Ci + Li * (12 * Ci * Ci + 13 * Ci) + 2 * Ci);
+    const zoff_gpt2_shape probed = {.num_layers = Li, .hidden_size = Ci, .max_seq_len = Ti, .vocab_size = Vp};
+    double n = (double)zoff_gpt2_count_params(&probed);
     if (step - fwd - bwd > 0 && r->src_device_adam < ZOFF_PLAN_SRC_BENCH) {
         r->device_adam = n / (step - fwd - bwd);
         r->src_device_adam = ZOFF_PLAN_SRC_BENCH;

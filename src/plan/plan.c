@@ -28,12 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Same bounds as src/model/gpt2.c. */
-#define MAX_LAYERS ((int64_t)1 << 16)
-#define MAX_HIDDEN ((int64_t)1 << 17)
-#define MAX_SEQ ((int64_t)1 << 24)
-#define MAX_VOCAB ((int64_t)INT32_MAX)
-#define MAX_BATCH ((int64_t)1 << 24)
+/* Bounds of the shape: the model's table (include/zoff/model.h). */
+#define MAX_BATCH ZOFF_GPT2_MAX_BATCH
 
 /* The engine's "ratio": "auto" keeps 5% of the budget free (engine.c AUTO_MARGIN_FRACTION). */
 #define ENGINE_AUTO_MARGIN 0.05
@@ -79,26 +75,8 @@ zoff_status zoff_plan_model_bytes_get(const zoff_gpt2_options *o, zoff_plan_mode
     memset(out, 0, sizeof *out);
     const zoff_gpt2_shape *s = &o->shape;
     const char *w = "zoff plan: model shape";
-    if (s->num_layers < 1 || s->num_layers > MAX_LAYERS)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: num_layers is %lld; it must be in [1, %lld]", w,
-                          (long long)s->num_layers, (long long)MAX_LAYERS);
-    if (s->hidden_size < 1 || s->hidden_size > MAX_HIDDEN)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: hidden_size is %lld; it must be in [1, %lld]", w,
-                          (long long)s->hidden_size, (long long)MAX_HIDDEN);
-    if (s->num_heads < 1 || s->num_heads > s->hidden_size || s->hidden_size % s->num_heads != 0)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s: num_attention_heads is %lld; it must divide hidden_size %lld", w,
-                          (long long)s->num_heads, (long long)s->hidden_size);
-    if (s->max_seq_len < 1 || s->max_seq_len > MAX_SEQ)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: max_position_embeddings is %lld; it must be in [1, %lld]", w,
-                          (long long)s->max_seq_len, (long long)MAX_SEQ);
-    if (s->vocab_size < 1 || s->vocab_size > MAX_VOCAB)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: vocab_size is %lld; it must be in [1, %lld]", w,
-                          (long long)s->vocab_size, (long long)MAX_VOCAB);
-    int64_t Vp = s->padded_vocab_size ? s->padded_vocab_size : (s->vocab_size + 127) / 128 * 128;
-    if (Vp < s->vocab_size)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: padded_vocab_size %lld is below vocab_size %lld", w,
-                          (long long)Vp, (long long)s->vocab_size);
+    ZOFF_TRY(zoff_gpt2_check_shape(s, w, NULL));
+    const int64_t Vp = zoff_gpt2_padded_vocab(s);
     if (o->batch_size < 1 || o->batch_size > MAX_BATCH)
         return zoff_error(ZOFF_ERR_INVALID, "%s: micro-batch size is %lld; it must be in [1, %lld]", w,
                           (long long)o->batch_size, (long long)MAX_BATCH);
@@ -114,8 +92,8 @@ zoff_status zoff_plan_model_bytes_get(const zoff_gpt2_options *o, zoff_plan_mode
         return zoff_error(ZOFF_ERR_INVALID, "%s: micro-batch x seq_length (%lld) is too large", w, (long long)N);
     const size_t d = zoff_dtype_size(o->dtype), f = sizeof(float);
     out->padded_vocab_size = Vp;
-    out->block_params = 12 * C * C + 13 * C;
-    out->num_params = Vp * C + s->max_seq_len * C + L * out->block_params + 2 * C;
+    out->block_params = zoff_gpt2_block_params(C);
+    out->num_params = zoff_gpt2_count_params(s);
     out->params = (size_t)out->num_params * d;
     out->grads = out->params;
     /* layout_activations(), in its order */
@@ -850,9 +828,11 @@ done:
 
 void zoff_plan_deepspeed_estimate(const zoff_gpt2_shape *sh, int gpus_per_node, int nodes, zoff_plan_deepspeed *o) {
     memset(o, 0, sizeof *o);
-    const int64_t L = sh->num_layers, C = sh->hidden_size, V = sh->vocab_size, P = sh->max_seq_len;
+    const int64_t C = sh->hidden_size, V = sh->vocab_size;
     /* Hugging Face GPT2LMHeadModel: wte (V,C), wpe (P,C), blocks, ln_f; lm_head tied to wte (one data_ptr) */
-    o->total_params = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;
+    zoff_gpt2_shape unpadded = *sh;
+    unpadded.padded_vocab_size = V;
+    o->total_params = zoff_gpt2_count_params(&unpadded);
     /* model.modules() with recurse=False: wte / lm_head (V*C), c_fc (4C^2 + 4C), c_attn (3C^2 + 3C), ... */
     int64_t fc = 4 * C * C + 4 * C;
     o->largest_layer_params = V * C > fc ? V * C : fc;

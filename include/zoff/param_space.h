@@ -1,0 +1,61 @@
+/* zoff parameter space: the contract between a model and an engine.
+ *
+ * A model keeps its parameters in one flat buffer described by a tensor table
+ * (zoff_tensor_info), reports finished gradient ranges during backward
+ * (zoff_grad_ready_fn), and, when the weights are partitioned (ZeRO stage 3),
+ * asks for each group of them before use (zoff_param_hooks). An engine needs
+ * only these types; it never includes a model's header (model.h includes this
+ * one, and so does engine.h). */
+#ifndef ZOFF_PARAM_SPACE_H
+#define ZOFF_PARAM_SPACE_H
+
+#include "zoff/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tensor of a flat parameter buffer. Offsets and sizes count elements. */
+typedef struct zoff_tensor_info {
+    char name[64];     /* the model's name for it (GPT-2: Hugging Face's, e.g. "h.0.attn.c_attn.weight") */
+    int64_t offset;    /* first element in the flat buffer */
+    int64_t numel;
+    int ndim;
+    int64_t shape[4];  /* zoff's own layout: Linear weights are (out, in) */
+    bool decay;        /* weight decay applies (matrices and embeddings: yes; biases, LayerNorm: no) */
+    int layer;         /* transformer block index, -1 for embeddings / final LayerNorm */
+} zoff_tensor_info;
+
+/* Called during backward, in stream order, when the gradients of elements
+ * [offset, offset + count) of the flat gradient buffer are final for this
+ * micro-batch: all ops producing them have been issued on `stream`. The callee
+ * may record an event on `stream` and copy them out on another stream. */
+typedef void (*zoff_grad_ready_fn)(void *arg, zoff_stream *stream, int64_t offset, int64_t count);
+
+/* Parameter residency hooks (ZeRO stage 3: weights partitioned over ranks and
+ * gathered just before use). The model's flat space is used in groups: one
+ * contiguous range per transformer block, the embeddings [wte, wpe] and the
+ * final LayerNorm [ln_f.weight, ln_f.bias] (the runs of equal `layer` in the
+ * tensor table). Before issuing the first op that reads a group the model calls
+ * acquire, which returns where the group's weights are (and, in backward, a
+ * gradient buffer of the group's size that starts at zero and into which
+ * backward accumulates), valid in stream order on `s`; after issuing the last op
+ * that uses them it calls release. A group may be acquired twice at once (the
+ * tied wte at the start and the end of forward is released in between; in
+ * backward the embeddings are held from the lm head to the end). In backward,
+ * the grad-ready callback for a group's range comes before its release. Each
+ * forward and each backward starts with begin_pass, so that the callee can
+ * learn the order of acquisitions and prefetch. The generic shape (offset,
+ * count of the flat space) lets any model use an engine that implements it. */
+typedef struct zoff_param_hooks {
+    void *arg;
+    zoff_status (*begin_pass)(void *arg, zoff_stream *s, bool backward);
+    zoff_status (*acquire)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward, void **params,
+                           void **grads);
+    zoff_status (*release)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward);
+} zoff_param_hooks;
+
+#ifdef __cplusplus
+}
+#endif
+#endif
