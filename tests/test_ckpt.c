@@ -19,22 +19,7 @@
 
 #include "zoff/ckpt.h"
 
-#define assert_ok(expr)                                                                       \
-    do {                                                                                      \
-        zoff_status s_ = (expr);                                                              \
-        if (s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(s_), zoff_last_error()); \
-    } while (0)
-
-#define assert_err(expr, code, needle)                                                        \
-    do {                                                                                      \
-        zoff_status s_ = (expr);                                                              \
-        if (s_ != (code))                                                                     \
-            fail_msg("%s -> %s (expected %s): %s", #expr, zoff_status_name(s_), zoff_status_name(code), \
-                     zoff_last_error());                                                      \
-        if (getenv("ZOFF_TEST_VERBOSE")) printf("  [%s] %s\n", zoff_status_name(s_), zoff_last_error()); \
-        if (!strstr(zoff_last_error(), (needle)))                                             \
-            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, zoff_last_error(), (needle));   \
-    } while (0)
+#include "test_util.h"
 
 /* Set ZOFF_TEST_VERBOSE=1 to print every expected error message. */
 

@@ -27,11 +27,8 @@
 #include "zoff/core.h"
 #include "zoff/optim.h"
 
-#define OK(expr)                                                                                           \
-    do {                                                                                                   \
-        zoff_status ok_s_ = (expr);                                                                        \
-        if (ok_s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(ok_s_), zoff_last_error()); \
-    } while (0)
+#include "test_util.h"
+#define OK(expr) assert_ok(expr)
 
 static const double U32 = 5.9604644775390625e-08; /* 2^-24 */
 static const double TINY = 7.2e-43;               /* ~2^-140: a few fp32 subnormal units */

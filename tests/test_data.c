@@ -23,11 +23,8 @@
 static char g_dir[256];
 static zoff_tokenizer *g_gpt2;
 
-#define CHECK_OK(expr)                                                                          \
-    do {                                                                                        \
-        zoff_status s_ = (expr);                                                                \
-        if (s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(s_), zoff_last_error()); \
-    } while (0)
+#include "test_util.h"
+#define CHECK_OK(expr) assert_ok(expr)
 
 static void expect_error(zoff_status got, zoff_status want, const char *const *needles) {
     if (got != want)

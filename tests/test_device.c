@@ -16,11 +16,8 @@
 
 #include "zoff/device.h"
 
-#define OK(expr)                                                                        \
-    do {                                                                                \
-        zoff_status ok_s_ = (expr);                                                     \
-        if (ok_s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(ok_s_), zoff_last_error()); \
-    } while (0)
+#include "test_util.h"
+#define OK(expr) assert_ok(expr)
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

@@ -120,11 +120,8 @@ static zoff_gpt2_shape fx_shape(const fixture *fx) {
 
 /* ------------------------------------------------------------------ helpers */
 
-#define CHECK_OK(expr)                                                                           \
-    do {                                                                                         \
-        zoff_status chk_s_ = (expr);                                                             \
-        if (chk_s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(chk_s_), zoff_last_error()); \
-    } while (0)
+#include "test_util.h"
+#define CHECK_OK(expr) assert_ok(expr)
 
 static zoff_device *make_device(size_t budget) {
     zoff_device_options o = {.kind = ZOFF_BACKEND_CPU, .memory_budget = budget, .threads = 2};

@@ -33,23 +33,7 @@
 #define FIXTURE ZOFF_TEST_DIR "/fixtures/safetensors_gpt2_small.safetensors"
 #define EXPECTED ZOFF_TEST_DIR "/fixtures/safetensors_gpt2_small_expected.safetensors"
 
-#define assert_ok(expr)                                                                                 \
-    do {                                                                                                \
-        zoff_status s_ = (expr);                                                                        \
-        if (s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(s_), zoff_last_error());   \
-    } while (0)
-
-/* Set ZOFF_TEST_VERBOSE=1 to print every expected error message. */
-#define assert_err(expr, code, needle)                                                                  \
-    do {                                                                                                \
-        zoff_status s_ = (expr);                                                                        \
-        if (s_ != (code))                                                                               \
-            fail_msg("%s -> %s (expected %s): %s", #expr, zoff_status_name(s_), zoff_status_name(code), \
-                     zoff_last_error());                                                                \
-        if (getenv("ZOFF_TEST_VERBOSE")) printf("  [%s] %s\n", zoff_status_name(s_), zoff_last_error()); \
-        if (!strstr(zoff_last_error(), (needle)))                                                       \
-            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, zoff_last_error(), (needle));             \
-    } while (0)
+#include "test_util.h"
 
 /* The fixture's model. */
 static const zoff_gpt2_shape FX_SHAPE = {.num_layers = 2, .hidden_size = 32, .num_heads = 4, .max_seq_len = 16,

@@ -218,32 +218,19 @@ typedef struct zoff_op_adam_args {
 zoff_status zoff_launch(zoff_stream *s, zoff_op op, const void *args, size_t args_size);
 #define ZOFF_LAUNCH(s, op, args) zoff_launch((s), (op), &(args), sizeof(args))
 
-/* ---- backend vtable (implemented by src/backend/cpu and src/backend/cuda) ----
- * The common layer (src/backend/device.c) does budget accounting, validation and
- * error messages; a backend only does the work. */
-typedef struct zoff_backend_vtable {
-    const char *name;
-    zoff_status (*init)(zoff_device *dev, const zoff_device_options *opts, void **ctx_out);
-    void (*fini)(void *ctx);
-    zoff_status (*mem_alloc)(void *ctx, size_t bytes, void **out);
-    void (*mem_free)(void *ctx, void *ptr);
-    zoff_status (*pinned_alloc)(void *ctx, size_t bytes, void **out);
-    void (*pinned_free)(void *ctx, void *ptr);
-    zoff_status (*stream_create)(void *ctx, const char *name, void **out);
-    void (*stream_destroy)(void *ctx, void *stream);
-    zoff_status (*stream_sync)(void *ctx, void *stream);
-    zoff_status (*event_create)(void *ctx, void **out);
-    void (*event_destroy)(void *ctx, void *event);
-    zoff_status (*event_record)(void *ctx, void *event, void *stream);
-    zoff_status (*stream_wait_event)(void *ctx, void *stream, void *event);
-    zoff_status (*event_sync)(void *ctx, void *event);
-    bool (*event_query)(void *ctx, void *event);
-    zoff_status (*memcpy_async)(void *ctx, void *stream, void *dst, const void *src, size_t bytes, zoff_copy_kind kind);
-    zoff_status (*memset_async)(void *ctx, void *stream, void *dst, int value, size_t bytes);
-    zoff_status (*host_fn)(void *ctx, void *stream, void (*fn)(void *), void *arg);
-    zoff_status (*launch)(void *ctx, void *stream, zoff_op op, const void *args);
-    const char *(*device_name)(void *ctx);
-} zoff_backend_vtable;
+/* ---- capabilities and native handles ----
+ * In the manner of ggml's backend interface (ggml_backend_supports_op): can this device run
+ * op with these arguments? args (with args_size, as for zoff_launch) may be NULL to ask about
+ * the op in general. false leaves the reason in zoff_last_error(). A caller with a choice
+ * (another backend, another kernel) asks first instead of failing in zoff_launch. */
+bool zoff_device_supports_op(zoff_device *dev, zoff_op op, const void *args, size_t args_size);
+
+/* The backend's own handle of a stream, for a library that takes one (NCCL takes the
+ * cudaStream_t): cudaStream_t on CUDA, NULL on the CPU backend. The one way code outside
+ * src/backend reaches a backend object; the vtable and the handles' layout stay private. */
+void *zoff_stream_native(zoff_stream *s);
+/* The device's index among the machine's GPUs (zoff_device_options.ordinal; 0 on CPU). */
+int zoff_device_ordinal(const zoff_device *dev);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,38 @@
 
 #include "zoff/device.h"
 
+/* ---- backend vtable (implemented by src/backend/cpu and src/backend/cuda) ----
+ * Private to src/backend. The common layer (device.c) does budget accounting,
+ * validation and error messages; a backend only does the work. */
+typedef struct zoff_backend_vtable {
+    const char *name;
+    zoff_status (*init)(zoff_device *dev, const zoff_device_options *opts, void **ctx_out);
+    void (*fini)(void *ctx);
+    zoff_status (*mem_alloc)(void *ctx, size_t bytes, void **out);
+    void (*mem_free)(void *ctx, void *ptr);
+    zoff_status (*pinned_alloc)(void *ctx, size_t bytes, void **out);
+    void (*pinned_free)(void *ctx, void *ptr);
+    zoff_status (*stream_create)(void *ctx, const char *name, void **out);
+    void (*stream_destroy)(void *ctx, void *stream);
+    zoff_status (*stream_sync)(void *ctx, void *stream);
+    zoff_status (*event_create)(void *ctx, void **out);
+    void (*event_destroy)(void *ctx, void *event);
+    zoff_status (*event_record)(void *ctx, void *event, void *stream);
+    zoff_status (*stream_wait_event)(void *ctx, void *stream, void *event);
+    zoff_status (*event_sync)(void *ctx, void *event);
+    bool (*event_query)(void *ctx, void *event);
+    zoff_status (*memcpy_async)(void *ctx, void *stream, void *dst, const void *src, size_t bytes, zoff_copy_kind kind);
+    zoff_status (*memset_async)(void *ctx, void *stream, void *dst, int value, size_t bytes);
+    zoff_status (*host_fn)(void *ctx, void *stream, void (*fn)(void *), void *arg);
+    zoff_status (*launch)(void *ctx, void *stream, zoff_op op, const void *args);
+    const char *(*device_name)(void *ctx);
+    /* Optional (NULL: every op the common layer accepts). args, already validated by the
+     * common layer, may be NULL (the op in general); false sets the reason (zoff_error). */
+    bool (*supports_op)(void *ctx, zoff_op op, const void *args);
+    /* Optional (NULL: none): the backend's native handle of a stream (cudaStream_t). */
+    void *(*stream_native)(void *ctx, void *stream);
+} zoff_backend_vtable;
+
 /* Pointer -> size map (open addressing, linear probing); guarded by the device mutex. */
 typedef struct zoff_ptr_map {
     uintptr_t *keys; /* 0 = empty slot */

@@ -735,3 +735,30 @@ zoff_status zoff_launch(zoff_stream *s, zoff_op op, const void *args, size_t arg
     ZOFF_TRY(validate_op(&c, args));
     return s->dev->vt->launch(s->dev->ctx, s->impl, op, args);
 }
+
+bool zoff_device_supports_op(zoff_device *dev, zoff_op op, const void *args, size_t args_size) {
+    if (!dev) {
+        zoff_error(ZOFF_ERR_INVALID, "zoff_device_supports_op: dev is NULL");
+        return false;
+    }
+    if ((int)op < 0 || op >= ZOFF_OP_COUNT) {
+        zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: unknown op code %d (valid: 0..%d)", zoff_device_name(dev), (int)op,
+                   (int)ZOFF_OP_COUNT - 1);
+        return false;
+    }
+    if (args && args_size != g_op_args_size[op]) {
+        zoff_error(ZOFF_ERR_INVALID, "zoff_device_supports_op(%s): args_size is %zu but the op's args struct is %zu bytes",
+                   zoff_op_name(op), args_size, g_op_args_size[op]);
+        return false;
+    }
+    launch_check c = {op, "(supports_op query)"};
+    if (args && validate_op(&c, args) != ZOFF_OK) return false;
+    return !dev->vt->supports_op || dev->vt->supports_op(dev->ctx, op, args);
+}
+
+void *zoff_stream_native(zoff_stream *s) {
+    if (!s || !s->dev->vt->stream_native) return NULL;
+    return s->dev->vt->stream_native(s->dev->ctx, s->impl);
+}
+
+int zoff_device_ordinal(const zoff_device *dev) { return dev ? dev->opts.ordinal : 0; }

@@ -38,8 +38,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend_internal.h"
-#include "backend/cuda/cuda_internal.h"
+#include "zoff/device.h"
 #include "comm/comm_internal.h"
 
 #define WATCH_RING 64
@@ -63,7 +62,7 @@ typedef struct nccl_impl {
     int head, tail; /* pending entries: [tail, head) modulo WATCH_RING */
 } nccl_impl;
 
-static cudaStream_t native(zoff_stream *s) { return ((zoff_cuda_stream *)s->impl)->s; }
+static cudaStream_t native(zoff_stream *s) { return (cudaStream_t)zoff_stream_native(s); }
 
 #define CUDA_TRY(c, call)                                                                                       \
     do {                                                                                                        \
@@ -197,7 +196,7 @@ static zoff_status nccl_open(zoff_comm *c, zoff_device *dev, nccl_impl **out) {
     pthread_mutex_init(&n->mu, NULL);
     n->owner = c;
     n->dev = dev;
-    n->ordinal = dev->opts.ordinal;
+    n->ordinal = zoff_device_ordinal(dev);
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     zoff_status s = ZOFF_OK;

@@ -534,6 +534,11 @@ done:
     return st;
 }
 
+static void *cuda_stream_native(void *ctx, void *stream) {
+    (void)ctx;
+    return (void *)((zoff_cuda_stream *)stream)->s;
+}
+
 const zoff_backend_vtable zoff_cuda_backend_vtable = {
     .name = "cuda",
     .init = cuda_init,
@@ -556,4 +561,5 @@ const zoff_backend_vtable zoff_cuda_backend_vtable = {
     .host_fn = cuda_host_fn,
     .launch = cuda_launch,
     .device_name = cuda_device_name,
+    .stream_native = cuda_stream_native,
 };
