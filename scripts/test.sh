@@ -3,12 +3,13 @@
 # linked when nvcc is present), its tests, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under
 # ThreadSanitizer, then short runs of the libFuzzer harnesses (scripts/fuzz.sh).
-# Prints one closing line "N passed, N failed".
+# Prints one closing line "N passed, N failed, N skipped" (a skipped test -- exit 77, ctest's
+# SKIP_RETURN_CODE, e.g. tests/cli_mpi.sh without MPI -- did not run and is not counted as passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 JOBS="${JOBS:-$(nproc)}"
-passed=0; failed=0; failed_names=()
+passed=0; failed=0; skipped=0; failed_names=(); skipped_names=()
 
 run_suite() { # label, build dir, ctest regex, cmake args...
   local label="$1" dir="$2" regex="$3"; shift 3
@@ -20,12 +21,15 @@ run_suite() { # label, build dir, ctest regex, cmake args...
     tail -50 "$dir.build.log"; failed=$((failed + 1)); failed_names+=("$label:build"); return
   fi
   echo "== $label: ctest"
-  local rc p f
+  local rc p f k
   (cd "$dir" && ctest --output-on-failure -j "$JOBS" -R "$regex" --output-junit "ctest-junit.xml") | tee "$dir.ctest.log"
   rc=${PIPESTATUS[0]}
   p=$(grep -cE "Test +#[0-9]+: .*Passed" "$dir.ctest.log" || true)
   f=$(grep -cE "Test +#[0-9]+: .*(\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Not Run|SEGFAULT|Child aborted)" "$dir.ctest.log" || true)
+  k=$(grep -cE "Test +#[0-9]+: .*\*\*\*Skipped" "$dir.ctest.log" || true)
   if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then f=1; failed_names+=("$label:no-tests"); fi
+  skipped=$((skipped + k))
+  [ "$k" -gt 0 ] && skipped_names+=($(grep -oE "Test +#[0-9]+: [A-Za-z0-9_]+ .*\*\*\*Skipped" "$dir.ctest.log" | awk -v l="$label" '{print l ":" $3}'))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; failed_names+=("$label:ctest-exit-$rc"); fi
   passed=$((passed + p)); failed=$((failed + f))
   [ "$f" -gt 0 ] && failed_names+=("$label")
@@ -63,5 +67,6 @@ fi
 
 echo
 [ ${#failed_names[@]} -gt 0 ] && echo "failed suites: ${failed_names[*]}"
-echo "$passed passed, $failed failed"
+[ ${#skipped_names[@]} -gt 0 ] && echo "skipped: ${skipped_names[*]}"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

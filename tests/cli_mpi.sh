@@ -9,13 +9,14 @@
 #   - round-robin ordering spreads each layer's gradient copies over both ranks;
 #   - mismatched configs are refused at start; a stalled or killed rank ends the job
 #     with an error within the timeout.
-# Usage: cli_mpi.sh ZOFF SRCDIR. Skips (exit 0) when zoff or mpirun lack MPI.
+# Usage: cli_mpi.sh ZOFF SRCDIR. Skips (exit 77, reported as skipped by ctest) when zoff or mpirun
+# lack MPI.
 set -u
 ZOFF="$1"; SRC="$2"
 BIN=$(dirname "$ZOFF")
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 if ! command -v mpirun >/dev/null 2>&1 || ! "$ZOFF" version | grep -q '^mpi: built'; then
-  echo "skip: zoff was built without MPI or mpirun is missing"; exit 0
+  echo "skip: zoff was built without MPI or mpirun is missing"; exit 77
 fi
 W=$(mktemp -d /tmp/zoff-mpi-XXXXXX)
 trap 'rm -rf "$W"' EXIT
