@@ -309,7 +309,8 @@ static const key_spec k_offload_param[] = {
 static const section s_offload_param = SECTION(k_offload_param, NULL, NULL);
 
 static const key_spec k_zero[] = {
-    KI("stage", zoff_zero_config, stage, 0, 3, .note = "0, 1 and 2; 3 is refused as not implemented yet"),
+    KI("stage", zoff_zero_config, stage, 0, 3,
+       .note = "0, 1, 2 and 3 (3 also partitions the 16-bit weights, gathered group by group; docs/multinode.md)"),
     KB("contiguous_gradients", zoff_zero_config, contiguous_gradients,
        NOEFF("zoff's gradients always live in one flat buffer")),
     KB("overlap_comm", zoff_zero_config, overlap_comm,
