@@ -35,47 +35,43 @@ int64_t zoff_gpt2_count_params(const zoff_gpt2_shape *s) {
 
 int zoff_gpt2_num_tensors(int64_t num_layers) { return (int)(2 + num_layers * ZOFF_GPT2_BLOCK_TENSORS + 2); }
 
-bool zoff_gpt2_shape_in_bounds(const zoff_gpt2_shape *s) {
-    if (s->num_layers < 1 || s->num_layers > ZOFF_GPT2_MAX_LAYERS || s->hidden_size < 1 ||
-        s->hidden_size > ZOFF_GPT2_MAX_HIDDEN || s->num_heads < 1 || s->num_heads > s->hidden_size ||
-        s->hidden_size % s->num_heads != 0 || s->max_seq_len < 1 || s->max_seq_len > ZOFF_GPT2_MAX_SEQ ||
-        s->vocab_size < 1 || s->vocab_size > ZOFF_GPT2_MAX_VOCAB)
-        return false;
+/* The first bound s breaks (a message prefixed by who; none when who is NULL), or ZOFF_OK. */
+static zoff_status shape_problem(const zoff_gpt2_shape *s, const char *who) {
+    const struct {
+        const char *field, *flag;
+        int64_t v, hi;
+    } b[] = {
+        {"num_layers", "--num-layers", s->num_layers, ZOFF_GPT2_MAX_LAYERS},
+        {"hidden_size", "--hidden-size", s->hidden_size, ZOFF_GPT2_MAX_HIDDEN},
+        {"num_heads", "num_attention_heads, --num-attention-heads", s->num_heads, s->hidden_size},
+        {"max_seq_len", "--max-position-embeddings", s->max_seq_len, ZOFF_GPT2_MAX_SEQ},
+        {"vocab_size", "--vocab-size", s->vocab_size, ZOFF_GPT2_MAX_VOCAB},
+    };
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i].v < 1 || b[i].v > b[i].hi)
+            return !who ? ZOFF_ERR_INVALID
+                        : zoff_error(ZOFF_ERR_INVALID, "%s: shape.%s is %lld; it must be in [1, %lld] (%s)", who,
+                                     b[i].field, (long long)b[i].v, (long long)b[i].hi, b[i].flag);
+    if (s->hidden_size % s->num_heads != 0)
+        return !who ? ZOFF_ERR_INVALID
+                    : zoff_error(ZOFF_ERR_INVALID,
+                                 "%s: shape.hidden_size (%lld) is not divisible by shape.num_heads (%lld); choose a "
+                                 "head count that divides the hidden size (num_attention_heads, --num-attention-heads)",
+                                 who, (long long)s->hidden_size, (long long)s->num_heads);
     int64_t Vp = zoff_gpt2_padded_vocab(s);
-    return Vp >= s->vocab_size && Vp <= ZOFF_GPT2_MAX_VOCAB + 128;
+    if (Vp < s->vocab_size || Vp > ZOFF_GPT2_MAX_VOCAB + 128)
+        return !who ? ZOFF_ERR_INVALID
+                    : zoff_error(ZOFF_ERR_INVALID,
+                                 "%s: shape.padded_vocab_size is %lld but vocab_size is %lld; it must be >= vocab_size "
+                                 "(or 0 to round vocab_size up to a multiple of 128)",
+                                 who, (long long)s->padded_vocab_size, (long long)s->vocab_size);
+    return ZOFF_OK;
 }
 
-/* The first bound of zoff_gpt2_shape_in_bounds that s breaks, as a message. */
-static zoff_status shape_error(const zoff_gpt2_shape *s, const char *w) {
-    if (s->num_layers < 1 || s->num_layers > ZOFF_GPT2_MAX_LAYERS)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.num_layers is %lld; it must be in [1, %lld] (--num-layers)", w,
-                          (long long)s->num_layers, (long long)ZOFF_GPT2_MAX_LAYERS);
-    if (s->hidden_size < 1 || s->hidden_size > ZOFF_GPT2_MAX_HIDDEN)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.hidden_size is %lld; it must be in [1, %lld] (--hidden-size)", w,
-                          (long long)s->hidden_size, (long long)ZOFF_GPT2_MAX_HIDDEN);
-    if (s->num_heads < 1 || s->num_heads > s->hidden_size)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.num_heads is %lld; it must be in [1, hidden_size=%lld] (num_attention_heads, "
-                          "--num-attention-heads)", w,
-                          (long long)s->num_heads, (long long)s->hidden_size);
-    if (s->hidden_size % s->num_heads != 0)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s: shape.hidden_size (%lld) is not divisible by shape.num_heads (%lld); "
-                          "choose a head count that divides the hidden size (num_attention_heads, --num-attention-heads)",
-                          w, (long long)s->hidden_size, (long long)s->num_heads);
-    if (s->max_seq_len < 1 || s->max_seq_len > ZOFF_GPT2_MAX_SEQ)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.max_seq_len is %lld; it must be in [1, %lld] (--max-position-embeddings)", w,
-                          (long long)s->max_seq_len, (long long)ZOFF_GPT2_MAX_SEQ);
-    if (s->vocab_size < 1 || s->vocab_size > ZOFF_GPT2_MAX_VOCAB)
-        return zoff_error(ZOFF_ERR_INVALID, "%s: shape.vocab_size is %lld; it must be in [1, %lld] (--vocab-size)", w,
-                          (long long)s->vocab_size, (long long)ZOFF_GPT2_MAX_VOCAB);
-    return zoff_error(ZOFF_ERR_INVALID,
-                      "%s: shape.padded_vocab_size is %lld but vocab_size is %lld; it must be >= vocab_size "
-                      "(or 0 to round vocab_size up to a multiple of 128)",
-                      w, (long long)s->padded_vocab_size, (long long)s->vocab_size);
-}
+bool zoff_gpt2_shape_in_bounds(const zoff_gpt2_shape *s) { return shape_problem(s, NULL) == ZOFF_OK; }
 
 zoff_status zoff_gpt2_check_shape(const zoff_gpt2_shape *s, const char *who, zoff_gpt2_shape *resolved) {
-    if (!zoff_gpt2_shape_in_bounds(s)) return shape_error(s, who);
+    ZOFF_TRY(shape_problem(s, who ? who : "GPT-2 shape"));
     if (resolved) {
         *resolved = *s;
         resolved->padded_vocab_size = zoff_gpt2_padded_vocab(s);

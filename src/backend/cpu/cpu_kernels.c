@@ -878,73 +878,58 @@ static zoff_status attention_bwd(const zoff_op_attention_bwd_args *a, int nt) {
 
 /* ------------------------------------------------------------------ elementwise */
 
-/* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n). */
-static zoff_status gelu_fwd(const zoff_op_gelu_fwd_args *a, int nt) {
-    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
-    const zoff_dtype dt = a->dt;
+/* The elementwise ops' one loop: out[i] = f(x[i], y[i]) in fp32 over blocks of BLK elements on
+ * nt threads (16-bit data is widened per block and rounded back). y may be NULL (unary ops);
+ * out may alias x or y (each block is read before it is written). */
+typedef void (*ew_fn)(float *o, const float *x, const float *y, int64_t len, float alpha);
+static void ew_blocks(void *out, const void *x, const void *y, int64_t n, zoff_dtype dt, int nt, ew_fn f,
+                      float alpha) {
+    const int64_t nb = (n + BLK - 1) / BLK;
 #pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
-        float sx[BLK], so[BLK];
-        const float *x = view_rd(eptr(a->inp, i0, dt), len, dt, sx);
-        void *op = eptr(a->out, i0, dt);
+        float sx[BLK], sy[BLK], so[BLK];
+        const float *xv = view_rd(eptr(x, i0, dt), len, dt, sx);
+        const float *yv = y ? view_rd(eptr(y, i0, dt), len, dt, sy) : NULL;
+        void *op = eptr(out, i0, dt);
         float *o = view_wr(op, dt, so);
-        vec()->gelu(o, x, len);
+        f(o, xv, yv, len, alpha);
         view_commit(op, o, len, dt);
     }
+}
+
+static void ew_gelu(float *o, const float *x, const float *y, int64_t n, float alpha) { vec()->gelu(o, x, n); }
+static void ew_gelu_grad(float *o, const float *x, const float *dy, int64_t n, float alpha) {
+    vec()->gelu_grad(o, x, dy, n);
+}
+static void ew_add(float *o, const float *x, const float *y, int64_t n, float alpha) {
+    for (int64_t i = 0; i < n; i++) o[i] = x[i] + y[i];
+}
+static void ew_scale(float *o, const float *x, const float *y, int64_t n, float alpha) {
+    for (int64_t i = 0; i < n; i++) o[i] = x[i] * alpha;
+}
+
+/* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n). */
+static zoff_status gelu_fwd(const zoff_op_gelu_fwd_args *a, int nt) {
+    ew_blocks(a->out, a->inp, NULL, a->n, a->dt, nt, ew_gelu, 0.0f);
     return ZOFF_OK;
 }
 
 /* dinp (n) = GELU'(inp) * dout; dinp may alias dout. */
 static zoff_status gelu_bwd(const zoff_op_gelu_bwd_args *a, int nt) {
-    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
-    const zoff_dtype dt = a->dt;
-#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
-        float sx[BLK], sd[BLK], so[BLK];
-        const float *x = view_rd(eptr(a->inp, i0, dt), len, dt, sx);
-        const float *dy = view_rd(eptr(a->dout, i0, dt), len, dt, sd);
-        void *op = eptr(a->dinp, i0, dt);
-        float *o = view_wr(op, dt, so);
-        vec()->gelu_grad(o, x, dy, len);
-        view_commit(op, o, len, dt);
-    }
+    ew_blocks(a->dinp, a->inp, a->dout, a->n, a->dt, nt, ew_gelu_grad, 0.0f);
     return ZOFF_OK;
 }
 
 /* out (n) = a + b; out may alias a or b. */
 static zoff_status add_op(const zoff_op_add_args *a, int nt) {
-    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
-    const zoff_dtype dt = a->dt;
-#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
-        float sa[BLK], sb[BLK], so[BLK];
-        const float *x = view_rd(eptr(a->a, i0, dt), len, dt, sa);
-        const float *y = view_rd(eptr(a->b, i0, dt), len, dt, sb);
-        void *op = eptr(a->out, i0, dt);
-        float *o = view_wr(op, dt, so);
-        for (int64_t i = 0; i < len; i++) o[i] = x[i] + y[i];
-        view_commit(op, o, len, dt);
-    }
+    ew_blocks(a->out, a->a, a->b, a->n, a->dt, nt, ew_add, 0.0f);
     return ZOFF_OK;
 }
 
 /* x (n) *= alpha. */
 static zoff_status scale_op(const zoff_op_scale_args *a, int nt) {
-    const int64_t n = a->n, nb = (n + BLK - 1) / BLK;
-    const zoff_dtype dt = a->dt;
-    const float alpha = a->alpha;
-#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
-        float sx[BLK];
-        void *xp = eptr(a->x, i0, dt);
-        float *x = view_rw(xp, len, dt, sx);
-        for (int64_t i = 0; i < len; i++) x[i] *= alpha;
-        view_commit(xp, x, len, dt);
-    }
+    ew_blocks(a->x, a->x, NULL, a->n, a->dt, nt, ew_scale, a->alpha);
     return ZOFF_OK;
 }
 
