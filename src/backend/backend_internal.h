@@ -96,6 +96,19 @@ struct zoff_device {
     zoff_event *events;
 };
 
+/* The vtable entries of a backend whose functions are named <prefix>_<entry> (cpu_init,
+ * cuda_launch, ...): every backend registers itself with
+ *   const zoff_backend_vtable zoff_X_backend_vtable = {.name = "X", ZOFF_BACKEND_ENTRIES(X), ...};
+ * (optional entries such as supports_op and stream_native are added by name). */
+#define ZOFF_BACKEND_ENTRIES(p)                                                                              \
+    .init = p##_init, .fini = p##_fini, .mem_alloc = p##_mem_alloc, .mem_free = p##_mem_free,               \
+    .pinned_alloc = p##_pinned_alloc, .pinned_free = p##_pinned_free, .stream_create = p##_stream_create,   \
+    .stream_destroy = p##_stream_destroy, .stream_sync = p##_stream_sync, .event_create = p##_event_create, \
+    .event_destroy = p##_event_destroy, .event_record = p##_event_record,                                    \
+    .stream_wait_event = p##_stream_wait_event, .event_sync = p##_event_sync, .event_query = p##_event_query, \
+    .memcpy_async = p##_memcpy_async, .memset_async = p##_memset_async, .host_fn = p##_host_fn,              \
+    .launch = p##_launch, .device_name = p##_device_name
+
 /* sizeof the op's args struct (0 for an op code out of range). */
 size_t zoff_op_args_size(zoff_op op);
 

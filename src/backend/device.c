@@ -312,6 +312,56 @@ zoff_backend_kind zoff_device_kind(const zoff_device *dev) { return dev->opts.ki
 
 /* ------------------------------------------------------------------ memory */
 
+/* One kind of accounted memory (device or pinned): its map, counters and the backend's calls. */
+typedef struct mem_kind {
+    zoff_ptr_map *map;
+    size_t *in_use, *peak;
+    zoff_status (*alloc)(void *ctx, size_t bytes, void **out);
+    void (*release)(void *ctx, void *ptr);
+    const char *fn, *what; /* for the message about a bad free */
+} mem_kind;
+
+static mem_kind device_mem(zoff_device *dev) {
+    return (mem_kind){&dev->device_allocs, &dev->device_in_use, &dev->device_peak, dev->vt->mem_alloc,
+                      dev->vt->mem_free, "zoff_device_free", "device"};
+}
+static mem_kind pinned_mem(zoff_device *dev) {
+    return (mem_kind){&dev->pinned_allocs, &dev->pinned_in_use, &dev->pinned_peak, dev->vt->pinned_alloc,
+                      dev->vt->pinned_free, "zoff_host_free_pinned", "pinned"};
+}
+
+/* Under dev->mu: the backend's allocation, recorded in the map and counted. */
+static zoff_status accounted_alloc(zoff_device *dev, mem_kind k, size_t bytes, void **out) {
+    void *p = NULL;
+    zoff_status st = k.alloc(dev->ctx, bytes, &p);
+    if (st == ZOFF_OK && p) {
+        st = ptr_map_insert(k.map, p, bytes);
+        if (st != ZOFF_OK) k.release(dev->ctx, p);
+    }
+    if (st != ZOFF_OK) return st;
+    if (p) {
+        *k.in_use += bytes;
+        if (*k.in_use > *k.peak) *k.peak = *k.in_use;
+    }
+    *out = p;
+    return ZOFF_OK;
+}
+
+static void accounted_free(zoff_device *dev, mem_kind k, void *ptr) {
+    if (!ptr) return;
+    pthread_mutex_lock(&dev->mu);
+    size_t size = 0;
+    bool known = ptr_map_remove(k.map, ptr, &size);
+    if (known) {
+        *k.in_use -= size;
+        k.release(dev->ctx, ptr);
+    }
+    pthread_mutex_unlock(&dev->mu);
+    if (!known)
+        zoff_log(ZOFF_LOG_ERROR, "%s: %p is not a live %s allocation of %s (double free, or a pointer from another "
+                 "allocator); ignored", k.fn, ptr, k.what, dev->vt->name);
+}
+
 zoff_status zoff_device_alloc(zoff_device *dev, size_t bytes, const char *what, void **out) {
     if (!what) what = "device buffer";
     if (!out) return zoff_error(ZOFF_ERR_INVALID, "zoff_device_alloc(%s): out is NULL", what);
@@ -330,44 +380,22 @@ zoff_status zoff_device_alloc(zoff_device *dev, size_t bytes, const char *what, 
         pthread_mutex_unlock(&dev->mu);
         return st;
     }
-    void *p = NULL;
-    zoff_status st = dev->vt->mem_alloc(dev->ctx, bytes, &p);
-    if (st == ZOFF_OK && p) {
-        st = ptr_map_insert(&dev->device_allocs, p, bytes);
-        if (st != ZOFF_OK) dev->vt->mem_free(dev->ctx, p);
-    }
-    if (st != ZOFF_OK) {
-        size_t in_use = dev->device_in_use;
-        pthread_mutex_unlock(&dev->mu);
-        if (st == ZOFF_ERR_DEVICE_OOM)
-            return zoff_error_context(st,
-                                      "device out of memory allocating %s (%s) with %s in use; lower the batch size or "
-                                      "enable offload",
-                                      what, zoff_format_bytes(bytes, b1, sizeof b1), zoff_format_bytes(in_use, b2, sizeof b2));
-        return zoff_error_context(st, "allocating %s (%s) on %s", what, zoff_format_bytes(bytes, b1, sizeof b1), dev->vt->name);
-    }
-    if (p) {
-        dev->device_in_use += bytes;
-        if (dev->device_in_use > dev->device_peak) dev->device_peak = dev->device_in_use;
-    }
+    zoff_status st = accounted_alloc(dev, device_mem(dev), bytes, out);
+    size_t in_use = dev->device_in_use;
     pthread_mutex_unlock(&dev->mu);
-    *out = p;
+    if (st == ZOFF_ERR_DEVICE_OOM)
+        return zoff_error_context(st,
+                                  "device out of memory allocating %s (%s) with %s in use; lower the batch size or "
+                                  "enable offload",
+                                  what, zoff_format_bytes(bytes, b1, sizeof b1), zoff_format_bytes(in_use, b2, sizeof b2));
+    if (st != ZOFF_OK)
+        return zoff_error_context(st, "allocating %s (%s) on %s", what, zoff_format_bytes(bytes, b1, sizeof b1),
+                                  dev->vt->name);
     return ZOFF_OK;
 }
 
 void zoff_device_free(zoff_device *dev, void *ptr) {
-    if (!dev || !ptr) return;
-    pthread_mutex_lock(&dev->mu);
-    size_t size = 0;
-    bool known = ptr_map_remove(&dev->device_allocs, ptr, &size);
-    if (known) {
-        dev->device_in_use -= size;
-        dev->vt->mem_free(dev->ctx, ptr);
-    }
-    pthread_mutex_unlock(&dev->mu);
-    if (!known)
-        zoff_log(ZOFF_LOG_ERROR, "zoff_device_free: %p is not a live device allocation of %s (double free, or a pointer "
-                 "from another allocator); ignored", ptr, dev->vt->name);
+    if (dev) accounted_free(dev, device_mem(dev), ptr);
 }
 
 zoff_status zoff_host_alloc_pinned(zoff_device *dev, size_t bytes, const char *what, void **out) {
@@ -377,41 +405,18 @@ zoff_status zoff_host_alloc_pinned(zoff_device *dev, size_t bytes, const char *w
     if (!dev) return zoff_error(ZOFF_ERR_INVALID, "zoff_host_alloc_pinned(%s): device is NULL", what);
     char b1[32], b2[32];
     pthread_mutex_lock(&dev->mu);
-    void *p = NULL;
-    zoff_status st = dev->vt->pinned_alloc(dev->ctx, bytes, &p);
-    if (st == ZOFF_OK && p) {
-        st = ptr_map_insert(&dev->pinned_allocs, p, bytes);
-        if (st != ZOFF_OK) dev->vt->pinned_free(dev->ctx, p);
-    }
-    if (st != ZOFF_OK) {
-        size_t in_use = dev->pinned_in_use;
-        pthread_mutex_unlock(&dev->mu);
+    zoff_status st = accounted_alloc(dev, pinned_mem(dev), bytes, out);
+    size_t in_use = dev->pinned_in_use;
+    pthread_mutex_unlock(&dev->mu);
+    if (st != ZOFF_OK)
         return zoff_error_context(st, "allocating pinned host memory for %s (%s) with %s pinned already; reduce the "
                                   "offload buffer sizes or free host memory",
                                   what, zoff_format_bytes(bytes, b1, sizeof b1), zoff_format_bytes(in_use, b2, sizeof b2));
-    }
-    if (p) {
-        dev->pinned_in_use += bytes;
-        if (dev->pinned_in_use > dev->pinned_peak) dev->pinned_peak = dev->pinned_in_use;
-    }
-    pthread_mutex_unlock(&dev->mu);
-    *out = p;
     return ZOFF_OK;
 }
 
 void zoff_host_free_pinned(zoff_device *dev, void *ptr) {
-    if (!dev || !ptr) return;
-    pthread_mutex_lock(&dev->mu);
-    size_t size = 0;
-    bool known = ptr_map_remove(&dev->pinned_allocs, ptr, &size);
-    if (known) {
-        dev->pinned_in_use -= size;
-        dev->vt->pinned_free(dev->ctx, ptr);
-    }
-    pthread_mutex_unlock(&dev->mu);
-    if (!known)
-        zoff_log(ZOFF_LOG_ERROR, "zoff_host_free_pinned: %p is not a live pinned allocation of %s (double free, or a "
-                 "pointer from another allocator); ignored", ptr, dev->vt->name);
+    if (dev) accounted_free(dev, pinned_mem(dev), ptr);
 }
 
 void zoff_device_memory_stats(const zoff_device *dev, zoff_memory_stats *out) {
