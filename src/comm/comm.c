@@ -337,14 +337,16 @@ static zoff_status submit(comm_job *j, zoff_stream *s) {
     return st;
 }
 
-static comm_job *job_new(zoff_comm *c, int kind, const int64_t *counts, const int64_t *displs) {
+/* A job of the call `args` (kind and operands), with copies of counts and displs. */
+static comm_job *job_new(zoff_comm *c, comm_job args, const int64_t *counts, const int64_t *displs) {
     comm_job *j = calloc(1, sizeof *j);
     if (!j) {
         zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a collective");
         return NULL;
     }
+    *j = args;
     j->c = c;
-    j->kind = kind;
+    j->counts = j->displs = NULL;
     size_t nb = (size_t)c->size * sizeof(int64_t);
     if (counts && !(j->counts = malloc(nb))) goto nomem;
     if (displs && !(j->displs = malloc(nb))) goto nomem;
@@ -355,6 +357,13 @@ nomem:
     job_free(j);
     zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a collective");
     return NULL;
+}
+
+/* The host transport's path of every collective: the call becomes a job, run on s's order. */
+static zoff_status submit_new(zoff_comm *c, zoff_stream *s, comm_job args, const int64_t *counts,
+                              const int64_t *displs) {
+    comm_job *j = job_new(c, args, counts, displs);
+    return j ? submit(j, s) : ZOFF_ERR_NOMEM;
 }
 
 /* ------------------------------------------------------------------ collectives */
@@ -368,13 +377,8 @@ zoff_status zoff_comm_allreduce(zoff_comm *c, zoff_stream *s, void *buf, int64_t
     ZOFF_TRY(zoff_comm_check_sticky(c));
     if (!c->vt || count == 0) return ZOFF_OK; /* one rank: the identity */
     if (s && c->svt) return note(c, c->svt->allreduce(c, s, buf, count, dt, op));
-    comm_job *j = job_new(c, JOB_ALLREDUCE, NULL, NULL);
-    if (!j) return ZOFF_ERR_NOMEM;
-    j->buf = buf;
-    j->count = count;
-    j->dt = dt;
-    j->op = op;
-    return submit(j, s);
+    return submit_new(c, s, (comm_job){.kind = JOB_ALLREDUCE, .buf = buf, .count = count, .dt = dt, .op = op}, NULL,
+                      NULL);
 }
 
 zoff_status zoff_comm_reduce_scatter(zoff_comm *c, zoff_stream *s, const void *send, void *recv,
@@ -399,12 +403,8 @@ zoff_status zoff_comm_reduce_scatter(zoff_comm *c, zoff_stream *s, const void *s
         return ZOFF_OK;
     }
     if (s && c->svt) return note(c, c->svt->reduce_scatter(c, s, send, recv, counts, dt));
-    comm_job *j = job_new(c, JOB_REDUCE_SCATTER, counts, NULL);
-    if (!j) return ZOFF_ERR_NOMEM;
-    j->send = send;
-    j->recv = recv;
-    j->dt = dt;
-    return submit(j, s);
+    return submit_new(c, s, (comm_job){.kind = JOB_REDUCE_SCATTER, .send = send, .recv = recv, .dt = dt}, counts,
+                      NULL);
 }
 
 zoff_status zoff_comm_allgatherv(zoff_comm *c, zoff_stream *s, void *buf, const int64_t *counts,
@@ -418,11 +418,7 @@ zoff_status zoff_comm_allgatherv(zoff_comm *c, zoff_stream *s, void *buf, const 
     ZOFF_TRY(zoff_comm_check_sticky(c));
     if (!c->vt || total == 0) return ZOFF_OK;
     if (s && c->svt) return note(c, c->svt->allgatherv(c, s, buf, counts, displs, dt));
-    comm_job *j = job_new(c, JOB_ALLGATHERV, counts, displs);
-    if (!j) return ZOFF_ERR_NOMEM;
-    j->buf = buf;
-    j->dt = dt;
-    return submit(j, s);
+    return submit_new(c, s, (comm_job){.kind = JOB_ALLGATHERV, .buf = buf, .dt = dt}, counts, displs);
 }
 
 zoff_status zoff_comm_broadcast(zoff_comm *c, zoff_stream *s, void *buf, int64_t count, zoff_dtype dt, int root) {
@@ -435,13 +431,8 @@ zoff_status zoff_comm_broadcast(zoff_comm *c, zoff_stream *s, void *buf, int64_t
     ZOFF_TRY(zoff_comm_check_sticky(c));
     if (!c->vt || count == 0) return ZOFF_OK;
     if (s && c->svt) return note(c, c->svt->broadcast(c, s, buf, count, dt, root));
-    comm_job *j = job_new(c, JOB_BROADCAST, NULL, NULL);
-    if (!j) return ZOFF_ERR_NOMEM;
-    j->buf = buf;
-    j->count = count;
-    j->dt = dt;
-    j->root = root;
-    return submit(j, s);
+    return submit_new(c, s, (comm_job){.kind = JOB_BROADCAST, .buf = buf, .count = count, .dt = dt, .root = root},
+                      NULL, NULL);
 }
 
 /* ------------------------------------------------------------------ host-level helpers */

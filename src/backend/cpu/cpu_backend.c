@@ -287,16 +287,23 @@ static void cpu_stream_destroy(void *ctx, void *stream) {
     free(s);
 }
 
+/* Block until *completed reaches what *target is now (both guarded by mu, signalled on cv);
+ * the sticky error *err, with its message set on this thread, is the result. */
+static zoff_status wait_completed(pthread_mutex_t *mu, pthread_cond_t *cv, const uint64_t *completed,
+                                  const uint64_t *target, const zoff_status *err, const char *errmsg) {
+    pthread_mutex_lock(mu);
+    uint64_t t = *target;
+    while (*completed < t) pthread_cond_wait(cv, mu);
+    zoff_status st = *err;
+    if (st != ZOFF_OK) zoff_error(st, "%s", errmsg);
+    pthread_mutex_unlock(mu);
+    return st;
+}
+
 static zoff_status cpu_stream_sync(void *ctx, void *stream) {
     (void)ctx;
     cpu_stream *s = stream;
-    pthread_mutex_lock(&s->mu);
-    uint64_t target = s->issued;
-    while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
-    zoff_status st = s->err;
-    if (st != ZOFF_OK) zoff_error(st, "%s", s->errmsg);
-    pthread_mutex_unlock(&s->mu);
-    return st;
+    return wait_completed(&s->mu, &s->cv_done, &s->completed, &s->issued, &s->err, s->errmsg);
 }
 
 /* ------------------------------------------------------------------ vtable: events */
@@ -352,13 +359,7 @@ static zoff_status cpu_stream_wait_event(void *ctx, void *stream, void *event) {
 static zoff_status cpu_event_sync(void *ctx, void *event) {
     (void)ctx;
     cpu_event *e = event;
-    pthread_mutex_lock(&e->mu);
-    uint64_t target = e->recorded;
-    while (e->completed < target) pthread_cond_wait(&e->cv, &e->mu);
-    zoff_status st = e->err;
-    if (st != ZOFF_OK) zoff_error(st, "%s", e->errmsg);
-    pthread_mutex_unlock(&e->mu);
-    return st;
+    return wait_completed(&e->mu, &e->cv, &e->completed, &e->recorded, &e->err, e->errmsg);
 }
 
 static bool cpu_event_query(void *ctx, void *event) {
