@@ -69,6 +69,36 @@ bool zoff_ckpt_json_u63(json_t *v, int64_t *out) {
     return true;
 }
 
+void *zoff_ckpt_grow(void *items, size_t *cap, size_t n, size_t size, size_t first) {
+    if (n < *cap) return items;
+    size_t c = *cap ? 2 * *cap : first;
+    void *p = realloc(items, c * size);
+    if (p) *cap = c;
+    return p;
+}
+
+ptrdiff_t zoff_ckpt_find_sorted(const void *items, const size_t *order, size_t n, const char *name,
+                                const char *(*name_of)(const void *items, size_t i)) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(name_of(items, order[mid]), name);
+        if (c == 0) return (ptrdiff_t)order[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
+void zoff_ckpt_free_pairs(char **keys, char **values, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(keys[i]);
+        free(values[i]);
+    }
+    free(keys);
+    free(values);
+}
+
 const char *zoff_ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t n = 0;
     buf[0] = '\0';
@@ -655,13 +685,8 @@ zoff_status zoff_ckpt_end_entry(zoff_ckpt_writer *w) {
                                     w->cur.name, w->cur.bytes, zoff_ckpt_shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
                                     zoff_ckpt_dtype_str(w->cur.dtype), w->cur_expect));
     }
-    if (w->n == w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 64;
-        zoff_ckpt_entry *e = realloc(w->ents, cap * sizeof *e);
-        if (!e) return w_fail(w, zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint index"));
-        w->ents = e;
-        w->cap = cap;
-    }
+    if (!ZOFF_CKPT_GROW(w->ents, w->cap, w->n, 64))
+        return w_fail(w, zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint index"));
     w->ents[w->n++] = w->cur;
     w->in_entry = false;
     return ZOFF_OK;
@@ -967,15 +992,9 @@ static zoff_status list_complete(const char *dir, bool log, int64_t **out, size_
                          p);
             continue;
         }
-        if (n == cap) {
-            size_t nc = cap ? 2 * cap : 16;
-            int64_t *nv = realloc(v, nc * sizeof *nv);
-            if (!nv) {
-                st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory listing checkpoints in %s", dir);
-                break;
-            }
-            v = nv;
-            cap = nc;
+        if (!ZOFF_CKPT_GROW(v, cap, n, 16)) {
+            st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory listing checkpoints in %s", dir);
+            break;
         }
         v[n++] = step;
     }
@@ -1239,17 +1258,12 @@ const char *zoff_ckpt_reader_path(const zoff_ckpt_reader *r) { return r->path; }
 size_t zoff_ckpt_num_entries(const zoff_ckpt_reader *r) { return r->n; }
 const zoff_ckpt_entry *zoff_ckpt_entry_at(const zoff_ckpt_reader *r, size_t i) { return i < r->n ? &r->ents[i] : NULL; }
 
+static const char *entry_name(const void *ents, size_t i) { return ((const zoff_ckpt_entry *)ents)[i].name; }
+
 const zoff_ckpt_entry *zoff_ckpt_find(const zoff_ckpt_reader *r, const char *name) {
     if (!r || !name) return NULL;
-    size_t lo = 0, hi = r->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(r->ents[r->by_name[mid]].name, name);
-        if (c == 0) return &r->ents[r->by_name[mid]];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return NULL;
+    ptrdiff_t i = zoff_ckpt_find_sorted(r->ents, r->by_name, r->n, name, entry_name);
+    return i < 0 ? NULL : &r->ents[i];
 }
 
 static zoff_status find_or_fail(zoff_ckpt_reader *r, const char *name, const zoff_ckpt_entry **e) {

@@ -46,6 +46,25 @@ static inline bool zoff_ckpt_same_shape(int na, const int64_t *a, int nb, const 
     return true;
 }
 
+/* Room for one more item in a growing array of `size`-byte items: when n == *cap, doubles *cap
+ * (first: `first`) and returns the reallocated array; NULL when out of memory (the array and
+ * *cap are kept). ZOFF_CKPT_GROW(arr, cap, n, first) does it in place and says whether it could. */
+void *zoff_ckpt_grow(void *items, size_t *cap, size_t n, size_t size, size_t first);
+#define ZOFF_CKPT_GROW(arr, cap, n, first)                                                \
+    __extension__({                                                                       \
+        void *zoff_grown_ = zoff_ckpt_grow((arr), &(cap), (n), sizeof *(arr), (first));   \
+        if (zoff_grown_) (arr) = zoff_grown_;                                             \
+        zoff_grown_ != NULL;                                                              \
+    })
+
+/* The item called `name` among n items whose indices `order` lists sorted by name (name_of(items,
+ * i) is item i's name): its index, or -1. */
+ptrdiff_t zoff_ckpt_find_sorted(const void *items, const size_t *order, size_t n, const char *name,
+                                const char *(*name_of)(const void *items, size_t i));
+
+/* Frees n key/value string pairs and both arrays. */
+void zoff_ckpt_free_pairs(char **keys, char **values, size_t n);
+
 /* "[50304, 768]" into buf; returns buf. */
 const char *zoff_ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 

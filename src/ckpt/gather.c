@@ -117,13 +117,7 @@ static zoff_status parse_piece_name(const char *file, const char *entry, char *n
 }
 
 static gather_tensor *gadd(zoff_ckpt_gather *g, const char *name) {
-    if (g->n == g->cap) {
-        size_t c = g->cap ? 2 * g->cap : 64;
-        gather_tensor *t = realloc(g->t, c * sizeof *t);
-        if (!t) return NULL;
-        g->t = t;
-        g->cap = c;
-    }
+    if (!ZOFF_CKPT_GROW(g->t, g->cap, g->n, 64)) return NULL;
     gather_tensor *t = &g->t[g->n++];
     memset(t, 0, sizeof *t);
     snprintf(t->info.name, sizeof t->info.name, "%s", name);
@@ -141,13 +135,8 @@ static zoff_status gather_index_entries(zoff_ckpt_gather *g, int rank, bool skip
 static zoff_status add_piece(gather_tensor *t, int rank, const char *entry, int64_t start, int64_t count,
                              int64_t src, int64_t entry_numel) {
     if (count == 0) return ZOFF_OK;
-    if (t->np == t->pcap) {
-        size_t c = t->pcap ? 2 * t->pcap : 4;
-        gather_piece *p = realloc(t->p, c * sizeof *p);
-        if (!p) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-        t->p = p;
-        t->pcap = c;
-    }
+    if (!ZOFF_CKPT_GROW(t->p, t->pcap, t->np, 4))
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     gather_piece *p = &t->p[t->np++];
     p->rank = rank;
     snprintf(p->entry, sizeof p->entry, "%s", entry);

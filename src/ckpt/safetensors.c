@@ -76,12 +76,7 @@ void zoff_st_close(zoff_st_file *f) {
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
     for (size_t i = 0; i < f->n; i++) free((char *)f->t[i].name);
-    for (size_t i = 0; i < f->nmeta; i++) {
-        free(f->meta_key[i]);
-        free(f->meta_val[i]);
-    }
-    free(f->meta_key);
-    free(f->meta_val);
+    zoff_ckpt_free_pairs(f->meta_key, f->meta_val, f->nmeta);
     free(f->t);
     free(f->by_name);
     free(f->path);
@@ -105,16 +100,11 @@ const char *zoff_st_metadata(const zoff_st_file *f, const char *key) {
     return NULL;
 }
 
+static const char *tensor_name(const void *t, size_t i) { return ((const zoff_st_tensor *)t)[i].name; }
+
 const zoff_st_tensor *zoff_st_find(const zoff_st_file *f, const char *name) {
-    size_t lo = 0, hi = f->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(f->t[f->by_name[mid]].name, name);
-        if (c == 0) return &f->t[f->by_name[mid]];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return NULL;
+    ptrdiff_t i = zoff_ckpt_find_sorted(f->t, f->by_name, f->n, name, tensor_name);
+    return i < 0 ? NULL : &f->t[i];
 }
 
 /* Read n bytes at file offset off (from the file or the memory image). */
@@ -477,13 +467,8 @@ struct zoff_st_writer {
 
 static void w_free(zoff_st_writer *w) {
     for (size_t i = 0; i < w->n; i++) free(w->d[i].name);
-    for (size_t i = 0; i < w->nm; i++) {
-        free(w->mk[i]);
-        free(w->mv[i]);
-    }
+    zoff_ckpt_free_pairs(w->mk, w->mv, w->nm);
     free(w->d);
-    free(w->mk);
-    free(w->mv);
     free(w->buf);
     free(w->path);
     free(w->tmp);
@@ -562,15 +547,10 @@ zoff_status zoff_st_writer_metadata(zoff_st_writer *w, const char *key, const ch
         if (!strcmp(w->mk[i], key))
             return zoff_error(ZOFF_ERR_INVALID, "safetensors %s: metadata key '%.*s' given twice", w->path,
                               ST_NAME_SHOWN, key);
-    if (w->nm == w->mcap) {
-        size_t c = w->mcap ? 2 * w->mcap : 8;
-        char **a = realloc(w->mk, c * sizeof *a);
-        if (a) w->mk = a;
-        char **b = a ? realloc(w->mv, c * sizeof *b) : NULL;
-        if (b) w->mv = b;
-        if (!a || !b) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-        w->mcap = c;
-    }
+    size_t vcap = w->mcap; /* the two arrays grow together */
+    if (!ZOFF_CKPT_GROW(w->mv, vcap, w->nm, 8) ||
+        !ZOFF_CKPT_GROW(w->mk, w->mcap, w->nm, 8))
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     w->mk[w->nm] = strdup(key);
     w->mv[w->nm] = strdup(value);
     if (!w->mk[w->nm] || !w->mv[w->nm]) {
@@ -606,13 +586,8 @@ zoff_status zoff_st_writer_declare(zoff_st_writer *w, const char *name, zoff_st_
             return zoff_error(ZOFF_ERR_INVALID, "safetensors %s: tensor '%s' declared twice", w->path, name);
     if (numel * es > INT64_MAX - w->data_total)
         return zoff_error(ZOFF_ERR_INVALID, "safetensors %s: total size overflows", w->path);
-    if (w->n == w->cap) {
-        size_t c = w->cap ? 2 * w->cap : 64;
-        st_decl *d = realloc(w->d, c * sizeof *d);
-        if (!d) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-        w->d = d;
-        w->cap = c;
-    }
+    if (!ZOFF_CKPT_GROW(w->d, w->cap, w->n, 64))
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     st_decl *d = &w->d[w->n];
     memset(d, 0, sizeof *d);
     if (!(d->name = strdup(name))) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
