@@ -166,33 +166,23 @@ bool zoff_backend_available(zoff_backend_kind kind) {
     return false;
 }
 
-static void stream_list_add(zoff_stream **head, zoff_stream *s) {
-    s->prev = NULL;
-    s->next = *head;
-    if (*head) (*head)->prev = s;
-    *head = s;
-}
-
-static void stream_list_remove(zoff_stream **head, zoff_stream *s) {
-    if (s->prev) s->prev->next = s->next;
-    else *head = s->next;
-    if (s->next) s->next->prev = s->prev;
-    s->prev = s->next = NULL;
-}
-
-static void event_list_add(zoff_event **head, zoff_event *e) {
-    e->prev = NULL;
-    e->next = *head;
-    if (*head) (*head)->prev = e;
-    *head = e;
-}
-
-static void event_list_remove(zoff_event **head, zoff_event *e) {
-    if (e->prev) e->prev->next = e->next;
-    else *head = e->next;
-    if (e->next) e->next->prev = e->prev;
-    e->prev = e->next = NULL;
-}
+/* The device's doubly linked lists of live streams and of live events (under dev->mu). */
+#define LIVE_LIST(T, name)                                  \
+    static void name##_list_add(T **head, T *x) {           \
+        x->prev = NULL;                                     \
+        x->next = *head;                                    \
+        if (*head) (*head)->prev = x;                       \
+        *head = x;                                          \
+    }                                                       \
+    static void name##_list_remove(T **head, T *x) {        \
+        if (x->prev) x->prev->next = x->next;               \
+        else *head = x->next;                               \
+        if (x->next) x->next->prev = x->prev;               \
+        x->prev = x->next = NULL;                           \
+    }
+LIVE_LIST(zoff_stream, stream)
+LIVE_LIST(zoff_event, event)
+#undef LIVE_LIST
 
 static zoff_status stream_new(zoff_device *dev, const char *name, bool is_default, zoff_stream **out) {
     zoff_stream *s = calloc(1, sizeof *s);
