@@ -28,8 +28,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Bounds of the shape: the model's table (include/zoff/model.h). */
-#define MAX_BATCH ZOFF_GPT2_MAX_BATCH
 
 /* The engine's "ratio": "auto" keeps 5% of the budget free (engine.c AUTO_MARGIN_FRACTION). */
 #define ENGINE_AUTO_MARGIN 0.05
@@ -77,9 +75,9 @@ zoff_status zoff_plan_model_bytes_get(const zoff_gpt2_options *o, zoff_plan_mode
     const char *w = "zoff plan: model shape";
     ZOFF_TRY(zoff_gpt2_check_shape(s, w, NULL));
     const int64_t Vp = zoff_gpt2_padded_vocab(s);
-    if (o->batch_size < 1 || o->batch_size > MAX_BATCH)
+    if (o->batch_size < 1 || o->batch_size > ZOFF_GPT2_MAX_BATCH)
         return zoff_error(ZOFF_ERR_INVALID, "%s: micro-batch size is %lld; it must be in [1, %lld]", w,
-                          (long long)o->batch_size, (long long)MAX_BATCH);
+                          (long long)o->batch_size, (long long)ZOFF_GPT2_MAX_BATCH);
     if (o->seq_len < 1 || o->seq_len > s->max_seq_len)
         return zoff_error(ZOFF_ERR_INVALID, "%s: seq_length %lld must be in [1, max_position_embeddings=%lld]", w,
                           (long long)o->seq_len, (long long)s->max_seq_len);
