@@ -82,7 +82,7 @@
  * [4096, index_offset) without overlapping the previous entry. An entry's data CRC is checked
  * whenever the entry is read. Every error names the file, the entry, and what is wrong.
  *
- * ==== Partitioned entries (data parallel; written by src/cli/common.c) ====
+ * ==== Partitioned entries (data parallel; written by src/train/checkpoint.c) ====
  *
  * Every rank file holds a "partition" blob, JSON:
  *   {"format":"zoff-partition","version":1,"rank":R,"world_size":N,"num_params":P,
@@ -95,7 +95,8 @@
  * all rank files cover [0,P) exactly once. Consolidating = for each rank file, scatter each
  * entry through its runs into a P-element array. Tensor weights (fp32 master, Hugging Face
  * names), "meta" and "config" are whole, in rank_00000.zckpt only. A file without a
- * "partition" blob (one rank, older zoff) has full P-element optimizer entries.
+ * "partition" blob (one rank, older zoff) has full P-element optimizer entries. The blob is
+ * written and read by zoff_ckpt_partition_json / zoff_ckpt_read_partition (one home).
  *
  * ==== Fault injection (tests) ====
  *
@@ -243,6 +244,21 @@ zoff_status zoff_ckpt_read_blob(zoff_ckpt_reader *r, const char *name, char **da
 zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst, size_t bytes);
 /* Check the CRC of one entry (NULL name: of every entry) without keeping the data. */
 zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name);
+
+/* ---- the "partition" blob of a rank file (see "Partitioned entries" above) ---- */
+typedef struct zoff_ckpt_partition {
+    bool present;       /* false: the file has no blob (one rank, older zoff): its entries are whole */
+    int64_t num_params; /* P, the elements of the flat space (0 when !present) */
+    int64_t *runs;      /* [offset0, count0, offset1, count1, ...], each inside [0, P) (malloc'd) */
+    size_t nruns;
+} zoff_ckpt_partition;
+/* Read and check rank file r's blob: format "zoff-partition", version 1, the "rank" field (when
+ * present) equal to `rank`, num_params, runs [offset, count] inside [0, num_params). Errors name
+ * the file. A file without the blob gives present = false (not an error). */
+zoff_status zoff_ckpt_read_partition(zoff_ckpt_reader *r, int rank, zoff_ckpt_partition *out);
+void zoff_ckpt_partition_free(zoff_ckpt_partition *p); /* NULL is allowed */
+/* The blob's JSON text for rank `rank` of `world` (malloc'd; NULL when out of memory). */
+char *zoff_ckpt_partition_json(int rank, int world, int64_t num_params, const int64_t *runs, size_t nruns);
 
 /* ---- fault-injection hook (tests) ----
  * While set, every write and fsync of a checkpoint file (the .zckpt files and COMPLETE) and
