@@ -45,6 +45,7 @@ typedef struct zoff_train_settings {
     char precision[8];         /* "fp32", "bf16", "fp16": the 16-bit type and its loss-scaler state */
     double lr;                 /* optimizer.params.lr */
     char scheduler[24];        /* scheduler.type ("none" without one) */
+    int64_t warmup_steps, total_steps; /* scheduler.params.warmup_num_steps, total_num_steps */
     int64_t micro_batch, accumulation, world_size;
     double gradient_clipping;
 } zoff_train_settings;

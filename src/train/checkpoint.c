@@ -25,10 +25,11 @@ static json_t *loader_to_json(const zoff_loader_state *l) {
 }
 
 static json_t *settings_to_json(const zoff_train_settings *s) {
-    return json_pack("{s:s,s:s,s:f,s:s,s:I,s:I,s:I,s:f}", "optimizer", s->optimizer, "precision", s->precision, "lr",
-                     s->lr, "scheduler", s->scheduler, "micro_batch", (json_int_t)s->micro_batch, "accumulation",
-                     (json_int_t)s->accumulation, "world_size", (json_int_t)s->world_size, "gradient_clipping",
-                     s->gradient_clipping);
+    return json_pack("{s:s,s:s,s:f,s:s,s:I,s:I,s:I,s:I,s:I,s:f}", "optimizer", s->optimizer, "precision",
+                     s->precision, "lr", s->lr, "scheduler", s->scheduler, "warmup_steps",
+                     (json_int_t)s->warmup_steps, "total_steps", (json_int_t)s->total_steps, "micro_batch",
+                     (json_int_t)s->micro_batch, "accumulation", (json_int_t)s->accumulation, "world_size",
+                     (json_int_t)s->world_size, "gradient_clipping", s->gradient_clipping);
 }
 
 static char *meta_to_text(const zoff_train_meta *meta) {
@@ -198,6 +199,8 @@ static void settings_from_json(json_t *sj, zoff_train_settings *s) {
     get_str(sj, "scheduler", s->scheduler, sizeof s->scheduler, "?");
     s->lr = json_number_value(json_object_get(sj, "lr"));
     s->gradient_clipping = json_number_value(json_object_get(sj, "gradient_clipping"));
+    s->warmup_steps = (int64_t)json_integer_value(json_object_get(sj, "warmup_steps"));
+    s->total_steps = (int64_t)json_integer_value(json_object_get(sj, "total_steps"));
     s->micro_batch = (int64_t)json_integer_value(json_object_get(sj, "micro_batch"));
     s->accumulation = (int64_t)json_integer_value(json_object_get(sj, "accumulation"));
     s->world_size = (int64_t)json_integer_value(json_object_get(sj, "world_size"));

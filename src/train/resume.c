@@ -87,6 +87,8 @@ zoff_status trainer_check_resume(zoff_trainer *t) {
                               t->o.load_dir, fatal[i].key, fatal[i].was, fatal[i].now, fatal[i].was);
     struct { const char *key; double was, now; } num[] = {
         {"optimizer.params.lr", was->lr, now.lr},
+        {"scheduler.params.warmup_num_steps", (double)was->warmup_steps, (double)now.warmup_steps},
+        {"scheduler.params.total_num_steps", (double)was->total_steps, (double)now.total_steps},
         {"train_micro_batch_size_per_gpu", (double)was->micro_batch, (double)now.micro_batch},
         {"gradient_accumulation_steps", (double)was->accumulation, (double)now.accumulation},
         {"gradient_clipping", was->gradient_clipping, now.gradient_clipping},

@@ -33,6 +33,8 @@ static const char *scheduler_name(zoff_scheduler_type t) {
 zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
     zoff_train_settings s = {.known = true,
                              .lr = cfg->optimizer.lr,
+                             .warmup_steps = cfg->scheduler.type ? cfg->scheduler.warmup_num_steps : 0,
+                             .total_steps = cfg->scheduler.type ? cfg->scheduler.total_num_steps : 0,
                              .micro_batch = cfg->train_micro_batch_size_per_gpu,
                              .accumulation = cfg->gradient_accumulation_steps,
                              .world_size = world,
