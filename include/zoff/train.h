@@ -86,6 +86,35 @@ zoff_status zoff_train_mkdir_p(const char *dir, char *made, size_t cap);
 zoff_status zoff_train_default_data(const char *dir, zoff_tokenizer *tok, char *train_path, size_t cap,
                                     char *val_path, size_t vcap);
 
+/* ---- device -> model -> initial weights -> engine ----
+ * The wiring every training program needs (zoff train, the benchmarks that train). */
+typedef struct zoff_train_stack_options {
+    zoff_device_options device;
+    const zoff_config *cfg;          /* optimizer, zero_optimization (kept by the engine: outlive the stack) */
+    zoff_gpt2_shape shape;
+    int64_t batch_size, seq_len;
+    zoff_dtype dtype;
+    bool checkpoint_activations;
+    uint64_t seed;                   /* random initial weights when init is NULL */
+    /* fills host (num_params fp32, model order) with the initial weights; NULL: random from seed */
+    zoff_status (*init)(void *arg, zoff_gpt2 *model, float *host);
+    void *init_arg;
+    zoff_comm *comm;                 /* NULL: one rank */
+    bool timeline;                   /* record the gradient-stream timeline (zoff_engine_grad_timeline) */
+} zoff_train_stack_options;
+
+typedef struct zoff_train_stack {
+    zoff_device *dev;
+    zoff_gpt2 *model;
+    zoff_engine *eng;
+} zoff_train_stack;
+
+/* Create the device, the model (stage 3: its weights come from the engine through the
+ * parameter hooks), the initial fp32 weights (freed once the engine holds them) and the engine.
+ * On error the error context names the part ("device", "model", "engine") and *out is empty. */
+zoff_status zoff_train_stack_create(const zoff_train_stack_options *opts, zoff_train_stack *out);
+void zoff_train_stack_destroy(zoff_train_stack *s); /* engine, model, device; NULL members allowed */
+
 /* ---- the trainer ---- */
 
 typedef struct zoff_trainer_options {

@@ -186,9 +186,11 @@ void trainer_remove_made_dir(zoff_trainer *t) {
     }
 }
 
-static zoff_status create_device(zoff_trainer *t) {
+/* The device: GPU by local rank with several ranks; on the CPU backend the host's cores are
+ * shared out among the ranks of a host. */
+static zoff_device_options device_options(const zoff_trainer *t) {
     zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU, .memory_budget = t->o.device_memory};
-    if (t->info.world > 1) { /* GPU by local rank; on the CPU backend the host's cores are shared out */
+    if (t->info.world > 1) {
         int local = zoff_comm_local_rank(t->comm), nlocal = zoff_comm_local_size(t->comm);
         dopt.ordinal = local;
         if (!getenv("ZOFF_THREADS")) {
@@ -202,62 +204,49 @@ static zoff_status create_device(zoff_trainer *t) {
     const char *dv = t->o.device;
     if ((dv && !strcmp(dv, "cuda")) || (!dv && zoff_backend_available(ZOFF_BACKEND_CUDA)))
         dopt.kind = ZOFF_BACKEND_CUDA;
-    zoff_status s = zoff_device_create(&dopt, &t->dev);
-    return s != ZOFF_OK ? zoff_error_context(s, "device") : ZOFF_OK;
+    return dopt;
 }
 
 /* The initial fp32 weights: the checkpoint's (--load), a safetensors file's (--init-from), or
  * random (--seed). */
-static zoff_status initial_weights(zoff_trainer *t, const zoff_tensor_info *tensors, int nt) {
-    int64_t n = zoff_gpt2_num_params(t->model);
-    if (!(t->init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights")))
-        return zoff_error_context(ZOFF_ERR_NOMEM, "model");
+static zoff_status initial_weights(void *arg, zoff_gpt2 *model, float *host) {
+    zoff_trainer *t = arg;
     zoff_status s = ZOFF_OK;
     if (t->rd) {
-        if ((s = zoff_train_ckpt_read_weights(t->rd, t->model, t->init)) != ZOFF_OK)
-            return zoff_error_context(s, "--load");
+        if ((s = zoff_train_ckpt_read_weights(t->rd, model, host)) != ZOFF_OK) return zoff_error_context(s, "--load");
     } else if (t->init_st) {
-        if ((s = zoff_gpt2_st_load(t->init_st, &t->info.shape, tensors, nt, t->init)) != ZOFF_OK)
+        int nt = 0;
+        const zoff_tensor_info *tensors = zoff_gpt2_tensors(model, &nt);
+        if ((s = zoff_gpt2_st_load(t->init_st, zoff_gpt2_get_shape(model), tensors, nt, host)) != ZOFF_OK)
             return zoff_error_context(s, "--init-from");
         trainer_say(t, "initialised the weights from %s (%s layout)", t->o.init_from,
                     zoff_gpt2_st_layout(t->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");
         zoff_st_close(t->init_st);
         t->init_st = NULL;
     } else {
-        zoff_gpt2_init_params(t->model, t->o.seed, t->init);
+        zoff_gpt2_init_params(model, t->o.seed, host);
     }
     return ZOFF_OK;
 }
 
-/* Device, model, initial weights, engine (and stage 3's parameter hooks), token buffers. */
+/* Device, model, initial weights, engine (zoff_train_stack), token buffers. */
 zoff_status trainer_build(zoff_trainer *t) {
-    ZOFF_TRY(create_device(t));
-    zoff_gpt2_options mo = {.shape = t->info.shape, .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
-                            .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,
-                            .external_params = t->cfg.zero.stage == 3}; /* stage 3: weights from the engine */
-    zoff_status s = zoff_gpt2_create(t->dev, &mo, &t->model);
-    if (s != ZOFF_OK) return zoff_error_context(s, "model");
+    zoff_train_stack_options so = {.device = device_options(t), .cfg = &t->cfg, .shape = t->info.shape,
+                                   .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
+                                   .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,
+                                   .seed = t->o.seed, .init = initial_weights, .init_arg = t,
+                                   .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1};
+    ZOFF_TRY(zoff_train_stack_create(&so, &t->stack));
+    t->dev = t->stack.dev;
+    t->model = t->stack.model;
+    t->eng = t->stack.eng;
     t->info.shape = *zoff_gpt2_get_shape(t->model);
     t->info.num_params = zoff_gpt2_num_params(t->model);
-    int nt = 0;
-    const zoff_tensor_info *tensors = zoff_gpt2_tensors(t->model, &nt);
-    ZOFF_TRY(initial_weights(t, tensors, nt));
-    zoff_engine_options eo = {.dev = t->dev, .cfg = &t->cfg, .tensors = tensors, .num_tensors = nt,
-                              .num_params = t->info.num_params, .params = zoff_gpt2_params(t->model),
-                              .grads = zoff_gpt2_grads(t->model), .dtype = t->info.dtype, .init_params = t->init,
-                              .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1};
-    if ((s = zoff_engine_create(&eo, &t->eng)) != ZOFF_OK) return zoff_error_context(s, "engine");
-    zoff_aligned_free(t->init); /* the engine holds the master weights now: 4 B/param less on the host */
-    t->init = NULL;
-    if (t->cfg.zero.stage == 3) { /* the model asks the engine for each group's weights */
-        zoff_param_hooks hk = {.arg = t->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
-                               .release = zoff_engine_release};
-        if ((s = zoff_gpt2_set_param_hooks(t->model, &hk)) != ZOFF_OK) return zoff_error_context(s, "engine");
-    }
     size_t tok_bytes = (size_t)(t->info.micro_batch * t->info.seq_len) * sizeof(int32_t);
     t->hx = malloc(tok_bytes);
     t->hy = malloc(tok_bytes);
     if (!t->hx || !t->hy) return zoff_error(ZOFF_ERR_NOMEM, "buffers: out of host memory");
+    zoff_status s;
     if ((s = zoff_device_alloc(t->dev, tok_bytes, "input tokens", (void **)&t->dx)) != ZOFF_OK ||
         (s = zoff_device_alloc(t->dev, tok_bytes, "target tokens", (void **)&t->dy)) != ZOFF_OK)
         return zoff_error_context(s, "device");

@@ -23,16 +23,13 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     if (!t) return;
     if (t->metrics) fclose(t->metrics);
     if (t->timeline) fclose(t->timeline);
-    zoff_engine_destroy(t->eng);
     if (t->dev) {
         zoff_device_free(t->dev, t->dx);
         zoff_device_free(t->dev, t->dy);
     }
-    zoff_gpt2_destroy(t->model);
-    zoff_device_destroy(t->dev);
+    zoff_train_stack_destroy(&t->stack);
     free(t->hx);
     free(t->hy);
-    zoff_aligned_free(t->init);
     zoff_st_close(t->init_st);
     zoff_ckpt_close(t->rd);
     zoff_loader_free(t->train_ld);

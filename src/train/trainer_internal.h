@@ -14,10 +14,10 @@ struct zoff_trainer {
     zoff_tokenizer *tok;
     zoff_dataset *train_ds, *val_ds;
     zoff_loader *train_ld, *val_ld;
-    zoff_device *dev;
+    zoff_train_stack stack;   /* device, model, engine */
+    zoff_device *dev;         /* = stack.dev, .model, .eng */
     zoff_gpt2 *model;
     zoff_engine *eng;
-    float *init;              /* initial fp32 weights until the engine holds them */
     zoff_st_file *init_st;    /* --init-from */
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
