@@ -3,7 +3,7 @@
 # train prints: a --save holding another run's checkpoints is refused without --load (or
 # cleared with --overwrite); a resume refuses settings that change what the stored state means
 # (optimizer, precision, model shape, sequence length, vocabulary) naming the key and both
-# values, and prints those it may change; bad shapes are refused by flag name with nothing
+# values (for older checkpoints from their stored config), and prints those it may change; bad shapes are refused by flag name with nothing
 # written; the summary prints validation only when measured; the start-up time is in the log
 # and in metrics.jsonl; with 2 ranks (when MPI is there) the validation loss is the 1-rank one,
 # the banner shows the global batch, and --quiet prints nothing on success.
@@ -73,6 +73,32 @@ check "resume with another lr and clipping: exit 0, ends at step 4" "[ \$? -eq 0
 check "... one line for the lr (0.001 -> 0.0005)" "grep -q 'resume: optimizer.params.lr 0.001 -> 0.0005' '$W/out.txt'"
 check "... one line for gradient_clipping (1 -> 0.5)" "grep -q 'resume: gradient_clipping 1 -> 0.5' '$W/out.txt'"
 check "... and none for what did not change" "! grep -q 'resume: train_micro_batch' '$W/out.txt'"
+
+# 4b. a checkpoint written before "settings" existed: the stored config is compared instead
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+cp -r "$W/run" "$W/old"
+"$PY" - "$SRC/scripts" "$W/old/step_00000004/rank_00000.zckpt" <<'PYEOF'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import zckpt
+hdr, es = zckpt.read_file(sys.argv[2])
+out = []
+for e in es:
+    data = e["data"]
+    if e["name"] == "meta":
+        m = json.loads(data)
+        del m["settings"]
+        data = json.dumps(m, indent=1, sort_keys=True).encode()
+    shape = [len(data)] if e["name"] == "meta" and e["shape"] else e["shape"]  # a blob: [] or [bytes]
+    out.append((e["name"], e["dtype"], shape, data))
+zckpt.write_file(sys.argv[2], hdr["step"], hdr["rank"], out)
+PYEOF
+check "old-style checkpoint (no settings in meta) still verifies" "'$PY' '$SRC/scripts/zckpt.py' verify '$W/old' >/dev/null"
+"$ZOFF" train "${TINY[@]}" --config "$W/lion.json" --train-iters 5 --save "$W/old" --load "$W/old" >"$W/err.txt" 2>&1
+check "old-style checkpoint, another optimizer: refused from the stored config (AdamW vs Lion)" \
+  "[ \$? -eq 2 ] && grep -q 'optimizer.type is AdamW in the checkpoint but Lion' '$W/err.txt'"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw_lr.json" --train-iters 5 --save "$W/old" --load "$W/old" --quiet >"$W/err.txt" 2>&1
+check "old-style checkpoint, same optimizer: resumes to step 5" "[ \$? -eq 0 ] && [ -f '$W/old/step_00000005/COMPLETE' ]"
 
 # 5. --quiet: a successful resume prints nothing (no "resumed from")
 "$ZOFF" train "${TINY[@]}" --config "$W/adamw_lr.json" --train-iters 5 --save "$W/run" --load "$W/run" --quiet >"$W/q.txt" 2>&1
