@@ -216,7 +216,7 @@ static zoff_status read_model(json_t *mo, const char *path, zoff_gpt2_shape *sh)
 }
 
 static zoff_status read_loader(json_t *lj, const char *path, zoff_loader_state *l) {
-    int64_t lo, hi;
+    int64_t lo = 0, hi = 0;
     ZOFF_TRY(get_int(lj, "seed_lo", path, &lo));
     ZOFF_TRY(get_int(lj, "seed_hi", path, &hi));
     l->seed = (uint64_t)lo | ((uint64_t)hi << 32);
@@ -230,7 +230,7 @@ static zoff_status read_loader(json_t *lj, const char *path, zoff_loader_state *
 }
 
 static zoff_status read_engine(json_t *ej, const char *path, zoff_engine_scalars *e) {
-    int64_t t;
+    int64_t t = 0;
     ZOFF_TRY(get_int(ej, "steps_taken", path, &e->steps_taken));
     ZOFF_TRY(get_int(ej, "steps_skipped", path, &e->steps_skipped));
     ZOFF_TRY(get_int(ej, "scaler_iter", path, &e->scaler_iter));
@@ -244,7 +244,7 @@ static zoff_status read_engine(json_t *ej, const char *path, zoff_engine_scalars
 static zoff_status meta_from_json(json_t *root, zoff_ckpt_reader *r, zoff_train_meta *m) {
     const char *path = zoff_ckpt_reader_path(r);
     const char *fmt = json_string_value(json_object_get(root, "format"));
-    int64_t ver = 0, lo, hi;
+    int64_t ver = 0, lo = 0, hi = 0;
     if (!fmt || strcmp(fmt, "zoff-train-state"))
         return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: not a zoff training state", path);
     ZOFF_TRY(get_int(root, "version", path, &ver));
