@@ -660,7 +660,7 @@ static void test_ranks_vs_real(void **st) {
                  "OMP_NUM_THREADS=1 -x ASAN_OPTIONS -np 2 %s train --config "
                  "%s --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --vocab-size 512 "
                  "--tokenizer byte --data-path %s/corpus_train.bin --val-path %s/corpus_val.bin --eval-iters 0 "
-                 "--train-iters 1 --save %s/out 2>&1",
+                 "--train-iters 1 --overwrite --save %s/out 2>&1",
                  ZOFF_BINARY, path, dir, dir, dir);
         FILE *f = popen(cmd, "r");
         assert_non_null(f);

@@ -135,28 +135,16 @@ static zoff_status run_steps(const bench_args *a, const char *json, zoff_dtype d
     ZOFF_TRY(zoff_config_load_string(json, "bench config", &cfg));
     zoff_status s = zoff_config_resolve_batch(&cfg, 1);
     int64_t B = a->B, T = a->T;
-    zoff_device *dev = NULL;
-    zoff_gpt2 *m = NULL;
-    zoff_engine *e = NULL;
     int32_t *dx = NULL, *hx = NULL;
-    float *init = NULL;
     int iters = (int)a->iters, warm = 2;
     double *samp = calloc((size_t)iters * 3, sizeof(double));
-    zoff_device_options dopt = {.kind = kind};
-    if (s == ZOFF_OK) s = zoff_device_create(&dopt, &dev);
-    zoff_gpt2_options mo = {.shape = a->shape, .batch_size = B, .seq_len = T, .dtype = dt};
-    if (s == ZOFF_OK) s = zoff_gpt2_create(dev, &mo, &m);
-    int64_t n = s == ZOFF_OK ? zoff_gpt2_num_params(m) : 0;
-    if (s == ZOFF_OK && !(init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights"))) s = ZOFF_ERR_NOMEM;
-    if (s == ZOFF_OK) {
-        zoff_gpt2_init_params(m, 1, init);
-        int nt;
-        const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
-        zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = n,
-                                  .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
-                                  .init_params = init};
-        s = zoff_engine_create(&eo, &e);
-    }
+    zoff_train_stack stk = {0}; /* device -> model -> initial weights -> engine */
+    zoff_train_stack_options so = {.device = {.kind = kind}, .cfg = &cfg, .shape = a->shape, .batch_size = B,
+                                   .seq_len = T, .dtype = dt, .seed = 1};
+    if (s == ZOFF_OK) s = zoff_train_stack_create(&so, &stk);
+    zoff_device *dev = stk.dev;
+    zoff_gpt2 *m = stk.model;
+    zoff_engine *e = stk.eng;
     size_t tb = (size_t)(B * T) * sizeof(int32_t);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, tb, "tokens", (void **)&dx);
     if (s == ZOFF_OK && (!(hx = malloc(tb)) || !samp)) s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
@@ -189,15 +177,12 @@ static zoff_status run_steps(const bench_args *a, const char *json, zoff_dtype d
             for (int i = 0; i < iters; i++) col[i] = samp[(size_t)i * 3 + (size_t)c];
             *dst[c] = median(col, iters);
         }
-        *nparams = n;
+        *nparams = zoff_gpt2_num_params(m);
     }
     free(samp);
     free(hx);
     if (dev && dx) zoff_device_free(dev, dx);
-    zoff_engine_destroy(e);
-    zoff_gpt2_destroy(m);
-    zoff_device_destroy(dev);
-    zoff_aligned_free(init);
+    zoff_train_stack_destroy(&stk);
     zoff_config_free(&cfg);
     return s;
 }

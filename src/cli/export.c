@@ -206,8 +206,8 @@ int zoff_cmd_export(int argc, char **argv) {
     zoff_ckpt_gather *g = NULL;
     zoff_status s = zoff_ckpt_gather_open(stepdir, &g);
     if (s != ZOFF_OK) return fail("--load", s);
-    cli_meta meta;
-    s = cli_read_meta(zoff_ckpt_gather_reader(g, 0), &meta, NULL);
+    zoff_train_meta meta;
+    s = zoff_train_ckpt_read_meta(zoff_ckpt_gather_reader(g, 0), &meta, NULL);
     if (s != ZOFF_OK) {
         zoff_ckpt_gather_close(g);
         return fail("--load", s);

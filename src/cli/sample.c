@@ -117,9 +117,9 @@ int zoff_cmd_sample(int argc, char **argv) {
     float *w = NULL, *logits = NULL, *scratch = NULL;
     int32_t *dtok = NULL;
     zoff_tokens ctx = {0};
-    cli_meta meta;
+    zoff_train_meta meta;
     zoff_status s = zoff_ckpt_open(load, 0, &rd);
-    if (s == ZOFF_OK) s = cli_read_meta(rd, &meta, NULL);
+    if (s == ZOFF_OK) s = zoff_train_ckpt_read_meta(rd, &meta, NULL);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff sample: --load %s: %s\n", load, zoff_last_error());
         zoff_ckpt_close(rd);
@@ -136,7 +136,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     int64_t n = s == ZOFF_OK ? zoff_gpt2_num_params(model) : 0;
     int64_t V = meta.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
     if (s == ZOFF_OK && !(w = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "weights"))) s = ZOFF_ERR_NOMEM;
-    if (s == ZOFF_OK) s = cli_read_weights(rd, model, w);
+    if (s == ZOFF_OK) s = zoff_train_ckpt_read_weights(rd, model, w);
     zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
     if (s == ZOFF_OK) s = zoff_memcpy_async(st, zoff_gpt2_params(model), w, (size_t)n * sizeof(float), ZOFF_COPY_H2D);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)T * sizeof(int32_t), "context tokens", (void **)&dtok);

@@ -1,0 +1,191 @@
+/* The trainer: a parsed config + model shape wired into a device, a GPT-2 model, the ZeRO
+ * engine, data loaders, metrics and training checkpoints. `zoff train` parses flags, creates a
+ * trainer and loops over zoff_trainer_step; everything between the CLI and the lower layers
+ * (config, model, zero, data, ckpt, comm) is here.
+ *
+ *     zoff_trainer *t;
+ *     ZOFF_TRY(zoff_trainer_create(&opts, comm, &t));  // config, data, model, engine, --load
+ *     zoff_trainer_evaluate(t, &val);                   // val_loss line in metrics.jsonl
+ *     while (zoff_trainer_info(t)->step < opts.train_iters) {
+ *         zoff_trainer_step(t, &r);                     // zero grad, fwd, bwd, step, metrics
+ *         if (interval) zoff_trainer_save(t, false);
+ *     }
+ *     zoff_trainer_save(t, true);                       // final checkpoint, unless saved already
+ *     zoff_trainer_destroy(t);
+ *
+ * Training checkpoints: DIR/step_%08d/rank_%05d.zckpt (include/zoff/ckpt.h). Rank 0's file holds
+ * every tensor's fp32 master weights under its Hugging Face name, the "meta" blob
+ * (zoff_train_meta as JSON, format "zoff-train-state" version 1) and the "config" blob; every
+ * rank's file holds its partition of the optimizer state ("optimizer.exp_avg", ...) and a
+ * "partition" blob. Loading reshards: a rank reads its partition from whichever rank files
+ * hold it, whatever the number of ranks that wrote them. */
+#ifndef ZOFF_TRAIN_H
+#define ZOFF_TRAIN_H
+
+#include <signal.h>
+
+#include "zoff/ckpt.h"
+#include "zoff/comm.h"
+#include "zoff/config.h"
+#include "zoff/data.h"
+#include "zoff/engine.h"
+#include "zoff/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the training-checkpoint schema ---- */
+
+/* The run's settings a resume compares (the "settings" object of the meta blob; derived from
+ * the stored config for checkpoints written before it existed). */
+typedef struct zoff_train_settings {
+    bool known;                /* false: an old checkpoint without settings or config */
+    char optimizer[16];        /* optimizer.type: "Adam", "AdamW", "Adagrad", "Lion" */
+    char precision[8];         /* "fp32", "bf16", "fp16": the 16-bit type and its loss-scaler state */
+    double lr;                 /* optimizer.params.lr */
+    char scheduler[24];        /* scheduler.type ("none" without one) */
+    int64_t warmup_steps, total_steps; /* scheduler.params.warmup_num_steps, total_num_steps */
+    int64_t micro_batch, accumulation, world_size;
+    double gradient_clipping;
+} zoff_train_settings;
+
+/* What a training checkpoint records besides tensors (the "meta" JSON blob). */
+typedef struct zoff_train_meta {
+    int64_t step; /* optimizer steps applied (iteration count) */
+    zoff_gpt2_shape shape;
+    int64_t seq_len;
+    char tokenizer[16];
+    uint64_t seed;
+    zoff_loader_state loader;
+    zoff_engine_scalars engine;
+    double consumed_tokens;
+    zoff_train_settings settings;
+} zoff_train_meta;
+
+/* Save weights (fp32 master, per tensor by name), this rank's optimizer state and, on rank 0,
+ * meta and config_json (may be NULL) into DIR/step_X, over the ranks of comm (collective; NULL =
+ * one rank). Atomic: every rank's file is committed before rank 0 finalizes; a failure on any
+ * rank discards the checkpoint on all. */
+zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
+                                 const zoff_train_meta *meta, const char *config_json, zoff_comm *comm);
+/* Read meta from a checkpoint (rank 0's reader). *config_json (malloc'd, may be NULL; pass
+ * NULL not to read it). */
+zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *meta, char **config_json);
+/* Read the fp32 master weights of every tensor of `model` into host_params (num_params floats). */
+zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params);
+/* Restore the engine's optimizer state: this rank's partition, read from whichever rank files
+ * hold it (resharding). r is rank 0's file. */
+zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params);
+
+/* ---- files ---- */
+
+/* mkdir -p DIR; made (may be NULL) gets the top-most directory this call created ("" if none). */
+zoff_status zoff_train_mkdir_p(const char *dir, char *made, size_t cap);
+/* The default corpus: Debian's `fortunes`, tokenised once into DIR/fortunes_<tok>_{train,val}.bin. */
+zoff_status zoff_train_default_data(const char *dir, zoff_tokenizer *tok, char *train_path, size_t cap,
+                                    char *val_path, size_t vcap);
+
+/* ---- device -> model -> initial weights -> engine ----
+ * The wiring every training program needs (zoff train, the benchmarks that train). */
+typedef struct zoff_train_stack_options {
+    zoff_device_options device;
+    const zoff_config *cfg;          /* optimizer, zero_optimization (kept by the engine: outlive the stack) */
+    zoff_gpt2_shape shape;
+    int64_t batch_size, seq_len;
+    zoff_dtype dtype;
+    bool checkpoint_activations;
+    uint64_t seed;                   /* random initial weights when init is NULL */
+    /* fills host (num_params fp32, model order) with the initial weights; NULL: random from seed */
+    zoff_status (*init)(void *arg, zoff_gpt2 *model, float *host);
+    void *init_arg;
+    zoff_comm *comm;                 /* NULL: one rank */
+    bool timeline;                   /* record the gradient-stream timeline (zoff_engine_grad_timeline) */
+} zoff_train_stack_options;
+
+typedef struct zoff_train_stack {
+    zoff_device *dev;
+    zoff_gpt2 *model;
+    zoff_engine *eng;
+} zoff_train_stack;
+
+/* Create the device, the model (stage 3: its weights come from the engine through the
+ * parameter hooks), the initial fp32 weights (freed once the engine holds them) and the engine.
+ * On error the error context names the part ("device", "model", "engine") and *out is empty. */
+zoff_status zoff_train_stack_create(const zoff_train_stack_options *opts, zoff_train_stack *out);
+void zoff_train_stack_destroy(zoff_train_stack *s); /* engine, model, device; NULL members allowed */
+
+/* ---- the trainer ---- */
+
+typedef struct zoff_trainer_options {
+    const char *config_path;    /* DeepSpeed JSON file; NULL: config_text */
+    const char *config_text;    /* the default config (used when config_path is NULL) */
+    /* model shape: 0 = not given (then the config's model section, then the defaults
+     * 4 x 128, 4 heads, seq 64, the tokenizer's vocabulary) */
+    int64_t num_layers, hidden_size, num_heads, seq_length, max_pos, vocab_size;
+    int64_t micro_batch;        /* overrides train_micro_batch_size_per_gpu (0 = no) */
+    int64_t train_iters, eval_iters, save_interval, keep_last;
+    const char *save_dir, *load_dir, *init_from, *data_path, *val_path;
+    const char *tokenizer;      /* "gpt2" or "byte" (a checkpoint's own wins on --load) */
+    const char *default_data_dir; /* where the default corpus is built (no data_path) */
+    const char *device;         /* "cpu", "cuda" or NULL (cuda when available) */
+    size_t device_memory;       /* device budget (0 = all) */
+    uint64_t seed;
+    bool checkpoint_activations;
+    bool quiet;                 /* no progress lines from the trainer (errors still) */
+    bool overwrite;             /* --save holds checkpoints of another run: delete them */
+    volatile sig_atomic_t *stop; /* a signal handler sets it; all ranks agree (may be NULL) */
+} zoff_trainer_options;
+
+typedef struct zoff_trainer zoff_trainer;
+
+/* What the CLI prints: fixed at create, except step. */
+typedef struct zoff_trainer_info {
+    int64_t step, start_step;         /* optimizer steps done; where this run began */
+    zoff_gpt2_shape shape;
+    int64_t seq_len, micro_batch, accumulation, num_params;
+    int64_t eval_iters;               /* validation batches actually evaluated (0: none) */
+    int rank, world;
+    zoff_dtype dtype;
+    double startup_s;                 /* zoff_trainer_create's time, up to the first step */
+    double consumed_tokens;
+    const char *metrics_path;
+    const char *tokenizer;
+} zoff_trainer_info;
+
+/* One optimizer step's figures (also written to metrics.jsonl). */
+typedef struct zoff_train_step_result {
+    int64_t step;          /* after this step */
+    double loss;           /* mean over micro-batches and ranks */
+    double lr, tokens_per_s, step_time, t_forward, t_backward;
+    zoff_step_info info;   /* grad norm, loss scale, skipped, host/device/wait times */
+} zoff_train_step_result;
+
+/* Validate everything (config, shape, resume compatibility, data, memory, --save) before
+ * anything is written, then create the output directory, device, model, engine, loaders,
+ * metrics file, and restore --load. comm: NULL for one rank. On error nothing is left
+ * allocated and no empty --save directory is left behind. */
+zoff_status zoff_trainer_create(const zoff_trainer_options *opts, zoff_comm *comm, zoff_trainer **out);
+void zoff_trainer_destroy(zoff_trainer *t); /* NULL is allowed */
+const zoff_trainer_info *zoff_trainer_info_get(const zoff_trainer *t);
+zoff_device *zoff_trainer_device(zoff_trainer *t);
+zoff_engine *zoff_trainer_engine(zoff_trainer *t);
+zoff_gpt2 *zoff_trainer_model(zoff_trainer *t);
+const zoff_config *zoff_trainer_config(const zoff_trainer *t);
+
+/* One optimizer step over the accumulation micro-batches; writes its metrics line. */
+zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *out);
+/* Should training stop (a signal seen by any rank)? Collective: call on every rank. */
+zoff_status zoff_trainer_should_stop(zoff_trainer *t, bool *stop);
+/* Mean validation loss over eval_iters batches of micro_batch sequences, the same sequences
+ * whatever the number of ranks; writes a val_loss line. NAN (and no line) when there is no
+ * validation. Collective. */
+zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *val_loss);
+/* Checkpoint at the current step (and prune to keep_last). only_if_new: skip when the newest
+ * checkpoint in --save is already this step (rank 0's view decides). Collective. */
+zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

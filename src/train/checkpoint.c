@@ -1,0 +1,398 @@
+/* The training-checkpoint schema (include/zoff/train.h): weights, optimizer state partitions,
+ * the "meta" blob, the config; saving over ranks and loading onto another number of ranks. */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "zoff/train.h"
+
+/* ------------------------------------------------------------------ meta as JSON */
+
+static json_t *loader_to_json(const zoff_loader_state *l) {
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)l->fingerprint);
+    json_t *o = json_object();
+    json_object_set_new(o, "seed_lo", json_integer((json_int_t)(l->seed & 0xffffffffu)));
+    json_object_set_new(o, "seed_hi", json_integer((json_int_t)(l->seed >> 32)));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)l->epoch));
+    json_object_set_new(o, "window", json_integer((json_int_t)l->window));
+    json_object_set_new(o, "seq_len", json_integer((json_int_t)l->seq_len));
+    json_object_set_new(o, "num_windows", json_integer((json_int_t)l->num_windows));
+    json_object_set_new(o, "fingerprint", json_string(fp));
+    return o;
+}
+
+static json_t *settings_to_json(const zoff_train_settings *s) {
+    return json_pack("{s:s,s:s,s:f,s:s,s:I,s:I,s:I,s:I,s:I,s:f}", "optimizer", s->optimizer, "precision",
+                     s->precision, "lr", s->lr, "scheduler", s->scheduler, "warmup_steps",
+                     (json_int_t)s->warmup_steps, "total_steps", (json_int_t)s->total_steps, "micro_batch",
+                     (json_int_t)s->micro_batch, "accumulation", (json_int_t)s->accumulation, "world_size",
+                     (json_int_t)s->world_size, "gradient_clipping", s->gradient_clipping);
+}
+
+static char *meta_to_text(const zoff_train_meta *meta) {
+    const zoff_gpt2_shape *sh = &meta->shape;
+    json_t *root = json_pack(
+        "{s:s,s:i,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:s,s:I,s:I,s:o,s:{s:I,s:I,s:f,s:I,s:I,s:i},s:f}", "format",
+        "zoff-train-state", "version", 1, "step", (json_int_t)meta->step, "model", "num_layers",
+        (json_int_t)sh->num_layers, "hidden_size", (json_int_t)sh->hidden_size, "num_heads", (json_int_t)sh->num_heads,
+        "max_seq_len", (json_int_t)sh->max_seq_len, "vocab_size", (json_int_t)sh->vocab_size, "padded_vocab_size",
+        (json_int_t)sh->padded_vocab_size, "seq_len", (json_int_t)meta->seq_len, "tokenizer", meta->tokenizer,
+        "seed_lo", (json_int_t)(meta->seed & 0xffffffffu), "seed_hi", (json_int_t)(meta->seed >> 32), "loader",
+        loader_to_json(&meta->loader), "engine", "steps_taken", (json_int_t)meta->engine.steps_taken,
+        "steps_skipped", (json_int_t)meta->engine.steps_skipped, "loss_scale", meta->engine.loss_scale, "scaler_iter",
+        (json_int_t)meta->engine.scaler_iter, "last_overflow_iter", (json_int_t)meta->engine.last_overflow_iter,
+        "hysteresis_left", meta->engine.hysteresis_left, "consumed_tokens", meta->consumed_tokens);
+    if (root && meta->settings.known) json_object_set_new(root, "settings", settings_to_json(&meta->settings));
+    char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
+    json_decref(root);
+    return txt;
+}
+
+/* ------------------------------------------------------------------ saving */
+
+/* This rank's partition runs [off0, cnt0, ...] (see include/zoff/ckpt.h, "Partitioned entries"). */
+static zoff_status partition_runs(zoff_engine *eng, int64_t **runs, int *nruns) {
+    int nr = zoff_engine_partition(eng, NULL, NULL, 0);
+    int64_t *off = malloc((size_t)(nr + 1) * sizeof *off), *cnt = malloc((size_t)(nr + 1) * sizeof *cnt);
+    *runs = malloc((size_t)(2 * nr + 2) * sizeof **runs);
+    zoff_status s = ZOFF_OK;
+    if (!off || !cnt || !*runs) {
+        free(*runs);
+        *runs = NULL;
+        s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the partition of a checkpoint");
+    } else {
+        zoff_engine_partition(eng, off, cnt, nr);
+        for (int k = 0; k < nr; k++) {
+            (*runs)[2 * k] = off[k];
+            (*runs)[2 * k + 1] = cnt[k];
+        }
+        *nruns = nr;
+    }
+    free(off);
+    free(cnt);
+    return s;
+}
+
+/* This rank's file: weights (rank 0), optimizer state partition, partition blob, meta and config
+ * (rank 0). The gather of the master weights is collective: every rank calls it first. */
+static zoff_status write_rank_file(zoff_ckpt_writer *w, zoff_engine *eng, const zoff_gpt2 *model, float *buf,
+                                   const zoff_train_meta *meta, const char *config_json, int rank, int world) {
+    int64_t n = zoff_gpt2_num_params(model), pn = zoff_engine_partition_numel(eng);
+    int64_t *runs = NULL;
+    int nruns = 0;
+    ZOFF_TRY(partition_runs(eng, &runs, &nruns));
+    /* stage 0 replicates the state: rank 0 stores it, the other ranks an empty partition */
+    bool replica = rank > 0 && nruns == 1 && runs[0] == 0 && runs[1] == n;
+    if (replica) nruns = 0;
+    zoff_status s = ZOFF_OK;
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
+    for (int i = 0; rank == 0 && s == ZOFF_OK && i < nt; i++) /* Hugging Face names, zoff layout */
+        s = zoff_ckpt_add(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, buf + t[i].offset,
+                          (size_t)t[i].numel * sizeof(float));
+    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
+        int64_t shape[1] = {replica ? 0 : pn};
+        if (!replica) s = zoff_engine_state_get(eng, k, buf);
+        if (s == ZOFF_OK)
+            s = zoff_ckpt_add(w, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf,
+                              (size_t)shape[0] * sizeof(float));
+    }
+    char *pj = s == ZOFF_OK ? zoff_ckpt_partition_json(rank, world, n, runs, (size_t)nruns) : NULL;
+    if (s == ZOFF_OK) s = pj ? zoff_ckpt_add_blob(w, "partition", pj, strlen(pj))
+                             : zoff_error(ZOFF_ERR_NOMEM, "cannot encode the checkpoint's partition");
+    free(pj);
+    free(runs);
+    if (s != ZOFF_OK || rank != 0) return s;
+    char *txt = meta_to_text(meta);
+    s = txt ? zoff_ckpt_add_blob(w, "meta", txt, strlen(txt))
+            : zoff_error(ZOFF_ERR_INTERNAL, "cannot encode checkpoint metadata");
+    free(txt);
+    if (s == ZOFF_OK && config_json) s = zoff_ckpt_add_blob(w, "config", config_json, strlen(config_json));
+    return s;
+}
+
+/* Several ranks: every rank's file is committed (or failed, status s) before rank 0 makes the
+ * checkpoint visible; a failure anywhere discards it everywhere. */
+static zoff_status finish_over_ranks(const char *dir, int64_t step, zoff_status s, zoff_comm *comm,
+                                     const zoff_ckpt_options *opts) {
+    int rank = zoff_comm_rank(comm);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", s == ZOFF_OK ? "" : zoff_last_error());
+    double failed = s != ZOFF_OK, fin = 0;
+    ZOFF_TRY(zoff_comm_allreduce_f64(comm, &failed, 1, ZOFF_REDUCE_SUM));
+    if (failed > 0) {
+        if (rank == 0) (void)zoff_ckpt_discard(dir, step, opts);
+        if (s != ZOFF_OK) return zoff_error(s, "%s", msg);
+        return zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: %.0f rank(s) failed to write their "
+                                       "part (see their messages); the checkpoint was discarded",
+                          (long long)step, dir, failed);
+    }
+    if (rank == 0) {
+        s = zoff_ckpt_finalize(dir, step, zoff_comm_size(comm), opts);
+        if (s != ZOFF_OK) snprintf(msg, sizeof msg, "%s", zoff_last_error());
+        fin = s != ZOFF_OK;
+    }
+    ZOFF_TRY(zoff_comm_allreduce_f64(comm, &fin, 1, ZOFF_REDUCE_SUM));
+    if (fin > 0)
+        return rank == 0 ? zoff_error(s, "%s", msg)
+                         : zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: rank 0 could not finalize "
+                                                   "it (see its message)",
+                                      (long long)step, dir);
+    return ZOFF_OK;
+}
+
+zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
+                                 const zoff_train_meta *meta, const char *config_json, zoff_comm *comm) {
+    int rank = zoff_comm_rank(comm), world = zoff_comm_size(comm);
+    int64_t n = zoff_gpt2_num_params(model);
+    /* all ranks write into one temp dir: its tag is rank 0's pid */
+    long long pid = (long long)getpid();
+    zoff_status s = world > 1 ? zoff_comm_broadcast_bytes(comm, &pid, sizeof pid, 0) : ZOFF_OK;
+    if (s != ZOFF_OK) return zoff_error_context(s, "saving checkpoint step %lld", (long long)meta->step);
+    char tag[32];
+    snprintf(tag, sizeof tag, "%lld", pid);
+    zoff_ckpt_options opts = {.tmp_tag = tag};
+    float *buf = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
+    if (!buf) s = ZOFF_ERR_NOMEM;
+    /* collective first (every rank, same order): the fp32 master of all ranks, in model order */
+    if (s == ZOFF_OK) s = zoff_engine_state_gather(eng, 0, buf);
+    zoff_ckpt_writer *w = NULL;
+    if (s == ZOFF_OK) s = zoff_ckpt_writer_open(dir, meta->step, rank, &opts, &w);
+    if (s == ZOFF_OK) s = write_rank_file(w, eng, model, buf, meta, config_json, rank, world);
+    zoff_aligned_free(buf);
+    if (s != ZOFF_OK) {
+        zoff_ckpt_abort(w);
+        zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)", (long long)meta->step, dir,
+                           rank, world);
+    } else {
+        s = zoff_ckpt_commit(w);
+    }
+    if (world == 1) return s == ZOFF_OK ? zoff_ckpt_finalize(dir, meta->step, 1, &opts) : s;
+    return finish_over_ranks(dir, meta->step, s, comm, &opts);
+}
+
+/* ------------------------------------------------------------------ loading */
+
+static zoff_status get_int(json_t *o, const char *key, const char *path, int64_t *out) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata field '%s' is missing or not an integer", path,
+                          key);
+    *out = (int64_t)json_integer_value(v);
+    return ZOFF_OK;
+}
+
+static void get_str(json_t *o, const char *key, char *dst, size_t cap, const char *dflt) {
+    const char *v = json_string_value(json_object_get(o, key));
+    snprintf(dst, cap, "%s", v ? v : dflt);
+}
+
+/* The optional "settings" object (checkpoints before it existed have none: known stays false). */
+static void settings_from_json(json_t *sj, zoff_train_settings *s) {
+    if (!json_is_object(sj)) return;
+    s->known = true;
+    get_str(sj, "optimizer", s->optimizer, sizeof s->optimizer, "?");
+    get_str(sj, "precision", s->precision, sizeof s->precision, "?");
+    get_str(sj, "scheduler", s->scheduler, sizeof s->scheduler, "?");
+    s->lr = json_number_value(json_object_get(sj, "lr"));
+    s->gradient_clipping = json_number_value(json_object_get(sj, "gradient_clipping"));
+    s->warmup_steps = (int64_t)json_integer_value(json_object_get(sj, "warmup_steps"));
+    s->total_steps = (int64_t)json_integer_value(json_object_get(sj, "total_steps"));
+    s->micro_batch = (int64_t)json_integer_value(json_object_get(sj, "micro_batch"));
+    s->accumulation = (int64_t)json_integer_value(json_object_get(sj, "accumulation"));
+    s->world_size = (int64_t)json_integer_value(json_object_get(sj, "world_size"));
+}
+
+static zoff_status read_model(json_t *mo, const char *path, zoff_gpt2_shape *sh) {
+    ZOFF_TRY(get_int(mo, "num_layers", path, &sh->num_layers));
+    ZOFF_TRY(get_int(mo, "hidden_size", path, &sh->hidden_size));
+    ZOFF_TRY(get_int(mo, "num_heads", path, &sh->num_heads));
+    ZOFF_TRY(get_int(mo, "max_seq_len", path, &sh->max_seq_len));
+    ZOFF_TRY(get_int(mo, "vocab_size", path, &sh->vocab_size));
+    return get_int(mo, "padded_vocab_size", path, &sh->padded_vocab_size);
+}
+
+static zoff_status read_loader(json_t *lj, const char *path, zoff_loader_state *l) {
+    int64_t lo = 0, hi = 0;
+    ZOFF_TRY(get_int(lj, "seed_lo", path, &lo));
+    ZOFF_TRY(get_int(lj, "seed_hi", path, &hi));
+    l->seed = (uint64_t)lo | ((uint64_t)hi << 32);
+    ZOFF_TRY(get_int(lj, "epoch", path, &l->epoch));
+    ZOFF_TRY(get_int(lj, "window", path, &l->window));
+    ZOFF_TRY(get_int(lj, "seq_len", path, &l->seq_len));
+    ZOFF_TRY(get_int(lj, "num_windows", path, &l->num_windows));
+    const char *fp = json_string_value(json_object_get(lj, "fingerprint"));
+    l->fingerprint = fp ? strtoull(fp, NULL, 16) : 0;
+    return ZOFF_OK;
+}
+
+static zoff_status read_engine(json_t *ej, const char *path, zoff_engine_scalars *e) {
+    int64_t t = 0;
+    ZOFF_TRY(get_int(ej, "steps_taken", path, &e->steps_taken));
+    ZOFF_TRY(get_int(ej, "steps_skipped", path, &e->steps_skipped));
+    ZOFF_TRY(get_int(ej, "scaler_iter", path, &e->scaler_iter));
+    ZOFF_TRY(get_int(ej, "last_overflow_iter", path, &e->last_overflow_iter));
+    ZOFF_TRY(get_int(ej, "hysteresis_left", path, &t));
+    e->hysteresis_left = (int)t;
+    e->loss_scale = json_number_value(json_object_get(ej, "loss_scale"));
+    return ZOFF_OK;
+}
+
+static zoff_status meta_from_json(json_t *root, zoff_ckpt_reader *r, zoff_train_meta *m) {
+    const char *path = zoff_ckpt_reader_path(r);
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    int64_t ver = 0, lo = 0, hi = 0;
+    if (!fmt || strcmp(fmt, "zoff-train-state"))
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: not a zoff training state", path);
+    ZOFF_TRY(get_int(root, "version", path, &ver));
+    if (ver != 1)
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: training-state version %lld, this zoff reads version 1",
+                          path, (long long)ver);
+    json_t *mo = json_object_get(root, "model"), *lj = json_object_get(root, "loader"),
+           *ej = json_object_get(root, "engine");
+    if (!json_is_object(mo) || !json_is_object(lj) || !json_is_object(ej))
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata lacks model/loader/engine sections", path);
+    ZOFF_TRY(get_int(root, "step", path, &m->step));
+    if (m->step != zoff_ckpt_reader_step(r))
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: its metadata says step %lld but the file is step %lld: %s",
+                          path, (long long)m->step, (long long)zoff_ckpt_reader_step(r),
+                          "the metadata does not belong to this checkpoint; use an earlier checkpoint");
+    ZOFF_TRY(get_int(root, "seq_len", path, &m->seq_len));
+    ZOFF_TRY(read_model(mo, path, &m->shape));
+    ZOFF_TRY(get_int(root, "seed_lo", path, &lo));
+    ZOFF_TRY(get_int(root, "seed_hi", path, &hi));
+    m->seed = (uint64_t)lo | ((uint64_t)hi << 32);
+    ZOFF_TRY(read_loader(lj, path, &m->loader));
+    ZOFF_TRY(read_engine(ej, path, &m->engine));
+    m->consumed_tokens = json_number_value(json_object_get(root, "consumed_tokens"));
+    get_str(root, "tokenizer", m->tokenizer, sizeof m->tokenizer, "gpt2");
+    settings_from_json(json_object_get(root, "settings"), &m->settings);
+    return ZOFF_OK;
+}
+
+zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *m, char **config_json) {
+    memset(m, 0, sizeof *m);
+    if (config_json) *config_json = NULL;
+    char *txt = NULL;
+    ZOFF_TRY(zoff_ckpt_read_blob(r, "meta", &txt, NULL));
+    json_error_t jerr;
+    json_t *root = json_loads(txt, 0, &jerr);
+    free(txt);
+    if (!root)
+        return zoff_error(ZOFF_ERR_FORMAT, "checkpoint %s: metadata is not valid JSON (%s)", zoff_ckpt_reader_path(r),
+                          jerr.text);
+    zoff_status s = meta_from_json(root, r, m);
+    json_decref(root);
+    if (s == ZOFF_OK && config_json && zoff_ckpt_find(r, "config"))
+        s = zoff_ckpt_read_blob(r, "config", config_json, NULL);
+    return s;
+}
+
+zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params) {
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
+    for (int i = 0; i < nt; i++)
+        ZOFF_TRY(zoff_ckpt_read_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, host_params + t[i].offset,
+                                       (size_t)t[i].numel * sizeof(float)));
+    return ZOFF_OK;
+}
+
+/* The runs of rank file q: its "partition" blob, or [[0, n]] for a file without one (checkpoints
+ * of one rank written before it existed). */
+static zoff_status read_runs(zoff_ckpt_reader *r, int q, int64_t n, zoff_ckpt_partition *p) {
+    ZOFF_TRY(zoff_ckpt_read_partition(r, q, p));
+    if (!p->present) {
+        if (!(p->runs = malloc(2 * sizeof *p->runs))) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+        p->runs[0] = 0;
+        p->runs[1] = n;
+        p->nruns = 1;
+        p->num_params = n;
+    }
+    if (p->num_params != n) {
+        zoff_status s = zoff_error(ZOFF_ERR_FORMAT,
+                                   "checkpoint %s: the partition blob is for %lld parameters (the model has %lld)",
+                                   zoff_ckpt_reader_path(r), (long long)p->num_params, (long long)n);
+        zoff_ckpt_partition_free(p);
+        return s;
+    }
+    return ZOFF_OK;
+}
+
+/* Read from rank file rq (index q) the part of entry `name` that lies in this rank's runs `mine`
+ * into buf (laid out in `mine` order); *covered += elements read. */
+static zoff_status read_overlap(zoff_ckpt_reader *rq, int q, const char *name, int64_t n, const int64_t *mine,
+                                int nmine, float *buf, int64_t *covered) {
+    zoff_ckpt_partition p;
+    ZOFF_TRY(read_runs(rq, q, n, &p));
+    int64_t total = 0;
+    for (size_t a = 0; a < p.nruns; a++) total += p.runs[2 * a + 1];
+    const zoff_ckpt_entry *en = zoff_ckpt_find(rq, name);
+    zoff_status s = ZOFF_OK;
+    if (!en || en->dtype != ZOFF_F32 || en->bytes != total * (int64_t)sizeof(float))
+        s = zoff_error(ZOFF_ERR_FORMAT,
+                       "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 values its partition "
+                       "describes",
+                       zoff_ckpt_reader_path(rq), name, (long long)total);
+    int64_t eo = 0; /* intersect each of their runs with each of mine */
+    for (size_t a = 0; s == ZOFF_OK && a < p.nruns; a++) {
+        int64_t o = p.runs[2 * a], c = p.runs[2 * a + 1], lo = 0;
+        for (int b = 0; s == ZOFF_OK && b < nmine; b++) {
+            int64_t m = mine[2 * b], mc = mine[2 * b + 1];
+            int64_t x = o > m ? o : m, y = o + c < m + mc ? o + c : m + mc;
+            if (x < y) {
+                s = zoff_ckpt_read_range(rq, name, (eo + x - o) * (int64_t)sizeof(float), buf + lo + (x - m),
+                                         (size_t)(y - x) * sizeof(float));
+                *covered += y - x;
+            }
+            lo += mc;
+        }
+        eo += c;
+    }
+    zoff_ckpt_partition_free(&p);
+    return s;
+}
+
+/* One optimizer state array of this rank, gathered from the oldn rank files of stepdir. */
+static zoff_status read_state_array(zoff_ckpt_reader *r, const char *stepdir, const char *name, int64_t n,
+                                    const int64_t *mine, int nmine, int64_t pn, float *buf) {
+    int oldn = zoff_ckpt_reader_nranks(r);
+    int64_t covered = 0;
+    zoff_status s = ZOFF_OK;
+    for (int q = 0; s == ZOFF_OK && q < oldn; q++) {
+        zoff_ckpt_reader *rq = r;
+        if (q > 0) s = zoff_ckpt_open(stepdir, q, &rq);
+        if (s == ZOFF_OK) s = read_overlap(rq, q, name, n, mine, nmine, buf, &covered);
+        if (q > 0) zoff_ckpt_close(rq);
+    }
+    if (s == ZOFF_OK && covered != pn)
+        s = zoff_error(ZOFF_ERR_FORMAT,
+                       "checkpoint %s: its %d rank file(s) hold %lld of the %lld values of '%s' this rank needs "
+                       "(overlapping or missing partitions); the checkpoint is incomplete or corrupt",
+                       stepdir, oldn, (long long)covered, (long long)pn, name);
+    return s;
+}
+
+/* Resharding: this rank's partition of each optimizer state array is read from whichever rank
+ * files of the checkpoint hold it, however many ranks wrote it. */
+zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
+    int64_t pn = zoff_engine_partition_numel(eng);
+    int64_t *mine = NULL;
+    int nmine = 0;
+    ZOFF_TRY(partition_runs(eng, &mine, &nmine));
+    float *buf = zoff_aligned_alloc(64, (size_t)(pn > 0 ? pn : 1) * sizeof(float), "checkpoint staging buffer");
+    zoff_status s = buf ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    char stepdir[4096];
+    snprintf(stepdir, sizeof stepdir, "%s", zoff_ckpt_reader_path(r));
+    char *slash = strrchr(stepdir, '/');
+    if (slash) *slash = 0;
+    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
+        s = read_state_array(r, stepdir, zoff_engine_state_name(eng, k), n, mine, nmine, pn, buf);
+        if (s == ZOFF_OK) s = zoff_engine_state_set(eng, k, buf);
+    }
+    free(mine);
+    zoff_aligned_free(buf);
+    return s;
+}

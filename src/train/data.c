@@ -1,0 +1,107 @@
+/* The trainer's data: the default corpus (Debian's fortunes, tokenised once), the training and
+ * validation shards, their loaders. Everything is opened and checked before any output. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "train/trainer_internal.h"
+
+/* mkdir -p; *made (may be NULL) gets the top-most directory this call created ("" if none). */
+zoff_status zoff_train_mkdir_p(const char *dir, char *made, size_t cap) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    if (made && cap) made[0] = 0;
+    for (char *p = buf + 1;; p++) {
+        bool last = !*p;
+        if (!last && *p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) == 0) {
+            if (made && cap && !made[0]) snprintf(made, cap, "%s", buf);
+        } else if (errno != EEXIST) {
+            return zoff_error(ZOFF_ERR_IO, "cannot create directory %s: %s", buf, strerror(errno));
+        }
+        if (last) break;
+        *p = '/';
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_train_default_data(const char *dir, zoff_tokenizer *tok, char *train_path, size_t cap,
+                                    char *val_path, size_t vcap) {
+    const char *tn = zoff_tokenizer_name(tok);
+    snprintf(train_path, cap, "%s/fortunes_%s_train.bin", dir, tn);
+    snprintf(val_path, vcap, "%s/fortunes_%s_val.bin", dir, tn);
+    struct stat st;
+    if (stat(train_path, &st) == 0 && stat(val_path, &st) == 0) return ZOFF_OK;
+    ZOFF_TRY(zoff_train_mkdir_p(dir, NULL, 0));
+    char text[4200], prefix[4200];
+    snprintf(text, sizeof text, "%s/fortunes.txt", dir);
+    snprintf(prefix, sizeof prefix, "%s/fortunes_%s", dir, tn);
+    zoff_log(ZOFF_LOG_INFO, "preparing the default corpus (Debian's fortunes) in %s", dir);
+    zoff_corpus_info ci;
+    ZOFF_TRY(zoff_corpus_build_fortunes(NULL, text, &ci));
+    const char *files[1] = {text};
+    zoff_tokenize_options o = {.output_prefix = prefix, .val_fraction = 0.05, .quiet = true};
+    zoff_tokenize_result res;
+    memset(&res, 0, sizeof res);
+    ZOFF_TRY(zoff_tokenize_files(tok, files, 1, &o, &res));
+    zoff_log(ZOFF_LOG_INFO, "corpus: %lld bytes -> %lld train + %lld val tokens (%s) in %.1f s",
+             (long long)res.bytes_in, (long long)res.tokens_train, (long long)res.tokens_val, tn, res.seconds);
+    zoff_tokenize_result_free(&res);
+    return ZOFF_OK;
+}
+
+/* The shard paths: --data-path / --val-path, or the default corpus (several ranks: local rank 0
+ * builds it, the others wait and find it). */
+static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path, size_t cap) {
+    if (t->o.data_path) {
+        snprintf(train_path, cap, "%s", t->o.data_path);
+        snprintf(val_path, cap, "%s", t->o.val_path ? t->o.val_path : "");
+        return ZOFF_OK;
+    }
+    bool first = t->info.world == 1 || zoff_comm_local_rank(t->comm) == 0;
+    zoff_status s = first ? ZOFF_OK : zoff_comm_barrier(t->comm);
+    const char *dir = t->o.default_data_dir ? t->o.default_data_dir : "out/data";
+    if (s == ZOFF_OK) s = zoff_train_default_data(dir, t->tok, train_path, cap, val_path, cap);
+    if (s == ZOFF_OK && first && t->info.world > 1) s = zoff_comm_barrier(t->comm);
+    return s != ZOFF_OK ? zoff_error_context(s, "default corpus") : ZOFF_OK;
+}
+
+/* Validation: every rank reads the same sequence of batches as one rank would (world size 1);
+ * zoff_trainer_evaluate shares the batches out, so the loss does not depend on the rank count. */
+static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_tokens) {
+    zoff_loader_options vo = zoff_loader_defaults(t->info.micro_batch, t->info.seq_len);
+    vo.shuffle = false;
+    if (split_val) {
+        vo.split = ZOFF_SPLIT_VAL;
+        vo.val_tokens = val_tokens;
+    }
+    zoff_status s = zoff_loader_create(split_val ? t->train_ds : t->val_ds, &vo, &t->val_ld);
+    if (s != ZOFF_OK) return zoff_error_context(s, "validation data");
+    int64_t nb = zoff_loader_batches_per_epoch(t->val_ld);
+    t->info.eval_iters = t->o.eval_iters < nb ? t->o.eval_iters : nb;
+    return ZOFF_OK;
+}
+
+zoff_status trainer_open_data(zoff_trainer *t) {
+    char train_path[4096], val_path[4096];
+    ZOFF_TRY(data_paths(t, train_path, val_path, sizeof train_path));
+    int32_t vocab = (int32_t)t->info.shape.vocab_size;
+    zoff_status s = zoff_dataset_open(train_path, vocab, &t->train_ds);
+    if (s != ZOFF_OK) return zoff_error_context(s, "--data-path");
+    zoff_loader_options lo = zoff_loader_defaults(t->info.micro_batch, t->info.seq_len);
+    lo.seed = t->o.seed;
+    lo.rank = t->info.rank; /* rank r takes rows [r*B, (r+1)*B) of each global batch of world*B */
+    lo.world_size = t->info.world;
+    bool split_val = !val_path[0];
+    if (split_val) {
+        lo.split = ZOFF_SPLIT_TRAIN;
+        lo.val_tokens = zoff_dataset_num_tokens(t->train_ds) / 20;
+    } else if ((s = zoff_dataset_open(val_path, vocab, &t->val_ds)) != ZOFF_OK) {
+        return zoff_error_context(s, "--val-path");
+    }
+    if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)
+        return zoff_error_context(s, "training data");
+    return t->o.eval_iters > 0 ? open_validation(t, split_val, lo.val_tokens) : ZOFF_OK;
+}

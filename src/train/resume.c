@@ -1,0 +1,173 @@
+/* The rules of --load and --save: what a resume may change and what it may not, a --save
+ * directory that holds another run's checkpoints, and restoring the training state. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "train/trainer_internal.h"
+
+zoff_status trainer_open_load(zoff_trainer *t) {
+    if (!t->o.load_dir) return ZOFF_OK;
+    if (t->o.init_from)
+        return zoff_error(ZOFF_ERR_INVALID, "--init-from and --load exclude each other: --load resumes a run "
+                                            "(weights, optimizer state, data position), --init-from starts a new "
+                                            "run from weights");
+    if (t->o.overwrite)
+        return zoff_error(ZOFF_ERR_INVALID, "--overwrite and --load exclude each other: --load continues a run, "
+                                            "--overwrite deletes the checkpoints in --save to start a new one");
+    zoff_status s = zoff_ckpt_open(t->o.load_dir, 0, &t->rd);
+    char *config_text = NULL;
+    if (s == ZOFF_OK) s = zoff_train_ckpt_read_meta(t->rd, &t->resume, &config_text);
+    if (s == ZOFF_OK && !t->resume.settings.known && config_text) { /* written before "settings" existed */
+        zoff_config old;
+        if (zoff_config_load_string(config_text, "the checkpoint's config", &old) == ZOFF_OK &&
+            zoff_config_resolve_batch(&old, zoff_ckpt_reader_nranks(t->rd)) == ZOFF_OK)
+            t->resume.settings = trainer_settings_of(&old, zoff_ckpt_reader_nranks(t->rd));
+        zoff_config_free(&old);
+    }
+    free(config_text);
+    return s != ZOFF_OK ? zoff_error_context(s, "--load") : ZOFF_OK;
+}
+
+static const char *shape_text(const zoff_trainer *t, char *buf, size_t cap) {
+    const zoff_gpt2_shape *r = &t->resume.shape;
+    snprintf(buf, cap, "%lld layers, width %lld, %lld heads, %lld positions, vocab %lld, seq %lld",
+             (long long)r->num_layers, (long long)r->hidden_size, (long long)r->num_heads, (long long)r->max_seq_len,
+             (long long)r->vocab_size, (long long)t->resume.seq_len);
+    return buf;
+}
+
+#define FROM_INIT "start a new run from its weights (zoff export, then zoff train --init-from)"
+
+/* The model shape and sequence length the flags or the config give (0 = not given) must be the
+ * checkpoint's: its weights, optimizer state and data position are for that shape. */
+static zoff_status check_shape(const zoff_trainer *t) {
+    const zoff_trainer_options *a = &t->o;
+    const zoff_model_config *m = &t->cfg.model;
+    const zoff_gpt2_shape *r = &t->resume.shape;
+    struct { const char *key; int64_t given, stored; } k[] = {
+        {"num_layers", a->num_layers ? a->num_layers : m->num_layers, r->num_layers},
+        {"hidden_size", a->hidden_size ? a->hidden_size : m->hidden_size, r->hidden_size},
+        {"num_attention_heads", a->num_heads ? a->num_heads : m->num_attention_heads, r->num_heads},
+        {"max_position_embeddings", a->max_pos ? a->max_pos : m->max_position_embeddings, r->max_seq_len},
+        {"vocab_size", a->vocab_size ? a->vocab_size : m->vocab_size, r->vocab_size},
+        {"seq_length", t->T_given, t->resume.seq_len},
+    };
+    char buf[256];
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].given && k[i].given != k[i].stored)
+            return zoff_error(ZOFF_ERR_INVALID,
+                              "--load %s holds a model with %s, which the flags or the config contradict: %s is "
+                              "%lld in the checkpoint but %lld here. Resume without it, or " FROM_INIT,
+                              a->load_dir, shape_text(t, buf, sizeof buf), k[i].key, (long long)k[i].stored,
+                              (long long)k[i].given);
+    return ZOFF_OK;
+}
+
+/* Settings that change the meaning of the stored optimizer state are refused; those a resume
+ * may change are printed, one line each. */
+zoff_status trainer_check_resume(zoff_trainer *t) {
+    ZOFF_TRY(check_shape(t));
+    const zoff_train_settings *was = &t->resume.settings;
+    if (!was->known) return ZOFF_OK; /* a checkpoint without settings or config: nothing to compare */
+    zoff_train_settings now = trainer_settings_of(&t->cfg, t->info.world);
+    struct { const char *key, *was, *now; } fatal[] = {
+        {"optimizer.type", was->optimizer, now.optimizer},
+        {"precision (bf16 / fp16 / fp32)", was->precision, now.precision},
+    };
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+        if (strcmp(fatal[i].was, fatal[i].now))
+            return zoff_error(ZOFF_ERR_CONFIG,
+                              "--load %s: %s is %s in the checkpoint but %s in this config: the stored optimizer "
+                              "state would be read as another's. Resume with %s, or " FROM_INIT,
+                              t->o.load_dir, fatal[i].key, fatal[i].was, fatal[i].now, fatal[i].was);
+    struct { const char *key; double was, now; } num[] = {
+        {"optimizer.params.lr", was->lr, now.lr},
+        {"scheduler.params.warmup_num_steps", (double)was->warmup_steps, (double)now.warmup_steps},
+        {"scheduler.params.total_num_steps", (double)was->total_steps, (double)now.total_steps},
+        {"train_micro_batch_size_per_gpu", (double)was->micro_batch, (double)now.micro_batch},
+        {"gradient_accumulation_steps", (double)was->accumulation, (double)now.accumulation},
+        {"gradient_clipping", was->gradient_clipping, now.gradient_clipping},
+        {"ranks", (double)was->world_size, (double)now.world_size},
+    };
+    if (strcmp(was->scheduler, now.scheduler))
+        trainer_say(t, "resume: scheduler.type %s -> %s", was->scheduler, now.scheduler);
+    for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
+        if (num[i].was != num[i].now) trainer_say(t, "resume: %s %g -> %g", num[i].key, num[i].was, num[i].now);
+    return ZOFF_OK;
+}
+
+/* The newest complete checkpoint in dir (-1: none, or no such directory); rank 0's view. */
+static zoff_status latest_in(zoff_trainer *t, const char *dir, int64_t *latest) {
+    struct stat st;
+    *latest = -1;
+    if (t->info.rank == 0 && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) ZOFF_TRY(zoff_ckpt_latest(dir, latest));
+    if (t->info.world > 1) ZOFF_TRY(zoff_comm_broadcast_bytes(t->comm, latest, sizeof *latest, 0));
+    return ZOFF_OK;
+}
+
+/* A new run (no --load) into a --save directory that holds checkpoints would mix two runs: the
+ * old newest step shadows the new run's for --load, sample and export. */
+zoff_status trainer_check_save_dir(zoff_trainer *t) {
+    if (t->o.load_dir) return ZOFF_OK;
+    int64_t latest;
+    ZOFF_TRY(latest_in(t, t->o.save_dir, &latest));
+    if (latest < 0 || t->o.overwrite) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_INVALID,
+                      "--save %s already holds checkpoints of a run (the newest: step %lld): continue it with --load "
+                      "%s, start over with --overwrite (deletes its checkpoints), or choose another --save",
+                      t->o.save_dir, (long long)latest, t->o.save_dir);
+}
+
+/* Remove one step directory (its files, then itself), renamed out of the way first so that a
+ * crash half-way leaves no half checkpoint under a step name. */
+static zoff_status remove_step(const char *dir, int64_t step) {
+    char sd[4200], gone[4300];
+    ZOFF_TRY(zoff_ckpt_step_path(dir, step, sd, sizeof sd));
+    snprintf(gone, sizeof gone, "%s/.zoff-overwritten-%lld-%d", dir, (long long)step, (int)getpid());
+    if (rename(sd, gone) != 0) return zoff_error(ZOFF_ERR_IO, "--overwrite: cannot remove %s: %s", sd, strerror(errno));
+    DIR *d = opendir(gone);
+    if (!d) return zoff_error(ZOFF_ERR_IO, "--overwrite: cannot read %s: %s", gone, strerror(errno));
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        char f[4600];
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(f, sizeof f, "%s/%s", gone, de->d_name);
+        unlink(f);
+    }
+    closedir(d);
+    if (rmdir(gone) != 0) return zoff_error(ZOFF_ERR_IO, "--overwrite: cannot remove %s: %s", gone, strerror(errno));
+    return ZOFF_OK;
+}
+
+/* --overwrite: delete the checkpoints in --save (rank 0; after every check passed). */
+zoff_status trainer_overwrite(zoff_trainer *t) {
+    if (!t->o.overwrite || t->info.rank != 0) return ZOFF_OK;
+    int n = 0;
+    for (int64_t latest;;) {
+        ZOFF_TRY(zoff_ckpt_latest(t->o.save_dir, &latest));
+        if (latest < 0) break;
+        ZOFF_TRY(remove_step(t->o.save_dir, latest));
+        n++;
+    }
+    if (n) trainer_say(t, "--overwrite: removed %d checkpoint(s) of an earlier run from %s", n, t->o.save_dir);
+    return ZOFF_OK;
+}
+
+/* --load: the optimizer state (resharded), the engine's scalars, the data position. */
+zoff_status trainer_restore(zoff_trainer *t) {
+    if (!t->rd) return ZOFF_OK;
+    zoff_status s = zoff_train_ckpt_read_state(t->rd, t->eng, t->info.num_params);
+    if (s == ZOFF_OK) s = zoff_engine_set_scalars(t->eng, &t->resume.engine);
+    if (s == ZOFF_OK) s = zoff_loader_set_state(t->train_ld, &t->resume.loader);
+    zoff_ckpt_close(t->rd);
+    t->rd = NULL;
+    if (s != ZOFF_OK) return zoff_error_context(s, "--load");
+    t->info.start_step = t->info.step = t->resume.step;
+    t->info.consumed_tokens = t->resume.consumed_tokens;
+    trainer_say(t, "resumed from %s at step %lld", t->o.load_dir, (long long)t->info.step);
+    return ZOFF_OK;
+}

@@ -1,0 +1,254 @@
+/* The steps of zoff_trainer_create: the config, the model shape, the host-memory check, the
+ * output directory, and the device -> model -> initial weights -> engine wiring. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/trainer_internal.h"
+#include "zoff/resources.h"
+
+static const char *optimizer_name(zoff_optimizer_type t) {
+    switch (t) {
+    case ZOFF_OPTIM_ADAM: return "Adam";
+    case ZOFF_OPTIM_ADAMW: return "AdamW";
+    case ZOFF_OPTIM_ADAGRAD: return "Adagrad";
+    case ZOFF_OPTIM_LION: return "Lion";
+    }
+    return "?";
+}
+
+static const char *scheduler_name(zoff_scheduler_type t) {
+    switch (t) {
+    case ZOFF_SCHED_NONE: return "none";
+    case ZOFF_SCHED_WARMUP_LR: return "WarmupLR";
+    case ZOFF_SCHED_WARMUP_DECAY_LR: return "WarmupDecayLR";
+    case ZOFF_SCHED_WARMUP_COSINE_LR: return "WarmupCosineLR";
+    }
+    return "?";
+}
+
+/* The settings a checkpoint records for the resume comparison (see zoff_train_settings). */
+zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
+    zoff_train_settings s = {.known = true,
+                             .lr = cfg->optimizer.lr,
+                             .warmup_steps = cfg->scheduler.type ? cfg->scheduler.warmup_num_steps : 0,
+                             .total_steps = cfg->scheduler.type ? cfg->scheduler.total_num_steps : 0,
+                             .micro_batch = cfg->train_micro_batch_size_per_gpu,
+                             .accumulation = cfg->gradient_accumulation_steps,
+                             .world_size = world,
+                             .gradient_clipping = cfg->gradient_clipping};
+    snprintf(s.optimizer, sizeof s.optimizer, "%s", optimizer_name(cfg->optimizer.type));
+    snprintf(s.precision, sizeof s.precision, "%s", cfg->bf16_enabled ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32");
+    snprintf(s.scheduler, sizeof s.scheduler, "%s", scheduler_name(cfg->scheduler.type));
+    return s;
+}
+
+/* The config (file or the default), the batch resolved for the ranks, and with several ranks
+ * the command-line settings the engine's fingerprint cannot see checked to agree. */
+zoff_status trainer_load_config(zoff_trainer *t) {
+    const zoff_trainer_options *o = &t->o;
+    zoff_status s = o->config_path ? zoff_config_load_file(o->config_path, &t->cfg)
+                                   : zoff_config_load_string(o->config_text, "the default config", &t->cfg);
+    if (s != ZOFF_OK) return zoff_error_context(s, "config");
+    if (o->micro_batch) {
+        t->cfg.train_micro_batch_size_per_gpu = o->micro_batch;
+        if (t->cfg.train_batch_size && t->cfg.gradient_accumulation_steps) t->cfg.gradient_accumulation_steps = 0;
+    }
+    if ((s = zoff_config_resolve_batch(&t->cfg, t->info.world)) != ZOFF_OK) return zoff_error_context(s, "config");
+    if (t->info.world > 1) {
+        uint64_t h = ZOFF_FNV_INIT;
+        const char *str[] = {o->data_path, o->val_path, o->tokenizer, o->save_dir, o->load_dir, o->init_from};
+        for (size_t i = 0; i < sizeof str / sizeof str[0]; i++)
+            h = str[i] ? zoff_fnv1a(h, str[i], strlen(str[i]) + 1) : zoff_fnv1a(h, "", 1);
+        int64_t nums[] = {(int64_t)o->seed, o->train_iters, o->eval_iters, o->save_interval, o->keep_last};
+        h = zoff_fnv1a(h, nums, sizeof nums);
+        s = zoff_comm_check_same(t->comm, h, "the command line (data, seed, iterations, save, load)");
+        if (s != ZOFF_OK) return zoff_error_context(s, "data parallel");
+    }
+    if ((s = zoff_config_check_supported(&t->cfg)) != ZOFF_OK) return zoff_error_context(s, "config");
+    t->info.dtype = t->cfg.bf16_enabled ? ZOFF_BF16 : t->cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
+    t->info.micro_batch = t->cfg.train_micro_batch_size_per_gpu;
+    t->info.accumulation = t->cfg.gradient_accumulation_steps;
+    return ZOFF_OK;
+}
+
+/* The model shape: flags override the config's model section, which overrides the defaults; a
+ * resumed run takes the checkpoint's (trainer_check_resume refuses contradictions). */
+zoff_status trainer_resolve_shape(zoff_trainer *t) {
+    const zoff_trainer_options *a = &t->o;
+    const zoff_model_config *m = &t->cfg.model;
+    zoff_gpt2_shape *sh = &t->info.shape;
+    int64_t tok_vocab = zoff_tokenizer_vocab_size(t->tok);
+#define PICK(flag, cfgv, def) ((flag) ? (flag) : (cfgv) ? (cfgv) : (def))
+    sh->num_layers = PICK(a->num_layers, m->num_layers, 4);
+    sh->hidden_size = PICK(a->hidden_size, m->hidden_size, 128);
+    sh->num_heads = PICK(a->num_heads, m->num_attention_heads, 4);
+    t->T_given = PICK(a->seq_length, m->seq_length, 0);
+    t->info.seq_len = t->T_given ? t->T_given : 64;
+    sh->max_seq_len = PICK(a->max_pos, m->max_position_embeddings, t->info.seq_len);
+    sh->vocab_size = PICK(a->vocab_size, m->vocab_size, tok_vocab);
+#undef PICK
+    sh->padded_vocab_size = 0;
+    if (t->rd) {
+        ZOFF_TRY(trainer_check_resume(t));
+        *sh = t->resume.shape;
+        t->info.seq_len = t->resume.seq_len;
+    }
+    if (sh->vocab_size < tok_vocab)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "vocab size %lld is smaller than the %lld tokens of the tokenizer; use --vocab-size >= %lld",
+                          (long long)sh->vocab_size, (long long)tok_vocab, (long long)tok_vocab);
+    if (t->info.seq_len > sh->max_seq_len)
+        return zoff_error(ZOFF_ERR_INVALID, "--seq-length %lld exceeds --max-position-embeddings %lld",
+                          (long long)t->info.seq_len, (long long)sh->max_seq_len);
+    if (sh->num_heads > sh->hidden_size || sh->hidden_size % sh->num_heads != 0)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "the model's width %lld is not divisible by its %lld attention heads (--hidden-size, "
+                          "--num-attention-heads, or the config's model section): choose a head count that divides "
+                          "the width",
+                          (long long)sh->hidden_size, (long long)sh->num_heads);
+    return ZOFF_OK;
+}
+
+/* Host memory this job needs at least, checked before anything large is allocated: the initial
+ * fp32 weights and the checkpoint staging buffer (4 bytes per parameter each), the optimizer
+ * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the
+ * optimizer's moments, plus 16-bit gradients and weight staging), and on the CPU backend the
+ * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
+ * offloaded). A lower bound: the engine checks its own allocations exactly. */
+zoff_status trainer_check_host_memory(const zoff_trainer *t) {
+    const zoff_gpt2_shape *sh = &t->info.shape;
+    const int64_t B = t->info.micro_batch, T = t->info.seq_len;
+    /* a shape the model will refuse: leave the message to zoff_gpt2_create */
+    if (sh->num_layers < 1 || sh->num_layers > (1 << 20) || sh->hidden_size < 1 || sh->hidden_size > (1 << 20) ||
+        sh->vocab_size < 1 || sh->vocab_size > INT32_MAX || sh->max_seq_len < 1 || sh->max_seq_len > (1 << 24) ||
+        sh->padded_vocab_size < 0 || sh->padded_vocab_size > INT32_MAX || B < 1 || T < 1 || B > (1 << 24) ||
+        T > (1 << 24))
+        return ZOFF_OK;
+    const double L = (double)sh->num_layers, C = (double)sh->hidden_size;
+    const double Vp = (double)(sh->padded_vocab_size ? sh->padded_vocab_size : (sh->vocab_size + 127) / 128 * 128);
+    const double N = Vp * C + (double)sh->max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+    const double d = t->info.dtype == ZOFF_F32 ? 4 : 2;
+    const zoff_optimizer_type ot = t->cfg.optimizer.type;
+    const double moments = ot == ZOFF_OPTIM_ADAM || ot == ZOFF_OPTIM_ADAMW ? 2 : 1;
+    const zoff_offload_optimizer_config *oo = &t->cfg.zero.offload_optimizer;
+    /* ratio "auto" is decided by the engine: count it as all on the device (a lower bound either way) */
+    double host_part = oo->device != ZOFF_OFFLOAD_CPU ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
+    double cli = 8 * N, pinned = host_part * 2 * d * N, host_state = host_part * 4 * (1 + moments) * N;
+    double dev_on_host = 0;
+    const char *dv = t->o.device;
+    bool cuda = (dv && !strcmp(dv, "cuda")) || (!dv && zoff_backend_available(ZOFF_BACKEND_CUDA));
+    if (!cuda) /* the CPU backend's device memory is host memory */
+        dev_on_host = 2 * d * N + (1 - host_part) * 4 * (1 + moments) * N + d * (double)B * (double)T * C * (L + 1) * 4;
+    double pageable = cli + host_state + dev_on_host;
+    char what[256];
+    snprintf(what, sizeof what, "this training job (GPT-2 %lld layers, width %lld: %.2fM parameters%s; at least this much)",
+             (long long)sh->num_layers, (long long)sh->hidden_size, N / 1e6,
+             cuda ? "" : ", CPU backend: device memory is host memory");
+    zoff_host_request rq = {.what = what,
+                            .pageable = pageable >= 0x1p63 ? SIZE_MAX / 2 : (size_t)pageable,
+                            .pinned = pinned >= 0x1p62 ? SIZE_MAX / 4 : (size_t)pinned,
+                            .hint = "use a smaller model (--num-layers, --hidden-size) or --micro-batch-size, or "
+                                    "keep the optimizer state on NVMe (offload_optimizer.device nvme)"};
+    zoff_status s = zoff_host_memory_check(&rq);
+    return s != ZOFF_OK ? zoff_error_context(s, "host memory") : ZOFF_OK;
+}
+
+/* The output directory: created and proved writable before training starts. What create made
+ * is remembered so that a failure before the first file leaves no empty directory behind. */
+zoff_status trainer_make_output_dir(zoff_trainer *t) {
+    const char *dir = t->o.save_dir;
+    zoff_status s = zoff_train_mkdir_p(dir, t->made_dir, sizeof t->made_dir);
+    if (s != ZOFF_OK) return zoff_error_context(s, "--save: cannot create the output directory (choose another --save)");
+    char buf[4200];
+    snprintf(buf, sizeof buf, "%s/.zoff-write-test-%d", dir, (int)getpid());
+    FILE *f = fopen(buf, "w");
+    if (!f)
+        return zoff_error(ZOFF_ERR_IO, "--save: output directory %s is not writable: %s (choose another --save)", dir,
+                          strerror(errno));
+    fclose(f);
+    unlink(buf);
+    return ZOFF_OK;
+}
+
+/* After a failed create: remove the directories create made, if they are still empty. */
+void trainer_remove_made_dir(zoff_trainer *t) {
+    if (!t->made_dir[0]) return;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", t->o.save_dir);
+    size_t top = strlen(t->made_dir);
+    while (strlen(buf) >= top && rmdir(buf) == 0) { /* rmdir fails on a directory with files */
+        char *slash = strrchr(buf, '/');
+        if (!slash || (size_t)(slash - buf) < top) break;
+        *slash = 0;
+    }
+}
+
+/* The device: GPU by local rank with several ranks; on the CPU backend the host's cores are
+ * shared out among the ranks of a host. */
+static zoff_device_options device_options(const zoff_trainer *t) {
+    zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU, .memory_budget = t->o.device_memory};
+    if (t->info.world > 1) {
+        int local = zoff_comm_local_rank(t->comm), nlocal = zoff_comm_local_size(t->comm);
+        dopt.ordinal = local;
+        if (!getenv("ZOFF_THREADS")) {
+            int per = zoff_cpu_features_get()->logical_cores / (nlocal > 0 ? nlocal : 1);
+            char buf[16];
+            snprintf(buf, sizeof buf, "%d", per > 0 ? per : 1);
+            setenv("ZOFF_THREADS", buf, 1); /* the host optimizer's threads */
+            dopt.threads = per > 0 ? per : 1;
+        }
+    }
+    const char *dv = t->o.device;
+    if ((dv && !strcmp(dv, "cuda")) || (!dv && zoff_backend_available(ZOFF_BACKEND_CUDA)))
+        dopt.kind = ZOFF_BACKEND_CUDA;
+    return dopt;
+}
+
+/* The initial fp32 weights: the checkpoint's (--load), a safetensors file's (--init-from), or
+ * random (--seed). */
+static zoff_status initial_weights(void *arg, zoff_gpt2 *model, float *host) {
+    zoff_trainer *t = arg;
+    zoff_status s = ZOFF_OK;
+    if (t->rd) {
+        if ((s = zoff_train_ckpt_read_weights(t->rd, model, host)) != ZOFF_OK) return zoff_error_context(s, "--load");
+    } else if (t->init_st) {
+        int nt = 0;
+        const zoff_tensor_info *tensors = zoff_gpt2_tensors(model, &nt);
+        if ((s = zoff_gpt2_st_load(t->init_st, zoff_gpt2_get_shape(model), tensors, nt, host)) != ZOFF_OK)
+            return zoff_error_context(s, "--init-from");
+        trainer_say(t, "initialised the weights from %s (%s layout)", t->o.init_from,
+                    zoff_gpt2_st_layout(t->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");
+        zoff_st_close(t->init_st);
+        t->init_st = NULL;
+    } else {
+        zoff_gpt2_init_params(model, t->o.seed, host);
+    }
+    return ZOFF_OK;
+}
+
+/* Device, model, initial weights, engine (zoff_train_stack), token buffers. */
+zoff_status trainer_build(zoff_trainer *t) {
+    zoff_train_stack_options so = {.device = device_options(t), .cfg = &t->cfg, .shape = t->info.shape,
+                                   .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
+                                   .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,
+                                   .seed = t->o.seed, .init = initial_weights, .init_arg = t,
+                                   .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1};
+    ZOFF_TRY(zoff_train_stack_create(&so, &t->stack));
+    t->dev = t->stack.dev;
+    t->model = t->stack.model;
+    t->eng = t->stack.eng;
+    t->info.shape = *zoff_gpt2_get_shape(t->model);
+    t->info.num_params = zoff_gpt2_num_params(t->model);
+    size_t tok_bytes = (size_t)(t->info.micro_batch * t->info.seq_len) * sizeof(int32_t);
+    t->hx = malloc(tok_bytes);
+    t->hy = malloc(tok_bytes);
+    if (!t->hx || !t->hy) return zoff_error(ZOFF_ERR_NOMEM, "buffers: out of host memory");
+    zoff_status s;
+    if ((s = zoff_device_alloc(t->dev, tok_bytes, "input tokens", (void **)&t->dx)) != ZOFF_OK ||
+        (s = zoff_device_alloc(t->dev, tok_bytes, "target tokens", (void **)&t->dy)) != ZOFF_OK)
+        return zoff_error_context(s, "device");
+    return ZOFF_OK;
+}

@@ -1,0 +1,49 @@
+/* device -> model -> initial weights -> engine (include/zoff/train.h, zoff_train_stack). */
+#include <string.h>
+
+#include "zoff/train.h"
+
+void zoff_train_stack_destroy(zoff_train_stack *s) {
+    if (!s) return;
+    zoff_engine_destroy(s->eng);
+    zoff_gpt2_destroy(s->model);
+    zoff_device_destroy(s->dev);
+    memset(s, 0, sizeof *s);
+}
+
+/* The engine from the model's buffers and its initial fp32 weights; stage 3's hooks. */
+static zoff_status create_engine(const zoff_train_stack_options *o, zoff_train_stack *s) {
+    int64_t n = zoff_gpt2_num_params(s->model);
+    int nt = 0;
+    const zoff_tensor_info *tensors = zoff_gpt2_tensors(s->model, &nt);
+    float *init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights");
+    if (!init) return zoff_error_context(ZOFF_ERR_NOMEM, "model");
+    zoff_status st = ZOFF_OK;
+    if (o->init) st = o->init(o->init_arg, s->model, init);
+    else zoff_gpt2_init_params(s->model, o->seed, init);
+    zoff_engine_options eo = {.dev = s->dev, .cfg = o->cfg, .tensors = tensors, .num_tensors = nt,
+                              .num_params = n, .params = zoff_gpt2_params(s->model),
+                              .grads = zoff_gpt2_grads(s->model), .dtype = o->dtype, .init_params = init,
+                              .comm = o->comm, .timeline = o->timeline};
+    if (st == ZOFF_OK && (st = zoff_engine_create(&eo, &s->eng)) != ZOFF_OK) zoff_error_context(st, "engine");
+    zoff_aligned_free(init); /* the engine holds the master weights now: 4 B/param less on the host */
+    if (st == ZOFF_OK && o->cfg->zero.stage == 3) { /* the model asks the engine for each group's weights */
+        zoff_param_hooks hk = {.arg = s->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
+                               .release = zoff_engine_release};
+        if ((st = zoff_gpt2_set_param_hooks(s->model, &hk)) != ZOFF_OK) zoff_error_context(st, "engine");
+    }
+    return st;
+}
+
+zoff_status zoff_train_stack_create(const zoff_train_stack_options *o, zoff_train_stack *out) {
+    memset(out, 0, sizeof *out);
+    zoff_status s = zoff_device_create(&o->device, &out->dev);
+    if (s != ZOFF_OK) return zoff_error_context(s, "device");
+    zoff_gpt2_options mo = {.shape = o->shape, .batch_size = o->batch_size, .seq_len = o->seq_len,
+                            .dtype = o->dtype, .checkpoint_activations = o->checkpoint_activations,
+                            .external_params = o->cfg->zero.stage == 3}; /* stage 3: weights from the engine */
+    if ((s = zoff_gpt2_create(out->dev, &mo, &out->model)) != ZOFF_OK) zoff_error_context(s, "model");
+    if (s == ZOFF_OK) s = create_engine(o, out);
+    if (s != ZOFF_OK) zoff_train_stack_destroy(out);
+    return s;
+}

@@ -1,0 +1,227 @@
+/* The trainer (include/zoff/train.h): create (validate everything, then build), one training
+ * step, evaluation, checkpoints, and one cleanup path. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/trainer_internal.h"
+#include "zoff/schedule.h"
+
+void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
+    if (t->o.quiet || t->info.rank != 0) return;
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    zoff_log(ZOFF_LOG_INFO, "%s", buf);
+}
+
+void zoff_trainer_destroy(zoff_trainer *t) {
+    if (!t) return;
+    if (t->metrics) fclose(t->metrics);
+    if (t->timeline) fclose(t->timeline);
+    if (t->dev) {
+        zoff_device_free(t->dev, t->dx);
+        zoff_device_free(t->dev, t->dy);
+    }
+    zoff_train_stack_destroy(&t->stack);
+    free(t->hx);
+    free(t->hy);
+    zoff_st_close(t->init_st);
+    zoff_ckpt_close(t->rd);
+    zoff_loader_free(t->train_ld);
+    zoff_loader_free(t->val_ld);
+    zoff_dataset_free(t->train_ds);
+    zoff_dataset_free(t->val_ds);
+    zoff_tokenizer_free(t->tok);
+    zoff_config_free(&t->cfg);
+    free(t);
+}
+
+/* Everything that can be refused is checked here, before anything is written. */
+static zoff_status validate(zoff_trainer *t) {
+    ZOFF_TRY(trainer_load_config(t));
+    ZOFF_TRY(trainer_open_load(t));
+    zoff_status s = zoff_tokenizer_open(t->rd ? t->resume.tokenizer : t->o.tokenizer, &t->tok);
+    if (s != ZOFF_OK) return zoff_error_context(s, "tokenizer");
+    t->info.tokenizer = zoff_tokenizer_name(t->tok);
+    ZOFF_TRY(trainer_resolve_shape(t));
+    if (t->o.init_from) { /* checked against the model shape */
+        s = zoff_st_open(t->o.init_from, &t->init_st);
+        if (s == ZOFF_OK) s = zoff_gpt2_st_check(t->init_st, &t->info.shape);
+        if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
+    }
+    ZOFF_TRY(trainer_check_host_memory(t));
+    ZOFF_TRY(trainer_check_save_dir(t));
+    return trainer_open_data(t);
+}
+
+static zoff_status create(zoff_trainer *t) {
+    double t0 = zoff_now();
+    ZOFF_TRY(validate(t));
+    ZOFF_TRY(trainer_make_output_dir(t));
+    ZOFF_TRY(trainer_build(t));
+    ZOFF_TRY(trainer_overwrite(t));
+    ZOFF_TRY(trainer_restore(t));
+    ZOFF_TRY(trainer_open_metrics(t));
+    t->made_dir[0] = 0; /* files exist from here on: the directory stays */
+    t->info.startup_s = zoff_now() - t0;
+    return trainer_metrics_line(t, "{\"step\":%lld,\"startup_time\":%.3f}\n", (long long)t->info.step,
+                                t->info.startup_s);
+}
+
+zoff_status zoff_trainer_create(const zoff_trainer_options *opts, zoff_comm *comm, zoff_trainer **out) {
+    *out = NULL;
+    zoff_trainer *t = calloc(1, sizeof *t);
+    if (!t) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the trainer");
+    t->o = *opts;
+    t->comm = comm;
+    t->info.rank = zoff_comm_rank(comm);
+    t->info.world = zoff_comm_size(comm);
+    if (t->info.rank > 0) t->o.quiet = true; /* progress from rank 0 only; errors from every rank */
+    zoff_config_defaults(&t->cfg);
+    zoff_status s = create(t);
+    if (s != ZOFF_OK) {
+        trainer_remove_made_dir(t);
+        zoff_trainer_destroy(t);
+        return s;
+    }
+    *out = t;
+    return ZOFF_OK;
+}
+
+const zoff_trainer_info *zoff_trainer_info_get(const zoff_trainer *t) { return &t->info; }
+zoff_device *zoff_trainer_device(zoff_trainer *t) { return t->dev; }
+zoff_engine *zoff_trainer_engine(zoff_trainer *t) { return t->eng; }
+zoff_gpt2 *zoff_trainer_model(zoff_trainer *t) { return t->model; }
+const zoff_config *zoff_trainer_config(const zoff_trainer *t) { return &t->cfg; }
+
+/* Mean over ranks (loss, validation loss); the identity with one rank. */
+static zoff_status mean_over_ranks(zoff_trainer *t, double *v) {
+    if (t->info.world == 1) return ZOFF_OK;
+    ZOFF_TRY(zoff_comm_allreduce_f64(t->comm, v, 1, ZOFF_REDUCE_SUM));
+    *v /= t->info.world;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_trainer_should_stop(zoff_trainer *t, bool *stop) {
+    double sig = t->o.stop ? (double)*t->o.stop : 0;
+    if (t->info.world > 1) ZOFF_TRY(zoff_comm_allreduce_f64(t->comm, &sig, 1, ZOFF_REDUCE_MAX));
+    if (t->o.stop) *t->o.stop = (sig_atomic_t)sig; /* a signal seen by any rank stops every rank */
+    *stop = sig != 0;
+    return ZOFF_OK;
+}
+
+/* One micro-batch: tokens to the device, forward, backward (gradients stream to the engine). */
+static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, double *t_fwd, double *t_bwd) {
+    const int64_t B = t->info.micro_batch, T = t->info.seq_len;
+    const size_t bytes = (size_t)(B * T) * sizeof(int32_t);
+    zoff_stream *st = zoff_device_stream(t->dev);
+    double ta = zoff_now();
+    zoff_status s = zoff_loader_next(t->train_ld, t->hx, t->hy);
+    if (s != ZOFF_OK) return zoff_error_context(s, "data");
+    s = zoff_memcpy_async(st, t->dx, t->hx, bytes, ZOFF_COPY_H2D);
+    if (s == ZOFF_OK) s = zoff_memcpy_async(st, t->dy, t->hy, bytes, ZOFF_COPY_H2D);
+    if (s == ZOFF_OK) s = zoff_gpt2_forward(t->model, t->dx, t->dy, B, T);
+    if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(t->model, loss);
+    double tb = zoff_now();
+    zoff_engine_begin_backward(t->eng, boundary);
+    if (s == ZOFF_OK)
+        s = zoff_gpt2_backward(t->model, zoff_engine_backward_scale(t->eng), zoff_engine_grad_ready, t->eng);
+    if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
+    if (s != ZOFF_OK) return zoff_error_context(s, "forward/backward");
+    *t_fwd += tb - ta;
+    *t_bwd += zoff_now() - tb;
+    return ZOFF_OK;
+}
+
+static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_result *r) {
+    const zoff_step_info *si = &r->info;
+    double other = fmax(0.0, r->step_time - r->t_forward - r->t_backward - si->t_wait_grads - si->t_host -
+                                 si->t_device - si->t_wait_weights);
+    zoff_status s = trainer_metrics_line(
+        t,
+        "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
+        "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
+        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s}\n",
+        (long long)r->step, (float)r->loss, r->lr, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
+        r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
+        si->skipped ? "true" : "false");
+    return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
+}
+
+zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
+    memset(r, 0, sizeof *r);
+    const int64_t accum = t->info.accumulation;
+    double t0 = zoff_now(), loss_sum = 0;
+    zoff_status s = zoff_engine_zero_grad(t->eng);
+    if (s != ZOFF_OK) return zoff_error_context(s, "step");
+    for (int64_t mb = 0; mb < accum; mb++) {
+        float l = 0;
+        ZOFF_TRY(micro_batch(t, mb == accum - 1, &l, &r->t_forward, &r->t_backward));
+        loss_sum += l;
+    }
+    r->lr = zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng));
+    if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
+    if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");
+    r->step = ++t->info.step;
+    trainer_write_timeline(t, &r->info, r->t_backward);
+    double tokens = (double)(t->info.micro_batch * t->info.seq_len * accum * t->info.world); /* all ranks */
+    t->info.consumed_tokens += tokens;
+    r->step_time = zoff_now() - t0;
+    r->loss = (float)(loss_sum / (double)accum);
+    r->tokens_per_s = tokens / r->step_time;
+    return write_step_metrics(t, r);
+}
+
+/* Validation batch k (of micro_batch sequences, in one rank's order) is evaluated by rank
+ * k % world; the sum over ranks / n is then the loss one rank would compute. */
+zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
+    *out = NAN;
+    const int64_t n = t->info.eval_iters, B = t->info.micro_batch, T = t->info.seq_len;
+    if (!t->val_ld || n <= 0) return ZOFF_OK;
+    const size_t bytes = (size_t)(B * T) * sizeof(int32_t);
+    zoff_stream *st = zoff_device_stream(t->dev);
+    zoff_status s = ZOFF_OK;
+    double sum = 0;
+    zoff_loader_reset(t->val_ld);
+    for (int64_t k = 0; s == ZOFF_OK && k < n; k++) {
+        s = zoff_loader_next(t->val_ld, t->hx, t->hy);
+        if (s != ZOFF_OK || k % t->info.world != t->info.rank) continue;
+        s = zoff_memcpy_async(st, t->dx, t->hx, bytes, ZOFF_COPY_H2D);
+        if (s == ZOFF_OK) s = zoff_memcpy_async(st, t->dy, t->hy, bytes, ZOFF_COPY_H2D);
+        if (s == ZOFF_OK) s = zoff_gpt2_forward(t->model, t->dx, t->dy, B, T);
+        float l = 0;
+        if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(t->model, &l);
+        sum += l;
+    }
+    if (s == ZOFF_OK && t->info.world > 1) s = zoff_comm_allreduce_f64(t->comm, &sum, 1, ZOFF_REDUCE_SUM);
+    if (s != ZOFF_OK) return zoff_error_context(s, "evaluation");
+    *out = sum / (double)n;
+    return trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out);
+}
+
+zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
+    zoff_status s = zoff_engine_flush(t->eng);
+    if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
+    const char *dir = t->o.save_dir;
+    if (only_if_new) {
+        int64_t latest = -1;
+        if (t->info.rank == 0) (void)zoff_ckpt_latest(dir, &latest);
+        if (t->info.world > 1 && (s = zoff_comm_broadcast_bytes(t->comm, &latest, sizeof latest, 0)) != ZOFF_OK)
+            return zoff_error_context(s, "checkpoint"); /* rank 0's view decides, for all */
+        if (latest == t->info.step) return ZOFF_OK;
+    }
+    zoff_train_meta m = {.step = t->info.step, .shape = t->info.shape, .seq_len = t->info.seq_len,
+                         .seed = t->o.seed, .consumed_tokens = t->info.consumed_tokens,
+                         .settings = trainer_settings_of(&t->cfg, t->info.world)};
+    snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(t->tok));
+    m.loader = zoff_loader_get_state(t->train_ld);
+    zoff_engine_get_scalars(t->eng, &m.engine);
+    s = zoff_train_ckpt_save(dir, t->eng, t->model, &m, t->cfg.source, t->info.world > 1 ? t->comm : NULL);
+    if (s == ZOFF_OK && t->o.keep_last && t->info.rank == 0) s = zoff_ckpt_prune(dir, (int)t->o.keep_last);
+    return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
+}

@@ -1,0 +1,57 @@
+/* The trainer's state and the functions its files share. Private to src/train. */
+#ifndef ZOFF_TRAINER_INTERNAL_H
+#define ZOFF_TRAINER_INTERNAL_H
+
+#include <stdio.h>
+
+#include "zoff/safetensors.h"
+#include "zoff/train.h"
+
+struct zoff_trainer {
+    zoff_trainer_options o;
+    zoff_trainer_info info;
+    zoff_config cfg;
+    zoff_tokenizer *tok;
+    zoff_dataset *train_ds, *val_ds;
+    zoff_loader *train_ld, *val_ld;
+    zoff_train_stack stack;   /* device, model, engine */
+    zoff_device *dev;         /* = stack.dev, .model, .eng */
+    zoff_gpt2 *model;
+    zoff_engine *eng;
+    zoff_st_file *init_st;    /* --init-from */
+    zoff_ckpt_reader *rd;     /* --load, open during create only */
+    zoff_train_meta resume;   /* --load's meta */
+    int32_t *hx, *hy, *dx, *dy;
+    FILE *metrics, *timeline;
+    char metrics_path[4200];
+    char made_dir[4096];      /* the top-most --save directory create made ("" when none) */
+    zoff_comm *comm;          /* NULL with one rank */
+    int64_t T_given;          /* sequence length given by a flag or the config (0 = not given) */
+};
+
+/* Progress output of the trainer: rank 0, unless quiet. */
+void trainer_say(const zoff_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* setup.c: the steps of zoff_trainer_create */
+zoff_status trainer_load_config(zoff_trainer *t);
+zoff_status trainer_resolve_shape(zoff_trainer *t);
+zoff_status trainer_check_host_memory(const zoff_trainer *t);
+zoff_status trainer_open_data(zoff_trainer *t);
+zoff_status trainer_make_output_dir(zoff_trainer *t);
+void trainer_remove_made_dir(zoff_trainer *t);
+zoff_status trainer_build(zoff_trainer *t);
+zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world);
+
+/* resume.c: --load and --save rules */
+zoff_status trainer_open_load(zoff_trainer *t);
+zoff_status trainer_check_resume(zoff_trainer *t);
+zoff_status trainer_check_save_dir(zoff_trainer *t);
+zoff_status trainer_restore(zoff_trainer *t);
+zoff_status trainer_overwrite(zoff_trainer *t);
+
+/* metrics.c: metrics.jsonl and the gradient timeline */
+zoff_status trainer_open_metrics(zoff_trainer *t);
+zoff_status trainer_metrics_line(zoff_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void trainer_write_timeline(zoff_trainer *t, const zoff_step_info *si, double t_bwd);
+
+#endif

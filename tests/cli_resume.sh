@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The rules of --save and --load (docs/reliability.md, "Runs, --save and --load") and what zoff
+# train prints: a --save holding another run's checkpoints is refused without --load (or
+# cleared with --overwrite); a resume refuses settings that change what the stored state means
+# (optimizer, precision, model shape, sequence length, vocabulary) naming the key and both
+# values (for older checkpoints from their stored config), and prints those it may change; bad shapes are refused by flag name with nothing
+# written; the summary prints validation only when measured; the start-up time is in the log
+# and in metrics.jsonl; with 2 ranks (when MPI is there) the validation loss is the 1-rank one,
+# the banner shows the global batch, and --quiet prints nothing on success.
+# Usage: cli_resume.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-resume-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0
+ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+SHAPE=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16)
+DATA=(--tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin")
+TINY=("${SHAPE[@]}" --micro-batch-size 4 "${DATA[@]}" --eval-iters 2)
+SEQ8=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 8 --micro-batch-size 4 "${DATA[@]}")
+cfg() { # optimizer bf16? lr clip
+  echo "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"$1\", \"params\": {\"lr\": $3}},
+         \"bf16\": {\"enabled\": $2}, \"gradient_clipping\": $4, \"zero_optimization\": {\"stage\": 2}}"
+}
+cfg AdamW true 1e-3 1.0 > "$W/adamw.json"
+cfg Lion true 1e-3 1.0 > "$W/lion.json"
+cfg AdamW false 1e-3 1.0 > "$W/fp32.json"
+cfg AdamW true 5e-4 0.5 > "$W/adamw_lr.json"
+
+# 1. a run into a --save that already holds checkpoints, without --load, is refused
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 4 --save "$W/run" --quiet >/dev/null 2>&1
+check "first run ends at step 4" "[ -f '$W/run/step_00000004/COMPLETE' ]"
+cp "$W/run/metrics.jsonl" "$W/metrics_before.jsonl"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 2 --save "$W/run" >"$W/err.txt" 2>&1
+rc=$?
+check "new run into a --save with checkpoints: exit 2" "[ $rc -eq 2 ]"
+check "... the message names the newest step, --load, --overwrite" \
+  "grep -q 'already holds checkpoints.*step 4.*--load.*--overwrite' '$W/err.txt'"
+check "... and nothing there changed (checkpoints, metrics.jsonl)" \
+  "cmp -s '$W/metrics_before.jsonl' '$W/run/metrics.jsonl' && [ -f '$W/run/step_00000004/COMPLETE' ] && [ ! -e '$W/run/step_00000002' ]"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 2 --save "$W/run" --overwrite --quiet >/dev/null 2>&1
+check "--overwrite starts over: step 2 is the newest, the old step 4 is gone" \
+  "[ \$? -eq 0 ] && [ -f '$W/run/step_00000002/COMPLETE' ] && [ ! -e '$W/run/step_00000004' ]"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 3 --save "$W/run" --load "$W/run" --overwrite >"$W/err.txt" 2>&1
+check "--overwrite with --load is refused (exit 2)" "[ \$? -eq 2 ] && grep -q 'exclude each other' '$W/err.txt'"
+
+# 2. resume with another optimizer type or precision: refused, naming the key and both values
+"$ZOFF" train "${TINY[@]}" --config "$W/lion.json" --train-iters 4 --save "$W/run" --load "$W/run" >"$W/err.txt" 2>&1
+rc=$?
+check "resume with another optimizer: exit 2" "[ $rc -eq 2 ]"
+check "... naming optimizer.type, AdamW and Lion" "grep -q 'optimizer.type is AdamW in the checkpoint but Lion' '$W/err.txt'"
+"$ZOFF" train "${TINY[@]}" --config "$W/fp32.json" --train-iters 4 --save "$W/run" --load "$W/run" >"$W/err.txt" 2>&1
+check "resume in another precision: exit 2 naming bf16 and fp32" \
+  "[ \$? -eq 2 ] && grep -q 'precision.*bf16 in the checkpoint but fp32' '$W/err.txt'"
+check "refused resumes wrote nothing" "[ ! -e '$W/run/step_00000004' ]"
+
+# 3. the sequence length, vocabulary or shape of the checkpoint cannot change on resume
+"$ZOFF" train "${SEQ8[@]}" --config "$W/adamw.json" --train-iters 4 --save "$W/run" --load "$W/run" >"$W/err.txt" 2>&1
+check "resume with another --seq-length: exit 2 naming seq_length 16 and 8" \
+  "[ \$? -eq 2 ] && grep -q 'seq_length is 16 in the checkpoint but 8 here' '$W/err.txt'"
+"$ZOFF" train "${TINY[@]}" --vocab-size 300 --config "$W/adamw.json" --train-iters 4 --save "$W/run" --load "$W/run" >"$W/err.txt" 2>&1
+check "resume with another --vocab-size: exit 2 naming vocab_size" \
+  "[ \$? -eq 2 ] && grep -q 'vocab_size is 256 in the checkpoint but 300 here' '$W/err.txt'"
+
+# 4. what a resume may change is printed, one line each; the run goes on
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw_lr.json" --train-iters 4 --save "$W/run" --load "$W/run" >"$W/out.txt" 2>&1
+check "resume with another lr and clipping: exit 0, ends at step 4" "[ \$? -eq 0 ] && [ -f '$W/run/step_00000004/COMPLETE' ]"
+check "... one line for the lr (0.001 -> 0.0005)" "grep -q 'resume: optimizer.params.lr 0.001 -> 0.0005' '$W/out.txt'"
+check "... one line for gradient_clipping (1 -> 0.5)" "grep -q 'resume: gradient_clipping 1 -> 0.5' '$W/out.txt'"
+check "... and none for what did not change" "! grep -q 'resume: train_micro_batch' '$W/out.txt'"
+
+# 4b. a checkpoint written before "settings" existed: the stored config is compared instead
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+cp -r "$W/run" "$W/old"
+"$PY" - "$SRC/scripts" "$W/old/step_00000004/rank_00000.zckpt" <<'PYEOF'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import zckpt
+hdr, es = zckpt.read_file(sys.argv[2])
+out = []
+for e in es:
+    data = e["data"]
+    if e["name"] == "meta":
+        m = json.loads(data)
+        del m["settings"]
+        data = json.dumps(m, indent=1, sort_keys=True).encode()
+    shape = [len(data)] if e["name"] == "meta" and e["shape"] else e["shape"]  # a blob: [] or [bytes]
+    out.append((e["name"], e["dtype"], shape, data))
+zckpt.write_file(sys.argv[2], hdr["step"], hdr["rank"], out)
+PYEOF
+check "old-style checkpoint (no settings in meta) still verifies" "'$PY' '$SRC/scripts/zckpt.py' verify '$W/old' >/dev/null"
+"$ZOFF" train "${TINY[@]}" --config "$W/lion.json" --train-iters 5 --save "$W/old" --load "$W/old" >"$W/err.txt" 2>&1
+check "old-style checkpoint, another optimizer: refused from the stored config (AdamW vs Lion)" \
+  "[ \$? -eq 2 ] && grep -q 'optimizer.type is AdamW in the checkpoint but Lion' '$W/err.txt'"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw_lr.json" --train-iters 5 --save "$W/old" --load "$W/old" --quiet >"$W/err.txt" 2>&1
+check "old-style checkpoint, same optimizer: resumes to step 5" "[ \$? -eq 0 ] && [ -f '$W/old/step_00000005/COMPLETE' ]"
+
+# 5. --quiet: a successful resume prints nothing (no "resumed from")
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw_lr.json" --train-iters 5 --save "$W/run" --load "$W/run" --quiet >"$W/q.txt" 2>&1
+check "--quiet resume: exit 0 and no output" "[ \$? -eq 0 ] && [ ! -s '$W/q.txt' ]"
+
+# 6. a shape the model cannot have: refused by flag name, exit 2, no --save directory left
+"$ZOFF" train "${DATA[@]}" --num-layers 2 --hidden-size 64 --num-attention-heads 5 --seq-length 16 \
+  --train-iters 1 --save "$W/heads/sub" >"$W/err.txt" 2>&1
+rc=$?
+check "hidden 64 with 5 heads: exit 2 naming the flags" "[ $rc -eq 2 ] && grep -q -- '--num-attention-heads' '$W/err.txt'"
+check "... without naming an internal function" "! grep -q 'zoff_gpt2_create' '$W/err.txt'"
+check "... and no --save directory created" "[ ! -e '$W/heads' ]"
+"$ZOFF" train "${TINY[@]}" --device-memory 64KiB --train-iters 1 --save "$W/oom/sub" >"$W/err.txt" 2>&1
+check "a model that does not fit the device: exit non-zero, no empty --save directory left" \
+  "[ \$? -ne 0 ] && [ ! -e '$W/oom' ]"
+
+# 7. the summary prints validation figures only when measured; start-up time in log and metrics
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 2 --save "$W/noval" >"$W/out.txt" 2>&1
+check "--eval-iters 0: the summary has no validation loss (no 'nan')" \
+  "[ \$? -eq 0 ] && grep -q 'trained 2 steps' '$W/out.txt' && ! grep -q 'validation' '$W/out.txt' && ! grep -qi 'nan' '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --train-iters 2 --save "$W/val" >"$W/out.txt" 2>&1
+check "with validation: the summary has 'validation loss A -> B'" \
+  "grep -qE 'validation loss [0-9.]+ -> [0-9.]+' '$W/out.txt'"
+check "the log reports the start-up time" "grep -qE '^zoff: start-up [0-9.]+ s' '$W/out.txt'"
+check "metrics.jsonl has a startup_time line before the first step" \
+  "head -1 '$W/val/metrics.jsonl' | grep -qE '^\\{\"step\":0,\"startup_time\":[0-9.]+\\}$'"
+
+# 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
+if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+  MPI2=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+        --mca btl_vader_single_copy_mechanism none -x ZOFF_THREADS=1 -x OMP_NUM_THREADS=1
+        -x OMP_WAIT_POLICY=passive -x ZOFF_COMM_TIMEOUT=120 -x ASAN_OPTIONS -np 2)
+  "$ZOFF" train "${TINY[@]}" --eval-iters 5 --train-iters 0 --save "$W/v1" --quiet >/dev/null 2>&1
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --eval-iters 5 --train-iters 0 --save "$W/v2" >"$W/v2.txt" 2>&1
+  v1=$(grep -o '"val_loss":[0-9.]*' "$W/v1/metrics.jsonl" | head -1); v2=$(grep -o '"val_loss":[0-9.]*' "$W/v2/metrics.jsonl" | head -1)
+  check "2 ranks: validation loss over --eval-iters 5 == 1 rank's ($v1 vs $v2)" "[ -n '$v1' ] && [ '$v1' = '$v2' ]"
+  check "2 ranks: the banner shows the global batch (4 x 1 x 2 ranks = 8 sequences per step)" \
+    "grep -q 'batch 4 x 1 accumulation x 2 ranks = 8 sequences (128 tokens) per step' '$W/v2.txt'"
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --train-iters 2 --save "$W/v2" --load "$W/v2" --quiet >"$W/v2q.txt" 2>&1
+  check "2 ranks, --quiet resume: exit 0 and no output" "[ \$? -eq 0 ] && [ ! -s '$W/v2q.txt' ]"
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --train-iters 2 --save "$W/v2" >"$W/v2r.txt" 2>&1
+  check "2 ranks: a --save with checkpoints, no --load: refused (non-zero exit, message)" \
+    "[ \$? -ne 0 ] && grep -q 'already holds checkpoints' '$W/v2r.txt'"
+else
+  echo "skip - 2-rank cases: zoff was built without MPI or mpirun is missing"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
