@@ -121,15 +121,11 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     const zoff_gpt2_shape *sh = &t->info.shape;
     const int64_t B = t->info.micro_batch, T = t->info.seq_len;
-    /* a shape the model will refuse: leave the message to zoff_gpt2_create */
-    if (sh->num_layers < 1 || sh->num_layers > (1 << 20) || sh->hidden_size < 1 || sh->hidden_size > (1 << 20) ||
-        sh->vocab_size < 1 || sh->vocab_size > INT32_MAX || sh->max_seq_len < 1 || sh->max_seq_len > (1 << 24) ||
-        sh->padded_vocab_size < 0 || sh->padded_vocab_size > INT32_MAX || B < 1 || T < 1 || B > (1 << 24) ||
-        T > (1 << 24))
+    /* a shape the model will refuse: leave the message to the model's own check */
+    if (!zoff_gpt2_shape_in_bounds(sh) || B < 1 || T < 1 || B > ZOFF_GPT2_MAX_BATCH || T > ZOFF_GPT2_MAX_SEQ)
         return ZOFF_OK;
     const double L = (double)sh->num_layers, C = (double)sh->hidden_size;
-    const double Vp = (double)(sh->padded_vocab_size ? sh->padded_vocab_size : (sh->vocab_size + 127) / 128 * 128);
-    const double N = Vp * C + (double)sh->max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+    const double N = (double)zoff_gpt2_count_params(sh);
     const double d = t->info.dtype == ZOFF_F32 ? 4 : 2;
     const zoff_optimizer_type ot = t->cfg.optimizer.type;
     const double moments = ot == ZOFF_OPTIM_ADAM || ot == ZOFF_OPTIM_ADAMW ? 2 : 1;
