@@ -11,7 +11,7 @@
 #   - an empty or malformed config names the position once.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
-ZOFF="$1"; SRC="$2"
+ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
 W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-newuser-XXXXXX")
 trap 'rm -rf "$W"' EXIT
 pass=0; fail=0
