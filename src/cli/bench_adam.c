@@ -209,6 +209,44 @@ static zoff_status latency(const zoff_optimizer_config *cfg, zoff_simd_path path
     return s;
 }
 
+/* One line (or JSON object) per mode: medians of each side, the median of the paired
+ * bound/optimizer ratios (the fraction of the bound reached) with min and max. */
+static void report_modes(zoff_host_optimizer *opt, const bench_bufs *bp, int64_t n, const bool *want, int repeats,
+                         double tb[][MAX_REPEATS], double tm[][MAX_REPEATS], bool json) {
+    const bench_bufs b = *bp;
+    bool first = true;
+    int unsteady = 0;
+    for (int k = 0; k < NMODES; k++) {
+        if (!want[k]) continue;
+        zoff_optim_tensors t = mode_tensors(&b, &g_modes[k], n);
+        double bpp = zoff_host_optimizer_bytes_per_param(opt, &t);
+        cli_paired pr; /* bound time / optimizer time of each pair = the fraction of the bound reached */
+        cli_paired_ratios(tb[k], tm[k], repeats, &pr);
+        double mb = pr.a_median, mm = pr.b_median;
+        double bps = (double)n / mb, ops = (double)n / mm;
+        double pct = 100.0 * pr.ratio_median, pmin = 100.0 * pr.ratio_min, pmax = 100.0 * pr.ratio_max;
+        char why[400];
+        cli_paired_verdict(&pr, why, sizeof why);
+        if (json) {
+            printf("%s{\"mode\":\"%s\",\"bytes_per_param\":%.0f,\"bound_params_per_s\":%.4g,\"bound_gb_per_s\":%.2f,"
+                   "\"params_per_s\":%.4g,\"gb_per_s\":%.2f,\"pct_of_bound\":%.1f,\"pct_min\":%.1f,\"pct_max\":%.1f,",
+                   first ? "" : ",", g_modes[k].name, bpp, bps, bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax);
+            cli_paired_json(stdout, &pr);
+            printf(",\"verdict\":\"%s\"}", why);
+        } else {
+            printf("%-22s %6.0f | %12.4g %9.2f | %12.4g %9.2f | %7.1f%% (%5.1f..%5.1f)%s\n", g_modes[k].name, bpp, bps,
+                   bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax, why[0] ? "  (*)" : "");
+            if (why[0]) unsteady++;
+        }
+        first = false;
+    }
+    if (json) printf("]");
+    if (unsteady)
+        printf("(*) %d mode%s: the rounds' ratios spread more than %.0f%% of their median (or fewer than %d rounds): "
+               "the machine was too noisy for the %% of bound to mean more than its min..max\n",
+               unsteady, unsteady == 1 ? "" : "s", 100.0 * CLI_BENCH_SPREAD_LIMIT, CLI_BENCH_MIN_ROUNDS);
+}
+
 int zoff_cmd_bench_adam(int argc, char **argv) {
     double dparams = 100e6, dthreads = 0, diters = 5, drepeats = 5;
     bool json = false, lat = false;
@@ -334,37 +372,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
         printf("%-22s %6s | %12s %9s | %12s %9s | %8s %15s\n", "mode", "B/par", "bound par/s", "bound GB/s",
                "optim par/s", "optim GB/s", "% bound", "(min..max %)");
     }
-    bool first = true;
-    int unsteady = 0;
-    for (int k = 0; k < NMODES; k++) {
-        if (!want[k]) continue;
-        zoff_optim_tensors t = mode_tensors(&b, &g_modes[k], n);
-        double bpp = zoff_host_optimizer_bytes_per_param(opt, &t);
-        cli_paired pr; /* bound time / optimizer time of each pair = the fraction of the bound reached */
-        cli_paired_ratios(tb[k], tm[k], repeats, &pr);
-        double mb = pr.a_median, mm = pr.b_median;
-        double bps = (double)n / mb, ops = (double)n / mm;
-        double pct = 100.0 * pr.ratio_median, pmin = 100.0 * pr.ratio_min, pmax = 100.0 * pr.ratio_max;
-        char why[400];
-        cli_paired_verdict(&pr, why, sizeof why);
-        if (json) {
-            printf("%s{\"mode\":\"%s\",\"bytes_per_param\":%.0f,\"bound_params_per_s\":%.4g,\"bound_gb_per_s\":%.2f,"
-                   "\"params_per_s\":%.4g,\"gb_per_s\":%.2f,\"pct_of_bound\":%.1f,\"pct_min\":%.1f,\"pct_max\":%.1f,",
-                   first ? "" : ",", g_modes[k].name, bpp, bps, bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax);
-            cli_paired_json(stdout, &pr);
-            printf(",\"verdict\":\"%s\"}", why);
-        } else {
-            printf("%-22s %6.0f | %12.4g %9.2f | %12.4g %9.2f | %7.1f%% (%5.1f..%5.1f)%s\n", g_modes[k].name, bpp, bps,
-                   bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax, why[0] ? "  (*)" : "");
-            if (why[0]) unsteady++;
-        }
-        first = false;
-    }
-    if (json) printf("]");
-    if (unsteady)
-        printf("(*) %d mode%s: the rounds' ratios spread more than %.0f%% of their median (or fewer than %d rounds): "
-               "the machine was too noisy for the %% of bound to mean more than its min..max\n",
-               unsteady, unsteady == 1 ? "" : "s", 100.0 * CLI_BENCH_SPREAD_LIMIT, CLI_BENCH_MIN_ROUNDS);
+    report_modes(opt, &b, n, want, repeats, tb, tm, json);
     bufs_free(&b);
     if (lat && latency(&cfg, zoff_host_optimizer_simd(opt), threads, json) != ZOFF_OK) {
         if (json) printf("}\n");

@@ -216,35 +216,43 @@ static void report(double t[M_COUNT][MAX_ROUNDS], int rounds, size_t S, size_t S
         if (!pr[c].steady) printf("(*) %s: %s\n", cmps[c].name, cli_paired_verdict(&pr[c], why, sizeof why));
 }
 
-int zoff_cmd_bench_ckpt(int argc, char **argv) {
-    const char *dir = "out/bench-ckpt";
-    int64_t L = 12, C = 768, NH = 12, V = 50257, P = 1024, rounds = 5;
-    bool json_out = false;
+/* 0: go on; -1: --help printed; else the exit code. */
+static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64_t *C, int64_t *NH, int64_t *V,
+                      int64_t *P, int64_t *rounds, bool *json_out) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int64_t *dst = NULL, lo = 1, hi = 1 << 20;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
-            return 0;
+            return -1;
         } else if (!strcmp(a, "--dir")) {
             if (!(v = cli_value("bench ckpt", argc, argv, &i))) return 2;
-            dir = v;
+            *dir = v;
             continue;
         } else if (!strcmp(a, "--json")) {
-            json_out = true;
+            *json_out = true;
             continue;
-        } else if (!strcmp(a, "--num-layers")) dst = &L;
-        else if (!strcmp(a, "--hidden-size")) dst = &C;
-        else if (!strcmp(a, "--num-attention-heads")) dst = &NH;
-        else if (!strcmp(a, "--vocab-size")) dst = &V, hi = INT32_MAX;
-        else if (!strcmp(a, "--max-position-embeddings")) dst = &P;
-        else if (!strcmp(a, "--rounds")) dst = &rounds, hi = MAX_ROUNDS;
+        } else if (!strcmp(a, "--num-layers")) dst = L;
+        else if (!strcmp(a, "--hidden-size")) dst = C;
+        else if (!strcmp(a, "--num-attention-heads")) dst = NH;
+        else if (!strcmp(a, "--vocab-size")) dst = V, hi = INT32_MAX;
+        else if (!strcmp(a, "--max-position-embeddings")) dst = P;
+        else if (!strcmp(a, "--rounds")) dst = rounds, hi = MAX_ROUNDS;
         else {
             fprintf(stderr, "zoff bench ckpt: unknown option '%s' (zoff bench ckpt --help)\n", a);
             return 2;
         }
         if (!(v = cli_value("bench ckpt", argc, argv, &i)) || !cli_parse_i64("bench ckpt", a, v, lo, hi, dst)) return 2;
     }
+    return 0;
+}
+
+int zoff_cmd_bench_ckpt(int argc, char **argv) {
+    const char *dir = "out/bench-ckpt";
+    int64_t L = 12, C = 768, NH = 12, V = 50257, P = 1024, rounds = 5;
+    bool json_out = false;
+    int prc = parse_args(argc, argv, &dir, &L, &C, &NH, &V, &P, &rounds, &json_out);
+    if (prc) return prc < 0 ? 0 : prc;
     zoff_gpt2_shape shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = P, .vocab_size = V};
     const char *json = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true},"
                        " \"optimizer\": {\"type\": \"AdamW\"},"
