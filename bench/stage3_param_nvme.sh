@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO stage 3 parameter offload: offload_param "cpu" against "nvme" (ZeRO-Infinity), one rank,
-# CPU backend, the optimizer on the host in both; the two runs alternate ROUNDS times and the
-# medians of the steps after the first two are compared. Disk traffic per step of the nvme run:
+# CPU backend, the optimizer on the host in both; the two runs sit next to each other ROUNDS times
+# (the order alternating) and the ratio of each round's medians (steps after the first two) is
+# summarised by `zoff bench pairs`: median with min and max, and a note when they spread too wide. Disk traffic per step of the nvme run:
 # the 16-bit partition read once per forward and once per backward (groups gathered on use,
 # max_in_cpu 0) and written once after the update.
 # Usage: bench/stage3_param_nvme.sh ZOFF [ROUNDS] [STEPS] [DIR]   (docs/performance.md, "NVMe offload")
@@ -23,14 +24,15 @@ cfg cpu '{"device": "cpu"}'
 cfg nvme "{\"device\": \"nvme\", \"nvme_path\": \"$W/swap\", \"max_in_cpu\": 0, \"buffer_count\": 4}"
 echo "machine: $(nproc) cores; swap files in $DIR ($(df -T "$DIR" | awk 'NR==2 {print $2}')); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$ROUNDS"); do
-  for c in cpu nvme; do
+  order="cpu nvme"; [ $((r % 2)) -eq 0 ] && order="nvme cpu"
+  for c in $order; do
     "$ZOFF" train "${MODEL[@]}" --config "$W/$c.json" --train-iters "$STEPS" --save "$W/${c}_$r" >"$W/${c}_$r.txt" 2>&1
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -h "parameters on" "$W/cpu_1.txt" | head -1 || true
 grep -h "^zoff: memory" "$W/cpu_1.txt" "$W/nvme_1.txt" || true
-/usr/bin/python3 - "$W" "$ROUNDS" <<'PY'
+/usr/bin/python3 - "$W" "$ROUNDS" > "$W/report.txt" <<'PY'
 import json, statistics, sys
 W, R = sys.argv[1], int(sys.argv[2])
 def steps(path): return [json.loads(l) for l in open(path) if '"loss"' in l][2:]
@@ -43,12 +45,18 @@ for c in ("cpu", "nvme"):
     rows[c] = s
     print("| %s | %.3f | %.3f | %.3f | %.3f | %.0f |" % (c, med([x["step_time"] for x in s]), med([x["forward"] for x in s]),
           med([x["backward"] for x in s]), med([x["host_step"] for x in s]), med([x["tokens_per_s"] for x in s])))
-ratios = []
-for r in range(1, R + 1):
-    a = med([x["step_time"] for x in steps("%s/cpu_%d/metrics.jsonl" % (W, r))])
-    b = med([x["step_time"] for x in steps("%s/nvme_%d/metrics.jsonl" % (W, r))])
-    ratios.append(b / a)
-print("\nnvme / cpu step time per round: %s; median %.2f" % (", ".join("%.2f" % x for x in ratios), med(ratios)))
+with open("%s/pairs.txt" % W, "w") as f:
+    for r in range(1, R + 1):
+        a = med([x["step_time"] for x in steps("%s/cpu_%d/metrics.jsonl" % (W, r))])
+        b = med([x["step_time"] for x in steps("%s/nvme_%d/metrics.jsonl" % (W, r))])
+        f.write("%.9g %.9g\n" % (b, a))
 same = all(abs(x["loss"] - y["loss"]) == 0 for x, y in zip(steps("%s/cpu_1/metrics.jsonl" % W), steps("%s/nvme_1/metrics.jsonl" % W)))
 print("losses of round 1 identical (cpu vs nvme): %s" % same)
 PY
+cat "$W/report.txt"
+"$ZOFF" bench pairs < "$W/pairs.txt" | /usr/bin/python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+print("nvme / cpu step time, paired per round: median %.2f (min %.2f, max %.2f, %d rounds)" % (
+    p["ratio_median"], p["ratio_min"], p["ratio_max"], p["rounds"]))
+if not p["steady"]: print("  " + p["verdict"])'

@@ -429,6 +429,44 @@ static void test_bad_requests_and_options(void **st) {
     zoff_aio_destroy(a);
 }
 
+/* ZOFF_AIO_TEMPORARY: the file has no name once open (so it goes with the process even after
+ * SIGKILL), yet reads and writes work on every engine; the name is free for a new file. */
+static void test_temporary_file(void **st) {
+    (void)st;
+    zoff_aio_engine_kind ks[2] = {ZOFF_AIO_THREADS, ZOFF_AIO_AUTO};
+    for (int k = 0; k < 2; k++) {
+        zoff_aio *a = make(ks[k], 65536, 4);
+        char p[256];
+        path_in(p, sizeof p, "temporary.swp");
+        zoff_aio_file *f = NULL;
+        assert_int_equal(zoff_aio_file_open(a, p, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &f), ZOFF_OK);
+        struct stat sb;
+        assert_int_equal(stat(p, &sb), -1); /* no name on disk */
+        assert_int_equal(errno, ENOENT);
+        assert_int_equal(zoff_aio_file_reserve(f, 4 << 20), ZOFF_OK);
+        uint8_t *w = zoff_aligned_alloc(ZOFF_AIO_ALIGN, 1 << 20, "w");
+        uint8_t *r = zoff_aligned_alloc(ZOFF_AIO_ALIGN, 1 << 20, "r");
+        for (int i = 0; i < (1 << 20); i++) w[i] = (uint8_t)(i * 7 + k);
+        zoff_aio_request wr = {.op = ZOFF_AIO_WRITE, .file = f, .nseg = 1,
+                               .seg = {{.buf = w, .offset = 1 << 20, .bytes = 1 << 20}}};
+        assert_int_equal(zoff_aio_submit(a, &wr), ZOFF_OK);
+        assert_int_equal(zoff_aio_wait(a, &wr), ZOFF_OK);
+        zoff_aio_request rd = {.op = ZOFF_AIO_READ, .file = f, .nseg = 1,
+                               .seg = {{.buf = r, .offset = 1 << 20, .bytes = 1 << 20}}};
+        assert_int_equal(zoff_aio_submit(a, &rd), ZOFF_OK);
+        assert_int_equal(zoff_aio_wait(a, &rd), ZOFF_OK);
+        assert_memory_equal(w, r, 1 << 20);
+        zoff_aio_file *f2 = NULL; /* the name is free: another run may create it */
+        assert_int_equal(zoff_aio_file_open(a, p, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &f2), ZOFF_OK);
+        zoff_aio_file_close(f2);
+        zoff_aio_file_close(f);
+        assert_int_equal(stat(p, &sb), -1);
+        zoff_aligned_free(w);
+        zoff_aligned_free(r);
+        zoff_aio_destroy(a);
+    }
+}
+
 /* Which directories allow O_DIRECT (printed for the record; the engine works either way). */
 static void test_direct_io_report(void **st) {
     (void)st;
@@ -522,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_global_hook),
         cmocka_unit_test(test_truncated_file),
         cmocka_unit_test(test_bad_requests_and_options),
+        cmocka_unit_test(test_temporary_file),
         cmocka_unit_test(test_direct_io_report),
         cmocka_unit_test(test_buffered),
     };

@@ -39,16 +39,35 @@ static void assert_msg_has(const char *needle) {
     if (!strstr(zoff_last_error(), needle)) fail_msg("message lacks '%s': %s", needle, zoff_last_error());
 }
 
-/* The swap files currently in the test directory. */
+/* The swap files of the test directory this process holds open. They have no name on disk
+ * (ZOFF_AIO_TEMPORARY: unlinked right after they are created, so that they go with the
+ * process even after SIGKILL): found through /proc/self/fd, whose links read
+ * "<dir>/zoff-...swp (deleted)". `first` gets the /proc/self/fd path of the first one (opening
+ * or truncating it reaches the file), g_first_name its former name. Named swap files in the
+ * directory fail the test. */
+static char g_first_name[600];
 static int swap_files(char *first, size_t n) {
-    char tmp[600];
+    char tmp[600], target[600];
     DIR *d = opendir(g_dir);
-    int count = 0;
     struct dirent *de;
+    while (d && (de = readdir(d)))
+        if (!strncmp(de->d_name, "zoff-", 5) && strstr(de->d_name, ".swp"))
+            fail_msg("swap file %s/%s has a name on disk: it would outlive a killed process", g_dir, de->d_name);
+    if (d) closedir(d);
+    int count = 0;
+    d = opendir("/proc/self/fd");
     while (d && (de = readdir(d))) {
-        if (strncmp(de->d_name, "zoff-", 5) || !strstr(de->d_name, ".swp")) continue;
-        snprintf(tmp, sizeof tmp, "%s/%s", g_dir, de->d_name);
-        if (count++ == 0 && first) snprintf(first, n, "%.*s", (int)(n - 1), tmp);
+        snprintf(tmp, sizeof tmp, "/proc/self/fd/%s", de->d_name);
+        ssize_t l = readlink(tmp, target, sizeof target - 1);
+        if (l <= 0) continue;
+        target[l] = '\0';
+        size_t dl = strlen(g_dir);
+        if (strncmp(target, g_dir, dl) || strncmp(target + dl, "/zoff-", 6) || !strstr(target, ".swp (deleted)"))
+            continue;
+        if (count++ == 0 && first) {
+            snprintf(first, n, "%.*s", (int)(n - 1), tmp);
+            snprintf(g_first_name, sizeof g_first_name, "%s", target);
+        }
     }
     if (d) closedir(d);
     return count;
@@ -771,7 +790,7 @@ static void corrupt_param_file(void *arg) {
     (void)arg;
     char p[600];
     assert_int_equal(swap_files(p, sizeof p), 1);
-    assert_non_null(strstr(p, "zoff-param-"));
+    assert_non_null(strstr(g_first_name, "zoff-param-"));
     int fd = open(p, O_WRONLY);
     assert_true(fd >= 0);
     char junk[100];

@@ -92,6 +92,22 @@ static size_t dir_bytes(const char *dir) {
         if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) total += (size_t)st.st_size;
     }
     closedir(d);
+    /* the swap files have no name (unlinked at creation, ZOFF_AIO_TEMPORARY): the files this
+     * process holds open whose former name is in dir, through /proc/self/fd */
+    char target[4400];
+    size_t dl = strlen(dir);
+    if (!(d = opendir("/proc/self/fd"))) return total;
+    while ((de = readdir(d))) {
+        snprintf(p, sizeof p, "/proc/self/fd/%s", de->d_name);
+        ssize_t l = readlink(p, target, sizeof target - 1);
+        if (l <= 0) continue;
+        target[l] = '\0';
+        struct stat st;
+        if (!strncmp(target, dir, dl) && target[dl] == '/' && strstr(target, " (deleted)") && stat(p, &st) == 0 &&
+            S_ISREG(st.st_mode))
+            total += (size_t)st.st_size;
+    }
+    closedir(d);
     return total;
 }
 

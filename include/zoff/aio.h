@@ -101,7 +101,10 @@ const char *zoff_aio_describe(const zoff_aio *a);
 
 /* ---- files ---- */
 enum {
-    ZOFF_AIO_CREATE = 1, /* create the file; it must not exist (O_EXCL) */
+    ZOFF_AIO_CREATE = 1,    /* create the file; it must not exist (O_EXCL) */
+    ZOFF_AIO_TEMPORARY = 2, /* with CREATE: unlink the name as soon as the file is open, so that the
+                               file disappears with the process however it ends (exit, crash,
+                               SIGKILL); the path stays the file's name in messages */
 };
 zoff_status zoff_aio_file_open(zoff_aio *a, const char *path, int flags, zoff_aio_file **out);
 void zoff_aio_file_close(zoff_aio_file *f);

@@ -168,7 +168,9 @@ typedef struct zoff_config {
 void zoff_config_defaults(zoff_config *cfg);
 /* Parse and validate a DeepSpeed JSON file. cfg need not be initialised; what it
  * held before is overwritten, not freed (zoff_config_free it first). On error cfg
- * is left at the defaults, owning nothing. */
+ * is left at the defaults, owning nothing. Every error is ZOFF_ERR_CONFIG (zoff exits 2),
+ * a path that is missing, a directory or unreadable included; ZOFF_ERR_IO only when reading
+ * an opened file fails. */
 zoff_status zoff_config_load_file(const char *path, zoff_config *cfg);
 /* Same, from a string; `source_name` names it in messages. */
 zoff_status zoff_config_load_string(const char *json, const char *source_name, zoff_config *cfg);

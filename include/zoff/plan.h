@@ -81,8 +81,9 @@ typedef struct zoff_plan_machine {
 
 /* Defaults: 1 rank, margin 0.10, no limits, assumed rates for the backend. */
 void zoff_plan_machine_defaults(zoff_plan_machine *m, zoff_backend_kind backend);
-/* Host memory (/proc/meminfo MemAvailable), pinned limit (RLIMIT_MEMLOCK) and
- * free disk at disk_path (statvfs; NULL or missing: left 0). */
+/* Host memory (/proc/meminfo MemAvailable), pinned limit (RLIMIT_MEMLOCK; not on the CPU
+ * backend, where pinned memory is ordinary memory: left unlimited) and free disk at
+ * disk_path (statvfs; NULL or missing: left 0). */
 zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path);
 /* Quick built-in probes on dev (about a second; docs/plan.md "Rates"): a small
  * GPT-2 forward+backward at the model's width and dtype (device FLOP/s), the

@@ -508,6 +508,14 @@ zoff_status zoff_aio_file_open(zoff_aio *a, const char *path, int flags, zoff_ai
     } else {
         snprintf(f->note, sizeof f->note, "buffered I/O was asked for");
     }
+    /* the name is needed above (the O_DIRECT reopen); from here the open descriptor is the file */
+    if ((flags & ZOFF_AIO_CREATE) && (flags & ZOFF_AIO_TEMPORARY) && unlink(path) != 0) {
+        int err = errno;
+        close(f->fd);
+        free(f);
+        return zoff_error(ZOFF_ERR_IO, "cannot unlink the temporary file %s after creating it: %s", path,
+                          strerror(err));
+    }
     *out = f;
     return ZOFF_OK;
 }

@@ -11,13 +11,17 @@ int zoff_cmd_bench(int argc, char **argv) {
                 "  adam   host optimizer step vs the machine's in-place memory bandwidth\n"
                 "  step   a training step and its components, with and without offload\n"
                 "  nvme   the NVMe swapper against fio on one disk, and steps with nvme vs cpu offload\n"
-                "  ckpt   checkpoint save/load and safetensors export/import vs the disk's bandwidth\n");
+                "  ckpt   checkpoint save/load and safetensors export/import vs the disk's bandwidth\n"
+                "  pairs  the statistics of paired rounds read from stdin (for scripts)\n"
+                "Every comparison is of pairs measured next to each other, round by round (--rounds):\n"
+                "the median of the paired ratios with its min and max; a spread too wide is said.\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "adam")) return zoff_cmd_bench_adam(argc - 1, argv + 1);
     if (!strcmp(argv[1], "step")) return zoff_cmd_bench_step(argc - 1, argv + 1);
     if (!strcmp(argv[1], "nvme")) return zoff_cmd_bench_nvme(argc - 1, argv + 1);
     if (!strcmp(argv[1], "ckpt")) return zoff_cmd_bench_ckpt(argc - 1, argv + 1);
-    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme, ckpt)\n", argv[1]);
+    if (!strcmp(argv[1], "pairs")) return zoff_cmd_bench_pairs(argc - 1, argv + 1);
+    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme, ckpt, pairs)\n", argv[1]);
     return 2;
 }

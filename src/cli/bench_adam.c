@@ -7,7 +7,8 @@
  *   mode:  zoff_host_optimizer_update over the same arrays.
  * Bound and mode are interleaved (bound, mode, bound, mode, ...) and the whole
  * sequence is repeated, because memory bandwidth drifts; it reports medians of
- * times and the median of the per-pair ratios. GB/s counts bytes read + bytes
+ * times and the median of the per-pair ratios with their min and max
+ * (bench_stats.h), and says when they spread too wide. GB/s counts bytes read + bytes
  * written by the algorithm (no write-allocate traffic). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_stats.h"
 #include "cli/commands.h"
 #include "zoff/core.h"
 #include "zoff/optim.h"
@@ -34,7 +36,7 @@ static const bench_mode g_modes[] = {
     {"bf16-states", ZOFF_BF16, ZOFF_BF16, ZOFF_BF16, true},
 };
 #define NMODES ((int)(sizeof g_modes / sizeof g_modes[0]))
-#define MAX_REPEATS 1000
+#define MAX_REPEATS CLI_BENCH_MAX_ROUNDS
 
 typedef struct bench_bufs {
     float *p, *m32, *v32, *g32;
@@ -73,30 +75,6 @@ static bool parse_count(const char *flag, const char *text, double min, double m
 bad:
     fprintf(stderr, "zoff bench adam: %s: '%s' is not an integer in [%.0f, %.0f]\n", flag, text, min, max);
     return false;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(const double *x, int n) {
-    double t[MAX_REPEATS];
-    memcpy(t, x, (size_t)n * sizeof *t);
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-static double minimum(const double *x, int n) {
-    double m = x[0];
-    for (int i = 1; i < n; i++) m = x[i] < m ? x[i] : m;
-    return m;
-}
-
-static double maximum(const double *x, int n) {
-    double m = x[0];
-    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-    return m;
 }
 
 static uint32_t mix32(uint64_t x) {
@@ -220,7 +198,7 @@ static zoff_status latency(const zoff_optimizer_config *cfg, zoff_simd_path path
             if (s == ZOFF_OK) s = time_update(par, &t, iters, &step2, &tp[r]);
         }
         if (s != ZOFF_OK) break;
-        double a = median(ts, 5) * 1e6, c = median(tp, 5) * 1e6;
+        double a = cli_median(ts, 5) * 1e6, c = cli_median(tp, 5) * 1e6;
         if (json) printf("%s{\"n\":%lld,\"serial_us\":%.3f,\"threaded_us\":%.3f}", i ? "," : "", (long long)sizes[i], a, c);
         else printf("%10lld %14.2f %14.2f %14.2f\n", (long long)sizes[i], a, c, c / a);
     }
@@ -229,6 +207,44 @@ static zoff_status latency(const zoff_optimizer_config *cfg, zoff_simd_path path
     zoff_host_optimizer_destroy(par);
     bufs_free(&b);
     return s;
+}
+
+/* One line (or JSON object) per mode: medians of each side, the median of the paired
+ * bound/optimizer ratios (the fraction of the bound reached) with min and max. */
+static void report_modes(zoff_host_optimizer *opt, const bench_bufs *bp, int64_t n, const bool *want, int repeats,
+                         double tb[][MAX_REPEATS], double tm[][MAX_REPEATS], bool json) {
+    const bench_bufs b = *bp;
+    bool first = true;
+    int unsteady = 0;
+    for (int k = 0; k < NMODES; k++) {
+        if (!want[k]) continue;
+        zoff_optim_tensors t = mode_tensors(&b, &g_modes[k], n);
+        double bpp = zoff_host_optimizer_bytes_per_param(opt, &t);
+        cli_paired pr; /* bound time / optimizer time of each pair = the fraction of the bound reached */
+        cli_paired_ratios(tb[k], tm[k], repeats, &pr);
+        double mb = pr.a_median, mm = pr.b_median;
+        double bps = (double)n / mb, ops = (double)n / mm;
+        double pct = 100.0 * pr.ratio_median, pmin = 100.0 * pr.ratio_min, pmax = 100.0 * pr.ratio_max;
+        char why[400];
+        cli_paired_verdict(&pr, why, sizeof why);
+        if (json) {
+            printf("%s{\"mode\":\"%s\",\"bytes_per_param\":%.0f,\"bound_params_per_s\":%.4g,\"bound_gb_per_s\":%.2f,"
+                   "\"params_per_s\":%.4g,\"gb_per_s\":%.2f,\"pct_of_bound\":%.1f,\"pct_min\":%.1f,\"pct_max\":%.1f,",
+                   first ? "" : ",", g_modes[k].name, bpp, bps, bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax);
+            cli_paired_json(stdout, &pr);
+            printf(",\"verdict\":\"%s\"}", why);
+        } else {
+            printf("%-22s %6.0f | %12.4g %9.2f | %12.4g %9.2f | %7.1f%% (%5.1f..%5.1f)%s\n", g_modes[k].name, bpp, bps,
+                   bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax, why[0] ? "  (*)" : "");
+            if (why[0]) unsteady++;
+        }
+        first = false;
+    }
+    if (json) printf("]");
+    if (unsteady)
+        printf("(*) %d mode%s: the rounds' ratios spread more than %.0f%% of their median (or fewer than %d rounds): "
+               "the machine was too noisy for the %% of bound to mean more than its min..max\n",
+               unsteady, unsteady == 1 ? "" : "s", 100.0 * CLI_BENCH_SPREAD_LIMIT, CLI_BENCH_MIN_ROUNDS);
 }
 
 int zoff_cmd_bench_adam(int argc, char **argv) {
@@ -319,7 +335,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
         return 1;
     }
     double load0 = load_average();
-    static double tb[NMODES][MAX_REPEATS], tm[NMODES][MAX_REPEATS], ratio[NMODES][MAX_REPEATS];
+    static double tb[NMODES][MAX_REPEATS], tm[NMODES][MAX_REPEATS];
     int64_t step = 0;
     zoff_status s = ZOFF_OK;
     /* warm-up: one pass of each (page faults, frequency) */
@@ -336,7 +352,6 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
             zoff_optim_tensors t = mode_tensors(&b, &g_modes[k], n);
             s = time_probe(opt, &t, iters, &tb[k][r]);
             if (s == ZOFF_OK) s = time_update(opt, &t, iters, &step, &tm[k][r]);
-            if (s == ZOFF_OK) ratio[k][r] = tb[k][r] / tm[k][r];
         }
     }
     if (s != ZOFF_OK) {
@@ -357,26 +372,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
         printf("%-22s %6s | %12s %9s | %12s %9s | %8s %15s\n", "mode", "B/par", "bound par/s", "bound GB/s",
                "optim par/s", "optim GB/s", "% bound", "(min..max %)");
     }
-    bool first = true;
-    for (int k = 0; k < NMODES; k++) {
-        if (!want[k]) continue;
-        zoff_optim_tensors t = mode_tensors(&b, &g_modes[k], n);
-        double bpp = zoff_host_optimizer_bytes_per_param(opt, &t);
-        double mb = median(tb[k], repeats), mm = median(tm[k], repeats);
-        double bps = (double)n / mb, ops = (double)n / mm;
-        double pct = 100.0 * median(ratio[k], repeats);
-        double pmin = 100.0 * minimum(ratio[k], repeats), pmax = 100.0 * maximum(ratio[k], repeats);
-        if (json) {
-            printf("%s{\"mode\":\"%s\",\"bytes_per_param\":%.0f,\"bound_params_per_s\":%.4g,\"bound_gb_per_s\":%.2f,"
-                   "\"params_per_s\":%.4g,\"gb_per_s\":%.2f,\"pct_of_bound\":%.1f,\"pct_min\":%.1f,\"pct_max\":%.1f}",
-                   first ? "" : ",", g_modes[k].name, bpp, bps, bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax);
-        } else {
-            printf("%-22s %6.0f | %12.4g %9.2f | %12.4g %9.2f | %7.1f%% (%5.1f..%5.1f)\n", g_modes[k].name, bpp, bps,
-                   bps * bpp * 1e-9, ops, ops * bpp * 1e-9, pct, pmin, pmax);
-        }
-        first = false;
-    }
-    if (json) printf("]");
+    report_modes(opt, &b, n, want, repeats, tb, tm, json);
     bufs_free(&b);
     if (lat && latency(&cfg, zoff_host_optimizer_simd(opt), threads, json) != ZOFF_OK) {
         if (json) printf("}\n");

@@ -2,7 +2,8 @@
  * disk's sequential bandwidth, measured in the same run on the same directory.
  *
  * Each round runs, in this order (interleaved, so that drift of the disk or of the page cache
- * hits bound and zoff alike), and the report gives medians over the rounds:
+ * hits bound and zoff alike); the report gives medians over the rounds and, for each comparison
+ * with the bound, the median of the rounds' paired ratios with their min and max (bench_stats.h):
  *   bound: O_DIRECT sequential write of S bytes (8 MiB requests) + fsync        (the disk)
  *   bound: buffered sequential write of S bytes + fsync (dd conv=fsync)        (page cache path)
  *   save:  cli_save_checkpoint (engine state -> per-tensor weights + optimizer state + meta,
@@ -28,13 +29,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/bench_stats.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/crc32c_internal.h"
 #include "zoff/safetensors.h"
 
 #define IO_BLOCK ((size_t)8 << 20)
-#define MAX_ROUNDS 50
+#define MAX_ROUNDS 50 /* <= CLI_BENCH_MAX_ROUNDS */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -49,19 +51,8 @@ static void usage(FILE *f) {
             "  --num-attention-heads N     (default 12)\n"
             "  --vocab-size N              (default 50257)\n"
             "  --max-position-embeddings N (default 1024)\n"
-            "  --rounds N                  rounds, medians reported (default 5)\n");
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double t[MAX_ROUNDS];
-    memcpy(t, v, (size_t)n * sizeof *t);
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+            "  --rounds N                  rounds, medians reported (default 5)\n"
+            "  --json                      one JSON object on stdout\n");
 }
 
 static int rm_cb(const char *p, const struct stat *sb, int type, struct FTW *ftw) {
@@ -161,31 +152,107 @@ static bool same_weights(const float *a, const float *b, int64_t n, const zoff_g
 
 enum { M_DWRITE, M_BWRITE, M_SAVE, M_LOAD, M_DREAD, M_BREAD, M_EXPORT, M_IMPORT, M_CRC, M_CRC_TABLE, M_COUNT };
 
-int zoff_cmd_bench_ckpt(int argc, char **argv) {
-    const char *dir = "out/bench-ckpt";
-    int64_t L = 12, C = 768, NH = 12, V = 50257, P = 1024, rounds = 5;
+/* Each comparison with the bound: zoff's rate over the bound's rate, paired per round. */
+typedef struct ckpt_cmp {
+    const char *name, *label;
+    int what, bound;
+    bool export_bytes;
+} ckpt_cmp;
+
+static void report(double t[M_COUNT][MAX_ROUNDS], int rounds, size_t S, size_t SX, int64_t n, bool json) {
+    static const ckpt_cmp cmps[] = {
+        {"save", "save: zoff train checkpoint (CRC32C, fsync, rename)", M_SAVE, M_DWRITE, false},
+        {"load", "load: zoff train --load (cold, CRC-checked, into engine)", M_LOAD, M_DREAD, false},
+        {"export", "export: safetensors HF f32 (transpose, fsync, rename)", M_EXPORT, M_DWRITE, true},
+        {"import", "import: train --init-from (cold, validate, transpose)", M_IMPORT, M_DREAD, true},
+    };
+    const double gb = 1e9, Sd = (double)((S + 4095) / 4096 * 4096), crcb = (double)(256 << 20);
+    double med[M_COUNT];
+    for (int k = 0; k < M_COUNT; k++) med[k] = cli_median(t[k], rounds);
+    cli_paired pr[4];
+    for (int c = 0; c < 4; c++) {
+        double zr[MAX_ROUNDS], br[MAX_ROUNDS];
+        for (int r = 0; r < rounds; r++) {
+            zr[r] = (double)(cmps[c].export_bytes ? SX : S) / t[cmps[c].what][r];
+            br[r] = Sd / t[cmps[c].bound][r];
+        }
+        cli_paired_ratios(zr, br, rounds, &pr[c]);
+    }
+    char why[400];
+    if (json) {
+        printf("{\"bench\":\"ckpt\",\"params\":%" PRId64 ",\"checkpoint_bytes\":%zu,\"safetensors_bytes\":%zu,"
+               "\"rounds\":%d,\"spread_limit\":%.2f,\"bound\":{\"write_direct_bps\":%.0f,\"write_buffered_bps\":%.0f,"
+               "\"read_direct_bps\":%.0f,\"read_buffered_bps\":%.0f},\"crc32c_bps\":%.0f,\"crc32c_table_bps\":%.0f",
+               n, S, SX, rounds, CLI_BENCH_SPREAD_LIMIT, Sd / med[M_DWRITE], Sd / med[M_BWRITE], Sd / med[M_DREAD],
+               Sd / med[M_BREAD], crcb / med[M_CRC], crcb / med[M_CRC_TABLE]);
+        for (int c = 0; c < 4; c++) {
+            printf(",\"%s\":{\"seconds\":%.6f,\"bps\":%.0f,\"bound_bps\":%.0f,", cmps[c].name, med[cmps[c].what],
+                   pr[c].a_median, pr[c].b_median);
+            cli_paired_json(stdout, &pr[c]);
+            printf(",\"verdict\":\"%s\"}", cli_paired_verdict(&pr[c], why, sizeof why));
+        }
+        printf("}\n");
+        return;
+    }
+    printf("checkpoint: %.3f GB (%" PRId64 " parameters x 12 bytes + metadata), safetensors export: %.3f GB\n",
+           (double)S / gb, n, (double)SX / gb);
+    printf("%-58s %8s %9s %8s %15s\n", "median of rounds", "seconds", "GB/s", "of bound", "(min..max, paired)");
+    printf("%-58s %8.3f %9.3f\n", "bound: write O_DIRECT 8 MiB + fsync", med[M_DWRITE], Sd / med[M_DWRITE] / gb);
+    printf("%-58s %8.3f %9.3f\n", "bound: write buffered 8 MiB + fsync (dd conv=fsync)", med[M_BWRITE],
+           Sd / med[M_BWRITE] / gb);
+    printf("%-58s %8.3f %9.3f\n", "bound: read O_DIRECT 8 MiB (cold)", med[M_DREAD], Sd / med[M_DREAD] / gb);
+    printf("%-58s %8.3f %9.3f\n", "bound: read buffered 8 MiB (cold)", med[M_BREAD], Sd / med[M_BREAD] / gb);
+    for (int c = 0; c < 4; c++)
+        printf("%-58s %8.3f %9.3f %7.0f%% (%4.0f..%4.0f%%)%s\n", cmps[c].label, med[cmps[c].what],
+               (double)(cmps[c].export_bytes ? SX : S) / med[cmps[c].what] / gb, 100.0 * pr[c].ratio_median,
+               100.0 * pr[c].ratio_min, 100.0 * pr[c].ratio_max, pr[c].steady ? "" : "  (*)");
+    printf("%-58s %8.3f %9.3f\n",
+           zoff_crc32c__have_sse42() ? "crc32c, one core, 256 MiB in memory (SSE4.2, 3 streams)"
+                                     : "crc32c, one core, 256 MiB in memory (tables: no SSE4.2)",
+           med[M_CRC], crcb / med[M_CRC] / gb);
+    printf("%-58s %8.3f %9.3f %7.1fx\n", "crc32c table path (portable fallback; x = speed-up)", med[M_CRC_TABLE],
+           crcb / med[M_CRC_TABLE] / gb, med[M_CRC_TABLE] / med[M_CRC]);
+    for (int c = 0; c < 4; c++)
+        if (!pr[c].steady) printf("(*) %s: %s\n", cmps[c].name, cli_paired_verdict(&pr[c], why, sizeof why));
+}
+
+/* 0: go on; -1: --help printed; else the exit code. */
+static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64_t *C, int64_t *NH, int64_t *V,
+                      int64_t *P, int64_t *rounds, bool *json_out) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int64_t *dst = NULL, lo = 1, hi = 1 << 20;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
-            return 0;
+            return -1;
         } else if (!strcmp(a, "--dir")) {
             if (!(v = cli_value("bench ckpt", argc, argv, &i))) return 2;
-            dir = v;
+            *dir = v;
             continue;
-        } else if (!strcmp(a, "--num-layers")) dst = &L, hi = ZOFF_GPT2_MAX_LAYERS;
-        else if (!strcmp(a, "--hidden-size")) dst = &C, hi = ZOFF_GPT2_MAX_HIDDEN;
-        else if (!strcmp(a, "--num-attention-heads")) dst = &NH, hi = ZOFF_GPT2_MAX_HIDDEN;
-        else if (!strcmp(a, "--vocab-size")) dst = &V, lo = 2, hi = ZOFF_GPT2_MAX_TRAIN_VOCAB;
-        else if (!strcmp(a, "--max-position-embeddings")) dst = &P, hi = ZOFF_GPT2_MAX_SEQ;
-        else if (!strcmp(a, "--rounds")) dst = &rounds, hi = MAX_ROUNDS;
+        } else if (!strcmp(a, "--json")) {
+            *json_out = true;
+            continue;
+        } else if (!strcmp(a, "--num-layers")) dst = L, hi = ZOFF_GPT2_MAX_LAYERS;
+        else if (!strcmp(a, "--hidden-size")) dst = C, hi = ZOFF_GPT2_MAX_HIDDEN;
+        else if (!strcmp(a, "--num-attention-heads")) dst = NH, hi = ZOFF_GPT2_MAX_HIDDEN;
+        else if (!strcmp(a, "--vocab-size")) dst = V, lo = 2, hi = ZOFF_GPT2_MAX_TRAIN_VOCAB;
+        else if (!strcmp(a, "--max-position-embeddings")) dst = P, hi = ZOFF_GPT2_MAX_SEQ;
+        else if (!strcmp(a, "--rounds")) dst = rounds, hi = MAX_ROUNDS;
         else {
             fprintf(stderr, "zoff bench ckpt: unknown option '%s' (zoff bench ckpt --help)\n", a);
             return 2;
         }
         if (!(v = cli_value("bench ckpt", argc, argv, &i)) || !cli_parse_i64("bench ckpt", a, v, lo, hi, dst)) return 2;
     }
+    return 0;
+}
+
+int zoff_cmd_bench_ckpt(int argc, char **argv) {
+    const char *dir = "out/bench-ckpt";
+    int64_t L = 12, C = 768, NH = 12, V = 50257, P = 1024, rounds = 5;
+    bool json_out = false;
+    int prc = parse_args(argc, argv, &dir, &L, &C, &NH, &V, &P, &rounds, &json_out);
+    if (prc) return prc < 0 ? 0 : prc;
     zoff_gpt2_shape shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = P, .vocab_size = V};
     const char *json = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true},"
                        " \"optimizer\": {\"type\": \"AdamW\"},"
@@ -307,30 +374,6 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
         fprintf(stderr, "zoff bench ckpt: %s\n", zoff_last_error());
         return 1;
     }
-    double med[M_COUNT];
-    for (int k = 0; k < M_COUNT; k++) med[k] = median(t[k], (int)rounds);
-    const double gb = 1e9, Sd = (double)((S + 4095) / 4096 * 4096);
-    printf("checkpoint: %.3f GB (%" PRId64 " parameters x 12 bytes + metadata), safetensors export: %.3f GB\n",
-           (double)S / gb, n, (double)SX / gb);
-    printf("%-58s %8s %9s %8s\n", "median of rounds", "seconds", "GB/s", "of bound");
-    printf("%-58s %8.3f %9.3f\n", "bound: write O_DIRECT 8 MiB + fsync", med[M_DWRITE], Sd / med[M_DWRITE] / gb);
-    printf("%-58s %8.3f %9.3f\n", "bound: write buffered 8 MiB + fsync (dd conv=fsync)", med[M_BWRITE],
-           Sd / med[M_BWRITE] / gb);
-    printf("%-58s %8.3f %9.3f %7.0f%%\n", "save: zoff train checkpoint (CRC32C, fsync, rename)", med[M_SAVE],
-           (double)S / med[M_SAVE] / gb, 100.0 * ((double)S / med[M_SAVE]) / (Sd / med[M_DWRITE]));
-    printf("%-58s %8.3f %9.3f\n", "bound: read O_DIRECT 8 MiB (cold)", med[M_DREAD], Sd / med[M_DREAD] / gb);
-    printf("%-58s %8.3f %9.3f\n", "bound: read buffered 8 MiB (cold)", med[M_BREAD], Sd / med[M_BREAD] / gb);
-    printf("%-58s %8.3f %9.3f %7.0f%%\n", "load: zoff train --load (cold, CRC-checked, into engine)", med[M_LOAD],
-           (double)S / med[M_LOAD] / gb, 100.0 * ((double)S / med[M_LOAD]) / (Sd / med[M_DREAD]));
-    printf("%-58s %8.3f %9.3f %7.0f%%\n", "export: safetensors HF f32 (transpose, fsync, rename)", med[M_EXPORT],
-           (double)SX / med[M_EXPORT] / gb, 100.0 * ((double)SX / med[M_EXPORT]) / (Sd / med[M_DWRITE]));
-    printf("%-58s %8.3f %9.3f %7.0f%%\n", "import: train --init-from (cold, validate, transpose)", med[M_IMPORT],
-           (double)SX / med[M_IMPORT] / gb, 100.0 * ((double)SX / med[M_IMPORT]) / (Sd / med[M_DREAD]));
-    printf("%-58s %8.3f %9.3f\n",
-           zoff_crc32c__have_sse42() ? "crc32c, one core, 256 MiB in memory (SSE4.2, 3 streams)"
-                                     : "crc32c, one core, 256 MiB in memory (tables: no SSE4.2)",
-           med[M_CRC], (double)(256 << 20) / med[M_CRC] / gb);
-    printf("%-58s %8.3f %9.3f %7.1fx\n", "crc32c table path (portable fallback; x = speed-up)", med[M_CRC_TABLE],
-           (double)(256 << 20) / med[M_CRC_TABLE] / gb, med[M_CRC_TABLE] / med[M_CRC]);
+    report(t, (int)rounds, S, SX, n, json_out);
     return 0;
 }

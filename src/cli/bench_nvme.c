@@ -1,7 +1,9 @@
 /* zoff bench nvme: the NVMe swapper against fio on the same directory in the
  * same run (sequential read, write and mixed read+write; direct I/O, same
- * block size and queue depth; interleaved rounds, medians), then training
- * steps with the optimizer state on NVMe against cpu offload. */
+ * block size and queue depth), then training steps with the optimizer state on
+ * NVMe against cpu offload. Each comparison is of pairs taken next to each other,
+ * round by round (the order within a pair alternates), reported as the median of
+ * the paired ratios with its min and max (bench_stats.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <jansson.h>
@@ -12,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/bench_stats.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "zoff/swapper.h"
@@ -19,15 +22,6 @@
 enum { NKIND = 3 }; /* read, write, mixed (update pass: read + write) */
 static const char *kind_names[NKIND] = {"read", "write", "read+write"};
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    if (n <= 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct bench_args {
     const char *dir;
@@ -175,7 +169,7 @@ static zoff_status run_steps(const bench_args *a, const char *json, zoff_dtype d
         double *dst[3] = {&out->step, &out->compute, &out->host};
         for (int c = 0; c < 3; c++) {
             for (int i = 0; i < iters; i++) col[i] = samp[(size_t)i * 3 + (size_t)c];
-            *dst[c] = median(col, iters);
+            *dst[c] = cli_median(col, iters);
         }
         *nparams = zoff_gpt2_num_params(m);
     }
@@ -189,6 +183,8 @@ static zoff_status run_steps(const bench_args *a, const char *json, zoff_dtype d
 
 /* ------------------------------------------------------------------ the command */
 
+#define MAX_ROUNDS 99
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: zoff bench nvme [options]\n"
@@ -196,16 +192,19 @@ static void usage(FILE *f) {
             "Measures, on one directory and in one run, fio's sequential read, write and mixed\n"
             "read+write bandwidth (direct I/O, same block size and queue depth) and zoff's NVMe\n"
             "swapper reading, writing and updating (read + write) optimizer state of the same size,\n"
-            "interleaved round by round; prints the medians and the swapper/fio ratios. Then times\n"
-            "training steps with offload_optimizer.device nvme against cpu offload for one model.\n"
+            "in pairs taken next to each other, round by round; prints per pass each side's median\n"
+            "and the median of the paired swapper/fio ratios with their min and max. Then times\n"
+            "training steps with offload_optimizer.device nvme against cpu offload for one model,\n"
+            "paired the same way. When the rounds' ratios spread more than %.0f%% of their median the\n"
+            "bench says so: the median is then no measurement of zoff.\n"
             "\n"
             "  --dir DIR              directory on the disk to measure (default /tmp)\n"
-            "  --size BYTES           optimizer state streamed per pass, e.g. 1GiB (default 1GiB)\n"
+            "  --size BYTES           optimizer state streamed per pass, e.g. 1GiB (default 256MiB)\n"
             "  --block-size BYTES     aio.block_size and fio --bs (default 1MiB)\n"
             "  --queue-depth N        aio.queue_depth and fio --iodepth (default 8)\n"
             "  --buffer-count N       offload_optimizer.buffer_count (default 4)\n"
             "  --sub-group-size N     elements per sub-group (default: size / 12 / 16; steps: params / 16)\n"
-            "  --rounds N             interleaved rounds (default 3)\n"
+            "  --rounds N             interleaved rounds, 1..%d (default 5)\n"
             "  --no-fio               swapper only\n"
             "  --no-step              I/O only\n"
             "  --delayed              steps with the delayed parameter update (both configurations)\n"
@@ -214,14 +213,12 @@ static void usage(FILE *f) {
             "  --micro-batch-size N   (default 8)\n"
             "  --dtype f32|bf16|fp16  (default bf16)\n"
             "  --iters N              timed steps per configuration and round (default 3)\n"
-            "  --json                 one JSON object on stdout\n");
+            "  --json                 one JSON object on stdout\n",
+            100.0 * CLI_BENCH_SPREAD_LIMIT, MAX_ROUNDS);
 }
 
-int zoff_cmd_bench_nvme(int argc, char **argv) {
-    bench_args a = {.dir = "/tmp", .size = (int64_t)1 << 30, .block = 1 << 20, .qd = 8, .buffers = 4, .rounds = 3,
-                    .iters = 3, .B = 8, .T = 64, .dts = "bf16", .fio = true, .step = true,
-                    .shape = {.num_layers = 4, .hidden_size = 128, .num_heads = 4, .max_seq_len = 64,
-                              .vocab_size = 50257}};
+/* 0: go on; -1: --help printed; else the exit code. */
+static int parse_args(int argc, char **argv, bench_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
         int64_t x;
@@ -242,31 +239,31 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
     }
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
-            return 0;
+            return -1;
         }
-        SIZE("--size", a.size)
-        SIZE("--block-size", a.block)
-        NUM("--queue-depth", 1, 4096, a.qd)
-        NUM("--buffer-count", 1, 1024, a.buffers)
-        NUM("--sub-group-size", 1024, (int64_t)1 << 40, a.sgs)
-        NUM("--rounds", 1, 99, a.rounds)
-        NUM("--iters", 1, 999, a.iters)
-        NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, a.shape.num_layers)
-        NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, a.shape.hidden_size)
-        NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, a.shape.num_heads)
-        NUM("--seq-length", 1, ZOFF_GPT2_MAX_SEQ, a.T)
-        NUM("--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, a.shape.vocab_size)
-        NUM("--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, a.B)
+        SIZE("--size", a->size)
+        SIZE("--block-size", a->block)
+        NUM("--queue-depth", 1, 4096, a->qd)
+        NUM("--buffer-count", 1, 1024, a->buffers)
+        NUM("--sub-group-size", 1024, (int64_t)1 << 40, a->sgs)
+        NUM("--rounds", 1, MAX_ROUNDS, a->rounds)
+        NUM("--iters", 1, 999, a->iters)
+        NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, a->shape.num_layers)
+        NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, a->shape.hidden_size)
+        NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, a->shape.num_heads)
+        NUM("--seq-length", 1, ZOFF_GPT2_MAX_SEQ, a->T)
+        NUM("--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, a->shape.vocab_size)
+        NUM("--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, a->B)
         else if (!strcmp(o, "--dir")) {
-            if (!(a.dir = cli_value("bench nvme", argc, argv, &i))) return 2;
+            if (!(a->dir = cli_value("bench nvme", argc, argv, &i))) return 2;
         }
         else if (!strcmp(o, "--dtype")) {
-            if (!(a.dts = cli_value("bench nvme", argc, argv, &i))) return 2;
+            if (!(a->dts = cli_value("bench nvme", argc, argv, &i))) return 2;
         }
-        else if (!strcmp(o, "--no-fio")) a.fio = false;
-        else if (!strcmp(o, "--no-step")) a.step = false;
-        else if (!strcmp(o, "--delayed")) a.delayed = true;
-        else if (!strcmp(o, "--json")) a.json = true;
+        else if (!strcmp(o, "--no-fio")) a->fio = false;
+        else if (!strcmp(o, "--no-step")) a->step = false;
+        else if (!strcmp(o, "--delayed")) a->delayed = true;
+        else if (!strcmp(o, "--json")) a->json = true;
         else {
             fprintf(stderr, "zoff bench nvme: unknown option '%s' (--help lists them)\n", o);
             return 2;
@@ -274,16 +271,198 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
 #undef NUM
 #undef SIZE
     }
-    a.shape.max_seq_len = a.T;
-    if (a.block % ZOFF_AIO_ALIGN) {
-        fprintf(stderr, "zoff bench nvme: --block-size %lld is not a multiple of %d\n", (long long)a.block,
+    a->shape.max_seq_len = a->T;
+    if (a->block % ZOFF_AIO_ALIGN) {
+        fprintf(stderr, "zoff bench nvme: --block-size %lld is not a multiple of %d\n", (long long)a->block,
                 ZOFF_AIO_ALIGN);
         return 2;
     }
-    if (strchr(a.dir, '\'')) {
+    if (strchr(a->dir, '\'')) {
         fprintf(stderr, "zoff bench nvme: --dir must not contain a quote\n");
         return 2;
     }
+    return 0;
+}
+
+/* What the I/O rounds measured: bytes per second per kind and round. */
+typedef struct io_result {
+    double fio[NKIND][MAX_ROUNDS], zoff[NKIND][MAX_ROUNDS];
+    cli_paired pair[NKIND];          /* zoff / fio */
+    double zoff_median[NKIND];       /* --no-fio: the swapper alone */
+    bool uring, direct;
+} io_result;
+
+/* The swapper sized to --size against fio, round by round: per kind one fio job and one
+ * swapper pass next to each other, the order alternating with the round. */
+static zoff_status io_rounds(const bench_args *a, io_result *res) {
+    int64_t sgs = a->sgs ? a->sgs : a->size / 12 / 16;
+    sgs = sgs / 1024 * 1024;
+    if (sgs < 1024) sgs = 1024;
+    int ng = (int)((a->size / 12 + sgs - 1) / sgs);
+    int64_t *counts = calloc((size_t)ng, sizeof *counts);
+    int *order = calloc((size_t)ng, sizeof *order);
+    if (!counts || !order) {
+        free(counts);
+        free(order);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    }
+    for (int g = 0; g < ng; g++) counts[g] = sgs, order[g] = ng - 1 - g;
+    zoff_swapper_options so = {.dir = a->dir, .stem = "bench", .num_groups = ng, .counts = counts, .num_arrays = 3,
+                               .buffer_count = a->buffers, .pipeline_read = true, .pipeline_write = true};
+    zoff_aio_options_default(&so.aio);
+    so.aio.block_size = a->block;
+    so.aio.queue_depth = a->qd;
+    zoff_swapper *sw = NULL;
+    zoff_status s = zoff_swapper_create(&so, &sw);
+    free(counts);
+    if (s != ZOFF_OK) {
+        free(order);
+        return s;
+    }
+    res->uring = zoff_swapper_engine(sw) == ZOFF_AIO_URING;
+    res->direct = zoff_swapper_direct(sw);
+    char fb[32];
+    if (!a->json)
+        printf("zoff bench nvme: %s\n  swapper: %s\n  state per pass %s in %d sub-groups of %lld elements; %lld "
+               "rounds\n",
+               a->dir, zoff_swapper_describe(sw), zoff_format_bytes((size_t)zoff_swapper_file_bytes(sw), fb, sizeof fb),
+               ng, (long long)sgs, (long long)a->rounds);
+    double bps;
+    if (a->fio) s = run_fio(a, 1, res->uring, &bps);          /* lay the file out; not measured */
+    if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, 1, &bps); /* the initial write */
+    for (int r = 0; s == ZOFF_OK && r < a->rounds; r++) {
+        for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {
+            int kind = k == 0 ? 1 : k == 1 ? 0 : 2; /* write, read, mixed */
+            bool fio_first = r % 2 == 0;
+            if (a->fio && fio_first) s = run_fio(a, kind, res->uring, &res->fio[kind][r]);
+            if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, kind, &res->zoff[kind][r]);
+            if (s == ZOFF_OK && a->fio && !fio_first) s = run_fio(a, kind, res->uring, &res->fio[kind][r]);
+        }
+    }
+    char fiofile[4200];
+    snprintf(fiofile, sizeof fiofile, "%s/zoff-bench-fio.dat", a->dir);
+    unlink(fiofile);
+    zoff_swapper_destroy(sw);
+    free(order);
+    for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {
+        res->zoff_median[k] = cli_median(res->zoff[k], (int)a->rounds);
+        if (a->fio) cli_paired_ratios(res->zoff[k], res->fio[k], (int)a->rounds, &res->pair[k]);
+    }
+    return s;
+}
+
+static void io_report(const bench_args *a, const io_result *res) {
+    char why[400];
+    if (a->json)
+        printf("{\"dir\":\"%s\",\"direct\":%s,\"engine\":\"%s\",\"block_size\":%lld,\"queue_depth\":%lld,"
+               "\"buffer_count\":%lld,\"state_bytes\":%lld,\"rounds\":%lld,\"spread_limit\":%.2f,\"io\":{",
+               a->dir, res->direct ? "true" : "false", res->uring ? "io_uring" : "threads", (long long)a->block,
+               (long long)a->qd, (long long)a->buffers, (long long)a->size, (long long)a->rounds,
+               CLI_BENCH_SPREAD_LIMIT);
+    else
+        printf("\n%lld rounds, pairs next to each other (MB/s = 1e6 bytes/s; ratio = swapper / fio of each pair)\n"
+               "%-12s %12s %12s %8s %8s %8s\n",
+               (long long)a->rounds, "pass", "fio median", "zoff median", "ratio", "min", "max");
+    for (int k = 0; k < NKIND; k++) {
+        const cli_paired *p = &res->pair[k];
+        if (a->json) {
+            printf("%s\"%s\":{\"swapper_bps\":%.0f", k ? "," : "", kind_names[k], res->zoff_median[k]);
+            if (a->fio) {
+                printf(",\"fio_bps\":%.0f,", p->b_median);
+                cli_paired_json(stdout, p);
+                printf(",\"verdict\":\"%s\"", cli_paired_verdict(p, why, sizeof why));
+            }
+            printf("}");
+        } else if (a->fio) {
+            printf("%-12s %12.1f %12.1f %8.3f %8.3f %8.3f%s\n", kind_names[k], p->b_median / 1e6,
+                   res->zoff_median[k] / 1e6, p->ratio_median, p->ratio_min, p->ratio_max, p->steady ? "" : "  (*)");
+        } else {
+            printf("%-12s %12s %12.1f %8s\n", kind_names[k], "-", res->zoff_median[k] / 1e6, "-");
+        }
+    }
+    if (a->json) printf("}");
+    for (int k = 0; !a->json && a->fio && k < NKIND; k++)
+        if (!res->pair[k].steady)
+            printf("(*) %s: %s\n", kind_names[k], cli_paired_verdict(&res->pair[k], why, sizeof why));
+}
+
+/* Training steps, cpu offload and nvme next to each other in each round (order alternating). */
+static zoff_status step_rounds(const bench_args *a, zoff_dtype dt, const char *prec, zoff_backend_kind bk,
+                               step_result res[2][MAX_ROUNDS], int64_t *n) {
+    zoff_status s = ZOFF_OK;
+    for (int r = 0; s == ZOFF_OK && r < a->rounds; r++)
+        for (int i = 0; s == ZOFF_OK && i < 2; i++) {
+            int c = r % 2 ? 1 - i : i; /* 0 cpu offload, 1 nvme */
+            char js[6000], sg[64];
+            /* default: about 16 sub-groups (GPT-2's parameter count without padding) */
+            zoff_gpt2_shape unpadded = a->shape;
+            unpadded.max_seq_len = a->T;
+            unpadded.padded_vocab_size = a->shape.vocab_size;
+            int64_t approx = zoff_gpt2_count_params(&unpadded);
+            snprintf(sg, sizeof sg, ", \"sub_group_size\": %lld", (long long)(a->sgs ? a->sgs : (approx + 15) / 16));
+            snprintf(js, sizeof js,
+                     "{\"train_micro_batch_size_per_gpu\": %lld, %s \"optimizer\": {\"type\": \"AdamW\"},"
+                     " \"zero_optimization\": {\"stage\": 2 %s %s, \"offload_optimizer\": {\"device\": \"%s\","
+                     " \"nvme_path\": \"%s\", \"buffer_count\": %lld, \"pipeline_read\": true,"
+                     " \"pipeline_write\": true}}, \"aio\": {\"block_size\": %lld, \"queue_depth\": %lld}}",
+                     (long long)a->B, prec, sg,
+                     a->delayed ? ", \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1" : "",
+                     c == 0 ? "cpu" : "nvme", a->dir, (long long)a->buffers, (long long)a->block, (long long)a->qd);
+            s = run_steps(a, js, dt, bk, &res[c][r], n);
+        }
+    return s;
+}
+
+static void step_report(const bench_args *a, const io_result *io, zoff_backend_kind bk,
+                        step_result res[2][MAX_ROUNDS], int64_t n) {
+    int R = (int)a->rounds;
+    double v[2][3][MAX_ROUNDS], med[2][3];
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < R; r++) v[c][0][r] = res[c][r].step, v[c][1][r] = res[c][r].compute, v[c][2][r] = res[c][r].host;
+    for (int c = 0; c < 2; c++)
+        for (int f = 0; f < 3; f++) med[c][f] = cli_median(v[c][f], R);
+    cli_paired p; /* nvme step / cpu offload step, per round */
+    cli_paired_ratios(v[1][0], v[0][0], R, &p);
+    double disk_bytes = 24.0 * (double)n; /* read and write fp32 master, m, v */
+    double fr = io->pair[0].b_median, fw = io->pair[1].b_median;
+    double disk_t = a->fio ? 12.0 * (double)n / fr + 12.0 * (double)n / fw : 0;
+    bool carries = a->fio && disk_t <= med[0][1];
+    char why[400], bb[32];
+    const char *backend = bk == ZOFF_BACKEND_CUDA ? "cuda" : "cpu";
+    if (a->json) {
+        printf(",\"steps\":{\"backend\":\"%s\",\"params\":%lld,\"dtype\":\"%s\",\"delayed\":%s,"
+               "\"cpu_offload\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},"
+               "\"nvme\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},\"nvme_over_cpu\":{",
+               backend, (long long)n, a->dts, a->delayed ? "true" : "false", med[0][0], med[0][1], med[0][2], med[1][0],
+               med[1][1], med[1][2]);
+        cli_paired_json(stdout, &p);
+        printf(",\"verdict\":\"%s\"},\"disk_bytes_per_step\":%.0f,\"disk_seconds_at_fio\":%.6f,"
+               "\"disk_carries_within_compute\":%s}}\n",
+               cli_paired_verdict(&p, why, sizeof why), disk_bytes, disk_t, carries ? "true" : "false");
+        return;
+    }
+    printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s; medians of "
+           "%d rounds\n%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
+           "nvme / cpu offload step time, paired per round: median %.3f (min %.3f, max %.3f); target <= 1.25 where "
+           "the disk carries 24 B/param/step within the compute time\n",
+           (long long)a->shape.num_layers, (long long)a->shape.hidden_size, (long long)n, (long long)a->B,
+           (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "", R, "config", "step",
+           "compute", "host-opt", "cpu offload", med[0][0], med[0][1], med[0][2], "nvme", med[1][0], med[1][1],
+           med[1][2], p.ratio_median, p.ratio_min, p.ratio_max);
+    if (!p.steady) printf("(*) nvme / cpu offload: %s\n", cli_paired_verdict(&p, why, sizeof why));
+    if (a->fio)
+        printf("disk: %s per step at fio's median read and write speeds = %.4f s; compute (forward + backward) "
+               "%.4f s: the disk %s carry it within the compute time\n",
+               zoff_format_bytes((size_t)disk_bytes, bb, sizeof bb), disk_t, med[0][1], carries ? "can" : "cannot");
+}
+
+int zoff_cmd_bench_nvme(int argc, char **argv) {
+    bench_args a = {.dir = "/tmp", .size = (int64_t)256 << 20, .block = 1 << 20, .qd = 8, .buffers = 4, .rounds = 5,
+                    .iters = 3, .B = 8, .T = 64, .dts = "bf16", .fio = true, .step = true,
+                    .shape = {.num_layers = 4, .hidden_size = 128, .num_heads = 4, .max_seq_len = 64,
+                              .vocab_size = 50257}};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
     zoff_dtype dt;
     const char *prec;
     if (!strcmp(a.dts, "f32")) dt = ZOFF_F32, prec = "";
@@ -298,152 +477,26 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
                         "swapper only\n");
         a.fio = false;
     }
-
-    /* ---- the swapper, sized to --size ---- */
-    int64_t sgs = a.sgs ? a.sgs : a.size / 12 / 16;
-    sgs = sgs / 1024 * 1024;
-    if (sgs < 1024) sgs = 1024;
-    int ng = (int)((a.size / 12 + sgs - 1) / sgs);
-    int64_t *counts = calloc((size_t)ng, sizeof *counts);
-    int *order = calloc((size_t)ng, sizeof *order);
-    if (!counts || !order) {
-        fprintf(stderr, "zoff bench nvme: out of memory\n");
-        return 1;
-    }
-    for (int g = 0; g < ng; g++) counts[g] = sgs, order[g] = ng - 1 - g;
-    zoff_swapper_options so = {.dir = a.dir, .stem = "bench", .num_groups = ng, .counts = counts, .num_arrays = 3,
-                               .buffer_count = a.buffers, .pipeline_read = true, .pipeline_write = true};
-    zoff_aio_options_default(&so.aio);
-    so.aio.block_size = a.block;
-    so.aio.queue_depth = a.qd;
-    zoff_swapper *sw = NULL;
-    zoff_status s = zoff_swapper_create(&so, &sw);
-    free(counts);
-    if (s != ZOFF_OK) {
-        fprintf(stderr, "zoff bench nvme: %s\n", zoff_last_error());
-        free(order);
-        return 1;
-    }
-    bool uring = zoff_swapper_engine(sw) == ZOFF_AIO_URING;
-    char fb[32], bb[32];
-    if (!a.json)
-        printf("zoff bench nvme: %s\n  swapper: %s\n  state per pass %s in %d sub-groups of %lld elements\n", a.dir,
-               zoff_swapper_describe(sw), zoff_format_bytes((size_t)zoff_swapper_file_bytes(sw), fb, sizeof fb), ng,
-               (long long)sgs);
-    double fio_s[NKIND][100], zs[NKIND][100];
-    double bps;
-    if (a.fio) s = run_fio(&a, 1, uring, &bps); /* lay the file out; not measured */
-    if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, 1, &bps); /* the initial write */
-    for (int r = 0; s == ZOFF_OK && r < a.rounds; r++) {
-        for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {
-            int kind = k == 0 ? 1 : k == 1 ? 0 : 2; /* write, read, mixed */
-            if (a.fio) s = run_fio(&a, kind, uring, &fio_s[kind][r]);
-            if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, kind, &zs[kind][r]);
-        }
-    }
-    char fiofile[4200];
-    snprintf(fiofile, sizeof fiofile, "%s/zoff-bench-fio.dat", a.dir);
-    unlink(fiofile);
-    bool direct = zoff_swapper_direct(sw);
-    zoff_swapper_destroy(sw);
-    free(order);
+    static io_result io;
+    memset(&io, 0, sizeof io);
+    zoff_status s = io_rounds(&a, &io);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff bench nvme: %s\n", zoff_last_error());
         return 1;
     }
-    double fio_m[NKIND] = {0}, z_m[NKIND];
-    for (int k = 0; k < NKIND; k++) {
-        if (a.fio) fio_m[k] = median(fio_s[k], (int)a.rounds);
-        z_m[k] = median(zs[k], (int)a.rounds);
+    io_report(&a, &io);
+    if (!a.step) {
+        if (a.json) printf("}\n");
+        return 0;
     }
-    if (a.json)
-        printf("{\"dir\":\"%s\",\"direct\":%s,\"engine\":\"%s\",\"block_size\":%lld,\"queue_depth\":%lld,"
-               "\"buffer_count\":%lld,\"state_bytes\":%lld,\"rounds\":%lld,\"io\":{",
-               a.dir, direct ? "true" : "false", uring ? "io_uring" : "threads", (long long)a.block, (long long)a.qd,
-               (long long)a.buffers, (long long)a.size, (long long)a.rounds);
-    else
-        printf("\nmedians of %lld rounds (MB/s = 1e6 bytes/s)\n%-12s %12s %12s %8s\n", (long long)a.rounds, "pass",
-               "fio", "swapper", "ratio");
-    for (int k = 0; k < NKIND; k++) {
-        if (a.json)
-            printf("%s\"%s\":{\"fio_bps\":%.0f,\"swapper_bps\":%.0f,\"ratio\":%.4f}", k ? "," : "", kind_names[k],
-                   fio_m[k], z_m[k], a.fio ? z_m[k] / fio_m[k] : 0.0);
-        else if (a.fio)
-            printf("%-12s %12.1f %12.1f %8.3f\n", kind_names[k], fio_m[k] / 1e6, z_m[k] / 1e6, z_m[k] / fio_m[k]);
-        else
-            printf("%-12s %12s %12.1f %8s\n", kind_names[k], "-", z_m[k] / 1e6, "-");
+    zoff_backend_kind bk = zoff_backend_available(ZOFF_BACKEND_CUDA) ? ZOFF_BACKEND_CUDA : ZOFF_BACKEND_CPU;
+    static step_result res[2][MAX_ROUNDS];
+    int64_t n = 0;
+    if ((s = step_rounds(&a, dt, prec, bk, res, &n)) != ZOFF_OK) {
+        if (a.json) printf("}\n");
+        fprintf(stderr, "zoff bench nvme: steps: %s\n", zoff_last_error());
+        return 1;
     }
-    if (a.json) printf("}");
-
-    /* ---- training steps: nvme against cpu offload ---- */
-    if (a.step) {
-        zoff_backend_kind bk = zoff_backend_available(ZOFF_BACKEND_CUDA) ? ZOFF_BACKEND_CUDA : ZOFF_BACKEND_CPU;
-        step_result res[2][100];
-        int64_t n = 0;
-        for (int r = 0; s == ZOFF_OK && r < a.rounds; r++)
-            for (int c = 0; s == ZOFF_OK && c < 2; c++) {
-                char js[6000], sg[64];
-                /* default: about 16 sub-groups (GPT-2's parameter count without padding) */
-                zoff_gpt2_shape unpadded = a.shape;
-                unpadded.max_seq_len = a.T;
-                unpadded.padded_vocab_size = a.shape.vocab_size;
-                int64_t approx = zoff_gpt2_count_params(&unpadded);
-                snprintf(sg, sizeof sg, ", \"sub_group_size\": %lld", (long long)(a.sgs ? a.sgs : (approx + 15) / 16));
-                snprintf(js, sizeof js,
-                         "{\"train_micro_batch_size_per_gpu\": %lld, %s \"optimizer\": {\"type\": \"AdamW\"},"
-                         " \"zero_optimization\": {\"stage\": 2 %s %s, \"offload_optimizer\": {\"device\": \"%s\","
-                         " \"nvme_path\": \"%s\", \"buffer_count\": %lld, \"pipeline_read\": true,"
-                         " \"pipeline_write\": true}}, \"aio\": {\"block_size\": %lld, \"queue_depth\": %lld}}",
-                         (long long)a.B, prec, sg,
-                         a.delayed ? ", \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1"
-                                   : "",
-                         c == 0 ? "cpu" : "nvme", a.dir, (long long)a.buffers, (long long)a.block, (long long)a.qd);
-                s = run_steps(&a, js, dt, bk, &res[c][r], &n);
-            }
-        if (s != ZOFF_OK) {
-            fprintf(stderr, "zoff bench nvme: steps: %s\n", zoff_last_error());
-            return 1;
-        }
-        step_result med[2];
-        for (int c = 0; c < 2; c++) {
-            double v[100];
-            for (int r = 0; r < a.rounds; r++) v[r] = res[c][r].step;
-            med[c].step = median(v, (int)a.rounds);
-            for (int r = 0; r < a.rounds; r++) v[r] = res[c][r].compute;
-            med[c].compute = median(v, (int)a.rounds);
-            for (int r = 0; r < a.rounds; r++) v[r] = res[c][r].host;
-            med[c].host = median(v, (int)a.rounds);
-        }
-        double disk_bytes = 24.0 * (double)n; /* read and write fp32 master, m, v */
-        double disk_t = a.fio ? 12.0 * (double)n / fio_m[0] + 12.0 * (double)n / fio_m[1] : 0;
-        bool carries = a.fio && disk_t <= med[0].compute;
-        double ratio = med[1].step / med[0].step;
-        if (a.json)
-            printf(",\"steps\":{\"backend\":\"%s\",\"params\":%lld,\"dtype\":\"%s\",\"delayed\":%s,"
-                   "\"cpu_offload\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},"
-                   "\"nvme\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},\"nvme_over_cpu\":%.4f,"
-                   "\"disk_bytes_per_step\":%.0f,\"disk_seconds_at_fio\":%.6f,\"disk_carries_within_compute\":%s}}\n",
-                   bk == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", (long long)n, a.dts, a.delayed ? "true" : "false",
-                   med[0].step, med[0].compute, med[0].host, med[1].step, med[1].compute, med[1].host, ratio,
-                   disk_bytes, disk_t, carries ? "true" : "false");
-        else {
-            printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s\n"
-                   "%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
-                   "nvme / cpu offload step time: %.3f (target <= 1.25 where the disk carries 24 B/param/step "
-                   "within the compute time)\n",
-                   (long long)a.shape.num_layers, (long long)a.shape.hidden_size, (long long)n, (long long)a.B,
-                   (long long)a.T, a.dts, bk == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
-                   a.delayed ? ", delayed parameter update" : "", "config", "step", "compute", "host-opt",
-                   "cpu offload", med[0].step, med[0].compute, med[0].host, "nvme", med[1].step, med[1].compute,
-                   med[1].host, ratio);
-            if (a.fio)
-                printf("disk: %s per step at fio's read and write speeds = %.4f s; compute (forward + backward) "
-                       "%.4f s: the disk %s carry it within the compute time\n",
-                       zoff_format_bytes((size_t)disk_bytes, bb, sizeof bb), disk_t, med[0].compute,
-                       carries ? "can" : "cannot");
-        }
-    } else if (a.json) {
-        printf("}\n");
-    }
+    step_report(&a, &io, bk, res, n);
     return 0;
 }

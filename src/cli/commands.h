@@ -11,6 +11,7 @@ int zoff_cmd_bench_adam(int argc, char **argv);
 int zoff_cmd_bench_step(int argc, char **argv);
 int zoff_cmd_bench_ckpt(int argc, char **argv);
 int zoff_cmd_bench_nvme(int argc, char **argv);
+int zoff_cmd_bench_pairs(int argc, char **argv); /* bench_stats.c */
 int zoff_cmd_plan(int argc, char **argv);
 int zoff_cmd_export(int argc, char **argv);
 

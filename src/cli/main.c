@@ -19,9 +19,13 @@ static void usage(FILE *f) {
             "  sample     generate text from a checkpoint\n"
             "  tokenize   write token shards (.bin) from text files\n"
             "  export     write a checkpoint's weights as safetensors (Hugging Face GPT-2 or fp32)\n"
-            "  bench      measure against the machine's limits (adam)\n"
+            "  bench      measure against the machine's limits and peers (adam, step, nvme, ckpt)\n"
             "  plan       what fits where (device, pinned, host, disk) and the fastest setting that fits\n"
-            "  version    print the version and build features\n",
+            "  version    print the version and build features\n"
+            "\n"
+            "exit status: 0 success; 1 the run failed (I/O error, out of memory, a diverged or killed\n"
+            "peer, ...); 2 the command line, the config (--config missing, a directory, malformed or\n"
+            "invalid) or an input file is wrong: fix it and run again.\n",
             ZOFF_VERSION);
 }
 
@@ -39,7 +43,11 @@ static void set_omp_wait_policy(char **argv) {
 
 int main(int argc, char **argv) {
     set_omp_wait_policy(argv);
-    if (argc < 2) return zoff_cmd_train(argc, argv); /* `zoff` alone = the default job */
+    if (argc < 2) { /* a command is required: `zoff train` is the default job, asked for by name */
+        usage(stderr);
+        fprintf(stderr, "\nzoff: no command given; `zoff train` trains the default small GPT-2 on the bundled corpus\n");
+        return 2;
+    }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);

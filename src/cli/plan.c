@@ -298,6 +298,24 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     if (r->why[0]) printf("  note     %s\n", r->why);
 }
 
+/* "Nothing fits": only advice that changes something (not what is already set). */
+static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in) {
+    const zoff_plan_machine *M = &in->machine;
+    char mb[80];
+    snprintf(mb, sizeof mb, "lower --micro-batch-size (now %lld)", (long long)in->model.batch_size);
+    const char *adv[6];
+    int n = 0;
+    if (in->model.batch_size > 1) adv[n++] = mb;
+    if (!in->model.checkpoint_activations) adv[n++] = "add --checkpoint-activations";
+    if (M->ranks_per_node == 1) adv[n++] = "use more ranks on more nodes (ZeRO partitions the state)";
+    adv[n++] = "use a smaller model (--num-layers, --hidden-size)";
+    adv[n++] = "free host memory";
+    if (M->pinned_limit != SIZE_MAX && !a->have_pinned) adv[n++] = "raise ulimit -l";
+    printf("recommended: nothing this zoff can run fits (see the 'fits' column); to change that:");
+    for (int i = 0; i < n; i++) printf("%s %s", i ? ";" : "", adv[i]);
+    printf("\n");
+}
+
 static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zoff_plan *p) {
     const zoff_gpt2_options *mo = &in->model;
     const zoff_plan_machine *M = &in->machine;
@@ -317,7 +335,8 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
            M->device_bytes ? fmt_b(M->device_bytes, b[0], 32) : "unlimited",
            M->device_bytes ? (M->device_budget ? " (--device-memory)" : " (free on the GPU)")
                            : " (CPU backend: device memory is host memory)",
-           fmt_b(M->host_bytes, b[1], 32), fmt_b(M->pinned_limit, b[2], 32), a->have_pinned ? "" : " (ulimit -l)",
+           fmt_b(M->host_bytes, b[1], 32), fmt_b(M->pinned_limit, b[2], 32),
+           a->have_pinned ? "" : M->backend == ZOFF_BACKEND_CPU ? " (CPU backend: pinned is ordinary memory)" : " (ulimit -l)",
            M->disk_bytes ? fmt_b(M->disk_bytes, b[3], 32) : "unknown", 100.0 * M->margin);
     printf("rates: compute %.3g GFLOP/s (%s), device Adam %.3g Mparam/s (%s), host Adam %.3g Mparam/s (%s; bound "
            "%.3g GB/s),\n  copies H2D %.3g / D2H %.3g GB/s (%s), disk read %.3g / write %.3g GB/s (%s), link %.3g GB/s "
@@ -343,9 +362,7 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
     }
     printf("\n");
     if (p->best >= 0) print_row_detail("recommended", &p->rows[p->best], in);
-    else
-        printf("recommended: nothing this zoff can run fits. Lower --micro-batch-size, add --checkpoint-activations, "
-               "or free host memory / raise ulimit -l (see the 'fits' column).\n");
+    else print_nothing_fits(a, in);
     if (p->best_any >= 0 && p->best_any != p->best) print_row_detail("fastest that fits (not runnable yet)", &p->rows[p->best_any], in);
 }
 

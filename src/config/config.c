@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------ key tables */
 
@@ -1435,10 +1436,17 @@ static zoff_status load_buffer(const char *text, size_t len, const char *name, z
     zoff_config_defaults(cfg);
     if (name == NULL) name = "<string>";
     json_error_t jerr;
+    size_t blank = 0;
+    while (blank < len && (text[blank] == ' ' || text[blank] == '\t' || text[blank] == '\n' || text[blank] == '\r'))
+        blank++;
+    if (blank == len)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "%s is empty: a DeepSpeed config is one JSON object, e.g. "
+                          "{\"train_micro_batch_size_per_gpu\": 8, \"zero_optimization\": {\"stage\": 2}}",
+                          name);
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL)
-        return zoff_error(ZOFF_ERR_CONFIG, "%s:%d:%d: JSON syntax error at line %d, column %d: %s", name, jerr.line,
-                          jerr.column, jerr.line, jerr.column, jerr.text);
+    if (root == NULL) /* the position once, as file:line:column */
+        return zoff_error(ZOFF_ERR_CONFIG, "%s:%d:%d: JSON syntax error: %s", name, jerr.line, jerr.column, jerr.text);
     walk w = {.src = name, .cfg = cfg};
     zoff_status st;
     if (!json_is_object(root)) {
@@ -1490,8 +1498,15 @@ zoff_status zoff_config_load_file(const char *path, zoff_config *cfg) {
     if (cfg == NULL || path == NULL)
         return zoff_error(ZOFF_ERR_INVALID, "zoff_config_load_file: %s is NULL", cfg == NULL ? "cfg" : "path");
     zoff_config_defaults(cfg);
+    /* A --config that is missing, a directory or unreadable is a wrong config (ZOFF_ERR_CONFIG:
+     * exit 2, like every other config error); only a failing read of an open file is I/O. */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return zoff_error(ZOFF_ERR_CONFIG, "config file %s is a directory: give the path of a JSON file", path);
     FILE *f = fopen(path, "rb");
-    if (f == NULL) return zoff_error(ZOFF_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
+    if (f == NULL)
+        return zoff_error(ZOFF_ERR_CONFIG, "cannot open config file %s: %s%s", path, strerror(errno),
+                          errno == ENOENT ? " (check the path)" : "");
     size_t cap = 8192, len = 0;
     char *buf = malloc(cap);
     zoff_status st = ZOFF_OK;

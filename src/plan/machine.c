@@ -68,8 +68,10 @@ zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path
         fclose(f);
         m->host_bytes = (size_t)(avail ? avail : total) * 1024;
     }
+    /* ulimit -l binds pinned memory only where pinning locks pages: not on the CPU backend,
+     * whose "pinned" memory is ordinary aligned memory (zoff train runs such settings fine) */
     struct rlimit rl;
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
+    if (m->backend != ZOFF_BACKEND_CPU && getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
         m->pinned_limit = rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : (size_t)rl.rlim_cur;
     if (disk_path && *disk_path) {
         struct statvfs sv;

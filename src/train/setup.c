@@ -130,9 +130,13 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     const zoff_optimizer_type ot = t->cfg.optimizer.type;
     const double moments = ot == ZOFF_OPTIM_ADAM || ot == ZOFF_OPTIM_ADAMW ? 2 : 1;
     const zoff_offload_optimizer_config *oo = &t->cfg.zero.offload_optimizer;
-    /* ratio "auto" is decided by the engine: count it as all on the device (a lower bound either way) */
-    double host_part = oo->device != ZOFF_OFFLOAD_CPU ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    double cli = 8 * N, pinned = host_part * 2 * d * N, host_state = host_part * 4 * (1 + moments) * N;
+    /* ratio "auto" is decided by the engine: count it as all on the device (a lower bound either way).
+     * offloaded: the engine's host part (16-bit gradients and weight staging on the host); its
+     * optimizer state is in host memory with device cpu, on disk with device nvme (not counted) */
+    bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
+    double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
+    double cli = 8 * N, pinned = host_part * 2 * d * N;
+    double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
     double dev_on_host = 0;
     const char *dv = t->o.device;
     bool cuda = (dv && !strcmp(dv, "cuda")) || (!dv && zoff_backend_available(ZOFF_BACKEND_CUDA));
@@ -146,8 +150,10 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     zoff_host_request rq = {.what = what,
                             .pageable = pageable >= 0x1p63 ? SIZE_MAX / 2 : (size_t)pageable,
                             .pinned = pinned >= 0x1p62 ? SIZE_MAX / 4 : (size_t)pinned,
-                            .hint = "use a smaller model (--num-layers, --hidden-size) or --micro-batch-size, or "
-                                    "keep the optimizer state on NVMe (offload_optimizer.device nvme)"};
+                            .hint = oo->device == ZOFF_OFFLOAD_NVME
+                                        ? "use a smaller model (--num-layers, --hidden-size) or --micro-batch-size"
+                                        : "use a smaller model (--num-layers, --hidden-size) or --micro-batch-size, or "
+                                          "keep the optimizer state on NVMe (offload_optimizer.device nvme)"};
     zoff_status s = zoff_host_memory_check(&rq);
     return s != ZOFF_OK ? zoff_error_context(s, "host memory") : ZOFF_OK;
 }

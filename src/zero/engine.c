@@ -856,9 +856,11 @@ static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
     zoff_host_request rq = {.what = what,
                             .pageable = e->pinned ? 0 : state + bufs,
                             .pinned = e->pinned ? state + bufs : 0,
-                            .hint = "move part of the update to the device (offload_optimizer.ratio below 1), "
-                                    "keep the optimizer state on NVMe (offload_optimizer.device nvme), or use "
-                                    "more ranks (ZeRO stage 1-3 partition it)"};
+                            .hint = nvme ? "move part of the update to the device (offload_optimizer.ratio below "
+                                           "1), or use more ranks (ZeRO stage 1-3 partition it)"
+                                         : "move part of the update to the device (offload_optimizer.ratio below 1), "
+                                           "keep the optimizer state on NVMe (offload_optimizer.device nvme), or use "
+                                           "more ranks (ZeRO stage 1-3 partition it)"};
     return zoff_host_memory_check(&rq);
 }
 

@@ -122,7 +122,6 @@ static void nv_destroy(zoff_s3 *s) {
     free(s->hb);
     if (s->f) {
         zoff_aio_file_close(s->f);
-        (void)unlink(s->path);
     }
     if (s->io) zoff_aio_destroy(s->io);
     for (int r = 0; r < s->nruns; r++) free(s->runs[r].crcs);
@@ -348,7 +347,7 @@ static zoff_status nv_create(zoff_s3 *s) {
         return zoff_error(ZOFF_ERR_INVALID, "zero_optimization.offload_param.nvme_path is too long (%zu bytes)",
                           strlen(dir));
     ZOFF_TRY(zoff_aio_create(&s->o.nvme.aio, &s->io));
-    ZOFF_TRY(zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE, &s->f));
+    ZOFF_TRY(zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &s->f));
     if (fbytes > 0) ZOFF_TRY(zoff_aio_file_reserve(s->f, fbytes));
     s->st.nvme_path = s->path;
     char fb[32], bb[32], rb[32];

@@ -173,10 +173,7 @@ static void wait_all(zoff_swapper *s) {
 void zoff_swapper_destroy(zoff_swapper *s) {
     if (!s) return;
     if (s->io && s->slots) wait_all(s);
-    if (s->f) {
-        zoff_aio_file_close(s->f);
-        unlink(s->path);
-    }
+    zoff_aio_file_close(s->f); /* the file has no name (ZOFF_AIO_TEMPORARY): closing frees it */
     zoff_aio_destroy(s->io);
     if (s->slots)
         for (int i = 0; i < s->nslots; i++) zoff_aligned_free(s->slots[i].buf);
@@ -278,7 +275,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
         if (m < 0 || (size_t)m >= sizeof s->path)
             st = zoff_error(ZOFF_ERR_INVALID, "nvme_path is too long (%zu bytes)", strlen(o->dir));
     }
-    if (st == ZOFF_OK) st = zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE, &s->f);
+    if (st == ZOFF_OK) st = zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &s->f);
     if (st == ZOFF_OK) st = zoff_aio_file_reserve(s->f, s->file_bytes);
     if (st == ZOFF_OK) {
         build_header(s);
@@ -292,7 +289,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
         for (size_t i = 0; i < ng * (size_t)s->na; i++) s->fresh[i] = (i % (size_t)s->na) != 0;
     char fb[32], bb[32];
     textf(s->describe, sizeof s->describe,
-             "%s (%s, %s), %s; %d buffer%s of %s; %s%s",
+             "%s (%s, %s, unlinked: freed when the process ends), %s; %d buffer%s of %s; %s%s",
              s->path, zoff_format_bytes((size_t)s->file_bytes, fb, sizeof fb),
              zoff_aio_file_direct(s->f) ? "O_DIRECT" : zoff_aio_file_direct_note(s->f), zoff_aio_describe(s->io),
              s->nslots, s->nslots == 1 ? "" : "s", zoff_format_bytes(s->slot_bytes, bb, sizeof bb),

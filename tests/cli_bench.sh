@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The benches' paired-round statistics (src/cli/bench_stats.c), checked against Python's
+# statistics module on the same pairs, and the JSON every comparing bench prints: per
+# comparison ratio_median, ratio_min, ratio_max, spread, steady and a verdict that agrees with
+# them. Timings are not checked (benchmarks, not timed tests). Usage: cli_bench.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"
+W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-bench-XXXXXX")
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0
+ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
+
+# ---- zoff bench pairs against an independent reference
+pairs_case() { # name, pairs text
+    printf '%s\n' "$2" > "$W/pairs.txt"
+    if "$ZOFF" bench pairs < "$W/pairs.txt" > "$W/pairs.json" 2>&1 && "$PY" - "$W/pairs.txt" "$W/pairs.json" <<'PY'
+import json, statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip() and not l.startswith("#")]
+a = [float(x) for x, _ in rows]; b = [float(y) for _, y in rows]
+r = [x / y for x, y in zip(a, b)]
+d = json.load(open(sys.argv[2]))
+close = lambda x, y: abs(x - y) <= 1e-4 * max(1.0, abs(y))
+med = statistics.median(r)
+assert d["rounds"] == len(r), d
+assert close(d["a_median"], statistics.median(a)) and close(d["b_median"], statistics.median(b)), d
+assert close(d["ratio_median"], med) and close(d["ratio_min"], min(r)) and close(d["ratio_max"], max(r)), d
+spread = (max(r) - min(r)) / med
+assert close(d["spread"], spread), (d, spread)
+steady = len(r) >= 3 and spread <= 0.2 + 1e-9
+assert d["steady"] == steady and (d["verdict"] == "") == steady, d
+PY
+    then ok "bench pairs: $1"; else bad "bench pairs: $1: $(cat "$W/pairs.json")"; fi
+}
+pairs_case "5 steady rounds (the ratio of pairs, not of medians)" "$(printf '1.0 1.0\n2.0 2.1\n3.0 2.9\n1.5 1.45\n2.2 2.3')"
+pairs_case "even count, a wide spread" "$(printf '1 2\n4 2\n1 1\n3 2.5')"
+pairs_case "one round: no spread measured" "0.9 1"
+pairs_case "comments and blank lines" "$(printf '# a b\n\n5e8 6e8\n4e8 4.1e8\n7e8 7e8')"
+printf '1 2\n3\n' | "$ZOFF" bench pairs >/dev/null 2>"$W/err.txt"
+[ $? -eq 2 ] && grep -q "line 2" "$W/err.txt" && ok "bench pairs: a bad line is refused naming it (exit 2)" \
+    || bad "bench pairs: bad line: $(cat "$W/err.txt")"
+: | "$ZOFF" bench pairs >/dev/null 2>&1
+[ $? -eq 2 ] && ok "bench pairs: no pairs: exit 2" || bad "bench pairs: no pairs"
+
+# ---- every comparison in the benches' JSON carries the paired statistics
+check_cmp() { # name, json file, python expression listing the comparison objects of d
+    if "$PY" - "$2" "$3" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+cmps = eval(sys.argv[2], {"d": d})
+assert cmps, "no comparisons"
+for c in cmps:
+    for k in ("ratio_median", "ratio_min", "ratio_max", "spread", "steady", "verdict"):
+        assert k in c, (k, c)
+    assert c["ratio_min"] <= c["ratio_median"] <= c["ratio_max"], c
+    assert (c["verdict"] == "") == c["steady"], c
+    assert abs(c["spread"] - (c["ratio_max"] - c["ratio_min"]) / c["ratio_median"]) < 2e-3, c
+PY
+    then ok "$1"; else bad "$1: $(head -c 600 "$2")"; fi
+}
+if command -v fio >/dev/null; then
+    "$ZOFF" bench nvme --dir "$W" --size 8MiB --block-size 256KiB --rounds 3 --json --num-layers 1 --hidden-size 32 \
+        --num-attention-heads 2 --seq-length 16 --vocab-size 256 --micro-batch-size 2 --iters 1 \
+        > "$W/nvme.json" 2>"$W/nvme.err" \
+        && check_cmp "bench nvme --json: read, write, read+write and nvme/cpu steps paired" "$W/nvme.json" \
+           '[d["io"][k] for k in ("read", "write", "read+write")] + [d["steps"]["nvme_over_cpu"]]' \
+        || bad "bench nvme: $(tail -3 "$W/nvme.err")"
+    [ -z "$(ls -A "$W" | grep -v '\.json$\|\.err$\|\.txt$')" ] && ok "bench nvme leaves no file in --dir" \
+        || bad "bench nvme left: $(ls -A "$W")"
+else
+    echo "skip - bench nvme: fio not installed"
+fi
+"$ZOFF" bench ckpt --dir "$W/ckpt" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --vocab-size 256 \
+    --max-position-embeddings 16 --rounds 3 --json > "$W/ckpt.json" 2>"$W/ckpt.err" \
+    && check_cmp "bench ckpt --json: save, load, export, import against the bound, paired" "$W/ckpt.json" \
+       '[d[k] for k in ("save", "load", "export", "import")]' \
+    || bad "bench ckpt: $(tail -3 "$W/ckpt.err")"
+"$ZOFF" bench adam --params 20k --threads 1 --iters 1 --repeats 3 --mode fp32-grads --json > "$W/adam.json" 2>&1 \
+    && check_cmp "bench adam --json: each mode against the bound, paired" "$W/adam.json" 'd["modes"]' \
+    || bad "bench adam: $(cat "$W/adam.json")"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

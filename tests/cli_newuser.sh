@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# What a new user hits (issue 21 items 1, 2, 5 and parts of 6), end to end through the zoff
+# command; every check failed before its fix:
+#   - what `zoff plan --write-config` recommends (stage 2, optimizer on NVMe) `zoff train` runs
+#     on the same machine figures (ZOFF_TEST_MEM_AVAILABLE = plan's --host-memory);
+#   - a SIGKILLed NVMe run leaves no swap file, and a new run after it neither;
+#   - `zoff plan` on the CPU backend does not apply `ulimit -l` (pinned is ordinary memory);
+#   - "nothing fits" advises nothing that is already set;
+#   - bare `zoff` prints the usage and exits 2, writing nothing;
+#   - one exit code for every config error (2), a missing or directory --config included;
+#   - an empty or malformed config names the position once.
+# Usage: cli_newuser.sh ZOFF SRCDIR
+set -u
+ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
+W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-newuser-XXXXXX")
+trap 'rm -rf "$W"' EXIT
+pass=0; fail=0
+ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
+
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+DATA=(--tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 0 --quiet)
+
+# ---- 1. plan --write-config -> train, stage 2 with the optimizer on NVMe
+# A 105.6M-parameter GPT-2 (1 layer, width 1536, GPT-2's vocabulary; 16 tokens a step, so the
+# step is quick) and 2360 MiB of host memory: the plan fits only with most of the optimizer
+# state on disk. Before the fix train counted that state as host memory (24 B/param = 2.4 GiB)
+# and refused what the plan had recommended.
+mkdir -p "$W/swap"
+echo '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
+       "zero_optimization": {"stage": 2}}' > "$W/s2.json"
+SHAPE=(--num-layers 1 --hidden-size 1536 --num-attention-heads 12 --seq-length 16)
+HOST=$((2360 * 1024 * 1024))
+"$ZOFF" plan --config "$W/s2.json" "${SHAPE[@]}" --host-memory "$HOST" --margin 0.05 --device cpu --no-probe \
+  --nvme-path "$W/swap" --write-config "$W/plan.json" >"$W/plan.txt" 2>&1
+rc=$?
+check "plan recommends stage 2 with offload_optimizer nvme and writes it" \
+  "[ $rc -eq 0 ] && '$PY' -c 'import json,sys; z=json.load(open(sys.argv[1]))[\"zero_optimization\"]; \
+   sys.exit(not (z[\"stage\"] == 2 and z[\"offload_optimizer\"][\"device\"] == \"nvme\"))' '$W/plan.json'"
+ZOFF_TEST_MEM_AVAILABLE=$HOST "$ZOFF" train --config "$W/plan.json" "${SHAPE[@]}" --vocab-size 50257 "${DATA[@]}" \
+  --train-iters 1 --save "$W/planrun" >"$W/planrun.txt" 2>&1
+rc=$?
+check "train runs what plan wrote for one step on the same host memory (exit 0, checkpoint complete)" \
+  "[ $rc -eq 0 ] && [ -f '$W/planrun/step_00000001/COMPLETE' ]"
+[ $rc -eq 0 ] || tail -5 "$W/planrun.txt"
+check "and its messages do not advise the NVMe offload it already uses" \
+  "! grep -q 'keep the optimizer state on NVMe' '$W/planrun.txt'"
+rm -rf "$W/planrun"
+
+# ---- 2. SIGKILL of an NVMe run: no swap file outlives the process
+echo "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 8000,
+       \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$W/swap\"}}}" > "$W/nvme.json"
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "${DATA[@]}")
+"$ZOFF" train "${TINY[@]}" --config "$W/nvme.json" --train-iters 1000000 --save "$W/killed" >/dev/null 2>&1 &
+pid=$!
+holds=0 # wait until the process holds its swap file open (it has no name: /proc/PID/fd)
+for _ in $(seq 1 300); do
+  if ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "zoff-optimizer-$pid-.*\.swp"; then holds=1; break; fi
+  sleep 0.1
+done
+sleep 0.5
+kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+check "the NVMe run held its swap file open before the kill" "[ $holds -eq 1 ]"
+check "after SIGKILL no swap file of the killed process is left in nvme_path" \
+  "[ -z \"\$(ls '$W/swap' | grep -- '-$pid-')\" ]"
+"$ZOFF" train "${TINY[@]}" --config "$W/nvme.json" --train-iters 2 --save "$W/after" >/dev/null 2>&1
+rc=$?
+check "a new NVMe run after the kill trains and leaves nvme_path empty" \
+  "[ $rc -eq 0 ] && [ -z \"\$(ls -A '$W/swap')\" ]"
+
+# ---- 5. zoff plan on the CPU backend ignores ulimit -l
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/pin.json"
+(ulimit -l 64 && "$ZOFF" plan --config "$W/pin.json" --device cpu --no-probe --json) >"$W/pin.out" 2>"$W/pin.err"
+rc=$?
+check "plan --device cpu under ulimit -l 64 KiB: no row fails on pinned memory, the limit is unlimited" \
+  "[ $rc -eq 0 ] && '$PY' -c 'import json,sys; d=json.load(open(sys.argv[1])); \
+   sys.exit(not (d[\"machine\"][\"pinned_limit\"] == -1 and all(r[\"fits_detail\"][\"pinned\"] for r in d[\"rows\"])))' \
+   '$W/pin.out'"
+(ulimit -l 64 && "$ZOFF" plan --config "$W/pin.json" --device cpu --no-probe) >"$W/pin.txt" 2>&1
+check "its text names why (CPU backend: pinned is ordinary memory) and marks no row no:pin" \
+  "grep -q 'pinned is ordinary memory' '$W/pin.txt' && ! grep -q 'no:pin' '$W/pin.txt'"
+
+# ---- 6. nothing fits: no advice to do what is already set
+"$ZOFF" plan --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --micro-batch-size 1 \
+  --checkpoint-activations --host-memory 4GiB --device cpu --no-probe >"$W/nofit.txt" 2>&1
+check "nothing fits with micro-batch 1 and checkpointing set: neither is advised" \
+  "grep -q 'nothing this zoff can run fits' '$W/nofit.txt' && ! grep -q -- '--micro-batch-size\\|--checkpoint-activations' \
+   <(grep 'nothing this zoff' '$W/nofit.txt') && ! grep -q 'ulimit -l' <(grep 'nothing this zoff' '$W/nofit.txt')"
+"$ZOFF" plan --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --host-memory 4GiB --device cpu \
+  --no-probe >"$W/nofit2.txt" 2>&1
+check "nothing fits with micro-batch 8, no checkpointing: both are advised" \
+  "grep 'nothing this zoff' '$W/nofit2.txt' | grep -q -- 'micro-batch-size (now 8)' && \
+   grep 'nothing this zoff' '$W/nofit2.txt' | grep -q -- '--checkpoint-activations'"
+
+# ---- 6. bare zoff
+(cd "$W" && mkdir bare && cd bare && "$ZOFF" >../bare.out 2>../bare.err)
+rc=$?
+check "bare zoff: usage on stderr, exit 2, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'usage: zoff <command>' '$W/bare.err' && [ -z \"\$(ls -A '$W/bare')\" ]"
+
+# ---- 6. config errors: one exit code (2), the position said once
+: > "$W/empty.json"
+printf '{\n  "zero_optimization": {"stage": 2,}\n}\n' > "$W/comma.json"
+for c in "$W/missing.json" "$W" "$W/empty.json" "$W/comma.json"; do
+  for cmd in train plan; do
+    "$ZOFF" $cmd --config "$c" "${TINY[@]:0:8}" --device cpu >"$W/cfg.out" 2>"$W/cfg.err" </dev/null
+    rc=$?
+    check "zoff $cmd --config $(basename "$c"): exit 2 with the file named" \
+      "[ $rc -eq 2 ] && grep -qF '$(basename "$c")' '$W/cfg.err'"
+  done
+done
+"$ZOFF" train --config "$W/empty.json" >/dev/null 2>"$W/cfg.err"
+check "an empty config is named as empty, with no position" \
+  "grep -q 'empty.json is empty' '$W/cfg.err' && ! grep -q ':1:0' '$W/cfg.err'"
+"$ZOFF" train --config "$W/comma.json" >/dev/null 2>"$W/cfg.err"
+check "a syntax error says file:line:column once" \
+  "grep -q 'comma.json:2:[0-9]*: JSON syntax error' '$W/cfg.err' && ! grep -q 'at line' '$W/cfg.err'"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
