@@ -153,6 +153,7 @@ typedef struct zoff_trainer_options {
     bool checkpoint_activations;
     bool quiet;                 /* no progress lines from the trainer (errors still) */
     bool overwrite;             /* --save holds checkpoints of another run: delete them */
+    bool sync_saves;            /* zoff_trainer_save_periodic saves on the calling thread */
     volatile sig_atomic_t *stop; /* a signal handler sets it; all ranks agree (may be NULL) */
 } zoff_trainer_options;
 
@@ -177,6 +178,7 @@ typedef struct zoff_train_step_result {
     int64_t step;          /* after this step */
     double loss;           /* mean over micro-batches and ranks */
     double lr, tokens_per_s, step_time, t_forward, t_backward;
+    double t_ckpt_wait;    /* waiting for a background checkpoint before the optimizer update */
     zoff_step_info info;   /* grad norm, loss scale, skipped, host/device/wait times */
 } zoff_train_step_result;
 
@@ -203,7 +205,13 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *val_loss);
 /* Checkpoint at the current step (and prune to keep_last). only_if_new: skip when the newest
  * checkpoint in --save is already this step (rank 0's view decides). Collective. */
 zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
-
+/* A periodic checkpoint at the current step: written by a background writer thread while
+ * training goes on when zoff_train_ckpt_can_background allows it (one rank, the optimizer state
+ * in host memory) and sync_saves is not set; else as zoff_trainer_save(t, false). The meta,
+ * loader position and loss-scaler state are taken now. zoff_trainer_step waits for the writer
+ * before its optimizer update (the state must not change under it) and returns the writer's
+ * error, if any; a save waits for the one in flight first. Collective. */
+zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
 #ifdef __cplusplus
 }
 #endif
