@@ -47,6 +47,16 @@ check "resume from the background step-3 checkpoint: steps 4-6 bit-identical to 
 check "and the same final checkpoint" \
   "cmp -s '$W/bg/step_00000006/rank_00000.zckpt' '$W/res/step_00000006/rank_00000.zckpt'"
 
+# 1b. the delayed parameter update (the host update runs in the background past zoff_engine_step):
+#     the writer still reads the state of the step it was started at
+sed 's/"sub_group_size": 4000}/"sub_group_size": 4000, "zoff_delayed_param_update": true, "zoff_delayed_param_update_warmup": 1}/' \
+  "$W/offload.json" > "$W/dpu.json"
+D=("${T[@]/$W\/offload.json/$W/dpu.json}")
+"$ZOFF" "${D[@]}" --train-iters 5 --save-interval 2 --quiet --save "$W/dbg" >/dev/null 2>&1
+"$ZOFF" "${D[@]}" --train-iters 5 --save-interval 2 --quiet --sync-save --save "$W/dsync" >/dev/null 2>&1
+check "delayed update: background checkpoints of steps 2 and 4 == the synchronous writer's" \
+  "[ -f '$W/dbg/step_00000004/COMPLETE' ] && cmp -s '$W/dbg/step_00000002/rank_00000.zckpt' '$W/dsync/step_00000002/rank_00000.zckpt' && cmp -s '$W/dbg/step_00000004/rank_00000.zckpt' '$W/dsync/step_00000004/rank_00000.zckpt'"
+
 # 2. SIGKILL while a background save is being written: a wider model (~5 MB files, slow enough
 #    to catch a temp dir), a save every step; kill when a temp dir appears
 B=(train --num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --tokenizer byte
