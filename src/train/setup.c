@@ -113,7 +113,8 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 }
 
 /* Host memory this job needs at least, checked before anything large is allocated: the initial
- * fp32 weights and the checkpoint staging buffer (4 bytes per parameter each), the optimizer
+ * fp32 weights (4 bytes per parameter) and the checkpoint save's staging (zoff_train_ckpt_piece_bytes
+ * with one rank, 4 bytes per parameter with several: the gathered master weights), the optimizer
  * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the
  * optimizer's moments, plus 16-bit gradients and weight staging), and on the CPU backend the
  * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
@@ -136,7 +137,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     const zoff_offload_optimizer_config *oo = &t->cfg.zero.offload_optimizer;
     /* ratio "auto" is decided by the engine: count it as all on the device (a lower bound either way) */
     double host_part = oo->device != ZOFF_OFFLOAD_CPU ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    double cli = 8 * N, pinned = host_part * 2 * d * N, host_state = host_part * 4 * (1 + moments) * N;
+    /* initial fp32 weights + the save's staging: one piece with one rank, the gathered master with several */
+    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_piece_bytes();
+    double cli = 4 * N + staging, pinned = host_part * 2 * d * N, host_state = host_part * 4 * (1 + moments) * N;
     double dev_on_host = 0;
     const char *dv = t->o.device;
     bool cuda = (dv && !strcmp(dv, "cuda")) || (!dv && zoff_backend_available(ZOFF_BACKEND_CUDA));
