@@ -120,6 +120,15 @@ int zoff_engine_state_count(const zoff_engine *e);
 const char *zoff_engine_state_name(const zoff_engine *e, int i);
 zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst);
 zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
+/* Elements [offset, offset + count) of state array i (this rank's partition order) to
+ * (get) or from host memory, for checkpoints that stream through a bounded buffer. Call it
+ * after zoff_engine_flush; a set of i = 0 does not refresh the model's weights (call
+ * zoff_engine_sync_params after the last piece). When all the state is in host memory
+ * (zoff_engine_memory: host_params == partition numel, no nvme) a get is a plain copy that
+ * touches neither the engine's streams nor its worker: it may run on another thread while the
+ * model runs forward/backward, as long as no optimizer update runs. State in an NVMe swap
+ * file: ZOFF_ERR_UNSUPPORTED (use zoff_engine_state_get/set). */
+zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get);
 /* Scalars: step count and loss-scaler state, as a small JSON-free struct. */
 typedef struct zoff_engine_scalars {
     int64_t steps_taken, steps_skipped;

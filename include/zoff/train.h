@@ -69,6 +69,25 @@ typedef struct zoff_train_meta {
  * rank discards the checkpoint on all. */
 zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                  const zoff_train_meta *meta, const char *config_json, zoff_comm *comm);
+/* Bytes of the one piece buffer a checkpoint save or load streams each array through (the one
+ * home of that bound): no whole-model staging copy with one rank. */
+size_t zoff_train_ckpt_piece_bytes(void);
+
+/* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
+ * starts a writer thread that streams the engine's host state (weights, optimizer state) into
+ * DIR/step_X through the piece buffer, finalizes it (atomic, as zoff_train_ckpt_save) and prunes
+ * to keep_last (0 = keep all). Call it after zoff_engine_flush. Rule: the engine's state must
+ * not change until zoff_train_ckpt_save_wait returned, so wait before the next call that starts
+ * an optimizer update (zoff_engine_step); forward/backward may run meanwhile. Only when
+ * zoff_train_ckpt_can_background (one rank, all the optimizer state in host memory). wait joins
+ * the writer and returns its status (errors name the file and say the earlier checkpoints are
+ * intact); *seconds (may be NULL) gets the writer's time. NULL job: ZOFF_OK. */
+typedef struct zoff_train_ckpt_job zoff_train_ckpt_job;
+bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm);
+zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
+                                       const zoff_train_meta *meta, const char *config_json, int keep_last,
+                                       zoff_train_ckpt_job **out);
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, double *seconds);
 /* Read meta from a checkpoint (rank 0's reader). *config_json (malloc'd, may be NULL; pass
  * NULL not to read it). */
 zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *meta, char **config_json);
@@ -134,6 +153,7 @@ typedef struct zoff_trainer_options {
     bool checkpoint_activations;
     bool quiet;                 /* no progress lines from the trainer (errors still) */
     bool overwrite;             /* --save holds checkpoints of another run: delete them */
+    bool sync_saves;            /* zoff_trainer_save_periodic saves on the calling thread */
     volatile sig_atomic_t *stop; /* a signal handler sets it; all ranks agree (may be NULL) */
 } zoff_trainer_options;
 
@@ -158,6 +178,7 @@ typedef struct zoff_train_step_result {
     int64_t step;          /* after this step */
     double loss;           /* mean over micro-batches and ranks */
     double lr, tokens_per_s, step_time, t_forward, t_backward;
+    double t_ckpt_wait;    /* waiting for a background checkpoint before the optimizer update */
     zoff_step_info info;   /* grad norm, loss scale, skipped, host/device/wait times */
 } zoff_train_step_result;
 
@@ -184,7 +205,13 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *val_loss);
 /* Checkpoint at the current step (and prune to keep_last). only_if_new: skip when the newest
  * checkpoint in --save is already this step (rank 0's view decides). Collective. */
 zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
-
+/* A periodic checkpoint at the current step: written by a background writer thread while
+ * training goes on when zoff_train_ckpt_can_background allows it (one rank, the optimizer state
+ * in host memory) and sync_saves is not set; else as zoff_trainer_save(t, false). The meta,
+ * loader position and loss-scaler state are taken now. zoff_trainer_step waits for the writer
+ * before its optimizer update (the state must not change under it) and returns the writer's
+ * error, if any; a save waits for the one in flight first. Collective. */
+zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
 #ifdef __cplusplus
 }
 #endif

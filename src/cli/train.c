@@ -59,6 +59,8 @@ static void train_usage(FILE *f) {
             "  --save DIR                  output folder: metrics.jsonl and checkpoints (default out/gpt2-small)\n"
             "  --save-interval N           also save every N steps (default: only at the end)\n"
             "  --keep-last N               keep only the newest N checkpoints (default: all)\n"
+            "  --sync-save                 write the --save-interval checkpoints on the main thread (default: a\n"
+            "                              background writer while training goes on, where the state allows)\n"
             "  --load DIR                  resume from the newest complete checkpoint in DIR (model shape,\n"
             "                              sequence length, optimizer and precision must be the checkpoint's)\n"
             "  --overwrite                 --save holds checkpoints of an earlier run: delete them and start over\n"
@@ -181,6 +183,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
             o->checkpoint_activations = true;
         } else if (FLAG("--overwrite")) {
             o->overwrite = true;
+        } else if (FLAG("--sync-save")) {
+            o->sync_saves = true;
         } else if (FLAG("--quiet")) {
             o->quiet = true;
         } else if (FLAG("--comm-timeout")) {
@@ -311,7 +315,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         }
         print_step(&p, in, &r);
         if (o->save_interval && in->step % o->save_interval == 0 && in->step < o->train_iters &&
-            (s = zoff_trainer_save(t, false)) != ZOFF_OK)
+            (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
             return fail(s);
     }
     if (p.tty && in->step < o->train_iters) fputc('\n', stderr);

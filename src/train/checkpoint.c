@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "zoff/train.h"
+#include "train/ckpt_internal.h"
 
 /* ------------------------------------------------------------------ meta as JSON */
 
@@ -32,7 +32,7 @@ static json_t *settings_to_json(const zoff_train_settings *s) {
                      (json_int_t)s->world_size, "gradient_clipping", s->gradient_clipping);
 }
 
-static char *meta_to_text(const zoff_train_meta *meta) {
+char *train_meta_to_text(const zoff_train_meta *meta) {
     const zoff_gpt2_shape *sh = &meta->shape;
     json_t *root = json_pack(
         "{s:s,s:i,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:s,s:I,s:I,s:o,s:{s:I,s:I,s:f,s:I,s:I,s:i},s:f}", "format",
@@ -54,7 +54,7 @@ static char *meta_to_text(const zoff_train_meta *meta) {
 /* ------------------------------------------------------------------ saving */
 
 /* This rank's partition runs [off0, cnt0, ...] (see include/zoff/ckpt.h, "Partitioned entries"). */
-static zoff_status partition_runs(zoff_engine *eng, int64_t **runs, int *nruns) {
+zoff_status train_partition_runs(zoff_engine *eng, int64_t **runs, int *nruns) {
     int nr = zoff_engine_partition(eng, NULL, NULL, 0);
     int64_t *off = malloc((size_t)(nr + 1) * sizeof *off), *cnt = malloc((size_t)(nr + 1) * sizeof *cnt);
     *runs = malloc((size_t)(2 * nr + 2) * sizeof **runs);
@@ -74,104 +74,6 @@ static zoff_status partition_runs(zoff_engine *eng, int64_t **runs, int *nruns) 
     free(off);
     free(cnt);
     return s;
-}
-
-/* This rank's file: weights (rank 0), optimizer state partition, partition blob, meta and config
- * (rank 0). The gather of the master weights is collective: every rank calls it first. */
-static zoff_status write_rank_file(zoff_ckpt_writer *w, zoff_engine *eng, const zoff_gpt2 *model, float *buf,
-                                   const zoff_train_meta *meta, const char *config_json, int rank, int world) {
-    int64_t n = zoff_gpt2_num_params(model), pn = zoff_engine_partition_numel(eng);
-    int64_t *runs = NULL;
-    int nruns = 0;
-    ZOFF_TRY(partition_runs(eng, &runs, &nruns));
-    /* stage 0 replicates the state: rank 0 stores it, the other ranks an empty partition */
-    bool replica = rank > 0 && nruns == 1 && runs[0] == 0 && runs[1] == n;
-    if (replica) nruns = 0;
-    zoff_status s = ZOFF_OK;
-    int nt = 0;
-    const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
-    for (int i = 0; rank == 0 && s == ZOFF_OK && i < nt; i++) /* Hugging Face names, zoff layout */
-        s = zoff_ckpt_add(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, buf + t[i].offset,
-                          (size_t)t[i].numel * sizeof(float));
-    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
-        int64_t shape[1] = {replica ? 0 : pn};
-        if (!replica) s = zoff_engine_state_get(eng, k, buf);
-        if (s == ZOFF_OK)
-            s = zoff_ckpt_add(w, zoff_engine_state_name(eng, k), ZOFF_F32, 1, shape, buf,
-                              (size_t)shape[0] * sizeof(float));
-    }
-    char *pj = s == ZOFF_OK ? zoff_ckpt_partition_json(rank, world, n, runs, (size_t)nruns) : NULL;
-    if (s == ZOFF_OK) s = pj ? zoff_ckpt_add_blob(w, "partition", pj, strlen(pj))
-                             : zoff_error(ZOFF_ERR_NOMEM, "cannot encode the checkpoint's partition");
-    free(pj);
-    free(runs);
-    if (s != ZOFF_OK || rank != 0) return s;
-    char *txt = meta_to_text(meta);
-    s = txt ? zoff_ckpt_add_blob(w, "meta", txt, strlen(txt))
-            : zoff_error(ZOFF_ERR_INTERNAL, "cannot encode checkpoint metadata");
-    free(txt);
-    if (s == ZOFF_OK && config_json) s = zoff_ckpt_add_blob(w, "config", config_json, strlen(config_json));
-    return s;
-}
-
-/* Several ranks: every rank's file is committed (or failed, status s) before rank 0 makes the
- * checkpoint visible; a failure anywhere discards it everywhere. */
-static zoff_status finish_over_ranks(const char *dir, int64_t step, zoff_status s, zoff_comm *comm,
-                                     const zoff_ckpt_options *opts) {
-    int rank = zoff_comm_rank(comm);
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", s == ZOFF_OK ? "" : zoff_last_error());
-    double failed = s != ZOFF_OK, fin = 0;
-    ZOFF_TRY(zoff_comm_allreduce_f64(comm, &failed, 1, ZOFF_REDUCE_SUM));
-    if (failed > 0) {
-        if (rank == 0) (void)zoff_ckpt_discard(dir, step, opts);
-        if (s != ZOFF_OK) return zoff_error(s, "%s", msg);
-        return zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: %.0f rank(s) failed to write their "
-                                       "part (see their messages); the checkpoint was discarded",
-                          (long long)step, dir, failed);
-    }
-    if (rank == 0) {
-        s = zoff_ckpt_finalize(dir, step, zoff_comm_size(comm), opts);
-        if (s != ZOFF_OK) snprintf(msg, sizeof msg, "%s", zoff_last_error());
-        fin = s != ZOFF_OK;
-    }
-    ZOFF_TRY(zoff_comm_allreduce_f64(comm, &fin, 1, ZOFF_REDUCE_SUM));
-    if (fin > 0)
-        return rank == 0 ? zoff_error(s, "%s", msg)
-                         : zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: rank 0 could not finalize "
-                                                   "it (see its message)",
-                                      (long long)step, dir);
-    return ZOFF_OK;
-}
-
-zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
-                                 const zoff_train_meta *meta, const char *config_json, zoff_comm *comm) {
-    int rank = zoff_comm_rank(comm), world = zoff_comm_size(comm);
-    int64_t n = zoff_gpt2_num_params(model);
-    /* all ranks write into one temp dir: its tag is rank 0's pid */
-    long long pid = (long long)getpid();
-    zoff_status s = world > 1 ? zoff_comm_broadcast_bytes(comm, &pid, sizeof pid, 0) : ZOFF_OK;
-    if (s != ZOFF_OK) return zoff_error_context(s, "saving checkpoint step %lld", (long long)meta->step);
-    char tag[32];
-    snprintf(tag, sizeof tag, "%lld", pid);
-    zoff_ckpt_options opts = {.tmp_tag = tag};
-    float *buf = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
-    if (!buf) s = ZOFF_ERR_NOMEM;
-    /* collective first (every rank, same order): the fp32 master of all ranks, in model order */
-    if (s == ZOFF_OK) s = zoff_engine_state_gather(eng, 0, buf);
-    zoff_ckpt_writer *w = NULL;
-    if (s == ZOFF_OK) s = zoff_ckpt_writer_open(dir, meta->step, rank, &opts, &w);
-    if (s == ZOFF_OK) s = write_rank_file(w, eng, model, buf, meta, config_json, rank, world);
-    zoff_aligned_free(buf);
-    if (s != ZOFF_OK) {
-        zoff_ckpt_abort(w);
-        zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)", (long long)meta->step, dir,
-                           rank, world);
-    } else {
-        s = zoff_ckpt_commit(w);
-    }
-    if (world == 1) return s == ZOFF_OK ? zoff_ckpt_finalize(dir, meta->step, 1, &opts) : s;
-    return finish_over_ranks(dir, meta->step, s, comm, &opts);
 }
 
 /* ------------------------------------------------------------------ loading */
@@ -321,77 +223,104 @@ static zoff_status read_runs(zoff_ckpt_reader *r, int q, int64_t n, zoff_ckpt_pa
     return ZOFF_OK;
 }
 
-/* Read from rank file rq (index q) the part of entry `name` that lies in this rank's runs `mine`
- * into buf (laid out in `mine` order); *covered += elements read. */
-static zoff_status read_overlap(zoff_ckpt_reader *rq, int q, const char *name, int64_t n, const int64_t *mine,
-                                int nmine, float *buf, int64_t *covered) {
+/* One rank file of the checkpoint being loaded: its reader and its runs. */
+typedef struct rank_file {
+    zoff_ckpt_reader *r;
     zoff_ckpt_partition p;
-    ZOFF_TRY(read_runs(rq, q, n, &p));
-    int64_t total = 0;
-    for (size_t a = 0; a < p.nruns; a++) total += p.runs[2 * a + 1];
-    const zoff_ckpt_entry *en = zoff_ckpt_find(rq, name);
-    zoff_status s = ZOFF_OK;
-    if (!en || en->dtype != ZOFF_F32 || en->bytes != total * (int64_t)sizeof(float))
-        s = zoff_error(ZOFF_ERR_FORMAT,
-                       "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 values its partition "
-                       "describes",
-                       zoff_ckpt_reader_path(rq), name, (long long)total);
-    int64_t eo = 0; /* intersect each of their runs with each of mine */
-    for (size_t a = 0; s == ZOFF_OK && a < p.nruns; a++) {
-        int64_t o = p.runs[2 * a], c = p.runs[2 * a + 1], lo = 0;
-        for (int b = 0; s == ZOFF_OK && b < nmine; b++) {
+    int64_t total; /* elements of its runs */
+} rank_file;
+
+/* Entry `name` of file f must hold its runs' values (checked once per array). */
+static zoff_status check_entry(const rank_file *f, const char *name) {
+    const zoff_ckpt_entry *en = zoff_ckpt_find(f->r, name);
+    if (en && en->dtype == ZOFF_F32 && en->bytes == f->total * (int64_t)sizeof(float)) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_FORMAT,
+                      "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 values its partition "
+                      "describes",
+                      zoff_ckpt_reader_path(f->r), name, (long long)f->total);
+}
+
+/* The part of entry `name` of file f that lies in the window [L, L + W) of this rank's partition
+ * (its runs `mine` laid end to end) into buf (buf[0] = element L); *covered += elements read. */
+static zoff_status read_window(const rank_file *f, const char *name, const int64_t *mine, int nmine, int64_t L,
+                               int64_t W, float *buf, int64_t *covered) {
+    int64_t eo = 0; /* intersect each of their runs with each of mine, clipped to the window */
+    for (size_t a = 0; a < f->p.nruns; a++) {
+        int64_t o = f->p.runs[2 * a], c = f->p.runs[2 * a + 1], lo = 0;
+        for (int b = 0; b < nmine; b++) {
             int64_t m = mine[2 * b], mc = mine[2 * b + 1];
             int64_t x = o > m ? o : m, y = o + c < m + mc ? o + c : m + mc;
-            if (x < y) {
-                s = zoff_ckpt_read_range(rq, name, (eo + x - o) * (int64_t)sizeof(float), buf + lo + (x - m),
-                                         (size_t)(y - x) * sizeof(float));
-                *covered += y - x;
+            int64_t lx = lo + x - m, ly = lo + y - m; /* local positions of model [x, y) */
+            if (lx < L) x += L - lx, lx = L;
+            if (ly > L + W) ly = L + W;
+            if (x < y && lx < ly) {
+                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * (int64_t)sizeof(float), buf + (lx - L),
+                                              (size_t)(ly - lx) * sizeof(float)));
+                *covered += ly - lx;
             }
             lo += mc;
         }
         eo += c;
     }
-    zoff_ckpt_partition_free(&p);
-    return s;
+    return ZOFF_OK;
 }
 
-/* One optimizer state array of this rank, gathered from the oldn rank files of stepdir. */
-static zoff_status read_state_array(zoff_ckpt_reader *r, const char *stepdir, const char *name, int64_t n,
-                                    const int64_t *mine, int nmine, int64_t pn, float *buf) {
-    int oldn = zoff_ckpt_reader_nranks(r);
-    int64_t covered = 0;
-    zoff_status s = ZOFF_OK;
-    for (int q = 0; s == ZOFF_OK && q < oldn; q++) {
-        zoff_ckpt_reader *rq = r;
-        if (q > 0) s = zoff_ckpt_open(stepdir, q, &rq);
-        if (s == ZOFF_OK) s = read_overlap(rq, q, name, n, mine, nmine, buf, &covered);
-        if (q > 0) zoff_ckpt_close(rq);
-    }
-    if (s == ZOFF_OK && covered != pn)
-        s = zoff_error(ZOFF_ERR_FORMAT,
-                       "checkpoint %s: its %d rank file(s) hold %lld of the %lld values of '%s' this rank needs "
-                       "(overlapping or missing partitions); the checkpoint is incomplete or corrupt",
-                       stepdir, oldn, (long long)covered, (long long)pn, name);
-    return s;
-}
-
-/* Resharding: this rank's partition of each optimizer state array is read from whichever rank
- * files of the checkpoint hold it, however many ranks wrote it. */
-zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
-    int64_t pn = zoff_engine_partition_numel(eng);
-    int64_t *mine = NULL;
-    int nmine = 0;
-    ZOFF_TRY(partition_runs(eng, &mine, &nmine));
-    float *buf = zoff_aligned_alloc(64, (size_t)(pn > 0 ? pn : 1) * sizeof(float), "checkpoint staging buffer");
-    zoff_status s = buf ? ZOFF_OK : ZOFF_ERR_NOMEM;
+/* Open the oldn rank files of the checkpoint r belongs to (files[0].r = r) and read their runs. */
+static zoff_status open_rank_files(zoff_ckpt_reader *r, int64_t n, rank_file *files, int oldn) {
     char stepdir[4096];
     snprintf(stepdir, sizeof stepdir, "%s", zoff_ckpt_reader_path(r));
     char *slash = strrchr(stepdir, '/');
     if (slash) *slash = 0;
-    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++) {
-        s = read_state_array(r, stepdir, zoff_engine_state_name(eng, k), n, mine, nmine, pn, buf);
-        if (s == ZOFF_OK) s = zoff_engine_state_set(eng, k, buf);
+    for (int q = 0; q < oldn; q++) {
+        if (q == 0) files[q].r = r;
+        else ZOFF_TRY(zoff_ckpt_open(stepdir, q, &files[q].r));
+        ZOFF_TRY(read_runs(files[q].r, q, n, &files[q].p));
+        for (size_t a = 0; a < files[q].p.nruns; a++) files[q].total += files[q].p.runs[2 * a + 1];
     }
+    return ZOFF_OK;
+}
+
+/* One optimizer state array k of this rank, window by window, from the rank files into the
+ * engine (whole: one window of pn, zoff_engine_state_set; else pieces, zoff_engine_state_range). */
+static zoff_status read_state_array(const rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
+                                    int nmine, int64_t pn, bool whole, float *buf, int64_t W) {
+    const char *name = zoff_engine_state_name(eng, k);
+    for (int q = 0; q < oldn; q++) ZOFF_TRY(check_entry(&files[q], name));
+    int64_t covered = 0, L = 0;
+    do {
+        int64_t w = pn - L < W ? pn - L : W;
+        for (int q = 0; q < oldn; q++) ZOFF_TRY(read_window(&files[q], name, mine, nmine, L, w, buf, &covered));
+        ZOFF_TRY(whole ? zoff_engine_state_set(eng, k, buf) : zoff_engine_state_range(eng, k, L, w, buf, false));
+        L += w;
+    } while (L < pn);
+    if (covered != pn)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "checkpoint %s: its %d rank file(s) hold %lld of the %lld values of '%s' this rank needs "
+                          "(overlapping or missing partitions); the checkpoint is incomplete or corrupt",
+                          zoff_ckpt_reader_path(files[0].r), oldn, (long long)covered, (long long)pn, name);
+    return ZOFF_OK;
+}
+
+/* Resharding: this rank's partition of each optimizer state array is read from whichever rank
+ * files of the checkpoint hold it, however many ranks wrote it, through one piece buffer. */
+zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
+    int64_t pn = zoff_engine_partition_numel(eng);
+    int64_t *mine = NULL;
+    int nmine = 0, oldn = zoff_ckpt_reader_nranks(r);
+    ZOFF_TRY(train_partition_runs(eng, &mine, &nmine));
+    bool whole = train_state_in_swap(eng);
+    int64_t W = whole ? (pn > 0 ? pn : 1) : (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
+    float *buf = zoff_aligned_alloc(64, (size_t)W * sizeof(float), "checkpoint piece buffer");
+    rank_file *files = calloc((size_t)(oldn > 0 ? oldn : 1), sizeof *files);
+    zoff_status s = buf && files ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK) s = open_rank_files(r, n, files, oldn);
+    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++)
+        s = read_state_array(files, oldn, eng, k, mine, nmine, pn, whole, buf, W);
+    for (int q = 0; files && q < oldn; q++) {
+        zoff_ckpt_partition_free(&files[q].p);
+        if (q > 0) zoff_ckpt_close(files[q].r);
+    }
+    free(files);
     free(mine);
     zoff_aligned_free(buf);
     return s;

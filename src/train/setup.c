@@ -113,7 +113,8 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 }
 
 /* Host memory this job needs at least, checked before anything large is allocated: the initial
- * fp32 weights and the checkpoint staging buffer (4 bytes per parameter each), the optimizer
+ * fp32 weights (4 bytes per parameter) and the checkpoint save's staging (zoff_train_ckpt_piece_bytes
+ * with one rank, 4 bytes per parameter with several: the gathered master weights), the optimizer
  * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the
  * optimizer's moments, plus 16-bit gradients and weight staging), and on the CPU backend the
  * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
@@ -135,7 +136,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
      * optimizer state is in host memory with device cpu, on disk with device nvme (not counted) */
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    double cli = 8 * N, pinned = host_part * 2 * d * N;
+    /* initial fp32 weights + the save's staging: one piece with one rank, the gathered master with several */
+    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_piece_bytes();
+    double cli = 4 * N + staging, pinned = host_part * 2 * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
     double dev_on_host = 0;
     const char *dv = t->o.device;

@@ -19,8 +19,21 @@ void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
     zoff_log(ZOFF_LOG_INFO, "%s", buf);
 }
 
+/* Join the background checkpoint in flight, if any: its error (naming the step and the file)
+ * is this call's. The one place that waits for the writer. */
+static zoff_status wait_background_save(zoff_trainer *t, double *waited) {
+    if (!t->bg) return ZOFF_OK;
+    double t0 = zoff_now(), secs = 0;
+    zoff_status s = zoff_train_ckpt_save_wait(t->bg, &secs);
+    t->bg = NULL;
+    if (waited) *waited += zoff_now() - t0;
+    if (s == ZOFF_OK) trainer_say(t, "checkpoint written in the background in %.2f s", secs);
+    return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
+}
+
 void zoff_trainer_destroy(zoff_trainer *t) {
     if (!t) return;
+    if (wait_background_save(t, NULL) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
     if (t->metrics) fclose(t->metrics);
     if (t->timeline) fclose(t->timeline);
     if (t->dev) {
@@ -141,15 +154,15 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
 static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_result *r) {
     const zoff_step_info *si = &r->info;
     double other = fmax(0.0, r->step_time - r->t_forward - r->t_backward - si->t_wait_grads - si->t_host -
-                                 si->t_device - si->t_wait_weights);
+                                 si->t_device - si->t_wait_weights - r->t_ckpt_wait);
     zoff_status s = trainer_metrics_line(
         t,
         "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
         "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
-        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s}\n",
+        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"ckpt_wait\":%.6f}\n",
         (long long)r->step, (float)r->loss, r->lr, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
-        si->skipped ? "true" : "false");
+        si->skipped ? "true" : "false", r->t_ckpt_wait);
     return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
 }
 
@@ -165,6 +178,9 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
         loss_sum += l;
     }
     r->lr = zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng));
+    /* the update (and, with the delayed update, its background job) starts in zoff_engine_step:
+     * a checkpoint still reading the state finishes first */
+    ZOFF_TRY(wait_background_save(t, &r->t_ckpt_wait));
     if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");
     r->step = ++t->info.step;
@@ -204,7 +220,19 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     return trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out);
 }
 
+/* What a checkpoint records besides tensors, as of now. */
+static zoff_train_meta current_meta(const zoff_trainer *t) {
+    zoff_train_meta m = {.step = t->info.step, .shape = t->info.shape, .seq_len = t->info.seq_len,
+                         .seed = t->o.seed, .consumed_tokens = t->info.consumed_tokens,
+                         .settings = trainer_settings_of(&t->cfg, t->info.world)};
+    snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(t->tok));
+    m.loader = zoff_loader_get_state(t->train_ld);
+    zoff_engine_get_scalars(t->eng, &m.engine);
+    return m;
+}
+
 zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
+    ZOFF_TRY(wait_background_save(t, NULL));
     zoff_status s = zoff_engine_flush(t->eng);
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     const char *dir = t->o.save_dir;
@@ -215,13 +243,19 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
             return zoff_error_context(s, "checkpoint"); /* rank 0's view decides, for all */
         if (latest == t->info.step) return ZOFF_OK;
     }
-    zoff_train_meta m = {.step = t->info.step, .shape = t->info.shape, .seq_len = t->info.seq_len,
-                         .seed = t->o.seed, .consumed_tokens = t->info.consumed_tokens,
-                         .settings = trainer_settings_of(&t->cfg, t->info.world)};
-    snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(t->tok));
-    m.loader = zoff_loader_get_state(t->train_ld);
-    zoff_engine_get_scalars(t->eng, &m.engine);
+    zoff_train_meta m = current_meta(t);
     s = zoff_train_ckpt_save(dir, t->eng, t->model, &m, t->cfg.source, t->info.world > 1 ? t->comm : NULL);
     if (s == ZOFF_OK && t->o.keep_last && t->info.rank == 0) s = zoff_ckpt_prune(dir, (int)t->o.keep_last);
+    return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
+}
+
+zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
+    if (t->o.sync_saves || !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
+        return zoff_trainer_save(t, false);
+    ZOFF_TRY(wait_background_save(t, NULL)); /* one save in flight at a time */
+    zoff_status s = zoff_engine_flush(t->eng); /* the state is final: no update runs until the next step */
+    if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
+    zoff_train_meta m = current_meta(t);
+    s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &m, t->cfg.source, (int)t->o.keep_last, &t->bg);
     return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
 }

@@ -27,6 +27,7 @@ struct zoff_trainer {
     char made_dir[4096];      /* the top-most --save directory create made ("" when none) */
     zoff_comm *comm;          /* NULL with one rank */
     int64_t T_given;          /* sequence length given by a flag or the config (0 = not given) */
+    zoff_train_ckpt_job *bg;  /* the background checkpoint in flight (NULL: none) */
 };
 
 /* Progress output of the trainer: rank 0, unless quiet. */

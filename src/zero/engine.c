@@ -1599,6 +1599,41 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src) 
     return state_io(e, i, (float *)host_src, false);
 }
 
+/* [offset, offset + count) of state array i, one sub-group at a time (see engine.h). */
+zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get) {
+    if (i < 0 || i > 2 || offset < 0 || count < 0 || offset > e->n - count)
+        return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
+                          (long long)offset, (long long)count, (long long)e->n);
+    if (e->swap) return zoff_error(ZOFF_ERR_UNSUPPORTED, "engine state in an NVMe swap file is read whole");
+    bool absent = (i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e)), dev = false;
+    const size_t f4 = sizeof(float);
+    for (int k = 0; k < e->nsg; k++) {
+        const subgroup *g = &e->sg[k];
+        int64_t lo = g->offset > offset ? g->offset : offset;
+        int64_t hi = g->offset + g->count < offset + count ? g->offset + g->count : offset + count;
+        if (lo >= hi) continue;
+        float *h = host + (lo - offset);
+        int64_t so = g->state_off + (lo - g->offset);
+        if (g->on_host) {
+            float *src = i == 0 ? e->h_master : i == 1 ? e->h_m : e->h_v;
+            if (absent) {
+                if (get) memset(h, 0, (size_t)(hi - lo) * f4);
+            } else if (get) {
+                memcpy(h, src + so, (size_t)(hi - lo) * f4);
+            } else {
+                memcpy(src + so, h, (size_t)(hi - lo) * f4);
+            }
+            continue;
+        }
+        float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model + (lo - g->offset) : e->d_master + so)
+                          : (i == 1 ? e->d_m : e->d_v) + so;
+        ZOFF_TRY(zoff_memcpy_async(e->compute, get ? (void *)h : (void *)d, get ? (const void *)d : (const void *)h,
+                                   (size_t)(hi - lo) * f4, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
+        dev = true;
+    }
+    return dev ? zoff_stream_synchronize(e->compute) : ZOFF_OK;
+}
+
 void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out) {
     *out = e->sc;
     out->loss_scale = e->ls.scale;

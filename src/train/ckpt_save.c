@@ -1,0 +1,261 @@
+/* Saving training checkpoints (include/zoff/train.h): every array streams from the engine's
+ * state through one bounded piece buffer into the writer's entries (zoff_ckpt_begin_entry /
+ * append / end_entry: the CRC runs over the pieces, the file is the one zoff_ckpt_add would
+ * write), synchronously or, with one rank, on a background writer thread while training goes on.
+ *
+ * What is still whole: with several ranks the fp32 master weights rank 0 stores are gathered
+ * (a collective) into a num_params buffer, and an engine whose state is in an NVMe swap file is
+ * read one whole array at a time (zoff_engine_state_get). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/ckpt_internal.h"
+
+size_t zoff_train_ckpt_piece_bytes(void) { return (size_t)16 << 20; }
+
+/* One save: what the main thread fixes at the step boundary, and what the writer needs. */
+struct zoff_train_ckpt_job {
+    char dir[4096], tag[32];
+    zoff_engine *eng;
+    const zoff_gpt2 *model;
+    zoff_train_meta meta;
+    char *config;         /* owned copy (NULL: none) */
+    int rank, world, keep_last;
+    int64_t n, pn;        /* num_params; this rank's partition */
+    int64_t *runs;        /* this rank's partition runs */
+    int nruns;
+    bool replica;         /* stage 0, rank > 0: an empty partition */
+    bool whole_state;     /* the engine's state is read whole (NVMe swap file) */
+    float *master;        /* gathered master weights (several ranks), else NULL: streamed */
+    float *buf;           /* one piece, or one whole array with whole_state */
+    pthread_t thread;
+    bool started;
+    zoff_status status;
+    char msg[2048];
+    double t0, seconds;
+};
+
+static void job_free(zoff_train_ckpt_job *j) {
+    if (!j) return;
+    zoff_aligned_free(j->master);
+    zoff_aligned_free(j->buf);
+    free(j->runs);
+    free(j->config);
+    free(j);
+}
+
+bool train_state_in_swap(const zoff_engine *eng) {
+    zoff_engine_memory m;
+    zoff_engine_memory_usage(eng, &m);
+    return m.nvme > 0;
+}
+
+bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm) {
+    zoff_engine_memory m;
+    zoff_engine_memory_usage(eng, &m);
+    /* host state only: the writer's copies then touch neither the device nor the engine's worker */
+    return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
+}
+
+/* Entry `name` = elements [off, off + count) of state array i: from `whole` (in memory, indexed
+ * by off) when given, else streamed from the engine one piece at a time. */
+static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
+                             const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
+    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
+    const int64_t piece = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
+    for (int64_t p = 0; p < count;) {
+        int64_t c = whole ? count : (count - p < piece ? count - p : piece);
+        if (!whole) ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, j->buf, true));
+        ZOFF_TRY(zoff_ckpt_append(w, whole ? whole + off + p : j->buf, (size_t)c * sizeof(float)));
+        p += c;
+    }
+    return zoff_ckpt_end_entry(w);
+}
+
+/* This rank's file: weights (rank 0), optimizer state partition, partition blob, meta and config
+ * (rank 0). */
+static zoff_status write_entries(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
+    zoff_status s = ZOFF_OK;
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(j->model, &nt);
+    if (j->rank == 0 && j->whole_state && !j->master) s = zoff_engine_state_get(j->eng, 0, j->buf);
+    const float *mw = j->master ? j->master : j->whole_state ? j->buf : NULL;
+    for (int i = 0; j->rank == 0 && s == ZOFF_OK && i < nt; i++) /* Hugging Face names, zoff layout */
+        s = put_array(j, w, t[i].name, t[i].ndim, t[i].shape, 0, t[i].offset, t[i].numel, mw);
+    for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(j->eng); k++) {
+        int64_t shape[1] = {j->replica ? 0 : j->pn};
+        if (!j->replica && j->whole_state) s = zoff_engine_state_get(j->eng, k, j->buf);
+        if (s == ZOFF_OK)
+            s = put_array(j, w, zoff_engine_state_name(j->eng, k), 1, shape, k, 0, shape[0],
+                          j->whole_state ? j->buf : NULL);
+    }
+    char *pj = s == ZOFF_OK ? zoff_ckpt_partition_json(j->rank, j->world, j->n, j->runs, (size_t)j->nruns) : NULL;
+    if (s == ZOFF_OK) s = pj ? zoff_ckpt_add_blob(w, "partition", pj, strlen(pj))
+                             : zoff_error(ZOFF_ERR_NOMEM, "cannot encode the checkpoint's partition");
+    free(pj);
+    if (s != ZOFF_OK || j->rank != 0) return s;
+    char *txt = train_meta_to_text(&j->meta);
+    s = txt ? zoff_ckpt_add_blob(w, "meta", txt, strlen(txt))
+            : zoff_error(ZOFF_ERR_INTERNAL, "cannot encode checkpoint metadata");
+    free(txt);
+    if (s == ZOFF_OK && j->config) s = zoff_ckpt_add_blob(w, "config", j->config, strlen(j->config));
+    return s;
+}
+
+/* Open, write and commit this rank's file (any thread). */
+static zoff_status write_rank_file(zoff_train_ckpt_job *j) {
+    zoff_ckpt_options opts = {.tmp_tag = j->tag[0] ? j->tag : NULL};
+    zoff_ckpt_writer *w = NULL;
+    zoff_status s = zoff_ckpt_writer_open(j->dir, j->meta.step, j->rank, &opts, &w);
+    if (s == ZOFF_OK) s = write_entries(j, w);
+    if (s != ZOFF_OK) {
+        zoff_ckpt_abort(w);
+        return zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)",
+                                  (long long)j->meta.step, j->dir, j->rank, j->world);
+    }
+    return zoff_ckpt_commit(w);
+}
+
+/* The job, fixed at the step boundary (main thread). With several ranks the master weights are
+ * gathered here: a collective every rank calls in the same order. */
+static zoff_status job_create(const char *dir, zoff_engine *eng, const zoff_gpt2 *model, const zoff_train_meta *meta,
+                              const char *config_json, zoff_comm *comm, const char *tag, zoff_train_ckpt_job **out) {
+    *out = NULL;
+    zoff_train_ckpt_job *j = calloc(1, sizeof *j);
+    if (!j) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a checkpoint");
+    snprintf(j->dir, sizeof j->dir, "%s", dir);
+    snprintf(j->tag, sizeof j->tag, "%s", tag ? tag : "");
+    j->eng = eng;
+    j->model = model;
+    j->meta = *meta;
+    j->rank = zoff_comm_rank(comm);
+    j->world = zoff_comm_size(comm);
+    j->n = zoff_gpt2_num_params(model);
+    j->pn = zoff_engine_partition_numel(eng);
+    j->whole_state = train_state_in_swap(eng);
+    zoff_status s = train_partition_runs(eng, &j->runs, &j->nruns);
+    if (s == ZOFF_OK && config_json && !(j->config = strdup(config_json)))
+        s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a checkpoint");
+    size_t bb = j->whole_state ? (size_t)(j->n > j->pn ? j->n : j->pn) * sizeof(float) : zoff_train_ckpt_piece_bytes();
+    if (s == ZOFF_OK && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint piece buffer"))) s = ZOFF_ERR_NOMEM;
+    bool local_is_model = j->nruns == 1 && j->runs[0] == 0 && j->runs[1] == j->n;
+    if (s == ZOFF_OK && (j->world > 1 || !local_is_model)) { /* collective: the master of all ranks, model order */
+        j->master = zoff_aligned_alloc(64, (size_t)j->n * sizeof(float), "checkpoint master-weight gather");
+        s = j->master ? zoff_engine_state_gather(eng, 0, j->master) : ZOFF_ERR_NOMEM;
+        if (j->rank > 0) {
+            zoff_aligned_free(j->master);
+            j->master = NULL;
+        }
+    }
+    /* stage 0 replicates the state: rank 0 stores it, the other ranks an empty partition */
+    j->replica = s == ZOFF_OK && j->rank > 0 && local_is_model;
+    if (j->replica) j->nruns = 0;
+    if (s != ZOFF_OK) {
+        job_free(j);
+        return zoff_error_context(s, "saving checkpoint step %lld", (long long)meta->step);
+    }
+    *out = j;
+    return ZOFF_OK;
+}
+
+/* Several ranks: every rank's file is committed (or failed, status s) before rank 0 makes the
+ * checkpoint visible; a failure anywhere discards it everywhere. */
+static zoff_status finish_over_ranks(const char *dir, int64_t step, zoff_status s, zoff_comm *comm,
+                                     const zoff_ckpt_options *opts) {
+    int rank = zoff_comm_rank(comm);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", s == ZOFF_OK ? "" : zoff_last_error());
+    double failed = s != ZOFF_OK, fin = 0;
+    ZOFF_TRY(zoff_comm_allreduce_f64(comm, &failed, 1, ZOFF_REDUCE_SUM));
+    if (failed > 0) {
+        if (rank == 0) (void)zoff_ckpt_discard(dir, step, opts);
+        if (s != ZOFF_OK) return zoff_error(s, "%s", msg);
+        return zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: %.0f rank(s) failed to write their "
+                                       "part (see their messages); the checkpoint was discarded",
+                          (long long)step, dir, failed);
+    }
+    if (rank == 0) {
+        s = zoff_ckpt_finalize(dir, step, zoff_comm_size(comm), opts);
+        if (s != ZOFF_OK) snprintf(msg, sizeof msg, "%s", zoff_last_error());
+        fin = s != ZOFF_OK;
+    }
+    ZOFF_TRY(zoff_comm_allreduce_f64(comm, &fin, 1, ZOFF_REDUCE_SUM));
+    if (fin > 0)
+        return rank == 0 ? zoff_error(s, "%s", msg)
+                         : zoff_error(ZOFF_ERR_IO, "saving checkpoint step %lld under %s: rank 0 could not finalize "
+                                                   "it (see its message)",
+                                      (long long)step, dir);
+    return ZOFF_OK;
+}
+
+zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
+                                 const zoff_train_meta *meta, const char *config_json, zoff_comm *comm) {
+    int world = zoff_comm_size(comm);
+    /* all ranks write into one temp dir: its tag is rank 0's pid */
+    long long pid = (long long)getpid();
+    zoff_status s = world > 1 ? zoff_comm_broadcast_bytes(comm, &pid, sizeof pid, 0) : ZOFF_OK;
+    if (s != ZOFF_OK) return zoff_error_context(s, "saving checkpoint step %lld", (long long)meta->step);
+    char tag[32];
+    snprintf(tag, sizeof tag, "%lld", pid);
+    zoff_ckpt_options opts = {.tmp_tag = tag};
+    zoff_train_ckpt_job *j = NULL;
+    s = job_create(dir, eng, model, meta, config_json, comm, tag, &j);
+    if (s == ZOFF_OK) s = write_rank_file(j);
+    job_free(j);
+    if (world == 1) return s == ZOFF_OK ? zoff_ckpt_finalize(dir, meta->step, 1, &opts) : s;
+    return finish_over_ranks(dir, meta->step, s, comm, &opts);
+}
+
+/* ------------------------------------------------------------------ the background writer */
+
+static void *writer_main(void *arg) {
+    zoff_train_ckpt_job *j = arg;
+    zoff_ckpt_options opts = {.tmp_tag = j->tag};
+    zoff_status s = write_rank_file(j);
+    if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);
+    if (s == ZOFF_OK && j->keep_last > 0) s = zoff_ckpt_prune(j->dir, j->keep_last);
+    if (s != ZOFF_OK) snprintf(j->msg, sizeof j->msg, "%s", zoff_last_error()); /* thread-local: carried over */
+    j->status = s;
+    j->seconds = zoff_now() - j->t0;
+    return NULL;
+}
+
+zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
+                                       const zoff_train_meta *meta, const char *config_json, int keep_last,
+                                       zoff_train_ckpt_job **out) {
+    *out = NULL;
+    if (!zoff_train_ckpt_can_background(eng, NULL))
+        return zoff_error(ZOFF_ERR_INVALID, "a background checkpoint needs one rank and the optimizer state in host "
+                                            "memory (zoff_train_ckpt_can_background); save synchronously");
+    char tag[32];
+    snprintf(tag, sizeof tag, "%lld", (long long)getpid());
+    zoff_train_ckpt_job *j = NULL;
+    ZOFF_TRY(job_create(dir, eng, model, meta, config_json, NULL, tag, &j));
+    j->keep_last = keep_last;
+    j->t0 = zoff_now();
+    int rc = pthread_create(&j->thread, NULL, writer_main, j);
+    if (rc != 0) {
+        job_free(j);
+        return zoff_error(ZOFF_ERR_INTERNAL, "cannot start the checkpoint writer thread: %s", strerror(rc));
+    }
+    j->started = true;
+    *out = j;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, double *seconds) {
+    if (!j) return ZOFF_OK;
+    if (j->started) pthread_join(j->thread, NULL);
+    zoff_status s = j->status;
+    if (seconds) *seconds = j->seconds;
+    if (s != ZOFF_OK)
+        s = zoff_error(s, "background checkpoint of step %lld under %s failed (the checkpoints saved before it are "
+                          "intact): %s",
+                       (long long)j->meta.step, j->dir, j->msg);
+    job_free(j);
+    return s;
+}
