@@ -421,6 +421,76 @@ static void test_host_memory_checked(void **st) {
     unsetenv("ZOFF_TEST_MEM_AVAILABLE");
 }
 
+/* zoff_placement_build against its specification, checked element by element:
+ * the sub-groups tile [0, n) in order; none crosses a multiple of the grid size
+ * (sub_group_size, or for a fractional ratio with fewer than 32 of them
+ * ceil(n / 32) rounded up to 64) or a cut, and each ends at one of those or at n;
+ * the host holds the shortest run of whole sub-groups from the top with at least
+ * ceil(ratio * n) elements. */
+static void test_placement_spec(void **st) {
+    (void)st;
+    const int64_t ns[] = {1, 63, 1000, 4097, 123457};
+    const int64_t sgss[] = {0, 1, 64, 1000, 1000000000};
+    const double ratios[] = {0.0, 0.3, 0.5, 1.0};
+    int64_t cuts[8];
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof sgss / sizeof *sgss; b++)
+            for (size_t c = 0; c < sizeof ratios / sizeof *ratios; c++)
+                for (int nc = 0; nc <= 3; nc++) {
+                    int64_t n = ns[a];
+                    int k = 0;
+                    for (int i = 1; i <= nc; i++) /* increasing cuts in (0, n) */
+                        if (n * i / (nc + 1) > (k ? cuts[k - 1] : 0)) cuts[k++] = n * i / (nc + 1) + (i == 2);
+                    while (k > 0 && cuts[k - 1] >= n) k--;
+                    zoff_placement_input in = {.n = n, .sub_group_size = sgss[b], .ratio = ratios[c], .cuts = cuts,
+                                               .ncuts = k};
+                    zoff_placement p;
+                    assert_int_equal(zoff_placement_build(&in, &p), ZOFF_OK);
+                    int64_t grid = sgss[b] > 0 && sgss[b] < n ? sgss[b] : n;
+                    if (ratios[c] > 0 && ratios[c] < 1 && (n + grid - 1) / grid < 32) grid = ((n + 31) / 32 + 63) / 64 * 64;
+                    assert_int_equal(p.grid, grid);
+                    int64_t at = 0, host = 0, want = (int64_t)ceil(ratios[c] * (double)n);
+                    int ci = 0;
+                    bool seen_host = false;
+                    for (int i = 0; i < p.nsg; i++) {
+                        const zoff_subgroup_place *g = &p.sg[i];
+                        assert_int_equal(g->offset, at);
+                        assert_true(g->count > 0);
+                        int64_t end = at + g->count, next = (at / grid + 1) * grid;
+                        while (ci < k && cuts[ci] <= at) ci++;
+                        if (ci < k && cuts[ci] < next) next = cuts[ci];
+                        if (next > n) next = n;
+                        assert_int_equal(end, next); /* ends exactly at the first line after its start */
+                        if (seen_host) assert_true(g->on_host); /* the host part is a suffix */
+                        seen_host = seen_host || g->on_host;
+                        if (g->on_host) host += g->count;
+                        at = end;
+                    }
+                    assert_int_equal(at, n);
+                    assert_int_equal(p.host, host);
+                    assert_int_equal(p.device, n - host);
+                    assert_true(host >= want);
+                    /* shortest: without its lowest sub-group the host would hold too little */
+                    if (host > 0) {
+                        int lo = p.nsg - p.host_groups;
+                        assert_true(host - p.sg[lo].count < want);
+                    }
+                    zoff_placement_free(&p);
+                }
+    /* "auto": 1000-byte budget, 500 in use, 100 parameters in bf16 (12 B each on the device) */
+    zoff_auto_ratio ar;
+    zoff_placement_auto_ratio(1000, 500, 100, ZOFF_BF16, &ar);
+    assert_true(ar.fits);
+    assert_int_equal(ar.margin, 50);
+    assert_int_equal(ar.free_bytes, 1000 - 564 - 50);
+    assert_int_equal(ar.max_device, (1000 - 564 - 50) / 12);
+    assert_true(fabs(ar.ratio - (100.0 - (double)((1000 - 564 - 50) / 12)) / 100.0) < 1e-15);
+    zoff_placement_auto_ratio(1000, 900, 100, ZOFF_F32, &ar);
+    assert_false(ar.fits);
+    zoff_placement_auto_ratio(0, 900, 100, ZOFF_F32, &ar);
+    assert_true(ar.fits && ar.ratio == 0.0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
@@ -429,7 +499,7 @@ int main(void) {
         cmocka_unit_test(test_delayed_update),
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
-        cmocka_unit_test(test_host_memory_checked),
+        cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -71,6 +71,53 @@ typedef struct zoff_engine_memory {
                             sub-groups' fp32 state, which then is not in pinned/pageable) */
 } zoff_engine_memory;
 
+/* ---- placement (src/zero/placement.c): where the optimizer's partition lives.
+ * Pure functions, called by the engine and by zoff plan, so that the two agree
+ * to the element. The flat space [0, n) is cut at multiples of sub_group_size
+ * (finer, in multiples of 64 and into at least 32 pieces, when a fractional
+ * ratio needs it) and at the given cuts: where a layer group starts (the runs of
+ * equal `layer` in the tensor table) when zoff_placement_layer_cuts says so, so
+ * that a sub-group's gradients are final when one group's backward is done and
+ * its new weights are what one group's forward needs; with several ranks, where
+ * the partition's pieces end (each sub-group one model range). The host takes
+ * whole sub-groups from the top (their gradients arrive first) until it holds
+ * at least ceil(ratio * n) elements. */
+typedef struct zoff_placement_input {
+    int64_t n;               /* elements of this rank's optimizer space */
+    int64_t sub_group_size;  /* zero_optimization.sub_group_size (<= 0: n) */
+    double ratio;            /* host fraction in [0, 1] */
+    const int64_t *cuts;     /* increasing offsets in (0, n) where a sub-group must end */
+    int ncuts;
+} zoff_placement_input;
+typedef struct zoff_subgroup_place {
+    int64_t offset, count;
+    bool on_host;
+} zoff_subgroup_place;
+typedef struct zoff_placement {
+    zoff_subgroup_place *sg; /* in flat order (owned: zoff_placement_free) */
+    int nsg;
+    int host_groups;         /* sub-groups on the host */
+    int64_t host, device;    /* elements */
+    int64_t grid;            /* the sub-group size used */
+    int64_t largest_host;    /* elements of the largest host sub-group */
+} zoff_placement;
+zoff_status zoff_placement_build(const zoff_placement_input *in, zoff_placement *out);
+void zoff_placement_free(zoff_placement *p);
+/* Whether the sub-groups are cut at the layer groups: one rank, stages 0-2, the
+ * state in host memory (offload_optimizer.device not "nvme"). */
+bool zoff_placement_layer_cuts(int world, int stage, bool nvme);
+/* "ratio": "auto": the smallest host fraction for which the device-side optimizer
+ * state fits in what the device budget leaves after what is in use (the model's
+ * weights, gradients, activations, the data-parallel buffers) and a margin of 5%
+ * of the budget. budget 0 (no budget): ratio 0. fits false: not even ratio 1. */
+typedef struct zoff_auto_ratio {
+    size_t budget, in_use, margin, free_bytes, per_param;
+    int64_t max_device;
+    double ratio;
+    bool fits;
+} zoff_auto_ratio;
+void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out);
+
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
 

@@ -170,38 +170,6 @@ static int64_t map_local(const zoff_engine *e, int64_t local) {
     return e->map[a].model + (local - e->map[a].local);
 }
 
-/* Split sub-groups where the partition's pieces end, so that each sub-group is
- * one contiguous model range (round-robin partitions have a piece per tensor),
- * and give each its model offset. */
-static zoff_status dp_split_subgroups(zoff_engine *e) {
-    int extra = 0;
-    for (int i = 0; i < e->nsg; i++)
-        for (int k = 0; k < e->nmap; k++) {
-            int64_t b = e->map[k].local; /* a piece boundary strictly inside the sub-group */
-            if (b > e->sg[i].offset && b < e->sg[i].offset + e->sg[i].count) extra++;
-        }
-    if (extra > 0) {
-        subgroup *ns = calloc((size_t)(e->nsg + extra), sizeof *ns);
-        if (!ns) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d sub-groups", e->nsg + extra);
-        int n = 0;
-        for (int i = 0; i < e->nsg; i++) {
-            int64_t lo = e->sg[i].offset, hi = lo + e->sg[i].count;
-            for (int k = 0; k < e->nmap && lo < hi; k++) {
-                int64_t pe = e->map[k].local + e->map[k].count;
-                if (pe <= lo) continue;
-                int64_t cut = pe < hi ? pe : hi;
-                ns[n++] = (subgroup){.offset = lo, .count = cut - lo};
-                lo = cut;
-            }
-        }
-        free(e->sg);
-        e->sg = ns;
-        e->nsg = n;
-    }
-    for (int i = 0; i < e->nsg; i++) e->sg[i].model = map_local(e, e->sg[i].offset);
-    return ZOFF_OK;
-}
-
 /* What must agree across ranks: the engine's configuration and the tensor table. */
 static uint64_t dp_fingerprint(const zoff_engine *e, const zoff_engine_options *o) {
     const zoff_config *c = e->cfg;
@@ -424,48 +392,56 @@ static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int n
     return ZOFF_OK;
 }
 
-/* Cut [0, n) into sub-groups and place them. Backward finishes the highest
- * offsets first (the model's layout puts the last layers last), so host
- * sub-groups are taken from the top: their gradients arrive first. */
-#define TWIN_FLOW_MIN_SUBGROUPS 32
+/* Where sub-groups must end, in this rank's optimizer space: where the partition's
+ * pieces end (several pieces: each sub-group one model range), or where a layer
+ * group starts (zoff_placement_layer_cuts). */
+static int64_t *subgroup_cuts(const zoff_engine *e, int *ncuts) {
+    *ncuts = 0;
+    int cap = (e->nmap > e->ntensors ? e->nmap : e->ntensors) + 1;
+    int64_t *c = malloc((size_t)cap * sizeof *c);
+    if (!c) return NULL;
+    if (e->nmap > 1) {
+        for (int k = 1; k < e->nmap; k++) c[(*ncuts)++] = e->map[k].local;
+    } else if (zoff_placement_layer_cuts(e->world, e->cfg->zero.stage,
+                                         e->cfg->zero.offload_optimizer.device == ZOFF_OFFLOAD_NVME)) {
+        for (int i = 1; i < e->ntensors; i++)
+            if (e->tensors[i].layer != e->tensors[i - 1].layer) c[(*ncuts)++] = e->tensors[i].offset;
+    }
+    return c;
+}
+
+/* Cut [0, n) into sub-groups and place them (zoff_placement_build, shared with zoff plan). */
 static zoff_status build_subgroups(zoff_engine *e, double host_ratio) {
+    int ncuts = 0;
+    int64_t *cuts = subgroup_cuts(e, &ncuts);
+    if (!cuts) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the sub-group cuts");
+    zoff_placement_input in = {.n = e->n, .sub_group_size = e->cfg->zero.sub_group_size, .ratio = host_ratio,
+                               .cuts = cuts, .ncuts = ncuts};
+    zoff_placement pl;
+    zoff_status s = zoff_placement_build(&in, &pl);
+    free(cuts);
+    if (s != ZOFF_OK) return s;
     int64_t sgs = e->cfg->zero.sub_group_size > 0 ? e->cfg->zero.sub_group_size : e->n;
-    if (host_ratio > 0 && host_ratio < 1 && (e->n + sgs - 1) / sgs < TWIN_FLOW_MIN_SUBGROUPS) {
-        /* Whole sub-groups cannot honour a fractional ratio when there are only a
-         * few: split finer (the ratio is what the user asked for). */
-        int64_t finer = (e->n + TWIN_FLOW_MIN_SUBGROUPS - 1) / TWIN_FLOW_MIN_SUBGROUPS;
-        finer = (finer + 63) / 64 * 64;
+    if (pl.grid < sgs && pl.grid < e->n)
         zoff_log(ZOFF_LOG_INFO,
                  "offload_optimizer.ratio %.3g: sub-groups of %lld elements from sub_group_size %lld so that the "
                  "ratio can be honoured in whole sub-groups (%lld parameters)",
-                 host_ratio, (long long)finer, (long long)sgs, (long long)e->n);
-        sgs = finer;
+                 host_ratio, (long long)pl.grid, (long long)sgs, (long long)e->n);
+    e->sg = calloc((size_t)pl.nsg, sizeof *e->sg);
+    if (!e->sg) {
+        zoff_placement_free(&pl);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d sub-groups", pl.nsg);
     }
-    int64_t nsg = (e->n + sgs - 1) / sgs;
-    e->sg = calloc((size_t)nsg, sizeof *e->sg);
-    if (!e->sg) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %lld sub-groups", (long long)nsg);
-    e->nsg = (int)nsg;
-    for (int64_t i = 0; i < nsg; i++) {
-        e->sg[i].offset = i * sgs;
-        e->sg[i].count = (i == nsg - 1) ? e->n - i * sgs : sgs;
+    e->nsg = pl.nsg;
+    for (int i = 0; i < pl.nsg; i++) {
+        subgroup *g = &e->sg[i];
+        *g = (subgroup){.offset = pl.sg[i].offset, .count = pl.sg[i].count, .on_host = pl.sg[i].on_host};
+        g->model = map_local(e, g->offset);
+        g->state_off = g->on_host ? e->n_host : e->n_dev;
+        if (g->on_host) e->n_host += g->count;
+        else e->n_dev += g->count;
     }
-    ZOFF_TRY(dp_split_subgroups(e)); /* each sub-group maps to one model range */
-    nsg = e->nsg;
-    /* host fraction: whole sub-groups from the top until >= ratio * n */
-    int64_t want = (int64_t)ceil(host_ratio * (double)e->n), got = 0;
-    for (int64_t i = nsg - 1; i >= 0 && got < want; i--) {
-        e->sg[i].on_host = true;
-        got += e->sg[i].count;
-    }
-    for (int64_t i = 0; i < nsg; i++) {
-        if (e->sg[i].on_host) {
-            e->sg[i].state_off = e->n_host;
-            e->n_host += e->sg[i].count;
-        } else {
-            e->sg[i].state_off = e->n_dev;
-            e->n_dev += e->sg[i].count;
-        }
-    }
+    zoff_placement_free(&pl);
     return ZOFF_OK;
 }
 
@@ -481,14 +457,12 @@ static void host_free(zoff_engine *e, void *p) {
     else zoff_aligned_free(p);
 }
 
-/* "ratio": "auto": the smallest host fraction for which the device-side
- * optimizer state fits in what the device budget leaves after the model
- * (weights, gradients, activations: allocated before the engine) and a margin
- * of 5% of the budget. Prints the arithmetic. */
-#define AUTO_MARGIN_FRACTION 0.05
+/* "ratio": "auto" (zoff_placement_auto_ratio, shared with zoff plan); prints the arithmetic. */
 static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
     zoff_memory_stats ms;
     zoff_device_memory_stats(e->dev, &ms);
+    zoff_auto_ratio ar;
+    zoff_placement_auto_ratio(ms.device_budget, ms.device_in_use, e->n, e->dtype, &ar);
     char b1[32], b2[32], b3[32], b4[32];
     if (ms.device_budget == 0) {
         *ratio = 0.0;
@@ -497,29 +471,22 @@ static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
                  "--device-memory): everything fits, host ratio 0");
         return ZOFF_OK;
     }
-    size_t margin = (size_t)((double)ms.device_budget * AUTO_MARGIN_FRACTION);
-    size_t used = ms.device_in_use + 64; /* + the engine's gradient-statistics buffer */
-    if (used + margin >= ms.device_budget)
+    if (!ar.fits)
         return zoff_error(ZOFF_ERR_DEVICE_OOM,
                           "offload_optimizer.ratio auto: the device budget %s is used up by the model (%s in use: "
                           "weights, gradients, activations) and the %s margin (5%%); even ratio 1 (all optimizer "
                           "state on the host) does not fit. Lower the micro-batch size, use "
                           "--checkpoint-activations, or raise --device-memory",
                           zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
-                          zoff_format_bytes(margin, b3, sizeof b3));
-    size_t free_bytes = ms.device_budget - used - margin;
-    size_t per = sizeof(float) * (e->dtype == ZOFF_F32 ? 2 : 3); /* (master,) m, v */
-    int64_t max_dev = (int64_t)(free_bytes / per);
-    int64_t host = e->n - max_dev;
-    if (host < 0) host = 0;
-    *ratio = (double)host / (double)e->n;
+                          zoff_format_bytes(ar.margin, b3, sizeof b3));
+    *ratio = ar.ratio;
     zoff_log(ZOFF_LOG_INFO,
              "offload_optimizer.ratio auto: budget %s - in use %s (weights, gradients, activations) - margin %s "
              "(5%%) = %s free; device optimizer state takes %zu B/param, so at most %lld of %lld parameters "
              "fit on the device: host ratio >= %.4f (rounded up to whole sub-groups)",
              zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
-             zoff_format_bytes(margin, b3, sizeof b3), zoff_format_bytes(free_bytes, b4, sizeof b4), per,
-             (long long)(max_dev < e->n ? max_dev : e->n), (long long)e->n, *ratio);
+             zoff_format_bytes(ar.margin, b3, sizeof b3), zoff_format_bytes(ar.free_bytes, b4, sizeof b4), ar.per_param,
+             (long long)(ar.max_device < e->n ? ar.max_device : e->n), (long long)e->n, *ratio);
     return ZOFF_OK;
 }
 
