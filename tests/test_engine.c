@@ -38,6 +38,31 @@ typedef struct run_result {
     double host_ratio;
 } run_result;
 
+/* How train() drives the engine, and what it records of the step timeline
+ * (zoff_now seconds; iteration i's step is optimizer step i + 1 when none is skipped). */
+typedef struct train_mode {
+    bool waits;               /* the model waits per parameter group (options.weight_waits) */
+    int layers, hidden;       /* model shape (0: L, C) */
+    zoff_engine *e;           /* set by train() */
+    int iter;                 /* the iteration being run */
+    double group0_ready[32];  /* forward of iteration i: the wait for the embeddings returned */
+    double group0_device[32]; /* ... and the device reached that point */
+    double host_t0[33], host_t1[33]; /* host update of optimizer step t */
+} train_mode;
+static train_mode g_mode;
+
+static void stamp_device(void *arg) { *(double *)arg = zoff_now(); }
+
+static zoff_status logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t count) {
+    train_mode *tm = arg;
+    zoff_status st = zoff_engine_wait_weights(tm->e, s, off, count);
+    if (st == ZOFF_OK && off == 0 && tm->iter < 32 && tm->group0_ready[tm->iter] == 0) {
+        tm->group0_ready[tm->iter] = zoff_now();
+        st = zoff_stream_host_fn(s, stamp_device, &tm->group0_device[tm->iter]);
+    }
+    return st;
+}
+
 static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
     uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(step * 131 + mb * 7 + 1);
     for (int i = 0; i < B * T + 1; i++) {
@@ -66,8 +91,9 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     int32_t *dx = NULL, *dy = NULL;
     float *init = NULL;
     int64_t mb_rows = cfg.train_micro_batch_size_per_gpu;
-    zoff_gpt2_options mo = {.shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = T,
-                                      .vocab_size = V},
+    zoff_gpt2_options mo = {.shape = {.num_layers = g_mode.layers ? g_mode.layers : L,
+                                      .hidden_size = g_mode.hidden ? g_mode.hidden : C, .num_heads = NH,
+                                      .max_seq_len = T, .vocab_size = V},
                             .batch_size = mb_rows, .seq_len = T, .dtype = dt};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
@@ -78,8 +104,12 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
-                                  .init_params = init};
+                                  .init_params = init, .weight_waits = g_mode.waits};
         s = zoff_engine_create(&eo, &e);
+        g_mode.e = e;
+        memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
+        memset(g_mode.group0_device, 0, sizeof g_mode.group0_device);
+        if (s == ZOFF_OK && g_mode.waits) s = zoff_gpt2_set_weight_wait(m, logged_wait, &g_mode);
     }
     if (s == ZOFF_OK) {
         zoff_engine_memory em;
@@ -93,6 +123,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
      * micro-batch k of a step takes rows [k*mb_rows, (k+1)*mb_rows) of the step's B x accum rows. */
     int32_t hx[B * T], hy[B * T];
     for (int step = 0; s == ZOFF_OK && step < nsteps; step++) {
+        g_mode.iter = step;
         tokens_for(step, 0, hx, hy);
         s = zoff_engine_zero_grad(e);
         double loss = 0;
@@ -110,6 +141,9 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         r->losses[step] = (float)(loss / accum);
         zoff_step_info si;
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-2, &si);
+        double h0, h1;
+        int64_t ht = s == ZOFF_OK ? zoff_engine_last_host_update(e, &h0, &h1) : 0;
+        if (ht > 0 && ht <= 32) g_mode.host_t0[ht] = h0, g_mode.host_t1[ht] = h1;
         r->norms[step] = si.grad_norm;
         r->scales[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
@@ -491,6 +525,114 @@ static void test_placement_spec(void **st) {
     assert_true(ar.fits && ar.ratio == 0.0);
 }
 
+/* The pipelined step (options.weight_waits: the host update on the worker in forward
+ * order, each group's weights pushed at once, the forward waiting per group) computes
+ * exactly what the synchronous step computes: the same host Adam on the same
+ * elements, only in another order and on another thread. Losses, gradient norms,
+ * loss scales and final weights bit for bit, for fp32 / bf16 / fp16 (with skipped
+ * overflow steps), Twin-Flow ratio 0.5 and 2 accumulation steps. */
+static void check_pipelined(const char *zero, zoff_dtype dt, const char *prec, int accum, int nsteps) {
+    char a[1024];
+    run_result sy, pi;
+    cfg_json(a, sizeof a, zero, prec, accum);
+    assert_int_equal(train(a, dt, nsteps, 0, &sy), ZOFF_OK);
+    g_mode.waits = true;
+    zoff_status s = train(a, dt, nsteps, 0, &pi);
+    g_mode.waits = false;
+    assert_int_equal(s, ZOFF_OK);
+    for (int i = 0; i < nsteps; i++) {
+        if (memcmp(&sy.losses[i], &pi.losses[i], sizeof(float)) || sy.norms[i] != pi.norms[i] ||
+            sy.scales[i] != pi.scales[i] || sy.skipped[i] != pi.skipped[i])
+            fail_msg("%s %s step %d: pipelined loss %.9g norm %.9g vs synchronous %.9g %.9g", zero, prec, i,
+                     pi.losses[i], pi.norms[i], sy.losses[i], sy.norms[i]);
+    }
+    assert_memory_equal(sy.weights, pi.weights, (size_t)sy.n * sizeof(float));
+    assert_int_equal(sy.steps_taken, pi.steps_taken);
+    free(sy.weights);
+    free(pi.weights);
+}
+
+static void test_pipelined_equals_synchronous(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    check_pipelined(OFFLOAD, ZOFF_F32, "", 1, 6);
+    check_pipelined(OFFLOAD, ZOFF_BF16, bf, 1, 6);
+    check_pipelined(OFFLOAD, ZOFF_F16, "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1,"
+                                       " \"loss_scale_window\": 2},", 1, 10);
+    check_pipelined(OFFLOAD, ZOFF_BF16, bf, 2, 5);
+    check_pipelined("{\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}", ZOFF_BF16, bf, 1, 5);
+    check_pipelined("{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", ZOFF_F32, "", 1, 5);
+}
+
+/* The timeline of the pipelined step: the next forward gets the embeddings (the
+ * first group it reads, updated first) while the host optimizer still works on the
+ * later groups. A larger model (8 blocks) so that the rest of the update takes
+ * milliseconds; the machine is shared, so most steps (not every one) must show it. */
+static void test_pipelined_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    g_mode.layers = 8;
+    g_mode.hidden = 128;
+    zoff_status s = train(cfg_json(a, sizeof a, "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", 1),
+                          ZOFF_F32, 8, 0, &r);
+    g_mode.waits = false;
+    g_mode.layers = g_mode.hidden = 0;
+    assert_int_equal(s, ZOFF_OK);
+    int early = 0;
+    for (int i = 1; i < 8; i++) { /* forward of iteration i vs the host update of step i */
+        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i] && g_mode.group0_ready[i] > 0);
+        printf("step %d: host update %.3f ms, embeddings ready %.3f ms after it started\n", i,
+               1e3 * (g_mode.host_t1[i] - g_mode.host_t0[i]), 1e3 * (g_mode.group0_ready[i] - g_mode.host_t0[i]));
+        early += g_mode.group0_ready[i] < g_mode.host_t1[i];
+    }
+    if (early < 4) fail_msg("the forward got the embeddings before the host update ended in %d of 7 steps", early);
+    free(r.weights);
+}
+
+/* The delayed update with the pipeline (options.weight_waits): job t's new weights of
+ * each group go to the device during backward t+1, right after that group's backward,
+ * instead of all at step t+1; the next backward's gradients go to the host without
+ * waiting for the job. The values are those of the delayed update pushed at the step
+ * boundary (its definition: forward and backward t+1 see the weights of update t-1),
+ * bit for bit: a push that landed while backward t+1 still read the old weights would
+ * change its gradients. fp32 and bf16, accumulation 1 and 2. */
+static void test_delayed_pipelined(void **st) {
+    (void)st;
+    const char *dz = "{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true,"
+                     " \"zoff_delayed_param_update_warmup\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}";
+    check_pipelined(dz, ZOFF_F32, "", 1, 12);
+    check_pipelined(dz, ZOFF_BF16, "\"bf16\": {\"enabled\": true},", 2, 8);
+}
+
+/* The timeline of the delayed update: the host update of step t is still running
+ * after the forward of the next iteration has started on the device (it runs during
+ * that forward and backward). 8 blocks; most steps must show it (shared machine). */
+static void test_delayed_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    const char *dz = "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
+                     " \"offload_optimizer\": {\"device\": \"cpu\"}}";
+    g_mode.waits = true;
+    g_mode.layers = 8;
+    g_mode.hidden = 128;
+    zoff_status s = train(cfg_json(a, sizeof a, dz, "", 1), ZOFF_F32, 8, 0, &r);
+    g_mode.waits = false;
+    g_mode.layers = g_mode.hidden = 0;
+    assert_int_equal(s, ZOFF_OK);
+    int during = 0;
+    for (int i = 2; i < 8; i++) { /* step i (delayed: i > warm-up 1) runs during iteration i */
+        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i] && g_mode.group0_device[i] > 0);
+        printf("step %d: host update %.3f ms; the next forward started on the device %.3f ms before it ended\n", i,
+               1e3 * (g_mode.host_t1[i] - g_mode.host_t0[i]), 1e3 * (g_mode.host_t1[i] - g_mode.group0_device[i]));
+        during += g_mode.group0_device[i] < g_mode.host_t1[i];
+    }
+    if (during < 3) fail_msg("the host update ran past the start of the next forward in %d of 6 steps", during);
+    free(r.weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
@@ -500,6 +642,8 @@ int main(void) {
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
+        cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
+        cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

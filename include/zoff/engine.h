@@ -42,6 +42,14 @@ typedef struct zoff_engine_options {
     /* Record when the gradient stream reduces and copies each range the model
      * reports during the boundary backward (zoff_engine_grad_timeline). */
     bool timeline;
+    /* The model calls zoff_engine_wait_weights before its forward reads each parameter
+     * group (zoff_gpt2_set_weight_wait). Then, with one rank, stages 1-2 and the
+     * optimizer state in host memory, the step is pipelined: zoff_engine_step returns
+     * after the gradient statistics, the host update runs on the engine's worker
+     * thread in forward order, each sub-group's new weights are copied to the device
+     * as soon as they are written, and the next forward waits for each group's
+     * weights only (no device-wide wait). */
+    bool weight_waits;
 } zoff_engine_options;
 
 /* Result of one optimizer step (one accumulation boundary). Times in seconds. */
@@ -52,7 +60,8 @@ typedef struct zoff_step_info {
     double t_step;       /* wall time in zoff_engine_step */
     double t_wait_grads; /* waiting for the gradient statistics and the last gradient copies */
     double t_host;       /* host optimizer time on the step's critical path (delayed update: waiting for it) */
-    double t_host_work;  /* host optimizer compute time (delayed update: the job that finished during this step) */
+    double t_host_work;  /* host optimizer compute time (delayed update, pipelined step: the job that finished
+                            during this step, i.e. the previous step's) */
     double t_device;     /* issuing the device optimizer (Twin-Flow / no offload) */
     double t_wait_device;/* waiting for the device optimizer after the host part was done (Twin-Flow) */
     double t_wait_weights; /* waiting for the last new weights to reach the device */
@@ -144,6 +153,14 @@ zoff_status zoff_engine_begin_pass(void *engine, zoff_stream *s, bool backward);
 zoff_status zoff_engine_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward,
                                 void **params, void **grads);
 zoff_status zoff_engine_release(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward);
+
+/* zoff_weight_wait_fn for the model (arg = the engine; options.weight_waits):
+ * orders s after the newest weights of the group at [offset, offset+count),
+ * blocking the caller while the host optimizer has not written them yet. */
+zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offset, int64_t count);
+/* The last finished host update: returns its optimizer step (0: none yet) and its
+ * wall-clock interval (zoff_now) in *start, *end, for the step timeline. */
+int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double *end);
 
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);

@@ -651,8 +651,10 @@ static int run(train_ctx *c) {
     zoff_engine_options eo = {.dev = c->dev, .cfg = &c->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = nparams, .params = zoff_gpt2_params(c->model),
                               .grads = zoff_gpt2_grads(c->model), .dtype = dtype, .init_params = c->init,
-                              .comm = c->world > 1 ? c->comm : NULL, .timeline = c->world > 1};
-    if ((s = zoff_engine_create(&eo, &c->eng)) != ZOFF_OK) {
+                              .comm = c->world > 1 ? c->comm : NULL, .timeline = c->world > 1,
+                              .weight_waits = c->cfg.zero.stage < 3};
+    if ((s = zoff_engine_create(&eo, &c->eng)) != ZOFF_OK ||
+        (c->cfg.zero.stage < 3 && (s = zoff_gpt2_set_weight_wait(c->model, zoff_engine_wait_weights, c->eng)) != ZOFF_OK)) {
         zoff_ckpt_close(rd);
         return fail("engine", s);
     }

@@ -35,6 +35,7 @@
 
 #include "zero/partition.h"
 #include "zero/stage3.h"
+#include "zero/wready.h"
 #include "zoff/comm.h"
 #include "zoff/loss_scale.h"
 #include "zoff/optim.h"
@@ -101,7 +102,7 @@ struct zoff_engine {
     bool dpu;
     int64_t dpu_warmup;
     pthread_t worker;
-    bool worker_started;
+    bool worker_started, mu_init;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool job_pending, job_done, quit;
@@ -109,11 +110,30 @@ struct zoff_engine {
         int gbuf;
         double lr, grad_scale;
         int64_t t;
+        int mode; /* host_update's mode (HU_*) */
     } job;
     zoff_status job_status;
     char job_error[512];
     bool weights_pending; /* the worker finished a job whose weights are not on the device yet */
     double job_seconds;
+    /* the last finished host update (guarded by mu once the worker runs): its step and wall interval */
+    int64_t span_step;
+    double span_t0, span_t1;
+
+    /* pipelined exact step (options.weight_waits, one rank, stages 1-2, state in host
+     * memory): the worker updates the host sub-groups in forward order and pushes each
+     * at once; the model's forward waits per parameter group (zero/wready.h) */
+    bool pipelined, pipe_unreported;
+    zoff_wready *wr;
+    int *sg_group;   /* layer group of each sub-group (pipelined) */
+    int *group_left; /* host sub-groups of each group not yet pushed in this job */
+    int *group_hsg;  /* host sub-groups of each group */
+    bool *group_need;
+    /* delayed update with the pipeline: job t's new weights of group g go to the device
+     * as soon as the job has written them and backward t+1 no longer reads the old ones
+     * (its grad-ready call for g); guarded by mu */
+    bool *g_updated, *g_released, *g_pushed;
+    zoff_event **ev_release; /* per group: backward t+1 is done with its weights (compute stream) */
 
     /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
      * optimizer space: its partition (stages 1-2) or everything (stage 0, one
@@ -492,7 +512,12 @@ static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
 
 /* ------------------------------------------------------------------ worker (delayed update) */
 
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push);
+/* host_update's modes: push each sub-group as it is done, last layers first (the
+ * exact step, synchronous); do not push (delayed update: the boundary pushes);
+ * forward order, push each at once and mark its layer group arrived (pipelined). */
+enum { HU_PUSH = 0, HU_NO_PUSH = 1, HU_PIPE = 2 };
+static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode);
+static zoff_status dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset);
 
 static void *worker_main(void *arg) {
     zoff_engine *e = arg;
@@ -500,23 +525,49 @@ static void *worker_main(void *arg) {
     for (;;) {
         while (!e->job_pending && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
         if (e->quit) break;
-        int gbuf = e->job.gbuf;
+        int gbuf = e->job.gbuf, mode = e->job.mode;
         double lr = e->job.lr, gs = e->job.grad_scale;
         int64_t t = e->job.t;
         pthread_mutex_unlock(&e->mu);
         double t0 = zoff_now();
-        zoff_status s = host_update(e, gbuf, t, lr, gs, false);
-        double dt = zoff_now() - t0;
+        zoff_status s = host_update(e, gbuf, t, lr, gs, mode);
+        if (s == ZOFF_OK && mode == HU_PIPE) s = zoff_event_record(e->ev_weights_done, e->h2d);
+        double t1 = zoff_now();
+        if (s != ZOFF_OK && mode == HU_PIPE) zoff_wready_fail(e->wr, s, zoff_last_error());
         pthread_mutex_lock(&e->mu);
         e->job_status = s;
         if (s != ZOFF_OK) snprintf(e->job_error, sizeof e->job_error, "%s", zoff_last_error());
-        e->job_seconds = dt;
+        e->job_seconds = t1 - t0;
+        e->span_step = t;
+        e->span_t0 = t0;
+        e->span_t1 = t1;
         e->job_pending = false;
         e->job_done = true;
         pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
+}
+
+/* Hand the host update of step t to the worker. */
+static void start_job(zoff_engine *e, int64_t t, double lr, double grad_scale, int mode) {
+    if (mode == HU_PIPE) zoff_wready_open(e->wr, e->group_need);
+    pthread_mutex_lock(&e->mu);
+    if (mode == HU_NO_PUSH && e->g_updated) {
+        size_t ng = (size_t)zoff_wready_groups(e->wr);
+        memset(e->g_updated, 0, ng * sizeof(bool));
+        memset(e->g_released, 0, ng * sizeof(bool));
+        memset(e->g_pushed, 0, ng * sizeof(bool));
+    }
+    e->job.gbuf = e->gbuf;
+    e->job.lr = lr;
+    e->job.grad_scale = grad_scale;
+    e->job.t = t;
+    e->job.mode = mode;
+    e->job_pending = true;
+    e->job_done = false;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* Wait for the worker's job (if any); returns its status. */
@@ -526,9 +577,17 @@ static zoff_status wait_job(zoff_engine *e) {
     while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
     zoff_status s = e->job_status;
     e->job_status = ZOFF_OK;
-    if (s != ZOFF_OK) zoff_error(s, "delayed parameter update: %s", e->job_error);
+    if (s != ZOFF_OK) zoff_error(s, "%s: %s", e->dpu ? "delayed parameter update" : "host optimizer", e->job_error);
     pthread_mutex_unlock(&e->mu);
     return s;
+}
+
+/* Before anything reads the weights, the host state or the host gradients outside
+ * the forward: the job is done and the compute stream is after every group's weights. */
+static zoff_status settle(zoff_engine *e) {
+    ZOFF_TRY(wait_job(e));
+    if (e->pipelined) ZOFF_TRY(zoff_wready_wait_all(e->wr, e->compute));
+    return ZOFF_OK;
 }
 
 /* ------------------------------------------------------------------ NVMe state (ZeRO-Infinity) */
@@ -765,13 +824,57 @@ void zoff_engine_destroy(zoff_engine *e) {
     zoff_swapper_destroy(e->swap);
     free(e->swap_sg);
     free(e->swap_order);
-    if (e->worker_started || e->dpu) {
+    if (e->mu_init) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
     }
+    free(e->sg_group);
+    free(e->group_left);
+    free(e->group_hsg);
+    free(e->group_need);
+    for (int g = 0; e->ev_release && g < zoff_wready_groups(e->wr); g++) zoff_event_destroy(e->ev_release[g]);
+    free(e->ev_release);
+    free(e->g_updated);
+    free(e->g_released);
+    free(e->g_pushed);
+    zoff_wready_destroy(e->wr);
     free(e->ranges);
     free(e->sg);
     free(e);
+}
+
+/* The pipelined exact step (see the struct): each sub-group inside one layer group. */
+static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
+    if (!o->weight_waits || e->world > 1 || e->stage3 || e->swap || e->n_host == 0) return ZOFF_OK;
+    ZOFF_TRY(zoff_wready_create(e->dev, e->tensors, e->ntensors, &e->wr));
+    int ng = zoff_wready_groups(e->wr);
+    e->sg_group = calloc((size_t)e->nsg, sizeof *e->sg_group);
+    e->group_left = calloc((size_t)ng, sizeof *e->group_left);
+    e->group_hsg = calloc((size_t)ng, sizeof *e->group_hsg);
+    e->group_need = calloc((size_t)ng, sizeof *e->group_need);
+    if (!e->sg_group || !e->group_left || !e->group_hsg || !e->group_need)
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight pipeline");
+    for (int i = 0; i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        int a = zoff_wready_group_of(e->wr, g->model), b = zoff_wready_group_of(e->wr, g->model + g->count - 1);
+        if (a != b) return ZOFF_OK; /* not cut at the layer groups: the step waits for all weights */
+        e->sg_group[i] = a;
+        if (g->on_host) {
+            e->group_hsg[a]++;
+            e->group_need[a] = true;
+        }
+    }
+    if (e->dpu) {
+        e->g_updated = calloc((size_t)ng, sizeof *e->g_updated);
+        e->g_released = calloc((size_t)ng, sizeof *e->g_released);
+        e->g_pushed = calloc((size_t)ng, sizeof *e->g_pushed);
+        e->ev_release = calloc((size_t)ng, sizeof *e->ev_release);
+        if (!e->g_updated || !e->g_released || !e->g_pushed || !e->ev_release)
+            return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight pipeline");
+        for (int g = 0; g < ng; g++) ZOFF_TRY(zoff_event_create(e->dev, &e->ev_release[g]));
+    }
+    e->pipelined = true;
+    return ZOFF_OK;
 }
 
 static zoff_status check_supported(const zoff_engine_options *o) {
@@ -916,11 +1019,13 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_weights_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
-    if (s == ZOFF_OK && e->dpu) {
+    if (s == ZOFF_OK) s = pipe_setup(e, o);
+    if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);
+        e->mu_init = true;
         if (pthread_create(&e->worker, NULL, worker_main, e) != 0)
-            s = zoff_error(ZOFF_ERR_INTERNAL, "cannot start the delayed-update worker thread");
+            s = zoff_error(ZOFF_ERR_INTERNAL, "cannot start the host optimizer's worker thread");
         else
             e->worker_started = true;
     }
@@ -1034,7 +1139,7 @@ static zoff_status host_master_to_staging(zoff_engine *e) {
 }
 
 zoff_status zoff_engine_sync_params(zoff_engine *e) {
-    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(settle(e));
     ZOFF_TRY(sync_device_subgroups(e, e->compute));
     if (e->n_host > 0) {
         ZOFF_TRY(host_master_to_staging(e));
@@ -1062,6 +1167,13 @@ float zoff_engine_backward_scale(const zoff_engine *e) {
 
 void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
     e->boundary = is_boundary;
+    if (is_boundary && e->pipelined && !e->weights_pending) {
+        /* the pipelined job reads the gradient buffer this backward fills: done by now
+         * (the forward waited for its last group); its status goes to the next step */
+        pthread_mutex_lock(&e->mu);
+        while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    }
     e->nready = 0;
     if (is_boundary && e->timeline) {
         /* grow between backwards only: the gradient stream stamps entries while one runs
@@ -1183,9 +1295,13 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         return;
     }
     if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;
-    if (e->nready == 0 && e->dpu) {
-        /* the worker may still read this buffer's previous contents (two steps ago) */
-        if (wait_job(e) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
+    /* Delayed update: no wait for the worker here. This backward fills the host
+     * gradient buffer the worker does not read (double-buffered); the job that read
+     * it last (two steps ago) was waited for by the last step before it started the
+     * worker's current job (apply_pending_weights). */
+    if (e->g_updated && e->weights_pending && dpu_released(e, stream, offset) != ZOFF_OK) {
+        note_async(e, ZOFF_ERR_INTERNAL, "delayed parameter update: pushing the new weights");
+        return;
     }
     zoff_event *ev = ready_event(e);
     if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
@@ -1256,17 +1372,65 @@ static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, flo
     return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
 }
 
-/* The host part of a step: every host sub-group, last layers first (their
- * gradients arrived first), each pushed to the device as soon as it is done
- * (unless the update is delayed: then the boundary code pushes them). */
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push) {
+/* Delayed update, pipelined: group g's new weights to the device after backward t+1's
+ * use of the old ones (mu held; called by whichever of the worker and grad_ready
+ * comes second). */
+static zoff_status dpu_push_group(zoff_engine *e, int g) {
+    e->g_pushed[g] = true;
+    ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_release[g]));
+    for (int i = 0; i < e->nsg; i++)
+        if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+    return zoff_wready_arrive(e->wr, g, e->h2d);
+}
+
+/* Delayed update, pipelined: the job has written host sub-group i. */
+static zoff_status dpu_updated(zoff_engine *e, int i) {
+    int g = e->sg_group[i];
+    if (--e->group_left[g] > 0) return ZOFF_OK;
+    zoff_status s = ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    e->g_updated[g] = true;
+    if (e->g_released[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+/* Delayed update, pipelined: the boundary backward reported group g's range final, so
+ * it no longer reads g's weights (caller thread). */
+static zoff_status dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset) {
+    int g = zoff_wready_group_of(e->wr, offset);
+    if (g < 0 || !e->group_need[g]) return ZOFF_OK;
+    ZOFF_TRY(zoff_event_record(e->ev_release[g], stream));
+    zoff_status s = ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    e->g_released[g] = true;
+    if (e->g_updated[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+/* Pipelined: host sub-group i is pushed; when it was its layer group's last, the group arrived. */
+static zoff_status pipe_pushed(zoff_engine *e, int i) {
+    int g = e->sg_group[i];
+    if (--e->group_left[g] > 0) return ZOFF_OK;
+    return zoff_wready_arrive(e->wr, g, e->h2d);
+}
+
+/* The host part of a step: every host sub-group, each pushed to the device as soon
+ * as it is done (HU_PUSH: last layers first, their gradients arrived first; HU_PIPE:
+ * first layers first, what the next forward needs first arrives first; HU_NO_PUSH,
+ * the delayed update: the boundary code pushes them). */
+static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
     /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
     ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
     if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
     if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
-    for (int i = e->nsg - 1; i >= 0; i--) {
+    bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
+    if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
+    for (int q = 0; q < e->nsg; q++) {
+        int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
         /* this sub-group's fp32 state: in host memory, or read from the NVMe swap file */
@@ -1296,7 +1460,9 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
             }
         }
         if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
-        if (push) ZOFF_TRY(push_host_subgroup(e, g));
+        if (mode != HU_NO_PUSH) ZOFF_TRY(push_host_subgroup(e, g));
+        if (mode == HU_PIPE) ZOFF_TRY(pipe_pushed(e, i));
+        if (early) ZOFF_TRY(dpu_updated(e, i));
     }
     if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
     if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
@@ -1352,18 +1518,28 @@ static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait, double 
     if (!e->weights_pending) return ZOFF_OK;
     ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute));
     ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
-    for (int i = e->nsg - 1; i >= 0; i--)
-        if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+    if (e->g_updated) { /* pipelined: the groups not pushed during backward (the job is done) */
+        for (int g = zoff_wready_groups(e->wr) - 1; g >= 0; g--)
+            if (e->group_need[g] && !e->g_pushed[g]) {
+                for (int i = e->nsg - 1; i >= 0; i--)
+                    if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+                e->g_pushed[g] = true;
+                ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
+            }
+    } else {
+        for (int i = e->nsg - 1; i >= 0; i--)
+            if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+    }
     ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
-    ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+    /* pipelined: the next forward waits per group */
+    if (!e->pipelined) ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
     e->weights_pending = false;
     return ZOFF_OK;
 }
 
-zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
-    double t0 = zoff_now();
-    zoff_step_info si = {.loss_scale = e->ls.scale};
-    /* 1. gradient statistics on the device, and the last gradient copies */
+/* The gradient statistics on the device (sum of squares, non-finite flag) after the
+ * last gradient copies, global over ranks. The one host synchronisation of a step. */
+static zoff_status grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) {
     float stats[2] = {0, 0};
     if (e->d2h) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
     if (e->world > 1 || e->stage3) /* the reduced gradients */
@@ -1384,15 +1560,76 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     ZOFF_TRY(zoff_memcpy_async(e->compute, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
     if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
-    double sumsq = stats[0], nonfinite = stats[1];
+    *sumsq = stats[0];
+    *nonfinite = stats[1];
     if (e->world > 1) { /* global statistics: every rank takes the same decision */
         ZOFF_TRY(take_async(e));
         ZOFF_TRY(zoff_comm_error(e->chan));
-        double g[2] = {sumsq, nonfinite};
+        double g[2] = {*sumsq, *nonfinite};
         ZOFF_TRY(zoff_comm_allreduce_f64(e->comm, g, 2, ZOFF_REDUCE_SUM));
-        sumsq = g[0];
-        nonfinite = g[1];
+        *sumsq = g[0];
+        *nonfinite = g[1];
     }
+    return ZOFF_OK;
+}
+
+/* The last finished host update's interval, for the step timeline. */
+static void note_span(zoff_engine *e, int64_t t, double t0, double t1) {
+    if (e->mu_init) pthread_mutex_lock(&e->mu);
+    e->span_step = t;
+    e->span_t0 = t0;
+    e->span_t1 = t1;
+    if (e->mu_init) pthread_mutex_unlock(&e->mu);
+}
+
+/* The host part of a step that is not skipped: delayed (the worker runs it during
+ * the next forward and backward), pipelined (the worker runs it now, the next
+ * forward waits per group), or here, pushing as it goes. */
+static zoff_status host_step(zoff_engine *e, int64_t t, double lr, double grad_scale, zoff_step_info *si) {
+    if (e->dpu && t > e->dpu_warmup) {
+        /* weights of the previous job go to the device now; this step's job runs in the background */
+        ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work));
+        e->weights_pending = true;
+        start_job(e, t, lr, grad_scale, HU_NO_PUSH);
+        e->gbuf ^= 1; /* the next backward fills the other buffer */
+        return ZOFF_OK;
+    }
+    if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work)); /* warm-up */
+    if (e->pipelined) {
+        start_job(e, t, lr, grad_scale, HU_PIPE);
+        e->pipe_unreported = true;
+        return ZOFF_OK;
+    }
+    double th = zoff_now();
+    ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale, HU_PUSH));
+    double th1 = zoff_now();
+    note_span(e, t, th, th1);
+    si->t_host += th1 - th;
+    si->t_host_work += th1 - th;
+    if (e->opt_stream) {
+        double tdv = zoff_now();
+        ZOFF_TRY(zoff_event_synchronize(e->ev_dev_done));
+        si->t_wait_device = zoff_now() - tdv;
+    }
+    ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
+    ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+    double tw = zoff_now();
+    ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+    si->t_wait_weights = zoff_now() - tw;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
+    double t0 = zoff_now();
+    zoff_step_info si = {.loss_scale = e->ls.scale};
+    ZOFF_TRY(settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
+    if (e->dpu) si.t_host = zoff_now() - t0; /* delayed update: waiting for the worker */
+    if (e->pipe_unreported) { /* its host time, off the critical path */
+        si.t_host_work = e->job_seconds;
+        e->pipe_unreported = false;
+    }
+    double sumsq = 0, nonfinite = 0;
+    ZOFF_TRY(grad_stats(e, &sumsq, &nonfinite));
     si.t_wait_grads = zoff_now() - t0;
 
     double scale = e->ls.scale;
@@ -1405,8 +1642,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         zoff_log(e->dtype == ZOFF_F16 ? ZOFF_LOG_DEBUG : ZOFF_LOG_WARN,
                  "gradient has inf/NaN (loss scale %g): step skipped", scale);
     }
-    zoff_status s = zoff_loss_scaler_update(&e->ls, overflow);
-    if (s != ZOFF_OK) return s;
+    ZOFF_TRY(zoff_loss_scaler_update(&e->ls, overflow));
     if (!overflow) {
         double clip = e->cfg->gradient_clipping, coef = 1.0;
         if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
@@ -1415,47 +1651,15 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         double td = zoff_now();
         if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, grad_scale));
         si.t_device = zoff_now() - td;
-        if (e->n_host > 0) {
-            bool delayed = e->dpu && t > e->dpu_warmup;
-            if (delayed) {
-                /* weights of the previous job go to the device now; this step's job runs in the background */
-                ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
-                pthread_mutex_lock(&e->mu);
-                e->job.gbuf = e->gbuf;
-                e->job.lr = lr;
-                e->job.grad_scale = grad_scale;
-                e->job.t = t;
-                e->job_pending = true;
-                e->job_done = false;
-                e->weights_pending = true;
-                pthread_cond_broadcast(&e->cv);
-                pthread_mutex_unlock(&e->mu);
-                e->gbuf ^= 1; /* the next backward fills the other buffer */
-            } else {
-                double th = zoff_now();
-                if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work)); /* warm-up */
-                ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale, true));
-                si.t_host += zoff_now() - th;
-                si.t_host_work += zoff_now() - th;
-                if (e->opt_stream) {
-                    double tdv = zoff_now();
-                    ZOFF_TRY(zoff_event_synchronize(e->ev_dev_done));
-                    si.t_wait_device = zoff_now() - tdv;
-                }
-                ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
-                ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
-                double tw = zoff_now();
-                ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
-                si.t_wait_weights = zoff_now() - tw;
-            }
-        }
+        if (e->n_host > 0) ZOFF_TRY(host_step(e, t, lr, grad_scale, &si));
     } else if (e->dpu && e->n_host > 0) {
         /* nothing new to run; still apply what the worker finished */
         ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
     }
     double tw = zoff_now();
     if (!overflow || (e->dpu && e->n_host > 0)) ZOFF_TRY(dp_gather_weights(e));
-    ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    /* pipelined: everything after is stream-ordered (the forward waits per group) */
+    if (!e->pipelined) ZOFF_TRY(zoff_stream_synchronize(e->compute));
     if (e->chan) ZOFF_TRY(zoff_comm_error(e->chan));
     si.t_wait_weights += zoff_now() - tw;
     si.t_step = zoff_now() - t0;
@@ -1463,7 +1667,25 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     return ZOFF_OK;
 }
 
+zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offset, int64_t count) {
+    zoff_engine *e = engine;
+    (void)count;
+    if (!e->pipelined) return ZOFF_OK; /* the step made the compute stream wait for all of them */
+    return zoff_wready_wait(e->wr, zoff_wready_group_of(e->wr, offset), s);
+}
+
+int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double *end) {
+    zoff_engine *m = (zoff_engine *)e; /* the lock only */
+    if (m->mu_init) pthread_mutex_lock(&m->mu);
+    int64_t t = e->span_step;
+    *start = e->span_t0;
+    *end = e->span_t1;
+    if (m->mu_init) pthread_mutex_unlock(&m->mu);
+    return t;
+}
+
 zoff_status zoff_engine_flush(zoff_engine *e) {
+    ZOFF_TRY(settle(e));
     double dummy = 0;
     bool pending = e->weights_pending;
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
@@ -1484,7 +1706,7 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
 /* Copy state array i (0 master, 1 m, 2 v) between the engine and a host array of n floats. */
 static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
     if (i < 0 || i > 2) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
-    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(settle(e));
     size_t f4 = sizeof(float);
     bool absent = (i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e));
     for (int k = 0; k < e->nsg; k++) {
