@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `zoff bench step --json` on the CPU backend, a small shape: one valid JSON object
-# with the three configurations, each with its components and host_hidden (null for
+# with the four configurations, each with its components and host_hidden (null for
 # the device optimizer, a fraction in [0, 1] with offload), and the same losses
 # are not its business (tests/test_engine.c). Timings are not checked (a benchmark,
 # not a timed test). Usage: cli_bench_step.sh ZOFF SRCDIR
@@ -14,9 +14,9 @@ if /usr/bin/python3 - "$out" <<'PY'
 import json, sys
 d = json.loads(sys.argv[1])
 c = d["configs"]
-assert list(c) == ["device-optimizer", "offload", "offload+delayed"], list(c)
+assert list(c) == ["device-optimizer", "offload", "offload+delayed", "offload+speculative"], list(c)
 assert c["device-optimizer"]["host_hidden"] is None, c["device-optimizer"]
-for k in ("offload", "offload+delayed"):
+for k in ("offload", "offload+delayed", "offload+speculative"):
     h = c[k]["host_hidden"]
     assert isinstance(h, float) and 0.0 <= h <= 1.0, (k, h)
     assert c[k]["host_work"] > 0 and c[k]["step"] > 0 and c[k]["forward"] > 0 and c[k]["backward"] > 0, c[k]

@@ -36,6 +36,8 @@ typedef struct run_result {
     size_t device_peak;
     int64_t steps_taken;
     double host_ratio;
+    int64_t rollbacks;
+    bool rolled_back[32];
 } run_result;
 
 /* How train() drives the engine, and what it records of the step timeline
@@ -48,6 +50,7 @@ typedef struct train_mode {
     double group0_ready[32];  /* forward of iteration i: the wait for the embeddings returned */
     double group0_device[32]; /* ... and the device reached that point */
     double host_t0[33], host_t1[33]; /* host update of optimizer step t */
+    double bwd_end_device[32];       /* the boundary backward of iteration i ended on the device */
 } train_mode;
 static train_mode g_mode;
 
@@ -137,6 +140,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
             loss += l;
             zoff_engine_begin_backward(e, k == accum - 1);
             if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+            if (s == ZOFF_OK && k == accum - 1) s = zoff_stream_host_fn(st, stamp_device, &g_mode.bwd_end_device[step]);
         }
         r->losses[step] = (float)(loss / accum);
         zoff_step_info si;
@@ -147,6 +151,8 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         r->norms[step] = si.grad_norm;
         r->scales[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
+        r->rolled_back[step] = si.rolled_back;
+        r->rollbacks = si.rollbacks;
     }
     if (s == ZOFF_OK) {
         r->weights = malloc((size_t)r->n * sizeof(float));
@@ -633,6 +639,105 @@ static void test_delayed_timeline(void **st) {
     free(r.weights);
 }
 
+/* Speculation-then-validation (offload_optimizer.super_offload): the host updates each
+ * group during the boundary backward as soon as its gradients land, assuming no
+ * clipping and no overflow; the step keeps it or restores the saved master, m and v
+ * and updates again. The reference is the pipelined exact step (itself bit-identical to
+ * the synchronous one above). Kept speculation: bit for bit, no rollback. Rolled back
+ * (a tiny clip: every speculated step; fp16 with too large a loss scale: the overflow
+ * steps): also bit for bit (the saved state is restored exactly and the host
+ * optimizer's bias-correction chain replayed; the issue allows 2 ulp per rollback), and
+ * the rollbacks are counted. */
+static const char *spec_cfg(char *buf, size_t n, bool spec, const char *prec, int accum, double clip) {
+    snprintf(buf, n,
+             "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
+             " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.1}},"
+             " \"gradient_clipping\": %g, %s \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 3000,"
+             " \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": %s}}}",
+             B / accum, accum, clip, prec, spec ? "true" : "false");
+    return buf;
+}
+
+static void check_spec(zoff_dtype dt, const char *prec, int accum, double clip, int nsteps, int want_rollbacks) {
+    char a[1024], b[1024];
+    run_result ex, sp;
+    g_mode.waits = true;
+    zoff_status s1 = train(spec_cfg(a, sizeof a, false, prec, accum, clip), dt, nsteps, 0, &ex);
+    zoff_status s2 = train(spec_cfg(b, sizeof b, true, prec, accum, clip), dt, nsteps, 0, &sp);
+    g_mode.waits = false;
+    assert_int_equal(s1, ZOFF_OK);
+    assert_int_equal(s2, ZOFF_OK);
+    for (int i = 0; i < nsteps; i++)
+        if (memcmp(&ex.losses[i], &sp.losses[i], sizeof(float)) ||
+            !(ex.norms[i] == sp.norms[i] || (isnan(ex.norms[i]) && isnan(sp.norms[i]))) || ex.skipped[i] != sp.skipped[i])
+            fail_msg("%s clip %g step %d: speculative loss %.9g norm %.9g vs exact %.9g %.9g", prec, clip, i,
+                     sp.losses[i], sp.norms[i], ex.losses[i], ex.norms[i]);
+    assert_memory_equal(ex.weights, sp.weights, (size_t)ex.n * sizeof(float));
+    printf("%s accum %d clip %g: %lld rollbacks in %d steps\n", prec, accum, clip, (long long)sp.rollbacks, nsteps);
+    if (want_rollbacks >= 0) assert_int_equal(sp.rollbacks, want_rollbacks);
+    assert_int_equal(ex.rollbacks, 0);
+    free(ex.weights);
+    free(sp.weights);
+}
+
+static void test_speculative_equals_exact(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    check_spec(ZOFF_F32, "", 1, 0.0, 8, 0);    /* nothing to undo: step 1 has no learning rate to assume */
+    check_spec(ZOFF_BF16, bf, 1, 0.0, 8, 0);
+    check_spec(ZOFF_BF16, bf, 2, 0.0, 6, 0);   /* speculation in the boundary micro-batch only */
+    check_spec(ZOFF_F32, "", 1, 1e-6, 6, 5);   /* a tiny clip: every speculated step is clipped */
+    check_spec(ZOFF_BF16, bf, 1, 1e-6, 6, 5);
+}
+
+/* fp16 with a loss scale that overflows: each speculated overflow step is rolled back
+ * (the step is then skipped, as without speculation). */
+static void test_speculative_overflow(void **st) {
+    (void)st;
+    const char *prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 40, \"hysteresis\": 1,"
+                       " \"loss_scale_window\": 1000, \"min_loss_scale\": 1},";
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    assert_int_equal(train(spec_cfg(a, sizeof a, true, prec, 1, 0.0), ZOFF_F16, 30, 0, &r), ZOFF_OK);
+    g_mode.waits = false;
+    int skipped_spec = 0; /* overflow steps after the first (which has no learning rate to speculate with) */
+    for (int i = 1; i < 30; i++) {
+        skipped_spec += r.skipped[i];
+        assert_true(r.rolled_back[i] == r.skipped[i]);
+    }
+    assert_true(skipped_spec >= 5);
+    assert_int_equal(r.rollbacks, skipped_spec);
+    free(r.weights);
+    check_spec(ZOFF_F16, prec, 1, 0.0, 30, skipped_spec);
+}
+
+/* The timeline of speculation: the update of the last group (the first whose gradients
+ * land) starts before the backward of the first block ends. 8 blocks; most steps. */
+static void test_speculative_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    g_mode.layers = 8;
+    g_mode.hidden = 128;
+    zoff_status s = train(spec_cfg(a, sizeof a, true, "", 1, 0.0), ZOFF_F32, 8, 0, &r);
+    g_mode.waits = false;
+    g_mode.layers = g_mode.hidden = 0;
+    assert_int_equal(s, ZOFF_OK);
+    assert_int_equal(r.rollbacks, 0);
+    int early = 0;
+    for (int i = 1; i < 8; i++) { /* iteration i's backward, step i + 1 */
+        assert_true(g_mode.host_t1[i + 1] > g_mode.host_t0[i + 1] && g_mode.bwd_end_device[i] > 0);
+        printf("step %d: host update %.3f ms, began %.3f ms before the backward ended\n", i + 1,
+               1e3 * (g_mode.host_t1[i + 1] - g_mode.host_t0[i + 1]),
+               1e3 * (g_mode.bwd_end_device[i] - g_mode.host_t0[i + 1]));
+        early += g_mode.host_t0[i + 1] < g_mode.bwd_end_device[i];
+    }
+    if (early < 4) fail_msg("the speculative update began before the backward ended in %d of 7 steps", early);
+    free(r.weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
@@ -644,6 +749,8 @@ int main(void) {
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
+        cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
+        cmocka_unit_test(test_speculative_timeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -65,6 +65,8 @@ typedef struct zoff_step_info {
     double t_device;     /* issuing the device optimizer (Twin-Flow / no offload) */
     double t_wait_device;/* waiting for the device optimizer after the host part was done (Twin-Flow) */
     double t_wait_weights; /* waiting for the last new weights to reach the device */
+    bool rolled_back;    /* super_offload: the speculative update was undone (clipping, overflow, another lr) */
+    int64_t rollbacks;   /* super_offload: rollbacks so far */
 } zoff_step_info;
 
 /* Where the engine keeps its memory, in bytes (for the memory report and zoff plan). */
@@ -171,6 +173,10 @@ zoff_status zoff_engine_zero_grad(zoff_engine *e);
  * With the delayed parameter update, the host part of this step runs in the
  * background and the weights it produces are applied at the next call. */
 zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info);
+/* offload_optimizer.super_offload: the learning rate the next step will use, so that the
+ * update speculated during its boundary backward uses it (default: the last step's; a
+ * step with another learning rate rolls the speculation back). */
+void zoff_engine_set_lr(zoff_engine *e, double lr);
 /* Optimizer steps taken (skipped ones excluded). */
 int64_t zoff_engine_steps_taken(const zoff_engine *e);
 

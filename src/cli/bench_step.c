@@ -226,9 +226,11 @@ static void bench_step_usage(FILE *f) {
     fprintf(f, "usage: zoff bench step [options]\n"
                "\n"
                "Times training steps of one GPT-2 shape with the optimizer on the device (no offload),\n"
-               "offloaded to the host (ZeRO-Offload, stage 2), and offloaded with the delayed parameter\n"
-               "update, interleaved round by round; prints the median of each component and how much of\n"
-               "the host step is hidden (step time vs the sum and vs the maximum of the components).\n"
+               "offloaded to the host (ZeRO-Offload, stage 2, the pipelined step), offloaded with the\n"
+               "delayed parameter update, and with speculation-then-validation (super_offload),\n"
+               "interleaved round by round; prints the median of each component and how much of the\n"
+               "host step is hidden (step time vs the sum and vs the maximum of the components, and\n"
+               "host-hidden from the per-step timeline).\n"
                "\n"
                "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N --vocab-size N\n"
                "                         model shape (default: the default job's, 4 x 128, 4 heads, 64, 50257)\n"
@@ -311,12 +313,14 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         kind = ZOFF_BACKEND_CUDA;
     enum { MAXC = 16 };
     char namebuf[MAXC][32], zerobuf[MAXC][256];
-    const char *names[MAXC] = {"device-optimizer", "offload", "offload+delayed"};
+    const char *names[MAXC] = {"device-optimizer", "offload", "offload+delayed", "offload+speculative"};
     const char *zero[MAXC] = {"{\"stage\": 0}",
                               "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
                               "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
-                              " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}"};
-    int nconf = 3;
+                              " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
+                              "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true,"
+                              " \"super_offload\": true}}"};
+    int nconf = 4;
     if (ratios) { /* Twin-Flow sweep: one offload config per ratio */
         nconf = 0;
         char list[512];
@@ -376,7 +380,7 @@ int zoff_cmd_bench_step(int argc, char **argv) {
     else
         printf("zoff bench step: GPT-2 %lld x %lld, %lld heads, seq %lld, vocab %lld, batch %lld, %s, %s backend\n"
                "medians of %lld rounds x %lld steps (seconds)\n\n"
-               "%-18s %8s %8s %8s %9s %9s %9s %9s %9s %10s %9s %9s %11s\n",
+               "%-20s %8s %8s %8s %9s %9s %9s %9s %9s %10s %9s %9s %11s\n",
                (long long)shape.num_layers, (long long)shape.hidden_size, (long long)shape.num_heads, (long long)T,
                (long long)shape.vocab_size, (long long)B, dts, kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
                (long long)rounds, (long long)iters, "config", "step", "forward", "backward", "wait-grad", "host-opt",
@@ -396,7 +400,7 @@ int zoff_cmd_bench_step(int argc, char **argv) {
                    c ? "," : "", names[c], m->step, m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device,
                    m->wait_weights, tokens / m->step, m->step / sum, m->step / mx, hh, peak[c]);
         else
-            printf("%-18s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11.3f\n", names[c], m->step,
+            printf("%-20s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11.3f\n", names[c], m->step,
                    m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device, m->wait_weights, tokens / m->step,
                    m->step / sum, m->step / mx, m->host_hidden);
     }

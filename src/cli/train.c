@@ -760,6 +760,8 @@ static int run(train_ctx *c) {
             float l = 0;
             if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(c->model, &l);
             double tb = zoff_now();
+            if (mb == accum - 1) /* super_offload speculates this step's update during this backward */
+                zoff_engine_set_lr(c->eng, zoff_lr_at(&c->cfg.scheduler, oc->lr, zoff_engine_steps_taken(c->eng)));
             zoff_engine_begin_backward(c->eng, mb == accum - 1);
             if (s == ZOFF_OK)
                 s = zoff_gpt2_backward(c->model, zoff_engine_backward_scale(c->eng), zoff_engine_grad_ready, c->eng);
@@ -782,11 +784,11 @@ static int run(train_ctx *c) {
         s = metrics_line(c->metrics, mpath,
                 "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
                 "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
-                "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s}\n",
+                "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"rollbacks\":%lld}\n",
                 (long long)step, last_loss, lr, si.grad_norm, tps, dt, t_fwd, t_bwd, si.t_wait_grads, si.t_host,
                 si.t_device, si.t_wait_weights,
                 fmax(0.0, dt - t_fwd - t_bwd - si.t_wait_grads - si.t_host - si.t_device - si.t_wait_weights),
-                si.loss_scale, si.skipped ? "true" : "false");
+                si.loss_scale, si.skipped ? "true" : "false", (long long)si.rollbacks);
         if (s != ZOFF_OK) return fail("metrics", s);
         if (!isfinite(last_loss)) {
             fprintf(stderr, "zoff train: loss is %f at step %lld; stopping (lower the learning rate?)\n", last_loss,

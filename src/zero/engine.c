@@ -135,6 +135,22 @@ struct zoff_engine {
     bool *g_updated, *g_released, *g_pushed;
     zoff_event **ev_release; /* per group: backward t+1 is done with its weights (compute stream) */
 
+    /* speculation-then-validation (offload_optimizer.super_offload; pipelined only): during
+     * the boundary backward the worker updates each host sub-group as soon as its gradients
+     * have landed, assuming no clipping and no overflow, after saving its master, m and v;
+     * the step validates (norm, overflow, learning rate) and keeps the result or restores
+     * the saved state and updates again correctly */
+    bool spec;
+    bool spec_running;       /* a speculative job belongs to the current boundary (caller thread) */
+    double spec_lr;          /* the learning rate it assumes: the last step's or zoff_engine_set_lr's */
+    bool have_lr;
+    int64_t spec_t;
+    int64_t landed;          /* gradients of model offsets >= landed are on the host (guarded by mu) */
+    float *bk_master, *bk_m, *bk_v;
+    int64_t rollbacks;
+    int64_t hopt_t0;         /* the first step the host optimizer began (0: none): replayed after a rollback */
+    double spec_first;       /* worker: when the job's first sub-group update began */
+
     /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
      * optimizer space: its partition (stages 1-2) or everything (stage 0, one
      * rank); sub-groups cut it and `map` takes it to the model's flat space. */
@@ -205,7 +221,7 @@ static uint64_t dp_fingerprint(const zoff_engine *e, const zoff_engine_options *
     H(z->stage); H(z->sub_group_size); H(z->round_robin_gradients); H(z->reduce_bucket_size);
     H(z->allgather_bucket_size); H(z->offload_optimizer.device); H(z->offload_optimizer.ratio);
     H(z->offload_optimizer.ratio_auto); H(z->offload_param.device); H(z->delayed_param_update);
-    H(z->delayed_param_update_warmup); H(z->stage3_prefetch_bucket_size); H(z->stage3_param_persistence_threshold);
+    H(z->delayed_param_update_warmup); H(z->offload_optimizer.super_offload); H(z->stage3_prefetch_bucket_size); H(z->stage3_param_persistence_threshold);
     H(o->dtype); H(o->num_params);
     for (int i = 0; i < o->num_tensors; i++) {
         const zoff_tensor_info *t = &o->tensors[i];
@@ -515,7 +531,7 @@ static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
 /* host_update's modes: push each sub-group as it is done, last layers first (the
  * exact step, synchronous); do not push (delayed update: the boundary pushes);
  * forward order, push each at once and mark its layer group arrived (pipelined). */
-enum { HU_PUSH = 0, HU_NO_PUSH = 1, HU_PIPE = 2 };
+enum { HU_PUSH = 0, HU_NO_PUSH = 1, HU_PIPE = 2, HU_SPEC = 3 };
 static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode);
 static zoff_status dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset);
 
@@ -530,7 +546,9 @@ static void *worker_main(void *arg) {
         int64_t t = e->job.t;
         pthread_mutex_unlock(&e->mu);
         double t0 = zoff_now();
+        e->spec_first = 0;
         zoff_status s = host_update(e, gbuf, t, lr, gs, mode);
+        if (mode == HU_SPEC && e->spec_first > 0) t0 = e->spec_first;
         if (s == ZOFF_OK && mode == HU_PIPE) s = zoff_event_record(e->ev_weights_done, e->h2d);
         double t1 = zoff_now();
         if (s != ZOFF_OK && mode == HU_PIPE) zoff_wready_fail(e->wr, s, zoff_last_error());
@@ -584,7 +602,35 @@ static zoff_status wait_job(zoff_engine *e) {
 
 /* Before anything reads the weights, the host state or the host gradients outside
  * the forward: the job is done and the compute stream is after every group's weights. */
+/* Speculation, on the gradient stream after a range's copies: gradients >= offset landed. */
+typedef struct spec_land {
+    zoff_engine *e;
+    int64_t offset;
+} spec_land;
+static void spec_land_fn(void *arg) {
+    spec_land *l = arg;
+    zoff_engine *e = l->e;
+    pthread_mutex_lock(&e->mu);
+    if (l->offset < e->landed) e->landed = l->offset;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    free(l);
+}
+
+static zoff_status spec_rollback(zoff_engine *e);
 static zoff_status settle(zoff_engine *e) {
+    if (e->spec_running) { /* a boundary backward without its step: let the job run out and undo it */
+        ZOFF_TRY(zoff_stream_synchronize(e->d2h));
+        pthread_mutex_lock(&e->mu);
+        e->landed = 0;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        zoff_status s = wait_job(e);
+        e->spec_running = false;
+        if (s == ZOFF_OK) s = spec_rollback(e);
+        e->rollbacks--; /* not a failed validation */
+        ZOFF_TRY(s);
+    }
     ZOFF_TRY(wait_job(e));
     if (e->pipelined) ZOFF_TRY(zoff_wready_wait_all(e->wr, e->compute));
     return ZOFF_OK;
@@ -837,6 +883,9 @@ void zoff_engine_destroy(zoff_engine *e) {
     free(e->g_updated);
     free(e->g_released);
     free(e->g_pushed);
+    zoff_aligned_free(e->bk_master);
+    zoff_aligned_free(e->bk_m);
+    zoff_aligned_free(e->bk_v);
     zoff_wready_destroy(e->wr);
     free(e->ranges);
     free(e->sg);
@@ -877,6 +926,22 @@ static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
     return ZOFF_OK;
 }
 
+/* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. */
+static zoff_status spec_setup(zoff_engine *e) {
+    if (!e->pipelined)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.offload_optimizer.super_offload needs one rank, stage 1 or 2, the "
+                          "optimizer state in host memory (device \"cpu\") and a model that waits for each group's "
+                          "weights (zoff train does; engine option weight_waits); set super_offload false");
+    size_t b = (size_t)e->n_host * sizeof(float);
+    e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
+    if (e->h_m) e->bk_m = zoff_aligned_alloc(64, b, "speculation: saved exp_avg");
+    if (e->h_v) e->bk_v = zoff_aligned_alloc(64, b, "speculation: saved exp_avg_sq");
+    if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v)) return ZOFF_ERR_NOMEM;
+    e->spec = true;
+    return ZOFF_OK;
+}
+
 static zoff_status check_supported(const zoff_engine_options *o) {
     const zoff_config *cfg = o->cfg;
     const zoff_zero_config *z = &cfg->zero;
@@ -890,6 +955,14 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           "the partition's weights %s)",
                           z->offload_param.device == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu",
                           z->offload_param.device == ZOFF_OFFLOAD_NVME ? "to the parameter swap file" : "in place");
+    if (z->offload_optimizer.super_offload &&
+        (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->delayed_param_update || z->stage >= 3))
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.offload_optimizer.super_offload (speculation-then-validation) is "
+                          "implemented for stages 1-2 with offload_optimizer.device \"cpu\" and without "
+                          "zoff_delayed_param_update (got stage %d, device %s%s); set super_offload false",
+                          z->stage, z->offload_optimizer.device == ZOFF_OFFLOAD_NVME ? "nvme" : offload ? "cpu" : "none",
+                          z->delayed_param_update ? ", delayed update" : "");
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
@@ -1020,6 +1093,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
     if (s == ZOFF_OK) s = pipe_setup(e, o);
+    if (s == ZOFF_OK && z->offload_optimizer.super_offload) s = spec_setup(e);
     if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);
@@ -1061,7 +1135,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
                  "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
                  100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
-                 e->pinned ? "pinned" : "pageable", e->dpu ? ", delayed parameter update" : "");
+                 e->pinned ? "pinned" : "pageable",
+                 e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
+                                                        : e->pipelined ? ", pipelined" : "");
     if (e->s3) {
         zoff_s3_stats ss;
         zoff_s3_get_stats(e->s3, &ss);
@@ -1173,6 +1249,13 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
         pthread_mutex_lock(&e->mu);
         while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
         pthread_mutex_unlock(&e->mu);
+    }
+    if (is_boundary && e->spec && e->have_lr && !e->spec_running) {
+        /* speculate: the next step's update, assuming no clipping and no overflow */
+        e->landed = INT64_MAX; /* the worker is idle: no lock needed until the job starts */
+        e->spec_t = e->sc.steps_taken + 1;
+        e->spec_running = true;
+        start_job(e, e->spec_t, e->spec_lr, 1.0 / e->ls.scale, HU_SPEC);
     }
     e->nready = 0;
     if (is_boundary && e->timeline) {
@@ -1322,6 +1405,14 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
     if (ti >= 0) tl_mark(e, ti, 1);
     copy_host_grads(e, offset, end, ti);
     if (ti >= 0) tl_mark(e, ti, 2);
+    if (e->spec_running) {
+        spec_land *l = malloc(sizeof *l);
+        if (l) *l = (spec_land){e, offset};
+        if (!l || zoff_stream_host_fn(e->d2h, spec_land_fn, l) != ZOFF_OK) {
+            free(l);
+            note_async(e, ZOFF_ERR_NOMEM, "speculative update: marking gradients landed");
+        }
+    }
 }
 
 zoff_status zoff_engine_zero_grad(zoff_engine *e) {
@@ -1409,6 +1500,46 @@ static zoff_status dpu_released(zoff_engine *e, zoff_stream *stream, int64_t off
     return s;
 }
 
+/* Speculation: wait until sub-group g's gradients are on the host, then save its state. */
+static zoff_status spec_prepare(zoff_engine *e, const subgroup *g) {
+    pthread_mutex_lock(&e->mu);
+    while (e->landed > g->model && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
+    bool quit = e->quit;
+    pthread_mutex_unlock(&e->mu);
+    if (quit) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
+    if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
+    size_t b = (size_t)g->count * sizeof(float);
+    memcpy(e->bk_master + g->state_off, e->h_master + g->state_off, b);
+    if (e->h_m) memcpy(e->bk_m + g->state_off, e->h_m + g->state_off, b);
+    if (e->h_v) memcpy(e->bk_v + g->state_off, e->h_v + g->state_off, b);
+    return ZOFF_OK;
+}
+
+/* Speculation failed or was abandoned: the saved state back, and the host optimizer's
+ * step chain as if the speculative step had never begun (a fresh one that begins the
+ * committed steps again: its bias-correction products are those of the unbroken chain). */
+static zoff_status spec_rollback(zoff_engine *e) {
+    for (int i = 0; i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        size_t b = (size_t)g->count * sizeof(float);
+        memcpy(e->h_master + g->state_off, e->bk_master + g->state_off, b);
+        if (e->h_m) memcpy(e->h_m + g->state_off, e->bk_m + g->state_off, b);
+        if (e->h_v) memcpy(e->h_v + g->state_off, e->bk_v + g->state_off, b);
+    }
+    zoff_host_optimizer_destroy(e->hopt);
+    e->hopt = NULL;
+    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, 0, &e->hopt));
+    int64_t t0 = e->hopt_t0;
+    e->hopt_t0 = 0;
+    for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
+        ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, k, e->spec_lr));
+        if (e->hopt_t0 == 0) e->hopt_t0 = k;
+    }
+    e->rollbacks++;
+    return ZOFF_OK;
+}
+
 /* Pipelined: host sub-group i is pushed; when it was its layer group's last, the group arrived. */
 static zoff_status pipe_pushed(zoff_engine *e, int i) {
     int g = e->sg_group[i];
@@ -1423,6 +1554,7 @@ static zoff_status pipe_pushed(zoff_engine *e, int i) {
 static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
+    if (e->hopt_t0 == 0) e->hopt_t0 = t;
     /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
     ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
     if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
@@ -1437,6 +1569,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
         float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
         if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
+        if (mode == HU_SPEC) ZOFF_TRY(spec_prepare(e, g));
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
          * where the swap file's runs end, every run written as soon as it is complete
          * (elementwise update: the same arithmetic as one call per piece) */
@@ -1460,7 +1593,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
             }
         }
         if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
-        if (mode != HU_NO_PUSH) ZOFF_TRY(push_host_subgroup(e, g));
+        if (mode == HU_PUSH || mode == HU_PIPE) ZOFF_TRY(push_host_subgroup(e, g)); /* HU_SPEC: after validation */
         if (mode == HU_PIPE) ZOFF_TRY(pipe_pushed(e, i));
         if (early) ZOFF_TRY(dpu_updated(e, i));
     }
@@ -1535,6 +1668,20 @@ static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait, double 
     if (!e->pipelined) ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
     e->weights_pending = false;
     return ZOFF_OK;
+}
+
+/* Speculation validated: the new weights of every host sub-group to the device, group
+ * by group in forward order (the backward is done: the step synchronised the compute
+ * stream), each group marked arrived for the next forward. */
+static zoff_status spec_commit(zoff_engine *e) {
+    int ng = zoff_wready_groups(e->wr);
+    for (int g = 0; g < ng; g++) {
+        if (!e->group_need[g]) continue;
+        for (int i = 0; i < e->nsg; i++)
+            if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+        ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
+    }
+    return zoff_event_record(e->ev_weights_done, e->h2d);
 }
 
 /* The gradient statistics on the device (sum of squares, non-finite flag) after the
@@ -1622,15 +1769,30 @@ static zoff_status host_step(zoff_engine *e, int64_t t, double lr, double grad_s
 zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     double t0 = zoff_now();
     zoff_step_info si = {.loss_scale = e->ls.scale};
-    ZOFF_TRY(settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
+    bool spec = e->spec_running; /* this boundary's speculative update is running or done */
+    if (!spec) ZOFF_TRY(settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
     if (e->dpu) si.t_host = zoff_now() - t0; /* delayed update: waiting for the worker */
     if (e->pipe_unreported) { /* its host time, off the critical path */
         si.t_host_work = e->job_seconds;
         e->pipe_unreported = false;
     }
     double sumsq = 0, nonfinite = 0;
-    ZOFF_TRY(grad_stats(e, &sumsq, &nonfinite));
-    si.t_wait_grads = zoff_now() - t0;
+    zoff_status gs = grad_stats(e, &sumsq, &nonfinite);
+    if (spec) { /* every gradient has landed (the copies are done): the job runs out */
+        e->spec_running = false;
+        pthread_mutex_lock(&e->mu);
+        e->landed = 0; /* (also if a landing mark was lost) */
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        double tj = zoff_now();
+        zoff_status js = wait_job(e);
+        si.t_host = zoff_now() - tj;
+        si.t_host_work = e->job_seconds;
+        if (gs == ZOFF_OK) gs = js;
+        if (gs != ZOFF_OK) ZOFF_TRY(spec_rollback(e)); /* keep the state consistent; report gs */
+    }
+    ZOFF_TRY(gs);
+    si.t_wait_grads = zoff_now() - t0 - si.t_host;
 
     double scale = e->ls.scale;
     double norm = sqrt(sumsq) / scale;
@@ -1643,9 +1805,21 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
                  "gradient has inf/NaN (loss scale %g): step skipped", scale);
     }
     ZOFF_TRY(zoff_loss_scaler_update(&e->ls, overflow));
-    if (!overflow) {
-        double clip = e->cfg->gradient_clipping, coef = 1.0;
-        if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
+    double clip = e->cfg->gradient_clipping;
+    bool clipped = clip > 0 && norm > clip;
+    if (spec && !overflow && !clipped && lr == e->spec_lr) { /* validated: keep it */
+        int64_t t = ++e->sc.steps_taken;
+        double td = zoff_now();
+        if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, 1.0 / scale));
+        si.t_device = zoff_now() - td;
+        ZOFF_TRY(spec_commit(e));
+    } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
+        ZOFF_TRY(spec_rollback(e));
+        si.rolled_back = true;
+    }
+    bool kept = spec && !si.rolled_back;
+    if (!overflow && !kept) {
+        double coef = clipped ? clip / (norm + 1e-6) : 1.0;
         double grad_scale = coef / scale;
         int64_t t = ++e->sc.steps_taken;
         double td = zoff_now();
@@ -1663,8 +1837,16 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     if (e->chan) ZOFF_TRY(zoff_comm_error(e->chan));
     si.t_wait_weights += zoff_now() - tw;
     si.t_step = zoff_now() - t0;
+    si.rollbacks = e->rollbacks;
+    e->spec_lr = lr; /* the next speculation's learning rate, unless zoff_engine_set_lr says otherwise */
+    e->have_lr = true;
     if (info) *info = si;
     return ZOFF_OK;
+}
+
+void zoff_engine_set_lr(zoff_engine *e, double lr) {
+    e->spec_lr = lr;
+    e->have_lr = true;
 }
 
 zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offset, int64_t count) {
@@ -1823,6 +2005,8 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
                                        e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
+    if (e->bk_master) /* super_offload: the saved master, m and v (pageable) */
+        m->pageable += (size_t)e->n_host * f4 * (1 + (size_t)(e->bk_m != NULL) + (size_t)(e->bk_v != NULL));
     if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);
