@@ -163,6 +163,10 @@ zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offse
 /* The last finished host update: returns its optimizer step (0: none yet) and its
  * wall-clock interval (zoff_now) in *start, *end, for the step timeline. */
 int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double *end);
+/* The same update's work: (start, end) per host sub-group it updated, in update order
+ * (without the waits between them); returns how many. Valid until the next update after
+ * it finishes (the step after next). */
+int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans);
 
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);

@@ -9,9 +9,9 @@
 #include "cli/common.h"
 
 typedef struct step_stats {
-    double step, fwd, bwd, wait_grads, host, host_work, device, wait_weights, host_hidden;
+    double step, fwd, bwd, wait_grads, host, host_work, device, wait_weights, host_hidden, rolled_back;
 } step_stats;
-#define NFIELDS 9
+#define NFIELDS 10
 
 /* ---- the per-step timeline, for host_hidden: the fraction of the host optimizer's
  * wall time during which the device ran forward or backward work of the same step or
@@ -29,6 +29,8 @@ typedef struct bench_tl {
     zoff_engine *e;
     int64_t *step_of; /* optimizer step launched in iteration i (0: none) */
     double *h0, *h1;  /* host update of the step launched in iteration i */
+    double **spans;   /* ... its work per sub-group: (start, end) pairs */
+    int *nspans;
 } bench_tl;
 
 static void stamp_fn(void *arg) { *(double *)arg = zoff_now(); }
@@ -64,12 +66,17 @@ static double busy_within(const timeline *t, double h0, double h1) {
     return x > 0 ? x : 0;
 }
 
-/* host_hidden of the host update launched in iteration i (its step and the next). */
+/* host_hidden of the host update launched in iteration i (its step and the next), over
+ * the time it updated sub-groups (not the waits between them). */
 static double tl_hidden(const bench_tl *b, int i) {
-    double h0 = b->h0[i], h1 = b->h1[i];
-    if (b->step_of[i] == 0 || !(h1 > h0)) return NAN;
-    double x = busy_within(&b->it[i], h0, h1) + (i + 1 < b->n ? busy_within(&b->it[i + 1], h0, h1) : 0);
-    return fmin(1.0, x / (h1 - h0));
+    if (b->step_of[i] == 0 || b->nspans[i] == 0) return NAN;
+    double x = 0, work = 0;
+    for (int k = 0; k < b->nspans[i]; k++) {
+        double h0 = b->spans[i][2 * k], h1 = b->spans[i][2 * k + 1];
+        work += h1 - h0;
+        x += busy_within(&b->it[i], h0, h1) + (i + 1 < b->n ? busy_within(&b->it[i + 1], h0, h1) : 0);
+    }
+    return work > 0 ? fmin(1.0, x / work) : NAN;
 }
 
 static void tl_free(bench_tl *b) {
@@ -78,6 +85,9 @@ static void tl_free(bench_tl *b) {
     free(b->step_of);
     free(b->h0);
     free(b->h1);
+    for (int i = 0; b->spans && i < b->n; i++) free(b->spans[i]);
+    free(b->spans);
+    free(b->nspans);
 }
 
 static zoff_status tl_alloc(bench_tl *b, int n, int pairs) {
@@ -86,7 +96,10 @@ static zoff_status tl_alloc(bench_tl *b, int n, int pairs) {
     b->step_of = calloc((size_t)n, sizeof *b->step_of);
     b->h0 = calloc((size_t)n, sizeof *b->h0);
     b->h1 = calloc((size_t)n, sizeof *b->h1);
-    if (!b->it || !b->step_of || !b->h0 || !b->h1) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    b->spans = calloc((size_t)n, sizeof *b->spans);
+    b->nspans = calloc((size_t)n, sizeof *b->nspans);
+    if (!b->it || !b->step_of || !b->h0 || !b->h1 || !b->spans || !b->nspans)
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
     for (int i = 0; i < n; i++) {
         b->it[i].cap = pairs;
         if (!(b->it[i].t = calloc(4 * (size_t)pairs, sizeof(double)))) return zoff_error(ZOFF_ERR_NOMEM, "oom");
@@ -102,6 +115,12 @@ static void tl_note_host(bench_tl *b) {
         if (b->step_of[i] == t) {
             b->h0[i] = h0;
             b->h1[i] = h1;
+            const double *sp;
+            int ns = zoff_engine_last_host_spans(b->e, &sp);
+            free(b->spans[i]);
+            b->spans[i] = ns > 0 ? malloc(2 * (size_t)ns * sizeof(double)) : NULL;
+            if (b->spans[i]) memcpy(b->spans[i], sp, 2 * (size_t)ns * sizeof(double));
+            b->nspans[i] = b->spans[i] ? ns : 0;
             break;
         }
 }
@@ -187,7 +206,7 @@ static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, in
         for (int k = 0; k < ti->ngap; k++) tf -= ti->t[2 * (ti->cap + k) + 1] - ti->t[2 * (ti->cap + k)];
         double *p = samples + (size_t)(it - warmup) * NFIELDS;
         p[0] = zoff_now() - t0, p[1] = tf, p[2] = tbw, p[3] = si.t_wait_grads, p[4] = si.t_host;
-        p[5] = si.t_host_work, p[6] = si.t_device, p[7] = si.t_wait_weights;
+        p[5] = si.t_host_work, p[6] = si.t_device, p[7] = si.t_wait_weights, p[9] = si.rolled_back;
     }
     if (s == ZOFF_OK) s = zoff_engine_flush(e);
     if (s == ZOFF_OK) {
@@ -197,8 +216,9 @@ static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, in
     }
     if (s == ZOFF_OK) {
         double col[1024];
-        double *dst[NFIELDS] = {&out->step, &out->fwd, &out->bwd, &out->wait_grads, &out->host,
-                                &out->host_work, &out->device, &out->wait_weights, &out->host_hidden};
+        double *dst[NFIELDS] = {&out->step,         &out->fwd,    &out->bwd,          &out->wait_grads,
+                                &out->host,         &out->host_work, &out->device,   &out->wait_weights,
+                                &out->host_hidden,  &out->rolled_back};
         int ni = iters < 1024 ? iters : 1024;
         for (int c = 0; c < NFIELDS; c++) {
             int k = 0;
@@ -239,10 +259,54 @@ static void bench_step_usage(FILE *f) {
                "  --ratios LIST          Twin-Flow sweep instead: offload with these host ratios, e.g.\n"
                "                         0,0.25,0.5,0.75,1 (and \"auto\" when --device-memory is given)\n"
                "  --device-memory SIZE   device memory budget (CPU backend: simulated)\n"
+               "  --gradient-clipping X  (default 1.0, DeepSpeed's; 0: off). A clipped step undoes the\n"
+               "                         speculative update (offload+speculative: rolled_back)\n"
                "  --iters N              timed steps per configuration and round (default 5)\n"
                "  --rounds N             interleaved rounds (default 3)\n"
                "  --device cpu|cuda      (default: cuda when available)\n"
                "  --json                 one JSON object on stdout\n");
+}
+
+/* The median over rounds of each component (NaN fields left out). */
+static void median_rounds(const step_stats *acc, int rounds, step_stats *med) {
+    for (int f = 0; f < NFIELDS; f++) {
+        double v[100];
+        int k = 0;
+        for (int r = 0; r < rounds; r++)
+            if (!isnan(((const double *)&acc[r])[f])) v[k++] = ((const double *)&acc[r])[f];
+        ((double *)med)[f] = k ? median(v, k) : NAN;
+    }
+}
+
+/* The configurations compared by default: zero_optimization of each. */
+static const char *const k_names[4] = {"device-optimizer", "offload", "offload+delayed", "offload+speculative"};
+static const char *const k_zero[4] = {
+    "{\"stage\": 0}",
+    "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
+    "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
+    " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
+    "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"super_offload\": true}}"};
+
+/* --ratios LIST: one offload config per ratio (Twin-Flow sweep); how many, or -1 (message printed). */
+static int ratio_configs(const char *ratios, int maxc, char (*namebuf)[32], char (*zerobuf)[256], const char **names,
+                         const char **zero) {
+    int nconf = 0;
+    char list[512];
+    snprintf(list, sizeof list, "%s", ratios);
+    for (char *tok = strtok(list, ","); tok && nconf < maxc; tok = strtok(NULL, ",")) {
+        double rv = 0;
+        bool is_auto = !strcmp(tok, "auto");
+        if (!is_auto && !cli_parse_f64("bench step", "--ratios", tok, 0, 1, &rv)) return -1;
+        snprintf(namebuf[nconf], sizeof namebuf[nconf], "ratio %s", tok);
+        snprintf(zerobuf[nconf], sizeof zerobuf[nconf],
+                 "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": %s%s%s}}",
+                 is_auto ? "\"" : "", tok, is_auto ? "\"" : "");
+        names[nconf] = namebuf[nconf];
+        zero[nconf] = zerobuf[nconf];
+        nconf++;
+    }
+    if (nconf == 0) fprintf(stderr, "zoff bench step: --ratios: give a comma-separated list, e.g. 0,0.5,1\n");
+    return nconf > 0 ? nconf : -1;
 }
 
 int zoff_cmd_bench_step(int argc, char **argv) {
@@ -252,6 +316,7 @@ int zoff_cmd_bench_step(int argc, char **argv) {
     const char *dts = "bf16", *device = NULL, *ratios = NULL;
     size_t budget = 0;
     bool json = false;
+    double clip = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int64_t x;
@@ -292,6 +357,9 @@ int zoff_cmd_bench_step(int argc, char **argv) {
             }
         }
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--gradient-clipping")) {
+            if (!(v = cli_value("bench step", argc, argv, &i)) || !cli_parse_f64("bench step", a, v, 0, 1e30, &clip)) return 2;
+        }
         else {
             fprintf(stderr, "zoff bench step: unknown option '%s' (--help lists them)\n", a);
             return 2;
@@ -313,35 +381,10 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         kind = ZOFF_BACKEND_CUDA;
     enum { MAXC = 16 };
     char namebuf[MAXC][32], zerobuf[MAXC][256];
-    const char *names[MAXC] = {"device-optimizer", "offload", "offload+delayed", "offload+speculative"};
-    const char *zero[MAXC] = {"{\"stage\": 0}",
-                              "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
-                              "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
-                              " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
-                              "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true,"
-                              " \"super_offload\": true}}"};
+    const char *names[MAXC], *zero[MAXC];
     int nconf = 4;
-    if (ratios) { /* Twin-Flow sweep: one offload config per ratio */
-        nconf = 0;
-        char list[512];
-        snprintf(list, sizeof list, "%s", ratios);
-        for (char *tok = strtok(list, ","); tok && nconf < MAXC; tok = strtok(NULL, ",")) {
-            double rv = 0;
-            bool is_auto = !strcmp(tok, "auto");
-            if (!is_auto && !cli_parse_f64("bench step", "--ratios", tok, 0, 1, &rv)) return 2;
-            snprintf(namebuf[nconf], sizeof namebuf[nconf], "ratio %s", tok);
-            snprintf(zerobuf[nconf], sizeof zerobuf[nconf],
-                     "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": %s%s%s}}",
-                     is_auto ? "\"" : "", tok, is_auto ? "\"" : "");
-            names[nconf] = namebuf[nconf];
-            zero[nconf] = zerobuf[nconf];
-            nconf++;
-        }
-        if (nconf == 0) {
-            fprintf(stderr, "zoff bench step: --ratios: give a comma-separated list, e.g. 0,0.5,1\n");
-            return 2;
-        }
-    }
+    for (int c = 0; c < nconf; c++) names[c] = k_names[c], zero[c] = k_zero[c];
+    if (ratios && (nconf = ratio_configs(ratios, MAXC, namebuf, zerobuf, names, zero)) <= 0) return 2;
     static step_stats acc[MAXC][100];
     size_t peak[MAXC] = {0};
     for (int64_t r = 0; r < rounds; r++) {
@@ -349,8 +392,8 @@ int zoff_cmd_bench_step(int argc, char **argv) {
             char js[1024];
             snprintf(js, sizeof js,
                      "{\"train_micro_batch_size_per_gpu\": %lld, %s \"optimizer\": {\"type\": \"AdamW\"},"
-                     " \"zero_optimization\": %s}",
-                     (long long)B, prec, zero[c]);
+                     " \"gradient_clipping\": %g, \"zero_optimization\": %s}",
+                     (long long)B, prec, clip, zero[c]);
             zoff_status s = run_config(js, &shape, T, dt, kind, budget, 2, (int)iters, &acc[c][r], &peak[c]);
             if (s != ZOFF_OK) {
                 fprintf(stderr, "zoff bench step: %s: %s\n", names[c], zoff_last_error());
@@ -358,19 +401,8 @@ int zoff_cmd_bench_step(int argc, char **argv) {
             }
         }
     }
-    /* median over rounds of each component */
     step_stats med[MAXC];
-    for (int c = 0; c < nconf; c++) {
-        double v[100];
-        double *fields[NFIELDS] = {&med[c].step, &med[c].fwd, &med[c].bwd, &med[c].wait_grads, &med[c].host,
-                                   &med[c].host_work, &med[c].device, &med[c].wait_weights, &med[c].host_hidden};
-        for (int f = 0; f < NFIELDS; f++) {
-            int k = 0;
-            for (int64_t r = 0; r < rounds; r++)
-                if (!isnan(((double *)&acc[c][r])[f])) v[k++] = ((double *)&acc[c][r])[f];
-            *fields[f] = k ? median(v, k) : NAN;
-        }
-    }
+    for (int c = 0; c < nconf; c++) median_rounds(acc[c], (int)rounds, &med[c]);
     double tokens = (double)(B * T);
     if (json) printf("{\"shape\":{\"layers\":%lld,\"hidden\":%lld,\"heads\":%lld,\"seq\":%lld,\"vocab\":%lld},"
                      "\"micro_batch\":%lld,\"dtype\":\"%s\",\"backend\":\"%s\",\"rounds\":%lld,\"iters\":%lld,\"configs\":{",
@@ -396,9 +428,9 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         if (json)
             printf("%s\"%s\":{\"step\":%.6f,\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,"
                    "\"host_work\":%.6f,\"device_step\":%.6f,\"wait_weights\":%.6f,\"tokens_per_s\":%.1f,"
-                   "\"step_over_sum\":%.4f,\"step_over_max\":%.4f,\"host_hidden\":%s,\"device_peak_bytes\":%zu}",
+                   "\"step_over_sum\":%.4f,\"step_over_max\":%.4f,\"host_hidden\":%s,\"rolled_back\":%.2f,\"device_peak_bytes\":%zu}",
                    c ? "," : "", names[c], m->step, m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device,
-                   m->wait_weights, tokens / m->step, m->step / sum, m->step / mx, hh, peak[c]);
+                   m->wait_weights, tokens / m->step, m->step / sum, m->step / mx, hh, m->rolled_back, peak[c]);
         else
             printf("%-20s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11.3f\n", names[c], m->step,
                    m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device, m->wait_weights, tokens / m->step,

@@ -119,6 +119,8 @@ struct zoff_engine {
     /* the last finished host update (guarded by mu once the worker runs): its step and wall interval */
     int64_t span_step;
     double span_t0, span_t1;
+    double *sg_span[2];     /* per host sub-group: when its update began and ended, job t in [t % 2] */
+    int nspan[2];
 
     /* pipelined exact step (options.weight_waits, one rank, stages 1-2, state in host
      * memory): the worker updates the host sub-groups in forward order and pushes each
@@ -875,6 +877,8 @@ void zoff_engine_destroy(zoff_engine *e) {
         pthread_cond_destroy(&e->cv);
     }
     free(e->sg_group);
+    free(e->sg_span[0]);
+    free(e->sg_span[1]);
     free(e->group_left);
     free(e->group_hsg);
     free(e->group_need);
@@ -1005,6 +1009,60 @@ static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
     return zoff_host_memory_check(&rq);
 }
 
+/* zoff_engine_describe's text (and the NVMe lines of the log). */
+static void describe(zoff_engine *e) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    int host_sgs = 0;
+    for (int i = 0; i < e->nsg; i++) host_sgs += e->sg[i].on_host;
+    if (e->n_host == 0)
+        snprintf(e->describe, sizeof e->describe, "optimizer on the device (no offload), %d sub-group%s", e->nsg,
+                 e->nsg == 1 ? "" : "s");
+    else
+        snprintf(e->describe, sizeof e->describe,
+                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
+                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
+                 zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
+                 e->pinned ? "pinned" : "pageable",
+                 e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
+                                                        : e->pipelined ? ", pipelined" : "");
+    if (e->s3) {
+        zoff_s3_stats ss;
+        zoff_s3_get_stats(e->s3, &ss);
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used,
+                 "; stage 3: weights %s (%lld of %lld per rank), %d parameter groups gathered on use (%d kept whole, "
+                 "<= %lld elements), prefetch %lld elements",
+                 z->offload_param.device == ZOFF_OFFLOAD_CPU    ? "offloaded to the host"
+                 : z->offload_param.device == ZOFF_OFFLOAD_NVME ? "offloaded to NVMe"
+                                                                : "partitioned on the device",
+                 (long long)e->n, (long long)e->n_model, ss.groups, ss.persistent,
+                 (long long)z->stage3_param_persistence_threshold, (long long)z->stage3_prefetch_bucket_size);
+    }
+    if (e->world > 1) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used,
+                 "; data parallel: rank %d of %d (%s), stage %d: %s%s, %lld of %lld parameters in this rank's "
+                 "partition%s",
+                 e->rank, e->world, zoff_comm_backend_name(e->comm), z->stage,
+                 e->replicated ? "gradients all-reduced, optimizer replicated"
+                 : e->stage3   ? "gradients reduce-scattered every micro-batch, optimizer and weights partitioned"
+                 : e->scatter  ? "gradients reduce-scattered, optimizer partitioned, weights all-gathered"
+                               : "gradients all-reduced, optimizer partitioned, weights all-gathered",
+                 e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
+                 e->nmap > 1 ? "" : "");
+    }
+    if (e->pnvme) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe weights: %s", zoff_s3_nvme_describe(e->s3));
+        zoff_log(ZOFF_LOG_INFO, "offload_param.device nvme: %s", zoff_s3_nvme_describe(e->s3));
+    }
+    if (e->swap) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
+        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
+    }
+}
+
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
     *out = NULL;
     if (!o || !o->dev || !o->cfg || !o->tensors || o->num_params <= 0)
@@ -1092,6 +1150,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_weights_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
+    for (int k = 0; s == ZOFF_OK && e->n_host > 0 && k < 2; k++)
+        if (!(e->sg_span[k] = calloc(2 * (size_t)e->nsg, sizeof(double)))) s = ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = pipe_setup(e, o);
     if (s == ZOFF_OK && z->offload_optimizer.super_offload) s = spec_setup(e);
     if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
@@ -1125,55 +1185,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         zoff_engine_destroy(e);
         return s;
     }
-    int host_sgs = 0;
-    for (int i = 0; i < e->nsg; i++) host_sgs += e->sg[i].on_host;
-    if (e->n_host == 0)
-        snprintf(e->describe, sizeof e->describe, "optimizer on the device (no offload), %d sub-group%s", e->nsg,
-                 e->nsg == 1 ? "" : "s");
-    else
-        snprintf(e->describe, sizeof e->describe,
-                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
-                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
-                 zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
-                 e->pinned ? "pinned" : "pageable",
-                 e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
-                                                        : e->pipelined ? ", pipelined" : "");
-    if (e->s3) {
-        zoff_s3_stats ss;
-        zoff_s3_get_stats(e->s3, &ss);
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used,
-                 "; stage 3: weights %s (%lld of %lld per rank), %d parameter groups gathered on use (%d kept whole, "
-                 "<= %lld elements), prefetch %lld elements",
-                 z->offload_param.device == ZOFF_OFFLOAD_CPU    ? "offloaded to the host"
-                 : z->offload_param.device == ZOFF_OFFLOAD_NVME ? "offloaded to NVMe"
-                                                                : "partitioned on the device",
-                 (long long)e->n, (long long)e->n_model, ss.groups, ss.persistent,
-                 (long long)z->stage3_param_persistence_threshold, (long long)z->stage3_prefetch_bucket_size);
-    }
-    if (e->world > 1) {
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used,
-                 "; data parallel: rank %d of %d (%s), stage %d: %s%s, %lld of %lld parameters in this rank's "
-                 "partition%s",
-                 e->rank, e->world, zoff_comm_backend_name(e->comm), z->stage,
-                 e->replicated ? "gradients all-reduced, optimizer replicated"
-                 : e->stage3   ? "gradients reduce-scattered every micro-batch, optimizer and weights partitioned"
-                 : e->scatter  ? "gradients reduce-scattered, optimizer partitioned, weights all-gathered"
-                               : "gradients all-reduced, optimizer partitioned, weights all-gathered",
-                 e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
-                 e->nmap > 1 ? "" : "");
-    }
-    if (e->pnvme) {
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe weights: %s", zoff_s3_nvme_describe(e->s3));
-        zoff_log(ZOFF_LOG_INFO, "offload_param.device nvme: %s", zoff_s3_nvme_describe(e->s3));
-    }
-    if (e->swap) {
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
-        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
-    }
+    describe(e);
     *out = e;
     return ZOFF_OK;
 }
@@ -1560,6 +1572,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
     if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
     if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
     bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
+    int nsp = 0;
     if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
     for (int q = 0; q < e->nsg; q++) {
         int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
@@ -1570,6 +1583,8 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
         float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
         if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
         if (mode == HU_SPEC) ZOFF_TRY(spec_prepare(e, g));
+        double *span = e->sg_span[t % 2] ? e->sg_span[t % 2] + 2 * (size_t)nsp++ : NULL;
+        if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
          * where the swap file's runs end, every run written as soon as it is complete
          * (elementwise update: the same arithmetic as one call per piece) */
@@ -1592,6 +1607,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
                 hi = a;
             }
         }
+        if (span) span[1] = zoff_now();
         if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
         if (mode == HU_PUSH || mode == HU_PIPE) ZOFF_TRY(push_host_subgroup(e, g)); /* HU_SPEC: after validation */
         if (mode == HU_PIPE) ZOFF_TRY(pipe_pushed(e, i));
@@ -1599,6 +1615,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
     }
     if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
     if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
+    e->nspan[t % 2] = nsp;
     return ZOFF_OK;
 }
 
@@ -1864,6 +1881,13 @@ int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double
     *end = e->span_t1;
     if (m->mu_init) pthread_mutex_unlock(&m->mu);
     return t;
+}
+
+int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans) {
+    double a, b;
+    int64_t t = zoff_engine_last_host_update(e, &a, &b);
+    *spans = t > 0 ? e->sg_span[t % 2] : NULL;
+    return t > 0 ? e->nspan[t % 2] : 0;
 }
 
 zoff_status zoff_engine_flush(zoff_engine *e) {
