@@ -22,8 +22,17 @@
  * Delayed parameter update (ZeRO-Offload's one-step delay, off by default):
  * the host update of step t runs on a worker thread while forward and
  * backward of step t+1 run with the weights of step t-1's update; the new
- * weights are applied at the next boundary. Host gradients are double
- * buffered so that backward t+1 never overwrites what the worker reads. */
+ * weights of each group go to the device once backward t+1 is done with the
+ * group (with the per-group weight waits) or at the next boundary. Host
+ * gradients are double buffered so that backward t+1 never overwrites what the
+ * worker reads (and never waits for it).
+ *
+ * With the per-group weight waits (options.weight_waits) the exact step is
+ * pipelined (the worker updates in forward order, each group's weights are
+ * pushed at once, the next forward waits per group: zero/wready.h), and
+ * offload_optimizer.super_offload speculates the update during the boundary
+ * backward and validates it at the step (docs/architecture.md). The placement
+ * of sub-groups is zero/placement.c's. */
 #define _GNU_SOURCE
 #include "zoff/engine.h"
 
