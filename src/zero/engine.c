@@ -128,8 +128,10 @@ struct zoff_engine {
     /* the last finished host update (guarded by mu once the worker runs): its step and wall interval */
     int64_t span_step;
     double span_t0, span_t1;
-    double *sg_span[2];     /* per host sub-group: when its update began and ended, job t in [t % 2] */
+    double *sg_span[2];     /* per host sub-group: when its update began and ended, update number k in [k % 2] */
     int nspan[2];
+    int64_t updates;        /* host updates begun (the thread running them only) */
+    int64_t span_seq;       /* the update number of span_step's (guarded by mu once the worker runs) */
 
     /* pipelined exact step (options.weight_waits, one rank, stages 1-2, state in host
      * memory): the worker updates the host sub-groups in forward order and pushes each
@@ -568,6 +570,7 @@ static void *worker_main(void *arg) {
         if (s != ZOFF_OK) snprintf(e->job_error, sizeof e->job_error, "%s", zoff_last_error());
         e->job_seconds = t1 - t0;
         e->span_step = t;
+        e->span_seq = e->updates;
         e->span_t0 = t0;
         e->span_t1 = t1;
         e->job_pending = false;
@@ -1276,6 +1279,7 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
         e->landed = INT64_MAX; /* the worker is idle: no lock needed until the job starts */
         e->spec_t = e->sc.steps_taken + 1;
         e->spec_running = true;
+        e->pipe_unreported = false; /* the last exact job's time is not reported: the step reports this one's */
         start_job(e, e->spec_t, e->spec_lr, 1.0 / e->ls.scale, HU_SPEC);
     }
     e->nready = 0;
@@ -1582,6 +1586,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
     if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
     bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
     int nsp = 0;
+    int64_t seq = ++e->updates;
     if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
     for (int q = 0; q < e->nsg; q++) {
         int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
@@ -1592,7 +1597,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
         float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
         if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
         if (mode == HU_SPEC) ZOFF_TRY(spec_prepare(e, g));
-        double *span = e->sg_span[t % 2] ? e->sg_span[t % 2] + 2 * (size_t)nsp++ : NULL;
+        double *span = e->sg_span[seq % 2] ? e->sg_span[seq % 2] + 2 * (size_t)nsp++ : NULL;
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
          * where the swap file's runs end, every run written as soon as it is complete
@@ -1624,7 +1629,7 @@ static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, d
     }
     if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
     if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
-    e->nspan[t % 2] = nsp;
+    e->nspan[seq % 2] = nsp;
     return ZOFF_OK;
 }
 
@@ -1750,6 +1755,7 @@ static zoff_status grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) 
 static void note_span(zoff_engine *e, int64_t t, double t0, double t1) {
     if (e->mu_init) pthread_mutex_lock(&e->mu);
     e->span_step = t;
+    e->span_seq = e->updates;
     e->span_t0 = t0;
     e->span_t1 = t1;
     if (e->mu_init) pthread_mutex_unlock(&e->mu);
@@ -1798,7 +1804,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     bool spec = e->spec_running; /* this boundary's speculative update is running or done */
     if (!spec) ZOFF_TRY(settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
     if (e->dpu) si.t_host = zoff_now() - t0; /* delayed update: waiting for the worker */
-    if (e->pipe_unreported) { /* its host time, off the critical path */
+    if (e->pipe_unreported && !spec) { /* its host time, off the critical path (spec: the job runs now) */
         si.t_host_work = e->job_seconds;
         e->pipe_unreported = false;
     }
@@ -1893,10 +1899,12 @@ int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double
 }
 
 int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans) {
-    double a, b;
-    int64_t t = zoff_engine_last_host_update(e, &a, &b);
-    *spans = t > 0 ? e->sg_span[t % 2] : NULL;
-    return t > 0 ? e->nspan[t % 2] : 0;
+    zoff_engine *m = (zoff_engine *)e; /* the lock only */
+    if (m->mu_init) pthread_mutex_lock(&m->mu);
+    int64_t k = e->span_seq; /* the update running now, if any, writes the other buffer */
+    if (m->mu_init) pthread_mutex_unlock(&m->mu);
+    *spans = k > 0 ? e->sg_span[k % 2] : NULL;
+    return k > 0 ? e->nspan[k % 2] : 0;
 }
 
 zoff_status zoff_engine_flush(zoff_engine *e) {
