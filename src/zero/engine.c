@@ -32,7 +32,9 @@
  * pushed at once, the next forward waits per group: zero/wready.h), and
  * offload_optimizer.super_offload speculates the update during the boundary
  * backward and validates it at the step (docs/architecture.md). The placement
- * of sub-groups is zero/placement.c's. */
+ * of sub-groups is zero/placement.c's; the host optimizer runner (the worker
+ * thread and the host update in each mode) is zero/hostrun.c; the state shared
+ * by them is zero/engine_impl.h. */
 #define _GNU_SOURCE
 #include "zoff/engine.h"
 
@@ -42,169 +44,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "zero/partition.h"
-#include "zero/stage3.h"
-#include "zero/wready.h"
-#include "zoff/comm.h"
-#include "zoff/loss_scale.h"
-#include "zoff/optim.h"
+#include "zero/engine_impl.h"
 #include "zoff/resources.h"
-#include "zoff/swapper.h"
-
-typedef struct range { /* a run of tensors with the same weight-decay flag */
-    int64_t offset, count;
-    bool decay;
-} range;
-
-typedef struct subgroup {
-    int64_t offset, count; /* flat parameter range (this rank's optimizer space: see e->n) */
-    int64_t model;         /* model-space offset of element `offset` (== offset with one rank) */
-    bool on_host;
-    int64_t state_off;     /* offset into the host or device state arrays */
-} subgroup;
-
-struct zoff_engine {
-    zoff_device *dev;
-    zoff_stream *compute, *d2h, *h2d, *opt_stream;
-    const zoff_config *cfg;
-    zoff_dtype dtype;
-    size_t esize;
-    int64_t n;
-    void *params, *grads; /* the model's device buffers */
-
-    range *ranges;
-    int nranges;
-    subgroup *sg; /* in flat order */
-    int nsg;
-
-    /* device-side state (device sub-groups). For fp32 weights the model's
-     * parameter buffer is the master copy. */
-    int64_t n_dev;
-    float *d_master, *d_m, *d_v;
-    float *stats_dev; /* 2 floats: sum of squares, non-finite flag */
-
-    /* host-side state (host sub-groups) */
-    int64_t n_host;
-    bool pinned;
-    float *h_master, *h_m, *h_v;
-    void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update */
-    void *h_staging;    /* new 16-bit weights (NULL for fp32: h_master goes back directly) */
-    zoff_host_optimizer *hopt;
-    /* NVMe offload (offload_optimizer.device "nvme"): the host sub-groups' fp32
-     * master, m, v live in a swap file (h_master, h_m, h_v stay NULL), streamed
-     * through the swapper's buffers; h_staging exists for fp32 weights too. */
-    zoff_swapper *swap;
-    int *swap_sg;    /* engine sub-group of each swap group (host sub-groups in flat order) */
-    int *swap_order; /* the update order: swap groups from the top down */
-    int nswap;
-    int gbuf;           /* which h_grads receives the current backward */
-    bool boundary;      /* the current backward streams gradients out */
-    zoff_event *ev_grads_done, *ev_weights_done, *ev_dev_done, *ev_stats;
-    zoff_event **ev_ready; /* per grad-ready call: compute -> d2h ordering (pool) */
-    int nready, cap_ready;
-    char describe[1536];
-
-    zoff_loss_scaler ls;
-    zoff_engine_scalars sc;
-
-    /* delayed parameter update */
-    bool dpu;
-    int64_t dpu_warmup;
-    pthread_t worker;
-    bool worker_started, mu_init;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool job_pending, job_done, quit;
-    struct {
-        int gbuf;
-        double lr, grad_scale;
-        int64_t t;
-        int mode; /* host_update's mode (HU_*) */
-    } job;
-    zoff_status job_status;
-    char job_error[512];
-    bool weights_pending; /* the worker finished a job whose weights are not on the device yet */
-    double job_seconds;
-    /* the last finished host update (guarded by mu once the worker runs): its step and wall interval */
-    int64_t span_step;
-    double span_t0, span_t1;
-    double *sg_span[2];     /* per host sub-group: when its update began and ended, update number k in [k % 2] */
-    int nspan[2];
-    int64_t updates;        /* host updates begun (the thread running them only) */
-    int64_t span_seq;       /* the update number of span_step's (guarded by mu once the worker runs) */
-
-    /* pipelined exact step (options.weight_waits, one rank, stages 1-2, state in host
-     * memory): the worker updates the host sub-groups in forward order and pushes each
-     * at once; the model's forward waits per parameter group (zero/wready.h) */
-    bool pipelined, pipe_unreported;
-    zoff_wready *wr;
-    int *sg_group;   /* layer group of each sub-group (pipelined) */
-    int *group_left; /* host sub-groups of each group not yet pushed in this job */
-    int *group_hsg;  /* host sub-groups of each group */
-    bool *group_need;
-    /* delayed update with the pipeline: job t's new weights of group g go to the device
-     * as soon as the job has written them and backward t+1 no longer reads the old ones
-     * (its grad-ready call for g); guarded by mu */
-    bool *g_updated, *g_released, *g_pushed;
-    zoff_event **ev_release; /* per group: backward t+1 is done with its weights (compute stream) */
-
-    /* speculation-then-validation (offload_optimizer.super_offload; pipelined only): during
-     * the boundary backward the worker updates each host sub-group as soon as its gradients
-     * have landed, assuming no clipping and no overflow, after saving its master, m and v;
-     * the step validates (norm, overflow, learning rate) and keeps the result or restores
-     * the saved state and updates again correctly */
-    bool spec;
-    bool spec_running;       /* a speculative job belongs to the current boundary (caller thread) */
-    double spec_lr;          /* the learning rate it assumes: the last step's or zoff_engine_set_lr's */
-    bool have_lr;
-    int64_t spec_t;
-    int64_t landed;          /* gradients of model offsets >= landed are on the host (guarded by mu) */
-    float *bk_master, *bk_m, *bk_v;
-    int64_t rollbacks;
-    int64_t hopt_t0;         /* the first step the host optimizer began (0: none): replayed after a rollback */
-    double spec_first;       /* worker: when the job's first sub-group update began */
-
-    /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
-     * optimizer space: its partition (stages 1-2) or everything (stage 0, one
-     * rank); sub-groups cut it and `map` takes it to the model's flat space. */
-    zoff_comm *comm;        /* the job's communicator (not owned); NULL = one rank */
-    zoff_comm *chan;        /* dup of comm for the collectives on the d2h stream (owned) */
-    int world, rank;
-    int64_t n_model;        /* the model's parameters */
-    bool replicated;        /* stage 0 over ranks: every rank updates every parameter */
-    bool scatter;           /* stage 2: reduce-scatter the gradients */
-    zoff_dp_plan plan;
-    zoff_dp_layout layout;
-    zoff_dp_scratch scratch;
-    zoff_dp_piece *map;     /* optimizer space -> model space, in local order */
-    int nmap;
-    zoff_event *ev_gather;
-    const zoff_tensor_info *tensors; /* the model's table (not owned) */
-    int ntensors;
-    /* ZeRO stage 3 (zero/stage3.c): the model has no flat buffers; e->params and
-     * e->grads are this rank's partition of the weights and gradients (local
-     * space, map = identity), the groups are gathered on use */
-    zoff_s3 *s3;
-    bool stage3;
-    void *s3_params_dev, *s3_grads_dev; /* owned (the weights are on the host with offload_param) */
-    bool no_push;           /* offload_param cpu: the host optimizer writes the partition weights in place */
-    bool pnvme;             /* offload_param nvme: the partition weights live in the stage 3 swap file; the host
-                               optimizer writes them there (zoff_s3_out_span), no h_staging */
-    zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
-    char async_msg[512];
-    /* gradient stream timeline (options.timeline) */
-    bool timeline;
-    double t_bwd0;
-    zoff_grad_event *tl;
-    int ntl, cap_tl, want_tl;
-};
 
 /* ------------------------------------------------------------------ helpers */
 
 static const char *state_names_adam[] = {"optimizer.master", "optimizer.exp_avg", "optimizer.exp_avg_sq"};
-
-static bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
-static bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 
 /* ------------------------------------------------------------------ data parallel (world > 1) */
 
@@ -539,122 +384,9 @@ static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
     return ZOFF_OK;
 }
 
-/* ------------------------------------------------------------------ worker (delayed update) */
-
-/* host_update's modes: push each sub-group as it is done, last layers first (the
- * exact step, synchronous); do not push (delayed update: the boundary pushes);
- * forward order, push each at once and mark its layer group arrived (pipelined). */
-enum { HU_PUSH = 0, HU_NO_PUSH = 1, HU_PIPE = 2, HU_SPEC = 3 };
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode);
-static zoff_status dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset);
-
-static void *worker_main(void *arg) {
-    zoff_engine *e = arg;
-    pthread_mutex_lock(&e->mu);
-    for (;;) {
-        while (!e->job_pending && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
-        if (e->quit) break;
-        int gbuf = e->job.gbuf, mode = e->job.mode;
-        double lr = e->job.lr, gs = e->job.grad_scale;
-        int64_t t = e->job.t;
-        pthread_mutex_unlock(&e->mu);
-        double t0 = zoff_now();
-        e->spec_first = 0;
-        zoff_status s = host_update(e, gbuf, t, lr, gs, mode);
-        if (mode == HU_SPEC && e->spec_first > 0) t0 = e->spec_first;
-        if (s == ZOFF_OK && mode == HU_PIPE) s = zoff_event_record(e->ev_weights_done, e->h2d);
-        double t1 = zoff_now();
-        if (s != ZOFF_OK && mode == HU_PIPE) zoff_wready_fail(e->wr, s, zoff_last_error());
-        pthread_mutex_lock(&e->mu);
-        e->job_status = s;
-        if (s != ZOFF_OK) snprintf(e->job_error, sizeof e->job_error, "%s", zoff_last_error());
-        e->job_seconds = t1 - t0;
-        e->span_step = t;
-        e->span_seq = e->updates;
-        e->span_t0 = t0;
-        e->span_t1 = t1;
-        e->job_pending = false;
-        e->job_done = true;
-        pthread_cond_broadcast(&e->cv);
-    }
-    pthread_mutex_unlock(&e->mu);
-    return NULL;
-}
-
-/* Hand the host update of step t to the worker. */
-static void start_job(zoff_engine *e, int64_t t, double lr, double grad_scale, int mode) {
-    if (mode == HU_PIPE) zoff_wready_open(e->wr, e->group_need);
-    pthread_mutex_lock(&e->mu);
-    if (mode == HU_NO_PUSH && e->g_updated) {
-        size_t ng = (size_t)zoff_wready_groups(e->wr);
-        memset(e->g_updated, 0, ng * sizeof(bool));
-        memset(e->g_released, 0, ng * sizeof(bool));
-        memset(e->g_pushed, 0, ng * sizeof(bool));
-    }
-    e->job.gbuf = e->gbuf;
-    e->job.lr = lr;
-    e->job.grad_scale = grad_scale;
-    e->job.t = t;
-    e->job.mode = mode;
-    e->job_pending = true;
-    e->job_done = false;
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-}
-
-/* Wait for the worker's job (if any); returns its status. */
-static zoff_status wait_job(zoff_engine *e) {
-    if (!e->worker_started) return ZOFF_OK;
-    pthread_mutex_lock(&e->mu);
-    while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
-    zoff_status s = e->job_status;
-    e->job_status = ZOFF_OK;
-    if (s != ZOFF_OK) zoff_error(s, "%s: %s", e->dpu ? "delayed parameter update" : "host optimizer", e->job_error);
-    pthread_mutex_unlock(&e->mu);
-    return s;
-}
-
-/* Before anything reads the weights, the host state or the host gradients outside
- * the forward: the job is done and the compute stream is after every group's weights. */
-/* Speculation, on the gradient stream after a range's copies: gradients >= offset landed. */
-typedef struct spec_land {
-    zoff_engine *e;
-    int64_t offset;
-} spec_land;
-static void spec_land_fn(void *arg) {
-    spec_land *l = arg;
-    zoff_engine *e = l->e;
-    pthread_mutex_lock(&e->mu);
-    if (l->offset < e->landed) e->landed = l->offset;
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    free(l);
-}
-
-static zoff_status spec_rollback(zoff_engine *e);
-static zoff_status settle(zoff_engine *e) {
-    if (e->spec_running) { /* a boundary backward without its step: let the job run out and undo it */
-        ZOFF_TRY(zoff_stream_synchronize(e->d2h));
-        pthread_mutex_lock(&e->mu);
-        e->landed = 0;
-        pthread_cond_broadcast(&e->cv);
-        pthread_mutex_unlock(&e->mu);
-        zoff_status s = wait_job(e);
-        e->spec_running = false;
-        if (s == ZOFF_OK) s = spec_rollback(e);
-        e->rollbacks--; /* not a failed validation */
-        ZOFF_TRY(s);
-    }
-    ZOFF_TRY(wait_job(e));
-    if (e->pipelined) ZOFF_TRY(zoff_wready_wait_all(e->wr, e->compute));
-    return ZOFF_OK;
-}
-
 /* ------------------------------------------------------------------ NVMe state (ZeRO-Infinity) */
 
 /* Swap arrays: 0 master, then m (if the optimizer uses it), then v (if it does). */
-static int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }
-static unsigned nvme_all_arrays(const zoff_engine *e) { return (1u << nvme_narrays(e)) - 1; }
 /* Swap array of engine state i (0 master, 1 m, 2 v); -1 when the optimizer has none. */
 static int nvme_array_of(const zoff_engine *e, int i) {
     if (i == 0) return 0;
@@ -719,8 +451,8 @@ static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
     return zoff_swapper_end(e->swap);
 }
 
-/* host_update: the next sub-group's state from the swapper (it must be sub-group i). */
-static zoff_status nvme_next(zoff_engine *e, int i, float **master, float **m, float **v) {
+/* zoff_hr_update: the next sub-group's state from the swapper (it must be sub-group i). */
+zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v) {
     int sw;
     float *arr[ZOFF_SWAP_MAX_ARRAYS];
     ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
@@ -733,9 +465,9 @@ static zoff_status nvme_next(zoff_engine *e, int i, float **master, float **m, f
     return ZOFF_OK;
 }
 
-/* host_update: sub-group g is updated; fp32 weights go to the device from the
+/* zoff_hr_update: sub-group g is updated; fp32 weights go to the device from the
  * staging buffer (the swap buffer is reused), then the state goes back to disk. */
-static zoff_status nvme_release(zoff_engine *e, const subgroup *g, const float *master) {
+zoff_status zoff_eng_nvme_release(zoff_engine *e, const subgroup *g, const float *master) {
     if (e->dtype == ZOFF_F32 && e->h_staging)
         memcpy((float *)e->h_staging + g->state_off, master, (size_t)g->count * sizeof(float));
     return zoff_swapper_release(e->swap);
@@ -1170,7 +902,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);
         e->mu_init = true;
-        if (pthread_create(&e->worker, NULL, worker_main, e) != 0)
+        if (pthread_create(&e->worker, NULL, zoff_hr_worker_main, e) != 0)
             s = zoff_error(ZOFF_ERR_INTERNAL, "cannot start the host optimizer's worker thread");
         else
             e->worker_started = true;
@@ -1219,7 +951,7 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 }
 
 /* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
-static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
+zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g) {
     if (e->no_push) return ZOFF_OK; /* stage 3, offload_param: written in place */
     void *dst = (char *)e->params + (size_t)g->model * e->esize;
     const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
@@ -1239,14 +971,14 @@ static zoff_status host_master_to_staging(zoff_engine *e) {
 }
 
 zoff_status zoff_engine_sync_params(zoff_engine *e) {
-    ZOFF_TRY(settle(e));
+    ZOFF_TRY(zoff_hr_settle(e));
     ZOFF_TRY(sync_device_subgroups(e, e->compute));
     if (e->n_host > 0) {
         ZOFF_TRY(host_master_to_staging(e));
         ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute)); /* h2d after whatever compute did */
         ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
         for (int i = 0; i < e->nsg; i++)
-            if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+            if (e->sg[i].on_host) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
         ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
         ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
         e->weights_pending = false;
@@ -1280,7 +1012,7 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
         e->spec_t = e->sc.steps_taken + 1;
         e->spec_running = true;
         e->pipe_unreported = false; /* the last exact job's time is not reported: the step reports this one's */
-        start_job(e, e->spec_t, e->spec_lr, 1.0 / e->ls.scale, HU_SPEC);
+        zoff_hr_start_job(e, e->spec_t, e->spec_lr, 1.0 / e->ls.scale, HU_SPEC);
     }
     e->nready = 0;
     if (is_boundary && e->timeline) {
@@ -1407,7 +1139,7 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
      * gradient buffer the worker does not read (double-buffered); the job that read
      * it last (two steps ago) was waited for by the last step before it started the
      * worker's current job (apply_pending_weights). */
-    if (e->g_updated && e->weights_pending && dpu_released(e, stream, offset) != ZOFF_OK) {
+    if (e->g_updated && e->weights_pending && zoff_hr_dpu_released(e, stream, offset) != ZOFF_OK) {
         note_async(e, ZOFF_ERR_INTERNAL, "delayed parameter update: pushing the new weights");
         return;
     }
@@ -1431,9 +1163,9 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
     copy_host_grads(e, offset, end, ti);
     if (ti >= 0) tl_mark(e, ti, 2);
     if (e->spec_running) {
-        spec_land *l = malloc(sizeof *l);
-        if (l) *l = (spec_land){e, offset};
-        if (!l || zoff_stream_host_fn(e->d2h, spec_land_fn, l) != ZOFF_OK) {
+        zoff_hr_spec_land *l = malloc(sizeof *l);
+        if (l) *l = (zoff_hr_spec_land){e, offset};
+        if (!l || zoff_stream_host_fn(e->d2h, zoff_hr_spec_land_fn, l) != ZOFF_OK) {
             free(l);
             note_async(e, ZOFF_ERR_NOMEM, "speculative update: marking gradients landed");
         }
@@ -1468,170 +1200,6 @@ zoff_status zoff_engine_release(void *engine, zoff_stream *s, int64_t offset, in
 int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken; }
 
 /* ------------------------------------------------------------------ the step */
-
-/* The host optimizer on [lo, hi) (model space) of host sub-group g, whose state starts at
- * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer. */
-static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, float *hm, float *hv,
-                                int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
-    int64_t d = lo - g->offset, so = g->state_off + d;
-    void *p16 = out16 ? out16 : e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL;
-    zoff_optim_tensors tt = {.params = master + d,
-                             .exp_avg = hm ? hm + d : NULL,
-                             .exp_avg_sq = hv ? hv + d : NULL,
-                             .state_dt = ZOFF_F32,
-                             .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
-                             .grad_dt = e->dtype,
-                             .params16 = e->dtype != ZOFF_F32 ? p16 : NULL,
-                             .p16_dt = e->dtype,
-                             .n = hi - lo,
-                             .index_base = g->model + d}; /* model index: rounding independent of ranks */
-    return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
-}
-
-/* Delayed update, pipelined: group g's new weights to the device after backward t+1's
- * use of the old ones (mu held; called by whichever of the worker and grad_ready
- * comes second). */
-static zoff_status dpu_push_group(zoff_engine *e, int g) {
-    e->g_pushed[g] = true;
-    ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_release[g]));
-    for (int i = 0; i < e->nsg; i++)
-        if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
-    return zoff_wready_arrive(e->wr, g, e->h2d);
-}
-
-/* Delayed update, pipelined: the job has written host sub-group i. */
-static zoff_status dpu_updated(zoff_engine *e, int i) {
-    int g = e->sg_group[i];
-    if (--e->group_left[g] > 0) return ZOFF_OK;
-    zoff_status s = ZOFF_OK;
-    pthread_mutex_lock(&e->mu);
-    e->g_updated[g] = true;
-    if (e->g_released[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
-    pthread_mutex_unlock(&e->mu);
-    return s;
-}
-
-/* Delayed update, pipelined: the boundary backward reported group g's range final, so
- * it no longer reads g's weights (caller thread). */
-static zoff_status dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset) {
-    int g = zoff_wready_group_of(e->wr, offset);
-    if (g < 0 || !e->group_need[g]) return ZOFF_OK;
-    ZOFF_TRY(zoff_event_record(e->ev_release[g], stream));
-    zoff_status s = ZOFF_OK;
-    pthread_mutex_lock(&e->mu);
-    e->g_released[g] = true;
-    if (e->g_updated[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
-    pthread_mutex_unlock(&e->mu);
-    return s;
-}
-
-/* Speculation: wait until sub-group g's gradients are on the host, then save its state. */
-static zoff_status spec_prepare(zoff_engine *e, const subgroup *g) {
-    pthread_mutex_lock(&e->mu);
-    while (e->landed > g->model && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
-    bool quit = e->quit;
-    pthread_mutex_unlock(&e->mu);
-    if (quit) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
-    if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
-    size_t b = (size_t)g->count * sizeof(float);
-    memcpy(e->bk_master + g->state_off, e->h_master + g->state_off, b);
-    if (e->h_m) memcpy(e->bk_m + g->state_off, e->h_m + g->state_off, b);
-    if (e->h_v) memcpy(e->bk_v + g->state_off, e->h_v + g->state_off, b);
-    return ZOFF_OK;
-}
-
-/* Speculation failed or was abandoned: the saved state back, and the host optimizer's
- * step chain as if the speculative step had never begun (a fresh one that begins the
- * committed steps again: its bias-correction products are those of the unbroken chain). */
-static zoff_status spec_rollback(zoff_engine *e) {
-    for (int i = 0; i < e->nsg; i++) {
-        const subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        size_t b = (size_t)g->count * sizeof(float);
-        memcpy(e->h_master + g->state_off, e->bk_master + g->state_off, b);
-        if (e->h_m) memcpy(e->h_m + g->state_off, e->bk_m + g->state_off, b);
-        if (e->h_v) memcpy(e->h_v + g->state_off, e->bk_v + g->state_off, b);
-    }
-    zoff_host_optimizer_destroy(e->hopt);
-    e->hopt = NULL;
-    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, 0, &e->hopt));
-    int64_t t0 = e->hopt_t0;
-    e->hopt_t0 = 0;
-    for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
-        ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, k, e->spec_lr));
-        if (e->hopt_t0 == 0) e->hopt_t0 = k;
-    }
-    e->rollbacks++;
-    return ZOFF_OK;
-}
-
-/* Pipelined: host sub-group i is pushed; when it was its layer group's last, the group arrived. */
-static zoff_status pipe_pushed(zoff_engine *e, int i) {
-    int g = e->sg_group[i];
-    if (--e->group_left[g] > 0) return ZOFF_OK;
-    return zoff_wready_arrive(e->wr, g, e->h2d);
-}
-
-/* The host part of a step: every host sub-group, each pushed to the device as soon
- * as it is done (HU_PUSH: last layers first, their gradients arrived first; HU_PIPE:
- * first layers first, what the next forward needs first arrives first; HU_NO_PUSH,
- * the delayed update: the boundary code pushes them). */
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
-    const zoff_optimizer_config *oc = &e->cfg->optimizer;
-    ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
-    if (e->hopt_t0 == 0) e->hopt_t0 = t;
-    /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
-    ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
-    if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
-    if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
-    bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
-    int nsp = 0;
-    int64_t seq = ++e->updates;
-    if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
-    for (int q = 0; q < e->nsg; q++) {
-        int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
-        const subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        /* this sub-group's fp32 state: in host memory, or read from the NVMe swap file */
-        float *master = e->h_master ? e->h_master + g->state_off : NULL;
-        float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
-        if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
-        if (mode == HU_SPEC) ZOFF_TRY(spec_prepare(e, g));
-        double *span = e->sg_span[seq % 2] ? e->sg_span[seq % 2] + 2 * (size_t)nsp++ : NULL;
-        if (span) span[0] = zoff_now();
-        /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
-         * where the swap file's runs end, every run written as soon as it is complete
-         * (elementwise update: the same arithmetic as one call per piece) */
-        for (int k = 0; k < e->nranges; k++) {
-            const range *rg = &e->ranges[e->pnvme ? e->nranges - 1 - k : k];
-            double wd = rg->decay ? oc->weight_decay : 0.0;
-            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
-            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
-            if (!e->pnvme) {
-                if (lo < hi) ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, lo, hi, NULL, wd, grad_scale));
-                continue;
-            }
-            while (hi > lo) {
-                int64_t a;
-                void *out;
-                ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
-                ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, hi, out, wd, grad_scale));
-                if (e->dtype == ZOFF_F32) memcpy(out, master + (a - g->offset), (size_t)(hi - a) * sizeof(float));
-                ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
-                hi = a;
-            }
-        }
-        if (span) span[1] = zoff_now();
-        if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
-        if (mode == HU_PUSH || mode == HU_PIPE) ZOFF_TRY(push_host_subgroup(e, g)); /* HU_SPEC: after validation */
-        if (mode == HU_PIPE) ZOFF_TRY(pipe_pushed(e, i));
-        if (early) ZOFF_TRY(dpu_updated(e, i));
-    }
-    if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
-    if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
-    e->nspan[seq % 2] = nsp;
-    return ZOFF_OK;
-}
 
 /* Device sub-groups: fused Adam on the device (own stream when the host works too). */
 static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double grad_scale) {
@@ -1676,7 +1244,7 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
 /* Delayed update: put the finished job's weights on the device. */
 static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait, double *t_work) {
     double t0 = zoff_now();
-    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(zoff_hr_wait_job(e));
     *t_wait += zoff_now() - t0;
     if (t_work && e->weights_pending) *t_work += e->job_seconds;
     if (!e->weights_pending) return ZOFF_OK;
@@ -1686,33 +1254,19 @@ static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait, double 
         for (int g = zoff_wready_groups(e->wr) - 1; g >= 0; g--)
             if (e->group_need[g] && !e->g_pushed[g]) {
                 for (int i = e->nsg - 1; i >= 0; i--)
-                    if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+                    if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
                 e->g_pushed[g] = true;
                 ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
             }
     } else {
         for (int i = e->nsg - 1; i >= 0; i--)
-            if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+            if (e->sg[i].on_host) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
     }
     ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
     /* pipelined: the next forward waits per group */
     if (!e->pipelined) ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
     e->weights_pending = false;
     return ZOFF_OK;
-}
-
-/* Speculation validated: the new weights of every host sub-group to the device, group
- * by group in forward order (the backward is done: the step synchronised the compute
- * stream), each group marked arrived for the next forward. */
-static zoff_status spec_commit(zoff_engine *e) {
-    int ng = zoff_wready_groups(e->wr);
-    for (int g = 0; g < ng; g++) {
-        if (!e->group_need[g]) continue;
-        for (int i = 0; i < e->nsg; i++)
-            if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
-        ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
-    }
-    return zoff_event_record(e->ev_weights_done, e->h2d);
 }
 
 /* The gradient statistics on the device (sum of squares, non-finite flag) after the
@@ -1751,16 +1305,6 @@ static zoff_status grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) 
     return ZOFF_OK;
 }
 
-/* The last finished host update's interval, for the step timeline. */
-static void note_span(zoff_engine *e, int64_t t, double t0, double t1) {
-    if (e->mu_init) pthread_mutex_lock(&e->mu);
-    e->span_step = t;
-    e->span_seq = e->updates;
-    e->span_t0 = t0;
-    e->span_t1 = t1;
-    if (e->mu_init) pthread_mutex_unlock(&e->mu);
-}
-
 /* The host part of a step that is not skipped: delayed (the worker runs it during
  * the next forward and backward), pipelined (the worker runs it now, the next
  * forward waits per group), or here, pushing as it goes. */
@@ -1769,20 +1313,20 @@ static zoff_status host_step(zoff_engine *e, int64_t t, double lr, double grad_s
         /* weights of the previous job go to the device now; this step's job runs in the background */
         ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work));
         e->weights_pending = true;
-        start_job(e, t, lr, grad_scale, HU_NO_PUSH);
+        zoff_hr_start_job(e, t, lr, grad_scale, HU_NO_PUSH);
         e->gbuf ^= 1; /* the next backward fills the other buffer */
         return ZOFF_OK;
     }
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work)); /* warm-up */
     if (e->pipelined) {
-        start_job(e, t, lr, grad_scale, HU_PIPE);
+        zoff_hr_start_job(e, t, lr, grad_scale, HU_PIPE);
         e->pipe_unreported = true;
         return ZOFF_OK;
     }
     double th = zoff_now();
-    ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale, HU_PUSH));
+    ZOFF_TRY(zoff_hr_update(e, e->gbuf, t, lr, grad_scale, HU_PUSH));
     double th1 = zoff_now();
-    note_span(e, t, th, th1);
+    zoff_hr_note_span(e, t, th, th1);
     si->t_host += th1 - th;
     si->t_host_work += th1 - th;
     if (e->opt_stream) {
@@ -1802,7 +1346,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     double t0 = zoff_now();
     zoff_step_info si = {.loss_scale = e->ls.scale};
     bool spec = e->spec_running; /* this boundary's speculative update is running or done */
-    if (!spec) ZOFF_TRY(settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
+    if (!spec) ZOFF_TRY(zoff_hr_settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
     if (e->dpu) si.t_host = zoff_now() - t0; /* delayed update: waiting for the worker */
     if (e->pipe_unreported && !spec) { /* its host time, off the critical path (spec: the job runs now) */
         si.t_host_work = e->job_seconds;
@@ -1817,11 +1361,11 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
         double tj = zoff_now();
-        zoff_status js = wait_job(e);
+        zoff_status js = zoff_hr_wait_job(e);
         si.t_host = zoff_now() - tj;
         si.t_host_work = e->job_seconds;
         if (gs == ZOFF_OK) gs = js;
-        if (gs != ZOFF_OK) ZOFF_TRY(spec_rollback(e)); /* keep the state consistent; report gs */
+        if (gs != ZOFF_OK) ZOFF_TRY(zoff_hr_spec_rollback(e)); /* keep the state consistent; report gs */
     }
     ZOFF_TRY(gs);
     si.t_wait_grads = zoff_now() - t0 - si.t_host;
@@ -1844,9 +1388,9 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         double td = zoff_now();
         if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, 1.0 / scale));
         si.t_device = zoff_now() - td;
-        ZOFF_TRY(spec_commit(e));
+        ZOFF_TRY(zoff_hr_spec_commit(e));
     } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
-        ZOFF_TRY(spec_rollback(e));
+        ZOFF_TRY(zoff_hr_spec_rollback(e));
         si.rolled_back = true;
     }
     bool kept = spec && !si.rolled_back;
@@ -1888,27 +1432,8 @@ zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offse
     return zoff_wready_wait(e->wr, zoff_wready_group_of(e->wr, offset), s);
 }
 
-int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double *end) {
-    zoff_engine *m = (zoff_engine *)e; /* the lock only */
-    if (m->mu_init) pthread_mutex_lock(&m->mu);
-    int64_t t = e->span_step;
-    *start = e->span_t0;
-    *end = e->span_t1;
-    if (m->mu_init) pthread_mutex_unlock(&m->mu);
-    return t;
-}
-
-int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans) {
-    zoff_engine *m = (zoff_engine *)e; /* the lock only */
-    if (m->mu_init) pthread_mutex_lock(&m->mu);
-    int64_t k = e->span_seq; /* the update running now, if any, writes the other buffer */
-    if (m->mu_init) pthread_mutex_unlock(&m->mu);
-    *spans = k > 0 ? e->sg_span[k % 2] : NULL;
-    return k > 0 ? e->nspan[k % 2] : 0;
-}
-
 zoff_status zoff_engine_flush(zoff_engine *e) {
-    ZOFF_TRY(settle(e));
+    ZOFF_TRY(zoff_hr_settle(e));
     double dummy = 0;
     bool pending = e->weights_pending;
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
@@ -1929,7 +1454,7 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
 /* Copy state array i (0 master, 1 m, 2 v) between the engine and a host array of n floats. */
 static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
     if (i < 0 || i > 2) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
-    ZOFF_TRY(settle(e));
+    ZOFF_TRY(zoff_hr_settle(e));
     size_t f4 = sizeof(float);
     bool absent = (i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e));
     for (int k = 0; k < e->nsg; k++) {
