@@ -1,5 +1,6 @@
 /* The engine's state, shared by its files (private to src/zero): engine.c (creation,
- * placement, gradients to the host, the step, state), hostrun.c (the host optimizer
+ * placement, weights to the device, the step, state), gradients.c (gradients to the
+ * host during backward, the gradient timeline), hostrun.c (the host optimizer
  * runner: its worker thread, the host update, the pipelined / delayed / speculative
  * jobs), wready.c (weights-arrived events per group), placement.c, partition.c,
  * stage3.c, swapper.c. */
@@ -205,7 +206,9 @@ void zoff_hr_spec_land_fn(void *arg);
 zoff_status zoff_hr_spec_rollback(zoff_engine *e);
 zoff_status zoff_hr_spec_commit(zoff_engine *e);
 
-/* ---- engine.c, for the runner ---- */
+/* ---- engine.c, for the runner and the gradient path ---- */
+/* A failure inside grad_ready (no status to return): kept for the next step. */
+void zoff_eng_note_async(zoff_engine *e, zoff_status s, const char *what);
 zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g);
 zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v);
 zoff_status zoff_eng_nvme_release(zoff_engine *e, const subgroup *g, const float *master);
