@@ -175,7 +175,12 @@ zoff_status zoff_engine_zero_grad(zoff_engine *e);
 /* Check, clip and update with learning rate lr; afterwards the model's
  * parameter buffer holds the new weights (stream-ordered on the compute stream).
  * With the delayed parameter update, the host part of this step runs in the
- * background and the weights it produces are applied at the next call. */
+ * background and the weights it produces are applied during the next boundary
+ * backward or at the next call. Pipelined (options.weight_waits): the host part
+ * runs on the worker after this returns, and the new weights are in the buffer
+ * for whatever waits on zoff_engine_wait_weights (the model's forward); the
+ * engine functions that read weights or state (sync_params, state get/set, flush,
+ * the next step) wait for the job first. */
 zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info);
 /* offload_optimizer.super_offload: the learning rate the next step will use, so that the
  * update speculated during its boundary backward uses it (default: the last step's; a
