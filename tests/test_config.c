@@ -1023,8 +1023,6 @@ static void test_not_implemented_refused(void **state) {
         {"{'zero_optimization': {'load_from_fp32_weights': false}}", "zero_optimization.load_from_fp32_weights"},
         {"{'zero_optimization': {'cpu_offload_param': true}}", "zero_optimization.cpu_offload_param true"},
         {"{'zero_optimization': {'zenflow': {'topk_ratio': 0.1}}}", "zero_optimization.zenflow {\"topk_ratio\""},
-        {"{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'cpu', 'super_offload': true}}}",
-         "zero_optimization.offload_optimizer.super_offload true"},
         {"{'aio': {'use_gds': true}}", "aio.use_gds true (GPUDirect Storage"},
         {"{'checkpoint': {'load_universal': true}}", "checkpoint.load_universal true"},
         {"{'amp': {'enabled': true, 'opt_level': 'O1'}}", "amp.enabled true (NVIDIA Apex AMP is not implemented"},

@@ -36,7 +36,35 @@ typedef struct run_result {
     size_t device_peak;
     int64_t steps_taken;
     double host_ratio;
+    int64_t rollbacks;
+    bool rolled_back[32];
 } run_result;
+
+/* How train() drives the engine, and what it records of the step timeline
+ * (zoff_now seconds; iteration i's step is optimizer step i + 1 when none is skipped). */
+typedef struct train_mode {
+    bool waits;               /* the model waits per parameter group (options.weight_waits) */
+    int layers, hidden;       /* model shape (0: L, C) */
+    zoff_engine *e;           /* set by train() */
+    int iter;                 /* the iteration being run */
+    double group0_ready[32];  /* forward of iteration i: the wait for the embeddings returned */
+    double group0_device[32]; /* ... and the device reached that point */
+    double host_t0[33], host_t1[33]; /* host update of optimizer step t */
+    double bwd_end_device[32];       /* the boundary backward of iteration i ended on the device */
+} train_mode;
+static train_mode g_mode;
+
+static void stamp_device(void *arg) { *(double *)arg = zoff_now(); }
+
+static zoff_status logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t count) {
+    train_mode *tm = arg;
+    zoff_status st = zoff_engine_wait_weights(tm->e, s, off, count);
+    if (st == ZOFF_OK && off == 0 && tm->iter < 32 && tm->group0_ready[tm->iter] == 0) {
+        tm->group0_ready[tm->iter] = zoff_now();
+        st = zoff_stream_host_fn(s, stamp_device, &tm->group0_device[tm->iter]);
+    }
+    return st;
+}
 
 static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
     uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(step * 131 + mb * 7 + 1);
@@ -66,8 +94,9 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     int32_t *dx = NULL, *dy = NULL;
     float *init = NULL;
     int64_t mb_rows = cfg.train_micro_batch_size_per_gpu;
-    zoff_gpt2_options mo = {.shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = T,
-                                      .vocab_size = V},
+    zoff_gpt2_options mo = {.shape = {.num_layers = g_mode.layers ? g_mode.layers : L,
+                                      .hidden_size = g_mode.hidden ? g_mode.hidden : C, .num_heads = NH,
+                                      .max_seq_len = T, .vocab_size = V},
                             .batch_size = mb_rows, .seq_len = T, .dtype = dt};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
@@ -78,8 +107,12 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
-                                  .init_params = init};
+                                  .init_params = init, .weight_waits = g_mode.waits};
         s = zoff_engine_create(&eo, &e);
+        g_mode.e = e;
+        memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
+        memset(g_mode.group0_device, 0, sizeof g_mode.group0_device);
+        if (s == ZOFF_OK && g_mode.waits) s = zoff_gpt2_set_weight_wait(m, logged_wait, &g_mode);
     }
     if (s == ZOFF_OK) {
         zoff_engine_memory em;
@@ -93,6 +126,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
      * micro-batch k of a step takes rows [k*mb_rows, (k+1)*mb_rows) of the step's B x accum rows. */
     int32_t hx[B * T], hy[B * T];
     for (int step = 0; s == ZOFF_OK && step < nsteps; step++) {
+        g_mode.iter = step;
         tokens_for(step, 0, hx, hy);
         s = zoff_engine_zero_grad(e);
         double loss = 0;
@@ -106,13 +140,19 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
             loss += l;
             zoff_engine_begin_backward(e, k == accum - 1);
             if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+            if (s == ZOFF_OK && k == accum - 1) s = zoff_stream_host_fn(st, stamp_device, &g_mode.bwd_end_device[step]);
         }
         r->losses[step] = (float)(loss / accum);
         zoff_step_info si;
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-2, &si);
+        double h0, h1;
+        int64_t ht = s == ZOFF_OK ? zoff_engine_last_host_update(e, &h0, &h1) : 0;
+        if (ht > 0 && ht <= 32) g_mode.host_t0[ht] = h0, g_mode.host_t1[ht] = h1;
         r->norms[step] = si.grad_norm;
         r->scales[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
+        r->rolled_back[step] = si.rolled_back;
+        r->rollbacks = si.rollbacks;
     }
     if (s == ZOFF_OK) {
         r->weights = malloc((size_t)r->n * sizeof(float));
@@ -421,6 +461,283 @@ static void test_host_memory_checked(void **st) {
     unsetenv("ZOFF_TEST_MEM_AVAILABLE");
 }
 
+/* zoff_placement_build against its specification, checked element by element:
+ * the sub-groups tile [0, n) in order; none crosses a multiple of the grid size
+ * (sub_group_size, or for a fractional ratio with fewer than 32 of them
+ * ceil(n / 32) rounded up to 64) or a cut, and each ends at one of those or at n;
+ * the host holds the shortest run of whole sub-groups from the top with at least
+ * ceil(ratio * n) elements. */
+static void test_placement_spec(void **st) {
+    (void)st;
+    const int64_t ns[] = {1, 63, 1000, 4097, 123457};
+    const int64_t sgss[] = {0, 1, 64, 1000, 1000000000};
+    const double ratios[] = {0.0, 0.3, 0.5, 1.0};
+    int64_t cuts[8];
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof sgss / sizeof *sgss; b++)
+            for (size_t c = 0; c < sizeof ratios / sizeof *ratios; c++)
+                for (int nc = 0; nc <= 3; nc++) {
+                    int64_t n = ns[a];
+                    int k = 0;
+                    for (int i = 1; i <= nc; i++) /* increasing cuts in (0, n) */
+                        if (n * i / (nc + 1) > (k ? cuts[k - 1] : 0)) cuts[k++] = n * i / (nc + 1) + (i == 2);
+                    while (k > 0 && cuts[k - 1] >= n) k--;
+                    zoff_placement_input in = {.n = n, .sub_group_size = sgss[b], .ratio = ratios[c], .cuts = cuts,
+                                               .ncuts = k};
+                    zoff_placement p;
+                    assert_int_equal(zoff_placement_build(&in, &p), ZOFF_OK);
+                    int64_t grid = sgss[b] > 0 && sgss[b] < n ? sgss[b] : n;
+                    if (ratios[c] > 0 && ratios[c] < 1 && (n + grid - 1) / grid < 32) grid = ((n + 31) / 32 + 63) / 64 * 64;
+                    assert_int_equal(p.grid, grid);
+                    int64_t at = 0, host = 0, want = (int64_t)ceil(ratios[c] * (double)n);
+                    int ci = 0;
+                    bool seen_host = false;
+                    for (int i = 0; i < p.nsg; i++) {
+                        const zoff_subgroup_place *g = &p.sg[i];
+                        assert_int_equal(g->offset, at);
+                        assert_true(g->count > 0);
+                        int64_t end = at + g->count, next = (at / grid + 1) * grid;
+                        while (ci < k && cuts[ci] <= at) ci++;
+                        if (ci < k && cuts[ci] < next) next = cuts[ci];
+                        if (next > n) next = n;
+                        assert_int_equal(end, next); /* ends exactly at the first line after its start */
+                        if (seen_host) assert_true(g->on_host); /* the host part is a suffix */
+                        seen_host = seen_host || g->on_host;
+                        if (g->on_host) host += g->count;
+                        at = end;
+                    }
+                    assert_int_equal(at, n);
+                    assert_int_equal(p.host, host);
+                    assert_int_equal(p.device, n - host);
+                    assert_true(host >= want);
+                    /* shortest: without its lowest sub-group the host would hold too little */
+                    if (host > 0) {
+                        int lo = p.nsg - p.host_groups;
+                        assert_true(host - p.sg[lo].count < want);
+                    }
+                    zoff_placement_free(&p);
+                }
+    /* "auto": 1000-byte budget, 500 in use, 100 parameters in bf16 (12 B each on the device) */
+    zoff_auto_ratio ar;
+    zoff_placement_auto_ratio(1000, 500, 100, ZOFF_BF16, &ar);
+    assert_true(ar.fits);
+    assert_int_equal(ar.margin, 50);
+    assert_int_equal(ar.free_bytes, 1000 - 564 - 50);
+    assert_int_equal(ar.max_device, (1000 - 564 - 50) / 12);
+    assert_true(fabs(ar.ratio - (100.0 - (double)((1000 - 564 - 50) / 12)) / 100.0) < 1e-15);
+    zoff_placement_auto_ratio(1000, 900, 100, ZOFF_F32, &ar);
+    assert_false(ar.fits);
+    zoff_placement_auto_ratio(0, 900, 100, ZOFF_F32, &ar);
+    assert_true(ar.fits && ar.ratio == 0.0);
+}
+
+/* The pipelined step (options.weight_waits: the host update on the worker in forward
+ * order, each group's weights pushed at once, the forward waiting per group) computes
+ * exactly what the synchronous step computes: the same host Adam on the same
+ * elements, only in another order and on another thread. Losses, gradient norms,
+ * loss scales and final weights bit for bit, for fp32 / bf16 / fp16 (with skipped
+ * overflow steps), Twin-Flow ratio 0.5 and 2 accumulation steps. */
+static void check_pipelined(const char *zero, zoff_dtype dt, const char *prec, int accum, int nsteps) {
+    char a[1024];
+    run_result sy, pi;
+    cfg_json(a, sizeof a, zero, prec, accum);
+    assert_int_equal(train(a, dt, nsteps, 0, &sy), ZOFF_OK);
+    g_mode.waits = true;
+    zoff_status s = train(a, dt, nsteps, 0, &pi);
+    g_mode.waits = false;
+    assert_int_equal(s, ZOFF_OK);
+    for (int i = 0; i < nsteps; i++) {
+        if (memcmp(&sy.losses[i], &pi.losses[i], sizeof(float)) || sy.norms[i] != pi.norms[i] ||
+            sy.scales[i] != pi.scales[i] || sy.skipped[i] != pi.skipped[i])
+            fail_msg("%s %s step %d: pipelined loss %.9g norm %.9g vs synchronous %.9g %.9g", zero, prec, i,
+                     pi.losses[i], pi.norms[i], sy.losses[i], sy.norms[i]);
+    }
+    assert_memory_equal(sy.weights, pi.weights, (size_t)sy.n * sizeof(float));
+    assert_int_equal(sy.steps_taken, pi.steps_taken);
+    free(sy.weights);
+    free(pi.weights);
+}
+
+static void test_pipelined_equals_synchronous(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    check_pipelined(OFFLOAD, ZOFF_F32, "", 1, 6);
+    check_pipelined(OFFLOAD, ZOFF_BF16, bf, 1, 6);
+    check_pipelined(OFFLOAD, ZOFF_F16, "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1,"
+                                       " \"loss_scale_window\": 2},", 1, 10);
+    check_pipelined(OFFLOAD, ZOFF_BF16, bf, 2, 5);
+    check_pipelined("{\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}", ZOFF_BF16, bf, 1, 5);
+    check_pipelined("{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", ZOFF_F32, "", 1, 5);
+}
+
+/* The timeline of the pipelined step: the next forward gets the embeddings (the
+ * first group it reads, updated first) while the host optimizer still works on the
+ * later groups. A larger model (8 blocks) so that the rest of the update takes
+ * milliseconds; the machine is shared, so most steps (not every one) must show it. */
+static void test_pipelined_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    g_mode.layers = 8;
+    g_mode.hidden = 128;
+    zoff_status s = train(cfg_json(a, sizeof a, "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", 1),
+                          ZOFF_F32, 8, 0, &r);
+    g_mode.waits = false;
+    g_mode.layers = g_mode.hidden = 0;
+    assert_int_equal(s, ZOFF_OK);
+    int early = 0;
+    for (int i = 1; i < 8; i++) { /* forward of iteration i vs the host update of step i */
+        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i] && g_mode.group0_ready[i] > 0);
+        printf("step %d: host update %.3f ms, embeddings ready %.3f ms after it started\n", i,
+               1e3 * (g_mode.host_t1[i] - g_mode.host_t0[i]), 1e3 * (g_mode.group0_ready[i] - g_mode.host_t0[i]));
+        early += g_mode.group0_ready[i] < g_mode.host_t1[i];
+    }
+    if (early < 4) fail_msg("the forward got the embeddings before the host update ended in %d of 7 steps", early);
+    free(r.weights);
+}
+
+/* The delayed update with the pipeline (options.weight_waits): job t's new weights of
+ * each group go to the device during backward t+1, right after that group's backward,
+ * instead of all at step t+1; the next backward's gradients go to the host without
+ * waiting for the job. The values are those of the delayed update pushed at the step
+ * boundary (its definition: forward and backward t+1 see the weights of update t-1),
+ * bit for bit: a push that landed while backward t+1 still read the old weights would
+ * change its gradients. fp32 and bf16, accumulation 1 and 2. */
+static void test_delayed_pipelined(void **st) {
+    (void)st;
+    const char *dz = "{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true,"
+                     " \"zoff_delayed_param_update_warmup\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}";
+    check_pipelined(dz, ZOFF_F32, "", 1, 12);
+    check_pipelined(dz, ZOFF_BF16, "\"bf16\": {\"enabled\": true},", 2, 8);
+}
+
+/* The timeline of the delayed update: the host update of step t is still running
+ * after the forward of the next iteration has started on the device (it runs during
+ * that forward and backward). 8 blocks; most steps must show it (shared machine). */
+static void test_delayed_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    const char *dz = "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 1,"
+                     " \"offload_optimizer\": {\"device\": \"cpu\"}}";
+    g_mode.waits = true;
+    g_mode.layers = 8;
+    g_mode.hidden = 128;
+    zoff_status s = train(cfg_json(a, sizeof a, dz, "", 1), ZOFF_F32, 8, 0, &r);
+    g_mode.waits = false;
+    g_mode.layers = g_mode.hidden = 0;
+    assert_int_equal(s, ZOFF_OK);
+    int during = 0;
+    for (int i = 2; i < 8; i++) { /* step i (delayed: i > warm-up 1) runs during iteration i */
+        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i] && g_mode.group0_device[i] > 0);
+        printf("step %d: host update %.3f ms; the next forward started on the device %.3f ms before it ended\n", i,
+               1e3 * (g_mode.host_t1[i] - g_mode.host_t0[i]), 1e3 * (g_mode.host_t1[i] - g_mode.group0_device[i]));
+        during += g_mode.group0_device[i] < g_mode.host_t1[i];
+    }
+    if (during < 3) fail_msg("the host update ran past the start of the next forward in %d of 6 steps", during);
+    free(r.weights);
+}
+
+/* Speculation-then-validation (offload_optimizer.super_offload): the host updates each
+ * group during the boundary backward as soon as its gradients land, assuming no
+ * clipping and no overflow; the step keeps it or restores the saved master, m and v
+ * and updates again. The reference is the pipelined exact step (itself bit-identical to
+ * the synchronous one above). Kept speculation: bit for bit, no rollback. Rolled back
+ * (a tiny clip: every speculated step; fp16 with too large a loss scale: the overflow
+ * steps): also bit for bit (the saved state is restored exactly and the host
+ * optimizer's bias-correction chain replayed; the issue allows 2 ulp per rollback), and
+ * the rollbacks are counted. */
+static const char *spec_cfg(char *buf, size_t n, bool spec, const char *prec, int accum, double clip) {
+    snprintf(buf, n,
+             "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
+             " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.1}},"
+             " \"gradient_clipping\": %g, %s \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 3000,"
+             " \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": %s}}}",
+             B / accum, accum, clip, prec, spec ? "true" : "false");
+    return buf;
+}
+
+static void check_spec(zoff_dtype dt, const char *prec, int accum, double clip, int nsteps, int want_rollbacks) {
+    char a[1024], b[1024];
+    run_result ex, sp;
+    g_mode.waits = true;
+    zoff_status s1 = train(spec_cfg(a, sizeof a, false, prec, accum, clip), dt, nsteps, 0, &ex);
+    zoff_status s2 = train(spec_cfg(b, sizeof b, true, prec, accum, clip), dt, nsteps, 0, &sp);
+    g_mode.waits = false;
+    assert_int_equal(s1, ZOFF_OK);
+    assert_int_equal(s2, ZOFF_OK);
+    for (int i = 0; i < nsteps; i++)
+        if (memcmp(&ex.losses[i], &sp.losses[i], sizeof(float)) ||
+            !(ex.norms[i] == sp.norms[i] || (isnan(ex.norms[i]) && isnan(sp.norms[i]))) || ex.skipped[i] != sp.skipped[i])
+            fail_msg("%s clip %g step %d: speculative loss %.9g norm %.9g vs exact %.9g %.9g", prec, clip, i,
+                     sp.losses[i], sp.norms[i], ex.losses[i], ex.norms[i]);
+    assert_memory_equal(ex.weights, sp.weights, (size_t)ex.n * sizeof(float));
+    printf("%s accum %d clip %g: %lld rollbacks in %d steps\n", prec, accum, clip, (long long)sp.rollbacks, nsteps);
+    if (want_rollbacks >= 0) assert_int_equal(sp.rollbacks, want_rollbacks);
+    assert_int_equal(ex.rollbacks, 0);
+    free(ex.weights);
+    free(sp.weights);
+}
+
+static void test_speculative_equals_exact(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    check_spec(ZOFF_F32, "", 1, 0.0, 8, 0);    /* nothing to undo: step 1 has no learning rate to assume */
+    check_spec(ZOFF_BF16, bf, 1, 0.0, 8, 0);
+    check_spec(ZOFF_BF16, bf, 2, 0.0, 6, 0);   /* speculation in the boundary micro-batch only */
+    check_spec(ZOFF_F32, "", 1, 1e-6, 6, 5);   /* a tiny clip: every speculated step is clipped */
+    check_spec(ZOFF_BF16, bf, 1, 1e-6, 6, 5);
+}
+
+/* fp16 with a loss scale that overflows: each speculated overflow step is rolled back
+ * (the step is then skipped, as without speculation). */
+static void test_speculative_overflow(void **st) {
+    (void)st;
+    const char *prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 40, \"hysteresis\": 1,"
+                       " \"loss_scale_window\": 1000, \"min_loss_scale\": 1},";
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    assert_int_equal(train(spec_cfg(a, sizeof a, true, prec, 1, 0.0), ZOFF_F16, 30, 0, &r), ZOFF_OK);
+    g_mode.waits = false;
+    int skipped_spec = 0; /* overflow steps after the first (which has no learning rate to speculate with) */
+    for (int i = 1; i < 30; i++) {
+        skipped_spec += r.skipped[i];
+        assert_true(r.rolled_back[i] == r.skipped[i]);
+    }
+    assert_true(skipped_spec >= 5);
+    assert_int_equal(r.rollbacks, skipped_spec);
+    free(r.weights);
+    check_spec(ZOFF_F16, prec, 1, 0.0, 30, skipped_spec);
+}
+
+/* The timeline of speculation: the update of the last group (the first whose gradients
+ * land) starts before the backward of the first block ends. 8 blocks; most steps. */
+static void test_speculative_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    g_mode.layers = 8;
+    g_mode.hidden = 128;
+    zoff_status s = train(spec_cfg(a, sizeof a, true, "", 1, 0.0), ZOFF_F32, 8, 0, &r);
+    g_mode.waits = false;
+    g_mode.layers = g_mode.hidden = 0;
+    assert_int_equal(s, ZOFF_OK);
+    assert_int_equal(r.rollbacks, 0);
+    int early = 0;
+    for (int i = 1; i < 8; i++) { /* iteration i's backward, step i + 1 */
+        assert_true(g_mode.host_t1[i + 1] > g_mode.host_t0[i + 1] && g_mode.bwd_end_device[i] > 0);
+        printf("step %d: host update %.3f ms, began %.3f ms before the backward ended\n", i + 1,
+               1e3 * (g_mode.host_t1[i + 1] - g_mode.host_t0[i + 1]),
+               1e3 * (g_mode.bwd_end_device[i] - g_mode.host_t0[i + 1]));
+        early += g_mode.host_t0[i + 1] < g_mode.bwd_end_device[i];
+    }
+    if (early < 4) fail_msg("the speculative update began before the backward ended in %d of 7 steps", early);
+    free(r.weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
@@ -429,7 +746,11 @@ int main(void) {
         cmocka_unit_test(test_delayed_update),
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
-        cmocka_unit_test(test_host_memory_checked),
+        cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
+        cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
+        cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
+        cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
+        cmocka_unit_test(test_speculative_timeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,6 +88,7 @@ typedef struct zoff_offload_optimizer_config {
     bool fast_init;             /* default false */
     double ratio;               /* default 1.0: fraction of the update on the host (Twin-Flow) */
     bool ratio_auto;            /* "ratio": "auto" */
+    bool super_offload;         /* default false: speculation-then-validation (SuperOffload), docs/architecture.md */
 } zoff_offload_optimizer_config;
 
 typedef struct zoff_offload_param_config {

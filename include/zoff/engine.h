@@ -42,6 +42,14 @@ typedef struct zoff_engine_options {
     /* Record when the gradient stream reduces and copies each range the model
      * reports during the boundary backward (zoff_engine_grad_timeline). */
     bool timeline;
+    /* The model calls zoff_engine_wait_weights before its forward reads each parameter
+     * group (zoff_gpt2_set_weight_wait). Then, with one rank, stages 1-2 and the
+     * optimizer state in host memory, the step is pipelined: zoff_engine_step returns
+     * after the gradient statistics, the host update runs on the engine's worker
+     * thread in forward order, each sub-group's new weights are copied to the device
+     * as soon as they are written, and the next forward waits for each group's
+     * weights only (no device-wide wait). */
+    bool weight_waits;
 } zoff_engine_options;
 
 /* Result of one optimizer step (one accumulation boundary). Times in seconds. */
@@ -52,10 +60,13 @@ typedef struct zoff_step_info {
     double t_step;       /* wall time in zoff_engine_step */
     double t_wait_grads; /* waiting for the gradient statistics and the last gradient copies */
     double t_host;       /* host optimizer time on the step's critical path (delayed update: waiting for it) */
-    double t_host_work;  /* host optimizer compute time (delayed update: the job that finished during this step) */
+    double t_host_work;  /* host optimizer compute time (delayed update, pipelined step: the job that finished
+                            during this step, i.e. the previous step's) */
     double t_device;     /* issuing the device optimizer (Twin-Flow / no offload) */
     double t_wait_device;/* waiting for the device optimizer after the host part was done (Twin-Flow) */
     double t_wait_weights; /* waiting for the last new weights to reach the device */
+    bool rolled_back;    /* super_offload: the speculative update was undone (clipping, overflow, another lr) */
+    int64_t rollbacks;   /* super_offload: rollbacks so far */
 } zoff_step_info;
 
 /* Where the engine keeps its memory, in bytes (for the memory report and zoff plan). */
@@ -70,6 +81,53 @@ typedef struct zoff_engine_memory {
     size_t nvme;         /* bytes of the NVMe swap file (offload_optimizer.device "nvme"; the host
                             sub-groups' fp32 state, which then is not in pinned/pageable) */
 } zoff_engine_memory;
+
+/* ---- placement (src/zero/placement.c): where the optimizer's partition lives.
+ * Pure functions, called by the engine and by zoff plan, so that the two agree
+ * to the element. The flat space [0, n) is cut at multiples of sub_group_size
+ * (finer, in multiples of 64 and into at least 32 pieces, when a fractional
+ * ratio needs it) and at the given cuts: where a layer group starts (the runs of
+ * equal `layer` in the tensor table) when zoff_placement_layer_cuts says so, so
+ * that a sub-group's gradients are final when one group's backward is done and
+ * its new weights are what one group's forward needs; with several ranks, where
+ * the partition's pieces end (each sub-group one model range). The host takes
+ * whole sub-groups from the top (their gradients arrive first) until it holds
+ * at least ceil(ratio * n) elements. */
+typedef struct zoff_placement_input {
+    int64_t n;               /* elements of this rank's optimizer space */
+    int64_t sub_group_size;  /* zero_optimization.sub_group_size (<= 0: n) */
+    double ratio;            /* host fraction in [0, 1] */
+    const int64_t *cuts;     /* increasing offsets in (0, n) where a sub-group must end */
+    int ncuts;
+} zoff_placement_input;
+typedef struct zoff_subgroup_place {
+    int64_t offset, count;
+    bool on_host;
+} zoff_subgroup_place;
+typedef struct zoff_placement {
+    zoff_subgroup_place *sg; /* in flat order (owned: zoff_placement_free) */
+    int nsg;
+    int host_groups;         /* sub-groups on the host */
+    int64_t host, device;    /* elements */
+    int64_t grid;            /* the sub-group size used */
+    int64_t largest_host;    /* elements of the largest host sub-group */
+} zoff_placement;
+zoff_status zoff_placement_build(const zoff_placement_input *in, zoff_placement *out);
+void zoff_placement_free(zoff_placement *p);
+/* Whether the sub-groups are cut at the layer groups: one rank, stages 0-2, the
+ * state in host memory (offload_optimizer.device not "nvme"). */
+bool zoff_placement_layer_cuts(int world, int stage, bool nvme);
+/* "ratio": "auto": the smallest host fraction for which the device-side optimizer
+ * state fits in what the device budget leaves after what is in use (the model's
+ * weights, gradients, activations, the data-parallel buffers) and a margin of 5%
+ * of the budget. budget 0 (no budget): ratio 0. fits false: not even ratio 1. */
+typedef struct zoff_auto_ratio {
+    size_t budget, in_use, margin, free_bytes, per_param;
+    int64_t max_device;
+    double ratio;
+    bool fits;
+} zoff_auto_ratio;
+void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out);
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
@@ -98,6 +156,18 @@ zoff_status zoff_engine_acquire(void *engine, zoff_stream *s, int64_t offset, in
                                 void **params, void **grads);
 zoff_status zoff_engine_release(void *engine, zoff_stream *s, int64_t offset, int64_t count, bool backward);
 
+/* zoff_weight_wait_fn for the model (arg = the engine; options.weight_waits):
+ * orders s after the newest weights of the group at [offset, offset+count),
+ * blocking the caller while the host optimizer has not written them yet. */
+zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offset, int64_t count);
+/* The last finished host update: returns its optimizer step (0: none yet) and its
+ * wall-clock interval (zoff_now) in *start, *end, for the step timeline. */
+int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double *end);
+/* The same update's work: (start, end) per host sub-group it updated, in update order
+ * (without the waits between them); returns how many. Valid until the next update after
+ * it finishes (the step after next). */
+int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans);
+
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);
 /* Zero the device gradient buffer (start of an accumulation window). */
@@ -105,8 +175,17 @@ zoff_status zoff_engine_zero_grad(zoff_engine *e);
 /* Check, clip and update with learning rate lr; afterwards the model's
  * parameter buffer holds the new weights (stream-ordered on the compute stream).
  * With the delayed parameter update, the host part of this step runs in the
- * background and the weights it produces are applied at the next call. */
+ * background and the weights it produces are applied during the next boundary
+ * backward or at the next call. Pipelined (options.weight_waits): the host part
+ * runs on the worker after this returns, and the new weights are in the buffer
+ * for whatever waits on zoff_engine_wait_weights (the model's forward); the
+ * engine functions that read weights or state (sync_params, state get/set, flush,
+ * the next step) wait for the job first. */
 zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info);
+/* offload_optimizer.super_offload: the learning rate the next step will use, so that the
+ * update speculated during its boundary backward uses it (default: the last step's; a
+ * step with another learning rate rolls the speculation back). */
+void zoff_engine_set_lr(zoff_engine *e, double lr);
 /* Optimizer steps taken (skipped ones excluded). */
 int64_t zoff_engine_steps_taken(const zoff_engine *e);
 

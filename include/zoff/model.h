@@ -80,6 +80,14 @@ typedef struct zoff_gpt2_options {
     bool external_params;
 } zoff_gpt2_options;
 
+/* Stages 1-2 (flat buffers): before forward issues the first op that reads a
+ * parameter group (the groups of zoff_param_hooks, zoff/param_space.h) it calls fn(arg, s, offset, count),
+ * which orders s after that group's newest weights (the engine's
+ * zoff_engine_wait_weights: the host optimizer's copies arrive group by group).
+ * NULL fn: none (the default). */
+typedef zoff_status (*zoff_weight_wait_fn)(void *arg, zoff_stream *s, int64_t offset, int64_t count);
+zoff_status zoff_gpt2_set_weight_wait(zoff_gpt2 *m, zoff_weight_wait_fn fn, void *arg);
+
 /* Validates the shape (clear error naming the field), allocates parameters,
  * gradients and activations on dev (failing with ZOFF_ERR_DEVICE_OOM if over budget). */
 zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zoff_gpt2 **out);

@@ -120,6 +120,9 @@ typedef struct zoff_train_stack_options {
     void *init_arg;
     zoff_comm *comm;                 /* NULL: one rank */
     bool timeline;                   /* record the gradient-stream timeline (zoff_engine_grad_timeline) */
+    /* the forward waits per layer group for its weights (engine options.weight_waits,
+     * zoff_gpt2_set_weight_wait): the pipelined step; ignored in stage 3 (parameter hooks) */
+    bool weight_waits;
 } zoff_train_stack_options;
 
 typedef struct zoff_train_stack {

@@ -292,7 +292,7 @@ static const key_spec k_offload_optimizer[] = {
     KB("pipeline_write", zoff_offload_optimizer_config, pipeline_write),
     KB("fast_init", zoff_offload_optimizer_config, fast_init),
     KC("ratio", h_ratio, .flags = F_AUTO_OK, .allowed = "a number in [0, 1] or \"auto\""),
-    DB("super_offload", "false", "SuperOffload (for superchips) is not implemented"),
+    KB("super_offload", zoff_offload_optimizer_config, super_offload),
     XB("convert_grad_on_cpu", "where 16-bit gradients are widened to fp32; zoff widens them inside its CPU "
                               "optimizer (the same values)"),
     XN("cpuadam_cores_perc", 0, 1, "SuperOffload's share of cores; zoff's CPU optimizer uses the OpenMP team"),

@@ -87,6 +87,8 @@ struct zoff_gpt2 {
     bool external;
     zoff_param_hooks hooks;
     bool have_hooks;
+    zoff_weight_wait_fn wait_fn; /* flat buffers: forward waits for each group's weights (may be NULL) */
+    void *wait_arg;
     int ngroups;
     int64_t *goff, *gcount;
     void **gp, **gg;
@@ -138,7 +140,11 @@ static void *grad_ptr(const zoff_gpt2 *m, int t) {
 
 /* Parameter group g is about to be used / is no longer used (hooks; nothing with flat buffers). */
 static zoff_status group_use(zoff_gpt2 *m, int g, bool backward) {
-    if (!m->external) return ZOFF_OK;
+    if (!m->external) { /* backward comes after a forward that waited, in stream order */
+        if (!m->wait_fn || backward) return ZOFF_OK;
+        zoff_status s = m->wait_fn(m->wait_arg, zoff_device_stream(m->dev), m->goff[g], m->gcount[g]);
+        return s == ZOFF_OK ? s : zoff_error_context(s, "waiting for the weights of parameter group %d", g);
+    }
     if (!m->have_hooks)
         return zoff_error(ZOFF_ERR_INVALID, "GPT-2 with external parameters: no parameter hooks installed "
                                             "(zoff_gpt2_set_param_hooks)");
@@ -161,6 +167,16 @@ static zoff_status group_done(zoff_gpt2 *m, int g, bool backward) {
 static zoff_status pass_begin(zoff_gpt2 *m, bool backward) {
     if (!m->external || !m->have_hooks || !m->hooks.begin_pass) return ZOFF_OK;
     return m->hooks.begin_pass(m->hooks.arg, zoff_device_stream(m->dev), backward);
+}
+
+zoff_status zoff_gpt2_set_weight_wait(zoff_gpt2 *m, zoff_weight_wait_fn fn, void *arg) {
+    if (!m) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_weight_wait: model is NULL");
+    if (m->external)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_weight_wait: the model has external parameters (stage 3): "
+                                            "its zoff_param_hooks provide the weights");
+    m->wait_fn = fn;
+    m->wait_arg = arg;
+    return ZOFF_OK;
 }
 
 zoff_status zoff_gpt2_set_param_hooks(zoff_gpt2 *m, const zoff_param_hooks *hooks) {

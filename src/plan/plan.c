@@ -6,8 +6,8 @@
  *   model   src/model/gpt2.c   zoff_gpt2_create: parameters, gradients, one
  *                              activation allocation carved in 256-byte aligned
  *                              pieces (layout_activations), pinned losses
- *   engine  src/zero/engine.c  zoff_engine_create: sub-groups placed from the
- *                              top (build_subgroups), "auto" (auto_ratio),
+ *   engine  src/zero/engine.c  zoff_engine_create: sub-groups and "auto" from
+ *                              src/zero/placement.c (called here too),
  *                              device master/m/v + 8 bytes of statistics, host
  *                              master/m/v + gradient partition(s) + staging
  *   loop    src/cli/train.c    token buffers on the device, initial fp32
@@ -16,6 +16,7 @@
  * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
 #define _GNU_SOURCE
 #include "zoff/plan.h"
+#include "zoff/engine.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,8 +30,6 @@
 #include <unistd.h>
 
 
-/* The engine's "ratio": "auto" keeps 5% of the budget free (engine.c AUTO_MARGIN_FRACTION). */
-#define ENGINE_AUTO_MARGIN 0.05
 /* nvme grid rows with ratio 0 or 1 get at least this many sub-groups when the
  * config's sub_group_size gives fewer. */
 #define PLAN_MIN_SUBGROUPS 16
@@ -146,40 +145,6 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->sub_group_size = z->sub_group_size;
 }
 
-/* engine.c build_subgroups(): whole sub-groups of the flat range [0, n) from the
- * top until at least ceil(ratio * n) elements are on the host. The top
- * sub-group is the short one. */
-typedef struct placement {
-    int64_t host;        /* elements on the host */
-    int64_t sgs;         /* sub-group size used */
-    int nsg;             /* sub-groups */
-    int host_groups;     /* of them on the host */
-    int64_t top;         /* elements of the top (last, possibly short) sub-group */
-} placement;
-
-/* engine.c TWIN_FLOW_MIN_SUBGROUPS: a fractional ratio with fewer sub-groups
- * than this splits [0, n) finer, in multiples of 64 elements. */
-#define ENGINE_MIN_SUBGROUPS 32
-static placement place_host(int64_t n, int64_t sgs, double ratio) {
-    placement p = {0};
-    if (sgs <= 0) sgs = n;
-    if (ratio > 0 && ratio < 1 && (n + sgs - 1) / sgs < ENGINE_MIN_SUBGROUPS) {
-        sgs = (n + ENGINE_MIN_SUBGROUPS - 1) / ENGINE_MIN_SUBGROUPS;
-        sgs = (sgs + 63) / 64 * 64;
-    }
-    int64_t nsg = (n + sgs - 1) / sgs;
-    p.sgs = sgs;
-    p.nsg = nsg > INT32_MAX ? INT32_MAX : (int)nsg;
-    p.top = n - (nsg - 1) * sgs;
-    int64_t want = (int64_t)ceil(ratio * (double)n);
-    if (want <= 0) return p;
-    int64_t more = want <= p.top ? 0 : (want - p.top + sgs - 1) / sgs;
-    if (more > nsg - 1) more = nsg - 1;
-    p.host = p.top + more * sgs;
-    p.host_groups = (int)(1 + more);
-    return p;
-}
-
 /* src/zero/swapper.c: each array of a group is padded to 4 KiB (ZOFF_AIO_ALIGN). */
 #define SWAP_ALIGN ((size_t)4096)
 static size_t swap_array_bytes(int64_t count) {
@@ -194,6 +159,37 @@ static size_t mul_sat(size_t a, size_t b) {
     return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
 }
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+/* The engine's placement (zoff_placement_build, src/zero/placement.c) of a
+ * partition of `part` elements, with the model's layer groups as cuts where the
+ * engine cuts there too. */
+typedef struct plan_placement {
+    int64_t host;          /* elements on the host */
+    int nsg, host_groups;  /* sub-groups, of them on the host */
+    int64_t largest_host;  /* elements of the largest host sub-group */
+    size_t host_swap_bytes;/* one swap array over the host sub-groups (each padded, swapper.c) */
+} plan_placement;
+static zoff_status place(int64_t part, const zoff_plan_setting *s, double ratio, int64_t R, int64_t emb, int64_t blk,
+                         int64_t L, plan_placement *out) {
+    int64_t *cuts = NULL;
+    int ncuts = 0;
+    if (zoff_placement_layer_cuts((int)R, s->stage, s->offload == ZOFF_OFFLOAD_NVME)) {
+        if (!(cuts = malloc((size_t)(L + 1) * sizeof *cuts))) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+        for (int64_t l = 0; l <= L; l++) cuts[ncuts++] = emb + l * blk; /* [wte, wpe] | h.0 | ... | ln_f */
+    }
+    zoff_placement p;
+    zoff_placement_input in = {.n = part, .sub_group_size = s->sub_group_size, .ratio = ratio, .cuts = cuts,
+                               .ncuts = ncuts};
+    zoff_status st = zoff_placement_build(&in, &p);
+    free(cuts);
+    if (st != ZOFF_OK) return st;
+    *out = (plan_placement){.host = p.host, .nsg = p.nsg, .host_groups = p.host_groups,
+                            .largest_host = p.largest_host};
+    for (int i = 0; i < p.nsg; i++)
+        if (p.sg[i].on_host) out->host_swap_bytes = add_sat(out->host_swap_bytes, swap_array_bytes(p.sg[i].count));
+    zoff_placement_free(&p);
+    return ZOFF_OK;
+}
+
 static size_t frac_of(size_t cap, double keep) { return (size_t)((double)cap * keep); }
 
 /* FLOPs of one micro-batch: forward, backward (2x forward) and the forward
@@ -339,26 +335,13 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     if (offload && s->ratio_auto) {
         /* allocated before the engine chooses: the model, the data-parallel buffers */
         model_dev_before_engine = (s->stage < 3 ? m->params16 + m->grads16 : 0) + m->activations + m->comm_buffers;
-        size_t budget = M->device_budget ? M->device_bytes : 0;
-        if (budget == 0) {
-            ratio = 0.0; /* engine: no budget, everything fits on the device */
-        } else {
-            size_t margin = (size_t)((double)budget * ENGINE_AUTO_MARGIN);
-            size_t used = model_dev_before_engine + 64;
-            if (used + margin >= budget) {
-                r->auto_failed = true;
-                ratio = 1.0;
-            } else {
-                size_t freeb = budget - used - margin;
-                size_t per = f4 * (dt == ZOFF_F32 ? 2 : 3);
-                int64_t max_dev = (int64_t)(freeb / per);
-                int64_t host = part - max_dev;
-                if (host < 0) host = 0;
-                ratio = (double)host / (double)part;
-            }
-        }
+        zoff_auto_ratio ar;
+        zoff_placement_auto_ratio(M->device_budget ? M->device_bytes : 0, model_dev_before_engine, part, dt, &ar);
+        r->auto_failed = !ar.fits;
+        ratio = ar.ratio;
     }
-    placement pl = place_host(part, s->sub_group_size, offload ? ratio : 0.0);
+    plan_placement pl = {0};
+    ZOFF_TRY(place(part, s, offload ? ratio : 0.0, R, emb, blk, L, &pl));
     r->host_params = pl.host;
     r->num_subgroups = pl.nsg;
     r->device_params = part - r->host_params;
@@ -380,7 +363,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
          * (master, m, v as the optimizer uses them) 4 KiB aligned; a 4 KiB
          * header; min(buffer_count, groups) buffers of the largest group */
         const size_t na = state_b / f4;
-        const int64_t big = pl.host_groups > 1 ? pl.sgs : pl.top;
+        const int64_t big = pl.largest_host;
         int64_t bc = cfg->zero.offload_optimizer.buffer_count;
         int need = 1 + (cfg->zero.offload_optimizer.pipeline_read ? 1 : 0) + (cfg->zero.offload_optimizer.pipeline_write ? 1 : 0);
         if (need > pl.host_groups) need = pl.host_groups;
@@ -393,9 +376,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         int64_t slots = bc < pl.host_groups ? bc : pl.host_groups;
         if (slots < 1) slots = 1;
         m->swap_buffers = add_sat(mul_sat((size_t)slots, mul_sat(na, swap_array_bytes(big))), 2 * SWAP_ALIGN);
-        m->disk_optimizer = add_sat(SWAP_ALIGN, mul_sat(na, add_sat(swap_array_bytes(pl.top),
-                                                                    mul_sat((size_t)(pl.host_groups - 1),
-                                                                            swap_array_bytes(pl.sgs)))));
+        m->disk_optimizer = add_sat(SWAP_ALIGN, mul_sat(na, pl.host_swap_bytes));
     }
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
@@ -524,7 +505,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         t->comm = cfg->zero.overlap_comm ? fmax(0.0, c - t_bwd) : c;
     }
     double host_phase = (double)nh / rt->host_adam;
-    size_t sg_now = (size_t)(pl.host_groups > 1 ? pl.sgs : pl.top);
+    size_t sg_now = (size_t)pl.largest_host;
     if (nh == 0) sg_now = 0;
     if (s->offload == ZOFF_OFFLOAD_NVME && nh > 0) {
         double rd = (double)nh * (double)state_b / rt->disk_read, wr = (double)nh * (double)state_b / rt->disk_write;

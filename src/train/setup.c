@@ -240,7 +240,8 @@ zoff_status trainer_build(zoff_trainer *t) {
                                    .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
                                    .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,
                                    .seed = t->o.seed, .init = initial_weights, .init_arg = t,
-                                   .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1};
+                                   .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1,
+                                   .weight_waits = true};
     ZOFF_TRY(zoff_train_stack_create(&so, &t->stack));
     t->dev = t->stack.dev;
     t->model = t->stack.model;

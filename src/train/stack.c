@@ -24,8 +24,12 @@ static zoff_status create_engine(const zoff_train_stack_options *o, zoff_train_s
     zoff_engine_options eo = {.dev = s->dev, .cfg = o->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = n, .params = zoff_gpt2_params(s->model),
                               .grads = zoff_gpt2_grads(s->model), .dtype = o->dtype, .init_params = init,
-                              .comm = o->comm, .timeline = o->timeline};
+                              .comm = o->comm, .timeline = o->timeline,
+                              .weight_waits = o->weight_waits && o->cfg->zero.stage < 3};
     if (st == ZOFF_OK && (st = zoff_engine_create(&eo, &s->eng)) != ZOFF_OK) zoff_error_context(st, "engine");
+    if (st == ZOFF_OK && eo.weight_waits &&
+        (st = zoff_gpt2_set_weight_wait(s->model, zoff_engine_wait_weights, s->eng)) != ZOFF_OK)
+        zoff_error_context(st, "engine");
     zoff_aligned_free(init); /* the engine holds the master weights now: 4 B/param less on the host */
     if (st == ZOFF_OK && o->cfg->zero.stage == 3) { /* the model asks the engine for each group's weights */
         zoff_param_hooks hk = {.arg = s->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,

@@ -129,7 +129,8 @@ zoff_status zoff_trainer_should_stop(zoff_trainer *t, bool *stop) {
 }
 
 /* One micro-batch: tokens to the device, forward, backward (gradients stream to the engine). */
-static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, double *t_fwd, double *t_bwd) {
+static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, double *t_fwd, double *t_bwd,
+                               double *t_ckpt_wait) {
     const int64_t B = t->info.micro_batch, T = t->info.seq_len;
     const size_t bytes = (size_t)(B * T) * sizeof(int32_t);
     zoff_stream *st = zoff_device_stream(t->dev);
@@ -141,6 +142,11 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
     if (s == ZOFF_OK) s = zoff_gpt2_forward(t->model, t->dx, t->dy, B, T);
     if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(t->model, loss);
     double tb = zoff_now();
+    if (boundary) { /* super_offload speculates this step's update during this backward */
+        zoff_engine_set_lr(t->eng, zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng)));
+        /* a checkpoint still reading the state finishes before a speculative update starts */
+        if (t->cfg.zero.offload_optimizer.super_offload) ZOFF_TRY(wait_background_save(t, t_ckpt_wait));
+    }
     zoff_engine_begin_backward(t->eng, boundary);
     if (s == ZOFF_OK)
         s = zoff_gpt2_backward(t->model, zoff_engine_backward_scale(t->eng), zoff_engine_grad_ready, t->eng);
@@ -159,10 +165,10 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
         t,
         "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
         "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
-        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"ckpt_wait\":%.6f}\n",
+        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f}\n",
         (long long)r->step, (float)r->loss, r->lr, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
-        si->skipped ? "true" : "false", r->t_ckpt_wait);
+        si->skipped ? "true" : "false", (long long)si->rollbacks, r->t_ckpt_wait);
     return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
 }
 
@@ -174,12 +180,13 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     if (s != ZOFF_OK) return zoff_error_context(s, "step");
     for (int64_t mb = 0; mb < accum; mb++) {
         float l = 0;
-        ZOFF_TRY(micro_batch(t, mb == accum - 1, &l, &r->t_forward, &r->t_backward));
+        ZOFF_TRY(micro_batch(t, mb == accum - 1, &l, &r->t_forward, &r->t_backward, &r->t_ckpt_wait));
         loss_sum += l;
     }
     r->lr = zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng));
-    /* the update (and, with the delayed update, its background job) starts in zoff_engine_step:
-     * a checkpoint still reading the state finishes first */
+    /* the update (and, with the delayed update, its background job) starts in zoff_engine_step
+     * (with super_offload during the boundary backward, waited for there): a checkpoint still
+     * reading the state finishes first */
     ZOFF_TRY(wait_background_save(t, &r->t_ckpt_wait));
     if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");

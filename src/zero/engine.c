@@ -22,8 +22,20 @@
  * Delayed parameter update (ZeRO-Offload's one-step delay, off by default):
  * the host update of step t runs on a worker thread while forward and
  * backward of step t+1 run with the weights of step t-1's update; the new
- * weights are applied at the next boundary. Host gradients are double
- * buffered so that backward t+1 never overwrites what the worker reads. */
+ * weights of each group go to the device once backward t+1 is done with the
+ * group (with the per-group weight waits) or at the next boundary. Host
+ * gradients are double buffered so that backward t+1 never overwrites what the
+ * worker reads (and never waits for it).
+ *
+ * With the per-group weight waits (options.weight_waits) the exact step is
+ * pipelined (the worker updates in forward order, each group's weights are
+ * pushed at once, the next forward waits per group: zero/wready.h), and
+ * offload_optimizer.super_offload speculates the update during the boundary
+ * backward and validates it at the step (docs/architecture.md). The placement
+ * of sub-groups is zero/placement.c's; gradients to the host are
+ * zero/gradients.c; the host optimizer runner (the worker
+ * thread and the host update in each mode) is zero/hostrun.c; the state shared
+ * by them is zero/engine_impl.h. */
 #define _GNU_SOURCE
 #include "zoff/engine.h"
 
@@ -33,129 +45,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "zero/partition.h"
-#include "zero/stage3.h"
-#include "zoff/comm.h"
-#include "zoff/loss_scale.h"
-#include "zoff/optim.h"
+#include "zero/engine_impl.h"
 #include "zoff/resources.h"
-#include "zoff/swapper.h"
-
-typedef struct range { /* a run of tensors with the same weight-decay flag */
-    int64_t offset, count;
-    bool decay;
-} range;
-
-typedef struct subgroup {
-    int64_t offset, count; /* flat parameter range (this rank's optimizer space: see e->n) */
-    int64_t model;         /* model-space offset of element `offset` (== offset with one rank) */
-    bool on_host;
-    int64_t state_off;     /* offset into the host or device state arrays */
-} subgroup;
-
-struct zoff_engine {
-    zoff_device *dev;
-    zoff_stream *compute, *d2h, *h2d, *opt_stream;
-    const zoff_config *cfg;
-    zoff_dtype dtype;
-    size_t esize;
-    int64_t n;
-    void *params, *grads; /* the model's device buffers */
-
-    range *ranges;
-    int nranges;
-    subgroup *sg; /* in flat order */
-    int nsg;
-
-    /* device-side state (device sub-groups). For fp32 weights the model's
-     * parameter buffer is the master copy. */
-    int64_t n_dev;
-    float *d_master, *d_m, *d_v;
-    float *stats_dev; /* 2 floats: sum of squares, non-finite flag */
-
-    /* host-side state (host sub-groups) */
-    int64_t n_host;
-    bool pinned;
-    float *h_master, *h_m, *h_v;
-    void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update */
-    void *h_staging;    /* new 16-bit weights (NULL for fp32: h_master goes back directly) */
-    zoff_host_optimizer *hopt;
-    /* NVMe offload (offload_optimizer.device "nvme"): the host sub-groups' fp32
-     * master, m, v live in a swap file (h_master, h_m, h_v stay NULL), streamed
-     * through the swapper's buffers; h_staging exists for fp32 weights too. */
-    zoff_swapper *swap;
-    int *swap_sg;    /* engine sub-group of each swap group (host sub-groups in flat order) */
-    int *swap_order; /* the update order: swap groups from the top down */
-    int nswap;
-    int gbuf;           /* which h_grads receives the current backward */
-    bool boundary;      /* the current backward streams gradients out */
-    zoff_event *ev_grads_done, *ev_weights_done, *ev_dev_done, *ev_stats;
-    zoff_event **ev_ready; /* per grad-ready call: compute -> d2h ordering (pool) */
-    int nready, cap_ready;
-    char describe[1536];
-
-    zoff_loss_scaler ls;
-    zoff_engine_scalars sc;
-
-    /* delayed parameter update */
-    bool dpu;
-    int64_t dpu_warmup;
-    pthread_t worker;
-    bool worker_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool job_pending, job_done, quit;
-    struct {
-        int gbuf;
-        double lr, grad_scale;
-        int64_t t;
-    } job;
-    zoff_status job_status;
-    char job_error[512];
-    bool weights_pending; /* the worker finished a job whose weights are not on the device yet */
-    double job_seconds;
-
-    /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
-     * optimizer space: its partition (stages 1-2) or everything (stage 0, one
-     * rank); sub-groups cut it and `map` takes it to the model's flat space. */
-    zoff_comm *comm;        /* the job's communicator (not owned); NULL = one rank */
-    zoff_comm *chan;        /* dup of comm for the collectives on the d2h stream (owned) */
-    int world, rank;
-    int64_t n_model;        /* the model's parameters */
-    bool replicated;        /* stage 0 over ranks: every rank updates every parameter */
-    bool scatter;           /* stage 2: reduce-scatter the gradients */
-    zoff_dp_plan plan;
-    zoff_dp_layout layout;
-    zoff_dp_scratch scratch;
-    zoff_dp_piece *map;     /* optimizer space -> model space, in local order */
-    int nmap;
-    zoff_event *ev_gather;
-    const zoff_tensor_info *tensors; /* the model's table (not owned) */
-    int ntensors;
-    /* ZeRO stage 3 (zero/stage3.c): the model has no flat buffers; e->params and
-     * e->grads are this rank's partition of the weights and gradients (local
-     * space, map = identity), the groups are gathered on use */
-    zoff_s3 *s3;
-    bool stage3;
-    void *s3_params_dev, *s3_grads_dev; /* owned (the weights are on the host with offload_param) */
-    bool no_push;           /* offload_param cpu: the host optimizer writes the partition weights in place */
-    bool pnvme;             /* offload_param nvme: the partition weights live in the stage 3 swap file; the host
-                               optimizer writes them there (zoff_s3_out_span), no h_staging */
-    zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
-    char async_msg[512];
-    /* gradient stream timeline (options.timeline) */
-    bool timeline;
-    double t_bwd0;
-    zoff_grad_event *tl;
-    int ntl, cap_tl, want_tl;
-};
 
 /* ------------------------------------------------------------------ helpers */
 
 static const char *state_names_adam[] = {"optimizer.master", "optimizer.exp_avg", "optimizer.exp_avg_sq"};
-
-static bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
-static bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 
 /* ------------------------------------------------------------------ data parallel (world > 1) */
 
@@ -168,38 +63,6 @@ static int64_t map_local(const zoff_engine *e, int64_t local) {
         else b = mid;
     }
     return e->map[a].model + (local - e->map[a].local);
-}
-
-/* Split sub-groups where the partition's pieces end, so that each sub-group is
- * one contiguous model range (round-robin partitions have a piece per tensor),
- * and give each its model offset. */
-static zoff_status dp_split_subgroups(zoff_engine *e) {
-    int extra = 0;
-    for (int i = 0; i < e->nsg; i++)
-        for (int k = 0; k < e->nmap; k++) {
-            int64_t b = e->map[k].local; /* a piece boundary strictly inside the sub-group */
-            if (b > e->sg[i].offset && b < e->sg[i].offset + e->sg[i].count) extra++;
-        }
-    if (extra > 0) {
-        subgroup *ns = calloc((size_t)(e->nsg + extra), sizeof *ns);
-        if (!ns) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d sub-groups", e->nsg + extra);
-        int n = 0;
-        for (int i = 0; i < e->nsg; i++) {
-            int64_t lo = e->sg[i].offset, hi = lo + e->sg[i].count;
-            for (int k = 0; k < e->nmap && lo < hi; k++) {
-                int64_t pe = e->map[k].local + e->map[k].count;
-                if (pe <= lo) continue;
-                int64_t cut = pe < hi ? pe : hi;
-                ns[n++] = (subgroup){.offset = lo, .count = cut - lo};
-                lo = cut;
-            }
-        }
-        free(e->sg);
-        e->sg = ns;
-        e->nsg = n;
-    }
-    for (int i = 0; i < e->nsg; i++) e->sg[i].model = map_local(e, e->sg[i].offset);
-    return ZOFF_OK;
 }
 
 /* What must agree across ranks: the engine's configuration and the tensor table. */
@@ -217,7 +80,7 @@ static uint64_t dp_fingerprint(const zoff_engine *e, const zoff_engine_options *
     H(z->stage); H(z->sub_group_size); H(z->round_robin_gradients); H(z->reduce_bucket_size);
     H(z->allgather_bucket_size); H(z->offload_optimizer.device); H(z->offload_optimizer.ratio);
     H(z->offload_optimizer.ratio_auto); H(z->offload_param.device); H(z->delayed_param_update);
-    H(z->delayed_param_update_warmup); H(z->stage3_prefetch_bucket_size); H(z->stage3_param_persistence_threshold);
+    H(z->delayed_param_update_warmup); H(z->offload_optimizer.super_offload); H(z->stage3_prefetch_bucket_size); H(z->stage3_param_persistence_threshold);
     H(o->dtype); H(o->num_params);
     for (int i = 0; i < o->num_tensors; i++) {
         const zoff_tensor_info *t = &o->tensors[i];
@@ -389,7 +252,7 @@ static zoff_status dp_gather_weights(zoff_engine *e) {
     return zoff_stream_wait_event(e->compute, e->ev_gather);
 }
 
-static void note_async(zoff_engine *e, zoff_status s, const char *what) {
+void zoff_eng_note_async(zoff_engine *e, zoff_status s, const char *what) {
     if (e->async_status == ZOFF_OK) {
         e->async_status = s;
         snprintf(e->async_msg, sizeof e->async_msg, "%s (rank %d of %d): %s", what, e->rank, e->world,
@@ -424,48 +287,56 @@ static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int n
     return ZOFF_OK;
 }
 
-/* Cut [0, n) into sub-groups and place them. Backward finishes the highest
- * offsets first (the model's layout puts the last layers last), so host
- * sub-groups are taken from the top: their gradients arrive first. */
-#define TWIN_FLOW_MIN_SUBGROUPS 32
+/* Where sub-groups must end, in this rank's optimizer space: where the partition's
+ * pieces end (several pieces: each sub-group one model range), or where a layer
+ * group starts (zoff_placement_layer_cuts). */
+static int64_t *subgroup_cuts(const zoff_engine *e, int *ncuts) {
+    *ncuts = 0;
+    int cap = (e->nmap > e->ntensors ? e->nmap : e->ntensors) + 1;
+    int64_t *c = malloc((size_t)cap * sizeof *c);
+    if (!c) return NULL;
+    if (e->nmap > 1) {
+        for (int k = 1; k < e->nmap; k++) c[(*ncuts)++] = e->map[k].local;
+    } else if (zoff_placement_layer_cuts(e->world, e->cfg->zero.stage,
+                                         e->cfg->zero.offload_optimizer.device == ZOFF_OFFLOAD_NVME)) {
+        for (int i = 1; i < e->ntensors; i++)
+            if (e->tensors[i].layer != e->tensors[i - 1].layer) c[(*ncuts)++] = e->tensors[i].offset;
+    }
+    return c;
+}
+
+/* Cut [0, n) into sub-groups and place them (zoff_placement_build, shared with zoff plan). */
 static zoff_status build_subgroups(zoff_engine *e, double host_ratio) {
+    int ncuts = 0;
+    int64_t *cuts = subgroup_cuts(e, &ncuts);
+    if (!cuts) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the sub-group cuts");
+    zoff_placement_input in = {.n = e->n, .sub_group_size = e->cfg->zero.sub_group_size, .ratio = host_ratio,
+                               .cuts = cuts, .ncuts = ncuts};
+    zoff_placement pl;
+    zoff_status s = zoff_placement_build(&in, &pl);
+    free(cuts);
+    if (s != ZOFF_OK) return s;
     int64_t sgs = e->cfg->zero.sub_group_size > 0 ? e->cfg->zero.sub_group_size : e->n;
-    if (host_ratio > 0 && host_ratio < 1 && (e->n + sgs - 1) / sgs < TWIN_FLOW_MIN_SUBGROUPS) {
-        /* Whole sub-groups cannot honour a fractional ratio when there are only a
-         * few: split finer (the ratio is what the user asked for). */
-        int64_t finer = (e->n + TWIN_FLOW_MIN_SUBGROUPS - 1) / TWIN_FLOW_MIN_SUBGROUPS;
-        finer = (finer + 63) / 64 * 64;
+    if (pl.grid < sgs && pl.grid < e->n)
         zoff_log(ZOFF_LOG_INFO,
                  "offload_optimizer.ratio %.3g: sub-groups of %lld elements from sub_group_size %lld so that the "
                  "ratio can be honoured in whole sub-groups (%lld parameters)",
-                 host_ratio, (long long)finer, (long long)sgs, (long long)e->n);
-        sgs = finer;
+                 host_ratio, (long long)pl.grid, (long long)sgs, (long long)e->n);
+    e->sg = calloc((size_t)pl.nsg, sizeof *e->sg);
+    if (!e->sg) {
+        zoff_placement_free(&pl);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d sub-groups", pl.nsg);
     }
-    int64_t nsg = (e->n + sgs - 1) / sgs;
-    e->sg = calloc((size_t)nsg, sizeof *e->sg);
-    if (!e->sg) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %lld sub-groups", (long long)nsg);
-    e->nsg = (int)nsg;
-    for (int64_t i = 0; i < nsg; i++) {
-        e->sg[i].offset = i * sgs;
-        e->sg[i].count = (i == nsg - 1) ? e->n - i * sgs : sgs;
+    e->nsg = pl.nsg;
+    for (int i = 0; i < pl.nsg; i++) {
+        subgroup *g = &e->sg[i];
+        *g = (subgroup){.offset = pl.sg[i].offset, .count = pl.sg[i].count, .on_host = pl.sg[i].on_host};
+        g->model = map_local(e, g->offset);
+        g->state_off = g->on_host ? e->n_host : e->n_dev;
+        if (g->on_host) e->n_host += g->count;
+        else e->n_dev += g->count;
     }
-    ZOFF_TRY(dp_split_subgroups(e)); /* each sub-group maps to one model range */
-    nsg = e->nsg;
-    /* host fraction: whole sub-groups from the top until >= ratio * n */
-    int64_t want = (int64_t)ceil(host_ratio * (double)e->n), got = 0;
-    for (int64_t i = nsg - 1; i >= 0 && got < want; i--) {
-        e->sg[i].on_host = true;
-        got += e->sg[i].count;
-    }
-    for (int64_t i = 0; i < nsg; i++) {
-        if (e->sg[i].on_host) {
-            e->sg[i].state_off = e->n_host;
-            e->n_host += e->sg[i].count;
-        } else {
-            e->sg[i].state_off = e->n_dev;
-            e->n_dev += e->sg[i].count;
-        }
-    }
+    zoff_placement_free(&pl);
     return ZOFF_OK;
 }
 
@@ -481,14 +352,12 @@ static void host_free(zoff_engine *e, void *p) {
     else zoff_aligned_free(p);
 }
 
-/* "ratio": "auto": the smallest host fraction for which the device-side
- * optimizer state fits in what the device budget leaves after the model
- * (weights, gradients, activations: allocated before the engine) and a margin
- * of 5% of the budget. Prints the arithmetic. */
-#define AUTO_MARGIN_FRACTION 0.05
+/* "ratio": "auto" (zoff_placement_auto_ratio, shared with zoff plan); prints the arithmetic. */
 static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
     zoff_memory_stats ms;
     zoff_device_memory_stats(e->dev, &ms);
+    zoff_auto_ratio ar;
+    zoff_placement_auto_ratio(ms.device_budget, ms.device_in_use, e->n, e->dtype, &ar);
     char b1[32], b2[32], b3[32], b4[32];
     if (ms.device_budget == 0) {
         *ratio = 0.0;
@@ -497,78 +366,28 @@ static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
                  "--device-memory): everything fits, host ratio 0");
         return ZOFF_OK;
     }
-    size_t margin = (size_t)((double)ms.device_budget * AUTO_MARGIN_FRACTION);
-    size_t used = ms.device_in_use + 64; /* + the engine's gradient-statistics buffer */
-    if (used + margin >= ms.device_budget)
+    if (!ar.fits)
         return zoff_error(ZOFF_ERR_DEVICE_OOM,
                           "offload_optimizer.ratio auto: the device budget %s is used up by the model (%s in use: "
                           "weights, gradients, activations) and the %s margin (5%%); even ratio 1 (all optimizer "
                           "state on the host) does not fit. Lower the micro-batch size, use "
                           "--checkpoint-activations, or raise --device-memory",
                           zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
-                          zoff_format_bytes(margin, b3, sizeof b3));
-    size_t free_bytes = ms.device_budget - used - margin;
-    size_t per = sizeof(float) * (e->dtype == ZOFF_F32 ? 2 : 3); /* (master,) m, v */
-    int64_t max_dev = (int64_t)(free_bytes / per);
-    int64_t host = e->n - max_dev;
-    if (host < 0) host = 0;
-    *ratio = (double)host / (double)e->n;
+                          zoff_format_bytes(ar.margin, b3, sizeof b3));
+    *ratio = ar.ratio;
     zoff_log(ZOFF_LOG_INFO,
              "offload_optimizer.ratio auto: budget %s - in use %s (weights, gradients, activations) - margin %s "
              "(5%%) = %s free; device optimizer state takes %zu B/param, so at most %lld of %lld parameters "
              "fit on the device: host ratio >= %.4f (rounded up to whole sub-groups)",
              zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
-             zoff_format_bytes(margin, b3, sizeof b3), zoff_format_bytes(free_bytes, b4, sizeof b4), per,
-             (long long)(max_dev < e->n ? max_dev : e->n), (long long)e->n, *ratio);
+             zoff_format_bytes(ar.margin, b3, sizeof b3), zoff_format_bytes(ar.free_bytes, b4, sizeof b4), ar.per_param,
+             (long long)(ar.max_device < e->n ? ar.max_device : e->n), (long long)e->n, *ratio);
     return ZOFF_OK;
-}
-
-/* ------------------------------------------------------------------ worker (delayed update) */
-
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push);
-
-static void *worker_main(void *arg) {
-    zoff_engine *e = arg;
-    pthread_mutex_lock(&e->mu);
-    for (;;) {
-        while (!e->job_pending && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
-        if (e->quit) break;
-        int gbuf = e->job.gbuf;
-        double lr = e->job.lr, gs = e->job.grad_scale;
-        int64_t t = e->job.t;
-        pthread_mutex_unlock(&e->mu);
-        double t0 = zoff_now();
-        zoff_status s = host_update(e, gbuf, t, lr, gs, false);
-        double dt = zoff_now() - t0;
-        pthread_mutex_lock(&e->mu);
-        e->job_status = s;
-        if (s != ZOFF_OK) snprintf(e->job_error, sizeof e->job_error, "%s", zoff_last_error());
-        e->job_seconds = dt;
-        e->job_pending = false;
-        e->job_done = true;
-        pthread_cond_broadcast(&e->cv);
-    }
-    pthread_mutex_unlock(&e->mu);
-    return NULL;
-}
-
-/* Wait for the worker's job (if any); returns its status. */
-static zoff_status wait_job(zoff_engine *e) {
-    if (!e->worker_started) return ZOFF_OK;
-    pthread_mutex_lock(&e->mu);
-    while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
-    zoff_status s = e->job_status;
-    e->job_status = ZOFF_OK;
-    if (s != ZOFF_OK) zoff_error(s, "delayed parameter update: %s", e->job_error);
-    pthread_mutex_unlock(&e->mu);
-    return s;
 }
 
 /* ------------------------------------------------------------------ NVMe state (ZeRO-Infinity) */
 
 /* Swap arrays: 0 master, then m (if the optimizer uses it), then v (if it does). */
-static int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }
-static unsigned nvme_all_arrays(const zoff_engine *e) { return (1u << nvme_narrays(e)) - 1; }
 /* Swap array of engine state i (0 master, 1 m, 2 v); -1 when the optimizer has none. */
 static int nvme_array_of(const zoff_engine *e, int i) {
     if (i == 0) return 0;
@@ -633,8 +452,8 @@ static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
     return zoff_swapper_end(e->swap);
 }
 
-/* host_update: the next sub-group's state from the swapper (it must be sub-group i). */
-static zoff_status nvme_next(zoff_engine *e, int i, float **master, float **m, float **v) {
+/* zoff_hr_update: the next sub-group's state from the swapper (it must be sub-group i). */
+zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v) {
     int sw;
     float *arr[ZOFF_SWAP_MAX_ARRAYS];
     ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
@@ -647,9 +466,9 @@ static zoff_status nvme_next(zoff_engine *e, int i, float **master, float **m, f
     return ZOFF_OK;
 }
 
-/* host_update: sub-group g is updated; fp32 weights go to the device from the
+/* zoff_hr_update: sub-group g is updated; fp32 weights go to the device from the
  * staging buffer (the swap buffer is reused), then the state goes back to disk. */
-static zoff_status nvme_release(zoff_engine *e, const subgroup *g, const float *master) {
+zoff_status zoff_eng_nvme_release(zoff_engine *e, const subgroup *g, const float *master) {
     if (e->dtype == ZOFF_F32 && e->h_staging)
         memcpy((float *)e->h_staging + g->state_off, master, (size_t)g->count * sizeof(float));
     return zoff_swapper_release(e->swap);
@@ -798,13 +617,78 @@ void zoff_engine_destroy(zoff_engine *e) {
     zoff_swapper_destroy(e->swap);
     free(e->swap_sg);
     free(e->swap_order);
-    if (e->worker_started || e->dpu) {
+    if (e->mu_init) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
     }
+    free(e->sg_group);
+    free(e->sg_span[0]);
+    free(e->sg_span[1]);
+    free(e->group_left);
+    free(e->group_hsg);
+    free(e->group_need);
+    for (int g = 0; e->ev_release && g < zoff_wready_groups(e->wr); g++) zoff_event_destroy(e->ev_release[g]);
+    free(e->ev_release);
+    free(e->g_updated);
+    free(e->g_released);
+    free(e->g_pushed);
+    zoff_aligned_free(e->bk_master);
+    zoff_aligned_free(e->bk_m);
+    zoff_aligned_free(e->bk_v);
+    zoff_wready_destroy(e->wr);
     free(e->ranges);
     free(e->sg);
     free(e);
+}
+
+/* The pipelined exact step (see the struct): each sub-group inside one layer group. */
+static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
+    if (!o->weight_waits || e->world > 1 || e->stage3 || e->swap || e->n_host == 0) return ZOFF_OK;
+    ZOFF_TRY(zoff_wready_create(e->dev, e->tensors, e->ntensors, &e->wr));
+    int ng = zoff_wready_groups(e->wr);
+    e->sg_group = calloc((size_t)e->nsg, sizeof *e->sg_group);
+    e->group_left = calloc((size_t)ng, sizeof *e->group_left);
+    e->group_hsg = calloc((size_t)ng, sizeof *e->group_hsg);
+    e->group_need = calloc((size_t)ng, sizeof *e->group_need);
+    if (!e->sg_group || !e->group_left || !e->group_hsg || !e->group_need)
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight pipeline");
+    for (int i = 0; i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        int a = zoff_wready_group_of(e->wr, g->model), b = zoff_wready_group_of(e->wr, g->model + g->count - 1);
+        if (a != b) return ZOFF_OK; /* not cut at the layer groups: the step waits for all weights */
+        e->sg_group[i] = a;
+        if (g->on_host) {
+            e->group_hsg[a]++;
+            e->group_need[a] = true;
+        }
+    }
+    if (e->dpu) {
+        e->g_updated = calloc((size_t)ng, sizeof *e->g_updated);
+        e->g_released = calloc((size_t)ng, sizeof *e->g_released);
+        e->g_pushed = calloc((size_t)ng, sizeof *e->g_pushed);
+        e->ev_release = calloc((size_t)ng, sizeof *e->ev_release);
+        if (!e->g_updated || !e->g_released || !e->g_pushed || !e->ev_release)
+            return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight pipeline");
+        for (int g = 0; g < ng; g++) ZOFF_TRY(zoff_event_create(e->dev, &e->ev_release[g]));
+    }
+    e->pipelined = true;
+    return ZOFF_OK;
+}
+
+/* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. */
+static zoff_status spec_setup(zoff_engine *e) {
+    if (!e->pipelined)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.offload_optimizer.super_offload needs one rank, stage 1 or 2, the "
+                          "optimizer state in host memory (device \"cpu\") and a model that waits for each group's "
+                          "weights (zoff train does; engine option weight_waits); set super_offload false");
+    size_t b = (size_t)e->n_host * sizeof(float);
+    e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
+    if (e->h_m) e->bk_m = zoff_aligned_alloc(64, b, "speculation: saved exp_avg");
+    if (e->h_v) e->bk_v = zoff_aligned_alloc(64, b, "speculation: saved exp_avg_sq");
+    if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v)) return ZOFF_ERR_NOMEM;
+    e->spec = true;
+    return ZOFF_OK;
 }
 
 static zoff_status check_supported(const zoff_engine_options *o) {
@@ -820,6 +704,14 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           "the partition's weights %s)",
                           z->offload_param.device == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu",
                           z->offload_param.device == ZOFF_OFFLOAD_NVME ? "to the parameter swap file" : "in place");
+    if (z->offload_optimizer.super_offload &&
+        (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->delayed_param_update || z->stage >= 3))
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.offload_optimizer.super_offload (speculation-then-validation) is "
+                          "implemented for stages 1-2 with offload_optimizer.device \"cpu\" and without "
+                          "zoff_delayed_param_update (got stage %d, device %s%s); set super_offload false",
+                          z->stage, z->offload_optimizer.device == ZOFF_OFFLOAD_NVME ? "nvme" : offload ? "cpu" : "none",
+                          z->delayed_param_update ? ", delayed update" : "");
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
@@ -862,6 +754,60 @@ static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
                                            "keep the optimizer state on NVMe (offload_optimizer.device nvme), or use "
                                            "more ranks (ZeRO stage 1-3 partition it)"};
     return zoff_host_memory_check(&rq);
+}
+
+/* zoff_engine_describe's text (and the NVMe lines of the log). */
+static void describe(zoff_engine *e) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    int host_sgs = 0;
+    for (int i = 0; i < e->nsg; i++) host_sgs += e->sg[i].on_host;
+    if (e->n_host == 0)
+        snprintf(e->describe, sizeof e->describe, "optimizer on the device (no offload), %d sub-group%s", e->nsg,
+                 e->nsg == 1 ? "" : "s");
+    else
+        snprintf(e->describe, sizeof e->describe,
+                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
+                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
+                 zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
+                 e->pinned ? "pinned" : "pageable",
+                 e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
+                                                        : e->pipelined ? ", pipelined" : "");
+    if (e->s3) {
+        zoff_s3_stats ss;
+        zoff_s3_get_stats(e->s3, &ss);
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used,
+                 "; stage 3: weights %s (%lld of %lld per rank), %d parameter groups gathered on use (%d kept whole, "
+                 "<= %lld elements), prefetch %lld elements",
+                 z->offload_param.device == ZOFF_OFFLOAD_CPU    ? "offloaded to the host"
+                 : z->offload_param.device == ZOFF_OFFLOAD_NVME ? "offloaded to NVMe"
+                                                                : "partitioned on the device",
+                 (long long)e->n, (long long)e->n_model, ss.groups, ss.persistent,
+                 (long long)z->stage3_param_persistence_threshold, (long long)z->stage3_prefetch_bucket_size);
+    }
+    if (e->world > 1) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used,
+                 "; data parallel: rank %d of %d (%s), stage %d: %s%s, %lld of %lld parameters in this rank's "
+                 "partition%s",
+                 e->rank, e->world, zoff_comm_backend_name(e->comm), z->stage,
+                 e->replicated ? "gradients all-reduced, optimizer replicated"
+                 : e->stage3   ? "gradients reduce-scattered every micro-batch, optimizer and weights partitioned"
+                 : e->scatter  ? "gradients reduce-scattered, optimizer partitioned, weights all-gathered"
+                               : "gradients all-reduced, optimizer partitioned, weights all-gathered",
+                 e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
+                 e->nmap > 1 ? "" : "");
+    }
+    if (e->pnvme) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe weights: %s", zoff_s3_nvme_describe(e->s3));
+        zoff_log(ZOFF_LOG_INFO, "offload_param.device nvme: %s", zoff_s3_nvme_describe(e->s3));
+    }
+    if (e->swap) {
+        size_t used = strlen(e->describe);
+        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
+        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
+    }
 }
 
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
@@ -951,11 +897,16 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_weights_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
-    if (s == ZOFF_OK && e->dpu) {
+    for (int k = 0; s == ZOFF_OK && e->n_host > 0 && k < 2; k++)
+        if (!(e->sg_span[k] = calloc(2 * (size_t)e->nsg, sizeof(double)))) s = ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK) s = pipe_setup(e, o);
+    if (s == ZOFF_OK && z->offload_optimizer.super_offload) s = spec_setup(e);
+    if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);
-        if (pthread_create(&e->worker, NULL, worker_main, e) != 0)
-            s = zoff_error(ZOFF_ERR_INTERNAL, "cannot start the delayed-update worker thread");
+        e->mu_init = true;
+        if (pthread_create(&e->worker, NULL, zoff_hr_worker_main, e) != 0)
+            s = zoff_error(ZOFF_ERR_INTERNAL, "cannot start the host optimizer's worker thread");
         else
             e->worker_started = true;
     }
@@ -981,53 +932,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         zoff_engine_destroy(e);
         return s;
     }
-    int host_sgs = 0;
-    for (int i = 0; i < e->nsg; i++) host_sgs += e->sg[i].on_host;
-    if (e->n_host == 0)
-        snprintf(e->describe, sizeof e->describe, "optimizer on the device (no offload), %d sub-group%s", e->nsg,
-                 e->nsg == 1 ? "" : "s");
-    else
-        snprintf(e->describe, sizeof e->describe,
-                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
-                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
-                 zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
-                 e->pinned ? "pinned" : "pageable", e->dpu ? ", delayed parameter update" : "");
-    if (e->s3) {
-        zoff_s3_stats ss;
-        zoff_s3_get_stats(e->s3, &ss);
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used,
-                 "; stage 3: weights %s (%lld of %lld per rank), %d parameter groups gathered on use (%d kept whole, "
-                 "<= %lld elements), prefetch %lld elements",
-                 z->offload_param.device == ZOFF_OFFLOAD_CPU    ? "offloaded to the host"
-                 : z->offload_param.device == ZOFF_OFFLOAD_NVME ? "offloaded to NVMe"
-                                                                : "partitioned on the device",
-                 (long long)e->n, (long long)e->n_model, ss.groups, ss.persistent,
-                 (long long)z->stage3_param_persistence_threshold, (long long)z->stage3_prefetch_bucket_size);
-    }
-    if (e->world > 1) {
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used,
-                 "; data parallel: rank %d of %d (%s), stage %d: %s%s, %lld of %lld parameters in this rank's "
-                 "partition%s",
-                 e->rank, e->world, zoff_comm_backend_name(e->comm), z->stage,
-                 e->replicated ? "gradients all-reduced, optimizer replicated"
-                 : e->stage3   ? "gradients reduce-scattered every micro-batch, optimizer and weights partitioned"
-                 : e->scatter  ? "gradients reduce-scattered, optimizer partitioned, weights all-gathered"
-                               : "gradients all-reduced, optimizer partitioned, weights all-gathered",
-                 e->plan.round_robin ? " (round-robin gradient order)" : "", (long long)e->n, (long long)e->n_model,
-                 e->nmap > 1 ? "" : "");
-    }
-    if (e->pnvme) {
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe weights: %s", zoff_s3_nvme_describe(e->s3));
-        zoff_log(ZOFF_LOG_INFO, "offload_param.device nvme: %s", zoff_s3_nvme_describe(e->s3));
-    }
-    if (e->swap) {
-        size_t used = strlen(e->describe);
-        snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
-        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
-    }
+    describe(e);
     *out = e;
     return ZOFF_OK;
 }
@@ -1049,7 +954,7 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 }
 
 /* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
-static zoff_status push_host_subgroup(zoff_engine *e, const subgroup *g) {
+zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g) {
     if (e->no_push) return ZOFF_OK; /* stage 3, offload_param: written in place */
     void *dst = (char *)e->params + (size_t)g->model * e->esize;
     const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
@@ -1069,14 +974,14 @@ static zoff_status host_master_to_staging(zoff_engine *e) {
 }
 
 zoff_status zoff_engine_sync_params(zoff_engine *e) {
-    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(zoff_hr_settle(e));
     ZOFF_TRY(sync_device_subgroups(e, e->compute));
     if (e->n_host > 0) {
         ZOFF_TRY(host_master_to_staging(e));
         ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute)); /* h2d after whatever compute did */
         ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
         for (int i = 0; i < e->nsg; i++)
-            if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+            if (e->sg[i].on_host) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
         ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
         ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
         e->weights_pending = false;
@@ -1084,167 +989,6 @@ zoff_status zoff_engine_sync_params(zoff_engine *e) {
     ZOFF_TRY(dp_gather_weights(e));
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
     return e->chan ? zoff_comm_error(e->chan) : ZOFF_OK;
-}
-
-/* ------------------------------------------------------------------ gradients to the host */
-
-float zoff_engine_backward_scale(const zoff_engine *e) {
-    int64_t acc = e->cfg->gradient_accumulation_steps > 0 ? e->cfg->gradient_accumulation_steps : 1;
-    /* with N ranks each rank's gradient is pre-divided by N, so that their sum is the
-     * mean: the reduced gradients have the one-rank magnitude (same fp16 overflow) */
-    return (float)(e->ls.scale / ((double)acc * (double)e->world));
-}
-
-void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
-    e->boundary = is_boundary;
-    e->nready = 0;
-    if (is_boundary && e->timeline) {
-        /* grow between backwards only: the gradient stream stamps entries while one runs
-         * (the last step waited for all of them) */
-        if (e->want_tl > e->cap_tl) {
-            zoff_grad_event *n = realloc(e->tl, (size_t)e->want_tl * sizeof *n);
-            if (n) {
-                e->tl = n;
-                e->cap_tl = e->want_tl;
-            }
-        }
-        e->ntl = 0;
-        e->t_bwd0 = zoff_now();
-    }
-}
-
-/* Timeline stamps, run on the gradient stream (host functions). */
-typedef struct tl_stamp {
-    zoff_engine *e;
-    int i, which;
-} tl_stamp;
-static void tl_stamp_fn(void *arg) {
-    tl_stamp *t = arg;
-    double now = zoff_now() - t->e->t_bwd0;
-    zoff_grad_event *ev = &t->e->tl[t->i];
-    if (t->which == 0) ev->t_reduce_start = now;
-    else if (t->which == 1) ev->t_reduce_end = now;
-    else ev->t_copy_end = now;
-    free(t);
-}
-static void tl_mark(zoff_engine *e, int i, int which) {
-    tl_stamp *t = malloc(sizeof *t);
-    if (!t) return;
-    *t = (tl_stamp){e, i, which};
-    if (zoff_stream_host_fn(e->d2h, tl_stamp_fn, t) != ZOFF_OK) free(t);
-}
-/* A new timeline entry for a reported range (-1 when off or out of memory). */
-static int tl_begin(zoff_engine *e, int64_t offset, int64_t count) {
-    if (!e->timeline) return -1;
-    if (e->ntl == e->cap_tl) { /* lost for this backward; room for the next one */
-        e->want_tl = e->cap_tl ? 2 * e->cap_tl : 64;
-        return -1;
-    }
-    int i = e->ntl++;
-    e->tl[i] = (zoff_grad_event){.offset = offset, .count = count, .t_ready = zoff_now() - e->t_bwd0};
-    return i;
-}
-
-int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **events) {
-    *events = e->tl;
-    return e->ntl;
-}
-
-static zoff_event *ready_event(zoff_engine *e) {
-    if (e->nready == e->cap_ready) {
-        int cap = e->cap_ready ? 2 * e->cap_ready : 16;
-        zoff_event **ne = realloc(e->ev_ready, (size_t)cap * sizeof *ne);
-        if (!ne) return NULL;
-        e->ev_ready = ne;
-        for (int i = e->cap_ready; i < cap; i++)
-            if (zoff_event_create(e->dev, &e->ev_ready[i]) != ZOFF_OK) {
-                e->cap_ready = i;
-                return NULL;
-            }
-        e->cap_ready = cap;
-    }
-    return e->ev_ready[e->nready++];
-}
-
-/* Called by the model in stream order as [offset, offset+count) of the
- * gradient buffer becomes final. Copies the host sub-groups' part to the host
- * on the d2h stream, ordered after the compute work that produced it.
- * Failures here are sticky on the d2h stream's next synchronisation or noted
- * in the log; the step reports them. */
-/* The host sub-groups' part of e->grads [offset, end) (the engine's space: the
- * model's, or stage 3's local space) to the host, on the d2h stream. */
-static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti) {
-    for (int i = 0; i < e->nsg; i++) {
-        subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        int64_t lo = offset > g->model ? offset : g->model; /* model space */
-        int64_t hi = end < g->model + g->count ? end : g->model + g->count;
-        if (lo >= hi) continue;
-        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
-        const void *src = (const char *)e->grads + (size_t)lo * e->esize;
-        if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
-            zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
-        if (ti >= 0) e->tl[ti].copy_bytes += (hi - lo) * (int64_t)e->esize;
-    }
-}
-
-/* Stage 3: every micro-batch's group gradients are reduce-scattered into the
- * partition; at the boundary this rank's pieces then go to the host. */
-static void s3_grad_ready(zoff_engine *e, zoff_stream *stream, int64_t offset, int64_t count) {
-    int ti = e->boundary ? tl_begin(e, offset, count) : -1;
-    if (ti >= 0) tl_mark(e, ti, 0);
-    zoff_status s = zoff_s3_reduce(e->s3, stream, offset, count);
-    if (s != ZOFF_OK) {
-        note_async(e, s, "stage 3 gradient reduction");
-        return;
-    }
-    if (ti >= 0) tl_mark(e, ti, 1);
-    if (e->boundary && e->n_host > 0) { /* this rank's pieces of the range, in its local space */
-        const zoff_dp_plan *p = &e->plan;
-        for (int k = 0; k < p->nown[p->rank]; k++) {
-            const zoff_dp_piece *q = &p->pieces[p->own[p->rank][k]];
-            int64_t x = q->model > offset ? q->model : offset;
-            int64_t y = q->model + q->count < offset + count ? q->model + q->count : offset + count;
-            if (x < y) copy_host_grads(e, q->local + (x - q->model), q->local + (y - q->model), ti);
-        }
-    }
-    if (ti >= 0) tl_mark(e, ti, 2);
-}
-
-void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
-    zoff_engine *e = engine;
-    if (e->s3) {
-        s3_grad_ready(e, stream, offset, count);
-        return;
-    }
-    if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;
-    if (e->nready == 0 && e->dpu) {
-        /* the worker may still read this buffer's previous contents (two steps ago) */
-        if (wait_job(e) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
-    }
-    zoff_event *ev = ready_event(e);
-    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
-        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
-        return;
-    }
-    int64_t end = offset + count;
-    int ti = tl_begin(e, offset, count);
-    if (ti >= 0) tl_mark(e, ti, 0);
-    if (e->world > 1) { /* sum over ranks first (stage 2: only this rank's pieces come back) */
-        zoff_status s = zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, e->grads, e->dtype, offset, end, e->scatter,
-                                             &e->scratch, &e->layout);
-        if (s != ZOFF_OK) {
-            note_async(e, s, "gradient reduction");
-            return;
-        }
-    }
-    if (ti >= 0) tl_mark(e, ti, 1);
-    copy_host_grads(e, offset, end, ti);
-    if (ti >= 0) tl_mark(e, ti, 2);
-}
-
-zoff_status zoff_engine_zero_grad(zoff_engine *e) {
-    return zoff_memset_async(e->compute, e->grads, 0, (size_t)(e->stage3 ? e->n : e->n_model) * e->esize);
 }
 
 /* ---- stage 3 parameter hooks (zoff_param_hooks; arg = the engine) ---- */
@@ -1271,72 +1015,6 @@ zoff_status zoff_engine_release(void *engine, zoff_stream *s, int64_t offset, in
 int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken; }
 
 /* ------------------------------------------------------------------ the step */
-
-/* The host optimizer on [lo, hi) (model space) of host sub-group g, whose state starts at
- * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer. */
-static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, float *hm, float *hv,
-                                int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
-    int64_t d = lo - g->offset, so = g->state_off + d;
-    void *p16 = out16 ? out16 : e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL;
-    zoff_optim_tensors tt = {.params = master + d,
-                             .exp_avg = hm ? hm + d : NULL,
-                             .exp_avg_sq = hv ? hv + d : NULL,
-                             .state_dt = ZOFF_F32,
-                             .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
-                             .grad_dt = e->dtype,
-                             .params16 = e->dtype != ZOFF_F32 ? p16 : NULL,
-                             .p16_dt = e->dtype,
-                             .n = hi - lo,
-                             .index_base = g->model + d}; /* model index: rounding independent of ranks */
-    return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
-}
-
-/* The host part of a step: every host sub-group, last layers first (their
- * gradients arrived first), each pushed to the device as soon as it is done
- * (unless the update is delayed: then the boundary code pushes them). */
-static zoff_status host_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, bool push) {
-    const zoff_optimizer_config *oc = &e->cfg->optimizer;
-    ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
-    /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
-    ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
-    if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
-    if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
-    for (int i = e->nsg - 1; i >= 0; i--) {
-        const subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        /* this sub-group's fp32 state: in host memory, or read from the NVMe swap file */
-        float *master = e->h_master ? e->h_master + g->state_off : NULL;
-        float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
-        if (e->swap) ZOFF_TRY(nvme_next(e, i, &master, &hm, &hv));
-        /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
-         * where the swap file's runs end, every run written as soon as it is complete
-         * (elementwise update: the same arithmetic as one call per piece) */
-        for (int k = 0; k < e->nranges; k++) {
-            const range *rg = &e->ranges[e->pnvme ? e->nranges - 1 - k : k];
-            double wd = rg->decay ? oc->weight_decay : 0.0;
-            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
-            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
-            if (!e->pnvme) {
-                if (lo < hi) ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, lo, hi, NULL, wd, grad_scale));
-                continue;
-            }
-            while (hi > lo) {
-                int64_t a;
-                void *out;
-                ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
-                ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, hi, out, wd, grad_scale));
-                if (e->dtype == ZOFF_F32) memcpy(out, master + (a - g->offset), (size_t)(hi - a) * sizeof(float));
-                ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
-                hi = a;
-            }
-        }
-        if (e->swap) ZOFF_TRY(nvme_release(e, g, master));
-        if (push) ZOFF_TRY(push_host_subgroup(e, g));
-    }
-    if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
-    if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
-    return ZOFF_OK;
-}
 
 /* Device sub-groups: fused Adam on the device (own stream when the host works too). */
 static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double grad_scale) {
@@ -1381,24 +1059,34 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
 /* Delayed update: put the finished job's weights on the device. */
 static zoff_status apply_pending_weights(zoff_engine *e, double *t_wait, double *t_work) {
     double t0 = zoff_now();
-    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(zoff_hr_wait_job(e));
     *t_wait += zoff_now() - t0;
     if (t_work && e->weights_pending) *t_work += e->job_seconds;
     if (!e->weights_pending) return ZOFF_OK;
     ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute));
     ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_stats));
-    for (int i = e->nsg - 1; i >= 0; i--)
-        if (e->sg[i].on_host) ZOFF_TRY(push_host_subgroup(e, &e->sg[i]));
+    if (e->g_updated) { /* pipelined: the groups not pushed during backward (the job is done) */
+        for (int g = zoff_wready_groups(e->wr) - 1; g >= 0; g--)
+            if (e->group_need[g] && !e->g_pushed[g]) {
+                for (int i = e->nsg - 1; i >= 0; i--)
+                    if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
+                e->g_pushed[g] = true;
+                ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
+            }
+    } else {
+        for (int i = e->nsg - 1; i >= 0; i--)
+            if (e->sg[i].on_host) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
+    }
     ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
-    ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+    /* pipelined: the next forward waits per group */
+    if (!e->pipelined) ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
     e->weights_pending = false;
     return ZOFF_OK;
 }
 
-zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
-    double t0 = zoff_now();
-    zoff_step_info si = {.loss_scale = e->ls.scale};
-    /* 1. gradient statistics on the device, and the last gradient copies */
+/* The gradient statistics on the device (sum of squares, non-finite flag) after the
+ * last gradient copies, global over ranks. The one host synchronisation of a step. */
+static zoff_status grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) {
     float stats[2] = {0, 0};
     if (e->d2h) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
     if (e->world > 1 || e->stage3) /* the reduced gradients */
@@ -1419,16 +1107,83 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
     ZOFF_TRY(zoff_memcpy_async(e->compute, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
     ZOFF_TRY(zoff_stream_synchronize(e->compute));
     if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
-    double sumsq = stats[0], nonfinite = stats[1];
+    *sumsq = stats[0];
+    *nonfinite = stats[1];
     if (e->world > 1) { /* global statistics: every rank takes the same decision */
         ZOFF_TRY(take_async(e));
         ZOFF_TRY(zoff_comm_error(e->chan));
-        double g[2] = {sumsq, nonfinite};
+        double g[2] = {*sumsq, *nonfinite};
         ZOFF_TRY(zoff_comm_allreduce_f64(e->comm, g, 2, ZOFF_REDUCE_SUM));
-        sumsq = g[0];
-        nonfinite = g[1];
+        *sumsq = g[0];
+        *nonfinite = g[1];
     }
-    si.t_wait_grads = zoff_now() - t0;
+    return ZOFF_OK;
+}
+
+/* The host part of a step that is not skipped: delayed (the worker runs it during
+ * the next forward and backward), pipelined (the worker runs it now, the next
+ * forward waits per group), or here, pushing as it goes. */
+static zoff_status host_step(zoff_engine *e, int64_t t, double lr, double grad_scale, zoff_step_info *si) {
+    if (e->dpu && t > e->dpu_warmup) {
+        /* weights of the previous job go to the device now; this step's job runs in the background */
+        ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work));
+        e->weights_pending = true;
+        zoff_hr_start_job(e, t, lr, grad_scale, HU_NO_PUSH);
+        e->gbuf ^= 1; /* the next backward fills the other buffer */
+        return ZOFF_OK;
+    }
+    if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work)); /* warm-up */
+    if (e->pipelined) {
+        zoff_hr_start_job(e, t, lr, grad_scale, HU_PIPE);
+        e->pipe_unreported = true;
+        return ZOFF_OK;
+    }
+    double th = zoff_now();
+    ZOFF_TRY(zoff_hr_update(e, e->gbuf, t, lr, grad_scale, HU_PUSH));
+    double th1 = zoff_now();
+    zoff_hr_note_span(e, t, th, th1);
+    si->t_host += th1 - th;
+    si->t_host_work += th1 - th;
+    if (e->opt_stream) {
+        double tdv = zoff_now();
+        ZOFF_TRY(zoff_event_synchronize(e->ev_dev_done));
+        si->t_wait_device = zoff_now() - tdv;
+    }
+    ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
+    ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
+    double tw = zoff_now();
+    ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+    si->t_wait_weights = zoff_now() - tw;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
+    double t0 = zoff_now();
+    zoff_step_info si = {.loss_scale = e->ls.scale};
+    bool spec = e->spec_running; /* this boundary's speculative update is running or done */
+    if (!spec) ZOFF_TRY(zoff_hr_settle(e)); /* the previous job (pipelined: done by now, the forward waited for it) */
+    if (e->dpu) si.t_host = zoff_now() - t0; /* delayed update: waiting for the worker */
+    if (e->pipe_unreported && !spec) { /* its host time, off the critical path (spec: the job runs now) */
+        si.t_host_work = e->job_seconds;
+        e->pipe_unreported = false;
+    }
+    double sumsq = 0, nonfinite = 0;
+    zoff_status gs = grad_stats(e, &sumsq, &nonfinite);
+    if (spec) { /* every gradient has landed (the copies are done): the job runs out */
+        e->spec_running = false;
+        pthread_mutex_lock(&e->mu);
+        e->landed = 0; /* (also if a landing mark was lost) */
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        double tj = zoff_now();
+        zoff_status js = zoff_hr_wait_job(e);
+        si.t_host = zoff_now() - tj;
+        si.t_host_work = e->job_seconds;
+        if (gs == ZOFF_OK) gs = js;
+        if (gs != ZOFF_OK) ZOFF_TRY(zoff_hr_spec_rollback(e)); /* keep the state consistent; report gs */
+    }
+    ZOFF_TRY(gs);
+    si.t_wait_grads = zoff_now() - t0 - si.t_host;
 
     double scale = e->ls.scale;
     double norm = sqrt(sumsq) / scale;
@@ -1440,65 +1195,60 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         zoff_log(e->dtype == ZOFF_F16 ? ZOFF_LOG_DEBUG : ZOFF_LOG_WARN,
                  "gradient has inf/NaN (loss scale %g): step skipped", scale);
     }
-    zoff_status s = zoff_loss_scaler_update(&e->ls, overflow);
-    if (s != ZOFF_OK) return s;
-    if (!overflow) {
-        double clip = e->cfg->gradient_clipping, coef = 1.0;
-        if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
+    ZOFF_TRY(zoff_loss_scaler_update(&e->ls, overflow));
+    double clip = e->cfg->gradient_clipping;
+    bool clipped = clip > 0 && norm > clip;
+    if (spec && !overflow && !clipped && lr == e->spec_lr) { /* validated: keep it */
+        int64_t t = ++e->sc.steps_taken;
+        double td = zoff_now();
+        if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, 1.0 / scale));
+        si.t_device = zoff_now() - td;
+        ZOFF_TRY(zoff_hr_spec_commit(e));
+    } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
+        ZOFF_TRY(zoff_hr_spec_rollback(e));
+        si.rolled_back = true;
+    }
+    bool kept = spec && !si.rolled_back;
+    if (!overflow && !kept) {
+        double coef = clipped ? clip / (norm + 1e-6) : 1.0;
         double grad_scale = coef / scale;
         int64_t t = ++e->sc.steps_taken;
         double td = zoff_now();
         if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, grad_scale));
         si.t_device = zoff_now() - td;
-        if (e->n_host > 0) {
-            bool delayed = e->dpu && t > e->dpu_warmup;
-            if (delayed) {
-                /* weights of the previous job go to the device now; this step's job runs in the background */
-                ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
-                pthread_mutex_lock(&e->mu);
-                e->job.gbuf = e->gbuf;
-                e->job.lr = lr;
-                e->job.grad_scale = grad_scale;
-                e->job.t = t;
-                e->job_pending = true;
-                e->job_done = false;
-                e->weights_pending = true;
-                pthread_cond_broadcast(&e->cv);
-                pthread_mutex_unlock(&e->mu);
-                e->gbuf ^= 1; /* the next backward fills the other buffer */
-            } else {
-                double th = zoff_now();
-                if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work)); /* warm-up */
-                ZOFF_TRY(host_update(e, e->gbuf, t, lr, grad_scale, true));
-                si.t_host += zoff_now() - th;
-                si.t_host_work += zoff_now() - th;
-                if (e->opt_stream) {
-                    double tdv = zoff_now();
-                    ZOFF_TRY(zoff_event_synchronize(e->ev_dev_done));
-                    si.t_wait_device = zoff_now() - tdv;
-                }
-                ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
-                ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_weights_done));
-                double tw = zoff_now();
-                ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
-                si.t_wait_weights = zoff_now() - tw;
-            }
-        }
+        if (e->n_host > 0) ZOFF_TRY(host_step(e, t, lr, grad_scale, &si));
     } else if (e->dpu && e->n_host > 0) {
         /* nothing new to run; still apply what the worker finished */
         ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
     }
     double tw = zoff_now();
     if (!overflow || (e->dpu && e->n_host > 0)) ZOFF_TRY(dp_gather_weights(e));
-    ZOFF_TRY(zoff_stream_synchronize(e->compute));
+    /* pipelined: everything after is stream-ordered (the forward waits per group) */
+    if (!e->pipelined) ZOFF_TRY(zoff_stream_synchronize(e->compute));
     if (e->chan) ZOFF_TRY(zoff_comm_error(e->chan));
     si.t_wait_weights += zoff_now() - tw;
     si.t_step = zoff_now() - t0;
+    si.rollbacks = e->rollbacks;
+    e->spec_lr = lr; /* the next speculation's learning rate, unless zoff_engine_set_lr says otherwise */
+    e->have_lr = true;
     if (info) *info = si;
     return ZOFF_OK;
 }
 
+void zoff_engine_set_lr(zoff_engine *e, double lr) {
+    e->spec_lr = lr;
+    e->have_lr = true;
+}
+
+zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offset, int64_t count) {
+    zoff_engine *e = engine;
+    (void)count;
+    if (!e->pipelined) return ZOFF_OK; /* the step made the compute stream wait for all of them */
+    return zoff_wready_wait(e->wr, zoff_wready_group_of(e->wr, offset), s);
+}
+
 zoff_status zoff_engine_flush(zoff_engine *e) {
+    ZOFF_TRY(zoff_hr_settle(e));
     double dummy = 0;
     bool pending = e->weights_pending;
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
@@ -1519,7 +1269,7 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
 /* Copy state array i (0 master, 1 m, 2 v) between the engine and a host array of n floats. */
 static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
     if (i < 0 || i > 2) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
-    ZOFF_TRY(wait_job(e));
+    ZOFF_TRY(zoff_hr_settle(e));
     size_t f4 = sizeof(float);
     bool absent = (i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e));
     for (int k = 0; k < e->nsg; k++) {
@@ -1671,6 +1421,8 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
                                        e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
+    if (e->bk_master) /* super_offload: the saved master, m and v (pageable) */
+        m->pageable += (size_t)e->n_host * f4 * (1 + (size_t)(e->bk_m != NULL) + (size_t)(e->bk_v != NULL));
     if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);

@@ -1,0 +1,216 @@
+/* The engine's state, shared by its files (private to src/zero): engine.c (creation,
+ * placement, weights to the device, the step, state), gradients.c (gradients to the
+ * host during backward, the gradient timeline), hostrun.c (the host optimizer
+ * runner: its worker thread, the host update, the pipelined / delayed / speculative
+ * jobs), wready.c (weights-arrived events per group), placement.c, partition.c,
+ * stage3.c, swapper.c. */
+#ifndef ZOFF_ZERO_ENGINE_IMPL_H
+#define ZOFF_ZERO_ENGINE_IMPL_H
+
+#include <pthread.h>
+
+#include "zero/partition.h"
+#include "zero/stage3.h"
+#include "zero/wready.h"
+#include "zoff/comm.h"
+#include "zoff/engine.h"
+#include "zoff/loss_scale.h"
+#include "zoff/optim.h"
+#include "zoff/swapper.h"
+
+typedef struct range { /* a run of tensors with the same weight-decay flag */
+    int64_t offset, count;
+    bool decay;
+} range;
+
+typedef struct subgroup {
+    int64_t offset, count; /* flat parameter range (this rank's optimizer space: see e->n) */
+    int64_t model;         /* model-space offset of element `offset` (== offset with one rank) */
+    bool on_host;
+    int64_t state_off;     /* offset into the host or device state arrays */
+} subgroup;
+
+struct zoff_engine {
+    zoff_device *dev;
+    zoff_stream *compute, *d2h, *h2d, *opt_stream;
+    const zoff_config *cfg;
+    zoff_dtype dtype;
+    size_t esize;
+    int64_t n;
+    void *params, *grads; /* the model's device buffers */
+
+    range *ranges;
+    int nranges;
+    subgroup *sg; /* in flat order */
+    int nsg;
+
+    /* device-side state (device sub-groups). For fp32 weights the model's
+     * parameter buffer is the master copy. */
+    int64_t n_dev;
+    float *d_master, *d_m, *d_v;
+    float *stats_dev; /* 2 floats: sum of squares, non-finite flag */
+
+    /* host-side state (host sub-groups) */
+    int64_t n_host;
+    bool pinned;
+    float *h_master, *h_m, *h_v;
+    void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update */
+    void *h_staging;    /* new 16-bit weights (NULL for fp32: h_master goes back directly) */
+    zoff_host_optimizer *hopt;
+    /* NVMe offload (offload_optimizer.device "nvme"): the host sub-groups' fp32
+     * master, m, v live in a swap file (h_master, h_m, h_v stay NULL), streamed
+     * through the swapper's buffers; h_staging exists for fp32 weights too. */
+    zoff_swapper *swap;
+    int *swap_sg;    /* engine sub-group of each swap group (host sub-groups in flat order) */
+    int *swap_order; /* the update order: swap groups from the top down */
+    int nswap;
+    int gbuf;           /* which h_grads receives the current backward */
+    bool boundary;      /* the current backward streams gradients out */
+    zoff_event *ev_grads_done, *ev_weights_done, *ev_dev_done, *ev_stats;
+    zoff_event **ev_ready; /* per grad-ready call: compute -> d2h ordering (pool) */
+    int nready, cap_ready;
+    char describe[1536];
+
+    zoff_loss_scaler ls;
+    zoff_engine_scalars sc;
+
+    /* delayed parameter update */
+    bool dpu;
+    int64_t dpu_warmup;
+    pthread_t worker;
+    bool worker_started, mu_init;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool job_pending, job_done, quit;
+    struct {
+        int gbuf;
+        double lr, grad_scale;
+        int64_t t;
+        int mode; /* host_update's mode (HU_*) */
+    } job;
+    zoff_status job_status;
+    char job_error[512];
+    bool weights_pending; /* the worker finished a job whose weights are not on the device yet */
+    double job_seconds;
+    /* the last finished host update (guarded by mu once the worker runs): its step and wall interval */
+    int64_t span_step;
+    double span_t0, span_t1;
+    double *sg_span[2];     /* per host sub-group: when its update began and ended, update number k in [k % 2] */
+    int nspan[2];
+    int64_t updates;        /* host updates begun (the thread running them only) */
+    int64_t span_seq;       /* the update number of span_step's (guarded by mu once the worker runs) */
+
+    /* pipelined exact step (options.weight_waits, one rank, stages 1-2, state in host
+     * memory): the worker updates the host sub-groups in forward order and pushes each
+     * at once; the model's forward waits per parameter group (zero/wready.h) */
+    bool pipelined, pipe_unreported;
+    zoff_wready *wr;
+    int *sg_group;   /* layer group of each sub-group (pipelined) */
+    int *group_left; /* host sub-groups of each group not yet pushed in this job */
+    int *group_hsg;  /* host sub-groups of each group */
+    bool *group_need;
+    /* delayed update with the pipeline: job t's new weights of group g go to the device
+     * as soon as the job has written them and backward t+1 no longer reads the old ones
+     * (its grad-ready call for g); guarded by mu */
+    bool *g_updated, *g_released, *g_pushed;
+    zoff_event **ev_release; /* per group: backward t+1 is done with its weights (compute stream) */
+
+    /* speculation-then-validation (offload_optimizer.super_offload; pipelined only): during
+     * the boundary backward the worker updates each host sub-group as soon as its gradients
+     * have landed, assuming no clipping and no overflow, after saving its master, m and v;
+     * the step validates (norm, overflow, learning rate) and keeps the result or restores
+     * the saved state and updates again correctly */
+    bool spec;
+    bool spec_running;       /* a speculative job belongs to the current boundary (caller thread) */
+    double spec_lr;          /* the learning rate it assumes: the last step's or zoff_engine_set_lr's */
+    bool have_lr;
+    int64_t spec_t;
+    int64_t landed;          /* gradients of model offsets >= landed are on the host (guarded by mu) */
+    float *bk_master, *bk_m, *bk_v;
+    int64_t rollbacks;
+    int64_t hopt_t0;         /* the first step the host optimizer began (0: none): replayed after a rollback */
+    double spec_first;       /* worker: when the job's first sub-group update began */
+
+    /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
+     * optimizer space: its partition (stages 1-2) or everything (stage 0, one
+     * rank); sub-groups cut it and `map` takes it to the model's flat space. */
+    zoff_comm *comm;        /* the job's communicator (not owned); NULL = one rank */
+    zoff_comm *chan;        /* dup of comm for the collectives on the d2h stream (owned) */
+    int world, rank;
+    int64_t n_model;        /* the model's parameters */
+    bool replicated;        /* stage 0 over ranks: every rank updates every parameter */
+    bool scatter;           /* stage 2: reduce-scatter the gradients */
+    zoff_dp_plan plan;
+    zoff_dp_layout layout;
+    zoff_dp_scratch scratch;
+    zoff_dp_piece *map;     /* optimizer space -> model space, in local order */
+    int nmap;
+    zoff_event *ev_gather;
+    const zoff_tensor_info *tensors; /* the model's table (not owned) */
+    int ntensors;
+    /* ZeRO stage 3 (zero/stage3.c): the model has no flat buffers; e->params and
+     * e->grads are this rank's partition of the weights and gradients (local
+     * space, map = identity), the groups are gathered on use */
+    zoff_s3 *s3;
+    bool stage3;
+    void *s3_params_dev, *s3_grads_dev; /* owned (the weights are on the host with offload_param) */
+    bool no_push;           /* offload_param cpu: the host optimizer writes the partition weights in place */
+    bool pnvme;             /* offload_param nvme: the partition weights live in the stage 3 swap file; the host
+                               optimizer writes them there (zoff_s3_out_span), no h_staging */
+    zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
+    char async_msg[512];
+    /* gradient stream timeline (options.timeline) */
+    bool timeline;
+    double t_bwd0;
+    zoff_grad_event *tl;
+    int ntl, cap_tl, want_tl;
+};
+
+static inline bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
+static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
+
+
+static inline int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }
+static inline unsigned nvme_all_arrays(const zoff_engine *e) { return (1u << nvme_narrays(e)) - 1; }
+
+/* ---- hostrun.c: the host optimizer runner ---- */
+
+/* zoff_hr_update's modes: push each sub-group as it is done, last layers first (the
+ * exact step, synchronous); do not push (delayed update: pushed when backward t+1 is
+ * done with a group, or at the boundary); forward order, push each at once and mark its
+ * layer group arrived (pipelined); as its gradients land during backward, no push
+ * (speculative: pushed after validation). */
+enum { HU_PUSH = 0, HU_NO_PUSH = 1, HU_PIPE = 2, HU_SPEC = 3 };
+/* The host part of step t over every host sub-group (see the modes). */
+zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode);
+/* The worker thread's loop (arg = the engine). */
+void *zoff_hr_worker_main(void *arg);
+/* Hand the host update of step t to the worker. */
+void zoff_hr_start_job(zoff_engine *e, int64_t t, double lr, double grad_scale, int mode);
+/* Wait for the worker's job (if any); returns its status. */
+zoff_status zoff_hr_wait_job(zoff_engine *e);
+/* The job done (a speculation without its step undone) and, pipelined, the compute
+ * stream after every group's weights: before anything else reads weights or state. */
+zoff_status zoff_hr_settle(zoff_engine *e);
+/* The last finished host update's step and interval (caller-thread updates). */
+void zoff_hr_note_span(zoff_engine *e, int64_t t, double t0, double t1);
+/* Delayed update, pipelined: the boundary backward reported the range at offset final. */
+zoff_status zoff_hr_dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset);
+/* Speculation: a mark the gradient stream runs after a range's copies (arg: a
+ * zoff_hr_spec_land, freed), the saved state back, the validated weights out. */
+typedef struct zoff_hr_spec_land {
+    zoff_engine *e;
+    int64_t offset;
+} zoff_hr_spec_land;
+void zoff_hr_spec_land_fn(void *arg);
+zoff_status zoff_hr_spec_rollback(zoff_engine *e);
+zoff_status zoff_hr_spec_commit(zoff_engine *e);
+
+/* ---- engine.c, for the runner and the gradient path ---- */
+/* A failure inside grad_ready (no status to return): kept for the next step. */
+void zoff_eng_note_async(zoff_engine *e, zoff_status s, const char *what);
+zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g);
+zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v);
+zoff_status zoff_eng_nvme_release(zoff_engine *e, const subgroup *g, const float *master);
+
+#endif

@@ -1,0 +1,197 @@
+/* Gradients to the host (see engine_impl.h): the loss-gradient scale, the boundary
+ * backward's bookkeeping, the grad-ready callback (reduction over ranks, the copies of
+ * the host sub-groups' part on the gradient stream after the compute that produced
+ * it, the marks of the delayed and speculative modes) and its timeline. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zero/engine_impl.h"
+
+float zoff_engine_backward_scale(const zoff_engine *e) {
+    int64_t acc = e->cfg->gradient_accumulation_steps > 0 ? e->cfg->gradient_accumulation_steps : 1;
+    /* with N ranks each rank's gradient is pre-divided by N, so that their sum is the
+     * mean: the reduced gradients have the one-rank magnitude (same fp16 overflow) */
+    return (float)(e->ls.scale / ((double)acc * (double)e->world));
+}
+
+void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
+    e->boundary = is_boundary;
+    if (is_boundary && e->pipelined && !e->weights_pending) {
+        /* the pipelined job reads the gradient buffer this backward fills: done by now
+         * (the forward waited for its last group); its status goes to the next step */
+        pthread_mutex_lock(&e->mu);
+        while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (is_boundary && e->spec && e->have_lr && !e->spec_running) {
+        /* speculate: the next step's update, assuming no clipping and no overflow */
+        e->landed = INT64_MAX; /* the worker is idle: no lock needed until the job starts */
+        e->spec_t = e->sc.steps_taken + 1;
+        e->spec_running = true;
+        e->pipe_unreported = false; /* the last exact job's time is not reported: the step reports this one's */
+        zoff_hr_start_job(e, e->spec_t, e->spec_lr, 1.0 / e->ls.scale, HU_SPEC);
+    }
+    e->nready = 0;
+    if (is_boundary && e->timeline) {
+        /* grow between backwards only: the gradient stream stamps entries while one runs
+         * (the last step waited for all of them) */
+        if (e->want_tl > e->cap_tl) {
+            zoff_grad_event *n = realloc(e->tl, (size_t)e->want_tl * sizeof *n);
+            if (n) {
+                e->tl = n;
+                e->cap_tl = e->want_tl;
+            }
+        }
+        e->ntl = 0;
+        e->t_bwd0 = zoff_now();
+    }
+}
+
+/* Timeline stamps, run on the gradient stream (host functions). */
+typedef struct tl_stamp {
+    zoff_engine *e;
+    int i, which;
+} tl_stamp;
+static void tl_stamp_fn(void *arg) {
+    tl_stamp *t = arg;
+    double now = zoff_now() - t->e->t_bwd0;
+    zoff_grad_event *ev = &t->e->tl[t->i];
+    if (t->which == 0) ev->t_reduce_start = now;
+    else if (t->which == 1) ev->t_reduce_end = now;
+    else ev->t_copy_end = now;
+    free(t);
+}
+static void tl_mark(zoff_engine *e, int i, int which) {
+    tl_stamp *t = malloc(sizeof *t);
+    if (!t) return;
+    *t = (tl_stamp){e, i, which};
+    if (zoff_stream_host_fn(e->d2h, tl_stamp_fn, t) != ZOFF_OK) free(t);
+}
+/* A new timeline entry for a reported range (-1 when off or out of memory). */
+static int tl_begin(zoff_engine *e, int64_t offset, int64_t count) {
+    if (!e->timeline) return -1;
+    if (e->ntl == e->cap_tl) { /* lost for this backward; room for the next one */
+        e->want_tl = e->cap_tl ? 2 * e->cap_tl : 64;
+        return -1;
+    }
+    int i = e->ntl++;
+    e->tl[i] = (zoff_grad_event){.offset = offset, .count = count, .t_ready = zoff_now() - e->t_bwd0};
+    return i;
+}
+
+int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **events) {
+    *events = e->tl;
+    return e->ntl;
+}
+
+static zoff_event *ready_event(zoff_engine *e) {
+    if (e->nready == e->cap_ready) {
+        int cap = e->cap_ready ? 2 * e->cap_ready : 16;
+        zoff_event **ne = realloc(e->ev_ready, (size_t)cap * sizeof *ne);
+        if (!ne) return NULL;
+        e->ev_ready = ne;
+        for (int i = e->cap_ready; i < cap; i++)
+            if (zoff_event_create(e->dev, &e->ev_ready[i]) != ZOFF_OK) {
+                e->cap_ready = i;
+                return NULL;
+            }
+        e->cap_ready = cap;
+    }
+    return e->ev_ready[e->nready++];
+}
+
+/* Called by the model in stream order as [offset, offset+count) of the
+ * gradient buffer becomes final. Copies the host sub-groups' part to the host
+ * on the d2h stream, ordered after the compute work that produced it.
+ * Failures here are sticky on the d2h stream's next synchronisation or noted
+ * in the log; the step reports them. */
+/* The host sub-groups' part of e->grads [offset, end) (the engine's space: the
+ * model's, or stage 3's local space) to the host, on the d2h stream. */
+static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti) {
+    for (int i = 0; i < e->nsg; i++) {
+        subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        int64_t lo = offset > g->model ? offset : g->model; /* model space */
+        int64_t hi = end < g->model + g->count ? end : g->model + g->count;
+        if (lo >= hi) continue;
+        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
+        const void *src = (const char *)e->grads + (size_t)lo * e->esize;
+        if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
+            zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
+        if (ti >= 0) e->tl[ti].copy_bytes += (hi - lo) * (int64_t)e->esize;
+    }
+}
+
+/* Stage 3: every micro-batch's group gradients are reduce-scattered into the
+ * partition; at the boundary this rank's pieces then go to the host. */
+static void s3_grad_ready(zoff_engine *e, zoff_stream *stream, int64_t offset, int64_t count) {
+    int ti = e->boundary ? tl_begin(e, offset, count) : -1;
+    if (ti >= 0) tl_mark(e, ti, 0);
+    zoff_status s = zoff_s3_reduce(e->s3, stream, offset, count);
+    if (s != ZOFF_OK) {
+        zoff_eng_note_async(e, s, "stage 3 gradient reduction");
+        return;
+    }
+    if (ti >= 0) tl_mark(e, ti, 1);
+    if (e->boundary && e->n_host > 0) { /* this rank's pieces of the range, in its local space */
+        const zoff_dp_plan *p = &e->plan;
+        for (int k = 0; k < p->nown[p->rank]; k++) {
+            const zoff_dp_piece *q = &p->pieces[p->own[p->rank][k]];
+            int64_t x = q->model > offset ? q->model : offset;
+            int64_t y = q->model + q->count < offset + count ? q->model + q->count : offset + count;
+            if (x < y) copy_host_grads(e, q->local + (x - q->model), q->local + (y - q->model), ti);
+        }
+    }
+    if (ti >= 0) tl_mark(e, ti, 2);
+}
+
+void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
+    zoff_engine *e = engine;
+    if (e->s3) {
+        s3_grad_ready(e, stream, offset, count);
+        return;
+    }
+    if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;
+    /* Delayed update: no wait for the worker here. This backward fills the host
+     * gradient buffer the worker does not read (double-buffered); the job that read
+     * it last (two steps ago) was waited for by the last step before it started the
+     * worker's current job (apply_pending_weights). */
+    if (e->g_updated && e->weights_pending && zoff_hr_dpu_released(e, stream, offset) != ZOFF_OK) {
+        zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "delayed parameter update: pushing the new weights");
+        return;
+    }
+    zoff_event *ev = ready_event(e);
+    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
+        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
+        return;
+    }
+    int64_t end = offset + count;
+    int ti = tl_begin(e, offset, count);
+    if (ti >= 0) tl_mark(e, ti, 0);
+    if (e->world > 1) { /* sum over ranks first (stage 2: only this rank's pieces come back) */
+        zoff_status s = zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, e->grads, e->dtype, offset, end, e->scatter,
+                                             &e->scratch, &e->layout);
+        if (s != ZOFF_OK) {
+            zoff_eng_note_async(e, s, "gradient reduction");
+            return;
+        }
+    }
+    if (ti >= 0) tl_mark(e, ti, 1);
+    copy_host_grads(e, offset, end, ti);
+    if (ti >= 0) tl_mark(e, ti, 2);
+    if (e->spec_running) {
+        zoff_hr_spec_land *l = malloc(sizeof *l);
+        if (l) *l = (zoff_hr_spec_land){e, offset};
+        if (!l || zoff_stream_host_fn(e->d2h, zoff_hr_spec_land_fn, l) != ZOFF_OK) {
+            free(l);
+            zoff_eng_note_async(e, ZOFF_ERR_NOMEM, "speculative update: marking gradients landed");
+        }
+    }
+}
+
+zoff_status zoff_engine_zero_grad(zoff_engine *e) {
+    return zoff_memset_async(e->compute, e->grads, 0, (size_t)(e->stage3 ? e->n : e->n_model) * e->esize);
+}
+

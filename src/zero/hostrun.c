@@ -1,0 +1,316 @@
+/* The host optimizer runner (see engine_impl.h): the engine's worker thread and the
+ * host update of every host sub-group, in the modes of the exact, pipelined, delayed
+ * and speculative steps; the per-group pushes of the delayed update; speculation's
+ * save, rollback and commit; the timeline of the last update. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zero/engine_impl.h"
+
+void *zoff_hr_worker_main(void *arg) {
+    zoff_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->job_pending && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
+        if (e->quit) break;
+        int gbuf = e->job.gbuf, mode = e->job.mode;
+        double lr = e->job.lr, gs = e->job.grad_scale;
+        int64_t t = e->job.t;
+        pthread_mutex_unlock(&e->mu);
+        double t0 = zoff_now();
+        e->spec_first = 0;
+        zoff_status s = zoff_hr_update(e, gbuf, t, lr, gs, mode);
+        if (mode == HU_SPEC && e->spec_first > 0) t0 = e->spec_first;
+        if (s == ZOFF_OK && mode == HU_PIPE) s = zoff_event_record(e->ev_weights_done, e->h2d);
+        double t1 = zoff_now();
+        if (s != ZOFF_OK && mode == HU_PIPE) zoff_wready_fail(e->wr, s, zoff_last_error());
+        pthread_mutex_lock(&e->mu);
+        e->job_status = s;
+        if (s != ZOFF_OK) snprintf(e->job_error, sizeof e->job_error, "%s", zoff_last_error());
+        e->job_seconds = t1 - t0;
+        e->span_step = t;
+        e->span_seq = e->updates;
+        e->span_t0 = t0;
+        e->span_t1 = t1;
+        e->job_pending = false;
+        e->job_done = true;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Hand the host update of step t to the worker. */
+void zoff_hr_start_job(zoff_engine *e, int64_t t, double lr, double grad_scale, int mode) {
+    if (mode == HU_PIPE) zoff_wready_open(e->wr, e->group_need);
+    pthread_mutex_lock(&e->mu);
+    if (mode == HU_NO_PUSH && e->g_updated) {
+        size_t ng = (size_t)zoff_wready_groups(e->wr);
+        memset(e->g_updated, 0, ng * sizeof(bool));
+        memset(e->g_released, 0, ng * sizeof(bool));
+        memset(e->g_pushed, 0, ng * sizeof(bool));
+    }
+    e->job.gbuf = e->gbuf;
+    e->job.lr = lr;
+    e->job.grad_scale = grad_scale;
+    e->job.t = t;
+    e->job.mode = mode;
+    e->job_pending = true;
+    e->job_done = false;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Wait for the worker's job (if any); returns its status. */
+zoff_status zoff_hr_wait_job(zoff_engine *e) {
+    if (!e->worker_started) return ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
+    zoff_status s = e->job_status;
+    e->job_status = ZOFF_OK;
+    if (s != ZOFF_OK) zoff_error(s, "%s: %s", e->dpu ? "delayed parameter update" : "host optimizer", e->job_error);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+/* Before anything reads the weights, the host state or the host gradients outside
+ * the forward: the job is done and the compute stream is after every group's weights. */
+/* Speculation, on the gradient stream after a range's copies: gradients >= offset landed. */
+void zoff_hr_spec_land_fn(void *arg) {
+    zoff_hr_spec_land *l = arg;
+    zoff_engine *e = l->e;
+    pthread_mutex_lock(&e->mu);
+    if (l->offset < e->landed) e->landed = l->offset;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    free(l);
+}
+
+zoff_status zoff_hr_settle(zoff_engine *e) {
+    if (e->spec_running) { /* a boundary backward without its step: let the job run out and undo it */
+        ZOFF_TRY(zoff_stream_synchronize(e->d2h));
+        pthread_mutex_lock(&e->mu);
+        e->landed = 0;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        zoff_status s = zoff_hr_wait_job(e);
+        e->spec_running = false;
+        if (s == ZOFF_OK) s = zoff_hr_spec_rollback(e);
+        e->rollbacks--; /* not a failed validation */
+        ZOFF_TRY(s);
+    }
+    ZOFF_TRY(zoff_hr_wait_job(e));
+    if (e->pipelined) ZOFF_TRY(zoff_wready_wait_all(e->wr, e->compute));
+    return ZOFF_OK;
+}
+
+/* The host optimizer on [lo, hi) (model space) of host sub-group g, whose state starts at
+ * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer. */
+static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, float *hm, float *hv,
+                                int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
+    int64_t d = lo - g->offset, so = g->state_off + d;
+    void *p16 = out16 ? out16 : e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL;
+    zoff_optim_tensors tt = {.params = master + d,
+                             .exp_avg = hm ? hm + d : NULL,
+                             .exp_avg_sq = hv ? hv + d : NULL,
+                             .state_dt = ZOFF_F32,
+                             .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
+                             .grad_dt = e->dtype,
+                             .params16 = e->dtype != ZOFF_F32 ? p16 : NULL,
+                             .p16_dt = e->dtype,
+                             .n = hi - lo,
+                             .index_base = g->model + d}; /* model index: rounding independent of ranks */
+    return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
+}
+
+/* Delayed update, pipelined: group g's new weights to the device after backward t+1's
+ * use of the old ones (mu held; called by whichever of the worker and grad_ready
+ * comes second). */
+static zoff_status dpu_push_group(zoff_engine *e, int g) {
+    e->g_pushed[g] = true;
+    ZOFF_TRY(zoff_stream_wait_event(e->h2d, e->ev_release[g]));
+    for (int i = 0; i < e->nsg; i++)
+        if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
+    return zoff_wready_arrive(e->wr, g, e->h2d);
+}
+
+/* Delayed update, pipelined: the job has written host sub-group i. */
+static zoff_status dpu_updated(zoff_engine *e, int i) {
+    int g = e->sg_group[i];
+    if (--e->group_left[g] > 0) return ZOFF_OK;
+    zoff_status s = ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    e->g_updated[g] = true;
+    if (e->g_released[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+/* Delayed update, pipelined: the boundary backward reported group g's range final, so
+ * it no longer reads g's weights (caller thread). */
+zoff_status zoff_hr_dpu_released(zoff_engine *e, zoff_stream *stream, int64_t offset) {
+    int g = zoff_wready_group_of(e->wr, offset);
+    if (g < 0 || !e->group_need[g]) return ZOFF_OK;
+    ZOFF_TRY(zoff_event_record(e->ev_release[g], stream));
+    zoff_status s = ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    e->g_released[g] = true;
+    if (e->g_updated[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+/* Speculation: wait until sub-group g's gradients are on the host, then save its state. */
+static zoff_status spec_prepare(zoff_engine *e, const subgroup *g) {
+    pthread_mutex_lock(&e->mu);
+    while (e->landed > g->model && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
+    bool quit = e->quit;
+    pthread_mutex_unlock(&e->mu);
+    if (quit) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
+    if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
+    size_t b = (size_t)g->count * sizeof(float);
+    memcpy(e->bk_master + g->state_off, e->h_master + g->state_off, b);
+    if (e->h_m) memcpy(e->bk_m + g->state_off, e->h_m + g->state_off, b);
+    if (e->h_v) memcpy(e->bk_v + g->state_off, e->h_v + g->state_off, b);
+    return ZOFF_OK;
+}
+
+/* Speculation failed or was abandoned: the saved state back, and the host optimizer's
+ * step chain as if the speculative step had never begun (a fresh one that begins the
+ * committed steps again: its bias-correction products are those of the unbroken chain). */
+zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
+    for (int i = 0; i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        size_t b = (size_t)g->count * sizeof(float);
+        memcpy(e->h_master + g->state_off, e->bk_master + g->state_off, b);
+        if (e->h_m) memcpy(e->h_m + g->state_off, e->bk_m + g->state_off, b);
+        if (e->h_v) memcpy(e->h_v + g->state_off, e->bk_v + g->state_off, b);
+    }
+    zoff_host_optimizer_destroy(e->hopt);
+    e->hopt = NULL;
+    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, 0, &e->hopt));
+    int64_t t0 = e->hopt_t0;
+    e->hopt_t0 = 0;
+    for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
+        ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, k, e->spec_lr));
+        if (e->hopt_t0 == 0) e->hopt_t0 = k;
+    }
+    e->rollbacks++;
+    return ZOFF_OK;
+}
+
+/* Pipelined: host sub-group i is pushed; when it was its layer group's last, the group arrived. */
+static zoff_status pipe_pushed(zoff_engine *e, int i) {
+    int g = e->sg_group[i];
+    if (--e->group_left[g] > 0) return ZOFF_OK;
+    return zoff_wready_arrive(e->wr, g, e->h2d);
+}
+
+/* The host part of a step: every host sub-group, each pushed to the device as soon
+ * as it is done (HU_PUSH: last layers first, their gradients arrived first; HU_PIPE:
+ * first layers first, what the next forward needs first arrives first; HU_NO_PUSH,
+ * the delayed update: the boundary code pushes them). */
+zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
+    const zoff_optimizer_config *oc = &e->cfg->optimizer;
+    ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
+    if (e->hopt_t0 == 0) e->hopt_t0 = t;
+    /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
+    ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
+    if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
+    if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
+    bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
+    int nsp = 0;
+    int64_t seq = ++e->updates;
+    if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
+    for (int q = 0; q < e->nsg; q++) {
+        int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
+        const subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        /* this sub-group's fp32 state: in host memory, or read from the NVMe swap file */
+        float *master = e->h_master ? e->h_master + g->state_off : NULL;
+        float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
+        if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
+        if (mode == HU_SPEC) ZOFF_TRY(spec_prepare(e, g));
+        double *span = e->sg_span[seq % 2] ? e->sg_span[seq % 2] + 2 * (size_t)nsp++ : NULL;
+        if (span) span[0] = zoff_now();
+        /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
+         * where the swap file's runs end, every run written as soon as it is complete
+         * (elementwise update: the same arithmetic as one call per piece) */
+        for (int k = 0; k < e->nranges; k++) {
+            const range *rg = &e->ranges[e->pnvme ? e->nranges - 1 - k : k];
+            double wd = rg->decay ? oc->weight_decay : 0.0;
+            int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
+            int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
+            if (!e->pnvme) {
+                if (lo < hi) ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, lo, hi, NULL, wd, grad_scale));
+                continue;
+            }
+            while (hi > lo) {
+                int64_t a;
+                void *out;
+                ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
+                ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, hi, out, wd, grad_scale));
+                if (e->dtype == ZOFF_F32) memcpy(out, master + (a - g->offset), (size_t)(hi - a) * sizeof(float));
+                ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
+                hi = a;
+            }
+        }
+        if (span) span[1] = zoff_now();
+        if (e->swap) ZOFF_TRY(zoff_eng_nvme_release(e, g, master));
+        if (mode == HU_PUSH || mode == HU_PIPE) ZOFF_TRY(zoff_eng_push_host_subgroup(e, g)); /* HU_SPEC: after validation */
+        if (mode == HU_PIPE) ZOFF_TRY(pipe_pushed(e, i));
+        if (early) ZOFF_TRY(dpu_updated(e, i));
+    }
+    if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
+    if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
+    e->nspan[seq % 2] = nsp;
+    return ZOFF_OK;
+}
+
+/* Speculation validated: the new weights of every host sub-group to the device, group
+ * by group in forward order (the backward is done: the step synchronised the compute
+ * stream), each group marked arrived for the next forward. */
+zoff_status zoff_hr_spec_commit(zoff_engine *e) {
+    int ng = zoff_wready_groups(e->wr);
+    for (int g = 0; g < ng; g++) {
+        if (!e->group_need[g]) continue;
+        for (int i = 0; i < e->nsg; i++)
+            if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
+        ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
+    }
+    return zoff_event_record(e->ev_weights_done, e->h2d);
+}
+
+/* The last finished host update's interval, for the step timeline. */
+void zoff_hr_note_span(zoff_engine *e, int64_t t, double t0, double t1) {
+    if (e->mu_init) pthread_mutex_lock(&e->mu);
+    e->span_step = t;
+    e->span_seq = e->updates;
+    e->span_t0 = t0;
+    e->span_t1 = t1;
+    if (e->mu_init) pthread_mutex_unlock(&e->mu);
+}
+
+int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double *end) {
+    zoff_engine *m = (zoff_engine *)e; /* the lock only */
+    if (m->mu_init) pthread_mutex_lock(&m->mu);
+    int64_t t = e->span_step;
+    *start = e->span_t0;
+    *end = e->span_t1;
+    if (m->mu_init) pthread_mutex_unlock(&m->mu);
+    return t;
+}
+
+int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans) {
+    zoff_engine *m = (zoff_engine *)e; /* the lock only */
+    if (m->mu_init) pthread_mutex_lock(&m->mu);
+    int64_t k = e->span_seq; /* the update running now, if any, writes the other buffer */
+    if (m->mu_init) pthread_mutex_unlock(&m->mu);
+    *spans = k > 0 ? e->sg_span[k % 2] : NULL;
+    return k > 0 ? e->nspan[k % 2] : 0;
+}
+

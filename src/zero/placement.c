@@ -1,0 +1,97 @@
+/* Placement of the optimizer's partition (one home for it: the engine and
+ * zoff plan both call these; see include/zoff/engine.h). Pure functions: no
+ * device, no allocation besides the output list, no logging. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "zoff/engine.h"
+
+/* A fractional host ratio needs enough sub-groups to be honoured in whole ones. */
+#define TWIN_FLOW_MIN_SUBGROUPS 32
+/* "ratio": "auto" keeps this fraction of the device budget free. */
+#define AUTO_MARGIN_FRACTION 0.05
+
+bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
+    /* one rank, stages 0-2, state in host memory (data-parallel partitions are cut
+     * where their pieces end instead; the NVMe swapper keeps one swap group per
+     * sub_group_size piece) */
+    return world == 1 && stage < 3 && !nvme;
+}
+
+/* Grid size: sub_group_size, or finer when a fractional ratio needs more pieces. */
+static int64_t grid_size(int64_t n, int64_t sgs, double ratio) {
+    if (sgs <= 0 || sgs > n) sgs = n;
+    if (ratio > 0 && ratio < 1 && (n + sgs - 1) / sgs < TWIN_FLOW_MIN_SUBGROUPS) {
+        sgs = (n + TWIN_FLOW_MIN_SUBGROUPS - 1) / TWIN_FLOW_MIN_SUBGROUPS;
+        sgs = (sgs + 63) / 64 * 64;
+    }
+    return sgs;
+}
+
+/* Number of sub-groups, and (when out != NULL) their ranges in flat order. */
+static int64_t cut_all(const zoff_placement_input *in, int64_t sgs, zoff_subgroup_place *out) {
+    int64_t k = 0, n = in->n;
+    int c = 0;
+    for (int64_t lo = 0; lo < n;) {
+        int64_t hi = (lo / sgs + 1) * sgs; /* next grid line */
+        if (hi > n) hi = n;
+        while (c < in->ncuts && in->cuts[c] <= lo) c++;
+        if (c < in->ncuts && in->cuts[c] < hi) hi = in->cuts[c];
+        if (out) out[k] = (zoff_subgroup_place){.offset = lo, .count = hi - lo};
+        k++;
+        lo = hi;
+    }
+    return k;
+}
+
+zoff_status zoff_placement_build(const zoff_placement_input *in, zoff_placement *out) {
+    *out = (zoff_placement){0};
+    if (in->n <= 0 || !(in->ratio >= 0.0 && in->ratio <= 1.0))
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_placement_build: %lld parameters, host ratio %g",
+                          (long long)in->n, in->ratio);
+    for (int i = 1; i < in->ncuts; i++)
+        if (in->cuts[i] <= in->cuts[i - 1])
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_placement_build: layer cuts are not increasing at %d", i);
+    int64_t sgs = grid_size(in->n, in->sub_group_size, in->ratio);
+    int64_t nsg = cut_all(in, sgs, NULL);
+    if (nsg > INT32_MAX) return zoff_error(ZOFF_ERR_INVALID, "%lld sub-groups: raise sub_group_size", (long long)nsg);
+    out->sg = calloc((size_t)nsg, sizeof *out->sg);
+    if (!out->sg) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %lld sub-groups", (long long)nsg);
+    cut_all(in, sgs, out->sg);
+    out->nsg = (int)nsg;
+    out->grid = sgs;
+    /* host: whole sub-groups from the top (backward finishes them first) until >= ratio * n */
+    int64_t want = (int64_t)ceil(in->ratio * (double)in->n);
+    for (int64_t i = nsg - 1; i >= 0 && out->host < want; i--) {
+        out->sg[i].on_host = true;
+        out->host += out->sg[i].count;
+        out->host_groups++;
+        if (out->sg[i].count > out->largest_host) out->largest_host = out->sg[i].count;
+    }
+    out->device = in->n - out->host;
+    return ZOFF_OK;
+}
+
+void zoff_placement_free(zoff_placement *p) {
+    if (!p) return;
+    free(p->sg);
+    *p = (zoff_placement){0};
+}
+
+void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out) {
+    *out = (zoff_auto_ratio){.budget = budget, .in_use = in_use, .fits = true};
+    if (budget == 0) return; /* no budget: everything fits on the device, ratio 0 */
+    out->margin = (size_t)((double)budget * AUTO_MARGIN_FRACTION);
+    size_t used = in_use + 64; /* + the engine's gradient-statistics buffer */
+    if (used + out->margin >= budget) {
+        out->fits = false;
+        out->ratio = 1.0;
+        return;
+    }
+    out->free_bytes = budget - used - out->margin;
+    out->per_param = sizeof(float) * (dtype == ZOFF_F32 ? 2 : 3); /* (master,) m, v */
+    out->max_device = (int64_t)(out->free_bytes / out->per_param);
+    int64_t host = n - out->max_device;
+    if (host < 0) host = 0;
+    out->ratio = (double)host / (double)n;
+}
