@@ -41,9 +41,13 @@ if(ZOFF_CUDA_EMU STREQUAL "ON" AND NOT _emu_why STREQUAL "")
   message(FATAL_ERROR "ZOFF_CUDA_EMU=ON but the CUDA emulator cannot be built: ${_emu_why}")
 endif()
 
-# the representative subset CI runs (test names of tests/test_ops.c)
-set(ZOFF_EMU_OPS "attention_fwd,attention_bwd,attention_mma_fwd,attention_mma_bwd,layernorm_fwd,layernorm_bwd,gelu_bwd,cross_entropy,adam,test_cross_entropy_bad_target"
-  CACHE STRING "test_ops tests run by the ctest test cuda_emu_ops")
+# the representative subset CI runs (test names of tests/test_ops.c); smaller under the sanitizers
+if(ZOFF_SANITIZE STREQUAL "")
+  set(_emu_ops_default "attention_fwd,attention_bwd,attention_mma_fwd,attention_mma_bwd,layernorm_fwd,layernorm_bwd,gelu_bwd,cross_entropy,adam,test_cross_entropy_bad_target")
+else()
+  set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,cross_entropy")
+endif()
+set(ZOFF_EMU_OPS "${_emu_ops_default}" CACHE STRING "test_ops tests run by the ctest test cuda_emu_ops")
 
 if(NOT _emu_why STREQUAL "")
   message(STATUS "zoff: CUDA emulator tests skipped: ${_emu_why}")
@@ -103,6 +107,8 @@ target_link_libraries(emu_ptx_check PRIVATE PkgConfig::JANSSON PkgConfig::OPENBL
 add_test(NAME cuda_emu_ptx COMMAND emu_ptx_check)
 # ZOFF_CPU_KERNELS set: test_ops does not re-run itself on the portable CPU kernels
 add_test(NAME cuda_emu_ops COMMAND test_ops_emu)
-set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900 ENVIRONMENT
+# auto attention mode: the start-up comparison of the tensor-core kernels with the flash kernels runs,
+# and its warning (they disagree: fallback) fails the test, so the op table checks the tensor-core kernels
+set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900 FAIL_REGULAR_EXPRESSION "WARNING: .*tensor-core attention" ENVIRONMENT
   "CMOCKA_MESSAGE_OUTPUT=stdout;OMP_WAIT_POLICY=passive;ZOFF_CPU_KERNELS=scalar;ZOFF_TEST_OPS=${ZOFF_EMU_OPS};ZOFF_TEST_REQUIRE_CUDA=1;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0")
 set_tests_properties(cuda_emu_ptx PROPERTIES TIMEOUT 300)

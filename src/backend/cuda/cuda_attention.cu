@@ -557,14 +557,10 @@ constexpr size_t dq_smem(int D) {
 
 bool flash_head_size(int64_t HS) { return HS == 16 || HS == 32 || HS == 64 || HS == 128; }
 
-// Shared memory of a kernel, opting in past the default 48 KiB when needed.
-template <class K> zoff_status set_smem(const zoff_cuda_launch *L, K kernel, size_t bytes, const char *what) {
-    if (bytes > L->ctx->smem_optin)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s needs %zu bytes of shared memory; %s allows %zu per block", what,
-                          bytes, L->ctx->name, L->ctx->smem_optin);
-    if (bytes > 48 * 1024)
-        ZOFF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    return ZOFF_OK;
+// set_smem bits of the flash kernels: 16 + 12 * kind (0 fwd, 1 dK/dV, 2 dQ) + 4 * dtype + head-size index
+template <class S, int D> constexpr int flash_bit(int kind) {
+    return 16 + 12 * kind + 4 * (S::dt == ZOFF_F32 ? 0 : S::dt == ZOFF_BF16 ? 1 : 2) +
+           (D == 16 ? 0 : D == 32 ? 1 : D == 64 ? 2 : 3);
 }
 
 template <class S, int D> zoff_status flash_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a) {
@@ -572,7 +568,7 @@ template <class S, int D> zoff_status flash_fwd(const zoff_cuda_launch *L, const
     const int64_t nqb = (a->T + FWD_BR - 1) / FWD_BR, grid = a->B * a->NH * nqb;
     if (grid > INT32_MAX) return zoff_error(ZOFF_ERR_UNSUPPORTED, "attention: B*NH*T is too large for one launch");
     const size_t smem = fwd_smem(D);
-    ZOFF_TRY(set_smem(L, flash_fwd_kernel<S, D, FWD_BR, FWD_BC>, smem, "flash attention forward"));
+    ZOFF_TRY(set_smem(L, flash_fwd_kernel<S, D, FWD_BR, FWD_BC>, smem, flash_bit<S, D>(0), "flash attention forward"));
     flash_fwd_kernel<S, D, FWD_BR, FWD_BC><<<(unsigned int)grid, FT, smem, L->s>>>(
         (T *)a->out, a->lse, (const T *)a->qkv, (int)a->T, (int)a->NH, 1.0f / sqrtf((float)D));
     ZOFF_CUDA_CHECK_LAUNCH("flash_fwd_kernel");
@@ -587,8 +583,9 @@ template <class S, int D> zoff_status flash_bwd(const zoff_cuda_launch *L, const
     if (g_dkdv > INT32_MAX || g_dq > INT32_MAX)
         return zoff_error(ZOFF_ERR_UNSUPPORTED, "attention: B*NH*T is too large for one launch");
     const size_t s1 = dkdv_smem(D), s2 = dq_smem(D);
-    ZOFF_TRY(set_smem(L, flash_bwd_dkdv_kernel<S, D, DKDV_BR, DKDV_BC>, s1, "flash attention backward (dK, dV)"));
-    ZOFF_TRY(set_smem(L, flash_bwd_dq_kernel<S, D, DQ_BR, DQ_BC>, s2, "flash attention backward (dQ)"));
+    ZOFF_TRY(set_smem(L, flash_bwd_dkdv_kernel<S, D, DKDV_BR, DKDV_BC>, s1, flash_bit<S, D>(1),
+                      "flash attention backward (dK, dV)"));
+    ZOFF_TRY(set_smem(L, flash_bwd_dq_kernel<S, D, DQ_BR, DQ_BC>, s2, flash_bit<S, D>(2), "flash attention backward (dQ)"));
     flash_bwd_dkdv_kernel<S, D, DKDV_BR, DKDV_BC><<<(unsigned int)g_dkdv, FT, s1, L->s>>>(
         (T *)a->dqkv, (const T *)a->dout, (const T *)a->qkv, (const T *)a->out, a->lse, (int)a->T, (int)a->NH, scale);
     ZOFF_CUDA_CHECK_LAUNCH("flash_bwd_dkdv_kernel");
@@ -607,7 +604,7 @@ template <class S> zoff_status simple_fwd(const zoff_cuda_launch *L, const zoff_
     typedef typename S::T T;
     const int64_t HS = a->C / a->NH;
     const size_t smem = (size_t)SA_WARPS * 2 * (size_t)HS * sizeof(float);
-    ZOFF_TRY(set_smem(L, attn_fwd_simple_kernel<S>, smem, "attention forward (simple)"));
+    ZOFF_TRY(set_smem(L, attn_fwd_simple_kernel<S>, smem, -1, "attention forward (simple)"));
     attn_fwd_simple_kernel<S><<<simple_grid(a->B * a->NH * a->T), SA_WARPS * 32, smem, L->s>>>(
         (T *)a->out, a->lse, (const T *)a->qkv, a->B, a->T, a->NH, HS, 1.0f / sqrtf((float)HS));
     ZOFF_CUDA_CHECK_LAUNCH("attn_fwd_simple_kernel");
@@ -621,8 +618,8 @@ template <class S> zoff_status simple_bwd(const zoff_cuda_launch *L, const zoff_
     const unsigned int grid = simple_grid(a->B * a->NH * a->T);
     const size_t s1 = (size_t)SA_WARPS * 3 * (size_t)HS * sizeof(float);
     const size_t s2 = (size_t)SA_WARPS * 4 * (size_t)HS * sizeof(float);
-    ZOFF_TRY(set_smem(L, attn_bwd_dq_simple_kernel<S>, s1, "attention backward dQ (simple)"));
-    ZOFF_TRY(set_smem(L, attn_bwd_dkdv_simple_kernel<S>, s2, "attention backward dK/dV (simple)"));
+    ZOFF_TRY(set_smem(L, attn_bwd_dq_simple_kernel<S>, s1, -1, "attention backward dQ (simple)"));
+    ZOFF_TRY(set_smem(L, attn_bwd_dkdv_simple_kernel<S>, s2, -1, "attention backward dK/dV (simple)"));
     attn_bwd_dq_simple_kernel<S><<<grid, SA_WARPS * 32, s1, L->s>>>((T *)a->dqkv, (const T *)a->dout,
                                                                    (const T *)a->qkv, (const T *)a->out, a->lse, a->B,
                                                                    a->T, a->NH, HS, scale);

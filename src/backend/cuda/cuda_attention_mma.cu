@@ -366,25 +366,13 @@ __global__ void __launch_bounds__(MT) mma_bwd_dq_kernel(uint16_t *dqkv, const ui
 template <int D> constexpr size_t fwd_smem() { return 5 * (size_t)tile_elems<D>() * 2; }
 template <int D> constexpr size_t bwd_smem() { return 6 * (size_t)tile_elems<D>() * 2; }
 
-// The kernel's dynamic shared memory limit, raised once per device context (bit of
-// ctx->attention_smem_set), not at every launch.
-template <class K> zoff_status smem_once(const zoff_cuda_launch *L, K kernel, size_t bytes, unsigned int bit) {
-    unsigned int *set = &L->ctx->attention_smem_set;
-    if (bytes > 48 * 1024 && !(__atomic_load_n(set, __ATOMIC_ACQUIRE) & (1u << bit))) {
-        ZOFF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        __atomic_fetch_or(set, 1u << bit, __ATOMIC_RELEASE);
-    }
-    return ZOFF_OK;
-}
-// bit of a kernel: 4 * kind (0 fwd, 1 dK/dV, 2 dQ) + 2 * (f16) + (D == 128)
-template <class S, int D> constexpr unsigned int kbit(unsigned int kind) {
-    return 4 * kind + (IsBF16<S>::v ? 0 : 2) + (D == 128 ? 1 : 0);
-}
+// set_smem bits of these kernels (cuda_common.cuh): 4 * kind (0 fwd, 1 dK/dV, 2 dQ) + 2 * (f16) + (D == 128)
+template <class S, int D> constexpr int kbit(int kind) { return 4 * kind + (IsBF16<S>::v ? 0 : 2) + (D == 128 ? 1 : 0); }
 
 template <class S, int D> zoff_status fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a) {
     const int nqb = (int)((a->T + TR - 1) / TR);
     const int64_t grid = a->B * a->NH * nqb;
-    ZOFF_TRY(smem_once(L, mma_fwd_kernel<S, D>, fwd_smem<D>(), kbit<S, D>(0)));
+    ZOFF_TRY(set_smem(L, mma_fwd_kernel<S, D>, fwd_smem<D>(), kbit<S, D>(0), "tensor-core attention forward"));
     mma_fwd_kernel<S, D><<<(unsigned int)grid, MT, fwd_smem<D>(), L->s>>>(
         (uint16_t *)a->out, a->lse, (const uint16_t *)a->qkv, (int)a->T, (int)a->NH, nqb, 1.0f / sqrtf((float)D));
     ZOFF_CUDA_CHECK_LAUNCH("mma_fwd_kernel");
@@ -396,8 +384,8 @@ zoff_status bwd(const zoff_cuda_launch *L, const zoff_op_attention_bwd_args *a, 
     const int nb = (int)((a->T + TR - 1) / TR);
     const int64_t grid = a->B * a->NH * nb, rows = a->B * a->NH * a->T;
     const float scale = 1.0f / sqrtf((float)D);
-    ZOFF_TRY(smem_once(L, mma_bwd_dkdv_kernel<S, D>, bwd_smem<D>(), kbit<S, D>(1)));
-    ZOFF_TRY(smem_once(L, mma_bwd_dq_kernel<S, D>, bwd_smem<D>(), kbit<S, D>(2)));
+    ZOFF_TRY(set_smem(L, mma_bwd_dkdv_kernel<S, D>, bwd_smem<D>(), kbit<S, D>(1), "tensor-core attention dK/dV"));
+    ZOFF_TRY(set_smem(L, mma_bwd_dq_kernel<S, D>, bwd_smem<D>(), kbit<S, D>(2), "tensor-core attention dQ"));
     const int64_t dot_blocks = (rows + MT / 32 - 1) / (MT / 32);
     mma_bwd_dot_kernel<S, D><<<(unsigned int)(dot_blocks < 65535 ? dot_blocks : 65535), MT, 0, L->s>>>(
         Dd, (const uint16_t *)a->dout, (const uint16_t *)a->out, rows, (int)a->T, (int)a->NH);

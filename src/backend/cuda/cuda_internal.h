@@ -112,7 +112,7 @@ struct zoff_cuda_ctx {
     void *mm_cache;                    /* matmul algorithm cache (cuda_matmul.cu) */
     int attention_mode;                /* ZOFF_CUDA_ATTN_* (env ZOFF_CUDA_ATTENTION) */
     int attention_mma_ok;              /* the tensor-core kernels run (zoff_cuda_attention_init) */
-    unsigned int attention_smem_set;   /* bits: kernels whose shared-memory limit was raised */
+    unsigned long long smem_attr_set;  /* bits: kernels whose shared-memory limit was raised (set_smem) */
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
 };
 
