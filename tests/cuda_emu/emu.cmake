@@ -13,7 +13,7 @@
 #   cuda_emu_ptx  the emulator's models of mma.sync / ldmatrix / cp.async against
 #                 a scalar reference written from the PTX ISA's fragment tables
 #   cuda_emu_ops  test_ops on the emulated CUDA backend, a representative subset
-#                 (ZOFF_TEST_OPS below; CI has 2 cores)
+#                 (ZOFF_TEST_OPS below, -DZOFF_EMU_OPS=... to change it; CI has 2 cores)
 # The full set, in one command (10-15 min per run on 2 cores, several runs):
 #   bash tests/cuda_emu/run.sh
 set(ZOFF_CUDA_EMU "AUTO" CACHE STRING "Build the CUDA emulator tests: AUTO (when its tools are present), ON, OFF")
@@ -43,11 +43,15 @@ endif()
 
 # the representative subset CI runs (test names of tests/test_ops.c); smaller under the sanitizers
 if(ZOFF_SANITIZE STREQUAL "")
-  set(_emu_ops_default "attention_fwd,attention_bwd,attention_mma_fwd,attention_mma_bwd,layernorm_fwd,layernorm_bwd,gelu_bwd,cross_entropy,adam,test_cross_entropy_bad_target")
+  set(_emu_ops_default "attention_fwd,attention_bwd,attention_mma_fwd,attention_mma_bwd,layernorm_fwd,layernorm_bwd,gelu_fwd,gelu_bwd,add,scale,cross_entropy,adam,test_cross_entropy_bad_target")
 else()
   set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,cross_entropy")
 endif()
-set(ZOFF_EMU_OPS "${_emu_ops_default}" CACHE STRING "test_ops tests run by the ctest test cuda_emu_ops")
+# -DZOFF_EMU_OPS=name,name,... replaces the subset
+set(_emu_ops "${_emu_ops_default}")
+if(ZOFF_EMU_OPS)
+  set(_emu_ops "${ZOFF_EMU_OPS}")
+endif()
 
 if(NOT _emu_why STREQUAL "")
   message(STATUS "zoff: CUDA emulator tests skipped: ${_emu_why}")
@@ -110,5 +114,5 @@ add_test(NAME cuda_emu_ops COMMAND test_ops_emu)
 # auto attention mode: the start-up comparison of the tensor-core kernels with the flash kernels runs,
 # and its warning (they disagree: fallback) fails the test, so the op table checks the tensor-core kernels
 set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900 FAIL_REGULAR_EXPRESSION "WARNING: .*tensor-core attention" ENVIRONMENT
-  "CMOCKA_MESSAGE_OUTPUT=stdout;OMP_WAIT_POLICY=passive;ZOFF_CPU_KERNELS=scalar;ZOFF_TEST_OPS=${ZOFF_EMU_OPS};ZOFF_TEST_REQUIRE_CUDA=1;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0")
+  "CMOCKA_MESSAGE_OUTPUT=stdout;OMP_WAIT_POLICY=passive;ZOFF_CPU_KERNELS=scalar;ZOFF_TEST_OPS=${_emu_ops};ZOFF_TEST_REQUIRE_CUDA=1;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0")
 set_tests_properties(cuda_emu_ptx PROPERTIES TIMEOUT 300)

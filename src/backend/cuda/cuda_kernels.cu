@@ -287,37 +287,64 @@ template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zo
 
 #define GELU_K 0.7978845608028654f // sqrt(2/pi)
 
-// out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n).
-template <class S> __global__ void gelu_fwd_kernel(typename S::T *out, const typename S::T *inp, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = S::load(inp, i);
-        S::store(out, i, 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
+// Elementwise ops as functors f(x, y) -> out (y is 0 for one-input ops), run by ew_kernel.
+struct GeluFwdF { // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    __device__ __forceinline__ float operator()(float x, float) const {
+        return 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
     }
-}
-
-// dinp (n) = GELU'(inp) * dout; dinp may alias dout (each element is read before it is written).
-template <class S>
-__global__ void gelu_bwd_kernel(typename S::T *dinp, const typename S::T *inp, const typename S::T *dout, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = S::load(inp, i), dy = S::load(dout, i);
+};
+struct GeluBwdF { // GELU'(x) * dy
+    __device__ __forceinline__ float operator()(float x, float dy) const {
         const float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
         const float sech2 = 1.0f - th * th;
         const float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        S::store(dinp, i, g * dy);
+        return g * dy;
     }
+};
+struct AddF {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct ScaleF {
+    float alpha;
+    __device__ __forceinline__ float operator()(float x, float) const { return x * alpha; }
+};
+
+// out (n) = f(x, y) elementwise (y may be NULL: f(x, 0)); out may alias x or y (each element is read
+// before it is written, by the same thread). vec: out, x, y are 16-byte aligned, so whole 16-byte
+// packs (16 / sizeof(T) elements) move with one load or store each; the tail n % pack goes one by one.
+template <class S, class F>
+__global__ void ew_kernel(typename S::T *out, const typename S::T *x, const typename S::T *y, int64_t n, F f,
+                          int vec) {
+    typedef typename S::T T;
+    constexpr int V = 16 / (int)sizeof(T);
+    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t done = 0;
+    if (vec) {
+        const int64_t np = n / V;
+        for (int64_t p = first; p < np; p += stride) {
+            union { uint4 u; T e[V]; } xv, yv, ov;
+            xv.u = ((const uint4 *)x)[p];
+            if (y) yv.u = ((const uint4 *)y)[p];
+#pragma unroll
+            for (int v = 0; v < V; v++) S::store(ov.e, v, f(S::load(xv.e, v), y ? S::load(yv.e, v) : 0.0f));
+            ((uint4 *)out)[p] = ov.u;
+        }
+        done = np * V;
+    }
+    for (int64_t i = done + first; i < n; i += stride) S::store(out, i, f(S::load(x, i), y ? S::load(y, i) : 0.0f));
 }
 
-// out (n) = a + b; out may alias a or b.
-template <class S>
-__global__ void add_kernel(typename S::T *out, const typename S::T *a, const typename S::T *b, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        S::store(out, i, S::load(a, i) + S::load(b, i));
-}
-
-// x (n) *= alpha.
-template <class S> __global__ void scale_kernel(typename S::T *x, float alpha, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        S::store(x, i, S::load(x, i) * alpha);
+template <class S, class F>
+zoff_status ew_launch(const zoff_cuda_launch *L, void *out, const void *x, const void *y, int64_t n, F f,
+                      const char *what) {
+    typedef typename S::T T;
+    if (n == 0) return ZOFF_OK;
+    const int vec = (((uintptr_t)out | (uintptr_t)x | (uintptr_t)y) % 16) == 0;
+    const int64_t items = vec ? (n + 16 / (int64_t)sizeof(T) - 1) / (16 / (int64_t)sizeof(T)) : n;
+    ew_kernel<S, F><<<flat_blocks(items, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)out, (const T *)x, (const T *)y,
+                                                                            n, f, vec);
+    ZOFF_CUDA_CHECK_LAUNCH(what);
+    return ZOFF_OK;
 }
 
 // dst (n) of D = src (n) of Sd, round to nearest even (exact through fp32: every
@@ -329,37 +356,24 @@ __global__ void cast_kernel(typename D::T *dst, const typename Sd::T *src, int64
 }
 
 template <class S> zoff_status gelu_fwd(const zoff_cuda_launch *L, const zoff_op_gelu_fwd_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    gelu_fwd_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->out, (const T *)a->inp, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
-    return ZOFF_OK;
+    return ew_launch<S>(L, a->out, a->inp, nullptr, a->n, GeluFwdF(), "ew_kernel (gelu_fwd)");
 }
 
+// dinp (n) = GELU'(inp) * dout; dinp may alias dout.
 template <class S> zoff_status gelu_bwd(const zoff_cuda_launch *L, const zoff_op_gelu_bwd_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    gelu_bwd_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->dinp, (const T *)a->inp,
-                                                                             (const T *)a->dout, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
-    return ZOFF_OK;
+    return ew_launch<S>(L, a->dinp, a->inp, a->dout, a->n, GeluBwdF(), "ew_kernel (gelu_bwd)");
 }
 
+// out (n) = a + b; out may alias a or b.
 template <class S> zoff_status add_op(const zoff_cuda_launch *L, const zoff_op_add_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    add_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->out, (const T *)a->a,
-                                                                        (const T *)a->b, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("add_kernel");
-    return ZOFF_OK;
+    return ew_launch<S>(L, a->out, a->a, a->b, a->n, AddF(), "ew_kernel (add)");
 }
 
+// x (n) *= alpha.
 template <class S> zoff_status scale_op(const zoff_cuda_launch *L, const zoff_op_scale_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    scale_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->x, a->alpha, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("scale_kernel");
-    return ZOFF_OK;
+    ScaleF f;
+    f.alpha = a->alpha;
+    return ew_launch<S>(L, a->x, a->x, nullptr, a->n, f, "ew_kernel (scale)");
 }
 
 template <class D, class Sd> zoff_status cast_typed(const zoff_cuda_launch *L, void *dst, const void *src, int64_t n) {
