@@ -31,6 +31,7 @@
 //    with warp reductions) but simple.
 #include <math.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 
 #include <vector>
@@ -639,17 +640,30 @@ bool use_flash(const zoff_cuda_launch *L, int64_t HS) {
     return (need > dq_smem(D) ? need : dq_smem(D)) <= L->ctx->smem_optin;
 }
 
-// The tensor-core kernels (cuda_attention_mma.cu) for this call? See ZOFF_CUDA_ATTN_*.
-bool use_mma(const zoff_cuda_launch *L, zoff_dtype dt, int64_t B, int64_t T, int64_t C, int64_t NH, const void *qkv,
-             const void *dout) {
-    const int mode = L->ctx->attention_mode;
-    const bool wanted = mode == ZOFF_CUDA_ATTN_MMA || (mode == ZOFF_CUDA_ATTN_AUTO && L->ctx->attention_mma_ok);
-    return wanted && zoff_cuda_attention_mma_applies(L->ctx, dt, B, T, C, NH, qkv, dout);
+zoff_status mma_startup_check(zoff_cuda_ctx *ctx);
+
+// The tensor-core kernels (cuda_attention_mma.cu) for this call? See ZOFF_CUDA_ATTN_*. In auto mode
+// the first call that would use them runs the start-up comparison (once per context).
+zoff_status use_mma(const zoff_cuda_launch *L, zoff_dtype dt, int64_t B, int64_t T, int64_t C, int64_t NH,
+                    const void *qkv, const void *dout, bool *use) {
+    zoff_cuda_ctx *ctx = L->ctx;
+    *use = false;
+    if (!zoff_cuda_attention_mma_applies(ctx, dt, B, T, C, NH, qkv, dout)) return ZOFF_OK;
+    if (__atomic_load_n(&ctx->attention_mma_ok, __ATOMIC_ACQUIRE) < 0) {
+        pthread_mutex_lock(&ctx->mu);
+        zoff_status st = ctx->attention_mma_ok < 0 ? mma_startup_check(ctx) : ZOFF_OK;
+        pthread_mutex_unlock(&ctx->mu);
+        ZOFF_TRY(st);
+    }
+    *use = __atomic_load_n(&ctx->attention_mma_ok, __ATOMIC_ACQUIRE) > 0;
+    return ZOFF_OK;
 }
 
 template <class S> zoff_status attention_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a) {
     const int64_t HS = a->C / a->NH;
-    if (use_mma(L, a->dt, a->B, a->T, a->C, a->NH, a->qkv, a->qkv)) return zoff_cuda_attention_mma_fwd(L, a);
+    bool mma = false;
+    ZOFF_TRY(use_mma(L, a->dt, a->B, a->T, a->C, a->NH, a->qkv, a->qkv, &mma));
+    if (mma) return zoff_cuda_attention_mma_fwd(L, a);
     if (use_flash(L, HS)) {
         switch (HS) {
         case 16: return flash_fwd<S, 16>(L, a);
@@ -664,7 +678,9 @@ template <class S> zoff_status attention_fwd(const zoff_cuda_launch *L, const zo
 
 template <class S> zoff_status attention_bwd(const zoff_cuda_launch *L, const zoff_op_attention_bwd_args *a) {
     const int64_t HS = a->C / a->NH;
-    if (use_mma(L, a->dt, a->B, a->T, a->C, a->NH, a->qkv, a->dout)) {
+    bool mma = false;
+    ZOFF_TRY(use_mma(L, a->dt, a->B, a->T, a->C, a->NH, a->qkv, a->dout, &mma));
+    if (mma) {
         void *Dd = nullptr;
         ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, zoff_cuda_attention_mma_scratch(a->B, a->T, a->NH), &Dd));
         return zoff_cuda_attention_mma_bwd(L, a, (float *)Dd);
@@ -768,12 +784,8 @@ template <int D> zoff_status mma_vs_flash(zoff_cuda_ctx *ctx, cudaStream_t s, do
     return ZOFF_OK;
 }
 
-} // namespace
-
-extern "C" zoff_status zoff_cuda_attention_init(zoff_cuda_ctx *ctx) {
-    ctx->attention_mma_ok = ctx->attention_mode == ZOFF_CUDA_ATTN_MMA;
-    if (ctx->attention_mode != ZOFF_CUDA_ATTN_AUTO || ctx->cc_major < 8 || ctx->smem_optin < 6 * 64 * 136 * 2)
-        return ZOFF_OK;
+// Runs the comparison (caller holds ctx->mu); sets ctx->attention_mma_ok to 1 or 0.
+zoff_status mma_startup_check(zoff_cuda_ctx *ctx) {
     cudaStream_t s = nullptr;
     ZOFF_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     double w64 = 0, w128 = 0;
@@ -784,19 +796,31 @@ extern "C" zoff_status zoff_cuda_attention_init(zoff_cuda_ctx *ctx) {
     // mask or scale gives 6e-2 (scale off by 10%) up to O(1)
     const double limit = 2e-2;
     if (st == ZOFF_OK && w64 <= limit && w128 <= limit) {
-        ctx->attention_mma_ok = 1;
         zoff_log(ZOFF_LOG_DEBUG, "%s: tensor-core attention agrees with the fp32 flash kernels (%.2g, %.2g)",
                  ctx->name, w64, w128);
+        __atomic_store_n(&ctx->attention_mma_ok, 1, __ATOMIC_RELEASE);
         return ZOFF_OK;
     }
+    __atomic_store_n(&ctx->attention_mma_ok, 0, __ATOMIC_RELEASE);
     (void)cudaGetLastError();
     if (cudaDeviceSynchronize() != cudaSuccess) // a sticky error: the context cannot be used
-        return st != ZOFF_OK ? st : zoff_error(ZOFF_ERR_DEVICE, "%s: the attention start-up check broke the CUDA context", ctx->name);
+        return st != ZOFF_OK ? st
+                             : zoff_error(ZOFF_ERR_DEVICE, "%s: the attention start-up check broke the CUDA context",
+                                          ctx->name);
     fprintf(stderr,
             "zoff: WARNING: %s: the tensor-core attention kernels %s%s (head size 64: %.3g, 128: %.3g, limit %.2g); "
             "using the fp32 flash kernels instead (slower); please report this (ZOFF_CUDA_ATTENTION=flash silences it)\n",
             ctx->name, st != ZOFF_OK ? "failed: " : "disagree with the fp32 flash kernels",
             st != ZOFF_OK ? zoff_last_error() : "", w64, w128, limit);
+    return ZOFF_OK;
+}
+
+} // namespace
+
+// auto: the comparison runs at the first attention call that would use the tensor-core kernels.
+extern "C" zoff_status zoff_cuda_attention_init(zoff_cuda_ctx *ctx) {
+    const int mode = ctx->attention_mode;
+    ctx->attention_mma_ok = mode == ZOFF_CUDA_ATTN_MMA ? 1 : mode == ZOFF_CUDA_ATTN_AUTO ? -1 : 0;
     return ZOFF_OK;
 }
 

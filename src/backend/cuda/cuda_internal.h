@@ -111,7 +111,7 @@ struct zoff_cuda_ctx {
     void *blaslt;                      /* cublasLtHandle_t (cuda_matmul.cu) */
     void *mm_cache;                    /* matmul algorithm cache (cuda_matmul.cu) */
     int attention_mode;                /* ZOFF_CUDA_ATTN_* (env ZOFF_CUDA_ATTENTION) */
-    int attention_mma_ok;              /* the tensor-core kernels run (zoff_cuda_attention_init) */
+    int attention_mma_ok;              /* tensor-core attention: 1 yes, 0 no, -1 not compared yet (auto) */
     unsigned long long smem_attr_set;  /* bits: kernels whose shared-memory limit was raised (set_smem) */
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
 };
@@ -153,8 +153,9 @@ zoff_status zoff_cuda_matmul_bwd(const zoff_cuda_launch *L, const zoff_op_matmul
 
 zoff_status zoff_cuda_attention_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a);
 zoff_status zoff_cuda_attention_bwd(const zoff_cuda_launch *L, const zoff_op_attention_bwd_args *a);
-/* Once per device context: sets ctx->attention_mma_ok; in auto mode runs the tensor-core kernels against
- * the fp32 flash kernels on a small case and falls back (one warning line on stderr) if they disagree. */
+/* Once per device context: sets ctx->attention_mma_ok from the mode. In auto mode the first attention call
+ * that would use the tensor-core kernels runs them against the fp32 flash kernels on a small case (under
+ * ctx->mu) and falls back to flash, with one warning line on stderr, if they disagree. */
 zoff_status zoff_cuda_attention_init(zoff_cuda_ctx *ctx);
 
 /* cuda_attention_mma.cu: the tensor-core kernels (bf16/f16, head size 64 or 128). applies: whether a call
