@@ -43,7 +43,7 @@ endif()
 
 # the representative subset CI runs (test names of tests/test_ops.c); smaller under the sanitizers
 if(ZOFF_SANITIZE STREQUAL "")
-  set(_emu_ops_default "attention_fwd,attention_bwd,attention_mma_fwd,attention_mma_bwd,layernorm_fwd,layernorm_bwd,gelu_fwd,gelu_bwd,add,scale,cross_entropy,adam,test_cross_entropy_bad_target")
+  set(_emu_ops_default "attention_fwd,attention_bwd,attention_mma_fwd,attention_mma_bwd,layernorm_fwd,layernorm_bwd,matmul_fwd,matmul_bwd,gelu_fwd,gelu_bwd,add,scale,cross_entropy,adam,test_cross_entropy_bad_target")
 else()
   set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,cross_entropy")
 endif()

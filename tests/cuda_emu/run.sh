@@ -131,7 +131,7 @@ run() { # label, env..., command
   if env "$@" > "$B/$label.log" 2>&1; then
     # a summary only: never the verdict. (Under `set -e -o pipefail` this pipeline once ended the
     # script without a word: head closing the pipe after 60 lines killed grep with SIGPIPE.)
-    { grep -E "PASSED|FAILED|SKIPPED|max normalised|emu_check:|^  (dp|nccl) " "$B/$label.log" | grep -v "^\[ *OK" | tail -60; } || true
+    { grep -E "PASSED|FAILED|SKIPPED|max normalised|emu_check:|emu_ptx_check:|^  (dp|nccl) " "$B/$label.log" | grep -v "^\[ *OK" | tail -60; } || true
     echo "   ($((SECONDS - t0)) s)"
   else
     tail -60 "$B/$label.log"; echo "!! $label FAILED (log: $B/$label.log)"; fail=1
