@@ -12,6 +12,7 @@
 # Tests:
 #   cuda_emu_ptx  the emulator's models of mma.sync / ldmatrix / cp.async against
 #                 a scalar reference written from the PTX ISA's fragment tables
+#   cuda_emu_check emu_check.cpp on the emulated backend (Release builds only)
 #   cuda_emu_ops  test_ops on the emulated CUDA backend: every test (a representative subset
 #                 under the sanitizers: ZOFF_TEST_OPS below, -DZOFF_EMU_OPS=a,b to choose)
 # The full set (every run of run.sh: reverse thread order, fp32 flash / simple attention, no
@@ -57,7 +58,7 @@ endif()
 
 if(NOT _emu_why STREQUAL "")
   message(STATUS "zoff: CUDA emulator tests skipped: ${_emu_why}")
-  foreach(t cuda_emu_ptx cuda_emu_ops)
+  foreach(t cuda_emu_ptx cuda_emu_ops cuda_emu_check)
     add_test(NAME ${t} COMMAND sh -c "echo '${t}: SKIPPED: ${_emu_why}'; exit 77")
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
@@ -110,7 +111,21 @@ target_compile_options(emu_ptx_check PRIVATE -std=c++17 -Wall -Wextra)
 target_link_libraries(emu_ptx_check PRIVATE PkgConfig::JANSSON PkgConfig::OPENBLAS OpenMP::OpenMP_C
   Threads::Threads m)
 
+add_executable(emu_check ${_emu_dir}/emu_check.cpp $<TARGET_OBJECTS:zoff_emu_obj>)
+target_include_directories(emu_check PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+target_compile_options(emu_check PRIVATE -std=c++17 -Wall -Wextra)
+target_link_libraries(emu_check PRIVATE PkgConfig::JANSSON PkgConfig::OPENBLAS OpenMP::OpenMP_C Threads::Threads m)
+
 add_test(NAME cuda_emu_ptx COMMAND emu_ptx_check)
+# emu_check: attention at head sizes 32-128 across tile boundaries (tensor-core and fp32 kernels),
+# matmuls on misaligned operands, reduction caps, determinism, asynchronous error semantics
+if(ZOFF_SANITIZE STREQUAL "")
+  add_test(NAME cuda_emu_check COMMAND emu_check)
+  set_tests_properties(cuda_emu_check PROPERTIES TIMEOUT 600 FAIL_REGULAR_EXPRESSION "WARNING: .*tensor-core attention")
+else()
+  add_test(NAME cuda_emu_check COMMAND sh -c "echo 'cuda_emu_check: SKIPPED under the sanitizers (slow); ZOFF_EMU_ASAN=1 bash tests/cuda_emu/run.sh runs it'; exit 77")
+  set_tests_properties(cuda_emu_check PROPERTIES SKIP_RETURN_CODE 77)
+endif()
 # ZOFF_CPU_KERNELS set: test_ops does not re-run itself on the portable CPU kernels
 add_test(NAME cuda_emu_ops COMMAND test_ops_emu)
 # auto attention mode: the start-up comparison of the tensor-core kernels with the flash kernels runs,
