@@ -18,8 +18,9 @@
 #   sanitize compute-sanitizer memcheck of test_ops, racecheck and synccheck of
 #           emu_check (skipped with a note where the tool is missing or refuses the device)
 #   bench   every `zoff bench` subcommand that exists (skipped with a note when it
-#           does not), and a short training run on the GPU and on the CPU with the
-#           losses side by side
+#           does not), `zoff bench step` at GPT-2 124M micro-batch 16 with the tensor-core
+#           attention and with the fp32 flash kernels (interleaved, twice), and a short
+#           training run on the GPU and on the CPU with the losses side by side
 #
 # Output: report.md and logs.tar.gz in $OUT (or ./gpu-report/ when OUT is unset).
 # Every run rewrites report.md from all stages run so far (their logs are kept in
@@ -174,6 +175,14 @@ if want bench; then
       else
         step "bench_$b" 600 "$BUILD/zoff" bench "$b" --device cuda || true
       fi
+    done
+    # GPT-2 124M, micro-batch 16, seq 1024, bf16: the tensor-core attention (default) against the fp32
+    # flash kernels (ZOFF_CUDA_ATTENTION=flash), same machine, back to back, then once more each
+    G124=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16
+          --dtype bf16 --iters 3 --rounds 2 --device cuda --json)
+    for rep in 1 2; do
+      step "bench_step_124M_mma_$rep" 600 "$BUILD/zoff" bench step "${G124[@]}" || true
+      step "bench_step_124M_flash_$rep" 600 env ZOFF_CUDA_ATTENTION=flash "$BUILD/zoff" bench step "${G124[@]}" || true
     done
     # a short training run on each backend (a corpus from the repository's own text)
     W=$ROOT/$BUILD/gpu-smoke

@@ -53,7 +53,7 @@ for l in nccl nccl_1rank nccl_timeout; do wanted "$l" && want_nccl=1; done
 
 SAN=""
 if [ "${ZOFF_EMU_ASAN:-0}" = 1 ]; then SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"; fi
-CFLAGS="-O1 -g -fopenmp $SAN -DZOFF_HAVE_CUDA=1 -DZOFF_SOURCE_DIR=\"$ROOT\" -DZOFF_VERSION=\"emu\" -I$ROOT/include -I$ROOT/src"
+CFLAGS="-O2 -g -fopenmp $SAN -DZOFF_HAVE_CUDA=1 -DZOFF_SOURCE_DIR=\"$ROOT\" -DZOFF_VERSION=\"emu\" -I$ROOT/include -I$ROOT/src"
 CXXFLAGS="-std=c++17 $CFLAGS -I$HERE/include -I$HERE -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 
 # 1. rewrite the .cu files
