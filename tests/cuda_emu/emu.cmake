@@ -82,7 +82,8 @@ endforeach()
 
 # 2. the rest of zoff with ZOFF_HAVE_CUDA (CUDA runtime from the emulator's headers)
 file(GLOB_RECURSE _emu_c CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*.c)
-list(FILTER _emu_c EXCLUDE REGEX "/src/cli/|/src/backend/cuda/.*_backend\\.c$|mpi|nccl|uring")
+# as the library without MPI, NCCL and liburing (the patterns of the top CMakeLists.txt)
+list(FILTER _emu_c EXCLUDE REGEX "/src/cli/|/src/backend/cuda/|/src/comm/.*(mpi|nccl).*\\.c$|/src/aio/.*uring.*\\.c$")
 list(APPEND _emu_c ${PROJECT_SOURCE_DIR}/src/backend/cuda/cuda_backend.c)
 add_library(zoff_emu_obj OBJECT ${_emu_c} ${_emu_gen} ${_emu_dir}/emu.cpp ${_emu_dir}/emu_ptx.cpp)
 target_include_directories(zoff_emu_obj PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src
