@@ -7,15 +7,20 @@
 #   build   unpack .deps/debs (scripts/pack_deps.sh made them) into .deps/prefix,
 #           configure with CUDA for sm_90 (-DZOFF_MPI=OFF), build everything
 #   test    ctest (test_ops compares the CUDA backend with the CPU backend and with
-#           double references), test_ops again with the simple attention kernels,
-#           emu_check (src/backend/cuda/emu/emu_check.cpp built against the real
+#           double references; cuda_sass_mma: the attention kernels hold tensor-core
+#           instructions), a check that the start-up comparison of the tensor-core attention
+#           with the flash kernels passed (no fallback warning), test_ops again with the
+#           tensor-core attention forced (ZOFF_CUDA_ATTENTION=mma), with the fp32 flash
+#           kernels and with the simple kernels,
+#           emu_check (tests/cuda_emu/emu_check.cpp built against the real
 #           library: flash attention at head sizes 32/64/128, unaligned matmuls,
 #           asynchronous error semantics)
 #   sanitize compute-sanitizer memcheck of test_ops, racecheck and synccheck of
 #           emu_check (skipped with a note where the tool is missing or refuses the device)
 #   bench   every `zoff bench` subcommand that exists (skipped with a note when it
-#           does not), and a short training run on the GPU and on the CPU with the
-#           losses side by side
+#           does not), `zoff bench step` at GPT-2 124M micro-batch 16 with the tensor-core
+#           attention and with the fp32 flash kernels (interleaved, twice), and a short
+#           training run on the GPU and on the CPU with the losses side by side
 #
 # Output: report.md and logs.tar.gz in $OUT (or ./gpu-report/ when OUT is unset).
 # Every run rewrites report.md from all stages run so far (their logs are kept in
@@ -99,7 +104,7 @@ if want build; then
     -DZOFF_WERROR=$werror "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" &&
   step build 1500 cmake --build "$BUILD" -j "$JOBS" || true
   if [ -x "$BUILD/zoff" ]; then
-    step emu_check_build 300 bash -c "g++ -std=c++17 -O2 -Iinclude -Isrc src/backend/cuda/emu/emu_check.cpp \
+    step emu_check_build 300 bash -c "g++ -std=c++17 -O2 -Iinclude -Isrc tests/cuda_emu/emu_check.cpp \
       -o '$BUILD/emu_check' '$BUILD/libzoff.a' \$(pkg-config --libs jansson openblas liburing 2>/dev/null || echo -ljansson -lopenblas) \
       -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64" || true
   fi
@@ -116,6 +121,11 @@ if want test; then
     # shellcheck disable=SC2086
     step ctest 1200 bash -c "cd '$BUILD' && ctest --output-on-failure -j $JOBS --timeout 900 ${CTEST_ARGS:-}" || true
     # (ZOFF_CPU_KERNELS set: test_ops does not re-run itself on the portable CPU kernels)
+    # the backend compares its tensor-core attention with the flash kernels at start-up and falls back
+    # with a warning when they disagree: that warning must not be there
+    step attention_startup_check 10 bash -c "! grep -m1 'WARNING: .*tensor-core attention' '$LOGS/test_ops.log'" || true
+    step test_ops_mma_attention 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=mma "$BUILD/test_ops" || true
+    step test_ops_flash_attention 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=flash "$BUILD/test_ops" || true
     step test_ops_simple_attention 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=simple "$BUILD/test_ops" || true
     step test_ops_simple_matmul 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_MATMUL=simple "$BUILD/test_ops" || true
     if [ -x "$BUILD/emu_check" ]; then
@@ -166,6 +176,14 @@ if want bench; then
         step "bench_$b" 600 "$BUILD/zoff" bench "$b" --device cuda || true
       fi
     done
+    # GPT-2 124M, micro-batch 16, seq 1024, bf16: the tensor-core attention (default) against the fp32
+    # flash kernels (ZOFF_CUDA_ATTENTION=flash), same machine, back to back, then once more each
+    G124=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16
+          --dtype bf16 --iters 3 --rounds 2 --device cuda --json)
+    for rep in 1 2; do
+      step "bench_step_124M_mma_$rep" 600 "$BUILD/zoff" bench step "${G124[@]}" || true
+      step "bench_step_124M_flash_$rep" 600 env ZOFF_CUDA_ATTENTION=flash "$BUILD/zoff" bench step "${G124[@]}" || true
+    done
     # a short training run on each backend (a corpus from the repository's own text)
     W=$ROOT/$BUILD/gpu-smoke
     rm -rf "$W" && mkdir -p "$W"
@@ -212,7 +230,7 @@ R=$REPORT/report.md
     grep -E "tests passed|Test +#|The following tests" "$LOGS/ctest.log" | tail -40
     echo '```'
   fi
-  for f in test_ops test_ops_simple_attention test_ops_simple_matmul; do
+  for f in test_ops test_ops_mma_attention test_ops_flash_attention test_ops_simple_attention test_ops_simple_matmul; do
     [ -f "$LOGS/$f.log" ] || continue
     if grep -q "max normalised" "$LOGS/$f.log"; then
       echo "## per-op errors ($f$([ "$f" = test_ops ] || echo ', CUDA rows'))"

@@ -9,7 +9,7 @@
  * join fails within the timeout instead of hanging; it leaves MPI unusable, so
  * it runs on its own and the shell test checks its message.
  *
- * With the CUDA backend (a GPU, or the emulator: src/backend/cuda/emu/run.sh,
+ * With the CUDA backend (a GPU, or the emulator: tests/cuda_emu/run.sh,
  * EMU_ONLY=nccl) the stream-ordered collectives also run on CUDA device buffers:
  * through NCCL (comm_nccl.c) with N > 1 ranks in a build with NCCL, the one-rank
  * path with N = 1; and one engine case trains on the CUDA device.

@@ -824,6 +824,14 @@ static const op_entry g_ops[] = {
     {"attention_bwd", ZOFF_OP_ATTENTION_BWD, setup_attn_bwd, launch_attn_bwd, 6,
      {{0, 4, 8, 2}, {1, 1, 4, 1}, {1, 1, 4, 4}, {2, 5, 12, 3}, {1, 67, 32, 2}, {2, 130, 64, 4}}, 1,
      {5e-5, 1.5e-2, 4e-3}},
+    /* the tensor-core kernels (bf16/f16, head size 64 and 128; f32 runs the fp32 kernels): T = 1, T not a
+     * multiple of the 64-row tiles, many heads */
+    {"attention_mma_fwd", ZOFF_OP_ATTENTION_FWD, setup_attn_fwd, launch_attn_fwd, 6,
+     {{1, 1, 64, 1}, {2, 67, 128, 2}, {1, 130, 128, 1}, {1, 1, 256, 2}, {1, 80, 256, 2}, {1, 20, 768, 12}}, 1,
+     {2e-5, 1e-2, 3e-3}},
+    {"attention_mma_bwd", ZOFF_OP_ATTENTION_BWD, setup_attn_bwd, launch_attn_bwd, 6,
+     {{1, 1, 64, 1}, {2, 67, 128, 2}, {1, 130, 128, 1}, {1, 1, 256, 2}, {1, 80, 256, 2}, {1, 20, 768, 12}}, 1,
+     {5e-5, 1.5e-2, 4e-3}},
     {"gelu_fwd", ZOFF_OP_GELU_FWD, setup_gelu_fwd, launch_gelu_fwd, FLAT_SHAPES, 1, {1e-6, 8e-3, 2e-3}},
     {"gelu_bwd", ZOFF_OP_GELU_BWD, setup_gelu_bwd, launch_gelu_bwd, FLAT_SHAPES, 2, {1e-5, 8e-3, 2e-3}},
     {"add", ZOFF_OP_ADD, setup_add, launch_add, FLAT_SHAPES, 3, {1e-6, 8e-3, 2e-3}},
@@ -862,6 +870,8 @@ static void test_op(void **state) {
     for (int b = 0; b < NBACK; b++)
         if (zoff_backend_available(g_kinds[b])) devs[b] = make_device(g_kinds[b], 0);
     assert_non_null(devs[0]);
+    const char *req = getenv("ZOFF_TEST_REQUIRE_CUDA");
+    if (req && *req == '1' && !devs[1]) fail_msg("%s: ZOFF_TEST_REQUIRE_CUDA=1 but no CUDA backend is available", e->name);
     int failures = 0, runs = 0;
     double worst[NBACK][3] = {{0}};
     for (int si = 0; si < e->nshapes; si++)
@@ -1222,21 +1232,52 @@ static void test_unsupported_dtype(void **state) {
     assert_int_equal(zoff_cpu_run_op(ZOFF_OP_ADAM, &a, 1), ZOFF_ERR_UNSUPPORTED);
 }
 
+/* Is name in the comma-separated list (ZOFF_TEST_OPS)? An unset list selects every test. */
+static bool selected(const char *list, const char *name) {
+    if (!list || !*list) return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        p += len + (end ? 1 : 0);
+    }
+    return false;
+}
+
+/* Environment: ZOFF_TEST_OPS=name,name,... runs only those tests (op names of the table and
+ * the names of the other tests; an unknown name is an error); ZOFF_TEST_REQUIRE_CUDA=1 fails
+ * every op test that finds no CUDA backend (the emulator's run must not pass on the CPU alone). */
 int main(void) {
-    struct CMUnitTest tests[NOPS + 6];
+    struct CMUnitTest all[NOPS + 6], tests[NOPS + 6];
     for (int i = 0; i < NOPS; i++) {
         struct CMUnitTest t = {g_ops[i].name, test_op, NULL, NULL, (void *)&g_ops[i]};
-        tests[i] = t;
+        all[i] = t;
     }
     struct CMUnitTest extra[] = {
         cmocka_unit_test(test_reference_gradients),   cmocka_unit_test(test_embed_token_out_of_range),
         cmocka_unit_test(test_cross_entropy_bad_target), cmocka_unit_test(test_grad_stats_nonfinite),
         cmocka_unit_test(test_deterministic_across_threads), cmocka_unit_test(test_unsupported_dtype),
     };
-    memcpy(tests + NOPS, extra, sizeof extra);
+    memcpy(all + NOPS, extra, sizeof extra);
+    const int nall = NOPS + (int)(sizeof extra / sizeof extra[0]);
+    const char *want = getenv("ZOFF_TEST_OPS");
+    int n = 0;
+    for (int i = 0; i < nall; i++)
+        if (selected(want, all[i].name)) tests[n++] = all[i];
+    for (const char *p = want; p && *p;) { /* every name must exist */
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        bool found = false;
+        for (int i = 0; i < nall && !found; i++) found = strlen(all[i].name) == len && !strncmp(all[i].name, p, len);
+        if (!found) {
+            fprintf(stderr, "test_ops: ZOFF_TEST_OPS names '%.*s', which is no test here\n", (int)len, p);
+            return 2;
+        }
+        p += len + (end ? 1 : 0);
+    }
     const char *path = getenv("ZOFF_CPU_KERNELS");
-    int rc = _cmocka_run_group_tests(path && *path ? "ops (portable kernels)" : "ops", tests,
-                                     sizeof tests / sizeof tests[0], NULL, NULL);
+    int rc = _cmocka_run_group_tests(path && *path ? "ops (portable kernels)" : "ops", tests, (size_t)n, NULL, NULL);
     if (path) return rc;
     /* Run the table again in a child on the portable scalar row kernels, which
      * the SIMD ones replace on this CPU (the choice is made once per process). */

@@ -23,7 +23,7 @@
  * Issuing holds the watchdog's mutex and refuses an aborted communicator, so
  * the watchdog never aborts (frees) a communicator another thread is using.
  *
- * Tested without a GPU by src/backend/cuda/emu (EMU_ONLY=nccl: the CUDA
+ * Tested without a GPU by tests/cuda_emu (EMU_ONLY=nccl: the CUDA
  * emulator and an NCCL stand-in over MPI, tests/test_comm.c under mpirun). */
 #if defined(ZOFF_HAVE_NCCL) && defined(ZOFF_HAVE_MPI) && defined(ZOFF_HAVE_CUDA)
 #define _GNU_SOURCE

@@ -31,6 +31,10 @@
 //    with warp reductions) but simple.
 #include <math.h>
 #include <stdint.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -554,14 +558,10 @@ constexpr size_t dq_smem(int D) {
 
 bool flash_head_size(int64_t HS) { return HS == 16 || HS == 32 || HS == 64 || HS == 128; }
 
-// Shared memory of a kernel, opting in past the default 48 KiB when needed.
-template <class K> zoff_status set_smem(const zoff_cuda_launch *L, K kernel, size_t bytes, const char *what) {
-    if (bytes > L->ctx->smem_optin)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s needs %zu bytes of shared memory; %s allows %zu per block", what,
-                          bytes, L->ctx->name, L->ctx->smem_optin);
-    if (bytes > 48 * 1024)
-        ZOFF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    return ZOFF_OK;
+// set_smem bits of the flash kernels: 16 + 12 * kind (0 fwd, 1 dK/dV, 2 dQ) + 4 * dtype + head-size index
+template <class S, int D> constexpr int flash_bit(int kind) {
+    return 16 + 12 * kind + 4 * (S::dt == ZOFF_F32 ? 0 : S::dt == ZOFF_BF16 ? 1 : 2) +
+           (D == 16 ? 0 : D == 32 ? 1 : D == 64 ? 2 : 3);
 }
 
 template <class S, int D> zoff_status flash_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a) {
@@ -569,7 +569,7 @@ template <class S, int D> zoff_status flash_fwd(const zoff_cuda_launch *L, const
     const int64_t nqb = (a->T + FWD_BR - 1) / FWD_BR, grid = a->B * a->NH * nqb;
     if (grid > INT32_MAX) return zoff_error(ZOFF_ERR_UNSUPPORTED, "attention: B*NH*T is too large for one launch");
     const size_t smem = fwd_smem(D);
-    ZOFF_TRY(set_smem(L, flash_fwd_kernel<S, D, FWD_BR, FWD_BC>, smem, "flash attention forward"));
+    ZOFF_TRY(set_smem(L, flash_fwd_kernel<S, D, FWD_BR, FWD_BC>, smem, flash_bit<S, D>(0), "flash attention forward"));
     flash_fwd_kernel<S, D, FWD_BR, FWD_BC><<<(unsigned int)grid, FT, smem, L->s>>>(
         (T *)a->out, a->lse, (const T *)a->qkv, (int)a->T, (int)a->NH, 1.0f / sqrtf((float)D));
     ZOFF_CUDA_CHECK_LAUNCH("flash_fwd_kernel");
@@ -584,8 +584,9 @@ template <class S, int D> zoff_status flash_bwd(const zoff_cuda_launch *L, const
     if (g_dkdv > INT32_MAX || g_dq > INT32_MAX)
         return zoff_error(ZOFF_ERR_UNSUPPORTED, "attention: B*NH*T is too large for one launch");
     const size_t s1 = dkdv_smem(D), s2 = dq_smem(D);
-    ZOFF_TRY(set_smem(L, flash_bwd_dkdv_kernel<S, D, DKDV_BR, DKDV_BC>, s1, "flash attention backward (dK, dV)"));
-    ZOFF_TRY(set_smem(L, flash_bwd_dq_kernel<S, D, DQ_BR, DQ_BC>, s2, "flash attention backward (dQ)"));
+    ZOFF_TRY(set_smem(L, flash_bwd_dkdv_kernel<S, D, DKDV_BR, DKDV_BC>, s1, flash_bit<S, D>(1),
+                      "flash attention backward (dK, dV)"));
+    ZOFF_TRY(set_smem(L, flash_bwd_dq_kernel<S, D, DQ_BR, DQ_BC>, s2, flash_bit<S, D>(2), "flash attention backward (dQ)"));
     flash_bwd_dkdv_kernel<S, D, DKDV_BR, DKDV_BC><<<(unsigned int)g_dkdv, FT, s1, L->s>>>(
         (T *)a->dqkv, (const T *)a->dout, (const T *)a->qkv, (const T *)a->out, a->lse, (int)a->T, (int)a->NH, scale);
     ZOFF_CUDA_CHECK_LAUNCH("flash_bwd_dkdv_kernel");
@@ -604,7 +605,7 @@ template <class S> zoff_status simple_fwd(const zoff_cuda_launch *L, const zoff_
     typedef typename S::T T;
     const int64_t HS = a->C / a->NH;
     const size_t smem = (size_t)SA_WARPS * 2 * (size_t)HS * sizeof(float);
-    ZOFF_TRY(set_smem(L, attn_fwd_simple_kernel<S>, smem, "attention forward (simple)"));
+    ZOFF_TRY(set_smem(L, attn_fwd_simple_kernel<S>, smem, -1, "attention forward (simple)"));
     attn_fwd_simple_kernel<S><<<simple_grid(a->B * a->NH * a->T), SA_WARPS * 32, smem, L->s>>>(
         (T *)a->out, a->lse, (const T *)a->qkv, a->B, a->T, a->NH, HS, 1.0f / sqrtf((float)HS));
     ZOFF_CUDA_CHECK_LAUNCH("attn_fwd_simple_kernel");
@@ -618,8 +619,8 @@ template <class S> zoff_status simple_bwd(const zoff_cuda_launch *L, const zoff_
     const unsigned int grid = simple_grid(a->B * a->NH * a->T);
     const size_t s1 = (size_t)SA_WARPS * 3 * (size_t)HS * sizeof(float);
     const size_t s2 = (size_t)SA_WARPS * 4 * (size_t)HS * sizeof(float);
-    ZOFF_TRY(set_smem(L, attn_bwd_dq_simple_kernel<S>, s1, "attention backward dQ (simple)"));
-    ZOFF_TRY(set_smem(L, attn_bwd_dkdv_simple_kernel<S>, s2, "attention backward dK/dV (simple)"));
+    ZOFF_TRY(set_smem(L, attn_bwd_dq_simple_kernel<S>, s1, -1, "attention backward dQ (simple)"));
+    ZOFF_TRY(set_smem(L, attn_bwd_dkdv_simple_kernel<S>, s2, -1, "attention backward dK/dV (simple)"));
     attn_bwd_dq_simple_kernel<S><<<grid, SA_WARPS * 32, s1, L->s>>>((T *)a->dqkv, (const T *)a->dout,
                                                                    (const T *)a->qkv, (const T *)a->out, a->lse, a->B,
                                                                    a->T, a->NH, HS, scale);
@@ -639,8 +640,30 @@ bool use_flash(const zoff_cuda_launch *L, int64_t HS) {
     return (need > dq_smem(D) ? need : dq_smem(D)) <= L->ctx->smem_optin;
 }
 
+zoff_status mma_startup_check(zoff_cuda_ctx *ctx);
+
+// The tensor-core kernels (cuda_attention_mma.cu) for this call? See ZOFF_CUDA_ATTN_*. In auto mode
+// the first call that would use them runs the start-up comparison (once per context).
+zoff_status use_mma(const zoff_cuda_launch *L, zoff_dtype dt, int64_t B, int64_t T, int64_t C, int64_t NH,
+                    const void *qkv, const void *dout, bool *use) {
+    zoff_cuda_ctx *ctx = L->ctx;
+    *use = false;
+    if (!zoff_cuda_attention_mma_applies(ctx, dt, B, T, C, NH, qkv, dout)) return ZOFF_OK;
+    if (__atomic_load_n(&ctx->attention_mma_ok, __ATOMIC_ACQUIRE) < 0) {
+        pthread_mutex_lock(&ctx->mu);
+        zoff_status st = ctx->attention_mma_ok < 0 ? mma_startup_check(ctx) : ZOFF_OK;
+        pthread_mutex_unlock(&ctx->mu);
+        ZOFF_TRY(st);
+    }
+    *use = __atomic_load_n(&ctx->attention_mma_ok, __ATOMIC_ACQUIRE) > 0;
+    return ZOFF_OK;
+}
+
 template <class S> zoff_status attention_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a) {
     const int64_t HS = a->C / a->NH;
+    bool mma = false;
+    ZOFF_TRY(use_mma(L, a->dt, a->B, a->T, a->C, a->NH, a->qkv, a->qkv, &mma));
+    if (mma) return zoff_cuda_attention_mma_fwd(L, a);
     if (use_flash(L, HS)) {
         switch (HS) {
         case 16: return flash_fwd<S, 16>(L, a);
@@ -655,6 +678,13 @@ template <class S> zoff_status attention_fwd(const zoff_cuda_launch *L, const zo
 
 template <class S> zoff_status attention_bwd(const zoff_cuda_launch *L, const zoff_op_attention_bwd_args *a) {
     const int64_t HS = a->C / a->NH;
+    bool mma = false;
+    ZOFF_TRY(use_mma(L, a->dt, a->B, a->T, a->C, a->NH, a->qkv, a->dout, &mma));
+    if (mma) {
+        void *Dd = nullptr;
+        ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 0, zoff_cuda_attention_mma_scratch(a->B, a->T, a->NH), &Dd));
+        return zoff_cuda_attention_mma_bwd(L, a, (float *)Dd);
+    }
     if (use_flash(L, HS)) {
         switch (HS) {
         case 16: return flash_bwd<S, 16>(L, a);
@@ -678,7 +708,121 @@ zoff_status check_shape(zoff_op op, int64_t B, int64_t T, int64_t C, int64_t NH)
     return ZOFF_OK;
 }
 
+// ------------------------------------------------------------------ start-up comparison
+
+// max |a - b| / max |b| over n values of storage type dt (bf16 bits or f32)
+double norm_diff(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b) {
+    double md = 0, mb = 1e-30;
+    for (size_t i = 0; i < a.size(); i++) {
+        const double x = zoff_bf16_to_f32(a[i]), y = zoff_bf16_to_f32(b[i]);
+        md = fmax(md, fabs(x - y));
+        mb = fmax(mb, fabs(y));
+        if (x != x) md = INFINITY;
+    }
+    return md / mb;
+}
+
+// One case (B = 1, T = 80: two query tiles, the second partial; NH = 2; bf16): the tensor-core kernels
+// against the fp32 flash kernels, forward (out, lse) and backward (dqkv from the same out and lse).
+template <int D> zoff_status mma_vs_flash(zoff_cuda_ctx *ctx, cudaStream_t s, double *worst) {
+    const int64_t B = 1, T = 80, NH = 2, C = NH * D, nqkv = B * T * 3 * C, nout = B * T * C, nl = B * NH * T;
+    std::vector<uint16_t> h_qkv((size_t)nqkv), h_dout((size_t)nout);
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    auto uni = [&r]() { r = r * 6364136223846793005ull + 1442695040888963407ull; return (float)((r >> 40) * 0x1.0p-24) * 3.0f - 1.5f; };
+    for (auto &x : h_qkv) x = zoff_f32_to_bf16(uni());
+    for (auto &x : h_dout) x = zoff_f32_to_bf16(uni());
+    uint16_t *qkv = nullptr, *dout = nullptr, *out[2] = {nullptr, nullptr}, *dqkv[2] = {nullptr, nullptr};
+    float *lse[2] = {nullptr, nullptr}, *Dd = nullptr;
+    zoff_status st = ZOFF_OK;
+    std::vector<uint16_t> o[2], dq[2];
+    std::vector<float> l[2];
+#define SC_CHECK(call)                                                                                               \
+    do {                                                                                                             \
+        cudaError_t e_ = (call);                                                                                     \
+        if (e_ != cudaSuccess && st == ZOFF_OK)                                                                      \
+            st = zoff_error(ZOFF_ERR_DEVICE, "attention start-up check: %s failed: %s", #call, cudaGetErrorString(e_)); \
+    } while (0)
+    SC_CHECK(cudaMalloc((void **)&qkv, (size_t)nqkv * 2));
+    SC_CHECK(cudaMalloc((void **)&dout, (size_t)nout * 2));
+    SC_CHECK(cudaMalloc((void **)&Dd, (size_t)nl * 4));
+    for (int k = 0; k < 2; k++) {
+        SC_CHECK(cudaMalloc((void **)&out[k], (size_t)nout * 2));
+        SC_CHECK(cudaMalloc((void **)&dqkv[k], (size_t)nqkv * 2));
+        SC_CHECK(cudaMalloc((void **)&lse[k], (size_t)nl * 4));
+    }
+    if (st == ZOFF_OK) {
+        SC_CHECK(cudaMemcpyAsync(qkv, h_qkv.data(), (size_t)nqkv * 2, cudaMemcpyHostToDevice, s));
+        SC_CHECK(cudaMemcpyAsync(dout, h_dout.data(), (size_t)nout * 2, cudaMemcpyHostToDevice, s));
+        zoff_cuda_launch L = {};
+        L.ctx = ctx;
+        L.s = s;
+        for (int k = 0; k < 2 && st == ZOFF_OK; k++) { // k = 0: flash (the reference), 1: tensor cores
+            zoff_op_attention_fwd_args fa = {};
+            fa.out = out[k], fa.lse = lse[k], fa.qkv = qkv, fa.B = B, fa.T = T, fa.C = C, fa.NH = NH, fa.dt = ZOFF_BF16;
+            zoff_op_attention_bwd_args ba = {};
+            ba.dqkv = dqkv[k], ba.dout = dout, ba.qkv = qkv, ba.out = out[0], ba.lse = lse[0];
+            ba.B = B, ba.T = T, ba.C = C, ba.NH = NH, ba.dt = ZOFF_BF16;
+            st = k == 0 ? flash_fwd<BF16, D>(&L, &fa) : zoff_cuda_attention_mma_fwd(&L, &fa);
+            if (st == ZOFF_OK) st = k == 0 ? flash_bwd<BF16, D>(&L, &ba) : zoff_cuda_attention_mma_bwd(&L, &ba, Dd);
+        }
+        for (int k = 0; k < 2 && st == ZOFF_OK; k++) {
+            o[k].resize((size_t)nout), dq[k].resize((size_t)nqkv), l[k].resize((size_t)nl);
+            SC_CHECK(cudaMemcpyAsync(o[k].data(), out[k], (size_t)nout * 2, cudaMemcpyDeviceToHost, s));
+            SC_CHECK(cudaMemcpyAsync(dq[k].data(), dqkv[k], (size_t)nqkv * 2, cudaMemcpyDeviceToHost, s));
+            SC_CHECK(cudaMemcpyAsync(l[k].data(), lse[k], (size_t)nl * 4, cudaMemcpyDeviceToHost, s));
+        }
+        SC_CHECK(cudaStreamSynchronize(s));
+    }
+    cudaFree(qkv), cudaFree(dout), cudaFree(Dd);
+    for (int k = 0; k < 2; k++) cudaFree(out[k]), cudaFree(dqkv[k]), cudaFree(lse[k]);
+#undef SC_CHECK
+    if (st != ZOFF_OK) return st;
+    double dl = 0;
+    for (size_t i = 0; i < l[0].size(); i++) dl = fmax(dl, fabs((double)l[1][i] - l[0][i]) / (1 + fabs(l[0][i])));
+    if (l[1] != l[1]) dl = INFINITY;
+    *worst = fmax(fmax(norm_diff(o[1], o[0]), norm_diff(dq[1], dq[0])), dl);
+    return ZOFF_OK;
+}
+
+// Runs the comparison (caller holds ctx->mu); sets ctx->attention_mma_ok to 1 or 0.
+zoff_status mma_startup_check(zoff_cuda_ctx *ctx) {
+    cudaStream_t s = nullptr;
+    ZOFF_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    double w64 = 0, w128 = 0;
+    zoff_status st = mma_vs_flash<64>(ctx, s, &w64);
+    if (st == ZOFF_OK) st = mma_vs_flash<128>(ctx, s, &w128);
+    cudaStreamDestroy(s);
+    // measured on the emulator: 5.3e-3 and 5.2e-3 (bf16 rounding of P and dS); a wrong fragment layout,
+    // mask or scale gives 6e-2 (scale off by 10%) up to O(1)
+    const double limit = 2e-2;
+    if (st == ZOFF_OK && w64 <= limit && w128 <= limit) {
+        zoff_log(ZOFF_LOG_DEBUG, "%s: tensor-core attention agrees with the fp32 flash kernels (%.2g, %.2g)",
+                 ctx->name, w64, w128);
+        __atomic_store_n(&ctx->attention_mma_ok, 1, __ATOMIC_RELEASE);
+        return ZOFF_OK;
+    }
+    __atomic_store_n(&ctx->attention_mma_ok, 0, __ATOMIC_RELEASE);
+    (void)cudaGetLastError();
+    if (cudaDeviceSynchronize() != cudaSuccess) // a sticky error: the context cannot be used
+        return st != ZOFF_OK ? st
+                             : zoff_error(ZOFF_ERR_DEVICE, "%s: the attention start-up check broke the CUDA context",
+                                          ctx->name);
+    fprintf(stderr,
+            "zoff: WARNING: %s: the tensor-core attention kernels %s%s (head size 64: %.3g, 128: %.3g, limit %.2g); "
+            "using the fp32 flash kernels instead (slower); please report this (ZOFF_CUDA_ATTENTION=flash silences it)\n",
+            ctx->name, st != ZOFF_OK ? "failed: " : "disagree with the fp32 flash kernels",
+            st != ZOFF_OK ? zoff_last_error() : "", w64, w128, limit);
+    return ZOFF_OK;
+}
+
 } // namespace
+
+// auto: the comparison runs at the first attention call that would use the tensor-core kernels.
+extern "C" zoff_status zoff_cuda_attention_init(zoff_cuda_ctx *ctx) {
+    const int mode = ctx->attention_mode;
+    ctx->attention_mma_ok = mode == ZOFF_CUDA_ATTN_MMA ? 1 : mode == ZOFF_CUDA_ATTN_AUTO ? -1 : 0;
+    return ZOFF_OK;
+}
 
 // out (B,T,C) = causal softmax(q k^T / sqrt(HS)) v per head; qkv (B,T,3C); lse (B,NH,T) fp32.
 extern "C" zoff_status zoff_cuda_attention_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a) {

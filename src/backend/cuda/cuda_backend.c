@@ -115,9 +115,9 @@ static zoff_status cuda_init(zoff_device *dev, const zoff_device_options *opts, 
         return zoff_error(ZOFF_ERR_INTERNAL, "pthread_mutex_init failed creating the CUDA device context");
     }
     c->ordinal = opts->ordinal;
-    static const char *const attn_modes[] = {"auto", "flash", "simple"};
+    static const char *const attn_modes[] = {"auto", "flash", "simple", "mma"};
     static const char *const mm_modes[] = {"auto", "simple"};
-    if ((st = parse_mode_env("ZOFF_CUDA_ATTENTION", attn_modes, 3, &c->attention_mode)) != ZOFF_OK) goto fail;
+    if ((st = parse_mode_env("ZOFF_CUDA_ATTENTION", attn_modes, 4, &c->attention_mode)) != ZOFF_OK) goto fail;
     if ((st = parse_mode_env("ZOFF_CUDA_MATMUL", mm_modes, 2, &c->matmul_mode)) != ZOFF_OK) goto fail;
 
     CUDA_GOTO(cudaSetDevice(c->ordinal));
@@ -149,6 +149,7 @@ static zoff_status cuda_init(zoff_device *dev, const zoff_device_options *opts, 
     CUDA_GOTO(cudaDeviceSynchronize());
 
     if ((st = zoff_cuda_matmul_init(c)) != ZOFF_OK) goto fail;
+    if ((st = zoff_cuda_attention_init(c)) != ZOFF_OK) goto fail;
     *ctx_out = c;
     return ZOFF_OK;
 fail:

@@ -110,6 +110,23 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Dynamic shared memory of a kernel: refused past the device's opt-in limit; the limit past the default
+// 48 KiB is raised with cudaFuncSetAttribute once per device context and kernel (bit < 64 of
+// ctx->smem_attr_set: each caller names its kernels' bits), not at every launch; bit < 0: every launch.
+template <class K>
+static inline zoff_status set_smem(const zoff_cuda_launch *L, K kernel, size_t bytes, int bit, const char *what) {
+    if (bytes > L->ctx->smem_optin)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s needs %zu bytes of shared memory; %s allows %zu per block", what,
+                          bytes, L->ctx->name, L->ctx->smem_optin);
+    if (bytes <= 48 * 1024) return ZOFF_OK;
+    unsigned long long *set = &L->ctx->smem_attr_set;
+    const unsigned long long mask = bit >= 0 ? 1ull << bit : 0;
+    if (mask && (__atomic_load_n(set, __ATOMIC_ACQUIRE) & mask)) return ZOFF_OK;
+    ZOFF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (mask) __atomic_fetch_or(set, mask, __ATOMIC_RELEASE);
+    return ZOFF_OK;
+}
+
 // Blocks for a grid-stride elementwise kernel of n elements (n > 0).
 static inline unsigned int flat_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;

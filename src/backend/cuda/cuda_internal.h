@@ -111,10 +111,15 @@ struct zoff_cuda_ctx {
     void *blaslt;                      /* cublasLtHandle_t (cuda_matmul.cu) */
     void *mm_cache;                    /* matmul algorithm cache (cuda_matmul.cu) */
     int attention_mode;                /* ZOFF_CUDA_ATTN_* (env ZOFF_CUDA_ATTENTION) */
+    int attention_mma_ok;              /* tensor-core attention: 1 yes, 0 no, -1 not compared yet (auto) */
+    unsigned long long smem_attr_set;  /* bits: kernels whose shared-memory limit was raised (set_smem) */
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
 };
 
-enum { ZOFF_CUDA_ATTN_AUTO = 0, ZOFF_CUDA_ATTN_FLASH = 1, ZOFF_CUDA_ATTN_SIMPLE = 2 };
+/* auto: the tensor-core kernels where they apply and agreed with the fp32 flash kernels at start-up,
+ * else flash, else simple; flash: the fp32 flash kernels (never the tensor-core ones); simple: the
+ * simple kernels; mma: the tensor-core kernels where they apply, without the start-up comparison. */
+enum { ZOFF_CUDA_ATTN_AUTO = 0, ZOFF_CUDA_ATTN_FLASH = 1, ZOFF_CUDA_ATTN_SIMPLE = 2, ZOFF_CUDA_ATTN_MMA = 3 };
 enum { ZOFF_CUDA_MM_AUTO = 0, ZOFF_CUDA_MM_SIMPLE = 1 };
 
 /* Everything a kernel launcher needs about the launch. */
@@ -148,6 +153,19 @@ zoff_status zoff_cuda_matmul_bwd(const zoff_cuda_launch *L, const zoff_op_matmul
 
 zoff_status zoff_cuda_attention_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a);
 zoff_status zoff_cuda_attention_bwd(const zoff_cuda_launch *L, const zoff_op_attention_bwd_args *a);
+/* Once per device context: sets ctx->attention_mma_ok from the mode. In auto mode the first attention call
+ * that would use the tensor-core kernels runs them against the fp32 flash kernels on a small case (under
+ * ctx->mu) and falls back to flash, with one warning line on stderr, if they disagree. */
+zoff_status zoff_cuda_attention_init(zoff_cuda_ctx *ctx);
+
+/* cuda_attention_mma.cu: the tensor-core kernels (bf16/f16, head size 64 or 128). applies: whether a call
+ * qualifies (dtype, head size, 16-byte aligned qkv and dout, compute capability, shared memory).
+ * bwd needs Dd: zoff_cuda_attention_mma_scratch(B, T, NH) bytes of device memory. */
+int zoff_cuda_attention_mma_applies(const zoff_cuda_ctx *ctx, zoff_dtype dt, int64_t B, int64_t T, int64_t C,
+                                    int64_t NH, const void *qkv, const void *dout);
+size_t zoff_cuda_attention_mma_scratch(int64_t B, int64_t T, int64_t NH);
+zoff_status zoff_cuda_attention_mma_fwd(const zoff_cuda_launch *L, const zoff_op_attention_fwd_args *a);
+zoff_status zoff_cuda_attention_mma_bwd(const zoff_cuda_launch *L, const zoff_op_attention_bwd_args *a, float *Dd);
 
 #ifdef __cplusplus
 }

@@ -150,29 +150,70 @@ constexpr int LN_WARPS = 8;   // warps per block (one row per warp at a time)
 constexpr int LN_CHUNK = 32;  // rows per chunk in the backward
 constexpr int LN_MAX_BLOCKS = 1024;
 
+// 16 bytes of storage type S: one load or store of V elements.
+template <class S> union Pack16 {
+    static constexpr int V = 16 / (int)sizeof(typename S::T);
+    uint4 u;
+    typename S::T e[V];
+};
+
+// The elements of a row a lane owns: vec (the row and every vector 16-byte aligned, C a multiple of the
+// pack): packs lane, lane + 32, ... (f gets 16-byte packs of up to 4 rows); else elements lane, lane + 32, ...
+// f(c0, n, packs...): n elements from column c0, packs[i] holding row i's elements (S::load(packs[i].e, j)).
+template <class S, class F>
+__device__ __forceinline__ void ln_lane_cols(int64_t C, int lane, bool vec, const typename S::T *r0,
+                                             const typename S::T *r1, const typename S::T *r2, F &&f) {
+    constexpr int V = Pack16<S>::V;
+    Pack16<S> a, b, c;
+    if (vec) {
+        for (int64_t p = lane; p < C / V; p += 32) {
+            a.u = ((const uint4 *)r0)[p];
+            if (r1) b.u = ((const uint4 *)r1)[p];
+            if (r2) c.u = ((const uint4 *)r2)[p];
+            f(p * V, V, a, b, c);
+        }
+    } else {
+        for (int64_t col = lane; col < C; col += 32) {
+            a.e[0] = r0[col];
+            if (r1) b.e[0] = r1[col];
+            if (r2) c.e[0] = r2[col];
+            f(col, 1, a, b, c);
+        }
+    }
+}
+
 // out (N,C) = (inp - mean) * rstd * weight + bias; inp (N,C), weight, bias (C) (bias may be NULL);
-// mean, rstd (N) fp32 (may be NULL). One warp per row, two passes for the variance (as the CPU).
+// mean, rstd (N) fp32 (may be NULL). One warp per row, two passes for the variance (as the CPU);
+// vec: 16-byte loads and stores (ln_lane_cols).
 template <class S>
 __global__ void __launch_bounds__(LN_WARPS * 32)
     layernorm_fwd_kernel(typename S::T *out, float *mean, float *rstd, const typename S::T *inp,
-                         const typename S::T *weight, const typename S::T *bias, int64_t N, int64_t C) {
+                         const typename S::T *weight, const typename S::T *bias, int64_t N, int64_t C, int vec) {
+    typedef typename S::T T;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t row = (int64_t)blockIdx.x * LN_WARPS + warp; row < N; row += (int64_t)gridDim.x * LN_WARPS) {
-        const typename S::T *x = inp + row * C;
+        const T *x = inp + row * C;
         float s = 0.0f;
-        for (int64_t c = lane; c < C; c += 32) s += S::load(x, c);
+        ln_lane_cols<S>(C, lane, vec, x, nullptr, nullptr, [&](int64_t, int n, const Pack16<S> &xp, const Pack16<S> &, const Pack16<S> &) {
+            for (int j = 0; j < n; j++) s += S::load(xp.e, j);
+        });
         const float m = warp_sum(s) / (float)C;
         float v = 0.0f;
-        for (int64_t c = lane; c < C; c += 32) {
-            const float d = S::load(x, c) - m;
-            v += d * d;
-        }
+        ln_lane_cols<S>(C, lane, vec, x, nullptr, nullptr, [&](int64_t, int n, const Pack16<S> &xp, const Pack16<S> &, const Pack16<S> &) {
+            for (int j = 0; j < n; j++) {
+                const float d = S::load(xp.e, j) - m;
+                v += d * d;
+            }
+        });
         const float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
-        typename S::T *o = out + row * C;
-        for (int64_t c = lane; c < C; c += 32) {
-            const float b = bias ? S::load(bias, c) : 0.0f;
-            S::store(o, c, (S::load(x, c) - m) * r * S::load(weight, c) + b);
-        }
+        T *o = out + row * C;
+        ln_lane_cols<S>(C, lane, vec, x, weight, bias, [&](int64_t c0, int n, const Pack16<S> &xp, const Pack16<S> &wp, const Pack16<S> &bp) {
+            Pack16<S> op;
+            for (int j = 0; j < n; j++)
+                S::store(op.e, j, (S::load(xp.e, j) - m) * r * S::load(wp.e, j) + (bias ? S::load(bp.e, j) : 0.0f));
+            if (n == Pack16<S>::V) ((uint4 *)o)[c0 / n] = op.u;
+            else o[c0] = op.e[0];
+        });
         if (lane == 0) {
             if (mean) mean[row] = m;
             if (rstd) rstd[row] = r;
@@ -188,7 +229,7 @@ template <class S>
 __global__ void __launch_bounds__(LN_WARPS * 32)
     layernorm_bwd_kernel(typename S::T *dinp, float *pw, float *pb, const typename S::T *dout,
                          const typename S::T *inp, const typename S::T *weight, const float *mean, const float *rstd,
-                         int64_t N, int64_t C) {
+                         int64_t N, int64_t C, int vec) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t nchunks = (N + LN_CHUNK - 1) / LN_CHUNK;
     if (dinp) {
@@ -198,19 +239,28 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
                 const typename S::T *x = inp + row * C, *dy = dout + row * C;
                 const float m = mean[row], r = rstd[row];
                 float dm = 0.0f, dn = 0.0f;
-                for (int64_t c = lane; c < C; c += 32) {
-                    const float g = S::load(weight, c) * S::load(dy, c);
-                    dm += g;
-                    dn += g * (S::load(x, c) - m) * r;
-                }
+                ln_lane_cols<S>(C, lane, vec, x, dy, weight, [&](int64_t, int n, const Pack16<S> &xp, const Pack16<S> &dyp, const Pack16<S> &wp) {
+                    for (int j = 0; j < n; j++) {
+                        const float g = S::load(wp.e, j) * S::load(dyp.e, j);
+                        dm += g;
+                        dn += g * (S::load(xp.e, j) - m) * r;
+                    }
+                });
                 dm = warp_sum(dm) / (float)C;
                 dn = warp_sum(dn) / (float)C;
                 typename S::T *dx = dinp + row * C;
-                for (int64_t c = lane; c < C; c += 32) {
-                    const float xh = (S::load(x, c) - m) * r;
-                    const float g = S::load(weight, c) * S::load(dy, c);
-                    S::store(dx, c, S::load(dx, c) + (g - dm - xh * dn) * r);
-                }
+                ln_lane_cols<S>(C, lane, vec, x, dy, weight, [&](int64_t c0, int n, const Pack16<S> &xp, const Pack16<S> &dyp, const Pack16<S> &wp) {
+                    Pack16<S> dp;
+                    if (n == Pack16<S>::V) dp.u = ((const uint4 *)dx)[c0 / n];
+                    else dp.e[0] = dx[c0];
+                    for (int j = 0; j < n; j++) {
+                        const float xh = (S::load(xp.e, j) - m) * r;
+                        const float g = S::load(wp.e, j) * S::load(dyp.e, j);
+                        S::store(dp.e, j, S::load(dp.e, j) + (g - dm - xh * dn) * r);
+                    }
+                    if (n == Pack16<S>::V) ((uint4 *)dx)[c0 / n] = dp.u;
+                    else dx[c0] = dp.e[0];
+                });
             }
         }
     }
@@ -246,13 +296,20 @@ __global__ void layernorm_bwd_reduce_kernel(typename S::T *dweight, typename S::
     }
 }
 
+// 16-byte packs for the rows of C elements at these pointers (NULL pointers do not count)?
+template <class S> int ln_vec(int64_t C, const void *p0, const void *p1, const void *p2, const void *p3) {
+    return C % Pack16<S>::V == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2 | (uintptr_t)p3) % 16) == 0;
+}
+
 template <class S> zoff_status layernorm_fwd(const zoff_cuda_launch *L, const zoff_op_layernorm_fwd_args *a) {
     typedef typename S::T T;
     if (a->N == 0 || a->C == 0) return ZOFF_OK;
     const int64_t nb = (a->N + LN_WARPS - 1) / LN_WARPS;
     const unsigned int grid = (unsigned int)(nb < 65535 ? nb : 65535);
+    const int vec = ln_vec<S>(a->C, a->out, a->inp, a->weight, a->bias);
     layernorm_fwd_kernel<S><<<grid, LN_WARPS * 32, 0, L->s>>>((T *)a->out, a->mean, a->rstd, (const T *)a->inp,
-                                                              (const T *)a->weight, (const T *)a->bias, a->N, a->C);
+                                                              (const T *)a->weight, (const T *)a->bias, a->N, a->C,
+                                                              vec);
     ZOFF_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
     return ZOFF_OK;
 }
@@ -272,8 +329,9 @@ template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zo
         pb = (float *)((char *)scr + align256((size_t)(G * C) * sizeof(float)));
     }
     if (!a->dinp && !params) return ZOFF_OK;
+    const int vec = ln_vec<S>(C, a->dinp, a->dout, a->inp, a->weight);
     layernorm_bwd_kernel<S><<<(unsigned int)G, LN_WARPS * 32, 0, L->s>>>(
-        (T *)a->dinp, pw, pb, (const T *)a->dout, (const T *)a->inp, (const T *)a->weight, a->mean, a->rstd, N, C);
+        (T *)a->dinp, pw, pb, (const T *)a->dout, (const T *)a->inp, (const T *)a->weight, a->mean, a->rstd, N, C, vec);
     ZOFF_CUDA_CHECK_LAUNCH("layernorm_bwd_kernel");
     if (params) {
         layernorm_bwd_reduce_kernel<S><<<flat_blocks(C, EW_THREADS), EW_THREADS, 0, L->s>>>(
@@ -287,37 +345,64 @@ template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zo
 
 #define GELU_K 0.7978845608028654f // sqrt(2/pi)
 
-// out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), inp (n).
-template <class S> __global__ void gelu_fwd_kernel(typename S::T *out, const typename S::T *inp, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = S::load(inp, i);
-        S::store(out, i, 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
+// Elementwise ops as functors f(x, y) -> out (y is 0 for one-input ops), run by ew_kernel.
+struct GeluFwdF { // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    __device__ __forceinline__ float operator()(float x, float) const {
+        return 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
     }
-}
-
-// dinp (n) = GELU'(inp) * dout; dinp may alias dout (each element is read before it is written).
-template <class S>
-__global__ void gelu_bwd_kernel(typename S::T *dinp, const typename S::T *inp, const typename S::T *dout, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = S::load(inp, i), dy = S::load(dout, i);
+};
+struct GeluBwdF { // GELU'(x) * dy
+    __device__ __forceinline__ float operator()(float x, float dy) const {
         const float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
         const float sech2 = 1.0f - th * th;
         const float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        S::store(dinp, i, g * dy);
+        return g * dy;
     }
+};
+struct AddF {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct ScaleF {
+    float alpha;
+    __device__ __forceinline__ float operator()(float x, float) const { return x * alpha; }
+};
+
+// out (n) = f(x, y) elementwise (y may be NULL: f(x, 0)); out may alias x or y (each element is read
+// before it is written, by the same thread). vec: out, x, y are 16-byte aligned, so whole 16-byte
+// packs (16 / sizeof(T) elements) move with one load or store each; the tail n % pack goes one by one.
+template <class S, class F>
+__global__ void ew_kernel(typename S::T *out, const typename S::T *x, const typename S::T *y, int64_t n, F f,
+                          int vec) {
+    typedef typename S::T T;
+    constexpr int V = 16 / (int)sizeof(T);
+    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t done = 0;
+    if (vec) {
+        const int64_t np = n / V;
+        for (int64_t p = first; p < np; p += stride) {
+            union { uint4 u; T e[V]; } xv, yv, ov;
+            xv.u = ((const uint4 *)x)[p];
+            if (y) yv.u = ((const uint4 *)y)[p];
+#pragma unroll
+            for (int v = 0; v < V; v++) S::store(ov.e, v, f(S::load(xv.e, v), y ? S::load(yv.e, v) : 0.0f));
+            ((uint4 *)out)[p] = ov.u;
+        }
+        done = np * V;
+    }
+    for (int64_t i = done + first; i < n; i += stride) S::store(out, i, f(S::load(x, i), y ? S::load(y, i) : 0.0f));
 }
 
-// out (n) = a + b; out may alias a or b.
-template <class S>
-__global__ void add_kernel(typename S::T *out, const typename S::T *a, const typename S::T *b, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        S::store(out, i, S::load(a, i) + S::load(b, i));
-}
-
-// x (n) *= alpha.
-template <class S> __global__ void scale_kernel(typename S::T *x, float alpha, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        S::store(x, i, S::load(x, i) * alpha);
+template <class S, class F>
+zoff_status ew_launch(const zoff_cuda_launch *L, void *out, const void *x, const void *y, int64_t n, F f,
+                      const char *what) {
+    typedef typename S::T T;
+    if (n == 0) return ZOFF_OK;
+    const int vec = (((uintptr_t)out | (uintptr_t)x | (uintptr_t)y) % 16) == 0;
+    const int64_t items = vec ? (n + 16 / (int64_t)sizeof(T) - 1) / (16 / (int64_t)sizeof(T)) : n;
+    ew_kernel<S, F><<<flat_blocks(items, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)out, (const T *)x, (const T *)y,
+                                                                            n, f, vec);
+    ZOFF_CUDA_CHECK_LAUNCH(what);
+    return ZOFF_OK;
 }
 
 // dst (n) of D = src (n) of Sd, round to nearest even (exact through fp32: every
@@ -329,37 +414,24 @@ __global__ void cast_kernel(typename D::T *dst, const typename Sd::T *src, int64
 }
 
 template <class S> zoff_status gelu_fwd(const zoff_cuda_launch *L, const zoff_op_gelu_fwd_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    gelu_fwd_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->out, (const T *)a->inp, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
-    return ZOFF_OK;
+    return ew_launch<S>(L, a->out, a->inp, nullptr, a->n, GeluFwdF(), "ew_kernel (gelu_fwd)");
 }
 
+// dinp (n) = GELU'(inp) * dout; dinp may alias dout.
 template <class S> zoff_status gelu_bwd(const zoff_cuda_launch *L, const zoff_op_gelu_bwd_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    gelu_bwd_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->dinp, (const T *)a->inp,
-                                                                             (const T *)a->dout, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
-    return ZOFF_OK;
+    return ew_launch<S>(L, a->dinp, a->inp, a->dout, a->n, GeluBwdF(), "ew_kernel (gelu_bwd)");
 }
 
+// out (n) = a + b; out may alias a or b.
 template <class S> zoff_status add_op(const zoff_cuda_launch *L, const zoff_op_add_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    add_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->out, (const T *)a->a,
-                                                                        (const T *)a->b, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("add_kernel");
-    return ZOFF_OK;
+    return ew_launch<S>(L, a->out, a->a, a->b, a->n, AddF(), "ew_kernel (add)");
 }
 
+// x (n) *= alpha.
 template <class S> zoff_status scale_op(const zoff_cuda_launch *L, const zoff_op_scale_args *a) {
-    typedef typename S::T T;
-    if (a->n == 0) return ZOFF_OK;
-    scale_kernel<S><<<flat_blocks(a->n, EW_THREADS), EW_THREADS, 0, L->s>>>((T *)a->x, a->alpha, a->n);
-    ZOFF_CUDA_CHECK_LAUNCH("scale_kernel");
-    return ZOFF_OK;
+    ScaleF f;
+    f.alpha = a->alpha;
+    return ew_launch<S>(L, a->x, a->x, nullptr, a->n, f, "ew_kernel (scale)");
 }
 
 template <class D, class Sd> zoff_status cast_typed(const zoff_cuda_launch *L, void *dst, const void *src, int64_t n) {

@@ -14,7 +14,7 @@
 //
 // One cuBLASLt handle per device; one workspace per stream (two streams must
 // not share a workspace), allocated on the stream's first matmul. Heuristic
-// results are cached per (shape, layout, dtype, pointer alignment). The
+// results and the descriptors are cached per (shape, layout, dtype, pointer alignment). The
 // pointer alignments are passed to the heuristic (weights live at arbitrary
 // offsets of flat buffers; the default assumes 256-byte alignment). When
 // cuBLASLt has no algorithm for a case (or ZOFF_CUDA_MATMUL=simple), a simple
@@ -32,7 +32,7 @@ using namespace zoff_cuda;
 namespace {
 
 constexpr size_t WORKSPACE_BYTES = (size_t)32 << 20; // cuBLAS recommends 32 MiB on Hopper
-constexpr int CACHE_SIZE = 256;
+constexpr int CACHE_BUCKETS = 64, CACHE_WAYS = 4; // 256 cases; a full bucket: the case runs uncached
 
 #define ZOFF_CUBLAS_CHECK(call)                                                                          \
     do {                                                                                                 \
@@ -48,20 +48,45 @@ struct MMKey {
     uint32_t align_a, align_b, align_d, align_bias;
 };
 
+// Descriptors of one cuBLASLt case (plain C style: no destructors, so the host code needs no C++
+// exception runtime at link time); freed by lt_descs_free.
+struct LtDescs {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulPreference_t pref;
+};
+
+// One cached case: written once under ctx->mu, then published (valid, release) and never changed or
+// evicted until zoff_cuda_matmul_fini, so readers find it without the lock. The bias pointer is the
+// one attribute set per call (under ctx->mu, around the cublasLtMatmul that reads it).
 struct MMEntry {
     MMKey key;
     int valid;
     int has_algo; // 0: cuBLASLt has no algorithm for this case (use the simple kernel)
     cublasLtMatmulAlgo_t algo;
     size_t workspace;
+    LtDescs dd; // pref destroyed after the heuristic
 };
 
 struct MMCache {
-    MMEntry e[CACHE_SIZE];
-    int next; // round-robin replacement
+    MMEntry e[CACHE_BUCKETS][CACHE_WAYS];
 };
 
 bool key_eq(const MMKey &a, const MMKey &b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+uint32_t key_hash(const MMKey &k) { // FNV-1a over the key's bytes (padding zeroed by the caller)
+    const unsigned char *p = (const unsigned char *)&k;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < sizeof k; i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+MMEntry *cache_find(MMCache *c, const MMKey &key) {
+    MMEntry *b = c->e[key_hash(key) % CACHE_BUCKETS];
+    for (int w = 0; w < CACHE_WAYS; w++)
+        if (__atomic_load_n(&b[w].valid, __ATOMIC_ACQUIRE) && key_eq(b[w].key, key)) return &b[w];
+    return nullptr;
+}
 
 uint32_t ptr_align(const void *p) {
     const uintptr_t u = (uintptr_t)p;
@@ -163,14 +188,6 @@ zoff_status simple_gemm_dt(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int
 
 // ------------------------------------------------------------------ cuBLASLt
 
-// Descriptors of one cuBLASLt call, destroyed together by lt_descs_free (plain C style: no
-// destructors, so the host code needs no C++ exception runtime at link time).
-struct LtDescs {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, d;
-    cublasLtMatmulPreference_t pref;
-};
-
 void lt_descs_free(LtDescs *dd) {
     if (dd->pref) cublasLtMatmulPreferenceDestroy(dd->pref);
     if (dd->d) cublasLtMatrixLayoutDestroy(dd->d);
@@ -180,55 +197,12 @@ void lt_descs_free(LtDescs *dd) {
     memset(dd, 0, sizeof *dd);
 }
 
-// Look up / fill the algorithm cache entry of key. *found: 1 with an algorithm, 0 without.
-zoff_status lt_algo(zoff_cuda_ctx *ctx, const MMKey &key, LtDescs &dd, cublasLtMatmulAlgo_t *algo, size_t *ws,
-                    int *found) {
-    MMCache *cache = (MMCache *)ctx->mm_cache;
-    pthread_mutex_lock(&ctx->mu);
-    for (int i = 0; i < CACHE_SIZE; i++) {
-        const MMEntry &e = cache->e[i];
-        if (e.valid && key_eq(e.key, key)) {
-            *found = e.has_algo;
-            *algo = e.algo;
-            *ws = e.workspace;
-            pthread_mutex_unlock(&ctx->mu);
-            return ZOFF_OK;
-        }
-    }
-    pthread_mutex_unlock(&ctx->mu);
-    cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
-    int nres = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->blaslt, dd.op, dd.a, dd.b, dd.d, dd.d,
-                                                      dd.pref, 1, &res, &nres);
-    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
-        return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: cublasLtMatmulAlgoGetHeuristic failed: %s (%s)", __FILE__, __LINE__,
-                          cublasLtGetStatusString(s), cublasLtGetStatusName(s));
-    *found = s == CUBLAS_STATUS_SUCCESS && nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-    *algo = res.algo;
-    *ws = *found ? res.workspaceSize : 0;
-    pthread_mutex_lock(&ctx->mu);
-    MMEntry &e = cache->e[cache->next];
-    cache->next = (cache->next + 1) % CACHE_SIZE;
-    e.key = key;
-    e.valid = 1;
-    e.has_algo = *found;
-    e.algo = res.algo;
-    e.workspace = *ws;
-    pthread_mutex_unlock(&ctx->mu);
-    return ZOFF_OK;
-}
-
-// D (m,n) col-major = op(A) . op(B) + beta * D (+ bias (m) through the epilogue when bias != NULL).
-// *done = 0 when cuBLASLt has no algorithm for the case (nothing was issued).
-zoff_status lt_gemm_body(const zoff_cuda_launch *L, LtDescs &dd, zoff_dtype dt, int ta, int tb, int64_t m, int64_t n,
-                         int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *D,
-                         int64_t ldd, const void *bias, int *done) {
-    *done = 0;
-    zoff_cuda_ctx *ctx = L->ctx;
-    const cudaDataType_t ty = cuda_type(dt);
+// Descriptors and the heuristic's algorithm for the case key (bias: the pointer the heuristic sees).
+zoff_status lt_build(zoff_cuda_ctx *ctx, const MMKey &key, const void *bias, LtDescs &dd, MMEntry *out) {
+    const cudaDataType_t ty = cuda_type((zoff_dtype)key.dt);
+    const int64_t m = key.m, n = key.n, k = key.k;
     ZOFF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&dd.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opa = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (bias) {
@@ -236,19 +210,13 @@ zoff_status lt_gemm_body(const zoff_cuda_launch *L, LtDescs &dd, zoff_dtype dt, 
         ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     }
-    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.a, ty, (uint64_t)(ta ? k : m), (uint64_t)(ta ? m : k), lda));
-    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.b, ty, (uint64_t)(tb ? n : k), (uint64_t)(tb ? k : n), ldb));
-    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.d, ty, (uint64_t)m, (uint64_t)n, ldd));
+    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.a, ty, (uint64_t)(key.ta ? k : m), (uint64_t)(key.ta ? m : k), key.lda));
+    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.b, ty, (uint64_t)(key.tb ? n : k), (uint64_t)(key.tb ? k : n), key.ldb));
+    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.d, ty, (uint64_t)m, (uint64_t)n, key.ldd));
     ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&dd.pref));
     const uint64_t wsmax = WORKSPACE_BYTES;
     ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax,
                                                            sizeof wsmax));
-    MMKey key;
-    memset(&key, 0, sizeof key); // padding bytes take part in the comparison
-    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
-    key.ta = ta, key.tb = tb, key.dt = (int)dt, key.bias = bias != nullptr;
-    key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_d = ptr_align(D);
-    key.align_bias = bias ? ptr_align(bias) : 0;
     ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                            &key.align_a, sizeof key.align_a));
     ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -257,29 +225,86 @@ zoff_status lt_gemm_body(const zoff_cuda_launch *L, LtDescs &dd, zoff_dtype dt, 
                                                            &key.align_d, sizeof key.align_d));
     ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                            &key.align_d, sizeof key.align_d));
-    cublasLtMatmulAlgo_t algo;
-    size_t ws_need = 0;
-    int found = 0;
-    ZOFF_TRY(lt_algo(ctx, key, dd, &algo, &ws_need, &found));
-    if (!found) return ZOFF_OK;
-    void *ws = nullptr;
-    if (ws_need > 0) ZOFF_TRY(zoff_cuda_stream_buffer(L->st, 1, WORKSPACE_BYTES, &ws));
-    const float alpha = 1.0f;
-    cublasStatus_t s = cublasLtMatmul((cublasLtHandle_t)ctx->blaslt, dd.op, &alpha, A, dd.a, B, dd.b, &beta, D, dd.d,
-                                      D, dd.d, &algo, ws, ws ? WORKSPACE_BYTES : 0, L->s);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return ZOFF_OK; // nothing issued: the caller falls back
-    ZOFF_CUBLAS_CHECK(s);
-    *done = 1;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int nres = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->blaslt, dd.op, dd.a, dd.b, dd.d, dd.d,
+                                                      dd.pref, 1, &res, &nres);
+    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+        return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: cublasLtMatmulAlgoGetHeuristic failed: %s (%s)", __FILE__, __LINE__,
+                          cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+    out->key = key;
+    out->has_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    out->algo = res.algo;
+    out->workspace = out->has_algo ? res.workspaceSize : 0;
+    cublasLtMatmulPreferenceDestroy(dd.pref);
+    dd.pref = nullptr;
     return ZOFF_OK;
 }
 
+// The cached case of key, built on first use (*e); NULL with the case in *tmp when the bucket is full
+// (tmp's descriptors are then the caller's to free).
+zoff_status lt_case(zoff_cuda_ctx *ctx, const MMKey &key, const void *bias, MMEntry **e, MMEntry *tmp) {
+    MMCache *cache = (MMCache *)ctx->mm_cache;
+    *e = cache_find(cache, key);
+    if (*e) return ZOFF_OK;
+    memset(tmp, 0, sizeof *tmp);
+    zoff_status st = lt_build(ctx, key, bias, tmp->dd, tmp); // outside the lock: the heuristic is slow
+    if (st != ZOFF_OK) {
+        lt_descs_free(&tmp->dd);
+        return st;
+    }
+    pthread_mutex_lock(&ctx->mu);
+    *e = cache_find(cache, key); // another thread may have added it meanwhile
+    if (!*e) {
+        MMEntry *b = cache->e[key_hash(key) % CACHE_BUCKETS];
+        for (int w = 0; w < CACHE_WAYS && !*e; w++)
+            if (!b[w].valid) {
+                b[w] = *tmp;
+                __atomic_store_n(&b[w].valid, 1, __ATOMIC_RELEASE);
+                *e = &b[w];
+                memset(&tmp->dd, 0, sizeof tmp->dd); // owned by the cache now
+            }
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    if (*e) lt_descs_free(&tmp->dd); // another thread's entry won
+    return ZOFF_OK;
+}
+
+// D (m,n) col-major = op(A) . op(B) + beta * D (+ bias (m) through the epilogue when bias != NULL).
+// *done = 0 when cuBLASLt has no algorithm for the case (nothing was issued).
 zoff_status lt_gemm(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *D, int64_t ldd,
                     const void *bias, int *done) {
-    LtDescs dd;
-    memset(&dd, 0, sizeof dd);
-    zoff_status st = lt_gemm_body(L, dd, dt, ta, tb, m, n, k, A, lda, B, ldb, beta, D, ldd, bias, done);
-    lt_descs_free(&dd);
+    *done = 0;
+    zoff_cuda_ctx *ctx = L->ctx;
+    MMKey key;
+    memset(&key, 0, sizeof key); // padding bytes take part in the comparison and the hash
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd;
+    key.ta = ta, key.tb = tb, key.dt = (int)dt, key.bias = bias != nullptr;
+    key.align_a = ptr_align(A), key.align_b = ptr_align(B), key.align_d = ptr_align(D);
+    key.align_bias = bias ? ptr_align(bias) : 0;
+    MMEntry *e = nullptr, tmp;
+    ZOFF_TRY(lt_case(ctx, key, bias, &e, &tmp));
+    const MMEntry *c = e ? e : &tmp;
+    zoff_status st = ZOFF_OK;
+    void *ws = nullptr;
+    if (c->has_algo && c->workspace > 0) st = zoff_cuda_stream_buffer(L->st, 1, WORKSPACE_BYTES, &ws);
+    if (c->has_algo && st == ZOFF_OK) {
+        const float alpha = 1.0f;
+        if (bias) pthread_mutex_lock(&ctx->mu); // the bias pointer lives in the shared descriptor
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        if (bias) s = cublasLtMatmulDescSetAttribute(c->dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatmul((cublasLtHandle_t)ctx->blaslt, c->dd.op, &alpha, A, c->dd.a, B, c->dd.b, &beta, D,
+                               c->dd.d, D, c->dd.d, &c->algo, ws, ws ? WORKSPACE_BYTES : 0, L->s);
+        if (bias) pthread_mutex_unlock(&ctx->mu);
+        if (s == CUBLAS_STATUS_SUCCESS) *done = 1;
+        else if (s != CUBLAS_STATUS_NOT_SUPPORTED) // not supported: nothing issued, the caller falls back
+            st = zoff_error(ZOFF_ERR_DEVICE, "%s:%d: cublasLtMatmul failed: %s (%s)", __FILE__, __LINE__,
+                            cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+    }
+    if (!e) lt_descs_free(&tmp.dd);
     return st;
 }
 
@@ -358,6 +383,11 @@ extern "C" void zoff_cuda_matmul_fini(zoff_cuda_ctx *ctx) {
             zoff_log(ZOFF_LOG_ERROR, "%s:%d: cublasLtDestroy failed: %s", __FILE__, __LINE__, cublasLtGetStatusString(s));
         ctx->blaslt = nullptr;
     }
+    MMCache *cache = (MMCache *)ctx->mm_cache;
+    if (cache)
+        for (int b = 0; b < CACHE_BUCKETS; b++)
+            for (int w = 0; w < CACHE_WAYS; w++)
+                if (cache->e[b][w].valid) lt_descs_free(&cache->e[b][w].dd);
     free(ctx->mm_cache);
     ctx->mm_cache = nullptr;
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run the CUDA backend on a CPU emulator of CUDA (no GPU needed) under the op test
-# table (tests/test_ops.c, CUDA vs CPU vs double references) and extra checks
-# (emu_check.cpp). Development tool: not built by CMake, not part of the library.
+# table (tests/test_ops.c, CUDA vs CPU vs double references), the PTX instruction
+# models' check (emu_ptx_check.cpp) and extra checks (emu_check.cpp): the full set.
+# (ctest runs a representative subset: tests/cuda_emu/emu.cmake, tests cuda_emu_*.)
 #
-#   bash src/backend/cuda/emu/run.sh [BUILD_DIR]     (default /tmp/zoff-cuda-emu)
+#   bash tests/cuda_emu/run.sh [BUILD_DIR]     (default /tmp/zoff-cuda-emu)
 #   EMU_ONLY="label ..." runs only those runs (and builds only what they need)
 #
 # NCCL (EMU_ONLY=nccl, also part of the default runs): zoff built with CUDA, MPI
@@ -19,15 +20,21 @@
 # as C++ against the stand-in headers in include/ (CUDA runtime, cuda_fp16, cuBLASLt,
 # CUB); the rest of zoff is compiled with ZOFF_HAVE_CUDA so the CUDA backend is
 # registered. Every CUDA thread is a fiber with real barrier semantics (see
-# emu_device.hpp). Runs: default, fibers in reverse order, simple attention,
+# emu_device.hpp). Runs: default, fp32 flash attention (no tensor-core kernels),
+# fibers in reverse order, simple attention,
 # no cuBLASLt algorithms (fallback GEMM), cuBLASLt only for 16-byte-aligned
 # pointers; each under AddressSanitizer when ZOFF_EMU_ASAN=1.
 #
+# Every run that fails prints its log's tail and "!! label FAILED"; the script ends with
+# "emulator: all runs passed" or exits non-zero; a step that stops it early says where.
+#
 # What it cannot show: speed, the GPU memory model (races between blocks), the real
 # cuBLASLt / CUB behaviour, compile errors of nvcc (build with nvcc for those).
-set -euo pipefail
+set -Eeuo pipefail
+# whatever stops this script early says so (a failed build step, a bad path)
+trap 'rc=$?; echo "emulator: run.sh stopped at line $LINENO (exit $rc): $BASH_COMMAND" >&2; exit $rc' ERR
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../../.." && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 B=${1:-/tmp/zoff-cuda-emu}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$B/gen" "$B/obj" "$B/obj-nccl"
@@ -40,26 +47,18 @@ wanted() {
 }
 want_ops=0
 want_nccl=0
-for l in emu_check test_ops test_ops_reverse test_ops_simple_attention test_ops_no_cublaslt test_ops_cublaslt_aligned16 \
+for l in emu_ptx emu_check test_ops test_ops_flash_attention test_ops_reverse test_ops_simple_attention test_ops_no_cublaslt test_ops_cublaslt_aligned16 \
          test_ops_no_device; do wanted "$l" && want_ops=1; done
 for l in nccl nccl_1rank nccl_timeout; do wanted "$l" && want_nccl=1; done
 
 SAN=""
 if [ "${ZOFF_EMU_ASAN:-0}" = 1 ]; then SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"; fi
-CFLAGS="-O1 -g -fopenmp $SAN -DZOFF_HAVE_CUDA=1 -DZOFF_SOURCE_DIR=\"$ROOT\" -DZOFF_VERSION=\"emu\" -I$ROOT/include -I$ROOT/src"
+CFLAGS="-O2 -g -fopenmp $SAN -DZOFF_HAVE_CUDA=1 -DZOFF_SOURCE_DIR=\"$ROOT\" -DZOFF_VERSION=\"emu\" -I$ROOT/include -I$ROOT/src"
 CXXFLAGS="-std=c++17 $CFLAGS -I$HERE/include -I$HERE -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 
 # 1. rewrite the .cu files
 for cu in "$ROOT"/src/backend/cuda/*.cu; do
-  python3 - "$cu" "$B/gen/$(basename "${cu%.cu}").cpp" <<'EOF'
-import re, sys
-src = open(sys.argv[1]).read()
-src = re.sub(r'extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\]\s*;', r'\1 *\2 = (\1 *)emu_dyn_smem();', src)
-launch = re.compile(r'([A-Za-z_]\w*(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\(', re.S)
-src, n = launch.subn(lambda m: 'emu_launch(emu_cfg(%s), %s, ' % (m.group(2), m.group(1)), src)
-open(sys.argv[2], 'w').write('#include "emu_device.hpp"\n#line 1 "%s"\n' % sys.argv[1] + src)
-print('%s: %d launches' % (sys.argv[1].split('/')[-1], n), file=sys.stderr)
-EOF
+  python3 "$HERE/rewrite_cu.py" "$cu" "$B/gen/$(basename "${cu%.cu}").cpp"
 done
 
 # 2. compile: emulator, rewritten kernels, the CUDA runtime (C), the rest of zoff (C), the tests
@@ -72,6 +71,7 @@ compile() { # src obj compiler flags...
   objs+=("$obj")
 }
 compile "$HERE/emu.cpp" "$B/obj/emu.o" g++ $CXXFLAGS
+compile "$HERE/emu_ptx.cpp" "$B/obj/emu_ptx.o" g++ $CXXFLAGS
 for f in "$B"/gen/*.cpp; do compile "$f" "$B/obj/$(basename "$f" .cpp).o" g++ $CXXFLAGS -I"$ROOT/src/backend/cuda"; done
 compile "$ROOT/src/backend/cuda/cuda_backend.c" "$B/obj/cuda_backend.o" gcc -std=gnu11 $CFLAGS -I"$HERE/include" -Wall -Wextra
 emu_objs=("${objs[@]}")
@@ -92,6 +92,9 @@ g++ $SAN -fopenmp -o "$B/test_ops_emu" "${lib_objs[@]}" "$B/obj/test_ops.o" -lja
 objs=()
 compile "$HERE/emu_check.cpp" "$B/obj/emu_check.o" g++ $CXXFLAGS
 g++ $SAN -fopenmp -o "$B/emu_check" "${lib_objs[@]}" "$B/obj/emu_check.o" -ljansson -lopenblas -lm -lpthread
+objs=()
+compile "$HERE/emu_ptx_check.cpp" "$B/obj/emu_ptx_check.o" g++ $CXXFLAGS
+g++ $SAN -fopenmp -o "$B/emu_ptx_check" "$B/obj/emu.o" "$B/obj/emu_ptx.o" "$B/obj/emu_ptx_check.o" -lm -lpthread
 fi
 
 # NCCL: the rest of zoff again, with MPI and NCCL (comm_mpi.c, comm_nccl.c), the stand-in NCCL, test_comm
@@ -126,13 +129,17 @@ run() { # label, env..., command
   echo "== $label"
   local t0=$SECONDS
   if env "$@" > "$B/$label.log" 2>&1; then
-    grep -E "PASSED|FAILED|SKIPPED|max normalised|emu_check:|^  (dp|nccl) " "$B/$label.log" | grep -v "^\[ *OK" | head -60
+    # a summary only: never the verdict. (Under `set -e -o pipefail` this pipeline once ended the
+    # script without a word: head closing the pipe after 60 lines killed grep with SIGPIPE.)
+    { grep -E "PASSED|FAILED|SKIPPED|max normalised|emu_check:|emu_ptx_check:|^  (dp|nccl) " "$B/$label.log" | grep -v "^\[ *OK" | tail -60; } || true
     echo "   ($((SECONDS - t0)) s)"
   else
     tail -60 "$B/$label.log"; echo "!! $label FAILED (log: $B/$label.log)"; fail=1
   fi
 }
+run emu_ptx "$B/emu_ptx_check"
 run emu_check "$B/emu_check"
+run test_ops_flash_attention ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=flash "$B/test_ops_emu"
 run test_ops "$B/test_ops_emu"
 run test_ops_reverse ZOFF_CPU_KERNELS=scalar EMU_ORDER=reverse "$B/test_ops_emu"
 run test_ops_simple_attention ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=simple "$B/test_ops_emu"

@@ -494,6 +494,27 @@ void emu_warp_exchange(const void *in, void *out, int src_lane, size_t size) {
     yield_to_scheduler(F_BAR_WARP);
 }
 
+// Every lane of the calling warp deposits size bytes; each receives all 32 deposits (lane order).
+// The warp-collective PTX models (emu_ptx.cpp) build on this; a warp with fewer than 32 threads,
+// or with exited lanes, is an error (mma.sync / ldmatrix are .aligned: all 32 lanes execute them).
+static unsigned char g_gather[MAX_THREADS / 32][32][EMU_GATHER_MAX];
+void emu_warp_allgather(const void *in, void *all, size_t size) {
+    if (size > EMU_GATHER_MAX) emu_fatal("%s: more than EMU_GATHER_MAX bytes per lane", "emu_warp_allgather");
+    const int lin = g_curf->lin, warp = lin / 32, lane = lin % 32;
+    if (g_nf - warp * 32 < 32) emu_fatal("%s in a warp of fewer than 32 threads (undefined in PTX)", "a warp-wide instruction");
+    memcpy(g_gather[warp][lane], in, size);
+    yield_to_scheduler(F_BAR_WARP);
+    for (int l = 0; l < 32; l++) memcpy((unsigned char *)all + (size_t)l * size, g_gather[warp][l], size);
+    yield_to_scheduler(F_BAR_WARP);
+}
+
+static unsigned long long g_block_serial = 0;
+unsigned long long emu_block_serial() { return g_block_serial; }
+int emu_thread_linear() {
+    if (!g_in_launch) emu_fatal("%s outside a kernel", "a device instruction");
+    return g_curf->lin;
+}
+
 void *emu_dyn_smem() { return g_dyn.data(); }
 
 void emu_run_grid(const emu_cfg_t &cfg, const std::function<void()> &body) {
@@ -525,6 +546,7 @@ void emu_run_grid(const emu_cfg_t &cfg, const std::function<void()> &body) {
         for (unsigned int y = 0; y < g.y; y++)
             for (unsigned int x = 0; x < g.x; x++) {
                 emu_block_idx = uint3{x, y, z};
+                g_block_serial++;
                 memset(g_dyn.data(), 0xff, g_dyn.size());
                 run_block();
             }

@@ -38,6 +38,9 @@
 struct uint3 {
     unsigned int x, y, z;
 };
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
 struct dim3 {
     unsigned int x, y, z;
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -59,6 +62,23 @@ void __syncthreads();
 void __syncwarp(unsigned int mask = 0xffffffffu);
 void emu_warp_exchange(const void *in, void *out, int src_lane, size_t size);
 void *emu_dyn_smem();
+
+// ---- support for the PTX instruction models (emu_ptx.cpp)
+#define ZOFF_CUDA_EMU 1 // src/backend/cuda/cuda_ptx.cuh: use the models below, not inline PTX
+constexpr size_t EMU_GATHER_MAX = 64;
+void emu_warp_allgather(const void *in, void *all, size_t size);
+unsigned long long emu_block_serial(); // changes with every block a launch runs
+int emu_thread_linear();               // the calling thread's linear index in its block
+
+// PTX ISA models, written from the ISA's descriptions and fragment tables (emu_ptx.cpp):
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 d, a, b, c
+void emu_mma_m16n8k16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], bool bf16);
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16 r, [row]
+void emu_ldmatrix(uint32_t *r, int num, bool trans, const void *row);
+// cp.async.{ca,cg}.shared.global [dst], [src], cp_size, src_size; commit_group; wait_group n
+void emu_cp_async(void *dst, const void *src, int cp_size, int src_size);
+void emu_cp_async_commit();
+void emu_cp_async_wait(int n);
 
 template <class T> T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {
     (void)mask;
