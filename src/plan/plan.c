@@ -830,49 +830,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
 
 zoff_status zoff_plan_write_file_atomic(const char *path, const char *text) {
     if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "zoff plan: empty output path");
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32), *dircopy = strdup(path);
-    if (!tmp || !dircopy) {
-        free(tmp);
-        free(dircopy);
-        return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory");
-    }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    zoff_status st = ZOFF_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-        goto done;
-    }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            st = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-            break;
-        }
-        off += (size_t)w;
-    }
-    if (st == ZOFF_OK && fsync(fd) != 0) st = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == ZOFF_OK) st = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
-    if (st == ZOFF_OK && rename(tmp, path) != 0)
-        st = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st != ZOFF_OK) {
-        unlink(tmp);
-        goto done;
-    }
-    {
-        int dfd = open(dirname(dircopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd); /* best effort: the rename is done */
-            close(dfd);
-        }
-    }
-done:
-    free(tmp);
-    free(dircopy);
-    return st;
+    return zoff_write_file_atomic(path, text, false); /* the directory's fsync is best effort */
 }
 
 /* ------------------------------------------------------------------ DeepSpeed's estimators */
