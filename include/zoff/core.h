@@ -80,6 +80,13 @@ zoff_status zoff_parse_size(const char *text, size_t *out);
 /* Format bytes as e.g. "1.50 GiB" into buf. Returns buf. */
 const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen);
 
+/* ---- files ---- */
+/* Write `text` to `path` atomically: a temp file beside it (PATH.tmp-PID), fsync,
+ * rename, then an fsync of the directory; a failed fsync of the directory is an
+ * error when `dir_sync_required`, else ignored (the rename is done). On failure
+ * `path` is as it was and no temp file is left. */
+zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required);
+
 /* ---- CPU features ---- */
 typedef struct zoff_cpu_features {
     bool avx2, fma, f16c;

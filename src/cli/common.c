@@ -52,3 +52,25 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+int cli_string_flags(const char *cmd, const char *name, const cli_string_flag *flags, size_t n, int argc, char **argv,
+                     int *i) {
+    for (size_t k = 0; k < n; k++) {
+        if (strcmp(name, flags[k].name)) continue;
+        const char *v = cli_value(cmd, argc, argv, i);
+        if (!v) return -1;
+        *flags[k].value = v;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_int_flags(const char *cmd, const char *name, const cli_int_flag *flags, size_t n, int argc, char **argv, int *i) {
+    for (size_t k = 0; k < n; k++) {
+        if (strcmp(name, flags[k].name)) continue;
+        const char *v = cli_value(cmd, argc, argv, i);
+        if (!v || !cli_parse_i64(cmd, name, v, flags[k].min, flags[k].max, flags[k].value)) return -1;
+        return 1;
+    }
+    return 0;
+}
+

@@ -18,6 +18,23 @@ bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double m
 /* Fetch the value after argv[*i] (advancing *i); prints an error if missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 
+/* Flags that take a value, as tables: a string, or an integer within [min, max]. */
+typedef struct cli_string_flag {
+    const char *name;
+    const char **value;
+} cli_string_flag;
+typedef struct cli_int_flag {
+    const char *name;
+    int64_t min, max;
+    int64_t *value;
+} cli_int_flag;
+/* When `name` (argv[*i]'s flag) is one of the n `flags`, fetch and store its value
+ * (advancing *i) and return 1; return 0 when it is none of them; -1 (the error
+ * printed) when the value is missing or out of range. */
+int cli_string_flags(const char *cmd, const char *name, const cli_string_flag *flags, size_t n, int argc, char **argv,
+                     int *i);
+int cli_int_flags(const char *cmd, const char *name, const cli_int_flag *flags, size_t n, int argc, char **argv, int *i);
+
 /* Training checkpoints live in src/train (include/zoff/train.h); these names remain for the
  * benchmarks that call them. */
 typedef zoff_train_meta cli_meta;

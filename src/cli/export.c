@@ -67,32 +67,10 @@ static zoff_status fetch_tensor(void *user, const zoff_tensor_info *t, float *ds
 
 /* Write a small text file atomically (temp + fsync + rename + fsync of the directory). */
 static zoff_status write_text_atomic(const char *dir, const char *name, const char *text) {
-    char path[4200], tmp[4300];
+    char path[4200];
     int pn = snprintf(path, sizeof path, "%s/%s", dir, name);
     if (pn < 0 || (size_t)pn >= sizeof path) return zoff_error(ZOFF_ERR_INVALID, "output path %s is too long", dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-    size_t n = strlen(text), done = 0;
-    zoff_status s = ZOFF_OK;
-    while (done < n && s == ZOFF_OK) {
-        ssize_t w = write(fd, text + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, w < 0 ? strerror(errno) : "short write");
-        else done += (size_t)w;
-    }
-    if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
-    if (s == ZOFF_OK && rename(tmp, path) != 0)
-        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (s != ZOFF_OK) {
-        unlink(tmp);
-        return s;
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(errno));
-    if (dfd >= 0) close(dfd);
-    return s;
+    return zoff_write_file_atomic(path, text, true);
 }
 
 /* transformers' GPT2Config for the exported weights. */
@@ -137,29 +115,21 @@ int zoff_cmd_export(int argc, char **argv) {
     int64_t step = -1;
     bool quiet = false;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
+        const char *a = argv[i];
         char name[64];
         const char *eq = strchr(a, '=');
         size_t nl = eq && a[0] == '-' && a[1] == '-' ? (size_t)(eq - a) : strlen(a);
         snprintf(name, sizeof name, "%.*s", (int)(nl < 63 ? nl : 63), a);
+        const cli_string_flag strs[] = {{"--load", &load},     {"--checkpoint", &load}, {"--output", &output},
+                                        {"--format", &format}, {"--dtype", &dtype_s}};
+        const cli_int_flag ints[] = {{"--step", 0, INT64_MAX / 2, &step}};
+        int took = cli_string_flags("export", name, strs, sizeof strs / sizeof *strs, argc, argv, &i);
+        if (!took) took = cli_int_flags("export", name, ints, sizeof ints / sizeof *ints, argc, argv, &i);
+        if (took < 0) return 2;
+        if (took) continue;
         if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
             export_usage(stdout);
             return 0;
-        } else if (!strcmp(name, "--load") || !strcmp(name, "--checkpoint")) {
-            if (!(v = cli_value("export", argc, argv, &i))) return 2;
-            load = v;
-        } else if (!strcmp(name, "--output")) {
-            if (!(v = cli_value("export", argc, argv, &i))) return 2;
-            output = v;
-        } else if (!strcmp(name, "--format")) {
-            if (!(v = cli_value("export", argc, argv, &i))) return 2;
-            format = v;
-        } else if (!strcmp(name, "--dtype")) {
-            if (!(v = cli_value("export", argc, argv, &i))) return 2;
-            dtype_s = v;
-        } else if (!strcmp(name, "--step")) {
-            if (!(v = cli_value("export", argc, argv, &i)) || !cli_parse_i64("export", name, v, 0, INT64_MAX / 2, &step))
-                return 2;
         } else if (!strcmp(name, "--quiet")) {
             quiet = true;
         } else {

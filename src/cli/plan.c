@@ -78,6 +78,13 @@ static bool parse_size_flag(const char *flag, const char *v, size_t *out) {
     return true;
 }
 
+/* A figure the machine would otherwise measure, given on the command line: parse it, mark it given. */
+static bool given_size(const char *flag, const char *v, size_t *out, bool *given) {
+    if (!parse_size_flag(flag, v, out)) return false;
+    *given = true;
+    return true;
+}
+
 static bool parse_ratios(const char *v, plan_args *a) {
     a->nratios = 0;
     char buf[512];
@@ -156,17 +163,18 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             }
         } else if (FLAG("--host-memory")) {
             VALUE();
-            if (!parse_size_flag(name, v, &a->host_memory)) return 2;
-            a->have_host = true;
+            if (!given_size(name, v, &a->host_memory, &a->have_host)) return 2;
         } else if (FLAG("--pinned-limit")) {
             VALUE();
-            if (!strcmp(v, "unlimited")) a->pinned_limit = SIZE_MAX;
-            else if (!parse_size_flag(name, v, &a->pinned_limit)) return 2;
-            a->have_pinned = true;
+            if (!strcmp(v, "unlimited")) {
+                a->pinned_limit = SIZE_MAX;
+                a->have_pinned = true;
+            } else if (!given_size(name, v, &a->pinned_limit, &a->have_pinned)) {
+                return 2;
+            }
         } else if (FLAG("--disk-free")) {
             VALUE();
-            if (!parse_size_flag(name, v, &a->disk_free)) return 2;
-            a->have_disk = true;
+            if (!given_size(name, v, &a->disk_free, &a->have_disk)) return 2;
         } else if (FLAG("--nvme-path")) {
             VALUE();
             a->nvme_path = v;

@@ -79,25 +79,15 @@ int zoff_cmd_sample(int argc, char **argv) {
             sample_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--load")) {
-            if (!(v = cli_value("sample", argc, argv, &i))) return 2;
-            load = v;
-        } else if (!strcmp(a, "--prompt")) {
-            if (!(v = cli_value("sample", argc, argv, &i))) return 2;
-            prompt = v;
-        } else if (!strcmp(a, "--device")) {
-            if (!(v = cli_value("sample", argc, argv, &i))) return 2;
-            device = v;
-        } else if (!strcmp(a, "--max-new-tokens")) {
-            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_i64("sample", a, v, 0, 1 << 24, &max_new))
-                return 2;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_i64("sample", a, v, 0, 1 << 24, &top_k))
-                return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_i64("sample", a, v, 0, INT64_MAX, &seed))
-                return 2;
-        } else if (!strcmp(a, "--temperature")) {
+        const cli_string_flag strs[] = {{"--load", &load}, {"--prompt", &prompt}, {"--device", &device}};
+        const cli_int_flag ints[] = {{"--max-new-tokens", 0, 1 << 24, &max_new},
+                                     {"--top-k", 0, 1 << 24, &top_k},
+                                     {"--seed", 0, INT64_MAX, &seed}};
+        int took = cli_string_flags("sample", a, strs, sizeof strs / sizeof *strs, argc, argv, &i);
+        if (!took) took = cli_int_flags("sample", a, ints, sizeof ints / sizeof *ints, argc, argv, &i);
+        if (took < 0) return 2;
+        if (took) continue;
+        if (!strcmp(a, "--temperature")) {
             if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 100, &temp))
                 return 2;
         } else {

@@ -21,6 +21,16 @@
 
 #define MiB ((size_t)1 << 20)
 
+/* The assumed rates (docs/plan.md "Assumed figures"), all with source ZOFF_PLAN_SRC_ASSUMED. */
+/* a PCIe Gen4/5 GPU server */
+static const zoff_plan_rates k_cuda_rates = {.device_flops = 150e12, .device_adam = 50e9, .host_adam = 1e9,
+                                             .host_mem_bw = 100e9, .h2d = 20e9, .d2h = 20e9,
+                                             .disk_read = 3e9, .disk_write = 2e9, .link = 100e9};
+/* the CPU backend on a small machine (2 cores) */
+static const zoff_plan_rates k_cpu_rates = {.device_flops = 20e9, .device_adam = 100e6, .host_adam = 100e6,
+                                            .host_mem_bw = 10e9, .h2d = 5e9, .d2h = 5e9,
+                                            .disk_read = 1e9, .disk_write = 0.5e9, .link = 10e9};
+
 void zoff_plan_machine_defaults(zoff_plan_machine *m, zoff_backend_kind backend) {
     memset(m, 0, sizeof *m);
     m->backend = backend;
@@ -31,28 +41,11 @@ void zoff_plan_machine_defaults(zoff_plan_machine *m, zoff_backend_kind backend)
     /* the process itself: libraries, OpenMP/OpenBLAS threads and buffers, the
      * GPT-2 tokenizer tables (measured RSS of a tiny `zoff train`: docs/plan.md) */
     m->process_baseline = 256 * MiB;
-    zoff_plan_rates *r = &m->rates;
     if (backend == ZOFF_BACKEND_CUDA) {
-        /* a PCIe Gen4/5 GPU server; see docs/plan.md "Assumed figures" */
         m->runtime_reserve = 512 * MiB; /* CUDA context, cuBLASLt workspaces, per-stream scratch */
-        r->device_flops = 150e12;
-        r->device_adam = 50e9;
-        r->host_adam = 1e9;
-        r->host_mem_bw = 100e9;
-        r->h2d = r->d2h = 20e9;
-        r->disk_read = 3e9;
-        r->disk_write = 2e9;
-        r->link = 100e9;
+        m->rates = k_cuda_rates;
     } else {
-        /* the CPU backend on a small machine (2 cores) */
-        r->device_flops = 20e9;
-        r->device_adam = 100e6;
-        r->host_adam = 100e6;
-        r->host_mem_bw = 10e9;
-        r->h2d = r->d2h = 5e9;
-        r->disk_read = 1e9;
-        r->disk_write = 0.5e9;
-        r->link = 10e9;
+        m->rates = k_cpu_rates;
     }
 }
 

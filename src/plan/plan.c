@@ -262,12 +262,8 @@ static void append_why(zoff_plan_row *r, const char *fmt, ...) {
     va_end(ap);
 }
 
-zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
-    memset(r, 0, sizeof *r);
-    if (!in || !in->cfg || !s) return zoff_error(ZOFF_ERR_INVALID, "zoff_plan_evaluate: missing inputs");
-    const zoff_config *cfg = in->cfg;
-    const zoff_plan_machine *M = &in->machine;
-    const zoff_gpt2_options *mo = &in->model;
+/* The setting's own rules, and the machine's rank counts. */
+static zoff_status check_setting(const zoff_plan_setting *s, const zoff_plan_machine *M) {
     if (s->stage < 0 || s->stage > 3)
         return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.stage is %d; allowed: 0, 1, 2, 3", s->stage);
     if (s->offload != ZOFF_OFFLOAD_NONE && s->stage == 0)
@@ -283,6 +279,176 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     if (M->ranks < 1 || M->ranks_per_node < 1 || M->ranks_per_node > M->ranks)
         return zoff_error(ZOFF_ERR_INVALID, "zoff plan: ranks %d and ranks per node %d: need 1 <= per node <= ranks",
                           M->ranks, M->ranks_per_node);
+    return ZOFF_OK;
+}
+
+/* The model's device buffers and the engine's data-parallel (or stage-3)
+ * buffers, for a partition of `part` elements; `maxgrp` is the largest layer
+ * group (wte + wpe, a block, ln_f). */
+static void device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *s, const zoff_plan_model_bytes *mb,
+                           int64_t part, int64_t emb, int64_t blk, int64_t lnf, int64_t maxgrp, zoff_plan_memory *m) {
+    const zoff_config *cfg = in->cfg;
+    const zoff_gpt2_options *mo = &in->model;
+    const size_t es = zoff_dtype_size(mo->dtype);
+    const int64_t R = in->machine.ranks, L = mo->shape.num_layers, B = mo->batch_size, T = mo->seq_len;
+    const bool rr = cfg->zero.round_robin_gradients && R > 1;
+    m->activations = mb->activations;
+    m->tokens = 2 * (size_t)(B * T) * sizeof(int32_t);
+    if (s->stage < 3) {
+        m->params16 = mb->params;
+        m->grads16 = mb->grads;
+        if (R > 1) { /* engine.c dp_setup: one layer's gradients, at most a reduce bucket */
+            int64_t el = maxgrp;
+            if (cfg->zero.reduce_bucket_size > 0 && el > cfg->zero.reduce_bucket_size) el = cfg->zero.reduce_bucket_size;
+            m->comm_buffers = (size_t)el * es * ((s->stage >= 2 ? 1 : 0) + (rr ? 1 : 0));
+        }
+    } else {
+        /* engine.c s3_setup: this rank's weights (on the host with offload_param
+         * cpu: the host optimizer's output) and gradients; a whole group for
+         * reduce-scatter (and round-robin packing) */
+        m->params16 = s->param_offload == ZOFF_OFFLOAD_NONE ? (size_t)part * es : 0;
+        m->grads16 = (size_t)part * es;
+        m->comm_buffers = (size_t)maxgrp * es * (1 + (rr ? 1 : 0));
+        m->gathered = stage3_gathered(cfg, emb, blk, lnf, L, es);
+    }
+}
+
+/* Stage 3 with offload_param nvme: the weights on disk and the buffers that read them. */
+static void param_swap_memory(const zoff_config *cfg, int64_t part, int64_t maxgrp, int64_t L, size_t es,
+                              zoff_plan_memory *m) {
+    /* src/zero/stage3.c: whole groups up to max_in_cpu elements stay in host memory (counted
+     * here as min(max_in_cpu, partition)); the rest is on disk, read through min(buffer_count,
+     * groups) buffers as large as this rank's part of the largest group (at most buffer_size) */
+    const zoff_offload_param_config *op = &cfg->zero.offload_param;
+    int64_t res = op->max_in_cpu < part ? op->max_in_cpu : part;
+    int64_t cnt = op->buffer_count < L + 2 ? op->buffer_count : L + 2;
+    int64_t big = maxgrp < part ? maxgrp : part;
+    if (big > op->buffer_size) big = op->buffer_size;
+    m->disk_params = (size_t)(part - res) * es;
+    /* O_DIRECT alignment, and 4 KiB more per allocation (aligned by hand) */
+    size_t bbytes = ((size_t)(big > 0 ? big : 1) * es + 4095) / 4096 * 4096 + 4096;
+    m->param_buffers = mul_sat((size_t)(res < part ? (cnt > 0 ? cnt : 1) : 0), bbytes);
+    m->param_buffers = add_sat(m->param_buffers, (size_t)res * es);
+}
+
+/* The totals of r->mem, and whether they fit the machine with its margin;
+ * `model_dev_before_engine` is what the engine saw in use when "auto" failed. */
+static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool pinned, size_t model_dev_before_engine,
+                       zoff_plan_row *r) {
+    zoff_plan_memory *m = &r->mem;
+    m->device = m->params16 + m->grads16 + m->activations + m->tokens + m->comm_buffers + m->gathered +
+                m->device_optimizer + m->runtime_reserve;
+    size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
+    bool pin_params = cfg->zero.offload_param.pin_memory;
+    m->pinned = add_sat(m->model_pinned, pin_params ? m->param_buffers : 0);
+    m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers), pin_params ? 0 : m->param_buffers);
+    if (pinned) m->pinned = add_sat(m->pinned, add_sat(engine_host, m->host_params));
+    else m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params));
+    m->disk = add_sat(m->disk_optimizer, m->disk_params);
+
+    /* ---- fit, with the margin */
+    const double keep = 1.0 - M->margin;
+    const size_t rpn = (size_t)M->ranks_per_node;
+    char b1[32], b2[32];
+    r->fits_device = M->device_bytes == 0 || m->device <= frac_of(M->device_bytes, keep);
+    if (!r->fits_device)
+        append_why(r, "device %s > %s", zoff_format_bytes(m->device, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(M->device_bytes, keep), b2, sizeof b2));
+    r->fits_pinned = M->pinned_limit == SIZE_MAX || m->pinned <= frac_of(M->pinned_limit, keep);
+    if (!r->fits_pinned)
+        append_why(r, "pinned %s > %s (ulimit -l)", zoff_format_bytes(m->pinned, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(M->pinned_limit, keep), b2, sizeof b2));
+    size_t per_rank_host = add_sat(add_sat(m->pinned, m->pageable), M->process_baseline);
+    if (M->backend == ZOFF_BACKEND_CPU) per_rank_host = add_sat(per_rank_host, m->device); /* device memory is host memory */
+    r->host_use = mul_sat(per_rank_host, rpn);
+    r->fits_host = M->host_bytes == 0 || r->host_use <= frac_of(M->host_bytes, keep);
+    if (!r->fits_host)
+        append_why(r, "host %s > %s", zoff_format_bytes(r->host_use, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(M->host_bytes, keep), b2, sizeof b2));
+    size_t disk_use = mul_sat(m->disk, rpn);
+    r->fits_disk = m->disk == 0 || (M->disk_bytes > 0 && disk_use <= frac_of(M->disk_bytes, keep));
+    if (!r->fits_disk) {
+        if (M->disk_bytes == 0) append_why(r, "disk %s, free space unknown", zoff_format_bytes(disk_use, b1, sizeof b1));
+        else
+            append_why(r, "disk %s > %s", zoff_format_bytes(disk_use, b1, sizeof b1),
+                       zoff_format_bytes(frac_of(M->disk_bytes, keep), b2, sizeof b2));
+    }
+    if (r->auto_failed)
+        append_why(r, "ratio auto: the model alone (%s) leaves less than the engine's 5%% margin of the budget",
+                   zoff_format_bytes(model_dev_before_engine, b1, sizeof b1));
+    r->fits = r->fits_device && r->fits_pinned && r->fits_host && r->fits_disk && !r->auto_failed && !r->bad_config;
+}
+
+/* Whether this version runs the setting: the config's checks and the engine's own rules. */
+static void check_runnable(const zoff_config *cfg, const zoff_plan_setting *s, int64_t R, bool dpu, zoff_plan_row *r) {
+    (void)R; /* read only in builds without MPI */
+    const bool offload = s->offload != ZOFF_OFFLOAD_NONE;
+    zoff_config c2 = *cfg; /* shallow: only read by check_supported */
+    c2.zero.stage = s->stage;
+    c2.zero.cpu_offload = false;
+    c2.zero.offload_optimizer.device = s->offload;
+    c2.zero.offload_param.device = s->param_offload;
+    if (s->offload == ZOFF_OFFLOAD_NVME && !c2.zero.offload_optimizer.nvme_path[0])
+        snprintf(c2.zero.offload_optimizer.nvme_path, sizeof c2.zero.offload_optimizer.nvme_path, ".");
+    zoff_status cs = zoff_config_check_supported(&c2);
+    r->runnable = cs == ZOFF_OK;
+    if (cs != ZOFF_OK) {
+        const char *why = short_unsupported(s);
+        append_why(r, "not runnable: %s", why ? why : zoff_last_error());
+        zoff_clear_error();
+    }
+#if !defined(ZOFF_HAVE_MPI)
+    if (r->runnable && R > 1) {
+        r->runnable = false;
+        append_why(r, "not runnable: %lld ranks need a build with MPI (this one has none)", (long long)R);
+    }
+#endif
+    /* the engine's own rules (engine.c check_supported) */
+    if (r->runnable && s->param_offload != ZOFF_OFFLOAD_NONE && (!offload || s->ratio_auto || s->ratio < 1.0)) {
+        r->runnable = false;
+        append_why(r, "not runnable: offload_param %s needs the whole optimizer on the host (ratio 1)",
+                   s->param_offload == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu");
+    }
+    if (r->runnable && s->stage >= 3 && dpu) {
+        r->runnable = false;
+        append_why(r, "not runnable: the delayed parameter update is not implemented with stage 3");
+    }
+    if (r->runnable && r->device_params > 0 && cfg->optimizer.type != ZOFF_OPTIM_ADAM &&
+        cfg->optimizer.type != ZOFF_OPTIM_ADAMW) {
+        r->runnable = false;
+        append_why(r, "not runnable: the device optimizer is Adam/AdamW only (use offload cpu, ratio 1)");
+    }
+}
+
+/* Stage 3: the time to fetch this rank's `part` weights from the host or the
+ * disk, and the others' (`n` in all) over the link, twice per micro-batch
+ * (forward and backward). */
+static double stage3_fetch_time(const zoff_plan_setting *s, const zoff_plan_rates *rt, double h2d, int64_t part,
+                                int64_t n, size_t es, int64_t R) {
+    double fetch = 0;
+    if (s->param_offload == ZOFF_OFFLOAD_CPU) fetch += 2.0 * (double)part * (double)es / h2d;
+    if (s->param_offload == ZOFF_OFFLOAD_NVME) fetch += 2.0 * (double)part * (double)es / rt->disk_read;
+    if (R > 1) fetch += 2.0 * (double)(R - 1) / (double)R * (double)n * (double)es / rt->link;
+    return fetch;
+}
+
+/* The step from its phases: `before_opt` (compute, gradients out, comm), then
+ * the host and device optimizers, overlapped as the backend and the delayed
+ * parameter update allow. */
+static double step_overlap(zoff_backend_kind backend, bool dpu, double before_opt, const zoff_plan_time *t) {
+    if (backend == ZOFF_BACKEND_CPU) /* "device" and host share the same cores: nothing overlaps */
+        return before_opt + t->host_optim + t->weights_in + t->device_optim;
+    if (dpu) return fmax(before_opt + t->device_optim, t->host_optim + t->weights_in);
+    return before_opt + fmax(t->host_optim + t->weights_in, t->device_optim);
+}
+
+zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
+    memset(r, 0, sizeof *r);
+    if (!in || !in->cfg || !s) return zoff_error(ZOFF_ERR_INVALID, "zoff_plan_evaluate: missing inputs");
+    const zoff_config *cfg = in->cfg;
+    const zoff_plan_machine *M = &in->machine;
+    const zoff_gpt2_options *mo = &in->model;
+    ZOFF_TRY(check_setting(s, M));
     r->setting = *s;
     zoff_plan_model_bytes mb;
     ZOFF_TRY(zoff_plan_model_bytes_get(mo, &mb));
@@ -307,26 +473,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     const int64_t emb = (mb.padded_vocab_size + mo->shape.max_seq_len) * C; /* group: wte + wpe */
     const int64_t blk = mb.block_params, lnf = 2 * C;
     const int64_t maxgrp = emb > blk ? (emb > lnf ? emb : lnf) : (blk > lnf ? blk : lnf);
-    const bool rr = cfg->zero.round_robin_gradients && R > 1;
-    m->activations = mb.activations;
-    m->tokens = 2 * (size_t)(B * T) * sizeof(int32_t);
-    if (s->stage < 3) {
-        m->params16 = mb.params;
-        m->grads16 = mb.grads;
-        if (R > 1) { /* engine.c dp_setup: one layer's gradients, at most a reduce bucket */
-            int64_t el = maxgrp;
-            if (cfg->zero.reduce_bucket_size > 0 && el > cfg->zero.reduce_bucket_size) el = cfg->zero.reduce_bucket_size;
-            m->comm_buffers = (size_t)el * es * ((s->stage >= 2 ? 1 : 0) + (rr ? 1 : 0));
-        }
-    } else {
-        /* engine.c s3_setup: this rank's weights (on the host with offload_param
-         * cpu: the host optimizer's output) and gradients; a whole group for
-         * reduce-scatter (and round-robin packing) */
-        m->params16 = s->param_offload == ZOFF_OFFLOAD_NONE ? (size_t)part * es : 0;
-        m->grads16 = (size_t)part * es;
-        m->comm_buffers = (size_t)maxgrp * es * (1 + (rr ? 1 : 0));
-        m->gathered = stage3_gathered(cfg, emb, blk, lnf, L, es);
-    }
+    device_buffers(in, s, &mb, part, emb, blk, lnf, maxgrp, m);
     m->runtime_reserve = M->runtime_reserve;
 
     /* ---- placement of the optimizer's partition: host (cpu/nvme) or device */
@@ -381,104 +528,16 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
-        /* src/zero/stage3.c: whole groups up to max_in_cpu elements stay in host memory (counted
-         * here as min(max_in_cpu, partition)); the rest is on disk, read through min(buffer_count,
-         * groups) buffers as large as this rank's part of the largest group (at most buffer_size) */
-        const zoff_offload_param_config *op = &cfg->zero.offload_param;
-        int64_t res = op->max_in_cpu < part ? op->max_in_cpu : part;
-        int64_t cnt = op->buffer_count < L + 2 ? op->buffer_count : L + 2;
-        int64_t big = maxgrp < part ? maxgrp : part;
-        if (big > op->buffer_size) big = op->buffer_size;
-        m->disk_params = (size_t)(part - res) * es;
-        /* O_DIRECT alignment, and 4 KiB more per allocation (aligned by hand) */
-        size_t bbytes = ((size_t)(big > 0 ? big : 1) * es + 4095) / 4096 * 4096 + 4096;
-        m->param_buffers = mul_sat((size_t)(res < part ? (cnt > 0 ? cnt : 1) : 0), bbytes);
-        m->param_buffers = add_sat(m->param_buffers, (size_t)res * es);
+        param_swap_memory(cfg, part, maxgrp, L, es, m);
     }
     m->model_pinned = mb.host_losses;
     /* train.c: initial fp32 weights (held for the run), the checkpoint staging
      * buffer while saving, input and target tokens */
     m->loop_pageable = 2 * (size_t)n * f4 + 2 * (size_t)(B * T) * sizeof(int32_t);
 
-    /* ---- totals */
-    m->device = m->params16 + m->grads16 + m->activations + m->tokens + m->comm_buffers + m->gathered +
-                m->device_optimizer + m->runtime_reserve;
-    size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
-    bool pin_params = cfg->zero.offload_param.pin_memory;
-    m->pinned = add_sat(m->model_pinned, pin_params ? m->param_buffers : 0);
-    m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers), pin_params ? 0 : m->param_buffers);
-    if (pinned) m->pinned = add_sat(m->pinned, add_sat(engine_host, m->host_params));
-    else m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params));
-    m->disk = add_sat(m->disk_optimizer, m->disk_params);
-
-    /* ---- fit, with the margin */
-    const double keep = 1.0 - M->margin;
-    const size_t rpn = (size_t)M->ranks_per_node;
-    char b1[32], b2[32];
-    r->fits_device = M->device_bytes == 0 || m->device <= frac_of(M->device_bytes, keep);
-    if (!r->fits_device)
-        append_why(r, "device %s > %s", zoff_format_bytes(m->device, b1, sizeof b1),
-                   zoff_format_bytes(frac_of(M->device_bytes, keep), b2, sizeof b2));
-    r->fits_pinned = M->pinned_limit == SIZE_MAX || m->pinned <= frac_of(M->pinned_limit, keep);
-    if (!r->fits_pinned)
-        append_why(r, "pinned %s > %s (ulimit -l)", zoff_format_bytes(m->pinned, b1, sizeof b1),
-                   zoff_format_bytes(frac_of(M->pinned_limit, keep), b2, sizeof b2));
-    size_t per_rank_host = add_sat(add_sat(m->pinned, m->pageable), M->process_baseline);
-    if (M->backend == ZOFF_BACKEND_CPU) per_rank_host = add_sat(per_rank_host, m->device); /* device memory is host memory */
-    r->host_use = mul_sat(per_rank_host, rpn);
-    r->fits_host = M->host_bytes == 0 || r->host_use <= frac_of(M->host_bytes, keep);
-    if (!r->fits_host)
-        append_why(r, "host %s > %s", zoff_format_bytes(r->host_use, b1, sizeof b1),
-                   zoff_format_bytes(frac_of(M->host_bytes, keep), b2, sizeof b2));
-    size_t disk_use = mul_sat(m->disk, rpn);
-    r->fits_disk = m->disk == 0 || (M->disk_bytes > 0 && disk_use <= frac_of(M->disk_bytes, keep));
-    if (!r->fits_disk) {
-        if (M->disk_bytes == 0) append_why(r, "disk %s, free space unknown", zoff_format_bytes(disk_use, b1, sizeof b1));
-        else
-            append_why(r, "disk %s > %s", zoff_format_bytes(disk_use, b1, sizeof b1),
-                       zoff_format_bytes(frac_of(M->disk_bytes, keep), b2, sizeof b2));
-    }
-    if (r->auto_failed)
-        append_why(r, "ratio auto: the model alone (%s) leaves less than the engine's 5%% margin of the budget",
-                   zoff_format_bytes(model_dev_before_engine, b1, sizeof b1));
-    r->fits = r->fits_device && r->fits_pinned && r->fits_host && r->fits_disk && !r->auto_failed && !r->bad_config;
-
-    /* ---- runnable by this version */
-    zoff_config c2 = *cfg; /* shallow: only read by check_supported */
-    c2.zero.stage = s->stage;
-    c2.zero.cpu_offload = false;
-    c2.zero.offload_optimizer.device = s->offload;
-    c2.zero.offload_param.device = s->param_offload;
-    if (s->offload == ZOFF_OFFLOAD_NVME && !c2.zero.offload_optimizer.nvme_path[0])
-        snprintf(c2.zero.offload_optimizer.nvme_path, sizeof c2.zero.offload_optimizer.nvme_path, ".");
-    zoff_status cs = zoff_config_check_supported(&c2);
-    r->runnable = cs == ZOFF_OK;
-    if (cs != ZOFF_OK) {
-        const char *why = short_unsupported(s);
-        append_why(r, "not runnable: %s", why ? why : zoff_last_error());
-        zoff_clear_error();
-    }
-#if !defined(ZOFF_HAVE_MPI)
-    if (r->runnable && R > 1) {
-        r->runnable = false;
-        append_why(r, "not runnable: %lld ranks need a build with MPI (this one has none)", (long long)R);
-    }
-#endif
-    /* the engine's own rules (engine.c check_supported) */
-    if (r->runnable && s->param_offload != ZOFF_OFFLOAD_NONE && (!offload || s->ratio_auto || s->ratio < 1.0)) {
-        r->runnable = false;
-        append_why(r, "not runnable: offload_param %s needs the whole optimizer on the host (ratio 1)",
-                   s->param_offload == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu");
-    }
-    if (r->runnable && s->stage >= 3 && dpu) {
-        r->runnable = false;
-        append_why(r, "not runnable: the delayed parameter update is not implemented with stage 3");
-    }
-    if (r->runnable && r->device_params > 0 && cfg->optimizer.type != ZOFF_OPTIM_ADAM &&
-        cfg->optimizer.type != ZOFF_OPTIM_ADAMW) {
-        r->runnable = false;
-        append_why(r, "not runnable: the device optimizer is Adam/AdamW only (use offload cpu, ratio 1)");
-    }
+    /* ---- totals, fit with the margin, runnable by this version */
+    memory_fit(M, cfg, pinned, model_dev_before_engine, r);
+    check_runnable(cfg, s, R, dpu, r);
 
     /* ---- step time */
     const zoff_plan_rates *rt = &M->rates;
@@ -489,10 +548,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     double copy_scale = (!pinned && M->backend == ZOFF_BACKEND_CUDA) ? 0.5 : 1.0; /* pageable copies */
     double h2d = rt->h2d * copy_scale, d2h = rt->d2h * copy_scale;
     if (s->stage == 3) { /* parameter fetches per micro-batch (forward and backward), prefetched */
-        double fetch = 0;
-        if (s->param_offload == ZOFF_OFFLOAD_CPU) fetch += 2.0 * (double)part * (double)es / h2d;
-        if (s->param_offload == ZOFF_OFFLOAD_NVME) fetch += 2.0 * (double)part * (double)es / rt->disk_read;
-        if (R > 1) fetch += 2.0 * (double)(R - 1) / (double)R * (double)n * (double)es / rt->link;
+        double fetch = stage3_fetch_time(s, rt, h2d, part, n, es, R);
         t_mb = fmax(t_mb, fetch);
         t_bwd = fmax(t_bwd, fetch / 2);
     }
@@ -517,10 +573,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
                            : 0.0;
     t->device_optim = (double)nd / rt->device_adam;
     double before_opt = t->compute + t->grads_out + t->comm;
-    if (M->backend == ZOFF_BACKEND_CPU) /* "device" and host share the same cores: nothing overlaps */
-        t->step = before_opt + t->host_optim + t->weights_in + t->device_optim;
-    else if (dpu) t->step = fmax(before_opt + t->device_optim, t->host_optim + t->weights_in);
-    else t->step = before_opt + fmax(t->host_optim + t->weights_in, t->device_optim);
+    t->step = step_overlap(M->backend, dpu, before_opt, t);
     return ZOFF_OK;
 }
 
@@ -758,49 +811,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
 
 zoff_status zoff_plan_write_file_atomic(const char *path, const char *text) {
     if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "zoff plan: empty output path");
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32), *dircopy = strdup(path);
-    if (!tmp || !dircopy) {
-        free(tmp);
-        free(dircopy);
-        return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory");
-    }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    zoff_status st = ZOFF_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-        goto done;
-    }
-    size_t len = strlen(text), off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, text + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            st = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-            break;
-        }
-        off += (size_t)w;
-    }
-    if (st == ZOFF_OK && fsync(fd) != 0) st = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == ZOFF_OK) st = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
-    if (st == ZOFF_OK && rename(tmp, path) != 0)
-        st = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st != ZOFF_OK) {
-        unlink(tmp);
-        goto done;
-    }
-    {
-        int dfd = open(dirname(dircopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd); /* best effort: the rename is done */
-            close(dfd);
-        }
-    }
-done:
-    free(tmp);
-    free(dircopy);
-    return st;
+    return zoff_write_file_atomic(path, text, false); /* the directory's fsync is best effort */
 }
 
 /* ------------------------------------------------------------------ DeepSpeed's estimators */

@@ -1,0 +1,55 @@
+/* Whole-file writes that are atomic on disk. */
+#define _GNU_SOURCE
+#include "zoff/core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Write `text` to PATH.tmp-PID, fsync, close, rename over `path`; on failure the
+ * temp file is removed and `path` is as it was. Then fsync the directory. */
+zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
+    if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "empty output path");
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 32), *dircopy = strdup(path);
+    if (!tmp || !dircopy) {
+        free(tmp);
+        free(dircopy);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory writing %s", path);
+    }
+    snprintf(tmp, plen + 32, "%s.tmp-%ld", path, (long)getpid());
+    zoff_status s = ZOFF_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        s = zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    size_t n = strlen(text), off = 0;
+    while (off < n && s == ZOFF_OK) {
+        ssize_t w = write(fd, text + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, w < 0 ? strerror(errno) : "short write");
+        else off += (size_t)w;
+    }
+    if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
+    if (s == ZOFF_OK && rename(tmp, path) != 0)
+        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (s != ZOFF_OK) {
+        unlink(tmp);
+        goto done;
+    }
+    const char *dir = dirname(dircopy);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if ((dfd < 0 || fsync(dfd) != 0) && dir_sync_required)
+        s = zoff_error(ZOFF_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(errno));
+    if (dfd >= 0) close(dfd);
+done:
+    free(tmp);
+    free(dircopy);
+    return s;
+}
