@@ -74,3 +74,16 @@ int cli_int_flags(const char *cmd, const char *name, const cli_int_flag *flags, 
     return 0;
 }
 
+int cli_shape_flags(const char *cmd, const char *name, const cli_shape_fields *f, int argc, char **argv, int *i) {
+    const cli_int_flag flags[] = {
+        {"--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, f->num_layers},
+        {"--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, f->hidden_size},
+        {"--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, f->num_heads},
+        {"--seq-length", 1, ZOFF_GPT2_MAX_SEQ, f->seq_length},
+        {"--max-position-embeddings", 1, ZOFF_GPT2_MAX_SEQ, f->max_pos},
+        {"--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, f->vocab_size},
+        {"--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, f->micro_batch},
+    };
+    return cli_int_flags(cmd, name, flags, sizeof flags / sizeof flags[0], argc, argv, i);
+}
+

@@ -107,6 +107,8 @@ static bool parse_ratios(const char *v, plan_args *a) {
 
 static int parse_args(int argc, char **argv, plan_args *a) {
     memset(a, 0, sizeof *a);
+    const cli_shape_fields shape = {&a->num_layers, &a->hidden_size, &a->num_heads, &a->seq_length,
+                                    &a->max_pos, &a->vocab_size, &a->micro_batch};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v;
         int64_t x;
@@ -121,26 +123,15 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     VALUE(); \
     if (!cli_parse_i64("plan", name, v, lo, hi, &x)) return 2; \
     a->field = x
+        int sf = cli_shape_flags("plan", name, &shape, argc, argv, &i);
+        if (sf < 0) return 2;
+        if (sf > 0) continue;
         if (FLAG("-h") || FLAG("--help")) {
             plan_usage(stdout);
             return -1;
         } else if (FLAG("--config")) {
             VALUE();
             a->config_path = v;
-        } else if (FLAG("--num-layers")) {
-            INTV(num_layers, 1, ZOFF_GPT2_MAX_LAYERS);
-        } else if (FLAG("--hidden-size")) {
-            INTV(hidden_size, 1, ZOFF_GPT2_MAX_HIDDEN);
-        } else if (FLAG("--num-attention-heads")) {
-            INTV(num_heads, 1, ZOFF_GPT2_MAX_HIDDEN);
-        } else if (FLAG("--seq-length")) {
-            INTV(seq_length, 1, ZOFF_GPT2_MAX_SEQ);
-        } else if (FLAG("--max-position-embeddings")) {
-            INTV(max_pos, 1, ZOFF_GPT2_MAX_SEQ);
-        } else if (FLAG("--vocab-size")) {
-            INTV(vocab_size, 2, ZOFF_GPT2_MAX_TRAIN_VOCAB);
-        } else if (FLAG("--micro-batch-size")) {
-            INTV(micro_batch, 1, ZOFF_GPT2_MAX_BATCH);
         } else if (FLAG("--ranks")) {
             INTV(ranks, 1, 1 << 20);
         } else if (FLAG("--ranks-per-node")) {

@@ -99,6 +99,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
     o->save_dir = "out/gpt2-small";
     o->tokenizer = "gpt2";
     o->default_data_dir = "out/data";
+    const cli_shape_fields shape = {&o->num_layers, &o->hidden_size, &o->num_heads, &o->seq_length,
+                                    &o->max_pos, &o->vocab_size, &o->micro_batch};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *v;
@@ -114,26 +116,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
     VALUE(); \
     if (!cli_parse_i64("train", name, v, lo, hi, &x)) return 2; \
     o->field = x
+        int sf = cli_shape_flags("train", name, &shape, argc, argv, &i);
+        if (sf < 0) return 2;
+        if (sf > 0) continue;
         if (FLAG("-h") || FLAG("--help")) {
             train_usage(stdout);
             return -1;
         } else if (FLAG("--config")) {
             VALUE();
             o->config_path = v;
-        } else if (FLAG("--num-layers")) {
-            INTV(num_layers, 1, ZOFF_GPT2_MAX_LAYERS);
-        } else if (FLAG("--hidden-size")) {
-            INTV(hidden_size, 1, ZOFF_GPT2_MAX_HIDDEN);
-        } else if (FLAG("--num-attention-heads")) {
-            INTV(num_heads, 1, ZOFF_GPT2_MAX_HIDDEN);
-        } else if (FLAG("--seq-length")) {
-            INTV(seq_length, 1, ZOFF_GPT2_MAX_SEQ);
-        } else if (FLAG("--max-position-embeddings")) {
-            INTV(max_pos, 1, ZOFF_GPT2_MAX_SEQ);
-        } else if (FLAG("--vocab-size")) {
-            INTV(vocab_size, 2, ZOFF_GPT2_MAX_TRAIN_VOCAB);
-        } else if (FLAG("--micro-batch-size")) {
-            INTV(micro_batch, 1, ZOFF_GPT2_MAX_BATCH);
         } else if (FLAG("--train-iters")) {
             INTV(train_iters, 0, INT64_MAX / 2);
         } else if (FLAG("--eval-iters")) {
