@@ -57,14 +57,15 @@ D=("${T[@]/$W\/offload.json/$W/dpu.json}")
 check "delayed update: background checkpoints of steps 2 and 4 == the synchronous writer's" \
   "[ -f '$W/dbg/step_00000004/COMPLETE' ] && cmp -s '$W/dbg/step_00000002/rank_00000.zckpt' '$W/dsync/step_00000002/rank_00000.zckpt' && cmp -s '$W/dbg/step_00000004/rank_00000.zckpt' '$W/dsync/step_00000004/rank_00000.zckpt'"
 
-# 2. SIGKILL while a background save is being written: a wider model (~5 MB files, slow enough
-#    to catch a temp dir), a save every step; kill when a temp dir appears
+# 2. SIGKILL while a background save is being written: a save every step, the writer paused for
+#    a second after its first piece (ZOFF_TEST_CKPT_WRITER_PAUSE_MS, so that the kill lands inside
+#    a save however loaded the machine is); kill when a temp dir appears after a complete step
 B=(train --num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --tokenizer byte
    --data-path "$W/corpus_train.bin" --eval-iters 0 --quiet --config "$W/offload.json" --save-interval 1)
 caught=0
 for round in 1 2 3; do
   rm -rf "$W/k"
-  "$ZOFF" "${B[@]}" --train-iters 400 --save "$W/k" >/dev/null 2>&1 &
+  ZOFF_TEST_CKPT_WRITER_PAUSE_MS=1000 "$ZOFF" "${B[@]}" --train-iters 400 --save "$W/k" >/dev/null 2>&1 &
   pid=$!
   for _ in $(seq 1 4000); do # until a temp dir exists after a complete checkpoint
     if ls "$W/k" 2>/dev/null | grep -q '^step_.*\.tmp-' && ls "$W/k" | grep -q '^step_[0-9]*$'; then break; fi

@@ -37,6 +37,9 @@ struct zoff_train_ckpt_job {
     zoff_status status;
     char msg[2048];
     double t0, seconds;
+    /* tests only (ZOFF_TEST_CKPT_WRITER_PAUSE_MS): the background writer sleeps this long after
+     * its first piece, so that a test can SIGKILL the process while a temp dir is half written */
+    long pause_ms;
 };
 
 static void job_free(zoff_train_ckpt_job *j) {
@@ -71,6 +74,10 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
         int64_t c = whole ? count : (count - p < piece ? count - p : piece);
         if (!whole) ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, j->buf, true));
         ZOFF_TRY(zoff_ckpt_append(w, whole ? whole + off + p : j->buf, (size_t)c * sizeof(float)));
+        if (j->pause_ms > 0) { /* once per job */
+            usleep((useconds_t)j->pause_ms * 1000);
+            j->pause_ms = 0;
+        }
         p += c;
     }
     return zoff_ckpt_end_entry(w);
@@ -236,6 +243,8 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     zoff_train_ckpt_job *j = NULL;
     ZOFF_TRY(job_create(dir, eng, model, meta, config_json, NULL, tag, &j));
     j->keep_last = keep_last;
+    const char *pause = getenv("ZOFF_TEST_CKPT_WRITER_PAUSE_MS");
+    j->pause_ms = pause ? strtol(pause, NULL, 10) : 0;
     j->t0 = zoff_now();
     int rc = pthread_create(&j->thread, NULL, writer_main, j);
     if (rc != 0) {
