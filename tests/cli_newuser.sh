@@ -8,7 +8,8 @@
 #   - "nothing fits" advises nothing that is already set;
 #   - bare `zoff` prints the usage and exits 2, writing nothing;
 #   - one exit code for every config error (2), a missing or directory --config included;
-#   - an empty or malformed config names the position once.
+#   - an empty or malformed config names the position once;
+#   - --quiet prints nothing on success (the NVMe swapper's note included).
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
@@ -70,6 +71,12 @@ check "after SIGKILL no swap file of the killed process is left in nvme_path" \
 rc=$?
 check "a new NVMe run after the kill trains and leaves nvme_path empty" \
   "[ $rc -eq 0 ] && [ -z \"\$(ls -A '$W/swap')\" ]"
+
+# ---- 6. --quiet prints nothing on success, NVMe notes included (the swapper's line came twice)
+"$ZOFF" train "${TINY[@]}" --config "$W/nvme.json" --train-iters 2 --save "$W/quiet" >"$W/quiet.out" 2>"$W/quiet.err"
+rc=$?
+check "--quiet NVMe run: exit 0 and nothing on stdout or stderr" \
+  "[ $rc -eq 0 ] && [ ! -s '$W/quiet.out' ] && [ ! -s '$W/quiet.err' ]"
 
 # ---- 5. zoff plan on the CPU backend ignores ulimit -l
 echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},

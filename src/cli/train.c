@@ -344,6 +344,9 @@ int zoff_cmd_train(int argc, char **argv) {
     int world = zoff_comm_size(comm);
     if (world > 1) snprintf(g_who, sizeof g_who, "zoff train [rank %d/%d]", zoff_comm_rank(comm), world);
     if (zoff_comm_rank(comm) > 0) a.o.quiet = true; /* progress from rank 0 only; errors from every rank */
+    /* --quiet: nothing on success, from any layer (the corpus, NVMe and engine notes are INFO);
+     * warnings and errors still print */
+    if (a.o.quiet && zoff_log_get_level() < ZOFF_LOG_WARN) zoff_log_set_level(ZOFF_LOG_WARN);
     a.o.stop = &g_stop;
     zoff_trainer *t = NULL;
     s = zoff_trainer_create(&a.o, world > 1 ? comm : NULL, &t);
