@@ -116,9 +116,11 @@ static inline void cos_sin_turn(uint32_t t, float *c, float *s) {
  * written as loops over the blocks so that the compiler runs them in SIMD lanes
  * (integer ops and IEEE +, -, *, /, sqrt: the same bits in any lane). */
 #define NB 16
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 /* an AVX2 clone chosen at load time: the same operations (no FMA contraction:
- * "avx2" does not enable FMA), so the same bits, in twice the lanes */
+ * "avx2" does not enable FMA), so the same bits, in twice the lanes. Not under
+ * ThreadSanitizer: its instrumented ifunc resolver runs before the runtime is
+ * up and crashes the program at load. */
 __attribute__((target_clones("avx2", "default")))
 #endif
 static void normal_blocks(uint64_t j0, uint32_t stream, uint32_t k0, uint32_t k1, float std, float *z) {
