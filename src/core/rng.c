@@ -9,9 +9,9 @@
  * elements 4j, 4j+1 and (x2, x3) elements 4j+2, 4j+3 by Box-Muller:
  *     u1 = ((x0 >> 9) + 1/2) / 2^23 in (0, 1),  u2 = (x1 >> 8) / 2^24 in [0, 1)
  *     z0 = sqrt(-2 ln u1) cos(2 pi u2),  z1 = sqrt(-2 ln u1) sin(2 pi u2)
- * computed in fp32 with the polynomials and Newton steps below (no libm: the same bits on every
- * machine; vectorisable), within a few 1e-7 relative of the double formula. */
-#include <math.h>
+ * computed in fp32 with the polynomials and Newton steps below (no libm: the
+ * same bits on every machine; vectorisable), within a few 1e-7 relative of the
+ * double formula. */
 #include <string.h>
 
 #include "zoff/core.h"
