@@ -68,6 +68,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int64_t nt = zoff_shard_num_tokens(sh);
     FUZZ_CHECK(nt >= 0 && (size_t)(ZOFF_SHARD_HEADER_BYTES + 2 * nt) == n, "accepted a shard of the wrong size");
+    s = zoff_shard_check_tokens(sh, 0, nt); /* ids are checked when read; here all of them */
+    if (s != ZOFF_OK) {
+        fuzz_check_error(s, a);
+        zoff_shard_close(sh);
+        free(file);
+        return 0;
+    }
     const uint16_t *tok = zoff_shard_tokens(sh);
     if (vocab > 0)
         for (int64_t i = 0; i < nt; i++) FUZZ_CHECK(tok[i] < vocab, "accepted token %u >= vocab %d", tok[i], vocab);

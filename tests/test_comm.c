@@ -721,13 +721,16 @@ static void dp_case(const char *name, const char *zero, const char *prec, zoff_d
 
 /* Tolerances: max relative loss error over the steps, relative L2 distance of
  * the final fp32 weights. fp32 differs by summation order only (two half-batch
- * matmuls summed vs one): measured with 2 ranks, losses <= 1.2e-7, weights
- * <= 7.6e-6. 16-bit gradients are rounded per rank before the (fp32) sum
- * instead of once: bf16 losses 1.8e-4, weights 1.7e-2; fp16 6.7e-6, 1.5e-3
- * (Adam turns a sign change of a near-zero gradient into a full lr step).
- * Tolerances are 3-10x those. */
+ * matmuls summed vs one): measured with 2 ranks, losses <= 1.2e-6, weights
+ * 3e-6..5.2e-5 depending on the initial draw (seed 42 of the counter-based
+ * init: 4.9e-5..5.2e-5; seed 43: 4.3e-6..1.9e-5; the earlier splitmix init:
+ * 3e-6..6.2e-6), because Adam turns a sign change of a near-zero gradient into
+ * a full lr step; the weight tolerance is 4x the largest draw seen (rank 0's
+ * half of the data alone is 3e-1 away). 16-bit gradients are rounded per rank
+ * before the (fp32) sum instead of once: bf16 losses 1.8e-4, weights 1.7e-2;
+ * fp16 6.7e-6, 1.5e-3. Tolerances are 3-10x those. */
 #define F32_LOSS 5e-6
-#define F32_W 5e-5
+#define F32_W 2e-4
 static void test_dp_stage0(void **st) {
     (void)st;
     dp_case("stage 0", "{\"stage\": 0}", "", ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);

@@ -176,11 +176,23 @@ static void test_shard_bad_files(void **state) {
     expect_error(zoff_shard_open(path_in("missing.bin"), 0, &s), ZOFF_ERR_IO,
                  (const char *[]){"missing.bin", "zoff tokenize", NULL});
 
-    /* token id >= vocab found at load, naming file and position */
+    /* token id >= vocab: not scanned at open, refused when its range is checked,
+     * naming file, position and vocabulary */
     uint16_t tok[8] = {1, 2, 3, 4, 255, 256, 7, 8};
     CHECK_OK(zoff_shard_write(p, tok, 8, 0));
-    expect_error(zoff_shard_open(p, 256, &s), ZOFF_ERR_FORMAT, (const char *[]){p, "position 5", "256", NULL});
+    CHECK_OK(zoff_shard_open(p, 256, &s));
+    CHECK_OK(zoff_shard_check_tokens(s, 0, 5));
+    CHECK_OK(zoff_shard_check_tokens(s, 6, 8));
+    expect_error(zoff_shard_check_tokens(s, 0, 8), ZOFF_ERR_FORMAT,
+                 (const char *[]){p, "position 5", "is 256", "vocab size 256", NULL});
+    expect_error(zoff_shard_check_tokens(s, 5, 6), ZOFF_ERR_FORMAT, (const char *[]){p, "position 5", NULL});
+    expect_error(zoff_shard_check_tokens(s, 4, 9), ZOFF_ERR_INVALID, (const char *[]){p, "outside", NULL});
+    zoff_shard_close(s);
     CHECK_OK(zoff_shard_open(p, 257, &s));
+    CHECK_OK(zoff_shard_check_tokens(s, 0, 8));
+    zoff_shard_close(s);
+    CHECK_OK(zoff_shard_open(p, 0, &s)); /* no vocabulary: every uint16 is an id */
+    CHECK_OK(zoff_shard_check_tokens(s, 0, 8));
     zoff_shard_close(s);
     /* header vocab larger than the run's vocab */
     CHECK_OK(zoff_shard_write(p, tok, 4, 50257));
@@ -267,9 +279,21 @@ static void test_dataset_patterns(void **state) {
     snprintf(pat, sizeof pat, "%s/ds/nothing_*.bin", g_dir);
     expect_error(zoff_dataset_open(pat, 256, &ds), ZOFF_ERR_IO, (const char *[]){"no files match", "nothing_*", NULL});
     assert_null(ds);
-    /* vocab error surfaces through the dataset */
-    expect_error(zoff_dataset_open(path_in("ds"), 60, &ds), ZOFF_ERR_FORMAT,
-                 (const char *[]){"train_000001.bin", "position 10", NULL});
+    /* a bad id surfaces through the loader when a window holding it is read
+     * (train_000001 holds 50..99: id 60 at its position 10), not before */
+    CHECK_OK(zoff_dataset_open(path_in("ds"), 60, &ds));
+    zoff_loader_options o = zoff_loader_defaults(1, 9);
+    o.shuffle = false;
+    zoff_loader *l = NULL;
+    CHECK_OK(zoff_loader_create(ds, &o, &l));
+    int32_t x[9], y[9];
+    for (int i = 0; i < 6; i++) CHECK_OK(zoff_loader_next(l, x, y)); /* train_000000's 5 windows, then 50..59 */
+    assert_int_equal(x[0], 50);
+    assert_int_equal(y[8], 59);
+    expect_error(zoff_loader_next(l, x, y), ZOFF_ERR_FORMAT,
+                 (const char *[]){"train_000001.bin", "position 10", "is 60", "vocab size 60", NULL});
+    zoff_loader_free(l);
+    zoff_dataset_free(ds);
 }
 
 /* ---------------------------------------------------------------------- loader */

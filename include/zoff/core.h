@@ -102,6 +102,26 @@ uint16_t zoff_f32_to_bf16(float f);
 float zoff_f16_to_f32(uint16_t h);
 uint16_t zoff_f32_to_f16(float f);
 
+/* ---- parallel bulk operations on large host buffers (parallel.c) ----
+ * OpenMP threads (omp_get_max_threads) over contiguous page-aligned pieces;
+ * one thread below 1 MiB. The result does not depend on the thread count. */
+int zoff_par_threads(size_t bytes); /* threads these functions use for a buffer of this size */
+void zoff_par_memset(void *dst, int byte, size_t bytes);
+void zoff_par_memcpy(void *dst, const void *src, size_t bytes); /* no overlap */
+void zoff_par_fill_f32(float *dst, float value, size_t n);
+void zoff_par_fill_u16(uint16_t *dst, uint16_t value, size_t n);
+void zoff_par_f32_to_bf16(uint16_t *dst, const float *src, size_t n); /* zoff_f32_to_bf16 per element */
+void zoff_par_f32_to_f16(uint16_t *dst, const float *src, size_t n);  /* zoff_f32_to_f16 per element */
+
+/* ---- counter-based random numbers (rng.c) ---- */
+/* Philox4x32-10: out = the 4 x 32 bits at counter ctr under key (Random123's values). */
+void zoff_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* dst[i] = std * N(0, 1) number (first + i) of the stream (seed, stream), i < n:
+ * a pure function of (seed, stream, index), so any split of a stream into
+ * ranges and threads gives the same values. Box-Muller over Philox4x32-10 in
+ * fp32 (see rng.c for the exact definition). */
+void zoff_rng_normal(uint64_t seed, uint32_t stream, int64_t first, int64_t n, float std, float *dst);
+
 /* ---- checksums ---- */
 uint32_t zoff_crc32c(uint32_t crc, const void *data, size_t n);
 

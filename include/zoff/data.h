@@ -46,9 +46,15 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
 typedef struct zoff_shard zoff_shard;
 
 /* Open and validate a shard: magic, version, file size against the header's token
- * count, and (vocab_size > 0) every token id < vocab_size, all checked once here.
+ * count, and (vocab_size > 0) the header's vocabulary against vocab_size. The token
+ * ids are not scanned here (opening a large dataset costs no pass over it): they
+ * are checked against vocab_size when read, by zoff_shard_check_tokens (the
+ * loader checks every window it returns).
  * Errors (ZOFF_ERR_FORMAT / ZOFF_ERR_IO) name the file, what was expected and what was found. */
 zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **out);
+/* Tokens [lo, hi) are below the vocab_size given to zoff_shard_open (always true
+ * without one); else ZOFF_ERR_FORMAT naming the file, the first bad position and id. */
+zoff_status zoff_shard_check_tokens(const zoff_shard *s, int64_t lo, int64_t hi);
 void zoff_shard_close(zoff_shard *s);
 int64_t zoff_shard_num_tokens(const zoff_shard *s);
 const uint16_t *zoff_shard_tokens(const zoff_shard *s);
@@ -109,7 +115,9 @@ typedef struct zoff_loader zoff_loader;
 zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options *opt, zoff_loader **out);
 void zoff_loader_free(zoff_loader *l);
 
-/* Fill inputs and targets, each (B,T) int32 row-major, and advance. */
+/* Fill inputs and targets, each (B,T) int32 row-major, and advance. A token id not
+ * below the dataset's vocab_size in a window it reads: ZOFF_ERR_FORMAT naming the
+ * shard file and the position. */
 zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets);
 /* Back to the first batch of epoch 0. */
 void zoff_loader_reset(zoff_loader *l);

@@ -107,8 +107,14 @@ size_t zoff_gpt2_device_bytes(const zoff_gpt2 *m);
 
 /* GPT-2 initialisation into an fp32 host buffer of num_params elements:
  * weights ~ N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2L)),
- * biases 0, LayerNorm weight 1 / bias 0. Deterministic for a seed. */
+ * biases 0, LayerNorm weight 1 / bias 0, padded vocabulary rows of wte 0.
+ * Element j of tensor i is number j of the counter-based stream (seed, i)
+ * (zoff_rng_normal): deterministic for a seed, the same for any thread count
+ * or split into ranges. Runs on the OpenMP threads. */
 void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params);
+/* The same values for the flat elements [lo, hi) only, into dst[0, hi - lo):
+ * lets a caller generate each piece straight into its final place. */
+void zoff_gpt2_init_params_range(const zoff_gpt2 *m, uint64_t seed, int64_t lo, int64_t hi, float *dst);
 
 /* Forward pass on the device's stream. tokens, targets: device int32 (B,T) with B <= batch_size,
  * T <= seq_len. targets may be NULL (logits only). Losses per token stay on the device;

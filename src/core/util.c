@@ -1,6 +1,7 @@
 /* Aligned allocation, timers, sizes, half-precision conversion (CRC32C: crc32c.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "zoff/core.h"
+#include "core/half_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -73,13 +74,7 @@ float zoff_bf16_to_f32(uint16_t h) {
     return f;
 }
 
-uint16_t zoff_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
+uint16_t zoff_f32_to_bf16(float f) { return zoff_half_f32_to_bf16(f); }
 
 float zoff_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -101,22 +96,4 @@ float zoff_f16_to_f32(uint16_t h) {
     return f;
 }
 
-uint16_t zoff_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t au = u & 0x7fffffffu;
-    if (au > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);     /* NaN */
-    if (au >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);    /* overflow -> inf (rounds past 65504) */
-    if (au < 0x38800000u) {                                      /* subnormal or zero in f16 */
-        float a;
-        memcpy(&a, &au, 4);
-        /* round to nearest even at 2^-24 granularity */
-        float q = a * 16777216.0f; /* 2^24 */
-        float r = nearbyintf(q);
-        return (uint16_t)(sign | (uint32_t)r);
-    }
-    uint32_t mant_round = au + 0xfffu + ((au >> 13) & 1u);
-    uint32_t h = ((mant_round >> 13) - (112u << 10));
-    return (uint16_t)(sign | h);
-}
+uint16_t zoff_f32_to_f16(float f) { return zoff_half_f32_to_f16(f); }

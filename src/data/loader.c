@@ -6,6 +6,8 @@
 #include <string.h>
 
 typedef struct segment {
+    const zoff_shard *shard;
+    int64_t start;          /* position in the shard of this segment's first token */
     const uint16_t *tokens; /* first token of this segment's first window */
     int64_t first_window;   /* global window index of its first window */
     int64_t num_windows;
@@ -128,6 +130,8 @@ zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options
         int64_t a = g0 > lo ? g0 : lo, b = g1 < hi ? g1 : hi;
         if (b - a >= T + 1) {
             segment *sg = &l->segs[l->num_segs++];
+            sg->shard = s;
+            sg->start = a - g0;
             sg->tokens = zoff_shard_tokens(s) + (a - g0);
             sg->first_window = l->num_windows;
             sg->num_windows = (b - a - 1) / T;
@@ -169,7 +173,9 @@ void zoff_loader_reset(zoff_loader *l) {
     epoch_keys(l);
 }
 
-static const uint16_t *window_tokens(const zoff_loader *l, int64_t w) {
+/* Window w's T + 1 tokens, their ids checked against the vocabulary (shards are
+ * not scanned at open: a bad id is refused here, naming the file and position). */
+static zoff_status window_tokens(const zoff_loader *l, int64_t w, const uint16_t **out) {
     int lo = 0, hi = l->num_segs - 1;
     while (lo < hi) { /* last segment with first_window <= w */
         int mid = (lo + hi + 1) / 2;
@@ -177,7 +183,10 @@ static const uint16_t *window_tokens(const zoff_loader *l, int64_t w) {
         else hi = mid - 1;
     }
     const segment *s = &l->segs[lo];
-    return s->tokens + (w - s->first_window) * l->opt.seq_len;
+    const int64_t off = (w - s->first_window) * l->opt.seq_len;
+    ZOFF_TRY(zoff_shard_check_tokens(s->shard, s->start + off, s->start + off + l->opt.seq_len + 1));
+    *out = s->tokens + off;
+    return ZOFF_OK;
 }
 
 zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets) {
@@ -192,7 +201,8 @@ zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets) 
     for (int64_t b = 0; b < B; b++) {
         int64_t i = base + b;
         int64_t w = l->opt.shuffle ? permute(l, i) : i;
-        const uint16_t *src = window_tokens(l, w);
+        const uint16_t *src = NULL;
+        ZOFF_TRY(window_tokens(l, w, &src));
         int32_t *x = inputs + b * T, *y = targets + b * T;
         for (int64_t t = 0; t < T; t++) {
             x[t] = src[t];

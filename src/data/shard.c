@@ -20,6 +20,7 @@ struct zoff_shard {
     char *path;
     int64_t num_tokens;
     int32_t vocab_size;
+    int32_t check_vocab; /* ids must be below this (0: every uint16 is valid) */
     const uint16_t *tokens;
     void *map;
     size_t map_bytes;
@@ -206,28 +207,7 @@ zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **o
             zoff_shard_close(s);
             return st2;
         }
-        const uint16_t *t = s->tokens;
-        const uint16_t vmax = vocab_size > 65535 ? 65535 : (uint16_t)vocab_size;
-        /* one pass, max-reduced per block so the common case is branch-light;
-         * nothing to check when every uint16 is a valid id */
-        for (int64_t i = 0; vocab_size < 65536 && i < n;) {
-            int64_t end = i + 4096 < n ? i + 4096 : n;
-            uint16_t mx = 0;
-            for (int64_t j = i; j < end; j++) mx = t[j] > mx ? t[j] : mx;
-            if (mx >= vmax) {
-                for (int64_t j = i; j < end; j++)
-                    if (t[j] >= vmax) {
-                        zoff_status st2 = zoff_error(
-                            ZOFF_ERR_FORMAT,
-                            "%s: token at position %lld is %u, not below the vocab size %d; the shard was made "
-                            "with another tokenizer or is corrupt",
-                            path, (long long)j, (unsigned)t[j], (int)vocab_size);
-                        zoff_shard_close(s);
-                        return st2;
-                    }
-            }
-            i = end;
-        }
+        if (vocab_size < 65536) s->check_vocab = vocab_size; /* the ids are checked when read */
     }
     *out = s;
     return ZOFF_OK;
@@ -238,6 +218,30 @@ void zoff_shard_close(zoff_shard *s) {
     if (s->map) munmap(s->map, s->map_bytes);
     free(s->path);
     free(s);
+}
+
+zoff_status zoff_shard_check_tokens(const zoff_shard *s, int64_t lo, int64_t hi) {
+    if (lo < 0 || hi > s->num_tokens || lo > hi)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: token range [%lld, %lld) is outside the shard's %lld tokens", s->path,
+                          (long long)lo, (long long)hi, (long long)s->num_tokens);
+    if (s->check_vocab <= 0) return ZOFF_OK;
+    const uint16_t *t = s->tokens;
+    const uint16_t vmax = (uint16_t)s->check_vocab;
+    /* max-reduced per block so the common case is branch-light */
+    for (int64_t i = lo; i < hi;) {
+        int64_t end = i + 4096 < hi ? i + 4096 : hi;
+        uint16_t mx = 0;
+        for (int64_t j = i; j < end; j++) mx = t[j] > mx ? t[j] : mx;
+        if (mx >= vmax)
+            for (int64_t j = i; j < end; j++)
+                if (t[j] >= vmax)
+                    return zoff_error(ZOFF_ERR_FORMAT,
+                                      "%s: token at position %lld is %u, not below the vocab size %d; the shard was "
+                                      "made with another tokenizer or is corrupt",
+                                      s->path, (long long)j, (unsigned)t[j], (int)s->check_vocab);
+        i = end;
+    }
+    return ZOFF_OK;
 }
 
 int64_t zoff_shard_num_tokens(const zoff_shard *s) { return s->num_tokens; }

@@ -415,45 +415,72 @@ const void *zoff_gpt2_logits(zoff_gpt2 *m) { return m && m->have_logits ? m->log
 
 /* ------------------------------------------------------------------ init */
 
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+/* Tensor i's rule: 0 zeros (biases), 1 ones (LayerNorm weights), 2 normal with
+ * *std; *nrand: the elements drawn (wte: the real vocabulary rows; the padded
+ * rows stay 0). */
+static int init_rule(const zoff_gpt2 *m, int i, double *std, int64_t *nrand) {
+    const zoff_tensor_info *t = &m->tensors[i];
+    const char *leaf = strrchr(t->name, '.'); /* ".weight" / ".bias" */
+    *nrand = 0;
+    if (leaf && strcmp(leaf, ".bias") == 0) return 0;
+    if (strstr(t->name, "ln_")) return 1;
+    *std = 0.02;
+    if (strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight"))
+        *std = 0.02 / sqrt(2.0 * (double)m->shape.num_layers);
+    *nrand = i == T_WTE ? m->shape.vocab_size * m->shape.hidden_size : t->numel;
+    return 2;
 }
 
-/* Standard normal by Box-Muller from two uniforms in (0,1]. */
-static double normal01(uint64_t *state) {
-    double u1 = ((double)(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
-    double u2 = (double)(splitmix64(state) >> 11) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
-}
-
-/* host_params (num_params) fp32. Each tensor draws from its own stream
- * (seed, tensor index), so the values of a tensor do not depend on the others. */
-void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params) {
-    if (!m || !host_params) return;
-    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
-    const double resid_std = 0.02 / sqrt(2.0 * (double)L);
-    for (int i = 0; i < m->ntensors; i++) {
-        const zoff_tensor_info *t = &m->tensors[i];
-        float *p = host_params + t->offset;
-        uint64_t state = seed ^ (0x5851F42D4C957F2Dull * (uint64_t)(i + 1));
-        const char *leaf = strrchr(t->name, '.'); /* ".weight" / ".bias" */
-        bool is_ln = strstr(t->name, "ln_") != NULL;
-        if (leaf && strcmp(leaf, ".bias") == 0) {
-            memset(p, 0, (size_t)t->numel * sizeof(float));
-        } else if (is_ln) {
-            for (int64_t j = 0; j < t->numel; j++) p[j] = 1.0f;
-        } else {
-            double std = 0.02;
-            if (strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight")) std = resid_std;
-            int64_t n = t->numel;
-            if (i == T_WTE) n = m->shape.vocab_size * C; /* padded rows stay 0 */
-            for (int64_t j = 0; j < n; j++) p[j] = (float)(std * normal01(&state));
-            for (int64_t j = n; j < t->numel; j++) p[j] = 0.0f;
-        }
+/* Elements [lo, hi) of the flat space into dst[0, hi - lo), one thread. */
+static void init_piece(const zoff_gpt2 *m, uint64_t seed, int64_t lo, int64_t hi, float *dst) {
+    int i = 0; /* the tensors are sorted by offset: first one ending after lo */
+    for (int a = 0, b = m->ntensors; a < b;) {
+        int mid = (a + b) / 2;
+        if (m->tensors[mid].offset + m->tensors[mid].numel <= lo) a = i = mid + 1;
+        else b = mid;
     }
+    int64_t e = lo;
+    for (; e < hi && i < m->ntensors; i++) {
+        const zoff_tensor_info *t = &m->tensors[i];
+        if (t->offset > e) { /* a gap between tensors (none today): zeros */
+            int64_t g = t->offset < hi ? t->offset : hi;
+            memset(dst + (e - lo), 0, (size_t)(g - e) * sizeof(float));
+            e = g;
+            if (e >= hi) break;
+        }
+        int64_t a = e - t->offset, b = (t->offset + t->numel < hi ? t->offset + t->numel : hi) - t->offset;
+        float *d = dst + (e - lo);
+        double std = 0;
+        int64_t nrand;
+        int rule = init_rule(m, i, &std, &nrand);
+        int64_t r = b < nrand ? b : nrand; /* [a, r) drawn, [max(a, r), b) zero */
+        if (rule == 1) {
+            for (int64_t j = a; j < b; j++) d[j - a] = 1.0f;
+        } else {
+            if (rule == 2 && r > a) zoff_rng_normal(seed, (uint32_t)i, a, r - a, (float)std, d);
+            int64_t z0 = rule == 2 && r > a ? r : a;
+            if (b > z0) memset(d + (z0 - a), 0, (size_t)(b - z0) * sizeof(float));
+        }
+        e = t->offset + b;
+    }
+    if (e < hi) memset(dst + (e - lo), 0, (size_t)(hi - e) * sizeof(float));
+}
+
+#define INIT_PIECE ((int64_t)1 << 16) /* elements per work item */
+
+void zoff_gpt2_init_params_range(const zoff_gpt2 *m, uint64_t seed, int64_t lo, int64_t hi, float *dst) {
+    if (!m || !dst || lo < 0 || hi <= lo) return;
+    const int64_t npieces = (hi - lo + INIT_PIECE - 1) / INIT_PIECE;
+    int t = zoff_par_threads((size_t)(hi - lo) * sizeof(float));
+#pragma omp parallel for num_threads(t) schedule(dynamic, 4)
+    for (int64_t k = 0; k < npieces; k++) {
+        int64_t a = lo + k * INIT_PIECE, b = a + INIT_PIECE < hi ? a + INIT_PIECE : hi;
+        init_piece(m, seed, a, b, dst + (a - lo));
+    }
+}
+
+void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params) {
+    if (m) zoff_gpt2_init_params_range(m, seed, 0, m->num_params, host_params);
 }
 
 /* ------------------------------------------------------------------ forward */

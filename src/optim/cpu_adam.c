@@ -490,20 +490,14 @@ zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_
     if (n == 0) return ZOFF_OK;
     if (zoff_host_optimizer_uses_exp_avg(opt)) {
         if (!t->exp_avg) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg is NULL");
-        memset(t->exp_avg, 0, n * ss);
+        zoff_par_memset(t->exp_avg, 0, n * ss);
     }
     if (zoff_host_optimizer_uses_exp_avg_sq(opt)) {
         if (!t->exp_avg_sq) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg_sq is NULL");
         double init = opt->kind == ZO_KIND_ADAGRAD ? opt->init_acc : 0.0;
-        if (init == 0.0) {
-            memset(t->exp_avg_sq, 0, n * ss);
-        } else if (sd == ZO_F32) {
-            float *v = t->exp_avg_sq;
-            for (size_t i = 0; i < n; i++) v[i] = (float)init;
-        } else {
-            uint16_t *v = t->exp_avg_sq, b = zoff_f32_to_bf16((float)init);
-            for (size_t i = 0; i < n; i++) v[i] = b;
-        }
+        if (init == 0.0) zoff_par_memset(t->exp_avg_sq, 0, n * ss);
+        else if (sd == ZO_F32) zoff_par_fill_f32(t->exp_avg_sq, (float)init, n);
+        else zoff_par_fill_u16(t->exp_avg_sq, zoff_f32_to_bf16((float)init), n);
     }
     return ZOFF_OK;
 }

@@ -69,6 +69,56 @@ static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, z
 #define zv_st16_bf16 zv_st_bf16
 #define zv_st16_f16 zv_st_f16
 
+/* ---- even/odd split for all-bf16 modes (cpu_optim_body.h, ZO_EO) ----
+ * 16 elements per step. A 256-bit load of 16 bf16 holds elements 2k, 2k+1 in
+ * 32-bit lane k, so a shift (even) and a mask (odd) widen them in place. The
+ * fp32 weights are brought into the same order without a cross-lane shuffle:
+ * a = [p0..p3 | p8..p11] and b = [p4..p7 | p12..p15] (128-bit loads), then
+ * shuffle_ps picks the even / odd elements within each 128-bit lane. */
+#define ZO_EO 1
+static inline __attribute__((always_inline)) void zv_ld_f32_eo(const float *ptr, zv *e, zv *o) {
+    __m256 a = _mm256_loadu2_m128(ptr + 8, ptr), b = _mm256_loadu2_m128(ptr + 12, ptr + 4);
+    *e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    *o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+}
+static inline __attribute__((always_inline)) void zv_st_f32_eo(float *ptr, zv e, zv o) {
+    __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o); /* [p0..p3|p8..p11], [p4..p7|p12..p15] */
+    _mm256_storeu_ps(ptr, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(ptr + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+static inline __attribute__((always_inline)) void zv_ld_bf16_eo(const uint16_t *ptr, zv *e, zv *o) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)ptr);
+    *e = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *o = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
+}
+/* the bf16 rounding of x (nearest even; NaN quieted) in the high half of each lane */
+static inline __attribute__((always_inline)) zi zo_bits_rne(zv x) {
+    __m256i b = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1))));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), nan);
+}
+/* stochastic: bits + r16, NaN quieted first, in the high half */
+static inline __attribute__((always_inline)) zi zo_bits_sr(zv x, zi r16) {
+    __m256i b = _mm256_castps_si256(x);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    b = _mm256_or_si256(b, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
+    return _mm256_add_epi32(b, r16);
+}
+/* interleave the high halves of e (even elements) and o (odd elements) into 16 bf16 */
+static inline __attribute__((always_inline)) void zo_st_bits_eo(uint16_t *ptr, zi e, zi o) {
+    _mm256_storeu_si256((__m256i *)ptr, _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
+}
+static inline __attribute__((always_inline)) void zi_rand_eo(uint32_t seed, uint32_t idx, zi *e, zi *o) {
+    const __m256i le = _mm256_setr_epi32(0, (int)(2 * ZO_WEYL), (int)(4 * ZO_WEYL), (int)(6 * ZO_WEYL),
+                                         (int)(8 * ZO_WEYL), (int)(10 * ZO_WEYL), (int)(12 * ZO_WEYL),
+                                         (int)(14 * ZO_WEYL));
+    __m256i base = _mm256_set1_epi32((int)(idx * ZO_WEYL + seed));
+    *e = _mm256_add_epi32(base, le);
+    *o = _mm256_add_epi32(*e, _mm256_set1_epi32((int)ZO_WEYL));
+}
+
 #define ZO_FN(name) name##_avx2
 #include "optim/cpu_optim_body.h"
 #else

@@ -188,7 +188,7 @@ ZO_AI void ZO_FN(zo_range)(const int kind, const int gd, const int sd, const int
     if (kind != ZO_KIND_PROBE && gd == ZO_BF16 && sd == ZO_BF16 && (pd == ZO_BF16 || pd == ZO_NONE))
         for (; i + 2 * ZW <= hi; i += 2 * ZW) {
             ZO_FN(zo_prefetch)(gd, sd, pd, p, m, v, g, p16, i);
-            __builtin_prefetch(p + i + ZW + ZO_PF_DIST, 1, 3); /* 2 ZW fp32 = two lines */
+            if (2 * ZW * 4 > 64) __builtin_prefetch(p + i + ZW + ZO_PF_DIST, 1, 3); /* 2 ZW fp32: two lines */
             ZO_FN(zo_vec_eo)(kind, pd, decay_mode, sround, seed, &h, p, m, v, g, p16, i, idx0 + (uint32_t)i);
         }
 #endif

@@ -915,7 +915,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         for (int i = 0; i < e->nsg; i++) {
             subgroup *g = &e->sg[i];
             if (g->on_host) {
-                if (!e->swap) memcpy(e->h_master + g->state_off, init + g->offset, (size_t)g->count * f4);
+                if (!e->swap) zoff_par_memcpy(e->h_master + g->state_off, init + g->offset, (size_t)g->count * f4);
             } else {
                 float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
                 s = zoff_memcpy_async(e->compute, dst, init + g->offset, (size_t)g->count * f4,
@@ -967,9 +967,8 @@ static zoff_status host_master_to_staging(zoff_engine *e) {
     if (e->pnvme) return pn_master_to_file(e);
     if (e->swap) return nvme_master_to_staging(e);
     if (e->dtype == ZOFF_F32) return ZOFF_OK;
-    uint16_t *st = e->h_staging;
-    for (int64_t i = 0; i < e->n_host; i++)
-        st[i] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(e->h_master[i]) : zoff_f32_to_f16(e->h_master[i]);
+    if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(e->h_staging, e->h_master, (size_t)e->n_host);
+    else zoff_par_f32_to_f16(e->h_staging, e->h_master, (size_t)e->n_host);
     return ZOFF_OK;
 }
 
