@@ -7,9 +7,7 @@ set -u
 ZOFF="$1"
 W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-bench-XXXXXX")
 trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 
 # ---- zoff bench pairs against an independent reference

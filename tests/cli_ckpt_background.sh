@@ -9,10 +9,7 @@ ZOFF="$1"; SRC="$2"
 W=$(mktemp -d /tmp/zoff-bgsave-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
-pass=0; fail=0
-ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 unset ZOFF_CKPT_FAULT ZOFF_IO_FAULT
 

@@ -20,9 +20,7 @@ if ! command -v mpirun >/dev/null 2>&1 || ! "$ZOFF" version | grep -q '^mpi: bui
 fi
 W=$(mktemp -d /tmp/zoff-mpi-XXXXXX)
 trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 check() { if eval "$2"; then ok "$1"; else bad "$1"; return 1; fi; }
 
 # Open MPI as root in a container without a network: shared memory only, one core per rank,

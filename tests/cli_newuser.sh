@@ -15,10 +15,7 @@ set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
 W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-newuser-XXXXXX")
 trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 
 cat "$SRC"/src/*/*.c > "$W/corpus.txt"

@@ -11,10 +11,7 @@ set -u
 ZOFF="$1"; SRC="$2"
 W=$(mktemp -d /tmp/zoff-overlap-XXXXXX)
 trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 
 cat "$SRC"/src/*/*.c > "$W/corpus.txt"
 "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1

@@ -5,10 +5,7 @@ set -u
 ZOFF="$1"; SRC="$2"
 W=$(mktemp -d /tmp/zoff-cli-XXXXXX)
 trap 'rm -rf "$W"' EXIT
-pass=0; fail=0
-ok()   { echo "ok   - $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL - $1"; fail=$((fail + 1)); }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 
 # a small byte-level corpus from the project's own sources
 cat "$SRC"/src/*/*.c > "$W/corpus.txt"

@@ -16,13 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "test_util.h"
 #include "zoff/train.h"
-
-#define assert_ok(expr)                                                                              \
-    do {                                                                                             \
-        zoff_status s_ = (expr);                                                                     \
-        if (s_ != ZOFF_OK) fail_msg("%s -> %s: %s", #expr, zoff_status_name(s_), zoff_last_error()); \
-    } while (0)
 
 static int rm_cb(const char *p, const struct stat *sb, int t, struct FTW *f) {
     (void)sb;
