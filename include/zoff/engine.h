@@ -234,9 +234,6 @@ int64_t zoff_engine_partition_numel(const zoff_engine *e);
 int zoff_engine_partition(const zoff_engine *e, int64_t *model_offsets, int64_t *counts, int cap);
 /* Collective: state array i of every rank, in model order, into full (num_params) on every rank. */
 zoff_status zoff_engine_state_gather(zoff_engine *e, int i, float *full);
-/* This rank's part of state array i from a model-order array (num_params), e.g. a
- * checkpoint written with another number of ranks. Collective for i = 0. */
-zoff_status zoff_engine_state_set_full(zoff_engine *e, int i, const float *full);
 
 /* With zoff_engine_options.timeline: the gradient stream's work for each range
  * the model reported during the last boundary backward, in report order. Times

@@ -1335,15 +1335,6 @@ zoff_status zoff_engine_state_gather(zoff_engine *e, int i, float *full) {
     return s;
 }
 
-zoff_status zoff_engine_state_set_full(zoff_engine *e, int i, const float *full) {
-    if (e->world == 1 || e->replicated) return state_io(e, i, (float *)full, false);
-    float *loc = zoff_aligned_alloc(64, (size_t)e->n * sizeof(float), "engine state of this rank's partition");
-    if (!loc) return ZOFF_ERR_NOMEM;
-    zoff_dp_gather_local(&e->plan, full, loc, 0, e->n);
-    zoff_status s = state_io(e, i, loc, false);
-    zoff_aligned_free(loc);
-    return s;
-}
 zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src) {
     return state_io(e, i, (float *)host_src, false);
 }
