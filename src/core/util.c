@@ -67,12 +67,7 @@ const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen) {
     return buf;
 }
 
-float zoff_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+float zoff_bf16_to_f32(uint16_t h) { return zoff_half_bf16_to_f32(h); }
 
 uint16_t zoff_f32_to_bf16(float f) { return zoff_half_f32_to_bf16(f); }
 
@@ -82,18 +77,14 @@ float zoff_f16_to_f32(uint16_t h) {
     if (exp == 0) {
         if (man == 0) u = sign;
         else { /* subnormal */
-            float f = (float)man * 5.9604644775390625e-8f; /* 2^-24 */
-            memcpy(&u, &f, 4);
-            u |= sign;
+            u = zoff_f32_bits((float)man * 5.9604644775390625e-8f) | sign; /* man * 2^-24 */
         }
     } else if (exp == 31) {
         u = sign | 0x7f800000u | (man << 13);
     } else {
         u = sign | ((exp + 112u) << 23) | (man << 13);
     }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return zoff_bits_f32(u);
 }
 
 uint16_t zoff_f32_to_f16(float f) { return zoff_half_f32_to_f16(f); }

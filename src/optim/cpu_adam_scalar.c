@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/half_internal.h"
 #include "optim/cpu_optim_internal.h"
 #include "zoff/core.h"
 
@@ -13,20 +14,9 @@ typedef float zv;
 typedef uint32_t zi;
 #define ZW 1
 
-static inline uint32_t zo_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-static inline float zo_float(uint32_t u) {
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 #define zv_set1(f) (f)
 #define zv_ld_f32(ptr) (*(ptr))
-#define zv_ld_bf16(ptr) zo_float((uint32_t)(*(ptr)) << 16)
+#define zv_ld_bf16(ptr) zoff_half_bf16_to_f32(*(ptr))
 #define zv_ld_f16(ptr) zoff_f16_to_f32(*(ptr))
 #define zv_st_f32(ptr, x) (*(ptr) = (x))
 #define zv_st_bf16(ptr, x) (*(ptr) = zoff_f32_to_bf16(x))
@@ -46,7 +36,7 @@ static inline float zo_float(uint32_t u) {
 #define zi_rand(seed, idx) ((idx) * ZO_WEYL + (seed))
 
 static inline void zv_st_bf16_sr(uint16_t *ptr, float x, uint32_t r16) {
-    uint32_t b = zo_bits(x);
+    uint32_t b = zoff_f32_bits(x);
     if (x != x) b |= 0x00400000u;
     *ptr = (uint16_t)((b + r16) >> 16);
 }

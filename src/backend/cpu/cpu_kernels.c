@@ -16,6 +16,7 @@
  * fixed-size chunks combined in a fixed order. */
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_kernels_simd.h"
+#include "core/half_internal.h"
 
 #include <cblas.h>
 #include <float.h>
@@ -53,23 +54,6 @@ static inline int nthreads(int threads) {
 #endif
 }
 
-static inline float bf16_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Bit-identical to zoff_f32_to_bf16 (round to nearest even, NaN stays quiet NaN),
- * branch-free so loops vectorise. */
-static inline uint16_t f32_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t q = (u >> 16) | 0x40u;
-    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? q : r);
-}
-
 static inline size_t dsize(zoff_dtype dt) { return dt == ZOFF_BF16 || dt == ZOFF_F16 ? 2 : 4; }
 
 /* Address of element i of a tensor of dtype dt. */
@@ -83,7 +67,7 @@ static void load_f32(float *dst, const void *src, int64_t n, zoff_dtype dt) {
         memcpy(dst, src, (size_t)n * 4);
     } else if (dt == ZOFF_BF16) {
         const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = bf16_f32(s[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = zoff_half_bf16_to_f32(s[i]);
     } else {
         vec()->f16_to_f32(dst, src, n);
     }
@@ -95,7 +79,7 @@ static void store_f32(void *dst, const float *src, int64_t n, zoff_dtype dt) {
         if (dst != src) memmove(dst, src, (size_t)n * 4);
     } else if (dt == ZOFF_BF16) {
         uint16_t *d = dst;
-        for (int64_t i = 0; i < n; i++) d[i] = f32_bf16(src[i]);
+        for (int64_t i = 0; i < n; i++) d[i] = zoff_half_f32_to_bf16(src[i]);
     } else {
         vec()->f32_to_f16(dst, src, n);
     }
