@@ -14,6 +14,7 @@
  * double formula. */
 #include <string.h>
 
+#include "core/half_internal.h"
 #include "zoff/core.h"
 
 #define PHILOX_M0 0xD2511F53u
@@ -44,34 +45,27 @@ void zoff_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[
     memcpy(out, c, sizeof c);
 }
 
-static inline float bits_f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint32_t f_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
+/* c[0] x^(n-1) + c[1] x^(n-2) + ... + c[n-1] by Horner's rule, highest power first
+ * (the order of the operations fixes the bits). */
+static inline float horner(float x, const float *c, int n) {
+    float p = c[0];
+    for (int i = 1; i < n; i++) p = p * x + c[i];
+    return p;
 }
 
 /* ln(u) for normal u in (0, 1): u = 2^e m, m in [sqrt(1/2), sqrt(2)),
  * ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716 (series to s^11). */
 static inline float ln_unit(float u) {
-    uint32_t b = f_bits(u);
+    uint32_t b = zoff_f32_bits(u);
     int e = (int)(b >> 23) - 127;
     uint32_t mb = (b & 0x7fffffu) | 0x3f800000u;
     uint32_t big = mb > 0x3fb504f3u; /* m > sqrt(2): halve it */
     mb -= big << 23;
     e += (int)big;
-    float m = bits_f(mb);
+    float m = zoff_bits_f32(mb);
     float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
-    float p = 1.0f / 11.0f;
-    p = p * s2 + 1.0f / 9.0f;
-    p = p * s2 + 1.0f / 7.0f;
-    p = p * s2 + 1.0f / 5.0f;
-    p = p * s2 + 1.0f / 3.0f;
-    p = p * s2 + 1.0f;
+    static const float atanh_c[] = {1.0f / 11.0f, 1.0f / 9.0f, 1.0f / 7.0f, 1.0f / 5.0f, 1.0f / 3.0f, 1.0f};
+    float p = horner(s2, atanh_c, 6);
     return (float)e * 0.693147180559945309f + 2.0f * s * p;
 }
 
@@ -80,7 +74,7 @@ static inline float ln_unit(float u) {
  * fp32 rounding). Plain arithmetic, unlike sqrtf, which may set errno and so
  * keeps the loop from vectorising. */
 static inline float sqrt_pos(float y) {
-    float g = bits_f(0x5f3759dfu - (f_bits(y) >> 1));
+    float g = zoff_bits_f32(0x5f3759dfu - (zoff_f32_bits(y) >> 1));
     for (int i = 0; i < 3; i++) g = g * (1.5f - 0.5f * y * g * g);
     return y * g;
 }
@@ -91,21 +85,13 @@ static inline void cos_sin_turn(uint32_t t, float *c, float *s) {
     uint32_t q = t >> 22;
     float x = (float)(t & 0x3fffffu) * (1.57079632679489662f / 4194304.0f);
     float x2 = x * x;
-    float sp = 1.0f / 6227020800.0f; /* 1/13! */
-    sp = sp * x2 - 1.0f / 39916800.0f;
-    sp = sp * x2 + 1.0f / 362880.0f;
-    sp = sp * x2 - 1.0f / 5040.0f;
-    sp = sp * x2 + 1.0f / 120.0f;
-    sp = sp * x2 - 1.0f / 6.0f;
-    float sn = x + x * x2 * sp;
-    float cp = 1.0f / 87178291200.0f; /* 1/14! */
-    cp = cp * x2 - 1.0f / 479001600.0f;
-    cp = cp * x2 + 1.0f / 3628800.0f;
-    cp = cp * x2 - 1.0f / 40320.0f;
-    cp = cp * x2 + 1.0f / 720.0f;
-    cp = cp * x2 - 1.0f / 24.0f;
-    cp = cp * x2 + 0.5f;
-    float cs = 1.0f - x2 * cp;
+    /* sin x = x + x^3 (x^10/13! - x^8/11! + ... - 1/3!), cos x = 1 - x^2 (x^12/14! - x^10/12! + ... + 1/2!) */
+    static const float sin_c[] = {1.0f / 6227020800.0f, -1.0f / 39916800.0f, 1.0f / 362880.0f,
+                                  -1.0f / 5040.0f,      1.0f / 120.0f,       -1.0f / 6.0f};
+    static const float cos_c[] = {1.0f / 87178291200.0f, -1.0f / 479001600.0f, 1.0f / 3628800.0f, -1.0f / 40320.0f,
+                                  1.0f / 720.0f,         -1.0f / 24.0f,        0.5f};
+    float sn = x + x * x2 * horner(x2, sin_c, 6);
+    float cs = 1.0f - x2 * horner(x2, cos_c, 7);
     /* rotate by q quarter turns: (c, s) -> (-s, c) */
     float c1 = q & 1 ? -sn : cs, s1 = q & 1 ? cs : sn;
     *c = q & 2 ? -c1 : c1;
