@@ -217,59 +217,57 @@ static void usage(FILE *f) {
             100.0 * CLI_BENCH_SPREAD_LIMIT, MAX_ROUNDS);
 }
 
+/* --size, --block-size: a byte count > 0 (e.g. 1GiB) into *dst; false (the error printed) otherwise. */
+static bool size_value(int argc, char **argv, int *i, int64_t *dst) {
+    const char *o = argv[*i], *v = cli_value("bench nvme", argc, argv, i);
+    size_t sz;
+    if (!v) return false;
+    if (zoff_parse_size(v, &sz) != ZOFF_OK || sz == 0) {
+        fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", o, v);
+        return false;
+    }
+    *dst = (int64_t)sz;
+    return true;
+}
+
 /* 0: go on; -1: --help printed; else the exit code. */
 static int parse_args(int argc, char **argv, bench_args *a) {
+    const cli_string_flag strs[] = {{"--dir", &a->dir}, {"--dtype", &a->dts}};
+    const cli_int_flag ints[] = {
+        {"--queue-depth", 1, 4096, &a->qd},
+        {"--buffer-count", 1, 1024, &a->buffers},
+        {"--sub-group-size", 1024, (int64_t)1 << 40, &a->sgs},
+        {"--rounds", 1, MAX_ROUNDS, &a->rounds},
+        {"--iters", 1, 999, &a->iters},
+        {"--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, &a->shape.num_layers},
+        {"--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, &a->shape.hidden_size},
+        {"--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, &a->shape.num_heads},
+        {"--seq-length", 1, ZOFF_GPT2_MAX_SEQ, &a->T},
+        {"--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, &a->shape.vocab_size},
+        {"--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, &a->B},
+    };
+    const cli_bool_flag bools[] = {{"--no-fio", &a->fio, false},
+                                   {"--no-step", &a->step, false},
+                                   {"--delayed", &a->delayed, true},
+                                   {"--json", &a->json, true}};
+    const cli_flag_tables tables = {NULL,  strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
+                                    bools, sizeof bools / sizeof *bools};
     for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], *v;
-        int64_t x;
-#define NUM(flag, lo, hi, dst) \
-    else if (!strcmp(o, flag)) { \
-        if (!(v = cli_value("bench nvme", argc, argv, &i)) || !cli_parse_i64("bench nvme", o, v, lo, hi, &x)) return 2; \
-        dst = x; \
-    }
-#define SIZE(flag, dst) \
-    else if (!strcmp(o, flag)) { \
-        size_t sz; \
-        if (!(v = cli_value("bench nvme", argc, argv, &i))) return 2; \
-        if (zoff_parse_size(v, &sz) != ZOFF_OK || sz == 0) { \
-            fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", o, v); \
-            return 2; \
-        } \
-        dst = (int64_t)sz; \
-    }
+        const char *o = argv[i];
+        int took = cli_table_flags("bench nvme", o, &tables, argc, argv, &i);
+        if (took < 0) return 2;
+        if (took) continue;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
             return -1;
-        }
-        SIZE("--size", a->size)
-        SIZE("--block-size", a->block)
-        NUM("--queue-depth", 1, 4096, a->qd)
-        NUM("--buffer-count", 1, 1024, a->buffers)
-        NUM("--sub-group-size", 1024, (int64_t)1 << 40, a->sgs)
-        NUM("--rounds", 1, MAX_ROUNDS, a->rounds)
-        NUM("--iters", 1, 999, a->iters)
-        NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, a->shape.num_layers)
-        NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, a->shape.hidden_size)
-        NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, a->shape.num_heads)
-        NUM("--seq-length", 1, ZOFF_GPT2_MAX_SEQ, a->T)
-        NUM("--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, a->shape.vocab_size)
-        NUM("--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, a->B)
-        else if (!strcmp(o, "--dir")) {
-            if (!(a->dir = cli_value("bench nvme", argc, argv, &i))) return 2;
-        }
-        else if (!strcmp(o, "--dtype")) {
-            if (!(a->dts = cli_value("bench nvme", argc, argv, &i))) return 2;
-        }
-        else if (!strcmp(o, "--no-fio")) a->fio = false;
-        else if (!strcmp(o, "--no-step")) a->step = false;
-        else if (!strcmp(o, "--delayed")) a->delayed = true;
-        else if (!strcmp(o, "--json")) a->json = true;
-        else {
+        } else if (!strcmp(o, "--size")) {
+            if (!size_value(argc, argv, &i, &a->size)) return 2;
+        } else if (!strcmp(o, "--block-size")) {
+            if (!size_value(argc, argv, &i, &a->block)) return 2;
+        } else {
             fprintf(stderr, "zoff bench nvme: unknown option '%s' (--help lists them)\n", o);
             return 2;
         }
-#undef NUM
-#undef SIZE
     }
     a->shape.max_seq_len = a->T;
     if (a->block % ZOFF_AIO_ALIGN) {

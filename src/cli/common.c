@@ -52,6 +52,28 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+void cli_flag_name(const char *arg, char *name, size_t size) {
+    const char *eq = strchr(arg, '=');
+    size_t n = eq && arg[0] == '-' && arg[1] == '-' ? (size_t)(eq - arg) : strlen(arg);
+    snprintf(name, size, "%.*s", (int)(n < size - 1 ? n : size - 1), arg);
+}
+
+const char *cli_choice(const char *cmd, const char *flag, const char *const *choices, int argc, char **argv,
+                       int *i) {
+    const char *v = cli_value(cmd, argc, argv, i);
+    if (!v) return NULL;
+    for (const char *const *c = choices; *c; c++)
+        if (!strcmp(v, *c)) return v;
+    fprintf(stderr, "zoff %s: %s: '%s' is not one of", cmd, flag, v);
+    for (const char *const *c = choices; *c; c++) fprintf(stderr, "%s %s", c == choices ? "" : ",", *c);
+    fprintf(stderr, "\n");
+    return NULL;
+}
+
+int cli_exit_code(zoff_status s) {
+    return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2 : 1;
+}
+
 int cli_string_flags(const char *cmd, const char *name, const cli_string_flag *flags, size_t n, int argc, char **argv,
                      int *i) {
     for (size_t k = 0; k < n; k++) {
@@ -87,3 +109,14 @@ int cli_shape_flags(const char *cmd, const char *name, const cli_shape_fields *f
     return cli_int_flags(cmd, name, flags, sizeof flags / sizeof flags[0], argc, argv, i);
 }
 
+int cli_table_flags(const char *cmd, const char *name, const cli_flag_tables *t, int argc, char **argv, int *i) {
+    int took = t->shape ? cli_shape_flags(cmd, name, t->shape, argc, argv, i) : 0;
+    if (!took) took = cli_string_flags(cmd, name, t->strs, t->nstrs, argc, argv, i);
+    if (!took) took = cli_int_flags(cmd, name, t->ints, t->nints, argc, argv, i);
+    for (size_t k = 0; !took && k < t->nbools; k++)
+        if (!strcmp(name, t->bools[k].name)) {
+            *t->bools[k].value = t->bools[k].set;
+            took = 1;
+        }
+    return took;
+}

@@ -17,6 +17,14 @@ bool cli_parse_i64(const char *cmd, const char *flag, const char *text, int64_t 
 bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double min, double max, double *out);
 /* Fetch the value after argv[*i] (advancing *i); prints an error if missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+/* The flag's name in `arg`: "--flag" of "--flag=value", else arg itself (cut to size - 1 bytes). */
+void cli_flag_name(const char *arg, char *name, size_t size);
+/* Fetch argv[*i]'s value (as cli_value) and check that it is one of `choices` (NULL-terminated);
+ * otherwise print "zoff <cmd>: <flag>: 'v' is not one of a, b" and return NULL. */
+const char *cli_choice(const char *cmd, const char *flag, const char *const *choices, int argc, char **argv,
+                       int *i);
+/* Exit code for a failing status: bad input or config -> 2, a runtime failure -> 1. */
+int cli_exit_code(zoff_status s);
 
 /* Flags that take a value, as tables: a string, or an integer within [min, max]. */
 typedef struct cli_string_flag {
@@ -42,6 +50,23 @@ typedef struct cli_shape_fields {
     int64_t *num_layers, *hidden_size, *num_heads, *seq_length, *max_pos, *vocab_size, *micro_batch;
 } cli_shape_fields;
 int cli_shape_flags(const char *cmd, const char *name, const cli_shape_fields *f, int argc, char **argv, int *i);
+/* A flag without a value: stores `set` into *value. */
+typedef struct cli_bool_flag {
+    const char *name;
+    bool *value, set;
+} cli_bool_flag;
+/* A command's flags as tables (any part may be empty): tries the shape flags, the strings, the
+ * integers, then the switches; returns as cli_int_flags. */
+typedef struct cli_flag_tables {
+    const cli_shape_fields *shape;
+    const cli_string_flag *strs;
+    size_t nstrs;
+    const cli_int_flag *ints;
+    size_t nints;
+    const cli_bool_flag *bools;
+    size_t nbools;
+} cli_flag_tables;
+int cli_table_flags(const char *cmd, const char *name, const cli_flag_tables *t, int argc, char **argv, int *i);
 
 /* Training checkpoints live in src/train (include/zoff/train.h); these names remain for the
  * benchmarks that call them. */

@@ -40,7 +40,7 @@ static void export_usage(FILE *f) {
 
 static int fail(const char *what, zoff_status s) {
     fprintf(stderr, "zoff export: %s: %s\n", what, zoff_last_error());
-    return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2 : 1;
+    return cli_exit_code(s);
 }
 
 /* fetch callback: one tensor of the consolidated checkpoint as fp32 */
@@ -117,9 +117,7 @@ int zoff_cmd_export(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         char name[64];
-        const char *eq = strchr(a, '=');
-        size_t nl = eq && a[0] == '-' && a[1] == '-' ? (size_t)(eq - a) : strlen(a);
-        snprintf(name, sizeof name, "%.*s", (int)(nl < 63 ? nl : 63), a);
+        cli_flag_name(a, name, sizeof name);
         const cli_string_flag strs[] = {{"--load", &load},     {"--checkpoint", &load}, {"--output", &output},
                                         {"--format", &format}, {"--dtype", &dtype_s}};
         const cli_int_flag ints[] = {{"--step", 0, INT64_MAX / 2, &step}};

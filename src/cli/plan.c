@@ -109,96 +109,66 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     memset(a, 0, sizeof *a);
     const cli_shape_fields shape = {&a->num_layers, &a->hidden_size, &a->num_heads, &a->seq_length,
                                     &a->max_pos, &a->vocab_size, &a->micro_batch};
+    const cli_string_flag strs[] = {
+        {"--config", &a->config_path}, {"--nvme-path", &a->nvme_path}, {"--write-config", &a->write_config}};
+    const cli_int_flag ints[] = {{"--ranks", 1, 1 << 20, &a->ranks},
+                                 {"--ranks-per-node", 1, 1 << 20, &a->ranks_per_node}};
+    const cli_bool_flag bools[] = {{"--checkpoint-activations", &a->checkpoint_activations, true},
+                                   {"--no-probe", &a->no_probe, true},
+                                   {"--json", &a->json, true},
+                                   {"--deepspeed", &a->deepspeed, true}};
+    const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
+                                    bools,  sizeof bools / sizeof *bools};
+    static const char *const devices[] = {"cpu", "cuda", NULL};
+    /* the flags below that take a value: fetched first, as v */
+    static const char *const valued[] = {"--device-memory", "--host-memory", "--pinned-limit", "--disk-free",
+                                         "--margin",        "--ratios",      "--bench",        NULL};
     for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *v;
-        int64_t x;
+        const char *v = NULL;
         char name[64];
-        const char *eq = strchr(arg, '=');
-        size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
-        snprintf(name, sizeof name, "%.*s", (int)(nl < 63 ? nl : 63), arg);
-#define FLAG(s) (!strcmp(name, s))
-#define VALUE() \
-    if (!(v = cli_value("plan", argc, argv, &i))) return 2
-#define INTV(field, lo, hi) \
-    VALUE(); \
-    if (!cli_parse_i64("plan", name, v, lo, hi, &x)) return 2; \
-    a->field = x
-        int sf = cli_shape_flags("plan", name, &shape, argc, argv, &i);
-        if (sf < 0) return 2;
-        if (sf > 0) continue;
-        if (FLAG("-h") || FLAG("--help")) {
+        cli_flag_name(argv[i], name, sizeof name);
+        int took = cli_table_flags("plan", name, &tables, argc, argv, &i);
+        if (took < 0) return 2;
+        if (took) continue;
+        for (const char *const *f = valued; *f; f++)
+            if (!strcmp(name, *f) && !(v = cli_value("plan", argc, argv, &i))) return 2;
+        if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
             plan_usage(stdout);
             return -1;
-        } else if (FLAG("--config")) {
-            VALUE();
-            a->config_path = v;
-        } else if (FLAG("--ranks")) {
-            INTV(ranks, 1, 1 << 20);
-        } else if (FLAG("--ranks-per-node")) {
-            INTV(ranks_per_node, 1, 1 << 20);
-        } else if (FLAG("--checkpoint-activations")) {
-            a->checkpoint_activations = true;
-        } else if (FLAG("--device")) {
-            VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
-                fprintf(stderr, "zoff plan: --device: '%s' is not one of cpu, cuda\n", v);
-                return 2;
-            }
-            a->device = v;
-        } else if (FLAG("--device-memory")) {
-            VALUE();
+        } else if (!strcmp(name, "--device")) {
+            if (!(a->device = cli_choice("plan", name, devices, argc, argv, &i))) return 2;
+        } else if (!strcmp(name, "--device-memory")) {
             if (!parse_size_flag(name, v, &a->device_memory)) return 2;
             if (a->device_memory == 0) {
                 fprintf(stderr, "zoff plan: --device-memory: must be > 0\n");
                 return 2;
             }
-        } else if (FLAG("--host-memory")) {
-            VALUE();
+        } else if (!strcmp(name, "--host-memory")) {
             if (!given_size(name, v, &a->host_memory, &a->have_host)) return 2;
-        } else if (FLAG("--pinned-limit")) {
-            VALUE();
+        } else if (!strcmp(name, "--pinned-limit")) {
             if (!strcmp(v, "unlimited")) {
                 a->pinned_limit = SIZE_MAX;
                 a->have_pinned = true;
             } else if (!given_size(name, v, &a->pinned_limit, &a->have_pinned)) {
                 return 2;
             }
-        } else if (FLAG("--disk-free")) {
-            VALUE();
+        } else if (!strcmp(name, "--disk-free")) {
             if (!given_size(name, v, &a->disk_free, &a->have_disk)) return 2;
-        } else if (FLAG("--nvme-path")) {
-            VALUE();
-            a->nvme_path = v;
-        } else if (FLAG("--margin")) {
-            VALUE();
+        } else if (!strcmp(name, "--margin")) {
             if (!cli_parse_f64("plan", name, v, 0.0, 0.9, &a->margin)) return 2;
             a->have_margin = true;
-        } else if (FLAG("--ratios")) {
-            VALUE();
+        } else if (!strcmp(name, "--ratios")) {
             if (!parse_ratios(v, a)) return 2;
-        } else if (FLAG("--bench")) {
-            VALUE();
+        } else if (!strcmp(name, "--bench")) {
             if (a->nbench == MAX_BENCH) {
                 fprintf(stderr, "zoff plan: --bench: at most %d files\n", MAX_BENCH);
                 return 2;
             }
             a->bench[a->nbench++] = v;
-        } else if (FLAG("--no-probe")) {
-            a->no_probe = true;
-        } else if (FLAG("--json")) {
-            a->json = true;
-        } else if (FLAG("--deepspeed")) {
-            a->deepspeed = true;
-        } else if (FLAG("--write-config")) {
-            VALUE();
-            a->write_config = v;
         } else {
-            fprintf(stderr, "zoff plan: unknown option '%s' (zoff plan --help lists them)\n", arg);
+            fprintf(stderr, "zoff plan: unknown option '%s' (zoff plan --help lists them)\n", argv[i]);
             return 2;
         }
-#undef FLAG
-#undef VALUE
-#undef INTV
     }
     if (a->ranks_per_node && a->ranks && a->ranks_per_node > a->ranks) {
         fprintf(stderr, "zoff plan: --ranks-per-node %lld exceeds --ranks %lld\n", (long long)a->ranks_per_node,
@@ -210,7 +180,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
 
 static int fail(const char *what, zoff_status s) {
     fprintf(stderr, "zoff plan: %s: %s\n", what, zoff_last_error());
-    return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2 : 1;
+    return cli_exit_code(s);
 }
 
 /* ------------------------------------------------------------------ output */

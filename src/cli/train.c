@@ -85,8 +85,7 @@ static void on_signal(int sig) { g_stop = sig; }
 static char g_who[64] = "zoff train"; /* "zoff train [rank 1/2]" with several ranks */
 static int fail(zoff_status s) {
     fprintf(stderr, "%s: %s\n", g_who, zoff_last_error());
-    return (s == ZOFF_ERR_CONFIG || s == ZOFF_ERR_INVALID || s == ZOFF_ERR_FORMAT || s == ZOFF_ERR_UNSUPPORTED) ? 2
-                                                                                                              : 1;
+    return cli_exit_code(s);
 }
 
 static int parse_args(int argc, char **argv, train_args *a) {
@@ -95,100 +94,56 @@ static int parse_args(int argc, char **argv, train_args *a) {
     o->config_text = DEFAULT_CONFIG;
     o->train_iters = 200;
     o->eval_iters = 20;
-    o->seed = 1234;
     o->save_dir = "out/gpt2-small";
     o->tokenizer = "gpt2";
     o->default_data_dir = "out/data";
+    int64_t seed = 1234;
     const cli_shape_fields shape = {&o->num_layers, &o->hidden_size, &o->num_heads, &o->seq_length,
                                     &o->max_pos, &o->vocab_size, &o->micro_batch};
+    const cli_string_flag strs[] = {{"--config", &o->config_path}, {"--save", &o->save_dir},
+                                    {"--load", &o->load_dir},      {"--init-from", &o->init_from},
+                                    {"--data-path", &o->data_path}, {"--val-path", &o->val_path}};
+    const cli_int_flag ints[] = {{"--train-iters", 0, INT64_MAX / 2, &o->train_iters},
+                                 {"--eval-iters", 0, 1 << 20, &o->eval_iters},
+                                 {"--save-interval", 1, INT64_MAX / 2, &o->save_interval},
+                                 {"--keep-last", 1, 1 << 20, &o->keep_last},
+                                 {"--seed", 0, INT64_MAX, &seed}};
+    const cli_bool_flag bools[] = {{"--checkpoint-activations", &o->checkpoint_activations, true},
+                                   {"--overwrite", &o->overwrite, true},
+                                   {"--sync-save", &o->sync_saves, true},
+                                   {"--quiet", &o->quiet, true}};
+    const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
+                                    bools,  sizeof bools / sizeof *bools};
+    static const char *const tokenizers[] = {"gpt2", "byte", NULL}, *const devices[] = {"cpu", "cuda", NULL};
     for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
         const char *v;
-        int64_t x;
         char name[64];
-        const char *eq = strchr(arg, '=');
-        size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
-        snprintf(name, sizeof name, "%.*s", (int)(nl < 63 ? nl : 63), arg);
-#define FLAG(s) (!strcmp(name, s))
-#define VALUE() \
-    if (!(v = cli_value("train", argc, argv, &i))) return 2
-#define INTV(field, lo, hi) \
-    VALUE(); \
-    if (!cli_parse_i64("train", name, v, lo, hi, &x)) return 2; \
-    o->field = x
-        int sf = cli_shape_flags("train", name, &shape, argc, argv, &i);
-        if (sf < 0) return 2;
-        if (sf > 0) continue;
-        if (FLAG("-h") || FLAG("--help")) {
+        cli_flag_name(argv[i], name, sizeof name);
+        int took = cli_table_flags("train", name, &tables, argc, argv, &i);
+        if (took < 0) return 2;
+        if (took) continue;
+        if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
             train_usage(stdout);
             return -1;
-        } else if (FLAG("--config")) {
-            VALUE();
-            o->config_path = v;
-        } else if (FLAG("--train-iters")) {
-            INTV(train_iters, 0, INT64_MAX / 2);
-        } else if (FLAG("--eval-iters")) {
-            INTV(eval_iters, 0, 1 << 20);
-        } else if (FLAG("--save-interval")) {
-            INTV(save_interval, 1, INT64_MAX / 2);
-        } else if (FLAG("--keep-last")) {
-            INTV(keep_last, 1, 1 << 20);
-        } else if (FLAG("--seed")) {
-            INTV(seed, 0, INT64_MAX);
-        } else if (FLAG("--save")) {
-            VALUE();
-            o->save_dir = v;
-        } else if (FLAG("--load")) {
-            VALUE();
-            o->load_dir = v;
-        } else if (FLAG("--init-from")) {
-            VALUE();
-            o->init_from = v;
-        } else if (FLAG("--data-path")) {
-            VALUE();
-            o->data_path = v;
-        } else if (FLAG("--val-path")) {
-            VALUE();
-            o->val_path = v;
-        } else if (FLAG("--tokenizer")) {
-            VALUE();
-            if (strcmp(v, "gpt2") && strcmp(v, "byte")) {
-                fprintf(stderr, "zoff train: --tokenizer: '%s' is not one of gpt2, byte\n", v);
-                return 2;
-            }
-            o->tokenizer = v;
-        } else if (FLAG("--device")) {
-            VALUE();
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
-                fprintf(stderr, "zoff train: --device: '%s' is not one of cpu, cuda\n", v);
-                return 2;
-            }
-            o->device = v;
-        } else if (FLAG("--device-memory")) {
-            VALUE();
+        } else if (!strcmp(name, "--tokenizer")) {
+            if (!(o->tokenizer = cli_choice("train", name, tokenizers, argc, argv, &i))) return 2;
+        } else if (!strcmp(name, "--device")) {
+            if (!(o->device = cli_choice("train", name, devices, argc, argv, &i))) return 2;
+        } else if (!strcmp(name, "--device-memory")) {
+            if (!(v = cli_value("train", argc, argv, &i))) return 2;
             if (zoff_parse_size(v, &o->device_memory) != ZOFF_OK) {
                 fprintf(stderr, "zoff train: --device-memory: %s\n", zoff_last_error());
                 return 2;
             }
-        } else if (FLAG("--checkpoint-activations")) {
-            o->checkpoint_activations = true;
-        } else if (FLAG("--overwrite")) {
-            o->overwrite = true;
-        } else if (FLAG("--sync-save")) {
-            o->sync_saves = true;
-        } else if (FLAG("--quiet")) {
-            o->quiet = true;
-        } else if (FLAG("--comm-timeout")) {
-            VALUE();
+        } else if (!strcmp(name, "--comm-timeout")) {
+            if (!(v = cli_value("train", argc, argv, &i))) return 2;
             if (!cli_parse_f64("train", name, v, 1e-3, 1e9, &a->comm_timeout)) return 2;
         } else {
-            fprintf(stderr, "zoff train: unknown option '%s' (zoff train --help lists them)\n", arg);
+            fprintf(stderr, "zoff train: unknown option '%s' (zoff train --help lists them)\n", argv[i]);
             return 2;
         }
-#undef FLAG
-#undef VALUE
-#undef INTV
     }
+    o->seed = (uint64_t)seed;
     return 0;
 }
 
