@@ -27,6 +27,29 @@ typedef struct cache_entry {
     uint32_t val_off, val_len;
 } cache_entry;
 
+/* The cache of pieces seen: open addressing on the piece's hash; the pieces' bytes and ids are
+ * appended to keys and vals. */
+typedef struct piece_cache {
+    cache_entry *slots; /* CACHE_SLOTS */
+    size_t count;
+    char *keys;
+    size_t keys_len, keys_cap;
+    int32_t *vals;
+    size_t vals_len, vals_cap;
+} piece_cache;
+
+static void cache_free(piece_cache *c) {
+    free(c->slots);
+    free(c->keys);
+    free(c->vals);
+}
+
+/* One slot of the merge table: key = (a << 32 | b) + 1 (0 = empty) merges into id, at rank. */
+typedef struct pair_slot {
+    uint64_t key;
+    int32_t rank, id;
+} pair_slot;
+
 #define CACHE_SLOTS (1u << 18)
 #define CACHE_MAX_ENTRIES (CACHE_SLOTS / 2)
 #define CACHE_MAX_PIECE 128
@@ -39,16 +62,9 @@ struct zoff_tokenizer {
     uint32_t *tok_off; /* token i is tok_bytes[tok_off[i] .. tok_off[i+1]) */
     /* gpt2 */
     int32_t byte_id[256];
-    uint64_t *pair_key; /* (a << 32 | b) + 1; 0 = empty */
-    int32_t *pair_rank, *pair_id;
+    pair_slot *pairs; /* the merges, pair_mask + 1 slots */
     size_t pair_mask;
-    /* cache */
-    cache_entry *cache;
-    size_t cache_count;
-    char *ckeys;
-    size_t ckeys_len, ckeys_cap;
-    int32_t *cvals;
-    size_t cvals_len, cvals_cap;
+    piece_cache cache;
     /* scratch for one piece */
     int32_t *work;
     size_t work_cap;
@@ -140,12 +156,8 @@ void zoff_tokenizer_free(zoff_tokenizer *t) {
     if (!t) return;
     free(t->tok_bytes);
     free(t->tok_off);
-    free(t->pair_key);
-    free(t->pair_rank);
-    free(t->pair_id);
-    free(t->cache);
-    free(t->ckeys);
-    free(t->cvals);
+    free(t->pairs);
+    cache_free(&t->cache);
     free(t->work);
     free(t);
 }
@@ -260,11 +272,9 @@ static int32_t str_map_get(const str_map *m, const zoff_tokenizer *t, const char
 static void pair_put(zoff_tokenizer *t, int32_t a, int32_t b, int32_t rank, int32_t id) {
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     for (size_t i = hash_u64(key) & t->pair_mask;; i = (i + 1) & t->pair_mask) {
-        if (t->pair_key[i] == 0 || t->pair_key[i] == key) {
+        if (t->pairs[i].key == 0 || t->pairs[i].key == key) {
             /* a later duplicate overwrites, as Python's dict(zip(merges, range(...))) does */
-            t->pair_key[i] = key;
-            t->pair_rank[i] = rank;
-            t->pair_id[i] = id;
+            t->pairs[i] = (pair_slot){.key = key, .rank = rank, .id = id};
             return;
         }
     }
@@ -273,11 +283,12 @@ static void pair_put(zoff_tokenizer *t, int32_t a, int32_t b, int32_t rank, int3
 static inline int32_t pair_get(const zoff_tokenizer *t, int32_t a, int32_t b, int32_t *id) {
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     for (size_t i = hash_u64(key) & t->pair_mask;; i = (i + 1) & t->pair_mask) {
-        if (t->pair_key[i] == key) {
-            *id = t->pair_id[i];
-            return t->pair_rank[i];
+        const pair_slot *e = &t->pairs[i];
+        if (e->key == key) {
+            *id = e->id;
+            return e->rank;
         }
-        if (t->pair_key[i] == 0) return INT32_MAX;
+        if (e->key == 0) return INT32_MAX;
     }
 }
 
@@ -440,11 +451,9 @@ zoff_status zoff_tokenizer_open_gpt2(const char *encoder_json, const char *vocab
         size_t pslots = 1;
         while (pslots < (size_t)t->vocab_size * 4) pslots <<= 1;
         t->pair_mask = pslots - 1;
-        t->pair_key = calloc(pslots, sizeof *t->pair_key);
-        t->pair_rank = calloc(pslots, sizeof *t->pair_rank);
-        t->pair_id = calloc(pslots, sizeof *t->pair_id);
-        t->cache = calloc(CACHE_SLOTS, sizeof *t->cache);
-        if (!m.hash || !m.id || !t->pair_key || !t->pair_rank || !t->pair_id || !t->cache)
+        t->pairs = calloc(pslots, sizeof *t->pairs);
+        t->cache.slots = calloc(CACHE_SLOTS, sizeof *t->cache.slots);
+        if (!m.hash || !m.id || !t->pairs || !t->cache.slots)
             s = zoff_error(ZOFF_ERR_NOMEM, "out of memory building the GPT-2 tables");
     }
     if (s == ZOFF_OK) {
@@ -501,52 +510,52 @@ zoff_status zoff_tokenizer_open(const char *name, zoff_tokenizer **out) {
 
 /* ------------------------------------------------------------------ GPT-2 encode */
 
-static void cache_clear(zoff_tokenizer *t) {
-    memset(t->cache, 0, CACHE_SLOTS * sizeof *t->cache);
-    t->cache_count = 0;
-    t->ckeys_len = 0;
-    t->cvals_len = 0;
+static void cache_clear(piece_cache *c) {
+    memset(c->slots, 0, CACHE_SLOTS * sizeof *c->slots);
+    c->count = 0;
+    c->keys_len = 0;
+    c->vals_len = 0;
 }
 
-static const cache_entry *cache_get(const zoff_tokenizer *t, const char *p, size_t n, uint64_t h) {
+static const cache_entry *cache_get(const piece_cache *c, const char *p, size_t n, uint64_t h) {
     for (size_t i = h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
-        const cache_entry *e = &t->cache[i];
+        const cache_entry *e = &c->slots[i];
         if (e->hash == 0) return NULL;
-        if (e->hash == h && e->key_len == n && memcmp(t->ckeys + e->key_off, p, n) == 0) return e;
+        if (e->hash == h && e->key_len == n && memcmp(c->keys + e->key_off, p, n) == 0) return e;
     }
 }
 
-static void cache_put(zoff_tokenizer *t, const char *p, size_t n, uint64_t h, const int32_t *ids, size_t m) {
-    if (t->cache_count >= CACHE_MAX_ENTRIES) cache_clear(t);
-    if (t->ckeys_len + n > t->ckeys_cap) {
-        size_t nc = t->ckeys_cap ? t->ckeys_cap * 2 : (1 << 20);
-        while (nc < t->ckeys_len + n) nc *= 2;
-        char *q = realloc(t->ckeys, nc);
+static void cache_put(piece_cache *c, const char *p, size_t n, uint64_t h, const int32_t *ids, size_t m) {
+    if (c->count >= CACHE_MAX_ENTRIES) cache_clear(c);
+    if (c->keys_len + n > c->keys_cap) {
+        size_t nc = c->keys_cap ? c->keys_cap * 2 : (1 << 20);
+        while (nc < c->keys_len + n) nc *= 2;
+        char *q = realloc(c->keys, nc);
         if (!q) return; /* the cache is an optimisation: skip on failure */
-        t->ckeys = q;
-        t->ckeys_cap = nc;
+        c->keys = q;
+        c->keys_cap = nc;
     }
-    if (t->cvals_len + m > t->cvals_cap) {
-        size_t nc = t->cvals_cap ? t->cvals_cap * 2 : (1 << 18);
-        while (nc < t->cvals_len + m) nc *= 2;
-        int32_t *q = realloc(t->cvals, nc * sizeof *q);
+    if (c->vals_len + m > c->vals_cap) {
+        size_t nc = c->vals_cap ? c->vals_cap * 2 : (1 << 18);
+        while (nc < c->vals_len + m) nc *= 2;
+        int32_t *q = realloc(c->vals, nc * sizeof *q);
         if (!q) return;
-        t->cvals = q;
-        t->cvals_cap = nc;
+        c->vals = q;
+        c->vals_cap = nc;
     }
     size_t i = h & (CACHE_SLOTS - 1);
-    while (t->cache[i].hash) i = (i + 1) & (CACHE_SLOTS - 1);
-    cache_entry *e = &t->cache[i];
+    while (c->slots[i].hash) i = (i + 1) & (CACHE_SLOTS - 1);
+    cache_entry *e = &c->slots[i];
     e->hash = h;
-    e->key_off = (uint32_t)t->ckeys_len;
+    e->key_off = (uint32_t)c->keys_len;
     e->key_len = (uint32_t)n;
-    e->val_off = (uint32_t)t->cvals_len;
+    e->val_off = (uint32_t)c->vals_len;
     e->val_len = (uint32_t)m;
-    memcpy(t->ckeys + t->ckeys_len, p, n);
-    t->ckeys_len += n;
-    memcpy(t->cvals + t->cvals_len, ids, m * sizeof *ids);
-    t->cvals_len += m;
-    t->cache_count++;
+    memcpy(c->keys + c->keys_len, p, n);
+    c->keys_len += n;
+    memcpy(c->vals + c->vals_len, ids, m * sizeof *ids);
+    c->vals_len += m;
+    c->count++;
 }
 
 /* BPE of one piece into t->work; returns the number of ids. */
@@ -594,10 +603,10 @@ static zoff_status encode_gpt2(zoff_tokenizer *t, const char *text, size_t len, 
         uint64_t h = 0;
         if (n <= CACHE_MAX_PIECE) {
             h = hash_bytes(p, n);
-            const cache_entry *e = cache_get(t, p, n, h);
+            const cache_entry *e = cache_get(&t->cache, p, n, h);
             if (e) {
                 ZOFF_TRY(tokens_reserve(out, e->val_len));
-                memcpy(out->ids + out->n, t->cvals + e->val_off, e->val_len * sizeof(int32_t));
+                memcpy(out->ids + out->n, t->cache.vals + e->val_off, e->val_len * sizeof(int32_t));
                 out->n += e->val_len;
                 continue;
             }
@@ -613,7 +622,7 @@ static zoff_status encode_gpt2(zoff_tokenizer *t, const char *text, size_t len, 
         ZOFF_TRY(tokens_reserve(out, m));
         memcpy(out->ids + out->n, t->work, m * sizeof(int32_t));
         out->n += m;
-        if (n <= CACHE_MAX_PIECE) cache_put(t, p, n, h, t->work, m);
+        if (n <= CACHE_MAX_PIECE) cache_put(&t->cache, p, n, h, t->work, m);
     }
     return ZOFF_OK;
 }
