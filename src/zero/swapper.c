@@ -34,21 +34,26 @@ typedef struct slot {
     int write_group; /* group of the last write issued from it (-1 none) */
 } slot;
 
+/* Where a sub-group lives in the swap file. */
+typedef struct group_info {
+    int64_t count;                 /* elements of each of its arrays */
+    int64_t off;                   /* file offset of its first array */
+    size_t abytes;                 /* padded bytes of one array */
+    size_t crc_base;               /* crcs of (g, a): crcs + crc_base + a * nchunks(g) */
+    zoff_aio_request *last_write;  /* the slot write request that last wrote it */
+    bool fresh[ZOFF_SWAP_MAX_ARRAYS]; /* [a]: never written, reads as init_value[a] */
+} group_info;
+
 struct zoff_swapper {
     zoff_swapper_options o;
-    int64_t *counts;
+    group_info *grp; /* [ng] */
     int ng, na;
     zoff_aio *io;
     zoff_aio_file *f;
     char path[4096];
     int64_t file_bytes;
-    int64_t *goff;      /* file offset of each group */
-    size_t *abytes;     /* padded bytes of one array of each group */
     size_t max_abytes;
-    size_t *crc_base;   /* crcs of (g, a): crcs + crc_base[g] + a * nchunks(g) */
     uint32_t *crcs;
-    bool *fresh;        /* [g * na + a]: never written, reads as init_value[a] */
-    zoff_aio_request **last_write; /* per group: the slot write request that last wrote it */
     slot *slots;
     int nslots;
     size_t slot_bytes;
@@ -82,9 +87,9 @@ __attribute__((format(printf, 3, 4))) static void textf(char *buf, size_t n, con
 static size_t align_up(size_t x) { return (x + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN; }
 static size_t nchunks(const zoff_swapper *s, int g) {
     size_t bs = (size_t)s->o.aio.block_size;
-    return (s->abytes[g] + bs - 1) / bs;
+    return (s->grp[g].abytes + bs - 1) / bs;
 }
-static uint32_t *crcs_of(zoff_swapper *s, int g, int a) { return s->crcs + s->crc_base[g] + (size_t)a * nchunks(s, g); }
+static uint32_t *crcs_of(zoff_swapper *s, int g, int a) { return s->crcs + s->grp[g].crc_base + (size_t)a * nchunks(s, g); }
 static float *slot_array(const zoff_swapper *s, const slot *sl, int a) {
     return (float *)(sl->buf + (size_t)a * s->max_abytes);
 }
@@ -120,7 +125,7 @@ static void build_header(zoff_swapper *s) {
     uint32_t u[4] = {SWAP_VERSION, (uint32_t)s->na, (uint32_t)s->ng, (uint32_t)s->o.aio.block_size};
     memcpy(h + 8, u, sizeof u);
     int fit = (int)((HEADER_BYTES - 32) / 8);
-    for (int g = 0; g < s->ng && g < fit; g++) memcpy(h + 32 + 8 * g, &s->counts[g], 8);
+    for (int g = 0; g < s->ng && g < fit; g++) memcpy(h + 32 + 8 * g, &s->grp[g].count, 8);
 }
 
 static zoff_status write_header(zoff_swapper *s) {
@@ -179,13 +184,8 @@ void zoff_swapper_destroy(zoff_swapper *s) {
         for (int i = 0; i < s->nslots; i++) zoff_aligned_free(s->slots[i].buf);
     free(s->slots);
     zoff_aligned_free(s->hdr);
-    free(s->counts);
-    free(s->goff);
-    free(s->abytes);
-    free(s->crc_base);
+    free(s->grp);
     free(s->crcs);
-    free(s->fresh);
-    free(s->last_write);
     free(s->order);
     free(s->pf_order);
     free(s);
@@ -211,36 +211,31 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     s->na = o->num_arrays;
     s->nslots = (int)(o->buffer_count < o->num_groups ? o->buffer_count : o->num_groups);
     size_t ng = (size_t)s->ng;
-    s->counts = malloc(ng * sizeof *s->counts);
-    s->goff = malloc(ng * sizeof *s->goff);
-    s->abytes = malloc(ng * sizeof *s->abytes);
-    s->crc_base = malloc(ng * sizeof *s->crc_base);
-    s->fresh = calloc(ng * (size_t)s->na, sizeof *s->fresh);
-    s->last_write = calloc(ng, sizeof *s->last_write);
+    s->grp = calloc(ng, sizeof *s->grp);
     s->order = malloc(ng * sizeof *s->order);
     s->pf_order = malloc(ng * sizeof *s->pf_order);
     s->slots = calloc((size_t)s->nslots, sizeof *s->slots);
     s->hdr = zoff_aligned_alloc(ZOFF_AIO_ALIGN, 2 * HEADER_BYTES, "swap file header");
     zoff_status st = ZOFF_OK;
-    if (!s->counts || !s->goff || !s->abytes || !s->crc_base || !s->fresh || !s->last_write || !s->order ||
-        !s->pf_order || !s->slots || !s->hdr)
+    if (!s->grp || !s->order || !s->pf_order || !s->slots || !s->hdr)
         st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper's tables (%d sub-groups)", s->ng);
     if (st == ZOFF_OK) st = zoff_aio_create(&o->aio, &s->io);
     size_t total_chunks = 0;
     if (st == ZOFF_OK) {
-        memcpy(s->counts, o->counts, ng * sizeof *s->counts);
         int64_t off = HEADER_BYTES;
         for (int g = 0; g < s->ng; g++) {
-            if (s->counts[g] < 0) {
+            group_info *gi = &s->grp[g];
+            if (o->counts[g] < 0) {
                 st = zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_create: group %d has %lld elements", g,
-                                (long long)s->counts[g]);
+                                (long long)o->counts[g]);
                 break;
             }
-            s->abytes[g] = align_up((size_t)s->counts[g] * sizeof(float));
-            if (s->abytes[g] > s->max_abytes) s->max_abytes = s->abytes[g];
-            s->goff[g] = off;
-            off += (int64_t)s->abytes[g] * s->na;
-            s->crc_base[g] = total_chunks;
+            gi->count = o->counts[g];
+            gi->abytes = align_up((size_t)gi->count * sizeof(float));
+            if (gi->abytes > s->max_abytes) s->max_abytes = gi->abytes;
+            gi->off = off;
+            off += (int64_t)gi->abytes * s->na;
+            gi->crc_base = total_chunks;
             total_chunks += nchunks(s, g) * (size_t)s->na;
         }
         s->file_bytes = off;
@@ -286,7 +281,8 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
         return st;
     }
     if (o->fast_init)
-        for (size_t i = 0; i < ng * (size_t)s->na; i++) s->fresh[i] = (i % (size_t)s->na) != 0;
+        for (int g = 0; g < s->ng; g++)
+            for (int a = 1; a < s->na; a++) s->grp[g].fresh[a] = true;
     char fb[32], bb[32];
     textf(s->describe, sizeof s->describe,
              "%s (%s, %s, unlinked: freed when the process ends), %s; %d buffer%s of %s; %s%s",
@@ -315,24 +311,35 @@ void zoff_swapper_get_stats(const zoff_swapper *s, zoff_swapper_stats *out) { *o
 
 static slot *slot_of(zoff_swapper *s, int j) { return &s->slots[(s->q0 + j) % s->nslots]; }
 
+/* Set r to move group g's arrays in s->mask, but those with skip[a], between slot sl and the
+ * swap file; returns the bytes. */
+static int64_t group_request(zoff_swapper *s, zoff_aio_request *r, slot *sl, int g, zoff_aio_op op, unsigned flags,
+                             const bool *skip) {
+    const group_info *gi = &s->grp[g];
+    int64_t bytes = 0;
+    memset(r, 0, offsetof(zoff_aio_request, priv));
+    r->op = op;
+    r->file = s->f;
+    r->flags = flags;
+    for (int a = 0; a < s->na; a++) {
+        if (!(s->mask & (1u << a)) || (skip && skip[a])) continue;
+        r->seg[r->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a),
+                                               .offset = gi->off + (int64_t)(gi->abytes * (size_t)a),
+                                               .bytes = gi->abytes, .crcs = crcs_of(s, g, a)};
+        bytes += (int64_t)gi->abytes;
+    }
+    return bytes;
+}
+
 /* Queue the read of visit j of the current pass. */
 static zoff_status issue_read(zoff_swapper *s, int j) {
     slot *sl = slot_of(s, j);
     int g = s->order[j];
-    zoff_aio_request *r = &sl->rd;
-    memset(r, 0, offsetof(zoff_aio_request, priv));
-    r->op = ZOFF_AIO_READ;
-    r->file = s->f;
-    r->flags = ZOFF_AIO_CRC_VERIFY;
-    for (int a = 0; a < s->na; a++) {
-        if (!(s->mask & (1u << a)) || s->fresh[(size_t)g * (size_t)s->na + (size_t)a]) continue;
-        r->seg[r->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a),
-                                               .offset = s->goff[g] + (int64_t)(s->abytes[g] * (size_t)a),
-                                               .bytes = s->abytes[g], .crcs = crcs_of(s, g, a)};
-        s->stats.bytes_read += (int64_t)s->abytes[g];
-    }
+    zoff_aio_request *r = &sl->rd, *last = s->grp[g].last_write;
+    s->stats.bytes_read += group_request(s, r, sl, g, ZOFF_AIO_READ, ZOFF_AIO_CRC_VERIFY,
+                                         s->grp[g].fresh); /* a fresh array is not read */
     r->after[0] = &sl->wr; /* the buffer is free */
-    if (s->last_write[g] && s->last_write[g] != &sl->wr) r->after[1] = s->last_write[g]; /* the data is current */
+    if (last && last != &sl->wr) r->after[1] = last; /* the data is current */
     sl->read_group = g;
     return zoff_aio_submit(s->io, r);
 }
@@ -415,9 +422,9 @@ zoff_status zoff_swapper_next(zoff_swapper *s, int *group, float *arrays[ZOFF_SW
     }
     for (int a = 0; a < s->na; a++) {
         arrays[a] = slot_array(s, sl, a);
-        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->fresh[(size_t)g * (size_t)s->na + (size_t)a]) {
+        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->grp[g].fresh[a]) {
             float v = s->o.init_value[a];
-            for (int64_t i = 0; i < s->counts[g]; i++) arrays[a][i] = v;
+            for (int64_t i = 0; i < s->grp[g].count; i++) arrays[a][i] = v;
         }
     }
     for (int a = s->na; a < ZOFF_SWAP_MAX_ARRAYS; a++) arrays[a] = NULL;
@@ -434,23 +441,15 @@ zoff_status zoff_swapper_release(zoff_swapper *s) {
     slot *sl = slot_of(s, j);
     if (s->mode & ZOFF_SWAP_WRITE) {
         /* the slot's previous write is complete (its buffer was read into or waited for) */
-        if (sl->write_group >= 0 && s->last_write[sl->write_group] == &sl->wr) s->last_write[sl->write_group] = NULL;
+        if (sl->write_group >= 0 && s->grp[sl->write_group].last_write == &sl->wr)
+            s->grp[sl->write_group].last_write = NULL;
         zoff_aio_request *w = &sl->wr;
-        memset(w, 0, offsetof(zoff_aio_request, priv));
-        w->op = ZOFF_AIO_WRITE;
-        w->file = s->f;
-        w->flags = ZOFF_AIO_CRC_STORE;
-        for (int a = 0; a < s->na; a++) {
-            if (!(s->mask & (1u << a))) continue;
-            w->seg[w->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a),
-                                                   .offset = s->goff[g] + (int64_t)(s->abytes[g] * (size_t)a),
-                                                   .bytes = s->abytes[g], .crcs = crcs_of(s, g, a)};
-            s->fresh[(size_t)g * (size_t)s->na + (size_t)a] = false;
-            s->stats.bytes_written += (int64_t)s->abytes[g];
-        }
+        s->stats.bytes_written += group_request(s, w, sl, g, ZOFF_AIO_WRITE, ZOFF_AIO_CRC_STORE, NULL);
+        for (int a = 0; a < s->na; a++)
+            if (s->mask & (1u << a)) s->grp[g].fresh[a] = false;
         zoff_status st = zoff_aio_submit(s->io, w);
         if (st != ZOFF_OK) return fail(s, st);
-        s->last_write[g] = w;
+        s->grp[g].last_write = w;
         sl->write_group = g;
         if (!s->o.pipeline_write) {
             double t0 = zoff_now();
