@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* O_CLOEXEC */
 #include "zoff/safetensors.h"
 #include "ckpt_internal.h"
+#include "core/file_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -451,7 +452,7 @@ typedef struct st_decl {
 } st_decl;
 
 struct zoff_st_writer {
-    char *path, *tmp, *dir;
+    char *path, *tmp; /* the file, and the name it is written under until the commit */
     int fd;
     st_decl *d;
     size_t n, cap;
@@ -472,7 +473,6 @@ static void w_free(zoff_st_writer *w) {
     free(w->buf);
     free(w->path);
     free(w->tmp);
-    free(w->dir);
     free(w);
 }
 
@@ -503,17 +503,11 @@ zoff_status zoff_st_writer_open(const char *path, zoff_st_writer **out) {
     if (!w) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     w->fd = -1;
     w->path = strdup(path);
-    w->tmp = malloc(n + 32);
-    w->dir = strdup(path);
-    if (!w->path || !w->tmp || !w->dir) {
+    w->tmp = zoff_tmp_path(path);
+    if (!w->path || !w->tmp) {
         w_free(w);
         return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     }
-    snprintf(w->tmp, n + 32, "%s.tmp-%ld", path, (long)getpid());
-    char *slash = strrchr(w->dir, '/');
-    if (!slash) strcpy(w->dir, ".");
-    else if (slash == w->dir) slash[1] = '\0';
-    else *slash = '\0';
     zoff_status s = zoff_ckpt_fault_from_env(&w->fault, "safetensors");
     if (s != ZOFF_OK) {
         w_free(w);
@@ -712,18 +706,6 @@ zoff_status zoff_st_writer_append(zoff_st_writer *w, const void *data, size_t by
     return ZOFF_OK;
 }
 
-static zoff_status fsync_path_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot open directory %s to fsync it: %s", dir, strerror(errno));
-    int r;
-    do r = fsync(fd);
-    while (r != 0 && errno == EINTR);
-    int e = errno;
-    close(fd);
-    if (r != 0) return zoff_error(ZOFF_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(e));
-    return ZOFF_OK;
-}
-
 zoff_status zoff_st_writer_commit(zoff_st_writer *w) {
     zoff_status s = w_usable(w, "zoff_st_writer_commit");
     if (s != ZOFF_OK) {
@@ -748,7 +730,7 @@ zoff_status zoff_st_writer_commit(zoff_st_writer *w) {
         else if (rename(w->tmp, w->path) != 0)
             s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
         if (s != ZOFF_OK) unlink(w->tmp);
-        else s = fsync_path_dir(w->dir);
+        else s = zoff_fsync_dir_of(w->path);
     }
     if (s != ZOFF_OK) w_remove_tmp(w);
     w_free(w);

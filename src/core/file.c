@@ -1,6 +1,6 @@
 /* Whole-file writes that are atomic on disk. */
 #define _GNU_SOURCE
-#include "zoff/core.h"
+#include "core/file_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,18 +10,38 @@
 #include <string.h>
 #include <unistd.h>
 
+char *zoff_tmp_path(const char *path) {
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (tmp) snprintf(tmp, n, "%s.tmp-%ld", path, (long)getpid());
+    return tmp;
+}
+
+zoff_status zoff_fsync_dir_of(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory syncing the directory of %s", path);
+    const char *dir = dirname(copy);
+    zoff_status s = ZOFF_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        s = zoff_error(ZOFF_ERR_IO, "cannot open directory %s to fsync it: %s", dir, strerror(errno));
+    } else {
+        int r;
+        do r = fsync(fd);
+        while (r != 0 && errno == EINTR);
+        if (r != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(errno));
+        close(fd);
+    }
+    free(copy);
+    return s;
+}
+
 /* Write `text` to PATH.tmp-PID, fsync, close, rename over `path`; on failure the
  * temp file is removed and `path` is as it was. Then fsync the directory. */
 zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
     if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "empty output path");
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32), *dircopy = strdup(path);
-    if (!tmp || !dircopy) {
-        free(tmp);
-        free(dircopy);
-        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory writing %s", path);
-    }
-    snprintf(tmp, plen + 32, "%s.tmp-%ld", path, (long)getpid());
+    char *tmp = zoff_tmp_path(path);
+    if (!tmp) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory writing %s", path);
     zoff_status s = ZOFF_OK;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -39,17 +59,10 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
     if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
     if (s == ZOFF_OK && rename(tmp, path) != 0)
         s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (s != ZOFF_OK) {
-        unlink(tmp);
-        goto done;
-    }
-    const char *dir = dirname(dircopy);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if ((dfd < 0 || fsync(dfd) != 0) && dir_sync_required)
-        s = zoff_error(ZOFF_ERR_IO, "cannot fsync directory %s: %s", dir, strerror(errno));
-    if (dfd >= 0) close(dfd);
+    if (s != ZOFF_OK) unlink(tmp);
+    else if (dir_sync_required) s = zoff_fsync_dir_of(path);
+    else (void)zoff_fsync_dir_of(path); /* best effort */
 done:
     free(tmp);
-    free(dircopy);
     return s;
 }

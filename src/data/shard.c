@@ -3,12 +3,12 @@
 #define _GNU_SOURCE
 #include "zoff/data.h"
 #include "zoff/iofault.h"
+#include "core/file_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,17 +42,6 @@ static zoff_status write_all(int fd, const void *buf, size_t n, const char *path
         n -= (size_t)w;
     }
     return ZOFF_OK;
-}
-
-static void fsync_dir_of(const char *path) {
-    char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(copy);
 }
 
 zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n, int32_t vocab_size) {
@@ -103,7 +92,7 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
             s = zoff_error(ZOFF_ERR_IO, "renaming %s to %s: %s", tmp, path, strerror(errno));
     }
     if (s != ZOFF_OK) unlink(tmp);
-    else fsync_dir_of(path);
+    else (void)zoff_fsync_dir_of(path);
     free(tmp);
     return s;
 }
