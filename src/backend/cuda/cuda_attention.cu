@@ -330,6 +330,54 @@ __device__ __forceinline__ void bwd_row_stats(float *lse_s, float *Dd_s, const f
     }
 }
 
+// Shared part of both backward kernels, for a query tile of BR rows from i0 (Qs, dOs) and a key
+// tile of BC rows from j0 (Ks, Vs): S = Q K^T and dP = dO V^T, P = exp(S scale - lse) under the
+// causal mask, dS = P (dP - D). Each thread owns rows r = ty + 16a and key columns c = tx + 16k;
+// writes dSs (BR x BC, stride BC+1) and, when WithP, Ps likewise.
+template <bool WithP, int D, int BR, int BC>
+__device__ __forceinline__ void bwd_p_ds(float *Ps, float *dSs, const float *Qs, const float *dOs, const float *Ks,
+                                         const float *Vs, const float *lse_s, const float *Dd_s, int i0, int j0, int T,
+                                         float scale) {
+    constexpr int LD = D + 1, LP = BC + 1, RQ = BR / 16, CK = BC / 16;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float sacc[RQ][CK], pacc[RQ][CK];
+#pragma unroll
+    for (int a = 0; a < RQ; a++)
+#pragma unroll
+        for (int c = 0; c < CK; c++) sacc[a][c] = pacc[a][c] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d++) {
+        float qv[RQ], gv[RQ], kv[CK], vv[CK];
+#pragma unroll
+        for (int a = 0; a < RQ; a++) {
+            qv[a] = Qs[(ty + 16 * a) * LD + d];
+            gv[a] = dOs[(ty + 16 * a) * LD + d];
+        }
+#pragma unroll
+        for (int c = 0; c < CK; c++) {
+            kv[c] = Ks[(tx + 16 * c) * LD + d];
+            vv[c] = Vs[(tx + 16 * c) * LD + d];
+        }
+#pragma unroll
+        for (int a = 0; a < RQ; a++)
+#pragma unroll
+            for (int c = 0; c < CK; c++) {
+                sacc[a][c] += qv[a] * kv[c];
+                pacc[a][c] += gv[a] * vv[c];
+            }
+    }
+#pragma unroll
+    for (int a = 0; a < RQ; a++)
+#pragma unroll
+        for (int c = 0; c < CK; c++) {
+            const int r = ty + 16 * a, cc = tx + 16 * c, i = i0 + r, j = j0 + cc;
+            const bool valid = j <= i && i < T && j < T;
+            const float p = valid ? expf(sacc[a][c] * scale - lse_s[r]) : 0.0f;
+            if (WithP) Ps[r * LP + cc] = p;
+            dSs[r * LP + cc] = p * (pacc[a][c] - Dd_s[r]);
+        }
+}
+
 // Backward dK, dV. Grid: B*NH*ceil(T/BC) blocks, each owns key rows [j0, j0+BC) and loops
 // over query tiles of BR rows from the one holding j0 to the end. Writes the k and v parts of
 // dqkv (B,T,3C) for its key rows.
@@ -338,7 +386,7 @@ __global__ void __launch_bounds__(FT)
     flash_bwd_dkdv_kernel(typename S::T *dqkv, const typename S::T *dout, const typename S::T *qkv,
                           const typename S::T *out, const float *lse, int T, int NH, float scale) {
     static_assert(BR % 16 == 0 && BC % 16 == 0 && D % 16 == 0 && BC % BR == 0, "tile shapes");
-    constexpr int LD = D + 1, LP = BC + 1, RQ = BR / 16, CK = BC / 16, RK = BC / 16, DN = D / 16;
+    constexpr int LD = D + 1, LP = BC + 1, RK = BC / 16, DN = D / 16;
     extern __shared__ float sh[];
     float *Ks = sh, *Vs = Ks + BC * LD, *Qs = Vs + BC * LD, *dOs = Qs + BR * LD;
     float *Ps = dOs + BR * LD, *dSs = Ps + BR * LP, *lse_s = dSs + BR * LP, *Dd_s = lse_s + BR;
@@ -368,43 +416,7 @@ __global__ void __launch_bounds__(FT)
         __syncthreads();
         bwd_row_stats<S, BR, D>(lse_s, Dd_s, dOs, out, lse, b, bh, h, C, i0, T);
         __syncthreads();
-        // S = Q K^T and dP = dO V^T for rows r = ty + 16a, key columns c = tx + 16k
-        float sacc[RQ][CK], pacc[RQ][CK];
-#pragma unroll
-        for (int a = 0; a < RQ; a++)
-#pragma unroll
-            for (int c = 0; c < CK; c++) sacc[a][c] = pacc[a][c] = 0.0f;
-#pragma unroll 4
-        for (int d = 0; d < D; d++) {
-            float qv[RQ], gv[RQ], kv[CK], vv[CK];
-#pragma unroll
-            for (int a = 0; a < RQ; a++) {
-                qv[a] = Qs[(ty + 16 * a) * LD + d];
-                gv[a] = dOs[(ty + 16 * a) * LD + d];
-            }
-#pragma unroll
-            for (int c = 0; c < CK; c++) {
-                kv[c] = Ks[(tx + 16 * c) * LD + d];
-                vv[c] = Vs[(tx + 16 * c) * LD + d];
-            }
-#pragma unroll
-            for (int a = 0; a < RQ; a++)
-#pragma unroll
-                for (int c = 0; c < CK; c++) {
-                    sacc[a][c] += qv[a] * kv[c];
-                    pacc[a][c] += gv[a] * vv[c];
-                }
-        }
-#pragma unroll
-        for (int a = 0; a < RQ; a++)
-#pragma unroll
-            for (int c = 0; c < CK; c++) {
-                const int r = ty + 16 * a, cc = tx + 16 * c, i = i0 + r, j = j0 + cc;
-                const bool valid = j <= i && i < T && j < T;
-                const float p = valid ? expf(sacc[a][c] * scale - lse_s[r]) : 0.0f;
-                Ps[r * LP + cc] = p;
-                dSs[r * LP + cc] = p * (pacc[a][c] - Dd_s[r]);
-            }
+        bwd_p_ds<true, D, BR, BC>(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, Dd_s, i0, j0, T, scale);
         __syncthreads();
         // dV += P^T dO, dK += dS^T Q for key rows c = ty + 16a, columns d = tx + 16k
 #pragma unroll 4
@@ -450,7 +462,7 @@ __global__ void __launch_bounds__(FT)
     flash_bwd_dq_kernel(typename S::T *dqkv, const typename S::T *dout, const typename S::T *qkv,
                         const typename S::T *out, const float *lse, int T, int NH, float scale) {
     static_assert(BR % 16 == 0 && BC % 16 == 0 && D % 16 == 0, "tile shapes");
-    constexpr int LD = D + 1, LP = BC + 1, RQ = BR / 16, CK = BC / 16, DN = D / 16;
+    constexpr int LD = D + 1, LP = BC + 1, RQ = BR / 16, DN = D / 16;
     extern __shared__ float sh[];
     float *Qs = sh, *dOs = Qs + BR * LD, *Ks = dOs + BR * LD, *Vs = Ks + BC * LD;
     float *dSs = Vs + BC * LD, *lse_s = dSs + BR * LP, *Dd_s = lse_s + BR;
@@ -480,41 +492,7 @@ __global__ void __launch_bounds__(FT)
         load_tile<S, BC, D>(Ks, base + C, C3, j0, T);
         load_tile<S, BC, D>(Vs, base + 2 * C, C3, j0, T);
         __syncthreads();
-        float sacc[RQ][CK], pacc[RQ][CK];
-#pragma unroll
-        for (int a = 0; a < RQ; a++)
-#pragma unroll
-            for (int c = 0; c < CK; c++) sacc[a][c] = pacc[a][c] = 0.0f;
-#pragma unroll 4
-        for (int d = 0; d < D; d++) {
-            float qv[RQ], gv[RQ], kv[CK], vv[CK];
-#pragma unroll
-            for (int a = 0; a < RQ; a++) {
-                qv[a] = Qs[(ty + 16 * a) * LD + d];
-                gv[a] = dOs[(ty + 16 * a) * LD + d];
-            }
-#pragma unroll
-            for (int c = 0; c < CK; c++) {
-                kv[c] = Ks[(tx + 16 * c) * LD + d];
-                vv[c] = Vs[(tx + 16 * c) * LD + d];
-            }
-#pragma unroll
-            for (int a = 0; a < RQ; a++)
-#pragma unroll
-                for (int c = 0; c < CK; c++) {
-                    sacc[a][c] += qv[a] * kv[c];
-                    pacc[a][c] += gv[a] * vv[c];
-                }
-        }
-#pragma unroll
-        for (int a = 0; a < RQ; a++)
-#pragma unroll
-            for (int c = 0; c < CK; c++) {
-                const int r = ty + 16 * a, cc = tx + 16 * c, i = i0 + r, j = j0 + cc;
-                const bool valid = j <= i && i < T && j < T;
-                const float p = valid ? expf(sacc[a][c] * scale - lse_s[r]) : 0.0f;
-                dSs[r * LP + cc] = p * (pacc[a][c] - Dd_s[r]);
-            }
+        bwd_p_ds<false, D, BR, BC>(nullptr, dSs, Qs, dOs, Ks, Vs, lse_s, Dd_s, i0, j0, T, scale);
         __syncthreads();
         // dQ += dS K for rows r = ty + 16a, columns d = tx + 16k
 #pragma unroll 4
