@@ -63,6 +63,23 @@ template <int D> __device__ __forceinline__ void load_tile(uint16_t *dst, const 
     }
 }
 
+// Double buffering of two tiles X, Y (two buffers each, TE apart): while the tile pair in buffer
+// `buf` is used, the pair of tile `next` (when next < n) loads into the other one. Waits until
+// buffer `buf` has arrived and the block has synchronised.
+template <int D> __device__ __forceinline__ void next_pair(uint16_t *X, const uint16_t *xb, int64_t xs, uint16_t *Y,
+                                                           const uint16_t *yb, int64_t ys, int buf, int next, int n,
+                                                           int T) {
+    if (next < n) {
+        load_tile<D>(X + (buf ^ 1) * tile_elems<D>(), xb, next * TR, T, xs);
+        load_tile<D>(Y + (buf ^ 1) * tile_elems<D>(), yb, next * TR, T, ys);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // acc[nt] (16 x 8 n-tiles) += A B for this warp: A = 16 rows of a shared tile (row-major, lda),
 // 16*KS columns; B (k x n) given as its n rows (B[k][n] = Bn[n * ldb + k]), 8*NT of them.
 template <bool BF, int NT, int KS>
@@ -153,15 +170,7 @@ __global__ void __launch_bounds__(MT) mma_fwd_kernel(uint16_t *out, float *lse, 
     const int nkt = qt + 1; // key tiles past the diagonal are fully masked: never visited
     for (int kt = 0; kt < nkt; kt++) {
         const int buf = kt & 1;
-        if (kt + 1 < nkt) { // the next K/V tile loads while this one is used
-            load_tile<D>(Ks + (buf ^ 1) * TE, kb, (kt + 1) * TR, T, C3);
-            load_tile<D>(Vs + (buf ^ 1) * TE, vb, (kt + 1) * TR, T, C3);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_pair<D>(Ks, kb, C3, Vs, vb, C3, buf, kt + 1, nkt, T); // the next K/V tile loads while this one is used
         float s[8][4];
         zero(s);
         mma_rows_nk<IsBF16<S>::v, 8, D / 16>(s, Qs + warp * 16 * LD, LD, Ks + buf * TE, LD);
@@ -264,15 +273,7 @@ __global__ void __launch_bounds__(MT) mma_bwd_dkdv_kernel(uint16_t *dqkv, const 
     zero(dv);
     for (int qt = kt, it = 0; qt < nb; qt++, it++) {
         const int buf = it & 1;
-        if (qt + 1 < nb) {
-            load_tile<D>(Qs + (buf ^ 1) * TE, qb, (qt + 1) * TR, T, C3);
-            load_tile<D>(dOs + (buf ^ 1) * TE, ob, (qt + 1) * TR, T, C);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_pair<D>(Qs, qb, C3, dOs, ob, C, buf, qt + 1, nb, T);
         float s[8][4], dp[8][4];
         zero(s);
         zero(dp);
@@ -331,15 +332,7 @@ __global__ void __launch_bounds__(MT) mma_bwd_dq_kernel(uint16_t *dqkv, const ui
     const int nkt = qt + 1;
     for (int kt = 0; kt < nkt; kt++) {
         const int buf = kt & 1;
-        if (kt + 1 < nkt) {
-            load_tile<D>(Ks + (buf ^ 1) * TE, kb, (kt + 1) * TR, T, C3);
-            load_tile<D>(Vs + (buf ^ 1) * TE, vb, (kt + 1) * TR, T, C3);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_pair<D>(Ks, kb, C3, Vs, vb, C3, buf, kt + 1, nkt, T);
         float s[8][4], dp[8][4];
         zero(s);
         zero(dp);
