@@ -1235,12 +1235,9 @@ zoff_status zoff_ckpt_open(const char *path, int rank, zoff_ckpt_reader **out) {
     r->rank = rank;
     r->nranks = nranks;
     zoff_status st = open_file(r, stepdir, rank, step);
-    if (st != ZOFF_OK) {
-        zoff_ckpt_close(r);
-        return st;
-    }
-    *out = r;
-    return ZOFF_OK;
+    if (st == ZOFF_OK) *out = r;
+    else zoff_ckpt_close(r);
+    return st;
 }
 
 void zoff_ckpt_close(zoff_ckpt_reader *r) {

@@ -186,12 +186,9 @@ zoff_status zoff_comm_dup(zoff_comm *c, zoff_comm **out) {
         s = c->svt->dup(c, d);
         if (s != ZOFF_OK) d->svt = NULL;
     }
-    if (s != ZOFF_OK) {
-        zoff_comm_destroy(d);
-        return s;
-    }
-    *out = d;
-    return ZOFF_OK;
+    if (s == ZOFF_OK) *out = d;
+    else zoff_comm_destroy(d);
+    return s;
 }
 
 void zoff_comm_destroy(zoff_comm *c) {

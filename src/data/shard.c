@@ -345,12 +345,9 @@ zoff_status zoff_dataset_open(const char *pattern, int32_t vocab_size, zoff_data
     free(copy);
     if (s == ZOFF_OK && ds->num_shards == 0)
         s = zoff_error(ZOFF_ERR_INVALID, "data path '%s' names no shards", pattern);
-    if (s != ZOFF_OK) {
-        zoff_dataset_free(ds);
-        return s;
-    }
-    *out = ds;
-    return ZOFF_OK;
+    if (s == ZOFF_OK) *out = ds;
+    else zoff_dataset_free(ds);
+    return s;
 }
 
 void zoff_dataset_free(zoff_dataset *ds) {

@@ -25,21 +25,14 @@ zoff_status zoff_wready_create(zoff_device *dev, const zoff_tensor_info *t, int 
     w->pending = calloc((size_t)(nt > 0 ? nt : 1), sizeof *w->pending);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
-    if (!w->goff || !w->ev || !w->pending) {
-        zoff_wready_destroy(w);
-        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight events");
-    }
-    for (int i = 0; i < nt; i++)
+    zoff_status s = ZOFF_OK;
+    if (!w->goff || !w->ev || !w->pending) s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight events");
+    for (int i = 0; s == ZOFF_OK && i < nt; i++)
         if (i == 0 || t[i].layer != t[i - 1].layer) w->goff[w->n++] = t[i].offset;
-    for (int g = 0; g < w->n; g++) {
-        zoff_status s = zoff_event_create(dev, &w->ev[g]);
-        if (s != ZOFF_OK) {
-            zoff_wready_destroy(w);
-            return s;
-        }
-    }
-    *out = w;
-    return ZOFF_OK;
+    for (int g = 0; s == ZOFF_OK && g < w->n; g++) s = zoff_event_create(dev, &w->ev[g]);
+    if (s == ZOFF_OK) *out = w;
+    else zoff_wready_destroy(w);
+    return s;
 }
 
 void zoff_wready_destroy(zoff_wready *w) {
