@@ -29,62 +29,71 @@ static void piece(size_t n, int i, int t, size_t *lo, size_t *hi) {
     *hi = *lo + per < n ? *lo + per : n;
 }
 
-void zoff_par_memset(void *dst, int byte, size_t bytes) {
+/* What one call moves: the piece functions below read what they need. */
+typedef struct par_job {
+    void *dst;
+    const void *src;
+    float f32;
+    uint16_t u16;
+    int byte;
+} par_job;
+
+/* Runs piece_fn on each thread's piece [lo, hi) of n elements; `bytes`, the size of the whole
+ * job, sets the thread count. */
+static void for_each_piece(size_t n, size_t bytes, void (*piece_fn)(const par_job *, size_t, size_t),
+                           const par_job *job) {
     int t = zoff_par_threads(bytes);
 #pragma omp parallel for num_threads(t) schedule(static, 1)
     for (int i = 0; i < t; i++) {
         size_t lo, hi;
-        piece(bytes, i, t, &lo, &hi);
-        if (hi > lo) memset((char *)dst + lo, byte, hi - lo);
+        piece(n, i, t, &lo, &hi);
+        if (hi > lo) piece_fn(job, lo, hi);
     }
+}
+
+static void memset_piece(const par_job *j, size_t lo, size_t hi) { memset((char *)j->dst + lo, j->byte, hi - lo); }
+static void memcpy_piece(const par_job *j, size_t lo, size_t hi) {
+    memcpy((char *)j->dst + lo, (const char *)j->src + lo, hi - lo);
+}
+static void fill_f32_piece(const par_job *j, size_t lo, size_t hi) {
+    float *d = j->dst;
+    for (size_t i = lo; i < hi; i++) d[i] = j->f32;
+}
+static void fill_u16_piece(const par_job *j, size_t lo, size_t hi) {
+    uint16_t *d = j->dst;
+    for (size_t i = lo; i < hi; i++) d[i] = j->u16;
+}
+static void bf16_piece(const par_job *j, size_t lo, size_t hi) {
+    uint16_t *d = j->dst;
+    const float *src = j->src;
+    for (size_t i = lo; i < hi; i++) d[i] = zoff_half_f32_to_bf16(src[i]);
+}
+static void f16_piece(const par_job *j, size_t lo, size_t hi) {
+    uint16_t *d = j->dst;
+    const float *src = j->src;
+    for (size_t i = lo; i < hi; i++) d[i] = zoff_half_f32_to_f16(src[i]);
+}
+
+void zoff_par_memset(void *dst, int byte, size_t bytes) {
+    for_each_piece(bytes, bytes, memset_piece, &(par_job){.dst = dst, .byte = byte});
 }
 
 void zoff_par_memcpy(void *dst, const void *src, size_t bytes) {
-    int t = zoff_par_threads(bytes);
-#pragma omp parallel for num_threads(t) schedule(static, 1)
-    for (int i = 0; i < t; i++) {
-        size_t lo, hi;
-        piece(bytes, i, t, &lo, &hi);
-        if (hi > lo) memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
-    }
+    for_each_piece(bytes, bytes, memcpy_piece, &(par_job){.dst = dst, .src = src});
 }
 
 void zoff_par_fill_f32(float *dst, float value, size_t n) {
-    int t = zoff_par_threads(n * sizeof(float));
-#pragma omp parallel for num_threads(t) schedule(static, 1)
-    for (int i = 0; i < t; i++) {
-        size_t lo, hi;
-        piece(n, i, t, &lo, &hi);
-        for (size_t j = lo; j < hi; j++) dst[j] = value;
-    }
+    for_each_piece(n, n * sizeof(float), fill_f32_piece, &(par_job){.dst = dst, .f32 = value});
 }
 
 void zoff_par_fill_u16(uint16_t *dst, uint16_t value, size_t n) {
-    int t = zoff_par_threads(n * sizeof(uint16_t));
-#pragma omp parallel for num_threads(t) schedule(static, 1)
-    for (int i = 0; i < t; i++) {
-        size_t lo, hi;
-        piece(n, i, t, &lo, &hi);
-        for (size_t j = lo; j < hi; j++) dst[j] = value;
-    }
+    for_each_piece(n, n * sizeof(uint16_t), fill_u16_piece, &(par_job){.dst = dst, .u16 = value});
 }
 
 void zoff_par_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
-    int t = zoff_par_threads(n * sizeof(float));
-#pragma omp parallel for num_threads(t) schedule(static, 1)
-    for (int i = 0; i < t; i++) {
-        size_t lo, hi;
-        piece(n, i, t, &lo, &hi);
-        for (size_t j = lo; j < hi; j++) dst[j] = zoff_half_f32_to_bf16(src[j]);
-    }
+    for_each_piece(n, n * sizeof(float), bf16_piece, &(par_job){.dst = dst, .src = src});
 }
 
 void zoff_par_f32_to_f16(uint16_t *dst, const float *src, size_t n) {
-    int t = zoff_par_threads(n * sizeof(float));
-#pragma omp parallel for num_threads(t) schedule(static, 1)
-    for (int i = 0; i < t; i++) {
-        size_t lo, hi;
-        piece(n, i, t, &lo, &hi);
-        for (size_t j = lo; j < hi; j++) dst[j] = zoff_half_f32_to_f16(src[j]);
-    }
+    for_each_piece(n, n * sizeof(float), f16_piece, &(par_job){.dst = dst, .src = src});
 }
