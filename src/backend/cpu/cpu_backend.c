@@ -72,17 +72,19 @@ static void event_unref(cpu_event *e) {
 
 typedef enum item_kind { ITEM_KERNEL, ITEM_MEMCPY, ITEM_MEMSET, ITEM_HOST_FN, ITEM_RECORD, ITEM_WAIT } item_kind;
 
+typedef union item_payload {
+    struct { void *dst; const void *src; size_t bytes; } copy;
+    struct { void *dst; int value; size_t bytes; } set;
+    struct { void (*fn)(void *); void *arg; } host;
+    struct { cpu_event *ev; uint64_t gen; } event;
+    struct { zoff_op op; } kernel;
+} item_payload;
+
 typedef struct work_item {
     struct work_item *next;
     item_kind kind;
     uint64_t seq;
-    union {
-        struct { void *dst; const void *src; size_t bytes; } copy;
-        struct { void *dst; int value; size_t bytes; } set;
-        struct { void (*fn)(void *); void *arg; } host;
-        struct { cpu_event *ev; uint64_t gen; } event;
-        struct { zoff_op op; } kernel;
-    } u;
+    item_payload u;
     _Alignas(max_align_t) unsigned char args[]; /* kernel args copy */
 } work_item;
 
@@ -200,6 +202,14 @@ static work_item *item_new(item_kind kind, size_t extra, const char *stream_name
     }
     it->kind = kind;
     return it;
+}
+
+/* Queue a new item of `kind` carrying payload u on stream s. */
+static zoff_status enqueue_new(cpu_stream *s, item_kind kind, item_payload u) {
+    work_item *it = item_new(kind, 0, s->name);
+    if (!it) return ZOFF_ERR_NOMEM;
+    it->u = u;
+    return enqueue(s, it);
 }
 
 /* ------------------------------------------------------------------ vtable: device and memory */
@@ -376,34 +386,17 @@ static bool cpu_event_query(void *ctx, void *event) {
 static zoff_status cpu_memcpy_async(void *ctx, void *stream, void *dst, const void *src, size_t bytes, zoff_copy_kind kind) {
     (void)ctx;
     (void)kind; /* all memory is host memory */
-    cpu_stream *s = stream;
-    work_item *it = item_new(ITEM_MEMCPY, 0, s->name);
-    if (!it) return ZOFF_ERR_NOMEM;
-    it->u.copy.dst = dst;
-    it->u.copy.src = src;
-    it->u.copy.bytes = bytes;
-    return enqueue(s, it);
+    return enqueue_new(stream, ITEM_MEMCPY, (item_payload){.copy = {dst, src, bytes}});
 }
 
 static zoff_status cpu_memset_async(void *ctx, void *stream, void *dst, int value, size_t bytes) {
     (void)ctx;
-    cpu_stream *s = stream;
-    work_item *it = item_new(ITEM_MEMSET, 0, s->name);
-    if (!it) return ZOFF_ERR_NOMEM;
-    it->u.set.dst = dst;
-    it->u.set.value = value;
-    it->u.set.bytes = bytes;
-    return enqueue(s, it);
+    return enqueue_new(stream, ITEM_MEMSET, (item_payload){.set = {dst, value, bytes}});
 }
 
 static zoff_status cpu_host_fn(void *ctx, void *stream, void (*fn)(void *), void *arg) {
     (void)ctx;
-    cpu_stream *s = stream;
-    work_item *it = item_new(ITEM_HOST_FN, 0, s->name);
-    if (!it) return ZOFF_ERR_NOMEM;
-    it->u.host.fn = fn;
-    it->u.host.arg = arg;
-    return enqueue(s, it);
+    return enqueue_new(stream, ITEM_HOST_FN, (item_payload){.host = {fn, arg}});
 }
 
 static zoff_status cpu_launch(void *ctx, void *stream, zoff_op op, const void *args) {
