@@ -38,15 +38,21 @@
 extern "C" {
 #endif
 
+/* Check a call into a CUDA library whose status type is TYPE (success: OK); on failure return
+ * ZOFF_ERR_DEVICE with file, line, the call's text and the library's message and name for the status
+ * (STR, NAME). The checks below are this for the runtime and cuBLAS. */
+#define ZOFF_CUDA_LIB_CHECK(TYPE, OK, STR, NAME, text, call)                                                    \
+    do {                                                                                                    \
+        TYPE zoff_lib_s_ = (call);                                                                          \
+        if (zoff_lib_s_ != (OK))                                                                            \
+            return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, text,      \
+                              STR(zoff_lib_s_), NAME(zoff_lib_s_));                                         \
+    } while (0)
+
 /* Check a CUDA runtime call; on failure return ZOFF_ERR_DEVICE with file, line, call and CUDA's message.
  * Usage inside a function returning zoff_status:  ZOFF_CUDA_CHECK(cudaMemsetAsync(p, 0, n, s)); */
-#define ZOFF_CUDA_CHECK(call)                                                                               \
-    do {                                                                                                    \
-        cudaError_t zoff_cuda_e_ = (call);                                                                  \
-        if (zoff_cuda_e_ != cudaSuccess)                                                                    \
-            return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,     \
-                              cudaGetErrorString(zoff_cuda_e_), cudaGetErrorName(zoff_cuda_e_));            \
-    } while (0)
+#define ZOFF_CUDA_CHECK(call) \
+    ZOFF_CUDA_LIB_CHECK(cudaError_t, cudaSuccess, cudaGetErrorString, cudaGetErrorName, #call, call)
 
 /* Check a kernel launch (<<<...>>> reports configuration errors through cudaGetLastError). */
 #define ZOFF_CUDA_CHECK_LAUNCH(what)                                                                        \

@@ -34,13 +34,9 @@ namespace {
 constexpr size_t WORKSPACE_BYTES = (size_t)32 << 20; // cuBLAS recommends 32 MiB on Hopper
 constexpr int CACHE_BUCKETS = 64, CACHE_WAYS = 4; // 256 cases; a full bucket: the case runs uncached
 
-#define ZOFF_CUBLAS_CHECK(call)                                                                          \
-    do {                                                                                                 \
-        cublasStatus_t zoff_cublas_s_ = (call);                                                          \
-        if (zoff_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,  \
-                              cublasLtGetStatusString(zoff_cublas_s_), cublasLtGetStatusName(zoff_cublas_s_)); \
-    } while (0)
+#define ZOFF_CUBLAS_CHECK(call)                                                                         \
+    ZOFF_CUDA_LIB_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString, cublasLtGetStatusName, \
+                        #call, call)
 
 struct MMKey {
     int64_t m, n, k, lda, ldb, ldd;
