@@ -218,12 +218,12 @@ static void usage(FILE *f) {
 }
 
 /* --size, --block-size: a byte count > 0 (e.g. 1GiB) into *dst; false (the error printed) otherwise. */
-static bool size_value(int argc, char **argv, int *i, int64_t *dst) {
-    const char *o = argv[*i], *v = cli_value("bench nvme", argc, argv, i);
+static bool size_value(const char *flag, int argc, char **argv, int *i, int64_t *dst) {
+    const char *v = cli_value("bench nvme", argc, argv, i);
     size_t sz;
     if (!v) return false;
     if (zoff_parse_size(v, &sz) != ZOFF_OK || sz == 0) {
-        fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", o, v);
+        fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", flag, v);
         return false;
     }
     *dst = (int64_t)sz;
@@ -251,21 +251,18 @@ static int parse_args(int argc, char **argv, bench_args *a) {
                                    {"--delayed", &a->delayed, true},
                                    {"--json", &a->json, true}};
     const cli_flag_tables tables = {NULL,  strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
-                                    bools, sizeof bools / sizeof *bools};
+                                    bools, sizeof bools / sizeof *bools,       usage};
     for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        int took = cli_table_flags("bench nvme", o, &tables, argc, argv, &i);
-        if (took < 0) return 2;
-        if (took) continue;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            return -1;
-        } else if (!strcmp(o, "--size")) {
-            if (!size_value(argc, argv, &i, &a->size)) return 2;
+        char o[64];
+        int took = cli_table_flags("bench nvme", &tables, o, sizeof o, argc, argv, &i);
+        if (took == CLI_FLAG_TAKEN) continue;
+        if (took != CLI_FLAG_NONE) return took == CLI_FLAG_HELP ? -1 : 2;
+        if (!strcmp(o, "--size")) {
+            if (!size_value(o, argc, argv, &i, &a->size)) return 2;
         } else if (!strcmp(o, "--block-size")) {
-            if (!size_value(argc, argv, &i, &a->block)) return 2;
+            if (!size_value(o, argc, argv, &i, &a->block)) return 2;
         } else {
-            fprintf(stderr, "zoff bench nvme: unknown option '%s' (--help lists them)\n", o);
+            fprintf(stderr, "zoff bench nvme: unknown option '%s' (--help lists them)\n", argv[i]);
             return 2;
         }
     }

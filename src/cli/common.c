@@ -109,7 +109,12 @@ int cli_shape_flags(const char *cmd, const char *name, const cli_shape_fields *f
     return cli_int_flags(cmd, name, flags, sizeof flags / sizeof flags[0], argc, argv, i);
 }
 
-int cli_table_flags(const char *cmd, const char *name, const cli_flag_tables *t, int argc, char **argv, int *i) {
+int cli_table_flags(const char *cmd, const cli_flag_tables *t, char *name, size_t size, int argc, char **argv, int *i) {
+    cli_flag_name(argv[*i], name, size);
+    if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
+        t->usage(stdout);
+        return CLI_FLAG_HELP;
+    }
     int took = t->shape ? cli_shape_flags(cmd, name, t->shape, argc, argv, i) : 0;
     if (!took) took = cli_string_flags(cmd, name, t->strs, t->nstrs, argc, argv, i);
     if (!took) took = cli_int_flags(cmd, name, t->ints, t->nints, argc, argv, i);

@@ -55,8 +55,7 @@ typedef struct cli_bool_flag {
     const char *name;
     bool *value, set;
 } cli_bool_flag;
-/* A command's flags as tables (any part may be empty): tries the shape flags, the strings, the
- * integers, then the switches; returns as cli_int_flags. */
+/* A command's flags as tables (any part may be empty) and its usage text. */
 typedef struct cli_flag_tables {
     const cli_shape_fields *shape;
     const cli_string_flag *strs;
@@ -65,8 +64,14 @@ typedef struct cli_flag_tables {
     size_t nints;
     const cli_bool_flag *bools;
     size_t nbools;
+    void (*usage)(FILE *);
 } cli_flag_tables;
-int cli_table_flags(const char *cmd, const char *name, const cli_flag_tables *t, int argc, char **argv, int *i);
+/* What cli_table_flags did with argv[*i]. */
+enum { CLI_FLAG_NONE = 0, CLI_FLAG_TAKEN = 1, CLI_FLAG_HELP = 2, CLI_FLAG_ERROR = -1 };
+/* Take argv[*i] when it is in the tables (shape flags, strings, integers, switches; a value is
+ * fetched and checked, advancing *i): TAKEN, or ERROR with the message printed. -h and --help
+ * print the usage to stdout: HELP. Otherwise NONE, with the flag's name (cli_flag_name) in name. */
+int cli_table_flags(const char *cmd, const cli_flag_tables *t, char *name, size_t size, int argc, char **argv, int *i);
 
 /* Training checkpoints live in src/train (include/zoff/train.h); these names remain for the
  * benchmarks that call them. */

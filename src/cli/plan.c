@@ -118,7 +118,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                                    {"--json", &a->json, true},
                                    {"--deepspeed", &a->deepspeed, true}};
     const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
-                                    bools,  sizeof bools / sizeof *bools};
+                                    bools,  sizeof bools / sizeof *bools,       plan_usage};
     static const char *const devices[] = {"cpu", "cuda", NULL};
     /* the flags below that take a value: fetched first, as v */
     static const char *const valued[] = {"--device-memory", "--host-memory", "--pinned-limit", "--disk-free",
@@ -126,16 +126,12 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         char name[64];
-        cli_flag_name(argv[i], name, sizeof name);
-        int took = cli_table_flags("plan", name, &tables, argc, argv, &i);
-        if (took < 0) return 2;
-        if (took) continue;
+        int took = cli_table_flags("plan", &tables, name, sizeof name, argc, argv, &i);
+        if (took == CLI_FLAG_TAKEN) continue;
+        if (took != CLI_FLAG_NONE) return took == CLI_FLAG_HELP ? -1 : 2;
         for (const char *const *f = valued; *f; f++)
             if (!strcmp(name, *f) && !(v = cli_value("plan", argc, argv, &i))) return 2;
-        if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
-            plan_usage(stdout);
-            return -1;
-        } else if (!strcmp(name, "--device")) {
+        if (!strcmp(name, "--device")) {
             if (!(a->device = cli_choice("plan", name, devices, argc, argv, &i))) return 2;
         } else if (!strcmp(name, "--device-memory")) {
             if (!parse_size_flag(name, v, &a->device_memory)) return 2;

@@ -113,19 +113,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
                                    {"--sync-save", &o->sync_saves, true},
                                    {"--quiet", &o->quiet, true}};
     const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
-                                    bools,  sizeof bools / sizeof *bools};
+                                    bools,  sizeof bools / sizeof *bools,       train_usage};
     static const char *const tokenizers[] = {"gpt2", "byte", NULL}, *const devices[] = {"cpu", "cuda", NULL};
     for (int i = 1; i < argc; i++) {
         const char *v;
         char name[64];
-        cli_flag_name(argv[i], name, sizeof name);
-        int took = cli_table_flags("train", name, &tables, argc, argv, &i);
-        if (took < 0) return 2;
-        if (took) continue;
-        if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
-            train_usage(stdout);
-            return -1;
-        } else if (!strcmp(name, "--tokenizer")) {
+        int took = cli_table_flags("train", &tables, name, sizeof name, argc, argv, &i);
+        if (took == CLI_FLAG_TAKEN) continue;
+        if (took != CLI_FLAG_NONE) return took == CLI_FLAG_HELP ? -1 : 2;
+        if (!strcmp(name, "--tokenizer")) {
             if (!(o->tokenizer = cli_choice("train", name, tokenizers, argc, argv, &i))) return 2;
         } else if (!strcmp(name, "--device")) {
             if (!(o->device = cli_choice("train", name, devices, argc, argv, &i))) return 2;
