@@ -106,6 +106,10 @@ int cli_shape_flags(const char *cmd, const char *name, const cli_shape_fields *f
         {"--vocab-size", 2, ZOFF_GPT2_MAX_TRAIN_VOCAB, f->vocab_size},
         {"--micro-batch-size", 1, ZOFF_GPT2_MAX_BATCH, f->micro_batch},
     };
+    if (!strcmp(name, "--checkpoint-activations")) {
+        *f->checkpoint_activations = true;
+        return 1;
+    }
     return cli_int_flags(cmd, name, flags, sizeof flags / sizeof flags[0], argc, argv, i);
 }
 

@@ -42,12 +42,13 @@ typedef struct cli_int_flag {
 int cli_string_flags(const char *cmd, const char *name, const cli_string_flag *flags, size_t n, int argc, char **argv,
                      int *i);
 int cli_int_flags(const char *cmd, const char *name, const cli_int_flag *flags, size_t n, int argc, char **argv, int *i);
-/* The model-shape flags every command that builds a GPT-2 takes (--num-layers, --hidden-size,
- * --num-attention-heads, --seq-length, --max-position-embeddings, --vocab-size,
- * --micro-batch-size), with the ranges of the model's one bounds table (zoff/model.h);
- * returns as cli_int_flags. */
+/* The model flags of the commands that train or plan a GPT-2: the shape (--num-layers,
+ * --hidden-size, --num-attention-heads, --seq-length, --max-position-embeddings, --vocab-size,
+ * --micro-batch-size), with the ranges of the model's one bounds table (zoff/model.h), and
+ * --checkpoint-activations; returns as cli_int_flags. */
 typedef struct cli_shape_fields {
     int64_t *num_layers, *hidden_size, *num_heads, *seq_length, *max_pos, *vocab_size, *micro_batch;
+    bool *checkpoint_activations;
 } cli_shape_fields;
 int cli_shape_flags(const char *cmd, const char *name, const cli_shape_fields *f, int argc, char **argv, int *i);
 /* A flag without a value: stores `set` into *value. */

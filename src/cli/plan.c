@@ -107,16 +107,14 @@ static bool parse_ratios(const char *v, plan_args *a) {
 
 static int parse_args(int argc, char **argv, plan_args *a) {
     memset(a, 0, sizeof *a);
-    const cli_shape_fields shape = {&a->num_layers, &a->hidden_size, &a->num_heads, &a->seq_length,
-                                    &a->max_pos, &a->vocab_size, &a->micro_batch};
+    const cli_shape_fields shape = {&a->num_layers, &a->hidden_size, &a->num_heads,   &a->seq_length,
+                                    &a->max_pos,    &a->vocab_size,  &a->micro_batch, &a->checkpoint_activations};
     const cli_string_flag strs[] = {
         {"--config", &a->config_path}, {"--nvme-path", &a->nvme_path}, {"--write-config", &a->write_config}};
     const cli_int_flag ints[] = {{"--ranks", 1, 1 << 20, &a->ranks},
                                  {"--ranks-per-node", 1, 1 << 20, &a->ranks_per_node}};
-    const cli_bool_flag bools[] = {{"--checkpoint-activations", &a->checkpoint_activations, true},
-                                   {"--no-probe", &a->no_probe, true},
-                                   {"--json", &a->json, true},
-                                   {"--deepspeed", &a->deepspeed, true}};
+    const cli_bool_flag bools[] = {
+        {"--no-probe", &a->no_probe, true}, {"--json", &a->json, true}, {"--deepspeed", &a->deepspeed, true}};
     const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
                                     bools,  sizeof bools / sizeof *bools,       plan_usage};
     static const char *const devices[] = {"cpu", "cuda", NULL};

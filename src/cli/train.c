@@ -98,8 +98,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
     o->tokenizer = "gpt2";
     o->default_data_dir = "out/data";
     int64_t seed = 1234;
-    const cli_shape_fields shape = {&o->num_layers, &o->hidden_size, &o->num_heads, &o->seq_length,
-                                    &o->max_pos, &o->vocab_size, &o->micro_batch};
+    const cli_shape_fields shape = {&o->num_layers, &o->hidden_size, &o->num_heads,   &o->seq_length,
+                                    &o->max_pos,    &o->vocab_size,  &o->micro_batch, &o->checkpoint_activations};
     const cli_string_flag strs[] = {{"--config", &o->config_path}, {"--save", &o->save_dir},
                                     {"--load", &o->load_dir},      {"--init-from", &o->init_from},
                                     {"--data-path", &o->data_path}, {"--val-path", &o->val_path}};
@@ -108,8 +108,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
                                  {"--save-interval", 1, INT64_MAX / 2, &o->save_interval},
                                  {"--keep-last", 1, 1 << 20, &o->keep_last},
                                  {"--seed", 0, INT64_MAX, &seed}};
-    const cli_bool_flag bools[] = {{"--checkpoint-activations", &o->checkpoint_activations, true},
-                                   {"--overwrite", &o->overwrite, true},
+    const cli_bool_flag bools[] = {{"--overwrite", &o->overwrite, true},
                                    {"--sync-save", &o->sync_saves, true},
                                    {"--quiet", &o->quiet, true}};
     const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
