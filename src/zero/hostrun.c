@@ -137,16 +137,22 @@ static zoff_status dpu_push_group(zoff_engine *e, int g) {
     return zoff_wready_arrive(e->wr, g, e->h2d);
 }
 
+/* Delayed update, pipelined: mark group g (in g_updated or g_released); the group is pushed once
+ * it is both updated and released. */
+static zoff_status dpu_mark(zoff_engine *e, bool *marks, int g) {
+    zoff_status s = ZOFF_OK;
+    pthread_mutex_lock(&e->mu);
+    marks[g] = true;
+    if (e->g_updated[g] && e->g_released[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
 /* Delayed update, pipelined: the job has written host sub-group i. */
 static zoff_status dpu_updated(zoff_engine *e, int i) {
     int g = e->sg_group[i];
     if (--e->group_left[g] > 0) return ZOFF_OK;
-    zoff_status s = ZOFF_OK;
-    pthread_mutex_lock(&e->mu);
-    e->g_updated[g] = true;
-    if (e->g_released[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
-    pthread_mutex_unlock(&e->mu);
-    return s;
+    return dpu_mark(e, e->g_updated, g);
 }
 
 /* Delayed update, pipelined: the boundary backward reported group g's range final, so
@@ -155,12 +161,7 @@ zoff_status zoff_hr_dpu_released(zoff_engine *e, zoff_stream *stream, int64_t of
     int g = zoff_wready_group_of(e->wr, offset);
     if (g < 0 || !e->group_need[g]) return ZOFF_OK;
     ZOFF_TRY(zoff_event_record(e->ev_release[g], stream));
-    zoff_status s = ZOFF_OK;
-    pthread_mutex_lock(&e->mu);
-    e->g_released[g] = true;
-    if (e->g_updated[g] && !e->g_pushed[g]) s = dpu_push_group(e, g);
-    pthread_mutex_unlock(&e->mu);
-    return s;
+    return dpu_mark(e, e->g_released, g);
 }
 
 /* Speculation: wait until sub-group g's gradients are on the host, then save its state. */
