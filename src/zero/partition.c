@@ -140,20 +140,19 @@ zoff_status zoff_dp_plan_build(zoff_dp_plan *p, const zoff_tensor_info *t, int n
 zoff_status zoff_dp_layout_alloc(const zoff_dp_plan *p, zoff_dp_layout *l) {
     memset(l, 0, sizeof *l);
     l->p = malloc((size_t)(p->npieces > 0 ? p->npieces : 1) * sizeof *l->p);
-    l->counts = calloc((size_t)p->world, sizeof *l->counts);
-    l->starts = calloc((size_t)p->world, sizeof *l->starts);
-    if (!l->p || !l->counts || !l->starts) {
+    l->counts = calloc(2 * (size_t)p->world, sizeof *l->counts); /* the counts, then the starts */
+    if (!l->p || !l->counts) {
         zoff_dp_layout_free(l);
         return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a partition layout");
     }
+    l->starts = l->counts + p->world;
     return ZOFF_OK;
 }
 
 void zoff_dp_layout_free(zoff_dp_layout *l) {
     if (!l) return;
     free(l->p);
-    free(l->counts);
-    free(l->starts);
+    free(l->counts); /* and the starts */
     memset(l, 0, sizeof *l);
 }
 

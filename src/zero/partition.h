@@ -72,7 +72,7 @@ typedef struct zoff_dp_layout {
     zoff_dp_piece *p;
     int np;
     int64_t *counts;  /* [world] */
-    int64_t *starts;  /* [world]: offset of rank r's block in the packed order */
+    int64_t *starts;  /* [world]: offset of rank r's block in the packed order (in the counts' block) */
     bool identity;
 } zoff_dp_layout;
 zoff_status zoff_dp_layout_alloc(const zoff_dp_plan *p, zoff_dp_layout *l);
