@@ -68,6 +68,13 @@ typedef struct gpt2_block_acts {
     void *fch, *fch_gelu;                  /* (N,4C), (N,4C) */
 } gpt2_block_acts;
 
+/* A parameter group (the embeddings, one block, the final layernorm): its range of the model's
+ * parameters and, while in use, where its weights and gradients are. */
+typedef struct param_group {
+    int64_t off, count;
+    void *p, *g;
+} param_group;
+
 struct zoff_gpt2 {
     zoff_device *dev;
     zoff_gpt2_shape shape; /* padded_vocab_size resolved */
@@ -90,8 +97,7 @@ struct zoff_gpt2 {
     zoff_weight_wait_fn wait_fn; /* flat buffers: forward waits for each group's weights (may be NULL) */
     void *wait_arg;
     int ngroups;
-    int64_t *goff, *gcount;
-    void **gp, **gg;
+    param_group *groups; /* [ngroups] */
     void *acts_mem;        /* one allocation carved below */
     size_t params_bytes, grads_bytes, acts_bytes;
 
@@ -130,36 +136,38 @@ static int group_of(const zoff_gpt2 *m, int t) {
 
 static void *param_ptr(const zoff_gpt2 *m, int t) {
     int g = group_of(m, t);
-    return elem_ptr(m->gp[g], m->tensors[t].offset - m->goff[g], m->dts);
+    return elem_ptr(m->groups[g].p, m->tensors[t].offset - m->groups[g].off, m->dts);
 }
 
 static void *grad_ptr(const zoff_gpt2 *m, int t) {
     int g = group_of(m, t);
-    return elem_ptr(m->gg[g], m->tensors[t].offset - m->goff[g], m->dts);
+    return elem_ptr(m->groups[g].g, m->tensors[t].offset - m->groups[g].off, m->dts);
 }
 
 /* Parameter group g is about to be used / is no longer used (hooks; nothing with flat buffers). */
 static zoff_status group_use(zoff_gpt2 *m, int g, bool backward) {
     if (!m->external) { /* backward comes after a forward that waited, in stream order */
         if (!m->wait_fn || backward) return ZOFF_OK;
-        zoff_status s = m->wait_fn(m->wait_arg, zoff_device_stream(m->dev), m->goff[g], m->gcount[g]);
+        zoff_status s = m->wait_fn(m->wait_arg, zoff_device_stream(m->dev), m->groups[g].off, m->groups[g].count);
         return s == ZOFF_OK ? s : zoff_error_context(s, "waiting for the weights of parameter group %d", g);
     }
     if (!m->have_hooks)
         return zoff_error(ZOFF_ERR_INVALID, "GPT-2 with external parameters: no parameter hooks installed "
                                             "(zoff_gpt2_set_param_hooks)");
     void *p = NULL, *gr = NULL;
-    zoff_status s = m->hooks.acquire(m->hooks.arg, zoff_device_stream(m->dev), m->goff[g], m->gcount[g], backward, &p,
+    const param_group *pg = &m->groups[g];
+    zoff_status s = m->hooks.acquire(m->hooks.arg, zoff_device_stream(m->dev), pg->off, pg->count, backward, &p,
                                      backward ? &gr : NULL);
     if (s != ZOFF_OK) return zoff_error_context(s, "acquiring the weights of parameter group %d", g);
-    m->gp[g] = p;
-    if (backward) m->gg[g] = gr;
+    m->groups[g].p = p;
+    if (backward) m->groups[g].g = gr;
     return ZOFF_OK;
 }
 
 static zoff_status group_done(zoff_gpt2 *m, int g, bool backward) {
     if (!m->external) return ZOFF_OK;
-    zoff_status s = m->hooks.release(m->hooks.arg, zoff_device_stream(m->dev), m->goff[g], m->gcount[g], backward);
+    zoff_status s = m->hooks.release(m->hooks.arg, zoff_device_stream(m->dev), m->groups[g].off, m->groups[g].count,
+                                         backward);
     if (s != ZOFF_OK) return zoff_error_context(s, "releasing the weights of parameter group %d", g);
     return ZOFF_OK;
 }
@@ -299,10 +307,7 @@ void zoff_gpt2_destroy(zoff_gpt2 *m) {
     free(m->tensors);
     free(m->resid);
     free(m->blocks);
-    free(m->goff);
-    free(m->gcount);
-    free(m->gp);
-    free(m->gg);
+    free(m->groups);
     free(m);
 }
 
@@ -336,19 +341,16 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     build_tensor_table(m);
     m->external = opts->external_params;
     m->ngroups = (int)L + 2;
-    m->goff = calloc((size_t)m->ngroups, sizeof *m->goff);
-    m->gcount = calloc((size_t)m->ngroups, sizeof *m->gcount);
-    m->gp = calloc((size_t)m->ngroups, sizeof *m->gp);
-    m->gg = calloc((size_t)m->ngroups, sizeof *m->gg);
-    if (!m->goff || !m->gcount || !m->gp || !m->gg) {
+    m->groups = calloc((size_t)m->ngroups, sizeof *m->groups);
+    if (!m->groups) {
         zoff_gpt2_destroy(m);
         return zoff_error(ZOFF_ERR_NOMEM, "zoff_gpt2_create: out of host memory for the parameter groups");
     }
     for (int gi = 0; gi < m->ngroups; gi++) {
         int first = gi == 0 ? T_WTE : gi == m->ngroups - 1 ? T_BLOCK(L, 0) : T_BLOCK(gi - 1, 0);
         int last = gi == 0 ? T_WPE : gi == m->ngroups - 1 ? T_BLOCK(L, 0) + 1 : T_BLOCK(gi - 1, P_PER_BLOCK - 1);
-        m->goff[gi] = m->tensors[first].offset;
-        m->gcount[gi] = m->tensors[last].offset + m->tensors[last].numel - m->goff[gi];
+        m->groups[gi].off = m->tensors[first].offset;
+        m->groups[gi].count = m->tensors[last].offset + m->tensors[last].numel - m->groups[gi].off;
     }
 
     char b1[32], b2[32];
@@ -382,8 +384,8 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
         CREATE_TRY(zoff_device_alloc(dev, m->params_bytes, "gpt2 parameters", &m->params));
         CREATE_TRY(zoff_device_alloc(dev, m->grads_bytes, "gpt2 gradients", &m->grads));
         for (int gi = 0; gi < m->ngroups; gi++) {
-            m->gp[gi] = elem_ptr(m->params, m->goff[gi], m->dts);
-            m->gg[gi] = elem_ptr(m->grads, m->goff[gi], m->dts);
+            m->groups[gi].p = elem_ptr(m->params, m->groups[gi].off, m->dts);
+            m->groups[gi].g = elem_ptr(m->grads, m->groups[gi].off, m->dts);
         }
     }
     CREATE_TRY(zoff_device_alloc(dev, m->acts_bytes, "gpt2 activations", &m->acts_mem));
