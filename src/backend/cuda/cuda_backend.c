@@ -168,13 +168,17 @@ static const char *cuda_device_name(void *ctx) { return ((zoff_cuda_ctx *)ctx)->
 
 /* ------------------------------------------------------------------ memory */
 
-static zoff_status cuda_mem_alloc(void *ctx, size_t bytes, void **out) {
-    zoff_cuda_ctx *c = ctx;
+/* Device (cudaMalloc) or pinned host (cudaHostAlloc, portable) memory on c; at least one byte. */
+static zoff_status cuda_alloc(zoff_cuda_ctx *c, size_t bytes, bool pinned, void **out) {
     ZOFF_CUDA_CHECK(cudaSetDevice(c->ordinal));
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    const size_t n = bytes ? bytes : 1;
+    cudaError_t e = pinned ? cudaHostAlloc(&p, n, cudaHostAllocPortable) : cudaMalloc(&p, n);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError(); /* out of memory is not sticky: clear it */
+        if (pinned)
+            return zoff_error(ZOFF_ERR_NOMEM, "cudaHostAlloc on %s: cannot pin %zu bytes of host memory (check "
+                                              "ulimit -l and free host memory)", c->name, bytes);
         size_t free_b = 0, total_b = 0;
         (void)cudaMemGetInfo(&free_b, &total_b);
         char b1[32], b2[32];
@@ -186,34 +190,27 @@ static zoff_status cuda_mem_alloc(void *ctx, size_t bytes, void **out) {
     return ZOFF_OK;
 }
 
-static void cuda_mem_free(void *ctx, void *ptr) {
-    zoff_cuda_ctx *c = ctx;
+static void cuda_release(zoff_cuda_ctx *c, void *ptr, bool pinned) {
     CUDA_LOG(cudaSetDevice(c->ordinal));
-    CUDA_LOG(cudaFree(ptr));
+    if (pinned) CUDA_LOG(cudaFreeHost(ptr));
+    else CUDA_LOG(cudaFree(ptr));
 }
 
-static zoff_status cuda_pinned_alloc(void *ctx, size_t bytes, void **out) {
-    zoff_cuda_ctx *c = ctx;
-    ZOFF_CUDA_CHECK(cudaSetDevice(c->ordinal));
-    void *p = NULL;
-    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return zoff_error(ZOFF_ERR_NOMEM, "cudaHostAlloc on %s: cannot pin %zu bytes of host memory (check ulimit -l "
-                                          "and free host memory)", c->name, bytes);
-    }
-    ZOFF_CUDA_CHECK(e);
-    *out = p;
-    return ZOFF_OK;
-}
-
-static void cuda_pinned_free(void *ctx, void *ptr) {
-    zoff_cuda_ctx *c = ctx;
-    CUDA_LOG(cudaSetDevice(c->ordinal));
-    CUDA_LOG(cudaFreeHost(ptr));
-}
+static zoff_status cuda_mem_alloc(void *ctx, size_t bytes, void **out) { return cuda_alloc(ctx, bytes, false, out); }
+static void cuda_mem_free(void *ctx, void *ptr) { cuda_release(ctx, ptr, false); }
+static zoff_status cuda_pinned_alloc(void *ctx, size_t bytes, void **out) { return cuda_alloc(ctx, bytes, true, out); }
+static void cuda_pinned_free(void *ctx, void *ptr) { cuda_release(ctx, ptr, true); }
 
 /* ------------------------------------------------------------------ streams */
+
+/* The host side of a stream's end (its CUDA stream is gone): its error slot is free again. */
+static void stream_free(zoff_cuda_ctx *c, zoff_cuda_stream *s) {
+    pthread_mutex_lock(&c->mu);
+    c->slot_used[s->slot] = 0;
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
 
 static zoff_status cuda_stream_create(void *ctx, const char *name, void **out) {
     zoff_cuda_ctx *c = ctx;
@@ -251,11 +248,7 @@ static zoff_status cuda_stream_create(void *ctx, const char *name, void **out) {
     return ZOFF_OK;
 fail:
     if (s->s) CUDA_LOG(cudaStreamDestroy(s->s));
-    pthread_mutex_lock(&c->mu);
-    c->slot_used[s->slot] = 0;
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
+    stream_free(c, s);
     return st;
 }
 
@@ -268,11 +261,7 @@ static void cuda_stream_destroy(void *ctx, void *stream) {
     if (s->workspace) CUDA_LOG(cudaFreeAsync(s->workspace, s->s));
     CUDA_LOG(cudaStreamSynchronize(s->s));
     CUDA_LOG(cudaStreamDestroy(s->s));
-    pthread_mutex_lock(&c->mu);
-    c->slot_used[s->slot] = 0;
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
+    stream_free(c, s);
 }
 
 /* The message of an error a kernel left in a slot. */
