@@ -297,14 +297,14 @@ static zoff_status peak_gemm(zoff_backend_kind kind, zoff_dtype dt, int64_t n, i
     zoff_device_options o = {.kind = kind};
     zoff_status s = zoff_device_create(&o, &dev);
     if (s == ZOFF_OK && !(host = malloc(nn * sizeof(float)))) s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
-    if (s == ZOFF_OK) { /* a random tile of 4096 values, repeated */
+    if (s == ZOFF_OK) { /* a random tile of up to 4096 values, doubled by copies up to n^2 */
         uint64_t rng = 0x9e3779b97f4a7c15ull;
-        for (size_t i = 0; i < nn; i++) {
-            if (i < 4096) {
-                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-                host[i] = (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-            } else host[i] = host[i % 4096];
+        size_t have = nn < 4096 ? nn : 4096;
+        for (size_t i = 0; i < have; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            host[i] = (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
         }
+        for (; have < nn; have *= 2) memcpy(host + have, host, (have < nn - have ? have : nn - have) * sizeof(float));
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, nn * sizeof(float), "peak GEMM input (fp32)", &f32);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, nn * es, "peak GEMM output", &out);
