@@ -506,14 +506,14 @@ static void print_profile(const bench_opts *o, const run_extra *x, double step, 
     for (int c = 0; c < ZOFF_CLASS_COUNT; c++) total += p->ms[c];
     double mflops = zoff_gpt2_step_flops(&o->shape, o->B, o->T) * (double)x->accum;
     double mfu = peak > 0 && step > 0 ? mflops / step * 1e-12 / peak : NAN;
-    char pk[32], mf[32];
-    snprintf(pk, sizeof pk, peak > 0 ? "%.4f" : "null", peak);
-    snprintf(mf, sizeof mf, isnan(mfu) ? "null" : "%.6f", mfu);
+    char pk[32] = "null", mf[32] = "null";
+    if (peak > 0) snprintf(pk, sizeof pk, "%.4f", peak);
+    if (!isnan(mfu)) snprintf(mf, sizeof mf, "%.6f", mfu);
     if (o->json) {
         printf(",\"profile\":{\"config\":\"device-optimizer\",\"steps\":%d,\"classes\":{", x->prof_steps);
         for (int c = 0; c < ZOFF_CLASS_COUNT; c++) {
-            char tf[32];
-            snprintf(tf, sizeof tf, p->flops[c] > 0 && p->ms[c] > 0 ? "%.6f" : "null", p->flops[c] / p->ms[c] * 1e-9);
+            char tf[32] = "null";
+            if (p->flops[c] > 0 && p->ms[c] > 0) snprintf(tf, sizeof tf, "%.6f", p->flops[c] / p->ms[c] * 1e-9);
             printf("%s\"%s\":{\"ms\":%.6f,\"share\":%.6f,\"count\":%lld,\"flops\":%.17g,\"tflops\":%s}", c ? "," : "",
                    zoff_op_class_name((zoff_op_class)c), p->ms[c], total > 0 ? p->ms[c] / total : 0.0,
                    (long long)p->count[c], p->flops[c], tf);
