@@ -19,7 +19,8 @@
 #           emu_check (skipped with a note where the tool is missing or refuses the device)
 #   bench   every `zoff bench` subcommand that exists (skipped with a note when it
 #           does not), `zoff bench step` at GPT-2 124M micro-batch 16 with the tensor-core
-#           attention and with the fp32 flash kernels (interleaved, twice), and a short
+#           attention and with the fp32 flash kernels (interleaved, twice), at 1.5B micro-batch 8
+#           with the optimizer on the device (each with its op profile and MFU), and a short
 #           training run on the GPU and on the CPU with the losses side by side
 #
 # Output: report.md and logs.tar.gz in $OUT (or ./gpu-report/ when OUT is unset).
@@ -184,6 +185,12 @@ if want bench; then
       step "bench_step_124M_mma_$rep" 600 "$BUILD/zoff" bench step "${G124[@]}" || true
       step "bench_step_124M_flash_$rep" 600 env ZOFF_CUDA_ATTENTION=flash "$BUILD/zoff" bench step "${G124[@]}" || true
     done
+    # GPT-2 1.5B (XL), micro-batch 8, optimizer on the device only, one round (every configuration and
+    # round builds its model and engine anew); each bench step JSON holds "profile" (device time per op
+    # class, GEMM and attention TFLOP/s), "peak_gemm" (an 8192^3 bf16 cuBLASLt GEMM) and "mfu"
+    step bench_step_1558M 600 "$BUILD/zoff" bench step --num-layers 48 --hidden-size 1600 --num-attention-heads 25 \
+      --seq-length 1024 --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 --configs device-optimizer \
+      --device cuda --json || true
     # a short training run on each backend (a corpus from the repository's own text)
     W=$ROOT/$BUILD/gpu-smoke
     rm -rf "$W" && mkdir -p "$W"

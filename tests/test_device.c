@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -695,6 +696,90 @@ static void test_destroy_with_leftovers(void **state) {
     assert_int_equal(log.n, 1);
 }
 
+/* ------------------------------------------------------------------ op profiler */
+
+static void sleep_40ms(void *p) {
+    (void)p;
+    sleep_ms(40);
+}
+
+static void test_profiler(void **state) {
+    (void)state;
+    assert_int_equal(zoff_op_class_of(ZOFF_OP_MATMUL_BWD), ZOFF_CLASS_GEMM);
+    assert_int_equal(zoff_op_class_of(ZOFF_OP_GRAD_STATS), ZOFF_CLASS_OPTIMIZER);
+    assert_int_equal(zoff_op_class_of(ZOFF_OP_COUNT), ZOFF_CLASS_OTHER);
+    assert_string_equal(zoff_op_class_name(ZOFF_CLASS_ATTENTION_BWD), "attention_bwd");
+    assert_string_equal(zoff_op_class_name(ZOFF_CLASS_COUNT), "invalid-class");
+    zoff_device *dev = make_cpu(0);
+    zoff_stream *s = zoff_device_stream(dev);
+    const int64_t N = 8, C = 16, OC = 4, B = 1, T = 4, AC = 8, NH = 2; /* a matmul, an attention */
+    float *host = calloc(4096, sizeof(float));
+    void *buf = NULL, *w = NULL, *o = NULL, *dx = NULL, *qkv = NULL, *att = NULL, *lse = NULL;
+    assert_non_null(host);
+    OK(zoff_device_alloc(dev, 4096 * 4, "buf", &buf));
+    OK(zoff_device_alloc(dev, 4096 * 4, "w", &w));
+    OK(zoff_device_alloc(dev, 4096 * 4, "o", &o));
+    OK(zoff_device_alloc(dev, 4096 * 4, "dx", &dx));
+    OK(zoff_device_alloc(dev, 4096 * 4, "qkv", &qkv));
+    OK(zoff_device_alloc(dev, 4096 * 4, "att", &att));
+    OK(zoff_device_alloc(dev, 4096 * 4, "lse", &lse));
+    void *all[] = {buf, w, o, dx, qkv, att, lse};
+    for (int i = 0; i < 7; i++) OK(zoff_memcpy_async(s, all[i], host, 4096 * 4, ZOFF_COPY_H2D));
+    zoff_profile p;
+    assert_int_equal(zoff_profile_collect(dev, &p), ZOFF_ERR_INVALID); /* off */
+    OK(zoff_profile_start(dev, 0));
+    assert_int_equal(zoff_profile_start(dev, 0), ZOFF_ERR_INVALID); /* already on */
+    OK(zoff_memcpy_async(s, buf, host, 4096 * 4, ZOFF_COPY_H2D));
+    OK(zoff_stream_host_fn(s, sleep_40ms, NULL)); /* a gap of 40 ms between two operations */
+    OK(zoff_memset_async(s, o, 0, 4096 * 4));
+    zoff_op_matmul_fwd_args mf = {.out = o, .inp = buf, .weight = w, .N = N, .C = C, .OC = OC, .dt = ZOFF_F32};
+    zoff_op_matmul_bwd_args mb = {.dweight = dx, .dout = o, .inp = buf, .weight = w, .N = N, .C = C, .OC = OC,
+                                  .dt = ZOFF_F32};
+    OK(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, mf));
+    OK(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, mb)); /* dweight only */
+    mb.dinp = att;
+    OK(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, mb)); /* and dinp */
+    zoff_op_attention_fwd_args af = {.out = att, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = AC, .NH = NH,
+                                     .dt = ZOFF_F32};
+    OK(ZOFF_LAUNCH(s, ZOFF_OP_ATTENTION_FWD, af));
+    OK(zoff_profile_collect(dev, &p));
+    assert_int_equal(p.count[ZOFF_CLASS_COPY_H2D], 1);
+    assert_int_equal(p.count[ZOFF_CLASS_MEMSET], 1);
+    assert_int_equal(p.count[ZOFF_CLASS_GEMM], 3);
+    assert_int_equal(p.count[ZOFF_CLASS_ATTENTION_FWD], 1);
+    assert_int_equal(p.dropped, 0);
+    /* one multiply-add = 2 FLOPs: 2NC*OC forward, backward 2NC*OC per product (dweight, dinp) */
+    assert_true(p.flops[ZOFF_CLASS_GEMM] == (double)(2 * N * C * OC) * 4);
+    /* causal attention, FlashAttention's count: 4 B NH T^2 HS / 2 */
+    assert_true(p.flops[ZOFF_CLASS_ATTENTION_FWD] == (double)(4 * B * NH * T * T * (AC / NH)) / 2);
+    double sum = 0;
+    for (int c = 0; c < ZOFF_CLASS_COUNT; c++) {
+        assert_true(p.ms[c] >= 0);
+        sum += p.ms[c];
+    }
+    /* one stream: the operations do not overlap, so busy time is their sum; the gap is not busy */
+    assert_true(p.span_ms >= 39.0);
+    assert_true(fabs(p.busy_ms - sum) < 1e-6 * (1 + sum));
+    assert_true(p.busy_ms <= p.span_ms - 39.0);
+    OK(zoff_profile_collect(dev, &p)); /* a new, empty window */
+    assert_int_equal(p.count[ZOFF_CLASS_GEMM], 0);
+    assert_true(p.span_ms == 0 && p.busy_ms == 0);
+    zoff_profile_stop(dev);
+    zoff_profile_stop(dev); /* off: no-op */
+    assert_int_equal(zoff_profile_collect(dev, &p), ZOFF_ERR_INVALID);
+    /* a full window counts what it could not record */
+    OK(zoff_profile_start(dev, 2));
+    for (int i = 0; i < 3; i++) OK(zoff_memset_async(s, o, 0, 64));
+    OK(zoff_profile_collect(dev, &p));
+    assert_int_equal(p.count[ZOFF_CLASS_MEMSET], 2);
+    assert_int_equal(p.dropped, 1);
+    assert_int_equal(zoff_profile_start(NULL, 0), ZOFF_ERR_INVALID);
+    assert_int_equal(zoff_profile_start(dev, -1), ZOFF_ERR_INVALID);
+    for (int i = 0; i < 7; i++) zoff_device_free(dev, all[i]);
+    free(host);
+    zoff_device_destroy(dev); /* with the profiler still on: destroy turns it off */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -713,6 +798,7 @@ int main(void) {
         cmocka_unit_test(test_sticky_error),
         cmocka_unit_test(test_launch_validation),
         cmocka_unit_test(test_destroy_with_leftovers),
+        cmocka_unit_test(test_profiler),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

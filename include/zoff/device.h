@@ -232,6 +232,65 @@ void *zoff_stream_native(zoff_stream *s);
 /* The device's index among the machine's GPUs (zoff_device_options.ordinal; 0 on CPU). */
 int zoff_device_ordinal(const zoff_device *dev);
 
+/* ---- op profiler (src/backend/profile.c) ----
+ * Opt-in, per device: while it is on, every zoff_launch, zoff_memcpy_async and
+ * zoff_memset_async on any stream of the device is bracketed on that stream by two timing
+ * marks (CUDA: events created with timing; CPU backend: time stamps taken by the stream's
+ * thread when it reaches them) and tagged with its class and FLOPs. Nothing synchronises
+ * while work is issued; zoff_profile_collect reads the marks afterwards. Off (the default)
+ * it costs one atomic load per call.
+ *
+ * Classes: every op belongs to one (one table in profile.c; an op missing there is
+ * ZOFF_CLASS_OTHER). Copies are classed by direction (D2D and H2H together), memsets apart. */
+typedef enum zoff_op_class {
+    ZOFF_CLASS_OTHER = 0, /* ops not in the table (new ops land here until classed) */
+    ZOFF_CLASS_ATTENTION_FWD,
+    ZOFF_CLASS_ATTENTION_BWD,
+    ZOFF_CLASS_GEMM,
+    ZOFF_CLASS_LAYERNORM,
+    ZOFF_CLASS_ELEMENTWISE, /* embedding, GELU, add, cast, scale */
+    ZOFF_CLASS_CROSS_ENTROPY,
+    ZOFF_CLASS_OPTIMIZER,   /* Adam, gradient statistics */
+    ZOFF_CLASS_MEMSET,
+    ZOFF_CLASS_COPY_H2D,
+    ZOFF_CLASS_COPY_D2H,
+    ZOFF_CLASS_COPY_D2D,    /* device to device, and host to host */
+    ZOFF_CLASS_COUNT
+} zoff_op_class;
+/* "attention_fwd", "gemm", "copy_h2d", ... (identifiers: the bench's JSON keys) */
+const char *zoff_op_class_name(zoff_op_class c);
+zoff_op_class zoff_op_class_of(zoff_op op);
+
+/* FLOP counts (one multiply-add = 2 FLOPs; the matrix products only, no bias, softmax or
+ * scaling). Matrix multiply (N,C) x (C,OC): 2*N*C*OC. Causal attention, counted as
+ * FlashAttention counts it (half of the full T x T products): forward QK^T and PV,
+ * 2 * (2*B*NH*T*T*HS) / 2 = 2*B*T*T*C; backward 2.5 times the forward (five products
+ * against two): 5*B*T*T*C. */
+double zoff_matmul_flops(int64_t N, int64_t C, int64_t OC);
+double zoff_attention_flops(int64_t B, int64_t T, int64_t C, bool backward);
+/* The FLOPs of one launch of op with args (validated as zoff_launch does; 0 for ops that
+ * are not matrix products): matmul_fwd 2NC*OC, matmul_bwd 2NC*OC (dweight) plus 2NC*OC
+ * when dinp is computed, attention as above. */
+double zoff_op_flops(zoff_op op, const void *args);
+
+typedef struct zoff_profile {
+    double ms[ZOFF_CLASS_COUNT];    /* device time of the class's work, summed over its ops */
+    double flops[ZOFF_CLASS_COUNT]; /* zoff_op_flops summed over the class's ops */
+    int64_t count[ZOFF_CLASS_COUNT];
+    double busy_ms;  /* union of all recorded intervals, over all streams */
+    double span_ms;  /* first recorded start to last recorded end */
+    int64_t dropped; /* operations not recorded: more than the capacity in one window */
+} zoff_profile;
+
+/* Turn the profiler on for dev (a new, empty window). capacity: operations recorded per
+ * window (0: 65536); more are counted in `dropped`. Already on: ZOFF_ERR_INVALID. */
+zoff_status zoff_profile_start(zoff_device *dev, int64_t capacity);
+/* Synchronise every stream of dev, sum the window's operations into *out and start a new
+ * window. Call it where no other thread issues work on dev. */
+zoff_status zoff_profile_collect(zoff_device *dev, zoff_profile *out);
+/* Synchronise dev's streams, turn the profiler off and free its marks (no-op when off). */
+void zoff_profile_stop(zoff_device *dev);
+
 #ifdef __cplusplus
 }
 #endif

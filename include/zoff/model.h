@@ -58,6 +58,11 @@ int64_t zoff_gpt2_padded_vocab(const zoff_gpt2_shape *s);
 int64_t zoff_gpt2_block_params(int64_t hidden_size);
 /* All parameters: Vp C + maxT C + L (12 C^2 + 13 C) + 2 C (the tied LM head is wte). */
 int64_t zoff_gpt2_count_params(const zoff_gpt2_shape *s);
+/* Model FLOPs of one training step (forward and backward) on B sequences of T tokens, as the
+ * op profiler counts them (device.h, zoff_op_flops): every Linear of the blocks and the LM
+ * head (Vp columns) 2 N in out forward, twice that backward (dinp and dweight); causal
+ * attention forward and backward per layer. No recomputation, no optimizer. */
+double zoff_gpt2_step_flops(const zoff_gpt2_shape *s, int64_t B, int64_t T);
 /* Entries of the tensor table: wte, wpe, 12 per block, ln_f.weight, ln_f.bias. */
 int zoff_gpt2_num_tensors(int64_t num_layers);
 /* Is the shape inside the bounds above (and num_heads divides hidden_size)? No message. */

@@ -60,6 +60,14 @@ typedef struct zoff_backend_vtable {
     bool (*supports_op)(void *ctx, zoff_op op, const void *args);
     /* Optional (NULL: none): the backend's native handle of a stream (cudaStream_t). */
     void *(*stream_native)(void *ctx, void *stream);
+    /* Optional, all four or none (NULL: the op profiler takes host time stamps from host fns,
+     * exact where a stream is a host thread, as on the CPU backend): timing marks on a stream
+     * for the op profiler (profile.c). timer_elapsed: milliseconds from t0 to t1, both
+     * recorded and reached by their streams (not yet reached: an error), may be negative. */
+    zoff_status (*timer_create)(void *ctx, void **out);
+    void (*timer_destroy)(void *ctx, void *timer);
+    zoff_status (*timer_record)(void *ctx, void *timer, void *stream);
+    zoff_status (*timer_elapsed)(void *ctx, void *t0, void *t1, double *ms);
 } zoff_backend_vtable;
 
 /* Pointer -> size map (open addressing, linear probing); guarded by the device mutex. */
@@ -94,6 +102,7 @@ struct zoff_device {
     zoff_stream *default_stream;
     zoff_stream *streams;    /* user-created streams, not the default one */
     zoff_event *events;
+    struct zoff_profiler *prof; /* the op profiler while on (profile.c); atomic loads and stores */
 };
 
 /* The vtable entries of a backend whose functions are named <prefix>_<entry> (cpu_init,
@@ -108,6 +117,15 @@ struct zoff_device {
     .stream_wait_event = p##_stream_wait_event, .event_sync = p##_event_sync, .event_query = p##_event_query, \
     .memcpy_async = p##_memcpy_async, .memset_async = p##_memset_async, .host_fn = p##_host_fn,              \
     .launch = p##_launch, .device_name = p##_device_name
+
+/* ---- the op profiler's hooks (profile.c) in device.c's launch, copy and memset paths ----
+ * zoff_prof_on: one atomic load. zoff_prof_begin issues the start mark of one operation on s
+ * (*out NULL when the profiler is off or its window is full); zoff_prof_end issues the end
+ * mark and returns st (the operation's own status) unless the mark fails. */
+typedef struct zoff_prof_rec zoff_prof_rec;
+static inline bool zoff_prof_on(zoff_device *dev) { return __atomic_load_n(&dev->prof, __ATOMIC_ACQUIRE) != NULL; }
+zoff_status zoff_prof_begin(zoff_stream *s, zoff_op_class cls, double flops, zoff_prof_rec **out);
+zoff_status zoff_prof_end(zoff_stream *s, zoff_prof_rec *r, zoff_status st);
 
 /* sizeof the op's args struct (0 for an op code out of range). */
 size_t zoff_op_args_size(zoff_op op);

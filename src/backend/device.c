@@ -259,6 +259,7 @@ static void free_leftover_allocs(zoff_device *dev, zoff_ptr_map *m, bool pinned)
 
 void zoff_device_destroy(zoff_device *dev) {
     if (!dev) return;
+    zoff_profile_stop(dev); /* its marks live on the streams */
     /* Streams first (each drains its work, which may still touch memory and events). */
     size_t nstreams = 0, nevents = 0;
     while (dev->streams) {
@@ -534,7 +535,14 @@ zoff_status zoff_memcpy_async(zoff_stream *s, void *dst, const void *src, size_t
     if (!dst || !src)
         return zoff_error(ZOFF_ERR_INVALID, "zoff_memcpy_async(%s, %zu bytes) on stream '%s': %s pointer is NULL",
                           copy_kind_name(kind), bytes, s->name, !dst ? "destination" : "source");
-    return s->dev->vt->memcpy_async(s->dev->ctx, s->impl, dst, src, bytes, kind);
+    zoff_prof_rec *pr = NULL;
+    if (zoff_prof_on(s->dev)) {
+        static const zoff_op_class cls[] = {[ZOFF_COPY_H2D] = ZOFF_CLASS_COPY_H2D, [ZOFF_COPY_D2H] = ZOFF_CLASS_COPY_D2H,
+                                            [ZOFF_COPY_D2D] = ZOFF_CLASS_COPY_D2D, [ZOFF_COPY_H2H] = ZOFF_CLASS_COPY_D2D};
+        ZOFF_TRY(zoff_prof_begin(s, cls[kind], 0.0, &pr));
+    }
+    zoff_status st = s->dev->vt->memcpy_async(s->dev->ctx, s->impl, dst, src, bytes, kind);
+    return pr ? zoff_prof_end(s, pr, st) : st;
 }
 
 zoff_status zoff_memset_async(zoff_stream *s, void *dst, int value, size_t bytes) {
@@ -543,7 +551,10 @@ zoff_status zoff_memset_async(zoff_stream *s, void *dst, int value, size_t bytes
     if (!dst)
         return zoff_error(ZOFF_ERR_INVALID, "zoff_memset_async(%zu bytes) on stream '%s': destination is NULL", bytes,
                           s->name);
-    return s->dev->vt->memset_async(s->dev->ctx, s->impl, dst, value, bytes);
+    zoff_prof_rec *pr = NULL;
+    if (zoff_prof_on(s->dev)) ZOFF_TRY(zoff_prof_begin(s, ZOFF_CLASS_MEMSET, 0.0, &pr));
+    zoff_status st = s->dev->vt->memset_async(s->dev->ctx, s->impl, dst, value, bytes);
+    return pr ? zoff_prof_end(s, pr, st) : st;
 }
 
 zoff_status zoff_stream_host_fn(zoff_stream *s, void (*fn)(void *arg), void *arg) {
@@ -728,7 +739,10 @@ zoff_status zoff_launch(zoff_stream *s, zoff_op op, const void *args, size_t arg
                           zoff_op_name(op), s->name, args_size, g_op_args_size[op], zoff_op_name(op));
     launch_check c = {op, s->name};
     ZOFF_TRY(validate_op(&c, args));
-    return s->dev->vt->launch(s->dev->ctx, s->impl, op, args);
+    zoff_prof_rec *pr = NULL;
+    if (zoff_prof_on(s->dev)) ZOFF_TRY(zoff_prof_begin(s, zoff_op_class_of(op), zoff_op_flops(op, args), &pr));
+    zoff_status st = s->dev->vt->launch(s->dev->ctx, s->impl, op, args);
+    return pr ? zoff_prof_end(s, pr, st) : st;
 }
 
 bool zoff_device_supports_op(zoff_device *dev, zoff_op op, const void *args, size_t args_size) {

@@ -33,6 +33,18 @@ int64_t zoff_gpt2_count_params(const zoff_gpt2_shape *s) {
     return zoff_gpt2_padded_vocab(s) * C + s->max_seq_len * C + s->num_layers * zoff_gpt2_block_params(C) + 2 * C;
 }
 
+double zoff_gpt2_step_flops(const zoff_gpt2_shape *s, int64_t B, int64_t T) {
+    const int64_t C = s->hidden_size, N = B * T;
+    double fwd = zoff_matmul_flops(N, C, zoff_gpt2_padded_vocab(s)), block = 0; /* the LM head */
+    for (int k = 0; k < ZOFF_GPT2_BLOCK_TENSORS; k++) {
+        const zoff_gpt2_block_tensor *b = &zoff_gpt2_block_table[k];
+        if (b->in_mult) block += zoff_matmul_flops(N, b->in_mult * C, b->out_mult * C);
+    }
+    fwd += (double)s->num_layers * block;
+    double attn = zoff_attention_flops(B, T, C, false) + zoff_attention_flops(B, T, C, true);
+    return 3.0 * fwd + (double)s->num_layers * attn;
+}
+
 int zoff_gpt2_num_tensors(int64_t num_layers) { return (int)(2 + num_layers * ZOFF_GPT2_BLOCK_TENSORS + 2); }
 
 /* The first bound s breaks (a message prefixed by who; none when who is NULL), or ZOFF_OK. */

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -202,6 +203,9 @@ struct emu_stream {
 struct emu_event {
     int magic;
     std::vector<emu_dep> deps; // what the recorded point waits for (empty: complete)
+    bool timing;               // created without cudaEventDisableTiming
+    bool recorded;
+    std::chrono::steady_clock::time_point t; // when recorded (cudaEventElapsedTime)
 };
 
 // Before a synchronous operation on s: its queued work and its waits are done.
@@ -324,7 +328,7 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsign
 }
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
     (void)flags;
-    *e = new emu_event{0xe7e7, {}};
+    *e = new emu_event{0xe7e7, {}, !(flags & cudaEventDisableTiming), false, {}};
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -340,6 +344,8 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     for (const emu_dep &d : s->waits)
         if (d.q->done < d.ticket) e->deps.push_back(d);
     if (s->q && s->q->done < s->q->issued) e->deps.push_back(emu_dep{s->q, s->q->issued});
+    e->recorded = true;
+    e->t = std::chrono::steady_clock::now();
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -352,6 +358,14 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!e) emu_fatal("%s with a NULL handle", "cudaEventQuery");
     std::lock_guard<std::mutex> l(g_amu);
     return deps_done(e->deps) ? cudaSuccess : cudaErrorNotReady; // not ready is not an error: no last error
+}
+extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!ms || !a || !b) emu_fatal("%s with a NULL argument", "cudaEventElapsedTime");
+    if (!a->timing || !b->timing || !a->recorded || !b->recorded) return ret(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(g_amu);
+    if (!deps_done(a->deps) || !deps_done(b->deps)) return cudaErrorNotReady; // not an error: no last error
+    *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
+    return cudaSuccess;
 }
 extern "C" cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
     if (!s) emu_fatal("%s on the legacy default stream", "cudaLaunchHostFunc");

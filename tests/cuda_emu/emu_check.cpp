@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <functional>
 #include <string>
@@ -463,6 +464,34 @@ void async_errors(zoff_device *gpu) {
     printf("emu_check: asynchronous error semantics checked\n");
 }
 
+// The op profiler on the CUDA backend's timers (timing events): classes, FLOPs, and a 30 ms
+// gap made by a host fn that blocks the stream shows in the span but not in the busy time.
+void profiler(zoff_device *gpu) {
+    zoff_stream *s = zoff_device_stream(gpu);
+    const int64_t N = 64, C = 96, OC = 32;
+    void *x = nullptr, *w = nullptr, *y = nullptr;
+    OK(zoff_device_alloc(gpu, (size_t)(N * C) * 4, "x", &x));
+    OK(zoff_device_alloc(gpu, (size_t)(OC * C) * 4, "w", &w));
+    OK(zoff_device_alloc(gpu, (size_t)(N * OC) * 4, "y", &y));
+    OK(zoff_memset_async(s, w, 0, (size_t)(OC * C) * 4));
+    OK(zoff_profile_start(gpu, 0));
+    OK(zoff_memset_async(s, x, 0, (size_t)(N * C) * 4));
+    OK(zoff_stream_host_fn(s, [](void *) { struct timespec t = {0, 30000000L}; nanosleep(&t, nullptr); }, nullptr));
+    zoff_op_matmul_fwd_args m = {y, x, w, nullptr, N, C, OC, ZOFF_F32};
+    OK(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, m));
+    zoff_profile p;
+    OK(zoff_profile_collect(gpu, &p));
+    CHECK(p.count[ZOFF_CLASS_MEMSET] == 1 && p.count[ZOFF_CLASS_GEMM] == 1, "profiler counts: memset %lld, gemm %lld",
+          (long long)p.count[ZOFF_CLASS_MEMSET], (long long)p.count[ZOFF_CLASS_GEMM]);
+    CHECK(p.flops[ZOFF_CLASS_GEMM] == 2.0 * N * C * OC, "profiler GEMM FLOPs %.17g", p.flops[ZOFF_CLASS_GEMM]);
+    CHECK(p.span_ms >= 29.0 && p.busy_ms <= p.span_ms - 29.0 && p.ms[ZOFF_CLASS_GEMM] >= 0,
+          "profiler times: span %.3f ms, busy %.3f ms, gemm %.3f ms", p.span_ms, p.busy_ms, p.ms[ZOFF_CLASS_GEMM]);
+    zoff_profile_stop(gpu);
+    for (void *q : {x, w, y}) zoff_device_free(gpu, q);
+    printf("emu_check: op profiler on the backend's timers checked (span %.3f ms, busy %.3f ms)\n", p.span_ms,
+           p.busy_ms);
+}
+
 } // namespace
 
 int main() {
@@ -482,6 +511,7 @@ int main() {
     reductions(cpu, gpu);
     determinism(gpu);
     async_errors(gpu);
+    profiler(gpu);
     zoff_device_destroy(gpu);
     zoff_device_destroy(cpu);
     printf("emu_check: %s (%d failure%s)\n", g_fail ? "FAILED" : "passed", g_fail, g_fail == 1 ? "" : "s");

@@ -58,6 +58,7 @@ struct cudaDeviceProp {
 };
 
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
 #define cudaEventDisableTiming 0x02
 #define cudaHostAllocPortable 0x01
 #define cudaHostAllocMapped 0x02
@@ -96,6 +97,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
+/* Emulated timing: an event's time is the host's monotonic clock when it was recorded (the
+ * emulator runs stream work when it is issued); NotReady while its queued work is pending. */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg);
 
 /* emulator internals shared with emu_device.hpp */

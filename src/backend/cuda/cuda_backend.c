@@ -529,8 +529,45 @@ static void *cuda_stream_native(void *ctx, void *stream) {
     return (void *)((zoff_cuda_stream *)stream)->s;
 }
 
+/* ------------------------------------------------------------------ timers (the op profiler) */
+
+static zoff_status cuda_timer_create(void *ctx, void **out) {
+    zoff_cuda_ctx *c = ctx;
+    cudaEvent_t ev;
+    ZOFF_CUDA_CHECK(cudaSetDevice(c->ordinal));
+    ZOFF_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault)); /* timing on */
+    *out = (void *)ev;
+    return ZOFF_OK;
+}
+
+static void cuda_timer_destroy(void *ctx, void *timer) {
+    zoff_cuda_ctx *c = ctx;
+    CUDA_LOG(cudaSetDevice(c->ordinal));
+    CUDA_LOG(cudaEventDestroy((cudaEvent_t)timer));
+}
+
+static zoff_status cuda_timer_record(void *ctx, void *timer, void *stream) {
+    zoff_cuda_ctx *c = ctx;
+    ZOFF_CUDA_CHECK(cudaSetDevice(c->ordinal));
+    ZOFF_CUDA_CHECK(cudaEventRecord((cudaEvent_t)timer, ((zoff_cuda_stream *)stream)->s));
+    return ZOFF_OK;
+}
+
+static zoff_status cuda_timer_elapsed(void *ctx, void *t0, void *t1, double *ms) {
+    zoff_cuda_ctx *c = ctx;
+    float f = 0;
+    ZOFF_CUDA_CHECK(cudaSetDevice(c->ordinal));
+    ZOFF_CUDA_CHECK(cudaEventElapsedTime(&f, (cudaEvent_t)t0, (cudaEvent_t)t1));
+    *ms = f;
+    return ZOFF_OK;
+}
+
 const zoff_backend_vtable zoff_cuda_backend_vtable = {
     .name = "cuda",
     ZOFF_BACKEND_ENTRIES(cuda),
     .stream_native = cuda_stream_native,
+    .timer_create = cuda_timer_create,
+    .timer_destroy = cuda_timer_destroy,
+    .timer_record = cuda_timer_record,
+    .timer_elapsed = cuda_timer_elapsed,
 };
