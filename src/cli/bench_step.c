@@ -173,15 +173,16 @@ static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, in
                 hx[i] = (int32_t)(rng % (uint64_t)shape->vocab_size);
             }
             s = zoff_memcpy_async(st, dx, hx, tb, ZOFF_COPY_H2D);
-            /* as zoff train: forward, the loss read (a synchronisation), backward */
+            /* as zoff train: the training forward (losses and dlogits), backward, a synchronisation
+             * (the loss is read after it) */
             if (s == ZOFF_OK && k > 0) s = tl_stamp(&tl, st, 0, 0);
-            if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dx, B, T); /* targets: any valid ids */
+            if (s == ZOFF_OK) s = zoff_gpt2_forward_train(m, dx, dx, B, T, zoff_engine_backward_scale(e));
             if (s == ZOFF_OK) s = tl_stamp(&tl, st, 0, 1);
-            if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
             zoff_engine_begin_backward(e, k == accum - 1);
             if (s == ZOFF_OK) s = tl_stamp(&tl, st, 0, 0);
-            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
             if (s == ZOFF_OK) s = tl_stamp(&tl, st, 0, 1);
+            if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
         }
         zoff_step_info si;
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-4, &si); /* synchronises the compute stream */
