@@ -173,8 +173,8 @@ static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, in
                 hx[i] = (int32_t)(rng % (uint64_t)shape->vocab_size);
             }
             s = zoff_memcpy_async(st, dx, hx, tb, ZOFF_COPY_H2D);
-            /* as zoff train: the training forward (losses and dlogits), backward, a synchronisation
-             * (the loss is read after it) */
+            /* as zoff train: the training forward (losses and dlogits), backward, the loss read (a
+             * wait for the forward's loss copy only; it also frees hx for the next micro-batch) */
             if (s == ZOFF_OK && k > 0) s = tl_stamp(&tl, st, 0, 0);
             if (s == ZOFF_OK) s = zoff_gpt2_forward_train(m, dx, dx, B, T, zoff_engine_backward_scale(e));
             if (s == ZOFF_OK) s = tl_stamp(&tl, st, 0, 1);
@@ -182,7 +182,8 @@ static zoff_status run_config(const char *json, const zoff_gpt2_shape *shape, in
             if (s == ZOFF_OK) s = tl_stamp(&tl, st, 0, 0);
             if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
             if (s == ZOFF_OK) s = tl_stamp(&tl, st, 0, 1);
-            if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
+            float loss;
+            if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(m, &loss);
         }
         zoff_step_info si;
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-4, &si); /* synchronises the compute stream */
