@@ -637,12 +637,12 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
             for (int j = 0; j < rows; j++) dp_row(step, k, row0 + j, hx + j * DT, hy + j * DT);
             if (s == ZOFF_OK) s = zoff_memcpy_async(st, dx, hx, (size_t)rows * DT * 4, ZOFF_COPY_H2D);
             if (s == ZOFF_OK) s = zoff_memcpy_async(st, dy, hy, (size_t)rows * DT * 4, ZOFF_COPY_H2D);
-            if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dy, rows, DT);
+            if (s == ZOFF_OK) s = zoff_gpt2_forward_train(m, dx, dy, rows, DT, zoff_engine_backward_scale(e));
             float l = 0;
             if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(m, &l);
             loss += l;
             zoff_engine_begin_backward(e, k == accum - 1);
-            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
         }
         zoff_step_info si = {0};
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-2, &si);

@@ -134,12 +134,12 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
             size_t off = (size_t)k * (size_t)mb_rows * T, bytes = (size_t)mb_rows * T * 4;
             s = zoff_memcpy_async(st, dx, hx + off, bytes, ZOFF_COPY_H2D);
             if (s == ZOFF_OK) s = zoff_memcpy_async(st, dy, hy + off, bytes, ZOFF_COPY_H2D);
-            if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dy, mb_rows, T);
+            if (s == ZOFF_OK) s = zoff_gpt2_forward_train(m, dx, dy, mb_rows, T, zoff_engine_backward_scale(e));
             float l = 0;
             if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(m, &l);
             loss += l;
             zoff_engine_begin_backward(e, k == accum - 1);
-            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
             if (s == ZOFF_OK && k == accum - 1) s = zoff_stream_host_fn(st, stamp_device, &g_mode.bwd_end_device[step]);
         }
         r->losses[step] = (float)(loss / accum);

@@ -208,10 +208,16 @@ static void run_fixture(zoff_device *dev, zoff_gpt2 *m, const fixture *fx, zoff_
     r->grads = malloc((size_t)fx->num_params * sizeof(float));
     assert_non_null(r->logits);
     assert_non_null(r->grads);
-    CHECK_OK(zoff_gpt2_forward(m, tok, tgt, fx->B, fx->T));
+    CHECK_OK(zoff_gpt2_forward(m, tok, tgt, fx->B, fx->T)); /* evaluation: the logits are kept */
     CHECK_OK(zoff_gpt2_mean_loss(m, &r->loss));
     download_as(dev, r->logits, zoff_gpt2_logits(m), N * fx->Vp, dt);
-    CHECK_OK(zoff_gpt2_backward(m, 1.0f, NULL, NULL));
+    /* training: the same losses, and dlogits in the same cross-entropy pass */
+    CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, fx->B, fx->T, 1.0f));
+    assert_null(zoff_gpt2_logits(m));
+    float train_loss;
+    CHECK_OK(zoff_gpt2_mean_loss(m, &train_loss));
+    assert_true(train_loss == r->loss);
+    CHECK_OK(zoff_gpt2_backward(m, NULL, NULL));
     download_as(dev, r->grads, zoff_gpt2_grads(m), fx->num_params, dt);
     zoff_device_free(dev, tok);
     zoff_device_free(dev, tgt);
@@ -388,6 +394,47 @@ static void test_checkpoint_bit_identical(void **state) {
     zoff_device_destroy(dev);
 }
 
+/* The training forward's dloss_scale reaches every gradient: backward is linear in dlogits, so a
+ * power-of-two scale (a loss scale over accumulation steps) multiplies each gradient exactly
+ * (fp32 and bf16 storage alike), and the losses do not depend on it. */
+static void test_train_forward_dloss_scale(void **state) {
+    (void)state;
+    static const zoff_dtype dts[2] = {ZOFF_F32, ZOFF_BF16};
+    for (int k = 0; k < 2; k++) {
+        zoff_device *dev = make_device(0);
+        zoff_gpt2 *m = fixture_model(dev, &g_fx, g_fx.B, g_fx.T, dts[k], false);
+        const int64_t N = (int64_t)g_fx.B * g_fx.T, P = g_fx.num_params;
+        int32_t *tok = upload_i32(dev, g_fx.tokens, N), *tgt = upload_i32(dev, g_fx.targets, N);
+        float *g[2], loss[2];
+        const float scale[2] = {1.0f, 1024.0f / 8.0f};
+        for (int r = 0; r < 2; r++) {
+            g[r] = malloc((size_t)P * sizeof(float));
+            assert_non_null(g[r]);
+            CHECK_OK(zoff_memset_async(zoff_device_stream(dev), zoff_gpt2_grads(m), 0,
+                                       (size_t)P * zoff_dtype_size(dts[k])));
+            CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, g_fx.B, g_fx.T, scale[r]));
+            CHECK_OK(zoff_gpt2_backward(m, NULL, NULL));
+            CHECK_OK(zoff_gpt2_mean_loss(m, &loss[r]));
+            download_as(dev, g[r], zoff_gpt2_grads(m), P, dts[k]);
+        }
+        assert_true(loss[0] == loss[1]);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < P; i++) {
+            if (g[1][i] != g[0][i] * scale[1])
+                fail_msg("%s: gradient %lld is %.9g with dloss_scale %g, %.9g with 1", zoff_dtype_name(dts[k]),
+                         (long long)i, (double)g[1][i], (double)scale[1], (double)g[0][i]);
+            nonzero += g[0][i] != 0.0f;
+        }
+        assert_true(nonzero > P / 2); /* the comparison is not vacuous */
+        free(g[0]);
+        free(g[1]);
+        zoff_device_free(dev, tok);
+        zoff_device_free(dev, tgt);
+        zoff_gpt2_destroy(m);
+        zoff_device_destroy(dev);
+    }
+}
+
 /* grad-ready: record each range, and snapshot it on the stream at that moment;
  * the snapshot must equal the final gradients (the range really was final). */
 typedef struct ready_log {
@@ -419,8 +466,8 @@ static void check_ready_order(bool checkpoint) {
     ready_log log = {.stream = zoff_device_stream(dev), .snapshot = calloc((size_t)P, sizeof(float)),
                      .grads_dev = zoff_gpt2_grads(m)};
     assert_non_null(log.snapshot);
-    CHECK_OK(zoff_gpt2_forward(m, tok, tgt, g_fx.B, g_fx.T));
-    CHECK_OK(zoff_gpt2_backward(m, 1.0f, on_ready, &log));
+    CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, g_fx.B, g_fx.T, 1.0f));
+    CHECK_OK(zoff_gpt2_backward(m, on_ready, &log));
     CHECK_OK(zoff_stream_synchronize(zoff_device_stream(dev)));
     assert_false(log.wrong_stream);
     int n = 0;
@@ -534,8 +581,8 @@ static void test_finite_differences(void **state) {
     }
     int32_t *tok = upload_i32(dev, tok_h, N), *tgt = upload_i32(dev, tgt_h, N);
     upload_as(dev, zoff_gpt2_params(m), 0, p, P, ZOFF_F32);
-    CHECK_OK(zoff_gpt2_forward(m, tok, tgt, B, T));
-    CHECK_OK(zoff_gpt2_backward(m, 1.0f, NULL, NULL));
+    CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, B, T, 1.0f));
+    CHECK_OK(zoff_gpt2_backward(m, NULL, NULL));
     download_as(dev, g, zoff_gpt2_grads(m), P, ZOFF_F32);
 
     const float h = 1e-2f;
@@ -599,14 +646,14 @@ static void test_adamw_ten_steps(void **state) {
     double worst = 0.0;
     for (int step = 1; step <= g_fx.nsteps; step++) {
         CHECK_OK(zoff_memset_async(s, grads, 0, (size_t)P * sizeof(float)));
-        CHECK_OK(zoff_gpt2_forward(m, tok, tgt, g_fx.B, g_fx.T));
+        CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, g_fx.B, g_fx.T, 1.0f));
         float loss;
         CHECK_OK(zoff_gpt2_mean_loss(m, &loss));
         double want = g_fx.step_losses[step - 1], rel = fabs((double)loss - want) / want;
         print_message("AdamW step %2d: loss %.7f, torch %.7f, rel err %.3g (tol 1e-5)\n", step, loss, want, rel);
         assert_true(rel <= 1e-5);
         if (rel > worst) worst = rel;
-        CHECK_OK(zoff_gpt2_backward(m, 1.0f, NULL, NULL));
+        CHECK_OK(zoff_gpt2_backward(m, NULL, NULL));
         float bc1 = (float)(1.0 - pow((double)g_fx.beta1, step));
         float bc2 = (float)(1.0 - pow((double)g_fx.beta2, step));
         for (int i = 0; i < n;) {
@@ -725,13 +772,27 @@ static void test_bad_shapes(void **state) {
     int32_t *tok = upload_i32(dev, g_fx.tokens, (int64_t)g_fx.B * g_fx.T);
     assert_int_equal(zoff_gpt2_forward(m, tok, tok, g_fx.B + 1, g_fx.T), ZOFF_ERR_INVALID);
     assert_non_null(strstr(zoff_last_error(), "capacity"));
-    assert_int_equal(zoff_gpt2_backward(m, 1.0f, NULL, NULL), ZOFF_ERR_INVALID);
+    assert_int_equal(zoff_gpt2_backward(m, NULL, NULL), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "zoff_gpt2_forward_train"));
     CHECK_OK(zoff_gpt2_forward(m, tok, NULL, g_fx.B, g_fx.T)); /* logits only */
     assert_non_null(zoff_gpt2_logits(m));
     float loss;
     assert_int_equal(zoff_gpt2_mean_loss(m, &loss), ZOFF_ERR_INVALID);
-    assert_int_equal(zoff_gpt2_backward(m, 1.0f, NULL, NULL), ZOFF_ERR_INVALID);
     assert_non_null(strstr(zoff_last_error(), "no targets"));
+    assert_int_equal(zoff_gpt2_backward(m, NULL, NULL), ZOFF_ERR_INVALID); /* an evaluation forward */
+    assert_non_null(strstr(zoff_last_error(), "the last forward was zoff_gpt2_forward"));
+    CHECK_OK(zoff_gpt2_forward(m, tok, tok, g_fx.B, g_fx.T)); /* with targets: still evaluation */
+    assert_int_equal(zoff_gpt2_backward(m, NULL, NULL), ZOFF_ERR_INVALID);
+    assert_int_equal(zoff_gpt2_forward_train(m, tok, NULL, g_fx.B, g_fx.T, 1.0f), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "targets is NULL"));
+    assert_int_equal(zoff_gpt2_forward_train(m, tok, tok, g_fx.B, g_fx.T, NAN), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "dloss_scale"));
+    CHECK_OK(zoff_gpt2_forward_train(m, tok, tok, g_fx.B, g_fx.T, 1.0f));
+    assert_null(zoff_gpt2_logits(m)); /* dlogits took their place */
+    CHECK_OK(zoff_gpt2_backward(m, NULL, NULL));
+    CHECK_OK(zoff_gpt2_mean_loss(m, &loss)); /* the losses outlive the backward */
+    assert_int_equal(zoff_gpt2_backward(m, NULL, NULL), ZOFF_ERR_INVALID); /* once per training forward */
+    assert_non_null(strstr(zoff_last_error(), "none since create or the last backward"));
     CHECK_OK(zoff_stream_synchronize(zoff_device_stream(dev))); /* forward still reads tok */
     zoff_device_free(dev, tok);
     zoff_gpt2_destroy(m);
@@ -857,6 +918,7 @@ int main(void) {
         cmocka_unit_test(test_matches_pytorch),
         cmocka_unit_test(test_smaller_batch_than_capacity),
         cmocka_unit_test(test_checkpoint_bit_identical),
+        cmocka_unit_test(test_train_forward_dloss_scale),
         cmocka_unit_test(test_grad_ready_ranges),
         cmocka_unit_test(test_finite_differences),
         cmocka_unit_test(test_adamw_ten_steps),

@@ -337,11 +337,11 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, const run_
         ts = zoff_engine_zero_grad(e);
         if (ts == ZOFF_OK) ts = zoff_memcpy_async(st, dx, hx, sizeof hx, ZOFF_COPY_H2D);
         if (ts == ZOFF_OK) ts = zoff_memcpy_async(st, dy, hy, sizeof hy, ZOFF_COPY_H2D);
-        if (ts == ZOFF_OK) ts = zoff_gpt2_forward(m, dx, dy, B, T);
+        if (ts == ZOFF_OK) ts = zoff_gpt2_forward_train(m, dx, dy, B, T, zoff_engine_backward_scale(e));
         float l = 0;
         if (ts == ZOFF_OK) ts = zoff_gpt2_mean_loss(m, &l);
         zoff_engine_begin_backward(e, true);
-        if (ts == ZOFF_OK) ts = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+        if (ts == ZOFF_OK) ts = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
         zoff_step_info si = {0};
         if (ts == ZOFF_OK) ts = zoff_engine_step(e, 1e-2, &si);
         r->losses[step] = l;

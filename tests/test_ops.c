@@ -835,8 +835,11 @@ static const op_entry g_ops[] = {
     {"gelu_fwd", ZOFF_OP_GELU_FWD, setup_gelu_fwd, launch_gelu_fwd, FLAT_SHAPES, 1, {1e-6, 8e-3, 2e-3}},
     {"gelu_bwd", ZOFF_OP_GELU_BWD, setup_gelu_bwd, launch_gelu_bwd, FLAT_SHAPES, 2, {1e-5, 8e-3, 2e-3}},
     {"add", ZOFF_OP_ADD, setup_add, launch_add, FLAT_SHAPES, 3, {1e-6, 8e-3, 2e-3}},
-    {"cross_entropy", ZOFF_OP_CROSS_ENTROPY, setup_ce, launch_ce, 6,
-     {{0, 5, 8}, {1, 1, 1}, {1, 7, 7}, {3, 5, 8}, {17, 100, 128}, {64, 1000, 1024}}, 3, {2e-5, 8e-3, 2e-3}},
+    /* Vp a multiple of 16 bytes or not (the CUDA kernel's 16-byte packs), V not a multiple of a pack,
+     * whole padding packs (13 of 24), rows longer than one pack per thread (9000) */
+    {"cross_entropy", ZOFF_OP_CROSS_ENTROPY, setup_ce, launch_ce, 8,
+     {{0, 5, 8}, {1, 1, 1}, {1, 7, 7}, {3, 5, 8}, {5, 13, 24}, {17, 100, 128}, {64, 1000, 1024}, {3, 9000, 9024}},
+     3, {2e-5, 8e-3, 2e-3}},
     {"cast", ZOFF_OP_CAST, setup_cast, launch_cast, FLAT_SHAPES, 3, {0, 0, 0}},
     {"scale", ZOFF_OP_SCALE, setup_scale, launch_scale, FLAT_SHAPES, 1, {1e-6, 8e-3, 2e-3}},
     {"grad_stats", ZOFF_OP_GRAD_STATS, setup_grad_stats, launch_grad_stats, FLAT_SHAPES, 1, {1e-6, 1e-6, 1e-6}},

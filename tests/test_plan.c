@@ -551,9 +551,10 @@ static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0,
         s = zoff_engine_zero_grad(e);
         if (s == ZOFF_OK) s = zoff_memcpy_async(st, dx, hx, tb, ZOFF_COPY_H2D);
         if (s == ZOFF_OK) s = zoff_memcpy_async(st, dy, hx, tb, ZOFF_COPY_H2D);
-        if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dy, mo.batch_size, mo.seq_len);
+        if (s == ZOFF_OK)
+            s = zoff_gpt2_forward_train(m, dx, dy, mo.batch_size, mo.seq_len, zoff_engine_backward_scale(e));
         zoff_engine_begin_backward(e, true);
-        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
         zoff_step_info si;
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-3, &si);
         if (s == ZOFF_OK) s = zoff_stream_synchronize(st);

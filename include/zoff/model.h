@@ -121,21 +121,29 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
  * lets a caller generate each piece straight into its final place. */
 void zoff_gpt2_init_params_range(const zoff_gpt2 *m, uint64_t seed, int64_t lo, int64_t hi, float *dst);
 
-/* Forward pass on the device's stream. tokens, targets: device int32 (B,T) with B <= batch_size,
- * T <= seq_len. targets may be NULL (logits only). Losses per token stay on the device;
- * zoff_gpt2_mean_loss synchronises and returns their mean. The model copies tokens and targets
+/* Forward pass on the device's stream, for evaluation and sampling. tokens, targets: device int32
+ * (B,T) with B <= batch_size, T <= seq_len. targets may be NULL (logits only). With targets the
+ * per-token losses are copied to a pinned host buffer on the stream; zoff_gpt2_mean_loss waits for
+ * that copy only (not for later work) and returns their mean. The model copies tokens and targets
  * on the stream (backward uses its copies), so the caller's buffers may be reused once the stream
  * has run past this call (synchronise, or record an event), not before. */
 zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T);
+/* Forward pass for training (targets required): as zoff_gpt2_forward, and the cross-entropy op
+ * computes the losses and the loss gradient in one pass over the logits (llm.c's fused classifier):
+ * dlogits = (softmax - onehot(target)) * dloss_scale / (B*T) per token replace the logits (so
+ * zoff_gpt2_logits returns NULL after it). dloss_scale = loss scale / accumulation steps
+ * (zoff_engine_backward_scale, known before the forward). Call zoff_gpt2_backward next. */
+zoff_status zoff_gpt2_forward_train(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B,
+                                    int64_t T, float dloss_scale);
+/* Mean loss of the last forward (either kind, with targets; still valid after backward). */
 zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss);
-/* Device pointer to the logits (B,T,Vp) of the last forward (valid until backward). */
+/* Device pointer to the logits (B,T,Vp) of the last zoff_gpt2_forward (NULL after a training forward). */
 const void *zoff_gpt2_logits(zoff_gpt2 *m);
 
-/* Backward for the last forward (which must have had targets). Gradients are
- * ACCUMULATED into the flat gradient buffer (zero it with memset between steps);
- * the loss gradient is dloss_scale / (B*T) per token (dloss_scale = loss scale / accumulation steps).
- * ready (may be NULL) is called as each contiguous range of gradients becomes final. */
-zoff_status zoff_gpt2_backward(zoff_gpt2 *m, float dloss_scale, zoff_grad_ready_fn ready, void *ready_arg);
+/* Backward for the last zoff_gpt2_forward_train (an error after none, after zoff_gpt2_forward, or a
+ * second time). Gradients are ACCUMULATED into the flat gradient buffer (zero it with memset
+ * between steps). ready (may be NULL) is called as each contiguous range of gradients becomes final. */
+zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *ready_arg);
 
 #ifdef __cplusplus
 }

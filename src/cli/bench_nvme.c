@@ -152,9 +152,9 @@ static zoff_status run_steps(const bench_args *a, const char *json, zoff_dtype d
             hx[i] = (int32_t)(rng % (uint64_t)a->shape.vocab_size);
         }
         if (s == ZOFF_OK) s = zoff_memcpy_async(st, dx, hx, tb, ZOFF_COPY_H2D);
-        if (s == ZOFF_OK) s = zoff_gpt2_forward(m, dx, dx, B, T);
+        if (s == ZOFF_OK) s = zoff_gpt2_forward_train(m, dx, dx, B, T, zoff_engine_backward_scale(e));
         zoff_engine_begin_backward(e, true);
-        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_backward_scale(e), zoff_engine_grad_ready, e);
+        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
         if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
         double tc = zoff_now() - t0;
         zoff_step_info si;

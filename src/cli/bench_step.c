@@ -161,15 +161,18 @@ static zoff_status bench_iter(bench_run *r, int it, zoff_step_info *si) {
             r->hx[i] = (int32_t)(r->rng % (uint64_t)r->vocab);
         }
         s = zoff_memcpy_async(r->st, r->dx, r->hx, tb, ZOFF_COPY_H2D);
-        /* as zoff train: forward, the loss read (a synchronisation), backward */
+        /* as zoff train: the training forward (losses and dlogits; targets: any valid ids), backward,
+         * the loss read (a wait for the forward's loss copy only; it also frees hx for the next
+         * micro-batch) */
         if (s == ZOFF_OK && k > 0) s = tl_stamp(tl, r->st, 0, 0);
-        if (s == ZOFF_OK) s = zoff_gpt2_forward(r->m, r->dx, r->dx, r->B, r->T); /* targets: any valid ids */
+        if (s == ZOFF_OK) s = zoff_gpt2_forward_train(r->m, r->dx, r->dx, r->B, r->T, zoff_engine_backward_scale(r->e));
         if (s == ZOFF_OK) s = tl_stamp(tl, r->st, 0, 1);
-        if (s == ZOFF_OK) s = zoff_stream_synchronize(r->st);
         zoff_engine_begin_backward(r->e, k == r->accum - 1);
         if (s == ZOFF_OK) s = tl_stamp(tl, r->st, 0, 0);
-        if (s == ZOFF_OK) s = zoff_gpt2_backward(r->m, zoff_engine_backward_scale(r->e), zoff_engine_grad_ready, r->e);
+        if (s == ZOFF_OK) s = zoff_gpt2_backward(r->m, zoff_engine_grad_ready, r->e);
         if (s == ZOFF_OK) s = tl_stamp(tl, r->st, 0, 1);
+        float loss;
+        if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(r->m, &loss);
     }
     if (s == ZOFF_OK) s = zoff_engine_step(r->e, 1e-4, si); /* synchronises the compute stream */
     return s;

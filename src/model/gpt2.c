@@ -105,7 +105,7 @@ struct zoff_gpt2 {
     gpt2_block_acts *blocks; /* L sets, or 1 when checkpointing */
     int nblock_sets;
     void *lnf; float *lnf_mean, *lnf_rstd; /* (N,C), (N), (N) */
-    void *logits;          /* (N,Vp); dlogits in place during backward */
+    void *logits;          /* (N,Vp); dlogits in their place after a training forward */
     float *losses;         /* (N) */
     int32_t *tokens, *targets; /* (N) copies of the caller's batch */
     /* backward scratch */
@@ -115,11 +115,14 @@ struct zoff_gpt2 {
     void *dqkv;            /* (N,3C) */
     void *dfch;            /* (N,4C) */
 
-    float *host_losses;    /* pinned (cap_B*cap_T) for zoff_gpt2_mean_loss */
+    float *host_losses;    /* pinned (cap_B*cap_T): the last forward's losses, copied on the stream */
+    zoff_event *losses_copied; /* recorded after that copy: zoff_gpt2_mean_loss waits for it only */
 
     /* state of the last forward */
     int64_t fwd_B, fwd_T;
-    bool have_logits, have_targets;
+    bool have_logits;      /* logits of an evaluation forward (zoff_gpt2_logits) */
+    bool have_dlogits;     /* a training forward's dlogits, for the next backward */
+    bool have_losses;      /* the last forward had targets: host_losses will hold its losses */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -303,6 +306,7 @@ void zoff_gpt2_destroy(zoff_gpt2 *m) {
         if (m->grads) zoff_device_free(m->dev, m->grads);
         if (m->acts_mem) zoff_device_free(m->dev, m->acts_mem);
         if (m->host_losses) zoff_host_free_pinned(m->dev, m->host_losses);
+        zoff_event_destroy(m->losses_copied);
     }
     free(m->tensors);
     free(m->resid);
@@ -391,6 +395,7 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     CREATE_TRY(zoff_device_alloc(dev, m->acts_bytes, "gpt2 activations", &m->acts_mem));
     CREATE_TRY(zoff_host_alloc_pinned(dev, (size_t)(m->cap_B * m->cap_T) * sizeof(float), "gpt2 host losses",
                                       (void **)&m->host_losses));
+    CREATE_TRY(zoff_event_create(dev, &m->losses_copied));
     carver place = {.base = m->acts_mem};
     layout_activations(m, &place);
     /* gradients start at zero: backward accumulates */
@@ -540,21 +545,31 @@ static gpt2_block_acts *block_acts(zoff_gpt2 *m, int64_t l) {
     return &m->blocks[m->checkpoint ? 0 : l];
 }
 
-/* tokens, targets (B,T) int32 device -> resid[0..L], block activations, lnf (N,C),
- * logits (N,Vp), losses (N) when targets != NULL. */
-zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
-    if (!m || !tokens) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_forward: model or tokens is NULL");
+/* tokens, targets (B,T) int32 device -> resid[0..L], block activations, lnf (N,C), logits (N,Vp),
+ * and when targets != NULL the losses (N), copied to host_losses on the stream. train: the same
+ * cross-entropy op also writes dlogits = (softmax - onehot) * dloss_scale / N in place of the
+ * logits, so the (N,Vp) logits are read once for both (llm.c's fused classifier). */
+static zoff_status gpt2_forward(zoff_gpt2 *m, const char *who, const int32_t *tokens, const int32_t *targets,
+                                int64_t B, int64_t T, bool train, float dloss_scale) {
+    if (!m || !tokens) return zoff_error(ZOFF_ERR_INVALID, "%s: model or tokens is NULL", who);
+    if (train && !targets)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: targets is NULL; a training forward needs the targets (use "
+                          "zoff_gpt2_forward for logits only)", who);
+    if (train && !isfinite(dloss_scale))
+        return zoff_error(ZOFF_ERR_INVALID, "%s: dloss_scale is %g; it must be finite (the loss scale / "
+                          "accumulation steps)", who, (double)dloss_scale);
     if (B < 1 || B > m->cap_B || T < 1 || T > m->cap_T)
         return zoff_error(ZOFF_ERR_INVALID,
-                          "zoff_gpt2_forward: batch %lld x %lld exceeds the activation capacity %lld x %lld "
+                          "%s: batch %lld x %lld exceeds the activation capacity %lld x %lld "
                           "chosen at create (batch_size x seq_len); both must be >= 1 and within it",
-                          (long long)B, (long long)T, (long long)m->cap_B, (long long)m->cap_T);
+                          who, (long long)B, (long long)T, (long long)m->cap_B, (long long)m->cap_T);
     zoff_stream *s = zoff_device_stream(m->dev);
     const int64_t L = m->shape.num_layers, C = m->shape.hidden_size, N = B * T;
     const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
     const zoff_dtype dt = m->dt;
     m->have_logits = false;
-    m->have_targets = false;
+    m->have_dlogits = false;
+    m->have_losses = false;
 
     /* own copies of the batch: backward needs them, the caller may reuse its buffers */
     ZOFF_TRY(zoff_memcpy_async(s, m->tokens, tokens, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2D));
@@ -585,30 +600,42 @@ zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t
                                     .bias = NULL, .N = N, .C = C, .OC = Vp, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, head, "GPT-2 forward, lm head (wte^T)");
     if (targets) {
-        zoff_op_cross_entropy_args ce = {.losses = m->losses, .dlogits = NULL, .logits = m->logits,
-                                         .targets = m->targets, .N = N, .V = V, .Vp = Vp, .dloss = 1.0f,
-                                         .dt = dt};
+        /* loss = sum(losses) / N, scaled: one pass over the logits for the losses and, training, dlogits */
+        zoff_op_cross_entropy_args ce = {.losses = m->losses, .dlogits = train ? m->logits : NULL,
+                                         .logits = m->logits, .targets = m->targets, .N = N, .V = V, .Vp = Vp,
+                                         .dloss = train ? dloss_scale / (float)N : 1.0f, .dt = dt};
         LAUNCH(ZOFF_OP_CROSS_ENTROPY, ce, "GPT-2 forward, cross-entropy");
+        /* the losses to the host now (N floats): reading them later waits for this copy, not the step */
+        ZOFF_TRY(zoff_memcpy_async(s, m->host_losses, m->losses, (size_t)N * sizeof(float), ZOFF_COPY_D2H));
+        ZOFF_TRY(zoff_event_record(m->losses_copied, s));
     }
     ZOFF_TRY(group_done(m, g_lnf, false));
     ZOFF_TRY(group_done(m, 0, false));
     m->fwd_B = B;
     m->fwd_T = T;
-    m->have_logits = true;
-    m->have_targets = targets != NULL;
+    m->have_logits = !train;
+    m->have_dlogits = train;
+    m->have_losses = targets != NULL;
     return ZOFF_OK;
 }
 
-/* Mean of losses (N) of the last forward, summed in double on the host. */
+zoff_status zoff_gpt2_forward(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
+    return gpt2_forward(m, "zoff_gpt2_forward", tokens, targets, B, T, false, 0.0f);
+}
+
+zoff_status zoff_gpt2_forward_train(zoff_gpt2 *m, const int32_t *tokens, const int32_t *targets, int64_t B,
+                                    int64_t T, float dloss_scale) {
+    return gpt2_forward(m, "zoff_gpt2_forward_train", tokens, targets, B, T, true, dloss_scale);
+}
+
+/* Mean of losses (N) of the last forward, summed in double on the host once their copy is done. */
 zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss) {
     if (!m || !loss) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_mean_loss: model or loss is NULL");
-    if (!m->have_targets)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "zoff_gpt2_mean_loss: the last forward had no targets; pass targets to zoff_gpt2_forward");
-    zoff_stream *s = zoff_device_stream(m->dev);
+    if (!m->have_losses)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_mean_loss: the last forward had no targets (or none ran); "
+                          "pass targets to zoff_gpt2_forward or zoff_gpt2_forward_train");
+    ZOFF_TRY(zoff_event_synchronize(m->losses_copied));
     const int64_t N = m->fwd_B * m->fwd_T;
-    ZOFF_TRY(zoff_memcpy_async(s, m->host_losses, m->losses, (size_t)N * sizeof(float), ZOFF_COPY_D2H));
-    ZOFF_TRY(zoff_stream_synchronize(s));
     double sum = 0.0;
     for (int64_t i = 0; i < N; i++) sum += (double)m->host_losses[i];
     *loss = (float)(sum / (double)N);
@@ -668,34 +695,29 @@ static zoff_status block_backward(zoff_gpt2 *m, int64_t l, const gpt2_block_acts
     return ZOFF_OK;
 }
 
-/* dlogits (N,Vp) in place of the logits, then ln_f, blocks L-1..0, embeddings;
- * parameter gradients accumulate into the flat buffer (num_params). */
-zoff_status zoff_gpt2_backward(zoff_gpt2 *m, float dloss_scale, zoff_grad_ready_fn ready, void *ready_arg) {
+/* From the dlogits (N,Vp) the training forward left in place of the logits: lm head, ln_f,
+ * blocks L-1..0, embeddings; parameter gradients accumulate into the flat buffer (num_params). */
+zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *ready_arg) {
     if (!m) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_backward: model is NULL");
-    if (!m->have_logits || !m->have_targets)
+    if (!m->have_dlogits)
         return zoff_error(ZOFF_ERR_INVALID,
-                          "zoff_gpt2_backward: no forward with targets to differentiate (%s); call "
-                          "zoff_gpt2_forward with targets before each backward",
-                          m->have_logits ? "the last forward had no targets" : "none since create or the last backward");
+                          "zoff_gpt2_backward: no training forward to differentiate (%s); call "
+                          "zoff_gpt2_forward_train before each backward",
+                          m->have_logits ? "the last forward was zoff_gpt2_forward, which keeps the logits"
+                                         : "none since create or the last backward");
     zoff_stream *s = zoff_device_stream(m->dev);
     const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
     const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
     const int64_t B = m->fwd_B, T = m->fwd_T, N = B * T;
     const zoff_dtype dt = m->dt;
     const size_t d = m->dts;
-    /* logits become dlogits below: whatever happens next, they are gone */
-    m->have_logits = false;
-    m->have_targets = false;
+    /* the dlogits are consumed below: whatever happens next, another backward needs another forward */
+    m->have_dlogits = false;
 
     const int g_lnf = m->ngroups - 1;
     ZOFF_TRY(pass_begin(m, true));
     ZOFF_TRY(group_use(m, g_lnf, true));
     ZOFF_TRY(group_use(m, 0, true)); /* held to the end: wte's gradient comes from the head and the embedding */
-    /* loss = sum(losses) / (B*T), scaled */
-    zoff_op_cross_entropy_args ce = {.losses = m->losses, .dlogits = m->logits, .logits = m->logits,
-                                     .targets = m->targets, .N = N, .V = V, .Vp = Vp,
-                                     .dloss = dloss_scale / (float)N, .dt = dt};
-    LAUNCH(ZOFF_OP_CROSS_ENTROPY, ce, "GPT-2 backward, cross-entropy");
     ZOFF_TRY(zoff_memset_async(s, m->dresid, 0, (size_t)(N * C) * d));
     ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
     zoff_op_matmul_bwd_args head = {.dinp = m->dln, .dweight = grad_ptr(m, T_WTE), .dbias = NULL,

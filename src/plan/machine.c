@@ -124,8 +124,8 @@ static zoff_status probe_compute(zoff_device *dev, const zoff_gpt2_options *mode
             if (s != ZOFF_OK) break;
         }
         double t0 = zoff_now();
-        s = zoff_gpt2_forward(m, tok, tok, B, T);
-        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, 1.0f, NULL, NULL);
+        s = zoff_gpt2_forward_train(m, tok, tok, B, T, 1.0f);
+        if (s == ZOFF_OK) s = zoff_gpt2_backward(m, NULL, NULL);
         if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
         if (i > 0) t[i - 1] = zoff_now() - t0; /* the first is a warm-up */
     }

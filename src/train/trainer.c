@@ -139,8 +139,9 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
     if (s != ZOFF_OK) return zoff_error_context(s, "data");
     s = zoff_memcpy_async(st, t->dx, t->hx, bytes, ZOFF_COPY_H2D);
     if (s == ZOFF_OK) s = zoff_memcpy_async(st, t->dy, t->hy, bytes, ZOFF_COPY_H2D);
-    if (s == ZOFF_OK) s = zoff_gpt2_forward(t->model, t->dx, t->dy, B, T);
-    if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(t->model, loss);
+    /* the loss gradient comes out of the forward's cross-entropy pass: its scale is known now (the
+     * loss scale changes only in zoff_engine_step) */
+    if (s == ZOFF_OK) s = zoff_gpt2_forward_train(t->model, t->dx, t->dy, B, T, zoff_engine_backward_scale(t->eng));
     double tb = zoff_now();
     if (boundary) { /* super_offload speculates this step's update during this backward */
         zoff_engine_set_lr(t->eng, zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng)));
@@ -148,9 +149,10 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
         if (t->cfg.zero.offload_optimizer.super_offload) ZOFF_TRY(wait_background_save(t, t_ckpt_wait));
     }
     zoff_engine_begin_backward(t->eng, boundary);
-    if (s == ZOFF_OK)
-        s = zoff_gpt2_backward(t->model, zoff_engine_backward_scale(t->eng), zoff_engine_grad_ready, t->eng);
+    if (s == ZOFF_OK) s = zoff_gpt2_backward(t->model, zoff_engine_grad_ready, t->eng);
     if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
+    /* the losses were copied to the host during the step: no wait between forward and backward */
+    if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(t->model, loss);
     if (s != ZOFF_OK) return zoff_error_context(s, "forward/backward");
     *t_fwd += tb - ta;
     *t_bwd += zoff_now() - tb;

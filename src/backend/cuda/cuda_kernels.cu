@@ -477,48 +477,77 @@ zoff_status cast_op(const zoff_cuda_launch *L, const zoff_op_cast_args *a) {
 
 constexpr int CE_THREADS = 512;
 
-// Combine two (max, sum of exp(x - max)) pairs.
+// Combine two (max, sum of exp(x - max)) pairs. A side with max -inf is empty: it adds s * 0,
+// nothing, or the NaN it holds (a NaN logit makes the loss and the gradient NaN).
 __device__ __forceinline__ void lse_combine(float &m, float &s, float m2, float s2) {
     const float M = fmaxf(m, m2);
-    if (M == -INFINITY) return; // both empty
-    s = (m == -INFINITY ? 0.0f : s * expf(m - M)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - M));
+    const float a = m == -INFINITY ? s * 0.0f : s * expf(m - M);
+    const float b = m2 == -INFINITY ? s2 * 0.0f : s2 * expf(m2 - M);
+    s = a + b;
     m = M;
+}
+
+// Fold the first n of v into (m, s): the pack's max, then one rescale of s (online softmax).
+template <int W> __device__ __forceinline__ void lse_fold(float &m, float &s, const float (&v)[W], int n) {
+    float pm = -INFINITY, ps = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        if (j < n) pm = fmaxf(pm, v[j]);
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        if (j < n && v[j] != -INFINITY) ps += expf(v[j] - pm); // NaN - pm is NaN: kept
+    lse_combine(m, s, pm, ps);
 }
 
 // losses (N) fp32 = logsumexp(logits[i,:V]) - logits[i,target]; logits (N,Vp); targets (N) int32.
 // dlogits (N,Vp) (may be NULL, may alias logits) = (softmax - onehot(target)) * dloss, padded
 // columns 0. target < 0: loss 0, gradient row 0. target >= V: reported, row left as loss 0 / zeros.
-// One block per row (grid-stride): pass 1 an online (max, sum) per thread, combined over the
-// block; pass 2 writes the gradient (each element is read and written by the same thread).
+// llm.c's fused classifier: one block per row (grid-stride); pass 1 reads the row once for an online
+// (max, sum) per thread, combined over the block; pass 2 reads it again and writes the gradient (each
+// element is read and written by the same thread); no softmax is stored. vec (logits and dlogits
+// 16-byte aligned, Vp a multiple of the pack): 16-byte loads and stores of whole packs (pass 1 masks
+// the columns >= V of the last pack holding real ones; pass 2 stores zero packs past it).
 template <class S>
 __global__ void __launch_bounds__(CE_THREADS)
     cross_entropy_kernel(float *losses, typename S::T *dlogits, const typename S::T *logits, const int32_t *targets,
-                         int64_t N, int64_t V, int64_t Vp, float dloss, ErrRef err) {
+                         int64_t N, int64_t V, int64_t Vp, float dloss, int vec, ErrRef err) {
+    typedef typename S::T T;
+    constexpr int W = Pack16<S>::V;
     __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
     __shared__ float s_lt, s_max, s_sum;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int64_t nreal = vec ? (V + W - 1) / W : V, nall = vec ? Vp / W : Vp; // packs (vec) or elements
     for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
         const int32_t tgt = targets[row]; // the same for the whole block: branches below are uniform
-        const typename S::T *l = logits + row * Vp;
-        typename S::T *d = dlogits ? dlogits + row * Vp : nullptr;
+        const T *l = logits + row * Vp;
+        T *d = dlogits ? dlogits + row * Vp : nullptr;
         if (tgt < 0 || (int64_t)tgt >= V) {
             if (threadIdx.x == 0) {
                 if ((int64_t)tgt >= V) raise_error(err, ZOFF_CUDA_ERRK_TARGET, tgt, row, V, 0);
                 if (losses) losses[row] = 0.0f;
             }
-            if (d)
-                for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) S::store(d, j, 0.0f);
+            if (d) {
+                const Pack16<S> z = {}; // +0 in every dtype
+                for (int64_t p = threadIdx.x; p < nall; p += blockDim.x)
+                    if (vec) ((uint4 *)d)[p] = z.u;
+                    else d[p] = z.e[0];
+            }
             continue;
         }
         if (threadIdx.x == 0) s_lt = S::load(l, tgt); // read before any thread writes d (d may alias l)
         float m = -INFINITY, s = 0.0f;
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-            const float x = S::load(l, j);
-            if (x > m) {
-                s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
-                m = x;
-            } else if (m != -INFINITY) {
-                s += expf(x - m);
+        for (int64_t p = threadIdx.x; p < nreal; p += blockDim.x) {
+            if (vec) {
+                Pack16<S> x;
+                x.u = ((const uint4 *)l)[p];
+                float v[W];
+#pragma unroll
+                for (int j = 0; j < W; j++) v[j] = S::load(x.e, j);
+                const int64_t rem = V - p * W; // >= 1
+                lse_fold<W>(m, s, v, rem < W ? (int)rem : W);
+            } else {
+                const float v[1] = {S::load(l, p)};
+                lse_fold<1>(m, s, v, 1);
             }
         }
 #pragma unroll
@@ -541,13 +570,25 @@ __global__ void __launch_bounds__(CE_THREADS)
         __syncthreads();
         if (d) {
             const float M = s_max, sc = dloss / s_sum;
-            for (int64_t j = threadIdx.x; j < Vp; j += blockDim.x) {
+            // (softmax - onehot) * dloss of column j < V holding logit x; 0 past V
+            auto grad = [&](int64_t j, float x) {
                 float g = 0.0f;
                 if (j < V) {
-                    g = expf(S::load(l, j) - M) * sc;
+                    g = expf(x - M) * sc;
                     if (j == tgt) g -= dloss;
                 }
-                S::store(d, j, g);
+                return g;
+            };
+            for (int64_t p = threadIdx.x; p < nall; p += blockDim.x) {
+                if (vec) {
+                    Pack16<S> x = {}, o;
+                    if (p < nreal) x.u = ((const uint4 *)l)[p];
+#pragma unroll
+                    for (int j = 0; j < W; j++) S::store(o.e, j, p < nreal ? grad(p * W + j, S::load(x.e, j)) : 0.0f);
+                    ((uint4 *)d)[p] = o.u;
+                } else {
+                    S::store(d, p, grad(p, S::load(l, p)));
+                }
             }
         }
         __syncthreads(); // shared values are rewritten for the next row
@@ -558,8 +599,10 @@ template <class S> zoff_status cross_entropy(const zoff_cuda_launch *L, const zo
     typedef typename S::T T;
     if (a->N == 0) return ZOFF_OK;
     const unsigned int grid = (unsigned int)(a->N < 65535 ? a->N : 65535);
+    const int vec = ln_vec<S>(a->Vp, a->logits, a->dlogits, nullptr, nullptr);
     cross_entropy_kernel<S><<<grid, CE_THREADS, 0, L->s>>>(a->losses, (T *)a->dlogits, (const T *)a->logits,
-                                                           a->targets, a->N, a->V, a->Vp, a->dloss, err_ref(L));
+                                                           a->targets, a->N, a->V, a->Vp, a->dloss, vec,
+                                                           err_ref(L));
     ZOFF_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
     return ZOFF_OK;
 }
