@@ -48,7 +48,7 @@ endif()
 if(ZOFF_SANITIZE STREQUAL "")
   set(_emu_ops_default "")
 else()
-  set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,matmul_bwd,gelu_bwd,cross_entropy")
+  set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,residual_layernorm_fwd,matmul_bwd,gelu_bwd,cross_entropy")
 endif()
 # -DZOFF_EMU_OPS=name,name,... replaces the subset
 set(_emu_ops "${_emu_ops_default}")
