@@ -13,6 +13,10 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -711,6 +715,109 @@ template <class G> zoff_status adam(const zoff_cuda_launch *L, const zoff_op_ada
     return ZOFF_OK;
 }
 
+// ------------------------------------------------------------------ residual + layernorm
+
+// RESIDUAL_LAYERNORM_FWD; fused: one layernorm_fwd_kernel, else the unfused path (ADD, then LayerNorm of resid).
+template <class S>
+zoff_status resid_ln_fwd(const zoff_cuda_launch *L, const zoff_op_residual_layernorm_fwd_args *a, bool fused) {
+    if (fused) return layernorm_fwd<S>(L, a);
+    ZOFF_TRY(ew_launch<S>(L, a->resid, a->a, a->b, a->N * a->C, AddF(), "ew_kernel (add)"));
+    zoff_op_residual_layernorm_fwd_args r = *a;
+    r.a = a->resid;
+    r.b = nullptr;
+    return layernorm_fwd<S>(L, &r);
+}
+
+// RESIDUAL_LAYERNORM_BWD; fused: one pass from dresid, else a copy (memset) of dresid into dinp, then
+// the accumulating LayerNorm backward (LAYERNORM_BWD).
+template <class S>
+zoff_status resid_ln_bwd(const zoff_cuda_launch *L, const zoff_op_residual_layernorm_bwd_args *a, bool fused) {
+    if (fused || a->dresid == a->dinp) return layernorm_bwd<S>(L, a);
+    const size_t bytes = (size_t)(a->N * a->C) * sizeof(typename S::T);
+    if (a->dresid) ZOFF_CUDA_CHECK(cudaMemcpyAsync(a->dinp, a->dresid, bytes, cudaMemcpyDeviceToDevice, L->s));
+    else ZOFF_CUDA_CHECK(cudaMemsetAsync(a->dinp, 0, bytes, L->s));
+    zoff_op_residual_layernorm_bwd_args r = *a;
+    r.dresid = a->dinp;
+    return layernorm_bwd<S>(L, &r);
+}
+
+// The start-up comparison: on L's stream, bf16, N = 37 rows of C = 200 (16-byte packs) and C = 100
+// (element-wise), the fused kernels (k = 0) and the unfused path (k = 1) must give the same bits:
+// forward (resid, out, mean, rstd), backward from a dresid and from none (dinp, dweight, dbias).
+zoff_status fused_ln_compare(const zoff_cuda_launch *L, bool *same) {
+    *same = true;
+    for (int64_t C = 200; C >= 100; C -= 100) {
+        const int64_t N = 37, n = N * C;
+        enum { A, B, W, BI, DY, DR, RES0, RES1, OUT0, OUT1, DX0, DX1, DN0, DN1, DW0, DW1, DB0, DB1, NBUF };
+        std::vector<uint16_t> h((size_t)(NBUF * n)), g((size_t)(NBUF * n));
+        uint64_t r = 0x2545f4914f6cdd1dull + (uint64_t)C;
+        for (int64_t i = 0; i < (DR + 1) * n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            h[(size_t)i] = zoff_f32_to_bf16((float)((r >> 40) * 0x1.0p-24) * 4.0f - 1.5f);
+        }
+        uint16_t *d = nullptr;
+        float *st = nullptr; // mean, rstd per k
+        ZOFF_CUDA_CHECK(cudaMalloc((void **)&d, h.size() * 2));
+        zoff_status s = ZOFF_OK;
+        if (cudaMalloc((void **)&st, (size_t)(4 * N) * 4) != cudaSuccess) s = zoff_error(ZOFF_ERR_DEVICE, "cudaMalloc");
+        auto at = [&](int i) { return d + (size_t)i * (size_t)n; };
+        if (s == ZOFF_OK && (cudaMemcpyAsync(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice, L->s) != cudaSuccess ||
+                             cudaMemsetAsync(at(DW0), 0, (size_t)(4 * n) * 2, L->s) != cudaSuccess))
+            s = zoff_error(ZOFF_ERR_DEVICE, "fused LayerNorm start-up check: copy failed");
+        for (int k = 0; k < 2 && s == ZOFF_OK; k++) {
+            zoff_op_residual_layernorm_fwd_args f = {};
+            f.resid = at(RES0 + k), f.out = at(OUT0 + k), f.mean = st + 2 * k * N, f.rstd = st + (2 * k + 1) * N;
+            f.a = at(A), f.b = at(B), f.weight = at(W), f.bias = at(BI), f.N = N, f.C = C, f.dt = ZOFF_BF16;
+            s = resid_ln_fwd<BF16>(L, &f, k == 0);
+            for (int dn = 0; dn < 2 && s == ZOFF_OK; dn++) {
+                zoff_op_residual_layernorm_bwd_args b = {};
+                b.dinp = at((dn ? DN0 : DX0) + k), b.dresid = dn ? nullptr : at(DR), b.dweight = at(DW0 + k);
+                b.dbias = at(DB0 + k), b.dout = at(DY), b.inp = at(RES0 + k), b.weight = at(W), b.mean = f.mean;
+                b.rstd = f.rstd, b.N = N, b.C = C, b.dt = ZOFF_BF16;
+                s = resid_ln_bwd<BF16>(L, &b, k == 0);
+            }
+        }
+        std::vector<float> hs((size_t)(4 * N));
+        if (s == ZOFF_OK && (cudaMemcpyAsync(g.data(), d, g.size() * 2, cudaMemcpyDeviceToHost, L->s) != cudaSuccess ||
+                             cudaMemcpyAsync(hs.data(), st, hs.size() * 4, cudaMemcpyDeviceToHost, L->s) != cudaSuccess ||
+                             cudaStreamSynchronize(L->s) != cudaSuccess))
+            s = zoff_error(ZOFF_ERR_DEVICE, "fused LayerNorm start-up check: copy back failed");
+        cudaFree(d);
+        cudaFree(st);
+        ZOFF_TRY(s);
+        for (int i = RES0; i < NBUF; i += 2) // the pairs (k = 0, k = 1); dweight and dbias hold C values
+            if (memcmp(&g[(size_t)i * n], &g[(size_t)(i + 1) * n], (size_t)(i >= DW0 ? C : n) * 2)) *same = false;
+        if (memcmp(&hs[0], &hs[(size_t)(2 * N)], (size_t)(2 * N) * 4)) *same = false;
+    }
+    return ZOFF_OK;
+}
+
+// Fused kernels for this call? In auto mode the first call compares them (once per context, under ctx->mu).
+zoff_status use_fused_ln(const zoff_cuda_launch *L, bool *fused) {
+    zoff_cuda_ctx *ctx = L->ctx;
+    *fused = false;
+    if (ctx->fused_ln_mode == ZOFF_CUDA_FUSED_LN_OFF) return ZOFF_OK;
+    if (__atomic_load_n(&ctx->fused_ln_state, __ATOMIC_ACQUIRE) == 0) {
+        pthread_mutex_lock(&ctx->mu);
+        zoff_status st = ZOFF_OK;
+        if (ctx->fused_ln_state == 0) {
+            bool same = false;
+            st = fused_ln_compare(L, &same);
+            if (st == ZOFF_OK) {
+                if (!same)
+                    fprintf(stderr, "zoff: WARNING: %s: the fused residual + LayerNorm kernels disagree with the unfused "
+                                    "path on the start-up case; using the unfused path (slower); please report this "
+                                    "(ZOFF_CUDA_FUSED_LN=off silences it)\n", ctx->name);
+                __atomic_store_n(&ctx->fused_ln_state, same ? 1 : 2, __ATOMIC_RELEASE);
+            }
+        }
+        pthread_mutex_unlock(&ctx->mu);
+        ZOFF_TRY(st);
+    }
+    *fused = __atomic_load_n(&ctx->fused_ln_state, __ATOMIC_ACQUIRE) == 1;
+    return ZOFF_OK;
+}
+
 zoff_status unsupported_dt(zoff_op op, const char *role, zoff_dtype dt) {
     return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: %s dtype %s (%d) is not supported by the CUDA backend; use f32, bf16 or f16",
                       zoff_op_name(op), role, (unsigned)dt < ZOFF_DTYPE_COUNT ? zoff_dtype_name(dt) : "invalid",
@@ -798,12 +905,16 @@ extern "C" zoff_status zoff_cuda_run_op(const zoff_cuda_launch *L, const void *a
     }
     case ZOFF_OP_RESIDUAL_LAYERNORM_FWD: {
         const zoff_op_residual_layernorm_fwd_args *a = (const zoff_op_residual_layernorm_fwd_args *)args;
-        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_fwd<S>(L, a));
+        bool fused = false;
+        if (a->N > 0 && a->C > 0) ZOFF_TRY(use_fused_ln(L, &fused));
+        ZOFF_CUDA_DISPATCH(a->dt, S, return resid_ln_fwd<S>(L, a, fused));
         return unsupported_dt(op, "storage", a->dt);
     }
     case ZOFF_OP_RESIDUAL_LAYERNORM_BWD: {
         const zoff_op_residual_layernorm_bwd_args *a = (const zoff_op_residual_layernorm_bwd_args *)args;
-        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_bwd<S>(L, a));
+        bool fused = false;
+        if (a->N > 0 && a->C > 0) ZOFF_TRY(use_fused_ln(L, &fused));
+        ZOFF_CUDA_DISPATCH(a->dt, S, return resid_ln_bwd<S>(L, a, fused));
         return unsupported_dt(op, "storage", a->dt);
     }
     case ZOFF_OP_COUNT:
