@@ -247,8 +247,9 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
 //   (the same rule with or without dres, so the row sums run in the same order); dres16: dres when it is
 //   16-byte aligned (read in packs), else NULL (a pointer of its own: the host compiler of the emulator must
 //   not take dres for aligned on the element-wise path)
-//   pw[g][c] = sum over the block's rows of dy * xhat, pb[g][c] = sum of dy   (one thread per column,
-//   rows in order); xhat = (x - mean) * rstd. dout, inp (N,C); weight (C); mean, rstd (N); pw, pb (G,C).
+//   pw[g][c] = sum over the block's rows of dy * xhat, pb[g][c] = sum of dy   (one thread per column, or
+//   per 16-byte pack of columns with vec, rows in order); xhat = (x - mean) * rstd. dout, inp (N,C);
+//   weight (C); mean, rstd (N); pw, pb (G,C).
 template <class S>
 __global__ void __launch_bounds__(LN_WARPS * 32)
     layernorm_bwd_kernel(typename S::T *dinp, const typename S::T *dres, float *pw, float *pb, const typename S::T *dout,
@@ -289,7 +290,32 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
             }
         }
     }
-    if (pw) {
+    if (pw && vec) { // as below, a thread per 16-byte pack of columns: the same sums in the same order
+        constexpr int V = Pack16<S>::V;
+        for (int64_t p = threadIdx.x; p < C / V; p += blockDim.x) {
+            float aw[V], ab[V];
+            for (int j = 0; j < V; j++) aw[j] = ab[j] = 0.0f;
+            for (int64_t ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
+                const int64_t r1 = (ch + 1) * LN_CHUNK < N ? (ch + 1) * LN_CHUNK : N;
+                for (int64_t row = ch * LN_CHUNK; row < r1; row++) {
+                    Pack16<S> dyp, xp;
+                    dyp.u = ((const uint4 *)(dout + row * C))[p];
+                    xp.u = ((const uint4 *)(inp + row * C))[p];
+                    const float m = mean[row], r = rstd[row];
+#pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        const float dy = S::load(dyp.e, j);
+                        aw[j] += dy * ((S::load(xp.e, j) - m) * r);
+                        ab[j] += dy;
+                    }
+                }
+            }
+            for (int j = 0; j < V; j++) {
+                pw[(int64_t)blockIdx.x * C + p * V + j] = aw[j];
+                pb[(int64_t)blockIdx.x * C + p * V + j] = ab[j];
+            }
+        }
+    } else if (pw) {
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             float aw = 0.0f, ab = 0.0f;
             for (int64_t ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
