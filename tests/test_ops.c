@@ -517,9 +517,14 @@ static zoff_status launch_ln_fwd(tcase *c, zoff_stream *s) {
     return ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_FWD, a);
 }
 
+/* layernorm backward: shape (N, C). LAYERNORM_BWD: dinp accumulates. RESIDUAL_LAYERNORM_BWD: dinp = dresid +
+ * LayerNorm'(dout); variant 0: separate dresid; 1: dresid NULL (dinp starts as NaN: it must be written, not
+ * accumulated); 2: dresid aliases dinp (accumulate in place). mean, rstd: the forward's fp32 statistics. */
 static void setup_ln_bwd(tcase *c) {
+    const bool res = c->e->op == ZOFF_OP_RESIDUAL_LAYERNORM_BWD;
     int64_t N = c->d[0], C = c->d[1];
-    tensor *dinp = add_t(c, "dinp", T_INOUT, c->dt, N * C);
+    tensor *dinp = add_t(c, "dinp", res ? T_OUT : T_INOUT, c->dt, N * C);
+    tensor *dres = res ? add_t(c, "dresid", T_IN, c->dt, N * C) : dinp;
     tensor *dw = add_t(c, "dweight", T_INOUT, c->dt, C);
     tensor *db = add_t(c, "dbias", T_INOUT, c->dt, C);
     tensor *dout = add_t(c, "dout", T_IN, c->dt, N * C);
@@ -527,12 +532,16 @@ static void setup_ln_bwd(tcase *c) {
     tensor *w = add_t(c, "weight", T_IN, c->dt, C);
     tensor *mean = add_t(c, "mean", T_IN, ZOFF_F32, N);
     tensor *rstd = add_t(c, "rstd", T_IN, ZOFF_F32, N);
-    fill_normal(c, dinp, 0, 1);
+    fill_normal(c, dres, 0, 1);
     fill_normal(c, dw, 0, 1);
     fill_normal(c, db, 0, 1);
     fill_normal(c, dout, 0, 1);
     fill_normal(c, inp, 1.0, 2.0);
     fill_normal(c, w, 1.0, 0.3);
+    if (res) {
+        dres->null = c->variant == 1;
+        if (c->variant == 2) dinp->alias = 1;
+    }
     double *tmp = calloc((size_t)(N * C + 1), sizeof(double)), *bz = calloc((size_t)(C + 1), sizeof(double));
     ln_fwd_ref(tmp, mean->host, rstd->host, inp->host, w->host, bz, N, C);
     for (int64_t i = 0; i < N; i++) {
@@ -541,7 +550,7 @@ static void setup_ln_bwd(tcase *c) {
     }
     free(tmp);
     free(bz);
-    memcpy(dinp->ref, dinp->host, (size_t)(N * C) * sizeof(double));
+    if (!dres->null) memcpy(dinp->ref, dres->host, (size_t)(N * C) * sizeof(double));
     memcpy(dw->ref, dw->host, (size_t)C * sizeof(double));
     memcpy(db->ref, db->host, (size_t)C * sizeof(double));
     ln_bwd_ref(dinp->ref, dw->ref, db->ref, dout->host, inp->host, w->host, N, C);
@@ -580,40 +589,6 @@ static zoff_status launch_resid_ln_fwd(tcase *c, zoff_stream *s) {
     return ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_FWD, a);
 }
 
-/* dinp = dresid + LayerNorm'(dout): shape (N, C). variant 0: separate dresid; 1: dresid NULL (dinp starts as
- * NaN: it must be written, not accumulated); 2: dresid aliases dinp (accumulate in place) */
-static void setup_resid_ln_bwd(tcase *c) {
-    int64_t N = c->d[0], C = c->d[1];
-    tensor *dinp = add_t(c, "dinp", T_OUT, c->dt, N * C);
-    tensor *dres = add_t(c, "dresid", T_IN, c->dt, N * C);
-    tensor *dw = add_t(c, "dweight", T_INOUT, c->dt, C);
-    tensor *db = add_t(c, "dbias", T_INOUT, c->dt, C);
-    tensor *dout = add_t(c, "dout", T_IN, c->dt, N * C);
-    tensor *inp = add_t(c, "inp", T_IN, c->dt, N * C);
-    tensor *w = add_t(c, "weight", T_IN, c->dt, C);
-    tensor *mean = add_t(c, "mean", T_IN, ZOFF_F32, N);
-    tensor *rstd = add_t(c, "rstd", T_IN, ZOFF_F32, N);
-    fill_normal(c, dres, 0, 1);
-    fill_normal(c, dw, 0, 1);
-    fill_normal(c, db, 0, 1);
-    fill_normal(c, dout, 0, 1);
-    fill_normal(c, inp, 1.0, 2.0);
-    fill_normal(c, w, 1.0, 0.3);
-    dres->null = c->variant == 1;
-    if (c->variant == 2) dinp->alias = 1;
-    double *tmp = calloc((size_t)(N * C + 1), sizeof(double)), *bz = calloc((size_t)(C + 1), sizeof(double));
-    ln_fwd_ref(tmp, mean->host, rstd->host, inp->host, w->host, bz, N, C);
-    for (int64_t i = 0; i < N; i++) {
-        mean->host[i] = quant(mean->host[i], ZOFF_F32);
-        rstd->host[i] = quant(rstd->host[i], ZOFF_F32);
-    }
-    free(tmp);
-    free(bz);
-    if (!dres->null) memcpy(dinp->ref, dres->host, (size_t)(N * C) * sizeof(double));
-    memcpy(dw->ref, dw->host, (size_t)C * sizeof(double));
-    memcpy(db->ref, db->host, (size_t)C * sizeof(double));
-    ln_bwd_ref(dinp->ref, dw->ref, db->ref, dout->host, inp->host, w->host, N, C);
-}
 static zoff_status launch_resid_ln_bwd(tcase *c, zoff_stream *s) {
     zoff_op_residual_layernorm_bwd_args a = {.dinp = P(c, 0), .dresid = P(c, 1), .dweight = P(c, 2),
                                              .dbias = P(c, 3), .dout = P(c, 4), .inp = P(c, 5), .weight = P(c, 6),
@@ -915,7 +890,7 @@ static const op_entry g_ops[] = {
     /* N = 1; C not a multiple of the 16-byte pack (7, 65, 100 for 16-bit, 1030) next to 768 */
     {"residual_layernorm_fwd", ZOFF_OP_RESIDUAL_LAYERNORM_FWD, setup_resid_ln_fwd, launch_resid_ln_fwd, 8,
      {{0, 8}, {1, 1}, {1, 768}, {5, 7}, {33, 65}, {64, 768}, {3, 100}, {2, 1030}}, 3, {2e-5, 8e-3, 2e-3}},
-    {"residual_layernorm_bwd", ZOFF_OP_RESIDUAL_LAYERNORM_BWD, setup_resid_ln_bwd, launch_resid_ln_bwd, 8,
+    {"residual_layernorm_bwd", ZOFF_OP_RESIDUAL_LAYERNORM_BWD, setup_ln_bwd, launch_resid_ln_bwd, 8,
      {{0, 8}, {1, 1}, {1, 768}, {5, 7}, {33, 65}, {64, 768}, {3, 100}, {2, 1030}}, 3, {2e-5, 1e-2, 3e-3}},
 };
 #define NOPS ((int)(sizeof g_ops / sizeof g_ops[0]))
