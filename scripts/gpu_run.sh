@@ -125,6 +125,9 @@ if want test; then
     # the backend compares its tensor-core attention with the flash kernels at start-up and falls back
     # with a warning when they disagree: that warning must not be there
     step attention_startup_check 10 bash -c "! grep -m1 'WARNING: .*tensor-core attention' '$LOGS/test_ops.log'" || true
+    # likewise the fused residual + LayerNorm kernels against the unfused path
+    step fused_ln_startup_check 10 bash -c "! grep -m1 'WARNING: .*fused residual' '$LOGS/test_ops.log'" || true
+    step test_ops_unfused_ln 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_FUSED_LN=off ZOFF_TEST_OPS=residual_layernorm_fwd,residual_layernorm_bwd,test_residual_layernorm_bits "$BUILD/test_ops" || true
     step test_ops_mma_attention 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=mma "$BUILD/test_ops" || true
     step test_ops_flash_attention 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=flash "$BUILD/test_ops" || true
     step test_ops_simple_attention 600 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=simple "$BUILD/test_ops" || true

@@ -652,8 +652,24 @@ static void test_launch_validation(void **state) {
     assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_EMBED_FWD, ef), ZOFF_ERR_INVALID);
     assert_non_null(strstr(zoff_last_error(), "overflow"));
 
+    /* the fused residual LayerNorm: out must not alias an input; dresid equals dinp or does not overlap it */
+    zoff_op_residual_layernorm_fwd_args rf = {.resid = x, .out = x, .mean = x, .rstd = x, .a = x, .b = x,
+                                              .weight = x, .bias = x, .N = 2, .C = 4, .dt = ZOFF_F32};
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_FWD, rf), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "out aliases resid"));
+    zoff_op_residual_layernorm_bwd_args rb = {.dinp = x, .dresid = (float *)x + 1, .dweight = x, .dbias = x,
+                                              .dout = x, .inp = x, .weight = x, .mean = x, .rstd = x, .N = 2, .C = 4,
+                                              .dt = ZOFF_F32};
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_BWD, rb), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "dresid overlaps dinp"));
+    rb.dresid = NULL; /* valid: dinp is written */
+    float *x8 = (float *)x + 8;
+    rb.dweight = x8; rb.dbias = x8 + 4; rb.dout = x8 + 8; rb.inp = x8 + 16; rb.weight = x8 + 24; rb.mean = x8 + 28;
+    rb.rstd = x8 + 30;
+
     /* Valid launches pass validation and run. */
     struct { zoff_op op; const void *args; size_t size; } valid[] = {
+        {ZOFF_OP_RESIDUAL_LAYERNORM_BWD, &rb, sizeof rb},
         {ZOFF_OP_MATMUL_BWD, &mb, sizeof mb},
         {ZOFF_OP_MATMUL_FWD, &mf, sizeof mf},
         {ZOFF_OP_ADAM, &ad, sizeof ad},

@@ -371,26 +371,53 @@ static void test_smaller_batch_than_capacity(void **state) {
     zoff_device_destroy(dev);
 }
 
+/* g_fx with 3 layers and zoff_gpt2_init_params weights: block 1 is neither first nor last, so with
+ * checkpointing its recomputation normalises the stored residual (LAYERNORM_FWD) where the forward fused
+ * the previous block's mlp residual with its ln_1 (RESIDUAL_LAYERNORM_FWD). */
+static fixture deep_fixture(zoff_device *dev) {
+    fixture fx = g_fx;
+    fx.L = 3;
+    zoff_gpt2_options o = {.shape = fx_shape(&fx), .batch_size = fx.B, .seq_len = fx.T, .dtype = ZOFF_F32};
+    zoff_gpt2 *m = NULL;
+    CHECK_OK(zoff_gpt2_create(dev, &o, &m));
+    fx.num_params = zoff_gpt2_num_params(m);
+    fx.params = malloc((size_t)fx.num_params * sizeof(float));
+    assert_non_null(fx.params);
+    zoff_gpt2_init_params(m, 7, fx.params);
+    zoff_gpt2_destroy(m);
+    return fx;
+}
+
+/* in every storage dtype, with 2 and 3 layers */
 static void test_checkpoint_bit_identical(void **state) {
     (void)state;
     zoff_device *dev = make_device(0);
-    zoff_gpt2 *plain = fixture_model(dev, &g_fx, g_fx.B, g_fx.T, ZOFF_F32, false);
-    zoff_gpt2 *ckpt = fixture_model(dev, &g_fx, g_fx.B, g_fx.T, ZOFF_F32, true);
-    assert_true(zoff_gpt2_device_bytes(ckpt) < zoff_gpt2_device_bytes(plain));
-    run_result a, b;
-    for (int rep = 0; rep < 2; rep++) { /* second pass accumulates on top of the first */
-        run_fixture(dev, plain, &g_fx, ZOFF_F32, &a);
-        run_fixture(dev, ckpt, &g_fx, ZOFF_F32, &b);
-        assert_true(a.loss == b.loss);
-        assert_memory_equal(a.logits, b.logits, (size_t)(g_fx.B * g_fx.T * g_fx.Vp) * sizeof(float));
-        assert_memory_equal(a.grads, b.grads, (size_t)g_fx.num_params * sizeof(float));
-        run_result_free(&a);
-        run_result_free(&b);
-    }
-    print_message("checkpointed model: %zu device bytes vs %zu; gradients bit-identical\n",
-                  zoff_gpt2_device_bytes(ckpt), zoff_gpt2_device_bytes(plain));
-    zoff_gpt2_destroy(plain);
-    zoff_gpt2_destroy(ckpt);
+    fixture deep = deep_fixture(dev);
+    const fixture *fxs[2] = {&g_fx, &deep};
+    const zoff_dtype dts[3] = {ZOFF_F32, ZOFF_BF16, ZOFF_F16};
+    for (int fi = 0; fi < 2; fi++)
+        for (int di = 0; di < 3; di++) {
+            const fixture *fx = fxs[fi];
+            const zoff_dtype dt = dts[di];
+            zoff_gpt2 *plain = fixture_model(dev, fx, fx->B, fx->T, dt, false);
+            zoff_gpt2 *ckpt = fixture_model(dev, fx, fx->B, fx->T, dt, true);
+            assert_true(zoff_gpt2_device_bytes(ckpt) < zoff_gpt2_device_bytes(plain));
+            run_result a, b;
+            for (int rep = 0; rep < 2; rep++) { /* second pass accumulates on top of the first */
+                run_fixture(dev, plain, fx, dt, &a);
+                run_fixture(dev, ckpt, fx, dt, &b);
+                assert_true(a.loss == b.loss);
+                assert_memory_equal(a.logits, b.logits, (size_t)(fx->B * fx->T * fx->Vp) * sizeof(float));
+                assert_memory_equal(a.grads, b.grads, (size_t)fx->num_params * sizeof(float));
+                run_result_free(&a);
+                run_result_free(&b);
+            }
+            print_message("checkpointed model (%d layers, %s): %zu device bytes vs %zu; gradients bit-identical\n",
+                          fx->L, zoff_dtype_name(dt), zoff_gpt2_device_bytes(ckpt), zoff_gpt2_device_bytes(plain));
+            zoff_gpt2_destroy(plain);
+            zoff_gpt2_destroy(ckpt);
+        }
+    free(deep.params);
     zoff_device_destroy(dev);
 }
 

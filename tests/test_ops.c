@@ -40,6 +40,8 @@
  *   scale            1e-6     8e-3     2e-3
  *   grad_stats       1e-6     1e-6     1e-6
  *   adam             1e-5     8e-3     2e-3
+ *   residual_ln_fwd  2e-5     8e-3     2e-3   (as layernorm_fwd: the residual is one rounding)
+ *   residual_ln_bwd  2e-5     1e-2     3e-3   (as layernorm_bwd)
  */
 #include <math.h>
 #include <setjmp.h>
@@ -515,9 +517,14 @@ static zoff_status launch_ln_fwd(tcase *c, zoff_stream *s) {
     return ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_FWD, a);
 }
 
+/* layernorm backward: shape (N, C). LAYERNORM_BWD: dinp accumulates. RESIDUAL_LAYERNORM_BWD: dinp = dresid +
+ * LayerNorm'(dout); variant 0: separate dresid; 1: dresid NULL (dinp starts as NaN: it must be written, not
+ * accumulated); 2: dresid aliases dinp (accumulate in place). mean, rstd: the forward's fp32 statistics. */
 static void setup_ln_bwd(tcase *c) {
+    const bool res = c->e->op == ZOFF_OP_RESIDUAL_LAYERNORM_BWD;
     int64_t N = c->d[0], C = c->d[1];
-    tensor *dinp = add_t(c, "dinp", T_INOUT, c->dt, N * C);
+    tensor *dinp = add_t(c, "dinp", res ? T_OUT : T_INOUT, c->dt, N * C);
+    tensor *dres = res ? add_t(c, "dresid", T_IN, c->dt, N * C) : dinp;
     tensor *dw = add_t(c, "dweight", T_INOUT, c->dt, C);
     tensor *db = add_t(c, "dbias", T_INOUT, c->dt, C);
     tensor *dout = add_t(c, "dout", T_IN, c->dt, N * C);
@@ -525,12 +532,16 @@ static void setup_ln_bwd(tcase *c) {
     tensor *w = add_t(c, "weight", T_IN, c->dt, C);
     tensor *mean = add_t(c, "mean", T_IN, ZOFF_F32, N);
     tensor *rstd = add_t(c, "rstd", T_IN, ZOFF_F32, N);
-    fill_normal(c, dinp, 0, 1);
+    fill_normal(c, dres, 0, 1);
     fill_normal(c, dw, 0, 1);
     fill_normal(c, db, 0, 1);
     fill_normal(c, dout, 0, 1);
     fill_normal(c, inp, 1.0, 2.0);
     fill_normal(c, w, 1.0, 0.3);
+    if (res) {
+        dres->null = c->variant == 1;
+        if (c->variant == 2) dinp->alias = 1;
+    }
     double *tmp = calloc((size_t)(N * C + 1), sizeof(double)), *bz = calloc((size_t)(C + 1), sizeof(double));
     ln_fwd_ref(tmp, mean->host, rstd->host, inp->host, w->host, bz, N, C);
     for (int64_t i = 0; i < N; i++) {
@@ -539,7 +550,7 @@ static void setup_ln_bwd(tcase *c) {
     }
     free(tmp);
     free(bz);
-    memcpy(dinp->ref, dinp->host, (size_t)(N * C) * sizeof(double));
+    if (!dres->null) memcpy(dinp->ref, dres->host, (size_t)(N * C) * sizeof(double));
     memcpy(dw->ref, dw->host, (size_t)C * sizeof(double));
     memcpy(db->ref, db->host, (size_t)C * sizeof(double));
     ln_bwd_ref(dinp->ref, dw->ref, db->ref, dout->host, inp->host, w->host, N, C);
@@ -549,6 +560,41 @@ static zoff_status launch_ln_bwd(tcase *c, zoff_stream *s) {
                                     .inp = P(c, 4), .weight = P(c, 5), .mean = P(c, 6), .rstd = P(c, 7),
                                     .N = c->d[0], .C = c->d[1], .dt = c->dt};
     return ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_BWD, a);
+}
+
+/* residual + layernorm: shape (N, C). resid = a + b rounded to dt (what the device stores), then the
+ * LayerNorm of those stored values. variant 0: separate resid; 1: resid aliases a; 2: resid aliases b */
+static void setup_resid_ln_fwd(tcase *c) {
+    int64_t N = c->d[0], C = c->d[1];
+    tensor *resid = add_t(c, "resid", T_OUT, c->dt, N * C);
+    tensor *out = add_t(c, "out", T_OUT, c->dt, N * C);
+    tensor *mean = add_t(c, "mean", T_OUT, ZOFF_F32, N);
+    tensor *rstd = add_t(c, "rstd", T_OUT, ZOFF_F32, N);
+    tensor *a = add_t(c, "a", T_IN, c->dt, N * C);
+    tensor *b = add_t(c, "b", T_IN, c->dt, N * C);
+    tensor *w = add_t(c, "weight", T_IN, c->dt, C);
+    tensor *bias = add_t(c, "bias", T_IN, c->dt, C);
+    fill_normal(c, a, 1.0, 2.0);
+    fill_normal(c, b, -0.5, 1.0);
+    fill_normal(c, w, 1.0, 0.3);
+    fill_normal(c, bias, 0, 0.3);
+    if (c->variant) resid->alias = 3 + c->variant;
+    for (int64_t i = 0; i < N * C; i++) resid->ref[i] = quant(a->host[i] + b->host[i], c->dt);
+    ln_fwd_ref(out->ref, mean->ref, rstd->ref, resid->ref, w->host, bias->host, N, C);
+}
+static zoff_status launch_resid_ln_fwd(tcase *c, zoff_stream *s) {
+    zoff_op_residual_layernorm_fwd_args a = {.resid = P(c, 0), .out = P(c, 1), .mean = P(c, 2), .rstd = P(c, 3),
+                                             .a = P(c, 4), .b = P(c, 5), .weight = P(c, 6), .bias = P(c, 7),
+                                             .N = c->d[0], .C = c->d[1], .dt = c->dt};
+    return ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_FWD, a);
+}
+
+static zoff_status launch_resid_ln_bwd(tcase *c, zoff_stream *s) {
+    zoff_op_residual_layernorm_bwd_args a = {.dinp = P(c, 0), .dresid = P(c, 1), .dweight = P(c, 2),
+                                             .dbias = P(c, 3), .dout = P(c, 4), .inp = P(c, 5), .weight = P(c, 6),
+                                             .mean = P(c, 7), .rstd = P(c, 8), .N = c->d[0], .C = c->d[1],
+                                             .dt = c->dt};
+    return ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_BWD, a);
 }
 
 /* matmul: shape (N, C, OC); fwd variant 1: no bias */
@@ -844,6 +890,11 @@ static const op_entry g_ops[] = {
     {"scale", ZOFF_OP_SCALE, setup_scale, launch_scale, FLAT_SHAPES, 1, {1e-6, 8e-3, 2e-3}},
     {"grad_stats", ZOFF_OP_GRAD_STATS, setup_grad_stats, launch_grad_stats, FLAT_SHAPES, 1, {1e-6, 1e-6, 1e-6}},
     {"adam", ZOFF_OP_ADAM, setup_adam, launch_adam, FLAT_SHAPES, 3, {1e-5, 8e-3, 2e-3}},
+    /* N = 1; C not a multiple of the 16-byte pack (7, 65, 100 for 16-bit, 1030) next to 768 */
+    {"residual_layernorm_fwd", ZOFF_OP_RESIDUAL_LAYERNORM_FWD, setup_resid_ln_fwd, launch_resid_ln_fwd, 8,
+     {{0, 8}, {1, 1}, {1, 768}, {5, 7}, {33, 65}, {64, 768}, {3, 100}, {2, 1030}}, 3, {2e-5, 8e-3, 2e-3}},
+    {"residual_layernorm_bwd", ZOFF_OP_RESIDUAL_LAYERNORM_BWD, setup_ln_bwd, launch_resid_ln_bwd, 8,
+     {{0, 8}, {1, 1}, {1, 768}, {5, 7}, {33, 65}, {64, 768}, {3, 100}, {2, 1030}}, 3, {2e-5, 1e-2, 3e-3}},
 };
 #define NOPS ((int)(sizeof g_ops / sizeof g_ops[0]))
 
@@ -1185,6 +1236,7 @@ static void test_deterministic_across_threads(void **state) {
         {ZOFF_OP_EMBED_BWD, {4, 64, 96, 50, 64}, ZOFF_F32}, {ZOFF_OP_EMBED_BWD, {4, 64, 96, 50, 64}, ZOFF_BF16},
         {ZOFF_OP_GRAD_STATS, {300001}, ZOFF_F32},        {ZOFF_OP_ATTENTION_BWD, {2, 70, 32, 4}, ZOFF_F32},
         {ZOFF_OP_CROSS_ENTROPY, {33, 1000, 1024}, ZOFF_F32},
+        {ZOFF_OP_RESIDUAL_LAYERNORM_BWD, {129, 200}, ZOFF_BF16},
     };
     const int threads[3] = {1, 2, 3};
     zoff_device *devs[3];
@@ -1220,6 +1272,144 @@ static void test_deterministic_across_threads(void **state) {
     for (int k = 0; k < 3; k++) zoff_device_destroy(devs[k]);
 }
 
+/* ---- the fused residual ops against the unfused ones, bit for bit (the model relies on it: an activation-
+ * checkpointing recomputation normalises the stored residual with LAYERNORM_FWD) */
+
+/* n random values of dt (mean mu, sd 1), encoded into a new host buffer */
+static void *rand_bits(rng *r, int64_t n, zoff_dtype dt, double mu) {
+    void *h = malloc((size_t)(n > 0 ? n : 1) * dt_size(dt));
+    assert_non_null(h);
+    for (int64_t k = 0; k < n; k++) encode(h, k, quant(mu + rng_normal(r), dt), dt);
+    return h;
+}
+
+/* a device buffer of `bytes` holding host (NULL: zeros) */
+static void *dev_buf(zoff_device *dev, const void *host, size_t bytes) {
+    void *d = NULL;
+    zoff_stream *s = zoff_device_stream(dev);
+    assert_int_equal(zoff_device_alloc(dev, bytes ? bytes : 1, "bits", &d), ZOFF_OK);
+    if (host) assert_int_equal(zoff_memcpy_async(s, d, host, bytes, ZOFF_COPY_H2D), ZOFF_OK);
+    else assert_int_equal(zoff_memset_async(s, d, 0, bytes), ZOFF_OK);
+    return d;
+}
+
+/* do the device buffers x and y hold the same bytes? */
+static bool dev_same(zoff_device *dev, const void *x, const void *y, size_t bytes) {
+    zoff_stream *s = zoff_device_stream(dev);
+    char *hx = malloc(bytes + 1), *hy = malloc(bytes + 1);
+    assert_true(hx && hy);
+    assert_int_equal(zoff_memcpy_async(s, hx, x, bytes, ZOFF_COPY_D2H), ZOFF_OK);
+    assert_int_equal(zoff_memcpy_async(s, hy, y, bytes, ZOFF_COPY_D2H), ZOFF_OK);
+    assert_int_equal(zoff_stream_synchronize(s), ZOFF_OK);
+    bool same = memcmp(hx, hy, bytes) == 0;
+    free(hx);
+    free(hy);
+    return same;
+}
+
+/* RESIDUAL_LAYERNORM_FWD == ADD then LAYERNORM_FWD of the sum; b at an offset of off elements (off = 1
+ * misaligns it for 16-byte loads while the other operands stay aligned) */
+static void resid_ln_fwd_bits(zoff_device *dev, zoff_dtype dt, int64_t N, int64_t C, int64_t off) {
+    rng r = {0xb175ull + (uint64_t)(N * 7 + C * 3 + off)};
+    const size_t es = dt_size(dt), nb = (size_t)(N * C) * es, sb = (size_t)N * 4;
+    void *ha = rand_bits(&r, N * C, dt, 1.0), *hb = rand_bits(&r, N * C + off, dt, -0.5);
+    void *hw = rand_bits(&r, C, dt, 1.0), *hbi = rand_bits(&r, C, dt, 0.0);
+    void *a = dev_buf(dev, ha, nb), *bfull = dev_buf(dev, hb, nb + (size_t)off * es), *w = dev_buf(dev, hw, (size_t)C * es);
+    void *bi = dev_buf(dev, hbi, (size_t)C * es);
+    void *res = dev_buf(dev, NULL, nb), *out = dev_buf(dev, NULL, nb), *mean = dev_buf(dev, NULL, sb);
+    void *rstd = dev_buf(dev, NULL, sb), *sum = dev_buf(dev, NULL, nb), *out2 = dev_buf(dev, NULL, nb);
+    void *mean2 = dev_buf(dev, NULL, sb), *rstd2 = dev_buf(dev, NULL, sb);
+    const void *b = (const char *)bfull + (size_t)off * es;
+    zoff_stream *s = zoff_device_stream(dev);
+    zoff_op_residual_layernorm_fwd_args f = {.resid = res, .out = out, .mean = mean, .rstd = rstd, .a = a, .b = b,
+                                             .weight = w, .bias = bi, .N = N, .C = C, .dt = dt};
+    zoff_op_add_args add = {.out = sum, .a = a, .b = b, .n = N * C, .dt = dt};
+    zoff_op_layernorm_fwd_args ln = {.out = out2, .mean = mean2, .rstd = rstd2, .inp = sum, .weight = w, .bias = bi,
+                                     .N = N, .C = C, .dt = dt};
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_FWD, f), ZOFF_OK);
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_ADD, add), ZOFF_OK);
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_FWD, ln), ZOFF_OK);
+    if (!dev_same(dev, res, sum, nb) || !dev_same(dev, out, out2, nb) || !dev_same(dev, mean, mean2, sb) ||
+        !dev_same(dev, rstd, rstd2, sb))
+        fail_msg("residual_layernorm_fwd on %s, %s (%lld,%lld), b offset %lld: not bit for bit ADD + LAYERNORM_FWD",
+                 zoff_device_name(dev), zoff_dtype_name(dt), (long long)N, (long long)C, (long long)off);
+    void *dv[] = {a, bfull, w, bi, res, out, mean, rstd, sum, out2, mean2, rstd2};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) zoff_device_free(dev, dv[i]);
+    free(ha);
+    free(hb);
+    free(hw);
+    free(hbi);
+}
+
+/* RESIDUAL_LAYERNORM_BWD with dresid (at an offset of off elements) == LAYERNORM_BWD accumulating into a
+ * copy of dresid; with dresid NULL == LAYERNORM_BWD accumulating into zeros (dweight, dbias too) */
+static void resid_ln_bwd_bits(zoff_device *dev, zoff_dtype dt, int64_t N, int64_t C, int64_t off) {
+    rng r = {0xb0bull + (uint64_t)(N * 7 + C * 3 + off)};
+    const size_t es = dt_size(dt), nb = (size_t)(N * C) * es, cb = (size_t)C * es;
+    void *hdy = rand_bits(&r, N * C, dt, 0.0), *hx = rand_bits(&r, N * C, dt, 1.0), *hw = rand_bits(&r, C, dt, 1.0);
+    void *hdr = rand_bits(&r, N * C + off, dt, 0.0), *hdw = rand_bits(&r, C, dt, 0.0), *hdb = rand_bits(&r, C, dt, 0.0);
+    float *hm = malloc((size_t)(N + 1) * 4), *hr = malloc((size_t)(N + 1) * 4);
+    assert_true(hm && hr);
+    for (int64_t i = 0; i < N; i++) {
+        hm[i] = (float)rng_normal(&r);
+        hr[i] = (float)(0.5 + fabs(rng_normal(&r)));
+    }
+    void *dy = dev_buf(dev, hdy, nb), *x = dev_buf(dev, hx, nb), *w = dev_buf(dev, hw, cb);
+    void *m = dev_buf(dev, hm, (size_t)N * 4), *rs = dev_buf(dev, hr, (size_t)N * 4);
+    void *drfull = dev_buf(dev, hdr, nb + (size_t)off * es);
+    void *dx[4], *dw[4], *db[4];
+    for (int k = 0; k < 4; k++) {
+        /* 0: fused from dresid; 1: LAYERNORM_BWD into a copy of dresid; 2: fused, dresid NULL; 3: into zeros */
+        dx[k] = dev_buf(dev, k == 1 ? (const char *)hdr + (size_t)off * es : NULL, nb);
+        dw[k] = dev_buf(dev, hdw, cb);
+        db[k] = dev_buf(dev, hdb, cb);
+    }
+    zoff_stream *s = zoff_device_stream(dev);
+    for (int k = 0; k < 4; k++) {
+        if (k % 2 == 0) {
+            zoff_op_residual_layernorm_bwd_args f = {.dinp = dx[k], .dresid = k ? NULL : (char *)drfull + (size_t)off * es,
+                                                     .dweight = dw[k], .dbias = db[k], .dout = dy, .inp = x,
+                                                     .weight = w, .mean = m, .rstd = rs, .N = N, .C = C, .dt = dt};
+            assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_RESIDUAL_LAYERNORM_BWD, f), ZOFF_OK);
+        } else {
+            zoff_op_layernorm_bwd_args l = {.dinp = dx[k], .dweight = dw[k], .dbias = db[k], .dout = dy, .inp = x,
+                                            .weight = w, .mean = m, .rstd = rs, .N = N, .C = C, .dt = dt};
+            assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_BWD, l), ZOFF_OK);
+        }
+    }
+    for (int k = 0; k < 4; k += 2)
+        if (!dev_same(dev, dx[k], dx[k + 1], nb) || !dev_same(dev, dw[k], dw[k + 1], cb) ||
+            !dev_same(dev, db[k], db[k + 1], cb))
+            fail_msg("residual_layernorm_bwd on %s, %s (%lld,%lld), dresid %s (offset %lld): not bit for bit "
+                     "LAYERNORM_BWD", zoff_device_name(dev), zoff_dtype_name(dt), (long long)N, (long long)C,
+                     k ? "NULL" : "given", (long long)off);
+    void *dv[] = {dy, x, w, m, rs, drfull};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) zoff_device_free(dev, dv[i]);
+    for (int k = 0; k < 4; k++) {
+        zoff_device_free(dev, dx[k]);
+        zoff_device_free(dev, dw[k]);
+        zoff_device_free(dev, db[k]);
+    }
+    void *hv[] = {hdy, hx, hw, hdr, hdw, hdb, hm, hr};
+    for (size_t i = 0; i < sizeof hv / sizeof hv[0]; i++) free(hv[i]);
+}
+
+static void test_residual_layernorm_bits(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 768}, {37, 64}, {5, 100}, {3, 7}};
+    for (int b = 0; b < NBACK; b++) {
+        if (!zoff_backend_available(g_kinds[b])) continue;
+        zoff_device *dev = make_device(g_kinds[b], 0);
+        for (int di = 0; di < 3; di++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                for (int64_t off = 0; off < 2; off++) {
+                    resid_ln_fwd_bits(dev, g_dts[di], shapes[si][0], shapes[si][1], off);
+                    resid_ln_bwd_bits(dev, g_dts[di], shapes[si][0], shapes[si][1], off);
+                }
+        zoff_device_destroy(dev);
+    }
+}
+
 /* Direct kernel call: dtypes the CPU backend does not implement are
  * ZOFF_ERR_UNSUPPORTED with a message naming op and dtype. */
 static void test_unsupported_dtype(void **state) {
@@ -1252,7 +1442,7 @@ static bool selected(const char *list, const char *name) {
  * the names of the other tests; an unknown name is an error); ZOFF_TEST_REQUIRE_CUDA=1 fails
  * every op test that finds no CUDA backend (the emulator's run must not pass on the CPU alone). */
 int main(void) {
-    struct CMUnitTest all[NOPS + 6], tests[NOPS + 6];
+    struct CMUnitTest all[NOPS + 7], tests[NOPS + 7];
     for (int i = 0; i < NOPS; i++) {
         struct CMUnitTest t = {g_ops[i].name, test_op, NULL, NULL, (void *)&g_ops[i]};
         all[i] = t;
@@ -1261,6 +1451,7 @@ int main(void) {
         cmocka_unit_test(test_reference_gradients),   cmocka_unit_test(test_embed_token_out_of_range),
         cmocka_unit_test(test_cross_entropy_bad_target), cmocka_unit_test(test_grad_stats_nonfinite),
         cmocka_unit_test(test_deterministic_across_threads), cmocka_unit_test(test_unsupported_dtype),
+        cmocka_unit_test(test_residual_layernorm_bits),
     };
     memcpy(all + NOPS, extra, sizeof extra);
     const int nall = NOPS + (int)(sizeof extra / sizeof extra[0]);

@@ -109,6 +109,8 @@ typedef enum zoff_op {
     ZOFF_OP_SCALE,
     ZOFF_OP_GRAD_STATS,
     ZOFF_OP_ADAM,
+    ZOFF_OP_RESIDUAL_LAYERNORM_FWD,
+    ZOFF_OP_RESIDUAL_LAYERNORM_BWD,
     ZOFF_OP_COUNT
 } zoff_op;
 const char *zoff_op_name(zoff_op op);
@@ -211,6 +213,26 @@ typedef struct zoff_op_adam_args {
     float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
     int adam_w_mode;
 } zoff_op_adam_args;
+
+/* Residual add fused with LayerNorm (a pre-LN transformer's residual stream, llm.c's fused_residual_forward):
+ * resid(N,C) = a + b (rounded to dt and stored), then out(N,C), mean, rstd (N) fp32 = ZOFF_OP_LAYERNORM_FWD of
+ * the stored resid, bit for bit (a recomputation from resid with LAYERNORM_FWD gives the same out, mean, rstd).
+ * resid may alias a or b; out must not alias resid, a or b. */
+typedef struct zoff_op_residual_layernorm_fwd_args {
+    void *resid; void *out; float *mean; float *rstd; const void *a; const void *b;
+    const void *weight; const void *bias;
+    int64_t N, C; zoff_dtype dt;
+} zoff_op_residual_layernorm_fwd_args;
+
+/* LayerNorm backward with the residual gradient in the same pass:
+ * dinp(N,C) = dresid + LayerNorm'(dout) (overwritten: no memset needed); dweight(C) +=, dbias(C) +=.
+ * dresid (N,C) may be NULL (taken as 0) or alias dinp (then this is ZOFF_OP_LAYERNORM_BWD); it must not
+ * otherwise overlap dinp. Uses the saved mean/rstd of the forward over inp. */
+typedef struct zoff_op_residual_layernorm_bwd_args {
+    void *dinp; const void *dresid; void *dweight; void *dbias; const void *dout; const void *inp; const void *weight;
+    const float *mean; const float *rstd;
+    int64_t N, C; zoff_dtype dt;
+} zoff_op_residual_layernorm_bwd_args;
 
 /* Validate args and issue the op on stream s. Size of args must match the op's struct.
  * Usage:  zoff_op_gelu_fwd_args a = {.out = y, .inp = x, .n = n, .dt = ZOFF_F32};

@@ -27,6 +27,8 @@ static const char *const g_op_names[ZOFF_OP_COUNT] = {
     [ZOFF_OP_SCALE] = "scale",
     [ZOFF_OP_GRAD_STATS] = "grad_stats",
     [ZOFF_OP_ADAM] = "adam",
+    [ZOFF_OP_RESIDUAL_LAYERNORM_FWD] = "residual_layernorm_fwd",
+    [ZOFF_OP_RESIDUAL_LAYERNORM_BWD] = "residual_layernorm_bwd",
 };
 
 static const size_t g_op_args_size[ZOFF_OP_COUNT] = {
@@ -46,6 +48,8 @@ static const size_t g_op_args_size[ZOFF_OP_COUNT] = {
     [ZOFF_OP_SCALE] = sizeof(zoff_op_scale_args),
     [ZOFF_OP_GRAD_STATS] = sizeof(zoff_op_grad_stats_args),
     [ZOFF_OP_ADAM] = sizeof(zoff_op_adam_args),
+    [ZOFF_OP_RESIDUAL_LAYERNORM_FWD] = sizeof(zoff_op_residual_layernorm_fwd_args),
+    [ZOFF_OP_RESIDUAL_LAYERNORM_BWD] = sizeof(zoff_op_residual_layernorm_bwd_args),
 };
 
 const char *zoff_op_name(zoff_op op) {
@@ -603,6 +607,30 @@ static zoff_status need_float_dt(const launch_check *c, zoff_dtype dt, const cha
 #define D(field) ZOFF_TRY(need_dim(&c, a->field, #field))
 #define DT(field) ZOFF_TRY(need_float_dt(&c, a->field, #field))
 
+/* RESIDUAL_LAYERNORM_FWD (out aliases no input) and _BWD (dresid is dinp or does not overlap it). */
+static zoff_status validate_residual_layernorm(const launch_check *cp, const void *args) {
+    const launch_check c = *cp;
+    if (c.op == ZOFF_OP_RESIDUAL_LAYERNORM_FWD) {
+        const zoff_op_residual_layernorm_fwd_args *a = args;
+        P(resid); P(out); P(mean); P(rstd); P(a); P(b); P(weight); P(bias); D(N); D(C); DT(dt);
+        if (a->out == a->resid || a->out == a->a || a->out == a->b)
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_launch(%s) on stream '%s': out aliases %s; the LayerNorm "
+                              "output needs a buffer of its own", zoff_op_name(c.op), c.stream,
+                              a->out == a->resid ? "resid" : a->out == a->a ? "a" : "b");
+        return need_product(&c, a->N, a->C, 1, "N*C");
+    }
+    const zoff_op_residual_layernorm_bwd_args *a = args;
+    P(dinp); P(dweight); P(dbias); P(dout); P(inp); P(weight); P(mean); P(rstd); D(N); D(C); DT(dt);
+    ZOFF_TRY(need_product(&c, a->N, a->C, (int64_t)zoff_dtype_size(a->dt), "N*C*element size"));
+    const char *d = a->dinp, *r = a->dresid;
+    const size_t bytes = (size_t)(a->N * a->C) * zoff_dtype_size(a->dt);
+    if (r && r != d && r < d + bytes && d < r + bytes)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_launch(%s) on stream '%s': dresid overlaps dinp without being the "
+                          "same buffer; pass dresid == dinp (accumulate in place) or separate buffers",
+                          zoff_op_name(c.op), c.stream);
+    return ZOFF_OK;
+}
+
 static zoff_status validate_op(const launch_check *cp, const void *args) {
     const launch_check c = *cp;
     switch (c.op) {
@@ -716,6 +744,8 @@ static zoff_status validate_op(const launch_check *cp, const void *args) {
         if (a->params16) DT(p16_dt);
         return ZOFF_OK;
     }
+    case ZOFF_OP_RESIDUAL_LAYERNORM_FWD:
+    case ZOFF_OP_RESIDUAL_LAYERNORM_BWD: return validate_residual_layernorm(cp, args);
     case ZOFF_OP_COUNT: break;
     }
     return zoff_error(ZOFF_ERR_INTERNAL, "zoff_launch: op %d has no validation", (int)c.op);

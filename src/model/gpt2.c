@@ -33,6 +33,9 @@
  *   ln2 (N,C) + ln2_mean, ln2_rstd (N) fp32
  *   fch (N,4C) = mlp.c_fc(ln2); fch_gelu (N,4C) = GELU(fch)
  *   resid[l+1] = res2 + mlp.c_proj(fch_gelu)
+ * Each residual add is fused with the LayerNorm that reads its sum (ZOFF_OP_RESIDUAL_LAYERNORM_FWD):
+ * res2 with ln_2; resid[l+1] with block l+1's ln_1 (ln_f after the last block), so between
+ * block l's mlp.c_proj and that op resid[l+1] holds mlp.c_proj's output alone.
  * With checkpoint_activations only resid[0..L] are kept per block and a
  * single set of block activations is shared: backward recomputes block l
  * from resid[l] with the very same ops, so gradients are bit-identical.
@@ -498,19 +501,31 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
         if (launch_s_ != ZOFF_OK) return zoff_error_context(launch_s_, __VA_ARGS__); \
     } while (0)
 
-/* Block l forward for B,T (N = B*T rows): x = resid[l] (N,C) into the
- * activations a; writes resid[l+1] (N,C) when out != NULL (NULL when
- * recomputing for backward, which needs only a). */
-static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, const void *x, void *out,
-                                 int64_t B, int64_t T) {
+/* Block l forward for B,T (N = B*T rows) into the activations a; x = resid[l] (N,C).
+ * prev: NULL when x is complete (the embeddings, or recomputing for backward); else the previous
+ * block's activations, whose mlp residual is still to be added: x holds block l-1's mlp.c_proj
+ * output, and the block's first op (fused with ln_1) makes it resid[l] = x + prev->res2.
+ * out: receives mlp.c_proj's output (resid[l+1] without its residual, which the next block's
+ * ln_1 or ln_f adds); NULL when recomputing for backward, which needs only a. The fused
+ * LayerNorm of a residual is bit for bit the LayerNorm of the stored sum, so a recomputation
+ * from the complete resid[l] gives the forward's activations exactly. */
+static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, const gpt2_block_acts *prev, void *x,
+                                 void *out, int64_t B, int64_t T) {
     zoff_stream *s = zoff_device_stream(m->dev);
     const int64_t C = m->shape.hidden_size, NH = m->shape.num_heads, N = B * T;
     const zoff_dtype dt = m->dt;
     const char *w = "GPT-2 forward, block %lld, %s";
 #define P(k) param_ptr(m, T_BLOCK(l, k))
-    zoff_op_layernorm_fwd_args ln1 = {.out = a->ln1, .mean = a->ln1_mean, .rstd = a->ln1_rstd, .inp = x,
-                                      .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
-    LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln1, w, (long long)l, "ln_1");
+    if (prev) {
+        zoff_op_residual_layernorm_fwd_args ln1 = {.resid = x, .out = a->ln1, .mean = a->ln1_mean,
+                                                   .rstd = a->ln1_rstd, .a = x, .b = prev->res2,
+                                                   .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
+        LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln1, w, (long long)l, "previous mlp residual + ln_1");
+    } else {
+        zoff_op_layernorm_fwd_args ln1 = {.out = a->ln1, .mean = a->ln1_mean, .rstd = a->ln1_rstd, .inp = x,
+                                          .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
+        LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln1, w, (long long)l, "ln_1");
+    }
     zoff_op_matmul_fwd_args qkv = {.out = a->qkv, .inp = a->ln1, .weight = P(P_QKVW), .bias = P(P_QKVB),
                                    .N = N, .C = C, .OC = 3 * C, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, qkv, w, (long long)l, "attn.c_attn");
@@ -520,11 +535,10 @@ static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, co
     zoff_op_matmul_fwd_args proj = {.out = a->res2, .inp = a->atty, .weight = P(P_ATTPROJW),
                                     .bias = P(P_ATTPROJB), .N = N, .C = C, .OC = C, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, proj, w, (long long)l, "attn.c_proj");
-    zoff_op_add_args res = {.out = a->res2, .a = a->res2, .b = x, .n = N * C, .dt = dt};
-    LAUNCH(ZOFF_OP_ADD, res, w, (long long)l, "attention residual");
-    zoff_op_layernorm_fwd_args ln2 = {.out = a->ln2, .mean = a->ln2_mean, .rstd = a->ln2_rstd, .inp = a->res2,
-                                      .weight = P(P_LN2W), .bias = P(P_LN2B), .N = N, .C = C, .dt = dt};
-    LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln2, w, (long long)l, "ln_2");
+    zoff_op_residual_layernorm_fwd_args ln2 = {.resid = a->res2, .out = a->ln2, .mean = a->ln2_mean,
+                                               .rstd = a->ln2_rstd, .a = a->res2, .b = x, .weight = P(P_LN2W),
+                                               .bias = P(P_LN2B), .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln2, w, (long long)l, "attention residual + ln_2");
     zoff_op_matmul_fwd_args fc = {.out = a->fch, .inp = a->ln2, .weight = P(P_FCW), .bias = P(P_FCB),
                                   .N = N, .C = C, .OC = 4 * C, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc");
@@ -534,8 +548,6 @@ static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, co
         zoff_op_matmul_fwd_args fcproj = {.out = out, .inp = a->fch_gelu, .weight = P(P_FCPROJW),
                                           .bias = P(P_FCPROJB), .N = N, .C = 4 * C, .OC = C, .dt = dt};
         LAUNCH(ZOFF_OP_MATMUL_FWD, fcproj, w, (long long)l, "mlp.c_proj");
-        zoff_op_add_args res_mlp = {.out = out, .a = out, .b = a->res2, .n = N * C, .dt = dt};
-        LAUNCH(ZOFF_OP_ADD, res_mlp, w, (long long)l, "mlp residual");
     }
 #undef P
     return ZOFF_OK;
@@ -585,17 +597,20 @@ static zoff_status gpt2_forward(zoff_gpt2 *m, const char *who, const int32_t *to
     ZOFF_TRY(group_done(m, 0, false));
     for (int64_t l = 0; l < L; l++) {
         ZOFF_TRY(group_use(m, 1 + (int)l, false));
-        ZOFF_TRY(block_forward(m, l, block_acts(m, l), m->resid[l], m->resid[l + 1], B, T));
+        ZOFF_TRY(block_forward(m, l, block_acts(m, l), l ? block_acts(m, l - 1) : NULL, m->resid[l],
+                               m->resid[l + 1], B, T));
         ZOFF_TRY(group_done(m, 1 + (int)l, false));
     }
 
     ZOFF_TRY(group_use(m, g_lnf, false));
     ZOFF_TRY(group_use(m, 0, false)); /* the lm head is wte */
     const int t_lnf = T_BLOCK(L, 0);
-    zoff_op_layernorm_fwd_args lnf = {.out = m->lnf, .mean = m->lnf_mean, .rstd = m->lnf_rstd,
-                                      .inp = m->resid[L], .weight = param_ptr(m, t_lnf),
-                                      .bias = param_ptr(m, t_lnf + 1), .N = N, .C = C, .dt = dt};
-    LAUNCH(ZOFF_OP_LAYERNORM_FWD, lnf, "GPT-2 forward, ln_f");
+    /* resid[L] = the last block's mlp.c_proj output + its mlp residual, fused with ln_f */
+    zoff_op_residual_layernorm_fwd_args lnf = {.resid = m->resid[L], .out = m->lnf, .mean = m->lnf_mean,
+                                               .rstd = m->lnf_rstd, .a = m->resid[L], .b = block_acts(m, L - 1)->res2,
+                                               .weight = param_ptr(m, t_lnf), .bias = param_ptr(m, t_lnf + 1),
+                                               .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, lnf, "GPT-2 forward, mlp residual + ln_f");
     zoff_op_matmul_fwd_args head = {.out = m->logits, .inp = m->lnf, .weight = param_ptr(m, T_WTE),
                                     .bias = NULL, .N = N, .C = C, .OC = Vp, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, head, "GPT-2 forward, lm head (wte^T)");
@@ -718,18 +733,18 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *rea
     ZOFF_TRY(pass_begin(m, true));
     ZOFF_TRY(group_use(m, g_lnf, true));
     ZOFF_TRY(group_use(m, 0, true)); /* held to the end: wte's gradient comes from the head and the embedding */
-    ZOFF_TRY(zoff_memset_async(s, m->dresid, 0, (size_t)(N * C) * d));
     ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
     zoff_op_matmul_bwd_args head = {.dinp = m->dln, .dweight = grad_ptr(m, T_WTE), .dbias = NULL,
                                     .dout = m->logits, .inp = m->lnf, .weight = param_ptr(m, T_WTE),
                                     .N = N, .C = C, .OC = Vp, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_BWD, head, "GPT-2 backward, lm head (wte^T)");
     const int t_lnf = T_BLOCK(L, 0);
-    zoff_op_layernorm_bwd_args lnf = {.dinp = m->dresid, .dweight = grad_ptr(m, t_lnf),
-                                      .dbias = grad_ptr(m, t_lnf + 1), .dout = m->dln, .inp = m->resid[L],
-                                      .weight = param_ptr(m, t_lnf), .mean = m->lnf_mean, .rstd = m->lnf_rstd,
-                                      .N = N, .C = C, .dt = dt};
-    LAUNCH(ZOFF_OP_LAYERNORM_BWD, lnf, "GPT-2 backward, ln_f");
+    /* d resid[L] = ln_f backward, written (dresid NULL: no memset first) */
+    zoff_op_residual_layernorm_bwd_args lnf = {.dinp = m->dresid, .dresid = NULL, .dweight = grad_ptr(m, t_lnf),
+                                               .dbias = grad_ptr(m, t_lnf + 1), .dout = m->dln, .inp = m->resid[L],
+                                               .weight = param_ptr(m, t_lnf), .mean = m->lnf_mean,
+                                               .rstd = m->lnf_rstd, .N = N, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_BWD, lnf, "GPT-2 backward, ln_f");
     if (ready) ready(ready_arg, s, m->tensors[t_lnf].offset, 2 * C);
     ZOFF_TRY(group_done(m, g_lnf, true));
 
@@ -737,7 +752,7 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *rea
         gpt2_block_acts *a = block_acts(m, l);
         ZOFF_TRY(group_use(m, 1 + (int)l, true));
         /* checkpointing: the shared set still holds block L-1 from forward */
-        if (m->checkpoint && l != L - 1) ZOFF_TRY(block_forward(m, l, a, m->resid[l], NULL, B, T));
+        if (m->checkpoint && l != L - 1) ZOFF_TRY(block_forward(m, l, a, NULL, m->resid[l], NULL, B, T));
         ZOFF_TRY(block_backward(m, l, a, B, T));
         if (ready) ready(ready_arg, s, m->tensors[T_BLOCK(l, 0)].offset, m->block_numel);
         ZOFF_TRY(group_done(m, 1 + (int)l, true));

@@ -48,7 +48,7 @@ endif()
 if(ZOFF_SANITIZE STREQUAL "")
   set(_emu_ops_default "")
 else()
-  set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,matmul_bwd,gelu_bwd,cross_entropy")
+  set(_emu_ops_default "attention_mma_fwd,attention_mma_bwd,layernorm_bwd,residual_layernorm_fwd,matmul_bwd,gelu_bwd,cross_entropy")
 endif()
 # -DZOFF_EMU_OPS=name,name,... replaces the subset
 set(_emu_ops "${_emu_ops_default}")
@@ -122,7 +122,7 @@ add_test(NAME cuda_emu_ptx COMMAND emu_ptx_check)
 # matmuls on misaligned operands, reduction caps, determinism, asynchronous error semantics
 if(ZOFF_SANITIZE STREQUAL "")
   add_test(NAME cuda_emu_check COMMAND emu_check)
-  set_tests_properties(cuda_emu_check PROPERTIES TIMEOUT 600 FAIL_REGULAR_EXPRESSION "WARNING: .*tensor-core attention")
+  set_tests_properties(cuda_emu_check PROPERTIES TIMEOUT 600 FAIL_REGULAR_EXPRESSION "WARNING: .*(tensor-core attention|fused residual)")
 else()
   add_test(NAME cuda_emu_check COMMAND sh -c "echo 'cuda_emu_check: SKIPPED under the sanitizers (slow); ZOFF_EMU_ASAN=1 bash tests/cuda_emu/run.sh runs it'; exit 77")
   set_tests_properties(cuda_emu_check PROPERTIES SKIP_RETURN_CODE 77)
@@ -131,6 +131,6 @@ endif()
 add_test(NAME cuda_emu_ops COMMAND test_ops_emu)
 # auto attention mode: the start-up comparison of the tensor-core kernels with the flash kernels runs,
 # and its warning (they disagree: fallback) fails the test, so the op table checks the tensor-core kernels
-set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900 FAIL_REGULAR_EXPRESSION "WARNING: .*tensor-core attention" ENVIRONMENT
+set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900 FAIL_REGULAR_EXPRESSION "WARNING: .*(tensor-core attention|fused residual)" ENVIRONMENT
   "CMOCKA_MESSAGE_OUTPUT=stdout;OMP_WAIT_POLICY=passive;ZOFF_CPU_KERNELS=scalar;ZOFF_TEST_OPS=${_emu_ops};ZOFF_TEST_REQUIRE_CUDA=1;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0")
 set_tests_properties(cuda_emu_ptx PROPERTIES TIMEOUT 300)

@@ -248,8 +248,8 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
 }
 
 void reductions(zoff_device *cpu, zoff_device *gpu) {
-    { // layernorm with more than 1024 chunks of 32 rows
-        const int64_t N = 40000, C = 5;
+    for (const int64_t C : {5, 8}) { // layernorm with more than 1024 chunks of 32 rows (C = 8: 16-byte packs)
+        const int64_t N = 40000;
         std::vector<float> mean((size_t)N), rstd((size_t)N);
         std::vector<float> x = randv(N * C, 2.0f);
         for (int64_t i = 0; i < N; i++) {
@@ -268,7 +268,8 @@ void reductions(zoff_device *cpu, zoff_device *gpu) {
                               {"weight", ZOFF_F32, C, false, randv(C, 1.0f)},
                               {"mean", ZOFF_F32, N, false, mean},
                               {"rstd", ZOFF_F32, N, false, rstd}};
-        compare("layernorm bwd N=40000 C=5 f32", cpu, gpu, b, [&](zoff_stream *s, std::vector<void *> &p) {
+        compare(C == 5 ? "layernorm bwd N=40000 C=5 f32" : "layernorm bwd N=40000 C=8 f32", cpu, gpu, b,
+                [&](zoff_stream *s, std::vector<void *> &p) {
             zoff_op_layernorm_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], (const float *)p[6],
                                             (const float *)p[7], N, C, ZOFF_F32};
             return ZOFF_LAUNCH(s, ZOFF_OP_LAYERNORM_BWD, a);

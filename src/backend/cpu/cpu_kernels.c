@@ -384,13 +384,16 @@ static zoff_status embed_bwd(const zoff_op_embed_bwd_args *a, int nt) {
 
 /* ------------------------------------------------------------------ layernorm */
 
-/* out (N,C) = (inp - mean) * rstd * weight + bias; inp (N,C), weight/bias (C), mean/rstd (N) fp32. */
-static zoff_status layernorm_fwd(const zoff_op_layernorm_fwd_args *a, int nt) {
+/* out (N,C) = (x - mean) * rstd * weight + bias; weight/bias (C), mean/rstd (N) fp32.
+ * x (N,C) is a->a when a->b is NULL (ZOFF_OP_LAYERNORM_FWD); else the residual a + b, stored into
+ * a->resid row by row (rounded to dt) and normalised from what was stored, so that LAYERNORM_FWD
+ * on resid gives the same bits (resid may alias a or b: each row is read before it is written). */
+static zoff_status layernorm_fwd(const zoff_op_residual_layernorm_fwd_args *a, int nt) {
     const int64_t N = a->N, C = a->C;
     const zoff_dtype dt = a->dt;
     if (N == 0 || C == 0) return ZOFF_OK;
-    /* [w32 C][b32 C] shared + per thread [x C][o C] */
-    float *scr = scratch_alloc(2 * C + (int64_t)nt * 2 * C, "layernorm scratch");
+    /* [w32 C][b32 C] shared + per thread [x C][o C][y C] */
+    float *scr = scratch_alloc(2 * C + (int64_t)nt * 3 * C, "layernorm scratch");
     if (!scr) return ZOFF_ERR_NOMEM;
     const float *w = view_rd(a->weight, C, dt, scr);
     float *bz = scr + C;
@@ -403,10 +406,18 @@ static zoff_status layernorm_fwd(const zoff_op_layernorm_fwd_args *a, int nt) {
     }
 #pragma omp parallel num_threads(nt) if (N * C > PAR_MIN)
     {
-        float *s = scr + 2 * C + (int64_t)omp_get_thread_num() * 2 * C;
+        float *s = scr + 2 * C + (int64_t)omp_get_thread_num() * 3 * C;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < N; i++) {
-            const float *x = view_rd(eptr(a->inp, i * C, dt), C, dt, s);
+            const void *xrow = eptr(a->a, i * C, dt);
+            if (a->b) { /* resid = a + b, then x is the stored resid */
+                load_f32(s, xrow, C, dt);
+                const float *y = view_rd(eptr(a->b, i * C, dt), C, dt, s + 2 * C);
+                for (int64_t c = 0; c < C; c++) s[c] += y[c];
+                xrow = eptr(a->resid, i * C, dt);
+                store_f32((void *)xrow, s, C, dt);
+            }
+            const float *x = view_rd(xrow, C, dt, s);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int64_t c = 0; c < C; c++) sum += x[c];
@@ -426,9 +437,10 @@ static zoff_status layernorm_fwd(const zoff_op_layernorm_fwd_args *a, int nt) {
     return ZOFF_OK;
 }
 
-/* dinp (N,C) +=, dweight (C) +=, dbias (C) +=; dout, inp (N,C); weight (C); mean, rstd (N) fp32.
- * dinp is row-parallel; dweight/dbias are column-parallel (rows summed in order). */
-static zoff_status layernorm_bwd(const zoff_op_layernorm_bwd_args *a, int nt) {
+/* dinp (N,C) = dresid + LayerNorm'(dout) (dresid NULL: 0; dresid == dinp: accumulate, as
+ * ZOFF_OP_LAYERNORM_BWD), dweight (C) +=, dbias (C) +=; dout, inp (N,C); weight (C); mean, rstd (N)
+ * fp32. dinp is row-parallel; dweight/dbias are column-parallel (rows summed in order). */
+static zoff_status layernorm_bwd(const zoff_op_residual_layernorm_bwd_args *a, int nt) {
     const int64_t N = a->N, C = a->C;
     const zoff_dtype dt = a->dt;
     if (N == 0 || C == 0) return ZOFF_OK;
@@ -455,7 +467,12 @@ static zoff_status layernorm_bwd(const zoff_op_layernorm_bwd_args *a, int nt) {
                 dmean /= (float)C;
                 dnmean /= (float)C;
                 void *drow = eptr(a->dinp, i * C, dt);
-                float *dx = view_rw(drow, C, dt, s + 2 * C);
+                float *dx = view_wr(drow, dt, s + 2 * C); /* starts as the row of dresid (or 0) */
+                if (!a->dresid) {
+                    for (int64_t c = 0; c < C; c++) dx[c] = 0.0f;
+                } else if (a->dresid != a->dinp || dt != ZOFF_F32) {
+                    load_f32(dx, eptr(a->dresid, i * C, dt), C, dt);
+                }
                 for (int64_t c = 0; c < C; c++) {
                     float norm = (x[c] - m) * r;
                     dx[c] += (w[c] * dy[c] - dmean - norm * dnmean) * r;
@@ -1095,12 +1112,16 @@ zoff_status zoff_cpu_run_op(zoff_op op, const void *args, int threads) {
     case ZOFF_OP_LAYERNORM_FWD: {
         const zoff_op_layernorm_fwd_args *a = args;
         ZOFF_TRY(check_dt(op, "storage", a->dt));
-        return layernorm_fwd(a, nt);
+        return layernorm_fwd(&(zoff_op_residual_layernorm_fwd_args){.out = a->out, .mean = a->mean, .rstd = a->rstd,
+                                 .a = a->inp, .weight = a->weight, .bias = a->bias, .N = a->N, .C = a->C, .dt = a->dt}, nt);
     }
     case ZOFF_OP_LAYERNORM_BWD: {
         const zoff_op_layernorm_bwd_args *a = args;
         ZOFF_TRY(check_dt(op, "storage", a->dt));
-        return layernorm_bwd(a, nt);
+        return layernorm_bwd(&(zoff_op_residual_layernorm_bwd_args){.dinp = a->dinp, .dresid = a->dinp,
+                                 .dweight = a->dweight, .dbias = a->dbias, .dout = a->dout, .inp = a->inp,
+                                 .weight = a->weight, .mean = a->mean, .rstd = a->rstd, .N = a->N, .C = a->C,
+                                 .dt = a->dt}, nt);
     }
     case ZOFF_OP_MATMUL_FWD: {
         const zoff_op_matmul_fwd_args *a = args;
@@ -1159,6 +1180,16 @@ zoff_status zoff_cpu_run_op(zoff_op op, const void *args, int threads) {
         ZOFF_TRY(check_dt(op, "gradient", a->grad_dt));
         if (a->params16) ZOFF_TRY(check_dt(op, "params16", a->p16_dt));
         return adam(a, nt);
+    }
+    case ZOFF_OP_RESIDUAL_LAYERNORM_FWD: {
+        const zoff_op_residual_layernorm_fwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return layernorm_fwd(a, nt);
+    }
+    case ZOFF_OP_RESIDUAL_LAYERNORM_BWD: {
+        const zoff_op_residual_layernorm_bwd_args *a = args;
+        ZOFF_TRY(check_dt(op, "storage", a->dt));
+        return layernorm_bwd(a, nt);
     }
     case ZOFF_OP_COUNT:
         break;

@@ -120,6 +120,8 @@ struct zoff_cuda_ctx {
     int attention_mma_ok;              /* tensor-core attention: 1 yes, 0 no, -1 not compared yet (auto) */
     unsigned long long smem_attr_set;  /* bits: kernels whose shared-memory limit was raised (set_smem) */
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
+    int fused_ln_mode;                 /* ZOFF_CUDA_FUSED_LN_* (env ZOFF_CUDA_FUSED_LN) */
+    int fused_ln_state;                /* auto mode: 0 not compared yet, 1 fused kernels agreed, 2 they did not */
 };
 
 /* auto: the tensor-core kernels where they apply and agreed with the fp32 flash kernels at start-up,
@@ -127,6 +129,10 @@ struct zoff_cuda_ctx {
  * simple kernels; mma: the tensor-core kernels where they apply, without the start-up comparison. */
 enum { ZOFF_CUDA_ATTN_AUTO = 0, ZOFF_CUDA_ATTN_FLASH = 1, ZOFF_CUDA_ATTN_SIMPLE = 2, ZOFF_CUDA_ATTN_MMA = 3 };
 enum { ZOFF_CUDA_MM_AUTO = 0, ZOFF_CUDA_MM_SIMPLE = 1 };
+/* RESIDUAL_LAYERNORM_FWD/BWD. auto: the fused kernels, once compared bit for bit with the unfused path at
+ * their first use (a warning line and the unfused path if they disagree); off: the unfused path (the ADD
+ * kernel, then LayerNorm; a copy or memset of dresid, then the accumulating LayerNorm backward). */
+enum { ZOFF_CUDA_FUSED_LN_AUTO = 0, ZOFF_CUDA_FUSED_LN_OFF = 1 };
 
 /* Everything a kernel launcher needs about the launch. */
 typedef struct zoff_cuda_launch {

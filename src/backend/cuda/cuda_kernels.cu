@@ -13,6 +13,10 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -182,17 +186,33 @@ __device__ __forceinline__ void ln_lane_cols(int64_t C, int lane, bool vec, cons
     }
 }
 
-// out (N,C) = (inp - mean) * rstd * weight + bias; inp (N,C), weight, bias (C) (bias may be NULL);
-// mean, rstd (N) fp32 (may be NULL). One warp per row, two passes for the variance (as the CPU);
-// vec: 16-byte loads and stores (ln_lane_cols).
+// out (N,C) = (x - mean) * rstd * weight + bias; weight, bias (C) (bias may be NULL); mean, rstd (N) fp32
+// (may be NULL). x (N,C) is inp when rb is NULL; else the residual inp + rb, which the warp first stores
+// into resid (rounded; resid may alias inp or rb) and then normalises from what it stored, exactly as
+// this kernel without rb does from resid (the fused residual: bit for bit a LAYERNORM_FWD of resid).
+// One warp per row, two passes for the variance (as the CPU); vec: 16-byte loads and stores of the
+// normalisation (ln_lane_cols; the same rule as without rb, so the sums run in the same order);
+// rvec: 16-byte loads and stores of the residual add.
 template <class S>
 __global__ void __launch_bounds__(LN_WARPS * 32)
     layernorm_fwd_kernel(typename S::T *out, float *mean, float *rstd, const typename S::T *inp,
-                         const typename S::T *weight, const typename S::T *bias, int64_t N, int64_t C, int vec) {
+                         const typename S::T *weight, const typename S::T *bias, int64_t N, int64_t C, int vec,
+                         typename S::T *resid, const typename S::T *rb, int rvec) {
     typedef typename S::T T;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t row = (int64_t)blockIdx.x * LN_WARPS + warp; row < N; row += (int64_t)gridDim.x * LN_WARPS) {
         const T *x = inp + row * C;
+        if (rb) {
+            T *xr = resid + row * C;
+            ln_lane_cols<S>(C, lane, rvec, x, rb + row * C, nullptr, [&](int64_t c0, int n, const Pack16<S> &ap, const Pack16<S> &bp, const Pack16<S> &) {
+                Pack16<S> rp;
+                for (int j = 0; j < n; j++) S::store(rp.e, j, S::load(ap.e, j) + S::load(bp.e, j));
+                if (n == Pack16<S>::V) ((uint4 *)xr)[c0 / n] = rp.u;
+                else xr[c0] = rp.e[0];
+            });
+            __syncwarp(); // the lanes read elements of resid other lanes wrote when vec != rvec
+            x = xr;
+        }
         float s = 0.0f;
         ln_lane_cols<S>(C, lane, vec, x, nullptr, nullptr, [&](int64_t, int n, const Pack16<S> &xp, const Pack16<S> &, const Pack16<S> &) {
             for (int j = 0; j < n; j++) s += S::load(xp.e, j);
@@ -222,14 +242,19 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
 }
 
 // Layernorm backward, part 1. Block g of G takes the LN_CHUNK-row chunks g, g+G, g+2G, ...
-//   dinp (N,C) += (w dy - mean(w dy) - xhat mean(w dy xhat)) * rstd   (one warp per row)
-//   pw[g][c] = sum over the block's rows of dy * xhat, pb[g][c] = sum of dy   (one thread per column,
-//   rows in order); xhat = (x - mean) * rstd. dout, inp (N,C); weight (C); mean, rstd (N); pw, pb (G,C).
+//   dinp (N,C) = dres + (w dy - mean(w dy) - xhat mean(w dy xhat)) * rstd   (one warp per row; dres may be
+//   NULL (0) or dinp (accumulate: each element is read and written by the same lane); vec: 16-byte packs
+//   (the same rule with or without dres, so the row sums run in the same order); dres16: dres when it is
+//   16-byte aligned (read in packs), else NULL (a pointer of its own: the host compiler of the emulator must
+//   not take dres for aligned on the element-wise path)
+//   pw[g][c] = sum over the block's rows of dy * xhat, pb[g][c] = sum of dy   (one thread per column, or
+//   per 16-byte pack of columns with vec, rows in order); xhat = (x - mean) * rstd. dout, inp (N,C);
+//   weight (C); mean, rstd (N); pw, pb (G,C).
 template <class S>
 __global__ void __launch_bounds__(LN_WARPS * 32)
-    layernorm_bwd_kernel(typename S::T *dinp, float *pw, float *pb, const typename S::T *dout,
+    layernorm_bwd_kernel(typename S::T *dinp, const typename S::T *dres, float *pw, float *pb, const typename S::T *dout,
                          const typename S::T *inp, const typename S::T *weight, const float *mean, const float *rstd,
-                         int64_t N, int64_t C, int vec) {
+                         int64_t N, int64_t C, int vec, const uint4 *dres16) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t nchunks = (N + LN_CHUNK - 1) / LN_CHUNK;
     if (dinp) {
@@ -251,8 +276,9 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
                 typename S::T *dx = dinp + row * C;
                 ln_lane_cols<S>(C, lane, vec, x, dy, weight, [&](int64_t c0, int n, const Pack16<S> &xp, const Pack16<S> &dyp, const Pack16<S> &wp) {
                     Pack16<S> dp;
-                    if (n == Pack16<S>::V) dp.u = ((const uint4 *)dx)[c0 / n];
-                    else dp.e[0] = dx[c0];
+                    if (!dres) dp.u.x = dp.u.y = dp.u.z = dp.u.w = 0u; // +0.0 in every dtype
+                    else if (n == Pack16<S>::V && dres16) dp.u = dres16[(row * C + c0) / n];
+                    else for (int j = 0; j < n; j++) dp.e[j] = dres[row * C + c0 + j];
                     for (int j = 0; j < n; j++) {
                         const float xh = (S::load(xp.e, j) - m) * r;
                         const float g = S::load(wp.e, j) * S::load(dyp.e, j);
@@ -264,7 +290,32 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
             }
         }
     }
-    if (pw) {
+    if (pw && vec) { // as below, a thread per 16-byte pack of columns: the same sums in the same order
+        constexpr int V = Pack16<S>::V;
+        for (int64_t p = threadIdx.x; p < C / V; p += blockDim.x) {
+            float aw[V], ab[V];
+            for (int j = 0; j < V; j++) aw[j] = ab[j] = 0.0f;
+            for (int64_t ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
+                const int64_t r1 = (ch + 1) * LN_CHUNK < N ? (ch + 1) * LN_CHUNK : N;
+                for (int64_t row = ch * LN_CHUNK; row < r1; row++) {
+                    Pack16<S> dyp, xp;
+                    dyp.u = ((const uint4 *)(dout + row * C))[p];
+                    xp.u = ((const uint4 *)(inp + row * C))[p];
+                    const float m = mean[row], r = rstd[row];
+#pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        const float dy = S::load(dyp.e, j);
+                        aw[j] += dy * ((S::load(xp.e, j) - m) * r);
+                        ab[j] += dy;
+                    }
+                }
+            }
+            for (int j = 0; j < V; j++) {
+                pw[(int64_t)blockIdx.x * C + p * V + j] = aw[j];
+                pb[(int64_t)blockIdx.x * C + p * V + j] = ab[j];
+            }
+        }
+    } else if (pw) {
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             float aw = 0.0f, ab = 0.0f;
             for (int64_t ch = blockIdx.x; ch < nchunks; ch += gridDim.x) {
@@ -301,20 +352,24 @@ template <class S> int ln_vec(int64_t C, const void *p0, const void *p1, const v
     return C % Pack16<S>::V == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2 | (uintptr_t)p3) % 16) == 0;
 }
 
-template <class S> zoff_status layernorm_fwd(const zoff_cuda_launch *L, const zoff_op_layernorm_fwd_args *a) {
+// ZOFF_OP_LAYERNORM_FWD and ZOFF_OP_RESIDUAL_LAYERNORM_FWD (a->b != NULL): layernorm_fwd_kernel.
+template <class S> zoff_status layernorm_fwd(const zoff_cuda_launch *L, const zoff_op_residual_layernorm_fwd_args *a) {
     typedef typename S::T T;
     if (a->N == 0 || a->C == 0) return ZOFF_OK;
     const int64_t nb = (a->N + LN_WARPS - 1) / LN_WARPS;
     const unsigned int grid = (unsigned int)(nb < 65535 ? nb : 65535);
-    const int vec = ln_vec<S>(a->C, a->out, a->inp, a->weight, a->bias);
-    layernorm_fwd_kernel<S><<<grid, LN_WARPS * 32, 0, L->s>>>((T *)a->out, a->mean, a->rstd, (const T *)a->inp,
+    const void *x = a->b ? a->resid : a->a; // what is normalised
+    const int vec = ln_vec<S>(a->C, a->out, x, a->weight, a->bias);
+    const int rvec = a->b ? ln_vec<S>(a->C, a->resid, a->a, a->b, nullptr) : 0;
+    layernorm_fwd_kernel<S><<<grid, LN_WARPS * 32, 0, L->s>>>((T *)a->out, a->mean, a->rstd, (const T *)a->a,
                                                               (const T *)a->weight, (const T *)a->bias, a->N, a->C,
-                                                              vec);
+                                                              vec, (T *)a->resid, (const T *)a->b, rvec);
     ZOFF_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
     return ZOFF_OK;
 }
 
-template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zoff_op_layernorm_bwd_args *a) {
+// ZOFF_OP_LAYERNORM_BWD (dresid == dinp) and ZOFF_OP_RESIDUAL_LAYERNORM_BWD.
+template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zoff_op_residual_layernorm_bwd_args *a) {
     typedef typename S::T T;
     const int64_t N = a->N, C = a->C;
     if (N == 0 || C == 0) return ZOFF_OK;
@@ -330,8 +385,10 @@ template <class S> zoff_status layernorm_bwd(const zoff_cuda_launch *L, const zo
     }
     if (!a->dinp && !params) return ZOFF_OK;
     const int vec = ln_vec<S>(C, a->dinp, a->dout, a->inp, a->weight);
+    const uint4 *dres16 = ((uintptr_t)a->dresid % 16) == 0 ? (const uint4 *)a->dresid : nullptr;
     layernorm_bwd_kernel<S><<<(unsigned int)G, LN_WARPS * 32, 0, L->s>>>(
-        (T *)a->dinp, pw, pb, (const T *)a->dout, (const T *)a->inp, (const T *)a->weight, a->mean, a->rstd, N, C, vec);
+        (T *)a->dinp, (const T *)a->dresid, pw, pb, (const T *)a->dout, (const T *)a->inp, (const T *)a->weight,
+        a->mean, a->rstd, N, C, vec, dres16);
     ZOFF_CUDA_CHECK_LAUNCH("layernorm_bwd_kernel");
     if (params) {
         layernorm_bwd_reduce_kernel<S><<<flat_blocks(C, EW_THREADS), EW_THREADS, 0, L->s>>>(
@@ -405,12 +462,39 @@ zoff_status ew_launch(const zoff_cuda_launch *L, void *out, const void *x, const
     return ZOFF_OK;
 }
 
+// CAST_V elements of storage type T: 16 bytes of a 16-bit type, 32 of fp32 (CAST_V / (16 / sizeof(T)) uint4).
+constexpr int CAST_V = 8;
+template <class T> union CastPack {
+    static constexpr int U = CAST_V * (int)sizeof(T) / 16;
+    uint4 u[U];
+    T e[CAST_V];
+};
+
 // dst (n) of D = src (n) of Sd, round to nearest even (exact through fp32: every
-// bf16/f16 value is an fp32 value). dst == src is allowed (same index read, then written).
+// bf16/f16 value is an fp32 value). dst == src is allowed (same index read, then written, by
+// one thread). vec: dst and src 16-byte aligned, so CAST_V elements move with 16-byte loads and
+// stores; the tail n % CAST_V goes one by one.
 template <class D, class Sd>
-__global__ void cast_kernel(typename D::T *dst, const typename Sd::T *src, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        D::store(dst, i, Sd::load(src, i));
+__global__ void cast_kernel(typename D::T *dst, const typename Sd::T *src, int64_t n, int vec) {
+    typedef CastPack<typename Sd::T> PS;
+    typedef CastPack<typename D::T> PD;
+    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t done = 0;
+    if (vec) {
+        const int64_t np = n / CAST_V;
+        for (int64_t p = first; p < np; p += stride) {
+            PS sv;
+            PD dv;
+#pragma unroll
+            for (int k = 0; k < PS::U; k++) sv.u[k] = ((const uint4 *)src)[p * PS::U + k];
+#pragma unroll
+            for (int v = 0; v < CAST_V; v++) D::store(dv.e, v, Sd::load(sv.e, v));
+#pragma unroll
+            for (int k = 0; k < PD::U; k++) ((uint4 *)dst)[p * PD::U + k] = dv.u[k];
+        }
+        done = np * CAST_V;
+    }
+    for (int64_t i = done + first; i < n; i += stride) D::store(dst, i, Sd::load(src, i));
 }
 
 template <class S> zoff_status gelu_fwd(const zoff_cuda_launch *L, const zoff_op_gelu_fwd_args *a) {
@@ -435,8 +519,10 @@ template <class S> zoff_status scale_op(const zoff_cuda_launch *L, const zoff_op
 }
 
 template <class D, class Sd> zoff_status cast_typed(const zoff_cuda_launch *L, void *dst, const void *src, int64_t n) {
-    cast_kernel<D, Sd><<<flat_blocks(n, EW_THREADS), EW_THREADS, 0, L->s>>>((typename D::T *)dst,
-                                                                          (const typename Sd::T *)src, n);
+    const int vec = (((uintptr_t)dst | (uintptr_t)src) % 16) == 0;
+    const int64_t items = vec ? (n + CAST_V - 1) / CAST_V : n;
+    cast_kernel<D, Sd><<<flat_blocks(items, EW_THREADS), EW_THREADS, 0, L->s>>>((typename D::T *)dst,
+                                                                              (const typename Sd::T *)src, n, vec);
     ZOFF_CUDA_CHECK_LAUNCH("cast_kernel");
     return ZOFF_OK;
 }
@@ -698,6 +784,109 @@ template <class G> zoff_status adam(const zoff_cuda_launch *L, const zoff_op_ada
     return ZOFF_OK;
 }
 
+// ------------------------------------------------------------------ residual + layernorm
+
+// RESIDUAL_LAYERNORM_FWD; fused: one layernorm_fwd_kernel, else the unfused path (ADD, then LayerNorm of resid).
+template <class S>
+zoff_status resid_ln_fwd(const zoff_cuda_launch *L, const zoff_op_residual_layernorm_fwd_args *a, bool fused) {
+    if (fused) return layernorm_fwd<S>(L, a);
+    ZOFF_TRY(ew_launch<S>(L, a->resid, a->a, a->b, a->N * a->C, AddF(), "ew_kernel (add)"));
+    zoff_op_residual_layernorm_fwd_args r = *a;
+    r.a = a->resid;
+    r.b = nullptr;
+    return layernorm_fwd<S>(L, &r);
+}
+
+// RESIDUAL_LAYERNORM_BWD; fused: one pass from dresid, else a copy (memset) of dresid into dinp, then
+// the accumulating LayerNorm backward (LAYERNORM_BWD).
+template <class S>
+zoff_status resid_ln_bwd(const zoff_cuda_launch *L, const zoff_op_residual_layernorm_bwd_args *a, bool fused) {
+    if (fused || a->dresid == a->dinp) return layernorm_bwd<S>(L, a);
+    const size_t bytes = (size_t)(a->N * a->C) * sizeof(typename S::T);
+    if (a->dresid) ZOFF_CUDA_CHECK(cudaMemcpyAsync(a->dinp, a->dresid, bytes, cudaMemcpyDeviceToDevice, L->s));
+    else ZOFF_CUDA_CHECK(cudaMemsetAsync(a->dinp, 0, bytes, L->s));
+    zoff_op_residual_layernorm_bwd_args r = *a;
+    r.dresid = a->dinp;
+    return layernorm_bwd<S>(L, &r);
+}
+
+// The start-up comparison: on L's stream, bf16, N = 37 rows of C = 200 (16-byte packs) and C = 100
+// (element-wise), the fused kernels (k = 0) and the unfused path (k = 1) must give the same bits:
+// forward (resid, out, mean, rstd), backward from a dresid and from none (dinp, dweight, dbias).
+zoff_status fused_ln_compare(const zoff_cuda_launch *L, bool *same) {
+    *same = true;
+    for (int64_t C = 200; C >= 100; C -= 100) {
+        const int64_t N = 37, n = N * C;
+        enum { A, B, W, BI, DY, DR, RES0, RES1, OUT0, OUT1, DX0, DX1, DN0, DN1, DW0, DW1, DB0, DB1, NBUF };
+        std::vector<uint16_t> h((size_t)(NBUF * n)), g((size_t)(NBUF * n));
+        uint64_t r = 0x2545f4914f6cdd1dull + (uint64_t)C;
+        for (int64_t i = 0; i < (DR + 1) * n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            h[(size_t)i] = zoff_f32_to_bf16((float)((r >> 40) * 0x1.0p-24) * 4.0f - 1.5f);
+        }
+        uint16_t *d = nullptr;
+        float *st = nullptr; // mean, rstd per k
+        ZOFF_CUDA_CHECK(cudaMalloc((void **)&d, h.size() * 2));
+        zoff_status s = ZOFF_OK;
+        if (cudaMalloc((void **)&st, (size_t)(4 * N) * 4) != cudaSuccess) s = zoff_error(ZOFF_ERR_DEVICE, "cudaMalloc");
+        auto at = [&](int i) { return d + (size_t)i * (size_t)n; };
+        if (s == ZOFF_OK && (cudaMemcpyAsync(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice, L->s) != cudaSuccess ||
+                             cudaMemsetAsync(at(DW0), 0, (size_t)(4 * n) * 2, L->s) != cudaSuccess))
+            s = zoff_error(ZOFF_ERR_DEVICE, "fused LayerNorm start-up check: copy failed");
+        for (int k = 0; k < 2 && s == ZOFF_OK; k++) {
+            zoff_op_residual_layernorm_fwd_args f = {};
+            f.resid = at(RES0 + k), f.out = at(OUT0 + k), f.mean = st + 2 * k * N, f.rstd = st + (2 * k + 1) * N;
+            f.a = at(A), f.b = at(B), f.weight = at(W), f.bias = at(BI), f.N = N, f.C = C, f.dt = ZOFF_BF16;
+            s = resid_ln_fwd<BF16>(L, &f, k == 0);
+            for (int dn = 0; dn < 2 && s == ZOFF_OK; dn++) {
+                zoff_op_residual_layernorm_bwd_args b = {};
+                b.dinp = at((dn ? DN0 : DX0) + k), b.dresid = dn ? nullptr : at(DR), b.dweight = at(DW0 + k);
+                b.dbias = at(DB0 + k), b.dout = at(DY), b.inp = at(RES0 + k), b.weight = at(W), b.mean = f.mean;
+                b.rstd = f.rstd, b.N = N, b.C = C, b.dt = ZOFF_BF16;
+                s = resid_ln_bwd<BF16>(L, &b, k == 0);
+            }
+        }
+        std::vector<float> hs((size_t)(4 * N));
+        if (s == ZOFF_OK && (cudaMemcpyAsync(g.data(), d, g.size() * 2, cudaMemcpyDeviceToHost, L->s) != cudaSuccess ||
+                             cudaMemcpyAsync(hs.data(), st, hs.size() * 4, cudaMemcpyDeviceToHost, L->s) != cudaSuccess ||
+                             cudaStreamSynchronize(L->s) != cudaSuccess))
+            s = zoff_error(ZOFF_ERR_DEVICE, "fused LayerNorm start-up check: copy back failed");
+        cudaFree(d);
+        cudaFree(st);
+        ZOFF_TRY(s);
+        for (int i = RES0; i < NBUF; i += 2) // the pairs (k = 0, k = 1); dweight and dbias hold C values
+            if (memcmp(&g[(size_t)i * n], &g[(size_t)(i + 1) * n], (size_t)(i >= DW0 ? C : n) * 2)) *same = false;
+        if (memcmp(&hs[0], &hs[(size_t)(2 * N)], (size_t)(2 * N) * 4)) *same = false;
+    }
+    return ZOFF_OK;
+}
+
+// Fused kernels for this call? In auto mode the first call compares them (once per context, under ctx->mu).
+zoff_status use_fused_ln(const zoff_cuda_launch *L, bool *fused) {
+    zoff_cuda_ctx *ctx = L->ctx;
+    *fused = false;
+    if (ctx->fused_ln_mode == ZOFF_CUDA_FUSED_LN_OFF) return ZOFF_OK;
+    if (__atomic_load_n(&ctx->fused_ln_state, __ATOMIC_ACQUIRE) == 0) {
+        pthread_mutex_lock(&ctx->mu);
+        zoff_status st = ZOFF_OK;
+        if (ctx->fused_ln_state == 0) {
+            bool same = false;
+            st = fused_ln_compare(L, &same);
+            if (st == ZOFF_OK) {
+                if (!same)
+                    fprintf(stderr, "zoff: WARNING: %s: the fused residual + LayerNorm kernels disagree with the unfused "
+                                    "path on the start-up case; using the unfused path (slower); please report this "
+                                    "(ZOFF_CUDA_FUSED_LN=off silences it)\n", ctx->name);
+                __atomic_store_n(&ctx->fused_ln_state, same ? 1 : 2, __ATOMIC_RELEASE);
+            }
+        }
+        pthread_mutex_unlock(&ctx->mu);
+        ZOFF_TRY(st);
+    }
+    *fused = __atomic_load_n(&ctx->fused_ln_state, __ATOMIC_ACQUIRE) == 1;
+    return ZOFF_OK;
+}
+
 zoff_status unsupported_dt(zoff_op op, const char *role, zoff_dtype dt) {
     return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: %s dtype %s (%d) is not supported by the CUDA backend; use f32, bf16 or f16",
                       zoff_op_name(op), role, (unsigned)dt < ZOFF_DTYPE_COUNT ? zoff_dtype_name(dt) : "invalid",
@@ -721,12 +910,19 @@ extern "C" zoff_status zoff_cuda_run_op(const zoff_cuda_launch *L, const void *a
     }
     case ZOFF_OP_LAYERNORM_FWD: {
         const zoff_op_layernorm_fwd_args *a = (const zoff_op_layernorm_fwd_args *)args;
-        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_fwd<S>(L, a));
+        zoff_op_residual_layernorm_fwd_args r = {};
+        r.out = a->out; r.mean = a->mean; r.rstd = a->rstd; r.a = a->inp; r.weight = a->weight; r.bias = a->bias;
+        r.N = a->N; r.C = a->C; r.dt = a->dt;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_fwd<S>(L, &r));
         return unsupported_dt(op, "storage", a->dt);
     }
     case ZOFF_OP_LAYERNORM_BWD: {
         const zoff_op_layernorm_bwd_args *a = (const zoff_op_layernorm_bwd_args *)args;
-        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_bwd<S>(L, a));
+        zoff_op_residual_layernorm_bwd_args r = {};
+        r.dinp = a->dinp; r.dresid = a->dinp; r.dweight = a->dweight; r.dbias = a->dbias; r.dout = a->dout;
+        r.inp = a->inp; r.weight = a->weight; r.mean = a->mean; r.rstd = a->rstd; r.N = a->N; r.C = a->C;
+        r.dt = a->dt;
+        ZOFF_CUDA_DISPATCH(a->dt, S, return layernorm_bwd<S>(L, &r));
         return unsupported_dt(op, "storage", a->dt);
     }
     case ZOFF_OP_MATMUL_FWD:
@@ -775,6 +971,20 @@ extern "C" zoff_status zoff_cuda_run_op(const zoff_cuda_launch *L, const void *a
             return unsupported_dt(op, "params16", a->p16_dt);
         ZOFF_CUDA_DISPATCH(a->grad_dt, G, return adam<G>(L, a));
         return unsupported_dt(op, "gradient", a->grad_dt);
+    }
+    case ZOFF_OP_RESIDUAL_LAYERNORM_FWD: {
+        const zoff_op_residual_layernorm_fwd_args *a = (const zoff_op_residual_layernorm_fwd_args *)args;
+        bool fused = false;
+        if (a->N > 0 && a->C > 0) ZOFF_TRY(use_fused_ln(L, &fused));
+        ZOFF_CUDA_DISPATCH(a->dt, S, return resid_ln_fwd<S>(L, a, fused));
+        return unsupported_dt(op, "storage", a->dt);
+    }
+    case ZOFF_OP_RESIDUAL_LAYERNORM_BWD: {
+        const zoff_op_residual_layernorm_bwd_args *a = (const zoff_op_residual_layernorm_bwd_args *)args;
+        bool fused = false;
+        if (a->N > 0 && a->C > 0) ZOFF_TRY(use_fused_ln(L, &fused));
+        ZOFF_CUDA_DISPATCH(a->dt, S, return resid_ln_bwd<S>(L, a, fused));
+        return unsupported_dt(op, "storage", a->dt);
     }
     case ZOFF_OP_COUNT:
         break;
