@@ -218,7 +218,7 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
                                       {"weight", dt, OC * C, false, randv(OC * C, 0.3f), 2 * off},
                                       {"bias", dt, OC, false, randv(OC, 1.0f), off}};
                 compare(what, cpu, gpu, f, [&](zoff_stream *s, std::vector<void *> &p) {
-                    zoff_op_matmul_fwd_args a = {p[0], p[1], p[2], p[3], N, C, OC, dt};
+                    zoff_op_matmul_fwd_args a = {p[0], p[1], p[2], p[3], N, C, OC, dt, nullptr};
                     return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, a);
                 }, tol_for(dt, 2e-5));
                 std::vector<Buf> b = {{"dinp", dt, N * C, true, randv(N * C, 1.0f), off},
@@ -228,7 +228,7 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
                                       {"inp", dt, N * C, false, randv(N * C, 1.0f), 0},
                                       {"weight", dt, OC * C, false, randv(OC * C, 0.3f), off}};
                 compare(what, cpu, gpu, b, [&](zoff_stream *s, std::vector<void *> &p) {
-                    zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, dt};
+                    zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, dt, 0, nullptr, nullptr};
                     return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
                 }, tol_for(dt, 2e-5));
             }
@@ -241,7 +241,7 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
                           {"inp", ZOFF_F32, N * C, false, randv(N * C, 1.0f)},
                           {"weight", ZOFF_F32, OC * C, false, randv(OC * C, 0.3f)}};
     compare("matmul bwd N=20000 C=3 OC=5 f32", cpu, gpu, b, [&](zoff_stream *s, std::vector<void *> &p) {
-        zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_F32};
+        zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_F32, 0, nullptr, nullptr};
         return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
     }, 1e-5);
 }
@@ -366,7 +366,7 @@ void determinism(zoff_device *gpu) {
                       {"inp", ZOFF_BF16, N * C, false, randv(N * C, 1.0f)},
                       {"weight", ZOFF_BF16, OC * C, false, randv(OC * C, 0.3f)}},
                      [&](zoff_stream *s, std::vector<void *> &p) {
-                         zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_BF16};
+                         zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_BF16, 0, nullptr, nullptr};
                          return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
                      }});
     cases.push_back({"grad_stats f32",

@@ -8,8 +8,9 @@
  *                     zoff_cuda_run_op below.
  *   cuda_kernels.cu   zoff_cuda_run_op (dispatch) and every op except matmul
  *                     and attention.
- *   cuda_matmul.cu    MATMUL_FWD / MATMUL_BWD through cuBLASLt (+ a simple
- *                     fallback GEMM kernel).
+ *   cuda_matmul.cu    MATMUL_FWD / MATMUL_BWD through cuBLASLt, its fused
+ *                     epilogues (GELU, dGELU, bias gradients) and a simple
+ *                     fallback GEMM kernel.
  *   cuda_attention.cu ATTENTION_FWD / ATTENTION_BWD: a fused flash-style
  *                     kernel pair for head sizes 16, 32, 64, 128 and a simple
  *                     warp-per-row version for any other head size.
@@ -114,6 +115,8 @@ struct zoff_cuda_ctx {
     int attention_mma_ok;              /* tensor-core attention: 1 yes, 0 no, -1 not compared yet (auto) */
     unsigned long long smem_attr_set;  /* bits: kernels whose shared-memory limit was raised (set_smem) */
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
+    int epilogue_mode;                 /* ZOFF_CUDA_EPI_* (env ZOFF_CUDA_EPILOGUE) */
+    int epilogue_ok;                   /* the fused cuBLASLt epilogues: 1 use, 0 not (set once at init) */
 };
 
 /* auto: the tensor-core kernels where they apply and agreed with the fp32 flash kernels at start-up,
@@ -121,6 +124,9 @@ struct zoff_cuda_ctx {
  * simple kernels; mma: the tensor-core kernels where they apply, without the start-up comparison. */
 enum { ZOFF_CUDA_ATTN_AUTO = 0, ZOFF_CUDA_ATTN_FLASH = 1, ZOFF_CUDA_ATTN_SIMPLE = 2, ZOFF_CUDA_ATTN_MMA = 3 };
 enum { ZOFF_CUDA_MM_AUTO = 0, ZOFF_CUDA_MM_SIMPLE = 1 };
+/* The matmul epilogues (bias+GELU forward, dGELU+bias gradient, bias gradient through BGRADB; cuda_matmul.cu):
+ * auto: where they apply, once they agreed with the unfused path at start-up; off: never; on: without the check. */
+enum { ZOFF_CUDA_EPI_AUTO = 0, ZOFF_CUDA_EPI_OFF = 1, ZOFF_CUDA_EPI_ON = 2 };
 
 /* Everything a kernel launcher needs about the launch. */
 typedef struct zoff_cuda_launch {
