@@ -611,11 +611,19 @@ static uint32_t ptr_align(const void *p) {
 // CUDA backend's start-up comparison on a GPU is what tells whether cuBLASLt does the same. Whether the
 // bias gradient of DGELU_BGRAD sums D before or after its rounding is not documented either: here, before.
 // Everything else (other epilogues, attributes, bias types) is refused by emu_fatal.
+// EMU_LT_GELU=erf: the exact (erf) GELU instead, a cuBLASLt that the backend's start-up comparison must
+// catch (test cuda_emu_epilogue_fallback).
+static bool lt_gelu_erf() {
+    const char *v = getenv("EMU_LT_GELU");
+    return v && !strcmp(v, "erf");
+}
 static double lt_gelu(double x) {
+    if (lt_gelu_erf()) return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
     const double k = 0.7978845608028654; // sqrt(2 / pi)
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
 }
 static double lt_dgelu(double x) { // d/dx of lt_gelu
+    if (lt_gelu_erf()) return 0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * x * x) * 0.3989422804014327;
     const double k = 0.7978845608028654, t = tanh(k * (x + 0.044715 * x * x * x));
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }

@@ -116,7 +116,7 @@ struct zoff_cuda_ctx {
     unsigned long long smem_attr_set;  /* bits: kernels whose shared-memory limit was raised (set_smem) */
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
     int epilogue_mode;                 /* ZOFF_CUDA_EPI_* (env ZOFF_CUDA_EPILOGUE) */
-    int epilogue_ok;                   /* the fused cuBLASLt epilogues: 1 use, 0 not (set once at init) */
+    int epilogue_ok;                   /* ZOFF_CUDA_EPI_F32 | _16: where the fused epilogues run (set at init) */
 };
 
 /* auto: the tensor-core kernels where they apply and agreed with the fp32 flash kernels at start-up,
@@ -127,6 +127,7 @@ enum { ZOFF_CUDA_MM_AUTO = 0, ZOFF_CUDA_MM_SIMPLE = 1 };
 /* The matmul epilogues (bias+GELU forward, dGELU+bias gradient, bias gradient through BGRADB; cuda_matmul.cu):
  * auto: where they apply, once they agreed with the unfused path at start-up; off: never; on: without the check. */
 enum { ZOFF_CUDA_EPI_AUTO = 0, ZOFF_CUDA_EPI_OFF = 1, ZOFF_CUDA_EPI_ON = 2 };
+enum { ZOFF_CUDA_EPI_F32 = 1, ZOFF_CUDA_EPI_16 = 2 }; /* bits of epilogue_ok: f32; bf16 and f16 */
 
 /* Everything a kernel launcher needs about the launch. */
 typedef struct zoff_cuda_launch {
