@@ -647,6 +647,20 @@ static void test_launch_validation(void **state) {
     assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, mb), ZOFF_ERR_INVALID);
     assert_non_null(strstr(zoff_last_error(), "'weight'"));
     mb.dinp = NULL;
+    /* the epilogue fields: gelu_pre needs an overwritten dinp, dbias_pre needs gelu_pre, gelu_out is not out */
+    zoff_op_matmul_bwd_args mg = mb;
+    mg.gelu_pre = x;
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, mg), ZOFF_ERR_INVALID); /* no dinp */
+    assert_non_null(strstr(zoff_last_error(), "dinp_overwrite"));
+    mg.dinp = x, mg.weight = x;
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, mg), ZOFF_ERR_INVALID); /* accumulating dinp */
+    mg.gelu_pre = NULL, mg.dbias_pre = x, mg.dinp_overwrite = 1;
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, mg), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "dbias_pre needs gelu_pre"));
+    zoff_op_matmul_fwd_args mfg = mf;
+    mfg.gelu_out = mfg.out;
+    assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, mfg), ZOFF_ERR_INVALID);
+    assert_non_null(strstr(zoff_last_error(), "gelu_out"));
     zoff_op_embed_fwd_args ef = {.out = x, .tokens = (const int32_t *)x, .wte = x, .wpe = x, .B = INT64_MAX / 2, .T = 4,
                                  .C = 4, .V = 4, .dt = ZOFF_F32};
     assert_int_equal(ZOFF_LAUNCH(s, ZOFF_OP_EMBED_FWD, ef), ZOFF_ERR_INVALID);

@@ -30,6 +30,7 @@
  *   layernorm_bwd    2e-5     1e-2     3e-3
  *   matmul_fwd       2e-5     8e-3     2e-3
  *   matmul_bwd       2e-5     8e-3     2e-3
+ *   matmul_gelu_*    2e-5     8e-3     2e-3   (the matmul limits; GELU' near its extremes is < 1.2)
  *   attention_fwd    2e-5     1e-2     3e-3
  *   attention_bwd    5e-5     1.5e-2   4e-3
  *   gelu_fwd         1e-6     8e-3     2e-3
@@ -616,33 +617,79 @@ static zoff_status launch_mm_fwd(tcase *c, zoff_stream *s) {
     return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, a);
 }
 
+/* The six tensors of matmul backward (dinp, dweight, dbias, dout, inp, weight) into t, filled, with the
+ * references of the accumulated outputs set to their initial values (dinp's to 0 when kind is T_OUT:
+ * overwritten, starting as NaN on the device). */
+static void mm_bwd_tensors(tcase *c, int dinp_kind, tensor **t) {
+    int64_t N = c->d[0], C = c->d[1], OC = c->d[2];
+    t[0] = add_t(c, "dinp", dinp_kind, c->dt, N * C);
+    t[1] = add_t(c, "dweight", T_INOUT, c->dt, OC * C);
+    t[2] = add_t(c, "dbias", T_INOUT, c->dt, OC);
+    t[3] = add_t(c, "dout", T_IN, c->dt, N * OC);
+    t[4] = add_t(c, "inp", T_IN, c->dt, N * C);
+    t[5] = add_t(c, "weight", T_IN, c->dt, OC * C);
+    for (int i = 0; i < 6; i++) fill_normal(c, t[i], 0, i == 5 ? 0.2 : 1);
+    if (dinp_kind == T_OUT) memset(t[0]->ref, 0, (size_t)(N * C) * sizeof(double));
+    else memcpy(t[0]->ref, t[0]->host, (size_t)(N * C) * sizeof(double));
+    memcpy(t[1]->ref, t[1]->host, (size_t)(OC * C) * sizeof(double));
+    memcpy(t[2]->ref, t[2]->host, (size_t)OC * sizeof(double));
+}
+
 /* variant 1: dinp NULL; variant 2: dbias NULL */
 static void setup_mm_bwd(tcase *c) {
-    int64_t N = c->d[0], C = c->d[1], OC = c->d[2];
-    tensor *dinp = add_t(c, "dinp", T_INOUT, c->dt, N * C);
-    tensor *dw = add_t(c, "dweight", T_INOUT, c->dt, OC * C);
-    tensor *db = add_t(c, "dbias", T_INOUT, c->dt, OC);
-    tensor *dout = add_t(c, "dout", T_IN, c->dt, N * OC);
-    tensor *inp = add_t(c, "inp", T_IN, c->dt, N * C);
-    tensor *w = add_t(c, "weight", T_IN, c->dt, OC * C);
-    fill_normal(c, dinp, 0, 1);
-    fill_normal(c, dw, 0, 1);
-    fill_normal(c, db, 0, 1);
-    fill_normal(c, dout, 0, 1);
-    fill_normal(c, inp, 0, 1);
-    fill_normal(c, w, 0, 0.2);
-    dinp->null = c->variant == 1;
-    db->null = c->variant == 2;
-    memcpy(dinp->ref, dinp->host, (size_t)(N * C) * sizeof(double));
-    memcpy(dw->ref, dw->host, (size_t)(OC * C) * sizeof(double));
-    memcpy(db->ref, db->host, (size_t)OC * sizeof(double));
-    mm_bwd_ref(dinp->null ? NULL : dinp->ref, dw->ref, db->null ? NULL : db->ref, dout->host, inp->host, w->host, N,
-               C, OC);
+    tensor *t[6];
+    mm_bwd_tensors(c, T_INOUT, t);
+    t[0]->null = c->variant == 1;
+    t[2]->null = c->variant == 2;
+    mm_bwd_ref(t[0]->null ? NULL : t[0]->ref, t[1]->ref, t[2]->null ? NULL : t[2]->ref, t[3]->host, t[4]->host,
+               t[5]->host, c->d[0], c->d[1], c->d[2]);
 }
 static zoff_status launch_mm_bwd(tcase *c, zoff_stream *s) {
     zoff_op_matmul_bwd_args a = {.dinp = P(c, 0), .dweight = P(c, 1), .dbias = P(c, 2), .dout = P(c, 3),
                                  .inp = P(c, 4), .weight = P(c, 5), .N = c->d[0], .C = c->d[1], .OC = c->d[2],
                                  .dt = c->dt};
+    return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
+}
+
+/* matmul + GELU epilogue, forward: out = the pre-activation, gelu_out = GELU(out); variant 1: no bias */
+static void setup_mm_gelu_fwd(tcase *c) {
+    setup_mm_fwd(c);
+    const int64_t n = c->d[0] * c->d[2];
+    tensor *g = add_t(c, "gelu_out", T_OUT, c->dt, n);
+    for (int64_t i = 0; i < n; i++) g->ref[i] = gelu_ref(c->t[0].ref[i]);
+}
+static zoff_status launch_mm_gelu_fwd(tcase *c, zoff_stream *s) {
+    zoff_op_matmul_fwd_args a = {.out = P(c, 0), .inp = P(c, 1), .weight = P(c, 2), .bias = P(c, 3),
+                                 .N = c->d[0], .C = c->d[1], .OC = c->d[2], .dt = c->dt, .gelu_out = P(c, 4)};
+    return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, a);
+}
+
+/* matmul backward with dinp overwritten (it starts as NaN: beta = 0 must not read it) and the GELU
+ * epilogue: dinp = (dout @ W) * GELU'(gelu_pre), dbias_pre += its column sums.
+ * variant 0: all; 1: dbias_pre NULL; 2: dbias NULL; 3: no GELU (overwrite only) */
+static void setup_mm_gelu_bwd(tcase *c) {
+    int64_t N = c->d[0], C = c->d[1];
+    tensor *t[6];
+    mm_bwd_tensors(c, T_OUT, t);
+    tensor *pre = add_t(c, "gelu_pre", T_IN, c->dt, N * C);
+    tensor *dbp = add_t(c, "dbias_pre", T_INOUT, c->dt, C);
+    fill_normal(c, pre, 0, 2);
+    fill_normal(c, dbp, 0, 1);
+    t[2]->null = c->variant == 2;
+    pre->null = c->variant == 3;
+    dbp->null = c->variant == 1 || c->variant == 3;
+    memcpy(dbp->ref, dbp->host, (size_t)C * sizeof(double));
+    mm_bwd_ref(t[0]->ref, t[1]->ref, t[2]->null ? NULL : t[2]->ref, t[3]->host, t[4]->host, t[5]->host, N, C, c->d[2]);
+    if (pre->null) return;
+    for (int64_t i = 0; i < N * C; i++) {
+        t[0]->ref[i] *= gelu_grad_ref(pre->host[i]);
+        dbp->ref[i % C] += t[0]->ref[i];
+    }
+}
+static zoff_status launch_mm_gelu_bwd(tcase *c, zoff_stream *s) {
+    zoff_op_matmul_bwd_args a = {.dinp = P(c, 0), .dweight = P(c, 1), .dbias = P(c, 2), .dout = P(c, 3),
+                                 .inp = P(c, 4), .weight = P(c, 5), .N = c->d[0], .C = c->d[1], .OC = c->d[2],
+                                 .dt = c->dt, .dinp_overwrite = 1, .gelu_pre = P(c, 6), .dbias_pre = P(c, 7)};
     return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
 }
 
@@ -864,6 +911,11 @@ static const op_entry g_ops[] = {
      {{0, 3, 4}, {1, 1, 1}, {5, 7, 3}, {33, 65, 17}, {64, 128, 384}, {7, 0, 5}, {3, 4, 0}}, 2, {2e-5, 8e-3, 2e-3}},
     {"matmul_bwd", ZOFF_OP_MATMUL_BWD, setup_mm_bwd, launch_mm_bwd, 7,
      {{0, 3, 4}, {1, 1, 1}, {5, 7, 3}, {33, 65, 17}, {64, 128, 384}, {7, 0, 5}, {3, 4, 0}}, 3, {2e-5, 8e-3, 2e-3}},
+    /* the GELU / bias-gradient epilogues (fused on CUDA where the GELU matrix's ld is a multiple of 8): */
+    {"matmul_gelu_fwd", ZOFF_OP_MATMUL_FWD, setup_mm_gelu_fwd, launch_mm_gelu_fwd, 7,
+     {{0, 3, 8}, {1, 1, 1}, {5, 7, 3}, {33, 65, 24}, {64, 128, 384}, {7, 0, 8}, {3, 4, 0}}, 2, {2e-5, 8e-3, 2e-3}},
+    {"matmul_gelu_bwd", ZOFF_OP_MATMUL_BWD, setup_mm_gelu_bwd, launch_mm_gelu_bwd, 7,
+     {{0, 8, 4}, {1, 1, 1}, {5, 7, 3}, {33, 24, 65}, {64, 384, 128}, {7, 0, 5}, {3, 8, 0}}, 4, {2e-5, 8e-3, 2e-3}},
     {"attention_fwd", ZOFF_OP_ATTENTION_FWD, setup_attn_fwd, launch_attn_fwd, 6,
      {{0, 4, 8, 2}, {1, 1, 4, 1}, {1, 1, 4, 4}, {2, 5, 12, 3}, {1, 67, 32, 2}, {2, 130, 64, 4}}, 1,
      {2e-5, 1e-2, 3e-3}},

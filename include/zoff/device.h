@@ -141,18 +141,30 @@ typedef struct zoff_op_layernorm_bwd_args {
     int64_t N, C; zoff_dtype dt;
 } zoff_op_layernorm_bwd_args;
 
-/* out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC).  bias may be NULL. */
+/* out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC).  bias may be NULL.
+ * gelu_out (optional, NULL = none): gelu_out(N,OC) = GELU(out) as GELU_FWD computes it (tanh
+ * approximation); out keeps the pre-activation that backward's gelu_pre needs. Whether GELU reads out's
+ * fp32 value or the value rounded to dt is the backend's choice (one rounding of dt apart).
+ * gelu_out must not overlap out. */
 typedef struct zoff_op_matmul_fwd_args {
     void *out; const void *inp; const void *weight; const void *bias;
     int64_t N, C, OC; zoff_dtype dt;
+    void *gelu_out;
 } zoff_op_matmul_fwd_args;
 
-/* dinp(N,C) += dout(N,OC) @ weight(OC,C)       (skipped when dinp is NULL)
+/* dinp(N,C) += dout(N,OC) @ weight(OC,C)       (skipped when dinp is NULL; dinp_overwrite: =)
  * dweight(OC,C) += dout^T @ inp(N,C)
- * dbias(OC) += sum over N of dout               (skipped when dbias is NULL) */
+ * dbias(OC) += sum over N of dout               (skipped when dbias is NULL)
+ * The fields after dt are optional (0 / NULL: the plain op above):
+ * dinp_overwrite = 1: dinp is written, not accumulated (its old contents, even NaN, are never read).
+ * gelu_pre (N,C) (needs dinp and dinp_overwrite): dinp = (dout @ weight) * GELU'(gelu_pre), the
+ *   gradient through a GELU whose input was gelu_pre (inp is then GELU(gelu_pre), the layer's input).
+ * dbias_pre (C) (needs gelu_pre): dbias_pre += sum over N of that dinp, i.e. the bias gradient of the
+ *   layer that produced gelu_pre (that layer's backward then passes dbias = NULL). */
 typedef struct zoff_op_matmul_bwd_args {
     void *dinp; void *dweight; void *dbias; const void *dout; const void *inp; const void *weight;
     int64_t N, C, OC; zoff_dtype dt;
+    int dinp_overwrite; const void *gelu_pre; void *dbias_pre;
 } zoff_op_matmul_bwd_args;
 
 /* Causal multi-head self-attention.  qkv (B,T,3C) holds q,k,v each (B,T,NH,HS), HS = C/NH.

@@ -657,6 +657,9 @@ static zoff_status validate_op(const launch_check *cp, const void *args) {
     case ZOFF_OP_MATMUL_FWD: {
         const zoff_op_matmul_fwd_args *a = args;
         P(out); P(inp); P(weight); D(N); D(C); D(OC); DT(dt);
+        if (a->gelu_out && a->gelu_out == a->out)
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_launch(matmul_fwd) on stream '%s': gelu_out is out; the "
+                              "pre-activation (out) and GELU's output (gelu_out) need two buffers", c.stream);
         ZOFF_TRY(need_product(&c, a->N, a->C, 1, "N*C"));
         ZOFF_TRY(need_product(&c, a->N, a->OC, 1, "N*OC"));
         return need_product(&c, a->OC, a->C, 1, "OC*C");
@@ -665,6 +668,12 @@ static zoff_status validate_op(const launch_check *cp, const void *args) {
         const zoff_op_matmul_bwd_args *a = args;
         P(dweight); P(dout); P(inp);
         if (a->dinp) P(weight);
+        if (a->gelu_pre && (!a->dinp || !a->dinp_overwrite))
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_launch(matmul_bwd) on stream '%s': gelu_pre needs dinp with "
+                              "dinp_overwrite = 1 (the GELU gradient is a product, not a sum)", c.stream);
+        if (a->dbias_pre && !a->gelu_pre)
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_launch(matmul_bwd) on stream '%s': dbias_pre needs gelu_pre "
+                              "(it is the bias gradient of the layer before the GELU)", c.stream);
         D(N); D(C); D(OC); DT(dt);
         ZOFF_TRY(need_product(&c, a->N, a->C, 1, "N*C"));
         ZOFF_TRY(need_product(&c, a->N, a->OC, 1, "N*OC"));

@@ -540,10 +540,8 @@ static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, co
                                                .bias = P(P_LN2B), .N = N, .C = C, .dt = dt};
     LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln2, w, (long long)l, "attention residual + ln_2");
     zoff_op_matmul_fwd_args fc = {.out = a->fch, .inp = a->ln2, .weight = P(P_FCW), .bias = P(P_FCB),
-                                  .N = N, .C = C, .OC = 4 * C, .dt = dt};
-    LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc");
-    zoff_op_gelu_fwd_args gelu = {.out = a->fch_gelu, .inp = a->fch, .n = N * 4 * C, .dt = dt};
-    LAUNCH(ZOFF_OP_GELU_FWD, gelu, w, (long long)l, "gelu");
+                                  .N = N, .C = C, .OC = 4 * C, .dt = dt, .gelu_out = a->fch_gelu};
+    LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc + gelu");
     if (out) {
         zoff_op_matmul_fwd_args fcproj = {.out = out, .inp = a->fch_gelu, .weight = P(P_FCPROJW),
                                           .bias = P(P_FCPROJB), .N = N, .C = 4 * C, .OC = C, .dt = dt};
@@ -666,21 +664,19 @@ static zoff_status block_backward(zoff_gpt2 *m, int64_t l, const gpt2_block_acts
     zoff_stream *s = zoff_device_stream(m->dev);
     const int64_t C = m->shape.hidden_size, NH = m->shape.num_heads, N = B * T;
     const zoff_dtype dt = m->dt;
-    const size_t d = m->dts;
     const char *w = "GPT-2 backward, block %lld, %s";
 #define P(k) param_ptr(m, T_BLOCK(l, k))
 #define G(k) grad_ptr(m, T_BLOCK(l, k))
-    /* MLP: resid[l+1] = res2 + fch_gelu @ Wproj^T + bproj */
-    ZOFF_TRY(zoff_memset_async(s, m->dfch, 0, (size_t)(N * 4 * C) * d));
+    /* MLP: resid[l+1] = res2 + GELU(fch) @ Wproj^T + bproj; dfch = (dresid @ Wproj) * GELU'(fch), and
+     * c_fc's bias gradient with it (dbias_pre). The dinp outputs below are overwritten: no memsets. */
     zoff_op_matmul_bwd_args fcproj = {.dinp = m->dfch, .dweight = G(P_FCPROJW), .dbias = G(P_FCPROJB),
                                       .dout = m->dresid, .inp = a->fch_gelu, .weight = P(P_FCPROJW),
-                                      .N = N, .C = 4 * C, .OC = C, .dt = dt};
-    LAUNCH(ZOFF_OP_MATMUL_BWD, fcproj, w, (long long)l, "mlp.c_proj");
-    zoff_op_gelu_bwd_args gelu = {.dinp = m->dfch, .inp = a->fch, .dout = m->dfch, .n = N * 4 * C, .dt = dt};
-    LAUNCH(ZOFF_OP_GELU_BWD, gelu, w, (long long)l, "gelu");
-    ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
-    zoff_op_matmul_bwd_args fc = {.dinp = m->dln, .dweight = G(P_FCW), .dbias = G(P_FCB), .dout = m->dfch,
-                                  .inp = a->ln2, .weight = P(P_FCW), .N = N, .C = C, .OC = 4 * C, .dt = dt};
+                                      .N = N, .C = 4 * C, .OC = C, .dt = dt,
+                                      .dinp_overwrite = 1, .gelu_pre = a->fch, .dbias_pre = G(P_FCB)};
+    LAUNCH(ZOFF_OP_MATMUL_BWD, fcproj, w, (long long)l, "mlp.c_proj + gelu");
+    zoff_op_matmul_bwd_args fc = {.dinp = m->dln, .dweight = G(P_FCW), .dbias = NULL, .dout = m->dfch,
+                                  .inp = a->ln2, .weight = P(P_FCW), .N = N, .C = C, .OC = 4 * C, .dt = dt,
+                                  .dinp_overwrite = 1};
     LAUNCH(ZOFF_OP_MATMUL_BWD, fc, w, (long long)l, "mlp.c_fc");
     /* d res2 = d resid[l+1] + ln_2 backward */
     zoff_op_layernorm_bwd_args ln2 = {.dinp = m->dresid, .dweight = G(P_LN2W), .dbias = G(P_LN2B),
@@ -688,17 +684,16 @@ static zoff_status block_backward(zoff_gpt2 *m, int64_t l, const gpt2_block_acts
                                       .mean = a->ln2_mean, .rstd = a->ln2_rstd, .N = N, .C = C, .dt = dt};
     LAUNCH(ZOFF_OP_LAYERNORM_BWD, ln2, w, (long long)l, "ln_2");
     /* attention: res2 = resid[l] + atty @ Wproj^T + bproj */
-    ZOFF_TRY(zoff_memset_async(s, m->datty, 0, (size_t)(N * C) * d));
     zoff_op_matmul_bwd_args proj = {.dinp = m->datty, .dweight = G(P_ATTPROJW), .dbias = G(P_ATTPROJB),
                                     .dout = m->dresid, .inp = a->atty, .weight = P(P_ATTPROJW),
-                                    .N = N, .C = C, .OC = C, .dt = dt};
+                                    .N = N, .C = C, .OC = C, .dt = dt, .dinp_overwrite = 1};
     LAUNCH(ZOFF_OP_MATMUL_BWD, proj, w, (long long)l, "attn.c_proj");
     zoff_op_attention_bwd_args att = {.dqkv = m->dqkv, .dout = m->datty, .qkv = a->qkv, .out = a->atty,
                                       .lse = a->lse, .B = B, .T = T, .C = C, .NH = NH, .dt = dt};
     LAUNCH(ZOFF_OP_ATTENTION_BWD, att, w, (long long)l, "attention");
-    ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
     zoff_op_matmul_bwd_args qkv = {.dinp = m->dln, .dweight = G(P_QKVW), .dbias = G(P_QKVB), .dout = m->dqkv,
-                                   .inp = a->ln1, .weight = P(P_QKVW), .N = N, .C = C, .OC = 3 * C, .dt = dt};
+                                   .inp = a->ln1, .weight = P(P_QKVW), .N = N, .C = C, .OC = 3 * C, .dt = dt,
+                                   .dinp_overwrite = 1};
     LAUNCH(ZOFF_OP_MATMUL_BWD, qkv, w, (long long)l, "attn.c_attn");
     /* d resid[l] = d res2 + ln_1 backward */
     zoff_op_layernorm_bwd_args ln1 = {.dinp = m->dresid, .dweight = G(P_LN1W), .dbias = G(P_LN1B),
@@ -733,10 +728,9 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *rea
     ZOFF_TRY(pass_begin(m, true));
     ZOFF_TRY(group_use(m, g_lnf, true));
     ZOFF_TRY(group_use(m, 0, true)); /* held to the end: wte's gradient comes from the head and the embedding */
-    ZOFF_TRY(zoff_memset_async(s, m->dln, 0, (size_t)(N * C) * d));
     zoff_op_matmul_bwd_args head = {.dinp = m->dln, .dweight = grad_ptr(m, T_WTE), .dbias = NULL,
                                     .dout = m->logits, .inp = m->lnf, .weight = param_ptr(m, T_WTE),
-                                    .N = N, .C = C, .OC = Vp, .dt = dt};
+                                    .N = N, .C = C, .OC = Vp, .dt = dt, .dinp_overwrite = 1};
     LAUNCH(ZOFF_OP_MATMUL_BWD, head, "GPT-2 backward, lm head (wte^T)");
     const int t_lnf = T_BLOCK(L, 0);
     /* d resid[L] = ln_f backward, written (dresid NULL: no memset first) */

@@ -58,7 +58,7 @@ endif()
 
 if(NOT _emu_why STREQUAL "")
   message(STATUS "zoff: CUDA emulator tests skipped: ${_emu_why}")
-  foreach(t cuda_emu_ptx cuda_emu_ops cuda_emu_check)
+  foreach(t cuda_emu_ptx cuda_emu_ops cuda_emu_check cuda_emu_epilogue_fallback)
     add_test(NAME ${t} COMMAND sh -c "echo '${t}: SKIPPED: ${_emu_why}'; exit 77")
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
@@ -122,7 +122,8 @@ add_test(NAME cuda_emu_ptx COMMAND emu_ptx_check)
 # matmuls on misaligned operands, reduction caps, determinism, asynchronous error semantics
 if(ZOFF_SANITIZE STREQUAL "")
   add_test(NAME cuda_emu_check COMMAND emu_check)
-  set_tests_properties(cuda_emu_check PROPERTIES TIMEOUT 600 FAIL_REGULAR_EXPRESSION "WARNING: .*(tensor-core attention|fused residual)")
+  set_tests_properties(cuda_emu_check PROPERTIES TIMEOUT 600
+    FAIL_REGULAR_EXPRESSION "WARNING: .*(tensor-core attention|fused residual|cuBLASLt epilogue)")
 else()
   add_test(NAME cuda_emu_check COMMAND sh -c "echo 'cuda_emu_check: SKIPPED under the sanitizers (slow); ZOFF_EMU_ASAN=1 bash tests/cuda_emu/run.sh runs it'; exit 77")
   set_tests_properties(cuda_emu_check PROPERTIES SKIP_RETURN_CODE 77)
@@ -131,6 +132,15 @@ endif()
 add_test(NAME cuda_emu_ops COMMAND test_ops_emu)
 # auto attention mode: the start-up comparison of the tensor-core kernels with the flash kernels runs,
 # and its warning (they disagree: fallback) fails the test, so the op table checks the tensor-core kernels
-set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900 FAIL_REGULAR_EXPRESSION "WARNING: .*(tensor-core attention|fused residual)" ENVIRONMENT
+# (likewise the matmul epilogues' comparison with the unfused path)
+set_tests_properties(cuda_emu_ops PROPERTIES TIMEOUT 900
+  FAIL_REGULAR_EXPRESSION "WARNING: .*(tensor-core attention|fused residual|cuBLASLt epilogue)" ENVIRONMENT
   "CMOCKA_MESSAGE_OUTPUT=stdout;OMP_WAIT_POLICY=passive;ZOFF_CPU_KERNELS=scalar;ZOFF_TEST_OPS=${_emu_ops};ZOFF_TEST_REQUIRE_CUDA=1;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0")
+# an emulated cuBLASLt whose GELU epilogue is the erf one: the start-up comparison must warn and fall back
+# to the unfused path, and the epilogue ops must still pass
+add_test(NAME cuda_emu_epilogue_fallback COMMAND sh -c
+  "out=$(\"$0\" 2>&1); rc=$?; printf '%s\\n' \"$out\"; printf '%s' \"$out\" | grep -q 'epilogue GEMMs .*disagree' || { echo 'cuda_emu_epilogue_fallback: no fallback warning'; exit 1; }; exit $rc"
+  $<TARGET_FILE:test_ops_emu>)
+set_tests_properties(cuda_emu_epilogue_fallback PROPERTIES TIMEOUT 600 ENVIRONMENT
+  "CMOCKA_MESSAGE_OUTPUT=stdout;OMP_WAIT_POLICY=passive;ZOFF_CPU_KERNELS=scalar;ZOFF_TEST_OPS=matmul_gelu_fwd,matmul_gelu_bwd;ZOFF_TEST_REQUIRE_CUDA=1;EMU_LT_GELU=erf;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0")
 set_tests_properties(cuda_emu_ptx PROPERTIES TIMEOUT 300)

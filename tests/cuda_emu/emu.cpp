@@ -3,6 +3,7 @@
 // tool: it checks the backend's indexing, barriers, layouts and error paths on a
 // machine without a GPU. It says nothing about speed, the memory model, or
 // behaviour of the real cuBLASLt / CUB.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -575,8 +576,9 @@ struct emu_lt_handle {
 };
 struct emu_lt_desc {
     int transa = 0, transb = 0, epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    const void *bias = nullptr;
+    const void *bias = nullptr, *aux = nullptr;
     int bias_type = -1;
+    int64_t aux_ld = 0;
 };
 struct emu_lt_layout {
     cudaDataType_t type;
@@ -610,6 +612,54 @@ static uint32_t ptr_align(const void *p) {
     uint32_t a = 256;
     while (a > 1 && ((uintptr_t)p % a) != 0) a >>= 1;
     return a;
+}
+
+// ---- epilogues, modelled from NVIDIA's cublasLt.h (cublasLtEpilogue_t, cublasLtMatmulDescAttributes_t):
+// BIAS           D = AB + bias, bias of length m (rows of D), packed
+// GELU_AUX_BIAS  x = AB + bias; aux = x (the GELU input, stored in D's type, ld aux_ld); D = GELU(x)
+// DGELU_BGRAD    x = AB; D = x * GELU'(aux); bias = sums of D over its columns (length m, "bias gradient
+//                vector elements are the same type as the output elements")
+// BGRADB         D = AB; bias = sums of op(B) over the GEMM's k, one per column of D (length n)
+// The aux ld must be divisible by 8 and no less than the rows of D; the bias type, unset (-1), is D's.
+// NVIDIA does not write the GELU formula down; this model takes the tanh approximation (GPT-2's), and the
+// CUDA backend's start-up comparison on a GPU is what tells whether cuBLASLt does the same. Whether the
+// bias gradient of DGELU_BGRAD sums D before or after its rounding is not documented either: here, before.
+// Everything else (other epilogues, attributes, bias types) is refused by emu_fatal.
+// EMU_LT_GELU=erf: the exact (erf) GELU instead, a cuBLASLt that the backend's start-up comparison must
+// catch (test cuda_emu_epilogue_fallback).
+static bool lt_gelu_erf() {
+    const char *v = getenv("EMU_LT_GELU");
+    return v && !strcmp(v, "erf");
+}
+static double lt_gelu(double x) {
+    if (lt_gelu_erf()) return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+    const double k = 0.7978845608028654; // sqrt(2 / pi)
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+static double lt_dgelu(double x) { // d/dx of lt_gelu
+    if (lt_gelu_erf()) return 0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * x * x) * 0.3989422804014327;
+    const double k = 0.7978845608028654, t = tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+static bool lt_epi_aux(int e) { return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD; }
+static cublasStatus_t lt_check_epilogue(const emu_lt_desc *op, const emu_lt_layout *d) {
+    if (op->bias_type != -1 && op->bias_type != (int)d->type) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "bias data type %d with D of type %d", op->bias_type, (int)d->type);
+        emu_fatal("cublasLt: %s is not modelled", msg);
+    }
+    if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !op->bias) {
+        fprintf(stderr, "cuda emulator: cublasLt epilogue %d without CUBLASLT_MATMUL_DESC_BIAS_POINTER\n", op->epilogue);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (lt_epi_aux(op->epilogue) && (!op->aux || op->aux_ld < (int64_t)d->rows || op->aux_ld % 8 != 0)) {
+        fprintf(stderr,
+                "cuda emulator: cublasLt epilogue %d: aux pointer %p, ld %lld (must be set, divisible by 8 and >= "
+                "the %llu rows of D)\n",
+                op->epilogue, op->aux, (long long)op->aux_ld, (unsigned long long)d->rows);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 // Checks the layouts against each other: op(A) is m x k, op(B) k x n, C = D are m x n.
@@ -664,9 +714,25 @@ extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         (a == CUBLASLT_MATMUL_DESC_TRANSA ? d->transa : d->transb) = v;
         return CUBLAS_STATUS_SUCCESS;
     }
-    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: {
         if (size != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
-        d->epilogue = *(const cublasLtEpilogue_t *)buf;
+        const int e = *(const cublasLtEpilogue_t *)buf;
+        if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+            e != CUBLASLT_EPILOGUE_DGELU_BGRAD && e != CUBLASLT_EPILOGUE_BGRADB) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "%d", e);
+            emu_fatal("cublasLt: epilogue %s is not modelled", msg);
+        }
+        d->epilogue = e;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->aux, buf, sizeof(void *));
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->aux_ld, buf, sizeof(int64_t));
         return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
         if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
@@ -677,7 +743,9 @@ extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         d->bias_type = *(const int32_t *)buf;
         return CUBLAS_STATUS_SUCCESS;
     }
-    return CUBLAS_STATUS_INVALID_VALUE;
+    char msg[64];
+    snprintf(msg, sizeof msg, "%d", (int)a);
+    emu_fatal("cublasLt: matmul descriptor attribute %s is not modelled", msg);
 }
 extern "C" cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
                                                      uint64_t cols, int64_t ld) {
@@ -723,6 +791,7 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cub
     *count = 0;
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     cublasStatus_t s = lt_check(op, a, b, c, d);
+    if (s == CUBLAS_STATUS_SUCCESS) s = lt_check_epilogue(op, d);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     const char *mode = getenv("EMU_LT");
     if (mode && !strcmp(mode, "none")) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -730,11 +799,14 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cub
         for (int i = 0; i < 4; i++)
             if (pref->align[i] < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
         if (op->bias && ptr_align(op->bias) < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (lt_epi_aux(op->epilogue) && ptr_align(op->aux) < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = 0xa160;
     results[0].algo.data[1] = pref->align[0] | (uint64_t)pref->align[1] << 16 | (uint64_t)pref->align[2] << 32 |
                               (uint64_t)pref->align[3] << 48;
+    // the heuristic reads the bias and aux pointers for their alignment only (cublasLt.h): remember it
+    results[0].algo.data[2] = (op->bias ? ptr_align(op->bias) : 0) | (uint64_t)(op->aux ? ptr_align(op->aux) : 0) << 16;
     results[0].workspaceSize = pref->max_ws >= (1u << 20) ? (1u << 20) : 0;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     *count = 1;
@@ -760,25 +832,48 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
         if (ptr_align(ptrs[i]) < ((al >> (16 * i)) & 0xffff))
             emu_fatal("%s: a pointer is less aligned than the heuristic was told", "cublasLtMatmul");
     if (workspace_bytes && !workspace) emu_fatal("%s: workspace size without a pointer", "cublasLtMatmul");
-    if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && !op->bias) emu_fatal("%s: BIAS epilogue without a pointer", "cublasLtMatmul");
+    s = lt_check_epilogue(op, d);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    const void *eptrs[2] = {op->bias, op->aux};
+    for (int i = 0; i < 2; i++)
+        if (eptrs[i] && ptr_align(eptrs[i]) < ((algo->data[2] >> (16 * i)) & 0xffff))
+            emu_fatal("%s: a bias/aux pointer is less aligned than the heuristic saw", "cublasLtMatmul");
     const float al_ = *(const float *)alpha, be = *(const float *)beta;
     const uint64_t m = d->rows, n = d->cols, k = op->transa ? a->rows : a->cols;
     const cudaDataType_t t = d->type;
+    const int epi = op->epilogue;
+    auto ldA = [&](uint64_t i, uint64_t kk) {
+        return lt_load(A, t, op->transa ? (int64_t)(kk + i * a->ld) : (int64_t)(i + kk * a->ld));
+    };
+    auto ldB = [&](uint64_t kk, uint64_t j) {
+        return lt_load(B, t, op->transb ? (int64_t)(j + kk * b->ld) : (int64_t)(kk + j * b->ld));
+    };
     std::vector<float> out((size_t)(m * n));
+    std::vector<double> bgrad(epi == CUBLASLT_EPILOGUE_BGRADB ? n : m, 0.0);
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
             double acc = 0;
-            for (uint64_t kk = 0; kk < k; kk++) {
-                const float x = lt_load(A, t, op->transa ? (int64_t)(kk + i * a->ld) : (int64_t)(i + kk * a->ld));
-                const float y = lt_load(B, t, op->transb ? (int64_t)(j + kk * b->ld) : (int64_t)(kk + j * b->ld));
-                acc += (double)x * (double)y;
-            }
+            for (uint64_t kk = 0; kk < k; kk++) acc += (double)ldA(i, kk) * (double)ldB(kk, j);
             float v = al_ * (float)acc;
             if (be != 0.0f) v += be * lt_load(C, t, (int64_t)(i + j * c->ld));
-            if (op->epilogue == CUBLASLT_EPILOGUE_BIAS) v += lt_load(op->bias, t, (int64_t)i);
+            const int64_t ax = (int64_t)(i + j * (uint64_t)op->aux_ld);
+            if (epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) v += lt_load(op->bias, t, (int64_t)i);
+            if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+                lt_store((void *)op->aux, t, ax, v);
+                v = (float)lt_gelu(v);
+            }
+            if (epi == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
+                v = (float)((double)v * lt_dgelu(lt_load(op->aux, t, ax)));
+                bgrad[i] += v;
+            }
             out[(size_t)(i + j * m)] = v;
         }
+    if (epi == CUBLASLT_EPILOGUE_BGRADB)
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t kk = 0; kk < k; kk++) bgrad[j] += ldB(kk, j);
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) lt_store(D, t, (int64_t)(i + j * d->ld), out[(size_t)(i + j * m)]);
+    if (epi == CUBLASLT_EPILOGUE_DGELU_BGRAD || epi == CUBLASLT_EPILOGUE_BGRADB)
+        for (size_t i = 0; i < bgrad.size(); i++) lt_store((void *)op->bias, t, (int64_t)i, (float)bgrad[i]);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -2,7 +2,7 @@
 // device API, for what tests/test_ops.c does not reach: flash attention at head
 // sizes 32/64/128 across tile boundaries, matmuls on unaligned operands, the
 // grid-stride / partial-sum caps of the reductions, overlapping casts, run-to-run
-// determinism, and the asynchronous error semantics of streams and events. Built and run by run.sh
+// determinism, the asynchronous error semantics of streams and events, and one GPT-2 step. Built and run by run.sh
 // (on the emulator); on a GPU it can be built against the real library too:
 //   g++ -std=c++17 -Iinclude -Isrc emu_check.cpp -Lbuild -lzoff ...
 #include <math.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "zoff/device.h"
+#include "zoff/model.h"
 
 namespace {
 
@@ -219,7 +220,7 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
                                       {"weight", dt, OC * C, false, randv(OC * C, 0.3f), 2 * off},
                                       {"bias", dt, OC, false, randv(OC, 1.0f), off}};
                 compare(what, cpu, gpu, f, [&](zoff_stream *s, std::vector<void *> &p) {
-                    zoff_op_matmul_fwd_args a = {p[0], p[1], p[2], p[3], N, C, OC, dt};
+                    zoff_op_matmul_fwd_args a = {p[0], p[1], p[2], p[3], N, C, OC, dt, nullptr};
                     return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, a);
                 }, tol_for(dt, 2e-5));
                 std::vector<Buf> b = {{"dinp", dt, N * C, true, randv(N * C, 1.0f), off},
@@ -229,7 +230,7 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
                                       {"inp", dt, N * C, false, randv(N * C, 1.0f), 0},
                                       {"weight", dt, OC * C, false, randv(OC * C, 0.3f), off}};
                 compare(what, cpu, gpu, b, [&](zoff_stream *s, std::vector<void *> &p) {
-                    zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, dt};
+                    zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, dt, 0, nullptr, nullptr};
                     return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
                 }, tol_for(dt, 2e-5));
             }
@@ -242,7 +243,7 @@ void matmul(zoff_device *cpu, zoff_device *gpu) {
                           {"inp", ZOFF_F32, N * C, false, randv(N * C, 1.0f)},
                           {"weight", ZOFF_F32, OC * C, false, randv(OC * C, 0.3f)}};
     compare("matmul bwd N=20000 C=3 OC=5 f32", cpu, gpu, b, [&](zoff_stream *s, std::vector<void *> &p) {
-        zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_F32};
+        zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_F32, 0, nullptr, nullptr};
         return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
     }, 1e-5);
 }
@@ -368,7 +369,7 @@ void determinism(zoff_device *gpu) {
                       {"inp", ZOFF_BF16, N * C, false, randv(N * C, 1.0f)},
                       {"weight", ZOFF_BF16, OC * C, false, randv(OC * C, 0.3f)}},
                      [&](zoff_stream *s, std::vector<void *> &p) {
-                         zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_BF16};
+                         zoff_op_matmul_bwd_args a = {p[0], p[1], p[2], p[3], p[4], p[5], N, C, OC, ZOFF_BF16, 0, nullptr, nullptr};
                          return ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_BWD, a);
                      }});
     cases.push_back({"grad_stats f32",
@@ -491,6 +492,55 @@ void profiler(zoff_device *gpu) {
     for (void *q : {x, w, y}) zoff_device_free(gpu, q);
     printf("emu_check: op profiler on the backend's timers checked (span %.3f ms, busy %.3f ms)\n", p.span_ms,
            p.busy_ms);
+// One GPT-2 step (1 layer, C 32, 2 heads, V 50, B 2, T 8) on dev: mean loss and the gradients.
+void gpt2_step(zoff_device *dev, zoff_dtype dt, float *loss, std::vector<float> *grads) {
+    const int64_t B = 2, T = 8;
+    zoff_gpt2_options o = {};
+    o.shape = {1, 32, 2, 16, 50, 0};
+    o.batch_size = B, o.seq_len = T, o.dtype = dt;
+    zoff_gpt2 *m = nullptr;
+    OK(zoff_gpt2_create(dev, &o, &m));
+    zoff_stream *s = zoff_device_stream(dev);
+    const int64_t np = zoff_gpt2_num_params(m);
+    std::vector<float> host((size_t)np);
+    zoff_gpt2_init_params(m, 1234, host.data());
+    std::vector<unsigned char> stage((size_t)np * dsz(dt));
+    encode(stage.data(), host, dt);
+    std::vector<int32_t> tok((size_t)(2 * B * T));
+    for (size_t i = 0; i < tok.size(); i++) tok[i] = (int32_t)((i * 7 + 3) % 50);
+    void *dtok = nullptr;
+    zoff_status st = zoff_device_alloc(dev, tok.size() * 4, "tokens", &dtok);
+    if (st == ZOFF_OK) st = zoff_memcpy_async(s, zoff_gpt2_params(m), stage.data(), stage.size(), ZOFF_COPY_H2D);
+    if (st == ZOFF_OK) st = zoff_memcpy_async(s, dtok, tok.data(), tok.size() * 4, ZOFF_COPY_H2D);
+    const int32_t *tk = (const int32_t *)dtok;
+    if (st == ZOFF_OK) st = zoff_gpt2_forward_train(m, tk, tk + B * T, B, T, 1.0f);
+    if (st == ZOFF_OK) st = zoff_gpt2_mean_loss(m, loss);
+    if (st == ZOFF_OK) st = zoff_gpt2_backward(m, nullptr, nullptr);
+    if (st == ZOFF_OK) st = zoff_memcpy_async(s, stage.data(), zoff_gpt2_grads(m), stage.size(), ZOFF_COPY_D2H);
+    if (st == ZOFF_OK) st = zoff_stream_synchronize(s);
+    if (st == ZOFF_OK) *grads = decode(stage.data(), np, dt);
+    CHECK(st == ZOFF_OK, "GPT-2 step on %s: %s", zoff_device_name(dev), zoff_last_error());
+    if (dtok) zoff_device_free(dev, dtok);
+    zoff_gpt2_destroy(m);
+}
+
+// The model end to end on both backends: the matmul epilogues it uses (bias+GELU, dGELU + the bias
+// gradient of c_fc, BGRADB, overwritten dinp without memsets) against the CPU backend's step.
+void gpt2(zoff_device *cpu, zoff_device *gpu) {
+    const zoff_dtype dts[2] = {ZOFF_F32, ZOFF_BF16};
+    const double tol[2] = {1e-4, 3e-2};
+    for (int i = 0; i < 2; i++) {
+        float lc = 0, lg = 0;
+        std::vector<float> gc, gg;
+        gpt2_step(cpu, dts[i], &lc, &gc);
+        gpt2_step(gpu, dts[i], &lg, &gg);
+        if (gc.empty() || gg.size() != gc.size()) continue; // reported by gpt2_step
+        const double el = fabs((double)lg - lc) / fabs((double)lc), eg = norm_err(gg, gc);
+        CHECK(el <= tol[i] && eg <= tol[i], "GPT-2 %s: loss %.7g vs CPU %.7g (rel %.3g), gradients %.3g (limit %.2g)",
+              zoff_dtype_name(dts[i]), lg, lc, el, eg, tol[i]);
+        printf("emu_check: GPT-2 step %s: loss rel diff %.2e, gradients %.2e (limit %.2g)\n", zoff_dtype_name(dts[i]),
+               el, eg, tol[i]);
+    }
 }
 
 } // namespace
@@ -513,6 +563,7 @@ int main() {
     determinism(gpu);
     async_errors(gpu);
     profiler(gpu);
+    gpt2(cpu, gpu);
     zoff_device_destroy(gpu);
     zoff_device_destroy(cpu);
     printf("emu_check: %s (%d failure%s)\n", g_fail ? "FAILED" : "passed", g_fail, g_fail == 1 ? "" : "s");

@@ -2,7 +2,7 @@
 // are built (and read back) here from the fragment tables of the PTX ISA, independently of
 // emu_ptx.cpp and of the kernels; the products are checked against double precision.
 // Also the kernels' wrappers (src/backend/cuda/cuda_ptx.cuh) on the emulator: ldmatrix
-// feeding mma as the attention kernels do. Exit status 0 when every check passes, 1 with
+// feeding mma as the attention kernels do; the emulated cuBLASLt's epilogues. Exit status 0 when every check passes, 1 with
 // a message per failure otherwise.
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "cublasLt.h"
 #include "emu_device.hpp"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -222,6 +223,103 @@ void check_cp_async(cudaStream_t s) {
     printf("emu_ptx_check: cp.async + commit_group + wait_group: checked\n");
 }
 
+// The emulated cuBLASLt's epilogues (emu.cpp) against a scalar double reference written here from
+// cublasLt.h's descriptions, in fp32: GELU_AUX_BIAS (A^T B; aux ld 16 > m, its padding untouched),
+// DGELU_BGRAD (A B; bias = row sums of D), BGRADB (A B^T; bias = sums of op(B) over k, one per column),
+// and the heuristic's refusal of an aux leading dimension that is not a multiple of 8.
+double ref_gelu(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double ref_dgelu(double x) {
+    const double h = 1e-5; // central difference of ref_gelu: independent of the emulator's closed form
+    return (ref_gelu(x + h) - ref_gelu(x - h)) / (2 * h);
+}
+
+cublasStatus_t lt_run(cublasLtHandle_t h, cudaStream_t s, int epi, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      const float *A, const float *B, float *D, const void *bias, const void *aux, int64_t aux_ld) {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasLtEpilogue_t e = (cublasLtEpilogue_t)epi;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta ? k : m, ta ? m : k, ta ? k : m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb ? n : k, tb ? k : n, tb ? n : k);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t res;
+    int cnt = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &res, &cnt);
+    const float one = 1, zero = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(h, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &res.algo, nullptr, 0, s);
+    cudaStreamSynchronize(s);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(ld), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatmulDescDestroy(op);
+    return st;
+}
+
+void check_lt_epilogues(cudaStream_t s) {
+    const int64_t m = 12, n = 5, k = 7, ALD = 16;
+    float *A, *B, *D, *bias, *aux;
+    cudaMalloc((void **)&A, m * k * 4), cudaMalloc((void **)&B, k * n * 4), cudaMalloc((void **)&D, m * n * 4);
+    cudaMalloc((void **)&bias, 64 * 4), cudaMalloc((void **)&aux, ALD * n * 4);
+    for (int64_t i = 0; i < m * k; i++) A[i] = (float)uniform();
+    for (int64_t i = 0; i < k * n; i++) B[i] = (float)uniform();
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    // op(A)[i][kk] and op(B)[kk][j] for the transposes used below
+    auto a = [&](int ta, int64_t i, int64_t kk) { return (double)(ta ? A[kk + i * k] : A[i + kk * m]); };
+    auto b = [&](int tb, int64_t kk, int64_t j) { return (double)(tb ? B[j + kk * n] : B[kk + j * k]); };
+    auto ab = [&](int ta, int tb, int64_t i, int64_t j) {
+        double s_ = 0;
+        for (int64_t kk = 0; kk < k; kk++) s_ += a(ta, i, kk) * b(tb, kk, j);
+        return s_;
+    };
+    auto close = [](double got, double want) { return fabs(got - want) <= 2e-6 * (1 + fabs(want)); };
+    // GELU_AUX_BIAS, op(A) = A^T
+    for (int64_t i = 0; i < m; i++) bias[i] = (float)uniform();
+    for (int64_t i = 0; i < ALD * n; i++) aux[i] = 777.0f;
+    CHECK(lt_run(h, s, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 1, 0, m, n, k, A, B, D, bias, aux, ALD) == 0, "GELU_AUX_BIAS ran");
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < ALD; i++) {
+            const double x = i < m ? ab(1, 0, i, j) + bias[i] : 777.0;
+            CHECK(close(aux[i + j * ALD], x), "GELU_AUX_BIAS aux (%lld,%lld) %g want %g", (long long)i, (long long)j,
+                  aux[i + j * ALD], x);
+            if (i < m) CHECK(close(D[i + j * m], ref_gelu(x)), "GELU_AUX_BIAS D (%lld,%lld)", (long long)i, (long long)j);
+        }
+    // DGELU_BGRAD, aux = the GELU input from above
+    CHECK(lt_run(h, s, CUBLASLT_EPILOGUE_DGELU_BGRAD, 0, 0, m, n, k, A, B, D, bias, aux, ALD) == 0, "DGELU_BGRAD ran");
+    for (int64_t i = 0; i < m; i++) {
+        double sum = 0;
+        for (int64_t j = 0; j < n; j++) {
+            const double want = ab(0, 0, i, j) * ref_dgelu(aux[i + j * ALD]);
+            sum += want;
+            CHECK(fabs(D[i + j * m] - want) <= 1e-5 * (1 + fabs(want)), "DGELU_BGRAD D (%lld,%lld)", (long long)i,
+                  (long long)j);
+        }
+        CHECK(fabs(bias[i] - sum) <= 1e-5 * (1 + fabs(sum)), "DGELU_BGRAD bias %lld: %g want %g", (long long)i, bias[i], sum);
+    }
+    // BGRADB, op(B) = B^T (B stored n x k)
+    CHECK(lt_run(h, s, CUBLASLT_EPILOGUE_BGRADB, 0, 1, m, n, k, A, B, D, bias, nullptr, 0) == 0, "BGRADB ran");
+    for (int64_t j = 0; j < n; j++) {
+        double sum = 0;
+        for (int64_t kk = 0; kk < k; kk++) sum += b(1, kk, j);
+        CHECK(close(bias[j], sum), "BGRADB bias %lld: %g want %g", (long long)j, bias[j], sum);
+        for (int64_t i = 0; i < m; i++) CHECK(close(D[i + j * m], ab(0, 1, i, j)), "BGRADB D (%lld,%lld)", (long long)i, (long long)j);
+    }
+    // an aux ld that is not a multiple of 8: refused ("must be divisible by 8")
+    CHECK(lt_run(h, s, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 1, 0, m, n, k, A, B, D, bias, aux, m) == CUBLAS_STATUS_INVALID_VALUE,
+          "aux ld %lld accepted", (long long)m);
+    cublasLtDestroy(h);
+    for (float *p : {A, B, D, bias, aux}) cudaFree(p);
+    printf("emu_ptx_check: cuBLASLt epilogues GELU_AUX_BIAS, DGELU_BGRAD, BGRADB: checked against double\n");
+}
 } // namespace
 
 int main() {
@@ -234,6 +332,7 @@ int main() {
     check_ldmatrix(s);
     check_compose(s);
     check_cp_async(s);
+    check_lt_epilogues(s);
     cudaStreamDestroy(s);
     if (g_fail) {
         printf("emu_ptx_check: %d check(s) FAILED\n", g_fail);

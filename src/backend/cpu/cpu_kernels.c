@@ -562,8 +562,13 @@ static int64_t oc_block(int64_t N, int64_t C, int64_t OC) {
     return ob < OC ? ob : OC;
 }
 
+typedef void (*ew_fn)(float *o, const float *x, const float *y, int64_t len, float alpha);
+static void ew_blocks(void *out, const void *x, const void *y, int64_t n, zoff_dtype dt, int nt, ew_fn f,
+                      float alpha);
+static void ew_gelu(float *o, const float *x, const float *y, int64_t n, float alpha);
+
 /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL. */
-static zoff_status matmul_fwd(const zoff_op_matmul_fwd_args *a, int nt) {
+static zoff_status matmul_fwd_plain(const zoff_op_matmul_fwd_args *a, int nt) {
     const int64_t N = a->N, C = a->C, OC = a->OC;
     const zoff_dtype dt = a->dt;
     ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_FWD, "N", N));
@@ -613,18 +618,52 @@ done:
     return st;
 }
 
-/* dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp (N,C);
- * dbias (OC) += column sums of dout. NULL outputs are skipped. */
+/* The plain product, then gelu_out = GELU(out) from out as stored (the reference's order). */
+static zoff_status matmul_fwd(const zoff_op_matmul_fwd_args *a, int nt) {
+    ZOFF_TRY(matmul_fwd_plain(a, nt));
+    if (a->gelu_out) ew_blocks(a->gelu_out, a->out, NULL, a->N * a->OC, a->dt, nt, ew_gelu, 0.0f);
+    return ZOFF_OK;
+}
+
+/* The GELU epilogue of matmul backward on the fp32 dinp (N,C): dinp *= GELU'(gelu_pre);
+ * dbias_pre (C) += its column sums (rows in order). */
+static zoff_status dinp_gelu_epilogue(float *dinp32, const zoff_op_matmul_bwd_args *a, int nt) {
+    const int64_t N = a->N, C = a->C, n = N * C, nb = (n + BLK - 1) / BLK;
+    const zoff_dtype dt = a->dt;
+#pragma omp parallel for num_threads(nt) if (n > PAR_MIN) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * BLK, len = n - i0 < BLK ? n - i0 : BLK;
+        float sx[BLK];
+        const float *x = view_rd(eptr(a->gelu_pre, i0, dt), len, dt, sx);
+        vec()->gelu_grad(dinp32 + i0, x, dinp32 + i0, len);
+    }
+    if (!a->dbias_pre) return ZOFF_OK;
+    float *acc = scratch_alloc(C, "matmul dbias_pre scratch");
+    if (!acc) return ZOFF_ERR_NOMEM;
+    colsum(acc, dinp32, C, N, C, nt);
+    store_f32_2d(a->dbias_pre, C, acc, C, 1, C, dt, 1, 1);
+    zoff_aligned_free(acc);
+    return ZOFF_OK;
+}
+
+/* dinp (N,C) (+)= dout (N,OC) @ weight (OC,C) (then the GELU epilogue when gelu_pre);
+ * dweight (OC,C) += dout^T @ inp (N,C); dbias (OC) += column sums of dout. NULL outputs are skipped. */
 static zoff_status matmul_bwd(const zoff_op_matmul_bwd_args *a, int nt) {
     const int64_t N = a->N, C = a->C, OC = a->OC;
     const zoff_dtype dt = a->dt;
     ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_BWD, "N", N));
     ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_BWD, "C", C));
     ZOFF_TRY(check_blas_dim(ZOFF_OP_MATMUL_BWD, "OC", OC));
-    if (N == 0 || OC == 0) return ZOFF_OK;
+    if (N == 0) return ZOFF_OK;
+    if (OC == 0) { /* an empty product: an overwritten dinp is 0 (and so is GELU' times it) */
+        if (a->dinp && a->dinp_overwrite) memset(a->dinp, 0, (size_t)(N * C) * dsize(dt));
+        return ZOFF_OK;
+    }
     if (dt == ZOFF_F32) {
-        if (a->dinp && C > 0)
-            gemm(0, 0, N, C, OC, 1.0f, a->dout, OC, a->weight, C, 1.0f, a->dinp, C, nt);
+        if (a->dinp && C > 0) {
+            gemm(0, 0, N, C, OC, 1.0f, a->dout, OC, a->weight, C, a->dinp_overwrite ? 0.0f : 1.0f, a->dinp, C, nt);
+            if (a->gelu_pre) ZOFF_TRY(dinp_gelu_epilogue(a->dinp, a, nt));
+        }
         if (a->dweight && C > 0)
             gemm(1, 0, OC, C, N, 1.0f, a->dout, OC, a->inp, C, 1.0f, a->dweight, C, nt);
         if (a->dbias) {
@@ -667,7 +706,8 @@ static zoff_status matmul_bwd(const zoff_op_matmul_bwd_args *a, int nt) {
             store_f32_2d(eptr(a->dbias, oc0, dt), n, db32, n, 1, n, dt, 1, 1);
         }
     }
-    if (need_dinp) store_f32_2d(a->dinp, C, dinp32, C, N, C, dt, 1, nt);
+    if (need_dinp && a->gelu_pre) st = dinp_gelu_epilogue(dinp32, a, nt);
+    if (need_dinp && st == ZOFF_OK) store_f32_2d(a->dinp, C, dinp32, C, N, C, dt, !a->dinp_overwrite, nt);
 done:
     zoff_aligned_free(inp32);
     zoff_aligned_free(dinp32);
@@ -882,7 +922,6 @@ static zoff_status attention_bwd(const zoff_op_attention_bwd_args *a, int nt) {
 /* The elementwise ops' one loop: out[i] = f(x[i], y[i]) in fp32 over blocks of BLK elements on
  * nt threads (16-bit data is widened per block and rounded back). y may be NULL (unary ops);
  * out may alias x or y (each block is read before it is written). */
-typedef void (*ew_fn)(float *o, const float *x, const float *y, int64_t len, float alpha);
 static void ew_blocks(void *out, const void *x, const void *y, int64_t n, zoff_dtype dt, int nt, ew_fn f,
                       float alpha) {
     const int64_t nb = (n + BLK - 1) / BLK;

@@ -121,6 +121,8 @@ static zoff_status cuda_init(zoff_device *dev, const zoff_device_options *opts, 
     if ((st = parse_mode_env("ZOFF_CUDA_MATMUL", mm_modes, 2, &c->matmul_mode)) != ZOFF_OK) goto fail;
     static const char *const fused_ln_modes[] = {"auto", "off"};
     if ((st = parse_mode_env("ZOFF_CUDA_FUSED_LN", fused_ln_modes, 2, &c->fused_ln_mode)) != ZOFF_OK) goto fail;
+    static const char *const epi_modes[] = {"auto", "off", "on"};
+    if ((st = parse_mode_env("ZOFF_CUDA_EPILOGUE", epi_modes, 3, &c->epilogue_mode)) != ZOFF_OK) goto fail;
 
     CUDA_GOTO(cudaSetDevice(c->ordinal));
     struct cudaDeviceProp prop;

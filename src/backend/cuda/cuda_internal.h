@@ -8,8 +8,9 @@
  *                     zoff_cuda_run_op below.
  *   cuda_kernels.cu   zoff_cuda_run_op (dispatch) and every op except matmul
  *                     and attention.
- *   cuda_matmul.cu    MATMUL_FWD / MATMUL_BWD through cuBLASLt (+ a simple
- *                     fallback GEMM kernel).
+ *   cuda_matmul.cu    MATMUL_FWD / MATMUL_BWD through cuBLASLt, its fused
+ *                     epilogues (GELU, dGELU, bias gradients) and a simple
+ *                     fallback GEMM kernel.
  *   cuda_attention.cu ATTENTION_FWD / ATTENTION_BWD: a fused flash-style
  *                     kernel pair for head sizes 16, 32, 64, 128 and a simple
  *                     warp-per-row version for any other head size.
@@ -122,6 +123,8 @@ struct zoff_cuda_ctx {
     int matmul_mode;                   /* ZOFF_CUDA_MM_* (env ZOFF_CUDA_MATMUL) */
     int fused_ln_mode;                 /* ZOFF_CUDA_FUSED_LN_* (env ZOFF_CUDA_FUSED_LN) */
     int fused_ln_state;                /* auto mode: 0 not compared yet, 1 fused kernels agreed, 2 they did not */
+    int epilogue_mode;                 /* ZOFF_CUDA_EPI_* (env ZOFF_CUDA_EPILOGUE) */
+    int epilogue_ok;                   /* ZOFF_CUDA_EPI_F32 | _16: where the fused epilogues run (set at init) */
 };
 
 /* auto: the tensor-core kernels where they apply and agreed with the fp32 flash kernels at start-up,
@@ -133,6 +136,10 @@ enum { ZOFF_CUDA_MM_AUTO = 0, ZOFF_CUDA_MM_SIMPLE = 1 };
  * their first use (a warning line and the unfused path if they disagree); off: the unfused path (the ADD
  * kernel, then LayerNorm; a copy or memset of dresid, then the accumulating LayerNorm backward). */
 enum { ZOFF_CUDA_FUSED_LN_AUTO = 0, ZOFF_CUDA_FUSED_LN_OFF = 1 };
+/* The matmul epilogues (bias+GELU forward, dGELU+bias gradient, bias gradient through BGRADB; cuda_matmul.cu):
+ * auto: where they apply, once they agreed with the unfused path at start-up; off: never; on: without the check. */
+enum { ZOFF_CUDA_EPI_AUTO = 0, ZOFF_CUDA_EPI_OFF = 1, ZOFF_CUDA_EPI_ON = 2 };
+enum { ZOFF_CUDA_EPI_F32 = 1, ZOFF_CUDA_EPI_16 = 2 }; /* bits of epilogue_ok: f32; bf16 and f16 */
 
 /* Everything a kernel launcher needs about the launch. */
 typedef struct zoff_cuda_launch {

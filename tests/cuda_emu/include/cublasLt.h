@@ -20,12 +20,21 @@ typedef enum {
 } cublasStatus_t;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
-typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+/* The values of NVIDIA's cublasLt.h; the emulator models only these (any other value is refused). */
+typedef enum {
+    CUBLASLT_EPILOGUE_DEFAULT = 1,
+    CUBLASLT_EPILOGUE_BIAS = 4,
+    CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+    CUBLASLT_EPILOGUE_DGELU_BGRAD = 64 | 128 | 16,
+    CUBLASLT_EPILOGUE_BGRADB = 512
+} cublasLtEpilogue_t;
 typedef enum {
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
     CUBLASLT_MATMUL_DESC_TRANSB = 4,
     CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
     CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26
 } cublasLtMatmulDescAttributes_t;
 typedef enum {
