@@ -720,7 +720,6 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *rea
     const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
     const int64_t B = m->fwd_B, T = m->fwd_T, N = B * T;
     const zoff_dtype dt = m->dt;
-    const size_t d = m->dts;
     /* the dlogits are consumed below: whatever happens next, another backward needs another forward */
     m->have_dlogits = false;
 

@@ -479,7 +479,7 @@ void profiler(zoff_device *gpu) {
     OK(zoff_profile_start(gpu, 0));
     OK(zoff_memset_async(s, x, 0, (size_t)(N * C) * 4));
     OK(zoff_stream_host_fn(s, [](void *) { struct timespec t = {0, 30000000L}; nanosleep(&t, nullptr); }, nullptr));
-    zoff_op_matmul_fwd_args m = {y, x, w, nullptr, N, C, OC, ZOFF_F32};
+    zoff_op_matmul_fwd_args m = {y, x, w, nullptr, N, C, OC, ZOFF_F32, nullptr};
     OK(ZOFF_LAUNCH(s, ZOFF_OP_MATMUL_FWD, m));
     zoff_profile p;
     OK(zoff_profile_collect(gpu, &p));
@@ -492,6 +492,8 @@ void profiler(zoff_device *gpu) {
     for (void *q : {x, w, y}) zoff_device_free(gpu, q);
     printf("emu_check: op profiler on the backend's timers checked (span %.3f ms, busy %.3f ms)\n", p.span_ms,
            p.busy_ms);
+}
+
 // One GPT-2 step (1 layer, C 32, 2 heads, V 50, B 2, T 8) on dev: mean loss and the gradients.
 void gpt2_step(zoff_device *dev, zoff_dtype dt, float *loss, std::vector<float> *grads) {
     const int64_t B = 2, T = 8;
