@@ -624,6 +624,8 @@ void zoff_engine_destroy(zoff_engine *e) {
     free(e->sg_group);
     free(e->sg_span[0]);
     free(e->sg_span[1]);
+    free(e->sg_span_off[0]);
+    free(e->sg_span_off[1]);
     free(e->group_left);
     free(e->group_hsg);
     free(e->group_need);
@@ -635,6 +637,9 @@ void zoff_engine_destroy(zoff_engine *e) {
     zoff_aligned_free(e->bk_master);
     zoff_aligned_free(e->bk_m);
     zoff_aligned_free(e->bk_v);
+    free(e->sg_state);
+    free(e->sp_run);
+    free(e->sp_gap);
     zoff_wready_destroy(e->wr);
     free(e->ranges);
     free(e->sg);
@@ -686,7 +691,8 @@ static zoff_status spec_setup(zoff_engine *e) {
     e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
     if (e->h_m) e->bk_m = zoff_aligned_alloc(64, b, "speculation: saved exp_avg");
     if (e->h_v) e->bk_v = zoff_aligned_alloc(64, b, "speculation: saved exp_avg_sq");
-    if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v)) return ZOFF_ERR_NOMEM;
+    e->sg_state = calloc((size_t)e->nsg, 1);
+    if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v) || !e->sg_state) return ZOFF_ERR_NOMEM;
     e->spec = true;
     return ZOFF_OK;
 }
@@ -898,7 +904,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
     for (int k = 0; s == ZOFF_OK && e->n_host > 0 && k < 2; k++)
-        if (!(e->sg_span[k] = calloc(2 * (size_t)e->nsg, sizeof(double)))) s = ZOFF_ERR_NOMEM;
+        if (!(e->sg_span[k] = calloc(4 * (size_t)e->nsg, sizeof(double))) || /* 2 per sub-group */
+            !(e->sg_span_off[k] = calloc(2 * (size_t)e->nsg, sizeof(int64_t))))
+            s = ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = pipe_setup(e, o);
     if (s == ZOFF_OK && z->offload_optimizer.super_offload) s = spec_setup(e);
     if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
