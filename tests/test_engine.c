@@ -23,6 +23,7 @@
 #include "zoff/config.h"
 #include "zoff/engine.h"
 #include "zoff/model.h"
+#include "zoff/core.h"
 
 enum { L = 2, C = 32, NH = 2, T = 16, V = 97, B = 4, BMAX = 32 };
 
@@ -38,6 +39,7 @@ typedef struct run_result {
     double host_ratio;
     int64_t rollbacks;
     bool rolled_back[32];
+    char describe[1536]; /* zoff_engine_describe */
 } run_result;
 
 /* How train() drives the engine, and what it records of the step timeline
@@ -139,6 +141,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     if (s == ZOFF_OK) {
         zoff_engine_memory em;
         zoff_engine_memory_usage(e, &em);
+        snprintf(r->describe, sizeof r->describe, "%s", zoff_engine_describe(e));
         r->host_ratio = em.host_ratio;
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "x", (void **)&dx);
@@ -492,6 +495,32 @@ static void test_host_memory_checked(void **st) {
     unsetenv("ZOFF_TEST_MEM_AVAILABLE");
 }
 
+/* offload_optimizer.cpuadam_cores_perc (DeepSpeed SuperOffload's share of the cores for CPU
+ * Adam): the host optimizer runs max(1, round(share x logical cores)) threads; not given,
+ * the default rule ($ZOFF_THREADS here). */
+static void test_cpuadam_cores_perc(void **st) {
+    (void)st;
+    int cores = zoff_cpu_features_get()->logical_cores;
+    const double shares[] = {0.0, 0.5, 1.0};
+    char a[1024], z[256], want[64];
+    run_result r;
+    for (size_t i = 0; i < sizeof shares / sizeof *shares; i++) {
+        snprintf(z, sizeof z,
+                 "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"cpuadam_cores_perc\": %g}}",
+                 shares[i]);
+        assert_int_equal(train(cfg_json(a, sizeof a, z, "", 1), ZOFF_F32, 1, 0, &r), ZOFF_OK);
+        long t = lround(shares[i] * cores);
+        snprintf(want, sizeof want, ", %ld threads,", t < 1 ? 1 : t);
+        if (!strstr(r.describe, want)) fail_msg("share %g of %d cores: want \"%s\" in: %s", shares[i], cores, want, r.describe);
+        free(r.weights);
+    }
+    setenv("ZOFF_THREADS", "3", 1);
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, "", 1), ZOFF_F32, 1, 0, &r), ZOFF_OK);
+    unsetenv("ZOFF_THREADS");
+    if (!strstr(r.describe, ", 3 threads,")) fail_msg("not given: want ZOFF_THREADS' 3 threads in: %s", r.describe);
+    free(r.weights);
+}
+
 /* zoff_placement_build against its specification, checked element by element:
  * the sub-groups tile [0, n) in order; none crosses a multiple of the grid size
  * (sub_group_size, or for a fractional ratio with fewer than 32 of them
@@ -841,7 +870,7 @@ int main(void) {
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
         cmocka_unit_test(test_speculative_timeline),        cmocka_unit_test(test_speculative_rows_equals_exact),
-        cmocka_unit_test(test_speculative_rows_timeline),
+        cmocka_unit_test(test_speculative_rows_timeline),    cmocka_unit_test(test_cpuadam_cores_perc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -884,7 +884,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
             s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
         if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme) && !e->pnvme)
             s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
-        if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
+        if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, hopt_threads(e), &e->hopt);
         if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
         if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,

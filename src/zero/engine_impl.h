@@ -178,6 +178,10 @@ struct zoff_engine {
     int ntl, cap_tl, want_tl;
 };
 
+/* The host optimizer's threads (offload_optimizer.cpuadam_cores_perc, else the default rule). */
+static inline int hopt_threads(const zoff_engine *e) {
+    return zoff_host_optimizer_threads_for_share(e->cfg->zero.offload_optimizer.cpuadam_cores_perc);
+}
 static inline bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
 static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 

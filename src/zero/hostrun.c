@@ -270,7 +270,7 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
     }
     zoff_host_optimizer_destroy(e->hopt);
     e->hopt = NULL;
-    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, 0, &e->hopt));
+    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, hopt_threads(e), &e->hopt));
     int64_t t0 = e->hopt_t0;
     e->hopt_t0 = 0;
     for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
