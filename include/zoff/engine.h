@@ -128,6 +128,10 @@ typedef struct zoff_auto_ratio {
     bool fits;
 } zoff_auto_ratio;
 void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out);
+/* Speculation's rollback copy (offload_optimizer.super_offload with device "cpu"): the
+ * saved fp32 master, m and v (as the optimizer uses them) of host_params parameters, in
+ * pageable host memory; 0 without it. The engine allocates it, zoff plan counts it. */
+size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params);
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);

@@ -752,7 +752,7 @@ static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
              e->pnvme ? "" : " and weight",
              e->pinned ? ", pinned" : "");
     zoff_host_request rq = {.what = what,
-                            .pageable = e->pinned ? 0 : state + bufs,
+                            .pageable = (e->pinned ? 0 : state + bufs) + zoff_placement_spec_backup_bytes(e->cfg, nh),
                             .pinned = e->pinned ? state + bufs : 0,
                             .hint = nvme ? "move part of the update to the device (offload_optimizer.ratio below "
                                            "1), or use more ranks (ZeRO stage 1-3 partition it)"
@@ -1419,8 +1419,7 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
                                        e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
-    if (e->bk_master) /* super_offload: the saved master, m and v (pageable) */
-        m->pageable += (size_t)e->n_host * f4 * (1 + (size_t)(e->bk_m != NULL) + (size_t)(e->bk_v != NULL));
+    if (e->bk_master) m->pageable += zoff_placement_spec_backup_bytes(e->cfg, e->n_host); /* super_offload */
     if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);
