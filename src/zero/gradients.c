@@ -204,9 +204,14 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
 }
 
 /* Speculation: at most this many runs of rows are left for the ordinary call after a
- * row-sparse report (the closest runs merged): each run is one copy per sub-group it
- * meets, in both calls. */
-enum { SPEC_MAX_RUNS = 256 };
+ * row-sparse report (the closest runs merged, their gaps updated late): each run is one
+ * copy per sub-group it meets, in both calls. $ZOFF_TEST_SPEC_MAX_RUNS: fewer (tests). */
+enum { SPEC_MAX_RUNS = 1024 };
+static int64_t spec_max_runs(void) {
+    const char *t = getenv("ZOFF_TEST_SPEC_MAX_RUNS");
+    long v = t ? strtol(t, NULL, 10) : 0;
+    return v >= 1 && v < SPEC_MAX_RUNS ? v : SPEC_MAX_RUNS;
+}
 
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -214,7 +219,7 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 /* The runs of consecutive rows as element ranges (e->sp_run), the smallest gaps between
- * them merged until at most SPEC_MAX_RUNS are left. false: rows not ascending and
+ * them merged until at most spec_max_runs() are left. false: rows not ascending and
  * distinct within count / row_len rows, or out of memory (the report is then ignored). */
 static bool spec_runs(zoff_engine *e, int64_t offset, int64_t count, int64_t row_len, const int64_t *rows,
                       int64_t nrows) {
@@ -232,10 +237,10 @@ static bool spec_runs(zoff_engine *e, int64_t offset, int64_t count, int64_t row
         if (rows[i] < (i ? rows[i - 1] + 1 : 0) || rows[i] >= count / row_len) return false;
         if (i && rows[i] > rows[i - 1] + 1) e->sp_gap[ng++] = rows[i] - rows[i - 1] - 1;
     }
-    int64_t merge = 0; /* gaps of at most this many rows are merged */
-    if (ng + 1 > SPEC_MAX_RUNS) {
+    int64_t merge = 0, maxr = spec_max_runs(); /* gaps of at most `merge` rows are merged */
+    if (ng + 1 > maxr) {
         qsort(e->sp_gap, (size_t)ng, sizeof *e->sp_gap, cmp_i64);
-        merge = e->sp_gap[ng + 1 - SPEC_MAX_RUNS - 1];
+        merge = e->sp_gap[ng + 1 - maxr - 1];
     }
     int n = 0;
     for (int64_t i = 0; i < nrows; i++) {
