@@ -193,13 +193,14 @@ zoff_status zoff_gpt2_set_grad_rows(zoff_gpt2 *m, zoff_grad_rows_fn fn, void *ar
     if (m->external && fn)
         return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_grad_rows: the model has external parameters (stage 3): "
                                             "its gradients are reported group by group only");
-    if (fn && !m->host_tokens) {
+    if (fn) { /* what is missing (a failed call leaves the rest for the next one) */
         const int64_t N = m->cap_B * m->cap_T, Vp = m->shape.padded_vocab_size;
-        ZOFF_TRY(zoff_host_alloc_pinned(m->dev, (size_t)N * sizeof(int32_t), "gpt2 host tokens",
-                                        (void **)&m->host_tokens));
-        ZOFF_TRY(zoff_event_create(m->dev, &m->ev_tokens));
-        m->row_mark = calloc((size_t)Vp, 1);
-        m->rows = malloc((size_t)(N < Vp ? N : Vp) * sizeof(int64_t));
+        if (!m->host_tokens)
+            ZOFF_TRY(zoff_host_alloc_pinned(m->dev, (size_t)N * sizeof(int32_t), "gpt2 host tokens",
+                                            (void **)&m->host_tokens));
+        if (!m->ev_tokens) ZOFF_TRY(zoff_event_create(m->dev, &m->ev_tokens));
+        if (!m->row_mark) m->row_mark = calloc((size_t)Vp, 1);
+        if (!m->rows) m->rows = malloc((size_t)(N < Vp ? N : Vp) * sizeof(int64_t));
         if (!m->row_mark || !m->rows)
             return zoff_error(ZOFF_ERR_NOMEM, "zoff_gpt2_set_grad_rows: out of host memory for the row lists");
     }
