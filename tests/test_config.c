@@ -519,6 +519,14 @@ static void test_ratio_auto(void **state) {
     zoff_config_free(&cfg);
     load_ok("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'cpu', 'ratio': 0}}}", &cfg);
     assert_true(cfg.zero.offload_optimizer.ratio == 0.0);
+    assert_true(cfg.zero.offload_optimizer.cpuadam_cores_perc == -1.0); /* not given */
+    assert_null(cfg.no_effect);
+    zoff_config_free(&cfg);
+    /* cpuadam_cores_perc is used (the host optimizer's threads), not reported as without effect */
+    load_ok("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'cpu', 'cpuadam_cores_perc': 0.25}}}",
+            &cfg);
+    assert_true(cfg.zero.offload_optimizer.cpuadam_cores_perc == 0.25);
+    assert_null(cfg.no_effect);
     zoff_config_free(&cfg);
     /* a ratio below 1 or auto without an offload device: an error naming the key */
     expect_error("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'ratio': 0.5}}}",

@@ -23,8 +23,9 @@
 #include "zoff/config.h"
 #include "zoff/engine.h"
 #include "zoff/model.h"
+#include "zoff/core.h"
 
-enum { L = 2, C = 32, NH = 2, T = 16, V = 97, B = 4 };
+enum { L = 2, C = 32, NH = 2, T = 16, V = 97, B = 4, BMAX = 32 };
 
 typedef struct run_result {
     float losses[32];
@@ -38,6 +39,7 @@ typedef struct run_result {
     double host_ratio;
     int64_t rollbacks;
     bool rolled_back[32];
+    char describe[1536]; /* zoff_engine_describe */
 } run_result;
 
 /* How train() drives the engine, and what it records of the step timeline
@@ -45,6 +47,13 @@ typedef struct run_result {
 typedef struct train_mode {
     bool waits;               /* the model waits per parameter group (options.weight_waits) */
     int layers, hidden;       /* model shape (0: L, C) */
+    int vocab, batch;         /* (0: V, B; batch <= BMAX) */
+    long sub_group;           /* spec_cfg's sub_group_size (0: 3000) */
+    int split[33];            /* optimizer step t: sub-groups its host update updated in two spans */
+    bool no_rows;             /* no row-sparse report of wte's gradient (zoff_gpt2_set_grad_rows) */
+    int64_t block0;           /* set by train(): block 0's offset */
+    double block0_end[32];    /* iteration i: the boundary backward of block 0 ended on the device */
+    double span_wte0[33];     /* optimizer step t: the first update of the sub-group at offset 0 began */
     zoff_engine *e;           /* set by train() */
     int iter;                 /* the iteration being run */
     double group0_ready[32];  /* forward of iteration i: the wait for the embeddings returned */
@@ -66,12 +75,21 @@ static zoff_status logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t c
     return st;
 }
 
+/* The engine's grad-ready, and a device stamp when block 0's gradients are final
+ * (its backward ended) in the boundary backward. */
+static void logged_ready(void *arg, zoff_stream *s, int64_t off, int64_t count) {
+    zoff_engine_grad_ready(arg, s, off, count);
+    if (off == g_mode.block0 && g_mode.iter < 32)
+        (void)zoff_stream_host_fn(s, stamp_device, &g_mode.block0_end[g_mode.iter]);
+}
+
 static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
     uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(step * 131 + mb * 7 + 1);
-    for (int i = 0; i < B * T + 1; i++) {
+    int n = (g_mode.batch ? g_mode.batch : B) * T, v = g_mode.vocab ? g_mode.vocab : V;
+    for (int i = 0; i < n + 1; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int32_t tok = (int32_t)((s >> 33) % (V / 3)); /* a learnable, skewed distribution */
-        if (i < B * T) x[i] = tok;
+        int32_t tok = (int32_t)((s >> 33) % (uint64_t)(v / 3)); /* a learnable, skewed distribution */
+        if (i < n) x[i] = tok;
         if (i > 0) y[i - 1] = tok;
     }
 }
@@ -96,7 +114,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     int64_t mb_rows = cfg.train_micro_batch_size_per_gpu;
     zoff_gpt2_options mo = {.shape = {.num_layers = g_mode.layers ? g_mode.layers : L,
                                       .hidden_size = g_mode.hidden ? g_mode.hidden : C, .num_heads = NH,
-                                      .max_seq_len = T, .vocab_size = V},
+                                      .max_seq_len = T, .vocab_size = g_mode.vocab ? g_mode.vocab : V},
                             .batch_size = mb_rows, .seq_len = T, .dtype = dt};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
@@ -113,10 +131,17 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
         memset(g_mode.group0_device, 0, sizeof g_mode.group0_device);
         if (s == ZOFF_OK && g_mode.waits) s = zoff_gpt2_set_weight_wait(m, logged_wait, &g_mode);
+        if (s == ZOFF_OK && !g_mode.no_rows && zoff_engine_uses_grad_rows(e))
+            s = zoff_gpt2_set_grad_rows(m, zoff_engine_grad_rows, e);
+        g_mode.block0 = ti[2].offset; /* wte, wpe, then h.0 */
+        memset(g_mode.block0_end, 0, sizeof g_mode.block0_end);
+        memset(g_mode.span_wte0, 0, sizeof g_mode.span_wte0);
+        memset(g_mode.split, 0, sizeof g_mode.split);
     }
     if (s == ZOFF_OK) {
         zoff_engine_memory em;
         zoff_engine_memory_usage(e, &em);
+        snprintf(r->describe, sizeof r->describe, "%s", zoff_engine_describe(e));
         r->host_ratio = em.host_ratio;
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "x", (void **)&dx);
@@ -124,7 +149,8 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     zoff_stream *st = zoff_device_stream(dev);
     /* Each step sees the same B*accum sequences whatever the split into micro-batches:
      * micro-batch k of a step takes rows [k*mb_rows, (k+1)*mb_rows) of the step's B x accum rows. */
-    int32_t hx[B * T], hy[B * T];
+    static int32_t hx[BMAX * T], hy[BMAX * T];
+    assert_true(g_mode.batch <= BMAX);
     for (int step = 0; s == ZOFF_OK && step < nsteps; step++) {
         g_mode.iter = step;
         tokens_for(step, 0, hx, hy);
@@ -139,7 +165,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
             if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(m, &l);
             loss += l;
             zoff_engine_begin_backward(e, k == accum - 1);
-            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
+            if (s == ZOFF_OK) s = zoff_gpt2_backward(m, logged_ready, e);
             if (s == ZOFF_OK && k == accum - 1) s = zoff_stream_host_fn(st, stamp_device, &g_mode.bwd_end_device[step]);
         }
         r->losses[step] = (float)(loss / accum);
@@ -148,6 +174,14 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         double h0, h1;
         int64_t ht = s == ZOFF_OK ? zoff_engine_last_host_update(e, &h0, &h1) : 0;
         if (ht > 0 && ht <= 32) g_mode.host_t0[ht] = h0, g_mode.host_t1[ht] = h1;
+        const double *sp;
+        const int64_t *so;
+        int nsp = s == ZOFF_OK ? zoff_engine_last_host_spans(e, &sp) : 0;
+        if (ht > 0 && ht <= 32 && nsp == zoff_engine_last_host_span_offsets(e, &so))
+            for (int k = 0; k < nsp; k++) {
+                if (so[k] == 0 && g_mode.span_wte0[ht] == 0) g_mode.span_wte0[ht] = sp[2 * k];
+                for (int j = 0; j < k; j++) g_mode.split[ht] += so[j] == so[k];
+            }
         r->norms[step] = si.grad_norm;
         r->scales[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
@@ -461,6 +495,32 @@ static void test_host_memory_checked(void **st) {
     unsetenv("ZOFF_TEST_MEM_AVAILABLE");
 }
 
+/* offload_optimizer.cpuadam_cores_perc (DeepSpeed SuperOffload's share of the cores for CPU
+ * Adam): the host optimizer runs max(1, round(share x logical cores)) threads; not given,
+ * the default rule ($ZOFF_THREADS here). */
+static void test_cpuadam_cores_perc(void **st) {
+    (void)st;
+    int cores = zoff_cpu_features_get()->logical_cores;
+    const double shares[] = {0.0, 0.5, 1.0};
+    char a[1024], z[256], want[64];
+    run_result r;
+    for (size_t i = 0; i < sizeof shares / sizeof *shares; i++) {
+        snprintf(z, sizeof z,
+                 "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"cpuadam_cores_perc\": %g}}",
+                 shares[i]);
+        assert_int_equal(train(cfg_json(a, sizeof a, z, "", 1), ZOFF_F32, 1, 0, &r), ZOFF_OK);
+        long t = lround(shares[i] * cores);
+        snprintf(want, sizeof want, ", %ld threads,", t < 1 ? 1 : t);
+        if (!strstr(r.describe, want)) fail_msg("share %g of %d cores: want \"%s\" in: %s", shares[i], cores, want, r.describe);
+        free(r.weights);
+    }
+    setenv("ZOFF_THREADS", "3", 1);
+    assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, "", 1), ZOFF_F32, 1, 0, &r), ZOFF_OK);
+    unsetenv("ZOFF_THREADS");
+    if (!strstr(r.describe, ", 3 threads,")) fail_msg("not given: want ZOFF_THREADS' 3 threads in: %s", r.describe);
+    free(r.weights);
+}
+
 /* zoff_placement_build against its specification, checked element by element:
  * the sub-groups tile [0, n) in order; none crosses a multiple of the grid size
  * (sub_group_size, or for a fractional ratio with fewer than 32 of them
@@ -652,9 +712,10 @@ static const char *spec_cfg(char *buf, size_t n, bool spec, const char *prec, in
     snprintf(buf, n,
              "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
              " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.1}},"
-             " \"gradient_clipping\": %g, %s \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 3000,"
+             " \"gradient_clipping\": %g, %s \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": %ld,"
              " \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": %s}}}",
-             B / accum, accum, clip, prec, spec ? "true" : "false");
+             (g_mode.batch ? g_mode.batch : B) / accum, accum, clip, prec, g_mode.sub_group ? g_mode.sub_group : 3000L,
+             spec ? "true" : "false");
     return buf;
 }
 
@@ -738,6 +799,66 @@ static void test_speculative_timeline(void **st) {
     free(r.weights);
 }
 
+/* Speculation with the row-sparse report of wte's gradient (zoff_gpt2_set_grad_rows): wte
+ * most of the parameters (vocabulary 50257), 512 tokens (~500 runs of rows; with sub-groups
+ * of 3000, at most 64 kept apart: the closest merged), sub-groups cut inside rows (sub_group_size 3000) or one
+ * per layer group. In a speculated step some sub-group is updated in two parts (the rows
+ * outside the batch's tokens early, then the rest), and the result is the exact step's bit
+ * for bit, kept or rolled back (a tiny clip), with accumulation too. */
+static void check_spec_rows(zoff_dtype dt, const char *prec, int accum, double clip, int nsteps, int want_rollbacks) {
+    check_spec(dt, prec, accum, clip, nsteps, want_rollbacks);
+    int split = 0; /* timing: the worker may come late, after everything landed */
+    for (int t = 2; t <= nsteps; t++) split += g_mode.split[t] > 0; /* step 1: no learning rate to speculate with */
+    if (split == 0) fail_msg("no sub-group was updated in two parts (early, then its rows) in %d steps", nsteps - 1);
+}
+
+static void test_speculative_rows_equals_exact(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    g_mode.layers = 4;
+    g_mode.vocab = 50257;
+    g_mode.batch = 32;
+    setenv("ZOFF_TEST_SPEC_MAX_RUNS", "64", 1);
+    check_spec_rows(ZOFF_F32, "", 1, 0.0, 4, 0);
+    check_spec_rows(ZOFF_BF16, bf, 1, 1e-6, 3, 2); /* every speculated step rolled back */
+    unsetenv("ZOFF_TEST_SPEC_MAX_RUNS");
+    g_mode.sub_group = 1000000000L;                /* one sub-group per layer group */
+    check_spec_rows(ZOFF_BF16, bf, 1, 0.0, 4, 0);
+    check_spec_rows(ZOFF_BF16, bf, 2, 0.0, 3, 0);  /* the boundary micro-batch's rows */
+    check_spec_rows(ZOFF_F32, "", 1, 1e-6, 3, 2);
+    g_mode.layers = g_mode.vocab = g_mode.batch = 0;
+    g_mode.sub_group = 0;
+}
+
+/* The timeline of the row-sparse speculation: wte's update (the sub-group at offset 0, one
+ * per layer group) begins before the backward of block 0 ends on the device, although the
+ * embedding backward that finishes wte's gradient comes after it. Most steps. */
+static void test_speculative_rows_timeline(void **st) {
+    (void)st;
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    g_mode.layers = 4;
+    g_mode.hidden = 128;
+    g_mode.vocab = 8192;
+    g_mode.batch = 32;
+    g_mode.sub_group = 1000000000L;
+    zoff_status s = train(spec_cfg(a, sizeof a, true, "", 1, 0.0), ZOFF_F32, 8, 0, &r);
+    train_mode tm = g_mode;
+    g_mode = (train_mode){0};
+    assert_int_equal(s, ZOFF_OK);
+    assert_int_equal(r.rollbacks, 0);
+    int early = 0;
+    for (int i = 1; i < 8; i++) { /* iteration i's backward, step i + 1 */
+        assert_true(tm.span_wte0[i + 1] > 0 && tm.block0_end[i] > 0);
+        printf("step %d: wte's update began %.3f ms before block 0's backward ended\n", i + 1,
+               1e3 * (tm.block0_end[i] - tm.span_wte0[i + 1]));
+        early += tm.span_wte0[i + 1] < tm.block0_end[i];
+    }
+    if (early < 4) fail_msg("wte's update began before block 0's backward ended in %d of 7 steps", early);
+    free(r.weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
@@ -750,7 +871,8 @@ int main(void) {
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
-        cmocka_unit_test(test_speculative_timeline),
+        cmocka_unit_test(test_speculative_timeline),        cmocka_unit_test(test_speculative_rows_equals_exact),
+        cmocka_unit_test(test_speculative_rows_timeline),    cmocka_unit_test(test_cpuadam_cores_perc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -540,6 +540,93 @@ static void test_grad_ready_ranges(void **state) {
     check_ready_order(true);
 }
 
+/* The row-sparse report (zoff_gpt2_set_grad_rows): once per backward, before any grad-ready
+ * call, for wte (rows of C) listing the batch's distinct token ids ascending (computed here
+ * from the fixture's tokens); snapshotted then, wte's gradient outside those rows is already
+ * the final one, bit for bit, and inside them it is not yet (the embedding backward adds). */
+typedef struct rows_log {
+    ready_log *ready;
+    int calls, ready_before; /* grad-ready calls seen before it */
+    int64_t offset, count, row_len, nrows, rows[4096];
+    float *snapshot;
+} rows_log;
+
+static void on_rows(void *arg, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
+                    const int64_t *rows, int64_t nrows) {
+    rows_log *r = arg;
+    r->calls++;
+    r->ready_before = r->ready->count;
+    r->offset = offset, r->count = count, r->row_len = row_len, r->nrows = nrows;
+    memcpy(r->rows, rows, (size_t)(nrows < 4096 ? nrows : 4096) * sizeof *rows);
+    (void)zoff_memcpy_async(stream, r->snapshot, r->ready->grads_dev + offset, (size_t)count * sizeof(float),
+                            ZOFF_COPY_D2H);
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_grad_rows_report(void **state) {
+    (void)state;
+    zoff_device *dev = make_device(0);
+    zoff_gpt2 *m = fixture_model(dev, &g_fx, g_fx.B, g_fx.T, ZOFF_F32, false);
+    int64_t N = (int64_t)g_fx.B * g_fx.T, P = g_fx.num_params;
+    int n = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(m, &n);
+    int32_t *tok = upload_i32(dev, g_fx.tokens, N), *tgt = upload_i32(dev, g_fx.targets, N);
+    ready_log ready = {.stream = zoff_device_stream(dev), .snapshot = calloc((size_t)P, sizeof(float)),
+                       .grads_dev = zoff_gpt2_grads(m)};
+    rows_log rl = {.ready = &ready, .snapshot = calloc((size_t)t[0].numel, sizeof(float))};
+    assert_non_null(ready.snapshot);
+    assert_non_null(rl.snapshot);
+    CHECK_OK(zoff_gpt2_set_grad_rows(m, on_rows, &rl));
+    CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, g_fx.B, g_fx.T, 1.0f));
+    CHECK_OK(zoff_gpt2_backward(m, on_ready, &ready));
+    CHECK_OK(zoff_stream_synchronize(zoff_device_stream(dev)));
+    assert_int_equal(rl.calls, 1);
+    assert_int_equal(rl.ready_before, 0);
+    assert_int_equal(rl.offset, t[0].offset);
+    assert_int_equal(rl.count, t[0].numel);
+    assert_int_equal(rl.row_len, g_fx.C);
+    int32_t *want = malloc((size_t)N * sizeof *want);
+    assert_non_null(want);
+    memcpy(want, g_fx.tokens, (size_t)N * sizeof *want);
+    qsort(want, (size_t)N, sizeof *want, cmp_i32);
+    int64_t nw = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (i == 0 || want[i] != want[i - 1]) want[nw++] = want[i];
+    assert_int_equal(rl.nrows, nw);
+    for (int64_t i = 0; i < nw; i++) assert_int_equal(rl.rows[i], want[i]);
+    float *final = malloc((size_t)P * sizeof(float));
+    assert_non_null(final);
+    download_as(dev, final, zoff_gpt2_grads(m), P, ZOFF_F32);
+    int64_t k = 0, differ = 0;
+    for (int64_t r = 0; r < t[0].numel / g_fx.C; r++) {
+        bool listed = k < nw && want[k] == r;
+        k += listed;
+        const float *a = rl.snapshot + r * g_fx.C, *b = final + t[0].offset + r * g_fx.C;
+        if (!listed) assert_memory_equal(a, b, (size_t)g_fx.C * sizeof(float));
+        else differ += memcmp(a, b, (size_t)g_fx.C * sizeof(float)) != 0;
+    }
+    assert_int_equal(differ, nw);
+    /* unset: no report, and the forward no longer copies the tokens */
+    CHECK_OK(zoff_gpt2_set_grad_rows(m, NULL, NULL));
+    CHECK_OK(zoff_gpt2_forward_train(m, tok, tgt, g_fx.B, g_fx.T, 1.0f));
+    ready.count = 0;
+    CHECK_OK(zoff_gpt2_backward(m, on_ready, &ready));
+    CHECK_OK(zoff_stream_synchronize(zoff_device_stream(dev)));
+    assert_int_equal(rl.calls, 1);
+    free(final);
+    free(want);
+    free(rl.snapshot);
+    free(ready.snapshot);
+    zoff_device_free(dev, tok);
+    zoff_device_free(dev, tgt);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+}
+
 /* Mean cross-entropy over (N,Vp) fp32 logits (first V columns real), in double. */
 static double host_loss(const float *logits, const int32_t *targets, int64_t N, int64_t V, int64_t Vp) {
     double total = 0.0;
@@ -946,7 +1033,7 @@ int main(void) {
         cmocka_unit_test(test_smaller_batch_than_capacity),
         cmocka_unit_test(test_checkpoint_bit_identical),
         cmocka_unit_test(test_train_forward_dloss_scale),
-        cmocka_unit_test(test_grad_ready_ranges),
+        cmocka_unit_test(test_grad_ready_ranges), cmocka_unit_test(test_grad_rows_report),
         cmocka_unit_test(test_finite_differences),
         cmocka_unit_test(test_adamw_ten_steps),
         cmocka_unit_test(test_bf16_storage),

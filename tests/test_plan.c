@@ -134,8 +134,10 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = cfg, .tensors = ti, .num_tensors = nt, .num_params = n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = mo->dtype,
-                                  .init_params = init};
+                                  .init_params = init,
+                                  .weight_waits = cfg->zero.offload_optimizer.super_offload}; /* as zoff train */
         s = zoff_engine_create(&eo, &e);
+        if (s == ZOFF_OK && zoff_engine_uses_grad_rows(e)) s = zoff_gpt2_set_grad_rows(m, zoff_engine_grad_rows, e);
         if (s == ZOFF_OK) {
             zoff_engine_memory em;
             zoff_engine_memory_usage(e, &em);
@@ -274,11 +276,14 @@ static void test_configs_vs_real(void **st) {
         "{\"stage\": 2, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0, \"pin_memory\": %s}}",
         "{\"stage\": 2, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5, \"pin_memory\": %s}}",
         "{\"stage\": 2, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": %s}}",
+        /* speculation: its rollback copy (12 B/param, pageable) and the model's host tokens (pinned) */
+        "{\"stage\": 2, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": %s, "
+        "\"super_offload\": true}}",
     };
     int k = 0;
     for (int si = 0; si < NSHAPES; si++)
         for (int d = 0; d < 3; d++)
-            for (int z = 0; z < 5; z++)
+            for (int z = 0; z < (int)(sizeof zeros / sizeof *zeros); z++)
                 for (int ck = 0; ck < 2; ck++, k++) {
                     zoff_dtype dt = d == 0 ? ZOFF_F32 : d == 1 ? ZOFF_BF16 : ZOFF_F16;
                     zoff_gpt2_options mo = {.shape = SHAPES[si].shape, .batch_size = SHAPES[si].B,

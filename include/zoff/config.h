@@ -89,6 +89,9 @@ typedef struct zoff_offload_optimizer_config {
     double ratio;               /* default 1.0: fraction of the update on the host (Twin-Flow) */
     bool ratio_auto;            /* "ratio": "auto" */
     bool super_offload;         /* default false: speculation-then-validation (SuperOffload), docs/architecture.md */
+    double cpuadam_cores_perc;  /* share of the logical cores for the host optimizer's threads, [0, 1]
+                                   (zoff_host_optimizer_threads_for_share); default -1: not given
+                                   ($ZOFF_THREADS, $OMP_NUM_THREADS or all cores) */
 } zoff_offload_optimizer_config;
 
 typedef struct zoff_offload_param_config {

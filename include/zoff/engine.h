@@ -128,6 +128,10 @@ typedef struct zoff_auto_ratio {
     bool fits;
 } zoff_auto_ratio;
 void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out);
+/* Speculation's rollback copy (offload_optimizer.super_offload with device "cpu"): the
+ * saved fp32 master, m and v (as the optimizer uses them) of host_params parameters, in
+ * pageable host memory; 0 without it. The engine allocates it, zoff plan counts it. */
+size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params);
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
@@ -167,9 +171,22 @@ int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double
  * (without the waits between them); returns how many. Valid until the next update after
  * it finishes (the step after next). */
 int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans);
+/* ... and the first parameter (model space) of the sub-group each of those spans updated
+ * (a speculative update with a row-sparse report updates a sub-group in two spans). */
+int zoff_engine_last_host_span_offsets(const zoff_engine *e, const int64_t **offsets);
 
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);
+/* zoff_grad_rows_fn for the model (arg = the engine; zoff_gpt2_set_grad_rows), when
+ * zoff_engine_uses_grad_rows says so. Speculation (super_offload): the range's
+ * gradients outside the listed rows go to the host at once and their speculative
+ * update starts before the backward ends; the ordinary grad-ready call for the range
+ * then copies only the listed rows. Otherwise ignored. */
+void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
+                           const int64_t *rows, int64_t nrows);
+/* Whether zoff_engine_grad_rows does anything for this engine (the model then need not
+ * make the report). */
+bool zoff_engine_uses_grad_rows(const zoff_engine *e);
 /* Zero the device gradient buffer (start of an accumulation window). */
 zoff_status zoff_engine_zero_grad(zoff_engine *e);
 /* Check, clip and update with learning rate lr; afterwards the model's

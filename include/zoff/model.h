@@ -93,6 +93,13 @@ typedef struct zoff_gpt2_options {
 typedef zoff_status (*zoff_weight_wait_fn)(void *arg, zoff_stream *s, int64_t offset, int64_t count);
 zoff_status zoff_gpt2_set_weight_wait(zoff_gpt2 *m, zoff_weight_wait_fn fn, void *arg);
 
+/* Stages 1-2: right after the lm-head backward, backward reports wte's gradient final
+ * except the rows of the micro-batch's token ids through fn (zoff_grad_rows_fn,
+ * zoff/param_space.h; the engine's zoff_engine_grad_rows). The forward then copies
+ * its tokens to the host on the stream (N int32) and backward waits for that copy
+ * before the head. NULL fn: none (the default). Set it before a forward. */
+zoff_status zoff_gpt2_set_grad_rows(zoff_gpt2 *m, zoff_grad_rows_fn fn, void *arg);
+
 /* Validates the shape (clear error naming the field), allocates parameters,
  * gradients and activations on dev (failing with ZOFF_ERR_DEVICE_OOM if over budget). */
 zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zoff_gpt2 **out);

@@ -158,6 +158,10 @@ const char *zoff_host_optimizer_path(const zoff_host_optimizer *opt);
 zoff_status zoff_host_optimizer_set_path(zoff_host_optimizer *opt, zoff_simd_path path);
 int zoff_host_optimizer_threads(const zoff_host_optimizer *opt);
 zoff_status zoff_host_optimizer_set_threads(zoff_host_optimizer *opt, int threads);
+/* The thread count for a share of this machine's logical cores (DeepSpeed's
+ * offload_optimizer.cpuadam_cores_perc): max(1, round(share x cores)); 0 (the default
+ * rule of options.threads) when share < 0 (not given). */
+int zoff_host_optimizer_threads_for_share(double share);
 
 const char *zoff_simd_path_name(zoff_simd_path path);
 /* Parse "scalar", "avx2", "avx512", "avx512-nobf16", "neon", "auto". */

@@ -32,6 +32,18 @@ typedef struct zoff_tensor_info {
  * may record an event on `stream` and copy them out on another stream. */
 typedef void (*zoff_grad_ready_fn)(void *arg, zoff_stream *stream, int64_t offset, int64_t count);
 
+/* Optional early, row-sparse report (a model may never make it; a callee may ignore it
+ * and lose nothing). Called during backward, in stream order like zoff_grad_ready_fn,
+ * when [offset, offset + count), made of rows of row_len elements, is final for this
+ * micro-batch except the rows listed: rows[0..nrows), ascending and distinct, row r
+ * being elements [offset + r row_len, offset + (r + 1) row_len). The array is the
+ * caller's, valid during the call only. Later in the same backward the range's
+ * ordinary grad-ready call reports it (the listed rows included) final, as without
+ * this call. GPT-2: the tied wte after the lm-head backward, the rows being the
+ * micro-batch's token ids (the embedding backward adds into those only). */
+typedef void (*zoff_grad_rows_fn)(void *arg, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
+                                  const int64_t *rows, int64_t nrows);
+
 /* Parameter residency hooks (ZeRO stage 3: weights partitioned over ranks and
  * gathered just before use). The model's flat space is used in groups: one
  * contiguous range per transformer block, the embeddings [wte, wpe] and the

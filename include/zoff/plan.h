@@ -37,6 +37,7 @@ typedef struct zoff_plan_model_bytes {
     size_t params, grads;      /* device: flat 16/32-bit buffers */
     size_t activations;        /* device: the one activation allocation (256-byte aligned carving) */
     size_t host_losses;        /* pinned host: per-token losses for zoff_gpt2_mean_loss */
+    size_t host_tokens;        /* pinned host, with zoff_gpt2_set_grad_rows: the forward's token ids */
 } zoff_plan_model_bytes;
 
 /* What zoff_gpt2_create(dev, o, ...) allocates. Validates the shape like the model. */
@@ -125,6 +126,7 @@ typedef struct zoff_plan_memory {
     size_t host_optimizer;    /* engine: fp32 master, m, v of host sub-groups in host memory (cpu offload) */
     size_t host_grads;        /* engine: gradient partition(s) in the model dtype */
     size_t host_staging;      /* engine: 16-bit weight staging */
+    size_t host_spec_backup;  /* engine, super_offload: the rollback copy of master, m, v (pageable host memory) */
     size_t swap_buffers;      /* nvme: the swapper's buffers for the optimizer state (pageable host memory) */
     size_t param_buffers;     /* stage 3, offload_param nvme: pinned parameter swap buffers */
     size_t host_params;       /* stage 3, offload_param cpu: this rank's 16-bit parameter partition */

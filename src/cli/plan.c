@@ -236,6 +236,7 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     printf("\n  pageable %10s = training loop %s (initial fp32 weights, checkpoint staging, tokens)",
            fmt_b(m->pageable, b[0], 32), fmt_b(m->loop_pageable, b[1], 32));
     if (m->swap_buffers) printf(" + NVMe swap buffers %s", fmt_b(m->swap_buffers, b[2], 32));
+    if (m->host_spec_backup) printf(" + super_offload rollback copy %s", fmt_b(m->host_spec_backup, b[7], 32));
     if (!r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
         printf(" + %s optimizer state %s + gradients %s + staging %s%s%s", hp, fmt_b(m->host_optimizer, b[3], 32),
                fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
@@ -338,7 +339,7 @@ static json_t *row_json(const zoff_plan_row *w, int index) {
     return json_pack(
         "{s:i,s:i,s:s,s:s,s:o,s:b,s:f,s:b,s:I,s:I,s:I,s:I,s:i,s:b,s:b,s:s,"
         "s:{s:I,s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
+        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
         "s:{s:b,s:b,s:b,s:b,s:b},s:I,"
         "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
         "index", index, "stage", w->setting.stage, "offload", zoff_plan_offload_name(w->setting.offload),
@@ -355,7 +356,8 @@ static json_t *row_json(const zoff_plan_row *w, int index) {
         "gathered", (json_int_t)m->gathered,
         "device_optimizer", (json_int_t)m->device_optimizer, "runtime_reserve", (json_int_t)m->runtime_reserve,
         "host_optimizer", (json_int_t)m->host_optimizer, "host_grads", (json_int_t)m->host_grads, "host_staging",
-        (json_int_t)m->host_staging, "swap_buffers", (json_int_t)m->swap_buffers, "param_buffers",
+        (json_int_t)m->host_staging, "host_spec_backup", (json_int_t)m->host_spec_backup, "swap_buffers",
+        (json_int_t)m->swap_buffers, "param_buffers",
         (json_int_t)m->param_buffers, "host_params",
         (json_int_t)m->host_params, "model_pinned", (json_int_t)m->model_pinned, "loop_pageable",
         (json_int_t)m->loop_pageable, "disk_optimizer", (json_int_t)m->disk_optimizer, "disk_params",

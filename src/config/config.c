@@ -295,7 +295,7 @@ static const key_spec k_offload_optimizer[] = {
     KB("super_offload", zoff_offload_optimizer_config, super_offload),
     XB("convert_grad_on_cpu", "where 16-bit gradients are widened to fp32; zoff widens them inside its CPU "
                               "optimizer (the same values)"),
-    XN("cpuadam_cores_perc", 0, 1, "SuperOffload's share of cores; zoff's CPU optimizer uses the OpenMP team"),
+    KN("cpuadam_cores_perc", zoff_offload_optimizer_config, cpuadam_cores_perc, 0, 1),
 };
 static const section s_offload_optimizer = SECTION(k_offload_optimizer, NULL, NULL);
 
@@ -1396,6 +1396,7 @@ void zoff_config_defaults(zoff_config *cfg) {
     z->offload_optimizer.fast_init = false;
     z->offload_optimizer.ratio = 1.0;
     z->offload_optimizer.ratio_auto = false;
+    z->offload_optimizer.cpuadam_cores_perc = -1.0;
     z->offload_param.device = ZOFF_OFFLOAD_NONE;
     z->offload_param.pin_memory = true;
     z->offload_param.buffer_count = 5;

@@ -121,6 +121,15 @@ struct zoff_gpt2 {
     float *host_losses;    /* pinned (cap_B*cap_T): the last forward's losses, copied on the stream */
     zoff_event *losses_copied; /* recorded after that copy: zoff_gpt2_mean_loss waits for it only */
 
+    /* the early row-sparse report of wte's gradient (zoff_gpt2_set_grad_rows) */
+    zoff_grad_rows_fn rows_fn;
+    void *rows_arg;
+    int32_t *host_tokens;  /* pinned (cap_B*cap_T): the last forward's tokens, copied on the stream */
+    zoff_event *ev_tokens; /* ... recorded after that copy */
+    bool tokens_copied;    /* the last forward issued it */
+    uint8_t *row_mark;     /* (Vp) scratch: which rows the batch uses */
+    int64_t *rows;         /* (min(cap_B*cap_T, Vp)) their sorted ids */
+
     /* state of the last forward */
     int64_t fwd_B, fwd_T;
     bool have_logits;      /* logits of an evaluation forward (zoff_gpt2_logits) */
@@ -190,6 +199,50 @@ zoff_status zoff_gpt2_set_weight_wait(zoff_gpt2 *m, zoff_weight_wait_fn fn, void
                                             "its zoff_param_hooks provide the weights");
     m->wait_fn = fn;
     m->wait_arg = arg;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_set_grad_rows(zoff_gpt2 *m, zoff_grad_rows_fn fn, void *arg) {
+    if (!m) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_grad_rows: model is NULL");
+    if (m->external && fn)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_grad_rows: the model has external parameters (stage 3): "
+                                            "its gradients are reported group by group only");
+    if (fn) { /* what is missing (a failed call leaves the rest for the next one) */
+        const int64_t N = m->cap_B * m->cap_T, Vp = m->shape.padded_vocab_size;
+        if (!m->host_tokens)
+            ZOFF_TRY(zoff_host_alloc_pinned(m->dev, (size_t)N * sizeof(int32_t), "gpt2 host tokens",
+                                            (void **)&m->host_tokens));
+        if (!m->ev_tokens) ZOFF_TRY(zoff_event_create(m->dev, &m->ev_tokens));
+        if (!m->row_mark) m->row_mark = calloc((size_t)Vp, 1);
+        if (!m->rows) m->rows = malloc((size_t)(N < Vp ? N : Vp) * sizeof(int64_t));
+        if (!m->row_mark || !m->rows)
+            return zoff_error(ZOFF_ERR_NOMEM, "zoff_gpt2_set_grad_rows: out of host memory for the row lists");
+    }
+    m->rows_fn = fn;
+    m->rows_arg = arg;
+    m->tokens_copied = false;
+    return ZOFF_OK;
+}
+
+/* After the lm-head backward: wte's gradient is final except the rows of the batch's
+ * token ids (the embedding backward adds into those only). Their sorted list from the
+ * forward's host copy of the tokens; nothing when an id is out of range (the embedding
+ * backward reports that). */
+static zoff_status report_wte_rows(zoff_gpt2 *m, zoff_stream *s, int64_t N) {
+    if (!m->rows_fn || !m->tokens_copied) return ZOFF_OK;
+    ZOFF_TRY(zoff_event_synchronize(m->ev_tokens)); /* the forward's first copy: long done */
+    const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
+    for (int64_t i = 0; i < N; i++)
+        if (m->host_tokens[i] < 0 || m->host_tokens[i] >= V) return ZOFF_OK;
+    int64_t n = 0;
+    for (int64_t i = 0; i < N; i++) m->row_mark[m->host_tokens[i]] = 1;
+    for (int64_t r = 0; r < Vp; r++)
+        if (m->row_mark[r]) {
+            m->row_mark[r] = 0;
+            m->rows[n++] = r;
+        }
+    const zoff_tensor_info *wte = &m->tensors[T_WTE];
+    m->rows_fn(m->rows_arg, s, wte->offset, wte->numel, m->shape.hidden_size, m->rows, n);
     return ZOFF_OK;
 }
 
@@ -310,7 +363,11 @@ void zoff_gpt2_destroy(zoff_gpt2 *m) {
         if (m->acts_mem) zoff_device_free(m->dev, m->acts_mem);
         if (m->host_losses) zoff_host_free_pinned(m->dev, m->host_losses);
         zoff_event_destroy(m->losses_copied);
+        if (m->host_tokens) zoff_host_free_pinned(m->dev, m->host_tokens);
+        zoff_event_destroy(m->ev_tokens);
     }
+    free(m->row_mark);
+    free(m->rows);
     free(m->tensors);
     free(m->resid);
     free(m->blocks);
@@ -585,6 +642,12 @@ static zoff_status gpt2_forward(zoff_gpt2 *m, const char *who, const int32_t *to
     ZOFF_TRY(zoff_memcpy_async(s, m->tokens, tokens, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2D));
     if (targets)
         ZOFF_TRY(zoff_memcpy_async(s, m->targets, targets, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2D));
+    m->tokens_copied = false;
+    if (m->rows_fn) { /* the token ids on the host, for backward's row report */
+        ZOFF_TRY(zoff_memcpy_async(s, m->host_tokens, m->tokens, (size_t)N * sizeof(int32_t), ZOFF_COPY_D2H));
+        ZOFF_TRY(zoff_event_record(m->ev_tokens, s));
+        m->tokens_copied = true;
+    }
 
     const int g_lnf = m->ngroups - 1;
     ZOFF_TRY(pass_begin(m, false));
@@ -731,6 +794,7 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *rea
                                     .dout = m->logits, .inp = m->lnf, .weight = param_ptr(m, T_WTE),
                                     .N = N, .C = C, .OC = Vp, .dt = dt, .dinp_overwrite = 1};
     LAUNCH(ZOFF_OP_MATMUL_BWD, head, "GPT-2 backward, lm head (wte^T)");
+    ZOFF_TRY(report_wte_rows(m, s, N));
     const int t_lnf = T_BLOCK(L, 0);
     /* d resid[L] = ln_f backward, written (dresid NULL: no memset first) */
     zoff_op_residual_layernorm_bwd_args lnf = {.dinp = m->dresid, .dresid = NULL, .dweight = grad_ptr(m, t_lnf),

@@ -162,6 +162,12 @@ static int env_threads(const char *name, bool strict, zoff_status *st) {
     return (int)v;
 }
 
+int zoff_host_optimizer_threads_for_share(double share) {
+    if (share < 0) return 0;
+    long t = lround(share * (double)zoff_cpu_features_get()->logical_cores);
+    return t < 1 ? 1 : t > 4096 ? 4096 : (int)t;
+}
+
 zoff_status zoff_host_optimizer_set_threads(zoff_host_optimizer *opt, int threads) {
     if (!opt) return zoff_error(ZOFF_ERR_INVALID, "optimizer is NULL");
     if (threads < 0 || threads > 4096)

@@ -127,6 +127,7 @@ zoff_status zoff_plan_model_bytes_get(const zoff_gpt2_options *o, zoff_plan_mode
         return zoff_error(ZOFF_ERR_INVALID, "%s: activation memory for %lld tokens overflows size_t", w, (long long)N);
     out->activations = c.off;
     out->host_losses = (size_t)N * f;
+    out->host_tokens = (size_t)N * sizeof(int32_t);
     return ZOFF_OK;
 }
 
@@ -342,6 +343,7 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     bool pin_params = cfg->zero.offload_param.pin_memory;
     m->pinned = add_sat(m->model_pinned, pin_params ? m->param_buffers : 0);
     m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers), pin_params ? 0 : m->param_buffers);
+    m->pageable = add_sat(m->pageable, m->host_spec_backup);
     if (pinned) m->pinned = add_sat(m->pinned, add_sat(engine_host, m->host_params));
     else m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params));
     m->disk = add_sat(m->disk_optimizer, m->disk_params);
@@ -530,7 +532,9 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
         param_swap_memory(cfg, part, maxgrp, L, es, m);
     }
-    m->model_pinned = mb.host_losses;
+    /* super_offload: the model reports wte's rows (zoff_engine_uses_grad_rows) from a host copy of the tokens */
+    m->host_spec_backup = zoff_placement_spec_backup_bytes(cfg, (int64_t)nh);
+    m->model_pinned = mb.host_losses + (m->host_spec_backup ? mb.host_tokens : 0);
     /* train.c: initial fp32 weights (held for the run), the checkpoint staging
      * buffer while saving, input and target tokens */
     m->loop_pageable = 2 * (size_t)n * f4 + 2 * (size_t)(B * T) * sizeof(int32_t);

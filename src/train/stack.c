@@ -30,6 +30,9 @@ static zoff_status create_engine(const zoff_train_stack_options *o, zoff_train_s
     if (st == ZOFF_OK && eo.weight_waits &&
         (st = zoff_gpt2_set_weight_wait(s->model, zoff_engine_wait_weights, s->eng)) != ZOFF_OK)
         zoff_error_context(st, "engine");
+    if (st == ZOFF_OK && zoff_engine_uses_grad_rows(s->eng) && /* wte's rows outside the batch: early */
+        (st = zoff_gpt2_set_grad_rows(s->model, zoff_engine_grad_rows, s->eng)) != ZOFF_OK)
+        zoff_error_context(st, "engine");
     zoff_aligned_free(init); /* the engine holds the master weights now: 4 B/param less on the host */
     if (st == ZOFF_OK && o->cfg->zero.stage == 3) { /* the model asks the engine for each group's weights */
         zoff_param_hooks hk = {.arg = s->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,

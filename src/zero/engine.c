@@ -624,6 +624,8 @@ void zoff_engine_destroy(zoff_engine *e) {
     free(e->sg_group);
     free(e->sg_span[0]);
     free(e->sg_span[1]);
+    free(e->sg_span_off[0]);
+    free(e->sg_span_off[1]);
     free(e->group_left);
     free(e->group_hsg);
     free(e->group_need);
@@ -635,6 +637,9 @@ void zoff_engine_destroy(zoff_engine *e) {
     zoff_aligned_free(e->bk_master);
     zoff_aligned_free(e->bk_m);
     zoff_aligned_free(e->bk_v);
+    free(e->sg_state);
+    free(e->sp_run);
+    free(e->sp_gap);
     zoff_wready_destroy(e->wr);
     free(e->ranges);
     free(e->sg);
@@ -686,7 +691,8 @@ static zoff_status spec_setup(zoff_engine *e) {
     e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
     if (e->h_m) e->bk_m = zoff_aligned_alloc(64, b, "speculation: saved exp_avg");
     if (e->h_v) e->bk_v = zoff_aligned_alloc(64, b, "speculation: saved exp_avg_sq");
-    if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v)) return ZOFF_ERR_NOMEM;
+    e->sg_state = calloc((size_t)e->nsg, 1);
+    if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v) || !e->sg_state) return ZOFF_ERR_NOMEM;
     e->spec = true;
     return ZOFF_OK;
 }
@@ -746,7 +752,7 @@ static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
              e->pnvme ? "" : " and weight",
              e->pinned ? ", pinned" : "");
     zoff_host_request rq = {.what = what,
-                            .pageable = e->pinned ? 0 : state + bufs,
+                            .pageable = (e->pinned ? 0 : state + bufs) + zoff_placement_spec_backup_bytes(e->cfg, nh),
                             .pinned = e->pinned ? state + bufs : 0,
                             .hint = nvme ? "move part of the update to the device (offload_optimizer.ratio below "
                                            "1), or use more ranks (ZeRO stage 1-3 partition it)"
@@ -878,7 +884,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
             s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
         if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme) && !e->pnvme)
             s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
-        if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
+        if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, hopt_threads(e), &e->hopt);
         if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
         if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
@@ -898,7 +904,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_dev_done);
     if (s == ZOFF_OK) s = zoff_event_create(e->dev, &e->ev_stats);
     for (int k = 0; s == ZOFF_OK && e->n_host > 0 && k < 2; k++)
-        if (!(e->sg_span[k] = calloc(2 * (size_t)e->nsg, sizeof(double)))) s = ZOFF_ERR_NOMEM;
+        if (!(e->sg_span[k] = calloc(4 * (size_t)e->nsg, sizeof(double))) || /* 2 per sub-group */
+            !(e->sg_span_off[k] = calloc(2 * (size_t)e->nsg, sizeof(int64_t))))
+            s = ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = pipe_setup(e, o);
     if (s == ZOFF_OK && z->offload_optimizer.super_offload) s = spec_setup(e);
     if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
@@ -1411,8 +1419,7 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
                                        e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
-    if (e->bk_master) /* super_offload: the saved master, m and v (pageable) */
-        m->pageable += (size_t)e->n_host * f4 * (1 + (size_t)(e->bk_m != NULL) + (size_t)(e->bk_v != NULL));
+    if (e->bk_master) m->pageable += zoff_placement_spec_backup_bytes(e->cfg, e->n_host); /* super_offload */
     if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);

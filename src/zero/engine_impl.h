@@ -95,7 +95,9 @@ struct zoff_engine {
     /* the last finished host update (guarded by mu once the worker runs): its step and wall interval */
     int64_t span_step;
     double span_t0, span_t1;
-    double *sg_span[2];     /* per host sub-group: when its update began and ended, update number k in [k % 2] */
+    double *sg_span[2];     /* per host sub-group (speculation: up to two): when its update began and ended,
+                               update number k in [k % 2] */
+    int64_t *sg_span_off[2]; /* ... the model offset of the sub-group of each span */
     int nspan[2];
     int64_t updates;        /* host updates begun (the thread running them only) */
     int64_t span_seq;       /* the update number of span_step's (guarded by mu once the worker runs) */
@@ -130,6 +132,16 @@ struct zoff_engine {
     int64_t rollbacks;
     int64_t hopt_t0;         /* the first step the host optimizer began (0: none): replayed after a rollback */
     double spec_first;       /* worker: when the job's first sub-group update began */
+    /* ... row-sparse (zoff_engine_grad_rows): the boundary backward reported [sp_lo, sp_hi)
+     * final except the runs sp_run[0..nsp_run) (model space, (lo, hi) pairs, ascending,
+     * disjoint); everything else of that range went to the host at once. Written by the
+     * caller thread before the mark that sets sp_landed, read by the worker after it. */
+    int64_t sp_lo, sp_hi;
+    int64_t *sp_run, *sp_gap; /* sp_gap: scratch for merging runs */
+    int nsp_run, cap_sp_run;
+    bool sp_pending;          /* caller thread: this backward made the early copy */
+    bool sp_landed;           /* the early copy is on the host (guarded by mu) */
+    unsigned char *sg_state;  /* worker, per sub-group: 0 untouched, 1 outside the runs updated, 2 done */
 
     /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
      * optimizer space: its partition (stages 1-2) or everything (stage 0, one
@@ -166,12 +178,36 @@ struct zoff_engine {
     int ntl, cap_tl, want_tl;
 };
 
+/* The host optimizer's threads (offload_optimizer.cpuadam_cores_perc, else the default rule). */
+static inline int hopt_threads(const zoff_engine *e) {
+    return zoff_host_optimizer_threads_for_share(e->cfg->zero.offload_optimizer.cpuadam_cores_perc);
+}
 static inline bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
 static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 
 
 static inline int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }
 static inline unsigned nvme_all_arrays(const zoff_engine *e) { return (1u << nvme_narrays(e)) - 1; }
+
+/* Speculation, row-sparse (sp_*): piece k of the early part (late false, k in [0, nsp_run]:
+ * the gaps between the runs within [sp_lo, sp_hi)) or of the rest (late true, k in
+ * [0, nsp_run + 1]: before sp_lo, each run, from sp_hi on), clipped to [lo, hi) into
+ * [*a, *b); false when that is empty. */
+static inline int sp_npieces(const zoff_engine *e, bool late) { return e->nsp_run + 1 + (int)late; }
+static inline bool sp_piece(const zoff_engine *e, bool late, int k, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
+    const int64_t *r = e->sp_run;
+    int64_t x, y;
+    if (!late) {
+        x = k == 0 ? e->sp_lo : r[2 * k - 1];
+        y = k == e->nsp_run ? e->sp_hi : r[2 * k];
+    } else {
+        x = k == 0 ? INT64_MIN : k <= e->nsp_run ? r[2 * (k - 1)] : e->sp_hi;
+        y = k == 0 ? e->sp_lo : k <= e->nsp_run ? r[2 * (k - 1) + 1] : INT64_MAX;
+    }
+    *a = x > lo ? x : lo;
+    *b = y < hi ? y : hi;
+    return *a < *b;
+}
 
 /* ---- hostrun.c: the host optimizer runner ---- */
 
@@ -201,6 +237,7 @@ zoff_status zoff_hr_dpu_released(zoff_engine *e, zoff_stream *stream, int64_t of
 typedef struct zoff_hr_spec_land {
     zoff_engine *e;
     int64_t offset;
+    bool rows; /* the early part of zoff_engine_grad_rows (sp_landed), not offset */
 } zoff_hr_spec_land;
 void zoff_hr_spec_land_fn(void *arg);
 zoff_status zoff_hr_spec_rollback(zoff_engine *e);

@@ -25,9 +25,11 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
         while (e->job_pending) pthread_cond_wait(&e->cv, &e->mu);
         pthread_mutex_unlock(&e->mu);
     }
+    e->sp_pending = false;
     if (is_boundary && e->spec && e->have_lr && !e->spec_running) {
         /* speculate: the next step's update, assuming no clipping and no overflow */
         e->landed = INT64_MAX; /* the worker is idle: no lock needed until the job starts */
+        e->sp_landed = false;
         e->spec_t = e->sc.steps_taken + 1;
         e->spec_running = true;
         e->pipe_unreported = false; /* the last exact job's time is not reported: the step reports this one's */
@@ -147,6 +149,17 @@ static void s3_grad_ready(zoff_engine *e, zoff_stream *stream, int64_t offset, i
     if (ti >= 0) tl_mark(e, ti, 2);
 }
 
+/* Speculation: the worker learns, on the gradient stream after the copies just issued,
+ * that the gradients from offset on (rows: the row-sparse report's early part) landed. */
+static void spec_mark(zoff_engine *e, int64_t offset, bool rows) {
+    zoff_hr_spec_land *l = malloc(sizeof *l);
+    if (l) *l = (zoff_hr_spec_land){e, offset, rows};
+    if (!l || zoff_stream_host_fn(e->d2h, zoff_hr_spec_land_fn, l) != ZOFF_OK) {
+        free(l);
+        zoff_eng_note_async(e, ZOFF_ERR_NOMEM, "speculative update: marking gradients landed");
+    }
+}
+
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
     zoff_engine *e = engine;
     if (e->s3) {
@@ -179,16 +192,98 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         }
     }
     if (ti >= 0) tl_mark(e, ti, 1);
-    copy_host_grads(e, offset, end, ti);
-    if (ti >= 0) tl_mark(e, ti, 2);
-    if (e->spec_running) {
-        zoff_hr_spec_land *l = malloc(sizeof *l);
-        if (l) *l = (zoff_hr_spec_land){e, offset};
-        if (!l || zoff_stream_host_fn(e->d2h, zoff_hr_spec_land_fn, l) != ZOFF_OK) {
-            free(l);
-            zoff_eng_note_async(e, ZOFF_ERR_NOMEM, "speculative update: marking gradients landed");
+    if (e->sp_pending) /* what the early row-sparse copy did not take */
+        for (int k = 0; k < sp_npieces(e, true); k++) {
+            int64_t a, b;
+            if (sp_piece(e, true, k, offset, end, &a, &b)) copy_host_grads(e, a, b, ti);
         }
+    else
+        copy_host_grads(e, offset, end, ti);
+    if (ti >= 0) tl_mark(e, ti, 2);
+    if (e->spec_running) spec_mark(e, offset, false);
+}
+
+/* Speculation: at most this many runs of rows are left for the ordinary call after a
+ * row-sparse report (the closest runs merged, their gaps updated late): each run is one
+ * copy per sub-group it meets, in both calls. $ZOFF_TEST_SPEC_MAX_RUNS: fewer (tests). */
+enum { SPEC_MAX_RUNS = 1024 };
+static int64_t spec_max_runs(void) {
+    const char *t = getenv("ZOFF_TEST_SPEC_MAX_RUNS");
+    long v = t ? strtol(t, NULL, 10) : 0;
+    return v >= 1 && v < SPEC_MAX_RUNS ? v : SPEC_MAX_RUNS;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The runs of consecutive rows as element ranges (e->sp_run), the smallest gaps between
+ * them merged until at most spec_max_runs() are left. false: rows not ascending and
+ * distinct within count / row_len rows, or out of memory (the report is then ignored). */
+static bool spec_runs(zoff_engine *e, int64_t offset, int64_t count, int64_t row_len, const int64_t *rows,
+                      int64_t nrows) {
+    if (row_len <= 0 || count % row_len || nrows < 0 || nrows > count / row_len) return false;
+    if (nrows > e->cap_sp_run) {
+        int64_t *r = realloc(e->sp_run, 2 * (size_t)nrows * sizeof *r);
+        if (r) e->sp_run = r;
+        int64_t *g = r ? realloc(e->sp_gap, (size_t)nrows * sizeof *g) : NULL;
+        if (g) e->sp_gap = g;
+        if (!r || !g) return false;
+        e->cap_sp_run = (int)nrows;
     }
+    int64_t ng = 0; /* gaps between runs */
+    for (int64_t i = 0; i < nrows; i++) {
+        if (rows[i] < (i ? rows[i - 1] + 1 : 0) || rows[i] >= count / row_len) return false;
+        if (i && rows[i] > rows[i - 1] + 1) e->sp_gap[ng++] = rows[i] - rows[i - 1] - 1;
+    }
+    int64_t merge = 0, maxr = spec_max_runs(); /* gaps of at most `merge` rows are merged */
+    if (ng + 1 > maxr) {
+        qsort(e->sp_gap, (size_t)ng, sizeof *e->sp_gap, cmp_i64);
+        merge = e->sp_gap[ng + 1 - maxr - 1];
+    }
+    int n = 0;
+    for (int64_t i = 0; i < nrows; i++) {
+        if (n && rows[i] - rows[i - 1] - 1 <= merge) {
+            e->sp_run[2 * n - 1] = offset + (rows[i] + 1) * row_len;
+            continue;
+        }
+        e->sp_run[2 * n] = offset + rows[i] * row_len;
+        e->sp_run[2 * n + 1] = offset + (rows[i] + 1) * row_len;
+        n++;
+    }
+    e->nsp_run = n;
+    e->sp_lo = offset;
+    e->sp_hi = offset + count;
+    return true;
+}
+
+bool zoff_engine_uses_grad_rows(const zoff_engine *e) { return e && e->spec; }
+
+void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
+                           const int64_t *rows, int64_t nrows) {
+    zoff_engine *e = engine;
+    /* speculation's boundary backward only (one rank, stages 1-2: e->spec); once per backward */
+    if (!e->spec || !e->boundary || !e->spec_running || e->sp_pending || e->n_host == 0) return;
+    if (!spec_runs(e, offset, count, row_len, rows, nrows)) {
+        zoff_log(ZOFF_LOG_DEBUG, "row-sparse gradient report ignored (rows out of order or out of memory)");
+        return;
+    }
+    zoff_event *ev = ready_event(e);
+    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
+        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
+        return;
+    }
+    int ti = tl_begin(e, offset, count);
+    if (ti >= 0) tl_mark(e, ti, 0);
+    if (ti >= 0) tl_mark(e, ti, 1);
+    for (int k = 0; k < sp_npieces(e, false); k++) {
+        int64_t a, b;
+        if (sp_piece(e, false, k, offset, offset + count, &a, &b)) copy_host_grads(e, a, b, ti);
+    }
+    if (ti >= 0) tl_mark(e, ti, 2);
+    e->sp_pending = true;
+    spec_mark(e, offset, true);
 }
 
 zoff_status zoff_engine_zero_grad(zoff_engine *e) {

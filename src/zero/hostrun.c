@@ -83,7 +83,8 @@ void zoff_hr_spec_land_fn(void *arg) {
     zoff_hr_spec_land *l = arg;
     zoff_engine *e = l->e;
     pthread_mutex_lock(&e->mu);
-    if (l->offset < e->landed) e->landed = l->offset;
+    if (l->rows) e->sp_landed = true;
+    else if (l->offset < e->landed) e->landed = l->offset;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     free(l);
@@ -164,18 +165,95 @@ zoff_status zoff_hr_dpu_released(zoff_engine *e, zoff_stream *stream, int64_t of
     return dpu_mark(e, e->g_released, g);
 }
 
-/* Speculation: wait until sub-group g's gradients are on the host, then save its state. */
-static zoff_status spec_prepare(zoff_engine *e, const subgroup *g) {
-    pthread_mutex_lock(&e->mu);
-    while (e->landed > g->model && !e->quit) pthread_cond_wait(&e->cv, &e->mu);
-    bool quit = e->quit;
-    pthread_mutex_unlock(&e->mu);
-    if (quit) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
+/* The timeline's slot for span k of update seq, which updates sub-group g (NULL: none). */
+static double *span_slot(zoff_engine *e, int64_t seq, int k, const subgroup *g) {
+    if (!e->sg_span[seq % 2]) return NULL;
+    e->sg_span_off[seq % 2][k] = g->model;
+    return e->sg_span[seq % 2] + 2 * (size_t)k;
+}
+
+/* Speculation: save host sub-group g's master, m and v before its first update. */
+static void spec_save(zoff_engine *e, const subgroup *g) {
     if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
     size_t b = (size_t)g->count * sizeof(float);
     memcpy(e->bk_master + g->state_off, e->h_master + g->state_off, b);
     if (e->h_m) memcpy(e->bk_m + g->state_off, e->h_m + g->state_off, b);
     if (e->h_v) memcpy(e->bk_v + g->state_off, e->h_v + g->state_off, b);
+}
+
+/* Speculation: wait for work, the next host sub-group (top down) whose gradients have
+ * all landed, else one that meets the early part of a row-sparse report and is
+ * untouched; *late: the former. -1 when every sub-group is done. */
+static int spec_next(zoff_engine *e, bool *late) {
+    int pick = -1;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        bool left = false;
+        for (int i = e->nsg - 1; i >= 0 && pick < 0; i--) {
+            const subgroup *g = &e->sg[i];
+            if (!g->on_host || e->sg_state[i] == 2) continue;
+            left = true;
+            if (e->landed <= g->model) pick = i, *late = true;
+        }
+        for (int i = e->nsg - 1; i >= 0 && pick < 0 && e->sp_landed; i--) {
+            const subgroup *g = &e->sg[i];
+            if (g->on_host && e->sg_state[i] == 0 && g->model < e->sp_hi && g->model + g->count > e->sp_lo)
+                pick = i, *late = false;
+        }
+        if (pick >= 0 || !left || e->quit) break;
+        pthread_cond_wait(&e->cv, &e->mu);
+    }
+    bool quit = e->quit && pick < 0;
+    pthread_mutex_unlock(&e->mu);
+    return quit ? -2 : pick;
+}
+
+/* The host optimizer on [lo, hi) (model space, within host sub-group g; state in host
+ * memory), in pieces with one weight-decay value each (elementwise: the same arithmetic
+ * as one call over the sub-group). */
+static zoff_status update_span(zoff_engine *e, const subgroup *g, int gbuf, int64_t lo, int64_t hi,
+                               double grad_scale) {
+    const zoff_optimizer_config *oc = &e->cfg->optimizer;
+    float *master = e->h_master + g->state_off;
+    float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
+    for (int k = 0; k < e->nranges; k++) {
+        const range *rg = &e->ranges[k];
+        int64_t a = rg->offset > lo ? rg->offset : lo, b = rg->offset + rg->count < hi ? rg->offset + rg->count : hi;
+        if (a < b)
+            ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, b, NULL, rg->decay ? oc->weight_decay : 0.0, grad_scale));
+    }
+    return ZOFF_OK;
+}
+
+/* The speculative update (HU_SPEC, update number seq): each host sub-group as soon as its
+ * gradients have landed, top down; with a row-sparse report, first everything of its
+ * early part, then the rest (the reported rows) once the ordinary report landed. Each
+ * sub-group's state is saved before its first update; no push (after validation). */
+static zoff_status spec_update(zoff_engine *e, int gbuf, double grad_scale, int64_t seq) {
+    memset(e->sg_state, 0, (size_t)e->nsg);
+    int nsp = 0;
+    for (;;) {
+        bool late = false;
+        int i = spec_next(e, &late);
+        if (i == -1) break;
+        if (i < 0) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
+        const subgroup *g = &e->sg[i];
+        double *span = span_slot(e, seq, nsp++, g);
+        if (e->sg_state[i] == 0) spec_save(e, g);
+        if (span) span[0] = zoff_now();
+        int64_t lo = g->offset, hi = g->offset + g->count;
+        if (late && e->sg_state[i] == 0) {
+            ZOFF_TRY(update_span(e, g, gbuf, lo, hi, grad_scale));
+        } else { /* the early part of the row-sparse report, or the rest after it */
+            for (int k = 0; k < sp_npieces(e, late); k++) {
+                int64_t a, b;
+                if (sp_piece(e, late, k, lo, hi, &a, &b)) ZOFF_TRY(update_span(e, g, gbuf, a, b, grad_scale));
+            }
+        }
+        if (span) span[1] = zoff_now();
+        e->sg_state[i] = late ? 2 : 1;
+    }
+    e->nspan[seq % 2] = nsp;
     return ZOFF_OK;
 }
 
@@ -193,7 +271,7 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
     }
     zoff_host_optimizer_destroy(e->hopt);
     e->hopt = NULL;
-    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, 0, &e->hopt));
+    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, hopt_threads(e), &e->hopt));
     int64_t t0 = e->hopt_t0;
     e->hopt_t0 = 0;
     for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
@@ -226,6 +304,7 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
     bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
     int nsp = 0;
     int64_t seq = ++e->updates;
+    if (mode == HU_SPEC) return spec_update(e, gbuf, grad_scale, seq);
     if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
     for (int q = 0; q < e->nsg; q++) {
         int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
@@ -235,8 +314,7 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
         float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
         if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
-        if (mode == HU_SPEC) ZOFF_TRY(spec_prepare(e, g));
-        double *span = e->sg_span[seq % 2] ? e->sg_span[seq % 2] + 2 * (size_t)nsp++ : NULL;
+        double *span = span_slot(e, seq, nsp++, g);
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
          * where the swap file's runs end, every run written as soon as it is complete
@@ -304,6 +382,13 @@ int64_t zoff_engine_last_host_update(const zoff_engine *e, double *start, double
     *end = e->span_t1;
     if (m->mu_init) pthread_mutex_unlock(&m->mu);
     return t;
+}
+
+int zoff_engine_last_host_span_offsets(const zoff_engine *e, const int64_t **offsets) {
+    const double *spans;
+    int n = zoff_engine_last_host_spans(e, &spans);
+    *offsets = spans ? e->sg_span_off[(spans == e->sg_span[1])] : NULL;
+    return n;
 }
 
 int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans) {

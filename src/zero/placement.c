@@ -11,6 +11,13 @@
 /* "ratio": "auto" keeps this fraction of the device budget free. */
 #define AUTO_MARGIN_FRACTION 0.05
 
+size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params) {
+    const zoff_offload_optimizer_config *o = &cfg->zero.offload_optimizer;
+    if (!o->super_offload || o->device == ZOFF_OFFLOAD_NVME || host_params <= 0) return 0;
+    size_t arrays = 1 + (size_t)(cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD) + (size_t)(cfg->optimizer.type != ZOFF_OPTIM_LION);
+    return (size_t)host_params * sizeof(float) * arrays;
+}
+
 bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
     /* one rank, stages 0-2, state in host memory (data-parallel partitions are cut
      * where their pieces end instead; the NVMe swapper keeps one swap group per
