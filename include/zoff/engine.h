@@ -129,6 +129,37 @@ typedef struct zoff_auto_ratio {
 } zoff_auto_ratio;
 void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out);
 
+/* The engine's host buffers for this rank's host sub-groups (one home: the engine
+ * allocates from it and checks and reports it; zoff plan counts it). With 16-bit
+ * weights one buffer per gradient buffer carries the gradient in (copied during
+ * backward) and the new weight out (the host optimizer writes it over the gradient
+ * it read, element by element, and the copy to the device reads it), except where
+ * the gradients or the weights must outlive the update: speculation (a rollback
+ * updates again from the same gradients) and stage 3 with offload_param "cpu" (the
+ * weights stay on the host as the partition the gathers read) keep a separate
+ * staging buffer. fp32 weights: the master goes to the device (no staging), with
+ * the state on NVMe through an fp32 staging buffer. offload_param "nvme": the
+ * weights go to the parameter swap file (no staging). */
+typedef struct zoff_host_buffers_in {
+    int64_t n_host;          /* host parameters of this rank */
+    zoff_dtype dtype;        /* the model's weights (and gradients) */
+    int state_arrays;        /* fp32 arrays of the optimizer: master (+ exp_avg) (+ exp_avg_sq) */
+    bool nvme;               /* offload_optimizer.device "nvme": master, m, v in a swap file */
+    bool delayed;            /* delayed parameter update: two gradient buffers */
+    bool speculate;          /* offload_optimizer.super_offload */
+    int stage;
+    zoff_offload_device param_offload; /* stage 3's offload_param.device */
+} zoff_host_buffers_in;
+typedef struct zoff_host_buffers {
+    size_t state;            /* master, m, v in host memory (0 with nvme) */
+    size_t grad_buffer;      /* one gradient buffer (model dtype) */
+    int grad_buffers;        /* 1, or 2 with the delayed update */
+    size_t staging;          /* a separate weight staging buffer (0: none) */
+    bool weights_in_grads;   /* the new 16-bit weights go out through the gradient buffer */
+    size_t total;            /* state + grad_buffers x grad_buffer + staging */
+} zoff_host_buffers;
+void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffers *out);
+
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
 

@@ -499,11 +499,16 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* ---- the engine */
     m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + 2 * f4;
     if (nh > 0) {
-        if (!nvme) m->host_optimizer = mul_sat(nh, state_b);
-        m->host_grads = mul_sat(nh, es * (1 + (dpu ? 1 : 0)));
-        m->host_staging = dt != ZOFF_F32 || nvme ? nh * es : 0; /* nvme: fp32 weights are staged too */
-        /* offload_param nvme: the host optimizer writes the weights to the swap file (no staging) */
-        if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) m->host_staging = 0;
+        /* the engine's host buffers (one home: zoff_placement_host_buffers) */
+        zoff_host_buffers hb;
+        zoff_host_buffers_in hi = {.n_host = (int64_t)nh, .dtype = dt, .state_arrays = (int)(state_b / f4),
+                                   .nvme = nvme, .delayed = dpu,
+                                   .speculate = cfg->zero.offload_optimizer.super_offload, .stage = s->stage,
+                                   .param_offload = s->param_offload};
+        zoff_placement_host_buffers(&hi, &hb);
+        m->host_optimizer = hb.state;
+        m->host_grads = mul_sat(hb.grad_buffer, (size_t)hb.grad_buffers);
+        m->host_staging = hb.staging;
     }
     if (nvme && nh > 0) {
         /* src/zero/swapper.c: one swap group per host sub-group, its arrays

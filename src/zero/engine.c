@@ -531,7 +531,7 @@ static zoff_status staging_put_group(zoff_engine *e, const subgroup *g, const fl
     if (e->dtype == ZOFF_F32) {
         memcpy((float *)e->h_staging + g->state_off, mst, (size_t)g->count * sizeof(float));
     } else {
-        uint16_t *st = (uint16_t *)e->h_staging + g->state_off;
+        uint16_t *st = (uint16_t *)host_weights_out(e) + g->state_off;
         for (int64_t j = 0; j < g->count; j++)
             st[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(mst[j]) : zoff_f32_to_f16(mst[j]);
     }
@@ -736,18 +736,24 @@ static zoff_status check_supported(const zoff_engine_options *o) {
 /* Before the host allocations below: the exact bytes this rank's host part needs (see
  * include/zoff/resources.h), so that a job too large for the host fails here with what to
  * change instead of being OOM-killed when the pages are first touched. */
+/* The sizes of the host buffers (one home: zoff_placement_host_buffers, which zoff plan calls). */
+static void host_buffers_of(zoff_engine *e, bool nvme) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    zoff_host_buffers_in in = {.n_host = e->n_host, .dtype = e->dtype, .state_arrays = 1 + uses_m(e) + uses_v(e),
+                               .nvme = nvme, .delayed = e->dpu, .speculate = z->offload_optimizer.super_offload,
+                               .stage = z->stage, .param_offload = z->offload_param.device};
+    zoff_placement_host_buffers(&in, &e->hb);
+}
+
 static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
-    const size_t nh = (size_t)e->n_host, f4 = sizeof(float);
-    size_t state = nvme ? 0 : nh * f4 * (1 + (uses_m(e) ? 1 : 0) + (uses_v(e) ? 1 : 0));
-    size_t bufs = nh * e->esize * (e->dpu ? 2 : 1) + ((e->dtype != ZOFF_F32 || nvme) && !e->pnvme ? nh * e->esize : 0);
     char what[200];
     snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master and "
              "moments, 16-bit gradient%s buffers%s)", (long long)e->n_host, e->rank,
              e->pnvme ? "" : " and weight",
              e->pinned ? ", pinned" : "");
     zoff_host_request rq = {.what = what,
-                            .pageable = e->pinned ? 0 : state + bufs,
-                            .pinned = e->pinned ? state + bufs : 0,
+                            .pageable = e->pinned ? 0 : e->hb.total,
+                            .pinned = e->pinned ? e->hb.total : 0,
                             .hint = nvme ? "move part of the update to the device (offload_optimizer.ratio below "
                                            "1), or use more ranks (ZeRO stage 1-3 partition it)"
                                          : "move part of the update to the device (offload_optimizer.ratio below 1), "
@@ -865,6 +871,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, 2 * f4, "gradient statistics", (void **)&e->stats_dev);
     /* host side */
+    if (s == ZOFF_OK) host_buffers_of(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) s = check_host_memory(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) {
         size_t nh = (size_t)e->n_host;
@@ -873,11 +880,15 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK && !nvme && uses_m(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg (host)", (void **)&e->h_m);
         if (s == ZOFF_OK && !nvme && uses_v(e))
             s = host_alloc(e, nh * f4, "optimizer exp_avg_sq (host)", (void **)&e->h_v);
-        if (s == ZOFF_OK) s = host_alloc(e, nh * e->esize, "gradient partition (host)", &e->h_grads[0]);
-        if (s == ZOFF_OK && e->dpu)
-            s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
-        if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme) && !e->pnvme)
-            s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
+        if (s == ZOFF_OK)
+            s = host_alloc(e, e->hb.grad_buffer,
+                           e->hb.weights_in_grads ? "gradient partition and new 16-bit weights (host)"
+                                                  : "gradient partition (host)",
+                           &e->h_grads[0]);
+        if (s == ZOFF_OK && e->hb.grad_buffers > 1)
+            s = host_alloc(e, e->hb.grad_buffer, "second gradient partition (delayed update)", &e->h_grads[1]);
+        if (s == ZOFF_OK && e->hb.staging)
+            s = host_alloc(e, e->hb.staging, "weight staging (host)", &e->h_staging);
         if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
         if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
         if (s == ZOFF_OK && !nvme) {
@@ -957,18 +968,21 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g) {
     if (e->no_push) return ZOFF_OK; /* stage 3, offload_param: written in place */
     void *dst = (char *)e->params + (size_t)g->model * e->esize;
-    const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
-                                           : (const void *)((const char *)e->h_staging + (size_t)g->state_off * e->esize);
+    const void *src = e->dtype == ZOFF_F32 && !e->swap
+                          ? (const void *)(e->h_master + g->state_off)
+                          : (const void *)((const char *)host_weights_out(e) + (size_t)g->state_off * e->esize);
     return zoff_memcpy_async(e->h2d, dst, src, (size_t)g->count * e->esize, ZOFF_COPY_H2D);
 }
 
-/* Round the host master weights to 16 bits into the staging buffer (initial weights, restore). */
+/* Round the host master weights to 16 bits into the weights' output buffer (initial weights,
+ * restore; with one buffer it holds no gradients between steps: zoff_engine_sync_params is
+ * called outside a step). */
 static zoff_status host_master_to_staging(zoff_engine *e) {
     if (e->pnvme) return pn_master_to_file(e);
     if (e->swap) return nvme_master_to_staging(e);
     if (e->dtype == ZOFF_F32) return ZOFF_OK;
-    if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(e->h_staging, e->h_master, (size_t)e->n_host);
-    else zoff_par_f32_to_f16(e->h_staging, e->h_master, (size_t)e->n_host);
+    if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(host_weights_out(e), e->h_master, (size_t)e->n_host);
+    else zoff_par_f32_to_f16(host_weights_out(e), e->h_master, (size_t)e->n_host);
     return ZOFF_OK;
 }
 
@@ -1407,8 +1421,7 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     }
     if (e->scratch.recv) m->device += (size_t)e->scratch.elems * e->esize;
     if (e->scratch.pack) m->device += (size_t)e->scratch.elems * e->esize;
-    size_t host = (size_t)e->n_host * (f4 * (1 + (size_t)uses_m(e) + (size_t)uses_v(e)) * (size_t)(e->swap == NULL) +
-                                       e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
+    size_t host = e->hb.total;
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
     if (e->bk_master) /* super_offload: the saved master, m and v (pageable) */
