@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -45,6 +46,7 @@ typedef struct run_result {
  * (zoff_now seconds; iteration i's step is optimizer step i + 1 when none is skipped). */
 typedef struct train_mode {
     bool waits;               /* the model waits per parameter group (options.weight_waits) */
+    bool range_init;          /* initial weights through options.init_range (no whole buffer) */
     int layers, hidden;       /* model shape (0: L, C) */
     zoff_engine *e;           /* set by train() */
     int iter;                 /* the iteration being run */
@@ -65,6 +67,11 @@ static zoff_status logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t c
         st = zoff_stream_host_fn(s, stamp_device, &tm->group0_device[tm->iter]);
     }
     return st;
+}
+
+static zoff_status init_range_42(void *arg, int64_t lo, int64_t hi, float *dst) {
+    zoff_gpt2_init_params_range(arg, 42, lo, hi, dst);
+    return ZOFF_OK;
 }
 
 static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
@@ -102,13 +109,16 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
-        init = malloc((size_t)r->n * sizeof(float));
-        zoff_gpt2_init_params(m, 42, init);
+        if (!g_mode.range_init) {
+            init = malloc((size_t)r->n * sizeof(float));
+            zoff_gpt2_init_params(m, 42, init);
+        }
         int nt;
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
-                                  .init_params = init, .weight_waits = g_mode.waits};
+                                  .init_params = init, .init_range = init ? NULL : init_range_42, .init_arg = m,
+                                  .weight_waits = g_mode.waits};
         s = zoff_engine_create(&eo, &e);
         g_mode.e = e;
         memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
@@ -535,6 +545,43 @@ static void test_placement_spec(void **st) {
     assert_true(ar.fits && ar.ratio == 0.0);
 }
 
+/* Initial weights straight into their place (options.init_range: each host sub-group's
+ * master, the device's part through the bounded piece buffer, the NVMe swap file) equal
+ * those of zoff_gpt2_init_params' whole buffer (options.init_params), and train the same,
+ * bit for bit: offload, Twin-Flow, no offload, NVMe; bf16 and fp32; exact and pipelined. */
+static void test_init_range_equals_whole(void **st) {
+    (void)st;
+    char dir[] = "/tmp/zoff_test_init_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char nvme[256], a[1024];
+    snprintf(nvme, sizeof nvme,
+             "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"nvme\", "
+             "\"nvme_path\": \"%s\"}}", dir);
+    const char *zeros[] = {OFFLOAD,
+                           "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", "
+                           "\"ratio\": 0.5}}",
+                           DEVICE, nvme};
+    for (int zi = 0; zi < 4; zi++)
+        for (int d = 0; d < 2; d++)
+            for (int steps = 0; steps <= 2; steps += 2) {
+                zoff_dtype dt = d ? ZOFF_F32 : ZOFF_BF16;
+                cfg_json(a, sizeof a, zeros[zi], d ? "" : "\"bf16\": {\"enabled\": true},", 1);
+                run_result whole, ranged;
+                g_mode.waits = steps > 0 && zi < 2;
+                assert_int_equal(train(a, dt, steps, 0, &whole), ZOFF_OK);
+                g_mode.range_init = true;
+                zoff_status s = train(a, dt, steps, 0, &ranged);
+                g_mode.range_init = false;
+                g_mode.waits = false;
+                assert_int_equal(s, ZOFF_OK);
+                assert_memory_equal(ranged.weights, whole.weights, (size_t)whole.n * sizeof(float));
+                for (int i = 0; i < steps; i++) assert_memory_equal(&ranged.losses[i], &whole.losses[i], sizeof(float));
+                free(whole.weights);
+                free(ranged.weights);
+            }
+    (void)rmdir(dir);
+}
+
 /* The pipelined step (options.weight_waits: the host update on the worker in forward
  * order, each group's weights pushed at once, the forward waiting per group) computes
  * exactly what the synchronous step computes: the same host Adam on the same
@@ -751,6 +798,7 @@ int main(void) {
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
+        cmocka_unit_test(test_init_range_equals_whole),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),

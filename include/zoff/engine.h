@@ -31,7 +31,13 @@ typedef struct zoff_engine_options {
     void *params;        /* device, num_params of dtype: the weights forward/backward use (NULL: stage 3) */
     void *grads;         /* device, num_params of dtype: backward accumulates here (NULL: stage 3) */
     zoff_dtype dtype;    /* F32, BF16 or F16 */
-    const float *init_params; /* host fp32, num_params: initial master weights */
+    const float *init_params; /* host fp32, num_params: initial master weights (or init_range) */
+    /* Instead of init_params (no whole-model buffer): fills dst with the initial fp32 weights
+     * of the model range [lo, hi). The engine calls it on each host sub-group's master range
+     * directly and, for the device's part, through a bounded piece buffer, so it must give the
+     * same values for any split of the range (zoff_gpt2_init_params_range does). */
+    zoff_status (*init_range)(void *arg, int64_t lo, int64_t hi, float *dst);
+    void *init_arg;
     /* Data parallel (NULL = one rank): the job's communicator, not owned; it must
      * outlive the engine. With N > 1 ranks create is collective (it checks that
      * every rank has the same configuration and tensor table, and dups comm), as

@@ -114,8 +114,10 @@ typedef struct zoff_train_stack_options {
     int64_t batch_size, seq_len;
     zoff_dtype dtype;
     bool checkpoint_activations;
-    uint64_t seed;                   /* random initial weights when init is NULL */
-    /* fills host (num_params fp32, model order) with the initial weights; NULL: random from seed */
+    uint64_t seed;                   /* random initial weights when init is NULL (generated straight
+                                        into the engine's master: no whole-model buffer) */
+    /* fills host (num_params fp32, model order, a transient whole-model buffer) with the initial
+     * weights (a checkpoint's, a file's); NULL: random from seed */
     zoff_status (*init)(void *arg, zoff_gpt2 *model, float *host);
     void *init_arg;
     zoff_comm *comm;                 /* NULL: one rank */

@@ -11,26 +11,44 @@ void zoff_train_stack_destroy(zoff_train_stack *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* The engine from the model's buffers and its initial fp32 weights; stage 3's hooks. */
+/* Random initial weights of the model range [lo, hi) (counter-based: any split, the same values). */
+typedef struct seed_init {
+    const zoff_gpt2 *model;
+    uint64_t seed;
+} seed_init;
+static zoff_status seed_init_range(void *arg, int64_t lo, int64_t hi, float *dst) {
+    const seed_init *si = arg;
+    zoff_gpt2_init_params_range(si->model, si->seed, lo, hi, dst);
+    return ZOFF_OK;
+}
+
+/* The engine from the model's buffers and its initial fp32 weights; stage 3's hooks. Random
+ * weights are generated straight into the engine's master (no whole-model buffer); o->init
+ * (a checkpoint's or a file's weights) fills a whole-model buffer, freed once the engine
+ * holds them. */
 static zoff_status create_engine(const zoff_train_stack_options *o, zoff_train_stack *s) {
     int64_t n = zoff_gpt2_num_params(s->model);
     int nt = 0;
     const zoff_tensor_info *tensors = zoff_gpt2_tensors(s->model, &nt);
-    float *init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights");
-    if (!init) return zoff_error_context(ZOFF_ERR_NOMEM, "model");
+    seed_init si = {.model = s->model, .seed = o->seed};
+    float *init = NULL;
     zoff_status st = ZOFF_OK;
-    if (o->init) st = o->init(o->init_arg, s->model, init);
-    else zoff_gpt2_init_params(s->model, o->seed, init);
+    if (o->init) {
+        if (!(init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights")))
+            return zoff_error_context(ZOFF_ERR_NOMEM, "model");
+        st = o->init(o->init_arg, s->model, init);
+    }
     zoff_engine_options eo = {.dev = s->dev, .cfg = o->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = n, .params = zoff_gpt2_params(s->model),
                               .grads = zoff_gpt2_grads(s->model), .dtype = o->dtype, .init_params = init,
+                              .init_range = init ? NULL : seed_init_range, .init_arg = &si,
                               .comm = o->comm, .timeline = o->timeline,
                               .weight_waits = o->weight_waits && o->cfg->zero.stage < 3};
     if (st == ZOFF_OK && (st = zoff_engine_create(&eo, &s->eng)) != ZOFF_OK) zoff_error_context(st, "engine");
     if (st == ZOFF_OK && eo.weight_waits &&
         (st = zoff_gpt2_set_weight_wait(s->model, zoff_engine_wait_weights, s->eng)) != ZOFF_OK)
         zoff_error_context(st, "engine");
-    zoff_aligned_free(init); /* the engine holds the master weights now: 4 B/param less on the host */
+    zoff_aligned_free(init); /* the engine holds the master weights now */
     if (st == ZOFF_OK && o->cfg->zero.stage == 3) { /* the model asks the engine for each group's weights */
         zoff_param_hooks hk = {.arg = s->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
                                .release = zoff_engine_release};

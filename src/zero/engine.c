@@ -427,10 +427,28 @@ static zoff_status nvme_create(zoff_engine *e) {
     return ZOFF_OK;
 }
 
+/* The initial weights of this rank's optimizer-space range [lo, hi) into dst: from
+ * init_params (gathered into this rank's order) or from init_range over the model runs
+ * that make the range. */
+static zoff_status init_fill(zoff_engine *e, int64_t lo, int64_t hi, float *dst) {
+    if (e->init_full) {
+        zoff_par_memcpy(dst, e->init_full + lo, (size_t)(hi - lo) * sizeof(float));
+        return ZOFF_OK;
+    }
+    if ((e->world == 1 && !e->stage3) || e->replicated) return e->init_range(e->init_arg, lo, hi, dst);
+    const zoff_dp_plan *p = &e->plan;
+    for (int k = 0; k < p->nown[e->rank]; k++) {
+        const zoff_dp_piece *q = &p->pieces[p->own[e->rank][k]];
+        int64_t a = q->local > lo ? q->local : lo, b = q->local + q->count < hi ? q->local + q->count : hi;
+        if (a < b) ZOFF_TRY(e->init_range(e->init_arg, q->model + (a - q->local), q->model + (b - q->local), dst + (a - lo)));
+    }
+    return ZOFF_OK;
+}
+
 /* The initial state on disk: master = init (zeros without), m and v as the
  * optimizer initialises them (fast_init: master only; m and v are produced in
  * memory at their first read). */
-static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
+static zoff_status nvme_write_initial(zoff_engine *e, bool init) {
     bool fast = e->cfg->zero.offload_optimizer.fast_init;
     ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_WRITE, fast ? 1u : nvme_all_arrays(e)));
     for (int k = 0; k < e->nswap; k++) {
@@ -438,7 +456,7 @@ static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
         float *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
         const subgroup *g = &e->sg[e->swap_sg[sw]];
-        if (init) memcpy(arr[0], init + g->offset, (size_t)g->count * sizeof(float));
+        if (init) ZOFF_TRY(init_fill(e, g->offset, g->offset + g->count, arr[0]));
         else memset(arr[0], 0, (size_t)g->count * sizeof(float));
         if (!fast) {
             int am = nvme_array_of(e, 1), av = nvme_array_of(e, 2);
@@ -816,6 +834,46 @@ static void describe(zoff_engine *e) {
     }
 }
 
+/* Elements of the bounded buffer the device's part of the initial weights goes through. */
+#define INIT_PIECE_ELEMS ((int64_t)1 << 22) /* 16 MiB of fp32 */
+
+/* The initial weights straight into their place: each host sub-group's master (or, NVMe, the
+ * swap file: nvme_write_initial), the device's master (fp32: the model's weights) in pieces;
+ * then the 16-bit weights from the masters (zoff_engine_sync_params). */
+static zoff_status initial_weights(zoff_engine *e) {
+    const size_t f4 = sizeof(float);
+    float *piece = NULL;
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; s == ZOFF_OK && i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        if (g->on_host) {
+            if (!e->swap) s = init_fill(e, g->offset, g->offset + g->count, e->h_master + g->state_off);
+            continue;
+        }
+        float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
+        if (e->init_full) {
+            s = zoff_memcpy_async(e->compute, dst, e->init_full + g->offset, (size_t)g->count * f4, ZOFF_COPY_H2D);
+            continue;
+        }
+        /* pageable: a transient buffer, not part of the pinned figures zoff plan predicts */
+        if (!piece && !(piece = zoff_aligned_alloc(64, (size_t)INIT_PIECE_ELEMS * f4, "initial weights piece")))
+            s = ZOFF_ERR_NOMEM;
+        for (int64_t a = 0; s == ZOFF_OK && a < g->count; a += INIT_PIECE_ELEMS) {
+            int64_t c = g->count - a < INIT_PIECE_ELEMS ? g->count - a : INIT_PIECE_ELEMS;
+            s = zoff_stream_synchronize(e->compute); /* the piece's last copy is done */
+            if (s == ZOFF_OK) s = init_fill(e, g->offset + a, g->offset + a + c, piece);
+            if (s == ZOFF_OK) s = zoff_memcpy_async(e->compute, dst + a, piece, (size_t)c * f4, ZOFF_COPY_H2D);
+        }
+    }
+    if (piece) {
+        zoff_status ss = zoff_stream_synchronize(e->compute);
+        if (s == ZOFF_OK) s = ss;
+        zoff_aligned_free(piece);
+    }
+    if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
+    return s;
+}
+
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
     *out = NULL;
     if (!o || !o->dev || !o->cfg || !o->tensors || o->num_params <= 0)
@@ -854,6 +912,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     float *init_local = NULL;
     zoff_status s = dp_setup(e, o, &ltab, &nlt, &init_local);
     const float *init = init_local ? init_local : o->init_params;
+    e->init_full = init;
+    e->init_range = init ? NULL : o->init_range;
+    e->init_arg = o->init_arg;
     if (s == ZOFF_OK) s = build_ranges(e, ltab ? ltab : o->tensors, ltab ? nlt : o->num_tensors);
     if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, &ratio);
     if (s == ZOFF_OK) s = build_subgroups(e, ratio);
@@ -890,7 +951,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK && e->hb.staging)
             s = host_alloc(e, e->hb.staging, "weight staging (host)", &e->h_staging);
         if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, 0, &e->hopt);
-        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
+        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init != NULL || e->init_range);
         if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
                                     .state_dt = ZOFF_F32, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
@@ -921,24 +982,12 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         else
             e->worker_started = true;
     }
-    /* initial weights */
-    if (s == ZOFF_OK && init) {
-        for (int i = 0; i < e->nsg; i++) {
-            subgroup *g = &e->sg[i];
-            if (g->on_host) {
-                if (!e->swap) zoff_par_memcpy(e->h_master + g->state_off, init + g->offset, (size_t)g->count * f4);
-            } else {
-                float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
-                s = zoff_memcpy_async(e->compute, dst, init + g->offset, (size_t)g->count * f4,
-                                      ZOFF_COPY_H2D);
-                if (s != ZOFF_OK) break;
-            }
-        }
-        if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
-    }
+    if (s == ZOFF_OK && (init || e->init_range)) s = initial_weights(e);
     if (s == ZOFF_OK) s = zoff_stream_synchronize(e->compute);
     free(ltab);
     zoff_aligned_free(init_local);
+    e->init_full = NULL; /* creation only */
+    e->init_range = NULL;
     if (s != ZOFF_OK) {
         zoff_engine_destroy(e);
         return s;

@@ -54,6 +54,10 @@ struct zoff_engine {
     int64_t n_host;
     bool pinned;
     float *h_master, *h_m, *h_v;
+    /* during creation only: the initial weights (init_params in this rank's order, or init_range) */
+    const float *init_full;
+    zoff_status (*init_range)(void *arg, int64_t lo, int64_t hi, float *dst);
+    void *init_arg;
     zoff_host_buffers hb; /* the sizes of the host buffers (zoff_placement_host_buffers) */
     void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update. With
                            hb.weights_in_grads the update writes the new 16-bit weights over the
