@@ -10,13 +10,14 @@
  *                              src/zero/placement.c (called here too),
  *                              device master/m/v + 8 bytes of statistics, host
  *                              master/m/v + gradient partition(s) + staging
- *   loop    src/cli/train.c    token buffers on the device, initial fp32
- *                              weights and checkpoint staging on the host
+ *   loop    src/train          token buffers on the device, the checkpoint
+ *                              save's piece buffer on the host
  * tests/test_plan.c compares them with what those functions really allocate.
  * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
 #define _GNU_SOURCE
 #include "zoff/plan.h"
 #include "zoff/engine.h"
+#include "zoff/train.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -536,9 +537,14 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         param_swap_memory(cfg, part, maxgrp, L, es, m);
     }
     m->model_pinned = mb.host_losses;
-    /* train.c: initial fp32 weights (held for the run), the checkpoint staging
-     * buffer while saving, input and target tokens */
-    m->loop_pageable = 2 * (size_t)n * f4 + 2 * (size_t)(B * T) * sizeof(int32_t);
+    /* zoff train (src/train): the checkpoint save's buffer (one piece, zoff_train_ckpt_piece_bytes;
+     * a whole array of the partition when the state is in an NVMe swap file; with several ranks
+     * also the gathered master weights), input and target tokens. The initial weights go straight
+     * into the engine (no buffer; --load and --init-from, which fill one, are not planned) */
+    bool state_on_disk = (nvme && nh > 0) || (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME);
+    size_t save = state_on_disk ? (size_t)(n > part ? n : part) * f4 : zoff_train_ckpt_piece_bytes();
+    if (R > 1) save = add_sat(save, (size_t)n * f4);
+    m->loop_pageable = save + 2 * (size_t)(B * T) * sizeof(int32_t);
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);
