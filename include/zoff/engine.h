@@ -286,7 +286,9 @@ typedef struct zoff_grad_event {
 } zoff_grad_event;
 int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **events);
 
-/* Copy the current fp32 master weights to the model's parameter buffer. */
+/* Copy the current fp32 master weights to the model's parameter buffer. The host
+ * sub-groups' 16-bit weights go out through the host gradient buffer: call it between
+ * steps, not between a boundary backward and its zoff_engine_step. */
 zoff_status zoff_engine_sync_params(zoff_engine *e);
 /* Wait for background work (delayed update) so that the state is final. */
 zoff_status zoff_engine_flush(zoff_engine *e);
