@@ -584,6 +584,11 @@ static void dp_json(char *buf, size_t n, int micro, int accum, const char *prec,
 /* The device dp_train trains on (the CUDA case sets it for one test). */
 static zoff_backend_kind g_dp_kind = ZOFF_BACKEND_CPU;
 
+static zoff_status dp_init_range(void *arg, int64_t lo, int64_t hi, float *dst) {
+    zoff_gpt2_init_params_range(arg, 42, lo, hi, dst);
+    return ZOFF_OK;
+}
+
 /* comm NULL: the reference with `rows` rows per micro-batch starting at row0. */
 static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, int accum, double clip,
                             zoff_comm *comm, int rows, int row0, dp_result *r) {
@@ -610,13 +615,19 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
-        init = malloc((size_t)r->n * sizeof(float));
-        zoff_gpt2_init_params(m, 42, init);
+        /* odd ranks: the initial weights of their partition's model runs straight into the engine
+         * (options.init_range); even ranks and one rank: a whole buffer. Both must give the
+         * one-rank run's weights. */
+        if (!comm || zoff_comm_rank(comm) % 2 == 0) {
+            init = malloc((size_t)r->n * sizeof(float));
+            zoff_gpt2_init_params(m, 42, init);
+        }
         int nt;
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
-                                  .init_params = init, .comm = comm};
+                                  .init_params = init, .init_range = init ? NULL : dp_init_range, .init_arg = m,
+                                  .comm = comm};
         s = zoff_engine_create(&eo, &e);
         if (s == ZOFF_OK && stage3) { /* the model asks the engine for each group's weights */
             assert_null(zoff_gpt2_params(m));

@@ -554,6 +554,47 @@ static void test_threads_bit_identical(void **state) {
             }
 }
 
+/* In place (the engine's one host buffer: the 16-bit gradient in, the new 16-bit weight
+ * out): params16 aliasing the grads gives the separate-buffer result bit for bit on every
+ * path, kind, 16-bit grad dtype, state dtype (the even/odd bf16 pass included), thread
+ * count and a length with a tail; the aliased buffer ends holding the weights. */
+static void test_params16_in_place(void **state) {
+    (void)state;
+    static const zoff_dtype g16[] = {ZOFF_BF16, ZOFF_F16};
+    static const int64_t lengths[] = {1, 333, 4099};
+    int64_t compared = 0;
+    for (int pi = 0; pi < g_npaths; pi++)
+        for (int oi = 0; oi < NOCASES; oi++)
+            for (int gi = 0; gi < 2; gi++)
+                for (int sdi = 0; sdi < 2; sdi++)
+                    for (int li = 0; li < 3; li++) {
+                        const ocase *oc = &g_ocases[oi];
+                        int threads = 1 + li % 2;
+                        tbuf in, ref, out;
+                        tb_alloc(&in, lengths[li], g16[gi], sdi ? ZOFF_BF16 : ZOFF_F32, g16[gi], li);
+                        double gs = tb_fill(&in, R_NORMAL);
+                        tb_copy(&ref, &in, 0);
+                        tb_copy(&out, &in, li);
+                        zoff_host_optimizer *opt = make_opt(oc, g_paths[pi], threads, ZOFF_STATE_ROUND_NEAREST, -1);
+                        run_step(opt, &ref, oc->type, oc->wd, gs);
+                        free(out.raw[4]);
+                        out.raw[4] = NULL;
+                        out.p16 = out.g; /* one buffer: grads in, weights out */
+                        run_step(opt, &out, oc->type, oc->wd, gs);
+                        zoff_host_optimizer_destroy(opt);
+                        const char *pn = zoff_simd_path_name(g_paths[pi]);
+                        assert_same_bits("p", out.p, ref.p, in.n, ZOFF_F32, false, pn, "separate buffers");
+                        assert_same_bits("m", out.m, ref.m, in.n, in.sd, false, pn, "separate buffers");
+                        assert_same_bits("v", out.v, ref.v, in.n, in.sd, false, pn, "separate buffers");
+                        assert_same_bits("p16", out.g, ref.p16, in.n, in.pd, false, pn, "separate buffers");
+                        compared += in.n;
+                        tb_free(&in);
+                        tb_free(&ref);
+                        tb_free(&out);
+                    }
+    print_message("in place: %lld elements compared bit for bit with separate buffers\n", (long long)compared);
+}
+
 /* Splitting a range into pieces (with index_base) gives the same bits, stochastic rounding included. */
 static void test_split_ranges(void **state) {
     (void)state;
@@ -1121,6 +1162,7 @@ int main(void) {
         cmocka_unit_test(test_paths_bit_identical),
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_split_ranges),
+        cmocka_unit_test(test_params16_in_place),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_fp16_copy_overflow),
         cmocka_unit_test(test_errors_and_empty),

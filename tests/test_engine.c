@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -37,6 +38,7 @@ typedef struct run_result {
     size_t device_peak;
     int64_t steps_taken;
     double host_ratio;
+    size_t host_bytes; /* zoff_engine_memory_usage: pinned + pageable */
     int64_t rollbacks;
     bool rolled_back[32];
     char describe[1536]; /* zoff_engine_describe */
@@ -46,6 +48,7 @@ typedef struct run_result {
  * (zoff_now seconds; iteration i's step is optimizer step i + 1 when none is skipped). */
 typedef struct train_mode {
     bool waits;               /* the model waits per parameter group (options.weight_waits) */
+    bool range_init;          /* initial weights through options.init_range (no whole buffer) */
     int layers, hidden;       /* model shape (0: L, C) */
     int vocab, batch;         /* (0: V, B; batch <= BMAX) */
     long sub_group;           /* spec_cfg's sub_group_size (0: 3000) */
@@ -81,6 +84,11 @@ static void logged_ready(void *arg, zoff_stream *s, int64_t off, int64_t count) 
     zoff_engine_grad_ready(arg, s, off, count);
     if (off == g_mode.block0 && g_mode.iter < 32)
         (void)zoff_stream_host_fn(s, stamp_device, &g_mode.block0_end[g_mode.iter]);
+}
+
+static zoff_status init_range_42(void *arg, int64_t lo, int64_t hi, float *dst) {
+    zoff_gpt2_init_params_range(arg, 42, lo, hi, dst);
+    return ZOFF_OK;
 }
 
 static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
@@ -119,13 +127,16 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
-        init = malloc((size_t)r->n * sizeof(float));
-        zoff_gpt2_init_params(m, 42, init);
+        if (!g_mode.range_init) {
+            init = malloc((size_t)r->n * sizeof(float));
+            zoff_gpt2_init_params(m, 42, init);
+        }
         int nt;
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
-                                  .init_params = init, .weight_waits = g_mode.waits};
+                                  .init_params = init, .init_range = init ? NULL : init_range_42, .init_arg = m,
+                                  .weight_waits = g_mode.waits};
         s = zoff_engine_create(&eo, &e);
         g_mode.e = e;
         memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
@@ -143,6 +154,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         zoff_engine_memory_usage(e, &em);
         snprintf(r->describe, sizeof r->describe, "%s", zoff_engine_describe(e));
         r->host_ratio = em.host_ratio;
+        r->host_bytes = em.pinned + em.pageable;
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "x", (void **)&dx);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "y", (void **)&dy);
@@ -468,7 +480,8 @@ static void test_auto_ratio_minimal(void **st) {
 /* The engine checks host memory for its host part before allocating it: with less available
  * than the optimizer state needs, offload is refused with the sizes and what to change; the
  * same job with the optimizer on the device (nothing on the host) runs. The state needs
- * n x (4 + 4 + 4 + 2 + 2) bytes here (bf16: master, m, v, gradients, weight staging). */
+ * n x (4 + 4 + 4 + 2) bytes here (bf16: master, m, v, one buffer for the gradients in and
+ * the new weights out; zoff_engine_memory_usage says the same). */
 static void test_host_memory_checked(void **st) {
     (void)st;
     char a[1024];
@@ -476,7 +489,8 @@ static void test_host_memory_checked(void **st) {
     const char *prec = "\"bf16\": {\"enabled\": true},";
     assert_int_equal(train(cfg_json(a, sizeof a, OFFLOAD, prec, 1), ZOFF_BF16, 1, 0, &r), ZOFF_OK);
     free(r.weights);
-    size_t need = (size_t)r.n * 16;
+    size_t need = (size_t)r.n * 14;
+    assert_int_equal(r.host_bytes, need);
     char v[32];
     snprintf(v, sizeof v, "%zu", need - need / 10);
     setenv("ZOFF_TEST_MEM_AVAILABLE", v, 1);
@@ -589,6 +603,43 @@ static void test_placement_spec(void **st) {
     assert_false(ar.fits);
     zoff_placement_auto_ratio(0, 900, 100, ZOFF_F32, &ar);
     assert_true(ar.fits && ar.ratio == 0.0);
+}
+
+/* Initial weights straight into their place (options.init_range: each host sub-group's
+ * master, the device's part through the bounded piece buffer, the NVMe swap file) equal
+ * those of zoff_gpt2_init_params' whole buffer (options.init_params), and train the same,
+ * bit for bit: offload, Twin-Flow, no offload, NVMe; bf16 and fp32; exact and pipelined. */
+static void test_init_range_equals_whole(void **st) {
+    (void)st;
+    char dir[] = "/tmp/zoff_test_init_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char nvme[256], a[1024];
+    snprintf(nvme, sizeof nvme,
+             "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"nvme\", "
+             "\"nvme_path\": \"%s\"}}", dir);
+    const char *zeros[] = {OFFLOAD,
+                           "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", "
+                           "\"ratio\": 0.5}}",
+                           DEVICE, nvme};
+    for (int zi = 0; zi < 4; zi++)
+        for (int d = 0; d < 2; d++)
+            for (int steps = 0; steps <= 2; steps += 2) {
+                zoff_dtype dt = d ? ZOFF_F32 : ZOFF_BF16;
+                cfg_json(a, sizeof a, zeros[zi], d ? "" : "\"bf16\": {\"enabled\": true},", 1);
+                run_result whole, ranged;
+                g_mode.waits = steps > 0 && zi < 2;
+                assert_int_equal(train(a, dt, steps, 0, &whole), ZOFF_OK);
+                g_mode.range_init = true;
+                zoff_status s = train(a, dt, steps, 0, &ranged);
+                g_mode.range_init = false;
+                g_mode.waits = false;
+                assert_int_equal(s, ZOFF_OK);
+                assert_memory_equal(ranged.weights, whole.weights, (size_t)whole.n * sizeof(float));
+                for (int i = 0; i < steps; i++) assert_memory_equal(&ranged.losses[i], &whole.losses[i], sizeof(float));
+                free(whole.weights);
+                free(ranged.weights);
+            }
+    (void)rmdir(dir);
 }
 
 /* The pipelined step (options.weight_waits: the host update on the worker in forward
@@ -868,6 +919,7 @@ int main(void) {
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
+        cmocka_unit_test(test_init_range_equals_whole),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),

@@ -496,7 +496,8 @@ static void test_nvme_too_few_buffers(void **st) {
     assert_int_equal(swap_files(NULL, 0), 0);
 }
 
-/* Host memory holds the 16-bit gradients, the staging and the buffers, not the fp32 state. */
+/* Host memory holds the one 16-bit buffer (gradients in, new weights out) and the swapper's
+ * buffers, not the fp32 state. */
 static void test_nvme_memory(void **st) {
     (void)st;
     char a[2048], b[2048];
@@ -507,9 +508,9 @@ static void test_nvme_memory(void **st) {
     assert_int_equal(train(cfg_json(b, sizeof b, bf, ADAMW, "cpu", "", "", ""), ZOFF_BF16, 1, NULL, &cpu), ZOFF_OK);
     size_t host_nv = nv.mem.pinned + nv.mem.pageable, host_cpu = cpu.mem.pinned + cpu.mem.pageable;
     size_t n = (size_t)nv.n;
-    assert_int_equal(host_cpu, n * (12 + 2 + 2));                         /* fp32 state + grads + staging */
+    assert_int_equal(host_cpu, n * (12 + 2));                             /* fp32 state + grads/weights */
     size_t bufs = 4 * 3 * 12288;                                          /* 4 buffers x 3 arrays x 3000 floats, 4 KiB pages */
-    assert_int_equal(host_nv, n * (2 + 2) + bufs);
+    assert_int_equal(host_nv, n * 2 + bufs);
     assert_true(nv.mem.nvme >= n * 12 && nv.mem.nvme < n * 12 + 64 * 4096);
     printf("host memory: cpu offload %zu B, nvme %zu B (+ %zu B on disk) for %zu parameters\n", host_cpu, host_nv,
            nv.mem.nvme, n);

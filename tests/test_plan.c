@@ -8,9 +8,11 @@
  *           backend's device and pinned memory are heap memory too)
  *   disk    the size of the NVMe swap file(s) the engine creates (when this
  *           zoff runs nvme offload)
- * The model and engine are created as src/cli/train.c does (model, initial
- * fp32 weights, engine, token buffers); the checkpoint staging buffer that
- * train.c allocates while saving is allocated too, at the same size.
+ * The model and engine are created as zoff train does (src/train: model, engine
+ * with the random initial weights generated straight into it, token buffers);
+ * the buffer a checkpoint save allocates (src/train/ckpt_save.c: one piece, or
+ * one whole array when the state is in a swap file) is allocated too, at the same
+ * size.
  * Device, pinned and disk bytes must match exactly (the plan re-derives each
  * allocation); pageable bytes, measured on the heap among other small
  * allocations, within 10% (the issue's bar). The worst errors are printed. The grid test goes through the written config (zoff_plan_config_json
@@ -37,6 +39,7 @@
 #include "zoff/engine.h"
 #include "zoff/model.h"
 #include "zoff/plan.h"
+#include "zoff/train.h"
 #include "zero/partition.h" /* the engine's data-parallel partition plan (private to src/zero) */
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -111,8 +114,13 @@ static size_t dir_bytes(const char *dir) {
     return total;
 }
 
-/* Create device (budget 0 = none), model, initial weights, engine and token
- * buffers like train.c, plus the checkpoint staging buffer; measure. */
+static zoff_status init_range_7(void *arg, int64_t lo, int64_t hi, float *dst) {
+    zoff_gpt2_init_params_range(arg, 7, lo, hi, dst);
+    return ZOFF_OK;
+}
+
+/* Create device (budget 0 = none), model, engine (initial weights straight into it) and
+ * token buffers like zoff train, plus the checkpoint save's buffer; measure. */
 static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, size_t budget, const char *nvme_dir,
                          reality *r) {
     memset(r, 0, sizeof *r);
@@ -122,19 +130,16 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
     size_t heap0 = heap_in_use();
     zoff_gpt2 *m = NULL;
     zoff_engine *e = NULL;
-    float *init = NULL, *ckpt = NULL;
+    float *ckpt = NULL;
     int32_t *dx = NULL, *dy = NULL, *hx = NULL, *hy = NULL;
     zoff_status s = zoff_gpt2_create(dev, mo, &m);
     if (s == ZOFF_OK) {
         int64_t n = zoff_gpt2_num_params(m);
-        init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights");
-        assert_non_null(init);
-        zoff_gpt2_init_params(m, 7, init);
         int nt;
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
         zoff_engine_options eo = {.dev = dev, .cfg = cfg, .tensors = ti, .num_tensors = nt, .num_params = n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = mo->dtype,
-                                  .init_params = init,
+                                  .init_range = init_range_7, .init_arg = m,
                                   .weight_waits = cfg->zero.offload_optimizer.super_offload}; /* as zoff train */
         s = zoff_engine_create(&eo, &e);
         if (s == ZOFF_OK && zoff_engine_uses_grad_rows(e)) s = zoff_gpt2_set_grad_rows(m, zoff_engine_grad_rows, e);
@@ -147,7 +152,9 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
             hy = malloc(tb);
             s = zoff_device_alloc(dev, tb, "input tokens", (void **)&dx);
             if (s == ZOFF_OK) s = zoff_device_alloc(dev, tb, "target tokens", (void **)&dy);
-            ckpt = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "checkpoint staging buffer");
+            int64_t pn = zoff_engine_partition_numel(e);
+            size_t save = em.nvme > 0 ? (size_t)(n > pn ? n : pn) * sizeof(float) : zoff_train_ckpt_piece_bytes();
+            ckpt = zoff_aligned_alloc(64, save, "checkpoint piece buffer");
             assert_non_null(ckpt);
         }
     }
@@ -167,7 +174,6 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
     if (dy) zoff_device_free(dev, dy);
     zoff_engine_destroy(e);
     zoff_gpt2_destroy(m);
-    zoff_aligned_free(init);
     zoff_device_destroy(dev);
     if (s != ZOFF_OK) zoff_clear_error();
 }

@@ -235,6 +235,9 @@ zoff_status zoff_ckpt_read(zoff_ckpt_reader *r, const char *name, void *dst, siz
  * model has [50304, 128]: ..."). */
 zoff_status zoff_ckpt_read_tensor(zoff_ckpt_reader *r, const char *name, zoff_dtype dtype, int ndim,
                                   const int64_t *shape, void *dst, size_t bytes);
+/* zoff_ckpt_read_tensor's checks (present, dtype, shape) without reading. */
+zoff_status zoff_ckpt_check_tensor(zoff_ckpt_reader *r, const char *name, zoff_dtype dtype, int ndim,
+                                   const int64_t *shape);
 /* Read a whole entry into a new malloc'ed buffer with a NUL byte appended (for JSON text);
  * *bytes (may be NULL) receives the size without the NUL. Free with free(). */
 zoff_status zoff_ckpt_read_blob(zoff_ckpt_reader *r, const char *name, char **data, size_t *bytes);

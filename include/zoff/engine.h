@@ -31,7 +31,13 @@ typedef struct zoff_engine_options {
     void *params;        /* device, num_params of dtype: the weights forward/backward use (NULL: stage 3) */
     void *grads;         /* device, num_params of dtype: backward accumulates here (NULL: stage 3) */
     zoff_dtype dtype;    /* F32, BF16 or F16 */
-    const float *init_params; /* host fp32, num_params: initial master weights */
+    const float *init_params; /* host fp32, num_params: initial master weights (or init_range) */
+    /* Instead of init_params (no whole-model buffer): fills dst with the initial fp32 weights
+     * of the model range [lo, hi). The engine calls it on each host sub-group's master range
+     * directly and, for the device's part, through a bounded piece buffer, so it must give the
+     * same values for any split of the range (zoff_gpt2_init_params_range does). */
+    zoff_status (*init_range)(void *arg, int64_t lo, int64_t hi, float *dst);
+    void *init_arg;
     /* Data parallel (NULL = one rank): the job's communicator, not owned; it must
      * outlive the engine. With N > 1 ranks create is collective (it checks that
      * every rank has the same configuration and tensor table, and dups comm), as
@@ -132,6 +138,37 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dty
  * saved fp32 master, m and v (as the optimizer uses them) of host_params parameters, in
  * pageable host memory; 0 without it. The engine allocates it, zoff plan counts it. */
 size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params);
+
+/* The engine's host buffers for this rank's host sub-groups (one home: the engine
+ * allocates from it and checks and reports it; zoff plan counts it). With 16-bit
+ * weights one buffer per gradient buffer carries the gradient in (copied during
+ * backward) and the new weight out (the host optimizer writes it over the gradient
+ * it read, element by element, and the copy to the device reads it), except where
+ * the gradients or the weights must outlive the update: speculation (a rollback
+ * updates again from the same gradients) and stage 3 with offload_param "cpu" (the
+ * weights stay on the host as the partition the gathers read) keep a separate
+ * staging buffer. fp32 weights: the master goes to the device (no staging), with
+ * the state on NVMe through an fp32 staging buffer. offload_param "nvme": the
+ * weights go to the parameter swap file (no staging). */
+typedef struct zoff_host_buffers_in {
+    int64_t n_host;          /* host parameters of this rank */
+    zoff_dtype dtype;        /* the model's weights (and gradients) */
+    int state_arrays;        /* fp32 arrays of the optimizer: master (+ exp_avg) (+ exp_avg_sq) */
+    bool nvme;               /* offload_optimizer.device "nvme": master, m, v in a swap file */
+    bool delayed;            /* delayed parameter update: two gradient buffers */
+    bool speculate;          /* offload_optimizer.super_offload */
+    int stage;
+    zoff_offload_device param_offload; /* stage 3's offload_param.device */
+} zoff_host_buffers_in;
+typedef struct zoff_host_buffers {
+    size_t state;            /* master, m, v in host memory (0 with nvme) */
+    size_t grad_buffer;      /* one gradient buffer (model dtype) */
+    int grad_buffers;        /* 1, or 2 with the delayed update */
+    size_t staging;          /* a separate weight staging buffer (0: none) */
+    bool weights_in_grads;   /* the new 16-bit weights go out through the gradient buffer */
+    size_t total;            /* state + grad_buffers x grad_buffer + staging */
+} zoff_host_buffers;
+void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffers *out);
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
@@ -266,7 +303,9 @@ typedef struct zoff_grad_event {
 } zoff_grad_event;
 int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **events);
 
-/* Copy the current fp32 master weights to the model's parameter buffer. */
+/* Copy the current fp32 master weights to the model's parameter buffer. The host
+ * sub-groups' 16-bit weights go out through the host gradient buffer: call it between
+ * steps, not between a boundary backward and its zoff_engine_step. */
 zoff_status zoff_engine_sync_params(zoff_engine *e);
 /* Wait for background work (delayed update) so that the state is final. */
 zoff_status zoff_engine_flush(zoff_engine *e);

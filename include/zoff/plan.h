@@ -125,13 +125,14 @@ typedef struct zoff_plan_memory {
     /* host, pinned when pin_memory (else pageable) */
     size_t host_optimizer;    /* engine: fp32 master, m, v of host sub-groups in host memory (cpu offload) */
     size_t host_grads;        /* engine: gradient partition(s) in the model dtype */
-    size_t host_staging;      /* engine: 16-bit weight staging */
+    size_t host_staging;      /* engine: separate weight staging (speculation, stage 3 offload_param cpu,
+                                 fp32 with nvme; otherwise the gradient buffer carries the weights) */
     size_t host_spec_backup;  /* engine, super_offload: the rollback copy of master, m, v (pageable host memory) */
     size_t swap_buffers;      /* nvme: the swapper's buffers for the optimizer state (pageable host memory) */
     size_t param_buffers;     /* stage 3, offload_param nvme: pinned parameter swap buffers */
     size_t host_params;       /* stage 3, offload_param cpu: this rank's 16-bit parameter partition */
     size_t model_pinned;      /* the model's pinned loss buffer */
-    size_t loop_pageable;     /* the training loop: initial fp32 weights, checkpoint staging, token buffers */
+    size_t loop_pageable;     /* the training loop: the checkpoint save's buffer, token buffers */
     /* disk */
     size_t disk_optimizer;    /* nvme: fp32 master, m, v */
     size_t disk_params;       /* stage 3, offload_param nvme: 16-bit parameter partition */

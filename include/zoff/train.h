@@ -93,6 +93,12 @@ zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, double *seconds)
 zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *meta, char **config_json);
 /* Read the fp32 master weights of every tensor of `model` into host_params (num_params floats). */
 zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params);
+/* The same for the model range [lo, hi) only, into dst (hi - lo floats): whole tensors are read
+ * with their CRC checked, parts of tensors through zoff_ckpt_read_range (the first part read of
+ * a tensor checks the whole entry's CRC); each tensor met is checked as zoff_ckpt_read_tensor
+ * does. Any split of [0, num_params) gives the same values. */
+zoff_status zoff_train_ckpt_read_weights_range(zoff_ckpt_reader *r, const zoff_gpt2 *model, int64_t lo, int64_t hi,
+                                               float *dst);
 /* Restore the engine's optimizer state: this rank's partition, read from whichever rank files
  * hold it (resharding). r is rank 0's file. */
 zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params);
@@ -114,9 +120,14 @@ typedef struct zoff_train_stack_options {
     int64_t batch_size, seq_len;
     zoff_dtype dtype;
     bool checkpoint_activations;
-    uint64_t seed;                   /* random initial weights when init is NULL */
-    /* fills host (num_params fp32, model order) with the initial weights; NULL: random from seed */
+    uint64_t seed;                   /* random initial weights when init is NULL (generated straight
+                                        into the engine's master: no whole-model buffer) */
+    /* fills host (num_params fp32, model order, a transient whole-model buffer) with the initial
+     * weights (a file's); NULL: init_range, else random from seed */
     zoff_status (*init)(void *arg, zoff_gpt2 *model, float *host);
+    /* fills dst with the initial weights of the model range [lo, hi) (a checkpoint's), called by
+     * the engine piece by piece (any split, the same values): no whole-model buffer */
+    zoff_status (*init_range)(void *arg, const zoff_gpt2 *model, int64_t lo, int64_t hi, float *dst);
     void *init_arg;
     zoff_comm *comm;                 /* NULL: one rank */
     bool timeline;                   /* record the gradient-stream timeline (zoff_engine_grad_timeline) */

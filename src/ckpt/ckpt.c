@@ -1321,8 +1321,8 @@ zoff_status zoff_ckpt_read(zoff_ckpt_reader *r, const char *name, void *dst, siz
     return read_entry(r, e, dst);
 }
 
-zoff_status zoff_ckpt_read_tensor(zoff_ckpt_reader *r, const char *name, zoff_dtype dtype, int ndim,
-                                  const int64_t *shape, void *dst, size_t bytes) {
+zoff_status zoff_ckpt_check_tensor(zoff_ckpt_reader *r, const char *name, zoff_dtype dtype, int ndim,
+                                   const int64_t *shape) {
     const zoff_ckpt_entry *e;
     ZOFF_TRY(find_or_fail(r, name, &e));
     if (e->dtype != dtype)
@@ -1344,6 +1344,12 @@ zoff_status zoff_ckpt_read_tensor(zoff_ckpt_reader *r, const char *name, zoff_dt
                                 : "(no shape)",
                           r->path);
     }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_ckpt_read_tensor(zoff_ckpt_reader *r, const char *name, zoff_dtype dtype, int ndim,
+                                  const int64_t *shape, void *dst, size_t bytes) {
+    ZOFF_TRY(zoff_ckpt_check_tensor(r, name, dtype, ndim, shape));
     return zoff_ckpt_read(r, name, dst, bytes);
 }
 

@@ -230,15 +230,15 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     printf("  pinned   %10s = losses %s", fmt_b(m->pinned, b[0], 32), fmt_b(m->model_pinned, b[1], 32));
     if (m->param_buffers) printf(" + parameter swap buffers %s", fmt_b(m->param_buffers, b[2], 32));
     if (r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
-        printf(" + optimizer state %s + gradients %s + staging %s%s%s", fmt_b(m->host_optimizer, b[3], 32),
+        printf(" + optimizer state %s + gradients (and new weights) %s + staging %s%s%s", fmt_b(m->host_optimizer, b[3], 32),
                fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
                m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
-    printf("\n  pageable %10s = training loop %s (initial fp32 weights, checkpoint staging, tokens)",
+    printf("\n  pageable %10s = training loop %s (checkpoint save buffer, tokens)",
            fmt_b(m->pageable, b[0], 32), fmt_b(m->loop_pageable, b[1], 32));
     if (m->swap_buffers) printf(" + NVMe swap buffers %s", fmt_b(m->swap_buffers, b[2], 32));
     if (m->host_spec_backup) printf(" + super_offload rollback copy %s", fmt_b(m->host_spec_backup, b[7], 32));
     if (!r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
-        printf(" + %s optimizer state %s + gradients %s + staging %s%s%s", hp, fmt_b(m->host_optimizer, b[3], 32),
+        printf(" + %s optimizer state %s + gradients (and new weights) %s + staging %s%s%s", hp, fmt_b(m->host_optimizer, b[3], 32),
                fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
                m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
     printf("\n");

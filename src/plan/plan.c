@@ -10,13 +10,14 @@
  *                              src/zero/placement.c (called here too),
  *                              device master/m/v + 8 bytes of statistics, host
  *                              master/m/v + gradient partition(s) + staging
- *   loop    src/cli/train.c    token buffers on the device, initial fp32
- *                              weights and checkpoint staging on the host
+ *   loop    src/train          token buffers on the device, the checkpoint
+ *                              save's piece buffer on the host
  * tests/test_plan.c compares them with what those functions really allocate.
  * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
 #define _GNU_SOURCE
 #include "zoff/plan.h"
 #include "zoff/engine.h"
+#include "zoff/train.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -501,11 +502,16 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* ---- the engine */
     m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + 2 * f4;
     if (nh > 0) {
-        if (!nvme) m->host_optimizer = mul_sat(nh, state_b);
-        m->host_grads = mul_sat(nh, es * (1 + (dpu ? 1 : 0)));
-        m->host_staging = dt != ZOFF_F32 || nvme ? nh * es : 0; /* nvme: fp32 weights are staged too */
-        /* offload_param nvme: the host optimizer writes the weights to the swap file (no staging) */
-        if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) m->host_staging = 0;
+        /* the engine's host buffers (one home: zoff_placement_host_buffers) */
+        zoff_host_buffers hb;
+        zoff_host_buffers_in hi = {.n_host = (int64_t)nh, .dtype = dt, .state_arrays = (int)(state_b / f4),
+                                   .nvme = nvme, .delayed = dpu,
+                                   .speculate = cfg->zero.offload_optimizer.super_offload, .stage = s->stage,
+                                   .param_offload = s->param_offload};
+        zoff_placement_host_buffers(&hi, &hb);
+        m->host_optimizer = hb.state;
+        m->host_grads = mul_sat(hb.grad_buffer, (size_t)hb.grad_buffers);
+        m->host_staging = hb.staging;
     }
     if (nvme && nh > 0) {
         /* src/zero/swapper.c: one swap group per host sub-group, its arrays
@@ -535,9 +541,14 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* super_offload: the model reports wte's rows (zoff_engine_uses_grad_rows) from a host copy of the tokens */
     m->host_spec_backup = zoff_placement_spec_backup_bytes(cfg, (int64_t)nh);
     m->model_pinned = mb.host_losses + (m->host_spec_backup ? mb.host_tokens : 0);
-    /* train.c: initial fp32 weights (held for the run), the checkpoint staging
-     * buffer while saving, input and target tokens */
-    m->loop_pageable = 2 * (size_t)n * f4 + 2 * (size_t)(B * T) * sizeof(int32_t);
+    /* zoff train (src/train): the checkpoint save's buffer (one piece, zoff_train_ckpt_piece_bytes;
+     * a whole array of the partition when the state is in an NVMe swap file; with several ranks
+     * also the gathered master weights), input and target tokens. The initial weights go straight
+     * into the engine (no buffer; --load and --init-from, which fill one, are not planned) */
+    bool state_on_disk = (nvme && nh > 0) || (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME);
+    size_t save = state_on_disk ? (size_t)(n > part ? n : part) * f4 : zoff_train_ckpt_piece_bytes();
+    if (R > 1) save = add_sat(save, (size_t)n * f4);
+    m->loop_pageable = save + 2 * (size_t)(B * T) * sizeof(int32_t);
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);

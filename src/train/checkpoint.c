@@ -194,11 +194,26 @@ zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *m, c
 }
 
 zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params) {
+    return zoff_train_ckpt_read_weights_range(r, model, 0, zoff_gpt2_num_params(model), host_params);
+}
+
+zoff_status zoff_train_ckpt_read_weights_range(zoff_ckpt_reader *r, const zoff_gpt2 *model, int64_t lo, int64_t hi,
+                                               float *dst) {
     int nt = 0;
     const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
-    for (int i = 0; i < nt; i++)
-        ZOFF_TRY(zoff_ckpt_read_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, host_params + t[i].offset,
-                                       (size_t)t[i].numel * sizeof(float)));
+    for (int i = 0; i < nt; i++) {
+        int64_t a = t[i].offset > lo ? t[i].offset : lo, b = t[i].offset + t[i].numel < hi ? t[i].offset + t[i].numel : hi;
+        if (a >= b) continue;
+        float *d = dst + (a - lo);
+        if (a == t[i].offset && b - a == t[i].numel) {
+            ZOFF_TRY(zoff_ckpt_read_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, d,
+                                           (size_t)t[i].numel * sizeof(float)));
+        } else {
+            ZOFF_TRY(zoff_ckpt_check_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape));
+            ZOFF_TRY(zoff_ckpt_read_range(r, t[i].name, (a - t[i].offset) * (int64_t)sizeof(float), d,
+                                          (size_t)(b - a) * sizeof(float)));
+        }
+    }
     return ZOFF_OK;
 }
 

@@ -113,10 +113,11 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 }
 
 /* Host memory this job needs at least, checked before anything large is allocated: the initial
- * fp32 weights (4 bytes per parameter) and the checkpoint save's staging (zoff_train_ckpt_piece_bytes
- * with one rank, 4 bytes per parameter with several: the gathered master weights), the optimizer
- * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the
- * optimizer's moments, plus 16-bit gradients and weight staging), and on the CPU backend the
+ * fp32 weights of --init-from (4 bytes per parameter; random ones and --load's go straight into
+ * the engine) and the checkpoint save's staging (zoff_train_ckpt_piece_bytes with one rank, 4 bytes
+ * per parameter with several: the gathered master weights), the optimizer state the engine keeps
+ * on the host (offload_optimizer.device cpu: fp32 master and the optimizer's moments, plus the
+ * 16-bit buffer that carries the gradients in and the weights out), and on the CPU backend the
  * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
  * offloaded). A lower bound: the engine checks its own allocations exactly. */
 zoff_status trainer_check_host_memory(const zoff_trainer *t) {
@@ -136,9 +137,10 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
      * optimizer state is in host memory with device cpu, on disk with device nvme (not counted) */
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    /* initial fp32 weights + the save's staging: one piece with one rank, the gathered master with several */
+    /* initial fp32 weights (--init-from) + the save's staging: one piece with one rank, the
+     * gathered master with several */
     double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_piece_bytes();
-    double cli = 4 * N + staging, pinned = host_part * 2 * d * N;
+    double cli = (t->o.init_from ? 4 * N : 0) + staging, pinned = host_part * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
     double dev_on_host = 0;
     const char *dv = t->o.device;
@@ -212,14 +214,20 @@ static zoff_device_options device_options(const zoff_trainer *t) {
     return dopt;
 }
 
-/* The initial fp32 weights: the checkpoint's (--load), a safetensors file's (--init-from), or
- * random (--seed). */
+/* --load: the checkpoint's fp32 master weights of the model range [lo, hi), straight into the
+ * engine's master piece by piece (as random ones, --seed: no whole-model buffer). */
+static zoff_status checkpoint_weights(void *arg, const zoff_gpt2 *model, int64_t lo, int64_t hi, float *dst) {
+    zoff_trainer *t = arg;
+    zoff_status s = zoff_train_ckpt_read_weights_range(t->rd, model, lo, hi, dst);
+    return s == ZOFF_OK ? s : zoff_error_context(s, "--load");
+}
+
+/* --init-from: the initial fp32 weights of a safetensors file, whole (its loader reads whole tensors
+ * and transposes Hugging Face's layout). */
 static zoff_status initial_weights(void *arg, zoff_gpt2 *model, float *host) {
     zoff_trainer *t = arg;
     zoff_status s = ZOFF_OK;
-    if (t->rd) {
-        if ((s = zoff_train_ckpt_read_weights(t->rd, model, host)) != ZOFF_OK) return zoff_error_context(s, "--load");
-    } else if (t->init_st) {
+    if (t->init_st) {
         int nt = 0;
         const zoff_tensor_info *tensors = zoff_gpt2_tensors(model, &nt);
         if ((s = zoff_gpt2_st_load(t->init_st, zoff_gpt2_get_shape(model), tensors, nt, host)) != ZOFF_OK)
@@ -228,8 +236,6 @@ static zoff_status initial_weights(void *arg, zoff_gpt2 *model, float *host) {
                     zoff_gpt2_st_layout(t->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");
         zoff_st_close(t->init_st);
         t->init_st = NULL;
-    } else {
-        zoff_gpt2_init_params(model, t->o.seed, host);
     }
     return ZOFF_OK;
 }
@@ -239,7 +245,8 @@ zoff_status trainer_build(zoff_trainer *t) {
     zoff_train_stack_options so = {.device = device_options(t), .cfg = &t->cfg, .shape = t->info.shape,
                                    .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
                                    .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,
-                                   .seed = t->o.seed, .init = initial_weights, .init_arg = t,
+                                   .seed = t->o.seed, .init = t->init_st ? initial_weights : NULL,
+                                   .init_range = t->rd ? checkpoint_weights : NULL, .init_arg = t,
                                    .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1,
                                    .weight_waits = true};
     ZOFF_TRY(zoff_train_stack_create(&so, &t->stack));

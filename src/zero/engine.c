@@ -427,10 +427,28 @@ static zoff_status nvme_create(zoff_engine *e) {
     return ZOFF_OK;
 }
 
+/* The initial weights of this rank's optimizer-space range [lo, hi) into dst: from
+ * init_params (gathered into this rank's order) or from init_range over the model runs
+ * that make the range. */
+static zoff_status init_fill(zoff_engine *e, int64_t lo, int64_t hi, float *dst) {
+    if (e->init_full) {
+        zoff_par_memcpy(dst, e->init_full + lo, (size_t)(hi - lo) * sizeof(float));
+        return ZOFF_OK;
+    }
+    if ((e->world == 1 && !e->stage3) || e->replicated) return e->init_range(e->init_arg, lo, hi, dst);
+    const zoff_dp_plan *p = &e->plan;
+    for (int k = 0; k < p->nown[e->rank]; k++) {
+        const zoff_dp_piece *q = &p->pieces[p->own[e->rank][k]];
+        int64_t a = q->local > lo ? q->local : lo, b = q->local + q->count < hi ? q->local + q->count : hi;
+        if (a < b) ZOFF_TRY(e->init_range(e->init_arg, q->model + (a - q->local), q->model + (b - q->local), dst + (a - lo)));
+    }
+    return ZOFF_OK;
+}
+
 /* The initial state on disk: master = init (zeros without), m and v as the
  * optimizer initialises them (fast_init: master only; m and v are produced in
  * memory at their first read). */
-static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
+static zoff_status nvme_write_initial(zoff_engine *e, bool init) {
     bool fast = e->cfg->zero.offload_optimizer.fast_init;
     ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_WRITE, fast ? 1u : nvme_all_arrays(e)));
     for (int k = 0; k < e->nswap; k++) {
@@ -438,7 +456,7 @@ static zoff_status nvme_write_initial(zoff_engine *e, const float *init) {
         float *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
         const subgroup *g = &e->sg[e->swap_sg[sw]];
-        if (init) memcpy(arr[0], init + g->offset, (size_t)g->count * sizeof(float));
+        if (init) ZOFF_TRY(init_fill(e, g->offset, g->offset + g->count, arr[0]));
         else memset(arr[0], 0, (size_t)g->count * sizeof(float));
         if (!fast) {
             int am = nvme_array_of(e, 1), av = nvme_array_of(e, 2);
@@ -531,7 +549,7 @@ static zoff_status staging_put_group(zoff_engine *e, const subgroup *g, const fl
     if (e->dtype == ZOFF_F32) {
         memcpy((float *)e->h_staging + g->state_off, mst, (size_t)g->count * sizeof(float));
     } else {
-        uint16_t *st = (uint16_t *)e->h_staging + g->state_off;
+        uint16_t *st = (uint16_t *)host_weights_out(e) + g->state_off;
         for (int64_t j = 0; j < g->count; j++)
             st[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(mst[j]) : zoff_f32_to_f16(mst[j]);
     }
@@ -742,18 +760,24 @@ static zoff_status check_supported(const zoff_engine_options *o) {
 /* Before the host allocations below: the exact bytes this rank's host part needs (see
  * include/zoff/resources.h), so that a job too large for the host fails here with what to
  * change instead of being OOM-killed when the pages are first touched. */
+/* The sizes of the host buffers (one home: zoff_placement_host_buffers, which zoff plan calls). */
+static void host_buffers_of(zoff_engine *e, bool nvme) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    zoff_host_buffers_in in = {.n_host = e->n_host, .dtype = e->dtype, .state_arrays = 1 + uses_m(e) + uses_v(e),
+                               .nvme = nvme, .delayed = e->dpu, .speculate = z->offload_optimizer.super_offload,
+                               .stage = z->stage, .param_offload = z->offload_param.device};
+    zoff_placement_host_buffers(&in, &e->hb);
+}
+
 static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
-    const size_t nh = (size_t)e->n_host, f4 = sizeof(float);
-    size_t state = nvme ? 0 : nh * f4 * (1 + (uses_m(e) ? 1 : 0) + (uses_v(e) ? 1 : 0));
-    size_t bufs = nh * e->esize * (e->dpu ? 2 : 1) + ((e->dtype != ZOFF_F32 || nvme) && !e->pnvme ? nh * e->esize : 0);
     char what[200];
     snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master and "
              "moments, 16-bit gradient%s buffers%s)", (long long)e->n_host, e->rank,
              e->pnvme ? "" : " and weight",
              e->pinned ? ", pinned" : "");
     zoff_host_request rq = {.what = what,
-                            .pageable = (e->pinned ? 0 : state + bufs) + zoff_placement_spec_backup_bytes(e->cfg, nh),
-                            .pinned = e->pinned ? state + bufs : 0,
+                            .pageable = (e->pinned ? 0 : e->hb.total) + zoff_placement_spec_backup_bytes(e->cfg, e->n_host),
+                            .pinned = e->pinned ? e->hb.total : 0,
                             .hint = nvme ? "move part of the update to the device (offload_optimizer.ratio below "
                                            "1), or use more ranks (ZeRO stage 1-3 partition it)"
                                          : "move part of the update to the device (offload_optimizer.ratio below 1), "
@@ -816,6 +840,46 @@ static void describe(zoff_engine *e) {
     }
 }
 
+/* Elements of the bounded buffer the device's part of the initial weights goes through. */
+#define INIT_PIECE_ELEMS ((int64_t)1 << 22) /* 16 MiB of fp32 */
+
+/* The initial weights straight into their place: each host sub-group's master (or, NVMe, the
+ * swap file: nvme_write_initial), the device's master (fp32: the model's weights) in pieces;
+ * then the 16-bit weights from the masters (zoff_engine_sync_params). */
+static zoff_status initial_weights(zoff_engine *e) {
+    const size_t f4 = sizeof(float);
+    float *piece = NULL;
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; s == ZOFF_OK && i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        if (g->on_host) {
+            if (!e->swap) s = init_fill(e, g->offset, g->offset + g->count, e->h_master + g->state_off);
+            continue;
+        }
+        float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
+        if (e->init_full) {
+            s = zoff_memcpy_async(e->compute, dst, e->init_full + g->offset, (size_t)g->count * f4, ZOFF_COPY_H2D);
+            continue;
+        }
+        /* pageable: a transient buffer, not part of the pinned figures zoff plan predicts */
+        if (!piece && !(piece = zoff_aligned_alloc(64, (size_t)INIT_PIECE_ELEMS * f4, "initial weights piece")))
+            s = ZOFF_ERR_NOMEM;
+        for (int64_t a = 0; s == ZOFF_OK && a < g->count; a += INIT_PIECE_ELEMS) {
+            int64_t c = g->count - a < INIT_PIECE_ELEMS ? g->count - a : INIT_PIECE_ELEMS;
+            s = zoff_stream_synchronize(e->compute); /* the piece's last copy is done */
+            if (s == ZOFF_OK) s = init_fill(e, g->offset + a, g->offset + a + c, piece);
+            if (s == ZOFF_OK) s = zoff_memcpy_async(e->compute, dst + a, piece, (size_t)c * f4, ZOFF_COPY_H2D);
+        }
+    }
+    if (piece) {
+        zoff_status ss = zoff_stream_synchronize(e->compute);
+        if (s == ZOFF_OK) s = ss;
+        zoff_aligned_free(piece);
+    }
+    if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
+    return s;
+}
+
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
     *out = NULL;
     if (!o || !o->dev || !o->cfg || !o->tensors || o->num_params <= 0)
@@ -854,6 +918,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     float *init_local = NULL;
     zoff_status s = dp_setup(e, o, &ltab, &nlt, &init_local);
     const float *init = init_local ? init_local : o->init_params;
+    e->init_full = init;
+    e->init_range = init ? NULL : o->init_range;
+    e->init_arg = o->init_arg;
     if (s == ZOFF_OK) s = build_ranges(e, ltab ? ltab : o->tensors, ltab ? nlt : o->num_tensors);
     if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, &ratio);
     if (s == ZOFF_OK) s = build_subgroups(e, ratio);
@@ -871,6 +938,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, 2 * f4, "gradient statistics", (void **)&e->stats_dev);
     /* host side */
+    if (s == ZOFF_OK) host_buffers_of(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) s = check_host_memory(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) {
         size_t nh = (size_t)e->n_host;
@@ -879,13 +947,17 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK && !nvme && uses_m(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg (host)", (void **)&e->h_m);
         if (s == ZOFF_OK && !nvme && uses_v(e))
             s = host_alloc(e, nh * f4, "optimizer exp_avg_sq (host)", (void **)&e->h_v);
-        if (s == ZOFF_OK) s = host_alloc(e, nh * e->esize, "gradient partition (host)", &e->h_grads[0]);
-        if (s == ZOFF_OK && e->dpu)
-            s = host_alloc(e, nh * e->esize, "second gradient partition (delayed update)", &e->h_grads[1]);
-        if (s == ZOFF_OK && (e->dtype != ZOFF_F32 || nvme) && !e->pnvme)
-            s = host_alloc(e, nh * e->esize, "16-bit weight staging (host)", &e->h_staging);
+        if (s == ZOFF_OK)
+            s = host_alloc(e, e->hb.grad_buffer,
+                           e->hb.weights_in_grads ? "gradient partition and new 16-bit weights (host)"
+                                                  : "gradient partition (host)",
+                           &e->h_grads[0]);
+        if (s == ZOFF_OK && e->hb.grad_buffers > 1)
+            s = host_alloc(e, e->hb.grad_buffer, "second gradient partition (delayed update)", &e->h_grads[1]);
+        if (s == ZOFF_OK && e->hb.staging)
+            s = host_alloc(e, e->hb.staging, "weight staging (host)", &e->h_staging);
         if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, hopt_threads(e), &e->hopt);
-        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init);
+        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init != NULL || e->init_range);
         if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
                                     .state_dt = ZOFF_F32, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
@@ -918,24 +990,12 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         else
             e->worker_started = true;
     }
-    /* initial weights */
-    if (s == ZOFF_OK && init) {
-        for (int i = 0; i < e->nsg; i++) {
-            subgroup *g = &e->sg[i];
-            if (g->on_host) {
-                if (!e->swap) zoff_par_memcpy(e->h_master + g->state_off, init + g->offset, (size_t)g->count * f4);
-            } else {
-                float *dst = e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
-                s = zoff_memcpy_async(e->compute, dst, init + g->offset, (size_t)g->count * f4,
-                                      ZOFF_COPY_H2D);
-                if (s != ZOFF_OK) break;
-            }
-        }
-        if (s == ZOFF_OK) s = zoff_engine_sync_params(e);
-    }
+    if (s == ZOFF_OK && (init || e->init_range)) s = initial_weights(e);
     if (s == ZOFF_OK) s = zoff_stream_synchronize(e->compute);
     free(ltab);
     zoff_aligned_free(init_local);
+    e->init_full = NULL; /* creation only */
+    e->init_range = NULL;
     if (s != ZOFF_OK) {
         zoff_engine_destroy(e);
         return s;
@@ -965,18 +1025,21 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g) {
     if (e->no_push) return ZOFF_OK; /* stage 3, offload_param: written in place */
     void *dst = (char *)e->params + (size_t)g->model * e->esize;
-    const void *src = e->dtype == ZOFF_F32 && !e->swap ? (const void *)(e->h_master + g->state_off)
-                                           : (const void *)((const char *)e->h_staging + (size_t)g->state_off * e->esize);
+    const void *src = e->dtype == ZOFF_F32 && !e->swap
+                          ? (const void *)(e->h_master + g->state_off)
+                          : (const void *)((const char *)host_weights_out(e) + (size_t)g->state_off * e->esize);
     return zoff_memcpy_async(e->h2d, dst, src, (size_t)g->count * e->esize, ZOFF_COPY_H2D);
 }
 
-/* Round the host master weights to 16 bits into the staging buffer (initial weights, restore). */
+/* Round the host master weights to 16 bits into the weights' output buffer (initial weights,
+ * restore; with one buffer it holds no gradients between steps: zoff_engine_sync_params is
+ * called outside a step). */
 static zoff_status host_master_to_staging(zoff_engine *e) {
     if (e->pnvme) return pn_master_to_file(e);
     if (e->swap) return nvme_master_to_staging(e);
     if (e->dtype == ZOFF_F32) return ZOFF_OK;
-    if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(e->h_staging, e->h_master, (size_t)e->n_host);
-    else zoff_par_f32_to_f16(e->h_staging, e->h_master, (size_t)e->n_host);
+    if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(host_weights_out(e), e->h_master, (size_t)e->n_host);
+    else zoff_par_f32_to_f16(host_weights_out(e), e->h_master, (size_t)e->n_host);
     return ZOFF_OK;
 }
 
@@ -1415,8 +1478,7 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     }
     if (e->scratch.recv) m->device += (size_t)e->scratch.elems * e->esize;
     if (e->scratch.pack) m->device += (size_t)e->scratch.elems * e->esize;
-    size_t host = (size_t)e->n_host * (f4 * (1 + (size_t)uses_m(e) + (size_t)uses_v(e)) * (size_t)(e->swap == NULL) +
-                                       e->esize * (1 + (size_t)(e->h_grads[1] != NULL) + (size_t)(e->h_staging != NULL)));
+    size_t host = e->hb.total;
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
     if (e->bk_master) m->pageable += zoff_placement_spec_backup_bytes(e->cfg, e->n_host); /* super_offload */

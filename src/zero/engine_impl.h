@@ -54,8 +54,17 @@ struct zoff_engine {
     int64_t n_host;
     bool pinned;
     float *h_master, *h_m, *h_v;
-    void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update */
-    void *h_staging;    /* new 16-bit weights (NULL for fp32: h_master goes back directly) */
+    /* during creation only: the initial weights (init_params in this rank's order, or init_range) */
+    const float *init_full;
+    zoff_status (*init_range)(void *arg, int64_t lo, int64_t hi, float *dst);
+    void *init_arg;
+    zoff_host_buffers hb; /* the sizes of the host buffers (zoff_placement_host_buffers) */
+    void *h_grads[2];   /* gradient partition, model dtype; [1] only with the delayed update. With
+                           hb.weights_in_grads the update writes the new 16-bit weights over the
+                           gradients it reads, and the pushes read them there (h_grads[wbuf]) */
+    int wbuf;           /* which h_grads holds the last update's weights (set by the thread running it) */
+    void *h_staging;    /* separate new-weight staging (hb.staging: speculation, stage 3 offload_param
+                           cpu, fp32 with NVMe); NULL otherwise */
     zoff_host_optimizer *hopt;
     /* NVMe offload (offload_optimizer.device "nvme"): the host sub-groups' fp32
      * master, m, v live in a swap file (h_master, h_m, h_v stay NULL), streamed
@@ -185,6 +194,12 @@ static inline int hopt_threads(const zoff_engine *e) {
 static inline bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
 static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 
+
+/* Where the host sub-groups' new 16-bit (fp32 with NVMe: fp32) weights are written and
+ * pushed from (NULL: fp32 in host memory, the master is pushed; offload_param nvme). */
+static inline void *host_weights_out(const zoff_engine *e) {
+    return e->h_staging ? e->h_staging : e->hb.weights_in_grads ? e->h_grads[e->wbuf] : NULL;
+}
 
 static inline int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }
 static inline unsigned nvme_all_arrays(const zoff_engine *e) { return (1u << nvme_narrays(e)) - 1; }

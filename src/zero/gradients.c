@@ -26,6 +26,14 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
         pthread_mutex_unlock(&e->mu);
     }
     e->sp_pending = false;
+    if (is_boundary && e->hb.weights_in_grads && e->d2h &&
+        zoff_stream_wait_event(e->d2h, e->ev_weights_done) != ZOFF_OK)
+        /* One buffer carries the gradients in and the weights out: the copies of this backward's
+         * gradients start after the last pushes of weights from it (the event recorded after
+         * them, by whoever pushed last: the step, the pipelined job, the delayed update's
+         * apply_pending_weights, sync_params). Implied already (the forward waited for those
+         * weights before this backward's grad-ready events); this makes it explicit. */
+        zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "ordering the gradient copies after the weight pushes");
     if (is_boundary && e->spec && e->have_lr && !e->spec_running) {
         /* speculate: the next step's update, assuming no clipping and no overflow */
         e->landed = INT64_MAX; /* the worker is idle: no lock needed until the job starts */

@@ -113,7 +113,8 @@ zoff_status zoff_hr_settle(zoff_engine *e) {
 static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, float *hm, float *hv,
                                 int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
     int64_t d = lo - g->offset, so = g->state_off + d;
-    void *p16 = out16 ? out16 : e->h_staging ? (char *)e->h_staging + (size_t)so * e->esize : NULL;
+    void *w16 = host_weights_out(e); /* with one buffer: over the gradients read here (in place, element by element) */
+    void *p16 = out16 ? out16 : w16 ? (char *)w16 + (size_t)so * e->esize : NULL;
     zoff_optim_tensors tt = {.params = master + d,
                              .exp_avg = hm ? hm + d : NULL,
                              .exp_avg_sq = hv ? hv + d : NULL,
@@ -297,6 +298,7 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
     if (e->hopt_t0 == 0) e->hopt_t0 = t;
+    e->wbuf = gbuf; /* one buffer: the new weights go out through the gradients' buffer */
     /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
     ZOFF_TRY(zoff_event_synchronize(e->ev_weights_done));
     if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));

@@ -102,3 +102,21 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dty
     if (host < 0) host = 0;
     out->ratio = (double)host / (double)n;
 }
+
+void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffers *out) {
+    *out = (zoff_host_buffers){.grad_buffers = in->delayed ? 2 : 1};
+    if (in->n_host <= 0) {
+        out->grad_buffers = 0;
+        return;
+    }
+    const size_t n = (size_t)in->n_host, es = zoff_dtype_size(in->dtype);
+    const bool param_nvme = in->stage >= 3 && in->param_offload == ZOFF_OFFLOAD_NVME;
+    const bool param_cpu = in->stage >= 3 && in->param_offload == ZOFF_OFFLOAD_CPU;
+    out->state = in->nvme ? 0 : n * sizeof(float) * (size_t)in->state_arrays;
+    out->grad_buffer = n * es;
+    if (param_nvme) out->staging = 0;                            /* straight to the parameter swap file */
+    else if (in->dtype == ZOFF_F32) out->staging = in->nvme ? n * es : 0; /* fp32: the master, or staged */
+    else if (in->speculate || param_cpu) out->staging = n * es;  /* gradients or weights outlive the update */
+    else out->weights_in_grads = true;
+    out->total = out->state + (size_t)out->grad_buffers * out->grad_buffer + out->staging;
+}
