@@ -69,8 +69,9 @@ typedef struct zoff_train_meta {
  * rank discards the checkpoint on all. */
 zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                  const zoff_train_meta *meta, const char *config_json, zoff_comm *comm);
-/* Bytes of the one piece buffer a checkpoint save or load streams each array through (the one
- * home of that bound): no whole-model staging copy with one rank. */
+/* Bytes of the one piece buffer a checkpoint load streams each array through (the one home of
+ * that bound; a save streams through the writer's pieces, zoff_ckpt_writer_buffer_bytes): no
+ * whole-model staging copy with one rank. */
 size_t zoff_train_ckpt_piece_bytes(void);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and

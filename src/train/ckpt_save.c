@@ -16,6 +16,8 @@
 #include "train/ckpt_internal.h"
 
 size_t zoff_train_ckpt_piece_bytes(void) { return (size_t)16 << 20; }
+/* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
+static size_t zoff_train_ckpt_slice_bytes(void) { return (size_t)256 << 10; }
 
 /* One save: what the main thread fixes at the step boundary, and what the writer needs. */
 struct zoff_train_ckpt_job {
@@ -65,15 +67,23 @@ bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *com
 }
 
 /* Entry `name` = elements [off, off + count) of state array i: from `whole` (in memory, indexed
- * by off) when given, else streamed from the engine one piece at a time. */
+ * by off) when given, else straight from the engine into the writer's piece buffer, a slice at a
+ * time (the writer checksums each slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
-    const int64_t piece = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
-    for (int64_t p = 0; p < count;) {
-        int64_t c = whole ? count : (count - p < piece ? count - p : piece);
-        if (!whole) ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, j->buf, true));
-        ZOFF_TRY(zoff_ckpt_append(w, whole ? whole + off + p : j->buf, (size_t)c * sizeof(float)));
+    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
+    const int64_t slice = (int64_t)(zoff_train_ckpt_slice_bytes() / sizeof(float));
+    for (int64_t p = 0; !whole && p < count;) {
+        void *dst = NULL;
+        size_t cap = 0;
+        ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
+        int64_t c = (int64_t)(cap / sizeof(float));
+        if (c > slice) c = slice;
+        if (c > count - p) c = count - p;
+        if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
+        ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
+        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * sizeof(float)));
         if (j->pause_ms > 0) { /* once per job */
             usleep((useconds_t)j->pause_ms * 1000);
             j->pause_ms = 0;
@@ -147,8 +157,9 @@ static zoff_status job_create(const char *dir, zoff_engine *eng, const zoff_gpt2
     zoff_status s = train_partition_runs(eng, &j->runs, &j->nruns);
     if (s == ZOFF_OK && config_json && !(j->config = strdup(config_json)))
         s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a checkpoint");
-    size_t bb = j->whole_state ? (size_t)(j->n > j->pn ? j->n : j->pn) * sizeof(float) : zoff_train_ckpt_piece_bytes();
-    if (s == ZOFF_OK && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint piece buffer"))) s = ZOFF_ERR_NOMEM;
+    size_t bb = (size_t)(j->n > j->pn ? j->n : j->pn) * sizeof(float); /* streamed: the writer's pieces */
+    if (s == ZOFF_OK && j->whole_state && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint state buffer")))
+        s = ZOFF_ERR_NOMEM;
     bool local_is_model = j->nruns == 1 && j->runs[0] == 0 && j->runs[1] == j->n;
     if (s == ZOFF_OK && (j->world > 1 || !local_is_model)) { /* collective: the master of all ranks, model order */
         j->master = zoff_aligned_alloc(64, (size_t)j->n * sizeof(float), "checkpoint master-weight gather");

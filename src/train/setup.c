@@ -113,8 +113,9 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 }
 
 /* Host memory this job needs at least, checked before anything large is allocated: the initial
- * fp32 weights (4 bytes per parameter) and the checkpoint save's staging (zoff_train_ckpt_piece_bytes
- * with one rank, 4 bytes per parameter with several: the gathered master weights), the optimizer
+ * fp32 weights (4 bytes per parameter) and the checkpoint save's staging (with one rank the
+ * writer's pieces or the load's piece, zoff_ckpt_writer_buffer_bytes / zoff_train_ckpt_piece_bytes,
+ * the larger; 4 bytes per parameter with several: the gathered master weights), the optimizer
  * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the
  * optimizer's moments, plus 16-bit gradients and weight staging), and on the CPU backend the
  * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
@@ -137,7 +138,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
     /* initial fp32 weights + the save's staging: one piece with one rank, the gathered master with several */
-    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_piece_bytes();
+    double piece = (double)(zoff_ckpt_writer_buffer_bytes() > zoff_train_ckpt_piece_bytes() ? zoff_ckpt_writer_buffer_bytes()
+                                                                                             : zoff_train_ckpt_piece_bytes());
+    double staging = t->info.world > 1 ? 4 * N : piece;
     double cli = 4 * N + staging, pinned = host_part * 2 * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
     double dev_on_host = 0;
