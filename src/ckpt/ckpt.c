@@ -660,7 +660,7 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
     if (!why) {
         zoff_aio_options o;
         zoff_aio_options_default(&o);
-        o.block_size = (int64_t)1 << 20;
+        o.block_size = (int64_t)CK_PIECE_BYTES; /* one request per piece, as large as the bound's */
         o.queue_depth = 8;
         o.fault = no_aio_fault;
         if (zoff_aio_create(&o, &w->aio) != ZOFF_OK) why = zoff_last_error();

@@ -7,10 +7,14 @@
  * (a collective) into a num_params buffer, and an engine whose state is in an NVMe swap file is
  * read one whole array at a time (zoff_engine_state_get). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "train/ckpt_internal.h"
@@ -38,7 +42,7 @@ struct zoff_train_ckpt_job {
     bool started;
     zoff_status status;
     char msg[2048];
-    double t0, seconds;
+    double t0, seconds, cpu_seconds; /* wall time of the save; CPU time of the writer thread */
     /* tests only (ZOFF_TEST_CKPT_WRITER_PAUSE_MS): the background writer sleeps this long after
      * its first piece, so that a test can SIGKILL the process while a temp dir is half written */
     long pause_ms;
@@ -230,8 +234,26 @@ zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_g
 
 /* ------------------------------------------------------------------ the background writer */
 
+/* The writer's nice value (this thread only; the writer's aio threads, which it creates,
+ * inherit it): ZOFF_CKPT_WRITER_NICE (0..19, for measurements), default 0. A higher one lets the
+ * training threads win the cores, but on a shared busy machine the other processes win them
+ * too and the next update waits longer for the writer (docs/performance.md). */
+static void writer_lower_priority(void) {
+    const char *e = getenv("ZOFF_CKPT_WRITER_NICE");
+    char *end = NULL;
+    long nice = e && *e ? strtol(e, &end, 10) : 0;
+    if (e && *e && (*end || nice < 0 || nice > 19)) {
+        zoff_log(ZOFF_LOG_WARN, "ZOFF_CKPT_WRITER_NICE='%s' is not a nice value 0..19; the writer keeps its priority", e);
+        nice = 0;
+    }
+    if (nice > 0 && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), (int)nice) != 0)
+        zoff_log(ZOFF_LOG_DEBUG, "checkpoint writer: cannot lower its priority: %s", strerror(errno));
+}
+
 static void *writer_main(void *arg) {
     zoff_train_ckpt_job *j = arg;
+    pthread_setname_np(pthread_self(), "zoff-ckpt"); /* for top, perf */
+    writer_lower_priority();
     zoff_ckpt_options opts = {.tmp_tag = j->tag};
     zoff_status s = write_rank_file(j);
     if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);
@@ -239,6 +261,8 @@ static void *writer_main(void *arg) {
     if (s != ZOFF_OK) snprintf(j->msg, sizeof j->msg, "%s", zoff_last_error()); /* thread-local: carried over */
     j->status = s;
     j->seconds = zoff_now() - j->t0;
+    struct timespec cpu;
+    j->cpu_seconds = clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0 ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec : 0;
     return NULL;
 }
 
@@ -267,11 +291,12 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     return ZOFF_OK;
 }
 
-zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, double *seconds) {
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, double *seconds, double *cpu_seconds) {
     if (!j) return ZOFF_OK;
     if (j->started) pthread_join(j->thread, NULL);
     zoff_status s = j->status;
     if (seconds) *seconds = j->seconds;
+    if (cpu_seconds) *cpu_seconds = j->cpu_seconds;
     if (s != ZOFF_OK)
         s = zoff_error(s, "background checkpoint of step %lld under %s failed (the checkpoints saved before it are "
                           "intact): %s",
