@@ -1,7 +1,8 @@
 /* Saving training checkpoints (include/zoff/train.h): every array streams from the engine's
- * state through one bounded piece buffer into the writer's entries (zoff_ckpt_begin_entry /
- * append / end_entry: the CRC runs over the pieces, the file is the one zoff_ckpt_add would
- * write), synchronously or, with one rank, on a background writer thread while training goes on.
+ * state straight into the .zckpt writer's piece buffers (zoff_ckpt_begin_entry /
+ * append_space / append_done / end_entry: the CRC runs over each slice, the writer's aio
+ * writes the full pieces; the file is the one zoff_ckpt_add would write), synchronously or,
+ * with one rank, on a background writer thread while training goes on.
  *
  * What is still whole: with several ranks the fp32 master weights rank 0 stores are gathered
  * (a collective) into a num_params buffer, and an engine whose state is in an NVMe swap file is
@@ -21,7 +22,7 @@
 
 size_t zoff_train_ckpt_piece_bytes(void) { return (size_t)16 << 20; }
 /* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
-static size_t zoff_train_ckpt_slice_bytes(void) { return (size_t)256 << 10; }
+static size_t slice_bytes(void) { return (size_t)256 << 10; }
 
 /* One save: what the main thread fixes at the step boundary, and what the writer needs. */
 struct zoff_train_ckpt_job {
@@ -77,7 +78,7 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
     if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
-    const int64_t slice = (int64_t)(zoff_train_ckpt_slice_bytes() / sizeof(float));
+    const int64_t slice = (int64_t)(slice_bytes() / sizeof(float));
     for (int64_t p = 0; !whole && p < count;) {
         void *dst = NULL;
         size_t cap = 0;
