@@ -192,7 +192,7 @@ zoff_status zoff_ckpt_append_space(zoff_ckpt_writer *w, void **dst, size_t *cap)
 zoff_status zoff_ckpt_append_done(zoff_ckpt_writer *w, size_t bytes);
 /* Host bytes a writer holds for its piece buffers (the one home of that figure). */
 size_t zoff_ckpt_writer_buffer_bytes(void);
-/* How this writer's file is written, e.g. "io_uring, 1 thread x queue depth 8, 8.00 MiB blocks;
+/* How this writer's file is written, e.g. "io_uring, 1 thread x queue depth 3, 8.00 MiB blocks;
  * O_DIRECT" or "pwrite from the caller's thread, buffered (ZOFF_CKPT_IO=buffered)". */
 const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w);
 

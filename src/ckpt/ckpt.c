@@ -661,7 +661,7 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
         zoff_aio_options o;
         zoff_aio_options_default(&o);
         o.block_size = (int64_t)CK_PIECE_BYTES; /* one request per piece, as large as the bound's */
-        o.queue_depth = 8;
+        o.queue_depth = CK_NPIECES; /* one chunk per piece: all of them in flight */
         o.fault = no_aio_fault;
         if (zoff_aio_create(&o, &w->aio) != ZOFF_OK) why = zoff_last_error();
         else if (zoff_aio_file_open(w->aio, w->file, 0, &w->af) != ZOFF_OK) why = zoff_last_error();
