@@ -19,14 +19,9 @@ while [ $# -gt 0 ]; do
 done
 [ ${#RUNS[@]} -gt 0 ] || RUNS=("new=$SRC/build/zoff")
 FIRST="${RUNS[0]#*=}"; FIRST="${FIRST%%:*}"
-rm -rf "$D"; mkdir -p "$D"; trap 'rm -rf "$D"' EXIT
-cat "$SRC"/src/*/*.c > "$D/corpus.txt"
-"$FIRST" tokenize --tokenizer byte --quiet --output-prefix "$D/corpus" "$D/corpus.txt" >/dev/null 2>&1 || exit 1
-cat > "$D/cfg.json" <<'EOC'
-{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
- "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-EOC
+source "$SRC/bench/ckpt_common.sh"
+trap 'rm -rf "$D"' EXIT
+ckpt_bench_setup "$D" "$FIRST" || exit 1
 for r in $(seq 1 "$ROUNDS"); do
   for spec in "${RUNS[@]}"; do
     name="${spec%%=*}"; bin="${spec#*=}"; nice=0
