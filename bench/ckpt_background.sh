@@ -25,15 +25,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
-rm -rf "$DIR"; mkdir -p "$DIR"
+source "$SRC/bench/ckpt_common.sh"
 trap 'rm -rf "$DIR"' EXIT
-cat "$SRC"/src/*/*.c > "$DIR/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$DIR/corpus" "$DIR/corpus.txt" >/dev/null 2>&1 || exit 1
-cat > "$DIR/cfg.json" <<'EOF'
-{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
- "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-EOF
+ckpt_bench_setup "$DIR" "$ZOFF" || exit 1
 T=(train --num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads 12 --seq-length 64 --tokenizer byte
    --data-path "$DIR/corpus_train.bin" --eval-iters 0 --quiet --config "$DIR/cfg.json" --train-iters "$STEPS")
 stats() { # metrics.jsonl interval -> median step_time of steps >= 2 right after a save point (the

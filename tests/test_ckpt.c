@@ -783,6 +783,151 @@ static void test_fault_env(void **state) {
     expect_previous_intact(root);
 }
 
+/* ------------------------------------------------------------------ the aio / O_DIRECT writer */
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static void fill_bytes(uint8_t *p, size_t n, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(mix64(seed + i / 8) >> (8 * (i % 8)));
+}
+
+/* Entries of sizes that are not multiples of the alignment, one crossing the writer's pieces,
+ * one appended in place (zoff_ckpt_append_space / _done) in uneven slices. */
+enum { DX_BIG = (8 << 20) / 4 + 1001, DX_INPLACE = 3 * 1024 * 1024 + 3, DX_ODD = 4097 };
+static void write_direct_case(const char *root, uint8_t *big, uint8_t *inplace, uint8_t *odd, char *io, size_t iocap) {
+    zoff_ckpt_writer *w = NULL;
+    assert_ok(zoff_ckpt_writer_open(root, 7, 0, NULL, &w));
+    snprintf(io, iocap, "%s", zoff_ckpt_writer_io(w));
+    float three[3] = {1.5f, -2.0f, 3.25f};
+    assert_ok(zoff_ckpt_add(w, "three", ZOFF_F32, 1, (int64_t[]){3}, three, sizeof three));
+    assert_ok(zoff_ckpt_add(w, "big", ZOFF_F32, 2, (int64_t[]){DX_BIG, 1}, big, (size_t)DX_BIG * 4));
+    assert_ok(zoff_ckpt_begin_entry(w, "inplace", ZOFF_F32, 1, (int64_t[]){DX_INPLACE}));
+    size_t done = 0, total = (size_t)DX_INPLACE * 4, k = 0;
+    while (done < total) {
+        void *dst = NULL;
+        size_t cap = 0;
+        assert_ok(zoff_ckpt_append_space(w, &dst, &cap));
+        assert_true(cap > 0 && cap % 4 == 0 && cap <= total - done);
+        assert_true((uintptr_t)dst % 4 == 0);
+        size_t want = (size_t)(mix64(k++) % 300000) * 4 + 4, c = want < cap ? want : cap;
+        memcpy(dst, inplace + done, c);
+        assert_ok(zoff_ckpt_append_done(w, c));
+        done += c;
+    }
+    void *dst = NULL;
+    size_t cap = 1;
+    assert_ok(zoff_ckpt_append_space(w, &dst, &cap));
+    assert_int_equal(cap, 0); /* the shape is full */
+    assert_ok(zoff_ckpt_end_entry(w));
+    assert_ok(zoff_ckpt_add_blob(w, "odd", odd, DX_ODD));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, 7, 1, NULL));
+}
+
+static void read_direct_case(const char *root, const uint8_t *big, const uint8_t *inplace, const uint8_t *odd) {
+    zoff_ckpt_reader *r = NULL;
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    assert_ok(zoff_ckpt_verify(r, NULL));
+    assert_int_equal(zoff_ckpt_num_entries(r), 4);
+    float three[3];
+    assert_ok(zoff_ckpt_read(r, "three", three, sizeof three));
+    assert_true(three[0] == 1.5f && three[1] == -2.0f && three[2] == 3.25f);
+    uint8_t *got = malloc((size_t)DX_INPLACE * 4); /* the largest */
+    assert_ok(zoff_ckpt_read(r, "big", got, (size_t)DX_BIG * 4));
+    assert_memory_equal(got, big, (size_t)DX_BIG * 4);
+    assert_ok(zoff_ckpt_read(r, "inplace", got, (size_t)DX_INPLACE * 4));
+    assert_memory_equal(got, inplace, (size_t)DX_INPLACE * 4);
+    assert_ok(zoff_ckpt_read(r, "odd", got, DX_ODD));
+    assert_memory_equal(got, odd, DX_ODD);
+    /* the file is exactly as long as its index ends (the padded last piece was cut back) */
+    const zoff_ckpt_entry *last = zoff_ckpt_entry_at(r, 0);
+    int64_t data_end = 0;
+    for (size_t i = 0; i < zoff_ckpt_num_entries(r); i++) {
+        last = zoff_ckpt_entry_at(r, i);
+        assert_int_equal(last->offset % ZOFF_CKPT_ALIGN, 0);
+        if (last->offset + last->bytes > data_end) data_end = last->offset + last->bytes;
+    }
+    struct stat st;
+    assert_int_equal(stat(zoff_ckpt_reader_path(r), &st), 0);
+    int64_t index_at = (data_end + ZOFF_CKPT_ALIGN - 1) / ZOFF_CKPT_ALIGN * ZOFF_CKPT_ALIGN;
+    assert_int_equal((int64_t)st.st_size, index_at + 4 * 256);
+    zoff_ckpt_close(r);
+    free(got);
+}
+
+/* A checkpoint written through src/aio (O_DIRECT where the file system allows) reads back
+ * bit-exactly, with zoff's reader and with the independent Python one (scripts/zckpt.py), and
+ * is byte for byte the file the pwrite path (ZOFF_CKPT_IO=buffered) writes. */
+static void test_direct_writer_roundtrip(void **state) {
+    const char *root = *state;
+    uint8_t *big = malloc((size_t)DX_BIG * 4), *inplace = malloc((size_t)DX_INPLACE * 4), odd[DX_ODD];
+    fill_bytes(big, (size_t)DX_BIG * 4, 1);
+    fill_bytes(inplace, (size_t)DX_INPLACE * 4, 2);
+    fill_bytes(odd, DX_ODD, 3);
+    char a[4096], b[4096], io[512], iob[512];
+    join(a, sizeof a, root, "aio");
+    join(b, sizeof b, root, "buffered");
+    write_direct_case(a, big, inplace, odd, io, sizeof io);
+    printf("aio writer: %s\n", io);
+    assert_null(strstr(io, "pwrite from")); /* the aio engine (io_uring or its thread pool) was used */
+    read_direct_case(a, big, inplace, odd);
+    setenv("ZOFF_CKPT_IO", "buffered", 1);
+    write_direct_case(b, big, inplace, odd, iob, sizeof iob);
+    unsetenv("ZOFF_CKPT_IO");
+    assert_non_null(strstr(iob, "ZOFF_CKPT_IO=buffered"));
+    read_direct_case(b, big, inplace, odd);
+    char fa[4096], fb[4096], cmd[9000];
+    rank_file(a, 7, 0, fa, sizeof fa);
+    rank_file(b, 7, 0, fb, sizeof fb);
+    snprintf(cmd, sizeof cmd, "cmp %s %s", fa, fb);
+    assert_int_equal(system(cmd), 0);
+    if (system("python3 -c 'import struct' >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof cmd, "python3 %s/../scripts/zckpt.py verify %s >/dev/null", ZOFF_TEST_DIR, a);
+        assert_int_equal(system(cmd), 0);
+    } else {
+        printf("python3 not found: scripts/zckpt.py not run\n");
+    }
+    setenv("ZOFF_CKPT_IO", "fast", 1);
+    zoff_ckpt_writer *w = NULL;
+    assert_err(zoff_ckpt_writer_open(root, 8, 0, NULL, &w), ZOFF_ERR_INVALID, "ZOFF_CKPT_IO='fast' is invalid");
+    unsetenv("ZOFF_CKPT_IO");
+    free(big);
+    free(inplace);
+}
+
+/* ZOFF_CKPT_FAULT in the middle of the aio writes (a later piece): the bytes before it are
+ * written, the save fails naming the file and the offset, no COMPLETE, nothing left behind. */
+static void test_direct_writer_fault(void **state) {
+    const char *root = *state;
+    save_small(root, 100, 1, NULL);
+    uint8_t *big = calloc((size_t)DX_BIG * 4, 1), *inplace = calloc((size_t)DX_INPLACE * 4, 1), odd[DX_ODD] = {0};
+    const char *faults[] = {"ENOSPC@9000000", "EIO@12587008", "ENOSPC@4096"};
+    for (int i = 0; i < 3; i++) {
+        setenv("ZOFF_CKPT_FAULT", faults[i], 1);
+        zoff_ckpt_writer *w = NULL;
+        assert_ok(zoff_ckpt_writer_open(root, 200, 0, NULL, &w));
+        zoff_status s = zoff_ckpt_add(w, "big", ZOFF_F32, 1, (int64_t[]){DX_BIG}, big, (size_t)DX_BIG * 4);
+        if (s == ZOFF_OK) s = zoff_ckpt_add(w, "inplace", ZOFF_F32, 1, (int64_t[]){DX_INPLACE}, inplace, (size_t)DX_INPLACE * 4);
+        if (s == ZOFF_OK) s = zoff_ckpt_add_blob(w, "odd", odd, DX_ODD);
+        if (s == ZOFF_OK) s = zoff_ckpt_commit(w);
+        else zoff_ckpt_abort(w);
+        unsetenv("ZOFF_CKPT_FAULT");
+        assert_int_equal(s, ZOFF_ERR_IO);
+        char want[64];
+        snprintf(want, sizeof want, "at offset %s", strchr(faults[i], '@') + 1);
+        assert_non_null(strstr(zoff_last_error(), want));
+        assert_non_null(strstr(zoff_last_error(), "rank_00000.zckpt"));
+        assert_non_null(strstr(zoff_last_error(), i == 1 ? "Input/output error" : "No space left on device"));
+        expect_previous_intact(root);
+    }
+    free(big);
+    free(inplace);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip_all_dtypes, setup, teardown),
@@ -798,6 +943,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_multi_rank_finalize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_injected_write_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_env, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_direct_writer_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_direct_writer_fault, setup, teardown),
     };
     zoff_log_set_level(ZOFF_LOG_ERROR); /* the ignored-directory lines are expected here */
     return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);

@@ -151,6 +151,7 @@ struct zoff_aio_request {
         bool issuing_done;
         zoff_status status;
         int64_t err_offset;
+        int err; /* errno of the failure at err_offset (0: short transfer, checksum, dependency) */
         zoff_aio_request *next;
         char msg[640];
     } priv;
@@ -163,6 +164,10 @@ zoff_status zoff_aio_submit(zoff_aio *a, zoff_aio_request *r);
 /* Block until r has completed; returns its status, with its message as the
  * thread's error message. Waiting on a request that was never submitted returns ZOFF_OK. */
 zoff_status zoff_aio_wait(zoff_aio *a, zoff_aio_request *r);
+/* After a failed zoff_aio_wait: the errno of the failure (0 when it was a short transfer, a
+ * checksum mismatch or a failed dependency) and, in *offset, the file offset it happened at
+ * (callers that word their own messages: the checkpoint writer). */
+int zoff_aio_request_errno(const zoff_aio_request *r, int64_t *offset);
 /* Non-blocking: has r completed (or was it never submitted)? */
 bool zoff_aio_done(zoff_aio *a, zoff_aio_request *r);
 

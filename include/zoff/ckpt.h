@@ -104,7 +104,16 @@
  * set with zoff_ckpt_set_io_hook() when there is one. In addition the environment variable
  * ZOFF_CKPT_FAULT=<ENOSPC|EIO>@<offset> (read when a writer opens) makes every write to a
  * .zckpt file fail with that errno once it reaches byte <offset> of the file (the bytes before
- * it are written first, like a disk that fills up): for shell-level tests of the CLI. */
+ * it are written first, like a disk that fills up): for shell-level tests of the CLI.
+ *
+ * ==== How the bytes reach the disk ====
+ *
+ * A .zckpt file's bytes after the header block stream through a few aligned piece buffers: one
+ * is filled (and checksummed) while the others are written through src/aio (io_uring, O_DIRECT
+ * where the file system allows it, else buffered, the reason in zoff_ckpt_writer_io). The last
+ * piece is padded to ZOFF_CKPT_ALIGN and the file cut back to its size; then the header, fsync.
+ * The piece that reaches a ZOFF_CKPT_FAULT offset, and every piece while an I/O hook is set or
+ * with ZOFF_CKPT_IO=buffered, is written with pwrite (buffered) from the writer's thread. */
 #ifndef ZOFF_CKPT_H
 #define ZOFF_CKPT_H
 
@@ -173,6 +182,19 @@ zoff_status zoff_ckpt_begin_entry(zoff_ckpt_writer *w, const char *name, zoff_dt
                                   const int64_t *shape);
 zoff_status zoff_ckpt_append(zoff_ckpt_writer *w, const void *data, size_t bytes);
 zoff_status zoff_ckpt_end_entry(zoff_ckpt_writer *w);
+/* Append without a copy: *dst is where the open entry's next bytes go in the writer's piece
+ * buffer and *cap how many fit there (at most what the entry's shape still needs; > 0 while it
+ * needs any); fill the first `bytes` <= *cap of them, then zoff_ckpt_append_done (which takes
+ * their CRC32C while they are in cache and hands full pieces to the disk). Pieces and entry
+ * offsets are multiples of ZOFF_CKPT_ALIGN, so while every append was a multiple of the element
+ * size, *cap is one too. */
+zoff_status zoff_ckpt_append_space(zoff_ckpt_writer *w, void **dst, size_t *cap);
+zoff_status zoff_ckpt_append_done(zoff_ckpt_writer *w, size_t bytes);
+/* Host bytes a writer holds for its piece buffers (the one home of that figure). */
+size_t zoff_ckpt_writer_buffer_bytes(void);
+/* How this writer's file is written, e.g. "io_uring, 1 thread x queue depth 3, 8.00 MiB blocks;
+ * O_DIRECT" or "pwrite from the caller's thread, buffered (ZOFF_CKPT_IO=buffered)". */
+const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w);
 
 /* Write the index and header, fsync and close the file. Always frees the writer. On failure
  * the file has been removed (and the temp dir, when empty). The checkpoint is not visible

@@ -69,25 +69,30 @@ typedef struct zoff_train_meta {
  * rank discards the checkpoint on all. */
 zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                  const zoff_train_meta *meta, const char *config_json, zoff_comm *comm);
-/* Bytes of the one piece buffer a checkpoint save or load streams each array through (the one
- * home of that bound): no whole-model staging copy with one rank. */
+/* Bytes of the one piece buffer a checkpoint load streams each array through (the one home of
+ * that bound; a save streams through the writer's pieces, zoff_ckpt_writer_buffer_bytes): no
+ * whole-model staging copy with one rank. */
 size_t zoff_train_ckpt_piece_bytes(void);
+/* Host bytes a save or load with one rank holds at most outside the engine: the larger of the
+ * writer's pieces and the load's piece (what train's host-memory check and zoff plan count). */
+size_t zoff_train_ckpt_save_bytes(void);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
- * starts a writer thread that streams the engine's host state (weights, optimizer state) into
- * DIR/step_X through the piece buffer, finalizes it (atomic, as zoff_train_ckpt_save) and prunes
+ * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state
+ * (weights, optimizer state) into DIR/step_X through the writer's pieces, finalizes it (atomic, as zoff_train_ckpt_save) and prunes
  * to keep_last (0 = keep all). Call it after zoff_engine_flush. Rule: the engine's state must
  * not change until zoff_train_ckpt_save_wait returned, so wait before the next call that starts
  * an optimizer update (zoff_engine_step); forward/backward may run meanwhile. Only when
  * zoff_train_ckpt_can_background (one rank, all the optimizer state in host memory). wait joins
  * the writer and returns its status (errors name the file and say the earlier checkpoints are
- * intact); *seconds (may be NULL) gets the writer's time. NULL job: ZOFF_OK. */
+ * intact); *seconds and *cpu_seconds (may be NULL) get the writer's wall time and its thread's
+ * CPU time. NULL job: ZOFF_OK. */
 typedef struct zoff_train_ckpt_job zoff_train_ckpt_job;
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm);
 zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                        const zoff_train_meta *meta, const char *config_json, int keep_last,
                                        zoff_train_ckpt_job **out);
-zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, double *seconds);
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, double *seconds, double *cpu_seconds);
 /* Read meta from a checkpoint (rank 0's reader). *config_json (malloc'd, may be NULL; pass
  * NULL not to read it). */
 zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *meta, char **config_json);

@@ -249,6 +249,7 @@ void zoff_aio__complete_chunk(zoff_aio *a, aio_chunk *c) {
         bool first = r->priv.status == ZOFF_OK;
         r->priv.status = chunk_error(c, r->priv.msg, sizeof r->priv.msg);
         r->priv.err_offset = where;
+        r->priv.err = c->err;
         if (first) {
             stop_issuing(a, r);
             return;
@@ -290,6 +291,7 @@ zoff_status zoff_aio_submit(zoff_aio *a, zoff_aio_request *r) {
     r->priv.inflight = 0;
     r->priv.issuing_done = false;
     r->priv.status = ZOFF_OK;
+    r->priv.err = 0;
     r->priv.msg[0] = '\0';
     r->priv.next = NULL;
     if (a->tail) a->tail->priv.next = r;
@@ -309,6 +311,11 @@ zoff_status zoff_aio_wait(zoff_aio *a, zoff_aio_request *r) {
     pthread_mutex_unlock(&a->mu);
     if (s != ZOFF_OK) return zoff_error(s, "%s", msg);
     return ZOFF_OK;
+}
+
+int zoff_aio_request_errno(const zoff_aio_request *r, int64_t *offset) {
+    if (offset) *offset = r->priv.err_offset;
+    return r->priv.status == ZOFF_OK ? 0 : r->priv.err;
 }
 
 bool zoff_aio_done(zoff_aio *a, zoff_aio_request *r) {

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* nftw, O_CLOEXEC, O_DIRECTORY */
 #include "zoff/ckpt.h"
 #include "ckpt_internal.h"
+#include "zoff/aio.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,7 +25,6 @@
 #define CK_HEADER_CRC_AT 124
 #define CK_ENTRY_BYTES 256
 #define CK_PATH 4096
-#define CK_WBUF_BYTES ((size_t)4 << 20)  /* writer staging buffer */
 #define CK_RBUF_BYTES ((size_t)4 << 20)  /* verification bounce buffer */
 #define CK_IO_CHUNK ((size_t)1 << 30)    /* largest single pread/pwrite */
 #define CK_MARKER "COMPLETE"
@@ -493,29 +493,125 @@ static zoff_status read_header(const char *path, int fd, ck_header *h) {
 
 /* ------------------------------------------------------------------ writer */
 
+/* The file's bytes after the header block (entries, padding, index) stream through
+ * CK_NPIECES aligned piece buffers of CK_PIECE_BYTES (include/zoff/ckpt.h, "How the bytes
+ * reach the disk"): the writer fills one while src/aio writes the others. */
+#define CK_PIECE_BYTES ((size_t)8 << 20)
+#define CK_NPIECES 3
+#define CK_CRC_STEP ((size_t)256 << 10) /* copy then checksum this much at a time: it is still in cache */
+
+typedef struct ck_piece {
+    uint8_t *buf;
+    int64_t off; /* file offset of buf[0] */
+    size_t len;  /* bytes filled */
+    bool busy;   /* handed to aio, not yet waited for */
+    zoff_aio_request req;
+} ck_piece;
+
 struct zoff_ckpt_writer {
     char dir[CK_PATH], tmpdir[CK_PATH], file[CK_PATH];
     int64_t step;
     int rank;
-    int fd;
+    int fd; /* buffered: pwrite path, faults, header, ftruncate, fsync */
     bool failed;
     zoff_ckpt_fault fault;
     zoff_ckpt_entry *ents;
     size_t n, cap;
-    /* staging buffer: bytes [buf_off, buf_off + buf_len) of the file */
-    uint8_t *buf;
-    size_t buf_len;
-    int64_t buf_off;
+    ck_piece piece[CK_NPIECES];
+    int cur; /* the piece being filled */
+    zoff_aio *aio; /* NULL: every piece written with pwrite from this thread */
+    zoff_aio_file *af;
+    char io[512]; /* zoff_ckpt_writer_io */
     /* the open entry of begin/append/end */
     bool in_entry;
-    zoff_ckpt_entry cur;
+    zoff_ckpt_entry cur_ent;
     int64_t cur_expect; /* -1: any size */
 };
 
-static int64_t w_pos(const zoff_ckpt_writer *w) { return w->buf_off + (int64_t)w->buf_len; }
+static int64_t w_pos(const zoff_ckpt_writer *w) { return w->piece[w->cur].off + (int64_t)w->piece[w->cur].len; }
 
-/* Remove this writer's file and, when empty, its temp dir. */
+/* Wait for piece p's aio write; its failure worded like the pwrite path's. */
+static zoff_status w_wait_piece(zoff_ckpt_writer *w, ck_piece *p) {
+    if (!p->busy) return ZOFF_OK;
+    p->busy = false;
+    zoff_status s = zoff_aio_wait(w->aio, &p->req);
+    if (s == ZOFF_OK) return ZOFF_OK;
+    int64_t at = p->off;
+    int e = zoff_aio_request_errno(&p->req, &at);
+    return e ? write_failed(w->file, at, (size_t)(p->off + (int64_t)p->req.seg[0].bytes - at), e) : s;
+}
+
+/* Every aio write done; the first failure is returned, all are waited for. */
+static zoff_status w_drain(zoff_ckpt_writer *w) {
+    zoff_status first = ZOFF_OK;
+    char msg[1536] = "";
+    for (int i = 0; i < CK_NPIECES; i++) {
+        int k = (w->cur + 1 + i) % CK_NPIECES; /* oldest first */
+        zoff_status s = w_wait_piece(w, &w->piece[k]);
+        if (s != ZOFF_OK && first == ZOFF_OK) {
+            first = s;
+            snprintf(msg, sizeof msg, "%s", zoff_last_error());
+        }
+    }
+    return first == ZOFF_OK ? ZOFF_OK : zoff_error(first, "%s", msg);
+}
+
+/* Write piece p's len bytes: through aio (padded with zeros to ZOFF_CKPT_ALIGN, which only the
+ * last piece needs), or, with no aio or when the bytes reach a ZOFF_CKPT_FAULT offset, with
+ * pwrite after the writes in flight. */
+static zoff_status w_write_piece(zoff_ckpt_writer *w, ck_piece *p) {
+    bool faulted = w->fault.at >= 0 && p->off + (int64_t)p->len > w->fault.at;
+    if (!w->aio || faulted) {
+        if (w->aio) ZOFF_TRY(w_drain(w));
+        return io_write_all(w->file, w->fd, p->buf, p->len, p->off, &w->fault);
+    }
+    size_t padded = (size_t)align_up((int64_t)p->len);
+    memset(p->buf + p->len, 0, padded - p->len);
+    p->req = (zoff_aio_request){.op = ZOFF_AIO_WRITE, .file = w->af, .nseg = 1,
+                                .seg = {{.buf = p->buf, .offset = p->off, .bytes = padded}}};
+    ZOFF_TRY(zoff_aio_submit(w->aio, &p->req));
+    p->busy = true;
+    return ZOFF_OK;
+}
+
+/* The filled piece goes to the disk; the next one (its earlier write done) is filled next. */
+static zoff_status w_next(zoff_ckpt_writer *w) {
+    ck_piece *p = &w->piece[w->cur];
+    ZOFF_TRY(w_write_piece(w, p));
+    int64_t off = p->off + (int64_t)p->len;
+    w->cur = (w->cur + 1) % CK_NPIECES;
+    ck_piece *q = &w->piece[w->cur];
+    ZOFF_TRY(w_wait_piece(w, q));
+    q->off = off;
+    q->len = 0;
+    return ZOFF_OK;
+}
+
+static zoff_status w_put(zoff_ckpt_writer *w, const void *data, size_t n) {
+    const uint8_t *d = data;
+    while (n > 0) {
+        ck_piece *p = &w->piece[w->cur];
+        size_t k = CK_PIECE_BYTES - p->len < n ? CK_PIECE_BYTES - p->len : n;
+        memcpy(p->buf + p->len, d, k);
+        p->len += k;
+        d += k;
+        n -= k;
+        if (p->len == CK_PIECE_BYTES) ZOFF_TRY(w_next(w));
+    }
+    return ZOFF_OK;
+}
+
+static zoff_status w_pad(zoff_ckpt_writer *w) {
+    int64_t pad = align_up(w_pos(w)) - w_pos(w);
+    return w_put(w, g_zeros, (size_t)pad);
+}
+
+/* Writes in flight finished (errors ignored), the files closed and removed, the temp dir too
+ * when empty. */
 static void w_cleanup(zoff_ckpt_writer *w) {
+    if (w->aio) (void)w_drain(w);
+    zoff_aio_file_close(w->af);
+    w->af = NULL;
     if (w->fd >= 0) {
         close(w->fd);
         w->fd = -1;
@@ -544,34 +640,83 @@ static zoff_status w_usable(zoff_ckpt_writer *w) {
     return ZOFF_OK;
 }
 
-static zoff_status w_flush(zoff_ckpt_writer *w) {
-    if (w->buf_len == 0) return ZOFF_OK;
-    ZOFF_TRY(io_write_all(w->file, w->fd, w->buf, w->buf_len, w->buf_off, &w->fault));
-    w->buf_off += (int64_t)w->buf_len;
-    w->buf_len = 0;
+/* The process-wide aio fault hook (zoff_aio_set_fault_hook: the NVMe swap tests) is not the
+ * checkpoint's: its own injection is ZOFF_CKPT_FAULT and the I/O hook. */
+static int64_t no_aio_fault(void *arg, const zoff_aio_fault_site *site) {
+    (void)arg;
+    (void)site;
+    return 0;
+}
+
+/* The aio engine and the file opened through it (O_DIRECT where the file system allows);
+ * where that cannot be, the pwrite path, with the reason in w->io. */
+static zoff_status w_open_io(zoff_ckpt_writer *w) {
+    const char *env = getenv("ZOFF_CKPT_IO");
+    bool hooked = __atomic_load_n(&g_hook, __ATOMIC_ACQUIRE) != NULL;
+    if (env && env[0] && strcmp(env, "auto") && strcmp(env, "buffered"))
+        return zoff_error(ZOFF_ERR_INVALID, "ZOFF_CKPT_IO='%s' is invalid; expected auto (io_uring, O_DIRECT where the "
+                                            "file system allows) or buffered (pwrite, the writer's thread)", env);
+    const char *why = hooked ? "an I/O hook is set (tests)" : env && !strcmp(env, "buffered") ? "ZOFF_CKPT_IO=buffered" : NULL;
+    if (!why) {
+        zoff_aio_options o;
+        zoff_aio_options_default(&o);
+        o.block_size = (int64_t)CK_PIECE_BYTES; /* one request per piece, as large as the bound's */
+        o.queue_depth = CK_NPIECES; /* one chunk per piece: all of them in flight */
+        o.fault = no_aio_fault;
+        if (zoff_aio_create(&o, &w->aio) != ZOFF_OK) why = zoff_last_error();
+        else if (zoff_aio_file_open(w->aio, w->file, 0, &w->af) != ZOFF_OK) why = zoff_last_error();
+    }
+    if (why) {
+        snprintf(w->io, sizeof w->io, "pwrite from the caller's thread, buffered (%s)", why);
+        zoff_aio_destroy(w->aio);
+        w->aio = NULL;
+        zoff_clear_error();
+        return ZOFF_OK;
+    }
+    bool direct = zoff_aio_file_direct(w->af);
+    snprintf(w->io, sizeof w->io, "%s; %s%s%s", zoff_aio_describe(w->aio), direct ? "O_DIRECT" : "buffered",
+             direct ? "" : ": ", direct ? "" : zoff_aio_file_direct_note(w->af));
+    static int told; /* once per process: why checkpoints go through the page cache */
+    if (!direct && !__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL))
+        zoff_log(ZOFF_LOG_INFO, "checkpoint files are written buffered: %s", zoff_aio_file_direct_note(w->af));
     return ZOFF_OK;
 }
 
-static zoff_status w_put(zoff_ckpt_writer *w, const void *data, size_t n) {
-    if (n <= CK_WBUF_BYTES - w->buf_len) {
-        if (n) memcpy(w->buf + w->buf_len, data, n);
-        w->buf_len += n;
-        return ZOFF_OK;
-    }
-    ZOFF_TRY(w_flush(w));
-    if (n >= CK_WBUF_BYTES) { /* large: straight from the caller's memory */
-        ZOFF_TRY(io_write_all(w->file, w->fd, data, n, w->buf_off, &w->fault));
-        w->buf_off += (int64_t)n;
-        return ZOFF_OK;
-    }
-    memcpy(w->buf, data, n);
-    w->buf_len = n;
-    return ZOFF_OK;
+const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w) { return w ? w->io : ""; }
+size_t zoff_ckpt_writer_buffer_bytes(void) { return CK_NPIECES * CK_PIECE_BYTES; }
+
+static void w_free(zoff_ckpt_writer *w) {
+    if (w->aio) (void)w_drain(w);
+    zoff_aio_file_close(w->af);
+    zoff_aio_destroy(w->aio);
+    if (w->fd >= 0) close(w->fd);
+    for (int i = 0; i < CK_NPIECES; i++) zoff_aligned_free(w->piece[i].buf);
+    free(w->ents);
+    free(w);
 }
 
-static zoff_status w_pad(zoff_ckpt_writer *w) {
-    int64_t pad = align_up(w_pos(w)) - w_pos(w);
-    return w_put(w, g_zeros, (size_t)pad);
+/* The step's temp dir and this rank's file in it (fd: buffered). */
+static zoff_status w_create_file(zoff_ckpt_writer *w, const char *dir, const zoff_ckpt_options *opts) {
+    char tag[CK_MAX_TAG + 1], stepdir[CK_PATH], tmpdir[CK_PATH], file[CK_PATH];
+    ZOFF_TRY(norm_dir(dir, w->dir, sizeof w->dir));
+    ZOFF_TRY(tmp_tag(opts, tag, sizeof tag));
+    ZOFF_TRY(step_dir_path(w->dir, w->step, "", "", stepdir, sizeof stepdir));
+    ZOFF_TRY(zoff_ckpt_fault_from_env(&w->fault, "checkpoint"));
+    if (has_marker(stepdir) && !(opts && opts->overwrite))
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "checkpoint %s already exists and is complete; refusing to overwrite it: save to another "
+                          "directory, or enable overwriting",
+                          stepdir);
+    ZOFF_TRY(mkdir_p(w->dir));
+    ZOFF_TRY(step_dir_path(w->dir, w->step, ".tmp-", tag, tmpdir, sizeof tmpdir));
+    if (mkdir(tmpdir, 0755) != 0 && !(errno == EEXIST && is_dir(tmpdir)))
+        return zoff_error(ZOFF_ERR_IO, "cannot create checkpoint directory %s: %s", tmpdir, strerror(errno));
+    memcpy(w->tmpdir, tmpdir, sizeof tmpdir);
+    ZOFF_TRY(rank_file_path(w->tmpdir, w->rank, file, sizeof file));
+    w->fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot create checkpoint file %s: %s", file, strerror(errno));
+    memcpy(w->file, file, sizeof file);
+    return ZOFF_OK;
 }
 
 zoff_status zoff_ckpt_writer_open(const char *dir, int64_t step, int rank, const zoff_ckpt_options *opts,
@@ -585,42 +730,17 @@ zoff_status zoff_ckpt_writer_open(const char *dir, int64_t step, int rank, const
     w->fd = -1;
     w->step = step;
     w->rank = rank;
-    w->buf_off = ZOFF_CKPT_ALIGN; /* the header block is written last */
-    char tag[CK_MAX_TAG + 1], stepdir[CK_PATH];
-    zoff_status st = norm_dir(dir, w->dir, sizeof w->dir);
-    if (st == ZOFF_OK) st = tmp_tag(opts, tag, sizeof tag);
-    if (st == ZOFF_OK) st = step_dir_path(w->dir, step, "", "", stepdir, sizeof stepdir);
-    if (st == ZOFF_OK) st = zoff_ckpt_fault_from_env(&w->fault, "checkpoint");
-    if (st == ZOFF_OK && has_marker(stepdir) && !(opts && opts->overwrite))
-        st = zoff_error(ZOFF_ERR_INVALID,
-                        "checkpoint %s already exists and is complete; refusing to overwrite it: save to another "
-                        "directory, or enable overwriting",
-                        stepdir);
-    if (st == ZOFF_OK) st = mkdir_p(w->dir);
-    char tmpdir[CK_PATH];
-    if (st == ZOFF_OK) st = step_dir_path(w->dir, step, ".tmp-", tag, tmpdir, sizeof tmpdir);
-    if (st == ZOFF_OK) {
-        if (mkdir(tmpdir, 0755) != 0 && !(errno == EEXIST && is_dir(tmpdir)))
-            st = zoff_error(ZOFF_ERR_IO, "cannot create checkpoint directory %s: %s", tmpdir, strerror(errno));
-        else memcpy(w->tmpdir, tmpdir, sizeof tmpdir);
-    }
-    char file[CK_PATH];
-    if (st == ZOFF_OK) st = rank_file_path(w->tmpdir, rank, file, sizeof file);
-    if (st == ZOFF_OK) {
-        w->fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (w->fd < 0) st = zoff_error(ZOFF_ERR_IO, "cannot create checkpoint file %s: %s", file, strerror(errno));
-        else memcpy(w->file, file, sizeof file);
-    }
-    if (st == ZOFF_OK) {
-        w->buf = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, CK_WBUF_BYTES, "checkpoint write buffer");
-        if (!w->buf) st = ZOFF_ERR_NOMEM;
-    }
+    w->piece[0].off = ZOFF_CKPT_ALIGN; /* the header block is written last */
+    zoff_status st = w_create_file(w, dir, opts);
+    for (int i = 0; st == ZOFF_OK && i < CK_NPIECES; i++)
+        if (!(w->piece[i].buf = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, CK_PIECE_BYTES, "checkpoint piece buffer")))
+            st = ZOFF_ERR_NOMEM;
+    if (st == ZOFF_OK) st = w_open_io(w);
     if (st != ZOFF_OK) {
         char msg[1536];
         snprintf(msg, sizeof msg, "%s", zoff_last_error());
         w_cleanup(w);
-        zoff_aligned_free(w->buf);
-        free(w);
+        w_free(w);
         return zoff_error(st, "%s", msg);
     }
     *out = w;
@@ -635,41 +755,81 @@ zoff_status zoff_ckpt_begin_entry(zoff_ckpt_writer *w, const char *name, zoff_dt
     if (w->in_entry)
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "cannot begin checkpoint entry '%s': entry '%s' is still open "
                                                       "(call zoff_ckpt_end_entry first)",
-                                    name ? name : "(null)", w->cur.name));
+                                    name ? name : "(null)", w->cur_ent.name));
     if ((st = check_meta(name, dtype, ndim, shape, &expect)) != ZOFF_OK) return w_fail(w, st);
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->ents[i].name, name) == 0)
             return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s' was added twice", name));
     if ((st = w_pad(w)) != ZOFF_OK) return w_fail(w, st);
-    memset(&w->cur, 0, sizeof w->cur);
-    snprintf(w->cur.name, sizeof w->cur.name, "%s", name);
-    w->cur.dtype = dtype;
-    w->cur.ndim = ndim;
-    for (int i = 0; i < ndim; i++) w->cur.shape[i] = shape[i];
-    w->cur.offset = w_pos(w);
+    memset(&w->cur_ent, 0, sizeof w->cur_ent);
+    snprintf(w->cur_ent.name, sizeof w->cur_ent.name, "%s", name);
+    w->cur_ent.dtype = dtype;
+    w->cur_ent.ndim = ndim;
+    for (int i = 0; i < ndim; i++) w->cur_ent.shape[i] = shape[i];
+    w->cur_ent.offset = w_pos(w);
     w->cur_expect = expect;
     w->in_entry = true;
     return ZOFF_OK;
 }
 
-zoff_status zoff_ckpt_append(zoff_ckpt_writer *w, const void *data, size_t bytes) {
+/* `bytes` more for the open entry: within its shape? */
+static zoff_status w_check_append(zoff_ckpt_writer *w, size_t bytes) {
     ZOFF_TRY(w_usable(w));
     if (!w->in_entry)
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "zoff_ckpt_append without zoff_ckpt_begin_entry"));
-    if (bytes && !data)
-        return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s': data is NULL", w->cur.name));
-    if (w->cur_expect >= 0 && (uint64_t)bytes > (uint64_t)(w->cur_expect - w->cur.bytes)) {
+    if (w->cur_expect >= 0 && (uint64_t)bytes > (uint64_t)(w->cur_expect - w->cur_ent.bytes)) {
         char s[256];
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID,
                                     "checkpoint entry '%s': %" PRId64 " + %zu bytes appended, more than its shape %s of "
                                     "%s holds (%" PRId64 " bytes)",
-                                    w->cur.name, w->cur.bytes, bytes, zoff_ckpt_shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
-                                    zoff_ckpt_dtype_str(w->cur.dtype), w->cur_expect));
+                                    w->cur_ent.name, w->cur_ent.bytes, bytes,
+                                    zoff_ckpt_shape_str(w->cur_ent.ndim, w->cur_ent.shape, s, sizeof s),
+                                    zoff_ckpt_dtype_str(w->cur_ent.dtype), w->cur_expect));
     }
-    w->cur.crc32c = zoff_crc32c(w->cur.crc32c, data, bytes);
-    zoff_status st = w_put(w, data, bytes);
-    if (st != ZOFF_OK) return w_fail(w, st);
-    w->cur.bytes += (int64_t)bytes;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_ckpt_append_space(zoff_ckpt_writer *w, void **dst, size_t *cap) {
+    ZOFF_TRY(w_check_append(w, 0));
+    ck_piece *p = &w->piece[w->cur];
+    size_t c = CK_PIECE_BYTES - p->len;
+    if (w->cur_expect >= 0 && (uint64_t)c > (uint64_t)(w->cur_expect - w->cur_ent.bytes))
+        c = (size_t)(w->cur_expect - w->cur_ent.bytes);
+    *dst = p->buf + p->len;
+    *cap = c;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_ckpt_append_done(zoff_ckpt_writer *w, size_t bytes) {
+    ZOFF_TRY(w_check_append(w, bytes));
+    ck_piece *p = &w->piece[w->cur];
+    if (bytes > CK_PIECE_BYTES - p->len)
+        return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s': %zu bytes appended in place, more than "
+                                                      "zoff_ckpt_append_space offered (%zu)",
+                                    w->cur_ent.name, bytes, CK_PIECE_BYTES - p->len));
+    w->cur_ent.crc32c = zoff_crc32c(w->cur_ent.crc32c, p->buf + p->len, bytes);
+    p->len += bytes;
+    w->cur_ent.bytes += (int64_t)bytes;
+    zoff_status st = p->len == CK_PIECE_BYTES ? w_next(w) : ZOFF_OK;
+    return st == ZOFF_OK ? ZOFF_OK : w_fail(w, st);
+}
+
+zoff_status zoff_ckpt_append(zoff_ckpt_writer *w, const void *data, size_t bytes) {
+    ZOFF_TRY(w_check_append(w, bytes));
+    if (bytes && !data)
+        return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s': data is NULL", w->cur_ent.name));
+    const uint8_t *d = data;
+    while (bytes > 0) {
+        void *dst = NULL;
+        size_t cap = 0;
+        ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
+        size_t k = bytes < cap ? bytes : cap;
+        if (k > CK_CRC_STEP) k = CK_CRC_STEP;
+        memcpy(dst, d, k);
+        ZOFF_TRY(zoff_ckpt_append_done(w, k));
+        d += k;
+        bytes -= k;
+    }
     return ZOFF_OK;
 }
 
@@ -677,17 +837,18 @@ zoff_status zoff_ckpt_end_entry(zoff_ckpt_writer *w) {
     ZOFF_TRY(w_usable(w));
     if (!w->in_entry)
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID, "zoff_ckpt_end_entry without zoff_ckpt_begin_entry"));
-    if (w->cur_expect >= 0 && w->cur.bytes != w->cur_expect) {
+    if (w->cur_expect >= 0 && w->cur_ent.bytes != w->cur_expect) {
         char s[256];
         return w_fail(w, zoff_error(ZOFF_ERR_INVALID,
                                     "checkpoint entry '%s': %" PRId64 " bytes were appended but its shape %s of %s "
                                     "needs %" PRId64,
-                                    w->cur.name, w->cur.bytes, zoff_ckpt_shape_str(w->cur.ndim, w->cur.shape, s, sizeof s),
-                                    zoff_ckpt_dtype_str(w->cur.dtype), w->cur_expect));
+                                    w->cur_ent.name, w->cur_ent.bytes,
+                                    zoff_ckpt_shape_str(w->cur_ent.ndim, w->cur_ent.shape, s, sizeof s),
+                                    zoff_ckpt_dtype_str(w->cur_ent.dtype), w->cur_expect));
     }
     if (!ZOFF_CKPT_GROW(w->ents, w->cap, w->n, 64))
         return w_fail(w, zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint index"));
-    w->ents[w->n++] = w->cur;
+    w->ents[w->n++] = w->cur_ent;
     w->in_entry = false;
     return ZOFF_OK;
 }
@@ -724,10 +885,22 @@ static void encode_entry(const zoff_ckpt_entry *e, uint8_t *b /* CK_ENTRY_BYTES 
     put_u32(b + 216, e->crc32c);
 }
 
+/* The last piece out, every write done, and (aio: the last piece was padded to the alignment)
+ * the file cut back to its size. */
+static zoff_status w_flush_end(zoff_ckpt_writer *w, uint64_t file_bytes) {
+    ck_piece *p = &w->piece[w->cur];
+    if (p->len > 0) ZOFF_TRY(w_write_piece(w, p));
+    if (w->aio) ZOFF_TRY(w_drain(w));
+    if (w->aio && ftruncate(w->fd, (off_t)file_bytes) != 0)
+        return zoff_error(ZOFF_ERR_IO, "cannot set the size of checkpoint file %s to %" PRIu64 " bytes: %s", w->file,
+                          file_bytes, strerror(errno));
+    return ZOFF_OK;
+}
+
 static zoff_status w_finish(zoff_ckpt_writer *w) {
     if (w->in_entry)
         return zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s' was begun but never ended (zoff_ckpt_end_entry)",
-                          w->cur.name);
+                          w->cur_ent.name);
     ZOFF_TRY(w_pad(w));
     ck_header h = {.version = ZOFF_CKPT_VERSION,
                    .header_bytes = CK_HEADER_BYTES,
@@ -745,9 +918,9 @@ static zoff_status w_finish(zoff_ckpt_writer *w) {
         crc = zoff_crc32c(crc, rec, sizeof rec);
         ZOFF_TRY(w_put(w, rec, sizeof rec));
     }
-    ZOFF_TRY(w_flush(w));
     h.index_crc = crc;
     h.file_bytes = h.index_offset + h.index_bytes;
+    ZOFF_TRY(w_flush_end(w, h.file_bytes));
     uint8_t hb[ZOFF_CKPT_ALIGN];
     encode_header(&h, hb);
     ZOFF_TRY(io_write_all(w->file, w->fd, hb, sizeof hb, 0, &w->fault));
@@ -756,13 +929,6 @@ static zoff_status w_finish(zoff_ckpt_writer *w) {
     w->fd = -1;
     if (close(fd) != 0) return zoff_error(ZOFF_ERR_IO, "cannot close checkpoint file %s: %s", w->file, strerror(errno));
     return ZOFF_OK;
-}
-
-static void w_free(zoff_ckpt_writer *w) {
-    if (w->fd >= 0) close(w->fd);
-    zoff_aligned_free(w->buf);
-    free(w->ents);
-    free(w);
 }
 
 zoff_status zoff_ckpt_commit(zoff_ckpt_writer *w) {

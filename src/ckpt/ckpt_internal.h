@@ -1,6 +1,7 @@
 /* Private to src/ckpt: what the .zckpt container (ckpt.c), the safetensors format
  * (safetensors.c), the GPT-2 name mapping (safetensors_gpt2.c) and the rank merge (gather.c)
- * share. src/ckpt needs only src/core and jansson (the fuzzing build links just those). */
+ * share. src/ckpt needs only src/core, src/aio (the .zckpt writer) and jansson (the fuzzing
+ * build links just those). */
 #ifndef ZOFF_CKPT_INTERNAL_H
 #define ZOFF_CKPT_INTERNAL_H
 

@@ -1,21 +1,32 @@
 /* Saving training checkpoints (include/zoff/train.h): every array streams from the engine's
- * state through one bounded piece buffer into the writer's entries (zoff_ckpt_begin_entry /
- * append / end_entry: the CRC runs over the pieces, the file is the one zoff_ckpt_add would
- * write), synchronously or, with one rank, on a background writer thread while training goes on.
+ * state straight into the .zckpt writer's piece buffers (zoff_ckpt_begin_entry /
+ * append_space / append_done / end_entry: the CRC runs over each slice, the writer's aio
+ * writes the full pieces; the file is the one zoff_ckpt_add would write), synchronously or,
+ * with one rank, on a background writer thread while training goes on.
  *
  * What is still whole: with several ranks the fp32 master weights rank 0 stores are gathered
  * (a collective) into a num_params buffer, and an engine whose state is in an NVMe swap file is
  * read one whole array at a time (zoff_engine_state_get). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "train/ckpt_internal.h"
 
 size_t zoff_train_ckpt_piece_bytes(void) { return (size_t)16 << 20; }
+size_t zoff_train_ckpt_save_bytes(void) {
+    size_t w = zoff_ckpt_writer_buffer_bytes(), p = zoff_train_ckpt_piece_bytes();
+    return w > p ? w : p;
+}
+/* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
+static size_t slice_bytes(void) { return (size_t)256 << 10; }
 
 /* One save: what the main thread fixes at the step boundary, and what the writer needs. */
 struct zoff_train_ckpt_job {
@@ -36,7 +47,7 @@ struct zoff_train_ckpt_job {
     bool started;
     zoff_status status;
     char msg[2048];
-    double t0, seconds;
+    double t0, seconds, cpu_seconds; /* wall time of the save; CPU time of the writer thread */
     /* tests only (ZOFF_TEST_CKPT_WRITER_PAUSE_MS): the background writer sleeps this long after
      * its first piece, so that a test can SIGKILL the process while a temp dir is half written */
     long pause_ms;
@@ -65,15 +76,23 @@ bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *com
 }
 
 /* Entry `name` = elements [off, off + count) of state array i: from `whole` (in memory, indexed
- * by off) when given, else streamed from the engine one piece at a time. */
+ * by off) when given, else straight from the engine into the writer's piece buffer, a slice at a
+ * time (the writer checksums each slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
-    const int64_t piece = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
-    for (int64_t p = 0; p < count;) {
-        int64_t c = whole ? count : (count - p < piece ? count - p : piece);
-        if (!whole) ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, j->buf, true));
-        ZOFF_TRY(zoff_ckpt_append(w, whole ? whole + off + p : j->buf, (size_t)c * sizeof(float)));
+    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
+    const int64_t slice = (int64_t)(slice_bytes() / sizeof(float));
+    for (int64_t p = 0; !whole && p < count;) {
+        void *dst = NULL;
+        size_t cap = 0;
+        ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
+        int64_t c = (int64_t)(cap / sizeof(float));
+        if (c > slice) c = slice;
+        if (c > count - p) c = count - p;
+        if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
+        ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
+        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * sizeof(float)));
         if (j->pause_ms > 0) { /* once per job */
             usleep((useconds_t)j->pause_ms * 1000);
             j->pause_ms = 0;
@@ -147,8 +166,9 @@ static zoff_status job_create(const char *dir, zoff_engine *eng, const zoff_gpt2
     zoff_status s = train_partition_runs(eng, &j->runs, &j->nruns);
     if (s == ZOFF_OK && config_json && !(j->config = strdup(config_json)))
         s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a checkpoint");
-    size_t bb = j->whole_state ? (size_t)(j->n > j->pn ? j->n : j->pn) * sizeof(float) : zoff_train_ckpt_piece_bytes();
-    if (s == ZOFF_OK && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint piece buffer"))) s = ZOFF_ERR_NOMEM;
+    size_t bb = (size_t)(j->n > j->pn ? j->n : j->pn) * sizeof(float); /* streamed: the writer's pieces */
+    if (s == ZOFF_OK && j->whole_state && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint state buffer")))
+        s = ZOFF_ERR_NOMEM;
     bool local_is_model = j->nruns == 1 && j->runs[0] == 0 && j->runs[1] == j->n;
     if (s == ZOFF_OK && (j->world > 1 || !local_is_model)) { /* collective: the master of all ranks, model order */
         j->master = zoff_aligned_alloc(64, (size_t)j->n * sizeof(float), "checkpoint master-weight gather");
@@ -219,8 +239,26 @@ zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_g
 
 /* ------------------------------------------------------------------ the background writer */
 
+/* The writer's nice value (this thread only; the writer's aio threads, which it creates,
+ * inherit it): ZOFF_CKPT_WRITER_NICE (0..19, for measurements), default 0. A higher one lets the
+ * training threads win the cores, but on a shared busy machine the other processes win them
+ * too and the next update waits longer for the writer (docs/performance.md). */
+static void writer_lower_priority(void) {
+    const char *e = getenv("ZOFF_CKPT_WRITER_NICE");
+    char *end = NULL;
+    long nice = e && *e ? strtol(e, &end, 10) : 0;
+    if (e && *e && (*end || nice < 0 || nice > 19)) {
+        zoff_log(ZOFF_LOG_WARN, "ZOFF_CKPT_WRITER_NICE='%s' is not a nice value 0..19; the writer keeps its priority", e);
+        nice = 0;
+    }
+    if (nice > 0 && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), (int)nice) != 0)
+        zoff_log(ZOFF_LOG_DEBUG, "checkpoint writer: cannot lower its priority: %s", strerror(errno));
+}
+
 static void *writer_main(void *arg) {
     zoff_train_ckpt_job *j = arg;
+    pthread_setname_np(pthread_self(), "zoff-ckpt"); /* for top, perf */
+    writer_lower_priority();
     zoff_ckpt_options opts = {.tmp_tag = j->tag};
     zoff_status s = write_rank_file(j);
     if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);
@@ -228,6 +266,8 @@ static void *writer_main(void *arg) {
     if (s != ZOFF_OK) snprintf(j->msg, sizeof j->msg, "%s", zoff_last_error()); /* thread-local: carried over */
     j->status = s;
     j->seconds = zoff_now() - j->t0;
+    struct timespec cpu;
+    j->cpu_seconds = clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0 ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec : 0;
     return NULL;
 }
 
@@ -256,11 +296,12 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     return ZOFF_OK;
 }
 
-zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, double *seconds) {
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, double *seconds, double *cpu_seconds) {
     if (!j) return ZOFF_OK;
     if (j->started) pthread_join(j->thread, NULL);
     zoff_status s = j->status;
     if (seconds) *seconds = j->seconds;
+    if (cpu_seconds) *cpu_seconds = j->cpu_seconds;
     if (s != ZOFF_OK)
         s = zoff_error(s, "background checkpoint of step %lld under %s failed (the checkpoints saved before it are "
                           "intact): %s",

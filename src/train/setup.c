@@ -114,7 +114,7 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 
 /* Host memory this job needs at least, checked before anything large is allocated: the initial
  * fp32 weights of --init-from (4 bytes per parameter; random ones and --load's go straight into
- * the engine) and the checkpoint save's staging (zoff_train_ckpt_piece_bytes with one rank, 4 bytes
+ * the engine) and the checkpoint save's buffers (zoff_train_ckpt_save_bytes with one rank, 4 bytes
  * per parameter with several: the gathered master weights), the optimizer state the engine keeps
  * on the host (offload_optimizer.device cpu: fp32 master and the optimizer's moments, plus the
  * 16-bit buffer that carries the gradients in and the weights out), and on the CPU backend the
@@ -137,9 +137,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
      * optimizer state is in host memory with device cpu, on disk with device nvme (not counted) */
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    /* initial fp32 weights (--init-from) + the save's staging: one piece with one rank, the
-     * gathered master with several */
-    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_piece_bytes();
+    /* initial fp32 weights (--init-from) + the save's buffers: the writer's pieces with one rank,
+     * the gathered master with several */
+    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_save_bytes();
     double cli = (t->o.init_from ? 4 * N : 0) + staging, pinned = host_part * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
     double dev_on_host = 0;

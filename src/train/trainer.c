@@ -23,11 +23,11 @@ void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
  * is this call's. The one place that waits for the writer. */
 static zoff_status wait_background_save(zoff_trainer *t, double *waited) {
     if (!t->bg) return ZOFF_OK;
-    double t0 = zoff_now(), secs = 0;
-    zoff_status s = zoff_train_ckpt_save_wait(t->bg, &secs);
+    double t0 = zoff_now(), secs = 0, cpu = 0;
+    zoff_status s = zoff_train_ckpt_save_wait(t->bg, &secs, &cpu);
     t->bg = NULL;
     if (waited) *waited += zoff_now() - t0;
-    if (s == ZOFF_OK) trainer_say(t, "checkpoint written in the background in %.2f s", secs);
+    if (s == ZOFF_OK) trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s)", secs, cpu);
     return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
 }
 
