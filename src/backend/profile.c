@@ -65,13 +65,6 @@ zoff_op_class zoff_op_class_of(zoff_op op) {
     return g_op_class[op];
 }
 
-double zoff_matmul_flops(int64_t N, int64_t C, int64_t OC) { return 2.0 * (double)N * (double)C * (double)OC; }
-
-double zoff_attention_flops(int64_t B, int64_t T, int64_t C, bool backward) {
-    double fwd = 2.0 * (double)B * (double)T * (double)T * (double)C;
-    return backward ? 2.5 * fwd : fwd;
-}
-
 double zoff_op_flops(zoff_op op, const void *args) {
     if (!args) return 0.0;
     switch (op) {
