@@ -8,7 +8,9 @@
  *                              pieces (layout_activations), pinned losses
  *   engine  src/zero/engine.c  zoff_engine_create: sub-groups and "auto" from
  *                              src/zero/placement.c (called here too),
- *                              device master/m/v + 8 bytes of statistics, host
+ *                              device master/m/v + 8 bytes of statistics per
+ *                              layer group, with buckets the device gradients
+ *                              (zoff_placement_grad_device), host
  *                              master/m/v + gradient partition(s) + staging
  *   loop    src/train          token buffers on the device, the checkpoint
  *                              save's piece buffer on the host
@@ -478,6 +480,17 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     const int64_t maxgrp = emb > blk ? (emb > lnf ? emb : lnf) : (blk > lnf ? blk : lnf);
     device_buffers(in, s, &mb, part, emb, blk, lnf, maxgrp, m);
     m->runtime_reserve = M->runtime_reserve;
+    /* gradient buckets (one home: zoff_placement_grad_buckets / _grad_device): the model holds no
+     * gradient buffer; the engine holds the device sub-groups' and the buckets (below) */
+    const bool buckets = offload && zoff_placement_grad_buckets_for(cfg->zero.grad_buckets, (int)R, s->stage,
+                                                                    s->offload, accum);
+    const int ngroups = (int)L + 2;
+    int64_t *gcount = malloc((size_t)ngroups * sizeof *gcount);
+    if (!gcount) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    for (int g = 0; g < ngroups; g++) gcount[g] = g == 0 ? emb : g == ngroups - 1 ? lnf : blk;
+    zoff_grad_device_in gdi = {.group_count = gcount, .ngroups = ngroups,
+                               .reduce_bucket_size = cfg->zero.reduce_bucket_size, .dtype = dt};
+    if (buckets) m->grads16 = 0;
 
     /* ---- placement of the optimizer's partition: host (cpu/nvme) or device */
     double ratio = offload ? s->ratio : 0.0;
@@ -486,12 +499,23 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         /* allocated before the engine chooses: the model, the data-parallel buffers */
         model_dev_before_engine = (s->stage < 3 ? m->params16 + m->grads16 : 0) + m->activations + m->comm_buffers;
         zoff_auto_ratio ar;
-        zoff_placement_auto_ratio(M->device_budget ? M->device_bytes : 0, model_dev_before_engine, part, dt, &ar);
+        size_t fixed, per_param;
+        zoff_placement_auto_engine_bytes(buckets ? &gdi : NULL, ngroups, &fixed, &per_param);
+        zoff_placement_auto_ratio(M->device_budget ? M->device_bytes : 0, model_dev_before_engine, fixed, per_param,
+                                  part, dt, &ar);
         r->auto_failed = !ar.fits;
         ratio = ar.ratio;
     }
     plan_placement pl = {0};
-    ZOFF_TRY(place(part, s, offload ? ratio : 0.0, R, emb, blk, L, &pl));
+    zoff_status pst = place(part, s, offload ? ratio : 0.0, R, emb, blk, L, &pl);
+    if (pst == ZOFF_OK && buckets) {
+        zoff_grad_device gd;
+        gdi.device = part - pl.host;
+        zoff_placement_grad_device(&gdi, &gd);
+        m->grads16 = gd.bytes;
+    }
+    free(gcount);
+    ZOFF_TRY(pst);
     r->host_params = pl.host;
     r->num_subgroups = pl.nsg;
     r->device_params = part - r->host_params;
@@ -500,7 +524,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     const bool nvme = s->offload == ZOFF_OFFLOAD_NVME;
 
     /* ---- the engine */
-    m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + 2 * f4;
+    m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + zoff_placement_stats_bytes(ngroups);
     if (nh > 0) {
         /* the engine's host buffers (one home: zoff_placement_host_buffers) */
         zoff_host_buffers hb;
