@@ -676,8 +676,8 @@ static zoff_status add_row(const zoff_plan_inputs *in, const zoff_plan_setting *
 
 /* The smallest host ratio whose device bytes fit the device with the plan's
  * margin ("as low as possible without causing OOM"): every device-side
- * parameter costs the engine's fp32 master (16-bit models), m and v (stage 3:
- * and its gradient); whole sub-groups only raise the host part. Adds a row
+ * parameter costs the engine's fp32 master (16-bit models), m and v (stage 3
+ * and gradient buckets: and its gradient); whole sub-groups only raise the host part. Adds a row
  * when that ratio lies strictly between 0 and 1. */
 static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_setting *base, zoff_plan *out) {
     const zoff_plan_machine *M = &in->machine;
@@ -689,8 +689,10 @@ static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_se
     ZOFF_TRY(zoff_plan_evaluate(in, &s, &all_host));
     size_t cap = frac_of(M->device_bytes, 1.0 - M->margin);
     if (all_host.mem.device > cap) return ZOFF_OK; /* not even everything on the host fits */
+    const int64_t accum = in->cfg->gradient_accumulation_steps > 0 ? in->cfg->gradient_accumulation_steps : 1;
+    const bool buckets = zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, M->ranks, s.stage, s.offload, accum);
     size_t per = sizeof(float) * (in->model.dtype != ZOFF_F32 ? 3 : 2) +
-                 (s.stage == 3 ? zoff_dtype_size(in->model.dtype) : 0);
+                 (s.stage == 3 || buckets ? zoff_dtype_size(in->model.dtype) : 0);
     int64_t part = all_host.partition_params;
     int64_t nd_max = (int64_t)((cap - all_host.mem.device) / per);
     if (nd_max >= part) return ZOFF_OK; /* ratio 0 fits */
