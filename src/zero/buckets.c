@@ -15,14 +15,8 @@
 
 /* The group holding model offset `off` (-1 if none). */
 static int group_at(const zoff_engine *e, int64_t off) {
-    if (e->ngroups == 0 || off < e->goff[0]) return -1;
-    int a = 0, b = e->ngroups - 1;
-    while (a < b) {
-        int mid = (a + b + 1) / 2;
-        if (e->goff[mid] <= off) a = mid;
-        else b = mid - 1;
-    }
-    return off < e->goff[a] + e->gcnt[a] ? a : -1;
+    int a = zoff_group_find(e->goff, e->ngroups, off);
+    return a >= 0 && off < e->goff[a] + e->gcnt[a] ? a : -1;
 }
 
 static zoff_status bk_groups(zoff_engine *e, const zoff_engine_options *o) {
