@@ -623,9 +623,12 @@ static void test_grad_device(void **st) {
     in.reduce_bucket_size = 1; /* at least 2 */
     zoff_placement_grad_device(&in, &d);
     assert_int_equal(d.nslots, 2);
-    in.reduce_bucket_size = 100000; /* at most the 4 groups after the first */
+    in.reduce_bucket_size = 400; /* as many as the 4 groups after the first: each its own, exact (flat) */
     zoff_placement_grad_device(&in, &d);
-    assert_int_equal(d.nslots, 4);
+    assert_true(d.nslots == 4 && d.flat && d.ring == 304 && d.bytes == 314 * 2);
+    in.reduce_bucket_size = 399; /* 3 < 4: a ring */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.nslots == 3 && !d.flat && d.ring == 300);
     in.reduce_bucket_size = 250;
     in.device = 110; /* groups 0-1 on the device: no held bucket, 3 host groups */
     zoff_placement_grad_device(&in, &d);
@@ -633,10 +636,10 @@ static void test_grad_device(void **st) {
     assert_int_equal(d.bytes, (110 + 200) * 2);
     in.device = 150; /* cuts group 2: all of it in the device buffer; host groups 3 and 4 */
     zoff_placement_grad_device(&in, &d);
-    assert_true(d.device == 210 && d.held == 0 && d.slot == 100 && d.nslots == 2);
+    assert_true(d.device == 210 && d.held == 0 && d.flat && d.nslots == 2 && d.ring == 104);
     in.device = 310; /* only ln_f-like group 4 on the host: one bucket of its size */
     zoff_placement_grad_device(&in, &d);
-    assert_true(d.device == 310 && d.slot == 4 && d.nslots == 1);
+    assert_true(d.device == 310 && d.nslots == 1 && d.ring == 4 && d.bytes == 314 * 2);
     in.device = 314; /* nothing on the host */
     zoff_placement_grad_device(&in, &d);
     assert_true(d.held == 0 && d.nslots == 0 && d.bytes == 314 * 2);
@@ -647,6 +650,9 @@ static void test_grad_device(void **st) {
     assert_int_equal(per, 2);
     zoff_placement_auto_engine_bytes(NULL, 5, &fixed, &per);
     assert_true(fixed == 5 * 8 && per == 0);
+    in.reduce_bucket_size = 100000; /* flat: the full buffer's bytes at any ratio, nothing per device parameter */
+    zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
+    assert_true(fixed == 5 * 8 + 314 * 2 && per == 0);
     /* the rule */
     assert_true(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_CPU, 1));
     assert_true(zoff_placement_grad_buckets_for(true, 1, 1, ZOFF_OFFLOAD_CPU, 0));

@@ -156,7 +156,8 @@ bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_of
  * after the group's grad-ready, the bucket reused once that copy is done). The first group,
  * when on the host, has a bucket of its own; the others share a ring of nslots buckets of the
  * largest host one: reduce_bucket_size elements in whole buckets, at least 2 (copies overlap
- * compute), at most the number of such groups. A group that `device` cuts (a fractional
+ * compute); when that is as many as such groups, each its own bucket of its exact size
+ * (flat). A group that `device` cuts (a fractional
  * ratio's sub-groups can be finer than the groups) is all in the device buffer, its host
  * part copied from there. stats: the gradient statistics, 2 floats per
  * layer group (the engine allocates them with or without buckets). */
@@ -170,9 +171,12 @@ typedef struct zoff_grad_device_in {
 typedef struct zoff_grad_device {
     int64_t device;  /* elements of the device buffer: the device sub-groups', to the end of their last group */
     int64_t held;    /* elements of the first group's bucket (0: on the device) */
-    int64_t slot;    /* elements of one ring bucket */
+    int64_t slot;    /* elements of one ring bucket (0 when flat) */
     int nslots;      /* ring buckets (0: no host group after the first) */
-    size_t bytes;    /* device + held + nslots x slot, in the model's dtype */
+    bool flat;       /* reduce_bucket_size holds every such group: one bucket each, of its exact size, in
+                        flat order (no reuse; the bytes of a full buffer, never more) */
+    int64_t ring;    /* elements of the ring: nslots x slot, or (flat) the groups' sum */
+    size_t bytes;    /* device + held + ring, in the model's dtype */
 } zoff_grad_device;
 void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out);
 /* The gradient statistics' device bytes: 2 floats per layer group. */

@@ -67,9 +67,8 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
     if (d->held > 0)
         ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->held * e->esize, "gradient bucket (first layer group)",
                                    &e->gb_held));
-    if (d->nslots > 0)
-        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->nslots * (size_t)d->slot * e->esize, "gradient buckets",
-                                   &e->gb_ring));
+    if (d->ring > 0)
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->ring * e->esize, "gradient buckets", &e->gb_ring));
     int nb = d->nslots + 1;
     e->ev_bucket = calloc((size_t)nb, sizeof *e->ev_bucket);
     e->bucket_group = malloc((size_t)nb * sizeof *e->bucket_group);
@@ -99,8 +98,16 @@ void zoff_bk_destroy(zoff_engine *e) {
 
 bool zoff_engine_uses_grad_buckets(const zoff_engine *e) { return e && e->buckets; }
 
+/* The first host group after the first group (flat buckets: bucket k is group g0 + k's). */
+static int first_later_host(const zoff_engine *e) { return e->ngroups - e->gd.nslots; }
+
 static void *bucket_ptr(const zoff_engine *e, int k) {
-    return k == e->gd.nslots ? e->gb_held : (char *)e->gb_ring + (size_t)k * (size_t)e->gd.slot * e->esize;
+    if (k == e->gd.nslots) return e->gb_held;
+    if (e->gd.flat) {
+        int g0 = first_later_host(e);
+        return (char *)e->gb_ring + (size_t)(e->goff[g0 + k] - e->goff[g0]) * e->esize;
+    }
+    return (char *)e->gb_ring + (size_t)k * (size_t)e->gd.slot * e->esize;
 }
 
 zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, void **grads) {
@@ -122,7 +129,9 @@ zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offse
                                             "buckets keep no sum across micro-batches); set "
                                             "gradient_accumulation_steps 1 or zero_optimization.zoff_grad_buckets false");
     int k = e->gd.nslots; /* the first group: its own bucket */
-    if (g > 0) {
+    if (g > 0 && e->gd.flat) {
+        k = g - first_later_host(e);
+    } else if (g > 0) {
         k = e->next_bucket;
         e->next_bucket = (k + 1) % e->gd.nslots;
     }

@@ -810,9 +810,11 @@ static void describe(zoff_engine *e) {
         size_t used = strlen(e->describe);
         if (e->buckets)
             snprintf(e->describe + used, sizeof e->describe - used,
-                     "; device gradients: gradient buckets (%d x %lld elements, first layer group's %lld, device "
+                     "; device gradients: gradient buckets (%d x %lld elements%s, first layer group's %lld, device "
                      "sub-groups' %lld)",
-                     e->gd.nslots, (long long)e->gd.slot, (long long)e->gd.held, (long long)e->gd.device);
+                     e->gd.nslots, (long long)(e->gd.flat ? e->gd.ring : e->gd.slot),
+                     e->gd.flat ? " in all: one per group, reduce_bucket_size holds them all" : "",
+                     (long long)e->gd.held, (long long)e->gd.device);
         else
             snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
                      "buffer (zoff_placement_grad_buckets)");

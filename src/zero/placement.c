@@ -157,11 +157,16 @@ void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device 
     if (later_host > 0) {
         int64_t k = biggest > 0 ? in->reduce_bucket_size / biggest : 0;
         if (k < 2) k = 2;
-        if (k > later_host) k = later_host;
-        out->slot = biggest;
-        out->nslots = (int)k;
+        out->nslots = (int)(k < later_host ? k : later_host);
+        if (k >= later_host) { /* a bucket for every group: their exact sizes, in flat order */
+            out->flat = true;
+            out->ring = off - (out->device + out->held);
+        } else {
+            out->slot = biggest;
+            out->ring = k * biggest;
+        }
     }
-    out->bytes = (size_t)(out->device + out->held + (int64_t)out->nslots * out->slot) * zoff_dtype_size(in->dtype);
+    out->bytes = (size_t)(out->device + out->held + out->ring) * zoff_dtype_size(in->dtype);
 }
 
 size_t zoff_placement_stats_bytes(int ngroups) { return 2 * sizeof(float) * (size_t)(ngroups > 1 ? ngroups : 1); }
@@ -175,5 +180,6 @@ void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups
     zoff_grad_device gd;
     zoff_placement_grad_device(&all, &gd);
     *fixed += gd.bytes;
-    *per_param = zoff_dtype_size(in->dtype);
+    /* flat: the groups' exact sizes wherever they are, the full buffer's bytes at any ratio */
+    *per_param = gd.flat ? 0 : zoff_dtype_size(in->dtype);
 }
