@@ -114,9 +114,9 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
 
 /* Host memory this job needs at least, checked before anything large is allocated: the buffer
  * --init-from's loader holds (one transposed matrix; the weights themselves, like random ones
- * and --load's, go straight into the engine) and the checkpoint save's buffers (zoff_train_ckpt_save_bytes with one rank, 4 bytes
- * per parameter with several: the gathered master weights), the optimizer state the engine keeps
- * on the host (offload_optimizer.device cpu: fp32 master and the optimizer's moments, plus the
+ * and --load's, go straight into the engine) and the checkpoint save's buffers
+ * (zoff_train_ckpt_save_bytes, + zoff_train_ckpt_gather_bytes with several ranks), the optimizer
+ * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the optimizer's moments, plus the
  * 16-bit buffer that carries the gradients in and the weights out), and on the CPU backend the
  * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
  * offloaded). A lower bound: the engine checks its own allocations exactly. */
@@ -137,9 +137,14 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
      * optimizer state is in host memory with device cpu, on disk with device nvme (not counted) */
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    /* --init-from's loader buffer + the save's buffers: the writer's pieces with one rank, the
-     * gathered master with several */
-    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_save_bytes();
+    /* --init-from's loader buffer + the save's buffers: the writer's pieces, with several ranks
+     * the pieces of the master weights gathered (whole with the state on NVMe) */
+    double staging = (double)zoff_train_ckpt_save_bytes() +
+                     (double)zoff_train_ckpt_gather_bytes(t->info.world, t->cfg.zero.stage,
+                                                          oo->device == ZOFF_OFFLOAD_NVME ||
+                                                              (t->cfg.zero.stage == 3 &&
+                                                               t->cfg.zero.offload_param.device == ZOFF_OFFLOAD_NVME),
+                                                          (int64_t)N);
     double loader = t->o.init_from ? 4 * (double)zoff_gpt2_st_loader_floats(sh) : 0;
     double cli = loader + staging, pinned = host_part * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
