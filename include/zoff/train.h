@@ -15,7 +15,8 @@
  *
  * Training checkpoints: DIR/step_%08d/rank_%05d.zckpt (include/zoff/ckpt.h). Rank 0's file holds
  * every tensor's fp32 master weights under its Hugging Face name, the "meta" blob
- * (zoff_train_meta as JSON, format "zoff-train-state" version 1) and the "config" blob; every
+ * (zoff_train_meta as JSON, format "zoff-train-state" version 1), the "config" blob and, while
+ * the delayed update's weights are pending, the device's weights (ZOFF_TRAIN_DEVICE_WEIGHTS); every
  * rank's file holds its partition of the optimizer state ("optimizer.exp_avg", ...) and a
  * "partition" blob. Loading reshards: a rank reads its partition from whichever rank files
  * hold it, whatever the number of ranks that wrote them. */
