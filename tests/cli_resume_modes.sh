@@ -95,6 +95,9 @@ meta() { grep -a -o '"weights_pending": [a-z]*' "$W/delayed.B/step_$(printf %08d
 check "delayed: no weights pending in the warm-up (step 2), pending after it (step 3)" \
   "[ \"\$(meta 2)\" = '\"weights_pending\": false' ] && [ \"\$(meta 3)\" = '\"weights_pending\": true' ]"
 check "delayed: the checkpoints verify with the independent reader" "'$PY' '$SRC/scripts/zckpt.py' verify '$W/delayed.B' >/dev/null"
+"$ZOFF" export --load "$W/delayed.B" --step 3 --output "$W/d3.safetensors" --quiet
+check "delayed: zoff export of a checkpoint with weights pending (the master weights, not the entry)" \
+  "[ \$? -eq 0 ] && [ -s '$W/d3.safetensors' ] && ! grep -a -q 'delayed_update' '$W/d3.safetensors'"
 
 # a final save (synchronous), then --load: k steps + resume == straight
 "$ZOFF" train "${TINY[@]}" --config "$W/delayed.json" --train-iters 4 --save "$W/delayed.F" >/dev/null 2>&1
@@ -138,6 +141,13 @@ if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built';
   RESUME="3" run_mode delayed_2ranks "${MPI2[@]}"
   check "delayed, 2 ranks: both rank files in the final checkpoint" \
     "[ -f '$W/delayed_2ranks.R3/step_$(printf %08d $N)/rank_00001.zckpt' ]"
+  # resharding a checkpoint with weights pending: 2 ranks -> 1, 1 -> 2
+  mkdir -p "$W/rs21" "$W/rs12"
+  cp -r "$W/delayed_2ranks.B/step_00000003" "$W/rs21/"; cp -r "$W/delayed.B/step_00000003" "$W/rs12/"
+  "$ZOFF" train "${TINY[@]}" --config "$W/delayed.json" --train-iters $N --save "$W/rs21" --load "$W/rs21" >/dev/null 2>&1
+  check "delayed, weights pending: a 2-rank checkpoint resumes on 1 rank" "[ \$? -eq 0 ] && [ -f '$W/rs21/step_$(printf %08d $N)/COMPLETE' ]"
+  "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/delayed.json" --train-iters $N --save "$W/rs12" --load "$W/rs12" >/dev/null 2>&1
+  check "delayed, weights pending: a 1-rank checkpoint resumes on 2 ranks" "[ \$? -eq 0 ] && [ -f '$W/rs12/step_$(printf %08d $N)/COMPLETE' ]"
 else
   echo "skip - 2-rank delayed resume: zoff was built without MPI or mpirun is missing"
 fi
