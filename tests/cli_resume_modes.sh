@@ -107,24 +107,8 @@ check "delayed: 4 steps (final save) + --load to $N == straight" "same_run '$W/d
 # a checkpoint of the previous format (no weights_pending, no device weights) still loads, and says
 # that this delayed resume is not bit-identical
 mkdir -p "$W/old" && cp -r "$W/delayed.B/step_00000003" "$W/old/"
-"$PY" - "$SRC/scripts" "$W/old/step_00000003/rank_00000.zckpt" <<'PYEOF'
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import zckpt
-hdr, es = zckpt.read_file(sys.argv[2])
-out = []
-for e in es:
-    data = e["data"]
-    if e["name"] == "delayed_update.device_weights":
-        continue
-    if e["name"] == "meta":
-        m = json.loads(data)
-        del m["weights_pending"]
-        data = json.dumps(m, indent=1, sort_keys=True).encode()
-    shape = [len(data)] if e["name"] == "meta" and e["shape"] else e["shape"]
-    out.append((e["name"], e["dtype"], shape, data))
-zckpt.write_file(sys.argv[2], hdr["step"], hdr["rank"], out)
-PYEOF
+"$PY" "$SRC/scripts/zckpt.py" strip "$W/old/step_00000003/rank_00000.zckpt" --meta-key weights_pending \
+  --entry delayed_update.device_weights >/dev/null
 "$ZOFF" train "${TINY[@]/--quiet/--eval-iters=2}" --config "$W/delayed.json" --train-iters $N --save "$W/old" --load "$W/old" \
   >"$W/old.txt" 2>&1
 check "previous-format delayed checkpoint: resumes to step $N" "[ \$? -eq 0 ] && [ -f '$W/old/step_$(printf %08d $N)/COMPLETE' ]"
