@@ -275,9 +275,9 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
  * model runs forward/backward, as long as no optimizer update runs. State in an NVMe swap
  * file: ZOFF_ERR_UNSUPPORTED (use zoff_engine_state_get/set). */
 zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get);
-/* The dtype state array i keeps in this rank's engine (what a checkpoint stores): ZOFF_BF16
- * for m and v when every element of the partition keeps bf16 state (bf16_optimizer_states,
- * no device part), else ZOFF_F32. get widens bf16 exactly; set rounds to nearest-even (exact
+/* The dtype state array i keeps in the engine (what a checkpoint stores): ZOFF_BF16 for m
+ * and v when every element keeps bf16 state (bf16_optimizer_states with offload_optimizer
+ * ratio 1: no fp32 device part on any rank), else ZOFF_F32. get widens bf16 exactly; set rounds to nearest-even (exact
  * for values that were bf16). */
 zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i);
 /* Scalars: step count and loss-scaler state, as a small JSON-free struct. */

@@ -75,24 +75,47 @@ bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *com
     return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
 }
 
-/* Entry `name` = elements [off, off + count) of state array i: from `whole` (in memory, indexed
- * by off) when given, else straight from the engine into the writer's piece buffer, a slice at a
- * time (the writer checksums each slice while it is in cache). */
+/* c fp32 values at p into c bf16 values at p (in place, front to back: each value is read
+ * before its bytes are overwritten); exact for values that were bf16 (the engine's m and v). */
+static void narrow_bf16(void *p, int64_t c) {
+    for (int64_t k = 0; k < c; k++) {
+        float x;
+        memcpy(&x, (char *)p + 4 * k, sizeof x);
+        uint16_t h = zoff_f32_to_bf16(x);
+        memcpy((char *)p + 2 * k, &h, sizeof h);
+    }
+}
+
+/* Entry `name` = elements [off, off + count) of state array i, in the dtype the engine keeps it
+ * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states): from `whole` (in memory,
+ * indexed by off) when given, else straight from the engine into the writer's piece buffer, a
+ * slice at a time (the writer checksums each slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
-    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
-    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
+    const zoff_dtype dt = zoff_engine_state_dtype(j->eng, i);
+    const size_t es = zoff_dtype_size(dt);
+    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
+    if (whole && dt == ZOFF_F32) {
+        ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
+        return zoff_ckpt_end_entry(w);
+    }
     const int64_t slice = (int64_t)(slice_bytes() / sizeof(float));
-    for (int64_t p = 0; !whole && p < count;) {
+    for (int64_t p = 0; p < count;) {
         void *dst = NULL;
         size_t cap = 0;
+        float one; /* a piece's last bytes hold fewer than one fp32 value: one element through here */
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
         int64_t c = (int64_t)(cap / sizeof(float));
+        void *to = c > 0 ? dst : &one;
+        if (c == 0 && cap >= es) c = 1;
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
-        ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
-        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * sizeof(float)));
+        if (whole) memcpy(to, whole + off + p, (size_t)c * sizeof(float));
+        else ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, to, true));
+        if (dt == ZOFF_BF16) narrow_bf16(to, c);
+        if (to != dst) memcpy(dst, to, (size_t)c * es);
+        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
         if (j->pause_ms > 0) { /* once per job */
             usleep((useconds_t)j->pause_ms * 1000);
             j->pause_ms = 0;
