@@ -944,26 +944,41 @@ static int run_cmd(const char *cmd) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* A fresh temporary directory (name into dir) holding json as ds.json. */
+static void tmp_with_config(char *dir, size_t n, const char *json) {
+    char p[160];
+    make_tmpdir(dir, n);
+    snprintf(p, sizeof p, "%s/ds.json", dir);
+    write_text(p, json);
+}
+
+/* Run a zoff plan command that writes its --json output to DIR/plan.json; the parsed output. */
+static json_t *plan_json_of(const char *cmd, const char *dir) {
+    char p[160];
+    assert_int_equal(run_cmd(cmd), 0);
+    snprintf(p, sizeof p, "%s/plan.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(p, 0, &je);
+    if (!root) fail_msg("zoff plan --json output is not JSON: %s", je.text);
+    return root;
+}
+
 /* The issue's 13B shape on the H100 box (bf16, stage 2, offload cpu, pinned): nothing fits with
  * fp32 optimizer states (14 B/param at ratio 1 > 125 GiB); the plan recommends a setting with bf16
  * states, labels it a numerics change, and --write-config sets the key. */
 static void test_13b_recommendation(void **st) {
     (void)st;
     char dir[64], cmd[2048], p[160];
-    make_tmpdir(dir, sizeof dir);
+    tmp_with_config(dir, sizeof dir,
+                    "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"zero_optimization\": "
+                    "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}}");
     snprintf(p, sizeof p, "%s/ds.json", dir);
-    write_text(p, "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"zero_optimization\": "
-                  "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}}");
     const char *args = "--device cuda --device-memory 79GiB --host-memory 125GiB --pinned-limit unlimited --disk-free "
                        "60GiB --num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 1024 "
                        "--checkpoint-activations --no-probe";
     snprintf(cmd, sizeof cmd, "%s plan --config %s %s --json --write-config %s/out.json > %s/plan.json", ZOFF_BINARY, p,
              args, dir, dir);
-    assert_int_equal(run_cmd(cmd), 0);
-    snprintf(p, sizeof p, "%s/plan.json", dir);
-    json_error_t je;
-    json_t *root = json_load_file(p, 0, &je);
-    if (!root) fail_msg("zoff plan --json output is not JSON: %s", je.text);
+    json_t *root = plan_json_of(cmd, dir);
     json_t *rows = json_object_get(root, "rows");
     json_int_t best = json_integer_value(json_object_get(root, "best"));
     assert_true(best >= 0);
@@ -1012,23 +1027,18 @@ static void test_13b_recommendation(void **st) {
 static void test_cli(void **st) {
     (void)st;
     char dir[64], cmd[1024], p[160];
-    make_tmpdir(dir, sizeof dir);
-    snprintf(p, sizeof p, "%s/ds.json", dir);
-    write_text(p, "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"bf16\": {\"enabled\": "
-                  "true}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4}}, \"zero_optimization\": "
-                  "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"offload_optimizer\": {\"device\": \"cpu\"}}, "
-                  "\"steps_per_print\": 7}");
+    tmp_with_config(dir, sizeof dir,
+                    "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"bf16\": "
+                    "{\"enabled\": true}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4}}, "
+                    "\"zero_optimization\": {\"stage\": 2, \"zoff_delayed_param_update\": true, "
+                    "\"offload_optimizer\": {\"device\": \"cpu\"}}, \"steps_per_print\": 7}");
     /* --json and --write-config */
     snprintf(cmd, sizeof cmd,
              "%s plan --config %s/ds.json --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
              "--vocab-size 1000 --device cpu --device-memory 3MiB --pinned-limit unlimited --no-probe --json "
              "--deepspeed --write-config %s/out.json > %s/plan.json",
              ZOFF_BINARY, dir, dir, dir);
-    assert_int_equal(run_cmd(cmd), 0);
-    snprintf(p, sizeof p, "%s/plan.json", dir);
-    json_error_t je;
-    json_t *root = json_load_file(p, 0, &je);
-    if (!root) fail_msg("zoff plan --json output is not JSON: %s", je.text);
+    json_t *root = plan_json_of(cmd, dir);
     json_t *rows = json_object_get(root, "rows");
     assert_true(json_array_size(rows) >= 40);
     json_int_t best = json_integer_value(json_object_get(root, "best"));
