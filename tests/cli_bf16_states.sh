@@ -77,8 +77,9 @@ if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built';
     "[ -f '$W/rs/step_00000003/rank_00001.zckpt' ] && '$PY' '$SRC/scripts/zckpt.py' list '$W/rs/step_00000003/rank_00001.zckpt' | grep 'optimizer.exp_avg ' | grep -q 'dtype   1 '"
   "$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 6 --save "$W/rs" --load "$W/rs" --quiet >"$W/rs1.txt" 2>&1
   last() { grep '"loss"' "$1" | tail -1 | sed 's/.*"loss": *\([-0-9.e+]*\).*/\1/'; }
+  echo "last losses: resumed $(last "$W/rs/metrics.jsonl") straight $(last "$W/straight/metrics.jsonl")"
   check "... resumed on 1 rank to step 6, last loss within 1e-3 of the straight run" \
-    "[ -f '$W/rs/step_00000006/COMPLETE' ] && awk -v a=\$(last '$W/rs/metrics.jsonl') -v b=\$(last '$W/straight/metrics.jsonl') 'BEGIN {d = a - b; exit !(a != "" && b != "" && d < 1e-3 && d > -1e-3)}'"
+    "[ -f '$W/rs/step_00000006/COMPLETE' ] && awk -v a=\$(last '$W/rs/metrics.jsonl') -v b=\$(last '$W/straight/metrics.jsonl') 'BEGIN {d = a - b; exit !(length(a) > 0 && length(b) > 0 && d < 1e-3 && d > -1e-3)}'"
 else
   echo "skip: resharding (zoff built without MPI or mpirun missing)"
 fi
