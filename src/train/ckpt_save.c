@@ -101,15 +101,19 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
     }
     const int64_t slice = (int64_t)(slice_bytes() / sizeof(float));
     for (int64_t p = 0; p < count;) {
-        void *dst = NULL;
+        void *dst = NULL, *to;
         size_t cap = 0;
-        float one; /* a piece's last bytes hold fewer than one fp32 value: one element through here */
+        float tmp[2]; /* room for fewer than two fp32 values at the piece's end: through here */
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
         int64_t c = (int64_t)(cap / sizeof(float));
-        void *to = c > 0 ? dst : &one;
-        if (c == 0 && cap >= es) c = 1;
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
+        if (dt != ZOFF_F32 && c < count - p) c &= ~(int64_t)1; /* 4-byte appends: the next dst stays aligned */
+        to = dst;
+        if (c == 0 && cap >= es) {
+            c = count - p < 2 ? count - p : 2;
+            to = tmp;
+        }
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
         if (whole) memcpy(to, whole + off + p, (size_t)c * sizeof(float));
         else ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, to, true));
