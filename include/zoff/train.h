@@ -83,6 +83,10 @@ size_t zoff_train_ckpt_piece_bytes(void);
 /* Host bytes a save or load with one rank holds at most outside the engine: the larger of the
  * writer's pieces and the load's piece (what train's host-memory check and zoff plan count). */
 size_t zoff_train_ckpt_save_bytes(void);
+/* What a save with several ranks holds on rank 0 on top of that: the master weights come from
+ * the ranks a piece at a time (two pieces) when the state is in memory and partitioned (stage >=
+ * 1), whole (4 bytes per parameter) when it is in an NVMe swap file, nothing in stage 0. */
+size_t zoff_train_ckpt_gather_bytes(int world, int stage, bool state_on_disk, int64_t num_params);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state
@@ -139,13 +143,11 @@ typedef struct zoff_train_stack_options {
     int64_t batch_size, seq_len;
     zoff_dtype dtype;
     bool checkpoint_activations;
-    uint64_t seed;                   /* random initial weights when init is NULL (generated straight
-                                        into the engine's master: no whole-model buffer) */
-    /* fills host (num_params fp32, model order, a transient whole-model buffer) with the initial
-     * weights (a file's); NULL: init_range, else random from seed */
-    zoff_status (*init)(void *arg, zoff_gpt2 *model, float *host);
-    /* fills dst with the initial weights of the model range [lo, hi) (a checkpoint's), called by
-     * the engine piece by piece (any split, the same values): no whole-model buffer */
+    uint64_t seed;                   /* random initial weights when init_range is NULL (generated
+                                        straight into the engine's master: no whole-model buffer) */
+    /* fills dst with the initial weights of the model range [lo, hi) (a checkpoint's, a
+     * safetensors file's), called by the engine piece by piece (any split, the same values):
+     * no whole-model buffer */
     zoff_status (*init_range)(void *arg, const zoff_gpt2 *model, int64_t lo, int64_t hi, float *dst);
     void *init_arg;
     zoff_comm *comm;                 /* NULL: one rank */
@@ -162,7 +164,7 @@ typedef struct zoff_train_stack {
 } zoff_train_stack;
 
 /* Create the device, the model (stage 3: its weights come from the engine through the
- * parameter hooks), the initial fp32 weights (freed once the engine holds them) and the engine.
+ * parameter hooks) and the engine, which takes the initial fp32 weights piece by piece.
  * On error the error context names the part ("device", "model", "engine") and *out is empty. */
 zoff_status zoff_train_stack_create(const zoff_train_stack_options *opts, zoff_train_stack *out);
 void zoff_train_stack_destroy(zoff_train_stack *s); /* engine, model, device; NULL members allowed */

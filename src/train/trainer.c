@@ -43,6 +43,7 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     zoff_train_stack_destroy(&t->stack);
     free(t->hx);
     free(t->hy);
+    zoff_gpt2_st_loader_close(t->init_ld);
     zoff_st_close(t->init_st);
     zoff_ckpt_close(t->rd);
     zoff_loader_free(t->train_ld);
