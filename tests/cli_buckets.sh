@@ -3,9 +3,10 @@
 # gradient buckets gives the losses, gradient norms and final fp32 master weights of the
 # full device gradient buffer (zoff_grad_buckets false) bit for bit: offload stage 2,
 # fp32 / bf16 / fp16 (dynamic loss scaling), clipping that applies, Twin-Flow ratio 0.5,
-# the pipelined, delayed and speculative steps, accumulation 2 (full buffer: the rule keeps
-# it) and a ring of 2 buckets (reduce_bucket_size 1). Then memory: a device budget that the
-# full buffer does not fit trains with buckets. Usage: cli_buckets.sh ZOFF SRCDIR
+# the pipelined, delayed and speculative steps, accumulation 2 (full buffer: the rule
+# keeps it), bf16 optimizer states, a ring of 2 buckets (reduce_bucket_size 1). Then
+# memory: a device budget that the full buffer does not fit trains with buckets, and
+# Twin-Flow "auto" gives the freed bytes to the device. Usage: cli_buckets.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
 W=$(mktemp -d /tmp/zoff-buckets-XXXXXX)
@@ -35,8 +36,9 @@ cfg delayed "$BF" 1.0 1 "" "\"zoff_delayed_param_update\": true, \"zoff_delayed_
 cfg spec "$BF" 1.0 1 ", \"super_offload\": true" ""
 cfg spec_clip "$BF" 0.05 1 ", \"super_offload\": true" ""
 cfg accum "$BF" 0.05 2 "" ""
+cfg bf16st '"bf16": {"enabled": true, "bf16_optimizer_states": true},' 0.05 1 "" ""
 series() { grep '"loss"' "$1/metrics.jsonl" | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*'; }
-for m in f32 bf16 fp16 clip twin delayed spec spec_clip accum; do
+for m in f32 bf16 fp16 clip twin delayed spec spec_clip accum bf16st; do
     for v in "$m" "${m}_full"; do
         "$ZOFF" train "${TINY[@]}" --config "$W/$v.json" --train-iters 5 --save "$W/$v" >"$W/$v.txt" 2>&1
         "$ZOFF" export --load "$W/$v" --format fp32 --output "$W/$v.fp32" --quiet >>"$W/$v.txt" 2>&1
