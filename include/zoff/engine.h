@@ -1,7 +1,9 @@
 /* zoff engine (src/zero): owns the optimizer side of training.
  *
  * The model hands the engine a flat parameter buffer and a flat gradient
- * buffer on the device plus a tensor table (zoff_tensor_info); during backward
+ * buffer on the device (or, with gradient buckets, asks it for each layer
+ * group's gradient buffer: zoff_engine_grad_acquire) plus a tensor table
+ * (zoff_tensor_info); during backward
  * it reports finished gradient ranges through zoff_engine_grad_ready. The
  * engine keeps the fp32 master weights and optimizer state (where they live is
  * the configuration's choice: device, host, disk), and at each accumulation
