@@ -481,6 +481,25 @@ static void assert_tb_same(const tbuf *a, const tbuf *b, bool allow_ftz, const c
     if (a->p16) assert_same_bits("p16", a->p16, b->p16, a->n, a->pd, allow_ftz, pa, pb);
 }
 
+/* One step of every other path (2 threads) on a copy of `in` gives ref's bits (the
+ * scalar path's result); returns the number of paths compared. */
+static int paths_match_scalar(const ocase *oc, const tbuf *in, const tbuf *ref, zoff_state_rounding sr,
+                              double gscale) {
+    int compared = 0;
+    for (int pi = 0; pi < g_npaths; pi++) {
+        if (g_paths[pi] == ZOFF_SIMD_SCALAR) continue;
+        tbuf out;
+        tb_copy(&out, in, 1);
+        zoff_host_optimizer *o1 = make_opt(oc, g_paths[pi], 2, sr, 0);
+        run_step(o1, &out, oc->type, oc->wd, gscale);
+        zoff_host_optimizer_destroy(o1);
+        assert_tb_same(&out, ref, g_paths[pi] == ZOFF_SIMD_AVX512_BF16, zoff_simd_path_name(g_paths[pi]), "scalar");
+        tb_free(&out);
+        compared++;
+    }
+    return compared;
+}
+
 /* Every path gives the scalar path's bits (stated exception: AVX512_BF16 flushing). */
 static void test_paths_bit_identical(void **state) {
     (void)state;
@@ -503,18 +522,7 @@ static void test_paths_bit_identical(void **state) {
                         zoff_host_optimizer *o0 = make_opt(oc, ZOFF_SIMD_SCALAR, 1, sr, 0);
                         run_step(o0, &ref, oc->type, oc->wd, gscale);
                         zoff_host_optimizer_destroy(o0);
-                        for (int pi = 0; pi < g_npaths; pi++) {
-                            if (g_paths[pi] == ZOFF_SIMD_SCALAR) continue;
-                            tbuf out;
-                            tb_copy(&out, &in, 1);
-                            zoff_host_optimizer *o1 = make_opt(oc, g_paths[pi], 2, sr, 0);
-                            run_step(o1, &out, oc->type, oc->wd, gscale);
-                            zoff_host_optimizer_destroy(o1);
-                            assert_tb_same(&out, &ref, g_paths[pi] == ZOFF_SIMD_AVX512_BF16,
-                                           zoff_simd_path_name(g_paths[pi]), "scalar");
-                            tb_free(&out);
-                            compared += n;
-                        }
+                        compared += n * paths_match_scalar(oc, &in, &ref, sr, gscale);
                         tb_free(&in);
                         tb_free(&ref);
                     }
@@ -716,16 +724,7 @@ static void test_nonfinite_bf16_state(void **state) {
                     assert_int_equal(v[i], v0[i]);
                 }
             }
-            for (int pi = 0; pi < g_npaths; pi++) {
-                if (g_paths[pi] == ZOFF_SIMD_SCALAR) continue;
-                tbuf out;
-                tb_copy(&out, &bad, 1);
-                zoff_host_optimizer *o1 = make_opt(oc, g_paths[pi], 2, ZOFF_STATE_ROUND_STOCHASTIC, 0);
-                run_step(o1, &out, oc->type, oc->wd, gscale);
-                zoff_host_optimizer_destroy(o1);
-                assert_tb_same(&out, &ref, false, zoff_simd_path_name(g_paths[pi]), "scalar");
-                tb_free(&out);
-            }
+            paths_match_scalar(oc, &bad, &ref, ZOFF_STATE_ROUND_STOCHASTIC, gscale);
             tb_free(&in);
             tb_free(&bad);
             tb_free(&ref);
