@@ -51,6 +51,30 @@ done
 "$ZOFF" train "${TINY[@]}" --init-from "$W/m.safetensors" --train-iters 2 --save "$W/ft" >/dev/null 2>&1
 check "fine-tuning from an export runs and saves" "[ -f '$W/ft/step_00000002/COMPLETE' ]"
 
+# 2b. --init-from streams the file's weights into the engine piece by piece: its peak resident
+#     set is that of a random start of the same model (main before this: +25 MB here, half of the
+#     4 B/param whole-model buffer, which the peak at save partly hides),
+#     and the weights are still the file's (export -> import -> export, HF layout: transposes)
+if [ -x /usr/bin/python3 ]; then
+  MID=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 16 --micro-batch-size 1
+       --tokenizer byte --data-path "$W/corpus_train.bin" --eval-iters 0 --quiet --train-iters 0)
+  peak_kb() { /usr/bin/python3 -c 'import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if r == 0 else -1)' "$@"; }
+  "$ZOFF" train "${MID[@]}" --save "$W/mid" >/dev/null 2>&1
+  "$ZOFF" export --load "$W/mid" --output "$W/mid.safetensors" --quiet
+  rand_kb=$(peak_kb "$ZOFF" train "${MID[@]}" --seed 7 --save "$W/mid_r")
+  init_kb=$(peak_kb "$ZOFF" train "${MID[@]}" --init-from "$W/mid.safetensors" --save "$W/mid_i")
+  n4_kb=$(( $(stat -c %s "$W/mid.safetensors") / 1024 )) # 4 B/param: one whole-model fp32 buffer
+  check "--init-from peak RSS ($init_kb kB) within a quarter of a whole-model buffer ($n4_kb kB) of a random start ($rand_kb kB)" \
+    "[ $rand_kb -gt 0 ] && [ $init_kb -gt 0 ] && [ $init_kb -lt \$(( $rand_kb + $n4_kb / 4 )) ]"
+  "$ZOFF" export --load "$W/mid_i" --output "$W/mid_rt.safetensors" --quiet
+  check "--init-from (streamed) -> export: the file's weights bit for bit" \
+    "[ \"\$(data_md5 '$W/mid.safetensors')\" = \"\$(data_md5 '$W/mid_rt.safetensors')\" ]"
+else
+  echo "skip - the --init-from peak RSS check (no /usr/bin/python3)"; skip=$((skip + 2))
+fi
+
 # 3. independent check: a random GPT-2 (Hugging Face layout, written by Python) -> zoff train
 #    --init-from -> 2 steps -> zoff sample (greedy) and zoff export; the independent PyTorch model
 #    on the exported weights must pick zoff's greedy tokens, and the untrained import must too.

@@ -935,6 +935,60 @@ static void test_gather_refuses_inconsistent_pieces(void **state) {
     assert_err(zoff_ckpt_gather_open(dir, &g), ZOFF_ERR_FORMAT, "rank_00001");
 }
 
+/* The streaming loader (what zoff train --init-from uses): ranges of any split and order, a
+ * transposed matrix entered part-way, give the whole load's values (which test_fixture_logits
+ * checks against PyTorch), for the Hugging Face layout in f32 and bf16 and the zoff layout. */
+static void test_loader_ranges(void **state) {
+    const char *dir = *state;
+    zoff_device *dev = make_device();
+    zoff_gpt2 *m = make_model(dev, &FX_SHAPE, 1, 4);
+    const int64_t n = zoff_gpt2_num_params(m);
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(m, &nt);
+    float *p = load_file_into(FIXTURE, m);
+    const char *files[3] = {FIXTURE, pathf(dir, "bf16.safetensors"), pathf(dir, "zoff.safetensors")};
+    export_flat(files[1], m, p, ZOFF_GPT2_LAYOUT_HF, ZOFF_ST_BF16);
+    export_flat(files[2], m, p, ZOFF_GPT2_LAYOUT_ZOFF, ZOFF_ST_F32);
+    float *got = malloc((size_t)n * sizeof(float));
+    assert_non_null(got);
+    for (int k = 0; k < 3; k++) {
+        float *want = load_file_into(files[k], m);
+        zoff_st_file *f = NULL;
+        zoff_gpt2_st_loader *l = NULL;
+        assert_ok(zoff_st_open(files[k], &f));
+        assert_ok(zoff_gpt2_st_loader_open(f, zoff_gpt2_get_shape(m), t, nt, &l));
+        for (int split = 0; split < 3; split++) {
+            for (int64_t i = 0; i < n; i++) got[i] = NAN;
+            uint64_t r = 0x9e3779b97f4a7c15ull * (uint64_t)(split + 1);
+            /* split 0: ragged pieces back to front; 1: front to back; 2: one range */
+            for (int64_t hi = n; split != 1 && hi > 0;) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                int64_t len = split == 2 ? n : 1 + (int64_t)((r >> 33) % 1500);
+                int64_t lo = hi - len > 0 ? hi - len : 0;
+                assert_ok(zoff_gpt2_st_loader_read(l, lo, hi, got + lo));
+                hi = lo;
+            }
+            for (int64_t lo = 0; split == 1 && lo < n;) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                int64_t hi = lo + 1 + (int64_t)((r >> 33) % 1500);
+                if (hi > n) hi = n;
+                assert_ok(zoff_gpt2_st_loader_read(l, lo, hi, got + lo));
+                lo = hi;
+            }
+            if (memcmp(got, want, (size_t)n * sizeof(float)) != 0)
+                fail_msg("%s: split %d differs from the whole load", files[k], split);
+        }
+        zoff_gpt2_st_loader_close(l);
+        zoff_st_close(f);
+        free(want);
+    }
+    assert_true(zoff_gpt2_st_loader_floats(&FX_SHAPE) == 4 * FX_SHAPE.hidden_size * FX_SHAPE.hidden_size);
+    free(got);
+    free(p);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_reader_rejects_bad_files, setup, teardown),
@@ -943,6 +997,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_fixture_logits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_variants_and_mismatches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loader_ranges, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_partitioned_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_dp_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gather_refuses_inconsistent_pieces, setup, teardown),

@@ -152,6 +152,9 @@ void zoff_st_metadata_at(const zoff_st_file *f, size_t i, const char **key, cons
 zoff_status zoff_st_read(zoff_st_file *f, const zoff_st_tensor *t, void *dst, size_t bytes);
 /* Read a F32/F16/BF16/F64 tensor converted to fp32; numel must equal the tensor's. */
 zoff_status zoff_st_read_f32(zoff_st_file *f, const zoff_st_tensor *t, float *dst, int64_t numel);
+/* Elements [first, first + count) of a float tensor, converted to fp32 (the same values as
+ * zoff_st_read_f32's): a piece of a tensor without reading the rest. */
+zoff_status zoff_st_read_f32_range(zoff_st_file *f, const zoff_st_tensor *t, int64_t first, int64_t count, float *dst);
 
 /* ---- writer ---- */
 
@@ -219,6 +222,18 @@ zoff_status zoff_gpt2_st_check(const zoff_st_file *f, const zoff_gpt2_shape *sha
  * zoff's layout). wte rows V..Vp-1 are set to zero for the HF layout. */
 zoff_status zoff_gpt2_st_load(zoff_st_file *f, const zoff_gpt2_shape *shape, const zoff_tensor_info *tensors,
                               int ntensors, float *host_params);
+
+/* The same weights a range at a time ([lo, hi) of the flat buffer `tensors` describes, in any
+ * order and split: the values zoff_gpt2_st_load puts there), so that an importer writes each
+ * piece straight into its final place. The loader checks like zoff_gpt2_st_load at open, keeps
+ * the file and the tensor table (both must outlive it), and holds at most
+ * zoff_gpt2_st_loader_floats(shape) floats (the Hugging Face layout's transposed matrices). */
+typedef struct zoff_gpt2_st_loader zoff_gpt2_st_loader;
+zoff_status zoff_gpt2_st_loader_open(zoff_st_file *f, const zoff_gpt2_shape *shape, const zoff_tensor_info *tensors,
+                                     int ntensors, zoff_gpt2_st_loader **out);
+zoff_status zoff_gpt2_st_loader_read(zoff_gpt2_st_loader *l, int64_t lo, int64_t hi, float *dst);
+void zoff_gpt2_st_loader_close(zoff_gpt2_st_loader *l); /* NULL is allowed */
+int64_t zoff_gpt2_st_loader_floats(const zoff_gpt2_shape *shape);
 
 /* ---- consolidated reading of a checkpoint's rank files ---- */
 

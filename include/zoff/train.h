@@ -15,7 +15,8 @@
  *
  * Training checkpoints: DIR/step_%08d/rank_%05d.zckpt (include/zoff/ckpt.h). Rank 0's file holds
  * every tensor's fp32 master weights under its Hugging Face name, the "meta" blob
- * (zoff_train_meta as JSON, format "zoff-train-state" version 1) and the "config" blob; every
+ * (zoff_train_meta as JSON, format "zoff-train-state" version 1), the "config" blob and, while
+ * the delayed update's weights are pending, the device's weights (ZOFF_TRAIN_DEVICE_WEIGHTS); every
  * rank's file holds its partition of the optimizer state ("optimizer.exp_avg", ...) and a
  * "partition" blob. Loading reshards: a rank reads its partition from whichever rank files
  * hold it, whatever the number of ranks that wrote them. */
@@ -61,7 +62,13 @@ typedef struct zoff_train_meta {
     zoff_engine_scalars engine;
     double consumed_tokens;
     zoff_train_settings settings;
+    /* the delayed update's weights were pending at the save (zoff_engine_weights_pending): rank
+     * 0's file then holds the model's parameter buffer as entry ZOFF_TRAIN_DEVICE_WEIGHTS (the
+     * model's dtype, [num_params]), the weights the next forward uses. -1: a checkpoint written
+     * before this field existed (unknown) */
+    int weights_pending;
 } zoff_train_meta;
+#define ZOFF_TRAIN_DEVICE_WEIGHTS "delayed_update.device_weights"
 
 /* Save weights (fp32 master, per tensor by name), this rank's optimizer state and, on rank 0,
  * meta and config_json (may be NULL) into DIR/step_X, over the ranks of comm (collective; NULL =
@@ -76,11 +83,16 @@ size_t zoff_train_ckpt_piece_bytes(void);
 /* Host bytes a save or load with one rank holds at most outside the engine: the larger of the
  * writer's pieces and the load's piece (what train's host-memory check and zoff plan count). */
 size_t zoff_train_ckpt_save_bytes(void);
+/* What a save with several ranks holds on rank 0 on top of that: the master weights come from
+ * the ranks a piece at a time (two pieces) when the state is in memory and partitioned (stage >=
+ * 1), whole (4 bytes per parameter) when it is in an NVMe swap file, nothing in stage 0. */
+size_t zoff_train_ckpt_gather_bytes(int world, int stage, bool state_on_disk, int64_t num_params);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state
  * (weights, optimizer state) into DIR/step_X through the writer's pieces, finalizes it (atomic, as zoff_train_ckpt_save) and prunes
- * to keep_last (0 = keep all). Call it after zoff_engine_flush. Rule: the engine's state must
+ * to keep_last (0 = keep all); the delayed update's device weights, which the next backward
+ * changes, are written before it returns, on the calling thread. Call it after zoff_engine_flush_state. Rule: the engine's state must
  * not change until zoff_train_ckpt_save_wait returned, so wait before the next call that starts
  * an optimizer update (zoff_engine_step); forward/backward may run meanwhile. Only when
  * zoff_train_ckpt_can_background (one rank, all the optimizer state in host memory). wait joins
@@ -107,6 +119,12 @@ zoff_status zoff_train_ckpt_read_weights_range(zoff_ckpt_reader *r, const zoff_g
 /* Restore the engine's optimizer state: this rank's partition, read from whichever rank files
  * hold it (resharding). r is rank 0's file. */
 zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params);
+/* After zoff_train_ckpt_read_state, for a checkpoint with meta.weights_pending: the delayed
+ * update's pending weights marked in the engine and the device's weights read from the entry
+ * ZOFF_TRAIN_DEVICE_WEIGHTS (every rank reads all of it). *restored false: the engine has no
+ * delayed update and keeps the master's weights. */
+zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params,
+                                                bool *restored);
 
 /* ---- files ---- */
 
@@ -125,13 +143,11 @@ typedef struct zoff_train_stack_options {
     int64_t batch_size, seq_len;
     zoff_dtype dtype;
     bool checkpoint_activations;
-    uint64_t seed;                   /* random initial weights when init is NULL (generated straight
-                                        into the engine's master: no whole-model buffer) */
-    /* fills host (num_params fp32, model order, a transient whole-model buffer) with the initial
-     * weights (a file's); NULL: init_range, else random from seed */
-    zoff_status (*init)(void *arg, zoff_gpt2 *model, float *host);
-    /* fills dst with the initial weights of the model range [lo, hi) (a checkpoint's), called by
-     * the engine piece by piece (any split, the same values): no whole-model buffer */
+    uint64_t seed;                   /* random initial weights when init_range is NULL (generated
+                                        straight into the engine's master: no whole-model buffer) */
+    /* fills dst with the initial weights of the model range [lo, hi) (a checkpoint's, a
+     * safetensors file's), called by the engine piece by piece (any split, the same values):
+     * no whole-model buffer */
     zoff_status (*init_range)(void *arg, const zoff_gpt2 *model, int64_t lo, int64_t hi, float *dst);
     void *init_arg;
     zoff_comm *comm;                 /* NULL: one rank */
@@ -148,7 +164,7 @@ typedef struct zoff_train_stack {
 } zoff_train_stack;
 
 /* Create the device, the model (stage 3: its weights come from the engine through the
- * parameter hooks), the initial fp32 weights (freed once the engine holds them) and the engine.
+ * parameter hooks) and the engine, which takes the initial fp32 weights piece by piece.
  * On error the error context names the part ("device", "model", "engine") and *out is empty. */
 zoff_status zoff_train_stack_create(const zoff_train_stack_options *opts, zoff_train_stack *out);
 void zoff_train_stack_destroy(zoff_train_stack *s); /* engine, model, device; NULL members allowed */

@@ -416,17 +416,25 @@ zoff_status zoff_st_read_f32(zoff_st_file *f, const zoff_st_tensor *t, float *ds
     if (t->numel != numel)
         return zoff_error(ZOFF_ERR_INVALID, "safetensors file %s: tensor '%.*s' has %" PRId64 " elements; %" PRId64
                           " requested", f->path, ST_NAME_SHOWN, t->name, t->numel, numel);
-    if (t->dtype == ZOFF_ST_F32) return st_pread(f, dst, (size_t)t->bytes, t->offset);
+    return zoff_st_read_f32_range(f, t, 0, numel, dst);
+}
+
+zoff_status zoff_st_read_f32_range(zoff_st_file *f, const zoff_st_tensor *t, int64_t first, int64_t count, float *dst) {
+    if (!t) return zoff_error(ZOFF_ERR_INVALID, "zoff_st_read_f32_range: tensor is NULL (%s)", f->path);
+    if (first < 0 || count < 0 || first > t->numel || count > t->numel - first)
+        return zoff_error(ZOFF_ERR_INVALID, "safetensors file %s: elements [%" PRId64 ", %" PRId64 ") of tensor '%.*s' "
+                          "requested; it has %" PRId64, f->path, first, first + count, ST_NAME_SHOWN, t->name, t->numel);
     if (!zoff_st_dtype_is_float(t->dtype))
         return zoff_error(ZOFF_ERR_FORMAT, "safetensors file %s: tensor '%.*s' is %s; expected a float dtype (F32, "
                           "F16, BF16 or F64)", f->path, ST_NAME_SHOWN, t->name, zoff_st_dtype_name(t->dtype));
     size_t es = zoff_st_dtype_size(t->dtype);
+    if (t->dtype == ZOFF_ST_F32) return st_pread(f, dst, (size_t)count * es, t->offset + first * (int64_t)es);
     uint8_t *buf = malloc(ST_CONV_ELEMS * es);
     if (!buf) return zoff_error(ZOFF_ERR_NOMEM, "out of memory converting '%s'", t->name);
     zoff_status s = ZOFF_OK;
-    for (int64_t i = 0; i < numel && s == ZOFF_OK;) {
-        size_t k = (uint64_t)(numel - i) < ST_CONV_ELEMS ? (size_t)(numel - i) : ST_CONV_ELEMS;
-        s = st_pread(f, buf, k * es, t->offset + i * (int64_t)es);
+    for (int64_t i = 0; i < count && s == ZOFF_OK;) {
+        size_t k = (uint64_t)(count - i) < ST_CONV_ELEMS ? (size_t)(count - i) : ST_CONV_ELEMS;
+        s = st_pread(f, buf, k * es, t->offset + (first + i) * (int64_t)es);
         for (size_t j = 0; s == ZOFF_OK && j < k; j++) {
             uint16_t h;
             switch (t->dtype) {

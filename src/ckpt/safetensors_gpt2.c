@@ -405,19 +405,53 @@ zoff_status zoff_gpt2_st_check(const zoff_st_file *f, const zoff_gpt2_shape *sha
     return s;
 }
 
-zoff_status zoff_gpt2_st_load(zoff_st_file *f, const zoff_gpt2_shape *shape, const zoff_tensor_info *tensors,
-                              int ntensors, float *host_params) {
+/* Streaming import: any range of the flat zoff-layout weights, straight into the caller's memory.
+ * What it holds: the file-tensor of each model tensor, and one tensor's worth of floats for the
+ * Hugging Face layout's transposed matrices (the last one read, kept for the next range). */
+struct zoff_gpt2_st_loader {
+    zoff_st_file *f;
+    zoff_gpt2_shape sh;
+    zoff_gpt2_layout layout;
+    const zoff_tensor_info *tensors;
+    int ntensors;
+    const zoff_st_tensor **slot; /* model tensor i -> its file tensor */
+    const zoff_st_tensor *lm;    /* HF: the optional tied head, compared with wte as wte is read */
+    float *tmp;                  /* one transposed matrix as the file stores it */
+    int tmp_of;                  /* the model tensor in tmp, -1: none */
+    int64_t tmp_cap, lm_checked; /* wte elements compared with the head */
+    bool lm_differs, lm_said;
+};
+
+/* The largest tensor the HF layout stores transposed (c_fc / c_proj: 4 C x C), the loader's buffer. */
+int64_t zoff_gpt2_st_loader_floats(const zoff_gpt2_shape *shape) { return 4 * shape->hidden_size * shape->hidden_size; }
+
+void zoff_gpt2_st_loader_close(zoff_gpt2_st_loader *l) {
+    if (!l) return;
+    free(l->tmp);
+    free(l->slot);
+    free(l);
+}
+
+zoff_status zoff_gpt2_st_loader_open(zoff_st_file *f, const zoff_gpt2_shape *shape, const zoff_tensor_info *tensors,
+                                     int ntensors, zoff_gpt2_st_loader **out) {
+    *out = NULL;
     zoff_gpt2_shape sh;
     ZOFF_TRY(check_model_shape(shape, &sh));
     const int64_t L = sh.num_layers, np = nparams_of(L);
-    const zoff_gpt2_layout layout = zoff_gpt2_st_layout(f);
     if (ntensors != np)
         return zoff_error(ZOFF_ERR_INVALID, "load: %d model tensors; a GPT-2 with %" PRId64 " layers has %" PRId64,
                           ntensors, L, np);
-    const zoff_st_tensor **slot = calloc((size_t)np, sizeof *slot), *lm = NULL;
-    if (!slot) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-    zoff_status s = match_tensors(f, &sh, layout, slot, &lm);
-    int64_t maxel = 1;
+    zoff_gpt2_st_loader *l = calloc(1, sizeof *l);
+    const zoff_st_tensor **byidx = calloc((size_t)np, sizeof *byidx);
+    if (l) l->slot = calloc((size_t)np, sizeof *l->slot);
+    if (!l || !byidx || !l->slot) {
+        free(byidx);
+        zoff_gpt2_st_loader_close(l);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    }
+    *l = (zoff_gpt2_st_loader){.f = f, .sh = sh, .layout = zoff_gpt2_st_layout(f), .tensors = tensors,
+                               .ntensors = ntensors, .slot = l->slot, .tmp_of = -1};
+    zoff_status s = match_tensors(f, &sh, l->layout, byidx, &l->lm);
     char sa[200], sb[200];
     for (int i = 0; i < ntensors && s == ZOFF_OK; i++) {
         const zoff_tensor_info *t = &tensors[i];
@@ -427,38 +461,95 @@ zoff_status zoff_gpt2_st_load(zoff_st_file *f, const zoff_gpt2_shape *shape, con
             s = zoff_error(ZOFF_ERR_INVALID, "load: model tensor '%.*s' %s is not a parameter of GPT-2 shape %s",
                            ST_NAME_SHOWN, t->name, zoff_ckpt_shape_str(t->ndim, t->shape, sa, sizeof sa),
                            idx >= 0 ? zoff_ckpt_shape_str(nd, dims, sb, sizeof sb) : "");
-        if (t->numel > maxel) maxel = t->numel;
+        else
+            l->slot[i] = byidx[idx];
     }
-    float *tmp = s == ZOFF_OK ? malloc((size_t)maxel * sizeof(float)) : NULL;
-    if (s == ZOFF_OK && !tmp) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory (%" PRId64 " floats)", maxel);
-    for (int i = 0; i < ntensors && s == ZOFF_OK; i++) {
-        const zoff_tensor_info *t = &tensors[i];
-        int64_t layer, idx = param_index(t->name, L, &layer);
-        const zoff_st_tensor *ft = slot[idx];
-        float *dst = host_params + t->offset;
-        if (layout == ZOFF_GPT2_LAYOUT_HF && idx == 0) {
-            s = zoff_st_read_f32(f, ft, dst, ft->numel);
-            memset(dst + ft->numel, 0, (size_t)(t->numel - ft->numel) * sizeof(float));
-        } else if (layout == ZOFF_GPT2_LAYOUT_HF && is_conv1d(idx, L)) {
-            s = zoff_st_read_f32(f, ft, tmp, ft->numel);
-            if (s == ZOFF_OK) transpose(tmp, dst, ft->shape[0], ft->shape[1]);
-        } else {
-            s = zoff_st_read_f32(f, ft, dst, t->numel);
-        }
+    free(byidx);
+    if (s != ZOFF_OK) {
+        zoff_gpt2_st_loader_close(l);
+        return s;
     }
-    if (s == ZOFF_OK && lm) { /* tied: say so when the file's head is not wte */
-        s = zoff_st_read_f32(f, lm, tmp, lm->numel);
-        const float *wte = NULL;
-        for (int i = 0; i < ntensors; i++)
-            if (!strcmp(tensors[i].name, "wte.weight")) wte = host_params + tensors[i].offset;
-        if (s == ZOFF_OK && wte && memcmp(tmp, wte, (size_t)lm->numel * sizeof(float)) != 0)
-            zoff_log(ZOFF_LOG_WARN, "%s: lm_head.weight differs from wte.weight; zoff ties the LM head to wte and "
-                     "uses wte (the file's separate head is ignored)", zoff_st_path(f));
-        else if (s == ZOFF_OK)
-            zoff_log(ZOFF_LOG_DEBUG, "%s: lm_head.weight equals wte.weight (tied)", zoff_st_path(f));
-    }
-    free(tmp);
-    free(slot);
-    return s;
+    *out = l;
+    return ZOFF_OK;
 }
 
+/* The tied head against elements [k0, k0 + n) of wte as read (dst): warn once if they differ. */
+static zoff_status check_lm_head(zoff_gpt2_st_loader *l, int64_t k0, int64_t n, const float *dst) {
+    float chunk[4096];
+    for (int64_t a = 0; a < n && !l->lm_differs; a += 4096) {
+        int64_t c = n - a < 4096 ? n - a : 4096;
+        ZOFF_TRY(zoff_st_read_f32_range(l->f, l->lm, k0 + a, c, chunk));
+        if (memcmp(chunk, dst + a, (size_t)c * sizeof(float)) != 0) l->lm_differs = true;
+    }
+    l->lm_checked += n;
+    if (l->lm_said || (!l->lm_differs && l->lm_checked < l->lm->numel)) return ZOFF_OK;
+    l->lm_said = true;
+    if (l->lm_differs)
+        zoff_log(ZOFF_LOG_WARN, "%s: lm_head.weight differs from wte.weight; zoff ties the LM head to wte and "
+                 "uses wte (the file's separate head is ignored)", zoff_st_path(l->f));
+    else
+        zoff_log(ZOFF_LOG_DEBUG, "%s: lm_head.weight equals wte.weight (tied)", zoff_st_path(l->f));
+    return ZOFF_OK;
+}
+
+/* Elements [k0, k1) of model tensor i (zoff layout) into dst. */
+static zoff_status read_tensor_part(zoff_gpt2_st_loader *l, int i, int64_t k0, int64_t k1, float *dst) {
+    const int64_t L = l->sh.num_layers;
+    int64_t layer, idx = param_index(l->tensors[i].name, L, &layer);
+    const zoff_st_tensor *ft = l->slot[i];
+    if (l->layout == ZOFF_GPT2_LAYOUT_HF && idx == 0) { /* wte: the file's rows, then the padding rows at zero */
+        int64_t fe = k1 < ft->numel ? k1 : ft->numel;
+        if (k0 < fe) {
+            ZOFF_TRY(zoff_st_read_f32_range(l->f, ft, k0, fe - k0, dst));
+            if (l->lm) ZOFF_TRY(check_lm_head(l, k0, fe - k0, dst));
+        }
+        int64_t z0 = k0 > ft->numel ? k0 : ft->numel;
+        if (z0 < k1) memset(dst + (z0 - k0), 0, (size_t)(k1 - z0) * sizeof(float));
+        return ZOFF_OK;
+    }
+    if (l->layout != ZOFF_GPT2_LAYOUT_HF || !is_conv1d(idx, L)) return zoff_st_read_f32_range(l->f, ft, k0, k1 - k0, dst);
+    /* Conv1D: the file holds (R, C) = (in, out); zoff's element k = (j, r) of (out, in) is the file's (r, j) */
+    if (l->tmp_of != i) {
+        if (ft->numel > l->tmp_cap) {
+            free(l->tmp);
+            l->tmp_cap = 0;
+            if (!(l->tmp = malloc((size_t)ft->numel * sizeof(float))))
+                return zoff_error(ZOFF_ERR_NOMEM, "out of memory (%" PRId64 " floats)", ft->numel);
+            l->tmp_cap = ft->numel;
+        }
+        l->tmp_of = -1;
+        ZOFF_TRY(zoff_st_read_f32(l->f, ft, l->tmp, ft->numel));
+        l->tmp_of = i;
+    }
+    const int64_t R = ft->shape[0], C = ft->shape[1];
+    if (k0 == 0 && k1 == ft->numel) { /* whole: the cache-blocked transpose */
+        transpose(l->tmp, dst, R, C);
+        return ZOFF_OK;
+    }
+    for (int64_t k = k0; k < k1;) { /* zoff's row j = the file's column j */
+        int64_t j = k / R, r = k % R, e = (j + 1) * R < k1 ? (j + 1) * R : k1;
+        for (; k < e; k++, r++) dst[k - k0] = l->tmp[r * C + j];
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_st_loader_read(zoff_gpt2_st_loader *l, int64_t lo, int64_t hi, float *dst) {
+    for (int i = 0; i < l->ntensors; i++) {
+        const zoff_tensor_info *t = &l->tensors[i];
+        int64_t a = lo > t->offset ? lo : t->offset, b = hi < t->offset + t->numel ? hi : t->offset + t->numel;
+        if (a < b) ZOFF_TRY(read_tensor_part(l, i, a - t->offset, b - t->offset, dst + (a - lo)));
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_st_load(zoff_st_file *f, const zoff_gpt2_shape *shape, const zoff_tensor_info *tensors,
+                              int ntensors, float *host_params) {
+    zoff_gpt2_st_loader *l = NULL;
+    ZOFF_TRY(zoff_gpt2_st_loader_open(f, shape, tensors, ntensors, &l));
+    int64_t end = 0;
+    for (int i = 0; i < ntensors; i++)
+        if (tensors[i].offset + tensors[i].numel > end) end = tensors[i].offset + tensors[i].numel;
+    zoff_status s = zoff_gpt2_st_loader_read(l, 0, end, host_params);
+    zoff_gpt2_st_loader_close(l);
+    return s;
+}

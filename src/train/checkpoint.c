@@ -46,6 +46,9 @@ char *train_meta_to_text(const zoff_train_meta *meta) {
         (json_int_t)meta->engine.scaler_iter, "last_overflow_iter", (json_int_t)meta->engine.last_overflow_iter,
         "hysteresis_left", meta->engine.hysteresis_left, "consumed_tokens", meta->consumed_tokens);
     if (root && meta->settings.known) json_object_set_new(root, "settings", settings_to_json(&meta->settings));
+    if (root) json_object_set_new(root, "weights_pending", json_boolean(meta->weights_pending > 0));
+    if (root && meta->engine.rollbacks)
+        json_object_set_new(json_object_get(root, "engine"), "rollbacks", json_integer((json_int_t)meta->engine.rollbacks));
     char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
     json_decref(root);
     return txt;
@@ -140,6 +143,7 @@ static zoff_status read_engine(json_t *ej, const char *path, zoff_engine_scalars
     ZOFF_TRY(get_int(ej, "hysteresis_left", path, &t));
     e->hysteresis_left = (int)t;
     e->loss_scale = json_number_value(json_object_get(ej, "loss_scale"));
+    e->rollbacks = (int64_t)json_integer_value(json_object_get(ej, "rollbacks")); /* absent: none */
     return ZOFF_OK;
 }
 
@@ -172,6 +176,8 @@ static zoff_status meta_from_json(json_t *root, zoff_ckpt_reader *r, zoff_train_
     m->consumed_tokens = json_number_value(json_object_get(root, "consumed_tokens"));
     get_str(root, "tokenizer", m->tokenizer, sizeof m->tokenizer, "gpt2");
     settings_from_json(json_object_get(root, "settings"), &m->settings);
+    json_t *wp = json_object_get(root, "weights_pending");
+    m->weights_pending = json_is_boolean(wp) ? json_is_true(wp) : -1;
     return ZOFF_OK;
 }
 
@@ -243,16 +249,31 @@ typedef struct rank_file {
     zoff_ckpt_reader *r;
     zoff_ckpt_partition p;
     int64_t total; /* elements of its runs */
+    zoff_dtype dt; /* the array being read: fp32, or bf16 (m and v of bf16_optimizer_states) */
 } rank_file;
 
-/* Entry `name` of file f must hold its runs' values (checked once per array). */
-static zoff_status check_entry(const rank_file *f, const char *name) {
+/* Entry `name` of file f must hold its runs' values, fp32 or bf16 (checked once per array; sets f->dt). */
+static zoff_status check_entry(rank_file *f, const char *name) {
     const zoff_ckpt_entry *en = zoff_ckpt_find(f->r, name);
-    if (en && en->dtype == ZOFF_F32 && en->bytes == f->total * (int64_t)sizeof(float)) return ZOFF_OK;
+    if (en && (en->dtype == ZOFF_F32 || en->dtype == ZOFF_BF16) &&
+        en->bytes == f->total * (int64_t)zoff_dtype_size(en->dtype)) {
+        f->dt = en->dtype;
+        return ZOFF_OK;
+    }
     return zoff_error(ZOFF_ERR_FORMAT,
-                      "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 values its partition "
-                      "describes",
+                      "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 (or bf16) values its "
+                      "partition describes",
                       zoff_ckpt_reader_path(f->r), name, (long long)f->total);
+}
+
+/* c bf16 values at p into c fp32 values at p (in place, back to front), exactly. */
+static void widen_bf16(void *p, int64_t c) {
+    for (int64_t k = c - 1; k >= 0; k--) {
+        uint16_t h;
+        memcpy(&h, (char *)p + 2 * k, sizeof h);
+        float x = zoff_bf16_to_f32(h);
+        memcpy((char *)p + 4 * k, &x, sizeof x);
+    }
 }
 
 /* The part of entry `name` of file f that lies in the window [L, L + W) of this rank's partition
@@ -269,8 +290,9 @@ static zoff_status read_window(const rank_file *f, const char *name, const int64
             if (lx < L) x += L - lx, lx = L;
             if (ly > L + W) ly = L + W;
             if (x < y && lx < ly) {
-                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * (int64_t)sizeof(float), buf + (lx - L),
-                                              (size_t)(ly - lx) * sizeof(float)));
+                const int64_t es = (int64_t)zoff_dtype_size(f->dt);
+                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * es, buf + (lx - L), (size_t)((ly - lx) * es)));
+                if (f->dt == ZOFF_BF16) widen_bf16(buf + (lx - L), ly - lx);
                 *covered += ly - lx;
             }
             lo += mc;
@@ -296,11 +318,20 @@ static zoff_status open_rank_files(zoff_ckpt_reader *r, int64_t n, rank_file *fi
 }
 
 /* One optimizer state array k of this rank, window by window, from the rank files into the
- * engine (whole: one window of pn, zoff_engine_state_set; else pieces, zoff_engine_state_range). */
-static zoff_status read_state_array(const rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
+ * engine (whole: one window of pn, zoff_engine_state_set; else pieces, zoff_engine_state_range).
+ * A file's dtype may differ from the engine's (bf16.bf16_optimizer_states changed between the
+ * runs): bf16 widens to fp32 exactly, fp32 rounds to nearest-even into bf16 state. */
+static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
                                     int nmine, int64_t pn, bool whole, float *buf, int64_t W) {
     const char *name = zoff_engine_state_name(eng, k);
     for (int q = 0; q < oldn; q++) ZOFF_TRY(check_entry(&files[q], name));
+    if (oldn > 0 && files[0].dt != zoff_engine_state_dtype(eng, k))
+        zoff_log(ZOFF_LOG_INFO,
+                 "checkpoint %s: '%s' is stored in %s, this run keeps it in %s (bf16.bf16_optimizer_states, "
+                 "offload_optimizer.ratio): %s",
+                 zoff_ckpt_reader_path(files[0].r), name, zoff_dtype_name(files[0].dt),
+                 zoff_dtype_name(zoff_engine_state_dtype(eng, k)),
+                 files[0].dt == ZOFF_BF16 ? "widened exactly" : "rounded to nearest bf16");
     int64_t covered = 0, L = 0;
     do {
         int64_t w = pn - L < W ? pn - L : W;
@@ -337,6 +368,24 @@ zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, in
     }
     free(files);
     free(mine);
+    zoff_aligned_free(buf);
+    return s;
+}
+
+zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n, bool *restored) {
+    ZOFF_TRY(zoff_engine_mark_weights_pending(eng, restored));
+    if (!*restored) return ZOFF_OK;
+    const int64_t shape[1] = {n};
+    const size_t es = zoff_dtype_size(zoff_engine_dtype(eng));
+    ZOFF_TRY(zoff_ckpt_check_tensor(r, ZOFF_TRAIN_DEVICE_WEIGHTS, zoff_engine_dtype(eng), 1, shape));
+    const int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / es);
+    void *buf = zoff_aligned_alloc(64, (size_t)(n < W ? n : W) * es, "checkpoint piece buffer");
+    zoff_status s = buf ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    for (int64_t a = 0; s == ZOFF_OK && a < n; a += W) {
+        int64_t c = n - a < W ? n - a : W;
+        s = zoff_ckpt_read_range(r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)es, buf, (size_t)c * es);
+        if (s == ZOFF_OK) s = zoff_engine_device_weights(eng, a, c, buf, false);
+    }
     zoff_aligned_free(buf);
     return s;
 }

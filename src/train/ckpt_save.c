@@ -4,9 +4,11 @@
  * writes the full pieces; the file is the one zoff_ckpt_add would write), synchronously or,
  * with one rank, on a background writer thread while training goes on.
  *
- * What is still whole: with several ranks the fp32 master weights rank 0 stores are gathered
- * (a collective) into a num_params buffer, and an engine whose state is in an NVMe swap file is
- * read one whole array at a time (zoff_engine_state_get). */
+ * With several ranks (or a partition not in model order) the fp32 master weights rank 0 stores
+ * come from every rank a piece at a time (gather_piece: a collective over the same pieces in the
+ * same order on every rank). What is still whole: an engine whose state is in an NVMe swap file
+ * is read one whole array at a time (zoff_engine_state_get), and with several ranks its master
+ * weights gathered whole (zoff_engine_state_gather). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -25,8 +27,20 @@ size_t zoff_train_ckpt_save_bytes(void) {
     size_t w = zoff_ckpt_writer_buffer_bytes(), p = zoff_train_ckpt_piece_bytes();
     return w > p ? w : p;
 }
+size_t zoff_train_ckpt_gather_bytes(int world, int stage, bool state_on_disk, int64_t num_params) {
+    if (world <= 1) return 0;
+    if (state_on_disk) return (size_t)num_params * sizeof(float);
+    return stage >= 1 ? 2 * zoff_train_ckpt_piece_bytes() : 0;
+}
 /* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
 static size_t slice_bytes(void) { return (size_t)256 << 10; }
+
+/* One run of the model space held by one rank: model elements [model, model + count) are its
+ * partition's elements [local, local + count). */
+typedef struct owner_seg {
+    int64_t model, count, local;
+    int rank;
+} owner_seg;
 
 /* One save: what the main thread fixes at the step boundary, and what the writer needs. */
 struct zoff_train_ckpt_job {
@@ -41,8 +55,16 @@ struct zoff_train_ckpt_job {
     int nruns;
     bool replica;         /* stage 0, rank > 0: an empty partition */
     bool whole_state;     /* the engine's state is read whole (NVMe swap file) */
-    float *master;        /* gathered master weights (several ranks), else NULL: streamed */
+    float *master;        /* gathered master weights (several ranks, whole_state), else NULL: streamed */
     float *buf;           /* one piece, or one whole array with whole_state */
+    /* the master weights from the ranks a piece at a time (segs != NULL): every rank's runs in
+     * model order; a piece in model order (rank 0) and the ranks' blocks packed (every rank) */
+    zoff_comm *comm;
+    owner_seg *segs;
+    int nsegs;
+    int64_t *gcount;      /* per rank: elements in the piece, their block's offset in gpack, a cursor */
+    float *gpiece, *gpack;
+    zoff_ckpt_writer *w;  /* background: opened (and the device weights written) by the caller */
     pthread_t thread;
     bool started;
     zoff_status status;
@@ -57,6 +79,10 @@ static void job_free(zoff_train_ckpt_job *j) {
     if (!j) return;
     zoff_aligned_free(j->master);
     zoff_aligned_free(j->buf);
+    zoff_aligned_free(j->gpiece);
+    zoff_aligned_free(j->gpack);
+    free(j->segs);
+    free(j->gcount);
     free(j->runs);
     free(j->config);
     free(j);
@@ -75,25 +101,158 @@ bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *com
     return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
 }
 
-/* Entry `name` = elements [off, off + count) of state array i: from `whole` (in memory, indexed
- * by off) when given, else straight from the engine into the writer's piece buffer, a slice at a
- * time (the writer checksums each slice while it is in cache). */
+static int seg_cmp(const void *a, const void *b) {
+    const owner_seg *x = a, *y = b;
+    return x->model < y->model ? -1 : x->model > y->model;
+}
+
+/* Every rank's runs (collective), as owner segments in model order. */
+static zoff_status owner_segments(zoff_train_ckpt_job *j) {
+    const int W = j->world;
+    int64_t mine = j->nruns, *counts = calloc((size_t)W, sizeof *counts), maxr = 0, total = 0;
+    zoff_status s = counts ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK && W > 1) s = zoff_comm_allgather_bytes(j->comm, &mine, counts, sizeof mine);
+    if (s == ZOFF_OK && W == 1) counts[0] = mine;
+    for (int r = 0; s == ZOFF_OK && r < W; r++) {
+        maxr = counts[r] > maxr ? counts[r] : maxr;
+        total += counts[r];
+    }
+    int64_t *runs = s == ZOFF_OK ? calloc((size_t)(2 * maxr * W + 2), sizeof *runs) : NULL, *all = NULL;
+    if (s == ZOFF_OK && !(all = runs)) s = ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK && W > 1) {
+        int64_t *pad = calloc((size_t)(2 * maxr + 2), sizeof *pad);
+        if (!pad) s = ZOFF_ERR_NOMEM;
+        if (pad) memcpy(pad, j->runs, (size_t)(2 * j->nruns) * sizeof *pad);
+        if (s == ZOFF_OK) s = zoff_comm_allgather_bytes(j->comm, pad, all, (size_t)(2 * maxr) * sizeof *pad);
+        free(pad);
+    }
+    if (s == ZOFF_OK && W == 1) memcpy(all, j->runs, (size_t)(2 * j->nruns) * sizeof *all);
+    if (s == ZOFF_OK && !(j->segs = malloc((size_t)(total + 1) * sizeof *j->segs))) s = ZOFF_ERR_NOMEM;
+    if (s == ZOFF_OK && !(j->gcount = calloc(3 * (size_t)W, sizeof *j->gcount))) s = ZOFF_ERR_NOMEM;
+    for (int r = 0; s == ZOFF_OK && r < W; r++)
+        for (int64_t k = 0, local = 0; k < counts[r]; k++) {
+            const int64_t *run = all + 2 * maxr * r + 2 * k;
+            j->segs[j->nsegs++] = (owner_seg){.model = run[0], .count = run[1], .local = local, .rank = r};
+            local += run[1];
+        }
+    if (s == ZOFF_OK) qsort(j->segs, (size_t)j->nsegs, sizeof *j->segs, seg_cmp);
+    free(all);
+    free(counts);
+    return s;
+}
+
+/* Collective: model elements [lo, hi) of the master weights into j->gpiece on rank 0. Each rank
+ * packs its elements of the piece (model order) at its block of gpack; the blocks are gathered
+ * (allgatherv) and rank 0 puts them in model order. */
+static zoff_status gather_piece(zoff_train_ckpt_job *j, int64_t lo, int64_t hi) {
+    int64_t *counts = j->gcount, *displs = counts + j->world, *at = displs + j->world;
+    memset(counts, 0, 3 * (size_t)j->world * sizeof *counts);
+    for (int k = 0; k < j->nsegs; k++) {
+        const owner_seg *g = &j->segs[k];
+        int64_t a = g->model > lo ? g->model : lo, b = g->model + g->count < hi ? g->model + g->count : hi;
+        if (a < b) counts[g->rank] += b - a;
+    }
+    for (int r = 1; r < j->world; r++) displs[r] = displs[r - 1] + counts[r - 1];
+    for (int k = 0; k < j->nsegs; k++) { /* this rank's block */
+        const owner_seg *g = &j->segs[k];
+        int64_t a = g->model > lo ? g->model : lo, b = g->model + g->count < hi ? g->model + g->count : hi;
+        if (a >= b || g->rank != j->rank) continue;
+        ZOFF_TRY(zoff_engine_state_range(j->eng, 0, g->local + (a - g->model), b - a,
+                                         j->gpack + displs[j->rank] + at[j->rank], true));
+        at[j->rank] += b - a;
+    }
+    if (j->world > 1) ZOFF_TRY(zoff_comm_allgatherv(j->comm, NULL, j->gpack, counts, displs, ZOFF_F32));
+    if (j->rank != 0) return ZOFF_OK;
+    memset(at, 0, (size_t)j->world * sizeof *at);
+    for (int k = 0; k < j->nsegs; k++) { /* model order */
+        const owner_seg *g = &j->segs[k];
+        int64_t a = g->model > lo ? g->model : lo, b = g->model + g->count < hi ? g->model + g->count : hi;
+        if (a >= b) continue;
+        memcpy(j->gpiece + (a - lo), j->gpack + displs[g->rank] + at[g->rank], (size_t)(b - a) * sizeof(float));
+        at[g->rank] += b - a;
+    }
+    return ZOFF_OK;
+}
+
+/* Collective: whether every rank's status so far is ZOFF_OK (before each gather, so that a rank
+ * that failed, e.g. rank 0's disk, stops the others instead of leaving them in a collective). */
+static zoff_status all_ok(zoff_train_ckpt_job *j, zoff_status mine) {
+    double bad = mine != ZOFF_OK;
+    if (j->world > 1) ZOFF_TRY(zoff_comm_allreduce_f64(j->comm, &bad, 1, ZOFF_REDUCE_SUM));
+    if (mine != ZOFF_OK) return mine;
+    return bad > 0 ? zoff_error(ZOFF_ERR_IO, "another rank failed while the master weights were gathered (see its "
+                                             "message)")
+                   : ZOFF_OK;
+}
+
+/* The weights entries through gather_piece (every rank: the collectives; rank 0 writes). */
+static zoff_status put_gathered_weights(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
+    int nt = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(j->model, &nt);
+    const int64_t piece = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; i < nt; i++) {
+        if (j->rank == 0) s = zoff_ckpt_begin_entry(w, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape);
+        for (int64_t p = 0; p < t[i].numel; p += piece) {
+            int64_t c = t[i].numel - p < piece ? t[i].numel - p : piece;
+            ZOFF_TRY(all_ok(j, s));
+            ZOFF_TRY(gather_piece(j, t[i].offset + p, t[i].offset + p + c));
+            if (j->rank == 0) s = zoff_ckpt_append(w, j->gpiece, (size_t)c * sizeof(float));
+        }
+        if (j->rank == 0 && s == ZOFF_OK) s = zoff_ckpt_end_entry(w);
+    }
+    return all_ok(j, s);
+}
+
+/* c fp32 values at p into c bf16 values at p (in place, front to back: each value is read
+ * before its bytes are overwritten); exact for values that were bf16 (the engine's m and v). */
+static void narrow_bf16(void *p, int64_t c) {
+    for (int64_t k = 0; k < c; k++) {
+        float x;
+        memcpy(&x, (char *)p + 4 * k, sizeof x);
+        uint16_t h = zoff_f32_to_bf16(x);
+        memcpy((char *)p + 2 * k, &h, sizeof h);
+    }
+}
+
+/* Entry `name` = elements [off, off + count) of state array i, in the dtype the engine keeps it
+ * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, narrowed here from the fp32
+ * the engine gives), or with i < 0 of the model's parameter buffer (the engine's dtype): from
+ * `whole` (in memory, indexed by off) when given, else straight from the engine into the
+ * writer's piece buffer, a slice at a time (the writer checksums each slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
-    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
-    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
-    const int64_t slice = (int64_t)(slice_bytes() / sizeof(float));
-    for (int64_t p = 0; !whole && p < count;) {
-        void *dst = NULL;
+    const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : zoff_engine_state_dtype(j->eng, i);
+    const bool narrow = i >= 0 && dt != ZOFF_F32;
+    const size_t es = zoff_dtype_size(dt), gs = narrow ? sizeof(float) : es; /* stored, given */
+    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
+    if (whole && !narrow) {
+        ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * es));
+        return zoff_ckpt_end_entry(w);
+    }
+    const int64_t slice = (int64_t)(slice_bytes() / gs);
+    for (int64_t p = 0; p < count;) {
+        void *dst = NULL, *to;
         size_t cap = 0;
+        float tmp[2]; /* room for fewer than two fp32 values at the piece's end: through here */
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
-        int64_t c = (int64_t)(cap / sizeof(float));
+        int64_t c = (int64_t)(cap / gs);
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
+        if (narrow && c < count - p) c &= ~(int64_t)1; /* 4-byte appends: the next dst stays aligned */
+        to = dst;
+        if (c == 0 && cap >= es) {
+            c = count - p < 2 ? count - p : 2;
+            to = tmp;
+        }
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
-        ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
-        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * sizeof(float)));
-        if (j->pause_ms > 0) { /* once per job */
+        if (whole) memcpy(to, whole + off + p, (size_t)c * sizeof(float));
+        else ZOFF_TRY(i < 0 ? zoff_engine_device_weights(j->eng, off + p, c, to, true)
+                            : zoff_engine_state_range(j->eng, i, off + p, c, to, true));
+        if (narrow) narrow_bf16(to, c);
+        if (to != dst) memcpy(dst, to, (size_t)c * es);
+        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
+        if (j->pause_ms > 0 && i >= 0) { /* once per job, in the writer's own entries */
             usleep((useconds_t)j->pause_ms * 1000);
             j->pause_ms = 0;
         }
@@ -110,7 +269,8 @@ static zoff_status write_entries(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
     const zoff_tensor_info *t = zoff_gpt2_tensors(j->model, &nt);
     if (j->rank == 0 && j->whole_state && !j->master) s = zoff_engine_state_get(j->eng, 0, j->buf);
     const float *mw = j->master ? j->master : j->whole_state ? j->buf : NULL;
-    for (int i = 0; j->rank == 0 && s == ZOFF_OK && i < nt; i++) /* Hugging Face names, zoff layout */
+    if (j->segs) s = put_gathered_weights(j, w);
+    for (int i = 0; !j->segs && j->rank == 0 && s == ZOFF_OK && i < nt; i++) /* Hugging Face names, zoff layout */
         s = put_array(j, w, t[i].name, t[i].ndim, t[i].shape, 0, t[i].offset, t[i].numel, mw);
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(j->eng); k++) {
         int64_t shape[1] = {j->replica ? 0 : j->pn};
@@ -132,18 +292,40 @@ static zoff_status write_entries(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
     return s;
 }
 
-/* Open, write and commit this rank's file (any thread). */
-static zoff_status write_rank_file(zoff_train_ckpt_job *j) {
+static zoff_status rank_file_failed(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, zoff_status s) {
+    zoff_ckpt_abort(w);
+    return zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)", (long long)j->meta.step,
+                              j->dir, j->rank, j->world);
+}
+
+/* Open this rank's file and write its first entry, the delayed update's device weights (rank 0,
+ * meta.weights_pending: the model's parameter buffer, which the next backward changes), on the
+ * calling thread. */
+static zoff_status open_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer **w) {
     zoff_ckpt_options opts = {.tmp_tag = j->tag[0] ? j->tag : NULL};
-    zoff_ckpt_writer *w = NULL;
-    zoff_status s = zoff_ckpt_writer_open(j->dir, j->meta.step, j->rank, &opts, &w);
-    if (s == ZOFF_OK) s = write_entries(j, w);
+    *w = NULL;
+    zoff_status s = zoff_ckpt_writer_open(j->dir, j->meta.step, j->rank, &opts, w);
+    int64_t shape[1] = {j->n};
+    if (s == ZOFF_OK && j->rank == 0 && j->meta.weights_pending > 0)
+        s = put_array(j, *w, ZOFF_TRAIN_DEVICE_WEIGHTS, 1, shape, -1, 0, j->n, NULL);
     if (s != ZOFF_OK) {
-        zoff_ckpt_abort(w);
-        return zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)",
-                                  (long long)j->meta.step, j->dir, j->rank, j->world);
+        s = rank_file_failed(j, *w, s);
+        *w = NULL;
     }
-    return zoff_ckpt_commit(w);
+    return s;
+}
+
+/* The rest of this rank's file, then commit (any thread). */
+static zoff_status finish_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
+    zoff_status s = write_entries(j, w);
+    return s != ZOFF_OK ? rank_file_failed(j, w, s) : zoff_ckpt_commit(w);
+}
+
+static zoff_status write_rank_file(zoff_train_ckpt_job *j) {
+    zoff_ckpt_writer *w = NULL;
+    zoff_status s = open_rank_file(j, &w);
+    if (s != ZOFF_OK && j->segs) (void)all_ok(j, s); /* the others stop at their first check of the gather */
+    return s != ZOFF_OK ? s : finish_rank_file(j, w);
 }
 
 /* The job, fixed at the step boundary (main thread). With several ranks the master weights are
@@ -170,7 +352,16 @@ static zoff_status job_create(const char *dir, zoff_engine *eng, const zoff_gpt2
     if (s == ZOFF_OK && j->whole_state && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint state buffer")))
         s = ZOFF_ERR_NOMEM;
     bool local_is_model = j->nruns == 1 && j->runs[0] == 0 && j->runs[1] == j->n;
-    if (s == ZOFF_OK && (j->world > 1 || !local_is_model)) { /* collective: the master of all ranks, model order */
+    double others = !local_is_model; /* stage 0: every rank holds the model, rank 0 streams its own */
+    if (s == ZOFF_OK && j->world > 1) s = zoff_comm_allreduce_f64(comm, &others, 1, ZOFF_REDUCE_SUM);
+    j->comm = comm;
+    if (s == ZOFF_OK && others > 0 && !j->whole_state) { /* collective: the ranks' runs, then pieces as written */
+        const size_t pb = zoff_train_ckpt_piece_bytes();
+        s = owner_segments(j);
+        if (s == ZOFF_OK && !(j->gpack = zoff_aligned_alloc(64, pb, "checkpoint gather pieces"))) s = ZOFF_ERR_NOMEM;
+        if (s == ZOFF_OK && j->rank == 0 && !(j->gpiece = zoff_aligned_alloc(64, pb, "checkpoint gather pieces")))
+            s = ZOFF_ERR_NOMEM;
+    } else if (s == ZOFF_OK && others > 0) { /* collective: the master of all ranks, model order */
         j->master = zoff_aligned_alloc(64, (size_t)j->n * sizeof(float), "checkpoint master-weight gather");
         s = j->master ? zoff_engine_state_gather(eng, 0, j->master) : ZOFF_ERR_NOMEM;
         if (j->rank > 0) {
@@ -260,7 +451,8 @@ static void *writer_main(void *arg) {
     pthread_setname_np(pthread_self(), "zoff-ckpt"); /* for top, perf */
     writer_lower_priority();
     zoff_ckpt_options opts = {.tmp_tag = j->tag};
-    zoff_status s = write_rank_file(j);
+    zoff_status s = j->w ? ZOFF_OK : open_rank_file(j, &j->w);
+    if (s == ZOFF_OK) s = finish_rank_file(j, j->w);
     if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);
     if (s == ZOFF_OK && j->keep_last > 0) s = zoff_ckpt_prune(j->dir, j->keep_last);
     if (s != ZOFF_OK) snprintf(j->msg, sizeof j->msg, "%s", zoff_last_error()); /* thread-local: carried over */
@@ -286,8 +478,15 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     const char *pause = getenv("ZOFF_TEST_CKPT_WRITER_PAUSE_MS");
     j->pause_ms = pause ? strtol(pause, NULL, 10) : 0;
     j->t0 = zoff_now();
+    /* the device weights change in the next backward: written now (the writer opens the file otherwise) */
+    zoff_status s = j->meta.weights_pending > 0 ? open_rank_file(j, &j->w) : ZOFF_OK;
+    if (s != ZOFF_OK) {
+        job_free(j);
+        return s;
+    }
     int rc = pthread_create(&j->thread, NULL, writer_main, j);
     if (rc != 0) {
+        zoff_ckpt_abort(j->w);
         job_free(j);
         return zoff_error(ZOFF_ERR_INTERNAL, "cannot start the checkpoint writer thread: %s", strerror(rc));
     }

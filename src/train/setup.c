@@ -112,11 +112,11 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
     return ZOFF_OK;
 }
 
-/* Host memory this job needs at least, checked before anything large is allocated: the initial
- * fp32 weights of --init-from (4 bytes per parameter; random ones and --load's go straight into
- * the engine) and the checkpoint save's buffers (zoff_train_ckpt_save_bytes with one rank, 4 bytes
- * per parameter with several: the gathered master weights), the optimizer state the engine keeps
- * on the host (offload_optimizer.device cpu: fp32 master and the optimizer's moments, plus the
+/* Host memory this job needs at least, checked before anything large is allocated: the buffer
+ * --init-from's loader holds (one transposed matrix; the weights themselves, like random ones
+ * and --load's, go straight into the engine) and the checkpoint save's buffers
+ * (zoff_train_ckpt_save_bytes, + zoff_train_ckpt_gather_bytes with several ranks), the optimizer
+ * state the engine keeps on the host (offload_optimizer.device cpu: fp32 master and the optimizer's moments, plus the
  * 16-bit buffer that carries the gradients in and the weights out), and on the CPU backend the
  * "device" memory too (weights, gradients, a lower bound for activations, optimizer state not
  * offloaded). A lower bound: the engine checks its own allocations exactly. */
@@ -137,10 +137,16 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
      * optimizer state is in host memory with device cpu, on disk with device nvme (not counted) */
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
-    /* initial fp32 weights (--init-from) + the save's buffers: the writer's pieces with one rank,
-     * the gathered master with several */
-    double staging = t->info.world > 1 ? 4 * N : (double)zoff_train_ckpt_save_bytes();
-    double cli = (t->o.init_from ? 4 * N : 0) + staging, pinned = host_part * d * N;
+    /* --init-from's loader buffer + the save's buffers: the writer's pieces, with several ranks
+     * the pieces of the master weights gathered (whole with the state on NVMe) */
+    double staging = (double)zoff_train_ckpt_save_bytes() +
+                     (double)zoff_train_ckpt_gather_bytes(t->info.world, t->cfg.zero.stage,
+                                                          oo->device == ZOFF_OFFLOAD_NVME ||
+                                                              (t->cfg.zero.stage == 3 &&
+                                                               t->cfg.zero.offload_param.device == ZOFF_OFFLOAD_NVME),
+                                                          (int64_t)N);
+    double loader = t->o.init_from ? 4 * (double)zoff_gpt2_st_loader_floats(sh) : 0;
+    double cli = loader + staging, pinned = host_part * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
     double dev_on_host = 0;
     const char *dv = t->o.device;
@@ -222,22 +228,19 @@ static zoff_status checkpoint_weights(void *arg, const zoff_gpt2 *model, int64_t
     return s == ZOFF_OK ? s : zoff_error_context(s, "--load");
 }
 
-/* --init-from: the initial fp32 weights of a safetensors file, whole (its loader reads whole tensors
- * and transposes Hugging Face's layout). */
-static zoff_status initial_weights(void *arg, zoff_gpt2 *model, float *host) {
+/* --init-from: the safetensors file's weights of the model range [lo, hi), straight into the
+ * engine piece by piece (zoff_gpt2_st_loader: no whole-model buffer; Hugging Face's transposed
+ * matrices pass through one tensor-sized buffer). */
+static zoff_status file_weights(void *arg, const zoff_gpt2 *model, int64_t lo, int64_t hi, float *dst) {
     zoff_trainer *t = arg;
     zoff_status s = ZOFF_OK;
-    if (t->init_st) {
+    if (!t->init_ld) {
         int nt = 0;
         const zoff_tensor_info *tensors = zoff_gpt2_tensors(model, &nt);
-        if ((s = zoff_gpt2_st_load(t->init_st, zoff_gpt2_get_shape(model), tensors, nt, host)) != ZOFF_OK)
-            return zoff_error_context(s, "--init-from");
-        trainer_say(t, "initialised the weights from %s (%s layout)", t->o.init_from,
-                    zoff_gpt2_st_layout(t->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");
-        zoff_st_close(t->init_st);
-        t->init_st = NULL;
+        s = zoff_gpt2_st_loader_open(t->init_st, zoff_gpt2_get_shape(model), tensors, nt, &t->init_ld);
     }
-    return ZOFF_OK;
+    if (s == ZOFF_OK) s = zoff_gpt2_st_loader_read(t->init_ld, lo, hi, dst);
+    return s == ZOFF_OK ? s : zoff_error_context(s, "--init-from");
 }
 
 /* Device, model, initial weights, engine (zoff_train_stack), token buffers. */
@@ -245,11 +248,20 @@ zoff_status trainer_build(zoff_trainer *t) {
     zoff_train_stack_options so = {.device = device_options(t), .cfg = &t->cfg, .shape = t->info.shape,
                                    .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
                                    .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,
-                                   .seed = t->o.seed, .init = t->init_st ? initial_weights : NULL,
-                                   .init_range = t->rd ? checkpoint_weights : NULL, .init_arg = t,
+                                   .seed = t->o.seed,
+                                   .init_range = t->rd ? checkpoint_weights : t->init_st ? file_weights : NULL,
+                                   .init_arg = t,
                                    .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1,
                                    .weight_waits = true};
-    ZOFF_TRY(zoff_train_stack_create(&so, &t->stack));
+    zoff_status s = zoff_train_stack_create(&so, &t->stack);
+    if (t->init_st && s == ZOFF_OK)
+        trainer_say(t, "initialised the weights from %s (%s layout)", t->o.init_from,
+                    zoff_gpt2_st_layout(t->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");
+    zoff_gpt2_st_loader_close(t->init_ld);
+    zoff_st_close(t->init_st);
+    t->init_ld = NULL;
+    t->init_st = NULL;
+    if (s != ZOFF_OK) return s;
     t->dev = t->stack.dev;
     t->model = t->stack.model;
     t->eng = t->stack.eng;
@@ -259,7 +271,6 @@ zoff_status trainer_build(zoff_trainer *t) {
     t->hx = malloc(tok_bytes);
     t->hy = malloc(tok_bytes);
     if (!t->hx || !t->hy) return zoff_error(ZOFF_ERR_NOMEM, "buffers: out of host memory");
-    zoff_status s;
     if ((s = zoff_device_alloc(t->dev, tok_bytes, "input tokens", (void **)&t->dx)) != ZOFF_OK ||
         (s = zoff_device_alloc(t->dev, tok_bytes, "target tokens", (void **)&t->dy)) != ZOFF_OK)
         return zoff_error_context(s, "device");

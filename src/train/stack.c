@@ -25,34 +25,26 @@ static zoff_status range_init_fn(void *arg, int64_t lo, int64_t hi, float *dst) 
 }
 
 /* The engine from the model's buffers and its initial fp32 weights; stage 3's hooks. Random
- * weights and o->init_range's go straight into the engine's master (no whole-model buffer);
- * o->init (a file's weights) fills a whole-model buffer, freed once the engine holds them. */
+ * weights and o->init_range's go straight into the engine's master (no whole-model buffer). */
 static zoff_status create_engine(const zoff_train_stack_options *o, zoff_train_stack *s) {
     int64_t n = zoff_gpt2_num_params(s->model);
     int nt = 0;
     const zoff_tensor_info *tensors = zoff_gpt2_tensors(s->model, &nt);
     range_init ri = {.o = o, .model = s->model};
-    float *init = NULL;
     zoff_status st = ZOFF_OK;
-    if (o->init) {
-        if (!(init = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "initial weights")))
-            return zoff_error_context(ZOFF_ERR_NOMEM, "model");
-        st = o->init(o->init_arg, s->model, init);
-    }
     zoff_engine_options eo = {.dev = s->dev, .cfg = o->cfg, .tensors = tensors, .num_tensors = nt,
                               .num_params = n, .params = zoff_gpt2_params(s->model),
-                              .grads = zoff_gpt2_grads(s->model), .dtype = o->dtype, .init_params = init,
-                              .init_range = init ? NULL : range_init_fn, .init_arg = &ri,
+                              .grads = zoff_gpt2_grads(s->model), .dtype = o->dtype,
+                              .init_range = range_init_fn, .init_arg = &ri,
                               .comm = o->comm, .timeline = o->timeline,
                               .weight_waits = o->weight_waits && o->cfg->zero.stage < 3};
-    if (st == ZOFF_OK && (st = zoff_engine_create(&eo, &s->eng)) != ZOFF_OK) zoff_error_context(st, "engine");
+    if ((st = zoff_engine_create(&eo, &s->eng)) != ZOFF_OK) zoff_error_context(st, "engine");
     if (st == ZOFF_OK && eo.weight_waits &&
         (st = zoff_gpt2_set_weight_wait(s->model, zoff_engine_wait_weights, s->eng)) != ZOFF_OK)
         zoff_error_context(st, "engine");
     if (st == ZOFF_OK && zoff_engine_uses_grad_rows(s->eng) && /* wte's rows outside the batch: early */
         (st = zoff_gpt2_set_grad_rows(s->model, zoff_engine_grad_rows, s->eng)) != ZOFF_OK)
         zoff_error_context(st, "engine");
-    zoff_aligned_free(init); /* the engine holds the master weights now */
     if (st == ZOFF_OK && o->cfg->zero.stage == 3) { /* the model asks the engine for each group's weights */
         zoff_param_hooks hk = {.arg = s->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
                                .release = zoff_engine_release};

@@ -18,7 +18,8 @@ struct zoff_trainer {
     zoff_device *dev;         /* = stack.dev, .model, .eng */
     zoff_gpt2 *model;
     zoff_engine *eng;
-    zoff_st_file *init_st;    /* --init-from */
+    zoff_st_file *init_st;    /* --init-from, open during create only */
+    zoff_gpt2_st_loader *init_ld; /* its weights, a range at a time (opened at the first range) */
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
     int32_t *hx, *hy, *dx, *dy;
