@@ -560,6 +560,7 @@ typedef struct dp_result {
     bool skipped[DP_STEPS];
     float *w; /* fp32 master, model order */
     int64_t n;
+    int64_t rollbacks; /* speculation (super_offload): failed validations */
 } dp_result;
 
 /* Row j of global micro-batch k of a step: its own token stream. */
@@ -583,6 +584,9 @@ static void dp_json(char *buf, size_t n, int micro, int accum, const char *prec,
 
 /* The device dp_train trains on (the CUDA case sets it for one test). */
 static zoff_backend_kind g_dp_kind = ZOFF_BACKEND_CPU;
+/* The model waits per layer group for its weights (options.weight_waits, as zoff train):
+ * stages 1-2 with offload take the pipelined step (per-group all-gathers). */
+static bool g_dp_waits;
 
 static zoff_status dp_init_range(void *arg, int64_t lo, int64_t hi, float *dst) {
     zoff_gpt2_init_params_range(arg, 42, lo, hi, dst);
@@ -627,8 +631,9 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
                                   .init_params = init, .init_range = init ? NULL : dp_init_range, .init_arg = m,
-                                  .comm = comm};
+                                  .comm = comm, .weight_waits = g_dp_waits && !stage3};
         s = zoff_engine_create(&eo, &e);
+        if (s == ZOFF_OK && eo.weight_waits) s = zoff_gpt2_set_weight_wait(m, zoff_engine_wait_weights, e);
         if (s == ZOFF_OK && stage3) { /* the model asks the engine for each group's weights */
             assert_null(zoff_gpt2_params(m));
             zoff_param_hooks hk = {.arg = e, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
@@ -662,6 +667,7 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
         r->norm[step] = si.grad_norm;
         r->scale[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
+        r->rollbacks = si.rollbacks;
     }
     if (s == ZOFF_OK) {
         r->w = malloc((size_t)r->n * sizeof(float));
@@ -802,6 +808,74 @@ static void test_dp_delayed_update(void **st) {
 /* Stage 3 against one rank with stage 2 (a different path: flat buffers, no gathering). */
 #define S2_REF "{\"stage\": 2}"
 #define S2_REF_CPU "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}"
+/* The pipelined exact step with 2 ranks (the model waits per layer group; each group is
+ * all-gathered as soon as every rank's part is pushed, in forward order): == 1 rank
+ * within the same tolerances; with accumulation, with device sub-groups (Twin-Flow: the
+ * gathers follow the device optimizer too) and round-robin partitions (updated in model
+ * order), with fp16 steps skipped on overflow (no gather), with bf16. */
+static void test_dp_pipelined(void **st) {
+    (void)st;
+    g_dp_waits = true;
+    dp_case("pipelined, stage 2, offload cpu, accumulation 2",
+            "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", ZOFF_F32, 2, 1.0, F32_LOSS, F32_W);
+    dp_case("pipelined, stage 1, offload ratio 0.5, round robin",
+            "{\"stage\": 1, \"round_robin_gradients\": true, \"sub_group_size\": 2000,"
+            " \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}",
+            "", ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);
+    dp_case("pipelined, stage 2, fp16 loss scaling from 2^20",
+            "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+            "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 1.0, 1e-4,
+            1e-2);
+    dp_case("pipelined, stage 2, bf16, round robin",
+            "{\"stage\": 2, \"round_robin_gradients\": true, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+            "\"bf16\": {\"enabled\": true},", ZOFF_BF16, 1, 1.0, 2e-3, 5e-2);
+    g_dp_waits = false;
+}
+
+/* Speculation-then-validation (super_offload) with 2 ranks == the exact (pipelined) step
+ * with 2 ranks, bit for bit (losses, norms, every fp32 master weight): kept (no clip),
+ * rolled back by a tiny clip (every speculated step: all but the first, which has no
+ * learning rate to speculate with), rolled back by fp16 overflows (the first steps at
+ * loss scale 2^20; the global flag, so every rank rolls back together), round-robin. */
+static void spec_case(const char *name, const char *zero_exact, const char *zero_spec, const char *prec,
+                      zoff_dtype dt, int accum, double clip, int64_t want_rollbacks) {
+    dp_result a, b;
+    zoff_comm *c = NULL;
+    assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    g_dp_waits = true;
+    zoff_status s = dp_train(zero_exact, prec, dt, accum, clip, c, DB, R * DB, &a);
+    if (s != ZOFF_OK) fail_msg("%s: exact run failed: %s", name, zoff_last_error());
+    s = dp_train(zero_spec, prec, dt, accum, clip, c, DB, R * DB, &b);
+    if (s != ZOFF_OK) fail_msg("%s: speculative run failed: %s", name, zoff_last_error());
+    g_dp_waits = false;
+    bool same = memcmp(a.loss, b.loss, sizeof a.loss) == 0 && memcmp(a.norm, b.norm, sizeof a.norm) == 0 &&
+                a.n == b.n && memcmp(a.w, b.w, (size_t)a.n * sizeof(float)) == 0;
+    if (R == 0)
+        printf("  dp %-44s %d ranks: speculative %s exact, %lld rollbacks (want %lld)\n", name, N,
+               same ? "==" : "!=", (long long)b.rollbacks, (long long)want_rollbacks);
+    if (!same || b.rollbacks != want_rollbacks || a.rollbacks != 0)
+        fail_msg("%s: speculative vs exact on %d ranks: %s, %lld rollbacks (want %lld)", name, N,
+                 same ? "bit-identical" : "DIFFERENT", (long long)b.rollbacks, (long long)want_rollbacks);
+    free(a.w);
+    free(b.w);
+    zoff_comm_destroy(c);
+}
+static void test_dp_speculative(void **st) {
+    (void)st;
+#define SPEC_ZERO(rr, spec)                                                                                            \
+    "{\"stage\": 2, \"round_robin_gradients\": " rr ", \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": " spec \
+    "}}"
+    spec_case("speculation kept", SPEC_ZERO("false", "false"), SPEC_ZERO("false", "true"), "", ZOFF_F32, 1, 0.0, 0);
+    spec_case("speculation kept, accumulation 2, round robin", SPEC_ZERO("true", "false"), SPEC_ZERO("true", "true"),
+              "", ZOFF_F32, 2, 0.0, 0);
+    spec_case("speculation rolled back by clip 1e-6", SPEC_ZERO("true", "false"), SPEC_ZERO("true", "true"), "",
+              ZOFF_F32, 1, 1e-6, DP_STEPS - 1);
+    /* 2^20 overflows steps 1-3 (test_dp_fp16_overflow): 2 and 3 speculated and rolled back */
+    spec_case("speculation rolled back by fp16 overflow", SPEC_ZERO("false", "false"), SPEC_ZERO("false", "true"),
+              "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 0.0, 2);
+#undef SPEC_ZERO
+}
+
 static void test_dp_stage3(void **st) {
     (void)st;
     dp_case_ref("stage 3, every group gathered", "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}", S2_REF, "",
@@ -1034,7 +1108,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dp_stage2_device_rr), cmocka_unit_test(test_dp_stage2_twinflow_rr),
         cmocka_unit_test(test_dp_stage2_bf16_rr), cmocka_unit_test(test_dp_fp16_overflow),
         cmocka_unit_test(test_dp_stage2_nvme), cmocka_unit_test(test_dp_delayed_update),
-        cmocka_unit_test(test_dp_exact_and_discriminating), cmocka_unit_test(test_dp_stage3),
+        cmocka_unit_test(test_dp_exact_and_discriminating), cmocka_unit_test(test_dp_pipelined),
+        cmocka_unit_test(test_dp_speculative),              cmocka_unit_test(test_dp_stage3),
         cmocka_unit_test(test_dp_stage3_persistent_accum), cmocka_unit_test(test_dp_stage3_offload_param_rr),
         cmocka_unit_test(test_dp_stage3_bf16_offload), cmocka_unit_test(test_dp_stage3_prefetch_exact),
         cmocka_unit_test(test_dp_stage3_param_nvme_exact),
