@@ -797,10 +797,14 @@ static zoff_status check_supported(const zoff_engine_options *o) {
         (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->delayed_param_update || z->stage >= 3))
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.offload_optimizer.super_offload (speculation-then-validation) is "
-                          "implemented for stages 1-2 with offload_optimizer.device \"cpu\" and without "
-                          "zoff_delayed_param_update (got stage %d, device %s%s); set super_offload false",
+                          "implemented for stages 1-2 (any number of ranks) with offload_optimizer.device \"cpu\" and "
+                          "without zoff_delayed_param_update (got stage %d, device %s%s)%s; set super_offload false",
                           z->stage, z->offload_optimizer.device == ZOFF_OFFLOAD_NVME ? "nvme" : offload ? "cpu" : "none",
-                          z->delayed_param_update ? ", delayed update" : "");
+                          z->delayed_param_update ? ", delayed update" : "",
+                          z->stage >= 3 ? ": stage 3 gathers each group's weights from the partition the update "
+                                          "writes, so a speculative update would need a second partition kept apart "
+                                          "until validation (not implemented)"
+                                        : "");
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
