@@ -13,6 +13,10 @@ checkpoints with it, and fuzz/make_seeds.py writes seed files with it.
                                     entries with bit-identical data (only names starting with a
                                     prefix, when given); prints the first difference
     zckpt.py list    FILE_OR_STEPDIR
+    zckpt.py strip   FILE [--meta-key K]... [--entry NAME]...
+                                    rewrite FILE without those keys of its "meta" JSON blob and
+                                    without those entries: a checkpoint as an earlier zoff wrote
+                                    it, for the tests of loading one
 
 Exit status 0 = ok, 1 = a difference or an invalid checkpoint (message on stderr), 2 = usage.
 """
@@ -215,8 +219,35 @@ def compare(a, b, prefixes):
     return len(da)
 
 
+def strip(path, meta_keys, names):
+    import json
+    hdr, es = read_file(path)
+    out = []
+    for e in es:
+        data = e["data"]
+        if e["name"] in names:
+            continue
+        if e["name"] == "meta":
+            m = json.loads(data)
+            for k in meta_keys:
+                m.pop(k, None)
+            data = json.dumps(m, indent=1, sort_keys=True).encode()
+        shape = [len(data)] if e["name"] == "meta" and e["shape"] else e["shape"]  # a blob: [] or [bytes]
+        out.append((e["name"], e["dtype"], shape, data))
+    write_file(path, hdr["step"], hdr["rank"], out)
+
+
+def _options(rest, flag):
+    vals = []
+    while flag in rest:
+        i = rest.index(flag)
+        vals.append(rest[i + 1])
+        del rest[i:i + 2]
+    return vals
+
+
 def main(argv):
-    if len(argv) < 3 or argv[1] not in ("verify", "compare", "list"):
+    if len(argv) < 3 or argv[1] not in ("verify", "compare", "list", "strip"):
         sys.stderr.write(__doc__)
         return 2
     try:
@@ -230,12 +261,17 @@ def main(argv):
                 with open(cache_file, "w") as f:
                     f.write("\n".join(sorted(k for k in cache if k)))
             print("ok: %d complete checkpoint(s): %s" % (len(steps), " ".join(str(s) for s in steps)))
+        elif argv[1] == "strip":
+            rest = argv[2:]
+            keys, names = _options(rest, "--meta-key"), _options(rest, "--entry")
+            if len(rest) != 1:
+                sys.stderr.write(__doc__)
+                return 2
+            strip(rest[0], keys, names)
+            print("ok: %s rewritten" % rest[0])
         elif argv[1] == "compare":
-            prefixes, rest = [], argv[2:]
-            while "--prefix" in rest:
-                i = rest.index("--prefix")
-                prefixes.append(rest[i + 1])
-                del rest[i:i + 2]
+            rest = argv[2:]
+            prefixes = _options(rest, "--prefix")
             if len(rest) != 2:
                 sys.stderr.write(__doc__)
                 return 2

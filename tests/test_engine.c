@@ -66,6 +66,45 @@ typedef struct train_mode {
 } train_mode;
 static train_mode g_mode;
 
+/* The engine's side of a checkpoint after step `at` (the optimizer state, scalars, whether the
+ * delayed update's weights were pending and the device's weights), taken by train() when
+ * g_snap is set and restored into a fresh engine, which goes on from there, when g_resume is. */
+typedef struct engine_snap {
+    int at;
+    float *state[3];
+    zoff_engine_scalars sc;
+    bool pending;
+    void *dev_w;
+} engine_snap;
+static engine_snap *g_snap, *g_resume;
+
+static zoff_status snap_take(zoff_engine *e, int64_t n, engine_snap *sn) {
+    ZOFF_TRY(zoff_engine_flush_state(e)); /* what a checkpoint does: the run must not change */
+    for (int i = 0; i < 3; i++) {
+        sn->state[i] = malloc((size_t)n * sizeof(float));
+        ZOFF_TRY(zoff_engine_state_get(e, i, sn->state[i]));
+    }
+    zoff_engine_get_scalars(e, &sn->sc);
+    sn->pending = zoff_engine_weights_pending(e);
+    sn->dev_w = malloc((size_t)n * zoff_dtype_size(zoff_engine_dtype(e)));
+    return zoff_engine_device_weights(e, 0, n, sn->dev_w, true);
+}
+
+/* After the engine was created with the snapshot's master weights. */
+static zoff_status snap_restore(zoff_engine *e, int64_t n, const engine_snap *sn) {
+    for (int i = 1; i < 3; i++) ZOFF_TRY(zoff_engine_state_set(e, i, sn->state[i]));
+    ZOFF_TRY(zoff_engine_set_scalars(e, &sn->sc));
+    bool marked = false;
+    if (sn->pending) ZOFF_TRY(zoff_engine_mark_weights_pending(e, &marked));
+    assert_true(marked == sn->pending);
+    return marked ? zoff_engine_device_weights(e, 0, n, sn->dev_w, false) : ZOFF_OK;
+}
+
+static void snap_free(engine_snap *sn) {
+    for (int i = 0; i < 3; i++) free(sn->state[i]);
+    free(sn->dev_w);
+}
+
 static void stamp_device(void *arg) { *(double *)arg = zoff_now(); }
 
 static zoff_status logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t count) {
@@ -129,7 +168,8 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         r->n = zoff_gpt2_num_params(m);
         if (!g_mode.range_init) {
             init = malloc((size_t)r->n * sizeof(float));
-            zoff_gpt2_init_params(m, 42, init);
+            if (g_resume) memcpy(init, g_resume->state[0], (size_t)r->n * sizeof(float));
+            else zoff_gpt2_init_params(m, 42, init);
         }
         int nt;
         const zoff_tensor_info *ti = zoff_gpt2_tensors(m, &nt);
@@ -149,6 +189,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         memset(g_mode.span_wte0, 0, sizeof g_mode.span_wte0);
         memset(g_mode.split, 0, sizeof g_mode.split);
     }
+    if (s == ZOFF_OK && g_resume) s = snap_restore(e, r->n, g_resume);
     if (s == ZOFF_OK) {
         zoff_engine_memory em;
         zoff_engine_memory_usage(e, &em);
@@ -163,7 +204,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
      * micro-batch k of a step takes rows [k*mb_rows, (k+1)*mb_rows) of the step's B x accum rows. */
     static int32_t hx[BMAX * T], hy[BMAX * T];
     assert_true(g_mode.batch <= BMAX);
-    for (int step = 0; s == ZOFF_OK && step < nsteps; step++) {
+    for (int step = g_resume ? g_resume->at : 0; s == ZOFF_OK && step < nsteps; step++) {
         g_mode.iter = step;
         tokens_for(step, 0, hx, hy);
         s = zoff_engine_zero_grad(e);
@@ -199,6 +240,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         r->skipped[step] = si.skipped;
         r->rolled_back[step] = si.rolled_back;
         r->rollbacks = si.rollbacks;
+        if (s == ZOFF_OK && g_snap && step + 1 == g_snap->at) s = snap_take(e, r->n, g_snap);
     }
     if (s == ZOFF_OK) {
         r->weights = malloc((size_t)r->n * sizeof(float));
@@ -404,6 +446,65 @@ static void test_delayed_update(void **st) {
     assert_true(d.losses[19] < d.losses[0] - 0.1);
     free(d.weights);
     free(u.weights);
+}
+
+/* Resume of the delayed update through the engine's API, as a checkpoint does it: the state
+ * after step k (zoff_engine_flush_state, which must not change the run), the device's weights
+ * and the pending flag restored into a fresh engine (zoff_engine_mark_weights_pending, then
+ * zoff_engine_device_weights) give the uninterrupted run's losses, norms and final master bit
+ * for bit. k: the end of the warm-up (nothing pending) and after it; fp32 and bf16; with and
+ * without the per-group weight waits (the pipelined pushes during backward); Twin-Flow. The
+ * reference is the uninterrupted run; without the restored device weights the first resumed
+ * forward would use the newest update's weights and differ (checked). */
+static void check_delayed_resume(const char *zero, zoff_dtype dt, const char *prec, int accum, bool waits, int k) {
+    char a[1024];
+    cfg_json(a, sizeof a, zero, prec, accum);
+    const int N = 7;
+    run_result full, part, res;
+    engine_snap sn = {.at = k};
+    g_mode = (train_mode){.waits = waits};
+    assert_int_equal(train(a, dt, N, 0, &full), ZOFF_OK);
+    g_snap = &sn;
+    assert_int_equal(train(a, dt, N, 0, &part), ZOFF_OK); /* the same run, snapshot after step k */
+    g_snap = NULL;
+    g_resume = &sn;
+    assert_int_equal(train(a, dt, N, 0, &res), ZOFF_OK);
+    g_resume = NULL;
+    for (int i = 0; i < N; i++) {
+        assert_true(part.losses[i] == full.losses[i] && part.norms[i] == full.norms[i]);
+        if (i >= k && (res.losses[i] != full.losses[i] || res.norms[i] != full.norms[i]))
+            fail_msg("resumed after step %d: step %d loss %.8f norm %.8f vs %.8f %.8f", k, i + 1, res.losses[i],
+                     res.norms[i], full.losses[i], full.norms[i]);
+    }
+    assert_memory_equal(res.weights, full.weights, (size_t)full.n * sizeof(float));
+    if (sn.pending) { /* the test can fail: the newest weights in the first resumed forward change its loss */
+        sn.pending = false;
+        run_result bad;
+        g_resume = &sn;
+        assert_int_equal(train(a, dt, N, 0, &bad), ZOFF_OK);
+        g_resume = NULL;
+        assert_true(bad.losses[k] != full.losses[k]);
+        free(bad.weights);
+    }
+    g_mode = (train_mode){0};
+    snap_free(&sn);
+    free(full.weights);
+    free(part.weights);
+    free(res.weights);
+}
+
+static void test_delayed_resume(void **st) {
+    (void)st;
+    const char *dz = "{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true,"
+                     " \"zoff_delayed_param_update_warmup\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}";
+    const char *tz = "{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true,"
+                     " \"zoff_delayed_param_update_warmup\": 1, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}";
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    check_delayed_resume(dz, ZOFF_F32, "", 1, false, 2);
+    check_delayed_resume(dz, ZOFF_F32, "", 1, false, 4);
+    check_delayed_resume(dz, ZOFF_BF16, bf, 2, true, 2);
+    check_delayed_resume(dz, ZOFF_BF16, bf, 2, true, 3);
+    check_delayed_resume(tz, ZOFF_BF16, bf, 1, true, 3);
 }
 
 /* Twin-Flow: ratios 0, 0.3 and 0.7 (part of the update on the device, on its
@@ -922,6 +1023,7 @@ int main(void) {
         cmocka_unit_test(test_init_range_equals_whole),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
+        cmocka_unit_test(test_delayed_resume),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
         cmocka_unit_test(test_speculative_timeline),        cmocka_unit_test(test_speculative_rows_equals_exact),
         cmocka_unit_test(test_speculative_rows_timeline),    cmocka_unit_test(test_cpuadam_cores_perc),

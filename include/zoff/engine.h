@@ -271,6 +271,7 @@ typedef struct zoff_engine_scalars {
     double loss_scale;
     int64_t scaler_iter, last_overflow_iter;
     int hysteresis_left;
+    int64_t rollbacks;   /* super_offload: speculative updates undone so far (zoff_step_info.rollbacks) */
 } zoff_engine_scalars;
 void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out);
 zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *in);
@@ -309,8 +310,28 @@ int zoff_engine_grad_timeline(const zoff_engine *e, const zoff_grad_event **even
  * sub-groups' 16-bit weights go out through the host gradient buffer: call it between
  * steps, not between a boundary backward and its zoff_engine_step. */
 zoff_status zoff_engine_sync_params(zoff_engine *e);
-/* Wait for background work (delayed update) so that the state is final. */
+/* Wait for background work (delayed update) so that the state is final, and put the delayed
+ * update's pending weights on the device (what evaluation after training wants). */
 zoff_status zoff_engine_flush(zoff_engine *e);
+/* The same without putting them there: the next forward still uses the weights the uninterrupted
+ * run would use (a checkpoint calls this, so that saving does not change the run). */
+zoff_status zoff_engine_flush_state(zoff_engine *e);
+
+/* ---- the delayed update's pending weights (resuming it bit for bit) ----
+ * With zero_optimization.zoff_delayed_param_update, after a step the newest update's weights
+ * are not on the device yet: the next forward uses those of the update before, which exist
+ * only in the model's parameter buffer. A checkpoint stores that buffer when
+ * zoff_engine_weights_pending; a resume restores the state, calls
+ * zoff_engine_mark_weights_pending (the master's weights become the pending update, put on the
+ * device when the uninterrupted run would put them there) and then sets the buffer from the
+ * checkpoint with zoff_engine_device_weights. *marked false: the engine has no delayed update
+ * (the device keeps the master's weights). */
+bool zoff_engine_weights_pending(const zoff_engine *e);
+zoff_status zoff_engine_mark_weights_pending(zoff_engine *e, bool *marked);
+/* Elements [offset, offset + count) of the model's parameter buffer (model order, the engine's
+ * dtype) to (get) or from host; stages 0-2, between steps (after zoff_engine_flush_state). */
+zoff_status zoff_engine_device_weights(zoff_engine *e, int64_t offset, int64_t count, void *host, bool get);
+zoff_dtype zoff_engine_dtype(const zoff_engine *e);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,8 @@
  *
  * Training checkpoints: DIR/step_%08d/rank_%05d.zckpt (include/zoff/ckpt.h). Rank 0's file holds
  * every tensor's fp32 master weights under its Hugging Face name, the "meta" blob
- * (zoff_train_meta as JSON, format "zoff-train-state" version 1) and the "config" blob; every
+ * (zoff_train_meta as JSON, format "zoff-train-state" version 1), the "config" blob and, while
+ * the delayed update's weights are pending, the device's weights (ZOFF_TRAIN_DEVICE_WEIGHTS); every
  * rank's file holds its partition of the optimizer state ("optimizer.exp_avg", ...) and a
  * "partition" blob. Loading reshards: a rank reads its partition from whichever rank files
  * hold it, whatever the number of ranks that wrote them. */
@@ -61,7 +62,13 @@ typedef struct zoff_train_meta {
     zoff_engine_scalars engine;
     double consumed_tokens;
     zoff_train_settings settings;
+    /* the delayed update's weights were pending at the save (zoff_engine_weights_pending): rank
+     * 0's file then holds the model's parameter buffer as entry ZOFF_TRAIN_DEVICE_WEIGHTS (the
+     * model's dtype, [num_params]), the weights the next forward uses. -1: a checkpoint written
+     * before this field existed (unknown) */
+    int weights_pending;
 } zoff_train_meta;
+#define ZOFF_TRAIN_DEVICE_WEIGHTS "delayed_update.device_weights"
 
 /* Save weights (fp32 master, per tensor by name), this rank's optimizer state and, on rank 0,
  * meta and config_json (may be NULL) into DIR/step_X, over the ranks of comm (collective; NULL =
@@ -80,7 +87,8 @@ size_t zoff_train_ckpt_save_bytes(void);
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state
  * (weights, optimizer state) into DIR/step_X through the writer's pieces, finalizes it (atomic, as zoff_train_ckpt_save) and prunes
- * to keep_last (0 = keep all). Call it after zoff_engine_flush. Rule: the engine's state must
+ * to keep_last (0 = keep all); the delayed update's device weights, which the next backward
+ * changes, are written before it returns, on the calling thread. Call it after zoff_engine_flush_state. Rule: the engine's state must
  * not change until zoff_train_ckpt_save_wait returned, so wait before the next call that starts
  * an optimizer update (zoff_engine_step); forward/backward may run meanwhile. Only when
  * zoff_train_ckpt_can_background (one rank, all the optimizer state in host memory). wait joins
@@ -107,6 +115,12 @@ zoff_status zoff_train_ckpt_read_weights_range(zoff_ckpt_reader *r, const zoff_g
 /* Restore the engine's optimizer state: this rank's partition, read from whichever rank files
  * hold it (resharding). r is rank 0's file. */
 zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params);
+/* After zoff_train_ckpt_read_state, for a checkpoint with meta.weights_pending: the delayed
+ * update's pending weights marked in the engine and the device's weights read from the entry
+ * ZOFF_TRAIN_DEVICE_WEIGHTS (every rank reads all of it). *restored false: the engine has no
+ * delayed update and keeps the master's weights. */
+zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine *eng, int64_t num_params,
+                                                bool *restored);
 
 /* ---- files ---- */
 

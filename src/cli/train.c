@@ -265,6 +265,8 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         fprintf(stderr, "zoff: signal %d: saving a checkpoint at step %lld\n", (int)g_stop, (long long)in->step);
     if ((s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail(s); /* final, also on SIGINT/SIGTERM */
     if (g_stop) return 128 + (int)g_stop;
+    /* the delayed update's last weights on the device (the save left them pending) */
+    if ((s = zoff_engine_flush(zoff_trainer_engine(t))) != ZOFF_OK) return fail(s);
     if ((s = zoff_trainer_evaluate(t, &val_after)) != ZOFF_OK) return fail(s);
     if (!o->quiet) print_summary(in, o->save_dir, train_time, r.loss, val_before, val_after);
     return 0;

@@ -46,6 +46,9 @@ char *train_meta_to_text(const zoff_train_meta *meta) {
         (json_int_t)meta->engine.scaler_iter, "last_overflow_iter", (json_int_t)meta->engine.last_overflow_iter,
         "hysteresis_left", meta->engine.hysteresis_left, "consumed_tokens", meta->consumed_tokens);
     if (root && meta->settings.known) json_object_set_new(root, "settings", settings_to_json(&meta->settings));
+    if (root) json_object_set_new(root, "weights_pending", json_boolean(meta->weights_pending > 0));
+    if (root && meta->engine.rollbacks)
+        json_object_set_new(json_object_get(root, "engine"), "rollbacks", json_integer((json_int_t)meta->engine.rollbacks));
     char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
     json_decref(root);
     return txt;
@@ -140,6 +143,7 @@ static zoff_status read_engine(json_t *ej, const char *path, zoff_engine_scalars
     ZOFF_TRY(get_int(ej, "hysteresis_left", path, &t));
     e->hysteresis_left = (int)t;
     e->loss_scale = json_number_value(json_object_get(ej, "loss_scale"));
+    e->rollbacks = (int64_t)json_integer_value(json_object_get(ej, "rollbacks")); /* absent: none */
     return ZOFF_OK;
 }
 
@@ -172,6 +176,8 @@ static zoff_status meta_from_json(json_t *root, zoff_ckpt_reader *r, zoff_train_
     m->consumed_tokens = json_number_value(json_object_get(root, "consumed_tokens"));
     get_str(root, "tokenizer", m->tokenizer, sizeof m->tokenizer, "gpt2");
     settings_from_json(json_object_get(root, "settings"), &m->settings);
+    json_t *wp = json_object_get(root, "weights_pending");
+    m->weights_pending = json_is_boolean(wp) ? json_is_true(wp) : -1;
     return ZOFF_OK;
 }
 
@@ -337,6 +343,24 @@ zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, in
     }
     free(files);
     free(mine);
+    zoff_aligned_free(buf);
+    return s;
+}
+
+zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n, bool *restored) {
+    ZOFF_TRY(zoff_engine_mark_weights_pending(eng, restored));
+    if (!*restored) return ZOFF_OK;
+    const int64_t shape[1] = {n};
+    const size_t es = zoff_dtype_size(zoff_engine_dtype(eng));
+    ZOFF_TRY(zoff_ckpt_check_tensor(r, ZOFF_TRAIN_DEVICE_WEIGHTS, zoff_engine_dtype(eng), 1, shape));
+    const int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / es);
+    void *buf = zoff_aligned_alloc(64, (size_t)(n < W ? n : W) * es, "checkpoint piece buffer");
+    zoff_status s = buf ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    for (int64_t a = 0; s == ZOFF_OK && a < n; a += W) {
+        int64_t c = n - a < W ? n - a : W;
+        s = zoff_ckpt_read_range(r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)es, buf, (size_t)c * es);
+        if (s == ZOFF_OK) s = zoff_engine_device_weights(eng, a, c, buf, false);
+    }
     zoff_aligned_free(buf);
     return s;
 }

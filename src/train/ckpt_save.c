@@ -43,6 +43,7 @@ struct zoff_train_ckpt_job {
     bool whole_state;     /* the engine's state is read whole (NVMe swap file) */
     float *master;        /* gathered master weights (several ranks), else NULL: streamed */
     float *buf;           /* one piece, or one whole array with whole_state */
+    zoff_ckpt_writer *w;  /* background: opened (and the device weights written) by the caller */
     pthread_t thread;
     bool started;
     zoff_status status;
@@ -75,25 +76,29 @@ bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *com
     return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
 }
 
-/* Entry `name` = elements [off, off + count) of state array i: from `whole` (in memory, indexed
- * by off) when given, else straight from the engine into the writer's piece buffer, a slice at a
- * time (the writer checksums each slice while it is in cache). */
+/* Entry `name` = elements [off, off + count) of state array i (fp32), or with i < 0 of the
+ * model's parameter buffer (the engine's dtype): from `whole` (in memory, indexed by off) when
+ * given, else straight from the engine into the writer's piece buffer, a slice at a time (the
+ * writer checksums each slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
-    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, ZOFF_F32, ndim, shape));
-    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * sizeof(float)));
-    const int64_t slice = (int64_t)(slice_bytes() / sizeof(float));
+    const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : ZOFF_F32;
+    const size_t es = zoff_dtype_size(dt);
+    ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
+    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * es));
+    const int64_t slice = (int64_t)(slice_bytes() / es);
     for (int64_t p = 0; !whole && p < count;) {
         void *dst = NULL;
         size_t cap = 0;
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
-        int64_t c = (int64_t)(cap / sizeof(float));
+        int64_t c = (int64_t)(cap / es);
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
-        ZOFF_TRY(zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
-        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * sizeof(float)));
-        if (j->pause_ms > 0) { /* once per job */
+        ZOFF_TRY(i < 0 ? zoff_engine_device_weights(j->eng, off + p, c, dst, true)
+                       : zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
+        ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
+        if (j->pause_ms > 0 && i >= 0) { /* once per job, in the writer's own entries */
             usleep((useconds_t)j->pause_ms * 1000);
             j->pause_ms = 0;
         }
@@ -132,18 +137,39 @@ static zoff_status write_entries(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
     return s;
 }
 
-/* Open, write and commit this rank's file (any thread). */
-static zoff_status write_rank_file(zoff_train_ckpt_job *j) {
+static zoff_status rank_file_failed(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, zoff_status s) {
+    zoff_ckpt_abort(w);
+    return zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)", (long long)j->meta.step,
+                              j->dir, j->rank, j->world);
+}
+
+/* Open this rank's file and write its first entry, the delayed update's device weights (rank 0,
+ * meta.weights_pending: the model's parameter buffer, which the next backward changes), on the
+ * calling thread. */
+static zoff_status open_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer **w) {
     zoff_ckpt_options opts = {.tmp_tag = j->tag[0] ? j->tag : NULL};
-    zoff_ckpt_writer *w = NULL;
-    zoff_status s = zoff_ckpt_writer_open(j->dir, j->meta.step, j->rank, &opts, &w);
-    if (s == ZOFF_OK) s = write_entries(j, w);
+    *w = NULL;
+    zoff_status s = zoff_ckpt_writer_open(j->dir, j->meta.step, j->rank, &opts, w);
+    int64_t shape[1] = {j->n};
+    if (s == ZOFF_OK && j->rank == 0 && j->meta.weights_pending > 0)
+        s = put_array(j, *w, ZOFF_TRAIN_DEVICE_WEIGHTS, 1, shape, -1, 0, j->n, NULL);
     if (s != ZOFF_OK) {
-        zoff_ckpt_abort(w);
-        return zoff_error_context(s, "saving checkpoint step %lld under %s (rank %d of %d)",
-                                  (long long)j->meta.step, j->dir, j->rank, j->world);
+        s = rank_file_failed(j, *w, s);
+        *w = NULL;
     }
-    return zoff_ckpt_commit(w);
+    return s;
+}
+
+/* The rest of this rank's file, then commit (any thread). */
+static zoff_status finish_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
+    zoff_status s = write_entries(j, w);
+    return s != ZOFF_OK ? rank_file_failed(j, w, s) : zoff_ckpt_commit(w);
+}
+
+static zoff_status write_rank_file(zoff_train_ckpt_job *j) {
+    zoff_ckpt_writer *w = NULL;
+    ZOFF_TRY(open_rank_file(j, &w));
+    return finish_rank_file(j, w);
 }
 
 /* The job, fixed at the step boundary (main thread). With several ranks the master weights are
@@ -260,7 +286,8 @@ static void *writer_main(void *arg) {
     pthread_setname_np(pthread_self(), "zoff-ckpt"); /* for top, perf */
     writer_lower_priority();
     zoff_ckpt_options opts = {.tmp_tag = j->tag};
-    zoff_status s = write_rank_file(j);
+    zoff_status s = j->w ? ZOFF_OK : open_rank_file(j, &j->w);
+    if (s == ZOFF_OK) s = finish_rank_file(j, j->w);
     if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);
     if (s == ZOFF_OK && j->keep_last > 0) s = zoff_ckpt_prune(j->dir, j->keep_last);
     if (s != ZOFF_OK) snprintf(j->msg, sizeof j->msg, "%s", zoff_last_error()); /* thread-local: carried over */
@@ -286,8 +313,15 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     const char *pause = getenv("ZOFF_TEST_CKPT_WRITER_PAUSE_MS");
     j->pause_ms = pause ? strtol(pause, NULL, 10) : 0;
     j->t0 = zoff_now();
+    /* the device weights change in the next backward: written now (the writer opens the file otherwise) */
+    zoff_status s = j->meta.weights_pending > 0 ? open_rank_file(j, &j->w) : ZOFF_OK;
+    if (s != ZOFF_OK) {
+        job_free(j);
+        return s;
+    }
     int rc = pthread_create(&j->thread, NULL, writer_main, j);
     if (rc != 0) {
+        zoff_ckpt_abort(j->w);
         job_free(j);
         return zoff_error(ZOFF_ERR_INTERNAL, "cannot start the checkpoint writer thread: %s", strerror(rc));
     }

@@ -158,10 +158,32 @@ zoff_status trainer_overwrite(zoff_trainer *t) {
 }
 
 /* --load: the optimizer state (resharded), the engine's scalars, the data position. */
+/* The delayed update's weights pending at the save: the next forward uses the device weights
+ * the checkpoint holds, as the uninterrupted run's does. */
+static zoff_status restore_device_weights(zoff_trainer *t) {
+    const zoff_zero_config *z = &t->cfg.zero;
+    const zoff_train_meta *m = &t->resume;
+    bool delayed = z->delayed_param_update && m->engine.steps_taken > z->delayed_param_update_warmup;
+    if (m->weights_pending < 0 && delayed)
+        zoff_log(ZOFF_LOG_WARN,
+                 "resume: the checkpoint of step %lld was written by an earlier zoff that did not store the delayed "
+                 "update's device weights: the next forward uses the newest master weights, so this delayed run is "
+                 "not bit-identical to an uninterrupted one",
+                 (long long)m->step);
+    if (m->weights_pending <= 0) return ZOFF_OK;
+    bool restored = false;
+    ZOFF_TRY(zoff_train_ckpt_read_device_weights(t->rd, t->eng, t->info.num_params, &restored));
+    if (!restored)
+        trainer_say(t, "resume: the checkpoint's delayed-update weights were pending; without the delayed update "
+                       "the device takes the newest master weights");
+    return ZOFF_OK;
+}
+
 zoff_status trainer_restore(zoff_trainer *t) {
     if (!t->rd) return ZOFF_OK;
     zoff_status s = zoff_train_ckpt_read_state(t->rd, t->eng, t->info.num_params);
     if (s == ZOFF_OK) s = zoff_engine_set_scalars(t->eng, &t->resume.engine);
+    if (s == ZOFF_OK) s = restore_device_weights(t);
     if (s == ZOFF_OK) s = zoff_loader_set_state(t->train_ld, &t->resume.loader);
     zoff_ckpt_close(t->rd);
     t->rd = NULL;

@@ -237,12 +237,13 @@ static zoff_train_meta current_meta(const zoff_trainer *t) {
     snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(t->tok));
     m.loader = zoff_loader_get_state(t->train_ld);
     zoff_engine_get_scalars(t->eng, &m.engine);
+    m.weights_pending = zoff_engine_weights_pending(t->eng);
     return m;
 }
 
 zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
     ZOFF_TRY(wait_background_save(t, NULL));
-    zoff_status s = zoff_engine_flush(t->eng);
+    zoff_status s = zoff_engine_flush_state(t->eng); /* saving does not change the run */
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     const char *dir = t->o.save_dir;
     if (only_if_new) {
@@ -262,7 +263,7 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
     if (t->o.sync_saves || !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
         return zoff_trainer_save(t, false);
     ZOFF_TRY(wait_background_save(t, NULL)); /* one save in flight at a time */
-    zoff_status s = zoff_engine_flush(t->eng); /* the state is final: no update runs until the next step */
+    zoff_status s = zoff_engine_flush_state(t->eng); /* the state is final: no update runs until the next step */
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     zoff_train_meta m = current_meta(t);
     s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &m, t->cfg.source, (int)t->o.keep_last, &t->bg);

@@ -1389,14 +1389,57 @@ zoff_status zoff_engine_wait_weights(void *engine, zoff_stream *s, int64_t offse
     return zoff_wready_wait(e->wr, zoff_wready_group_of(e->wr, offset), s);
 }
 
-zoff_status zoff_engine_flush(zoff_engine *e) {
-    ZOFF_TRY(zoff_hr_settle(e));
-    double dummy = 0;
-    bool pending = e->weights_pending;
-    if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
-    if (e->dpu && pending) ZOFF_TRY(dp_gather_weights(e));
+zoff_status zoff_engine_flush_state(zoff_engine *e) {
+    ZOFF_TRY(zoff_hr_settle(e)); /* the delayed update's job is done; its weights stay pending */
     if (e->swap) ZOFF_TRY(zoff_swapper_flush(e->swap)); /* NVMe writes still in flight */
     return zoff_stream_synchronize(e->compute);
+}
+
+zoff_status zoff_engine_flush(zoff_engine *e) {
+    ZOFF_TRY(zoff_engine_flush_state(e));
+    if (!e->dpu || !e->weights_pending) return ZOFF_OK;
+    double dummy = 0;
+    ZOFF_TRY(apply_pending_weights(e, &dummy, NULL));
+    ZOFF_TRY(dp_gather_weights(e));
+    return zoff_stream_synchronize(e->compute);
+}
+
+/* ------------------------------------------------------------------ the delayed update's pending weights */
+
+bool zoff_engine_weights_pending(const zoff_engine *e) { return e->dpu && e->weights_pending; }
+
+zoff_dtype zoff_engine_dtype(const zoff_engine *e) { return e->dtype; }
+
+zoff_status zoff_engine_device_weights(zoff_engine *e, int64_t offset, int64_t count, void *host, bool get) {
+    if (e->stage3 || !e->params)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "the device weights of stage 3 are partitioned: no model buffer");
+    if (offset < 0 || count < 0 || offset > e->n_model - count)
+        return zoff_error(ZOFF_ERR_INVALID, "device weights range [%lld, +%lld) outside [0, %lld)", (long long)offset,
+                          (long long)count, (long long)e->n_model);
+    void *d = (char *)e->params + (size_t)offset * e->esize;
+    ZOFF_TRY(zoff_memcpy_async(e->compute, get ? host : d, get ? (const void *)d : (const void *)host,
+                               (size_t)count * e->esize, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
+    return zoff_stream_synchronize(e->compute);
+}
+
+/* As the uninterrupted run after its update t, whose job is done and whose weights have not
+ * gone out: they are in the output buffer the next backward does not fill (the master's, cast
+ * as the host optimizer writes them), every group updated, none released or pushed. */
+zoff_status zoff_engine_mark_weights_pending(zoff_engine *e, bool *marked) {
+    *marked = e->dpu && e->n_host > 0;
+    if (!*marked) return ZOFF_OK;
+    ZOFF_TRY(zoff_hr_settle(e));
+    e->wbuf = e->gbuf ^ 1;
+    ZOFF_TRY(host_master_to_staging(e));
+    if (e->g_updated) {
+        size_t ng = (size_t)zoff_wready_groups(e->wr);
+        memset(e->g_updated, 1, ng * sizeof(bool));
+        memset(e->g_released, 0, ng * sizeof(bool));
+        memset(e->g_pushed, 0, ng * sizeof(bool));
+    }
+    e->job_seconds = 0;
+    e->weights_pending = true;
+    return ZOFF_OK;
 }
 
 /* ------------------------------------------------------------------ state */
@@ -1519,6 +1562,7 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
 
 void zoff_engine_get_scalars(const zoff_engine *e, zoff_engine_scalars *out) {
     *out = e->sc;
+    out->rollbacks = e->rollbacks;
     out->loss_scale = e->ls.scale;
     out->scaler_iter = e->ls.iter;
     out->last_overflow_iter = e->ls.last_overflow_iter;
@@ -1536,6 +1580,13 @@ zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *i
     e->ls.iter = in->scaler_iter;
     e->ls.last_overflow_iter = in->last_overflow_iter;
     e->ls.hysteresis_left = in->hysteresis_left;
+    e->rollbacks = in->rollbacks;
+    /* the host optimizer multiplies its bias-correction products step by step (pow() after a
+     * jump): begin the steps taken again, so that they are those of the uninterrupted run */
+    for (int64_t k = 1; e->hopt && k <= e->sc.steps_taken; k++) {
+        ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, k, e->cfg->optimizer.lr));
+        e->hopt_t0 = 1;
+    }
     return ZOFF_OK;
 }
 
