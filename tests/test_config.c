@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "zoff/config.h"
+#include "zoff/engine.h"
 
 /* Test JSON is written with single quotes; this turns them into double quotes. */
 static char *dq(const char *text) {
@@ -392,7 +393,29 @@ static void test_unknown_keys(void **state) {
     expect_error("{'fp16': {'enabled': false, 'initial_scale': 12}}", "fp16.initial_scale", "initial_scale_power");
     expect_error("{'bf16': {'enabled': true, 'immediate_grad_updates': true}}", "bf16.immediate_grad_updates",
                  "did you mean \"immediate_grad_update\"", "allowed keys at bf16: enabled",
-                 "also accepted", "bf16_optimizer_states");
+                 "bf16_optimizer_states");
+    /* bf16 optimizer states: bf16 training with the state in host memory only */
+    expect_error("{'bf16': {'bf16_optimizer_states': true}}", "bf16.bf16_optimizer_states",
+                 "needs bf16 training (bf16.enabled true)");
+    expect_error("{'bf16': {'enabled': true, 'bf16_optimizer_states': true}, 'zero_optimization': {'stage': 2}}",
+                 "bf16.bf16_optimizer_states", "offload_optimizer.device \"cpu\"", "is \"none\"",
+                 "the device optimizer keeps fp32 state");
+    expect_error("{'bf16': {'enabled': true, 'bf16_optimizer_states': true}, 'zero_optimization': {'stage': 2, "
+                 "'offload_optimizer': {'device': 'nvme', 'nvme_path': '/tmp'}}}",
+                 "bf16.bf16_optimizer_states", "is \"nvme\"", "swap file keeps fp32 state");
+    {
+        zoff_config c;
+        load_ok("{'bf16': {'enabled': true, 'bf16_optimizer_states': true}, 'zero_optimization': {'stage': 2, "
+                "'offload_optimizer': {'device': 'cpu'}}}",
+                &c);
+        assert_true(c.bf16_optimizer_states);
+        assert_int_equal(zoff_optimizer_state_dtype(&c), ZOFF_BF16);
+        assert_null(c.unsupported);
+        zoff_config_free(&c);
+        load_ok("{'bf16': {'enabled': true, 'bf16_optimizer_states': false}}", &c);
+        assert_int_equal(zoff_optimizer_state_dtype(&c), ZOFF_F32);
+        zoff_config_free(&c);
+    }
     expect_error("{'zero_optimization': {'stage': 1, 'offload_optimiser': {}}}",
                  "zero_optimization.offload_optimiser", "did you mean \"offload_optimizer\"",
                  "allowed keys at zero_optimization: stage, ", "also accepted", "stage3_max_live_parameters");
@@ -1019,9 +1042,8 @@ static void test_not_implemented_refused(void **state) {
         {"{'gradient_allreduce_op': 'sum'}", "gradient_allreduce_op \"sum\""},
         {"{'managed_gradient_accumulation': false}", "managed_gradient_accumulation false"},
         {"{'fp16': {'enabled': true, 'fp16_master_weights_and_grads': true}}", "fp16.fp16_master_weights_and_grads"},
-        {"{'bf16': {'enabled': true, 'bf16_master_weights_and_grads': true, 'bf16_optimizer_states': true}}",
-         "bf16.bf16_master_weights_and_grads true (16-bit master weights are not implemented: zoff keeps fp32 ones); "
-         "bf16.bf16_optimizer_states true"},
+        {"{'bf16': {'enabled': true, 'bf16_master_weights_and_grads': true}}",
+         "bf16.bf16_master_weights_and_grads true (16-bit master weights are not implemented: zoff keeps fp32 ones)"},
         {"{'bf16': {'enabled': true}, 'data_types': {'grad_accum_dtype': 'fp32'}}",
          "data_types.grad_accum_dtype \"fp32\" (zoff accumulates gradients in the training dtype, here bf16)"},
         {"{'zero_optimization': {'stage': 2, 'zero_quantized_gradients': true}}",

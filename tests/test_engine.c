@@ -901,6 +901,9 @@ static void test_speculative_equals_exact(void **st) {
     check_spec(ZOFF_BF16, bf, 2, 0.0, 6, 0);   /* speculation in the boundary micro-batch only */
     check_spec(ZOFF_F32, "", 1, 1e-6, 6, 5);   /* a tiny clip: every speculated step is clipped */
     check_spec(ZOFF_BF16, bf, 1, 1e-6, 6, 5);
+    /* bf16 m and v: the rollback copy holds them in bf16 (zoff_placement_spec_backup_bytes) */
+    const char *bs = "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},";
+    check_spec(ZOFF_BF16, bs, 1, 1e-6, 6, 5);
 }
 
 /* fp16 with a loss scale that overflows: each speculated overflow step is rolled back

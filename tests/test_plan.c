@@ -336,6 +336,18 @@ static void test_variants_vs_real(void **st) {
         "{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2, \"bf16\": {\"enabled\": true}, "
         "\"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 1000, \"offload_optimizer\": {\"device\": \"cpu\", "
         "\"ratio\": 0.3}}}",
+        /* bf16 optimizer states: m and v of 2 bytes (10 B/param), Twin-Flow's device part fp32, the
+         * speculation copy of master 4 + m 2 + v 2, the delayed update's second buffer */
+        "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true}, "
+        "\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}}",
+        "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true}, "
+        "\"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 1000, \"offload_optimizer\": {\"device\": \"cpu\", "
+        "\"ratio\": 0.4}}}",
+        "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true}, "
+        "\"optimizer\": {\"type\": \"Lion\"}, \"zero_optimization\": {\"stage\": 1, \"zoff_delayed_param_update\": "
+        "true, \"offload_optimizer\": {\"device\": \"cpu\"}}}",
+        "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true}, "
+        "\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": true}}}",
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         zoff_config cfg;
@@ -354,6 +366,10 @@ static void test_variants_vs_real(void **st) {
         if (r.status != ZOFF_OK) fail_msg("case %zu: %s", c, zoff_last_error());
         assert_true(fabs(r.host_ratio - row.host_ratio) < 1e-12);
         compare(cases[c], &row, &r, false);
+        if (cfg.bf16_optimizer_states) { /* host state: master 4 + (m, v) x 2 bytes per host parameter */
+            int arrays = 1 + (cfg.optimizer.type != ZOFF_OPTIM_LION) + (cfg.optimizer.type != ZOFF_OPTIM_ADAGRAD);
+            assert_int_equal(row.mem.host_optimizer, (size_t)row.host_params * (size_t)(4 + 2 * (arrays - 1)));
+        }
         zoff_config_free(&cfg);
     }
 }
@@ -928,26 +944,101 @@ static int run_cmd(const char *cmd) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* A fresh temporary directory (name into dir) holding json as ds.json. */
+static void tmp_with_config(char *dir, size_t n, const char *json) {
+    char p[160];
+    make_tmpdir(dir, n);
+    snprintf(p, sizeof p, "%s/ds.json", dir);
+    write_text(p, json);
+}
+
+/* Run a zoff plan command that writes its --json output to DIR/plan.json; the parsed output. */
+static json_t *plan_json_of(const char *cmd, const char *dir) {
+    char p[160];
+    assert_int_equal(run_cmd(cmd), 0);
+    snprintf(p, sizeof p, "%s/plan.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(p, 0, &je);
+    if (!root) fail_msg("zoff plan --json output is not JSON: %s", je.text);
+    return root;
+}
+
+/* The issue's 13B shape on the H100 box (bf16, stage 2, offload cpu, pinned): nothing fits with
+ * fp32 optimizer states (14 B/param at ratio 1 > 125 GiB); the plan recommends a setting with bf16
+ * states, labels it a numerics change, and --write-config sets the key. */
+static void test_13b_recommendation(void **st) {
+    (void)st;
+    char dir[64], cmd[2048], p[160];
+    tmp_with_config(dir, sizeof dir,
+                    "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"zero_optimization\": "
+                    "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}}");
+    snprintf(p, sizeof p, "%s/ds.json", dir);
+    const char *args = "--device cuda --device-memory 79GiB --host-memory 125GiB --pinned-limit unlimited --disk-free "
+                       "60GiB --num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 1024 "
+                       "--checkpoint-activations --no-probe";
+    snprintf(cmd, sizeof cmd, "%s plan --config %s %s --json --write-config %s/out.json > %s/plan.json", ZOFF_BINARY, p,
+             args, dir, dir);
+    json_t *root = plan_json_of(cmd, dir);
+    json_t *rows = json_object_get(root, "rows");
+    json_int_t best = json_integer_value(json_object_get(root, "best"));
+    assert_true(best >= 0);
+    const double host = 125.0 * 1073741824.0;
+    for (size_t i = 0; i < json_array_size(rows); i++) { /* with fp32 states nothing fits */
+        json_t *w = json_array_get(rows, i);
+        if (!json_is_true(json_object_get(w, "bf16_optimizer_states"))) assert_false(json_is_true(json_object_get(w, "fits")));
+    }
+    json_t *b = json_array_get(rows, (size_t)best);
+    assert_true(json_is_true(json_object_get(b, "fits")) && json_is_true(json_object_get(b, "runnable")));
+    assert_true(json_is_true(json_object_get(b, "bf16_optimizer_states")));
+    json_t *pr = json_object_get(b, "per_rank");
+    double used = (double)json_integer_value(json_object_get(pr, "pinned")) +
+                  (double)json_integer_value(json_object_get(pr, "pageable"));
+    assert_true(used <= host);
+    assert_true((double)json_integer_value(json_object_get(pr, "device")) <= 79.0 * 1073741824.0);
+    /* host optimizer state: 8 bytes per host parameter (master 4 + bf16 m 2 + bf16 v 2) */
+    json_t *bd = json_object_get(b, "breakdown");
+    assert_int_equal(json_integer_value(json_object_get(bd, "host_optimizer")),
+                     8 * json_integer_value(json_object_get(b, "host_params")));
+    json_decref(root);
+    /* the written config asks for the bf16 states and is runnable */
+    snprintf(p, sizeof p, "%s/out.json", dir);
+    zoff_config cfg;
+    if (zoff_config_load_file(p, &cfg) != ZOFF_OK) fail_msg("written config: %s", zoff_last_error());
+    assert_true(cfg.bf16_optimizer_states);
+    assert_int_equal(cfg.zero.stage, 2);
+    assert_int_equal(zoff_config_check_supported(&cfg), ZOFF_OK);
+    zoff_config_free(&cfg);
+    /* the text names the numerics change and the key */
+    snprintf(cmd, sizeof cmd,
+             "%s plan --config %s/ds.json %s | grep -q 'a numerics change the config did not ask for'", ZOFF_BINARY,
+             dir, args);
+    assert_int_equal(run_cmd(cmd), 0);
+    /* a config that fits with fp32 states keeps them (no bf16 recommendation) */
+    snprintf(cmd, sizeof cmd,
+             "%s plan --config %s/ds.json --device cuda --device-memory 79GiB --host-memory 125GiB --pinned-limit "
+             "unlimited --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 1024 --no-probe "
+             "| grep '^recommended' | grep -vq bf16st",
+             ZOFF_BINARY, dir);
+    assert_int_equal(run_cmd(cmd), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(run_cmd(cmd), 0);
+}
+
 static void test_cli(void **st) {
     (void)st;
     char dir[64], cmd[1024], p[160];
-    make_tmpdir(dir, sizeof dir);
-    snprintf(p, sizeof p, "%s/ds.json", dir);
-    write_text(p, "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"bf16\": {\"enabled\": "
-                  "true}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4}}, \"zero_optimization\": "
-                  "{\"stage\": 2, \"zoff_delayed_param_update\": true, \"offload_optimizer\": {\"device\": \"cpu\"}}, "
-                  "\"steps_per_print\": 7}");
+    tmp_with_config(dir, sizeof dir,
+                    "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"bf16\": "
+                    "{\"enabled\": true}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4}}, "
+                    "\"zero_optimization\": {\"stage\": 2, \"zoff_delayed_param_update\": true, "
+                    "\"offload_optimizer\": {\"device\": \"cpu\"}}, \"steps_per_print\": 7}");
     /* --json and --write-config */
     snprintf(cmd, sizeof cmd,
              "%s plan --config %s/ds.json --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
              "--vocab-size 1000 --device cpu --device-memory 3MiB --pinned-limit unlimited --no-probe --json "
              "--deepspeed --write-config %s/out.json > %s/plan.json",
              ZOFF_BINARY, dir, dir, dir);
-    assert_int_equal(run_cmd(cmd), 0);
-    snprintf(p, sizeof p, "%s/plan.json", dir);
-    json_error_t je;
-    json_t *root = json_load_file(p, 0, &je);
-    if (!root) fail_msg("zoff plan --json output is not JSON: %s", je.text);
+    json_t *root = plan_json_of(cmd, dir);
     json_t *rows = json_object_get(root, "rows");
     assert_true(json_array_size(rows) >= 40);
     json_int_t best = json_integer_value(json_object_get(root, "best"));
@@ -1015,7 +1106,7 @@ int main(void) {
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
         cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files),
-        cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_13b_recommendation),
     };
     return cmocka_run_group_tests(tests, NULL, report);
 }

@@ -14,6 +14,7 @@
 #include "zoff/comm.h"
 #include "zoff/config.h"
 #include "zoff/device.h"
+#include "zoff/optim.h"
 #include "zoff/param_space.h"
 
 #ifdef __cplusplus
@@ -57,6 +58,9 @@ typedef struct zoff_engine_options {
      * each layer group is then all-gathered, groups in forward order), and the next
      * forward waits for each group's weights only (no device-wide wait). */
     bool weight_waits;
+    /* bf16.bf16_optimizer_states: how the host optimizer rounds m and v into bf16
+     * (default stochastic; nearest for tests that follow DeepSpeed's arithmetic). */
+    zoff_state_rounding state_rounding;
 } zoff_engine_options;
 
 /* Result of one optimizer step (one accumulation boundary). Times in seconds. */
@@ -140,6 +144,14 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dty
  * saved fp32 master, m and v (as the optimizer uses them) of host_params parameters, in
  * pageable host memory; 0 without it. The engine allocates it, zoff plan counts it. */
 size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params);
+/* The dtype of the host optimizer's m and v (one home: the engine, zoff plan, the
+ * checkpoints and the speculation copy use it): ZOFF_BF16 with bf16.bf16_optimizer_states,
+ * else ZOFF_F32. The master stays fp32; the device part of a Twin-Flow split keeps fp32
+ * state (the fused device Adam). */
+zoff_dtype zoff_optimizer_state_dtype(const zoff_config *cfg);
+/* Host bytes of the optimizer state of one parameter: master 4 + m and v of state_dt
+ * (state_arrays: master (+ exp_avg) (+ exp_avg_sq)). */
+size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_dt);
 
 /* The engine's host buffers for this rank's host sub-groups (one home: the engine
  * allocates from it and checks and reports it; zoff plan counts it). With 16-bit
@@ -155,7 +167,8 @@ size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_par
 typedef struct zoff_host_buffers_in {
     int64_t n_host;          /* host parameters of this rank */
     zoff_dtype dtype;        /* the model's weights (and gradients) */
-    int state_arrays;        /* fp32 arrays of the optimizer: master (+ exp_avg) (+ exp_avg_sq) */
+    int state_arrays;        /* arrays of the optimizer: master (+ exp_avg) (+ exp_avg_sq) */
+    zoff_dtype state_dt;     /* exp_avg / exp_avg_sq: ZOFF_F32 (0) or ZOFF_BF16 (zoff_optimizer_state_dtype) */
     bool nvme;               /* offload_optimizer.device "nvme": master, m, v in a swap file */
     bool delayed;            /* delayed parameter update: two gradient buffers */
     bool speculate;          /* offload_optimizer.super_offload */
@@ -264,6 +277,11 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
  * model runs forward/backward, as long as no optimizer update runs. State in an NVMe swap
  * file: ZOFF_ERR_UNSUPPORTED (use zoff_engine_state_get/set). */
 zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get);
+/* The dtype state array i keeps in the engine (what a checkpoint stores): ZOFF_BF16 for m
+ * and v when every element keeps bf16 state (bf16_optimizer_states with offload_optimizer
+ * ratio 1: no fp32 device part on any rank), else ZOFF_F32. get widens bf16 exactly; set rounds to nearest-even (exact
+ * for values that were bf16). */
+zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i);
 /* Scalars: step count and loss-scaler state, as a small JSON-free struct. */
 typedef struct zoff_engine_scalars {
     int64_t steps_taken, steps_skipped;

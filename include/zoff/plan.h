@@ -106,6 +106,9 @@ typedef struct zoff_plan_setting {
     bool ratio_auto;                  /* "ratio": "auto" */
     bool pin_memory;                  /* offload_optimizer.pin_memory (offload_param's follows it) */
     int64_t sub_group_size;
+    bool bf16_states;                 /* bf16.bf16_optimizer_states: the host optimizer's m and v in bf16
+                                         (zoff_optimizer_state_dtype); a numerics change when the config
+                                         did not ask for it */
 } zoff_plan_setting;
 
 /* The setting a config describes (legacy cpu_offload counts as offload "cpu"). */

@@ -185,9 +185,10 @@ static const char *fmt_b(size_t b, char *buf, size_t n) {
 }
 
 static void offload_label(const zoff_plan_setting *s, char *buf, size_t n) {
+    const char *st = s->bf16_states ? " bf16st" : ""; /* bf16 optimizer states */
     if (s->stage == 3 && s->param_offload != ZOFF_OFFLOAD_NONE)
-        snprintf(buf, n, "%s+p:%s", zoff_plan_offload_name(s->offload), zoff_plan_offload_name(s->param_offload));
-    else snprintf(buf, n, "%s", zoff_plan_offload_name(s->offload));
+        snprintf(buf, n, "%s+p:%s%s", zoff_plan_offload_name(s->offload), zoff_plan_offload_name(s->param_offload), st);
+    else snprintf(buf, n, "%s%s", zoff_plan_offload_name(s->offload), st);
 }
 
 static void ratio_label(const zoff_plan_row *r, char *buf, size_t n) {
@@ -259,6 +260,10 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
         printf("  step     %.4g s = compute %.4g + gradients out %.4g + comm %.4g + max(host optimizer %.4g + weights "
                "in %.4g, device optimizer %.4g)\n",
                t->step, t->compute, t->grads_out, t->comm, t->host_optim, t->weights_in, t->device_optim);
+    if (r->setting.bf16_states)
+        printf("  states   bf16 m and v on the host (bf16.bf16_optimizer_states true%s)\n",
+               in->cfg->bf16_optimizer_states ? ", as configured"
+                                              : ": a numerics change the config did not ask for; --write-config sets it");
     if (r->why[0]) printf("  note     %s\n", r->why);
 }
 
@@ -310,7 +315,7 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
            r->host_mem_bw / 1e9, r->h2d / 1e9, r->d2h / 1e9, zoff_plan_source_name(r->src_copy), r->disk_read / 1e9,
            r->disk_write / 1e9, zoff_plan_source_name(r->src_disk), r->link / 1e9, zoff_plan_source_name(r->src_link),
            r->bench_files[0] ? "\n  bench files: " : "", r->bench_files);
-    printf("per rank:  %5s %-13s %-10s %6s %3s %11s %11s %11s %11s  %-16s %9s  %s\n", "stage", "offload", "ratio", "host%",
+    printf("per rank:  %5s %-16s %-10s %6s %3s %11s %11s %11s %11s  %-16s %9s  %s\n", "stage", "offload", "ratio", "host%",
            "pin", "device", "pinned", "pageable", "disk", "fits", "step s", "runs");
     for (int i = 0; i < p->nrows; i++) {
         const zoff_plan_row *w = &p->rows[i];
@@ -318,7 +323,7 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
         offload_label(&w->setting, o, sizeof o);
         ratio_label(w, rt, sizeof rt);
         fits_label(w, fl, sizeof fl);
-        printf("%-9s  %5d %-13s %-10s %5.1f%% %3s %11s %11s %11s %11s  %-16s %9.4g  %s\n",
+        printf("%-9s  %5d %-16s %-10s %5.1f%% %3s %11s %11s %11s %11s  %-16s %9.4g  %s\n",
                i == p->best ? "  best ->" : i == p->best_any ? "fastest>" : "", w->setting.stage, o, rt,
                100.0 * w->host_ratio, w->setting.offload == ZOFF_OFFLOAD_NONE ? "-" : w->setting.pin_memory ? "y" : "n",
                fmt_b(w->mem.device, b[0], 32), fmt_b(w->mem.pinned, b[1], 32), fmt_b(w->mem.pageable, b[2], 32),
@@ -330,7 +335,7 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
     if (p->best_any >= 0 && p->best_any != p->best) print_row_detail("fastest that fits (not runnable yet)", &p->rows[p->best_any], in);
 }
 
-static json_t *row_json(const zoff_plan_row *w, int index) {
+static json_t *row_json_base(const zoff_plan_row *w, int index) {
     const zoff_plan_memory *m = &w->mem;
     const zoff_plan_time *t = &w->time;
     json_t *ratio = w->setting.offload == ZOFF_OFFLOAD_NONE ? json_null()
@@ -366,6 +371,12 @@ static json_t *row_json(const zoff_plan_row *w, int index) {
         "auto_failed", w->auto_failed, "host_use_per_node", (json_int_t)w->host_use,
         "time", "step", t->step, "compute", t->compute, "grads_out", t->grads_out, "comm", t->comm, "host_optim",
         t->host_optim, "weights_in", t->weights_in, "device_optim", t->device_optim);
+}
+
+static json_t *row_json(const zoff_plan_row *w, int index) {
+    json_t *o = row_json_base(w, index);
+    if (o) json_object_set_new(o, "bf16_optimizer_states", json_boolean(w->setting.bf16_states));
+    return o;
 }
 
 static json_t *deepspeed_json(const zoff_plan_deepspeed *d) {

@@ -279,7 +279,7 @@ static const key_spec k_bf16[] = {
                                 "accumulates on the device and has no fp32 gradient buffer"),
     XB("check_grad_overflow", "zoff always checks the gradients for inf/NaN and skips such a step, in every precision"),
     DB("bf16_master_weights_and_grads", "false", "16-bit master weights are not implemented: zoff keeps fp32 ones"),
-    DB("bf16_optimizer_states", "false", "16-bit optimizer state is not implemented: zoff keeps fp32 state"),
+    KB("bf16_optimizer_states", zoff_config, bf16_optimizer_states),
 };
 static const section s_bf16 = SECTION(k_bf16, NULL, NULL);
 
@@ -1281,6 +1281,10 @@ static zoff_status validate_config(walk *w, json_t *root) {
     /* precision */
     if (cfg->fp16.enabled && cfg->bf16_enabled)
         return cfg_error(w, "fp16.enabled", "true together with bf16.enabled true; allowed: at most one of them");
+    if (cfg->bf16_optimizer_states && !cfg->bf16_enabled)
+        return cfg_error(w, "bf16.bf16_optimizer_states",
+                         "true needs bf16 training (bf16.enabled true): bf16 optimizer state is a bf16-training "
+                         "memory saving; allowed here: false");
 
     /* ZeRO */
     if (z->cpu_offload || json_path(root, "zero_optimization", "cpu_offload", NULL) != NULL) {
@@ -1322,6 +1326,14 @@ static zoff_status validate_config(walk *w, json_t *root) {
         return cfg_error(w, "zero_optimization.zoff_delayed_param_update",
                          "true needs the optimizer on the host (offload_optimizer.device \"cpu\" or \"nvme\"), "
                          "but offload_optimizer.device is \"none\"");
+    if (cfg->bf16_optimizer_states && z->offload_optimizer.device != ZOFF_OFFLOAD_CPU)
+        return cfg_error(w, "bf16.bf16_optimizer_states",
+                         "true applies to the host optimizer's state in host memory (offload_optimizer.device "
+                         "\"cpu\"), but offload_optimizer.device is \"%s\"%s; allowed here: false",
+                         device_name(z->offload_optimizer.device),
+                         z->offload_optimizer.device == ZOFF_OFFLOAD_NVME
+                             ? " (the NVMe swap file keeps fp32 state)"
+                             : " (the device optimizer keeps fp32 state)");
 
     /* model */
     zoff_model_config *m = &cfg->model;

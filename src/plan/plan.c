@@ -145,6 +145,7 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->ratio_auto = s->offload != ZOFF_OFFLOAD_NONE && z->offload_optimizer.ratio_auto;
     s->pin_memory = z->offload_optimizer.pin_memory || z->cpu_offload;
     s->sub_group_size = z->sub_group_size;
+    s->bf16_states = cfg->bf16_optimizer_states;
 }
 
 /* src/zero/swapper.c: each array of a group is padded to 4 KiB (ZOFF_AIO_ALIGN). */
@@ -448,7 +449,9 @@ static double step_overlap(zoff_backend_kind backend, bool dpu, double before_op
 zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
     memset(r, 0, sizeof *r);
     if (!in || !in->cfg || !s) return zoff_error(ZOFF_ERR_INVALID, "zoff_plan_evaluate: missing inputs");
-    const zoff_config *cfg = in->cfg;
+    zoff_config with_states = *in->cfg; /* the setting's optimizer state dtype (the rest as configured) */
+    with_states.bf16_optimizer_states = s->bf16_states;
+    const zoff_config *cfg = &with_states;
     const zoff_plan_machine *M = &in->machine;
     const zoff_gpt2_options *mo = &in->model;
     ZOFF_TRY(check_setting(s, M));
@@ -505,6 +508,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         /* the engine's host buffers (one home: zoff_placement_host_buffers) */
         zoff_host_buffers hb;
         zoff_host_buffers_in hi = {.n_host = (int64_t)nh, .dtype = dt, .state_arrays = (int)(state_b / f4),
+                                   .state_dt = zoff_optimizer_state_dtype(cfg),
                                    .nvme = nvme, .delayed = dpu,
                                    .speculate = cfg->zero.offload_optimizer.super_offload, .stage = s->stage,
                                    .param_offload = s->param_offload};
@@ -598,17 +602,21 @@ static size_t row_footprint(const zoff_plan_row *r) {
     return add_sat(add_sat(r->mem.device, r->mem.pinned), add_sat(r->mem.pageable, r->mem.disk));
 }
 
-static int pick_best(const zoff_plan *p, int cfg_stage, bool need_runnable) {
+/* The fastest row that fits (and runs, need_runnable) among those with bf16 states == bf16. */
+static int pick_best(const zoff_plan *p, int cfg_stage, bool need_runnable, bool bf16) {
     double tmin = INFINITY;
     for (int i = 0; i < p->nrows; i++) {
         const zoff_plan_row *r = &p->rows[i];
-        if (r->fits && (r->runnable || !need_runnable) && r->time.step < tmin) tmin = r->time.step;
+        if (r->fits && (r->runnable || !need_runnable) && r->setting.bf16_states == bf16 && r->time.step < tmin)
+            tmin = r->time.step;
     }
     if (!isfinite(tmin)) return -1;
     int best = -1;
     for (int i = 0; i < p->nrows; i++) {
         const zoff_plan_row *r = &p->rows[i];
-        if (!r->fits || (need_runnable && !r->runnable) || r->time.step > tmin * (1.0 + TIE_FRACTION)) continue;
+        if (!r->fits || (need_runnable && !r->runnable) || r->setting.bf16_states != bf16 ||
+            r->time.step > tmin * (1.0 + TIE_FRACTION))
+            continue;
         if (best < 0) {
             best = i;
             continue;
@@ -683,6 +691,49 @@ void zoff_plan_free(zoff_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* The rows of one stage and offload device: each ratio (none: one row), "auto", stage 3's
+ * parameter offload at ratio 1, and the smallest ratio that fits. */
+static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_setting *base, int stage,
+                                   zoff_offload_device dev, const double *ratios, int nratios, zoff_plan *out) {
+    int nr = dev == ZOFF_OFFLOAD_NONE ? 1 : nratios + 1;
+    for (int k = 0; k < nr; k++) {
+        zoff_plan_setting s = *base;
+        s.stage = stage;
+        s.offload = dev;
+        s.param_offload = stage == 3 ? base->param_offload : ZOFF_OFFLOAD_NONE;
+        s.ratio_auto = dev != ZOFF_OFFLOAD_NONE && k == nratios;
+        s.ratio = dev == ZOFF_OFFLOAD_NONE ? 0.0 : s.ratio_auto ? 1.0 : ratios[k];
+        /* nvme streams whole sub-groups through its buffers: with one huge
+         * sub-group the buffers would hold all the state (the engine itself
+         * splits finer only for fractional ratios) */
+        bool fine = dev == ZOFF_OFFLOAD_NVME && !s.ratio_auto && (s.ratio == 0.0 || s.ratio == 1.0);
+        if (fine) {
+            int64_t R = in->machine.ranks, n = out->model.num_params;
+            int64_t part = stage >= 1 ? (n + R - 1) / R : n;
+            int64_t sgs = s.sub_group_size > 0 ? s.sub_group_size : part;
+            if ((part + sgs - 1) / sgs < PLAN_MIN_SUBGROUPS)
+                s.sub_group_size = (part + PLAN_MIN_SUBGROUPS - 1) / PLAN_MIN_SUBGROUPS;
+        }
+        ZOFF_TRY(add_row(in, &s, false, out));
+        /* stage 3 with the whole optimizer offloaded: the weights can follow (ZeRO-Infinity) */
+        if (stage == 3 && base->param_offload == ZOFF_OFFLOAD_NONE && dev != ZOFF_OFFLOAD_NONE && !s.ratio_auto &&
+            s.ratio == 1.0) {
+            zoff_plan_setting sp = s;
+            sp.param_offload = dev;
+            ZOFF_TRY(add_row(in, &sp, false, out));
+        }
+        if (k == nratios - 1 && dev != ZOFF_OFFLOAD_NONE)
+            ZOFF_TRY(add_fitted_row(in, &s, out)); /* after the last ratio: the smallest that fits */
+    }
+    return ZOFF_OK;
+}
+
+/* Whether the plan adds bf16-optimizer-state rows for a config that keeps fp32 state: bf16
+ * training (the key needs it) with the state on the host ("cpu" rows only). */
+static bool try_bf16_states(const zoff_plan_inputs *in, const zoff_plan_setting *base) {
+    return !base->bf16_states && in->model.dtype == ZOFF_BF16;
+}
+
 zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, int nratios, zoff_plan *out) {
     memset(out, 0, sizeof *out);
     static const double default_ratios[] = {0.0, 0.25, 0.5, 0.75, 1.0};
@@ -696,52 +747,28 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
     zoff_plan_setting_from_config(in->cfg, &base);
     /* stage 0: 1; stages 1-3: none + (cpu, nvme) x (ratios + fitted + auto + stage 3's parameter offload),
      * each maybe with a pageable variant */
-    int cap = 1 + 3 * (1 + 2 * (nratios + 3)) * 2;
+    int cap = (1 + 3 * (1 + 2 * (nratios + 3)) + 3 * (nratios + 3)) * 2; /* + bf16-state cpu rows */
     out->rows = calloc((size_t)cap, sizeof *out->rows);
     if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d rows", cap);
     zoff_status st = ZOFF_OK;
-    for (int stage = 0; stage <= 3 && st == ZOFF_OK; stage++) {
-        static const zoff_offload_device devs[3] = {ZOFF_OFFLOAD_NONE, ZOFF_OFFLOAD_CPU, ZOFF_OFFLOAD_NVME};
-        for (int d = 0; d < 3 && st == ZOFF_OK; d++) {
-            if (stage == 0 && d > 0) break;
-            int nr = devs[d] == ZOFF_OFFLOAD_NONE ? 1 : nratios + 1;
-            for (int k = 0; k < nr && st == ZOFF_OK; k++) {
-                zoff_plan_setting s = base;
-                s.stage = stage;
-                s.offload = devs[d];
-                s.param_offload = stage == 3 ? base.param_offload : ZOFF_OFFLOAD_NONE;
-                s.ratio_auto = devs[d] != ZOFF_OFFLOAD_NONE && k == nratios;
-                s.ratio = devs[d] == ZOFF_OFFLOAD_NONE ? 0.0 : s.ratio_auto ? 1.0 : ratios[k];
-                /* nvme streams whole sub-groups through its buffers: with one huge
-                 * sub-group the buffers would hold all the state (the engine itself
-                 * splits finer only for fractional ratios) */
-                bool fine = devs[d] == ZOFF_OFFLOAD_NVME && !s.ratio_auto && (s.ratio == 0.0 || s.ratio == 1.0);
-                if (fine) {
-                    int64_t R = in->machine.ranks, n = out->model.num_params;
-                    int64_t part = stage >= 1 ? (n + R - 1) / R : n;
-                    int64_t sgs = s.sub_group_size > 0 ? s.sub_group_size : part;
-                    if ((part + sgs - 1) / sgs < PLAN_MIN_SUBGROUPS)
-                        s.sub_group_size = (part + PLAN_MIN_SUBGROUPS - 1) / PLAN_MIN_SUBGROUPS;
-                }
-                st = add_row(in, &s, false, out);
-                /* stage 3 with the whole optimizer offloaded: the weights can follow (ZeRO-Infinity) */
-                if (st == ZOFF_OK && stage == 3 && base.param_offload == ZOFF_OFFLOAD_NONE &&
-                    devs[d] != ZOFF_OFFLOAD_NONE && !s.ratio_auto && s.ratio == 1.0) {
-                    zoff_plan_setting sp = s;
-                    sp.param_offload = devs[d];
-                    st = add_row(in, &sp, false, out);
-                }
-                if (st == ZOFF_OK && k == nratios - 1 && devs[d] != ZOFF_OFFLOAD_NONE)
-                    st = add_fitted_row(in, &s, out); /* after the last ratio: the smallest that fits */
-            }
-        }
-    }
+    static const zoff_offload_device devs[3] = {ZOFF_OFFLOAD_NONE, ZOFF_OFFLOAD_CPU, ZOFF_OFFLOAD_NVME};
+    for (int stage = 0; stage <= 3 && st == ZOFF_OK; stage++)
+        for (int d = 0; d < (stage == 0 ? 1 : 3) && st == ZOFF_OK; d++)
+            st = add_device_rows(in, &base, stage, devs[d], ratios, nratios, out);
+    /* bf16 m and v (a numerics change the config did not ask for): offload "cpu", stages 1-3 */
+    zoff_plan_setting b16 = base;
+    b16.bf16_states = true;
+    for (int stage = 1; stage <= 3 && st == ZOFF_OK && try_bf16_states(in, &base); stage++)
+        st = add_device_rows(in, &b16, stage, ZOFF_OFFLOAD_CPU, ratios, nratios, out);
     if (st != ZOFF_OK) {
         zoff_plan_free(out);
         return st;
     }
-    out->best = pick_best(out, base.stage, true);
-    out->best_any = pick_best(out, base.stage, false);
+    /* the config's state dtype first; bf16 states (a numerics change) only when nothing else fits */
+    out->best = pick_best(out, base.stage, true, base.bf16_states);
+    if (out->best < 0 && try_bf16_states(in, &base)) out->best = pick_best(out, base.stage, true, true);
+    out->best_any = pick_best(out, base.stage, false, base.bf16_states);
+    if (out->best_any < 0 && try_bf16_states(in, &base)) out->best_any = pick_best(out, base.stage, false, true);
     return ZOFF_OK;
 }
 
@@ -809,6 +836,8 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
     }
     if (s->sub_group_size != base->zero.sub_group_size)
         json_object_set_new(zo, "sub_group_size", json_integer((json_int_t)s->sub_group_size));
+    if (s->bf16_states != base->bf16_optimizer_states) /* the numerics change the row assumes */
+        json_object_set_new(obj_child(root, "bf16"), "bf16_optimizer_states", json_boolean(s->bf16_states));
     char *txt = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(root);
     if (!txt) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: cannot encode the recommended config");

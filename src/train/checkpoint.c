@@ -249,16 +249,31 @@ typedef struct rank_file {
     zoff_ckpt_reader *r;
     zoff_ckpt_partition p;
     int64_t total; /* elements of its runs */
+    zoff_dtype dt; /* the array being read: fp32, or bf16 (m and v of bf16_optimizer_states) */
 } rank_file;
 
-/* Entry `name` of file f must hold its runs' values (checked once per array). */
-static zoff_status check_entry(const rank_file *f, const char *name) {
+/* Entry `name` of file f must hold its runs' values, fp32 or bf16 (checked once per array; sets f->dt). */
+static zoff_status check_entry(rank_file *f, const char *name) {
     const zoff_ckpt_entry *en = zoff_ckpt_find(f->r, name);
-    if (en && en->dtype == ZOFF_F32 && en->bytes == f->total * (int64_t)sizeof(float)) return ZOFF_OK;
+    if (en && (en->dtype == ZOFF_F32 || en->dtype == ZOFF_BF16) &&
+        en->bytes == f->total * (int64_t)zoff_dtype_size(en->dtype)) {
+        f->dt = en->dtype;
+        return ZOFF_OK;
+    }
     return zoff_error(ZOFF_ERR_FORMAT,
-                      "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 values its partition "
-                      "describes",
+                      "checkpoint %s: entry '%s' is missing or does not hold the %lld fp32 (or bf16) values its "
+                      "partition describes",
                       zoff_ckpt_reader_path(f->r), name, (long long)f->total);
+}
+
+/* c bf16 values at p into c fp32 values at p (in place, back to front), exactly. */
+static void widen_bf16(void *p, int64_t c) {
+    for (int64_t k = c - 1; k >= 0; k--) {
+        uint16_t h;
+        memcpy(&h, (char *)p + 2 * k, sizeof h);
+        float x = zoff_bf16_to_f32(h);
+        memcpy((char *)p + 4 * k, &x, sizeof x);
+    }
 }
 
 /* The part of entry `name` of file f that lies in the window [L, L + W) of this rank's partition
@@ -275,8 +290,9 @@ static zoff_status read_window(const rank_file *f, const char *name, const int64
             if (lx < L) x += L - lx, lx = L;
             if (ly > L + W) ly = L + W;
             if (x < y && lx < ly) {
-                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * (int64_t)sizeof(float), buf + (lx - L),
-                                              (size_t)(ly - lx) * sizeof(float)));
+                const int64_t es = (int64_t)zoff_dtype_size(f->dt);
+                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * es, buf + (lx - L), (size_t)((ly - lx) * es)));
+                if (f->dt == ZOFF_BF16) widen_bf16(buf + (lx - L), ly - lx);
                 *covered += ly - lx;
             }
             lo += mc;
@@ -302,11 +318,20 @@ static zoff_status open_rank_files(zoff_ckpt_reader *r, int64_t n, rank_file *fi
 }
 
 /* One optimizer state array k of this rank, window by window, from the rank files into the
- * engine (whole: one window of pn, zoff_engine_state_set; else pieces, zoff_engine_state_range). */
-static zoff_status read_state_array(const rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
+ * engine (whole: one window of pn, zoff_engine_state_set; else pieces, zoff_engine_state_range).
+ * A file's dtype may differ from the engine's (bf16.bf16_optimizer_states changed between the
+ * runs): bf16 widens to fp32 exactly, fp32 rounds to nearest-even into bf16 state. */
+static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
                                     int nmine, int64_t pn, bool whole, float *buf, int64_t W) {
     const char *name = zoff_engine_state_name(eng, k);
     for (int q = 0; q < oldn; q++) ZOFF_TRY(check_entry(&files[q], name));
+    if (oldn > 0 && files[0].dt != zoff_engine_state_dtype(eng, k))
+        zoff_log(ZOFF_LOG_INFO,
+                 "checkpoint %s: '%s' is stored in %s, this run keeps it in %s (bf16.bf16_optimizer_states, "
+                 "offload_optimizer.ratio): %s",
+                 zoff_ckpt_reader_path(files[0].r), name, zoff_dtype_name(files[0].dt),
+                 zoff_dtype_name(zoff_engine_state_dtype(eng, k)),
+                 files[0].dt == ZOFF_BF16 ? "widened exactly" : "rounded to nearest bf16");
     int64_t covered = 0, L = 0;
     do {
         int64_t w = pn - L < W ? pn - L : W;

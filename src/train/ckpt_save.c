@@ -76,27 +76,53 @@ bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *com
     return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
 }
 
-/* Entry `name` = elements [off, off + count) of state array i (fp32), or with i < 0 of the
- * model's parameter buffer (the engine's dtype): from `whole` (in memory, indexed by off) when
- * given, else straight from the engine into the writer's piece buffer, a slice at a time (the
- * writer checksums each slice while it is in cache). */
+/* c fp32 values at p into c bf16 values at p (in place, front to back: each value is read
+ * before its bytes are overwritten); exact for values that were bf16 (the engine's m and v). */
+static void narrow_bf16(void *p, int64_t c) {
+    for (int64_t k = 0; k < c; k++) {
+        float x;
+        memcpy(&x, (char *)p + 4 * k, sizeof x);
+        uint16_t h = zoff_f32_to_bf16(x);
+        memcpy((char *)p + 2 * k, &h, sizeof h);
+    }
+}
+
+/* Entry `name` = elements [off, off + count) of state array i, in the dtype the engine keeps it
+ * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, narrowed here from the fp32
+ * the engine gives), or with i < 0 of the model's parameter buffer (the engine's dtype): from
+ * `whole` (in memory, indexed by off) when given, else straight from the engine into the
+ * writer's piece buffer, a slice at a time (the writer checksums each slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
-    const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : ZOFF_F32;
-    const size_t es = zoff_dtype_size(dt);
+    const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : zoff_engine_state_dtype(j->eng, i);
+    const bool narrow = i >= 0 && dt != ZOFF_F32;
+    const size_t es = zoff_dtype_size(dt), gs = narrow ? sizeof(float) : es; /* stored, given */
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
-    if (whole) ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * es));
-    const int64_t slice = (int64_t)(slice_bytes() / es);
-    for (int64_t p = 0; !whole && p < count;) {
-        void *dst = NULL;
+    if (whole && !narrow) {
+        ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * es));
+        return zoff_ckpt_end_entry(w);
+    }
+    const int64_t slice = (int64_t)(slice_bytes() / gs);
+    for (int64_t p = 0; p < count;) {
+        void *dst = NULL, *to;
         size_t cap = 0;
+        float tmp[2]; /* room for fewer than two fp32 values at the piece's end: through here */
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
-        int64_t c = (int64_t)(cap / es);
+        int64_t c = (int64_t)(cap / gs);
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
+        if (narrow && c < count - p) c &= ~(int64_t)1; /* 4-byte appends: the next dst stays aligned */
+        to = dst;
+        if (c == 0 && cap >= es) {
+            c = count - p < 2 ? count - p : 2;
+            to = tmp;
+        }
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
-        ZOFF_TRY(i < 0 ? zoff_engine_device_weights(j->eng, off + p, c, dst, true)
-                       : zoff_engine_state_range(j->eng, i, off + p, c, dst, true));
+        if (whole) memcpy(to, whole + off + p, (size_t)c * sizeof(float));
+        else ZOFF_TRY(i < 0 ? zoff_engine_device_weights(j->eng, off + p, c, to, true)
+                            : zoff_engine_state_range(j->eng, i, off + p, c, to, true));
+        if (narrow) narrow_bf16(to, c);
+        if (to != dst) memcpy(dst, to, (size_t)c * es);
         ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
         if (j->pause_ms > 0 && i >= 0) { /* once per job, in the writer's own entries */
             usleep((useconds_t)j->pause_ms * 1000);

@@ -76,7 +76,7 @@ static uint64_t dp_fingerprint(const zoff_engine *e, const zoff_engine_options *
     H(c->optimizer.weight_decay); H(c->optimizer.adam_w_mode); H(c->optimizer.bias_correction);
     H(c->scheduler.type); H(c->scheduler.warmup_num_steps); H(c->scheduler.total_num_steps);
     H(c->gradient_clipping); H(c->fp16.enabled); H(c->fp16.loss_scale); H(c->fp16.initial_scale_power);
-    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.min_loss_scale); H(c->bf16_enabled);
+    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.min_loss_scale); H(c->bf16_enabled); H(c->bf16_optimizer_states);
     H(z->stage); H(z->sub_group_size); H(z->round_robin_gradients); H(z->reduce_bucket_size);
     H(z->allgather_bucket_size); H(z->offload_optimizer.device); H(z->offload_optimizer.ratio);
     H(z->offload_optimizer.ratio_auto); H(z->offload_param.device); H(z->delayed_param_update);
@@ -770,10 +770,10 @@ static zoff_status spec_setup(zoff_engine *e) {
                           "zero_optimization.offload_optimizer.super_offload needs stage 1 or 2, the optimizer state "
                           "in host memory (device \"cpu\") and a model that waits for each group's weights (zoff "
                           "train does; engine option weight_waits); set super_offload false");
-    size_t b = (size_t)e->n_host * sizeof(float);
+    size_t b = (size_t)e->n_host * sizeof(float), bs = (size_t)e->n_host * e->ssize;
     e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
-    if (e->h_m) e->bk_m = zoff_aligned_alloc(64, b, "speculation: saved exp_avg");
-    if (e->h_v) e->bk_v = zoff_aligned_alloc(64, b, "speculation: saved exp_avg_sq");
+    if (e->h_m) e->bk_m = zoff_aligned_alloc(64, bs, "speculation: saved exp_avg");
+    if (e->h_v) e->bk_v = zoff_aligned_alloc(64, bs, "speculation: saved exp_avg_sq");
     e->sg_state = calloc((size_t)e->nsg, 1);
     if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v) || !e->sg_state) return ZOFF_ERR_NOMEM;
     e->spec = true;
@@ -805,6 +805,10 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                                           "writes, so a speculative update would need a second partition kept apart "
                                           "until validation (not implemented)"
                                         : "");
+    if (cfg->bf16_optimizer_states && (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME))
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "bf16.bf16_optimizer_states true needs the optimizer state in host memory "
+                          "(zero_optimization.offload_optimizer.device \"cpu\"); set bf16_optimizer_states false");
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
@@ -833,6 +837,7 @@ static zoff_status check_supported(const zoff_engine_options *o) {
 static void host_buffers_of(zoff_engine *e, bool nvme) {
     const zoff_zero_config *z = &e->cfg->zero;
     zoff_host_buffers_in in = {.n_host = e->n_host, .dtype = e->dtype, .state_arrays = 1 + uses_m(e) + uses_v(e),
+                               .state_dt = e->sdt,
                                .nvme = nvme, .delayed = e->dpu, .speculate = z->offload_optimizer.super_offload,
                                .stage = z->stage, .param_offload = z->offload_param.device};
     zoff_placement_host_buffers(&in, &e->hb);
@@ -840,8 +845,8 @@ static void host_buffers_of(zoff_engine *e, bool nvme) {
 
 static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
     char what[200];
-    snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master and "
-             "moments, 16-bit gradient%s buffers%s)", (long long)e->n_host, e->rank,
+    snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master, %s "
+             "moments, 16-bit gradient%s buffers%s)", (long long)e->n_host, e->rank, zoff_dtype_name(e->sdt),
              e->pnvme ? "" : " and weight",
              e->pinned ? ", pinned" : "");
     zoff_host_request rq = {.what = what,
@@ -865,10 +870,10 @@ static void describe(zoff_engine *e) {
                  e->nsg == 1 ? "" : "s");
     else
         snprintf(e->describe, sizeof e->describe,
-                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s",
+                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s%s",
                  100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
-                 e->pinned ? "pinned" : "pageable",
+                 e->pinned ? "pinned" : "pageable", e->sdt == ZOFF_BF16 ? ", bf16 m and v" : "",
                  e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
                                                         : e->pipelined ? ", pipelined" : "");
     if (e->s3) {
@@ -972,6 +977,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     e->params = o->params;
     e->grads = o->grads;
     e->pinned = z->offload_optimizer.pin_memory || z->cpu_offload;
+    e->sdt = zoff_optimizer_state_dtype(cfg);
+    e->ssize = zoff_dtype_size(e->sdt);
+    e->sround = o->state_rounding;
     e->pnvme = z->stage >= 3 && z->offload_param.device == ZOFF_OFFLOAD_NVME;
     if (o->dtype == ZOFF_F16) zoff_loss_scaler_init(&e->ls, &cfg->fp16);
     else zoff_loss_scaler_init_fixed(&e->ls, 1.0);
@@ -1013,9 +1021,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         size_t nh = (size_t)e->n_host;
         if (nvme) s = nvme_create(e);
         else s = host_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master);
-        if (s == ZOFF_OK && !nvme && uses_m(e)) s = host_alloc(e, nh * f4, "optimizer exp_avg (host)", (void **)&e->h_m);
-        if (s == ZOFF_OK && !nvme && uses_v(e))
-            s = host_alloc(e, nh * f4, "optimizer exp_avg_sq (host)", (void **)&e->h_v);
+        if (s == ZOFF_OK && !nvme && uses_m(e)) s = host_alloc(e, nh * e->ssize, "optimizer exp_avg (host)", &e->h_m);
+        if (s == ZOFF_OK && !nvme && uses_v(e)) s = host_alloc(e, nh * e->ssize, "optimizer exp_avg_sq (host)", &e->h_v);
         if (s == ZOFF_OK)
             s = host_alloc(e, e->hb.grad_buffer,
                            e->hb.weights_in_grads ? "gradient partition and new 16-bit weights (host)"
@@ -1025,11 +1032,11 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
             s = host_alloc(e, e->hb.grad_buffer, "second gradient partition (delayed update)", &e->h_grads[1]);
         if (s == ZOFF_OK && e->hb.staging)
             s = host_alloc(e, e->hb.staging, "weight staging (host)", &e->h_staging);
-        if (s == ZOFF_OK) s = zoff_host_optimizer_create(&cfg->optimizer, hopt_threads(e), &e->hopt);
+        if (s == ZOFF_OK) s = hopt_create(e);
         if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init != NULL || e->init_range);
         if (s == ZOFF_OK && !nvme) {
             zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
-                                    .state_dt = ZOFF_F32, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
+                                    .state_dt = e->sdt, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
             s = zoff_host_optimizer_init_state(e->hopt, &t);
         }
         if (s == ZOFF_OK) s = zoff_stream_create(e->dev, "gradients to host", &e->d2h);
@@ -1451,6 +1458,34 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
     return i >= 0 && i < 3 ? state_names_adam[i] : NULL;
 }
 
+/* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the fp32 array
+ * h: bf16 m and v widen exactly, or round to nearest-even (exact for values that were bf16);
+ * an array the optimizer does not use reads as zeros. */
+static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, float *h, bool get) {
+    if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) {
+        if (get) memset(h, 0, (size_t)c * sizeof(float));
+        return;
+    }
+    void *src = st_at(e, i == 1 ? e->h_m : e->h_v, so);
+    if (i == 0 || e->sdt == ZOFF_F32) {
+        float *f = i == 0 ? e->h_master + so : src;
+        if (get) memcpy(h, f, (size_t)c * sizeof(float));
+        else memcpy(f, h, (size_t)c * sizeof(float));
+        return;
+    }
+    uint16_t *b = src;
+    if (get)
+        for (int64_t k = 0; k < c; k++) h[k] = zoff_bf16_to_f32(b[k]);
+    else
+        for (int64_t k = 0; k < c; k++) b[k] = zoff_f32_to_bf16(h[k]);
+}
+
+zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i) {
+    /* decided from the config, so that every rank's file agrees (the rank merge needs one dtype) */
+    const zoff_offload_optimizer_config *oo = &e->cfg->zero.offload_optimizer;
+    return i > 0 && !oo->ratio_auto && oo->ratio >= 1.0 ? e->sdt : ZOFF_F32;
+}
+
 /* Copy state array i (0 master, 1 m, 2 v) between the engine and a host array of n floats. */
 static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
     if (i < 0 || i > 2) return zoff_error(ZOFF_ERR_INVALID, "engine state index %d out of range", i);
@@ -1462,13 +1497,7 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
         float *h = host + g->offset;
         if (g->on_host && e->swap) continue; /* below: one pass over the swap file */
         if (g->on_host) {
-            float *src = i == 0 ? e->h_master : i == 1 ? e->h_m : e->h_v;
-            if (absent) {
-                if (get) memset(h, 0, (size_t)g->count * f4);
-                continue;
-            }
-            if (get) memcpy(h, src + g->state_off, (size_t)g->count * f4);
-            else memcpy(src + g->state_off, h, (size_t)g->count * f4);
+            host_state_io(e, i, g->state_off, g->count, h, get);
         } else {
             float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off)
                               : (i == 1 ? e->d_m : e->d_v) + g->state_off;
@@ -1531,7 +1560,7 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
         return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
                           (long long)offset, (long long)count, (long long)e->n);
     if (e->swap) return zoff_error(ZOFF_ERR_UNSUPPORTED, "engine state in an NVMe swap file is read whole");
-    bool absent = (i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e)), dev = false;
+    bool dev = false;
     const size_t f4 = sizeof(float);
     for (int k = 0; k < e->nsg; k++) {
         const subgroup *g = &e->sg[k];
@@ -1541,14 +1570,7 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
         float *h = host + (lo - offset);
         int64_t so = g->state_off + (lo - g->offset);
         if (g->on_host) {
-            float *src = i == 0 ? e->h_master : i == 1 ? e->h_m : e->h_v;
-            if (absent) {
-                if (get) memset(h, 0, (size_t)(hi - lo) * f4);
-            } else if (get) {
-                memcpy(h, src + so, (size_t)(hi - lo) * f4);
-            } else {
-                memcpy(src + so, h, (size_t)(hi - lo) * f4);
-            }
+            host_state_io(e, i, so, hi - lo, h, get);
             continue;
         }
         float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model + (lo - g->offset) : e->d_master + so)

@@ -53,7 +53,11 @@ struct zoff_engine {
     /* host-side state (host sub-groups) */
     int64_t n_host;
     bool pinned;
-    float *h_master, *h_m, *h_v;
+    float *h_master;
+    void *h_m, *h_v;     /* exp_avg, exp_avg_sq of sdt (zoff_optimizer_state_dtype) */
+    zoff_dtype sdt;
+    zoff_state_rounding sround; /* zoff_engine_options.state_rounding */
+    size_t ssize;        /* zoff_dtype_size(sdt) */
     /* during creation only: the initial weights (init_params in this rank's order, or init_range) */
     const float *init_full;
     zoff_status (*init_range)(void *arg, int64_t lo, int64_t hi, float *dst);
@@ -143,7 +147,8 @@ struct zoff_engine {
     bool have_lr;
     int64_t spec_t;
     int64_t landed;          /* gradients of model offsets >= landed are on the host (guarded by mu) */
-    float *bk_master, *bk_m, *bk_v;
+    float *bk_master;
+    void *bk_m, *bk_v; /* of sdt */
     int64_t rollbacks;
     int64_t hopt_t0;         /* the first step the host optimizer began (0: none): replayed after a rollback */
     double spec_first;       /* worker: when the job's first sub-group update began */
@@ -197,6 +202,11 @@ struct zoff_engine {
 static inline int hopt_threads(const zoff_engine *e) {
     return zoff_host_optimizer_threads_for_share(e->cfg->zero.offload_optimizer.cpuadam_cores_perc);
 }
+/* The host optimizer with the engine's state rounding (creation, and a speculation's rollback). */
+static inline zoff_status hopt_create(zoff_engine *e) {
+    zoff_host_optimizer_options o = {.threads = hopt_threads(e), .bf16_state_rounding = e->sround};
+    return zoff_host_optimizer_create_ex(&e->cfg->optimizer, &o, &e->hopt);
+}
 static inline bool uses_m(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
 static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type != ZOFF_OPTIM_LION; }
 
@@ -205,6 +215,11 @@ static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type 
  * pushed from (NULL: fp32 in host memory, the master is pushed; offload_param nvme). */
 static inline void *host_weights_out(const zoff_engine *e) {
     return e->h_staging ? e->h_staging : e->hb.weights_in_grads ? e->h_grads[e->wbuf] : NULL;
+}
+
+/* Element off of a host state array of sdt (m, v, their saved copies); NULL stays NULL. */
+static inline void *st_at(const zoff_engine *e, void *base, int64_t off) {
+    return base ? (char *)base + (size_t)off * e->ssize : NULL;
 }
 
 static inline int nvme_narrays(const zoff_engine *e) { return 1 + (int)uses_m(e) + (int)uses_v(e); }

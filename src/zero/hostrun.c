@@ -110,15 +110,15 @@ zoff_status zoff_hr_settle(zoff_engine *e) {
 
 /* The host optimizer on [lo, hi) (model space) of host sub-group g, whose state starts at
  * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer. */
-static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, float *hm, float *hv,
+static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, void *hm, void *hv,
                                 int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
     int64_t d = lo - g->offset, so = g->state_off + d;
     void *w16 = host_weights_out(e); /* with one buffer: over the gradients read here (in place, element by element) */
     void *p16 = out16 ? out16 : w16 ? (char *)w16 + (size_t)so * e->esize : NULL;
     zoff_optim_tensors tt = {.params = master + d,
-                             .exp_avg = hm ? hm + d : NULL,
-                             .exp_avg_sq = hv ? hv + d : NULL,
-                             .state_dt = ZOFF_F32,
+                             .exp_avg = st_at(e, hm, d),
+                             .exp_avg_sq = st_at(e, hv, d),
+                             .state_dt = e->sdt,
                              .grads = (const char *)e->h_grads[gbuf] + (size_t)so * e->esize,
                              .grad_dt = e->dtype,
                              .params16 = e->dtype != ZOFF_F32 ? p16 : NULL,
@@ -176,10 +176,10 @@ static double *span_slot(zoff_engine *e, int64_t seq, int k, const subgroup *g) 
 /* Speculation: save host sub-group g's master, m and v before its first update. */
 static void spec_save(zoff_engine *e, const subgroup *g) {
     if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
-    size_t b = (size_t)g->count * sizeof(float);
+    size_t b = (size_t)g->count * sizeof(float), bs = (size_t)g->count * e->ssize;
     memcpy(e->bk_master + g->state_off, e->h_master + g->state_off, b);
-    if (e->h_m) memcpy(e->bk_m + g->state_off, e->h_m + g->state_off, b);
-    if (e->h_v) memcpy(e->bk_v + g->state_off, e->h_v + g->state_off, b);
+    if (e->h_m) memcpy(st_at(e, e->bk_m, g->state_off), st_at(e, e->h_m, g->state_off), bs);
+    if (e->h_v) memcpy(st_at(e, e->bk_v, g->state_off), st_at(e, e->h_v, g->state_off), bs);
 }
 
 /* Speculation: wait for work, the next host sub-group (top down) whose gradients have
@@ -216,7 +216,7 @@ static zoff_status update_span(zoff_engine *e, const subgroup *g, int gbuf, int6
                                double grad_scale) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     float *master = e->h_master + g->state_off;
-    float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
+    void *hm = st_at(e, e->h_m, g->state_off), *hv = st_at(e, e->h_v, g->state_off);
     for (int k = 0; k < e->nranges; k++) {
         const range *rg = &e->ranges[k];
         int64_t a = rg->offset > lo ? rg->offset : lo, b = rg->offset + rg->count < hi ? rg->offset + rg->count : hi;
@@ -265,14 +265,14 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
     for (int i = 0; i < e->nsg; i++) {
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
-        size_t b = (size_t)g->count * sizeof(float);
+        size_t b = (size_t)g->count * sizeof(float), bs = (size_t)g->count * e->ssize;
         memcpy(e->h_master + g->state_off, e->bk_master + g->state_off, b);
-        if (e->h_m) memcpy(e->h_m + g->state_off, e->bk_m + g->state_off, b);
-        if (e->h_v) memcpy(e->h_v + g->state_off, e->bk_v + g->state_off, b);
+        if (e->h_m) memcpy(st_at(e, e->h_m, g->state_off), st_at(e, e->bk_m, g->state_off), bs);
+        if (e->h_v) memcpy(st_at(e, e->h_v, g->state_off), st_at(e, e->bk_v, g->state_off), bs);
     }
     zoff_host_optimizer_destroy(e->hopt);
     e->hopt = NULL;
-    ZOFF_TRY(zoff_host_optimizer_create(&e->cfg->optimizer, hopt_threads(e), &e->hopt));
+    ZOFF_TRY(hopt_create(e));
     int64_t t0 = e->hopt_t0;
     e->hopt_t0 = 0;
     for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
@@ -306,10 +306,15 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
         int i = mode != HU_PIPE ? e->nsg - 1 - q : e->pipe_order ? e->pipe_order[q] : q;
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
-        /* this sub-group's fp32 state: in host memory, or read from the NVMe swap file */
+        /* this sub-group's state: in host memory, or read from the NVMe swap file (fp32) */
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
-        float *hm = e->h_m ? e->h_m + g->state_off : NULL, *hv = e->h_v ? e->h_v + g->state_off : NULL;
-        if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
+        void *hm = st_at(e, e->h_m, g->state_off), *hv = st_at(e, e->h_v, g->state_off);
+        if (e->swap) {
+            float *sm, *sv;
+            ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &sm, &sv));
+            hm = sm;
+            hv = sv;
+        }
         double *span = span_slot(e, seq, nsp++, g);
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut

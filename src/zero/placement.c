@@ -11,11 +11,19 @@
 /* "ratio": "auto" keeps this fraction of the device budget free. */
 #define AUTO_MARGIN_FRACTION 0.05
 
+zoff_dtype zoff_optimizer_state_dtype(const zoff_config *cfg) {
+    return cfg->bf16_optimizer_states ? ZOFF_BF16 : ZOFF_F32;
+}
+
+size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_dt) {
+    return sizeof(float) + (size_t)(state_arrays - 1) * zoff_dtype_size(state_dt);
+}
+
 size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params) {
     const zoff_offload_optimizer_config *o = &cfg->zero.offload_optimizer;
     if (!o->super_offload || o->device == ZOFF_OFFLOAD_NVME || host_params <= 0) return 0;
-    size_t arrays = 1 + (size_t)(cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD) + (size_t)(cfg->optimizer.type != ZOFF_OPTIM_LION);
-    return (size_t)host_params * sizeof(float) * arrays;
+    int arrays = 1 + (cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD) + (cfg->optimizer.type != ZOFF_OPTIM_LION);
+    return (size_t)host_params * zoff_placement_state_bytes_per_param(arrays, zoff_optimizer_state_dtype(cfg));
 }
 
 bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
@@ -113,7 +121,7 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
     const size_t n = (size_t)in->n_host, es = zoff_dtype_size(in->dtype);
     const bool param_nvme = in->stage >= 3 && in->param_offload == ZOFF_OFFLOAD_NVME;
     const bool param_cpu = in->stage >= 3 && in->param_offload == ZOFF_OFFLOAD_CPU;
-    out->state = in->nvme ? 0 : n * sizeof(float) * (size_t)in->state_arrays;
+    out->state = in->nvme ? 0 : n * zoff_placement_state_bytes_per_param(in->state_arrays, in->state_dt);
     out->grad_buffer = n * es;
     if (param_nvme) out->staging = 0;                            /* straight to the parameter swap file */
     else if (in->dtype == ZOFF_F32) out->staging = in->nvme ? n * es : 0; /* fp32: the master, or staged */

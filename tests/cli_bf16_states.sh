@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# bf16 optimizer states (bf16.bf16_optimizer_states) through zoff train: an exact resume (3 steps,
+# then resume to 6 == 6 straight, losses bit-identical), the checkpoint stores exp_avg and
+# exp_avg_sq in bf16 (the master in fp32), a resume into a run with fp32 states (and the reverse)
+# converts and says so, and bad combinations are refused naming the key.
+# Usage: cli_bf16_states.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-bf16st-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+
+cat "$SRC"/src/*/*.c > "$W/corpus.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
+      --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2)
+cfg() { # bf16_optimizer_states offload-device
+  echo "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": $1},
+         \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"$2\"}}}"
+}
+cfg true cpu > "$W/bf16st.json"
+cfg false cpu > "$W/fp32st.json"
+cfg true none > "$W/nooffload.json"
+
+# 1. exact resume with bf16 states
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 6 --save "$W/straight" >"$W/out.txt" 2>&1
+check "6 steps with bf16 states: exit 0" "[ \$? -eq 0 ] && [ -f '$W/straight/step_00000006/COMPLETE' ]"
+check "... the log names the bf16 m and v" "grep -q 'bf16 m and v' '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 3 --save "$W/resume" --quiet >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 6 --save "$W/resume" --load "$W/resume" --quiet \
+  >/dev/null 2>&1
+check "3 + resume to 6: ends at step 6" "[ -f '$W/resume/step_00000006/COMPLETE' ]"
+grep '"loss"' "$W/straight/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.txt"
+grep '"loss"' "$W/resume/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
+check "resumed losses, lr and grad norms are bit-identical to the straight run" "[ -s '$W/a.txt' ] && cmp -s '$W/a.txt' '$W/b.txt'"
+check "the checkpoints' state is bit-identical too" \
+  "'$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/resume/step_00000006' --prefix optimizer. >/dev/null"
+
+# 2. the checkpoint stores m and v in bf16, the master weights in fp32 (zckpt.py list: dtype 1 bf16, 0 fp32)
+"$PY" "$SRC/scripts/zckpt.py" list "$W/straight/step_00000006" > "$W/list.txt" 2>&1
+check "optimizer.exp_avg and exp_avg_sq are bf16 entries" \
+  "grep 'optimizer.exp_avg ' '$W/list.txt' | grep -q 'dtype   1 ' && grep 'optimizer.exp_avg_sq' '$W/list.txt' | grep -q 'dtype   1 '"
+check "... the weights fp32" "grep 'wte.weight' '$W/list.txt' | grep -q 'dtype   0 '"
+check "the checkpoint verifies" "'$PY' '$SRC/scripts/zckpt.py' verify '$W/straight' >/dev/null"
+
+# 3. resuming across the state dtype converts, and says so
+cp -r "$W/straight" "$W/to32"
+"$ZOFF" train "${TINY[@]}" --config "$W/fp32st.json" --train-iters 7 --save "$W/to32" --load "$W/to32" >"$W/out.txt" 2>&1
+check "bf16-state checkpoint into fp32 states: exit 0, step 7" "[ \$? -eq 0 ] && [ -f '$W/to32/step_00000007/COMPLETE' ]"
+check "... the log says the state widened exactly" "grep -q \"'optimizer.exp_avg' is stored in bf16.*widened exactly\" '$W/out.txt'"
+"$PY" "$SRC/scripts/zckpt.py" list "$W/to32/step_00000007" > "$W/list.txt" 2>&1
+check "... and step 7 stores fp32 m" "grep 'optimizer.exp_avg ' '$W/list.txt' | grep -q 'dtype   0 '"
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 8 --save "$W/to32" --load "$W/to32" >"$W/out.txt" 2>&1
+check "fp32-state checkpoint into bf16 states: exit 0, step 8" "[ \$? -eq 0 ] && [ -f '$W/to32/step_00000008/COMPLETE' ]"
+check "... the log says the state was rounded to bf16" "grep -q 'stored in f32.*rounded to nearest bf16' '$W/out.txt'"
+
+# 4. refused: without offload (the device optimizer keeps fp32 state), without bf16 training
+"$ZOFF" train "${TINY[@]}" --config "$W/nooffload.json" --train-iters 1 --save "$W/bad1" >"$W/err.txt" 2>&1
+check "bf16 states without offload: exit 2 naming the key" \
+  "[ \$? -eq 2 ] && grep -q 'bf16.bf16_optimizer_states' '$W/err.txt' && [ ! -e '$W/bad1' ]"
+echo '{"train_micro_batch_size_per_gpu": 4, "bf16": {"bf16_optimizer_states": true}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' > "$W/fp32train.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/fp32train.json" --train-iters 1 --save "$W/bad2" >"$W/err.txt" 2>&1
+check "bf16 states in fp32 training: exit 2 naming the key and bf16.enabled" \
+  "[ \$? -eq 2 ] && grep -q 'bf16.bf16_optimizer_states.*bf16.enabled' '$W/err.txt'"
+
+# 5. resharding (with MPI): 3 steps on 2 ranks with bf16 states, resume on 1 rank to 6; the last
+# loss within 1e-3 of the straight 1-rank run (the reduction order over ranks differs)
+if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" # Open MPI's plugins (see cli_mpi.sh)
+  sed 's/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 2/' "$W/bf16st.json" > "$W/bf16st2.json"
+  mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader \
+    --mca btl_vader_single_copy_mechanism none -x ZOFF_THREADS=1 -x OMP_NUM_THREADS=1 -x ZOFF_COMM_TIMEOUT=120 \
+    -x ASAN_OPTIONS -np 2 "$ZOFF" train "${TINY[@]}" --micro-batch-size 2 --config "$W/bf16st2.json" \
+    --train-iters 3 --save "$W/rs" --quiet >"$W/rs.txt" 2>&1
+  check "2 ranks with bf16 states: two rank files, bf16 m" \
+    "[ -f '$W/rs/step_00000003/rank_00001.zckpt' ] && '$PY' '$SRC/scripts/zckpt.py' list '$W/rs/step_00000003/rank_00001.zckpt' | grep 'optimizer.exp_avg ' | grep -q 'dtype   1 '"
+  "$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 6 --save "$W/rs" --load "$W/rs" --quiet >"$W/rs1.txt" 2>&1
+  last() { grep '"loss"' "$1" | tail -1 | sed 's/.*"loss": *\([-0-9.e+]*\).*/\1/'; }
+  echo "last losses: resumed $(last "$W/rs/metrics.jsonl") straight $(last "$W/straight/metrics.jsonl")"
+  check "... resumed on 1 rank to step 6, last loss within 1e-3 of the straight run" \
+    "[ -f '$W/rs/step_00000006/COMPLETE' ] && awk -v a=\$(last '$W/rs/metrics.jsonl') -v b=\$(last '$W/straight/metrics.jsonl') 'BEGIN {d = a - b; exit !(length(a) > 0 && length(b) > 0 && d < 1e-3 && d > -1e-3)}'"
+else
+  echo "skip: resharding (zoff built without MPI or mpirun missing)"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
