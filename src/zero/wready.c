@@ -48,6 +48,8 @@ void zoff_wready_destroy(zoff_wready *w) {
 
 int zoff_wready_groups(const zoff_wready *w) { return w->n; }
 
+int64_t zoff_wready_group_start(const zoff_wready *w, int g) { return w->goff[g]; }
+
 int zoff_wready_group_of(const zoff_wready *w, int64_t off) {
     if (w->n == 0 || off < w->goff[0]) return -1;
     int a = 0, b = w->n - 1;
