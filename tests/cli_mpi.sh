@@ -124,6 +124,41 @@ equiv stage2_cpu_rr '{"stage": 2, "round_robin_gradients": true, "offload_optimi
 # weights <= 1.5e-3, optimizer state <= 5.9e-3. Tolerances 5e-4 and 1e-2 (state 1e-1).
 equiv stage2_bf16   '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' 5e-4 1e-2 '"bf16": {"enabled": true},' 1e-3
 
+# The pipelined exact step with 2 ranks (zoff train waits per layer group: every offload run
+# above, stage1_cpu, stage2_cpu_rr, stage2_bf16, already takes it, so "pipelined 2 ranks == 1
+# rank" is checked there; here its describe line says so) and speculation-then-validation
+# (super_offload) with 2 ranks: == the exact step on 2 ranks bit for bit (losses, weights
+# and the consolidated optimizer state), without a rollback (clip 100: the norms here are
+# below 5) and with every step rolled back (clip 1e-6), accumulation 2 (only
+# the boundary micro-batch speculates), a warm-up schedule (the learning rate changes
+# every step), round-robin partitions.
+spcfg() { # name clip extra-offload-keys
+  echo "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2, \"gradient_clipping\": $2,
+         \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.1}},
+         \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 4}},
+         \"zero_optimization\": {\"stage\": 2, \"round_robin_gradients\": true,
+                                \"offload_optimizer\": {\"device\": \"cpu\" $3}}}" > "$W/$1.json"
+}
+spcfg sp_exact 100.0 ""; spcfg sp_spec 100.0 ', "super_offload": true'
+spcfg sp_exact_clip 1e-6 ""; spcfg sp_spec_clip 1e-6 ', "super_offload": true'
+# not quiet (the describe line); one evaluation batch: only rank 0 runs a forward there, which
+# must not wait for a collective rank 1 never joins (the pipelined gathers are not the forward's)
+LOUD=(); for a in "${TINY[@]}"; do [ "$a" = --quiet ] || LOUD+=("$a"); done
+for m in sp_exact sp_spec sp_exact_clip sp_spec_clip; do
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/$m.json" --train-iters 6 \
+    --save "$W/$m" >"$W/$m.txt" 2>&1 || { echo "     $m: mpirun exit $?"; tail -5 "$W/$m.txt"; }
+done
+check "2 ranks, offload: the exact step is pipelined (per-group all-gathers)" \
+  "grep -q 'pipelined; data parallel: rank 0 of 2' '$W/sp_exact.txt'"
+check "2 ranks: super_offload speculates (describe)" \
+  "grep -q 'speculative update (super_offload); data parallel: rank 0 of 2' '$W/sp_spec.txt'"
+for c in "" _clip; do
+  check "2 ranks: speculative == exact step bit for bit, ${c:-no rollback}${c:+every step rolled back} (losses, weights, optimizer state)" \
+    "[ -f '$W/sp_spec$c/step_00000006/COMPLETE' ] && [ \"\$(lossdiff '$W/sp_exact$c/metrics.jsonl' '$W/sp_spec$c/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/sp_spec$c/step_00000006' '$W/sp_exact$c/step_00000006' 0 >/dev/null"
+done
+check "2 ranks: no rollback below the clip, all 6 steps rolled back with clip 1e-6" \
+  "[ \"\$(grep -c '\"rollbacks\":0' '$W/sp_spec/metrics.jsonl')\" = 6 ] && [ \"\$(grep '\"loss\"' '$W/sp_spec_clip/metrics.jsonl' | tail -1 | grep -o '\"rollbacks\":[0-9]*')\" = '\"rollbacks\":6' ]"
+
 # stage 3 through zoff train (test_comm covers it at the engine level either way)
 cfg s3probe 4 '{"stage": 3}'
 if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-iters 0 --save "$W/s3probe" \

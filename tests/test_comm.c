@@ -560,6 +560,7 @@ typedef struct dp_result {
     bool skipped[DP_STEPS];
     float *w; /* fp32 master, model order */
     int64_t n;
+    int64_t rollbacks; /* speculation (super_offload): failed validations */
 } dp_result;
 
 /* Row j of global micro-batch k of a step: its own token stream. */
@@ -583,6 +584,24 @@ static void dp_json(char *buf, size_t n, int micro, int accum, const char *prec,
 
 /* The device dp_train trains on (the CUDA case sets it for one test). */
 static zoff_backend_kind g_dp_kind = ZOFF_BACKEND_CPU;
+/* The model waits per layer group for its weights (options.weight_waits, as zoff train):
+ * stages 1-2 with offload take the pipelined step (per-group all-gathers). */
+static bool g_dp_waits;
+/* The pipelined timeline (g_dp_tl.on): a larger model; per step, when the forward's wait for
+ * the embeddings returned and when the host update before it ran (zoff_now seconds). */
+static struct {
+    bool on;
+    zoff_engine *e;
+    int step;
+    double group0_ready[DP_STEPS], host_t0[DP_STEPS], host_t1[DP_STEPS];
+} g_dp_tl;
+static zoff_status dp_logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t count) {
+    (void)arg;
+    zoff_status st = zoff_engine_wait_weights(g_dp_tl.e, s, off, count);
+    if (st == ZOFF_OK && off == 0 && g_dp_tl.group0_ready[g_dp_tl.step] == 0)
+        g_dp_tl.group0_ready[g_dp_tl.step] = zoff_now();
+    return st;
+}
 
 static zoff_status dp_init_range(void *arg, int64_t lo, int64_t hi, float *dst) {
     zoff_gpt2_init_params_range(arg, 42, lo, hi, dst);
@@ -609,7 +628,8 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
     int32_t *dx = NULL, *dy = NULL;
     float *init = NULL;
     bool stage3 = cfg.zero.stage == 3;
-    zoff_gpt2_options mo = {.shape = {.num_layers = DL, .hidden_size = DC, .num_heads = DNH, .max_seq_len = DT,
+    zoff_gpt2_options mo = {.shape = {.num_layers = g_dp_tl.on ? 8 : DL, .hidden_size = g_dp_tl.on ? 512 : DC,
+                                      .num_heads = DNH, .max_seq_len = DT,
                                       .vocab_size = DV},
                             .batch_size = rows, .seq_len = DT, .dtype = dt, .external_params = stage3};
     s = zoff_gpt2_create(dev, &mo, &m);
@@ -627,8 +647,11 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
         zoff_engine_options eo = {.dev = dev, .cfg = &cfg, .tensors = ti, .num_tensors = nt, .num_params = r->n,
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
                                   .init_params = init, .init_range = init ? NULL : dp_init_range, .init_arg = m,
-                                  .comm = comm};
+                                  .comm = comm, .weight_waits = g_dp_waits && !stage3};
         s = zoff_engine_create(&eo, &e);
+        if (s == ZOFF_OK && eo.weight_waits)
+            s = zoff_gpt2_set_weight_wait(m, g_dp_tl.on ? dp_logged_wait : zoff_engine_wait_weights, e);
+        g_dp_tl.e = e;
         if (s == ZOFF_OK && stage3) { /* the model asks the engine for each group's weights */
             assert_null(zoff_gpt2_params(m));
             zoff_param_hooks hk = {.arg = e, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
@@ -641,6 +664,7 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
     zoff_stream *st = zoff_device_stream(dev);
     int32_t *hx = malloc((size_t)rows * DT * 4), *hy = malloc((size_t)rows * DT * 4);
     for (int step = 0; s == ZOFF_OK && step < DP_STEPS; step++) {
+        g_dp_tl.step = step;
         s = zoff_engine_zero_grad(e);
         double loss = 0;
         for (int k = 0; s == ZOFF_OK && k < accum; k++) {
@@ -655,6 +679,11 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
             zoff_engine_begin_backward(e, k == accum - 1);
             if (s == ZOFF_OK) s = zoff_gpt2_backward(m, zoff_engine_grad_ready, e);
         }
+        double h0 = 0, h1 = 0; /* the boundary backward began after the last host update (step `step`) ended */
+        if (step > 0 && zoff_engine_last_host_update(e, &h0, &h1) == step) {
+            g_dp_tl.host_t0[step] = h0;
+            g_dp_tl.host_t1[step] = h1;
+        }
         zoff_step_info si = {0};
         if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-2, &si);
         if (s == ZOFF_OK && comm) s = zoff_comm_allreduce_f64(comm, &loss, 1, ZOFF_REDUCE_SUM);
@@ -662,6 +691,7 @@ static zoff_status dp_train(const char *zero, const char *prec, zoff_dtype dt, i
         r->norm[step] = si.grad_norm;
         r->scale[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
+        r->rollbacks = si.rollbacks;
     }
     if (s == ZOFF_OK) {
         r->w = malloc((size_t)r->n * sizeof(float));
@@ -802,6 +832,106 @@ static void test_dp_delayed_update(void **st) {
 /* Stage 3 against one rank with stage 2 (a different path: flat buffers, no gathering). */
 #define S2_REF "{\"stage\": 2}"
 #define S2_REF_CPU "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}"
+/* The pipelined exact step with 2 ranks (the model waits per layer group; each group is
+ * all-gathered as soon as every rank's part is pushed, in forward order): == 1 rank
+ * within the same tolerances; with accumulation, with device sub-groups (Twin-Flow: the
+ * gathers follow the device optimizer too) and round-robin partitions (updated in model
+ * order), with fp16 steps skipped on overflow (no gather), with bf16. */
+static void test_dp_pipelined(void **st) {
+    (void)st;
+    g_dp_waits = true;
+    dp_case("pipelined, stage 2, offload cpu, accumulation 2",
+            "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", ZOFF_F32, 2, 1.0, F32_LOSS, F32_W);
+    dp_case("pipelined, stage 1, offload ratio 0.5, round robin",
+            "{\"stage\": 1, \"round_robin_gradients\": true, \"sub_group_size\": 2000,"
+            " \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}",
+            "", ZOFF_F32, 1, 1.0, F32_LOSS, F32_W);
+    dp_case("pipelined, stage 2, fp16 loss scaling from 2^20",
+            "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+            "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 1.0, 1e-4,
+            1e-2);
+    dp_case("pipelined, stage 2, bf16, round robin",
+            "{\"stage\": 2, \"round_robin_gradients\": true, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+            "\"bf16\": {\"enabled\": true},", ZOFF_BF16, 1, 1.0, 2e-3, 5e-2);
+    g_dp_waits = false;
+}
+
+/* The timeline of the pipelined step with 2 ranks: the next forward gets the embeddings
+ * (updated first by rank 0, which owns them; all-gathered as soon as both ranks pushed their
+ * part) while rank 0's host optimizer still updates the later groups. With the step's
+ * all-gather (the serial path) the forward starts only after the whole update. 8 blocks,
+ * width 512 (a host update of ~10 ms against a gather of ~2 ms); a shared machine: at least 2 of the 4 steps with a forward after an update. */
+static void test_dp_pipelined_timeline(void **st) {
+    (void)st;
+    memset(&g_dp_tl, 0, sizeof g_dp_tl);
+    g_dp_tl.on = true;
+    g_dp_waits = true;
+    dp_result d;
+    zoff_comm *c = NULL;
+    assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    zoff_status s = dp_train("{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", ZOFF_F32, 1, 1.0, c, DB,
+                             R * DB, &d);
+    g_dp_waits = false;
+    g_dp_tl.on = false;
+    zoff_comm_destroy(c);
+    if (s != ZOFF_OK) fail_msg("pipelined timeline run failed: %s", zoff_last_error());
+    free(d.w);
+    if (R != 0) return; /* rank 0 owns the embeddings (contiguous partitions) */
+    int early = 0;
+    for (int i = 1; i < DP_STEPS; i++) { /* the forward of iteration i after optimizer step i */
+        assert_true(g_dp_tl.host_t1[i] > g_dp_tl.host_t0[i] && g_dp_tl.group0_ready[i] > 0);
+        printf("  dp pipelined timeline, step %d: host update %.3f ms, embeddings gathered %.3f ms after it began\n", i,
+               1e3 * (g_dp_tl.host_t1[i] - g_dp_tl.host_t0[i]), 1e3 * (g_dp_tl.group0_ready[i] - g_dp_tl.host_t0[i]));
+        early += g_dp_tl.group0_ready[i] < g_dp_tl.host_t1[i];
+    }
+    if (early < 2) fail_msg("the forward got the gathered embeddings before the host update ended in %d of %d steps", early,
+                            DP_STEPS - 1);
+}
+
+/* Speculation-then-validation (super_offload) with 2 ranks == the exact (pipelined) step
+ * with 2 ranks, bit for bit (losses, norms, every fp32 master weight): kept (no clip),
+ * rolled back by a tiny clip (every speculated step: all but the first, which has no
+ * learning rate to speculate with), rolled back by fp16 overflows (the first steps at
+ * loss scale 2^20; the global flag, so every rank rolls back together), round-robin. */
+static void spec_case(const char *name, const char *zero_exact, const char *zero_spec, const char *prec,
+                      zoff_dtype dt, int accum, double clip, int64_t want_rollbacks) {
+    dp_result a, b;
+    zoff_comm *c = NULL;
+    assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    g_dp_waits = true;
+    zoff_status s = dp_train(zero_exact, prec, dt, accum, clip, c, DB, R * DB, &a);
+    if (s != ZOFF_OK) fail_msg("%s: exact run failed: %s", name, zoff_last_error());
+    s = dp_train(zero_spec, prec, dt, accum, clip, c, DB, R * DB, &b);
+    if (s != ZOFF_OK) fail_msg("%s: speculative run failed: %s", name, zoff_last_error());
+    g_dp_waits = false;
+    bool same = memcmp(a.loss, b.loss, sizeof a.loss) == 0 && memcmp(a.norm, b.norm, sizeof a.norm) == 0 &&
+                a.n == b.n && memcmp(a.w, b.w, (size_t)a.n * sizeof(float)) == 0;
+    if (R == 0)
+        printf("  dp %-44s %d ranks: speculative %s exact, %lld rollbacks (want %lld)\n", name, N,
+               same ? "==" : "!=", (long long)b.rollbacks, (long long)want_rollbacks);
+    if (!same || b.rollbacks != want_rollbacks || a.rollbacks != 0)
+        fail_msg("%s: speculative vs exact on %d ranks: %s, %lld rollbacks (want %lld)", name, N,
+                 same ? "bit-identical" : "DIFFERENT", (long long)b.rollbacks, (long long)want_rollbacks);
+    free(a.w);
+    free(b.w);
+    zoff_comm_destroy(c);
+}
+static void test_dp_speculative(void **st) {
+    (void)st;
+#define SPEC_ZERO(rr, spec)                                                                                            \
+    "{\"stage\": 2, \"round_robin_gradients\": " rr ", \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": " spec \
+    "}}"
+    spec_case("speculation kept", SPEC_ZERO("false", "false"), SPEC_ZERO("false", "true"), "", ZOFF_F32, 1, 0.0, 0);
+    spec_case("speculation kept, accumulation 2, round robin", SPEC_ZERO("true", "false"), SPEC_ZERO("true", "true"),
+              "", ZOFF_F32, 2, 0.0, 0);
+    spec_case("speculation rolled back by clip 1e-6", SPEC_ZERO("true", "false"), SPEC_ZERO("true", "true"), "",
+              ZOFF_F32, 1, 1e-6, DP_STEPS - 1);
+    /* 2^20 overflows steps 1-3 (test_dp_fp16_overflow): 2 and 3 speculated and rolled back */
+    spec_case("speculation rolled back by fp16 overflow", SPEC_ZERO("false", "false"), SPEC_ZERO("false", "true"),
+              "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 0.0, 2);
+#undef SPEC_ZERO
+}
+
 static void test_dp_stage3(void **st) {
     (void)st;
     dp_case_ref("stage 3, every group gathered", "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}", S2_REF, "",
@@ -1034,7 +1164,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dp_stage2_device_rr), cmocka_unit_test(test_dp_stage2_twinflow_rr),
         cmocka_unit_test(test_dp_stage2_bf16_rr), cmocka_unit_test(test_dp_fp16_overflow),
         cmocka_unit_test(test_dp_stage2_nvme), cmocka_unit_test(test_dp_delayed_update),
-        cmocka_unit_test(test_dp_exact_and_discriminating), cmocka_unit_test(test_dp_stage3),
+        cmocka_unit_test(test_dp_exact_and_discriminating), cmocka_unit_test(test_dp_pipelined),
+        cmocka_unit_test(test_dp_pipelined_timeline),       cmocka_unit_test(test_dp_speculative),
+        cmocka_unit_test(test_dp_stage3),
         cmocka_unit_test(test_dp_stage3_persistent_accum), cmocka_unit_test(test_dp_stage3_offload_param_rr),
         cmocka_unit_test(test_dp_stage3_bf16_offload), cmocka_unit_test(test_dp_stage3_prefetch_exact),
         cmocka_unit_test(test_dp_stage3_param_nvme_exact),

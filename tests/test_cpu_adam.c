@@ -481,6 +481,25 @@ static void assert_tb_same(const tbuf *a, const tbuf *b, bool allow_ftz, const c
     if (a->p16) assert_same_bits("p16", a->p16, b->p16, a->n, a->pd, allow_ftz, pa, pb);
 }
 
+/* One step of every other path (2 threads) on a copy of `in` gives ref's bits (the
+ * scalar path's result); returns the number of paths compared. */
+static int paths_match_scalar(const ocase *oc, const tbuf *in, const tbuf *ref, zoff_state_rounding sr,
+                              double gscale) {
+    int compared = 0;
+    for (int pi = 0; pi < g_npaths; pi++) {
+        if (g_paths[pi] == ZOFF_SIMD_SCALAR) continue;
+        tbuf out;
+        tb_copy(&out, in, 1);
+        zoff_host_optimizer *o1 = make_opt(oc, g_paths[pi], 2, sr, 0);
+        run_step(o1, &out, oc->type, oc->wd, gscale);
+        zoff_host_optimizer_destroy(o1);
+        assert_tb_same(&out, ref, g_paths[pi] == ZOFF_SIMD_AVX512_BF16, zoff_simd_path_name(g_paths[pi]), "scalar");
+        tb_free(&out);
+        compared++;
+    }
+    return compared;
+}
+
 /* Every path gives the scalar path's bits (stated exception: AVX512_BF16 flushing). */
 static void test_paths_bit_identical(void **state) {
     (void)state;
@@ -503,18 +522,7 @@ static void test_paths_bit_identical(void **state) {
                         zoff_host_optimizer *o0 = make_opt(oc, ZOFF_SIMD_SCALAR, 1, sr, 0);
                         run_step(o0, &ref, oc->type, oc->wd, gscale);
                         zoff_host_optimizer_destroy(o0);
-                        for (int pi = 0; pi < g_npaths; pi++) {
-                            if (g_paths[pi] == ZOFF_SIMD_SCALAR) continue;
-                            tbuf out;
-                            tb_copy(&out, &in, 1);
-                            zoff_host_optimizer *o1 = make_opt(oc, g_paths[pi], 2, sr, 0);
-                            run_step(o1, &out, oc->type, oc->wd, gscale);
-                            zoff_host_optimizer_destroy(o1);
-                            assert_tb_same(&out, &ref, g_paths[pi] == ZOFF_SIMD_AVX512_BF16,
-                                           zoff_simd_path_name(g_paths[pi]), "scalar");
-                            tb_free(&out);
-                            compared += n;
-                        }
+                        compared += n * paths_match_scalar(oc, &in, &ref, sr, gscale);
                         tb_free(&in);
                         tb_free(&ref);
                     }
@@ -665,6 +673,62 @@ static void test_nonfinite(void **state) {
                 tb_free(&ref);
                 tb_free(&out);
             }
+}
+
+/* bf16 state with stochastic rounding (the all-bf16 modes take the even/odd step on
+ * AVX2 / AVX-512, whose NaN handling is a separate branch): NaN / inf gradients and
+ * NaN weights with awkward payloads (signalling, all-ones: adding the rounding bits
+ * would carry into the sign) give NaN in the weight, its 16-bit copy and the state
+ * that depends on them, never a number; every other element, including those in the
+ * same vector, gets the bits of the run without them; every path gives the scalar
+ * path's bits. */
+static void test_nonfinite_bf16_state(void **state) {
+    (void)state;
+    static const uint32_t badp[] = {0x7fffffffu, 0xffffffffu, 0x7f800001u, 0x7fc00000u};
+    static const float badg[] = {NAN, INFINITY, -INFINITY};
+    const int64_t n = 203; /* two-step iterations, one step, single vectors and a tail */
+    for (int oi = 0; oi < NOCASES; oi++)
+        for (int qi = 0; qi < 2; qi++) {
+            const ocase *oc = &g_ocases[oi];
+            tbuf in, bad, ref;
+            tb_alloc(&in, n, ZOFF_BF16, ZOFF_BF16, qi ? ZOFF_BF16 : NO_P16, 0);
+            double gscale = tb_fill(&in, R_NORMAL);
+            tb_copy(&bad, &in, 0);
+            const int64_t gi[] = {0, 37, 65}, pi_[] = {20, 100, 150, 190};
+            for (int k = 0; k < 3; k++) st(bad.g, gi[k], ZOFF_BF16, badg[k]);
+            for (int k = 0; k < 4; k++) memcpy(&bad.p[pi_[k]], &badp[k], 4);
+            tb_copy(&ref, &bad, 0);
+            zoff_host_optimizer *o0 = make_opt(oc, ZOFF_SIMD_SCALAR, 1, ZOFF_STATE_ROUND_STOCHASTIC, 0);
+            run_step(o0, &ref, oc->type, oc->wd, gscale);
+            run_step(o0, &in, oc->type, oc->wd, gscale); /* the run without bad values */
+            zoff_host_optimizer_destroy(o0);
+            for (int64_t i = 0; i < n; i++) {
+                bool hitg = i == 0 || i == 37 || i == 65, hitp = i == 20 || i == 100 || i == 150 || i == 190;
+                const uint16_t *m = ref.m, *v = ref.v, *m0 = in.m, *v0 = in.v;
+                if (hitg || hitp) {
+                    assert_true(isnan(ref.p[i]));
+                    if (ref.p16) assert_true(isnan(zoff_bf16_to_f32(((uint16_t *)ref.p16)[i])));
+                    /* the state sees the weight only through L2 decay (Adam, Adagrad) */
+                    bool state_sees = hitg || (oc->wd != 0 && oc->type == ZOFF_OPTIM_ADAM && !oc->adam_w_mode) ||
+                                      (oc->wd != 0 && oc->type == ZOFF_OPTIM_ADAGRAD);
+                    float fm = zoff_bf16_to_f32(m[i]), fv = zoff_bf16_to_f32(v[i]);
+                    if (state_sees && oc->type != ZOFF_OPTIM_ADAGRAD) assert_true(isnan(fm) || isinf(fm));
+                    if (state_sees && oc->type != ZOFF_OPTIM_LION) assert_true(isnan(fv) || isinf(fv));
+                    if (!state_sees) {
+                        assert_int_equal(m[i], m0[i]);
+                        assert_int_equal(v[i], v0[i]);
+                    }
+                } else {
+                    assert_memory_equal(&ref.p[i], &in.p[i], 4);
+                    assert_int_equal(m[i], m0[i]);
+                    assert_int_equal(v[i], v0[i]);
+                }
+            }
+            paths_match_scalar(oc, &bad, &ref, ZOFF_STATE_ROUND_STOCHASTIC, gscale);
+            tb_free(&in);
+            tb_free(&bad);
+            tb_free(&ref);
+        }
 }
 
 /* Large weights overflow fp16 params16 to inf (documented); bf16 holds them. */
@@ -1164,6 +1228,7 @@ int main(void) {
         cmocka_unit_test(test_split_ranges),
         cmocka_unit_test(test_params16_in_place),
         cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_nonfinite_bf16_state),
         cmocka_unit_test(test_fp16_copy_overflow),
         cmocka_unit_test(test_errors_and_empty),
         cmocka_unit_test(test_config_wiring),

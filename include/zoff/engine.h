@@ -53,12 +53,13 @@ typedef struct zoff_engine_options {
      * reports during the boundary backward (zoff_engine_grad_timeline). */
     bool timeline;
     /* The model calls zoff_engine_wait_weights before its forward reads each parameter
-     * group (zoff_gpt2_set_weight_wait). Then, with one rank, stages 1-2 and the
-     * optimizer state in host memory, the step is pipelined: zoff_engine_step returns
-     * after the gradient statistics, the host update runs on the engine's worker
-     * thread in forward order, each sub-group's new weights are copied to the device
-     * as soon as they are written, and the next forward waits for each group's
-     * weights only (no device-wide wait). */
+     * group (zoff_gpt2_set_weight_wait). Then, with stages 1-2 and the optimizer
+     * state in host memory (several ranks: not with the delayed update), the step is
+     * pipelined: zoff_engine_step returns after the gradient statistics, the host
+     * update runs on the engine's worker thread in forward order, each sub-group's new
+     * weights are copied to the device as soon as they are written (several ranks:
+     * each layer group is then all-gathered, groups in forward order), and the next
+     * forward waits for each group's weights only (no device-wide wait). */
     bool weight_waits;
     /* bf16.bf16_optimizer_states: how the host optimizer rounds m and v into bf16
      * (default stochastic; nearest for tests that follow DeepSpeed's arithmetic). */
@@ -127,8 +128,9 @@ typedef struct zoff_placement {
 } zoff_placement;
 zoff_status zoff_placement_build(const zoff_placement_input *in, zoff_placement *out);
 void zoff_placement_free(zoff_placement *p);
-/* Whether the sub-groups are cut at the layer groups: one rank, stages 0-2, the
- * state in host memory (offload_optimizer.device not "nvme"). */
+/* Whether the sub-groups are cut at the layer groups: stages 0-2, the state in host
+ * memory (offload_optimizer.device not "nvme"), with any number of ranks (world is
+ * kept for the callers; several ranks cut each partition piece at the groups it meets). */
 bool zoff_placement_layer_cuts(int world, int stage, bool nvme);
 /* "ratio": "auto": the smallest host fraction for which the device-side optimizer
  * state fits in what the device budget leaves after what is in use (the model's

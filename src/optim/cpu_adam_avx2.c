@@ -62,8 +62,8 @@ static inline __attribute__((always_inline)) void zv_st_f16(uint16_t *ptr, zv x)
 static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, zv x, zi r16) {
     __m256i b = _mm256_castps_si256(x);
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    b = _mm256_or_si256(b, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
-    zo_st_u16x8(ptr, _mm256_srli_epi32(_mm256_add_epi32(b, r16), 16));
+    __m256i r = _mm256_blendv_epi8(_mm256_add_epi32(b, r16), _mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), nan);
+    zo_st_u16x8(ptr, _mm256_srli_epi32(r, 16));
 }
 
 #define zv_st16_bf16 zv_st_bf16
@@ -91,33 +91,42 @@ static inline __attribute__((always_inline)) void zv_ld_bf16_eo(const uint16_t *
     *e = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
     *o = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
 }
-/* the bf16 rounding of x (nearest even; NaN quieted) in the high half of each lane */
-static inline __attribute__((always_inline)) zi zo_bits_rne(zv x) {
+/* the bf16 rounding of x (nearest even) in the high half of each lane, x not NaN */
+static inline __attribute__((always_inline)) zi zo_bits_rne_num(zv x) {
     __m256i b = _mm256_castps_si256(x);
-    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                     _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1))));
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), nan);
+    return _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1))));
 }
-/* stochastic: bits + r16, NaN quieted first, in the high half */
-static inline __attribute__((always_inline)) zi zo_bits_sr(zv x, zi r16) {
-    __m256i b = _mm256_castps_si256(x);
+/* the same with NaN quieted */
+static inline __attribute__((always_inline)) zi zo_bits_rne(zv x) {
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    b = _mm256_or_si256(b, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
-    return _mm256_add_epi32(b, r16);
+    return _mm256_blendv_epi8(zo_bits_rne_num(x), _mm256_or_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x00400000)),
+                              nan);
+}
+/* stochastic: bits + r16 in the high half, x not NaN */
+#define zo_bits_sr_num(x, r16) _mm256_add_epi32(_mm256_castps_si256(x), (r16))
+/* the same with NaN quieted (and not rounded) */
+static inline __attribute__((always_inline)) zi zo_bits_sr(zv x, zi r16) {
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(zo_bits_sr_num(x, r16),
+                              _mm256_or_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x00400000)), nan);
+}
+static inline __attribute__((always_inline)) int zo_any_nan6(zv a, zv b, zv c, zv d, zv e, zv f) {
+    __m256 x = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q)),
+                            _mm256_cmp_ps(e, f, _CMP_UNORD_Q));
+    return !_mm256_testz_ps(x, x);
 }
 /* interleave the high halves of e (even elements) and o (odd elements) into 16 bf16 */
 static inline __attribute__((always_inline)) void zo_st_bits_eo(uint16_t *ptr, zi e, zi o) {
     _mm256_storeu_si256((__m256i *)ptr, _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
 }
-static inline __attribute__((always_inline)) void zi_rand_eo(uint32_t seed, uint32_t idx, zi *e, zi *o) {
+static inline __attribute__((always_inline)) zi zi_rand_eo(uint32_t seed, uint32_t idx) {
     const __m256i le = _mm256_setr_epi32(0, (int)(2 * ZO_WEYL), (int)(4 * ZO_WEYL), (int)(6 * ZO_WEYL),
                                          (int)(8 * ZO_WEYL), (int)(10 * ZO_WEYL), (int)(12 * ZO_WEYL),
                                          (int)(14 * ZO_WEYL));
-    __m256i base = _mm256_set1_epi32((int)(idx * ZO_WEYL + seed));
-    *e = _mm256_add_epi32(base, le);
-    *o = _mm256_add_epi32(*e, _mm256_set1_epi32((int)ZO_WEYL));
+    return _mm256_add_epi32(_mm256_set1_epi32((int)(idx * ZO_WEYL + seed)), le);
 }
+#define zi_addc(x, c) _mm256_add_epi32((x), _mm256_set1_epi32((int)(uint32_t)(c)))
 
 #define ZO_FN(name) name##_avx2
 #include "optim/cpu_optim_body.h"

@@ -75,8 +75,8 @@ static inline __attribute__((always_inline)) void zv_st_f16(uint16_t *ptr, zv x)
 static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, zv x, zi r16) {
     __m512i b = _mm512_castps_si512(x);
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    b = _mm512_mask_or_epi32(b, nan, b, _mm512_set1_epi32(0x00400000));
-    zo_st_u16x16(ptr, _mm512_srli_epi32(_mm512_add_epi32(b, r16), 16));
+    __m512i r = _mm512_mask_or_epi32(_mm512_add_epi32(b, r16), nan, b, _mm512_set1_epi32(0x00400000));
+    zo_st_u16x16(ptr, _mm512_srli_epi32(r, 16));
 }
 
 #define zv_st16_f16 zv_st_f16
@@ -101,18 +101,27 @@ static inline __attribute__((always_inline)) void zv_ld_bf16_eo(const uint16_t *
     *e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
     *o = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
-/* the bf16 rounding of x (nearest even; NaN quieted) in the high half of each lane */
-static inline __attribute__((always_inline)) zi zo_bits_rne(zv x) {
+/* the bf16 rounding of x (nearest even) in the high half of each lane, x not NaN */
+static inline __attribute__((always_inline)) zi zo_bits_rne_num(zv x) {
     __m512i b = _mm512_castps_si512(x);
-    __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                     _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
-    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm512_set1_epi32(0x00400000));
+    return _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
 }
-/* stochastic: bits + r16, NaN quieted first, in the high half */
+/* the same with NaN quieted */
+static inline __attribute__((always_inline)) zi zo_bits_rne(zv x) {
+    return _mm512_mask_or_epi32(zo_bits_rne_num(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_castps_si512(x),
+                                _mm512_set1_epi32(0x00400000));
+}
+/* stochastic: bits + r16 in the high half, x not NaN */
+#define zo_bits_sr_num(x, r16) _mm512_add_epi32(_mm512_castps_si512(x), (r16))
+/* the same with NaN quieted (and not rounded) */
 static inline __attribute__((always_inline)) zi zo_bits_sr(zv x, zi r16) {
-    __m512i b = _mm512_castps_si512(x);
-    b = _mm512_mask_or_epi32(b, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm512_set1_epi32(0x00400000));
-    return _mm512_add_epi32(b, r16);
+    return _mm512_mask_or_epi32(zo_bits_sr_num(x, r16), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_castps_si512(x),
+                                _mm512_set1_epi32(0x00400000));
+}
+static inline __attribute__((always_inline)) int zo_any_nan6(zv a, zv b, zv c, zv d, zv e, zv f) {
+    return (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q) |
+            _mm512_cmp_ps_mask(e, f, _CMP_UNORD_Q)) != 0;
 }
 /* interleave the high halves of e (even elements) and o (odd elements) into 32 bf16 */
 static inline __attribute__((always_inline)) void zo_st_bits_eo(uint16_t *ptr, zi e, zi o) {
@@ -120,16 +129,15 @@ static inline __attribute__((always_inline)) void zo_st_bits_eo(uint16_t *ptr, z
     __m512i x = _mm512_ternarylogic_epi32(_mm512_srli_epi32(e, 16), o, _mm512_set1_epi32((int)0xffff0000u), 0xF8);
     _mm512_storeu_si512(ptr, x);
 }
-static inline __attribute__((always_inline)) void zi_rand_eo(uint32_t seed, uint32_t idx, zi *e, zi *o) {
+static inline __attribute__((always_inline)) zi zi_rand_eo(uint32_t seed, uint32_t idx) {
     const __m512i le = _mm512_setr_epi32(0, (int)(2 * ZO_WEYL), (int)(4 * ZO_WEYL), (int)(6 * ZO_WEYL), (int)(8 * ZO_WEYL),
                                          (int)(10 * ZO_WEYL), (int)(12 * ZO_WEYL), (int)(14 * ZO_WEYL),
                                          (int)(16 * ZO_WEYL), (int)(18 * ZO_WEYL), (int)(20 * ZO_WEYL),
                                          (int)(22 * ZO_WEYL), (int)(24 * ZO_WEYL), (int)(26 * ZO_WEYL),
                                          (int)(28 * ZO_WEYL), (int)(30 * ZO_WEYL));
-    __m512i base = _mm512_set1_epi32((int)(idx * ZO_WEYL + seed));
-    *e = _mm512_add_epi32(base, le);
-    *o = _mm512_add_epi32(*e, _mm512_set1_epi32((int)ZO_WEYL));
+    return _mm512_add_epi32(_mm512_set1_epi32((int)(idx * ZO_WEYL + seed)), le);
 }
+#define zi_addc(x, c) _mm512_add_epi32((x), _mm512_set1_epi32((int)(uint32_t)(c)))
 
 /* ---- variant 1: integer bf16 rounding ---- */
 #define ZO_FN(name) name##_avx512

@@ -54,9 +54,9 @@ static inline __attribute__((always_inline)) void zv_st_f16(uint16_t *ptr, zv x)
 
 static inline __attribute__((always_inline)) void zv_st_bf16_sr(uint16_t *ptr, zv x, zi r16) {
     uint32x4_t b = vreinterpretq_u32_f32(x);
-    uint32x4_t nan = vmvnq_u32(vceqq_f32(x, x));
-    b = vorrq_u32(b, vandq_u32(nan, vdupq_n_u32(0x00400000u)));
-    vst1_u16(ptr, vmovn_u32(vshrq_n_u32(vaddq_u32(b, r16), 16)));
+    uint32x4_t notnan = vceqq_f32(x, x);
+    uint32x4_t r = vbslq_u32(notnan, vaddq_u32(b, r16), vorrq_u32(b, vdupq_n_u32(0x00400000u)));
+    vst1_u16(ptr, vmovn_u32(vshrq_n_u32(r, 16)));
 }
 
 #define zv_st16_bf16 zv_st_bf16

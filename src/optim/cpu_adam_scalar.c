@@ -35,10 +35,11 @@ typedef uint32_t zi;
 #define zi_hi16(r) ((r) >> 16)
 #define zi_rand(seed, idx) ((idx) * ZO_WEYL + (seed))
 
+/* NaN: quieted and truncated, as zoff_f32_to_bf16 does (adding r16 could carry
+ * a NaN's payload into the sign bit and give +-0) */
 static inline void zv_st_bf16_sr(uint16_t *ptr, float x, uint32_t r16) {
     uint32_t b = zoff_f32_bits(x);
-    if (x != x) b |= 0x00400000u;
-    *ptr = (uint16_t)((b + r16) >> 16);
+    *ptr = x != x ? (uint16_t)((b >> 16) | 0x40u) : (uint16_t)((b + r16) >> 16);
 }
 
 #define ZO_FN(name) name##_scalar

@@ -11,7 +11,7 @@
  *   zv_ld_f32(const float *), zv_ld_bf16(const uint16_t *), zv_ld_f16(const uint16_t *)
  *   zv_st_f32(float *, zv)
  *   zv_st_bf16(uint16_t *, zv), zv_st_f16(uint16_t *, zv)   round to nearest even
- *   zv_st_bf16_sr(uint16_t *, zv, zi r16)   stochastic: truncate(bits + r16), NaN quieted
+ *   zv_st_bf16_sr(uint16_t *, zv, zi r16)   stochastic: truncate(bits + r16); NaN: quieted, truncated
  *   zv_st16_bf16 / zv_st16_f16 (uint16_t *, zv)  stores of params16 (may differ: NT)
  *   zv_add, zv_sub, zv_mul, zv_div, zv_sqrt, zv_fma(a, b, c) = a*b+c rounded once
  *   zv_negcopysign(mag, x) = -copysign(mag, x)
@@ -117,10 +117,38 @@ ZO_AI void ZO_FN(zo_vec)(const int kind, const int gd, const int sd, const int p
  *   zv_ld_f32_eo(const float *, zv *e, zv *o), zv_st_f32_eo(float *, zv e, zv o)
  *   zv_ld_bf16_eo(const uint16_t *, zv *e, zv *o)
  *   zi zo_bits_rne(zv), zi zo_bits_sr(zv, zi r16): the rounded bf16 in the high half
- *   zo_st_bits_eo(uint16_t *, zi e, zi o), zi_rand_eo(seed, idx, zi *e, zi *o) */
-ZO_AI void ZO_FN(zo_vec_eo)(const int kind, const int pd, const int decay_mode, const int sround, const uint32_t seed,
+ *   zi zo_bits_rne_num(zv), zi zo_bits_sr_num(zv, zi r16): the same for lanes that
+ *     are not NaN (no NaN quieting)
+ *   int zo_any_nan6(zv a, zv b, zv c, zv d, zv e, zv f): some lane of some argument is NaN
+ *   zo_st_bits_eo(uint16_t *, zi e, zi o)
+ *   zi zi_rand_eo(seed, idx): zi_rand's values for the even elements idx, idx + 2, ...
+ *   zi zi_addc(zi, uint32_t c): + c in every lane (mod 2^32)
+ * NaN quieting (a compare and a blend or two logic ops per vector and array)
+ * is most of the integer work of the rounding, and NaN never occurs in a
+ * healthy run: one test of all the outputs per step picks the version without
+ * it, the same bits wherever no lane is NaN. */
+/* The 16-bit stores of one even/odd step; nan: some lane may be NaN (quiet it). */
+ZO_AI void ZO_FN(zo_st_eo)(const int usem, const int usev, const int pd, const int sround, const int nan, void *m,
+                           void *v, void *p16, int64_t i, zv me, zv mo, zv ve, zv vo, zv pe, zv po, zi re, zi ro) {
+#define ZO_SR(x, r) (nan ? zo_bits_sr((x), (r)) : zo_bits_sr_num((x), (r)))
+#define ZO_RNE(x) (nan ? zo_bits_rne(x) : zo_bits_rne_num(x))
+    if (usem) {
+        if (sround) zo_st_bits_eo((uint16_t *)m + i, ZO_SR(me, zi_lo16(re)), ZO_SR(mo, zi_lo16(ro)));
+        else zo_st_bits_eo((uint16_t *)m + i, ZO_RNE(me), ZO_RNE(mo));
+    }
+    if (usev) {
+        if (sround) zo_st_bits_eo((uint16_t *)v + i, ZO_SR(ve, zi_hi16(re)), ZO_SR(vo, zi_hi16(ro)));
+        else zo_st_bits_eo((uint16_t *)v + i, ZO_RNE(ve), ZO_RNE(vo));
+    }
+    if (pd == ZO_BF16) zo_st_bits_eo((uint16_t *)p16 + i, ZO_RNE(pe), ZO_RNE(po));
+#undef ZO_SR
+#undef ZO_RNE
+}
+
+/* One even/odd step at offset i; re: the random bits of its even elements (zi_rand_eo). */
+ZO_AI void ZO_FN(zo_vec_eo)(const int kind, const int pd, const int decay_mode, const int sround,
                             const ZO_FN(zo_hv) *h, float *p, void *m, void *v, const void *g, void *p16, int64_t i,
-                            uint32_t idx) {
+                            zi re) {
     const int usem = kind != ZO_KIND_ADAGRAD, usev = kind != ZO_KIND_LION;
     zv pe, po, ge, go, me, mo, ve, vo;
     zv_ld_f32_eo(p + i, &pe, &po);
@@ -129,20 +157,15 @@ ZO_AI void ZO_FN(zo_vec_eo)(const int kind, const int pd, const int decay_mode, 
     else me = mo = zv_set1(0.0f);
     if (usev) zv_ld_bf16_eo((const uint16_t *)v + i, &ve, &vo);
     else ve = vo = zv_set1(0.0f);
-    zi re = zi_zero(), ro = zi_zero();
-    if (sround) zi_rand_eo(seed, idx, &re, &ro);
+    const zi ro = zi_addc(re, ZO_WEYL);
     ZO_FN(zo_math)(kind, decay_mode, h, &pe, ge, &me, &ve);
     ZO_FN(zo_math)(kind, decay_mode, h, &po, go, &mo, &vo);
     zv_st_f32_eo(p + i, pe, po);
-    if (usem) {
-        if (sround) zo_st_bits_eo((uint16_t *)m + i, zo_bits_sr(me, zi_lo16(re)), zo_bits_sr(mo, zi_lo16(ro)));
-        else zo_st_bits_eo((uint16_t *)m + i, zo_bits_rne(me), zo_bits_rne(mo));
-    }
-    if (usev) {
-        if (sround) zo_st_bits_eo((uint16_t *)v + i, zo_bits_sr(ve, zi_hi16(re)), zo_bits_sr(vo, zi_hi16(ro)));
-        else zo_st_bits_eo((uint16_t *)v + i, zo_bits_rne(ve), zo_bits_rne(vo));
-    }
-    if (pd == ZO_BF16) zo_st_bits_eo((uint16_t *)p16 + i, zo_bits_rne(pe), zo_bits_rne(po));
+    /* unused m / v are 0 (never NaN); p is tested even without params16 */
+    if (__builtin_expect(!zo_any_nan6(me, mo, ve, vo, pe, po), 1))
+        ZO_FN(zo_st_eo)(usem, usev, pd, sround, 0, m, v, p16, i, me, mo, ve, vo, pe, po, re, ro);
+    else
+        ZO_FN(zo_st_eo)(usem, usev, pd, sround, 1, m, v, p16, i, me, mo, ve, vo, pe, po, re, ro);
 }
 #endif
 
@@ -162,6 +185,39 @@ ZO_AI void ZO_FN(zo_prefetch)(const int gd, const int sd, const int pd, const fl
     if (v) __builtin_prefetch((const char *)v + (size_t)j * ss, 1, 3);
     __builtin_prefetch((const char *)g + (size_t)j * gs, 0, 3);
     if (pd != ZO_NONE) __builtin_prefetch((const char *)p16 + (size_t)j * 2, 1, 3);
+}
+#endif
+
+#ifdef ZO_EO
+/* The even/odd steps over [lo, hi) while 2 ZW elements remain; returns where they stopped. */
+ZO_AI int64_t ZO_FN(zo_loop_eo)(const int kind, const int pd, const int decay_mode, const int sround,
+                                const uint32_t seed, const ZO_FN(zo_hv) *h, float *p, void *m, void *v, const void *g,
+                                void *p16, uint32_t idx0, int64_t lo, int64_t hi) {
+    /* U steps per iteration: 64 bytes of each 16-bit array, two lines of fp32 weights, one
+     * prefetch per line */
+    enum { U = 2 * ZW * 2 >= 64 ? 1 : 64 / (2 * ZW * 2), E = U * 2 * ZW };
+    const int usem = kind != ZO_KIND_ADAGRAD, usev = kind != ZO_KIND_LION;
+    int64_t i = lo;
+    /* the random bits advance by one vector add per step instead of being recomputed */
+    zi re = sround ? zi_rand_eo(seed, idx0 + (uint32_t)lo) : zi_zero();
+    for (; i + E <= hi; i += E) {
+        const int64_t j = i + ZO_PF_DIST;
+        __builtin_prefetch(p + j, 1, 3);
+        __builtin_prefetch(p + j + 16, 1, 3);
+        if (usem) __builtin_prefetch((const uint16_t *)m + j, 1, 3);
+        if (usev) __builtin_prefetch((const uint16_t *)v + j, 1, 3);
+        __builtin_prefetch((const uint16_t *)g + j, 0, 3);
+        if (pd != ZO_NONE) __builtin_prefetch((const uint16_t *)p16 + j, 1, 3);
+        for (int u = 0; u < U; u++) {
+            ZO_FN(zo_vec_eo)(kind, pd, decay_mode, sround, h, p, m, v, g, p16, i + u * 2 * ZW, re);
+            re = zi_addc(re, 2 * ZW * ZO_WEYL);
+        }
+    }
+    for (; i + 2 * ZW <= hi; i += 2 * ZW) {
+        ZO_FN(zo_vec_eo)(kind, pd, decay_mode, sround, h, p, m, v, g, p16, i, re);
+        re = zi_addc(re, 2 * ZW * ZO_WEYL);
+    }
+    return i;
 }
 #endif
 
@@ -185,12 +241,10 @@ ZO_AI void ZO_FN(zo_range)(const int kind, const int gd, const int sd, const int
     const uint32_t seed = a->seed, idx0 = a->idx0;
     int64_t i = lo;
 #ifdef ZO_EO
-    if (kind != ZO_KIND_PROBE && gd == ZO_BF16 && sd == ZO_BF16 && (pd == ZO_BF16 || pd == ZO_NONE))
-        for (; i + 2 * ZW <= hi; i += 2 * ZW) {
-            ZO_FN(zo_prefetch)(gd, sd, pd, p, m, v, g, p16, i);
-            if (2 * ZW * 4 > 64) __builtin_prefetch(p + i + ZW + ZO_PF_DIST, 1, 3); /* 2 ZW fp32: two lines */
-            ZO_FN(zo_vec_eo)(kind, pd, decay_mode, sround, seed, &h, p, m, v, g, p16, i, idx0 + (uint32_t)i);
-        }
+    if (kind != ZO_KIND_PROBE && gd == ZO_BF16 && sd == ZO_BF16 && (pd == ZO_BF16 || pd == ZO_NONE)) {
+        /* one loop per (decay_mode, sround), so that neither is tested inside it */
+        i = ZO_FN(zo_loop_eo)(kind, pd, decay_mode, sround, seed, &h, p, m, v, g, p16, idx0, lo, hi);
+    }
 #endif
     for (; i + ZW <= hi; i += ZW) {
 #if ZW > 1

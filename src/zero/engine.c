@@ -240,7 +240,8 @@ static zoff_status s3_setup(zoff_engine *e) {
     return st;
 }
 
-/* After the update: every rank's new weights to every rank (stages 1, 2). */
+/* After the update: every rank's new weights to every rank (stages 1, 2; pipelined: per
+ * group, zoff_eng_pipe_gather). */
 static zoff_status dp_gather_weights(zoff_engine *e) {
     if (e->s3) return zoff_s3_params_updated(e->s3); /* gathered on use; persistent groups now */
     if (e->world == 1 || e->replicated) return ZOFF_OK;
@@ -250,6 +251,42 @@ static zoff_status dp_gather_weights(zoff_engine *e) {
     ZOFF_TRY(zoff_dp_allgather_params(&e->plan, e->chan, e->d2h, e->params, e->dtype, &e->scratch, &e->layout));
     ZOFF_TRY(zoff_event_record(e->ev_gather, e->d2h));
     return zoff_stream_wait_event(e->compute, e->ev_gather);
+}
+
+/* Pipelined, several ranks: the gathers of this round come after the device optimizer's
+ * writes of this rank's device sub-groups (compute stream) and after the last backward's
+ * reductions (the collective stream itself). Caller thread, before the job or commit. */
+static zoff_status pipe_gather_after_compute(zoff_engine *e) {
+    if (e->world == 1) return ZOFF_OK;
+    ZOFF_TRY(zoff_event_record(e->ev_gather, e->compute));
+    return zoff_stream_wait_event(e->d2h, e->ev_gather);
+}
+
+void zoff_eng_pipe_open(zoff_engine *e) {
+    memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
+    e->pipe_next = 0;
+}
+
+zoff_status zoff_eng_pipe_gather(zoff_engine *e) {
+    int ng = zoff_wready_groups(e->wr);
+    for (; e->world > 1 && e->pipe_next < ng && e->group_left[e->pipe_next] == 0; e->pipe_next++) {
+        int g = e->pipe_next;
+        int64_t lo = zoff_wready_group_start(e->wr, g);
+        int64_t hi = g + 1 < ng ? zoff_wready_group_start(e->wr, g + 1) : e->n_model;
+        ZOFF_TRY(zoff_event_record(e->ev_pushed, e->h2d)); /* this rank's part of g is on its way */
+        ZOFF_TRY(zoff_stream_wait_event(e->d2h, e->ev_pushed));
+        ZOFF_TRY(zoff_dp_allgather_range(&e->plan, e->chan, e->d2h, e->params, e->dtype, &e->scratch, &e->layout,
+                                         lo, hi));
+        ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->d2h));
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_eng_pipe_pushed(zoff_engine *e, int i) {
+    int g = e->sg_group[i];
+    if (--e->group_left[g] > 0) return ZOFF_OK;
+    if (e->world > 1) return zoff_eng_pipe_gather(e);
+    return zoff_wready_arrive(e->wr, g, e->h2d);
 }
 
 void zoff_eng_note_async(zoff_engine *e, zoff_status s, const char *what) {
@@ -288,19 +325,22 @@ static zoff_status build_ranges(zoff_engine *e, const zoff_tensor_info *t, int n
 }
 
 /* Where sub-groups must end, in this rank's optimizer space: where the partition's
- * pieces end (several pieces: each sub-group one model range), or where a layer
- * group starts (zoff_placement_layer_cuts). */
+ * pieces end (several pieces: each sub-group one model range) and where a layer
+ * group starts inside a piece (zoff_placement_layer_cuts). */
 static int64_t *subgroup_cuts(const zoff_engine *e, int *ncuts) {
     *ncuts = 0;
-    int cap = (e->nmap > e->ntensors ? e->nmap : e->ntensors) + 1;
-    int64_t *c = malloc((size_t)cap * sizeof *c);
+    bool layers = zoff_placement_layer_cuts(e->world, e->cfg->zero.stage,
+                                            e->cfg->zero.offload_optimizer.device == ZOFF_OFFLOAD_NVME);
+    int64_t *c = malloc((size_t)(e->nmap + (layers ? e->ntensors : 0) + 1) * sizeof *c);
     if (!c) return NULL;
-    if (e->nmap > 1) {
-        for (int k = 1; k < e->nmap; k++) c[(*ncuts)++] = e->map[k].local;
-    } else if (zoff_placement_layer_cuts(e->world, e->cfg->zero.stage,
-                                         e->cfg->zero.offload_optimizer.device == ZOFF_OFFLOAD_NVME)) {
-        for (int i = 1; i < e->ntensors; i++)
-            if (e->tensors[i].layer != e->tensors[i - 1].layer) c[(*ncuts)++] = e->tensors[i].offset;
+    for (int k = 0; k < e->nmap; k++) { /* pieces in local order; each piece's cuts ascending */
+        const zoff_dp_piece *q = &e->map[k];
+        if (k > 0) c[(*ncuts)++] = q->local;
+        for (int i = 1; layers && i < e->ntensors; i++) {
+            int64_t off = e->tensors[i].offset;
+            if (e->tensors[i].layer != e->tensors[i - 1].layer && off > q->model && off < q->model + q->count)
+                c[(*ncuts)++] = q->local + (off - q->model);
+        }
     }
     return c;
 }
@@ -648,6 +688,8 @@ void zoff_engine_destroy(zoff_engine *e) {
     free(e->group_left);
     free(e->group_hsg);
     free(e->group_need);
+    free(e->pipe_order);
+    zoff_event_destroy(e->ev_pushed);
     for (int g = 0; e->ev_release && g < zoff_wready_groups(e->wr); g++) zoff_event_destroy(e->ev_release[g]);
     free(e->ev_release);
     free(e->g_updated);
@@ -665,9 +707,27 @@ void zoff_engine_destroy(zoff_engine *e) {
     free(e);
 }
 
+/* Several ranks: the host sub-groups' update order, by model offset (round-robin local
+ * order need not be the model's); NULL when it is the index order. */
+static zoff_status pipe_order(zoff_engine *e) {
+    bool sorted = true;
+    for (int i = 1; i < e->nsg; i++) sorted = sorted && e->sg[i].model > e->sg[i - 1].model;
+    if (sorted) return ZOFF_OK;
+    if (!(e->pipe_order = malloc((size_t)e->nsg * sizeof *e->pipe_order)))
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the weight pipeline");
+    for (int i = 0; i < e->nsg; i++) { /* insertion sort: a few hundred sub-groups at most */
+        int j = i;
+        for (; j > 0 && e->sg[e->pipe_order[j - 1]].model > e->sg[i].model; j--) e->pipe_order[j] = e->pipe_order[j - 1];
+        e->pipe_order[j] = i;
+    }
+    return ZOFF_OK;
+}
+
 /* The pipelined exact step (see the struct): each sub-group inside one layer group. */
 static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
-    if (!o->weight_waits || e->world > 1 || e->stage3 || e->swap || e->n_host == 0) return ZOFF_OK;
+    /* several ranks with the delayed update: the step's all-gather (not pipelined) */
+    if (!o->weight_waits || (e->world > 1 && (e->dpu || e->replicated)) || e->stage3 || e->swap || e->n_host == 0)
+        return ZOFF_OK;
     ZOFF_TRY(zoff_wready_create(e->dev, e->tensors, e->ntensors, &e->wr));
     int ng = zoff_wready_groups(e->wr);
     e->sg_group = calloc((size_t)e->nsg, sizeof *e->sg_group);
@@ -686,6 +746,11 @@ static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
             e->group_need[a] = true;
         }
     }
+    if (e->world > 1) { /* every group is gathered, also those with no part on this rank */
+        for (int g = 0; g < ng; g++) e->group_need[g] = true;
+        ZOFF_TRY(zoff_event_create(e->dev, &e->ev_pushed));
+        ZOFF_TRY(pipe_order(e));
+    }
     if (e->dpu) {
         e->g_updated = calloc((size_t)ng, sizeof *e->g_updated);
         e->g_released = calloc((size_t)ng, sizeof *e->g_released);
@@ -703,9 +768,9 @@ static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
 static zoff_status spec_setup(zoff_engine *e) {
     if (!e->pipelined)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
-                          "zero_optimization.offload_optimizer.super_offload needs one rank, stage 1 or 2, the "
-                          "optimizer state in host memory (device \"cpu\") and a model that waits for each group's "
-                          "weights (zoff train does; engine option weight_waits); set super_offload false");
+                          "zero_optimization.offload_optimizer.super_offload needs stage 1 or 2, the optimizer state "
+                          "in host memory (device \"cpu\") and a model that waits for each group's weights (zoff "
+                          "train does; engine option weight_waits); set super_offload false");
     size_t b = (size_t)e->n_host * sizeof(float), bs = (size_t)e->n_host * e->ssize;
     e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
     if (e->h_m) e->bk_m = zoff_aligned_alloc(64, bs, "speculation: saved exp_avg");
@@ -733,10 +798,14 @@ static zoff_status check_supported(const zoff_engine_options *o) {
         (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->delayed_param_update || z->stage >= 3))
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.offload_optimizer.super_offload (speculation-then-validation) is "
-                          "implemented for stages 1-2 with offload_optimizer.device \"cpu\" and without "
-                          "zoff_delayed_param_update (got stage %d, device %s%s); set super_offload false",
+                          "implemented for stages 1-2 (any number of ranks) with offload_optimizer.device \"cpu\" and "
+                          "without zoff_delayed_param_update (got stage %d, device %s%s)%s; set super_offload false",
                           z->stage, z->offload_optimizer.device == ZOFF_OFFLOAD_NVME ? "nvme" : offload ? "cpu" : "none",
-                          z->delayed_param_update ? ", delayed update" : "");
+                          z->delayed_param_update ? ", delayed update" : "",
+                          z->stage >= 3 ? ": stage 3 gathers each group's weights from the partition the update "
+                                          "writes, so a speculative update would need a second partition kept apart "
+                                          "until validation (not implemented)"
+                                        : "");
     if (cfg->bf16_optimizer_states && (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME))
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "bf16.bf16_optimizer_states true needs the optimizer state in host memory "
@@ -1234,6 +1303,7 @@ static zoff_status host_step(zoff_engine *e, int64_t t, double lr, double grad_s
     }
     if (e->dpu) ZOFF_TRY(apply_pending_weights(e, &si->t_host, &si->t_host_work)); /* warm-up */
     if (e->pipelined) {
+        ZOFF_TRY(pipe_gather_after_compute(e));
         zoff_hr_start_job(e, t, lr, grad_scale, HU_PIPE);
         e->pipe_unreported = true;
         return ZOFF_OK;
@@ -1303,6 +1373,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         double td = zoff_now();
         if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, 1.0 / scale));
         si.t_device = zoff_now() - td;
+        ZOFF_TRY(pipe_gather_after_compute(e));
         ZOFF_TRY(zoff_hr_spec_commit(e));
     } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
         ZOFF_TRY(zoff_hr_spec_rollback(e));
@@ -1322,7 +1393,8 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
     }
     double tw = zoff_now();
-    if (!overflow || (e->dpu && e->n_host > 0)) ZOFF_TRY(dp_gather_weights(e));
+    /* pipelined: the job (or the commit) gathers group by group */
+    if (!e->pipelined && (!overflow || (e->dpu && e->n_host > 0))) ZOFF_TRY(dp_gather_weights(e));
     /* pipelined: everything after is stream-ordered (the forward waits per group) */
     if (!e->pipelined) ZOFF_TRY(zoff_stream_synchronize(e->compute));
     if (e->chan) ZOFF_TRY(zoff_comm_error(e->chan));

@@ -115,15 +115,21 @@ struct zoff_engine {
     int64_t updates;        /* host updates begun (the thread running them only) */
     int64_t span_seq;       /* the update number of span_step's (guarded by mu once the worker runs) */
 
-    /* pipelined exact step (options.weight_waits, one rank, stages 1-2, state in host
-     * memory): the worker updates the host sub-groups in forward order and pushes each
-     * at once; the model's forward waits per parameter group (zero/wready.h) */
+    /* pipelined exact step (options.weight_waits, stages 1-2, state in host memory, any
+     * number of ranks; not the delayed update with several): the worker updates the host
+     * sub-groups in forward order and pushes each at once; with several ranks, as soon as
+     * a group's part of this rank is pushed (and every group before it), the worker issues
+     * the group's all-gather on the collective stream, groups in forward order on every
+     * rank; the model's forward waits per parameter group (zero/wready.h) */
     bool pipelined, pipe_unreported;
     zoff_wready *wr;
     int *sg_group;   /* layer group of each sub-group (pipelined) */
     int *group_left; /* host sub-groups of each group not yet pushed in this job */
     int *group_hsg;  /* host sub-groups of each group */
-    bool *group_need;
+    bool *group_need; /* the round marks the group pending (several ranks: every group) */
+    int *pipe_order; /* several ranks: host update order, by model offset (NULL: index order) */
+    int pipe_next;   /* several ranks: the next group to all-gather in this round */
+    zoff_event *ev_pushed; /* several ranks: the pushes so far (h2d), for the next gather */
     /* delayed update with the pipeline: job t's new weights of group g go to the device
      * as soon as the job has written them and backward t+1 no longer reads the old ones
      * (its grad-ready call for g); guarded by mu */
@@ -306,6 +312,15 @@ zoff_status zoff_bk_zero_grad(zoff_engine *e);
 /* A failure inside grad_ready (no status to return): kept for the next step. */
 void zoff_eng_note_async(zoff_engine *e, zoff_status s, const char *what);
 zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g);
+/* Pipelined: a new round's pushes (group_left from group_hsg, no group gathered yet). */
+void zoff_eng_pipe_open(zoff_engine *e);
+/* Pipelined: host sub-group i is pushed. Its layer group arrives when it was the group's
+ * last (one rank: the push's event); several ranks: every leading group that is complete
+ * is all-gathered, in forward order, and arrives after its gather (zoff_eng_pipe_gather). */
+zoff_status zoff_eng_pipe_pushed(zoff_engine *e, int i);
+/* Several ranks: all-gather every group from pipe_next on whose part of this rank is
+ * pushed, in forward order (the worker during a pipelined job, the caller at a commit). */
+zoff_status zoff_eng_pipe_gather(zoff_engine *e);
 zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v);
 zoff_status zoff_eng_nvme_release(zoff_engine *e, const subgroup *g, const float *master);
 

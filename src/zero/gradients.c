@@ -270,13 +270,14 @@ static bool spec_runs(zoff_engine *e, int64_t offset, int64_t count, int64_t row
     return true;
 }
 
-bool zoff_engine_uses_grad_rows(const zoff_engine *e) { return e && e->spec; }
+/* One rank only: the early copy goes to the host before the range is reduced over ranks. */
+bool zoff_engine_uses_grad_rows(const zoff_engine *e) { return e && e->spec && e->world == 1; }
 
 void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
                            const int64_t *rows, int64_t nrows) {
     zoff_engine *e = engine;
-    /* speculation's boundary backward only (one rank, stages 1-2: e->spec); once per backward */
-    if (!e->spec || !e->boundary || !e->spec_running || e->sp_pending || e->n_host == 0) return;
+    /* speculation's boundary backward only, one rank (zoff_engine_uses_grad_rows); once per backward */
+    if (!zoff_engine_uses_grad_rows(e) || !e->boundary || !e->spec_running || e->sp_pending || e->n_host == 0) return;
     if (!spec_runs(e, offset, count, row_len, rows, nrows)) {
         zoff_log(ZOFF_LOG_DEBUG, "row-sparse gradient report ignored (rows out of order or out of memory)");
         return;

@@ -283,13 +283,6 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
     return ZOFF_OK;
 }
 
-/* Pipelined: host sub-group i is pushed; when it was its layer group's last, the group arrived. */
-static zoff_status pipe_pushed(zoff_engine *e, int i) {
-    int g = e->sg_group[i];
-    if (--e->group_left[g] > 0) return ZOFF_OK;
-    return zoff_wready_arrive(e->wr, g, e->h2d);
-}
-
 /* The host part of a step: every host sub-group, each pushed to the device as soon
  * as it is done (HU_PUSH: last layers first, their gradients arrived first; HU_PIPE:
  * first layers first, what the next forward needs first arrives first; HU_NO_PUSH,
@@ -307,9 +300,10 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
     int nsp = 0;
     int64_t seq = ++e->updates;
     if (mode == HU_SPEC) return spec_update(e, gbuf, grad_scale, seq);
-    if (mode == HU_PIPE || early) memcpy(e->group_left, e->group_hsg, (size_t)zoff_wready_groups(e->wr) * sizeof(int));
+    if (mode == HU_PIPE || early) zoff_eng_pipe_open(e);
+    if (mode == HU_PIPE) ZOFF_TRY(zoff_eng_pipe_gather(e)); /* several ranks: leading groups with no part here */
     for (int q = 0; q < e->nsg; q++) {
-        int i = mode == HU_PIPE ? q : e->nsg - 1 - q;
+        int i = mode != HU_PIPE ? e->nsg - 1 - q : e->pipe_order ? e->pipe_order[q] : q;
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
         /* this sub-group's state: in host memory, or read from the NVMe swap file (fp32) */
@@ -348,9 +342,10 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
         if (span) span[1] = zoff_now();
         if (e->swap) ZOFF_TRY(zoff_eng_nvme_release(e, g, master));
         if (mode == HU_PUSH || mode == HU_PIPE) ZOFF_TRY(zoff_eng_push_host_subgroup(e, g)); /* HU_SPEC: after validation */
-        if (mode == HU_PIPE) ZOFF_TRY(pipe_pushed(e, i));
+        if (mode == HU_PIPE) ZOFF_TRY(zoff_eng_pipe_pushed(e, i));
         if (early) ZOFF_TRY(dpu_updated(e, i));
     }
+    if (mode == HU_PIPE) ZOFF_TRY(zoff_eng_pipe_gather(e)); /* several ranks: trailing groups */
     if (e->swap) ZOFF_TRY(zoff_swapper_end(e->swap));
     if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
     e->nspan[seq % 2] = nsp;
@@ -359,15 +354,19 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
 
 /* Speculation validated: the new weights of every host sub-group to the device, group
  * by group in forward order (the backward is done: the step synchronised the compute
- * stream), each group marked arrived for the next forward. */
+ * stream), each group marked arrived for the next forward (several ranks: after its
+ * all-gather, issued here on the caller thread, in the same order on every rank). */
 zoff_status zoff_hr_spec_commit(zoff_engine *e) {
     int ng = zoff_wready_groups(e->wr);
-    for (int g = 0; g < ng; g++) {
-        if (!e->group_need[g]) continue;
-        for (int i = 0; i < e->nsg; i++)
-            if (e->sg[i].on_host && e->sg_group[i] == g) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
-        ZOFF_TRY(zoff_wready_arrive(e->wr, g, e->h2d));
-    }
+    zoff_eng_pipe_open(e);
+    ZOFF_TRY(zoff_eng_pipe_gather(e));
+    for (int g = 0; g < ng; g++)
+        for (int i = 0; e->group_hsg[g] > 0 && i < e->nsg; i++)
+            if (e->sg[i].on_host && e->sg_group[i] == g) {
+                ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
+                ZOFF_TRY(zoff_eng_pipe_pushed(e, i));
+            }
+    ZOFF_TRY(zoff_eng_pipe_gather(e));
     return zoff_event_record(e->ev_weights_done, e->h2d);
 }
 

@@ -261,7 +261,6 @@ zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_strea
 
 zoff_status zoff_dp_allgather_params(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *params,
                                      zoff_dtype dt, const zoff_dp_scratch *sc, zoff_dp_layout *l) {
-    size_t es = zoff_dtype_size(dt);
     if (!p->round_robin) { /* one piece per rank, in rank order: in place */
         zoff_dp_layout_of(p, 0, p->n, l);
         if (l->identity) {
@@ -269,9 +268,15 @@ zoff_status zoff_dp_allgather_params(const zoff_dp_plan *p, zoff_comm *c, zoff_s
             return zoff_comm_allgatherv(c, s, params, l->counts, displs, dt);
         }
     }
-    int64_t chunk = sc->elems > 0 ? sc->elems : p->n;
-    for (int64_t x = 0; x < p->n; x += chunk) {
-        int64_t y = x + chunk < p->n ? x + chunk : p->n;
+    return zoff_dp_allgather_range(p, c, s, params, dt, sc, l, 0, p->n);
+}
+
+zoff_status zoff_dp_allgather_range(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *params, zoff_dtype dt,
+                                    const zoff_dp_scratch *sc, zoff_dp_layout *l, int64_t a, int64_t b) {
+    size_t es = zoff_dtype_size(dt);
+    int64_t chunk = sc->elems > 0 ? sc->elems : b - a;
+    for (int64_t x = a; x < b; x += chunk) {
+        int64_t y = x + chunk < b ? x + chunk : b;
         zoff_dp_layout_of(p, x, y, l);
         if (l->identity) {
             for (int r = 0; r < p->world; r++) l->starts[r] += x;

@@ -111,5 +111,10 @@ zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_strea
  * layout is the identity; else through the scratch, in chunks. */
 zoff_status zoff_dp_allgather_params(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *params,
                                      zoff_dtype dt, const zoff_dp_scratch *sc, zoff_dp_layout *l);
+/* The same for model range [a, b) only (the pipelined step gathers one layer group at a
+ * time): in chunks of the scratch, in place where the chunk's layout is the identity, else
+ * through the scratch's pack buffer (round-robin plans allocate it). */
+zoff_status zoff_dp_allgather_range(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *params, zoff_dtype dt,
+                                    const zoff_dp_scratch *sc, zoff_dp_layout *l, int64_t a, int64_t b);
 
 #endif

@@ -27,10 +27,11 @@ size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_par
 }
 
 bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
-    /* one rank, stages 0-2, state in host memory (data-parallel partitions are cut
-     * where their pieces end instead; the NVMe swapper keeps one swap group per
+    /* stages 0-2, state in host memory, any number of ranks (a data-parallel partition is
+     * cut where its pieces end as well; the NVMe swapper keeps one swap group per
      * sub_group_size piece) */
-    return world == 1 && stage < 3 && !nvme;
+    (void)world;
+    return stage < 3 && !nvme;
 }
 
 /* Grid size: sub_group_size, or finer when a fractional ratio needs more pieces. */

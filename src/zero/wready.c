@@ -48,6 +48,8 @@ void zoff_wready_destroy(zoff_wready *w) {
 
 int zoff_wready_groups(const zoff_wready *w) { return w->n; }
 
+int64_t zoff_wready_group_start(const zoff_wready *w, int g) { return w->goff[g]; }
+
 int zoff_group_find(const int64_t *start, int n, int64_t off) {
     if (n == 0 || off < start[0]) return -1;
     int a = 0, b = n - 1;
