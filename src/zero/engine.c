@@ -880,19 +880,6 @@ static void describe(zoff_engine *e) {
                  e->pinned ? "pinned" : "pageable", e->sdt == ZOFF_BF16 ? ", bf16 m and v" : "",
                  e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
                                                         : e->pipelined ? ", pipelined" : "");
-    if (e->n_host > 0 && !e->stage3) {
-        size_t used = strlen(e->describe);
-        if (e->buckets)
-            snprintf(e->describe + used, sizeof e->describe - used,
-                     "; device gradients: gradient buckets (%d x %lld elements%s, first layer group's %lld, device "
-                     "sub-groups' %lld)",
-                     e->gd.nslots, (long long)(e->gd.flat ? e->gd.ring : e->gd.slot),
-                     e->gd.flat ? " in all: one per group, reduce_bucket_size holds them all" : "",
-                     (long long)e->gd.held, (long long)e->gd.device);
-        else
-            snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
-                     "buffer (zoff_placement_grad_buckets)");
-    }
     if (e->s3) {
         zoff_s3_stats ss;
         zoff_s3_get_stats(e->s3, &ss);
@@ -928,6 +915,19 @@ static void describe(zoff_engine *e) {
         size_t used = strlen(e->describe);
         snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
         zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
+    }
+    if (e->n_host > 0 && !e->stage3) {
+        size_t used = strlen(e->describe);
+        if (e->buckets)
+            snprintf(e->describe + used, sizeof e->describe - used,
+                     "; device gradients: gradient buckets (%d x %lld elements%s, first layer group's %lld, device "
+                     "sub-groups' %lld)",
+                     e->gd.nslots, (long long)(e->gd.flat ? e->gd.ring : e->gd.slot),
+                     e->gd.flat ? " in all: one per group, reduce_bucket_size holds them all" : "",
+                     (long long)e->gd.held, (long long)e->gd.device);
+        else
+            snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
+                     "buffer (zoff_placement_grad_buckets)");
     }
 }
 
