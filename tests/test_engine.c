@@ -702,16 +702,75 @@ static void test_placement_spec(void **st) {
                 }
     /* "auto": 1000-byte budget, 500 in use, 100 parameters in bf16 (12 B each on the device) */
     zoff_auto_ratio ar;
-    zoff_placement_auto_ratio(1000, 500, 100, ZOFF_BF16, &ar);
+    zoff_placement_auto_ratio(1000, 500, 64, 0, 100, ZOFF_BF16, &ar);
     assert_true(ar.fits);
     assert_int_equal(ar.margin, 50);
     assert_int_equal(ar.free_bytes, 1000 - 564 - 50);
     assert_int_equal(ar.max_device, (1000 - 564 - 50) / 12);
     assert_true(fabs(ar.ratio - (100.0 - (double)((1000 - 564 - 50) / 12)) / 100.0) < 1e-15);
-    zoff_placement_auto_ratio(1000, 900, 100, ZOFF_F32, &ar);
+    zoff_placement_auto_ratio(1000, 900, 64, 0, 100, ZOFF_F32, &ar);
     assert_false(ar.fits);
-    zoff_placement_auto_ratio(0, 900, 100, ZOFF_F32, &ar);
+    zoff_placement_auto_ratio(0, 900, 64, 0, 100, ZOFF_F32, &ar);
     assert_true(ar.fits && ar.ratio == 0.0);
+    /* with buckets: the device gradient too (bf16: 12 + 2 B per device parameter) */
+    zoff_placement_auto_ratio(1000, 500, 64, 2, 100, ZOFF_BF16, &ar);
+    assert_int_equal(ar.per_param, 14);
+    assert_int_equal(ar.max_device, (1000 - 564 - 50) / 14);
+}
+
+/* The device gradient bytes with buckets (zoff_placement_grad_device), worked by hand:
+ * groups 10 (the first, held), 100, 100, 100, 4 elements of bf16. */
+static void test_grad_device(void **st) {
+    (void)st;
+    const int64_t gc[] = {10, 100, 100, 100, 4};
+    zoff_grad_device d;
+    zoff_grad_device_in in = {.group_count = gc, .ngroups = 5, .device = 0, .reduce_bucket_size = 250,
+                              .dtype = ZOFF_BF16};
+    zoff_placement_grad_device(&in, &d); /* all on the host: held 10, ring floor(250 / 100) = 2 x 100 */
+    assert_true(d.device == 0 && d.held == 10 && d.slot == 100 && d.nslots == 2);
+    assert_int_equal(d.bytes, (10 + 200) * 2);
+    in.reduce_bucket_size = 1; /* at least 2 */
+    zoff_placement_grad_device(&in, &d);
+    assert_int_equal(d.nslots, 2);
+    in.reduce_bucket_size = 400; /* as many as the 4 groups after the first: each its own, exact (flat) */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.nslots == 4 && d.flat && d.ring == 304 && d.bytes == 314 * 2);
+    in.reduce_bucket_size = 399; /* 3 < 4: a ring */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.nslots == 3 && !d.flat && d.ring == 300);
+    in.reduce_bucket_size = 250;
+    in.device = 110; /* groups 0-1 on the device: no held bucket, 3 host groups */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.device == 110 && d.held == 0 && d.slot == 100 && d.nslots == 2);
+    assert_int_equal(d.bytes, (110 + 200) * 2);
+    in.device = 150; /* cuts group 2: all of it in the device buffer; host groups 3 and 4 */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.device == 210 && d.held == 0 && d.flat && d.nslots == 2 && d.ring == 104);
+    in.device = 310; /* only ln_f-like group 4 on the host: one bucket of its size */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.device == 310 && d.nslots == 1 && d.ring == 4 && d.bytes == 314 * 2);
+    in.device = 314; /* nothing on the host */
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.held == 0 && d.nslots == 0 && d.bytes == 314 * 2);
+    /* "auto" reserves the all-host buckets plus the statistics, and 2 B per device parameter */
+    size_t fixed, per;
+    zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
+    assert_int_equal(fixed, zoff_placement_stats_bytes(5) + (10 + 200) * 2);
+    assert_int_equal(per, 2);
+    zoff_placement_auto_engine_bytes(NULL, 5, &fixed, &per);
+    assert_true(fixed == 5 * 8 && per == 0);
+    in.reduce_bucket_size = 100000; /* flat: the full buffer's bytes at any ratio, nothing per device parameter */
+    zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
+    assert_true(fixed == 5 * 8 + 314 * 2 && per == 0);
+    /* the rule */
+    assert_true(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_CPU, 1));
+    assert_true(zoff_placement_grad_buckets_for(true, 1, 1, ZOFF_OFFLOAD_CPU, 0));
+    assert_false(zoff_placement_grad_buckets_for(false, 1, 2, ZOFF_OFFLOAD_CPU, 1));
+    assert_false(zoff_placement_grad_buckets_for(true, 2, 2, ZOFF_OFFLOAD_CPU, 1));
+    assert_false(zoff_placement_grad_buckets_for(true, 1, 3, ZOFF_OFFLOAD_CPU, 1));
+    assert_false(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_NVME, 1));
+    assert_false(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_NONE, 1));
+    assert_false(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_CPU, 2));
 }
 
 /* Initial weights straight into their place (options.init_range: each host sub-group's
@@ -1029,7 +1088,7 @@ int main(void) {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
         cmocka_unit_test(test_offload_equals_device_fp16), cmocka_unit_test(test_accumulation_exact),
         cmocka_unit_test(test_fp16_overflow_schedule),     cmocka_unit_test(test_device_budget),
-        cmocka_unit_test(test_delayed_update),
+        cmocka_unit_test(test_delayed_update), cmocka_unit_test(test_grad_device),
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),

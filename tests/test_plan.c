@@ -132,7 +132,10 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
     zoff_engine *e = NULL;
     float *ckpt = NULL;
     int32_t *dx = NULL, *dy = NULL, *hx = NULL, *hy = NULL;
-    zoff_status s = zoff_gpt2_create(dev, mo, &m);
+    /* as zoff train (src/train/stack.c): the engine's gradient buckets where the rule allows them */
+    zoff_gpt2_options mob = *mo;
+    mob.external_grads = zoff_placement_grad_buckets(cfg, 1);
+    zoff_status s = zoff_gpt2_create(dev, &mob, &m);
     if (s == ZOFF_OK) {
         int64_t n = zoff_gpt2_num_params(m);
         int nt;
@@ -143,6 +146,10 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
                                   .weight_waits = cfg->zero.offload_optimizer.super_offload}; /* as zoff train */
         s = zoff_engine_create(&eo, &e);
         if (s == ZOFF_OK && zoff_engine_uses_grad_rows(e)) s = zoff_gpt2_set_grad_rows(m, zoff_engine_grad_rows, e);
+        if (s == ZOFF_OK && zoff_engine_uses_grad_buckets(e)) {
+            zoff_grad_hooks gh = {.arg = e, .acquire = zoff_engine_grad_acquire, .release = zoff_engine_grad_release};
+            s = zoff_gpt2_set_grad_hooks(m, &gh);
+        }
         if (s == ZOFF_OK) {
             zoff_engine_memory em;
             zoff_engine_memory_usage(e, &em);
@@ -285,6 +292,13 @@ static void test_configs_vs_real(void **st) {
         /* speculation: its rollback copy (12 B/param, pageable) and the model's host tokens (pinned) */
         "{\"stage\": 2, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": %s, "
         "\"super_offload\": true}}",
+        /* gradient buckets: a ring of 2 (the first group's own bucket at ratio 1), and the full buffer */
+        "{\"stage\": 2, \"reduce_bucket_size\": 1, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": "
+        "\"cpu\", \"pin_memory\": %s}}",
+        "{\"stage\": 1, \"reduce_bucket_size\": 1, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": "
+        "\"cpu\", \"ratio\": 0.5, \"pin_memory\": %s}}",
+        "{\"stage\": 2, \"zoff_grad_buckets\": false, \"sub_group_size\": %lld, \"offload_optimizer\": {\"device\": "
+        "\"cpu\", \"ratio\": 0.5, \"pin_memory\": %s}}",
     };
     int k = 0;
     for (int si = 0; si < NSHAPES; si++)
@@ -504,8 +518,13 @@ static void test_auto_ratio_matches_engine(void **st) {
     zoff_gpt2_options mo = {.shape = SHAPES[1].shape, .batch_size = 2, .seq_len = 64, .dtype = ZOFF_F16};
     zoff_plan_model_bytes mb;
     assert_int_equal(zoff_plan_model_bytes_get(&mo, &mb), ZOFF_OK);
-    const char *json = "{\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true}, \"zero_optimization\": "
-                       "{\"stage\": 2, \"sub_group_size\": 100000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": \"auto\"}}}";
+    /* with gradient buckets (a ring of 2), and with the full gradient buffer */
+    for (int full = 0; full < 2; full++) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true}, \"zero_optimization\": "
+             "{\"stage\": 2, \"reduce_bucket_size\": 1, \"zoff_grad_buckets\": %s, \"sub_group_size\": 100000, "
+             "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": \"auto\"}}}", full ? "false" : "true");
     zoff_config cfg;
     load_cfg(json, &cfg);
     size_t model_dev = mb.params + mb.grads + mb.activations;
@@ -521,7 +540,7 @@ static void test_auto_ratio_matches_engine(void **st) {
         reality r;
         measure_real(&cfg, &mo, budget, NULL, &r);
         char label[128];
-        snprintf(label, sizeof label, "auto, budget model x %.2f", 1.0 + extra[k]);
+        snprintf(label, sizeof label, "auto%s, budget model x %.2f", full ? " (full gradient buffer)" : "", 1.0 + extra[k]);
         if (row.auto_failed) {
             assert_int_equal(r.status, ZOFF_ERR_DEVICE_OOM);
             continue;
@@ -537,6 +556,7 @@ static void test_auto_ratio_matches_engine(void **st) {
         compare(label, &row, &r, false);
     }
     zoff_config_free(&cfg);
+    }
 }
 
 /* ------------------------------------------------------------------ stage 3 (one rank) */

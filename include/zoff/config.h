@@ -122,6 +122,8 @@ typedef struct zoff_zero_config {
     bool elastic_checkpoint;          /* accepted; no effect */
     /* zoff extension: ZeRO-Offload's delayed parameter update (one-step delay). */
     bool delayed_param_update;        /* "zoff_delayed_param_update", default false */
+    bool grad_buckets;                /* "zoff_grad_buckets", default true: bounded device gradient buckets
+                                         under optimizer offload (zoff_placement_grad_buckets) */
     int64_t delayed_param_update_warmup; /* "zoff_delayed_param_update_warmup", default 10 */
     zoff_offload_optimizer_config offload_optimizer;
     zoff_offload_param_config offload_param;

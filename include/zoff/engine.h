@@ -1,7 +1,9 @@
 /* zoff engine (src/zero): owns the optimizer side of training.
  *
  * The model hands the engine a flat parameter buffer and a flat gradient
- * buffer on the device plus a tensor table (zoff_tensor_info); during backward
+ * buffer on the device (or, with gradient buckets, asks it for each layer
+ * group's gradient buffer: zoff_engine_grad_acquire) plus a tensor table
+ * (zoff_tensor_info); during backward
  * it reports finished gradient ranges through zoff_engine_grad_ready. The
  * engine keeps the fp32 master weights and optimizer state (where they live is
  * the configuration's choice: device, host, disk), and at each accumulation
@@ -30,7 +32,8 @@ typedef struct zoff_engine_options {
     int num_tensors;
     int64_t num_params;
     void *params;        /* device, num_params of dtype: the weights forward/backward use (NULL: stage 3) */
-    void *grads;         /* device, num_params of dtype: backward accumulates here (NULL: stage 3) */
+    void *grads;         /* device, num_params of dtype: backward accumulates here (NULL: stage 3, or
+                            gradient buckets where zoff_placement_grad_buckets allows them) */
     zoff_dtype dtype;    /* F32, BF16 or F16 */
     const float *init_params; /* host fp32, num_params: initial master weights (or init_range) */
     /* Instead of init_params (no whole-model buffer): fills dst with the initial fp32 weights
@@ -139,7 +142,58 @@ typedef struct zoff_auto_ratio {
     double ratio;
     bool fits;
 } zoff_auto_ratio;
-void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out);
+void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed, size_t grad_per_param, int64_t n,
+                               zoff_dtype dtype, zoff_auto_ratio *out);
+
+/* Device gradient storage under optimizer offload. Whether the engine gives the model its
+ * gradient buffers group by group (zoff_grad_hooks: the model is created with
+ * external_grads and holds no flat gradient buffer) instead of taking the model's full
+ * one: one rank, stage 1 or 2, offload_optimizer.device "cpu" (sub-groups cut at the layer
+ * groups), gradient_accumulation_steps 1 (earlier micro-batches' sums would need a full
+ * buffer) and zero_optimization.zoff_grad_buckets (default true). The one rule: the
+ * trainer, the engine and zoff plan ask it. */
+bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
+/* The same rule from its inputs (zoff plan's rows vary stage and offload): zoff_grad_buckets,
+ * ranks, stage, offload_optimizer.device, gradient_accumulation_steps. */
+bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
+                                     int64_t accumulation);
+/* The device gradient bytes with buckets. The layer groups (runs of equal `layer`, in flat
+ * order; the first one, GPT-2's embeddings, is held from the lm head to the end of backward)
+ * split into the device sub-groups' (the bottom [0, device): one buffer, accumulated, read by
+ * the device optimizer) and the host sub-groups' (written into a bucket, copied to the host
+ * after the group's grad-ready, the bucket reused once that copy is done). The first group,
+ * when on the host, has a bucket of its own; the others share a ring of nslots buckets of the
+ * largest host one: reduce_bucket_size elements in whole buckets, at least 2 (copies overlap
+ * compute); when that is as many as such groups, each its own bucket of its exact size
+ * (flat). A group that `device` cuts (a fractional
+ * ratio's sub-groups can be finer than the groups) is all in the device buffer, its host
+ * part copied from there. stats: the gradient statistics, 2 floats per
+ * layer group (the engine allocates them with or without buckets). */
+typedef struct zoff_grad_device_in {
+    const int64_t *group_count; /* elements of each layer group, in flat order */
+    int ngroups;
+    int64_t device;             /* elements of the device sub-groups: [0, device) */
+    int64_t reduce_bucket_size; /* zero_optimization.reduce_bucket_size (elements) */
+    zoff_dtype dtype;
+} zoff_grad_device_in;
+typedef struct zoff_grad_device {
+    int64_t device;  /* elements of the device buffer: the device sub-groups', to the end of their last group */
+    int64_t held;    /* elements of the first group's bucket (0: on the device) */
+    int64_t slot;    /* elements of one ring bucket (0 when flat) */
+    int nslots;      /* ring buckets (0: no host group after the first) */
+    bool flat;       /* reduce_bucket_size holds every such group: one bucket each, of its exact size, in
+                        flat order (no reuse; the bytes of a full buffer, never more) */
+    int64_t ring;    /* elements of the ring: nslots x slot, or (flat) the groups' sum */
+    size_t bytes;    /* device + held + ring, in the model's dtype */
+} zoff_grad_device;
+void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out);
+/* The gradient statistics' device bytes: 2 floats per layer group. */
+size_t zoff_placement_stats_bytes(int ngroups);
+/* What "auto" adds to the device state per parameter: the engine's fixed device bytes (the
+ * statistics and, with buckets (in != NULL; its `device` ignored), the ring and the first
+ * group's bucket, reserved although the device may end up holding that group) and, with
+ * buckets, the device gradient of each device parameter. */
+void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups, size_t *fixed, size_t *per_param);
 /* Speculation's rollback copy (offload_optimizer.super_offload with device "cpu"): the
  * saved fp32 master, m and v (as the optimizer uses them) of host_params parameters, in
  * pageable host memory; 0 without it. The engine allocates it, zoff plan counts it. */
@@ -226,6 +280,18 @@ int zoff_engine_last_host_spans(const zoff_engine *e, const double **spans);
 /* ... and the first parameter (model space) of the sub-group each of those spans updated
  * (a speculative update with a row-sparse report updates a sub-group in two spans). */
 int zoff_engine_last_host_span_offsets(const zoff_engine *e, const int64_t **offsets);
+
+/* Gradient buckets (zoff_placement_grad_buckets; options.grads NULL with stages 1-2): the
+ * model is created with external_grads and given these two as its zoff_grad_hooks (arg = the
+ * engine). A device sub-group's group gets its range of the engine's device gradient buffer
+ * (accumulated, zoff_engine_zero_grad zeroes it); a host sub-group's group gets a bucket,
+ * zeroed, whose gradients go to the host after its grad-ready call and whose statistics
+ * are taken at release; the bucket is reused once that copy is done. Every backward must be
+ * an accumulation boundary. */
+zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, void **grads);
+zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count);
+/* Whether the engine provides the gradient buffers (the model must then use the hooks above). */
+bool zoff_engine_uses_grad_buckets(const zoff_engine *e);
 
 /* Grad-ready callback to pass to the model's backward (arg = the engine). */
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count);

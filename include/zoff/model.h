@@ -83,6 +83,11 @@ typedef struct zoff_gpt2_options {
     /* No flat parameter/gradient buffers: the weights are provided, group by group,
      * through zoff_param_hooks (ZeRO stage 3). zoff_gpt2_params/grads return NULL. */
     bool external_params;
+    /* No flat gradient buffer (the weights stay in the flat parameter buffer): backward
+     * asks for each group's gradient buffer through zoff_grad_hooks (the engine's bounded
+     * buckets under optimizer offload: zoff_placement_grad_buckets). zoff_gpt2_grads
+     * returns NULL. */
+    bool external_grads;
 } zoff_gpt2_options;
 
 /* Stages 1-2 (flat buffers): before forward issues the first op that reads a
@@ -106,6 +111,8 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
 void zoff_gpt2_destroy(zoff_gpt2 *m);
 /* Install the hooks of a model created with external_params (copied). */
 zoff_status zoff_gpt2_set_param_hooks(zoff_gpt2 *m, const zoff_param_hooks *hooks);
+/* Install the gradient hooks of a model created with external_grads (copied). */
+zoff_status zoff_gpt2_set_grad_hooks(zoff_gpt2 *m, const zoff_grad_hooks *hooks);
 
 /* The tensor table and sizes (elements). */
 const zoff_tensor_info *zoff_gpt2_tensors(const zoff_gpt2 *m, int *count);

@@ -67,6 +67,20 @@ typedef struct zoff_param_hooks {
     zoff_status (*release)(void *arg, zoff_stream *s, int64_t offset, int64_t count, bool backward);
 } zoff_param_hooks;
 
+/* Gradient buffer provider (stages 1-2 with the weights in the model's flat buffer; the
+ * engine's bounded gradient buckets under optimizer offload). A model created without a
+ * flat gradient buffer calls acquire in backward before the first op that writes a
+ * group's gradients (the groups of zoff_param_hooks, in the same order and with the same
+ * holding: the embeddings from the lm head to the end of backward), gets a buffer of the
+ * group's size that starts at zero (backward accumulates into it), valid in stream order
+ * on `s`, and calls release after the group's grad-ready call, once it issued the last
+ * op that writes it. The callee may reuse the buffer for a later group after release. */
+typedef struct zoff_grad_hooks {
+    void *arg;
+    zoff_status (*acquire)(void *arg, zoff_stream *s, int64_t offset, int64_t count, void **grads);
+    zoff_status (*release)(void *arg, zoff_stream *s, int64_t offset, int64_t count);
+} zoff_grad_hooks;
+
 #ifdef __cplusplus
 }
 #endif

@@ -161,7 +161,8 @@ static void print_banner(zoff_trainer *t) {
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], ranks[48] = "";
     fprintf(stderr,
             "zoff: %s\n"
-            "zoff: memory: device %s (model %s: weights, gradients, activations; optimizer %s), pinned host %s, "
+            "zoff: memory: device %s (model %s: weights, gradients unless in buckets, activations; engine %s: "
+            "optimizer state, gradient buckets), pinned host %s, "
             "pageable host %s, disk %s\n",
             zoff_engine_describe(zoff_trainer_engine(t)), zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
             zoff_format_bytes(zoff_gpt2_device_bytes(zoff_trainer_model(t)), b2, sizeof b2),

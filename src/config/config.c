@@ -376,6 +376,7 @@ static const key_spec k_zero[] = {
     DB("mics_hierarchical_params_gather", "false", MICS),
     KF("zenflow", NULL, "ZenFlow (stall-free offload) is not implemented"),
     KB("zoff_delayed_param_update", zoff_zero_config, delayed_param_update),
+    KB("zoff_grad_buckets", zoff_zero_config, grad_buckets),
     KI("zoff_delayed_param_update_warmup", zoff_zero_config, delayed_param_update_warmup, NONNEG),
     KSEC("offload_optimizer", zoff_zero_config, offload_optimizer, &s_offload_optimizer),
     KSEC("offload_param", zoff_zero_config, offload_param, &s_offload_param),
@@ -1399,6 +1400,7 @@ void zoff_config_defaults(zoff_config *cfg) {
     z->stage3_gather_16bit_weights_on_model_save = false;
     z->elastic_checkpoint = false;
     z->delayed_param_update = false;
+    z->grad_buckets = true;
     z->delayed_param_update_warmup = 10;
     z->offload_optimizer.device = ZOFF_OFFLOAD_NONE;
     z->offload_optimizer.pin_memory = true;

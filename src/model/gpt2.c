@@ -97,6 +97,9 @@ struct zoff_gpt2 {
     bool external;
     zoff_param_hooks hooks;
     bool have_hooks;
+    bool external_grads;   /* no flat gradient buffer: grad_hooks give each group's in backward */
+    zoff_grad_hooks grad_hooks;
+    bool have_grad_hooks;
     zoff_weight_wait_fn wait_fn; /* flat buffers: forward waits for each group's weights (may be NULL) */
     void *wait_arg;
     int ngroups;
@@ -161,6 +164,17 @@ static void *grad_ptr(const zoff_gpt2 *m, int t) {
 
 /* Parameter group g is about to be used / is no longer used (hooks; nothing with flat buffers). */
 static zoff_status group_use(zoff_gpt2 *m, int g, bool backward) {
+    if (!m->external && backward && m->external_grads) {
+        if (!m->have_grad_hooks)
+            return zoff_error(ZOFF_ERR_INVALID, "GPT-2 without a gradient buffer (external_grads): no gradient hooks "
+                                                "installed (zoff_gpt2_set_grad_hooks)");
+        void *gr = NULL;
+        zoff_status s = m->grad_hooks.acquire(m->grad_hooks.arg, zoff_device_stream(m->dev), m->groups[g].off,
+                                              m->groups[g].count, &gr);
+        if (s != ZOFF_OK) return zoff_error_context(s, "acquiring the gradient buffer of parameter group %d", g);
+        m->groups[g].g = gr;
+        return ZOFF_OK;
+    }
     if (!m->external) { /* backward comes after a forward that waited, in stream order */
         if (!m->wait_fn || backward) return ZOFF_OK;
         zoff_status s = m->wait_fn(m->wait_arg, zoff_device_stream(m->dev), m->groups[g].off, m->groups[g].count);
@@ -180,6 +194,12 @@ static zoff_status group_use(zoff_gpt2 *m, int g, bool backward) {
 }
 
 static zoff_status group_done(zoff_gpt2 *m, int g, bool backward) {
+    if (!m->external && backward && m->external_grads) {
+        zoff_status s = m->grad_hooks.release(m->grad_hooks.arg, zoff_device_stream(m->dev), m->groups[g].off,
+                                              m->groups[g].count);
+        m->groups[g].g = NULL;
+        return s == ZOFF_OK ? s : zoff_error_context(s, "releasing the gradient buffer of parameter group %d", g);
+    }
     if (!m->external) return ZOFF_OK;
     zoff_status s = m->hooks.release(m->hooks.arg, zoff_device_stream(m->dev), m->groups[g].off, m->groups[g].count,
                                          backward);
@@ -254,6 +274,17 @@ zoff_status zoff_gpt2_set_param_hooks(zoff_gpt2 *m, const zoff_param_hooks *hook
                                             "parameter buffers; create it with external_params");
     m->hooks = *hooks;
     m->have_hooks = true;
+    return ZOFF_OK;
+}
+
+zoff_status zoff_gpt2_set_grad_hooks(zoff_gpt2 *m, const zoff_grad_hooks *hooks) {
+    if (!m || !hooks || !hooks->acquire || !hooks->release)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_grad_hooks: model, acquire or release is NULL");
+    if (!m->external_grads)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_set_grad_hooks: the model was created with its own "
+                                            "gradient buffer; create it with external_grads");
+    m->grad_hooks = *hooks;
+    m->have_grad_hooks = true;
     return ZOFF_OK;
 }
 
@@ -404,6 +435,7 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     }
     build_tensor_table(m);
     m->external = opts->external_params;
+    m->external_grads = opts->external_grads && !m->external;
     m->ngroups = (int)L + 2;
     m->groups = calloc((size_t)m->ngroups, sizeof *m->groups);
     if (!m->groups) {
@@ -420,7 +452,7 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     char b1[32], b2[32];
     zoff_status st;
     m->params_bytes = m->external ? 0 : (size_t)m->num_params * m->dts;
-    m->grads_bytes = m->params_bytes;
+    m->grads_bytes = m->external_grads ? 0 : m->params_bytes;
     carver measure = {0};
     layout_activations(m, &measure);
     if (measure.overflow) {
@@ -446,10 +478,10 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     } while (0)
     if (!m->external) {
         CREATE_TRY(zoff_device_alloc(dev, m->params_bytes, "gpt2 parameters", &m->params));
-        CREATE_TRY(zoff_device_alloc(dev, m->grads_bytes, "gpt2 gradients", &m->grads));
+        if (!m->external_grads) CREATE_TRY(zoff_device_alloc(dev, m->grads_bytes, "gpt2 gradients", &m->grads));
         for (int gi = 0; gi < m->ngroups; gi++) {
             m->groups[gi].p = elem_ptr(m->params, m->groups[gi].off, m->dts);
-            m->groups[gi].g = elem_ptr(m->grads, m->groups[gi].off, m->dts);
+            m->groups[gi].g = m->grads ? elem_ptr(m->grads, m->groups[gi].off, m->dts) : NULL;
         }
     }
     CREATE_TRY(zoff_device_alloc(dev, m->acts_bytes, "gpt2 activations", &m->acts_mem));
@@ -459,7 +491,7 @@ zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zo
     carver place = {.base = m->acts_mem};
     layout_activations(m, &place);
     /* gradients start at zero: backward accumulates */
-    if (!m->external) CREATE_TRY(zoff_memset_async(zoff_device_stream(dev), m->grads, 0, m->grads_bytes));
+    if (m->grads) CREATE_TRY(zoff_memset_async(zoff_device_stream(dev), m->grads, 0, m->grads_bytes));
 #undef CREATE_TRY
     *out = m;
     return ZOFF_OK;

@@ -8,7 +8,9 @@
  *                              pieces (layout_activations), pinned losses
  *   engine  src/zero/engine.c  zoff_engine_create: sub-groups and "auto" from
  *                              src/zero/placement.c (called here too),
- *                              device master/m/v + 8 bytes of statistics, host
+ *                              device master/m/v + 8 bytes of statistics per
+ *                              layer group, with buckets the device gradients
+ *                              (zoff_placement_grad_device), host
  *                              master/m/v + gradient partition(s) + staging
  *   loop    src/train          token buffers on the device, the checkpoint
  *                              save's piece buffer on the host
@@ -287,8 +289,11 @@ static zoff_status check_setting(const zoff_plan_setting *s, const zoff_plan_mac
 
 /* The model's device buffers and the engine's data-parallel (or stage-3)
  * buffers, for a partition of `part` elements; `maxgrp` is the largest layer
- * group (wte + wpe, a block, ln_f). */
-static void device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *s, const zoff_plan_model_bytes *mb,
+ * group (wte + wpe, a block, ln_f). Returns whether the engine uses gradient
+ * buckets (zoff_placement_grad_buckets_for): then the model holds no gradient
+ * buffer (grads16 0 here; the engine's device gradients are counted after the
+ * placement). */
+static bool device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *s, const zoff_plan_model_bytes *mb,
                            int64_t part, int64_t emb, int64_t blk, int64_t lnf, int64_t maxgrp, zoff_plan_memory *m) {
     const zoff_config *cfg = in->cfg;
     const zoff_gpt2_options *mo = &in->model;
@@ -297,9 +302,12 @@ static void device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *
     const bool rr = cfg->zero.round_robin_gradients && R > 1;
     m->activations = mb->activations;
     m->tokens = 2 * (size_t)(B * T) * sizeof(int32_t);
+    const int64_t accum = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
+    const bool buckets = s->offload != ZOFF_OFFLOAD_NONE &&
+                         zoff_placement_grad_buckets_for(cfg->zero.grad_buckets, (int)R, s->stage, s->offload, accum);
     if (s->stage < 3) {
         m->params16 = mb->params;
-        m->grads16 = mb->grads;
+        m->grads16 = buckets ? 0 : mb->grads;
         if (R > 1) { /* engine.c dp_setup: one layer's gradients, at most a reduce bucket */
             int64_t el = maxgrp;
             if (cfg->zero.reduce_bucket_size > 0 && el > cfg->zero.reduce_bucket_size) el = cfg->zero.reduce_bucket_size;
@@ -314,6 +322,30 @@ static void device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *
         m->comm_buffers = (size_t)maxgrp * es * (1 + (rr ? 1 : 0));
         m->gathered = stage3_gathered(cfg, emb, blk, lnf, L, es);
     }
+    return buckets;
+}
+
+/* Device gradient bytes (one home: zoff_placement_grad_device, zoff_placement_auto_engine_bytes)
+ * over GPT-2's layer groups [wte + wpe, blocks, ln_f]. device >= 0: with buckets, the device
+ * buffer and the buckets for `device` device parameters (*a). device < 0: what "auto" adds
+ * (*a fixed: the statistics and, with buckets, the buckets; *b per device parameter). */
+static zoff_status plan_grad_bytes(const zoff_plan_inputs *in, bool buckets, int64_t emb, int64_t blk, int64_t device,
+                                   size_t *a, size_t *b) {
+    const int ng = (int)in->model.shape.num_layers + 2;
+    int64_t *gc = malloc((size_t)ng * sizeof *gc);
+    if (!gc) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d layer groups", ng);
+    for (int g = 0; g < ng; g++) gc[g] = g == 0 ? emb : g == ng - 1 ? 2 * in->model.shape.hidden_size : blk;
+    zoff_grad_device_in gi = {.group_count = gc, .ngroups = ng, .device = device > 0 ? device : 0,
+                              .reduce_bucket_size = in->cfg->zero.reduce_bucket_size, .dtype = in->model.dtype};
+    if (device < 0) {
+        zoff_placement_auto_engine_bytes(buckets ? &gi : NULL, ng, a, b);
+    } else {
+        zoff_grad_device gd;
+        zoff_placement_grad_device(&gi, &gd);
+        *a = gd.bytes;
+    }
+    free(gc);
+    return ZOFF_OK;
 }
 
 /* Stage 3 with offload_param nvme: the weights on disk and the buffers that read them. */
@@ -479,7 +511,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     const int64_t emb = (mb.padded_vocab_size + mo->shape.max_seq_len) * C; /* group: wte + wpe */
     const int64_t blk = mb.block_params, lnf = 2 * C;
     const int64_t maxgrp = emb > blk ? (emb > lnf ? emb : lnf) : (blk > lnf ? blk : lnf);
-    device_buffers(in, s, &mb, part, emb, blk, lnf, maxgrp, m);
+    const bool buckets = device_buffers(in, s, &mb, part, emb, blk, lnf, maxgrp, m);
     m->runtime_reserve = M->runtime_reserve;
 
     /* ---- placement of the optimizer's partition: host (cpu/nvme) or device */
@@ -489,12 +521,16 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         /* allocated before the engine chooses: the model, the data-parallel buffers */
         model_dev_before_engine = (s->stage < 3 ? m->params16 + m->grads16 : 0) + m->activations + m->comm_buffers;
         zoff_auto_ratio ar;
-        zoff_placement_auto_ratio(M->device_budget ? M->device_bytes : 0, model_dev_before_engine, part, dt, &ar);
+        size_t fixed, per_param;
+        ZOFF_TRY(plan_grad_bytes(in, buckets, emb, blk, -1, &fixed, &per_param));
+        zoff_placement_auto_ratio(M->device_budget ? M->device_bytes : 0, model_dev_before_engine, fixed, per_param,
+                                  part, dt, &ar);
         r->auto_failed = !ar.fits;
         ratio = ar.ratio;
     }
     plan_placement pl = {0};
     ZOFF_TRY(place(part, s, offload ? ratio : 0.0, R, emb, blk, L, &pl));
+    if (buckets) ZOFF_TRY(plan_grad_bytes(in, true, emb, blk, part - pl.host, &m->grads16, NULL));
     r->host_params = pl.host;
     r->num_subgroups = pl.nsg;
     r->device_params = part - r->host_params;
@@ -503,7 +539,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     const bool nvme = s->offload == ZOFF_OFFLOAD_NVME;
 
     /* ---- the engine */
-    m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + 2 * f4;
+    m->device_optimizer = nd * f4 * ((dt != ZOFF_F32 ? 1 : 0) + 2) + zoff_placement_stats_bytes((int)L + 2);
     if (nh > 0) {
         /* the engine's host buffers (one home: zoff_placement_host_buffers) */
         zoff_host_buffers hb;
@@ -661,8 +697,8 @@ static zoff_status add_row(const zoff_plan_inputs *in, const zoff_plan_setting *
 
 /* The smallest host ratio whose device bytes fit the device with the plan's
  * margin ("as low as possible without causing OOM"): every device-side
- * parameter costs the engine's fp32 master (16-bit models), m and v (stage 3:
- * and its gradient); whole sub-groups only raise the host part. Adds a row
+ * parameter costs the engine's fp32 master (16-bit models), m and v (stage 3
+ * and gradient buckets: and its gradient); whole sub-groups only raise the host part. Adds a row
  * when that ratio lies strictly between 0 and 1. */
 static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_setting *base, zoff_plan *out) {
     const zoff_plan_machine *M = &in->machine;
@@ -674,8 +710,10 @@ static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_se
     ZOFF_TRY(zoff_plan_evaluate(in, &s, &all_host));
     size_t cap = frac_of(M->device_bytes, 1.0 - M->margin);
     if (all_host.mem.device > cap) return ZOFF_OK; /* not even everything on the host fits */
+    const int64_t accum = in->cfg->gradient_accumulation_steps > 0 ? in->cfg->gradient_accumulation_steps : 1;
+    const bool buckets = zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, M->ranks, s.stage, s.offload, accum);
     size_t per = sizeof(float) * (in->model.dtype != ZOFF_F32 ? 3 : 2) +
-                 (s.stage == 3 ? zoff_dtype_size(in->model.dtype) : 0);
+                 (s.stage == 3 || buckets ? zoff_dtype_size(in->model.dtype) : 0);
     int64_t part = all_host.partition_params;
     int64_t nd_max = (int64_t)((cap - all_host.mem.device) / per);
     if (nd_max >= part) return ZOFF_OK; /* ratio 0 fits */

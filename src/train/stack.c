@@ -45,6 +45,10 @@ static zoff_status create_engine(const zoff_train_stack_options *o, zoff_train_s
     if (st == ZOFF_OK && zoff_engine_uses_grad_rows(s->eng) && /* wte's rows outside the batch: early */
         (st = zoff_gpt2_set_grad_rows(s->model, zoff_engine_grad_rows, s->eng)) != ZOFF_OK)
         zoff_error_context(st, "engine");
+    if (st == ZOFF_OK && zoff_engine_uses_grad_buckets(s->eng)) { /* each group's gradients in a bucket */
+        zoff_grad_hooks gh = {.arg = s->eng, .acquire = zoff_engine_grad_acquire, .release = zoff_engine_grad_release};
+        if ((st = zoff_gpt2_set_grad_hooks(s->model, &gh)) != ZOFF_OK) zoff_error_context(st, "engine");
+    }
     if (st == ZOFF_OK && o->cfg->zero.stage == 3) { /* the model asks the engine for each group's weights */
         zoff_param_hooks hk = {.arg = s->eng, .begin_pass = zoff_engine_begin_pass, .acquire = zoff_engine_acquire,
                                .release = zoff_engine_release};
@@ -59,7 +63,9 @@ zoff_status zoff_train_stack_create(const zoff_train_stack_options *o, zoff_trai
     if (s != ZOFF_OK) return zoff_error_context(s, "device");
     zoff_gpt2_options mo = {.shape = o->shape, .batch_size = o->batch_size, .seq_len = o->seq_len,
                             .dtype = o->dtype, .checkpoint_activations = o->checkpoint_activations,
-                            .external_params = o->cfg->zero.stage == 3}; /* stage 3: weights from the engine */
+                            .external_params = o->cfg->zero.stage == 3, /* stage 3: weights from the engine */
+                            /* offload: the engine's bounded gradient buckets instead of a full buffer */
+                            .external_grads = zoff_placement_grad_buckets(o->cfg, o->comm ? zoff_comm_size(o->comm) : 1)};
     if ((s = zoff_gpt2_create(out->dev, &mo, &out->model)) != ZOFF_OK) zoff_error_context(s, "model");
     if (s == ZOFF_OK) s = create_engine(o, out);
     if (s != ZOFF_OK) zoff_train_stack_destroy(out);

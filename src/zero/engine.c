@@ -393,12 +393,12 @@ static void host_free(zoff_engine *e, void *p) {
 }
 
 /* "ratio": "auto" (zoff_placement_auto_ratio, shared with zoff plan); prints the arithmetic. */
-static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
+static zoff_status auto_ratio(zoff_engine *e, size_t fixed, size_t grad_per_param, double *ratio) {
     zoff_memory_stats ms;
     zoff_device_memory_stats(e->dev, &ms);
     zoff_auto_ratio ar;
-    zoff_placement_auto_ratio(ms.device_budget, ms.device_in_use, e->n, e->dtype, &ar);
-    char b1[32], b2[32], b3[32], b4[32];
+    zoff_placement_auto_ratio(ms.device_budget, ms.device_in_use, fixed, grad_per_param, e->n, e->dtype, &ar);
+    char b1[32], b2[32], b3[32], b4[32], b5[32];
     if (ms.device_budget == 0) {
         *ratio = 0.0;
         zoff_log(ZOFF_LOG_INFO,
@@ -416,12 +416,13 @@ static zoff_status auto_ratio(zoff_engine *e, double *ratio) {
                           zoff_format_bytes(ar.margin, b3, sizeof b3));
     *ratio = ar.ratio;
     zoff_log(ZOFF_LOG_INFO,
-             "offload_optimizer.ratio auto: budget %s - in use %s (weights, gradients, activations) - margin %s "
-             "(5%%) = %s free; device optimizer state takes %zu B/param, so at most %lld of %lld parameters "
-             "fit on the device: host ratio >= %.4f (rounded up to whole sub-groups)",
+             "offload_optimizer.ratio auto: budget %s - in use %s (weights, gradients, activations) - engine %s "
+             "(statistics%s) - margin %s (5%%) = %s free; device optimizer state takes %zu B/param%s, so at most "
+             "%lld of %lld parameters fit on the device: host ratio >= %.4f (rounded up to whole sub-groups)",
              zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
+             zoff_format_bytes(fixed, b5, sizeof b5), grad_per_param ? ", gradient buckets" : "",
              zoff_format_bytes(ar.margin, b3, sizeof b3), zoff_format_bytes(ar.free_bytes, b4, sizeof b4), ar.per_param,
-             (long long)(ar.max_device < e->n ? ar.max_device : e->n), (long long)e->n, *ratio);
+             grad_per_param ? " with its gradient" : "", (long long)(ar.max_device < e->n ? ar.max_device : e->n), (long long)e->n, *ratio);
     return ZOFF_OK;
 }
 
@@ -656,7 +657,7 @@ void zoff_engine_destroy(zoff_engine *e) {
     if (e->dtype != ZOFF_F32) zoff_device_free(e->dev, e->d_master);
     zoff_device_free(e->dev, e->d_m);
     zoff_device_free(e->dev, e->d_v);
-    zoff_device_free(e->dev, e->stats_dev);
+    zoff_bk_destroy(e);
     host_free(e, e->h_master);
     host_free(e, e->h_m);
     host_free(e, e->h_v);
@@ -812,9 +813,12 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
-    if (z->stage < 3 && (!o->params || !o->grads))
-        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no parameter/gradient buffers "
-                                            "(external_params), which only zero_optimization.stage 3 supports");
+    if (z->stage < 3 && (!o->params || (!o->grads && !zoff_placement_grad_buckets(cfg, o->comm ? zoff_comm_size(o->comm) : 1))))
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no %s buffer, which only %s supports",
+                          o->params ? "gradient" : "parameter",
+                          o->params ? "gradient buckets (zoff_placement_grad_buckets: one rank, stage 1-2, "
+                                      "offload_optimizer.device cpu, gradient_accumulation_steps 1)"
+                                    : "zero_optimization.stage 3");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
                           "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (got 0), as in "
@@ -912,6 +916,19 @@ static void describe(zoff_engine *e) {
         snprintf(e->describe + used, sizeof e->describe - used, "; NVMe state: %s", zoff_swapper_describe(e->swap));
         zoff_log(ZOFF_LOG_INFO, "offload_optimizer.device nvme: %s", zoff_swapper_describe(e->swap));
     }
+    if (e->n_host > 0 && !e->stage3) {
+        size_t used = strlen(e->describe);
+        if (e->buckets)
+            snprintf(e->describe + used, sizeof e->describe - used,
+                     "; device gradients: gradient buckets (%d x %lld elements%s, first layer group's %lld, device "
+                     "sub-groups' %lld)",
+                     e->gd.nslots, (long long)(e->gd.flat ? e->gd.ring : e->gd.slot),
+                     e->gd.flat ? " in all: one per group, reduce_bucket_size holds them all" : "",
+                     (long long)e->gd.held, (long long)e->gd.device);
+        else
+            snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
+                     "buffer (zoff_placement_grad_buckets)");
+    }
 }
 
 /* Elements of the bounded buffer the device's part of the initial weights goes through. */
@@ -999,7 +1016,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     e->init_range = init ? NULL : o->init_range;
     e->init_arg = o->init_arg;
     if (s == ZOFF_OK) s = build_ranges(e, ltab ? ltab : o->tensors, ltab ? nlt : o->num_tensors);
-    if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, &ratio);
+    size_t auto_fixed = 0, auto_grad = 0;
+    if (s == ZOFF_OK) s = zoff_bk_groups(e, o, &auto_fixed, &auto_grad);
+    if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, auto_fixed, auto_grad, &ratio);
     if (s == ZOFF_OK) s = build_subgroups(e, ratio);
     size_t f4 = sizeof(float);
     /* device side */
@@ -1013,7 +1032,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         if (s == ZOFF_OK) s = zoff_memset_async(e->compute, e->d_m, 0, (size_t)e->n_dev * f4);
         if (s == ZOFF_OK) s = zoff_memset_async(e->compute, e->d_v, 0, (size_t)e->n_dev * f4);
     }
-    if (s == ZOFF_OK) s = zoff_device_alloc(e->dev, 2 * f4, "gradient statistics", (void **)&e->stats_dev);
+    if (s == ZOFF_OK) s = zoff_bk_alloc(e); /* statistics, gradient buckets */
     /* host side */
     if (s == ZOFF_OK) host_buffers_of(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) s = check_host_memory(e, nvme);
@@ -1237,10 +1256,14 @@ static zoff_status grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) 
     if (e->d2h) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
     if (e->world > 1 || e->stage3) /* the reduced gradients */
         ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_grads_done));
+    if (e->world == 1 && !e->stage3) { /* per layer group (the same bits with or without buckets) */
+        ZOFF_TRY(zoff_bk_grad_stats(e, sumsq, nonfinite));
+        if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
+        return ZOFF_OK;
+    }
     ZOFF_TRY(zoff_memset_async(e->compute, e->stats_dev, 0, sizeof stats));
-    if (e->world == 1 || e->stage3) { /* stage 3: this rank's partition, e->n elements */
-        zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->stage3 ? e->n : e->n_model,
-                                      .dt = e->dtype};
+    if (e->stage3) { /* this rank's partition, e->n elements */
+        zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n, .dt = e->dtype};
         ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
     } else { /* this rank's pieces (stage 0: its share of the replicated sum); summed over ranks below */
         for (int k = 0; k < e->plan.nown[e->rank]; k++) {
@@ -1615,7 +1638,8 @@ zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *i
 void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     size_t f4 = sizeof(float);
     memset(m, 0, sizeof *m);
-    m->device = (size_t)e->n_dev * f4 * ((e->dtype != ZOFF_F32) + 2) + 2 * f4;
+    m->device = (size_t)e->n_dev * f4 * ((e->dtype != ZOFF_F32) + 2) + zoff_placement_stats_bytes(e->ngroups);
+    if (e->buckets) m->device += e->gd.bytes; /* the gradients (the model holds none) */
     if (e->s3) { /* stage 3: the partition's weights and gradients, gathered groups, scratch */
         zoff_s3_stats ss;
         zoff_s3_get_stats(e->s3, &ss);

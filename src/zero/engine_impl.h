@@ -191,6 +191,18 @@ struct zoff_engine {
                                optimizer writes them there (zoff_s3_out_span), no h_staging */
     zoff_status async_status; /* a failure inside grad_ready, reported by the next step */
     char async_msg[512];
+    /* layer groups (the runs of equal `layer` in the model's table): the gradient statistics
+     * per group (one rank, not stage 3: 2 floats each in stats_dev), and with gradient buckets
+     * (zero/buckets.c) where each group's gradients are while backward holds them */
+    int ngroups;
+    int64_t *goff, *gcnt;
+    bool buckets;            /* e->grads is the device sub-groups' buffer (gd.device elements, or NULL) */
+    zoff_grad_device gd;
+    void *gb_held, *gb_ring; /* the first group's bucket; the ring (gd.nslots x gd.slot) */
+    zoff_event **ev_bucket;  /* [gd.nslots + 1] (the held bucket last): its last copies are done (d2h) */
+    int *bucket_group;       /* [gd.nslots + 1]: the group in each bucket (-1: free) */
+    int *group_bucket;       /* [ngroups]: the bucket group g is in (-1: none, or on the device) */
+    int next_bucket;
     /* gradient stream timeline (options.timeline) */
     bool timeline;
     double t_bwd0;
@@ -278,6 +290,23 @@ typedef struct zoff_hr_spec_land {
 void zoff_hr_spec_land_fn(void *arg);
 zoff_status zoff_hr_spec_rollback(zoff_engine *e);
 zoff_status zoff_hr_spec_commit(zoff_engine *e);
+
+/* ---- buckets.c: layer groups, gradient buckets, per-group statistics ---- */
+/* The layer groups, whether there are buckets (options.grads NULL, stages 1-2), and what
+ * "auto" must add for them (zoff_placement_auto_engine_bytes). */
+zoff_status zoff_bk_groups(zoff_engine *e, const zoff_engine_options *o, size_t *auto_fixed, size_t *auto_per_param);
+/* After the placement: the statistics buffer and the buckets. */
+zoff_status zoff_bk_alloc(zoff_engine *e);
+void zoff_bk_destroy(zoff_engine *e);
+/* The device address of model element `lo`'s gradient (its group acquired, with buckets). */
+void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo);
+/* Sum of squares and non-finite flag over every group (one rank, not stage 3): the groups
+ * not in a bucket are measured now, on the compute stream; the bucketed ones were at their
+ * release. The per-group values are summed in group order, so the bits do not depend on
+ * whether a group was bucketed. */
+zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite);
+/* The device sub-groups' gradients (zoff_engine_zero_grad). */
+zoff_status zoff_bk_zero_grad(zoff_engine *e);
 
 /* ---- engine.c, for the runner and the gradient path ---- */
 /* A failure inside grad_ready (no status to return): kept for the next step. */

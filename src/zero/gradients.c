@@ -127,7 +127,11 @@ static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti)
         int64_t hi = end < g->model + g->count ? end : g->model + g->count;
         if (lo >= hi) continue;
         void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
-        const void *src = (const char *)e->grads + (size_t)lo * e->esize;
+        const void *src = zoff_bk_grad_ptr(e, lo); /* the model's buffer, or the group's bucket */
+        if (!src) {
+            zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "gradient buckets: a reported range is in no held bucket");
+            return;
+        }
         if (zoff_memcpy_async(e->d2h, dst, src, (size_t)(hi - lo) * e->esize, ZOFF_COPY_D2H) != ZOFF_OK)
             zoff_log(ZOFF_LOG_ERROR, "gradient copy failed: %s", zoff_last_error());
         if (ti >= 0) e->tl[ti].copy_bytes += (hi - lo) * (int64_t)e->esize;
@@ -295,7 +299,5 @@ void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, in
     spec_mark(e, offset, true);
 }
 
-zoff_status zoff_engine_zero_grad(zoff_engine *e) {
-    return zoff_memset_async(e->compute, e->grads, 0, (size_t)(e->stage3 ? e->n : e->n_model) * e->esize);
-}
+zoff_status zoff_engine_zero_grad(zoff_engine *e) { return zoff_bk_zero_grad(e); }
 

@@ -94,18 +94,19 @@ void zoff_placement_free(zoff_placement *p) {
     *p = (zoff_placement){0};
 }
 
-void zoff_placement_auto_ratio(size_t budget, size_t in_use, int64_t n, zoff_dtype dtype, zoff_auto_ratio *out) {
+void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed, size_t grad_per_param, int64_t n,
+                               zoff_dtype dtype, zoff_auto_ratio *out) {
     *out = (zoff_auto_ratio){.budget = budget, .in_use = in_use, .fits = true};
     if (budget == 0) return; /* no budget: everything fits on the device, ratio 0 */
     out->margin = (size_t)((double)budget * AUTO_MARGIN_FRACTION);
-    size_t used = in_use + 64; /* + the engine's gradient-statistics buffer */
+    size_t used = in_use + engine_fixed; /* + the statistics (and the gradient buckets) */
     if (used + out->margin >= budget) {
         out->fits = false;
         out->ratio = 1.0;
         return;
     }
     out->free_bytes = budget - used - out->margin;
-    out->per_param = sizeof(float) * (dtype == ZOFF_F32 ? 2 : 3); /* (master,) m, v */
+    out->per_param = sizeof(float) * (dtype == ZOFF_F32 ? 2 : 3) + grad_per_param; /* (master,) m, v (, gradient) */
     out->max_device = (int64_t)(out->free_bytes / out->per_param);
     int64_t host = n - out->max_device;
     if (host < 0) host = 0;
@@ -128,4 +129,66 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
     else if (in->speculate || param_cpu) out->staging = n * es;  /* gradients or weights outlive the update */
     else out->weights_in_grads = true;
     out->total = out->state + (size_t)out->grad_buffers * out->grad_buffer + out->staging;
+}
+
+bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
+                                     int64_t accumulation) {
+    /* several ranks: the reduction works over the full buffer; nvme: sub-groups not cut at the
+     * layer groups; accumulation: the sum of the micro-batches needs a full buffer */
+    return enabled && world == 1 && (stage == 1 || stage == 2) && optimizer == ZOFF_OFFLOAD_CPU && accumulation <= 1;
+}
+
+bool zoff_placement_grad_buckets(const zoff_config *cfg, int world) {
+    const zoff_zero_config *z = &cfg->zero;
+    zoff_offload_device d = z->offload_optimizer.device;
+    if (z->cpu_offload && d == ZOFF_OFFLOAD_NONE) d = ZOFF_OFFLOAD_CPU;
+    return zoff_placement_grad_buckets_for(z->grad_buckets, world, z->stage, d, cfg->gradient_accumulation_steps);
+}
+
+void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out) {
+    *out = (zoff_grad_device){.device = in->device};
+    int64_t off = 0, biggest = 0;
+    int64_t later_host = 0; /* host groups after the first */
+    for (int g = 0; g < in->ngroups; g++) { /* a group the split cuts (fine Twin-Flow grid): all on the device */
+        if (off < in->device && off + in->group_count[g] > in->device) out->device = off + in->group_count[g];
+        off += in->group_count[g];
+    }
+    off = 0;
+    for (int g = 0; g < in->ngroups; g++) {
+        bool host = off >= out->device;
+        if (g == 0 && host) out->held = in->group_count[0];
+        if (g > 0 && host) {
+            if (in->group_count[g] > biggest) biggest = in->group_count[g];
+            later_host++;
+        }
+        off += in->group_count[g];
+    }
+    if (later_host > 0) {
+        int64_t k = biggest > 0 ? in->reduce_bucket_size / biggest : 0;
+        if (k < 2) k = 2;
+        out->nslots = (int)(k < later_host ? k : later_host);
+        if (k >= later_host) { /* a bucket for every group: their exact sizes, in flat order */
+            out->flat = true;
+            out->ring = off - (out->device + out->held);
+        } else {
+            out->slot = biggest;
+            out->ring = k * biggest;
+        }
+    }
+    out->bytes = (size_t)(out->device + out->held + out->ring) * zoff_dtype_size(in->dtype);
+}
+
+size_t zoff_placement_stats_bytes(int ngroups) { return 2 * sizeof(float) * (size_t)(ngroups > 1 ? ngroups : 1); }
+
+void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups, size_t *fixed, size_t *per_param) {
+    *fixed = zoff_placement_stats_bytes(ngroups);
+    *per_param = 0;
+    if (!in) return;
+    zoff_grad_device_in all = *in;
+    all.device = 0; /* every group on the host: the most the buckets take */
+    zoff_grad_device gd;
+    zoff_placement_grad_device(&all, &gd);
+    *fixed += gd.bytes;
+    /* flat: the groups' exact sizes wherever they are, the full buffer's bytes at any ratio */
+    *per_param = gd.flat ? 0 : zoff_dtype_size(in->dtype);
 }

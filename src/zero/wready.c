@@ -50,16 +50,18 @@ int zoff_wready_groups(const zoff_wready *w) { return w->n; }
 
 int64_t zoff_wready_group_start(const zoff_wready *w, int g) { return w->goff[g]; }
 
-int zoff_wready_group_of(const zoff_wready *w, int64_t off) {
-    if (w->n == 0 || off < w->goff[0]) return -1;
-    int a = 0, b = w->n - 1;
+int zoff_group_find(const int64_t *start, int n, int64_t off) {
+    if (n == 0 || off < start[0]) return -1;
+    int a = 0, b = n - 1;
     while (a < b) {
         int mid = (a + b + 1) / 2;
-        if (w->goff[mid] <= off) a = mid;
+        if (start[mid] <= off) a = mid;
         else b = mid - 1;
     }
     return a;
 }
+
+int zoff_wready_group_of(const zoff_wready *w, int64_t off) { return zoff_group_find(w->goff, w->n, off); }
 
 void zoff_wready_open(zoff_wready *w, const bool *need) {
     pthread_mutex_lock(&w->mu);

@@ -24,6 +24,8 @@ typedef struct zoff_wready zoff_wready;
 zoff_status zoff_wready_create(zoff_device *dev, const zoff_tensor_info *t, int nt, zoff_wready **out);
 void zoff_wready_destroy(zoff_wready *w);
 int zoff_wready_groups(const zoff_wready *w);
+/* The last of n increasing group starts that is <= off (-1 if none). */
+int zoff_group_find(const int64_t *start, int n, int64_t off);
 /* The model offset where group g starts (g in [0, groups)). */
 int64_t zoff_wready_group_start(const zoff_wready *w, int g);
 /* The group holding model offset `off` (-1 if none). */

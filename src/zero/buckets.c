@@ -1,0 +1,203 @@
+/* Layer groups, gradient buckets and per-group gradient statistics (see engine_impl.h and
+ * zoff_placement_grad_buckets / zoff_placement_grad_device in include/zoff/engine.h).
+ *
+ * With buckets the model holds no gradient buffer: backward asks for each layer group's
+ * (zoff_grad_hooks). A group of the device sub-groups gets its range of the engine's
+ * device buffer [0, gd.device) (accumulated, read by the device optimizer); a group of the
+ * host sub-groups gets a bucket (the first group its own, held through backward; the
+ * others a ring of gd.nslots), zeroed on the compute stream after the bucket's previous
+ * copies to the host are done. Its grad-ready call copies it to the host (gradients.c); its
+ * release takes its statistics on the compute stream and records on the gradient stream
+ * that the bucket is free once those copies are done. */
+#include <stdlib.h>
+
+#include "zero/engine_impl.h"
+
+/* The group holding model offset `off` (-1 if none). */
+static int group_at(const zoff_engine *e, int64_t off) {
+    int a = zoff_group_find(e->goff, e->ngroups, off);
+    return a >= 0 && off < e->goff[a] + e->gcnt[a] ? a : -1;
+}
+
+static zoff_status bk_groups(zoff_engine *e, const zoff_engine_options *o) {
+    const zoff_tensor_info *t = o->tensors;
+    int nt = o->num_tensors;
+    e->goff = malloc((size_t)nt * sizeof *e->goff);
+    e->gcnt = malloc((size_t)nt * sizeof *e->gcnt);
+    if (!e->goff || !e->gcnt) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the layer groups");
+    for (int i = 0; i < nt; i++) {
+        if (i == 0 || t[i].layer != t[i - 1].layer) {
+            e->goff[e->ngroups] = t[i].offset;
+            e->ngroups++;
+        }
+        e->gcnt[e->ngroups - 1] = t[i].offset + t[i].numel - e->goff[e->ngroups - 1];
+    }
+    return ZOFF_OK;
+}
+
+static zoff_grad_device_in bk_input(const zoff_engine *e, int64_t device) {
+    return (zoff_grad_device_in){.group_count = e->gcnt, .ngroups = e->ngroups, .device = device,
+                                 .reduce_bucket_size = e->cfg->zero.reduce_bucket_size, .dtype = e->dtype};
+}
+
+zoff_status zoff_bk_groups(zoff_engine *e, const zoff_engine_options *o, size_t *auto_fixed, size_t *auto_per_param) {
+    ZOFF_TRY(bk_groups(e, o));
+    e->buckets = !o->grads && e->cfg->zero.stage < 3;
+    zoff_grad_device_in in = bk_input(e, 0);
+    zoff_placement_auto_engine_bytes(e->buckets ? &in : NULL, e->ngroups, auto_fixed, auto_per_param);
+    return ZOFF_OK;
+}
+
+zoff_status zoff_bk_alloc(zoff_engine *e) {
+    ZOFF_TRY(zoff_device_alloc(e->dev, zoff_placement_stats_bytes(e->ngroups), "gradient statistics",
+                               (void **)&e->stats_dev));
+    if (!e->buckets) return ZOFF_OK;
+    /* one rank: the host sub-groups are the top of the flat space, cut at the layer groups */
+    for (int i = 0; i < e->nsg; i++)
+        if (!e->sg[i].on_host && e->sg[i].offset + e->sg[i].count > e->n_dev)
+            return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: device sub-group %d is not below the host ones", i);
+    zoff_grad_device_in in = bk_input(e, e->n_dev);
+    zoff_placement_grad_device(&in, &e->gd);
+    const zoff_grad_device *d = &e->gd;
+    if (d->device > 0) {
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->device * e->esize, "gradients of the device sub-groups",
+                                   &e->grads));
+        ZOFF_TRY(zoff_memset_async(e->compute, e->grads, 0, (size_t)d->device * e->esize));
+    }
+    if (d->held > 0)
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->held * e->esize, "gradient bucket (first layer group)",
+                                   &e->gb_held));
+    if (d->ring > 0)
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->ring * e->esize, "gradient buckets", &e->gb_ring));
+    int nb = d->nslots + 1;
+    e->ev_bucket = calloc((size_t)nb, sizeof *e->ev_bucket);
+    e->bucket_group = malloc((size_t)nb * sizeof *e->bucket_group);
+    e->group_bucket = malloc((size_t)e->ngroups * sizeof *e->group_bucket);
+    if (!e->ev_bucket || !e->bucket_group || !e->group_bucket)
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the gradient buckets");
+    for (int k = 0; k < nb; k++) {
+        e->bucket_group[k] = -1;
+        ZOFF_TRY(zoff_event_create(e->dev, &e->ev_bucket[k]));
+    }
+    for (int g = 0; g < e->ngroups; g++) e->group_bucket[g] = -1;
+    return ZOFF_OK;
+}
+
+void zoff_bk_destroy(zoff_engine *e) {
+    if (e->buckets && e->grads) zoff_device_free(e->dev, e->grads);
+    if (e->gb_held) zoff_device_free(e->dev, e->gb_held);
+    if (e->gb_ring) zoff_device_free(e->dev, e->gb_ring);
+    if (e->stats_dev) zoff_device_free(e->dev, e->stats_dev);
+    for (int k = 0; e->ev_bucket && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bucket[k]);
+    free(e->ev_bucket);
+    free(e->bucket_group);
+    free(e->group_bucket);
+    free(e->goff);
+    free(e->gcnt);
+}
+
+bool zoff_engine_uses_grad_buckets(const zoff_engine *e) { return e && e->buckets; }
+
+/* The first host group after the first group (flat buckets: bucket k is group g0 + k's). */
+static int first_later_host(const zoff_engine *e) { return e->ngroups - e->gd.nslots; }
+
+static void *bucket_ptr(const zoff_engine *e, int k) {
+    if (k == e->gd.nslots) return e->gb_held;
+    if (e->gd.flat) {
+        int g0 = first_later_host(e);
+        return (char *)e->gb_ring + (size_t)(e->goff[g0 + k] - e->goff[g0]) * e->esize;
+    }
+    return (char *)e->gb_ring + (size_t)k * (size_t)e->gd.slot * e->esize;
+}
+
+zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, void **grads) {
+    zoff_engine *e = engine;
+    *grads = NULL;
+    if (!e->buckets)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_grad_acquire: this engine uses the model's gradient buffer "
+                                            "(no gradient buckets)");
+    int g = group_at(e, offset);
+    if (g < 0 || e->goff[g] != offset || e->gcnt[g] != count)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_grad_acquire: [%lld, +%lld) is not a layer group",
+                          (long long)offset, (long long)count);
+    if (offset + count <= e->gd.device) { /* a device sub-group's: accumulated in the device buffer */
+        *grads = (char *)e->grads + (size_t)offset * e->esize;
+        return ZOFF_OK;
+    }
+    if (!e->boundary)
+        return zoff_error(ZOFF_ERR_INVALID, "gradient buckets: a backward that is not an accumulation boundary (the "
+                                            "buckets keep no sum across micro-batches); set "
+                                            "gradient_accumulation_steps 1 or zero_optimization.zoff_grad_buckets false");
+    int k = e->gd.nslots; /* the first group: its own bucket */
+    if (g > 0 && e->gd.flat) {
+        k = g - first_later_host(e);
+    } else if (g > 0) {
+        k = e->next_bucket;
+        e->next_bucket = (k + 1) % e->gd.nslots;
+    }
+    if (e->bucket_group[k] >= 0)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "gradient buckets: layer group %d needs bucket %d, which still holds group %d (more groups "
+                          "held at once than the %d buckets); raise zero_optimization.reduce_bucket_size",
+                          g, k, e->bucket_group[k], e->gd.nslots);
+    void *buf = bucket_ptr(e, k);
+    ZOFF_TRY(zoff_stream_wait_event(s, e->ev_bucket[k])); /* its last copies to the host are done */
+    ZOFF_TRY(zoff_memset_async(s, buf, 0, (size_t)count * e->esize));
+    e->bucket_group[k] = g;
+    e->group_bucket[g] = k;
+    *grads = buf;
+    return ZOFF_OK;
+}
+
+/* Group g's statistics from x into its two floats of stats_dev, on stream s. */
+static zoff_status group_stats(zoff_engine *e, zoff_stream *s, int g, const void *x) {
+    ZOFF_TRY(zoff_memset_async(s, e->stats_dev + 2 * g, 0, 2 * sizeof(float)));
+    zoff_op_grad_stats_args ga = {.stats = e->stats_dev + 2 * g, .x = x, .n = e->gcnt[g], .dt = e->dtype};
+    return ZOFF_LAUNCH(s, ZOFF_OP_GRAD_STATS, ga);
+}
+
+zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count) {
+    zoff_engine *e = engine;
+    (void)count;
+    int g = group_at(e, offset);
+    int k = g >= 0 && e->group_bucket ? e->group_bucket[g] : -1;
+    if (k < 0) return ZOFF_OK; /* the device buffer's */
+    ZOFF_TRY(group_stats(e, s, g, bucket_ptr(e, k)));
+    /* after the copies its grad-ready call issued on the gradient stream */
+    ZOFF_TRY(zoff_event_record(e->ev_bucket[k], e->d2h));
+    e->bucket_group[k] = -1;
+    e->group_bucket[g] = -1;
+    return ZOFF_OK;
+}
+
+void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo) {
+    if (!e->buckets || lo < e->gd.device) return (char *)e->grads + (size_t)lo * e->esize;
+    int g = group_at(e, lo);
+    int k = g >= 0 ? e->group_bucket[g] : -1;
+    return k < 0 ? NULL : (char *)bucket_ptr(e, k) + (size_t)(lo - e->goff[g]) * e->esize;
+}
+
+zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) {
+    for (int g = 0; g < e->ngroups; g++)
+        if (!e->buckets || e->goff[g] < e->gd.device) /* (bucketed groups: at their release) */
+            ZOFF_TRY(group_stats(e, e->compute, g, (const char *)e->grads + (size_t)e->goff[g] * e->esize));
+    float *st = malloc(zoff_placement_stats_bytes(e->ngroups));
+    if (!st) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the gradient statistics");
+    zoff_status s = zoff_memcpy_async(e->compute, st, e->stats_dev, 2 * sizeof(float) * (size_t)e->ngroups,
+                                      ZOFF_COPY_D2H);
+    if (s == ZOFF_OK) s = zoff_stream_synchronize(e->compute);
+    double sq = 0, nf = 0;
+    for (int g = 0; s == ZOFF_OK && g < e->ngroups; g++) {
+        sq += st[2 * g];
+        nf += st[2 * g + 1];
+    }
+    free(st);
+    *sumsq = sq;
+    *nonfinite = nf;
+    return s;
+}
+
+zoff_status zoff_bk_zero_grad(zoff_engine *e) {
+    size_t n = e->buckets ? (size_t)e->gd.device : (size_t)(e->stage3 ? e->n : e->n_model);
+    return n ? zoff_memset_async(e->compute, e->grads, 0, n * e->esize) : ZOFF_OK;
+}
