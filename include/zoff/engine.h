@@ -217,7 +217,9 @@ size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_d
  * weights stay on the host as the partition the gathers read) keep a separate
  * staging buffer. fp32 weights: the master goes to the device (no staging), with
  * the state on NVMe through an fp32 staging buffer. offload_param "nvme": the
- * weights go to the parameter swap file (no staging). */
+ * weights go to the parameter swap file (no staging). Speculation with stage 3 and
+ * offload_param "cpu": twice the staging, the second half the speculative weights kept
+ * apart from the partition the gathers read until validation commits them. */
 typedef struct zoff_host_buffers_in {
     int64_t n_host;          /* host parameters of this rank */
     zoff_dtype dtype;        /* the model's weights (and gradients) */
