@@ -155,6 +155,10 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
 /* The same rule from its inputs (zoff plan's rows vary stage and offload): zoff_grad_buckets,
  * ranks, stage, offload_optimizer.device, gradient_accumulation_steps. */
+/* Speculation's row-sparse report of the tied embedding's gradient (zoff_engine_uses_grad_rows; the
+ * model then keeps a pinned host copy of the tokens): one rank, stages 1-2 (stage 3's gradients reach
+ * the host only after each group's reduction into the partition). */
+bool zoff_placement_grad_rows(bool speculate, int world, int stage);
 bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation);
 /* The device gradient bytes with buckets. The layer groups (runs of equal `layer`, in flat

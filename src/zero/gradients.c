@@ -288,8 +288,9 @@ static bool spec_runs(zoff_engine *e, int64_t offset, int64_t count, int64_t row
 }
 
 /* One rank only: the early copy goes to the host before the range is reduced over ranks. */
-/* (not stage 3: its gradients reach the host only after the group's reduction into the partition) */
-bool zoff_engine_uses_grad_rows(const zoff_engine *e) { return e && e->spec && e->world == 1 && !e->stage3; }
+bool zoff_engine_uses_grad_rows(const zoff_engine *e) {
+    return e && zoff_placement_grad_rows(e->spec, e->world, e->cfg->zero.stage);
+}
 
 void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
                            const int64_t *rows, int64_t nrows) {

@@ -132,6 +132,8 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
     out->total = out->state + (size_t)out->grad_buffers * out->grad_buffer + out->staging;
 }
 
+bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return speculate && world == 1 && stage < 3; }
+
 bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation) {
     /* several ranks: the reduction works over the full buffer; nvme: sub-groups not cut at the
