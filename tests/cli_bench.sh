@@ -8,7 +8,6 @@ ZOFF="$1"
 W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-bench-XXXXXX")
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
-PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 
 # ---- zoff bench pairs against an independent reference
 pairs_case() { # name, pairs text

@@ -13,8 +13,7 @@ PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 unset ZOFF_CKPT_FAULT ZOFF_IO_FAULT
 
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 # CPU offload: all the optimizer state in host memory, so periodic saves go to the background
 # writer; fp16 dynamic loss scaling puts scaler state in the meta too
 cat > "$W/offload.json" <<'EOF'

@@ -8,3 +8,11 @@ pass=0; fail=0
 ok()    { echo "ok   - $1"; pass=$((pass + 1)); }
 bad()   { echo "FAIL - $1"; fail=$((fail + 1)); }
 check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# The Python with Debian's python3-torch (under /usr/bin, not the first python3 on PATH).
+PY=$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
+#   byte_corpus SRCDIR DIR   DIR/corpus_train.bin and DIR/corpus_val.bin: zoff's own C sources
+#                            as byte tokens (a small corpus every test machine has); needs $ZOFF
+byte_corpus() {
+    cat "$1"/src/*/*.c > "$2/corpus.txt"
+    "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$2/corpus" "$2/corpus.txt" >/dev/null 2>&1
+}

@@ -45,8 +45,7 @@ check "a collective one rank joins 6 s late times out after 1 s instead of hangi
   "grep -q 'rank 0: timeout test PASSED' '$W/timeout.txt'"
 
 # 2. zoff train: 2 ranks x 2 rows == 1 rank x 4 rows
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte
       --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
 cfg() { # name micro zero-json [precision-json [lr]]

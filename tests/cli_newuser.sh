@@ -16,10 +16,8 @@ ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
 W=$(mktemp -d "${TMPDIR:-/tmp}/zoff-newuser-XXXXXX")
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
-PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 DATA=(--tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 0 --quiet)
 
 # ---- 1. plan --write-config -> train, stage 2 with the optimizer on NVMe

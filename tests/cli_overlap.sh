@@ -11,8 +11,7 @@ W=$(mktemp -d /tmp/zoff-overlap-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
       --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
 cfg() { # name, clip, extra offload_optimizer keys, extra zero_optimization keys

@@ -14,8 +14,7 @@ W=$(mktemp -d /tmp/zoff-resume-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 SHAPE=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16)
 DATA=(--tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin")
 TINY=("${SHAPE[@]}" --micro-batch-size 4 "${DATA[@]}" --eval-iters 2)
@@ -72,7 +71,6 @@ check "... one line for gradient_clipping (1 -> 0.5)" "grep -q 'resume: gradient
 check "... and none for what did not change" "! grep -q 'resume: train_micro_batch' '$W/out.txt'"
 
 # 4b. a checkpoint written before "settings" existed: the stored config is compared instead
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 cp -r "$W/run" "$W/old"
 "$PY" "$SRC/scripts/zckpt.py" strip "$W/old/step_00000004/rank_00000.zckpt" --meta-key settings >/dev/null
 check "old-style checkpoint (no settings in meta) still verifies" "'$PY' '$SRC/scripts/zckpt.py' verify '$W/old' >/dev/null"

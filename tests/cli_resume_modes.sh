@@ -16,10 +16,8 @@ ZOFF="$1"; SRC="$2"
 W=$(mktemp -d /tmp/zoff-resmodes-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 N=6
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 --tokenizer byte
       --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)

@@ -8,8 +8,7 @@ trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 
 # a small byte-level corpus from the project's own sources
-cat "$SRC"/src/*/*.c > "$W/corpus.txt"
-"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/corpus" "$W/corpus.txt" >/dev/null 2>&1
+byte_corpus "$SRC" "$W"
 check "tokenize writes train and val shards" "[ -s '$W/corpus_train.bin' ] && [ -s '$W/corpus_val.bin' ]"
 
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
