@@ -968,6 +968,15 @@ static void test_dp_stage3_speculative(void **st) {
                  bf, ZOFF_BF16, 1, 1e-6, DP_STEPS - 1);
     spec_case_on(true, "stage 3 one rank, kept, accumulation 2", S3_SPEC("", "none", "false"),
                  S3_SPEC("", "none", "true"), "", ZOFF_F32, 2, 0.0, 0);
+    /* refused with the reason: the update would write what the gathers read */
+    dp_result r;
+    assert_int_equal(dp_train(S3_SPEC("", "cpu", "true"), "", ZOFF_F32, 1, 0.0, NULL, DB, 0, &r), ZOFF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zoff_last_error(), "needs 16-bit weights"));
+    assert_int_equal(dp_train("{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": true},"
+                              " \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp/zoff_test_comm_pnvme\"}}",
+                              "\"bf16\": {\"enabled\": true},", ZOFF_BF16, 1, 0.0, NULL, DB, 0, &r),
+                     ZOFF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zoff_last_error(), "offload_param.device \"nvme\" is not supported"));
 #undef S3_SPEC
 }
 
