@@ -189,6 +189,19 @@ if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-
   "$ZOFF" train "${TINY[@]}" --config "$W/s3rs1.json" --train-iters 6 --save "$W/s3rs" --load "$W/s3rs" >/dev/null 2>&1
   check "stage 3: 2 ranks -> resume on 1 rank: losses == straight 2-rank run" \
     "[ \$? -eq 0 ] && awk 'BEGIN {exit !($(lossdiff "$W/stage3_two/metrics.jsonl" "$W/s3rs/metrics.jsonl") <= 1e-5)}'"
+  # stage 3 speculation (super_offload) through zoff train: bf16, offload_param cpu, round-robin,
+  # a warm-up schedule (the learning rate announced each step): == the exact step bit for bit
+  S3SP='"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 5000, "round_robin_gradients": true'
+  cfg s3sp_exact 2 "{$S3SP, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}" \
+    '"bf16": {"enabled": true}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4}},' 1e-3
+  cfg s3sp_spec 2 "{$S3SP, \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": true}, \"offload_param\": {\"device\": \"cpu\"}}" \
+    '"bf16": {"enabled": true}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4}},' 1e-3
+  for m in s3sp_exact s3sp_spec; do
+    timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --config "$W/$m.json" --train-iters 6 --save "$W/$m" \
+      >"$W/$m.txt" 2>&1 || { echo "     $m: mpirun exit $?"; tail -5 "$W/$m.txt"; }
+  done
+  check "stage 3, 2 ranks: super_offload speculates, == the exact step bit for bit (losses, weights, optimizer state)" \
+    "grep -q 'speculative update (super_offload); stage 3' '$W/s3sp_spec.txt' && [ -f '$W/s3sp_spec/step_00000006/COMPLETE' ] && [ \"\$(lossdiff '$W/s3sp_exact/metrics.jsonl' '$W/s3sp_spec/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/s3sp_spec/step_00000006' '$W/s3sp_exact/step_00000006' 0 >/dev/null"
 else
   echo "skip - stage 3 through zoff train: $(grep -o 'not implemented yet[^(]*' "$W/s3probe.txt" | head -1)"
 fi

@@ -893,21 +893,28 @@ static void test_dp_pipelined_timeline(void **st) {
  * rolled back by a tiny clip (every speculated step: all but the first, which has no
  * learning rate to speculate with), rolled back by fp16 overflows (the first steps at
  * loss scale 2^20; the global flag, so every rank rolls back together), round-robin. */
-static void spec_case(const char *name, const char *zero_exact, const char *zero_spec, const char *prec,
-                      zoff_dtype dt, int accum, double clip, int64_t want_rollbacks) {
+/* want_rollbacks < 0: one per step the exact run skipped after the first (fp16 overflow). */
+static void spec_case_on(bool one_rank, const char *name, const char *zero_exact, const char *zero_spec,
+                         const char *prec, zoff_dtype dt, int accum, double clip, int64_t want_rollbacks) {
     dp_result a, b;
     zoff_comm *c = NULL;
-    assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    if (!one_rank) assert_int_equal(zoff_comm_dup(g_world, &c), ZOFF_OK);
+    int rows = one_rank ? N * DB : DB, row0 = one_rank ? 0 : R * DB;
     g_dp_waits = true;
-    zoff_status s = dp_train(zero_exact, prec, dt, accum, clip, c, DB, R * DB, &a);
+    zoff_status s = dp_train(zero_exact, prec, dt, accum, clip, c, rows, row0, &a);
     if (s != ZOFF_OK) fail_msg("%s: exact run failed: %s", name, zoff_last_error());
-    s = dp_train(zero_spec, prec, dt, accum, clip, c, DB, R * DB, &b);
+    s = dp_train(zero_spec, prec, dt, accum, clip, c, rows, row0, &b);
     if (s != ZOFF_OK) fail_msg("%s: speculative run failed: %s", name, zoff_last_error());
     g_dp_waits = false;
+    if (want_rollbacks < 0) {
+        want_rollbacks = 0;
+        for (int i = 1; i < DP_STEPS; i++) want_rollbacks += a.skipped[i];
+        if (want_rollbacks == 0) fail_msg("%s: the exact run skipped no speculated step: nothing to roll back", name);
+    }
     bool same = memcmp(a.loss, b.loss, sizeof a.loss) == 0 && memcmp(a.norm, b.norm, sizeof a.norm) == 0 &&
                 a.n == b.n && memcmp(a.w, b.w, (size_t)a.n * sizeof(float)) == 0;
     if (R == 0)
-        printf("  dp %-44s %d ranks: speculative %s exact, %lld rollbacks (want %lld)\n", name, N,
+        printf("  dp %-44s %d ranks: speculative %s exact, %lld rollbacks (want %lld)\n", name, one_rank ? 1 : N,
                same ? "==" : "!=", (long long)b.rollbacks, (long long)want_rollbacks);
     if (!same || b.rollbacks != want_rollbacks || a.rollbacks != 0)
         fail_msg("%s: speculative vs exact on %d ranks: %s, %lld rollbacks (want %lld)", name, N,
@@ -915,6 +922,10 @@ static void spec_case(const char *name, const char *zero_exact, const char *zero
     free(a.w);
     free(b.w);
     zoff_comm_destroy(c);
+}
+static void spec_case(const char *name, const char *zero_exact, const char *zero_spec, const char *prec,
+                      zoff_dtype dt, int accum, double clip, int64_t want_rollbacks) {
+    spec_case_on(false, name, zero_exact, zero_spec, prec, dt, accum, clip, want_rollbacks);
 }
 static void test_dp_speculative(void **st) {
     (void)st;
@@ -930,6 +941,43 @@ static void test_dp_speculative(void **st) {
     spec_case("speculation rolled back by fp16 overflow", SPEC_ZERO("false", "false"), SPEC_ZERO("false", "true"),
               "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 0.0, 2);
 #undef SPEC_ZERO
+}
+
+/* Stage 3 speculation: the new weights kept apart from the partition the gathers read (the host
+ * staging buffer, offload_param none; a second one, offload_param cpu) until the step commits
+ * them; == the exact stage-3 step bit for bit on N ranks and on one, kept and rolled back
+ * (clip 1e-6: every speculated step; fp16 overflow: the skipped steps). Sub-groups of 3000:
+ * several per rank, updated as their reduced gradients land. */
+static void test_dp_stage3_speculative(void **st) {
+    (void)st;
+#define S3_SPEC(extra, param, spec)                                                                                    \
+    "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 3000" extra                        \
+    ", \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": " spec "}, \"offload_param\": {\"device\": \"" \
+    param "\"}}"
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    spec_case("stage 3 speculation kept", S3_SPEC("", "none", "false"), S3_SPEC("", "none", "true"), "", ZOFF_F32, 1,
+              0.0, 0);
+    spec_case("stage 3 param cpu, kept, round robin", S3_SPEC(", \"round_robin_gradients\": true", "cpu", "false"),
+              S3_SPEC(", \"round_robin_gradients\": true", "cpu", "true"), bf, ZOFF_BF16, 1, 0.0, 0);
+    spec_case("stage 3 param cpu, rolled back by clip 1e-6", S3_SPEC("", "cpu", "false"), S3_SPEC("", "cpu", "true"),
+              bf, ZOFF_BF16, 1, 1e-6, DP_STEPS - 1);
+    /* a skipped step runs no exact update: speculative weights written into the partition would stay */
+    spec_case("stage 3 param cpu, rolled back by fp16 overflow", S3_SPEC("", "cpu", "false"), S3_SPEC("", "cpu", "true"),
+              "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 20, \"hysteresis\": 1},", ZOFF_F16, 1, 0.0, -1);
+    spec_case_on(true, "stage 3 one rank, param cpu, clip 1e-6", S3_SPEC("", "cpu", "false"), S3_SPEC("", "cpu", "true"),
+                 bf, ZOFF_BF16, 1, 1e-6, DP_STEPS - 1);
+    spec_case_on(true, "stage 3 one rank, kept, accumulation 2", S3_SPEC("", "none", "false"),
+                 S3_SPEC("", "none", "true"), "", ZOFF_F32, 2, 0.0, 0);
+    /* refused with the reason: the update would write what the gathers read */
+    dp_result r;
+    assert_int_equal(dp_train(S3_SPEC("", "cpu", "true"), "", ZOFF_F32, 1, 0.0, NULL, DB, 0, &r), ZOFF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zoff_last_error(), "needs 16-bit weights"));
+    assert_int_equal(dp_train("{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": true},"
+                              " \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp/zoff_test_comm_pnvme\"}}",
+                              "\"bf16\": {\"enabled\": true},", ZOFF_BF16, 1, 0.0, NULL, DB, 0, &r),
+                     ZOFF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zoff_last_error(), "offload_param.device \"nvme\" is not supported"));
+#undef S3_SPEC
 }
 
 static void test_dp_stage3(void **st) {
@@ -1169,7 +1217,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dp_stage3),
         cmocka_unit_test(test_dp_stage3_persistent_accum), cmocka_unit_test(test_dp_stage3_offload_param_rr),
         cmocka_unit_test(test_dp_stage3_bf16_offload), cmocka_unit_test(test_dp_stage3_prefetch_exact),
-        cmocka_unit_test(test_dp_stage3_param_nvme_exact),
+        cmocka_unit_test(test_dp_stage3_param_nvme_exact), cmocka_unit_test(test_dp_stage3_speculative),
         cmocka_unit_test(test_cuda_allreduce), cmocka_unit_test(test_cuda_reduce_scatter),
         cmocka_unit_test(test_cuda_allgatherv), cmocka_unit_test(test_cuda_broadcast),
         cmocka_unit_test(test_cuda_concurrent_channels), cmocka_unit_test(test_cuda_dp_stage2_bf16_rr),

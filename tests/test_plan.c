@@ -639,6 +639,9 @@ static void test_stage3_vs_real(void **st) {
                        "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 0}}"},
         {0, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}"},
         {1, ZOFF_BF16, "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 500000}"},
+        /* speculation: the speculative weights kept apart (a second staging half), pinned: counted exactly */
+        {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"super_offload\": "
+                       "true}, \"offload_param\": {\"device\": \"cpu\"}}"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const shape_case *sc = &SHAPES[cases[c].shape];

@@ -155,6 +155,10 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
 /* The same rule from its inputs (zoff plan's rows vary stage and offload): zoff_grad_buckets,
  * ranks, stage, offload_optimizer.device, gradient_accumulation_steps. */
+/* Speculation's row-sparse report of the tied embedding's gradient (zoff_engine_uses_grad_rows; the
+ * model then keeps a pinned host copy of the tokens): one rank, stages 1-2 (stage 3's gradients reach
+ * the host only after each group's reduction into the partition). */
+bool zoff_placement_grad_rows(bool speculate, int world, int stage);
 bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation);
 /* The device gradient bytes with buckets. The layer groups (runs of equal `layer`, in flat
@@ -217,7 +221,9 @@ size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_d
  * weights stay on the host as the partition the gathers read) keep a separate
  * staging buffer. fp32 weights: the master goes to the device (no staging), with
  * the state on NVMe through an fp32 staging buffer. offload_param "nvme": the
- * weights go to the parameter swap file (no staging). */
+ * weights go to the parameter swap file (no staging). Speculation with stage 3 and
+ * offload_param "cpu": twice the staging, the second half the speculative weights kept
+ * apart from the partition the gathers read until validation commits them. */
 typedef struct zoff_host_buffers_in {
     int64_t n_host;          /* host parameters of this rank */
     zoff_dtype dtype;        /* the model's weights (and gradients) */

@@ -580,7 +580,8 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     }
     /* super_offload, one rank: the model reports wte's rows (zoff_engine_uses_grad_rows) from a host copy of the tokens */
     m->host_spec_backup = zoff_placement_spec_backup_bytes(cfg, (int64_t)nh);
-    m->model_pinned = mb.host_losses + (m->host_spec_backup && R == 1 ? mb.host_tokens : 0);
+    bool rows = zoff_placement_grad_rows(m->host_spec_backup > 0, (int)R, s->stage);
+    m->model_pinned = mb.host_losses + (rows ? mb.host_tokens : 0);
     /* zoff train (src/train): the checkpoint save's buffer (the writer's pieces or the load's piece, zoff_train_ckpt_save_bytes;
      * a whole array of the partition when the state is in an NVMe swap file; with several ranks
      * also the master weights gathered, zoff_train_ckpt_gather_bytes), input and target tokens. The initial weights go straight

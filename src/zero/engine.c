@@ -211,6 +211,8 @@ static zoff_status s3_setup(zoff_engine *e) {
     } else if (on_host) {
         e->params = e->h_staging ? e->h_staging : (void *)e->h_master;
         e->no_push = true;
+        if (e->h_staging && e->hb.staging == 2 * (size_t)e->n_host * e->esize) /* speculation: kept apart */
+            e->h_spec = (char *)e->h_staging + (size_t)e->n_host * e->esize;
     } else {
         ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)e->n * e->esize, "stage 3 weight partition", &e->s3_params_dev));
         e->params = e->s3_params_dev;
@@ -766,11 +768,11 @@ static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
 
 /* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. */
 static zoff_status spec_setup(zoff_engine *e) {
-    if (!e->pipelined)
+    if (!e->pipelined && !e->stage3)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
-                          "zero_optimization.offload_optimizer.super_offload needs stage 1 or 2, the optimizer state "
-                          "in host memory (device \"cpu\") and a model that waits for each group's weights (zoff "
-                          "train does; engine option weight_waits); set super_offload false");
+                          "zero_optimization.offload_optimizer.super_offload needs stage 1 or 2 with the optimizer "
+                          "state in host memory (device \"cpu\") and a model that waits for each group's weights (zoff "
+                          "train does; engine option weight_waits), or stage 3; set super_offload false");
     size_t b = (size_t)e->n_host * sizeof(float), bs = (size_t)e->n_host * e->ssize;
     e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
     if (e->h_m) e->bk_m = zoff_aligned_alloc(64, bs, "speculation: saved exp_avg");
@@ -794,18 +796,21 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           "the partition's weights %s)",
                           z->offload_param.device == ZOFF_OFFLOAD_NVME ? "nvme" : "cpu",
                           z->offload_param.device == ZOFF_OFFLOAD_NVME ? "to the parameter swap file" : "in place");
-    if (z->offload_optimizer.super_offload &&
-        (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME || z->delayed_param_update || z->stage >= 3))
+    bool s3_nvme = z->stage >= 3 && z->offload_param.device == ZOFF_OFFLOAD_NVME;
+    bool s3_cpu32 = z->stage >= 3 && z->offload_param.device == ZOFF_OFFLOAD_CPU && o->dtype == ZOFF_F32;
+    if (z->offload_optimizer.super_offload && (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME ||
+                                               z->delayed_param_update || s3_nvme || s3_cpu32))
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.offload_optimizer.super_offload (speculation-then-validation) is "
-                          "implemented for stages 1-2 (any number of ranks) with offload_optimizer.device \"cpu\" and "
+                          "implemented for stages 1-3 (any number of ranks) with offload_optimizer.device \"cpu\", "
                           "without zoff_delayed_param_update (got stage %d, device %s%s)%s; set super_offload false",
                           z->stage, z->offload_optimizer.device == ZOFF_OFFLOAD_NVME ? "nvme" : offload ? "cpu" : "none",
                           z->delayed_param_update ? ", delayed update" : "",
-                          z->stage >= 3 ? ": stage 3 gathers each group's weights from the partition the update "
-                                          "writes, so a speculative update would need a second partition kept apart "
-                                          "until validation (not implemented)"
-                                        : "");
+                          s3_nvme    ? ": with stage 3, offload_param.device \"nvme\" is not supported (the update "
+                                       "writes the parameter swap file the gathers read; use offload_param \"cpu\")"
+                          : s3_cpu32 ? ": with stage 3, offload_param.device \"cpu\" needs 16-bit weights (fp32: the "
+                                       "gathers read the master the update writes; enable bf16 or fp16)"
+                                     : "");
     if (cfg->bf16_optimizer_states && (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME))
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "bf16.bf16_optimizer_states true needs the optimizer state in host memory "
@@ -1076,7 +1081,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
             s = ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = pipe_setup(e, o);
     if (s == ZOFF_OK && z->offload_optimizer.super_offload) s = spec_setup(e);
-    if (s == ZOFF_OK && (e->dpu || e->pipelined)) {
+    if (s == ZOFF_OK && (e->dpu || e->pipelined || e->spec)) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);
         e->mu_init = true;
@@ -1118,7 +1123,12 @@ static zoff_status sync_device_subgroups(zoff_engine *e, zoff_stream *st) {
 
 /* Host sub-group g's new weights -> the model's buffer, on the h2d stream. */
 zoff_status zoff_eng_push_host_subgroup(zoff_engine *e, const subgroup *g) {
-    if (e->no_push) return ZOFF_OK; /* stage 3, offload_param: written in place */
+    if (e->no_push) { /* stage 3, offload_param: written in place, or (speculation) copied into place */
+        if (e->h_spec)
+            memcpy((char *)e->params + (size_t)g->model * e->esize, (const char *)e->h_spec + (size_t)g->state_off * e->esize,
+                   (size_t)g->count * e->esize);
+        return ZOFF_OK;
+    }
     void *dst = (char *)e->params + (size_t)g->model * e->esize;
     const void *src = e->dtype == ZOFF_F32 && !e->swap
                           ? (const void *)(e->h_master + g->state_off)
@@ -1373,8 +1383,8 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         double td = zoff_now();
         if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, 1.0 / scale));
         si.t_device = zoff_now() - td;
-        ZOFF_TRY(pipe_gather_after_compute(e));
-        ZOFF_TRY(zoff_hr_spec_commit(e));
+        if (e->pipelined) ZOFF_TRY(pipe_gather_after_compute(e));
+        ZOFF_TRY(zoff_hr_spec_commit(e)); /* stage 3: gathered on use after dp_gather_weights below */
     } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
         ZOFF_TRY(zoff_hr_spec_rollback(e));
         si.rolled_back = true;

@@ -186,6 +186,9 @@ struct zoff_engine {
     zoff_s3 *s3;
     bool stage3;
     void *s3_params_dev, *s3_grads_dev; /* owned (the weights are on the host with offload_param) */
+    void *h_spec;           /* speculation, stage 3, offload_param cpu: the host optimizer's new 16-bit weights
+                               (the second half of h_staging), copied into the partition (h_staging's first half,
+                               what the gathers read) by the push: at the step, or at a validated commit */
     bool no_push;           /* offload_param cpu: the host optimizer writes the partition weights in place */
     bool pnvme;             /* offload_param nvme: the partition weights live in the stage 3 swap file; the host
                                optimizer writes them there (zoff_s3_out_span), no h_staging */
@@ -226,6 +229,7 @@ static inline bool uses_v(const zoff_engine *e) { return e->cfg->optimizer.type 
 /* Where the host sub-groups' new 16-bit (fp32 with NVMe: fp32) weights are written and
  * pushed from (NULL: fp32 in host memory, the master is pushed; offload_param nvme). */
 static inline void *host_weights_out(const zoff_engine *e) {
+    if (e->h_spec) return e->h_spec;
     return e->h_staging ? e->h_staging : e->hb.weights_in_grads ? e->h_grads[e->wbuf] : NULL;
 }
 

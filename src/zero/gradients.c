@@ -138,6 +138,22 @@ static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti)
     }
 }
 
+static void spec_mark(zoff_engine *e, int64_t offset, bool rows);
+
+/* Stage 3, speculation: the lowest local offset from which every element of this rank's
+ * partition lies at model offset >= offset (those landed once the model's [offset, end)
+ * did: the backward reports ranges top down), for any order of the pieces. */
+static int64_t s3_local_from(const zoff_dp_plan *p, int64_t offset) {
+    int64_t from = 0;
+    for (int k = 0; k < p->nown[p->rank]; k++) {
+        const zoff_dp_piece *q = &p->pieces[p->own[p->rank][k]];
+        if (q->model >= offset) continue;
+        int64_t below = offset - q->model < q->count ? offset - q->model : q->count; /* elements below offset */
+        if (q->local + below > from) from = q->local + below;
+    }
+    return from;
+}
+
 /* Stage 3: every micro-batch's group gradients are reduce-scattered into the
  * partition; at the boundary this rank's pieces then go to the host. */
 static void s3_grad_ready(zoff_engine *e, zoff_stream *stream, int64_t offset, int64_t count) {
@@ -157,6 +173,7 @@ static void s3_grad_ready(zoff_engine *e, zoff_stream *stream, int64_t offset, i
             int64_t y = q->model + q->count < offset + count ? q->model + q->count : offset + count;
             if (x < y) copy_host_grads(e, q->local + (x - q->model), q->local + (y - q->model), ti);
         }
+        if (e->spec_running) spec_mark(e, s3_local_from(p, offset), false);
     }
     if (ti >= 0) tl_mark(e, ti, 2);
 }
@@ -271,7 +288,9 @@ static bool spec_runs(zoff_engine *e, int64_t offset, int64_t count, int64_t row
 }
 
 /* One rank only: the early copy goes to the host before the range is reduced over ranks. */
-bool zoff_engine_uses_grad_rows(const zoff_engine *e) { return e && e->spec && e->world == 1; }
+bool zoff_engine_uses_grad_rows(const zoff_engine *e) {
+    return e && zoff_placement_grad_rows(e->spec, e->world, e->cfg->zero.stage);
+}
 
 void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, int64_t count, int64_t row_len,
                            const int64_t *rows, int64_t nrows) {

@@ -357,6 +357,12 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
  * stream), each group marked arrived for the next forward (several ranks: after its
  * all-gather, issued here on the caller thread, in the same order on every rank). */
 zoff_status zoff_hr_spec_commit(zoff_engine *e) {
+    if (!e->pipelined) { /* stage 3: into the partition the gathers read (device, or host with offload_param) */
+        for (int i = 0; i < e->nsg; i++)
+            if (e->sg[i].on_host) ZOFF_TRY(zoff_eng_push_host_subgroup(e, &e->sg[i]));
+        ZOFF_TRY(zoff_event_record(e->ev_weights_done, e->h2d));
+        return zoff_stream_wait_event(e->compute, e->ev_weights_done);
+    }
     int ng = zoff_wready_groups(e->wr);
     zoff_eng_pipe_open(e);
     ZOFF_TRY(zoff_eng_pipe_gather(e));

@@ -126,10 +126,13 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
     out->grad_buffer = n * es;
     if (param_nvme) out->staging = 0;                            /* straight to the parameter swap file */
     else if (in->dtype == ZOFF_F32) out->staging = in->nvme ? n * es : 0; /* fp32: the master, or staged */
+    else if (in->speculate && param_cpu) out->staging = 2 * n * es; /* + the speculative weights, kept apart */
     else if (in->speculate || param_cpu) out->staging = n * es;  /* gradients or weights outlive the update */
     else out->weights_in_grads = true;
     out->total = out->state + (size_t)out->grad_buffers * out->grad_buffer + out->staging;
 }
+
+bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return speculate && world == 1 && stage < 3; }
 
 bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation) {
