@@ -54,7 +54,7 @@ typedef struct train_mode {
     int vocab, batch;         /* (0: V, B; batch <= BMAX) */
     long sub_group;           /* spec_cfg's sub_group_size (0: 3000) */
     int split[33];            /* optimizer step t: sub-groups its host update updated in two spans */
-    bool rows_stall;          /* block 0's grad-ready drains the stream and pauses 20 ms, so the
+    bool rows_stall;          /* block 0's grad-ready drains the stream and pauses 100 ms, so the
                                  worker takes wte's early part before the embedding backward */
     bool no_rows;             /* no row-sparse report of wte's gradient (zoff_gpt2_set_grad_rows) */
     int64_t block0;           /* set by train(): block 0's offset */
@@ -128,7 +128,7 @@ static void logged_ready(void *arg, zoff_stream *s, int64_t off, int64_t count) 
         (void)zoff_stream_host_fn(s, stamp_device, &g_mode.block0_end[g_mode.iter]);
     if (off == g_mode.block0 && g_mode.rows_stall) {
         (void)zoff_stream_synchronize(s);
-        struct timespec ts = {0, 20 * 1000 * 1000};
+        struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
 }
