@@ -70,6 +70,14 @@ void zoff_log(zoff_log_level level, const char *fmt, ...) __attribute__((format(
 /* Returns NULL on failure and sets the error message (naming `what` and the size). */
 void *zoff_aligned_alloc(size_t alignment, size_t bytes, const char *what);
 void zoff_aligned_free(void *p);
+/* Free each of n pointers (free(); zoff_aligned_alloc's blocks too), in order; NULLs allowed. */
+void zoff_free_all(void *const *p, size_t n);
+/* ZOFF_FREE_ALL(a, b, c): zoff_free_all over the listed pointers (a destructor's free list). */
+#define ZOFF_FREE_ALL(...)                                                  \
+    do {                                                                    \
+        void *const zoff_fa_[] = {__VA_ARGS__};                             \
+        zoff_free_all(zoff_fa_, sizeof zoff_fa_ / sizeof zoff_fa_[0]);      \
+    } while (0)
 
 /* ---- timers ---- */
 double zoff_now(void); /* monotonic seconds */

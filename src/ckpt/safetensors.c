@@ -477,11 +477,7 @@ struct zoff_st_writer {
 static void w_free(zoff_st_writer *w) {
     for (size_t i = 0; i < w->n; i++) free(w->d[i].name);
     zoff_ckpt_free_pairs(w->mk, w->mv, w->nm);
-    free(w->d);
-    free(w->buf);
-    free(w->path);
-    free(w->tmp);
-    free(w);
+    ZOFF_FREE_ALL(w->d, w->buf, w->path, w->tmp, w);
 }
 
 static void w_remove_tmp(zoff_st_writer *w) {

@@ -26,6 +26,10 @@ void *zoff_aligned_alloc(size_t alignment, size_t bytes, const char *what) {
 
 void zoff_aligned_free(void *p) { free(p); }
 
+void zoff_free_all(void *const *p, size_t n) {
+    for (size_t i = 0; i < n; i++) free(p[i]);
+}
+
 double zoff_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -397,13 +397,7 @@ void zoff_gpt2_destroy(zoff_gpt2 *m) {
         if (m->host_tokens) zoff_host_free_pinned(m->dev, m->host_tokens);
         zoff_event_destroy(m->ev_tokens);
     }
-    free(m->row_mark);
-    free(m->rows);
-    free(m->tensors);
-    free(m->resid);
-    free(m->blocks);
-    free(m->groups);
-    free(m);
+    ZOFF_FREE_ALL(m->row_mark, m->rows, m->tensors, m->resid, m->blocks, m->groups, m);
 }
 
 zoff_status zoff_gpt2_create(zoff_device *dev, const zoff_gpt2_options *opts, zoff_gpt2 **out) {

@@ -478,6 +478,26 @@ static double step_overlap(zoff_backend_kind backend, bool dpu, double before_op
     return before_opt + fmax(t->host_optim + t->weights_in, t->device_optim);
 }
 
+/* src/zero/swapper.c: one swap group per host sub-group, its na arrays (master, m, v as the
+ * optimizer uses them) 4 KiB aligned; a 4 KiB header; min(buffer_count, groups) buffers of the
+ * largest group. */
+static void nvme_swap_memory(const zoff_config *cfg, const plan_placement *pl, size_t na, zoff_plan_row *r) {
+    const int64_t big = pl->largest_host;
+    int64_t bc = cfg->zero.offload_optimizer.buffer_count;
+    int need = 1 + (cfg->zero.offload_optimizer.pipeline_read ? 1 : 0) + (cfg->zero.offload_optimizer.pipeline_write ? 1 : 0);
+    if (need > pl->host_groups) need = pl->host_groups;
+    if (bc < need) {
+        r->bad_config = true;
+        snprintf(r->why, sizeof r->why,
+                 "zero_optimization.offload_optimizer.buffer_count %lld is too few for the pipeline flags (needs %d)",
+                 (long long)bc, need);
+    }
+    int64_t slots = bc < pl->host_groups ? bc : pl->host_groups;
+    if (slots < 1) slots = 1;
+    r->mem.swap_buffers = add_sat(mul_sat((size_t)slots, mul_sat(na, swap_array_bytes(big))), 2 * SWAP_ALIGN);
+    r->mem.disk_optimizer = add_sat(SWAP_ALIGN, mul_sat(na, pl->host_swap_bytes));
+}
+
 zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
     memset(r, 0, sizeof *r);
     if (!in || !in->cfg || !s) return zoff_error(ZOFF_ERR_INVALID, "zoff_plan_evaluate: missing inputs");
@@ -553,26 +573,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         m->host_grads = mul_sat(hb.grad_buffer, (size_t)hb.grad_buffers);
         m->host_staging = hb.staging;
     }
-    if (nvme && nh > 0) {
-        /* src/zero/swapper.c: one swap group per host sub-group, its arrays
-         * (master, m, v as the optimizer uses them) 4 KiB aligned; a 4 KiB
-         * header; min(buffer_count, groups) buffers of the largest group */
-        const size_t na = state_b / f4;
-        const int64_t big = pl.largest_host;
-        int64_t bc = cfg->zero.offload_optimizer.buffer_count;
-        int need = 1 + (cfg->zero.offload_optimizer.pipeline_read ? 1 : 0) + (cfg->zero.offload_optimizer.pipeline_write ? 1 : 0);
-        if (need > pl.host_groups) need = pl.host_groups;
-        if (bc < need) {
-            r->bad_config = true;
-            snprintf(r->why, sizeof r->why,
-                     "zero_optimization.offload_optimizer.buffer_count %lld is too few for the pipeline flags (needs %d)",
-                     (long long)bc, need);
-        }
-        int64_t slots = bc < pl.host_groups ? bc : pl.host_groups;
-        if (slots < 1) slots = 1;
-        m->swap_buffers = add_sat(mul_sat((size_t)slots, mul_sat(na, swap_array_bytes(big))), 2 * SWAP_ALIGN);
-        m->disk_optimizer = add_sat(SWAP_ALIGN, mul_sat(na, pl.host_swap_bytes));
-    }
+    if (nvme && nh > 0) nvme_swap_memory(cfg, &pl, state_b / f4, r);
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {

@@ -77,15 +77,7 @@ struct zoff_train_ckpt_job {
 
 static void job_free(zoff_train_ckpt_job *j) {
     if (!j) return;
-    zoff_aligned_free(j->master);
-    zoff_aligned_free(j->buf);
-    zoff_aligned_free(j->gpiece);
-    zoff_aligned_free(j->gpack);
-    free(j->segs);
-    free(j->gcount);
-    free(j->runs);
-    free(j->config);
-    free(j);
+    ZOFF_FREE_ALL(j->master, j->buf, j->gpiece, j->gpack, j->segs, j->gcount, j->runs, j->config, j);
 }
 
 bool train_state_in_swap(const zoff_engine *eng) {

@@ -682,31 +682,15 @@ void zoff_engine_destroy(zoff_engine *e) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
     }
-    free(e->sg_group);
-    free(e->sg_span[0]);
-    free(e->sg_span[1]);
-    free(e->sg_span_off[0]);
-    free(e->sg_span_off[1]);
-    free(e->group_left);
-    free(e->group_hsg);
-    free(e->group_need);
-    free(e->pipe_order);
+    ZOFF_FREE_ALL(e->sg_group, e->sg_span[0], e->sg_span[1], e->sg_span_off[0], e->sg_span_off[1], e->group_left,
+                  e->group_hsg, e->group_need, e->pipe_order);
     zoff_event_destroy(e->ev_pushed);
     for (int g = 0; e->ev_release && g < zoff_wready_groups(e->wr); g++) zoff_event_destroy(e->ev_release[g]);
     free(e->ev_release);
-    free(e->g_updated);
-    free(e->g_released);
-    free(e->g_pushed);
-    zoff_aligned_free(e->bk_master);
-    zoff_aligned_free(e->bk_m);
-    zoff_aligned_free(e->bk_v);
-    free(e->sg_state);
-    free(e->sp_run);
-    free(e->sp_gap);
+    ZOFF_FREE_ALL(e->g_updated, e->g_released, e->g_pushed, e->bk_master, e->bk_m, e->bk_v, e->sg_state, e->sp_run,
+                  e->sp_gap);
     zoff_wready_destroy(e->wr);
-    free(e->ranges);
-    free(e->sg);
-    free(e);
+    ZOFF_FREE_ALL(e->ranges, e->sg, e);
 }
 
 /* Several ranks: the host sub-groups' update order, by model offset (round-robin local

@@ -182,13 +182,7 @@ void zoff_swapper_destroy(zoff_swapper *s) {
     zoff_aio_destroy(s->io);
     if (s->slots)
         for (int i = 0; i < s->nslots; i++) zoff_aligned_free(s->slots[i].buf);
-    free(s->slots);
-    zoff_aligned_free(s->hdr);
-    free(s->grp);
-    free(s->crcs);
-    free(s->order);
-    free(s->pf_order);
-    free(s);
+    ZOFF_FREE_ALL(s->slots, s->hdr, s->grp, s->crcs, s->order, s->pf_order, s);
 }
 
 zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **out) {
