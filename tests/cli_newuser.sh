@@ -122,5 +122,16 @@ check "an empty config is named as empty, with no position" \
 check "a syntax error says file:line:column once" \
   "grep -q 'comma.json:2:[0-9]*: JSON syntax error' '$W/cfg.err' && ! grep -q 'at line' '$W/cfg.err'"
 
+# ---- a trial run writes no checkpoint with --no-checkpoint (a 13B state does not fit a 64 GiB disk)
+"$ZOFF" train "${TINY[@]}" --train-iters 2 --no-checkpoint --save "$W/nock" >/dev/null 2>"$W/nock.err"
+rc=$?
+check "--no-checkpoint: metrics.jsonl with 2 steps and no checkpoint in --save" \
+  "[ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.jsonl') -eq 2 ] && \
+   [ -z \"\$(ls '$W/nock' | grep -v '^metrics.jsonl\$')\" ]"
+"$ZOFF" train "${TINY[@]}" --no-checkpoint --save-interval 1 --save "$W/nock2" >/dev/null 2>"$W/nock.err"
+rc=$?
+check "--no-checkpoint with --save-interval: exit 2 naming both, nothing written" \
+  "[ $rc -eq 2 ] && grep -q -- '--no-checkpoint.*--save-interval' '$W/nock.err' && [ ! -e '$W/nock2' ]"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -189,6 +189,7 @@ typedef struct zoff_trainer_options {
     bool quiet;                 /* no progress lines from the trainer (errors still) */
     bool overwrite;             /* --save holds checkpoints of another run: delete them */
     bool sync_saves;            /* zoff_trainer_save_periodic saves on the calling thread */
+    bool no_checkpoint;         /* metrics only, no checkpoint at the end (benchmarks, smoke runs) */
     volatile sig_atomic_t *stop; /* a signal handler sets it; all ranks agree (may be NULL) */
 } zoff_trainer_options;
 

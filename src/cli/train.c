@@ -59,6 +59,8 @@ static void train_usage(FILE *f) {
             "  --save DIR                  output folder: metrics.jsonl and checkpoints (default out/gpt2-small)\n"
             "  --save-interval N           also save every N steps (default: only at the end)\n"
             "  --keep-last N               keep only the newest N checkpoints (default: all)\n"
+            "  --no-checkpoint             write no checkpoint, not even at the end (metrics.jsonl still goes to\n"
+            "                              --save): benchmarks and trial runs of models whose state fills the disk\n"
             "  --sync-save                 write the --save-interval checkpoints on the main thread (default: a\n"
             "                              background writer while training goes on, where the state allows)\n"
             "  --load DIR                  resume from the newest complete checkpoint in DIR (model shape,\n"
@@ -110,6 +112,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
                                  {"--seed", 0, INT64_MAX, &seed}};
     const cli_bool_flag bools[] = {{"--overwrite", &o->overwrite, true},
                                    {"--sync-save", &o->sync_saves, true},
+                                   {"--no-checkpoint", &o->no_checkpoint, true},
                                    {"--quiet", &o->quiet, true}};
     const cli_flag_tables tables = {&shape, strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
                                     bools,  sizeof bools / sizeof *bools,       train_usage};
@@ -139,6 +142,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
     }
     o->seed = (uint64_t)seed;
+    if (o->no_checkpoint && (o->save_interval || o->keep_last)) {
+        fprintf(stderr, "zoff train: --no-checkpoint writes no checkpoint, so %s has nothing to do; drop one of them\n",
+                o->save_interval ? "--save-interval" : "--keep-last");
+        return 2;
+    }
     return 0;
 }
 
@@ -213,7 +221,7 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
                 si->t_wait_weights, r->step_time);
 }
 
-/* The closing lines; validation figures only when they were measured. */
+/* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
 static void print_summary(const zoff_trainer_info *in, const char *save_dir, double train_time, double last_loss,
                           double val_before, double val_after) {
     int64_t steps = in->step - in->start_step;
@@ -221,13 +229,15 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, dou
     char val[96] = "", loss[48] = "", ck[4200];
     if (steps > 0) snprintf(loss, sizeof loss, "; train loss %.4f", last_loss);
     if (!isnan(val_after)) snprintf(val, sizeof val, "; validation loss %.4f -> %.4f", val_before, val_after);
+    fprintf(stderr, "zoff: trained %lld steps in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps, train_time,
+            train_time > 0 ? tokens / train_time : 0.0, loss, val);
+    if (!save_dir) {
+        fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
+        return;
+    }
     zoff_ckpt_step_path(save_dir, in->step, ck, sizeof ck);
-    fprintf(stderr,
-            "zoff: trained %lld steps in %.1f s (%.0f tokens/s)%s%s\n"
-            "zoff: checkpoint %s, metrics %s\n"
-            "zoff: try: zoff sample --load %s\n",
-            (long long)steps, train_time, train_time > 0 ? tokens / train_time : 0.0, loss, val, ck,
-            in->metrics_path, save_dir);
+    fprintf(stderr, "zoff: checkpoint %s, metrics %s\nzoff: try: zoff sample --load %s\n", ck, in->metrics_path,
+            save_dir);
 }
 
 /* The training loop. */
@@ -263,13 +273,16 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     if (p.tty && in->step < o->train_iters) fputc('\n', stderr);
     double train_time = zoff_now() - p.t_start;
     if (g_stop && !o->quiet)
-        fprintf(stderr, "zoff: signal %d: saving a checkpoint at step %lld\n", (int)g_stop, (long long)in->step);
-    if ((s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail(s); /* final, also on SIGINT/SIGTERM */
+        fprintf(stderr, "zoff: signal %d: %s at step %lld\n", (int)g_stop,
+                o->no_checkpoint ? "stopping (--no-checkpoint: no checkpoint)" : "saving a checkpoint",
+                (long long)in->step);
+    /* final, also on SIGINT/SIGTERM */
+    if (!o->no_checkpoint && (s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail(s);
     if (g_stop) return 128 + (int)g_stop;
     /* the delayed update's last weights on the device (the save left them pending) */
     if ((s = zoff_engine_flush(zoff_trainer_engine(t))) != ZOFF_OK) return fail(s);
     if ((s = zoff_trainer_evaluate(t, &val_after)) != ZOFF_OK) return fail(s);
-    if (!o->quiet) print_summary(in, o->save_dir, train_time, r.loss, val_before, val_after);
+    if (!o->quiet) print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, val_before, val_after);
     return 0;
 }
 

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# The GPU checks of one short lease (minutes of device time), in order of worth, against a deadline.
+#
+# Here (no GPU needed; nvcc, the CUDA toolkit and apt-get):
+#   bash scripts/gpu_lease.sh --prebuild     # -> .gpu-carry/{bins.tar.xz,debs/}: sm_90 build of zoff,
+#                                            #    test_ops, test_device and emu_check (real CUDA)
+# There (the device tool; carry .gpu-carry):
+#   GPU_DEADLINE_S=540 bash scripts/gpu_lease.sh
+#
+# Every step is cut at the deadline (GPU_DEADLINE_S seconds after the start, default 540), and a
+# step that would start with under 20 s left is skipped with a note, so the report always comes
+# back. Order: can the binaries run at all (else stop at once: nothing costs less device time);
+# test_ops (the CUDA backend against the CPU and double references; the start-up comparisons of
+# the tensor-core attention and the fused LayerNorm must not have fallen back); 1.5B with the
+# optimizer offloaded (`zoff bench step`: offload, delayed, speculative) and `zoff train` 1.5B
+# offload (start-up to step 1); the 13B plan and 4 training steps of it; GPT-2 124M micro 16 and
+# 1.5B micro 8 with the optimizer on the device against plain PyTorch on the same shapes
+# (bench/torch_gpt2_step.py), interleaved; 40 training steps on CUDA and on the CPU (losses side
+# by side); emu_check and test_device; test_ops with each attention kernel forced; `zoff bench ckpt`
+# and bench/ckpt_overlap.sh (the 16-core box's save figures).
+#
+# Output in $OUT (or ./gpu-report): report.md (a table of steps, then each log's tail) and
+# logs.tar.gz. No training run here writes a checkpoint it does not need: the 13B one (~100 GB) would
+# not fit the disk.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CARRY=$ROOT/.gpu-carry
+
+if [ "${1:-}" = --prebuild ]; then
+  set -e
+  cd "$ROOT"
+  [ -d .deps/debs ] || bash scripts/pack_deps.sh
+  eval "$(bash scripts/unpack_deps.sh 2>/dev/null)"
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DZOFF_CUDA=ON -DZOFF_MPI=OFF \
+    "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90-real}" >/dev/null
+  cmake --build build-gpu -j "$(nproc)" --target zoff test_ops test_device >/dev/null
+  # shellcheck disable=SC2046
+  g++ -std=c++17 -O2 -Iinclude -Isrc tests/cuda_emu/emu_check.cpp -o build-gpu/emu_check_real build-gpu/libzoff.a \
+    $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
+    -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  tar -C build-gpu -cJf "$CARRY/bins.tar.xz" zoff test_ops test_device emu_check_real
+  cp -r .deps/debs "$CARRY/debs"
+  git rev-parse --short HEAD > "$CARRY/commit"
+  du -sh "$CARRY"
+  exit 0
+fi
+
+T0=$SECONDS
+DEADLINE=${GPU_DEADLINE_S:-540}
+REPORT=${OUT:-$ROOT/gpu-report}
+B=/tmp/zoff-lease/bin
+LOGS=/tmp/zoff-lease/logs
+W=/tmp/zoff-lease/work
+rm -rf /tmp/zoff-lease && mkdir -p "$B" "$LOGS" "$W" "$REPORT"
+
+left() { echo $((DEADLINE - (SECONDS - T0))); }
+# step NAME LIMIT_S COMMAND...: run under min(LIMIT, time left - 5), log, record the verdict
+step() {
+  local name=$1 limit=$2; shift 2
+  local l; l=$(($(left) - 5))
+  if [ "$l" -lt 20 ]; then
+    printf '%s|skipped (deadline)|0|%s\n' "$name" "$*" > "$LOGS/$name.status"; echo "== $name: skipped (deadline)"
+    return 1
+  fi
+  [ "$l" -lt "$limit" ] && limit=$l
+  echo "== $name (limit ${limit}s): $*"
+  local t0=$SECONDS rc
+  { echo "\$ $*"; timeout --kill-after=5 "$limit" "$@"; } > "$LOGS/$name.log" 2>&1
+  rc=$?
+  local v=ok; [ $rc -ne 0 ] && v="FAILED (exit $rc)"; [ $rc -eq 124 ] && v="TIMEOUT (${limit}s)"
+  printf '%s|%s|%s|%s\n' "$name" "$v" $((SECONDS - t0)) "$*" > "$LOGS/$name.status"
+  echo "   $v in $((SECONDS - t0))s"; tail -3 "$LOGS/$name.log" | cut -c1-300 | sed 's/^/   | /'
+  return $rc
+}
+
+report() {
+  {
+    echo "# zoff GPU lease"
+    echo
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), build of commit $(cat "$CARRY/commit" 2>/dev/null || echo '?'), $(($(date +%s) - START_EPOCH)) s"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
+    echo "CPU: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
+    echo
+    echo "| step | result | seconds | command |"
+    echo "| --- | --- | --- | --- |"
+    for f in $(ls -tr "$LOGS"/*.status 2>/dev/null); do
+      IFS='|' read -r n v t c < "$f"
+      echo "| $n | $v | $t | \`$(echo "$c" | cut -c1-140)\` |"
+    done
+    for f in $(ls -tr "$LOGS"/*.log 2>/dev/null); do
+      echo; echo "## $(basename "$f" .log)"; echo '```'
+      [ "$(wc -l < "$f")" -gt 60 ] && echo "[... $(wc -l < "$f") lines; the last 60:]"
+      tail -60 "$f" | cut -c1-400; echo '```'
+    done
+  } > "$REPORT/report.md"
+  tar -czf "$REPORT/logs.tar.gz" -C /tmp/zoff-lease logs 2>/dev/null
+}
+START_EPOCH=$(date +%s)
+trap report EXIT
+
+# ------------------------------------------------------------------ can it run at all
+cd "$ROOT"
+tar -C "$B" -xJf "$CARRY/bins.tar.xz" || { echo "no $CARRY/bins.tar.xz: run --prebuild here first"; exit 1; }
+rm -rf .deps/debs && mkdir -p .deps && cp -r "$CARRY/debs" .deps/debs
+eval "$(bash scripts/unpack_deps.sh 2>/dev/null)"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+done
+if ! ldconfig -p | grep -q libcublasLt.so.13 && ! ls /usr/local/cuda/lib64/libcublasLt.so.13 >/dev/null 2>&1; then
+  lt=$(find / -xdev -name 'libcublasLt.so.13' 2>/dev/null | head -1)
+  [ -n "$lt" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$lt")"
+fi
+step environment 30 bash -c 'nvidia-smi; nproc; free -g; df -h /tmp .; ldd '"$B"'/zoff | grep -i "not found"; true'
+step preflight 30 "$B/zoff" bench step --num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 64 \
+  --micro-batch-size 2 --iters 1 --rounds 1 --configs device-optimizer --profile-iters 0 --peak-gemm 0 --device cuda --json ||
+  exit 1
+
+# ------------------------------------------------------------------ correctness
+step test_ops 150 "$B/test_ops"
+step cuda_backend_ran 5 grep -m1 "cuda:" "$LOGS/test_ops.log"
+step attention_startup_check 5 bash -c "! grep -m1 'WARNING: .*tensor-core attention' '$LOGS/test_ops.log'"
+step fused_ln_startup_check 5 bash -c "! grep -m1 'WARNING: .*fused residual' '$LOGS/test_ops.log'"
+
+# ------------------------------------------------------------------ 1.5B offloaded, 13B (issue 20)
+XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length 1024)
+step bench_step_1558M_offload 150 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 \
+  --configs offload,offload+delayed,offload+speculative --profile-iters 0 --peak-gemm 0 --device cuda --json
+printf '%s\n' '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, "steps_per_print": 1,' \
+  '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
+  '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/xl.json"
+step train_1558M_offload 120 "$B/zoff" train --config "$W/xl.json" --device cuda "${XL[@]}" --train-iters 3 \
+  --eval-iters 0 --no-checkpoint --save "$W/xl"
+step train_1558M_metrics 5 cat "$W/xl/metrics.jsonl"
+S13=(--num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 1024 --checkpoint-activations)
+printf '%s\n' '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "steps_per_print": 1,' \
+  '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
+  '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/13b.json"
+# the issue's box: an 80 GB H100 and 128 GiB of host memory (a larger card is budgeted as that one)
+if step plan_13B 60 "$B/zoff" plan --config "$W/13b.json" --device cuda "${S13[@]}" --device-memory 79GiB \
+     --host-memory 125GiB --pinned-limit unlimited --disk-free 60GiB --no-probe --write-config "$W/13b-plan.json"; then
+  step train_13B 240 "$B/zoff" train --config "$W/13b-plan.json" --device cuda --device-memory 79GiB "${S13[@]}" \
+    --train-iters 4 --eval-iters 0 --no-checkpoint --save "$W/13b"
+  step train_13B_metrics 5 bash -c "cat '$W/13b/metrics.jsonl'; cat '$W/13b-plan.json'"
+fi
+
+# ------------------------------------------------------------------ device step against plain PyTorch
+PY=python3
+S124=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16)
+for rep in 1 2; do
+  step "bench_step_124M_$rep" 90 "$B/zoff" bench step "${S124[@]}" --dtype bf16 --iters 5 --rounds 1 \
+    --configs device-optimizer --profile-iters $((rep == 1 ? 3 : 0)) --peak-gemm $((rep == 1 ? 8192 : 0)) --device cuda --json
+  step "torch_124M_$rep" 90 env PYTHONUNBUFFERED=1 $PY bench/torch_gpt2_step.py "${S124[@]}" --iters 10 --warmup 3
+done
+step bench_step_1558M 120 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 \
+  --configs device-optimizer --profile-iters 2 --peak-gemm 0 --device cuda --json
+step torch_1558M 120 env PYTHONUNBUFFERED=1 $PY bench/torch_gpt2_step.py "${XL[@]}" --micro-batch-size 8 --iters 5 --warmup 2
+
+# ------------------------------------------------------------------ the rest of correctness
+if step smoke_tokenize 60 "$B/zoff" tokenize --tokenizer gpt2 --quiet --output-prefix "$W/corpus" \
+     README.md docs/*.md src/*/*.c include/zoff/*.h; then
+  for dev in cuda cpu; do
+    step "smoke_train_$dev" 90 "$B/zoff" train --device "$dev" --data-path "$W/corpus_train.bin" \
+      --val-path "$W/corpus_val.bin" --train-iters 40 --eval-iters 2 --save "$W/out-$dev"
+  done
+  step smoke_losses 10 $PY -c "
+import json
+r = {d: {j['step']: j for j in map(json.loads, open('$W/out-%s/metrics.jsonl' % d)) if 'loss' in j} for d in ('cuda', 'cpu')}
+steps = sorted(set(r['cuda']) & set(r['cpu']))
+print('step  loss_cuda  loss_cpu  rel')
+for s in steps[:5] + steps[-3:]:
+    a, b = r['cuda'][s]['loss'], r['cpu'][s]['loss']
+    print(s, round(a, 5), round(b, 5), '%.2e' % (abs(a - b) / abs(b)))
+"
+fi
+step emu_check 120 "$B/emu_check_real"
+step test_device 60 "$B/test_device"
+for k in mma flash simple; do
+  step "test_ops_attention_$k" 90 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=$k "$B/test_ops"
+done
+step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
+step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --dir "$W/overlap" "cuda=$B/zoff"
+echo "lease: $(($(date +%s) - START_EPOCH)) s"
