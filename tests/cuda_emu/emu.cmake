@@ -80,6 +80,17 @@ foreach(cu ${_emu_cu})
   list(APPEND _emu_gen ${out})
 endforeach()
 
+# nvcc contracts a * b + c into one fma by default (--fmad=true); so do the emulated kernels where
+# the host has FMA, so that a kernel whose result hangs on a product being rounded (a - b*c where
+# b*c was rounded elsewhere) fails here as it does on a GPU. __fmul_rn and friends stay uncontracted.
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64" AND EXISTS /proc/cpuinfo)
+  file(READ /proc/cpuinfo _emu_cpuinfo)
+  if(_emu_cpuinfo MATCHES "[ \t]fma[ \t\n]")
+    set_source_files_properties(${_emu_gen} PROPERTIES COMPILE_OPTIONS "-mfma;-ffp-contract=fast")
+    message(STATUS "zoff: emulated kernels built with FMA contraction, as nvcc builds them")
+  endif()
+endif()
+
 # 2. the rest of zoff with ZOFF_HAVE_CUDA (CUDA runtime from the emulator's headers)
 file(GLOB_RECURSE _emu_c CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*.c)
 # as the library without MPI, NCCL and liburing (the patterns of the top CMakeLists.txt)

@@ -96,6 +96,27 @@ inline unsigned int atomicCAS(unsigned int *addr, unsigned int cmp, unsigned int
 inline void __threadfence_system() {}
 inline void __threadfence() {}
 
+// __fmul_rn / __fadd_rn: one IEEE rounding that nvcc never contracts into an fma (the emulated
+// kernels are built with contraction: emu.cmake); the empty asm keeps the host compiler from fusing too
+inline float __fmul_rn(float a, float b) {
+    float p = a * b;
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+x"(p));
+#else
+    __asm__("" : "+w"(p));
+#endif
+    return p;
+}
+inline float __fadd_rn(float a, float b) {
+    float p = a + b;
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+x"(p));
+#else
+    __asm__("" : "+w"(p));
+#endif
+    return p;
+}
+
 inline float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);

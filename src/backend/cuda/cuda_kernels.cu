@@ -266,7 +266,9 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
                 float dm = 0.0f, dn = 0.0f;
                 ln_lane_cols<S>(C, lane, vec, x, dy, weight, [&](int64_t, int n, const Pack16<S> &xp, const Pack16<S> &dyp, const Pack16<S> &wp) {
                     for (int j = 0; j < n; j++) {
-                        const float g = S::load(wp.e, j) * S::load(dyp.e, j);
+                        // g rounded once (no fma with what follows), the same value as in the second
+                        // pass: sum(g - dm) stays 0 and a row of one column gets exactly dres
+                        const float g = __fmul_rn(S::load(wp.e, j), S::load(dyp.e, j));
                         dm += g;
                         dn += g * (S::load(xp.e, j) - m) * r;
                     }
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
                     else for (int j = 0; j < n; j++) dp.e[j] = dres[row * C + c0 + j];
                     for (int j = 0; j < n; j++) {
                         const float xh = (S::load(xp.e, j) - m) * r;
-                        const float g = S::load(wp.e, j) * S::load(dyp.e, j);
+                        const float g = __fmul_rn(S::load(wp.e, j), S::load(dyp.e, j));
                         S::store(dp.e, j, S::load(dp.e, j) + (g - dm - xh * dn) * r);
                     }
                     if (n == Pack16<S>::V) ((uint4 *)dx)[c0 / n] = dp.u;
