@@ -667,6 +667,7 @@ void zoff_engine_destroy(zoff_engine *e) {
     host_free(e, e->h_grads[1]);
     host_free(e, e->h_staging);
     zoff_host_optimizer_destroy(e->hopt);
+    zoff_eng_snap_destroy(e);
     if (e->scratch.recv) zoff_device_free(e->dev, e->scratch.recv);
     if (e->scratch.pack) zoff_device_free(e->dev, e->scratch.pack);
     zoff_event_destroy(e->ev_gather);
@@ -1478,23 +1479,34 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
 /* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the fp32 array
  * h: bf16 m and v widen exactly, or round to nearest-even (exact for values that were bf16);
  * an array the optimizer does not use reads as zeros. */
+void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so) {
+    if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) return NULL;
+    return i == 0 ? (void *)(e->h_master + so) : st_at(e, i == 1 ? e->h_m : e->h_v, so);
+}
+
+void zoff_eng_state_to_f32(const zoff_engine *e, int i, const void *src, int64_t c, float *h) {
+    if (i == 0 || e->sdt == ZOFF_F32) {
+        memcpy(h, src, (size_t)c * sizeof(float));
+        return;
+    }
+    const uint16_t *b = src;
+    for (int64_t k = 0; k < c; k++) h[k] = zoff_bf16_to_f32(b[k]);
+}
+
 static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, float *h, bool get) {
-    if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) {
+    void *src = zoff_eng_state_ptr(e, i, so);
+    if (!src) {
         if (get) memset(h, 0, (size_t)c * sizeof(float));
         return;
     }
-    void *src = st_at(e, i == 1 ? e->h_m : e->h_v, so);
-    if (i == 0 || e->sdt == ZOFF_F32) {
-        float *f = i == 0 ? e->h_master + so : src;
-        if (get) memcpy(h, f, (size_t)c * sizeof(float));
-        else memcpy(f, h, (size_t)c * sizeof(float));
-        return;
-    }
-    uint16_t *b = src;
-    if (get)
-        for (int64_t k = 0; k < c; k++) h[k] = zoff_bf16_to_f32(b[k]);
-    else
+    if (get) {
+        zoff_eng_state_to_f32(e, i, src, c, h);
+    } else if (i == 0 || e->sdt == ZOFF_F32) {
+        memcpy(src, h, (size_t)c * sizeof(float));
+    } else {
+        uint16_t *b = src;
         for (int64_t k = 0; k < c; k++) b[k] = zoff_f32_to_bf16(h[k]);
+    }
 }
 
 zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i) {
