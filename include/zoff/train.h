@@ -260,9 +260,11 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
 /* A periodic checkpoint at the current step: written by a background writer thread while
  * training goes on when zoff_train_ckpt_can_background allows it (one rank, the optimizer state
  * in host memory) and sync_saves is not set; else as zoff_trainer_save(t, false). The meta,
- * loader position and loss-scaler state are taken now. zoff_trainer_step waits for the writer
- * before its optimizer update (the state must not change under it) and returns the writer's
- * error, if any; a save waits for the one in flight first. Collective. */
+ * loader position and loss-scaler state are taken now. The writer reads the state as of now
+ * through the engine's snapshot (save_snapshot_bytes >= 0: the updates go on, staging what the
+ * writer has not read), else zoff_trainer_step waits for the writer before its optimizer update.
+ * zoff_trainer_step joins a writer that has finished at its end and returns the writer's error,
+ * if any; a save waits for the one in flight first. Collective. */
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
 #ifdef __cplusplus
 }
