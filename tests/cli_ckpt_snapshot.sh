@@ -17,20 +17,25 @@ cfg() {
   cat <<EOF
 {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
- "bf16": {"enabled": true},
- "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "sub_group_size": 100000$1}}
+ "bf16": {"enabled": true${2:-}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "sub_group_size": 100000${1:-}}}
 EOF
 }
 cfg "" > "$W/plain.json"
 cfg ', "zoff_delayed_param_update": true, "zoff_delayed_param_update_warmup": 1' > "$W/dpu.json"
+cfg "" ', "bf16_optimizer_states": true' > "$W/bf16s.json" # m and v in bf16: 2-byte blocks
 T=(train --num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --tokenizer byte
    --data-path "$W/corpus_train.bin" --eval-iters 0)
-# bytes of the state the snapshot stages when it stages everything: master, exp_avg and exp_avg_sq, all fp32
-state_bytes() { "$PY" "$SRC/scripts/zckpt.py" list "$1" | awk '$1 == "optimizer.exp_avg" {print 3 * $(NF-3)}'; }
+# bytes of the state the snapshot stages when it stages everything: the fp32 master (4 bytes for each element of
+# exp_avg), exp_avg and exp_avg_sq as stored
+state_bytes() {
+  "$PY" "$SRC/scripts/zckpt.py" list "$1" | awk '$1 == "optimizer.exp_avg" {n = $5; gsub(/[][]/, "", n); s += 4 * n}
+    $1 == "optimizer.exp_avg" || $1 == "optimizer.exp_avg_sq" {s += $(NF-3)} END {print s}'
+}
 staged_of() { grep "\"ckpt_step\":$2," "$1" | sed 's/.*"ckpt_staged":\([0-9]*\).*/\1/'; }
 
 # 1. every block staged by the update (the writer held until then): == --sync-save, byte for byte
-for mode in plain dpu; do
+for mode in plain dpu bf16s; do
   C=(--config "$W/$mode.json" --train-iters 7 --save-interval 3)
   ZOFF_TEST_SNAPSHOT_HOLD=1 "$ZOFF" "${T[@]}" "${C[@]}" --save "$W/s-$mode" >"$W/s-$mode.log" 2>&1
   check "$mode: snapshot run exits 0" "[ $? -eq 0 ]"
