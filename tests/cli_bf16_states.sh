@@ -59,6 +59,8 @@ check "... and step 7 stores fp32 m" "grep 'optimizer.exp_avg ' '$W/list.txt' | 
 check "fp32-state checkpoint into bf16 states: exit 0, step 8" "[ \$? -eq 0 ] && [ -f '$W/to32/step_00000008/COMPLETE' ]"
 check "... the log says the state was rounded to bf16" "grep -q 'stored in f32.*rounded to nearest bf16' '$W/out.txt'"
 
+# the weights, m and v (the config entry names the offload device)
+STATE=(--prefix wte. --prefix wpe. --prefix h. --prefix ln_f. --prefix optimizer.)
 # 4. NVMe: the same run with m and v bf16 in the swap file; resumes across cpu <-> nvme and state dtypes
 "$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 6 --save "$W/nv" >"$W/out.txt" 2>&1
 check "6 steps, nvme with bf16 states: exit 0" "[ \$? -eq 0 ] && [ -f '$W/nv/step_00000006/COMPLETE' ]"
@@ -66,16 +68,16 @@ check "... the log names the swap file's bf16 arrays" "grep -q 'offload_optimize
 grep '"loss"' "$W/nv/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/c.txt"
 check "nvme losses, lr and grad norms are bit-identical to cpu offload's" "[ -s '$W/c.txt' ] && cmp -s '$W/a.txt' '$W/c.txt'"
 check "... and so is the checkpoint (m and v stored bf16)" \
-  "'$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/nv/step_00000006' >/dev/null && '$PY' '$SRC/scripts/zckpt.py' list '$W/nv/step_00000006' | grep 'optimizer.exp_avg_sq' | grep -q 'dtype   1 '"
+  "'$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/nv/step_00000006' \${STATE[*]} >/dev/null && '$PY' '$SRC/scripts/zckpt.py' list '$W/nv/step_00000006' | grep 'optimizer.exp_avg_sq' | grep -q 'dtype   1 '"
 "$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 3 --save "$W/n2c" --quiet >/dev/null 2>&1
 "$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 6 --save "$W/n2c" --load "$W/n2c" --quiet >/dev/null 2>&1
 check "nvme 3 steps, resumed on cpu to 6: the straight run's state bit for bit" \
-  "[ -f '$W/n2c/step_00000006/COMPLETE' ] && '$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/n2c/step_00000006' >/dev/null"
+  "[ -f '$W/n2c/step_00000006/COMPLETE' ] && '$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/n2c/step_00000006' \${STATE[*]} >/dev/null"
 "$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 3 --save "$W/c2n" --quiet >/dev/null 2>&1
 "$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 6 --save "$W/c2n" --load "$W/c2n" --quiet >/dev/null 2>&1
 grep '"loss"' "$W/c2n/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/d.txt"
 check "cpu 3 steps, resumed on nvme to 6: losses and state bit-identical to the straight run" \
-  "cmp -s '$W/a.txt' '$W/d.txt' && '$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/c2n/step_00000006' >/dev/null"
+  "cmp -s '$W/a.txt' '$W/d.txt' && '$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/c2n/step_00000006' \${STATE[*]} >/dev/null"
 cp -r "$W/nv" "$W/nv32"
 "$ZOFF" train "${TINY[@]}" --config "$W/fp32nv.json" --train-iters 7 --save "$W/nv32" --load "$W/nv32" >"$W/out.txt" 2>&1
 check "bf16-state checkpoint into nvme with fp32 states: step 7, widened exactly" \
