@@ -31,7 +31,8 @@ typedef struct zoff_snap {
     char *arena;
     int32_t *free_slots;
     int nslots, nfree;
-    int copying;                  /* updaters copying into slots now (finish waits for them) */
+    int inside;                   /* updaters in zoff_eng_snap_protect (finish waits for them: their copies, their
+                                     figures) */
     bool busy;                    /* the writer reads live elements [busy_lo, busy_hi) (host state offsets) */
     int64_t busy_lo, busy_hi;
     bool told;                    /* the budget-spent line was logged for this save */
@@ -222,7 +223,6 @@ static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int
     if (n == 0) return;
     size_t bytes = 0;
     for (int k = 0; k < n; k++) bytes += (size_t)block_len(p, e, batch[k].i, batch[k].b) * state_esize(e, batch[k].i);
-    p->copying++;
     pthread_mutex_unlock(&p->mu);
     int nt = zoff_par_threads(bytes), most = hopt_threads(e);
     if (nt > most) nt = most;
@@ -235,7 +235,6 @@ static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int
                (size_t)block_len(p, e, i, b) * state_esize(e, i));
     }
     pthread_mutex_lock(&p->mu);
-    p->copying--;
     for (int k = 0; k < n; k++) {
         const int i = batch[k].i;
         const int64_t b = batch[k].b;
@@ -270,6 +269,7 @@ zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g) {
     bool waited = false;
     const int64_t a = g->state_off, z = g->state_off + g->count;
     pthread_mutex_lock(&p->mu);
+    p->inside++;
     for (int i = 0; i < SNAP_ARRAYS && p->active; i++) {
         if (p->nb[i] == 0 || g->count == 0) continue;
         for (int64_t b = a / p->blk[i]; b <= (z - 1) / p->blk[i] && p->active;) {
@@ -292,7 +292,8 @@ zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g) {
     while (p->active && p->busy && p->busy_lo < z && p->busy_hi > a) pthread_cond_wait(&p->cv, &p->mu);
     if (waited) p->st.update_wait += zoff_now() - t0;
     p->protected_sg++;
-    pthread_cond_broadcast(&p->cv); /* test_hold */
+    p->inside--;
+    pthread_cond_broadcast(&p->cv); /* finish, test_hold */
     pthread_mutex_unlock(&p->mu);
     return ZOFF_OK;
 }
@@ -306,7 +307,7 @@ void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *sta
     pthread_mutex_lock(&p->mu);
     p->active = false;
     pthread_cond_broadcast(&p->cv);
-    while (p->copying > 0) pthread_cond_wait(&p->cv, &p->mu);
+    while (p->inside > 0) pthread_cond_wait(&p->cv, &p->mu); /* woken above, they leave at once */
     ZOFF_FREE_ALL(p->arena, p->free_slots);
     p->arena = NULL;
     p->free_slots = NULL;
