@@ -409,21 +409,20 @@ static void dma_free(zoff_engine *e, void *p) {
 #define STATE_HUGE_MIN ((size_t)64 << 20)
 
 /* Optimizer state that only the CPU touches (m, v, a master the device does not read, the
- * speculation's saved copy): pageable, whatever pin_memory says. Large arrays ask for
- * transparent huge pages (MADV_HUGEPAGE, where the kernel has it; advice only): 512 times
- * fewer page faults when the state is first touched at start-up, and fewer TLB misses in
- * the Adam sweep over gigabytes. The pages are not touched here: state_first_touch faults
- * them in by the optimizer threads that update them, so that each lands on its NUMA node.
- * Freed with free(). */
+ * speculation's saved copy): pageable, whatever pin_memory says. The pages are not touched
+ * here: state_first_touch faults them in by the optimizer's update chunks (NUMA placement).
+ * Large arrays are 2 MiB-aligned; with ZOFF_HUGEPAGES=1 they also ask for transparent huge
+ * pages (MADV_HUGEPAGE): 512 times fewer page faults at the first touch and fewer TLB misses
+ * in the Adam sweep over gigabytes. Not by default: on the 2-core box the first touch of
+ * the 354M job's 4 GiB state took 3-4x longer with the advice (huge pages were granted,
+ * no compaction stall; docs/performance.md), so it stays an opt-in until a host measures a
+ * gain. Freed with free(). */
 static void *state_alloc(size_t bytes, const char *what) {
     const bool huge = bytes >= STATE_HUGE_MIN;
     void *p = zoff_aligned_alloc(huge ? STATE_HUGE_ALIGN : 4096, bytes, what);
 #ifdef MADV_HUGEPAGE
-    /* ZOFF_HUGEPAGES=0: no advice (a kernel whose THP defrag is "madvise" compacts memory in
-     * the page fault when no free huge page is at hand, which on a fragmented host can be
-     * slower than 4 KiB pages: docs/performance.md) */
     const char *env = getenv("ZOFF_HUGEPAGES");
-    if (p && huge && !(env && strcmp(env, "0") == 0)) (void)madvise(p, bytes, MADV_HUGEPAGE);
+    if (p && huge && env && strcmp(env, "1") == 0) (void)madvise(p, bytes, MADV_HUGEPAGE);
 #endif
     return p;
 }
