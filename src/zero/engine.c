@@ -5,7 +5,8 @@
  * The flat parameter space [0, n) is cut into sub-groups of
  * zero_optimization.sub_group_size elements. Each sub-group is placed on the
  * host or on the device:
- *   - host: fp32 master, m, v in (pinned) host memory; its 16-bit gradients
+ *   - host: fp32 master, m, v in pageable host memory (only the CPU touches them;
+ *     pin_memory pins the buffers device copies use); its 16-bit gradients
  *     are copied to a host buffer during the boundary micro-batch's backward,
  *     on a copy stream, as the model reports them final; the host optimizer
  *     (SIMD CPU Adam) widens them in registers and writes the new 16-bit
