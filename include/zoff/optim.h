@@ -133,8 +133,13 @@ zoff_status zoff_host_optimizer_set_eps(zoff_host_optimizer *opt, double eps);
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
                                        double grad_scale);
 
-/* Initialise a range's state: m = 0, v = 0 (Adagrad: v = initial_accumulator_value). */
+/* Initialise a range's state: m = 0, v = 0 (Adagrad: v = initial_accumulator_value), each
+ * thread the chunk an update() of the same range gives it (a fresh page is first touched,
+ * and so placed on its NUMA node, by the thread that later updates it). */
 zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t);
+/* init_state, and params' pages touched likewise (one element of each 4 KiB page set to 0;
+ * the values are the caller's to write next): the first touch of freshly allocated state. */
+zoff_status zoff_host_optimizer_first_touch(zoff_host_optimizer *opt, const zoff_optim_tensors *t);
 
 /* Measure the machine's bound: a STREAM-style pass with the same access pattern
  * as update() on t (reads and writes the same arrays, same dtypes, same chunks

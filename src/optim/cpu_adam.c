@@ -485,25 +485,56 @@ double zoff_host_optimizer_bytes_per_param(const zoff_host_optimizer *opt, const
     return 8.0 + 2.0 * ss * nstates + gs + (t->params16 ? 2.0 : 0.0);
 }
 
-zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
-    if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: optimizer and tensors must not be NULL");
-    if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: n = %lld is negative", (long long)t->n);
+/* One thread's chunk of init_state: m = 0, v = its initial value, p's 4 KiB pages touched. */
+static void init_chunk(const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
+    const size_t ss = (size_t)a->state_size, c = (size_t)(hi - lo);
+    if (a->m) memset((char *)a->m + (size_t)lo * ss, 0, c * ss);
+    if (a->v) {
+        if (a->v_init == 0.0f) {
+            memset((char *)a->v + (size_t)lo * ss, 0, c * ss);
+        } else if (ss == 4) {
+            for (int64_t i = lo; i < hi; i++) ((float *)a->v)[i] = a->v_init;
+        } else {
+            const uint16_t b = zoff_f32_to_bf16(a->v_init);
+            for (int64_t i = lo; i < hi; i++) ((uint16_t *)a->v)[i] = b;
+        }
+    }
+    if (a->touch_p) { /* one element per page (and the last): every page of [lo, hi) faulted in here */
+        for (int64_t i = lo; i < hi; i += 4096 / (int64_t)sizeof(float)) a->p[i] = 0.0f;
+        a->p[hi - 1] = 0.0f;
+    }
+}
+
+/* init_state and first_touch: in the chunks run_range gives each thread for an update of
+ * this range (same threads, same split), so that a fresh page is first touched, and placed
+ * on its NUMA node, by the thread that updates it. */
+static zoff_status init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t, bool touch_p, const char *fn) {
+    if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "%s: optimizer and tensors must not be NULL", fn);
+    if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "%s: n = %lld is negative", fn, (long long)t->n);
     const int sd = zo_dt(t->state_dt);
     if (sd != ZO_F32 && sd != ZO_BF16)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "optimizer init_state: state dtype %s is not supported (use f32 or bf16)",
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: state dtype %s is not supported (use f32 or bf16)", fn,
                           zoff_dtype_name(t->state_dt));
-    const size_t n = (size_t)t->n, ss = sd == ZO_F32 ? 4 : 2;
-    if (n == 0) return ZOFF_OK;
+    if (t->n == 0) return ZOFF_OK;
+    zoff_optim_kargs a = {.p = t->params, .n = t->n, .state_size = sd == ZO_F32 ? 4 : 2, .touch_p = (int)touch_p};
     if (zoff_host_optimizer_uses_exp_avg(opt)) {
-        if (!t->exp_avg) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg is NULL");
-        zoff_par_memset(t->exp_avg, 0, n * ss);
+        if (!t->exp_avg) return zoff_error(ZOFF_ERR_INVALID, "%s: exp_avg is NULL", fn);
+        a.m = t->exp_avg;
     }
     if (zoff_host_optimizer_uses_exp_avg_sq(opt)) {
-        if (!t->exp_avg_sq) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg_sq is NULL");
-        double init = opt->kind == ZO_KIND_ADAGRAD ? opt->init_acc : 0.0;
-        if (init == 0.0) zoff_par_memset(t->exp_avg_sq, 0, n * ss);
-        else if (sd == ZO_F32) zoff_par_fill_f32(t->exp_avg_sq, (float)init, n);
-        else zoff_par_fill_u16(t->exp_avg_sq, zoff_f32_to_bf16((float)init), n);
+        if (!t->exp_avg_sq) return zoff_error(ZOFF_ERR_INVALID, "%s: exp_avg_sq is NULL", fn);
+        a.v = t->exp_avg_sq;
+        a.v_init = opt->kind == ZO_KIND_ADAGRAD ? (float)opt->init_acc : 0.0f;
     }
+    if (touch_p && !t->params) return zoff_error(ZOFF_ERR_INVALID, "%s: params is NULL", fn);
+    run_range(opt, init_chunk, &a);
     return ZOFF_OK;
+}
+
+zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    return init_state(opt, t, false, "optimizer init_state");
+}
+
+zoff_status zoff_host_optimizer_first_touch(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    return init_state(opt, t, true, "optimizer first_touch");
 }

@@ -38,6 +38,10 @@ typedef struct zoff_optim_kargs {
     int decay_mode;    /* ZO_DECAY_* (Adagrad/Lion: NONE or non-NONE) */
     int sround;        /* bf16 state: 1 = stochastic rounding, 0 = nearest even */
     float gscale, b1, omb1, b2, omb2, eps, bc2inv, step, decay, lr;
+    /* init_state only: bytes per m / v element, v's initial value, whether p's pages are touched */
+    int state_size;
+    float v_init;
+    int touch_p;
 } zoff_optim_kargs;
 
 /* Processes elements [lo, hi) of the range described by a. */

@@ -52,7 +52,8 @@ struct zoff_engine {
 
     /* host-side state (host sub-groups) */
     int64_t n_host;
-    bool pinned;
+    bool pinned;         /* offload_optimizer.pin_memory: the DMA buffers pinned (hb.pinned) */
+    zoff_engine_startup startup; /* zoff_engine_startup_times */
     float *h_master;
     void *h_m, *h_v;     /* exp_avg, exp_avg_sq of sdt (zoff_optimizer_state_dtype) */
     zoff_dtype sdt;
