@@ -193,6 +193,41 @@ static int64_t chunk_bound(int k, int nt, int64_t n, int64_t head) {
     return x < n ? x : n;
 }
 
+/* Elements per block of a backed-up update: 16 KB of each fp32 array, still in L2 when
+ * the kernel reads what the copy just read or wrote. A multiple of ZO_ALIGN_ELEMS. */
+#define ZO_BK_BLOCK 4096
+
+/* The backup copy of [lo, hi) (a->bk_dir: 1 state to backup, 2 backup to state). */
+static void zo_bk_copy(const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
+    const size_t n = (size_t)(hi - lo), ss = (size_t)a->ssize, o = (size_t)lo;
+    const bool save = a->bk_dir == 1;
+    float *p = a->p + o, *pb = a->pb + o;
+    memcpy(save ? pb : p, save ? p : pb, n * 4);
+    if (a->m) {
+        char *m = (char *)a->m + o * ss, *mb = (char *)a->mb + o * ss;
+        memcpy(save ? mb : m, save ? m : mb, n * ss);
+    }
+    if (a->v) {
+        char *v = (char *)a->v + o * ss, *vb = (char *)a->vb + o * ss;
+        memcpy(save ? vb : v, save ? v : vb, n * ss);
+    }
+}
+
+/* One thread's part [lo, hi): the kernel (fn; NULL: the backup copy only), with the
+ * backup copy block by block just before the kernel runs on the block. Splitting a
+ * range changes no result (every element is computed alone; tails as full vectors). */
+static void zo_run(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
+    if (!a->bk_dir) {
+        fn(a, lo, hi);
+        return;
+    }
+    for (int64_t b = lo; b < hi; b += ZO_BK_BLOCK) {
+        int64_t e = hi - b > ZO_BK_BLOCK ? b + ZO_BK_BLOCK : hi;
+        zo_bk_copy(a, b, e);
+        if (fn) fn(a, b, e);
+    }
+}
+
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer cannot see libgomp's fork/join synchronisation (libgomp is not
  * instrumented) and reports every parallel region as a race. TSan builds fork
@@ -206,7 +241,7 @@ typedef struct zo_job {
 
 static void *zo_job_main(void *arg) {
     zo_job *j = arg;
-    if (j->lo < j->hi) j->fn(j->a, j->lo, j->hi);
+    if (j->lo < j->hi) zo_run(j->fn, j->a, j->lo, j->hi);
     return NULL;
 }
 
@@ -227,14 +262,15 @@ static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int 
 }
 #endif
 
-/* Run fn over [0, n): serially when short, else one contiguous aligned chunk per thread. */
+/* Run fn over [0, n) (with the backup copy, if any): serially when short, else one
+ * contiguous aligned chunk per thread. */
 static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, const zoff_optim_kargs *a) {
     const int64_t n = a->n;
     int nt = opt->threads;
     int64_t maxt = (n + ZO_ALIGN_ELEMS - 1) / ZO_ALIGN_ELEMS; /* at least one aligned block each */
     if (maxt < nt) nt = (int)maxt;
     if (nt <= 1 || (opt->serial_below > 0 && n < opt->serial_below) || omp_in_parallel()) {
-        fn(a, 0, n);
+        zo_run(fn, a, 0, n);
         return;
     }
     uintptr_t addr = (uintptr_t)a->p;
@@ -246,7 +282,7 @@ static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, co
     {
         int tn = omp_get_num_threads(), k = omp_get_thread_num();
         int64_t lo = chunk_bound(k, tn, n, head), hi = chunk_bound(k + 1, tn, n, head);
-        if (lo < hi) fn(a, lo, hi);
+        if (lo < hi) zo_run(fn, a, lo, hi);
     }
 #endif
 }
@@ -379,6 +415,18 @@ static int zo_dt(zoff_dtype dt) {
     }
 }
 
+/* The backup arrays (t->n > 0): one for each array the optimizer uses. */
+static zoff_status check_backup(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, const char *fn) {
+    if (t->backup == ZOFF_BACKUP_NONE) return ZOFF_OK;
+    if (t->backup != ZOFF_BACKUP_SAVE && t->backup != ZOFF_BACKUP_RESTORE)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: backup %d is not a zoff_optim_backup", fn, (int)t->backup);
+    if (!t->backup_params || (zoff_host_optimizer_uses_exp_avg(opt) && !t->backup_exp_avg) ||
+        (zoff_host_optimizer_uses_exp_avg_sq(opt) && !t->backup_exp_avg_sq))
+        return zoff_error(ZOFF_ERR_INVALID, "%s: a backup needs backup_params and a backup of each state array used",
+                          fn);
+    return ZOFF_OK;
+}
+
 static zoff_status check_tensors(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, const char *fn, int *gd,
                                  int *sd, int *pd) {
     if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "%s: optimizer and tensors must not be NULL", fn);
@@ -409,7 +457,7 @@ static zoff_status check_tensors(const zoff_host_optimizer *opt, const zoff_opti
     if (zoff_host_optimizer_uses_exp_avg_sq(opt) && !t->exp_avg_sq)
         return zoff_error(ZOFF_ERR_INVALID, "%s: %s needs exp_avg_sq (v) but it is NULL", fn,
                           opt->kind == ZO_KIND_ADAGRAD ? "Adagrad" : "Adam");
-    return ZOFF_OK;
+    return check_backup(opt, t, fn);
 }
 
 static void fill_kargs(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, zoff_optim_kargs *a) {
@@ -421,6 +469,11 @@ static void fill_kargs(const zoff_host_optimizer *opt, const zoff_optim_tensors 
     a->p16 = t->params16;
     a->n = t->n;
     a->idx0 = (uint32_t)(uint64_t)t->index_base;
+    a->bk_dir = t->backup == ZOFF_BACKUP_SAVE ? 1 : t->backup == ZOFF_BACKUP_RESTORE ? 2 : 0;
+    a->ssize = (int)zoff_dtype_size(t->state_dt);
+    a->pb = t->backup_params;
+    a->mb = a->m ? t->backup_exp_avg : NULL;
+    a->vb = a->v ? t->backup_exp_avg_sq : NULL;
 }
 
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
@@ -462,6 +515,23 @@ zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_opti
     zoff_optim_range_fn fn = opt->select(opt->kind, gd, sd, pd);
     if (!fn) return zoff_error(ZOFF_ERR_INTERNAL, "no optimizer kernel for kind %d dtypes %d/%d/%d", opt->kind, gd, sd, pd);
     run_range(opt, fn, &a);
+    return ZOFF_OK;
+}
+
+zoff_status zoff_host_optimizer_copy_backup(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    int gd = 0, sd = 0, pd = ZO_NONE;
+    if (t && t->n > 0 && !t->grads) { /* not read: any non-NULL pointer passes the checks */
+        zoff_optim_tensors c = *t;
+        c.grads = t->params;
+        return zoff_host_optimizer_copy_backup(opt, &c);
+    }
+    ZOFF_TRY(check_tensors(opt, t, "optimizer backup copy", &gd, &sd, &pd));
+    if (t->backup == ZOFF_BACKUP_NONE)
+        return zoff_error(ZOFF_ERR_INVALID, "optimizer backup copy: backup is ZOFF_BACKUP_NONE (nothing to copy)");
+    if (t->n == 0) return ZOFF_OK;
+    zoff_optim_kargs a;
+    fill_kargs(opt, t, &a);
+    run_range(opt, NULL, &a);
     return ZOFF_OK;
 }
 
