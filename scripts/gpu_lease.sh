@@ -5,7 +5,7 @@
 #   bash scripts/gpu_lease.sh --prebuild     # -> .gpu-carry/{bins.tar.xz,debs/}: sm_90 build of zoff,
 #                                            #    test_ops, test_device and emu_check (real CUDA)
 # There (the device tool; carry .gpu-carry):
-#   GPU_DEADLINE_S=540 bash scripts/gpu_lease.sh
+#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt"] bash scripts/gpu_lease.sh
 #
 # Every step is cut at the deadline (GPU_DEADLINE_S seconds after the start, default 540), and a
 # step that would start with under 20 s left is skipped with a note, so the report always comes
@@ -55,6 +55,8 @@ W=/tmp/zoff-lease/work
 rm -rf /tmp/zoff-lease && mkdir -p "$B" "$LOGS" "$W" "$REPORT"
 
 left() { echo $((DEADLINE - (SECONDS - T0))); }
+# part NAME: is this group of steps wanted (GPU_PARTS, default all: correct large peer smoke ckpt)
+part() { case " ${GPU_PARTS:-correct large peer smoke ckpt} " in *" $1 "*) return 0 ;; esac; return 1; }
 # step NAME LIMIT_S COMMAND...: run under min(LIMIT, time left - 5), log, record the verdict
 step() {
   local name=$1 limit=$2; shift 2
@@ -116,36 +118,48 @@ step preflight 30 "$B/zoff" bench step --num-layers 2 --hidden-size 128 --num-at
   --micro-batch-size 2 --iters 1 --rounds 1 --configs device-optimizer --profile-iters 0 --peak-gemm 0 --device cuda --json ||
   exit 1
 
+# a corpus from the repository's own text (the default corpus needs Debian's fortunes)
+step tokenize 60 "$B/zoff" tokenize --tokenizer gpt2 --quiet --output-prefix "$W/corpus" \
+  README.md docs/*.md src/*/*.c include/zoff/*.h
+DATA=(--data-path "$W/corpus_train.bin" --eval-iters 0 --no-checkpoint)
+
 # ------------------------------------------------------------------ correctness
+if part correct; then
 step test_ops 150 "$B/test_ops"
 step cuda_backend_ran 5 grep -m1 "cuda:" "$LOGS/test_ops.log"
 step attention_startup_check 5 bash -c "! grep -m1 'WARNING: .*tensor-core attention' '$LOGS/test_ops.log'"
 step fused_ln_startup_check 5 bash -c "! grep -m1 'WARNING: .*fused residual' '$LOGS/test_ops.log'"
 
+fi
+
 # ------------------------------------------------------------------ 1.5B offloaded, 13B (issue 20)
+if part large; then
 XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length 1024)
 step bench_step_1558M_offload 150 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 \
   --configs offload,offload+delayed,offload+speculative --profile-iters 0 --peak-gemm 0 --device cuda --json
-printf '%s\n' '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, "steps_per_print": 1,' \
+printf '%s\n' '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, "steps_per_print": 1, "gradient_clipping": 1.0,' \
   '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
   '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/xl.json"
 step train_1558M_offload 120 "$B/zoff" train --config "$W/xl.json" --device cuda "${XL[@]}" --train-iters 3 \
-  --eval-iters 0 --no-checkpoint --save "$W/xl"
+  "${DATA[@]}" --save "$W/xl"
 step train_1558M_metrics 5 cat "$W/xl/metrics.jsonl"
 S13=(--num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 1024 --checkpoint-activations)
-printf '%s\n' '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "steps_per_print": 1,' \
+printf '%s\n' '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "steps_per_print": 1, "gradient_clipping": 1.0,' \
   '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
   '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/13b.json"
 # the issue's box: an 80 GB H100 and 128 GiB of host memory (a larger card is budgeted as that one)
 if step plan_13B 60 "$B/zoff" plan --config "$W/13b.json" --device cuda "${S13[@]}" --device-memory 79GiB \
      --host-memory 125GiB --pinned-limit unlimited --disk-free 60GiB --no-probe --write-config "$W/13b-plan.json"; then
   step train_13B 240 "$B/zoff" train --config "$W/13b-plan.json" --device cuda --device-memory 79GiB "${S13[@]}" \
-    --train-iters 4 --eval-iters 0 --no-checkpoint --save "$W/13b"
+    --train-iters 4 "${DATA[@]}" --save "$W/13b"
   step train_13B_metrics 5 bash -c "cat '$W/13b/metrics.jsonl'; cat '$W/13b-plan.json'"
+fi
+
 fi
 
 # ------------------------------------------------------------------ device step against plain PyTorch
 PY=python3
+if part peer; then
 S124=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16)
 for rep in 1 2; do
   step "bench_step_124M_$rep" 90 "$B/zoff" bench step "${S124[@]}" --dtype bf16 --iters 5 --rounds 1 \
@@ -156,9 +170,10 @@ step bench_step_1558M 120 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 8 -
   --configs device-optimizer --profile-iters 2 --peak-gemm 0 --device cuda --json
 step torch_1558M 120 env PYTHONUNBUFFERED=1 $PY bench/torch_gpt2_step.py "${XL[@]}" --micro-batch-size 8 --iters 5 --warmup 2
 
+fi
+
 # ------------------------------------------------------------------ the rest of correctness
-if step smoke_tokenize 60 "$B/zoff" tokenize --tokenizer gpt2 --quiet --output-prefix "$W/corpus" \
-     README.md docs/*.md src/*/*.c include/zoff/*.h; then
+if part smoke && [ -f "$W/corpus_train.bin" ]; then
   for dev in cuda cpu; do
     step "smoke_train_$dev" 90 "$B/zoff" train --device "$dev" --data-path "$W/corpus_train.bin" \
       --val-path "$W/corpus_val.bin" --train-iters 40 --eval-iters 2 --save "$W/out-$dev"
@@ -172,12 +187,34 @@ for s in steps[:5] + steps[-3:]:
     a, b = r['cuda'][s]['loss'], r['cpu'][s]['loss']
     print(s, round(a, 5), round(b, 5), '%.2e' % (abs(a - b) / abs(b)))
 "
+  # the offloaded step (CPU Adam, pipelined) against the device optimizer, both on the GPU, bf16
+  for off in none cpu; do
+    printf '%s\n' '{"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true}, "gradient_clipping": 1.0,' \
+      '"optimizer": {"type": "AdamW", "params": {"lr": 6e-4}},' \
+      "\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"$off\"}}}" > "$W/off-$off.json"
+    step "smoke_offload_$off" 90 "$B/zoff" train --config "$W/off-$off.json" --device cuda --num-layers 6 \
+      --hidden-size 384 --num-attention-heads 6 --seq-length 256 --train-iters 30 "${DATA[@]}" --save "$W/off-$off"
+  done
+  step smoke_offload_losses 10 $PY -c "
+import json, sys
+r = [{j['step']: j['loss'] for j in map(json.loads, open('$W/off-%s/metrics.jsonl' % d)) if 'loss' in j} for d in ('none', 'cpu')]
+worst = 0
+for s in sorted(r[0]):
+    rel = abs(r[0][s] - r[1][s]) / abs(r[0][s]); worst = max(worst, rel)
+    if s <= 3 or s % 10 == 0: print(s, round(r[0][s], 5), round(r[1][s], 5), '%.2e' % rel)
+print('worst relative loss difference, device optimizer vs offload: %.2e' % worst)
+sys.exit(worst > 1e-2)
+"
 fi
+if part correct; then
 step emu_check 120 "$B/emu_check_real"
 step test_device 60 "$B/test_device"
 for k in mma flash simple; do
   step "test_ops_attention_$k" 90 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=$k "$B/test_ops"
 done
+fi
+if part ckpt; then
 step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
 step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --dir "$W/overlap" "cuda=$B/zoff"
+fi
 echo "lease: $(($(date +%s) - START_EPOCH)) s"

@@ -20,7 +20,8 @@
 #   bench   every `zoff bench` subcommand that exists (skipped with a note when it
 #           does not), `zoff bench step` at GPT-2 124M micro-batch 16 with the tensor-core
 #           attention and with the fp32 flash kernels (interleaved, twice), at 1.5B micro-batch 8
-#           with the optimizer on the device (each with its op profile and MFU), and a short
+#           with the optimizer on the device (each with its op profile and MFU), plain PyTorch on the same
+#           shapes (bench/torch_gpt2_step.py), and a short
 #           training run on the GPU and on the CPU with the losses side by side
 #   large   (not part of all: minutes of device time each) `zoff bench step` at 1.5B micro-batch 8
 #           with the optimizer offloaded (offload, offload+delayed, offload+speculative; the issue's
@@ -192,6 +193,9 @@ if want bench; then
     for rep in 1 2; do
       step "bench_step_124M_mma_$rep" 600 "$BUILD/zoff" bench step "${G124[@]}" || true
       step "bench_step_124M_flash_$rep" 600 env ZOFF_CUDA_ATTENTION=flash "$BUILD/zoff" bench step "${G124[@]}" || true
+      # plain PyTorch on the same shape (Hugging Face GPT-2, SDPA, bf16 autocast, fused AdamW)
+      step "torch_124M_$rep" 600 env PYTHONUNBUFFERED=1 python3 bench/torch_gpt2_step.py --num-layers 12 \
+        --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16 --iters 10 || true
     done
     # GPT-2 1.5B (XL), micro-batch 8, optimizer on the device only, one round (every configuration and
     # round builds its model and engine anew); each bench step JSON holds "profile" (device time per op
@@ -199,6 +203,8 @@ if want bench; then
     step bench_step_1558M 600 "$BUILD/zoff" bench step --num-layers 48 --hidden-size 1600 --num-attention-heads 25 \
       --seq-length 1024 --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 --configs device-optimizer \
       --device cuda --json || true
+    step torch_1558M 600 env PYTHONUNBUFFERED=1 python3 bench/torch_gpt2_step.py --num-layers 48 --hidden-size 1600 \
+      --num-attention-heads 25 --seq-length 1024 --micro-batch-size 8 --iters 5 --warmup 2 || true
     # a short training run on each backend (a corpus from the repository's own text)
     W=$ROOT/$BUILD/gpu-smoke
     rm -rf "$W" && mkdir -p "$W"
@@ -233,16 +239,17 @@ if want large; then
       --configs offload,offload+delayed,offload+speculative --profile-iters 0 --peak-gemm 0 --device cuda --json || true
     W=$ROOT/$BUILD/gpu-13b
     rm -rf "$W" && mkdir -p "$W"
+    # a corpus from the repository's own text (the default corpus needs Debian's fortunes)
+    "$BUILD/zoff" tokenize --tokenizer gpt2 --quiet --output-prefix "$W/corpus" README.md docs/*.md src/*/*.c >/dev/null
     S13=(--num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 1024 --checkpoint-activations)
     printf '%s\n' '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},' \
       '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
       '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/ds.json"
     if step plan_13B 300 "$BUILD/zoff" plan --config "$W/ds.json" --device cuda "${S13[@]}" \
          --write-config "$W/plan.json"; then
-      # its final checkpoint (~8 bytes per parameter, ~100 GB) does not fit a 64 GiB disk: an
-      # ENOSPC error at the end is expected there; the step lines and metrics.jsonl come first
+      # no checkpoint: 13B's (~8 bytes per parameter, ~100 GB) does not fit a 64 GiB disk
       step train_13B 600 "$BUILD/zoff" train --config "$W/plan.json" --device cuda "${S13[@]}" --train-iters 4 \
-        --eval-iters 0 --save "$W/out" || true
+        --data-path "$W/corpus_train.bin" --eval-iters 0 --no-checkpoint --save "$W/out" || true
     fi
   fi
 fi

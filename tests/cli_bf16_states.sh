@@ -2,7 +2,9 @@
 # bf16 optimizer states (bf16.bf16_optimizer_states) through zoff train: an exact resume (3 steps,
 # then resume to 6 == 6 straight, losses bit-identical), the checkpoint stores exp_avg and
 # exp_avg_sq in bf16 (the master in fp32), a resume into a run with fp32 states (and the reverse)
-# converts and says so, and bad combinations are refused naming the key.
+# converts and says so, and bad combinations are refused naming the key. With the state in the
+# NVMe swap file (offload_optimizer nvme, m and v bf16 there too): the same losses and checkpoint
+# as with cpu offload, and resumes across cpu <-> nvme bit-identical to the straight run.
 # Usage: cli_bf16_states.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -14,10 +16,14 @@ byte_corpus "$SRC" "$W"
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
       --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2)
 cfg() { # bf16_optimizer_states offload-device
+  local nv=""
+  [ "$2" = nvme ] && nv=", \"nvme_path\": \"$W/swap\""
   echo "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": $1},
-         \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"$2\"}}}"
+         \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 20000, \"offload_optimizer\": {\"device\": \"$2\"$nv}}}"
 }
 cfg true cpu > "$W/bf16st.json"
+cfg true nvme > "$W/bf16nv.json"
+cfg false nvme > "$W/fp32nv.json"
 cfg false cpu > "$W/fp32st.json"
 cfg true none > "$W/nooffload.json"
 
@@ -53,7 +59,35 @@ check "... and step 7 stores fp32 m" "grep 'optimizer.exp_avg ' '$W/list.txt' | 
 check "fp32-state checkpoint into bf16 states: exit 0, step 8" "[ \$? -eq 0 ] && [ -f '$W/to32/step_00000008/COMPLETE' ]"
 check "... the log says the state was rounded to bf16" "grep -q 'stored in f32.*rounded to nearest bf16' '$W/out.txt'"
 
-# 4. refused: without offload (the device optimizer keeps fp32 state), without bf16 training
+# the weights, m and v (the config entry names the offload device)
+STATE=(--prefix wte. --prefix wpe. --prefix h. --prefix ln_f. --prefix optimizer.)
+# 4. NVMe: the same run with m and v bf16 in the swap file; resumes across cpu <-> nvme and state dtypes
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 6 --save "$W/nv" >"$W/out.txt" 2>&1
+check "6 steps, nvme with bf16 states: exit 0" "[ \$? -eq 0 ] && [ -f '$W/nv/step_00000006/COMPLETE' ]"
+check "... the log names the swap file's bf16 arrays" "grep -q 'offload_optimizer.device nvme:.*arrays 1-2 in bf16' '$W/out.txt'"
+grep '"loss"' "$W/nv/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/c.txt"
+check "nvme losses, lr and grad norms are bit-identical to cpu offload's" "[ -s '$W/c.txt' ] && cmp -s '$W/a.txt' '$W/c.txt'"
+check "... and so is the checkpoint (m and v stored bf16)" \
+  "'$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/nv/step_00000006' \${STATE[*]} >/dev/null && '$PY' '$SRC/scripts/zckpt.py' list '$W/nv/step_00000006' | grep 'optimizer.exp_avg_sq' | grep -q 'dtype   1 '"
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 3 --save "$W/n2c" --quiet >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 6 --save "$W/n2c" --load "$W/n2c" --quiet >/dev/null 2>&1
+check "nvme 3 steps, resumed on cpu to 6: the straight run's state bit for bit" \
+  "[ -f '$W/n2c/step_00000006/COMPLETE' ] && '$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/n2c/step_00000006' \${STATE[*]} >/dev/null"
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16st.json" --train-iters 3 --save "$W/c2n" --quiet >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 6 --save "$W/c2n" --load "$W/c2n" --quiet >/dev/null 2>&1
+grep '"loss"' "$W/c2n/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/d.txt"
+check "cpu 3 steps, resumed on nvme to 6: losses and state bit-identical to the straight run" \
+  "cmp -s '$W/a.txt' '$W/d.txt' && '$PY' '$SRC/scripts/zckpt.py' compare '$W/straight/step_00000006' '$W/c2n/step_00000006' \${STATE[*]} >/dev/null"
+cp -r "$W/nv" "$W/nv32"
+"$ZOFF" train "${TINY[@]}" --config "$W/fp32nv.json" --train-iters 7 --save "$W/nv32" --load "$W/nv32" >"$W/out.txt" 2>&1
+check "bf16-state checkpoint into nvme with fp32 states: step 7, widened exactly" \
+  "[ -f '$W/nv32/step_00000007/COMPLETE' ] && grep -q \"'optimizer.exp_avg' is stored in bf16.*widened exactly\" '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --config "$W/bf16nv.json" --train-iters 8 --save "$W/nv32" --load "$W/nv32" >"$W/out.txt" 2>&1
+check "... and back into nvme with bf16 states: step 8, rounded to bf16" \
+  "[ -f '$W/nv32/step_00000008/COMPLETE' ] && grep -q 'stored in f32.*rounded to nearest bf16' '$W/out.txt'"
+check "no swap file is left behind" "[ -z \"\$(ls -A '$W/swap' 2>/dev/null)\" ]"
+
+# 5. refused: without offload (the device optimizer keeps fp32 state), without bf16 training
 "$ZOFF" train "${TINY[@]}" --config "$W/nooffload.json" --train-iters 1 --save "$W/bad1" >"$W/err.txt" 2>&1
 check "bf16 states without offload: exit 2 naming the key" \
   "[ \$? -eq 2 ] && grep -q 'bf16.bf16_optimizer_states' '$W/err.txt' && [ ! -e '$W/bad1' ]"
@@ -62,7 +96,7 @@ echo '{"train_micro_batch_size_per_gpu": 4, "bf16": {"bf16_optimizer_states": tr
 check "bf16 states in fp32 training: exit 2 naming the key and bf16.enabled" \
   "[ \$? -eq 2 ] && grep -q 'bf16.bf16_optimizer_states.*bf16.enabled' '$W/err.txt'"
 
-# 5. resharding (with MPI): 3 steps on 2 ranks with bf16 states, resume on 1 rank to 6; the last
+# 6. resharding (with MPI): 3 steps on 2 ranks with bf16 states, resume on 1 rank to 6; the last
 # loss within 1e-3 of the straight 1-rank run (the reduction order over ranks differs)
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" # Open MPI's plugins (see cli_mpi.sh)

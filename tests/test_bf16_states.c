@@ -9,7 +9,14 @@
  * and v, as the fused update computes it) within fp32 slack. Also: the stored m and v are
  * bf16 values, the host bytes are 10 per parameter (bf16 weights: master 4 + m 2 + v 2 +
  * the one 16-bit gradient/weight buffer 2), the placement and the speculation copy count
- * them, state get/set round trips, and a Twin-Flow split keeps fp32 state on the device. */
+ * them, state get/set round trips, and a Twin-Flow split keeps fp32 state on the device.
+ *
+ * With the state in the NVMe swap file (offload_optimizer nvme): the same reference holds, the
+ * run is bit for bit the cpu-offload run (stochastic rounding: the same seeds), and the swap file
+ * holds m and v in bf16: its size is computed here from the file layout (4 KiB header, each
+ * array of each sub-group padded to 4 KiB) and checked on disk. */
+#define _GNU_SOURCE
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -30,13 +39,21 @@
 enum { N0 = 2300, N1 = 1700, N = N0 + N1, STEPS = 6 };
 static const double LR = 1e-2, B1 = 0.9, B2 = 0.999, EPS = 1e-8, WD = 0.05;
 
+/* The NVMe rig: sub-groups of 2048 (2048 + 1952 elements), the swap files in g_dir. */
+enum { NVME_SGS = 2048 };
+static char g_dir[64];
+static bool g_nvme; /* rig_open: offload_optimizer nvme instead of cpu */
+
 static const char *cfg_json(char *buf, size_t n, bool bf16_states, double ratio) {
+    char dev[160];
+    if (g_nvme) snprintf(dev, sizeof dev, "\"nvme\", \"nvme_path\": \"%s\"", g_dir);
+    else snprintf(dev, sizeof dev, "\"cpu\"");
     snprintf(buf, n,
              "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_clipping\": 0, \"bf16\": {\"enabled\": true, "
              "\"bf16_optimizer_states\": %s}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, "
              "\"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0.05}}, \"zero_optimization\": {\"stage\": 2, "
-             "\"sub_group_size\": 1000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": %g}}}",
-             bf16_states ? "true" : "false", ratio);
+             "\"sub_group_size\": %d, \"offload_optimizer\": {\"device\": %s, \"ratio\": %g}}}",
+             bf16_states ? "true" : "false", g_nvme ? NVME_SGS : 1000, dev, ratio);
     return buf;
 }
 
@@ -119,8 +136,7 @@ static bool is_bf16(float x) {
     return (u & 0xffffu) == 0;
 }
 
-static void test_engine_matches_reference(void **st) {
-    (void)st;
+static void engine_matches_reference(void) {
     rig r;
     rig_open(&r, true, 1.0, ZOFF_STATE_ROUND_NEAREST);
     assert_int_equal(zoff_engine_state_dtype(r.e, 0), ZOFF_F32);
@@ -163,6 +179,135 @@ static void test_engine_matches_reference(void **st) {
     }
     rig_close(&r);
     free(p0), free(m0), free(v0), free(p1), free(m1), free(v1), free(g16), free(w16);
+}
+
+static void test_engine_matches_reference(void **st) {
+    (void)st;
+    g_nvme = false;
+    engine_matches_reference();
+}
+
+/* ------------------------------------------------------------------ NVMe */
+
+/* Bytes of the swap files in g_dir this process holds open (unlinked: found through /proc/self/fd). */
+static size_t swap_file_bytes(int *nfiles) {
+    char p[300], target[600];
+    size_t total = 0, dl = strlen(g_dir);
+    *nfiles = 0;
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        snprintf(p, sizeof p, "/proc/self/fd/%s", de->d_name);
+        ssize_t l = readlink(p, target, sizeof target - 1);
+        if (l <= 0) continue;
+        target[l] = '\0';
+        struct stat sb;
+        if (!strncmp(target, g_dir, dl) && strstr(target, ".swp (deleted)") && stat(p, &sb) == 0) {
+            total += (size_t)sb.st_size;
+            (*nfiles)++;
+        }
+    }
+    if (d) closedir(d);
+    return total;
+}
+
+static size_t pad4k(size_t x) { return (x + 4095) / 4096 * 4096; }
+
+static void nvme_setup(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/zoff-bf16nv-XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    g_nvme = true;
+}
+static void nvme_teardown(void) {
+    g_nvme = false;
+    assert_int_equal(rmdir(g_dir), 0); /* empty: the swap files went with their engines */
+}
+
+/* The double-precision reference with the state in the swap file. */
+static void test_nvme_matches_reference(void **st) {
+    (void)st;
+    nvme_setup();
+    engine_matches_reference();
+    nvme_teardown();
+}
+
+/* cpu and nvme offload, stochastic rounding, several steps: master, m, v and the device weights
+ * bit for bit; the swap file holds m and v in bf16 (its size from the layout, on disk). */
+static void test_nvme_equals_cpu(void **st) {
+    (void)st;
+    nvme_setup();
+    float *s[2][3];
+    uint16_t *w[2];
+    for (int k = 0; k < 2; k++) {
+        g_nvme = k == 1;
+        g_rng = 777;
+        rig r;
+        rig_open(&r, true, 1.0, ZOFF_STATE_ROUND_STOCHASTIC);
+        if (k == 1) {
+            assert_non_null(strstr(zoff_engine_describe(r.e), "arrays 1-2 in bf16"));
+            /* header + per sub-group: fp32 master, bf16 m, bf16 v, each padded (fp32 m, v: 53248) */
+            size_t want = 4096;
+            for (int lo = 0; lo < N; lo += NVME_SGS) {
+                size_t c = (size_t)(N - lo < NVME_SGS ? N - lo : NVME_SGS);
+                want += pad4k(4 * c) + 2 * pad4k(2 * c);
+            }
+            assert_int_equal(want, 36864);
+            zoff_engine_memory m;
+            zoff_engine_memory_usage(r.e, &m);
+            int nf;
+            size_t disk = swap_file_bytes(&nf);
+            if (m.nvme != want || disk != want || nf != 1)
+                fail_msg("swap file: engine says %zu bytes, on disk %zu in %d files, layout %zu", m.nvme, disk, nf, want);
+            assert_int_equal(m.host_params, N);
+        }
+        uint16_t *g16 = malloc(N * 2);
+        for (int t = 0; t < STEPS; t++) {
+            random_grads(g16, t == 2 ? 1e-3 : 1.0);
+            rig_step(&r, g16);
+        }
+        for (int i = 0; i < 3; i++) {
+            s[k][i] = malloc(N * 4);
+            OK(zoff_engine_state_get(r.e, i, s[k][i]));
+        }
+        w[k] = malloc(N * 2);
+        OK(zoff_memcpy_async(zoff_device_stream(r.dev), w[k], r.params, (size_t)N * 2, ZOFF_COPY_D2H));
+        OK(zoff_stream_synchronize(zoff_device_stream(r.dev)));
+        free(g16);
+        rig_close(&r);
+    }
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < N; j++)
+            if (memcmp(&s[0][i][j], &s[1][i][j], 4))
+                fail_msg("state %d [%d]: cpu %.9g, nvme %.9g", i, j, s[0][i][j], s[1][i][j]);
+        if (i > 0)
+            for (int j = 0; j < N; j++) assert_true(is_bf16(s[1][i][j]));
+        free(s[0][i]), free(s[1][i]);
+    }
+    assert_memory_equal(w[0], w[1], N * 2);
+    free(w[0]), free(w[1]);
+    nvme_teardown();
+}
+
+/* state get/set through the swap file: a round trip of bf16 values is exact, others round to
+ * nearest-even; the file stays the size of bf16 m and v. */
+static void test_nvme_state_get_set(void **st) {
+    (void)st;
+    nvme_setup();
+    rig r;
+    rig_open(&r, true, 1.0, ZOFF_STATE_ROUND_STOCHASTIC);
+    float *x = malloc(N * 4), *y = malloc(N * 4);
+    for (int i = 0; i < N; i++) x[i] = (float)((urand() - 0.5) * 3.0);
+    for (int a = 0; a < 3; a++) {
+        OK(zoff_engine_state_set(r.e, a, x));
+        OK(zoff_engine_state_get(r.e, a, y));
+        for (int i = 0; i < N; i++)
+            assert_true(y[i] == (a == 0 ? x[i] : zoff_bf16_to_f32(zoff_f32_to_bf16(x[i]))));
+    }
+    int nf;
+    assert_int_equal(swap_file_bytes(&nf), 36864);
+    rig_close(&r);
+    free(x), free(y);
+    nvme_teardown();
 }
 
 /* The default stochastic rounding: the same update within one bf16 ulp of m and v, and the
@@ -257,7 +402,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_matches_reference), cmocka_unit_test(test_stochastic_reproducible),
         cmocka_unit_test(test_host_bytes),               cmocka_unit_test(test_state_get_set),
-        cmocka_unit_test(test_twin_flow),
+        cmocka_unit_test(test_twin_flow),                cmocka_unit_test(test_nvme_matches_reference),
+        cmocka_unit_test(test_nvme_equals_cpu),          cmocka_unit_test(test_nvme_state_get_set),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

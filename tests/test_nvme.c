@@ -86,24 +86,35 @@ typedef struct swap_case {
     bool pr, pw, fast;
     int64_t buffers, block;
     const char *engine;
+    bool bf16; /* arrays 1 and 2 in bf16 (bf16_optimizer_states' m and v) */
 } swap_case;
 
-/* Passes of every kind, in changing orders, against arrays kept in memory. */
+/* Random bytes over at least `bytes` of x (whole floats). */
+static void fill_bytes(void *x, size_t bytes, uint64_t seed) { fill(x, (int64_t)((bytes + 3) / 4), seed); }
+
+/* Passes of every kind, in changing orders, against arrays kept in memory (raw bytes: each
+ * array of its dtype). */
 static void run_swapper_case(const swap_case *sc) {
     enum { NG = 7, NA = 3 };
     int64_t counts[NG] = {1000, 5000, 1, 4096, 3000, 777, 2048};
-    float *ref[NG][NA];
+    const size_t es[NA] = {4, sc->bf16 ? 2 : 4, sc->bf16 ? 2 : 4};
+    unsigned char *ref[NG][NA];
     for (int g = 0; g < NG; g++)
         for (int a = 0; a < NA; a++) {
+            size_t nb = (size_t)counts[g] * es[a];
             ref[g][a] = malloc((size_t)counts[g] * sizeof(float));
-            if (a == 0 || !sc->fast) fill(ref[g][a], counts[g], (uint64_t)(g * 10 + a + 1));
-            else
-                for (int64_t i = 0; i < counts[g]; i++) ref[g][a][i] = a == 1 ? 0.0f : 0.25f;
+            if (a == 0 || !sc->fast) fill_bytes(ref[g][a], nb, (uint64_t)(g * 10 + a + 1));
+            else /* fast_init: the init value, rounded to the array's dtype (0.25 is exact in bf16: 0x3e80) */
+                for (int64_t i = 0; i < counts[g]; i++) {
+                    if (es[a] == 2) memcpy(ref[g][a] + 2 * i, &(uint16_t){a == 1 ? 0 : 0x3e80}, 2);
+                    else memcpy(ref[g][a] + 4 * i, &(float){a == 1 ? 0.0f : 0.25f}, 4);
+                }
         }
     if (sc->engine) setenv("ZOFF_AIO_ENGINE", sc->engine, 1);
     zoff_swapper_options o = {.dir = g_dir, .stem = "unit", .num_groups = NG, .counts = counts, .num_arrays = NA,
                               .buffer_count = sc->buffers, .pipeline_read = sc->pr, .pipeline_write = sc->pw,
                               .fast_init = sc->fast, .init_value = {0, 0.0f, 0.25f}};
+    if (sc->bf16) o.dtype[1] = o.dtype[2] = ZOFF_BF16;
     zoff_aio_options_default(&o.aio);
     o.aio.block_size = sc->block;
     o.aio.queue_depth = 3;
@@ -112,16 +123,32 @@ static void run_swapper_case(const swap_case *sc) {
     unsetenv("ZOFF_AIO_ENGINE");
     if (st != ZOFF_OK) fail_msg("create: %s", zoff_last_error());
     assert_int_equal(zoff_swapper_buffers(s), sc->buffers < NG ? sc->buffers : NG);
+    /* the file: a 4 KiB header, then each array of each group padded to 4 KiB */
+    int64_t want = 4096;
+    size_t big = 0;
+    for (int g = 0; g < NG; g++) {
+        size_t gb = 0;
+        for (int a = 0; a < NA; a++) gb += ((size_t)counts[g] * es[a] + 4095) / 4096 * 4096;
+        want += (int64_t)gb;
+        if (gb > big) big = gb;
+    }
+    assert_int_equal(zoff_swapper_file_bytes(s), want);
+    assert_int_equal(zoff_swapper_buffer_bytes(s), big * (size_t)zoff_swapper_buffers(s));
+    char fdp[600];
+    assert_int_equal(swap_files(fdp, sizeof fdp), 1);
+    struct stat sb;
+    assert_int_equal(stat(fdp, &sb), 0);
+    assert_int_equal(sb.st_size, want);
     int order[NG];
     for (int g = 0; g < NG; g++) order[g] = g;
     /* initial write: all arrays, or the master only with fast_init */
     assert_int_equal(zoff_swapper_begin(s, order, NG, ZOFF_SWAP_WRITE, sc->fast ? 1u : 7u), ZOFF_OK);
     for (int k = 0; k < NG; k++) {
         int g;
-        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        void *arr[ZOFF_SWAP_MAX_ARRAYS];
         assert_int_equal(zoff_swapper_next(s, &g, arr), ZOFF_OK);
         assert_int_equal(g, order[k]);
-        for (int a = 0; a < (sc->fast ? 1 : NA); a++) memcpy(arr[a], ref[g][a], (size_t)counts[g] * sizeof(float));
+        for (int a = 0; a < (sc->fast ? 1 : NA); a++) memcpy(arr[a], ref[g][a], (size_t)counts[g] * es[a]);
         assert_int_equal(zoff_swapper_release(s), ZOFF_OK);
     }
     assert_int_equal(zoff_swapper_end(s), ZOFF_OK);
@@ -135,19 +162,17 @@ static void run_swapper_case(const swap_case *sc) {
         if (zoff_swapper_begin(s, ord, n, mode, mask) != ZOFF_OK) fail_msg("pass %d: %s", pass, zoff_last_error());
         for (int k = 0; k < n; k++) {
             int g;
-            float *arr[ZOFF_SWAP_MAX_ARRAYS];
+            void *arr[ZOFF_SWAP_MAX_ARRAYS];
             if (zoff_swapper_next(s, &g, arr) != ZOFF_OK) fail_msg("pass %d next: %s", pass, zoff_last_error());
             assert_int_equal(g, ord[k]);
             for (int a = 0; a < NA; a++) {
                 if (!(mask & (1u << a))) continue;
+                size_t nb = (size_t)counts[g] * es[a];
                 if (mode & ZOFF_SWAP_READ)
-                    if (memcmp(arr[a], ref[g][a], (size_t)counts[g] * sizeof(float)))
-                        fail_msg("pass %d group %d array %d: read back differs", pass, g, a);
+                    if (memcmp(arr[a], ref[g][a], nb)) fail_msg("pass %d group %d array %d: read back differs", pass, g, a);
                 if (mode & ZOFF_SWAP_WRITE) {
-                    if (mode == ZOFF_SWAP_WRITE) fill(ref[g][a], counts[g], (uint64_t)(pass * 100 + g));
-                    else
-                        for (int64_t i = 0; i < counts[g]; i++) ref[g][a][i] = ref[g][a][i] * 0.5f + (float)(a + 1);
-                    memcpy(arr[a], ref[g][a], (size_t)counts[g] * sizeof(float));
+                    fill_bytes(ref[g][a], nb, (uint64_t)(pass * 100 + g * 10 + a));
+                    memcpy(arr[a], ref[g][a], nb);
                 }
             }
             if (zoff_swapper_release(s) != ZOFF_OK) fail_msg("pass %d release: %s", pass, zoff_last_error());
@@ -159,9 +184,9 @@ static void run_swapper_case(const swap_case *sc) {
     assert_int_equal(zoff_swapper_begin(s, order, NG, ZOFF_SWAP_READ, 7u), ZOFF_OK);
     for (int k = 0; k < NG; k++) {
         int g;
-        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        void *arr[ZOFF_SWAP_MAX_ARRAYS];
         assert_int_equal(zoff_swapper_next(s, &g, arr), ZOFF_OK);
-        for (int a = 0; a < NA; a++) assert_memory_equal(arr[a], ref[g][a], (size_t)counts[g] * sizeof(float));
+        for (int a = 0; a < NA; a++) assert_memory_equal(arr[a], ref[g][a], (size_t)counts[g] * es[a]);
         assert_int_equal(zoff_swapper_release(s), ZOFF_OK);
     }
     assert_int_equal(zoff_swapper_end(s), ZOFF_OK);
@@ -170,7 +195,7 @@ static void run_swapper_case(const swap_case *sc) {
     assert_true(stats.bytes_read > 0 && stats.bytes_written > 0);
     /* misuse is an error, not a crash */
     int g;
-    float *arr[ZOFF_SWAP_MAX_ARRAYS];
+    void *arr[ZOFF_SWAP_MAX_ARRAYS];
     assert_int_equal(zoff_swapper_next(s, &g, arr), ZOFF_ERR_INTERNAL);
     /* a pass abandoned midway leaves the state half updated: refused from then on, saying why */
     assert_int_equal(zoff_swapper_begin(s, order, NG, ZOFF_SWAP_UPDATE, 7u), ZOFF_OK);
@@ -189,10 +214,13 @@ static void run_swapper_case(const swap_case *sc) {
 static void test_swapper_passes(void **st) {
     (void)st;
     swap_case cases[] = {
-        {true, true, false, 3, 4096, NULL},       {true, true, false, 4, 65536, "threads"},
-        {true, true, true, 16, 1 << 20, NULL},    {false, false, false, 1, 8192, "threads"},
-        {true, false, false, 2, 4096, NULL},      {false, true, true, 2, 4096, NULL},
-        {true, true, false, 5, 4096, "threads"},
+        {true, true, false, 3, 4096, NULL, false},       {true, true, false, 4, 65536, "threads", false},
+        {true, true, true, 16, 1 << 20, NULL, false},    {false, false, false, 1, 8192, "threads", false},
+        {true, false, false, 2, 4096, NULL, false},      {false, true, true, 2, 4096, NULL, false},
+        {true, true, false, 5, 4096, "threads", false},
+        /* bf16 m and v: the same passes with arrays of two sizes */
+        {true, true, false, 3, 4096, NULL, true}, {true, true, true, 4, 8192, "threads", true},
+        {false, false, true, 1, 4096, NULL, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_swapper_case(&cases[i]);
 }
@@ -453,6 +481,25 @@ static void test_nvme_equals_cpu_fp16(void **st) {
                       "", "", NULL, "fp16");
 }
 
+/* bf16.bf16_optimizer_states: m and v bf16 in the swap file as in host memory (stochastic
+ * rounding seeded by the parameter index and the step: the same bits either way), with
+ * pipelines, one buffer, fast_init, Twin-Flow, the delayed update and Lion. */
+#define BF16ST "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},"
+static void test_nvme_equals_cpu_bf16_states(void **st) {
+    (void)st;
+    check_equivalence(ZOFF_BF16, BF16ST, ADAMW, "," NVME_DEFAULT, "", "", NULL, "bf16 states");
+    check_equivalence(ZOFF_BF16, BF16ST, ADAMW, ", \"buffer_count\": 1", "", "", "threads", "bf16 states, 1 buffer");
+    check_equivalence(ZOFF_BF16, BF16ST, ADAMW, "," NVME_DEFAULT ", \"fast_init\": true", "",
+                      ", \"aio\": {\"block_size\": 4096}", NULL, "bf16 states, fast_init");
+    check_equivalence(ZOFF_BF16, BF16ST, ADAMW, "," NVME_DEFAULT ", \"ratio\": 0.5", "", "", NULL,
+                      "bf16 states, Twin-Flow 0.5");
+    check_equivalence(ZOFF_BF16, BF16ST, ADAMW, "," NVME_DEFAULT,
+                      ", \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 2", "", NULL,
+                      "bf16 states, delayed update");
+    check_equivalence(ZOFF_BF16, BF16ST, "{\"type\": \"Lion\", \"params\": {\"lr\": 1e-3}}", "," NVME_DEFAULT, "", "",
+                      NULL, "bf16 states, Lion (m only)");
+}
+
 /* Pipelines, buffer counts, engines, block sizes, fast_init, one sub-group,
  * Twin-Flow, the delayed update and optimizers with one state array. */
 static void test_nvme_variants(void **st) {
@@ -615,11 +662,9 @@ static void check_fault(run_opts *ro, zoff_status want, const char *needle, cons
     free_result(&again);
 }
 
-static void test_nvme_faults(void **st) {
-    (void)st;
+static void nvme_faults(const char *prec) {
     char a[2048];
-    cfg_json(a, sizeof a, "\"bf16\": {\"enabled\": true},", ADAMW, "nvme", "," NVME_DEFAULT, "",
-             ", \"aio\": {\"block_size\": 8192}");
+    cfg_json(a, sizeof a, prec, ADAMW, "nvme", "," NVME_DEFAULT, "", ", \"aio\": {\"block_size\": 8192}");
     run_result straight, first;
     snapshot snap = {0};
     run_opts save = {.save_after = 3, .save = &snap};
@@ -645,6 +690,16 @@ static void test_nvme_faults(void **st) {
     for (int k = 0; k < 3; k++) free(snap.state[k]);
     free_result(&straight);
     free_result(&first);
+}
+
+static void test_nvme_faults(void **st) {
+    (void)st;
+    nvme_faults("\"bf16\": {\"enabled\": true},");
+}
+/* the same faults with bf16 m and v in the swap file (arrays of two sizes: other offsets) */
+static void test_nvme_faults_bf16_states(void **st) {
+    (void)st;
+    nvme_faults(BF16ST);
 }
 
 /* A nvme_path that cannot be created: a clear error naming it, at engine creation. */
@@ -847,6 +902,8 @@ int main(void) {
         cmocka_unit_test(test_nvme_memory),
         cmocka_unit_test(test_nvme_checkpoint_resume),
         cmocka_unit_test(test_nvme_faults),
+        cmocka_unit_test(test_nvme_equals_cpu_bf16_states),
+        cmocka_unit_test(test_nvme_faults_bf16_states),
         cmocka_unit_test(test_nvme_bad_path),
         cmocka_unit_test(test_param_nvme_equals_cpu),
         cmocka_unit_test(test_param_nvme_config_errors),

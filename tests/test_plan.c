@@ -772,14 +772,16 @@ static void test_nvme_vs_real(void **st) {
     make_tmpdir(dir, sizeof dir);
     char json[1024];
     int checked = 0;
-    for (int c = 0; c < 3; c++) {
-        zoff_dtype dt = c == 0 ? ZOFF_BF16 : c == 1 ? ZOFF_F32 : ZOFF_F16;
+    for (int c = 0; c < 5; c++) { /* 3, 4: bf16 m and v in the swap file (AdamW at ratio 1, Lion at 0.6) */
+        zoff_dtype dt = c == 0 || c >= 3 ? ZOFF_BF16 : c == 1 ? ZOFF_F32 : ZOFF_F16;
+        const char *prec = c >= 3 ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true}," : prec_json(dt);
         snprintf(json, sizeof json,
                  "{\"train_micro_batch_size_per_gpu\": 4, %s \"optimizer\": {\"type\": \"%s\"}, \"zero_optimization\": "
                  "{\"stage\": 2, \"sub_group_size\": %d, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": "
                  "\"%s\", \"ratio\": %s, \"pin_memory\": %s, \"buffer_count\": %d, \"pipeline_read\": %s}}}",
-                 prec_json(dt), c == 2 ? "Lion" : "AdamW", c == 1 ? 7000 : 30000, dir, c == 0 ? "1" : "0.6",
-                 c == 1 ? "false" : "true", c == 2 ? 2 : 4, c == 2 ? "true" : "false");
+                 prec, c == 2 || c == 4 ? "Lion" : "AdamW", c == 1 ? 7000 : c == 3 ? 9001 : 30000, dir,
+                 c == 0 || c == 3 ? "1" : "0.6", c == 1 ? "false" : "true", c == 2 ? 2 : c == 3 ? 3 : 4,
+                 c == 2 || c == 3 ? "true" : "false");
         zoff_config cfg;
         load_cfg(json, &cfg);
         if (zoff_config_check_supported(&cfg) != ZOFF_OK) {
@@ -1010,6 +1012,24 @@ static void test_13b_recommendation(void **st) {
         json_t *w = json_array_get(rows, i);
         if (!json_is_true(json_object_get(w, "bf16_optimizer_states"))) assert_false(json_is_true(json_object_get(w, "fits")));
     }
+    /* candidates with bf16 m and v in the NVMe swap file, runnable: its file is 8 bytes per host
+     * parameter (4 + 2 + 2, and 4 KiB paddings: at most 3 per sub-group, and the header) */
+    int nvme_b16 = 0;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *w = json_array_get(rows, i);
+        if (strcmp(json_string_value(json_object_get(w, "offload")), "nvme") ||
+            !json_is_true(json_object_get(w, "bf16_optimizer_states")) ||
+            json_integer_value(json_object_get(w, "host_params")) == 0)
+            continue;
+        nvme_b16++;
+        assert_true(json_is_true(json_object_get(w, "runnable")));
+        json_int_t hp = json_integer_value(json_object_get(w, "host_params"));
+        json_int_t ns = json_integer_value(json_object_get(w, "num_subgroups"));
+        json_int_t disk = json_integer_value(json_object_get(json_object_get(w, "breakdown"), "disk_optimizer"));
+        if (disk < 8 * hp || disk > 8 * hp + 4096 * (3 * ns + 1))
+            fail_msg("row %zu: nvme bf16-state file %lld bytes for %lld host parameters", i, (long long)disk, (long long)hp);
+    }
+    assert_true(nvme_b16 > 0);
     json_t *b = json_array_get(rows, (size_t)best);
     assert_true(json_is_true(json_object_get(b, "fits")) && json_is_true(json_object_get(b, "runnable")));
     assert_true(json_is_true(json_object_get(b, "bf16_optimizer_states")));

@@ -1,7 +1,7 @@
 /* zoff swapper (src/zero/swapper.c): the NVMe optimizer state of ZeRO-Infinity.
  *
- * The fp32 arrays of each sub-group ("group" here: master weights, exp_avg,
- * exp_avg_sq) live in one swap file on fast disk and are streamed through
+ * The arrays of each sub-group ("group" here: the fp32 master weights, exp_avg,
+ * exp_avg_sq in fp32 or, with bf16.bf16_optimizer_states, bf16) live in one swap file on fast disk and are streamed through
  * buffer_count host buffers, each big enough for one group's arrays. A pass
  * visits groups in a given order; for every group the caller gets its arrays
  * in a buffer (next), works on them, and hands the buffer back (release):
@@ -50,15 +50,25 @@ typedef struct zoff_swapper_options {
     const char *dir;         /* offload_optimizer.nvme_path; created (one level) if missing */
     const char *stem;        /* file name stem, e.g. "optimizer" */
     int num_groups;
-    const int64_t *counts;   /* fp32 elements of each group (copied) */
+    const int64_t *counts;   /* elements of each group (copied) */
     int num_arrays;          /* 1..ZOFF_SWAP_MAX_ARRAYS arrays per group */
+    zoff_dtype dtype[ZOFF_SWAP_MAX_ARRAYS]; /* of each array: ZOFF_F32 (0, the default) or ZOFF_BF16 */
     int64_t buffer_count;    /* offload_optimizer.buffer_count */
     bool pipeline_read, pipeline_write;
     bool fast_init;          /* arrays 1.. are not written by the first pass that writes only array 0:
                                 until written they read as init_value[a] without disk I/O */
-    float init_value[ZOFF_SWAP_MAX_ARRAYS];
+    float init_value[ZOFF_SWAP_MAX_ARRAYS]; /* rounded to dtype[a] */
     zoff_aio_options aio;
 } zoff_swapper_options;
+
+/* The swapper's sizes, one home (zoff plan counts with them): the file is
+ * ZOFF_SWAP_HEADER_BYTES + the sum of zoff_swapper_group_bytes over the groups; each
+ * of the zoff_swapper_buffer_count buffers holds zoff_swapper_group_bytes of the
+ * largest group; the header takes 2 x ZOFF_SWAP_HEADER_BYTES of host memory. */
+#define ZOFF_SWAP_HEADER_BYTES ZOFF_AIO_ALIGN
+size_t zoff_swapper_array_bytes(int64_t count, zoff_dtype dt); /* padded to ZOFF_AIO_ALIGN */
+size_t zoff_swapper_group_bytes(int64_t count, int num_arrays, const zoff_dtype *dtype);
+int zoff_swapper_buffer_count(int64_t buffer_count, int num_groups); /* min(buffer_count, num_groups) */
 
 zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **out);
 /* Waits for outstanding I/O, closes and deletes the file. */
@@ -80,9 +90,9 @@ zoff_aio_engine_kind zoff_swapper_engine(const zoff_swapper *s);
  * does both. array_mask: bit a for array a. */
 enum { ZOFF_SWAP_READ = 1, ZOFF_SWAP_WRITE = 2, ZOFF_SWAP_UPDATE = 3 };
 zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigned mode, unsigned array_mask);
-/* The next group of the pass and its arrays (arrays[a] for every a < num_arrays;
- * only the masked ones hold the group's data). */
-zoff_status zoff_swapper_next(zoff_swapper *s, int *group, float *arrays[ZOFF_SWAP_MAX_ARRAYS]);
+/* The next group of the pass and its arrays (arrays[a] for every a < num_arrays, of
+ * dtype[a], ZOFF_AIO_ALIGN aligned; only the masked ones hold the group's data). */
+zoff_status zoff_swapper_next(zoff_swapper *s, int *group, void *arrays[ZOFF_SWAP_MAX_ARRAYS]);
 zoff_status zoff_swapper_release(zoff_swapper *s);
 zoff_status zoff_swapper_end(zoff_swapper *s);
 /* Wait for every write in flight (and report its failure). Read-ahead is kept. */

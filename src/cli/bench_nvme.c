@@ -17,6 +17,7 @@
 #include "cli/bench_stats.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "zoff/engine.h"
 #include "zoff/swapper.h"
 
 enum { NKIND = 3 }; /* read, write, mixed (update pass: read + write) */
@@ -28,8 +29,13 @@ typedef struct bench_args {
     int64_t size, block, qd, buffers, sgs, rounds, iters, B, T;
     zoff_gpt2_shape shape;
     const char *dts;
-    bool json, fio, step, delayed;
+    bool json, fio, step, delayed, bf16_states;
 } bench_args;
+
+/* State bytes per parameter (master, m, v: zoff_placement_state_bytes_per_param). */
+static size_t state_bytes(const bench_args *a) {
+    return zoff_placement_state_bytes_per_param(3, a->bf16_states ? ZOFF_BF16 : ZOFF_F32);
+}
 
 /* ------------------------------------------------------------------ fio */
 
@@ -102,7 +108,7 @@ static zoff_status swapper_pass(zoff_swapper *s, int ng, const int *order, int k
     ZOFF_TRY(zoff_swapper_begin(s, order, ng, mode, 7u));
     for (int k = 0; k < ng; k++) {
         int g;
-        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        void *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(s, &g, arr));
         ZOFF_TRY(zoff_swapper_release(s));
     }
@@ -208,6 +214,8 @@ static void usage(FILE *f) {
             "  --no-fio               swapper only\n"
             "  --no-step              I/O only\n"
             "  --delayed              steps with the delayed parameter update (both configurations)\n"
+            "  --bf16-states          bf16 m and v (bf16.bf16_optimizer_states; both configurations, the swap\n"
+            "                         file's too; needs --dtype bf16)\n"
             "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N --vocab-size N\n"
             "                         model for the steps (default 4 x 128, 4 heads, 64, 50257)\n"
             "  --micro-batch-size N   (default 8)\n"
@@ -249,6 +257,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     const cli_bool_flag bools[] = {{"--no-fio", &a->fio, false},
                                    {"--no-step", &a->step, false},
                                    {"--delayed", &a->delayed, true},
+                                   {"--bf16-states", &a->bf16_states, true},
                                    {"--json", &a->json, true}};
     const cli_flag_tables tables = {NULL,  strs, sizeof strs / sizeof *strs, ints, sizeof ints / sizeof *ints,
                                     bools, sizeof bools / sizeof *bools,       usage};
@@ -290,10 +299,11 @@ typedef struct io_result {
 /* The swapper sized to --size against fio, round by round: per kind one fio job and one
  * swapper pass next to each other, the order alternating with the round. */
 static zoff_status io_rounds(const bench_args *a, io_result *res) {
-    int64_t sgs = a->sgs ? a->sgs : a->size / 12 / 16;
+    const int64_t per = (int64_t)state_bytes(a);
+    int64_t sgs = a->sgs ? a->sgs : a->size / per / 16;
     sgs = sgs / 1024 * 1024;
     if (sgs < 1024) sgs = 1024;
-    int ng = (int)((a->size / 12 + sgs - 1) / sgs);
+    int ng = (int)((a->size / per + sgs - 1) / sgs);
     int64_t *counts = calloc((size_t)ng, sizeof *counts);
     int *order = calloc((size_t)ng, sizeof *order);
     if (!counts || !order) {
@@ -304,6 +314,7 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
     for (int g = 0; g < ng; g++) counts[g] = sgs, order[g] = ng - 1 - g;
     zoff_swapper_options so = {.dir = a->dir, .stem = "bench", .num_groups = ng, .counts = counts, .num_arrays = 3,
                                .buffer_count = a->buffers, .pipeline_read = true, .pipeline_write = true};
+    if (a->bf16_states) so.dtype[1] = so.dtype[2] = ZOFF_BF16; /* m and v as the engine keeps them */
     zoff_aio_options_default(&so.aio);
     so.aio.block_size = a->block;
     so.aio.queue_depth = a->qd;
@@ -418,17 +429,18 @@ static void step_report(const bench_args *a, const io_result *io, zoff_backend_k
         for (int f = 0; f < 3; f++) med[c][f] = cli_median(v[c][f], R);
     cli_paired p; /* nvme step / cpu offload step, per round */
     cli_paired_ratios(v[1][0], v[0][0], R, &p);
-    double disk_bytes = 24.0 * (double)n; /* read and write fp32 master, m, v */
+    const double per = (double)state_bytes(a);
+    double disk_bytes = 2.0 * per * (double)n; /* read and write master, m, v */
     double fr = io->pair[0].b_median, fw = io->pair[1].b_median;
-    double disk_t = a->fio ? 12.0 * (double)n / fr + 12.0 * (double)n / fw : 0;
+    double disk_t = a->fio ? per * (double)n / fr + per * (double)n / fw : 0;
     bool carries = a->fio && disk_t <= med[0][1];
     char why[400], bb[32];
     const char *backend = bk == ZOFF_BACKEND_CUDA ? "cuda" : "cpu";
     if (a->json) {
-        printf(",\"steps\":{\"backend\":\"%s\",\"params\":%lld,\"dtype\":\"%s\",\"delayed\":%s,"
+        printf(",\"steps\":{\"backend\":\"%s\",\"params\":%lld,\"dtype\":\"%s\",\"delayed\":%s,\"bf16_states\":%s,"
                "\"cpu_offload\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},"
                "\"nvme\":{\"step\":%.6f,\"compute\":%.6f,\"host_work\":%.6f},\"nvme_over_cpu\":{",
-               backend, (long long)n, a->dts, a->delayed ? "true" : "false", med[0][0], med[0][1], med[0][2], med[1][0],
+               backend, (long long)n, a->dts, a->delayed ? "true" : "false", a->bf16_states ? "true" : "false", med[0][0], med[0][1], med[0][2], med[1][0],
                med[1][1], med[1][2]);
         cli_paired_json(stdout, &p);
         printf(",\"verdict\":\"%s\"},\"disk_bytes_per_step\":%.0f,\"disk_seconds_at_fio\":%.6f,"
@@ -436,14 +448,15 @@ static void step_report(const bench_args *a, const io_result *io, zoff_backend_k
                cli_paired_verdict(&p, why, sizeof why), disk_bytes, disk_t, carries ? "true" : "false");
         return;
     }
-    printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s; medians of "
+    printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s%s; medians of "
            "%d rounds\n%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
            "nvme / cpu offload step time, paired per round: median %.3f (min %.3f, max %.3f); target <= 1.25 where "
-           "the disk carries 24 B/param/step within the compute time\n",
+           "the disk carries %.0f B/param/step within the compute time\n",
            (long long)a->shape.num_layers, (long long)a->shape.hidden_size, (long long)n, (long long)a->B,
-           (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "", R, "config", "step",
+           (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "",
+           a->bf16_states ? ", bf16 optimizer states" : "", R, "config", "step",
            "compute", "host-opt", "cpu offload", med[0][0], med[0][1], med[0][2], "nvme", med[1][0], med[1][1],
-           med[1][2], p.ratio_median, p.ratio_min, p.ratio_max);
+           med[1][2], p.ratio_median, p.ratio_min, p.ratio_max, 2.0 * per);
     if (!p.steady) printf("(*) nvme / cpu offload: %s\n", cli_paired_verdict(&p, why, sizeof why));
     if (a->fio)
         printf("disk: %s per step at fio's median read and write speeds = %.4f s; compute (forward + backward) "
@@ -461,10 +474,17 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
     zoff_dtype dt;
     const char *prec;
     if (!strcmp(a.dts, "f32")) dt = ZOFF_F32, prec = "";
-    else if (!strcmp(a.dts, "bf16")) dt = ZOFF_BF16, prec = "\"bf16\": {\"enabled\": true},";
+    else if (!strcmp(a.dts, "bf16"))
+        dt = ZOFF_BF16, prec = a.bf16_states ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},"
+                                             : "\"bf16\": {\"enabled\": true},";
     else if (!strcmp(a.dts, "fp16")) dt = ZOFF_F16, prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},";
     else {
         fprintf(stderr, "zoff bench nvme: --dtype: '%s' is not one of f32, bf16, fp16\n", a.dts);
+        return 2;
+    }
+    if (a.bf16_states && dt != ZOFF_BF16) {
+        fprintf(stderr, "zoff bench nvme: --bf16-states needs --dtype bf16 (bf16 optimizer states are a bf16-training "
+                        "option), got --dtype %s\n", a.dts);
         return 2;
     }
     if (a.fio && !have_fio()) {

@@ -261,7 +261,8 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
                "in %.4g, device optimizer %.4g)\n",
                t->step, t->compute, t->grads_out, t->comm, t->host_optim, t->weights_in, t->device_optim);
     if (r->setting.bf16_states)
-        printf("  states   bf16 m and v on the host (bf16.bf16_optimizer_states true%s)\n",
+        printf("  states   bf16 m and v %s (bf16.bf16_optimizer_states true%s)\n",
+               r->setting.offload == ZOFF_OFFLOAD_NVME ? "in the NVMe swap file" : "on the host",
                in->cfg->bf16_optimizer_states ? ", as configured"
                                               : ": a numerics change the config did not ask for; --write-config sets it");
     if (r->why[0]) printf("  note     %s\n", r->why);

@@ -1327,14 +1327,11 @@ static zoff_status validate_config(walk *w, json_t *root) {
         return cfg_error(w, "zero_optimization.zoff_delayed_param_update",
                          "true needs the optimizer on the host (offload_optimizer.device \"cpu\" or \"nvme\"), "
                          "but offload_optimizer.device is \"none\"");
-    if (cfg->bf16_optimizer_states && z->offload_optimizer.device != ZOFF_OFFLOAD_CPU)
+    if (cfg->bf16_optimizer_states && z->offload_optimizer.device == ZOFF_OFFLOAD_NONE)
         return cfg_error(w, "bf16.bf16_optimizer_states",
-                         "true applies to the host optimizer's state in host memory (offload_optimizer.device "
-                         "\"cpu\"), but offload_optimizer.device is \"%s\"%s; allowed here: false",
-                         device_name(z->offload_optimizer.device),
-                         z->offload_optimizer.device == ZOFF_OFFLOAD_NVME
-                             ? " (the NVMe swap file keeps fp32 state)"
-                             : " (the device optimizer keeps fp32 state)");
+                         "true applies to the host optimizer's state (offload_optimizer.device \"cpu\" or "
+                         "\"nvme\"), but offload_optimizer.device is \"none\" (the device optimizer keeps fp32 "
+                         "state); allowed here: false");
 
     /* model */
     zoff_model_config *m = &cfg->model;

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "zoff/plan.h"
 #include "zoff/engine.h"
+#include "zoff/swapper.h"
 #include "zoff/train.h"
 
 #include <errno.h>
@@ -150,14 +151,20 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->bf16_states = cfg->bf16_optimizer_states;
 }
 
-/* src/zero/swapper.c: each array of a group is padded to 4 KiB (ZOFF_AIO_ALIGN). */
-#define SWAP_ALIGN ((size_t)4096)
-static size_t swap_array_bytes(int64_t count) {
-    return ((size_t)count * sizeof(float) + SWAP_ALIGN - 1) / SWAP_ALIGN * SWAP_ALIGN;
-}
-
 static bool uses_m(const zoff_config *cfg) { return cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
 static bool uses_v(const zoff_config *cfg) { return cfg->optimizer.type != ZOFF_OPTIM_LION; }
+
+/* The NVMe swap file's arrays (src/zero/engine.c nvme_create): the fp32 master, then m and v
+ * as the optimizer uses them, in the state dtype (zoff_optimizer_state_dtype); their count. */
+typedef struct swap_arrays {
+    int n;
+    zoff_dtype dt[ZOFF_SWAP_MAX_ARRAYS];
+} swap_arrays;
+static swap_arrays swap_arrays_of(const zoff_config *cfg) {
+    zoff_dtype sdt = zoff_optimizer_state_dtype(cfg);
+    swap_arrays a = {.n = 1 + (int)uses_m(cfg) + (int)uses_v(cfg), .dt = {ZOFF_F32, sdt, sdt}};
+    return a;
+}
 
 static size_t mul_sat(size_t a, size_t b) {
     size_t r;
@@ -171,10 +178,10 @@ typedef struct plan_placement {
     int64_t host;          /* elements on the host */
     int nsg, host_groups;  /* sub-groups, of them on the host */
     int64_t largest_host;  /* elements of the largest host sub-group */
-    size_t host_swap_bytes;/* one swap array over the host sub-groups (each padded, swapper.c) */
+    size_t host_swap_bytes;/* the swap file's groups: one per host sub-group (zoff_swapper_group_bytes) */
 } plan_placement;
 static zoff_status place(int64_t part, const zoff_plan_setting *s, double ratio, int64_t R, int64_t emb, int64_t blk,
-                         int64_t L, plan_placement *out) {
+                         int64_t L, const swap_arrays *sw, plan_placement *out) {
     int64_t *cuts = NULL;
     int ncuts = 0;
     if (zoff_placement_layer_cuts((int)R, s->stage, s->offload == ZOFF_OFFLOAD_NVME)) {
@@ -190,7 +197,8 @@ static zoff_status place(int64_t part, const zoff_plan_setting *s, double ratio,
     *out = (plan_placement){.host = p.host, .nsg = p.nsg, .host_groups = p.host_groups,
                             .largest_host = p.largest_host};
     for (int i = 0; i < p.nsg; i++)
-        if (p.sg[i].on_host) out->host_swap_bytes = add_sat(out->host_swap_bytes, swap_array_bytes(p.sg[i].count));
+        if (p.sg[i].on_host)
+            out->host_swap_bytes = add_sat(out->host_swap_bytes, zoff_swapper_group_bytes(p.sg[i].count, sw->n, sw->dt));
     zoff_placement_free(&p);
     return ZOFF_OK;
 }
@@ -478,24 +486,23 @@ static double step_overlap(zoff_backend_kind backend, bool dpu, double before_op
     return before_opt + fmax(t->host_optim + t->weights_in, t->device_optim);
 }
 
-/* src/zero/swapper.c: one swap group per host sub-group, its na arrays (master, m, v as the
- * optimizer uses them) 4 KiB aligned; a 4 KiB header; min(buffer_count, groups) buffers of the
- * largest group. */
-static void nvme_swap_memory(const zoff_config *cfg, const plan_placement *pl, size_t na, zoff_plan_row *r) {
-    const int64_t big = pl->largest_host;
-    int64_t bc = cfg->zero.offload_optimizer.buffer_count;
-    int need = 1 + (cfg->zero.offload_optimizer.pipeline_read ? 1 : 0) + (cfg->zero.offload_optimizer.pipeline_write ? 1 : 0);
-    if (need > pl->host_groups) need = pl->host_groups;
+/* src/zero/swapper.c (its size functions, include/zoff/swapper.h): one swap group per host
+ * sub-group (swap_arrays_of); a header; min(buffer_count, groups) buffers of the largest group. */
+static void nvme_swap_memory(const zoff_config *cfg, const plan_placement *pl, const swap_arrays *sw, zoff_plan_row *r) {
+    const zoff_offload_optimizer_config *oo = &cfg->zero.offload_optimizer;
+    int64_t bc = oo->buffer_count;
+    int need = zoff_swapper_buffers_needed(oo->pipeline_read, oo->pipeline_write, pl->host_groups);
     if (bc < need) {
         r->bad_config = true;
         snprintf(r->why, sizeof r->why,
                  "zero_optimization.offload_optimizer.buffer_count %lld is too few for the pipeline flags (needs %d)",
                  (long long)bc, need);
     }
-    int64_t slots = bc < pl->host_groups ? bc : pl->host_groups;
+    int slots = zoff_swapper_buffer_count(bc, pl->host_groups);
     if (slots < 1) slots = 1;
-    r->mem.swap_buffers = add_sat(mul_sat((size_t)slots, mul_sat(na, swap_array_bytes(big))), 2 * SWAP_ALIGN);
-    r->mem.disk_optimizer = add_sat(SWAP_ALIGN, mul_sat(na, pl->host_swap_bytes));
+    r->mem.swap_buffers = add_sat(mul_sat((size_t)slots, zoff_swapper_group_bytes(pl->largest_host, sw->n, sw->dt)),
+                                  2 * (size_t)ZOFF_SWAP_HEADER_BYTES);
+    r->mem.disk_optimizer = add_sat(ZOFF_SWAP_HEADER_BYTES, pl->host_swap_bytes);
 }
 
 zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
@@ -516,7 +523,8 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     const bool offload = s->offload != ZOFF_OFFLOAD_NONE;
     const bool pinned = s->pin_memory;
     const bool dpu = cfg->zero.delayed_param_update && offload;
-    const size_t state_b = f4 * (1 + (size_t)uses_m(cfg) + (size_t)uses_v(cfg)); /* host: master (+m) (+v) */
+    const swap_arrays sw = swap_arrays_of(cfg); /* host: master (+m) (+v) */
+    const size_t state_b = zoff_placement_state_bytes_per_param(sw.n, zoff_optimizer_state_dtype(cfg));
     const int64_t B = mo->batch_size, T = mo->seq_len;
     const int64_t accum = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
     zoff_plan_memory *m = &r->mem;
@@ -549,7 +557,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         ratio = ar.ratio;
     }
     plan_placement pl = {0};
-    ZOFF_TRY(place(part, s, offload ? ratio : 0.0, R, emb, blk, L, &pl));
+    ZOFF_TRY(place(part, s, offload ? ratio : 0.0, R, emb, blk, L, &sw, &pl));
     if (buckets) ZOFF_TRY(plan_grad_bytes(in, true, emb, blk, part - pl.host, &m->grads16, NULL));
     r->host_params = pl.host;
     r->num_subgroups = pl.nsg;
@@ -563,7 +571,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     if (nh > 0) {
         /* the engine's host buffers (one home: zoff_placement_host_buffers) */
         zoff_host_buffers hb;
-        zoff_host_buffers_in hi = {.n_host = (int64_t)nh, .dtype = dt, .state_arrays = (int)(state_b / f4),
+        zoff_host_buffers_in hi = {.n_host = (int64_t)nh, .dtype = dt, .state_arrays = sw.n,
                                    .state_dt = zoff_optimizer_state_dtype(cfg),
                                    .nvme = nvme, .delayed = dpu,
                                    .speculate = cfg->zero.offload_optimizer.super_offload, .stage = s->stage,
@@ -573,7 +581,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         m->host_grads = mul_sat(hb.grad_buffer, (size_t)hb.grad_buffers);
         m->host_staging = hb.staging;
     }
-    if (nvme && nh > 0) nvme_swap_memory(cfg, &pl, state_b / f4, r);
+    if (nvme && nh > 0) nvme_swap_memory(cfg, &pl, &sw, r);
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
@@ -770,7 +778,7 @@ static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_s
 }
 
 /* Whether the plan adds bf16-optimizer-state rows for a config that keeps fp32 state: bf16
- * training (the key needs it) with the state on the host ("cpu" rows only). */
+ * training (the key needs it) with the host optimizer ("cpu" and "nvme" rows). */
 static bool try_bf16_states(const zoff_plan_inputs *in, const zoff_plan_setting *base) {
     return !base->bf16_states && in->model.dtype == ZOFF_BF16;
 }
@@ -788,7 +796,7 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
     zoff_plan_setting_from_config(in->cfg, &base);
     /* stage 0: 1; stages 1-3: none + (cpu, nvme) x (ratios + fitted + auto + stage 3's parameter offload),
      * each maybe with a pageable variant */
-    int cap = (1 + 3 * (1 + 2 * (nratios + 3)) + 3 * (nratios + 3)) * 2; /* + bf16-state cpu rows */
+    int cap = (1 + 3 * (1 + 2 * (nratios + 3)) + 3 * 2 * (nratios + 3)) * 2; /* + bf16-state cpu and nvme rows */
     out->rows = calloc((size_t)cap, sizeof *out->rows);
     if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d rows", cap);
     zoff_status st = ZOFF_OK;
@@ -796,11 +804,11 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
     for (int stage = 0; stage <= 3 && st == ZOFF_OK; stage++)
         for (int d = 0; d < (stage == 0 ? 1 : 3) && st == ZOFF_OK; d++)
             st = add_device_rows(in, &base, stage, devs[d], ratios, nratios, out);
-    /* bf16 m and v (a numerics change the config did not ask for): offload "cpu", stages 1-3 */
+    /* bf16 m and v (a numerics change the config did not ask for): offload "cpu" and "nvme", stages 1-3 */
     zoff_plan_setting b16 = base;
     b16.bf16_states = true;
     for (int stage = 1; stage <= 3 && st == ZOFF_OK && try_bf16_states(in, &base); stage++)
-        st = add_device_rows(in, &b16, stage, ZOFF_OFFLOAD_CPU, ratios, nratios, out);
+        for (int d = 1; d < 3 && st == ZOFF_OK; d++) st = add_device_rows(in, &b16, stage, devs[d], ratios, nratios, out);
     if (st != ZOFF_OK) {
         zoff_plan_free(out);
         return st;

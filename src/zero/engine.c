@@ -463,6 +463,8 @@ static zoff_status nvme_create(zoff_engine *e) {
     /* what zoff_host_optimizer_init_state writes: m = 0; v = 0 (Adagrad: initial_accumulator_value) */
     if (uses_v(e) && e->cfg->optimizer.type == ZOFF_OPTIM_ADAGRAD)
         so.init_value[nvme_array_of(e, 2)] = (float)e->cfg->optimizer.initial_accumulator_value;
+    for (int i = 1; i <= 2; i++) /* m and v in the state dtype (zoff_optimizer_state_dtype), as in host memory */
+        if (nvme_array_of(e, i) >= 0) so.dtype[nvme_array_of(e, i)] = e->sdt;
     zoff_aio_options_from_config(&e->cfg->aio, &so.aio);
     zoff_status s = zoff_swapper_create(&so, &e->swap);
     free(counts);
@@ -496,7 +498,7 @@ static zoff_status nvme_write_initial(zoff_engine *e, bool init) {
     ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_WRITE, fast ? 1u : nvme_all_arrays(e)));
     for (int k = 0; k < e->nswap; k++) {
         int sw;
-        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        void *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
         const subgroup *g = &e->sg[e->swap_sg[sw]];
         if (init) ZOFF_TRY(init_fill(e, g->offset, g->offset + g->count, arr[0]));
@@ -504,7 +506,7 @@ static zoff_status nvme_write_initial(zoff_engine *e, bool init) {
         if (!fast) {
             int am = nvme_array_of(e, 1), av = nvme_array_of(e, 2);
             zoff_optim_tensors t = {.params = arr[0], .exp_avg = am >= 0 ? arr[am] : NULL,
-                                    .exp_avg_sq = av >= 0 ? arr[av] : NULL, .state_dt = ZOFF_F32,
+                                    .exp_avg_sq = av >= 0 ? arr[av] : NULL, .state_dt = e->sdt,
                                     .grads = arr[0], .grad_dt = ZOFF_F32, .n = g->count};
             ZOFF_TRY(zoff_host_optimizer_init_state(e->hopt, &t));
         }
@@ -514,9 +516,9 @@ static zoff_status nvme_write_initial(zoff_engine *e, bool init) {
 }
 
 /* zoff_hr_update: the next sub-group's state from the swapper (it must be sub-group i). */
-zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v) {
+zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, void **m, void **v) {
     int sw;
-    float *arr[ZOFF_SWAP_MAX_ARRAYS];
+    void *arr[ZOFF_SWAP_MAX_ARRAYS];
     ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
     if (e->swap_sg[sw] != i)
         return zoff_error(ZOFF_ERR_INTERNAL, "NVMe swapper returned sub-group %d, expected %d", e->swap_sg[sw], i);
@@ -561,7 +563,7 @@ static zoff_status each_swapped_master(zoff_engine *e, zoff_status (*fn)(zoff_en
     ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_READ, 1u));
     for (int k = 0; k < e->nswap; k++) {
         int sw;
-        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        void *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
         ZOFF_TRY(fn(e, &e->sg[e->swap_sg[sw]], arr[0]));
         ZOFF_TRY(zoff_swapper_release(e->swap));
@@ -602,6 +604,21 @@ static zoff_status staging_put_group(zoff_engine *e, const subgroup *g, const fl
 /* The 16-bit (or fp32) weights of the host sub-groups from the master on disk. */
 static zoff_status nvme_master_to_staging(zoff_engine *e) { return each_swapped_master(e, staging_put_group); }
 
+/* n elements of a state array of dtype dt to (get) or from the fp32 array h: bf16 widens
+ * exactly, or rounds to nearest-even (exact for values that were bf16). */
+static void state_convert(void *st, zoff_dtype dt, float *h, int64_t n, bool get) {
+    if (dt == ZOFF_F32) {
+        if (get) memcpy(h, st, (size_t)n * sizeof(float));
+        else memcpy(st, h, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *b = st;
+    if (get)
+        for (int64_t k = 0; k < n; k++) h[k] = zoff_bf16_to_f32(b[k]);
+    else
+        for (int64_t k = 0; k < n; k++) b[k] = zoff_f32_to_bf16(h[k]);
+}
+
 /* state_io for the host sub-groups: one pass over the swap file, array i only. */
 static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, bool absent) {
     int a = nvme_array_of(e, i);
@@ -616,11 +633,10 @@ static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, b
     ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, get ? ZOFF_SWAP_READ : ZOFF_SWAP_WRITE, 1u << a));
     for (int k = 0; k < e->nswap; k++) {
         int sw;
-        float *arr[ZOFF_SWAP_MAX_ARRAYS];
+        void *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
         const subgroup *g = &e->sg[e->swap_sg[sw]];
-        if (get) memcpy(host + g->offset, arr[a], (size_t)g->count * sizeof(float));
-        else memcpy(arr[a], host + g->offset, (size_t)g->count * sizeof(float));
+        state_convert(arr[a], i == 0 ? ZOFF_F32 : e->sdt, host + g->offset, g->count, get);
         ZOFF_TRY(zoff_swapper_release(e->swap));
     }
     return zoff_swapper_end(e->swap);
@@ -795,10 +811,10 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           : s3_cpu32 ? ": with stage 3, offload_param.device \"cpu\" needs 16-bit weights (fp32: the "
                                        "gathers read the master the update writes; enable bf16 or fp16)"
                                      : "");
-    if (cfg->bf16_optimizer_states && (!offload || z->offload_optimizer.device == ZOFF_OFFLOAD_NVME))
+    if (cfg->bf16_optimizer_states && !offload)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
-                          "bf16.bf16_optimizer_states true needs the optimizer state in host memory "
-                          "(zero_optimization.offload_optimizer.device \"cpu\"); set bf16_optimizer_states false");
+                          "bf16.bf16_optimizer_states true needs the host optimizer (zero_optimization."
+                          "offload_optimizer.device \"cpu\" or \"nvme\"); set bf16_optimizer_states false");
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
@@ -1488,18 +1504,8 @@ static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, float *h
         if (get) memset(h, 0, (size_t)c * sizeof(float));
         return;
     }
-    void *src = st_at(e, i == 1 ? e->h_m : e->h_v, so);
-    if (i == 0 || e->sdt == ZOFF_F32) {
-        float *f = i == 0 ? e->h_master + so : src;
-        if (get) memcpy(h, f, (size_t)c * sizeof(float));
-        else memcpy(f, h, (size_t)c * sizeof(float));
-        return;
-    }
-    uint16_t *b = src;
-    if (get)
-        for (int64_t k = 0; k < c; k++) h[k] = zoff_bf16_to_f32(b[k]);
-    else
-        for (int64_t k = 0; k < c; k++) b[k] = zoff_f32_to_bf16(h[k]);
+    if (i == 0) state_convert(e->h_master + so, ZOFF_F32, h, c, get);
+    else state_convert(st_at(e, i == 1 ? e->h_m : e->h_v, so), e->sdt, h, c, get);
 }
 
 zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i) {
@@ -1650,7 +1656,7 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     if (e->pinned) m->pinned = host;
     else m->pageable = host;
     if (e->bk_master) m->pageable += zoff_placement_spec_backup_bytes(e->cfg, e->n_host); /* super_offload */
-    if (e->swap) { /* fp32 state on disk; host memory holds only the swapper's buffers */
+    if (e->swap) { /* the state on disk (fp32 master, m and v in sdt); host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);
     }

@@ -337,7 +337,7 @@ zoff_status zoff_eng_pipe_pushed(zoff_engine *e, int i);
 /* Several ranks: all-gather every group from pipe_next on whose part of this rank is
  * pushed, in forward order (the worker during a pipelined job, the caller at a commit). */
 zoff_status zoff_eng_pipe_gather(zoff_engine *e);
-zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, float **m, float **v);
+zoff_status zoff_eng_nvme_next(zoff_engine *e, int i, float **master, void **m, void **v);
 zoff_status zoff_eng_nvme_release(zoff_engine *e, const subgroup *g, const float *master);
 
 #endif

@@ -339,15 +339,10 @@ static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, dou
         int i = mode != HU_PIPE ? e->nsg - 1 - q : e->pipe_order ? e->pipe_order[q] : q;
         const subgroup *g = &e->sg[i];
         if (!g->on_host) continue;
-        /* this sub-group's state: in host memory, or read from the NVMe swap file (fp32) */
+        /* this sub-group's state: in host memory, or read from the NVMe swap file (m and v of sdt) */
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
         void *hm = st_at(e, e->h_m, g->state_off), *hv = st_at(e, e->h_v, g->state_off);
-        if (e->swap) {
-            float *sm, *sv;
-            ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &sm, &sv));
-            hm = sm;
-            hv = sv;
-        }
+        if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
         double *span = span_slot(e, seq, nsp++, g);
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut

@@ -1,10 +1,11 @@
 /* The NVMe state swapper (see include/zoff/swapper.h).
  *
  * File layout: a 4 KiB header (magic "ZOFFSWAP", version, array count, group
- * count, block size, then the element count of each group while it fits),
- * followed by the groups in index order; group g holds its arrays one after
- * the other, each padded to ZOFF_AIO_ALIGN. A buffer ("slot") has the same
- * layout for the largest group.
+ * count, block size, then the element count of each group while it fits, then
+ * the dtype of each array), followed by the groups in index order; group g
+ * holds its arrays one after the other, array a of count(g) elements of
+ * dtype[a] padded to ZOFF_AIO_ALIGN (zoff_swapper_array_bytes, the one size
+ * rule). A buffer ("slot") has the same layout for the largest group.
  *
  * Visits (one group in one pass) are numbered globally; visit q uses slot
  * q % nslots. A read into a slot follows (aio `after`) the slot's last write,
@@ -24,8 +25,8 @@
 #include <unistd.h>
 
 #define SWAP_MAGIC "ZOFFSWAP"
-#define SWAP_VERSION 1u
-#define HEADER_BYTES ((int64_t)ZOFF_AIO_ALIGN)
+#define SWAP_VERSION 2u /* 2: the arrays' dtypes in the header */
+#define HEADER_BYTES ((int64_t)ZOFF_SWAP_HEADER_BYTES)
 
 typedef struct slot {
     char *buf;
@@ -37,9 +38,9 @@ typedef struct slot {
 /* Where a sub-group lives in the swap file. */
 typedef struct group_info {
     int64_t count;                 /* elements of each of its arrays */
-    int64_t off;                   /* file offset of its first array */
-    size_t abytes;                 /* padded bytes of one array */
-    size_t crc_base;               /* crcs of (g, a): crcs + crc_base + a * nchunks(g) */
+    int64_t off[ZOFF_SWAP_MAX_ARRAYS];     /* file offset of each array */
+    size_t abytes[ZOFF_SWAP_MAX_ARRAYS];   /* padded bytes of each array (zoff_swapper_array_bytes) */
+    size_t crc_base[ZOFF_SWAP_MAX_ARRAYS]; /* crcs of (g, a): crcs + crc_base[a] */
     zoff_aio_request *last_write;  /* the slot write request that last wrote it */
     bool fresh[ZOFF_SWAP_MAX_ARRAYS]; /* [a]: never written, reads as init_value[a] */
 } group_info;
@@ -52,7 +53,7 @@ struct zoff_swapper {
     zoff_aio_file *f;
     char path[4096];
     int64_t file_bytes;
-    size_t max_abytes;
+    size_t slot_off[ZOFF_SWAP_MAX_ARRAYS]; /* array a's offset in a slot: the largest group's layout */
     uint32_t *crcs;
     slot *slots;
     int nslots;
@@ -84,15 +85,24 @@ __attribute__((format(printf, 3, 4))) static void textf(char *buf, size_t n, con
     va_end(ap);
 }
 
-static size_t align_up(size_t x) { return (x + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN; }
-static size_t nchunks(const zoff_swapper *s, int g) {
+size_t zoff_swapper_array_bytes(int64_t count, zoff_dtype dt) {
+    size_t x = (size_t)count * zoff_dtype_size(dt);
+    return (x + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN;
+}
+size_t zoff_swapper_group_bytes(int64_t count, int num_arrays, const zoff_dtype *dtype) {
+    size_t b = 0;
+    for (int a = 0; a < num_arrays; a++) b += zoff_swapper_array_bytes(count, dtype[a]);
+    return b;
+}
+int zoff_swapper_buffer_count(int64_t buffer_count, int num_groups) {
+    return (int)(buffer_count < num_groups ? buffer_count : num_groups);
+}
+static size_t nchunks(const zoff_swapper *s, int g, int a) {
     size_t bs = (size_t)s->o.aio.block_size;
-    return (s->grp[g].abytes + bs - 1) / bs;
+    return (s->grp[g].abytes[a] + bs - 1) / bs;
 }
-static uint32_t *crcs_of(zoff_swapper *s, int g, int a) { return s->crcs + s->grp[g].crc_base + (size_t)a * nchunks(s, g); }
-static float *slot_array(const zoff_swapper *s, const slot *sl, int a) {
-    return (float *)(sl->buf + (size_t)a * s->max_abytes);
-}
+static uint32_t *crcs_of(zoff_swapper *s, int g, int a) { return s->crcs + s->grp[g].crc_base[a]; }
+static void *slot_array(const zoff_swapper *s, const slot *sl, int a) { return sl->buf + s->slot_off[a]; }
 
 /* Record the first error: the swapper refuses everything afterwards. */
 static zoff_status fail(zoff_swapper *s, zoff_status st) {
@@ -124,8 +134,9 @@ static void build_header(zoff_swapper *s) {
     memcpy(h, SWAP_MAGIC, 8);
     uint32_t u[4] = {SWAP_VERSION, (uint32_t)s->na, (uint32_t)s->ng, (uint32_t)s->o.aio.block_size};
     memcpy(h + 8, u, sizeof u);
-    int fit = (int)((HEADER_BYTES - 32) / 8);
-    for (int g = 0; g < s->ng && g < fit; g++) memcpy(h + 32 + 8 * g, &s->grp[g].count, 8);
+    for (int a = 0; a < s->na; a++) h[32 + a] = (unsigned char)s->o.dtype[a];
+    int fit = (int)((HEADER_BYTES - 40) / 8);
+    for (int g = 0; g < s->ng && g < fit; g++) memcpy(h + 40 + 8 * g, &s->grp[g].count, 8);
 }
 
 static zoff_status write_header(zoff_swapper *s) {
@@ -190,6 +201,10 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     if (!o || !o->dir || !o->dir[0] || o->num_groups < 1 || !o->counts || o->num_arrays < 1 ||
         o->num_arrays > ZOFF_SWAP_MAX_ARRAYS)
         return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_create: missing directory, groups or arrays");
+    for (int a = 0; a < o->num_arrays; a++)
+        if (o->dtype[a] != ZOFF_F32 && o->dtype[a] != ZOFF_BF16)
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_create: array %d has dtype %s (fp32 or bf16 only)", a,
+                              zoff_dtype_name(o->dtype[a]));
     int need = zoff_swapper_buffers_needed(o->pipeline_read, o->pipeline_write, o->num_groups);
     if (o->buffer_count < need)
         return zoff_error(ZOFF_ERR_CONFIG,
@@ -203,7 +218,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     s->o = *o;
     s->ng = o->num_groups;
     s->na = o->num_arrays;
-    s->nslots = (int)(o->buffer_count < o->num_groups ? o->buffer_count : o->num_groups);
+    s->nslots = zoff_swapper_buffer_count(o->buffer_count, o->num_groups);
     size_t ng = (size_t)s->ng;
     s->grp = calloc(ng, sizeof *s->grp);
     s->order = malloc(ng * sizeof *s->order);
@@ -215,6 +230,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
         st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper's tables (%d sub-groups)", s->ng);
     if (st == ZOFF_OK) st = zoff_aio_create(&o->aio, &s->io);
     size_t total_chunks = 0;
+    int64_t largest = 0;
     if (st == ZOFF_OK) {
         int64_t off = HEADER_BYTES;
         for (int g = 0; g < s->ng; g++) {
@@ -225,18 +241,23 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
                 break;
             }
             gi->count = o->counts[g];
-            gi->abytes = align_up((size_t)gi->count * sizeof(float));
-            if (gi->abytes > s->max_abytes) s->max_abytes = gi->abytes;
-            gi->off = off;
-            off += (int64_t)gi->abytes * s->na;
-            gi->crc_base = total_chunks;
-            total_chunks += nchunks(s, g) * (size_t)s->na;
+            if (gi->count > largest) largest = gi->count;
+            for (int a = 0; a < s->na; a++) {
+                gi->abytes[a] = zoff_swapper_array_bytes(gi->count, o->dtype[a]);
+                gi->off[a] = off;
+                off += (int64_t)gi->abytes[a];
+                gi->crc_base[a] = total_chunks;
+                total_chunks += nchunks(s, g, a);
+            }
         }
         s->file_bytes = off;
     }
+    for (int a = 0; a < s->na; a++) { /* a slot: the largest group's layout */
+        s->slot_off[a] = s->slot_bytes;
+        s->slot_bytes += zoff_swapper_array_bytes(largest, o->dtype[a]);
+    }
     if (st == ZOFF_OK && !(s->crcs = calloc(total_chunks ? total_chunks : 1, sizeof *s->crcs)))
         st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %zu block checksums", total_chunks);
-    s->slot_bytes = s->max_abytes * (size_t)s->na;
     if (st == ZOFF_OK) { /* the swap buffers are pageable (not registered with io_uring) */
         char what[160];
         snprintf(what, sizeof what, "the NVMe swap buffers (%d x %zu bytes)", s->nslots, s->slot_bytes);
@@ -288,6 +309,13 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
              : o->pipeline_write                   ? "synchronous read, pipelined write"
                                                    : "synchronous read and write (pipeline_read/pipeline_write off)",
              o->fast_init ? ", fast_init" : "");
+    for (int a = 1; a < s->na; a++)
+        if (o->dtype[a] != ZOFF_F32) { /* say so when the state is not all fp32 */
+            size_t u = strlen(s->describe);
+            if (s->na > 2) textf(s->describe + u, sizeof s->describe - u, "; arrays 1-%d in %s", s->na - 1, zoff_dtype_name(o->dtype[a]));
+            else textf(s->describe + u, sizeof s->describe - u, "; array 1 in %s", zoff_dtype_name(o->dtype[a]));
+            break;
+        }
     *out = s;
     return ZOFF_OK;
 }
@@ -317,10 +345,9 @@ static int64_t group_request(zoff_swapper *s, zoff_aio_request *r, slot *sl, int
     r->flags = flags;
     for (int a = 0; a < s->na; a++) {
         if (!(s->mask & (1u << a)) || (skip && skip[a])) continue;
-        r->seg[r->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a),
-                                               .offset = gi->off + (int64_t)(gi->abytes * (size_t)a),
-                                               .bytes = gi->abytes, .crcs = crcs_of(s, g, a)};
-        bytes += (int64_t)gi->abytes;
+        r->seg[r->nseg++] = (zoff_aio_segment){.buf = slot_array(s, sl, a), .offset = gi->off[a],
+                                               .bytes = gi->abytes[a], .crcs = crcs_of(s, g, a)};
+        bytes += (int64_t)gi->abytes[a];
     }
     return bytes;
 }
@@ -393,7 +420,20 @@ zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigne
     return ZOFF_OK;
 }
 
-zoff_status zoff_swapper_next(zoff_swapper *s, int *group, float *arrays[ZOFF_SWAP_MAX_ARRAYS]) {
+/* A never-written array of group g in the slot: count(g) copies of init_value[a] in dtype[a]. */
+static void fill_fresh(const zoff_swapper *s, int g, int a, void *dst) {
+    float v = s->o.init_value[a];
+    int64_t n = s->grp[g].count;
+    if (s->o.dtype[a] == ZOFF_BF16) {
+        uint16_t b = zoff_f32_to_bf16(v), *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = b;
+    } else {
+        float *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = v;
+    }
+}
+
+zoff_status zoff_swapper_next(zoff_swapper *s, int *group, void *arrays[ZOFF_SWAP_MAX_ARRAYS]) {
     ZOFF_TRY(check_broken(s));
     if (!s->in_pass || s->handed_out || s->pos >= s->n)
         return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_next: no pass, or the previous group was not released");
@@ -416,10 +456,7 @@ zoff_status zoff_swapper_next(zoff_swapper *s, int *group, float *arrays[ZOFF_SW
     }
     for (int a = 0; a < s->na; a++) {
         arrays[a] = slot_array(s, sl, a);
-        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->grp[g].fresh[a]) {
-            float v = s->o.init_value[a];
-            for (int64_t i = 0; i < s->grp[g].count; i++) arrays[a][i] = v;
-        }
+        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->grp[g].fresh[a]) fill_fresh(s, g, a, arrays[a]);
     }
     for (int a = s->na; a < ZOFF_SWAP_MAX_ARRAYS; a++) arrays[a] = NULL;
     *group = g;
