@@ -831,9 +831,12 @@ static zoff_status spec_setup(zoff_engine *e) {
     if (e->h_v) e->bk_v = state_alloc(bs, "speculation: saved exp_avg_sq");
     e->sg_state = calloc((size_t)e->nsg, 1);
     if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v) || !e->sg_state) return ZOFF_ERR_NOMEM;
-    ZOFF_TRY(state_first_touch(e, e->bk_master, e->bk_m, e->bk_v));
     e->spec = true;
-    return ZOFF_OK;
+    /* the first touch: the state (initialised by host_setup) copied in by the update's chunks */
+    double t0 = zoff_now();
+    zoff_status s = zoff_hr_spec_touch(e);
+    e->startup.first_touch += zoff_lap(&t0);
+    return s;
 }
 
 static zoff_status check_supported(const zoff_engine_options *o) {
@@ -1422,7 +1425,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         si.t_host = zoff_now() - tj;
         si.t_host_work = e->job_seconds;
         if (gs == ZOFF_OK) gs = js;
-        if (gs != ZOFF_OK) ZOFF_TRY(zoff_hr_spec_rollback(e)); /* keep the state consistent; report gs */
+        if (gs != ZOFF_OK) ZOFF_TRY(zoff_hr_spec_rollback(e, false)); /* keep the state consistent; report gs */
     }
     ZOFF_TRY(gs);
     si.t_wait_grads = zoff_now() - t0 - si.t_host;
@@ -1448,7 +1451,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         if (e->pipelined) ZOFF_TRY(pipe_gather_after_compute(e));
         ZOFF_TRY(zoff_hr_spec_commit(e)); /* stage 3: gathered on use after dp_gather_weights below */
     } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
-        ZOFF_TRY(zoff_hr_spec_rollback(e));
+        ZOFF_TRY(zoff_hr_spec_rollback(e, !overflow && e->n_host > 0)); /* the exact update restores */
         si.rolled_back = true;
     }
     bool kept = spec && !si.rolled_back;
@@ -1457,9 +1460,14 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         double grad_scale = coef / scale;
         int64_t t = ++e->sc.steps_taken;
         double td = zoff_now();
-        if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, grad_scale));
+        zoff_status us = e->n_dev > 0 ? device_update(e, t, lr, grad_scale) : ZOFF_OK;
         si.t_device = zoff_now() - td;
-        if (e->n_host > 0) ZOFF_TRY(host_step(e, t, lr, grad_scale, &si));
+        if (us == ZOFF_OK && e->n_host > 0) us = host_step(e, t, lr, grad_scale, &si);
+        if (us != ZOFF_OK) { /* (a rollback's exact update that did not start or failed: the state back) */
+            zoff_status r = zoff_hr_spec_undo_redo(e, us);
+            if (r != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "restoring the state after a failed update: %s", zoff_last_error());
+            return us;
+        }
     } else if (e->dpu && e->n_host > 0) {
         /* nothing new to run; still apply what the worker finished */
         ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
