@@ -104,7 +104,9 @@ check "with validation: the summary has 'validation loss A -> B'" \
   "grep -qE 'validation loss [0-9.]+ -> [0-9.]+' '$W/out.txt'"
 check "the log reports the start-up time" "grep -qE '^zoff: start-up [0-9.]+ s' '$W/out.txt'"
 check "metrics.jsonl has a startup_time line before the first step" \
-  "head -1 '$W/val/metrics.jsonl' | grep -qE '^\\{\"step\":0,\"startup_time\":[0-9.]+\\}$'"
+  "head -1 '$W/val/metrics.jsonl' | grep -qE '^\\{\"step\":0,\"startup_time\":[0-9.]+(,\"startup_[a-z_]+\":-?[0-9.]+){8}\\}$'"
+check "the log breaks the start-up down by phase" \
+  "grep -qE '^zoff: start-up [0-9.]+ s \\(config [0-9.]+, data [0-9.]+, model [0-9.]+, initial_weights [0-9.]+, engine_alloc [0-9.]+, first_touch [0-9.]+, pinning [0-9.]+, other [0-9.]+ s\\)' '$W/out.txt'"
 
 # 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then

@@ -1219,6 +1219,107 @@ static void test_bf16_state_accuracy(void **state) {
     assert_true(drift[1] > 2 * drift[2]);
 }
 
+/* Speculation's backup (zoff_optim_tensors.backup): an update with ZOFF_BACKUP_SAVE gives
+ * the plain update's bits and leaves the inputs (compared with a copy taken before) in the
+ * backup; ZOFF_BACKUP_RESTORE from that backup over other state (a speculated update)
+ * gives the plain update's bits again, the backup untouched; copy_backup copies either way.
+ * Every path, kind, grad and state dtype, stochastic rounding, thread counts and lengths
+ * inside one block, over several blocks of the per-thread copy and with tails. */
+static void bk_point(tbuf *b, zoff_optim_tensors *t, zoff_optim_backup dir, const tbuf *bk) {
+    t->backup = dir;
+    t->backup_params = bk->p;
+    t->backup_exp_avg = t->exp_avg ? bk->m : NULL;
+    t->backup_exp_avg_sq = t->exp_avg_sq ? bk->v : NULL;
+    (void)b;
+}
+
+static void assert_state_same(const tbuf *a, const tbuf *b, zoff_optimizer_type type, const char *pa, const char *pb) {
+    assert_same_bits("p", a->p, b->p, a->n, ZOFF_F32, false, pa, pb);
+    if (type != ZOFF_OPTIM_ADAGRAD) assert_same_bits("m", a->m, b->m, a->n, a->sd, false, pa, pb);
+    if (type != ZOFF_OPTIM_LION) assert_same_bits("v", a->v, b->v, a->n, a->sd, false, pa, pb);
+}
+
+static void backup_case(const ocase *oc, zoff_simd_path path, zoff_dtype gd, zoff_dtype sd, int64_t n, int threads) {
+    const char *pn = zoff_simd_path_name(path);
+    tbuf in, ref, out, bk, other;
+    tb_alloc(&in, n, gd, sd, ZOFF_BF16, 1);
+    double gs = tb_fill(&in, R_NORMAL);
+    tb_copy(&ref, &in, 0);
+    tb_copy(&out, &in, 2);
+    tb_alloc(&bk, n, gd, sd, ZOFF_BF16, 3);
+    memset(bk.p, 0xCD, (size_t)n * 4);
+    memset(bk.m, 0xCD, (size_t)n * dsize(sd));
+    memset(bk.v, 0xCD, (size_t)n * dsize(sd));
+    zoff_host_optimizer *opt = make_opt(oc, path, threads, ZOFF_STATE_ROUND_STOCHASTIC, -1);
+    run_step(opt, &ref, oc->type, oc->wd, gs);
+    /* save: the plain update's bits, the inputs in the backup */
+    OK(zoff_host_optimizer_begin_step(opt, STEP, LR));
+    zoff_optim_tensors t = tensors_of(&out, oc->type);
+    bk_point(&out, &t, ZOFF_BACKUP_SAVE, &bk);
+    OK(zoff_host_optimizer_update(opt, &t, oc->wd, gs));
+    assert_tb_same(&out, &ref, false, pn, "plain update");
+    assert_state_same(&bk, &in, oc->type, "backup", "input");
+    /* restore: over the state of another update (a speculated one), the plain update's bits */
+    tb_copy(&other, &in, 0);
+    run_step(opt, &other, oc->type, oc->wd, 3.0 * gs);
+    run_step(opt, &other, oc->type, oc->wd, 0.5 * gs);
+    OK(zoff_host_optimizer_begin_step(opt, STEP, LR));
+    t = tensors_of(&other, oc->type);
+    bk_point(&other, &t, ZOFF_BACKUP_RESTORE, &bk);
+    OK(zoff_host_optimizer_update(opt, &t, oc->wd, gs));
+    assert_tb_same(&other, &ref, false, pn, "plain update");
+    assert_state_same(&bk, &in, oc->type, "backup after restore", "input");
+    /* the copies alone: restore puts the inputs back, save writes the state into the backup */
+    OK(zoff_host_optimizer_copy_backup(opt, &t));
+    assert_state_same(&other, &in, oc->type, "restored", "input");
+    t = tensors_of(&ref, oc->type);
+    bk_point(&ref, &t, ZOFF_BACKUP_SAVE, &bk);
+    t.grads = NULL; /* not read */
+    OK(zoff_host_optimizer_copy_backup(opt, &t));
+    assert_state_same(&bk, &ref, oc->type, "saved", "state");
+    zoff_host_optimizer_destroy(opt);
+    tb_free(&in);
+    tb_free(&ref);
+    tb_free(&out);
+    tb_free(&bk);
+    tb_free(&other);
+}
+
+static void test_backup_fused(void **state) {
+    (void)state;
+    static const zoff_dtype gds[] = {ZOFF_BF16, ZOFF_F16, ZOFF_F32};
+    static const int64_t lengths[] = {1, 37, 4096, 4097, 3 * 4096 + 123, 100003};
+    int cases = 0;
+    for (int pi = 0; pi < g_npaths; pi++)
+        for (int oi = 0; oi < NOCASES; oi++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int sdi = 0; sdi < 2; sdi++)
+                    for (int li = 0; li < 6; li++) {
+                        if ((oi + gi + sdi + li) % 2 && li != 4) continue; /* half of the grid; every longer one */
+                        backup_case(&g_ocases[oi], g_paths[pi], gds[gi], sdi ? ZOFF_BF16 : ZOFF_F32, lengths[li],
+                                    1 + (li + oi) % 3);
+                        cases++;
+                    }
+    print_message("backup: %d cases bit for bit with the plain update\n", cases);
+    /* bad input */
+    tbuf a, bk;
+    tb_alloc(&a, 100, ZOFF_BF16, ZOFF_F32, NO_P16, 0);
+    tb_alloc(&bk, 100, ZOFF_BF16, ZOFF_F32, NO_P16, 0);
+    tb_fill(&a, R_NORMAL);
+    zoff_host_optimizer *opt = make_opt(&g_ocases[0], zoff_simd_path_best(), 2, ZOFF_STATE_ROUND_NEAREST, 0);
+    OK(zoff_host_optimizer_begin_step(opt, STEP, LR));
+    zoff_optim_tensors t = tensors_of(&a, ZOFF_OPTIM_ADAM);
+    assert_int_equal(zoff_host_optimizer_copy_backup(opt, &t), ZOFF_ERR_INVALID); /* NONE: nothing to copy */
+    bk_point(&a, &t, ZOFF_BACKUP_SAVE, &bk);
+    t.backup_exp_avg_sq = NULL;
+    assert_int_equal(zoff_host_optimizer_update(opt, &t, 0.0, 1.0), ZOFF_ERR_INVALID);
+    t.backup = (zoff_optim_backup)7;
+    assert_int_equal(zoff_host_optimizer_update(opt, &t, 0.0, 1.0), ZOFF_ERR_INVALID);
+    zoff_host_optimizer_destroy(opt);
+    tb_free(&a);
+    tb_free(&bk);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paths),
@@ -1226,6 +1327,7 @@ int main(void) {
         cmocka_unit_test(test_paths_bit_identical),
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_split_ranges),
+        cmocka_unit_test(test_backup_fused),
         cmocka_unit_test(test_params16_in_place),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_nonfinite_bf16_state),

@@ -41,6 +41,8 @@ typedef struct run_result {
     int64_t steps_taken;
     double host_ratio;
     size_t host_bytes; /* zoff_engine_memory_usage: pinned + pageable */
+    size_t em_pinned, em_pageable; /* zoff_engine_memory_usage */
+    size_t pinned_asked;           /* bytes zoff_host_alloc_pinned gave zoff_engine_create (the device's account) */
     int64_t rollbacks;
     bool rolled_back[32];
     char describe[1536]; /* zoff_engine_describe */
@@ -58,6 +60,7 @@ typedef struct train_mode {
     bool rows_stall;          /* block 0's grad-ready drains the stream and pauses 100 ms, so the
                                  worker takes wte's early part before the embedding backward */
     bool no_rows;             /* no row-sparse report of wte's gradient (zoff_gpt2_set_grad_rows) */
+    bool lr_falls;            /* the learning rate falls every step (speculation assumes the last one's) */
     int64_t block0;           /* set by train(): block 0's offset */
     double block0_end[32];    /* iteration i: the boundary backward of block 0 ended on the device */
     double span_wte0[33];     /* optimizer step t: the first update of the sub-group at offset 0 began */
@@ -230,7 +233,11 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
                                   .params = zoff_gpt2_params(m), .grads = zoff_gpt2_grads(m), .dtype = dt,
                                   .init_params = init, .init_range = init ? NULL : init_range_42, .init_arg = m,
                                   .weight_waits = g_mode.waits};
+        zoff_memory_stats before, after;
+        zoff_device_memory_stats(dev, &before);
         s = zoff_engine_create(&eo, &e);
+        zoff_device_memory_stats(dev, &after);
+        r->pinned_asked = after.pinned_in_use - before.pinned_in_use;
         g_mode.e = e;
         memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
         memset(g_mode.group0_device, 0, sizeof g_mode.group0_device);
@@ -249,6 +256,8 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         snprintf(r->describe, sizeof r->describe, "%s", zoff_engine_describe(e));
         r->host_ratio = em.host_ratio;
         r->host_bytes = em.pinned + em.pageable;
+        r->em_pinned = em.pinned;
+        r->em_pageable = em.pageable;
     }
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "x", (void **)&dx);
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)mb_rows * T * 4, "y", (void **)&dy);
@@ -276,7 +285,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         }
         r->losses[step] = (float)(loss / accum);
         zoff_step_info si;
-        if (s == ZOFF_OK) s = zoff_engine_step(e, 1e-2, &si);
+        if (s == ZOFF_OK) s = zoff_engine_step(e, g_mode.lr_falls ? 1e-2 / (1 + step) : 1e-2, &si);
         double h0, h1;
         int64_t ht = s == ZOFF_OK ? zoff_engine_last_host_update(e, &h0, &h1) : 0;
         if (ht > 0 && ht <= 32) g_mode.host_t0[ht] = h0, g_mode.host_t1[ht] = h1;
@@ -718,6 +727,71 @@ static void test_host_memory_checked(void **st) {
     unsetenv("ZOFF_TEST_MEM_AVAILABLE");
 }
 
+/* pin_memory pins exactly what device copies read or write; the optimizer state, which
+ * only the CPU touches, stays pageable. The expected bytes are written out here from the
+ * rule, per parameter (all of them on the host: ratio 1, one rank): 16-bit weights, one
+ * buffer that carries the gradient in and the new weight out (2 B, pinned); delayed update,
+ * two of them; speculation, a separate staging buffer (pinned) and the rollback copy of
+ * master, m, v (12 B, pageable); fp32 weights: the fp32 gradient buffer and the master, which
+ * the new weights are pushed from (pinned), m and v pageable; bf16 m and v: 4 + 2 + 2 B of
+ * state. The pinned figure is the device's own account of zoff_host_alloc_pinned's bytes
+ * during zoff_engine_create. The results do not depend on what is pinned. */
+static void test_pinned_only_dma(void **st) {
+    (void)st;
+    typedef struct {
+        const char *zero, *prec;
+        zoff_dtype dt;
+        size_t pinned, pageable; /* per parameter, with pin_memory */
+    } pcase;
+    const char *bf16 = "\"bf16\": {\"enabled\": true},";
+    const char *bf16s = "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},";
+#define PZ(extra) "{\"stage\": 2, \"sub_group_size\": 3000, " extra "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": %s}}"
+    const pcase cases[] = {
+        {PZ(""), "bf16", ZOFF_BF16, 2, 12},
+        {PZ(""), "bf16s", ZOFF_BF16, 2, 8},
+        {PZ("\"zoff_delayed_param_update\": true, "), "bf16", ZOFF_BF16, 4, 12},
+        {PZ(""), "", ZOFF_F32, 8, 8},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        run_result r[2];
+        for (int pin = 1; pin >= 0; pin--) {
+            char z[512], a[1024];
+            snprintf(z, sizeof z, cases[k].zero, pin ? "true" : "false");
+            const char *prec = !strcmp(cases[k].prec, "bf16") ? bf16 : !strcmp(cases[k].prec, "bf16s") ? bf16s : "";
+            assert_int_equal(train(cfg_json(a, sizeof a, z, prec, 1), cases[k].dt, 3, 0, &r[pin]), ZOFF_OK);
+            const size_t n = (size_t)r[pin].n, pinned = pin ? cases[k].pinned * n : 0;
+            const size_t all = (cases[k].pinned + cases[k].pageable) * n;
+            printf("case %zu pin %d: pinned %zu (asked %zu), pageable %zu; expected %zu, %zu\n", k, pin,
+                   r[pin].em_pinned, r[pin].pinned_asked, r[pin].em_pageable, pinned, all - pinned);
+            assert_int_equal(r[pin].pinned_asked, pinned);
+            assert_int_equal(r[pin].em_pinned, pinned);
+            assert_int_equal(r[pin].em_pageable, all - pinned);
+        }
+        for (int i = 0; i < 3; i++) assert_memory_equal(&r[0].losses[i], &r[1].losses[i], sizeof(float));
+        assert_memory_equal(r[0].weights, r[1].weights, (size_t)r[0].n * sizeof(float));
+        free(r[0].weights);
+        free(r[1].weights);
+    }
+    /* speculation (fp16 here): + a 16-bit staging buffer (pinned), + the rollback copy (pageable) */
+    char a[1024];
+    run_result r;
+    g_mode.waits = true;
+    zoff_status s = train(cfg_json(a, sizeof a,
+                                   "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": "
+                                   "\"cpu\", \"super_offload\": true, \"pin_memory\": true}}",
+                                   "\"fp16\": {\"enabled\": true},", 1),
+                          ZOFF_F16, 2, 0, &r);
+    g_mode.waits = false;
+    assert_int_equal(s, ZOFF_OK);
+    const size_t n = (size_t)r.n;
+    printf("speculation: pinned %zu (asked %zu), pageable %zu; n %zu\n", r.em_pinned, r.pinned_asked, r.em_pageable, n);
+    assert_int_equal(r.pinned_asked, n * (2 + 2));
+    assert_int_equal(r.em_pinned, n * (2 + 2));
+    assert_int_equal(r.em_pageable, n * (12 + 12));
+    free(r.weights);
+#undef PZ
+}
+
 /* offload_optimizer.cpuadam_cores_perc (DeepSpeed SuperOffload's share of the cores for CPU
  * Adam): the host optimizer runs max(1, round(share x logical cores)) threads; not given,
  * the default rule ($ZOFF_THREADS here). */
@@ -1071,6 +1145,12 @@ static void test_speculative_equals_exact(void **st) {
     /* bf16 m and v: the rollback copy holds them in bf16 (zoff_placement_spec_backup_bytes) */
     const char *bs = "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},";
     check_spec(ZOFF_BF16, bs, 1, 1e-6, 6, 5);
+    /* another learning rate than assumed (clip off): every speculated step rolled back, the
+     * exact update starting from the backup (kept and rolled-back steps mixed: the fp16 test) */
+    g_mode.lr_falls = true;
+    check_spec(ZOFF_BF16, bs, 1, 0.0, 5, 4);
+    check_spec(ZOFF_F32, "", 1, 0.0, 4, 3);
+    g_mode.lr_falls = false;
 }
 
 /* fp16 with a loss scale that overflows: each speculated overflow step is rolled back
@@ -1192,6 +1272,7 @@ int main(void) {
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
+        cmocka_unit_test(test_pinned_only_dma),
         cmocka_unit_test(test_init_range_equals_whole),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),

@@ -81,6 +81,8 @@ void zoff_free_all(void *const *p, size_t n);
 
 /* ---- timers ---- */
 double zoff_now(void); /* monotonic seconds */
+/* The phase clock: seconds since *mark, and *mark moved to now (start-up breakdowns). */
+double zoff_lap(double *mark);
 
 /* ---- sizes ---- */
 /* Parse "256MiB", "1.5GB", "4096", "2G" into bytes. Binary units for Ki/Mi/Gi/K/M/G, decimal for kB/MB/GB. */

@@ -223,7 +223,13 @@ size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_d
  * the state on NVMe through an fp32 staging buffer. offload_param "nvme": the
  * weights go to the parameter swap file (no staging). Speculation with stage 3 and
  * offload_param "cpu": twice the staging, the second half the speculative weights kept
- * apart from the partition the gathers read until validation commits them. */
+ * apart from the partition the gathers read until validation commits them.
+ * Pinned memory (pin = offload_optimizer.pin_memory): exactly the buffers a device copy
+ * reads or writes (the gradient buffers, the staging, and the fp32 master where the
+ * device reads it: fp32 weights in host memory, pushed or gathered from it); m, v (and
+ * the master the device never reads) are touched by the CPU only and stay pageable, so
+ * that the pinned limit constrains only what DMA needs and start-up does not lock and
+ * zero the whole state (cudaHostAlloc). */
 typedef struct zoff_host_buffers_in {
     int64_t n_host;          /* host parameters of this rank */
     zoff_dtype dtype;        /* the model's weights (and gradients) */
@@ -234,6 +240,7 @@ typedef struct zoff_host_buffers_in {
     bool speculate;          /* offload_optimizer.super_offload */
     int stage;
     zoff_offload_device param_offload; /* stage 3's offload_param.device */
+    bool pin;                /* offload_optimizer.pin_memory (or the legacy cpu_offload) */
 } zoff_host_buffers_in;
 typedef struct zoff_host_buffers {
     size_t state;            /* master, m, v in host memory (0 with nvme) */
@@ -242,6 +249,9 @@ typedef struct zoff_host_buffers {
     size_t staging;          /* a separate weight staging buffer (0: none) */
     bool weights_in_grads;   /* the new 16-bit weights go out through the gradient buffer */
     size_t total;            /* state + grad_buffers x grad_buffer + staging */
+    bool master_dma;         /* the device copies read the fp32 master (fp32 weights in host memory) */
+    size_t pinned;           /* of total, pinned: the DMA buffers when pin (else 0) */
+    size_t pageable;         /* total - pinned */
 } zoff_host_buffers;
 void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffers *out);
 
@@ -251,6 +261,14 @@ void zoff_engine_destroy(zoff_engine *e);
 void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *out);
 /* Human-readable description of the placement ("host optimizer (cpu offload), avx512+bf16, 2 threads"). */
 const char *zoff_engine_describe(const zoff_engine *e);
+/* Where zoff_engine_create's time went, in seconds (the start-up breakdown of zoff train). */
+typedef struct zoff_engine_startup {
+    double total;           /* zoff_engine_create */
+    double pinning;         /* pinned host allocations (cudaHostAlloc locks and zeroes every page) */
+    double first_touch;     /* host optimizer state: m, v zeroed, the master's pages faulted in */
+    double initial_weights; /* the initial weights into the masters, the 16-bit weights from them */
+} zoff_engine_startup;      /* total - the others: allocation and set-up */
+void zoff_engine_startup_times(const zoff_engine *e, zoff_engine_startup *out);
 
 /* Call before each micro-batch's backward: is_boundary is true for the last
  * micro-batch of the accumulation window, whose backward streams the finished

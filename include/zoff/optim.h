@@ -93,6 +93,17 @@ typedef struct zoff_host_optimizer_options {
  * more than the second core saves (measured: docs/performance.md). */
 #define ZOFF_OPTIM_SERIAL_BELOW 32768
 
+/* What an update does with zoff_optim_tensors' backup arrays. Each thread works
+ * through its chunk in blocks of a few thousand elements (kept in cache between the
+ * copy and the update), so the state is read from memory once: a saved update costs
+ * about one update's traffic plus the backup's writes, a restored one about one
+ * update's. The results are the plain update's bit for bit. */
+typedef enum zoff_optim_backup {
+    ZOFF_BACKUP_NONE = 0,
+    ZOFF_BACKUP_SAVE,   /* the old params and state are written to the backup, then updated */
+    ZOFF_BACKUP_RESTORE /* params and state start from the backup (an undone update redone) */
+} zoff_optim_backup;
+
 /* One contiguous range of parameters and its optimizer state. */
 typedef struct zoff_optim_tensors {
     float *params;          /* fp32 master weights (n), updated in place */
@@ -107,6 +118,12 @@ typedef struct zoff_optim_tensors {
     int64_t n;              /* elements; 0 is allowed (nothing is touched) */
     int64_t index_base;     /* global index of element 0 (seeds stochastic rounding, so
                                results do not depend on how ranges are split); 0 if unknown */
+    /* optional backup of params, exp_avg and exp_avg_sq (same shapes and state_dt; a
+       backup array may be NULL only where its state array is), for an update that may be
+       undone (speculation): see zoff_optim_backup */
+    zoff_optim_backup backup;
+    float *backup_params;
+    void *backup_exp_avg, *backup_exp_avg_sq;
 } zoff_optim_tensors;
 
 /* Create from the config's optimizer section. Adam: decoupled weight decay when
@@ -133,8 +150,18 @@ zoff_status zoff_host_optimizer_set_eps(zoff_host_optimizer *opt, double eps);
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
                                        double grad_scale);
 
-/* Initialise a range's state: m = 0, v = 0 (Adagrad: v = initial_accumulator_value). */
+/* Only the copy of t->backup (SAVE: params and state to the backup; RESTORE: back from
+ * it), no update: the same chunks and threads as update() on t (so the backup's pages are
+ * first touched where the update touches the state's). grads is not read. */
+zoff_status zoff_host_optimizer_copy_backup(zoff_host_optimizer *opt, const zoff_optim_tensors *t);
+
+/* Initialise a range's state: m = 0, v = 0 (Adagrad: v = initial_accumulator_value), each
+ * thread the chunk an update() of the same range gives it (a fresh page is first touched,
+ * and so placed on its NUMA node, by the thread that later updates it). */
 zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t);
+/* init_state, and params' pages touched likewise (one element of each 4 KiB page set to 0;
+ * the values are the caller's to write next): the first touch of freshly allocated state. */
+zoff_status zoff_host_optimizer_first_touch(zoff_host_optimizer *opt, const zoff_optim_tensors *t);
 
 /* Measure the machine's bound: a STREAM-style pass with the same access pattern
  * as update() on t (reads and writes the same arrays, same dtypes, same chunks

@@ -125,7 +125,7 @@ typedef struct zoff_plan_memory {
     size_t gathered;          /* stage 3: persistent groups and the pool of gathered weights and gradient buffers */
     size_t device_optimizer;  /* engine: fp32 master (16-bit models), m, v of device sub-groups + statistics */
     size_t runtime_reserve;   /* CUDA context, cuBLASLt workspaces, scratch (estimate) */
-    /* host, pinned when pin_memory (else pageable) */
+    /* host: of these, host_pinned is pinned (pin_memory: the buffers device copies use), the rest pageable */
     size_t host_optimizer;    /* engine: fp32 master, m, v of host sub-groups in host memory (cpu offload) */
     size_t host_grads;        /* engine: gradient partition(s) in the model dtype */
     size_t host_staging;      /* engine: separate weight staging (speculation, stage 3 offload_param cpu,
@@ -134,6 +134,8 @@ typedef struct zoff_plan_memory {
     size_t swap_buffers;      /* nvme: the swapper's buffers for the optimizer state (pageable host memory) */
     size_t param_buffers;     /* stage 3, offload_param nvme: pinned parameter swap buffers */
     size_t host_params;       /* stage 3, offload_param cpu: this rank's 16-bit parameter partition */
+    size_t host_pinned;       /* engine: the pinned part of host_optimizer + host_grads + host_staging
+                                 (zoff_placement_host_buffers: gradients, staging, a master the device reads) */
     size_t model_pinned;      /* the model's pinned loss buffer */
     size_t loop_pageable;     /* the training loop: the checkpoint save's buffer, token buffers */
     /* disk */

@@ -211,6 +211,25 @@ typedef struct zoff_trainer_options {
 
 typedef struct zoff_trainer zoff_trainer;
 
+/* The phases of zoff_trainer_create's start-up, in order: config (config, checks, tokenizer),
+ * data (the shards opened), model (device, model, token buffers), then the engine's
+ * (zoff_engine_startup): initial weights, engine allocation (and set-up), first touch of the
+ * optimizer state, pinning; other (output directory, restore, metrics file). */
+enum {
+    ZOFF_STARTUP_CONFIG,
+    ZOFF_STARTUP_DATA,
+    ZOFF_STARTUP_MODEL,
+    ZOFF_STARTUP_INITIAL_WEIGHTS,
+    ZOFF_STARTUP_ENGINE_ALLOC,
+    ZOFF_STARTUP_FIRST_TOUCH,
+    ZOFF_STARTUP_PINNING,
+    ZOFF_STARTUP_OTHER,
+    ZOFF_STARTUP_PHASES
+};
+/* The breakdown as text ("config 0.01, data 0.02, ... s": the log) or as JSON fields
+ * (",\"startup_config\":0.010,...": metrics.jsonl's start-up line) into buf. */
+void zoff_startup_format(const double *phase_s, bool json, char *buf, size_t size);
+
 /* What the CLI prints: fixed at create, except step. */
 typedef struct zoff_trainer_info {
     int64_t step, start_step;         /* optimizer steps done; where this run began */
@@ -220,6 +239,7 @@ typedef struct zoff_trainer_info {
     int rank, world;
     zoff_dtype dtype;
     double startup_s;                 /* zoff_trainer_create's time, up to the first step */
+    double startup_phase_s[ZOFF_STARTUP_PHASES]; /* startup_s by phase (zoff_startup_phase_name) */
     double consumed_tokens;
     const char *metrics_path;
     const char *tokenizer;

@@ -227,20 +227,27 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     if (m->gathered) printf(" + gathered %s", fmt_b(m->gathered, b[6], 32));
     if (m->runtime_reserve) printf(" + runtime %s", fmt_b(m->runtime_reserve, b[7], 32));
     printf("\n");
-    const char *hp = r->setting.pin_memory ? "pinned" : "pageable";
+    /* the engine's host buffers: pinned, the buffers device copies use (pin_memory: the gradient
+     * buffers, the staging, a master the device reads); pageable, the rest */
+    const bool pin = r->setting.pin_memory;
+    const size_t state_pinned = pin && m->host_pinned > m->host_grads + m->host_staging
+                                    ? m->host_pinned - m->host_grads - m->host_staging : 0;
     printf("  pinned   %10s = losses %s", fmt_b(m->pinned, b[0], 32), fmt_b(m->model_pinned, b[1], 32));
     if (m->param_buffers) printf(" + parameter swap buffers %s", fmt_b(m->param_buffers, b[2], 32));
-    if (r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
-        printf(" + optimizer state %s + gradients (and new weights) %s + staging %s%s%s", fmt_b(m->host_optimizer, b[3], 32),
-               fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
+    if (pin && (m->host_grads || m->host_params))
+        printf(" + gradients (and new weights) %s + staging %s%s%s%s%s", fmt_b(m->host_grads, b[4], 32),
+               fmt_b(m->host_staging, b[5], 32), state_pinned ? " + fp32 master (the device reads it) " : "",
+               state_pinned ? fmt_b(state_pinned, b[3], 32) : "", m->host_params ? " + params " : "",
                m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
     printf("\n  pageable %10s = training loop %s (checkpoint save buffer, tokens)",
            fmt_b(m->pageable, b[0], 32), fmt_b(m->loop_pageable, b[1], 32));
     if (m->swap_buffers) printf(" + NVMe swap buffers %s", fmt_b(m->swap_buffers, b[2], 32));
     if (m->host_spec_backup) printf(" + super_offload rollback copy %s", fmt_b(m->host_spec_backup, b[7], 32));
-    if (!r->setting.pin_memory && (m->host_optimizer || m->host_grads || m->host_params))
-        printf(" + %s optimizer state %s + gradients (and new weights) %s + staging %s%s%s", hp, fmt_b(m->host_optimizer, b[3], 32),
-               fmt_b(m->host_grads, b[4], 32), fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
+    if (m->host_optimizer > state_pinned)
+        printf(" + optimizer state %s", fmt_b(m->host_optimizer - state_pinned, b[3], 32));
+    if (!pin && (m->host_grads || m->host_params))
+        printf(" + gradients (and new weights) %s + staging %s%s%s", fmt_b(m->host_grads, b[4], 32),
+               fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
                m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
     printf("\n");
     if (m->disk)
@@ -345,7 +352,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
     return json_pack(
         "{s:i,s:i,s:s,s:s,s:o,s:b,s:f,s:b,s:I,s:I,s:I,s:I,s:i,s:b,s:b,s:s,"
         "s:{s:I,s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
+        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
         "s:{s:b,s:b,s:b,s:b,s:b},s:I,"
         "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
         "index", index, "stage", w->setting.stage, "offload", zoff_plan_offload_name(w->setting.offload),
@@ -362,7 +369,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
         "gathered", (json_int_t)m->gathered,
         "device_optimizer", (json_int_t)m->device_optimizer, "runtime_reserve", (json_int_t)m->runtime_reserve,
         "host_optimizer", (json_int_t)m->host_optimizer, "host_grads", (json_int_t)m->host_grads, "host_staging",
-        (json_int_t)m->host_staging, "host_spec_backup", (json_int_t)m->host_spec_backup, "swap_buffers",
+        (json_int_t)m->host_staging, "host_pinned", (json_int_t)m->host_pinned, "host_spec_backup", (json_int_t)m->host_spec_backup, "swap_buffers",
         (json_int_t)m->swap_buffers, "param_buffers",
         (json_int_t)m->param_buffers, "host_params",
         (json_int_t)m->host_params, "model_pinned", (json_int_t)m->model_pinned, "loop_pageable",

@@ -185,7 +185,8 @@ static void print_banner(zoff_trainer *t) {
     zoff_device_memory_stats(dev, &ms);
     zoff_engine_memory em;
     zoff_engine_memory_usage(zoff_trainer_engine(t), &em);
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], ranks[48] = "";
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], ranks[48] = "", phases[256];
+    zoff_startup_format(in->startup_phase_s, false, phases, sizeof phases);
     fprintf(stderr,
             "zoff: %s\n"
             "zoff: memory: device %s (model %s: weights, gradients unless in buckets, activations; engine %s: "
@@ -201,12 +202,12 @@ static void print_banner(zoff_trainer *t) {
             "zoff: GPT-2 %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s\n"
             "zoff: batch %lld x %lld accumulation%s = %lld sequences (%lld tokens) per step, %s; "
             "device memory %s in use (budget %s)\n"
-            "zoff: start-up %.2f s (config, data, model, initial weights, engine)\n",
+            "zoff: start-up %.2f s (%s)\n",
             (long long)in->shape.num_layers, (long long)in->shape.hidden_size, (long long)in->shape.num_heads,
             (long long)T, (long long)in->shape.vocab_size, (double)in->num_params / 1e6, zoff_device_name(dev),
             (long long)B, (long long)A, ranks, (long long)(B * A * W), (long long)(B * A * W * T),
             zoff_dtype_name(in->dtype), zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
-            ms.device_budget ? zoff_format_bytes(ms.device_budget, b2, sizeof b2) : "unlimited", in->startup_s);
+            ms.device_budget ? zoff_format_bytes(ms.device_budget, b2, sizeof b2) : "unlimited", in->startup_s, phases);
 }
 
 typedef struct progress {

@@ -36,6 +36,12 @@ double zoff_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double zoff_lap(double *mark) {
+    double now = zoff_now(), d = now - *mark;
+    *mark = now;
+    return d;
+}
+
 zoff_status zoff_parse_size(const char *text, size_t *out) {
     if (!text || !*text) return zoff_error(ZOFF_ERR_INVALID, "empty size; expected e.g. 256MiB, 2GiB or 4096");
     errno = 0;

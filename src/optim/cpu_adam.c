@@ -15,6 +15,10 @@
 #if defined(__SANITIZE_THREAD__)
 #include <pthread.h>
 #endif
+#if defined(__SSE2__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#include <emmintrin.h>
+#define ZO_NT_COPY 1 /* (sanitizer builds copy with memcpy, which they check) */
+#endif
 
 /* Chunk boundaries fall on multiples of this many elements past the first
  * 64-byte-aligned fp32 weight: 64 bytes of fp32 and of 16-bit arrays alike. */
@@ -193,6 +197,72 @@ static int64_t chunk_bound(int k, int nt, int64_t n, int64_t head) {
     return x < n ? x : n;
 }
 
+/* Elements per block of a backed-up update: 16 KB of each fp32 array, still in L2 when
+ * the kernel reads what the copy just read or wrote. A multiple of ZO_ALIGN_ELEMS. */
+#define ZO_BK_BLOCK 4096
+
+/* dst = src (n bytes) where dst is not read soon (the backup): streaming stores on x86
+ * (no read for ownership of the backup's lines, the cache left to the update; zo_run
+ * fences after them). */
+static void zo_copy_away(void *dst, const void *src, size_t n) {
+#ifdef ZO_NT_COPY
+    char *d = dst;
+    const char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i x0 = _mm_loadu_si128((const __m128i *)s), x1 = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + 32)), x3 = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, x0);
+        _mm_stream_si128((__m128i *)(d + 16), x1);
+        _mm_stream_si128((__m128i *)(d + 32), x2);
+        _mm_stream_si128((__m128i *)(d + 48), x3);
+    }
+    memcpy(d, s, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static void zo_copy_here(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+
+/* The backup copy of [lo, hi) (a->bk_dir: 1 state to backup, 2 backup to state). */
+static void zo_bk_copy(const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
+    const size_t n = (size_t)(hi - lo), ss = (size_t)a->ssize, o = (size_t)lo;
+    const bool save = a->bk_dir == 1;
+    void (*copy)(void *, const void *, size_t) = save ? zo_copy_away : zo_copy_here;
+    float *p = a->p + o, *pb = a->pb + o;
+    copy(save ? pb : p, save ? p : pb, n * 4);
+    if (a->m) {
+        char *m = (char *)a->m + o * ss, *mb = (char *)a->mb + o * ss;
+        copy(save ? mb : m, save ? m : mb, n * ss);
+    }
+    if (a->v) {
+        char *v = (char *)a->v + o * ss, *vb = (char *)a->vb + o * ss;
+        copy(save ? vb : v, save ? v : vb, n * ss);
+    }
+}
+
+/* One thread's part [lo, hi): the kernel (fn; NULL: the backup copy only), with the
+ * backup copy block by block just before the kernel runs on the block. Splitting a
+ * range changes no result (every element is computed alone; tails as full vectors). */
+static void zo_run(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
+    if (!a->bk_dir) {
+        fn(a, lo, hi);
+        return;
+    }
+    for (int64_t b = lo; b < hi; b += ZO_BK_BLOCK) {
+        int64_t e = hi - b > ZO_BK_BLOCK ? b + ZO_BK_BLOCK : hi;
+        zo_bk_copy(a, b, e);
+        if (fn) fn(a, b, e);
+    }
+#ifdef ZO_NT_COPY
+    _mm_sfence(); /* the streaming stores visible before the thread's part counts as done */
+#endif
+}
+
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer cannot see libgomp's fork/join synchronisation (libgomp is not
  * instrumented) and reports every parallel region as a race. TSan builds fork
@@ -206,7 +276,7 @@ typedef struct zo_job {
 
 static void *zo_job_main(void *arg) {
     zo_job *j = arg;
-    if (j->lo < j->hi) j->fn(j->a, j->lo, j->hi);
+    if (j->lo < j->hi) zo_run(j->fn, j->a, j->lo, j->hi);
     return NULL;
 }
 
@@ -227,14 +297,15 @@ static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int 
 }
 #endif
 
-/* Run fn over [0, n): serially when short, else one contiguous aligned chunk per thread. */
+/* Run fn over [0, n) (with the backup copy, if any): serially when short, else one
+ * contiguous aligned chunk per thread. */
 static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, const zoff_optim_kargs *a) {
     const int64_t n = a->n;
     int nt = opt->threads;
     int64_t maxt = (n + ZO_ALIGN_ELEMS - 1) / ZO_ALIGN_ELEMS; /* at least one aligned block each */
     if (maxt < nt) nt = (int)maxt;
     if (nt <= 1 || (opt->serial_below > 0 && n < opt->serial_below) || omp_in_parallel()) {
-        fn(a, 0, n);
+        zo_run(fn, a, 0, n);
         return;
     }
     uintptr_t addr = (uintptr_t)a->p;
@@ -246,7 +317,7 @@ static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, co
     {
         int tn = omp_get_num_threads(), k = omp_get_thread_num();
         int64_t lo = chunk_bound(k, tn, n, head), hi = chunk_bound(k + 1, tn, n, head);
-        if (lo < hi) fn(a, lo, hi);
+        if (lo < hi) zo_run(fn, a, lo, hi);
     }
 #endif
 }
@@ -379,6 +450,18 @@ static int zo_dt(zoff_dtype dt) {
     }
 }
 
+/* The backup arrays (t->n > 0): one for each array the optimizer uses. */
+static zoff_status check_backup(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, const char *fn) {
+    if (t->backup == ZOFF_BACKUP_NONE) return ZOFF_OK;
+    if (t->backup != ZOFF_BACKUP_SAVE && t->backup != ZOFF_BACKUP_RESTORE)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: backup %d is not a zoff_optim_backup", fn, (int)t->backup);
+    if (!t->backup_params || (zoff_host_optimizer_uses_exp_avg(opt) && !t->backup_exp_avg) ||
+        (zoff_host_optimizer_uses_exp_avg_sq(opt) && !t->backup_exp_avg_sq))
+        return zoff_error(ZOFF_ERR_INVALID, "%s: a backup needs backup_params and a backup of each state array used",
+                          fn);
+    return ZOFF_OK;
+}
+
 static zoff_status check_tensors(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, const char *fn, int *gd,
                                  int *sd, int *pd) {
     if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "%s: optimizer and tensors must not be NULL", fn);
@@ -409,7 +492,7 @@ static zoff_status check_tensors(const zoff_host_optimizer *opt, const zoff_opti
     if (zoff_host_optimizer_uses_exp_avg_sq(opt) && !t->exp_avg_sq)
         return zoff_error(ZOFF_ERR_INVALID, "%s: %s needs exp_avg_sq (v) but it is NULL", fn,
                           opt->kind == ZO_KIND_ADAGRAD ? "Adagrad" : "Adam");
-    return ZOFF_OK;
+    return check_backup(opt, t, fn);
 }
 
 static void fill_kargs(const zoff_host_optimizer *opt, const zoff_optim_tensors *t, zoff_optim_kargs *a) {
@@ -421,6 +504,11 @@ static void fill_kargs(const zoff_host_optimizer *opt, const zoff_optim_tensors 
     a->p16 = t->params16;
     a->n = t->n;
     a->idx0 = (uint32_t)(uint64_t)t->index_base;
+    a->bk_dir = t->backup == ZOFF_BACKUP_SAVE ? 1 : t->backup == ZOFF_BACKUP_RESTORE ? 2 : 0;
+    a->ssize = (int)zoff_dtype_size(t->state_dt);
+    a->pb = t->backup_params;
+    a->mb = a->m ? t->backup_exp_avg : NULL;
+    a->vb = a->v ? t->backup_exp_avg_sq : NULL;
 }
 
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
@@ -465,6 +553,23 @@ zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_opti
     return ZOFF_OK;
 }
 
+zoff_status zoff_host_optimizer_copy_backup(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    int gd = 0, sd = 0, pd = ZO_NONE;
+    if (t && t->n > 0 && !t->grads) { /* not read: any non-NULL pointer passes the checks */
+        zoff_optim_tensors c = *t;
+        c.grads = t->params;
+        return zoff_host_optimizer_copy_backup(opt, &c);
+    }
+    ZOFF_TRY(check_tensors(opt, t, "optimizer backup copy", &gd, &sd, &pd));
+    if (t->backup == ZOFF_BACKUP_NONE)
+        return zoff_error(ZOFF_ERR_INVALID, "optimizer backup copy: backup is ZOFF_BACKUP_NONE (nothing to copy)");
+    if (t->n == 0) return ZOFF_OK;
+    zoff_optim_kargs a;
+    fill_kargs(opt, t, &a);
+    run_range(opt, NULL, &a);
+    return ZOFF_OK;
+}
+
 zoff_status zoff_host_optimizer_bandwidth_probe(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
     int gd = 0, sd = 0, pd = ZO_NONE;
     ZOFF_TRY(check_tensors(opt, t, "bandwidth probe", &gd, &sd, &pd));
@@ -485,25 +590,56 @@ double zoff_host_optimizer_bytes_per_param(const zoff_host_optimizer *opt, const
     return 8.0 + 2.0 * ss * nstates + gs + (t->params16 ? 2.0 : 0.0);
 }
 
-zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
-    if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: optimizer and tensors must not be NULL");
-    if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: n = %lld is negative", (long long)t->n);
+/* One thread's chunk of init_state: m = 0, v = its initial value, p's 4 KiB pages touched. */
+static void init_chunk(const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
+    const size_t ss = (size_t)a->ssize, c = (size_t)(hi - lo);
+    if (a->m) memset((char *)a->m + (size_t)lo * ss, 0, c * ss);
+    if (a->v) {
+        if (a->v_init == 0.0f) {
+            memset((char *)a->v + (size_t)lo * ss, 0, c * ss);
+        } else if (ss == 4) {
+            for (int64_t i = lo; i < hi; i++) ((float *)a->v)[i] = a->v_init;
+        } else {
+            const uint16_t b = zoff_f32_to_bf16(a->v_init);
+            for (int64_t i = lo; i < hi; i++) ((uint16_t *)a->v)[i] = b;
+        }
+    }
+    if (a->touch_p) { /* one element per page (and the last): every page of [lo, hi) faulted in here */
+        for (int64_t i = lo; i < hi; i += 4096 / (int64_t)sizeof(float)) a->p[i] = 0.0f;
+        a->p[hi - 1] = 0.0f;
+    }
+}
+
+/* init_state and first_touch: in the chunks run_range gives each thread for an update of
+ * this range (same threads, same split), so that a fresh page is first touched, and placed
+ * on its NUMA node, by the thread that updates it. */
+static zoff_status init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t, bool touch_p, const char *fn) {
+    if (!opt || !t) return zoff_error(ZOFF_ERR_INVALID, "%s: optimizer and tensors must not be NULL", fn);
+    if (t->n < 0) return zoff_error(ZOFF_ERR_INVALID, "%s: n = %lld is negative", fn, (long long)t->n);
     const int sd = zo_dt(t->state_dt);
     if (sd != ZO_F32 && sd != ZO_BF16)
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "optimizer init_state: state dtype %s is not supported (use f32 or bf16)",
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "%s: state dtype %s is not supported (use f32 or bf16)", fn,
                           zoff_dtype_name(t->state_dt));
-    const size_t n = (size_t)t->n, ss = sd == ZO_F32 ? 4 : 2;
-    if (n == 0) return ZOFF_OK;
+    if (t->n == 0) return ZOFF_OK;
+    zoff_optim_kargs a = {.p = t->params, .n = t->n, .ssize = (int)zoff_dtype_size(t->state_dt), .touch_p = (int)touch_p};
     if (zoff_host_optimizer_uses_exp_avg(opt)) {
-        if (!t->exp_avg) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg is NULL");
-        zoff_par_memset(t->exp_avg, 0, n * ss);
+        if (!t->exp_avg) return zoff_error(ZOFF_ERR_INVALID, "%s: exp_avg is NULL", fn);
+        a.m = t->exp_avg;
     }
     if (zoff_host_optimizer_uses_exp_avg_sq(opt)) {
-        if (!t->exp_avg_sq) return zoff_error(ZOFF_ERR_INVALID, "optimizer init_state: exp_avg_sq is NULL");
-        double init = opt->kind == ZO_KIND_ADAGRAD ? opt->init_acc : 0.0;
-        if (init == 0.0) zoff_par_memset(t->exp_avg_sq, 0, n * ss);
-        else if (sd == ZO_F32) zoff_par_fill_f32(t->exp_avg_sq, (float)init, n);
-        else zoff_par_fill_u16(t->exp_avg_sq, zoff_f32_to_bf16((float)init), n);
+        if (!t->exp_avg_sq) return zoff_error(ZOFF_ERR_INVALID, "%s: exp_avg_sq is NULL", fn);
+        a.v = t->exp_avg_sq;
+        a.v_init = opt->kind == ZO_KIND_ADAGRAD ? (float)opt->init_acc : 0.0f;
     }
+    if (touch_p && !t->params) return zoff_error(ZOFF_ERR_INVALID, "%s: params is NULL", fn);
+    run_range(opt, init_chunk, &a);
     return ZOFF_OK;
+}
+
+zoff_status zoff_host_optimizer_init_state(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    return init_state(opt, t, false, "optimizer init_state");
+}
+
+zoff_status zoff_host_optimizer_first_touch(zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
+    return init_state(opt, t, true, "optimizer first_touch");
 }

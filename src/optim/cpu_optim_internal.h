@@ -38,6 +38,14 @@ typedef struct zoff_optim_kargs {
     int decay_mode;    /* ZO_DECAY_* (Adagrad/Lion: NONE or non-NONE) */
     int sround;        /* bf16 state: 1 = stochastic rounding, 0 = nearest even */
     float gscale, b1, omb1, b2, omb2, eps, bc2inv, step, decay, lr;
+    /* init_state only: v's initial value, whether p's pages are touched */
+    float v_init;
+    int touch_p;
+    /* the backup (zoff_optim_backup; dispatcher only, the kernels never see it) */
+    int bk_dir;        /* 0 none, 1 save, 2 restore */
+    int ssize;         /* bytes per m / v element */
+    float *pb;
+    void *mb, *vb;
 } zoff_optim_kargs;
 
 /* Processes elements [lo, hi) of the range described by a. */

@@ -386,8 +386,9 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     m->pinned = add_sat(m->model_pinned, pin_params ? m->param_buffers : 0);
     m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers), pin_params ? 0 : m->param_buffers);
     m->pageable = add_sat(m->pageable, m->host_spec_backup);
-    if (pinned) m->pinned = add_sat(m->pinned, add_sat(engine_host, m->host_params));
-    else m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params));
+    size_t engine_pinned = add_sat(m->host_pinned, pinned ? m->host_params : 0);
+    m->pinned = add_sat(m->pinned, engine_pinned);
+    m->pageable = add_sat(m->pageable, add_sat(engine_host, m->host_params) - engine_pinned);
     m->disk = add_sat(m->disk_optimizer, m->disk_params);
 
     /* ---- fit, with the margin */
@@ -575,8 +576,9 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
                                    .state_dt = zoff_optimizer_state_dtype(cfg),
                                    .nvme = nvme, .delayed = dpu,
                                    .speculate = cfg->zero.offload_optimizer.super_offload, .stage = s->stage,
-                                   .param_offload = s->param_offload};
+                                   .param_offload = s->param_offload, .pin = pinned};
         zoff_placement_host_buffers(&hi, &hb);
+        m->host_pinned = hb.pinned;
         m->host_optimizer = hb.state;
         m->host_grads = mul_sat(hb.grad_buffer, (size_t)hb.grad_buffers);
         m->host_staging = hb.staging;

@@ -71,7 +71,8 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     free(t);
 }
 
-/* Everything that can be refused is checked here, before anything is written. */
+/* Everything that can be refused is checked here, before anything is written (the shards
+ * are opened next: trainer_open_data). */
 static zoff_status validate(zoff_trainer *t) {
     ZOFF_TRY(trainer_load_config(t));
     ZOFF_TRY(trainer_open_load(t));
@@ -85,22 +86,56 @@ static zoff_status validate(zoff_trainer *t) {
         if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
     }
     ZOFF_TRY(trainer_check_host_memory(t));
-    ZOFF_TRY(trainer_check_save_dir(t));
-    return trainer_open_data(t);
+    return trainer_check_save_dir(t);
+}
+
+static const char *const startup_names[ZOFF_STARTUP_PHASES] = {
+    "config", "data", "model", "initial_weights", "engine_alloc", "first_touch", "pinning", "other"};
+
+void zoff_startup_format(const double *phase_s, bool json, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < ZOFF_STARTUP_PHASES && used < size; i++) {
+        int w = json ? snprintf(buf + used, size - used, ",\"startup_%s\":%.3f", startup_names[i], phase_s[i])
+                     : snprintf(buf + used, size - used, "%s%s %.2f%s", i ? ", " : "", startup_names[i], phase_s[i],
+                                i == ZOFF_STARTUP_PHASES - 1 ? " s" : "");
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
+
+/* The engine's part of trainer_build's time into its phases; the rest of it is the model's. */
+static void engine_phases(zoff_trainer *t, double build_s) {
+    zoff_engine_startup es;
+    zoff_engine_startup_times(t->eng, &es);
+    double *p = t->info.startup_phase_s;
+    p[ZOFF_STARTUP_MODEL] = build_s - es.total;
+    p[ZOFF_STARTUP_INITIAL_WEIGHTS] = es.initial_weights;
+    p[ZOFF_STARTUP_FIRST_TOUCH] = es.first_touch;
+    p[ZOFF_STARTUP_PINNING] = es.pinning;
+    p[ZOFF_STARTUP_ENGINE_ALLOC] = es.total - es.initial_weights - es.first_touch - es.pinning;
 }
 
 static zoff_status create(zoff_trainer *t) {
-    double t0 = zoff_now();
+    double *p = t->info.startup_phase_s, t0 = zoff_now(), mark = t0;
     ZOFF_TRY(validate(t));
+    p[ZOFF_STARTUP_CONFIG] = zoff_lap(&mark);
+    ZOFF_TRY(trainer_open_data(t));
+    p[ZOFF_STARTUP_DATA] = zoff_lap(&mark);
     ZOFF_TRY(trainer_make_output_dir(t));
+    p[ZOFF_STARTUP_OTHER] = zoff_lap(&mark);
     ZOFF_TRY(trainer_build(t));
+    engine_phases(t, zoff_lap(&mark));
     ZOFF_TRY(trainer_overwrite(t));
     ZOFF_TRY(trainer_restore(t));
     ZOFF_TRY(trainer_open_metrics(t));
+    p[ZOFF_STARTUP_OTHER] += zoff_lap(&mark);
     t->made_dir[0] = 0; /* files exist from here on: the directory stays */
-    t->info.startup_s = zoff_now() - t0;
-    return trainer_metrics_line(t, "{\"step\":%lld,\"startup_time\":%.3f}\n", (long long)t->info.step,
-                                t->info.startup_s);
+    t->info.startup_s = mark - t0;
+    char fields[512];
+    zoff_startup_format(p, true, fields, sizeof fields);
+    return trainer_metrics_line(t, "{\"step\":%lld,\"startup_time\":%.3f%s}\n", (long long)t->info.step,
+                                t->info.startup_s, fields);
 }
 
 zoff_status zoff_trainer_create(const zoff_trainer_options *opts, zoff_comm *comm, zoff_trainer **out) {

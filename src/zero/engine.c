@@ -5,7 +5,8 @@
  * The flat parameter space [0, n) is cut into sub-groups of
  * zero_optimization.sub_group_size elements. Each sub-group is placed on the
  * host or on the device:
- *   - host: fp32 master, m, v in (pinned) host memory; its 16-bit gradients
+ *   - host: fp32 master, m, v in pageable host memory (only the CPU touches them;
+ *     pin_memory pins the buffers device copies use); its 16-bit gradients
  *     are copied to a host buffer during the boundary micro-batch's backward,
  *     on a copy stream, as the model reports them final; the host optimizer
  *     (SIMD CPU Adam) widens them in registers and writes the new 16-bit
@@ -44,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "zero/engine_impl.h"
 #include "zoff/resources.h"
@@ -382,16 +384,66 @@ static zoff_status build_subgroups(zoff_engine *e, double host_ratio) {
     return ZOFF_OK;
 }
 
-static zoff_status host_alloc(zoff_engine *e, size_t bytes, const char *what, void **out) {
-    if (e->pinned) return zoff_host_alloc_pinned(e->dev, bytes, what, out);
-    *out = zoff_aligned_alloc(4096, bytes, what);
-    return *out ? ZOFF_OK : ZOFF_ERR_NOMEM;
+/* The host buffers a device copy reads or writes (gradients in, new weights out, staging, the
+ * fp32 master where the device reads it: zoff_placement_host_buffers' hb.pinned): pinned with
+ * pin_memory, since an asynchronous copy from pageable memory is staged by the driver and
+ * synchronous. The time spent pinning is start-up's "pinning" phase. */
+static zoff_status dma_alloc(zoff_engine *e, size_t bytes, const char *what, void **out) {
+    if (!e->pinned) {
+        *out = zoff_aligned_alloc(4096, bytes, what);
+        return *out ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    }
+    double t = zoff_now();
+    zoff_status s = zoff_host_alloc_pinned(e->dev, bytes, what, out);
+    e->startup.pinning += zoff_lap(&t);
+    return s;
 }
 
-static void host_free(zoff_engine *e, void *p) {
+static void dma_free(zoff_engine *e, void *p) {
     if (!p) return;
     if (e->pinned) zoff_host_free_pinned(e->dev, p);
     else zoff_aligned_free(p);
+}
+
+/* Arrays from this size on are 2 MiB-aligned and asked for transparent huge pages. */
+#define STATE_HUGE_ALIGN ((size_t)2 << 20)
+#define STATE_HUGE_MIN ((size_t)64 << 20)
+
+/* Optimizer state that only the CPU touches (m, v, a master the device does not read, the
+ * speculation's saved copy): pageable, whatever pin_memory says. The pages are not touched
+ * here: state_first_touch faults them in by the optimizer's update chunks (NUMA placement).
+ * Large arrays are 2 MiB-aligned; with ZOFF_HUGEPAGES=1 they also ask for transparent huge
+ * pages (MADV_HUGEPAGE): 512 times fewer page faults at the first touch and fewer TLB misses
+ * in the Adam sweep over gigabytes. Not by default: on the 2-core box the first touch of
+ * the 354M job's 4 GiB state took 3-4x longer with the advice (huge pages were granted,
+ * no compaction stall; docs/performance.md), so it stays an opt-in until a host measures a
+ * gain. Freed with free(). */
+static void *state_alloc(size_t bytes, const char *what) {
+    const bool huge = bytes >= STATE_HUGE_MIN;
+    void *p = zoff_aligned_alloc(huge ? STATE_HUGE_ALIGN : 4096, bytes, what);
+#ifdef MADV_HUGEPAGE
+    const char *env = getenv("ZOFF_HUGEPAGES");
+    if (p && huge && env && strcmp(env, "1") == 0) (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+/* The first touch of host state (master, m, v, or the speculation's copies), host sub-group by
+ * sub-group in the chunks the optimizer's threads update (zoff_host_optimizer_first_touch):
+ * m and v initialised, the master's pages faulted in (its values are the initial weights' or
+ * a checkpoint's to write). Start-up's "first touch" phase. */
+static zoff_status state_first_touch(zoff_engine *e, float *master, void *m, void *v) {
+    double t0 = zoff_now();
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; s == ZOFF_OK && i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        if (!g->on_host) continue;
+        zoff_optim_tensors t = {.params = master + g->state_off, .exp_avg = st_at(e, m, g->state_off),
+                                .exp_avg_sq = st_at(e, v, g->state_off), .state_dt = e->sdt, .n = g->count};
+        s = zoff_host_optimizer_first_touch(e->hopt, &t);
+    }
+    e->startup.first_touch += zoff_lap(&t0);
+    return s;
 }
 
 /* "ratio": "auto" (zoff_placement_auto_ratio, shared with zoff plan); prints the arithmetic. */
@@ -676,12 +728,12 @@ void zoff_engine_destroy(zoff_engine *e) {
     zoff_device_free(e->dev, e->d_m);
     zoff_device_free(e->dev, e->d_v);
     zoff_bk_destroy(e);
-    host_free(e, e->h_master);
-    host_free(e, e->h_m);
-    host_free(e, e->h_v);
-    host_free(e, e->h_grads[0]);
-    host_free(e, e->h_grads[1]);
-    host_free(e, e->h_staging);
+    if (e->hb.master_dma) dma_free(e, e->h_master);
+    else free(e->h_master);
+    ZOFF_FREE_ALL(e->h_m, e->h_v); /* state_alloc's */
+    dma_free(e, e->h_grads[0]);
+    dma_free(e, e->h_grads[1]);
+    dma_free(e, e->h_staging);
     zoff_host_optimizer_destroy(e->hopt);
     zoff_eng_snap_destroy(e);
     if (e->scratch.recv) zoff_device_free(e->dev, e->scratch.recv);
@@ -775,13 +827,17 @@ static zoff_status spec_setup(zoff_engine *e) {
                           "state in host memory (device \"cpu\") and a model that waits for each group's weights (zoff "
                           "train does; engine option weight_waits), or stage 3; set super_offload false");
     size_t b = (size_t)e->n_host * sizeof(float), bs = (size_t)e->n_host * e->ssize;
-    e->bk_master = zoff_aligned_alloc(64, b, "speculation: saved master weights");
-    if (e->h_m) e->bk_m = zoff_aligned_alloc(64, bs, "speculation: saved exp_avg");
-    if (e->h_v) e->bk_v = zoff_aligned_alloc(64, bs, "speculation: saved exp_avg_sq");
+    e->bk_master = state_alloc(b, "speculation: saved master weights");
+    if (e->h_m) e->bk_m = state_alloc(bs, "speculation: saved exp_avg");
+    if (e->h_v) e->bk_v = state_alloc(bs, "speculation: saved exp_avg_sq");
     e->sg_state = calloc((size_t)e->nsg, 1);
     if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v) || !e->sg_state) return ZOFF_ERR_NOMEM;
     e->spec = true;
-    return ZOFF_OK;
+    /* the first touch: the state (initialised by host_setup) copied in by the update's chunks */
+    double t0 = zoff_now();
+    zoff_status s = zoff_hr_spec_touch(e);
+    e->startup.first_touch += zoff_lap(&t0);
+    return s;
 }
 
 static zoff_status check_supported(const zoff_engine_options *o) {
@@ -849,7 +905,7 @@ static void host_buffers_of(zoff_engine *e, bool nvme) {
     zoff_host_buffers_in in = {.n_host = e->n_host, .dtype = e->dtype, .state_arrays = 1 + uses_m(e) + uses_v(e),
                                .state_dt = e->sdt,
                                .nvme = nvme, .delayed = e->dpu, .speculate = z->offload_optimizer.super_offload,
-                               .stage = z->stage, .param_offload = z->offload_param.device};
+                               .stage = z->stage, .param_offload = z->offload_param.device, .pin = e->pinned};
     zoff_placement_host_buffers(&in, &e->hb);
 }
 
@@ -858,10 +914,10 @@ static zoff_status check_host_memory(const zoff_engine *e, bool nvme) {
     snprintf(what, sizeof what, "the host part of the optimizer (%lld parameters on rank %d: fp32 master, %s "
              "moments, 16-bit gradient%s buffers%s)", (long long)e->n_host, e->rank, zoff_dtype_name(e->sdt),
              e->pnvme ? "" : " and weight",
-             e->pinned ? ", pinned" : "");
+             e->pinned ? ", the buffers device copies use pinned" : "");
     zoff_host_request rq = {.what = what,
-                            .pageable = (e->pinned ? 0 : e->hb.total) + zoff_placement_spec_backup_bytes(e->cfg, e->n_host),
-                            .pinned = e->pinned ? e->hb.total : 0,
+                            .pageable = e->hb.pageable + zoff_placement_spec_backup_bytes(e->cfg, e->n_host),
+                            .pinned = e->hb.pinned,
                             .hint = nvme ? "move part of the update to the device (offload_optimizer.ratio below "
                                            "1), or use more ranks (ZeRO stage 1-3 partition it)"
                                          : "move part of the update to the device (offload_optimizer.ratio below 1), "
@@ -883,7 +939,7 @@ static void describe(zoff_engine *e) {
                  "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s%s",
                  100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
-                 e->pinned ? "pinned" : "pageable", e->sdt == ZOFF_BF16 ? ", bf16 m and v" : "",
+                 e->pinned ? "copy buffers pinned" : "pageable", e->sdt == ZOFF_BF16 ? ", bf16 m and v" : "",
                  e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
                                                         : e->pipelined ? ", pipelined" : "");
     if (e->s3) {
@@ -977,7 +1033,35 @@ static zoff_status initial_weights(zoff_engine *e) {
     return s;
 }
 
+/* The host side: the state (pageable, or a swap file) and the buffers device copies use
+ * (pinned with pin_memory: zoff_placement_host_buffers), first touched by the optimizer's
+ * threads; the host optimizer; the copy streams. */
+static zoff_status host_setup(zoff_engine *e, bool nvme, bool init) {
+    const size_t nh = (size_t)e->n_host, f4 = sizeof(float);
+    ZOFF_TRY(hopt_create(e));
+    if (nvme) {
+        ZOFF_TRY(nvme_create(e));
+    } else {
+        if (e->hb.master_dma) ZOFF_TRY(dma_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master));
+        else if (!(e->h_master = state_alloc(nh * f4, "fp32 master weights (host)"))) return ZOFF_ERR_NOMEM;
+        if (uses_m(e) && !(e->h_m = state_alloc(nh * e->ssize, "optimizer exp_avg (host)"))) return ZOFF_ERR_NOMEM;
+        if (uses_v(e) && !(e->h_v = state_alloc(nh * e->ssize, "optimizer exp_avg_sq (host)"))) return ZOFF_ERR_NOMEM;
+    }
+    ZOFF_TRY(dma_alloc(e, e->hb.grad_buffer,
+                       e->hb.weights_in_grads ? "gradient partition and new 16-bit weights (host)"
+                                              : "gradient partition (host)",
+                       &e->h_grads[0]));
+    if (e->hb.grad_buffers > 1)
+        ZOFF_TRY(dma_alloc(e, e->hb.grad_buffer, "second gradient partition (delayed update)", &e->h_grads[1]));
+    if (e->hb.staging) ZOFF_TRY(dma_alloc(e, e->hb.staging, "weight staging (host)", &e->h_staging));
+    if (nvme) ZOFF_TRY(nvme_write_initial(e, init));
+    else ZOFF_TRY(state_first_touch(e, e->h_master, e->h_m, e->h_v));
+    ZOFF_TRY(zoff_stream_create(e->dev, "gradients to host", &e->d2h));
+    return zoff_stream_create(e->dev, "weights to device", &e->h2d);
+}
+
 zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) {
+    const double t_create = zoff_now();
     *out = NULL;
     if (!o || !o->dev || !o->cfg || !o->tensors || o->num_params <= 0)
         return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: missing device, config or tensor table");
@@ -1042,31 +1126,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     /* host side */
     if (s == ZOFF_OK) host_buffers_of(e, nvme);
     if (s == ZOFF_OK && e->n_host > 0) s = check_host_memory(e, nvme);
-    if (s == ZOFF_OK && e->n_host > 0) {
-        size_t nh = (size_t)e->n_host;
-        if (nvme) s = nvme_create(e);
-        else s = host_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master);
-        if (s == ZOFF_OK && !nvme && uses_m(e)) s = host_alloc(e, nh * e->ssize, "optimizer exp_avg (host)", &e->h_m);
-        if (s == ZOFF_OK && !nvme && uses_v(e)) s = host_alloc(e, nh * e->ssize, "optimizer exp_avg_sq (host)", &e->h_v);
-        if (s == ZOFF_OK)
-            s = host_alloc(e, e->hb.grad_buffer,
-                           e->hb.weights_in_grads ? "gradient partition and new 16-bit weights (host)"
-                                                  : "gradient partition (host)",
-                           &e->h_grads[0]);
-        if (s == ZOFF_OK && e->hb.grad_buffers > 1)
-            s = host_alloc(e, e->hb.grad_buffer, "second gradient partition (delayed update)", &e->h_grads[1]);
-        if (s == ZOFF_OK && e->hb.staging)
-            s = host_alloc(e, e->hb.staging, "weight staging (host)", &e->h_staging);
-        if (s == ZOFF_OK) s = hopt_create(e);
-        if (s == ZOFF_OK && nvme) s = nvme_write_initial(e, init != NULL || e->init_range);
-        if (s == ZOFF_OK && !nvme) {
-            zoff_optim_tensors t = {.params = e->h_master, .exp_avg = e->h_m, .exp_avg_sq = e->h_v,
-                                    .state_dt = e->sdt, .grads = e->h_grads[0], .grad_dt = e->dtype, .n = e->n_host};
-            s = zoff_host_optimizer_init_state(e->hopt, &t);
-        }
-        if (s == ZOFF_OK) s = zoff_stream_create(e->dev, "gradients to host", &e->d2h);
-        if (s == ZOFF_OK) s = zoff_stream_create(e->dev, "weights to device", &e->h2d);
-    }
+    if (s == ZOFF_OK && e->n_host > 0) s = host_setup(e, nvme, init != NULL || e->init_range);
     if (s == ZOFF_OK && e->n_dev > 0 && e->n_host > 0)
         s = zoff_stream_create(e->dev, "device optimizer", &e->opt_stream);
     if (s == ZOFF_OK && (e->world > 1 || e->stage3) && !e->d2h) /* the collectives' stream */
@@ -1091,7 +1151,9 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         else
             e->worker_started = true;
     }
+    double t_init = zoff_now();
     if (s == ZOFF_OK && (init || e->init_range)) s = initial_weights(e);
+    e->startup.initial_weights = zoff_lap(&t_init);
     if (s == ZOFF_OK) s = zoff_stream_synchronize(e->compute);
     free(ltab);
     zoff_aligned_free(init_local);
@@ -1102,9 +1164,12 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
         return s;
     }
     describe(e);
+    e->startup.total = zoff_now() - t_create;
     *out = e;
     return ZOFF_OK;
 }
+
+void zoff_engine_startup_times(const zoff_engine *e, zoff_engine_startup *out) { *out = e->startup; }
 
 /* ------------------------------------------------------------------ weights to the device */
 
@@ -1361,7 +1426,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         si.t_host = zoff_now() - tj;
         si.t_host_work = e->job_seconds;
         if (gs == ZOFF_OK) gs = js;
-        if (gs != ZOFF_OK) ZOFF_TRY(zoff_hr_spec_rollback(e)); /* keep the state consistent; report gs */
+        if (gs != ZOFF_OK) ZOFF_TRY(zoff_hr_spec_rollback(e, false)); /* keep the state consistent; report gs */
     }
     ZOFF_TRY(gs);
     si.t_wait_grads = zoff_now() - t0 - si.t_host;
@@ -1387,7 +1452,7 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         if (e->pipelined) ZOFF_TRY(pipe_gather_after_compute(e));
         ZOFF_TRY(zoff_hr_spec_commit(e)); /* stage 3: gathered on use after dp_gather_weights below */
     } else if (spec) { /* clipping, overflow or another learning rate: undo, then the exact step */
-        ZOFF_TRY(zoff_hr_spec_rollback(e));
+        ZOFF_TRY(zoff_hr_spec_rollback(e, !overflow && e->n_host > 0)); /* the exact update restores */
         si.rolled_back = true;
     }
     bool kept = spec && !si.rolled_back;
@@ -1396,9 +1461,14 @@ zoff_status zoff_engine_step(zoff_engine *e, double lr, zoff_step_info *info) {
         double grad_scale = coef / scale;
         int64_t t = ++e->sc.steps_taken;
         double td = zoff_now();
-        if (e->n_dev > 0) ZOFF_TRY(device_update(e, t, lr, grad_scale));
+        zoff_status us = e->n_dev > 0 ? device_update(e, t, lr, grad_scale) : ZOFF_OK;
         si.t_device = zoff_now() - td;
-        if (e->n_host > 0) ZOFF_TRY(host_step(e, t, lr, grad_scale, &si));
+        if (us == ZOFF_OK && e->n_host > 0) us = host_step(e, t, lr, grad_scale, &si);
+        if (us != ZOFF_OK) { /* (a rollback's exact update that did not start or failed: the state back) */
+            zoff_status r = zoff_hr_spec_undo_redo(e, us);
+            if (r != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "restoring the state after a failed update: %s", zoff_last_error());
+            return us;
+        }
     } else if (e->dpu && e->n_host > 0) {
         /* nothing new to run; still apply what the worker finished */
         ZOFF_TRY(apply_pending_weights(e, &si.t_host, &si.t_host_work));
@@ -1492,9 +1562,6 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
     return i >= 0 && i < 3 ? state_names_adam[i] : NULL;
 }
 
-/* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the fp32 array
- * h: bf16 m and v widen exactly, or round to nearest-even (exact for values that were bf16);
- * an array the optimizer does not use reads as zeros. */
 void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so) {
     if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) return NULL;
     return i == 0 ? (void *)(e->h_master + so) : st_at(e, i == 1 ? e->h_m : e->h_v, so);
@@ -1504,6 +1571,9 @@ void zoff_eng_state_to_f32(const zoff_engine *e, int i, const void *src, int64_t
     state_convert((void *)src, i == 0 ? ZOFF_F32 : e->sdt, h, c, true); /* get: src is only read */
 }
 
+/* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the fp32 array
+ * h: bf16 m and v widen exactly, or round to nearest-even (exact for values that were bf16);
+ * an array the optimizer does not use reads as zeros. */
 static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, float *h, bool get) {
     void *src = zoff_eng_state_ptr(e, i, so);
     if (!src) {
@@ -1657,9 +1727,8 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     }
     if (e->scratch.recv) m->device += (size_t)e->scratch.elems * e->esize;
     if (e->scratch.pack) m->device += (size_t)e->scratch.elems * e->esize;
-    size_t host = e->hb.total;
-    if (e->pinned) m->pinned = host;
-    else m->pageable = host;
+    m->pinned = e->hb.pinned;
+    m->pageable = e->hb.pageable;
     if (e->bk_master) m->pageable += zoff_placement_spec_backup_bytes(e->cfg, e->n_host); /* super_offload */
     if (e->swap) { /* the state on disk (fp32 master, m and v in sdt); host memory holds only the swapper's buffers */
         m->pageable += zoff_swapper_buffer_bytes(e->swap);

@@ -52,7 +52,8 @@ struct zoff_engine {
 
     /* host-side state (host sub-groups) */
     int64_t n_host;
-    bool pinned;
+    bool pinned;         /* offload_optimizer.pin_memory: the DMA buffers pinned (hb.pinned) */
+    zoff_engine_startup startup; /* zoff_engine_startup_times */
     float *h_master;
     void *h_m, *h_v;     /* exp_avg, exp_avg_sq of sdt (zoff_optimizer_state_dtype) */
     zoff_dtype sdt;
@@ -139,9 +140,10 @@ struct zoff_engine {
 
     /* speculation-then-validation (offload_optimizer.super_offload; pipelined only): during
      * the boundary backward the worker updates each host sub-group as soon as its gradients
-     * have landed, assuming no clipping and no overflow, after saving its master, m and v;
-     * the step validates (norm, overflow, learning rate) and keeps the result or restores
-     * the saved state and updates again correctly */
+     * have landed, assuming no clipping and no overflow, saving its master, m and v into
+     * bk_* in the same pass (ZOFF_BACKUP_SAVE); the step validates (norm, overflow, learning
+     * rate) and keeps the result, or updates again correctly from the backup in one pass
+     * (spec_redo: ZOFF_BACKUP_RESTORE), or (no update follows) copies the backup back */
     bool spec;
     bool spec_running;       /* a speculative job belongs to the current boundary (caller thread) */
     double spec_lr;          /* the learning rate it assumes: the last step's or zoff_engine_set_lr's */
@@ -151,6 +153,8 @@ struct zoff_engine {
     float *bk_master;
     void *bk_m, *bk_v; /* of sdt */
     int64_t rollbacks;
+    bool spec_redo;          /* rolled back: the next host update reads the state from bk_* (set by the
+                                caller before the job starts, cleared by the update) */
     int64_t hopt_t0;         /* the first step the host optimizer began (0: none): replayed after a rollback */
     double spec_first;       /* worker: when the job's first sub-group update began */
     /* ... row-sparse (zoff_engine_grad_rows): the boundary backward reported [sp_lo, sp_hi)
@@ -162,7 +166,8 @@ struct zoff_engine {
     int nsp_run, cap_sp_run;
     bool sp_pending;          /* caller thread: this backward made the early copy */
     bool sp_landed;           /* the early copy is on the host (guarded by mu) */
-    unsigned char *sg_state;  /* worker, per sub-group: 0 untouched, 1 outside the runs updated, 2 done */
+    unsigned char *sg_state;  /* worker, per sub-group: 0 untouched, 1 outside the runs updated, 2 done
+                                 (what bk_* holds: a pass updates all its pieces or none) */
 
     /* data parallel over world > 1 ranks (zero/partition.c). e->n is this rank's
      * optimizer space: its partition (stages 1-2) or everything (stage 0, one
@@ -305,7 +310,15 @@ typedef struct zoff_hr_spec_land {
     bool rows; /* the early part of zoff_engine_grad_rows (sp_landed), not offset */
 } zoff_hr_spec_land;
 void zoff_hr_spec_land_fn(void *arg);
-zoff_status zoff_hr_spec_rollback(zoff_engine *e);
+/* redo: the exact update follows at once (it restores from the backup in its pass);
+ * else the backup is copied back now. */
+zoff_status zoff_hr_spec_rollback(zoff_engine *e, bool redo);
+/* The host optimizer's threads write the backup once over the update's pieces (its pages
+ * first touched where the state's are; at set-up). */
+zoff_status zoff_hr_spec_touch(zoff_engine *e);
+/* After the host update that follows a rollback (s: its status, or the failure that kept
+ * it from starting): done, or failed (the state as before the step, copied back whole). */
+zoff_status zoff_hr_spec_undo_redo(zoff_engine *e, zoff_status s);
 zoff_status zoff_hr_spec_commit(zoff_engine *e);
 
 /* ---- buckets.c: layer groups, gradient buckets, per-group statistics ---- */

@@ -99,7 +99,7 @@ zoff_status zoff_hr_settle(zoff_engine *e) {
         pthread_mutex_unlock(&e->mu);
         zoff_status s = zoff_hr_wait_job(e);
         e->spec_running = false;
-        if (s == ZOFF_OK) s = zoff_hr_spec_rollback(e);
+        if (s == ZOFF_OK) s = zoff_hr_spec_rollback(e, false);
         e->rollbacks--; /* not a failed validation */
         ZOFF_TRY(s);
     }
@@ -108,10 +108,19 @@ zoff_status zoff_hr_settle(zoff_engine *e) {
     return ZOFF_OK;
 }
 
+/* What update_piece does with speculation's backup: bk (zoff_optim_backup), and whether it
+ * only copies (no update). */
+typedef struct piece_bk {
+    zoff_optim_backup bk;
+    bool copy_only;
+} piece_bk;
+
 /* The host optimizer on [lo, hi) (model space) of host sub-group g, whose state starts at
- * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer. */
+ * master/hm/hv; the new 16-bit weights go to out16 (offload_param nvme) or the staging buffer;
+ * with pb's backup (host state only), at the same offsets of bk_*. */
 static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, float *master, void *hm, void *hv,
-                                int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale) {
+                                int64_t lo, int64_t hi, void *out16, double weight_decay, double grad_scale,
+                                piece_bk pb) {
     int64_t d = lo - g->offset, so = g->state_off + d;
     void *w16 = host_weights_out(e); /* with one buffer: over the gradients read here (in place, element by element) */
     void *p16 = out16 ? out16 : w16 ? (char *)w16 + (size_t)so * e->esize : NULL;
@@ -124,7 +133,12 @@ static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, flo
                              .params16 = e->dtype != ZOFF_F32 ? p16 : NULL,
                              .p16_dt = e->dtype,
                              .n = hi - lo,
-                             .index_base = g->model + d}; /* model index: rounding independent of ranks */
+                             .index_base = g->model + d, /* model index: rounding independent of ranks */
+                             .backup = pb.bk,
+                             .backup_params = pb.bk ? e->bk_master + so : NULL,
+                             .backup_exp_avg = pb.bk ? st_at(e, e->bk_m, so) : NULL,
+                             .backup_exp_avg_sq = pb.bk ? st_at(e, e->bk_v, so) : NULL};
+    if (pb.copy_only) return zoff_host_optimizer_copy_backup(e->hopt, &tt);
     return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
 }
 
@@ -173,15 +187,6 @@ static double *span_slot(zoff_engine *e, int64_t seq, int k, const subgroup *g) 
     return e->sg_span[seq % 2] + 2 * (size_t)k;
 }
 
-/* Speculation: save host sub-group g's master, m and v before its first update. */
-static void spec_save(zoff_engine *e, const subgroup *g) {
-    if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
-    size_t b = (size_t)g->count * sizeof(float), bs = (size_t)g->count * e->ssize;
-    memcpy(e->bk_master + g->state_off, e->h_master + g->state_off, b);
-    if (e->h_m) memcpy(st_at(e, e->bk_m, g->state_off), st_at(e, e->h_m, g->state_off), bs);
-    if (e->h_v) memcpy(st_at(e, e->bk_v, g->state_off), st_at(e, e->h_v, g->state_off), bs);
-}
-
 /* Speculation: wait for work, the next host sub-group (top down) whose gradients have
  * all landed, else one that meets the early part of a row-sparse report and is
  * untouched; *late: the former. -1 when every sub-group is done. */
@@ -211,9 +216,9 @@ static int spec_next(zoff_engine *e, bool *late) {
 
 /* The host optimizer on [lo, hi) (model space, within host sub-group g; state in host
  * memory), in pieces with one weight-decay value each (elementwise: the same arithmetic
- * as one call over the sub-group). */
+ * as one call over the sub-group); pb as update_piece's. */
 static zoff_status update_span(zoff_engine *e, const subgroup *g, int gbuf, int64_t lo, int64_t hi,
-                               double grad_scale) {
+                               double grad_scale, piece_bk pb) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     float *master = e->h_master + g->state_off;
     void *hm = st_at(e, e->h_m, g->state_off), *hv = st_at(e, e->h_v, g->state_off);
@@ -221,9 +226,31 @@ static zoff_status update_span(zoff_engine *e, const subgroup *g, int gbuf, int6
         const range *rg = &e->ranges[k];
         int64_t a = rg->offset > lo ? rg->offset : lo, b = rg->offset + rg->count < hi ? rg->offset + rg->count : hi;
         if (a < b)
-            ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, b, NULL, rg->decay ? oc->weight_decay : 0.0, grad_scale));
+            ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, b, NULL, rg->decay ? oc->weight_decay : 0.0, grad_scale,
+                                  pb));
     }
     return ZOFF_OK;
+}
+
+/* Speculation's backup copied (copy_only) on what sg_state says it holds of each host
+ * sub-group, in direction bk: the whole sub-group, or the early part of a row-sparse report. */
+static zoff_status spec_copy(zoff_engine *e, zoff_optim_backup bk, bool all) {
+    piece_bk pb = {bk, true};
+    for (int i = 0; i < e->nsg; i++) {
+        const subgroup *g = &e->sg[i];
+        int st = all ? 2 : e->sg_state[i];
+        int64_t lo = g->offset, hi = g->offset + g->count, a, b;
+        if (!g->on_host || st == 0) continue;
+        if (st == 2) ZOFF_TRY(update_span(e, g, e->gbuf, lo, hi, 1.0, pb));
+        for (int k = 0; st == 1 && k < sp_npieces(e, false); k++)
+            if (sp_piece(e, false, k, lo, hi, &a, &b)) ZOFF_TRY(update_span(e, g, e->gbuf, a, b, 1.0, pb));
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_hr_spec_touch(zoff_engine *e) {
+    if (!e->hopt) return ZOFF_OK;
+    return spec_copy(e, ZOFF_BACKUP_SAVE, true);
 }
 
 /* The speculative update (HU_SPEC, update number seq): each host sub-group as soon as its
@@ -232,6 +259,12 @@ static zoff_status update_span(zoff_engine *e, const subgroup *g, int gbuf, int6
  * sub-group's state is saved before its first update; no push (after validation). */
 static zoff_status spec_update(zoff_engine *e, int gbuf, double grad_scale, int64_t seq) {
     memset(e->sg_state, 0, (size_t)e->nsg);
+    /* the arguments that differ from piece to piece, checked before any: a failed update would
+     * leave a sub-group's backup half written where sg_state does not say so */
+    if (!isfinite(grad_scale) || !isfinite(e->cfg->optimizer.weight_decay))
+        return zoff_error(ZOFF_ERR_INVALID, "speculative update: grad_scale %g, weight_decay %g must be finite",
+                          grad_scale, e->cfg->optimizer.weight_decay);
+    const piece_bk save = {ZOFF_BACKUP_SAVE, false}; /* each element's first update this step */
     int nsp = 0;
     for (;;) {
         bool late = false;
@@ -241,15 +274,15 @@ static zoff_status spec_update(zoff_engine *e, int gbuf, double grad_scale, int6
         const subgroup *g = &e->sg[i];
         double *span = span_slot(e, seq, nsp++, g);
         if (e->sg_state[i] == 0) ZOFF_TRY(zoff_eng_snap_protect(e, g));
-        if (e->sg_state[i] == 0) spec_save(e, g);
+        if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
         if (span) span[0] = zoff_now();
         int64_t lo = g->offset, hi = g->offset + g->count;
         if (late && e->sg_state[i] == 0) {
-            ZOFF_TRY(update_span(e, g, gbuf, lo, hi, grad_scale));
+            ZOFF_TRY(update_span(e, g, gbuf, lo, hi, grad_scale, save));
         } else { /* the early part of the row-sparse report, or the rest after it */
             for (int k = 0; k < sp_npieces(e, late); k++) {
                 int64_t a, b;
-                if (sp_piece(e, late, k, lo, hi, &a, &b)) ZOFF_TRY(update_span(e, g, gbuf, a, b, grad_scale));
+                if (sp_piece(e, late, k, lo, hi, &a, &b)) ZOFF_TRY(update_span(e, g, gbuf, a, b, grad_scale, save));
             }
         }
         if (span) span[1] = zoff_now();
@@ -259,18 +292,17 @@ static zoff_status spec_update(zoff_engine *e, int gbuf, double grad_scale, int6
     return ZOFF_OK;
 }
 
-/* Speculation failed or was abandoned: the saved state back, and the host optimizer's
- * step chain as if the speculative step had never begun (a fresh one that begins the
- * committed steps again: its bias-correction products are those of the unbroken chain). */
-zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
-    for (int i = 0; i < e->nsg; i++) {
-        const subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        size_t b = (size_t)g->count * sizeof(float), bs = (size_t)g->count * e->ssize;
-        memcpy(e->h_master + g->state_off, e->bk_master + g->state_off, b);
-        if (e->h_m) memcpy(st_at(e, e->h_m, g->state_off), st_at(e, e->bk_m, g->state_off), bs);
-        if (e->h_v) memcpy(st_at(e, e->h_v, g->state_off), st_at(e, e->bk_v, g->state_off), bs);
-    }
+/* Speculation failed or was abandoned: the saved state back (redo, every sub-group
+ * updated: by the exact update that follows, which reads it from the backup; else copied
+ * now by the host optimizer's threads), and the host optimizer's step chain as if the
+ * speculative step had never begun (a fresh one that begins the committed steps again:
+ * its bias-correction products are those of the unbroken chain). */
+zoff_status zoff_hr_spec_rollback(zoff_engine *e, bool redo) {
+    for (int i = 0; i < e->nsg && redo; i++)
+        if (e->sg[i].on_host && e->sg_state[i] != 2) redo = false;
+    if (!redo) ZOFF_TRY(spec_copy(e, ZOFF_BACKUP_RESTORE, false));
+    memset(e->sg_state, 0, (size_t)e->nsg); /* restored, or (redo) restored by the update */
+    e->spec_redo = redo;
     zoff_host_optimizer_destroy(e->hopt);
     e->hopt = NULL;
     ZOFF_TRY(hopt_create(e));
@@ -288,8 +320,9 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e) {
  * as it is done (HU_PUSH: last layers first, their gradients arrived first; HU_PIPE:
  * first layers first, what the next forward needs first arrives first; HU_NO_PUSH,
  * the delayed update: the boundary code pushes them). */
-zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
+static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
+    const piece_bk pb = {e->spec_redo ? ZOFF_BACKUP_RESTORE : ZOFF_BACKUP_NONE, false}; /* after a rollback */
     ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
     if (e->hopt_t0 == 0) e->hopt_t0 = t;
     e->wbuf = gbuf; /* one buffer: the new weights go out through the gradients' buffer */
@@ -323,14 +356,14 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
             int64_t lo = rg->offset > g->offset ? rg->offset : g->offset;
             int64_t hi = rg->offset + rg->count < g->offset + g->count ? rg->offset + rg->count : g->offset + g->count;
             if (!e->pnvme) {
-                if (lo < hi) ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, lo, hi, NULL, wd, grad_scale));
+                if (lo < hi) ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, lo, hi, NULL, wd, grad_scale, pb));
                 continue;
             }
             while (hi > lo) {
                 int64_t a;
                 void *out;
                 ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
-                ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, hi, out, wd, grad_scale));
+                ZOFF_TRY(update_piece(e, g, gbuf, master, hm, hv, a, hi, out, wd, grad_scale, pb));
                 if (e->dtype == ZOFF_F32) memcpy(out, master + (a - g->offset), (size_t)(hi - a) * sizeof(float));
                 ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
                 hi = a;
@@ -347,6 +380,22 @@ zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, doubl
     if (e->pnvme) ZOFF_TRY(zoff_s3_end_update(e->s3));
     e->nspan[seq % 2] = nsp;
     return ZOFF_OK;
+}
+
+/* After the host update that follows a rollback (s: its status, or the failure that kept
+ * it from starting): done, or failed (the state as before the step, copied back whole:
+ * the pieces already updated again from the backup too). */
+zoff_status zoff_hr_spec_undo_redo(zoff_engine *e, zoff_status s) {
+    if (!e->spec_redo) return ZOFF_OK;
+    e->spec_redo = false;
+    if (s == ZOFF_OK) return ZOFF_OK;
+    return spec_copy(e, ZOFF_BACKUP_RESTORE, true);
+}
+
+zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
+    zoff_status s = hr_update(e, gbuf, t, lr, grad_scale, mode);
+    zoff_status r = zoff_hr_spec_undo_redo(e, s);
+    return s != ZOFF_OK ? s : r;
 }
 
 /* Speculation validated: the new weights of every host sub-group to the device, group

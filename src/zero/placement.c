@@ -130,6 +130,12 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
     else if (in->speculate || param_cpu) out->staging = n * es;  /* gradients or weights outlive the update */
     else out->weights_in_grads = true;
     out->total = out->state + (size_t)out->grad_buffers * out->grad_buffer + out->staging;
+    /* fp32 weights and the master in host memory: pushed from it (or, offload_param cpu, the
+     * partition the gathers read); offload_param nvme writes the swap file from it (CPU) */
+    out->master_dma = in->dtype == ZOFF_F32 && !in->nvme && !param_nvme;
+    if (in->pin)
+        out->pinned = (size_t)out->grad_buffers * out->grad_buffer + out->staging + (out->master_dma ? n * sizeof(float) : 0);
+    out->pageable = out->total - out->pinned;
 }
 
 bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return speculate && world == 1 && stage < 3; }
