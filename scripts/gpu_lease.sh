@@ -25,6 +25,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.gpu-carry
+# shellcheck source=scripts/gpu_lib.sh
+. "$ROOT/scripts/gpu_lib.sh"
 
 if [ "${1:-}" = --prebuild ]; then
   set -e
@@ -84,12 +86,7 @@ report() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
     echo "CPU: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
     echo
-    echo "| step | result | seconds | command |"
-    echo "| --- | --- | --- | --- |"
-    for f in $(ls -tr "$LOGS"/*.status 2>/dev/null); do
-      IFS='|' read -r n v t c < "$f"
-      echo "| $n | $v | $t | \`$(echo "$c" | cut -c1-140)\` |"
-    done
+    gpu_status_table "$LOGS" 140
     for f in $(ls -tr "$LOGS"/*.log 2>/dev/null); do
       echo; echo "## $(basename "$f" .log)"; echo '```'
       [ "$(wc -l < "$f")" -gt 60 ] && echo "[... $(wc -l < "$f") lines; the last 60:]"

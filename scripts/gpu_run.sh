@@ -43,6 +43,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+# shellcheck source=scripts/gpu_lib.sh
+. "$ROOT/scripts/gpu_lib.sh"
 BUILD=${BUILD_DIR:-build-gpu}
 ARCH=${CUDA_ARCH:-90-real}
 JOBS=${JOBS:-$(nproc)}
@@ -263,12 +265,7 @@ R=$REPORT/report.md
   echo
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
   echo
-  echo "| step | result | seconds | command |"
-  echo "| --- | --- | --- | --- |"
-  for f in $(ls -tr "$LOGS"/*.status 2>/dev/null); do
-    IFS='|' read -r n v t c < "$f"
-    echo "| $n | $v | $t | \`$(echo "$c" | cut -c1-120)\` |"
-  done
+  gpu_status_table "$LOGS" 120
   echo
   if [ -f "$LOGS/ctest.log" ]; then
     echo "## ctest"

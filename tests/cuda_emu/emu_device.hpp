@@ -98,8 +98,7 @@ inline void __threadfence() {}
 
 // __fmul_rn / __fadd_rn: one IEEE rounding that nvcc never contracts into an fma (the emulated
 // kernels are built with contraction: emu.cmake); the empty asm keeps the host compiler from fusing too
-inline float __fmul_rn(float a, float b) {
-    float p = a * b;
+inline float emu_uncontracted(float p) {
 #if defined(__x86_64__) || defined(__i386__)
     __asm__("" : "+x"(p));
 #else
@@ -107,15 +106,8 @@ inline float __fmul_rn(float a, float b) {
 #endif
     return p;
 }
-inline float __fadd_rn(float a, float b) {
-    float p = a + b;
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__("" : "+x"(p));
-#else
-    __asm__("" : "+w"(p));
-#endif
-    return p;
-}
+inline float __fmul_rn(float a, float b) { return emu_uncontracted(a * b); }
+inline float __fadd_rn(float a, float b) { return emu_uncontracted(a + b); }
 
 inline float __uint_as_float(uint32_t u) {
     float f;
