@@ -1,48 +1,72 @@
 #!/usr/bin/env bash
-# Steps during a periodic background save against the other steps of the same run (paired
-# within the run), for one or more zoff binaries alternated round by round.
+# What periodic background saves cost the training steps, for one or more zoff binaries (or
+# flag sets) alternated round by round.
 #
-#   bash bench/ckpt_overlap.sh [--rounds 3] [--dir /tmp/zoff-overlap] NAME=BINARY[:NICE] ...
-#   e.g. bash bench/ckpt_overlap.sh new=build/zoff new10=build/zoff:10 old=/path/to/old/zoff
+#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--dir /tmp/zoff-overlap] \
+#       NAME=BINARY[:NICE][+FLAG[+FLAG...]] ...
+#   e.g. bash bench/ckpt_overlap.sh snap=build/zoff wait=build/zoff+--save-snapshot-memory+off
 #
 # GPT-2 12 x 768 (checkpoint 1.02 GB), byte tokenizer, seq 64, micro-batch 1, bf16, stage 2,
-# optimizer on the CPU; 13 steps, a save every 4 (after steps 4, 8, 12: steps 5, 9, 13 overlap
-# them). Per run: the three overlapped steps' step_time and ckpt_wait, and their median against
-# the median of the other steps >= 2. NICE sets ZOFF_CKPT_WRITER_NICE for that binary.
+# optimizer on the CPU; --steps steps, a save every --interval. NICE sets ZOFF_CKPT_WRITER_NICE
+# for that binary; +FLAG words are added to its zoff train command line.
+#
+# Per run, the figure the target is about, "span": each save's metrics line (written when the
+# trainer joins the writer: ckpt_step S, ckpt_steps_overlapped k, ckpt_start = the main
+# thread's part of starting it) gives the steps S+1..S+k that ran while it was in flight, from
+# the save's start to the writer done; span = (ckpt_start + their step_time summed) / (k x the
+# median step_time of the steps >= 2 in no save's span), over all saves of the run. Also the old
+# per-step figure: the median of the steps right after each save against that median. A
+# binary without the metrics line (before the snapshot) counts one step per save, start 0.
 set -uo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
-D=/tmp/zoff-overlap; ROUNDS=3; K=4; STEPS=13; RUNS=()
+D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; RUNS=()
 while [ $# -gt 0 ]; do
-  case "$1" in --rounds) ROUNDS="$2"; shift ;; --dir) D="$2"; shift ;; *=*) RUNS+=("$1") ;;
+  case "$1" in --rounds) ROUNDS="$2"; shift ;; --dir) D="$2"; shift ;; --steps) STEPS="$2"; shift ;;
+    --interval) K="$2"; shift ;; *=*) RUNS+=("$1") ;;
     *) echo "unknown option $1" >&2; exit 2 ;; esac
   shift
 done
 [ ${#RUNS[@]} -gt 0 ] || RUNS=("new=$SRC/build/zoff")
-FIRST="${RUNS[0]#*=}"; FIRST="${FIRST%%:*}"
+FIRST="${RUNS[0]#*=}"; FIRST="${FIRST%%[:+]*}"
 source "$SRC/bench/ckpt_common.sh"
 trap 'rm -rf "$D"' EXIT
 ckpt_bench_setup "$D" "$FIRST" || exit 1
 for r in $(seq 1 "$ROUNDS"); do
   for spec in "${RUNS[@]}"; do
-    name="${spec%%=*}"; bin="${spec#*=}"; nice=0
+    name="${spec%%=*}"; rest="${spec#*=}"; flags=""; nice=0
+    case "$rest" in *+*) flags="${rest#*+}"; flags="${flags//+/ }"; rest="${rest%%+*}" ;; esac
+    bin="$rest"
     case "$bin" in *:*) nice="${bin##*:}"; bin="${bin%:*}" ;; esac
     rm -rf "$D/run"
     la=$(cut -d' ' -f1 /proc/loadavg)
+    # shellcheck disable=SC2086
     ZOFF_CKPT_WRITER_NICE="$nice" "$bin" train --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
       --seq-length 64 --tokenizer byte --data-path "$D/corpus_train.bin" --eval-iters 0 --quiet \
-      --config "$D/cfg.json" --train-iters "$STEPS" --save-interval "$K" --save "$D/run" 2>"$D/err.txt" ||
+      --config "$D/cfg.json" --train-iters "$STEPS" --save-interval "$K" --save "$D/run" $flags 2>"$D/err.txt" ||
       { cat "$D/err.txt"; exit 1; }
-    python3 - "$D/run/metrics.jsonl" "$K" "$name" "$r" "$la" <<'EOP'
+    la2=$(cut -d' ' -f1 /proc/loadavg)
+    python3 - "$D/run/metrics.jsonl" "$K" "$name" "$r" "$la-$la2" <<'EOP'
 import json, statistics, sys
 K = int(sys.argv[2])
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_time"' in l]
-rows = [r for r in rows if r["step"] >= 2]
-after = [r for r in rows if (r["step"] - 1) % K == 0]
-other = [r for r in rows if (r["step"] - 1) % K != 0]
-sa, so = statistics.median(r["step_time"] for r in after), statistics.median(r["step_time"] for r in other)
-print("round %s %-8s load %s: overlapped steps %s s (median %.3f, ckpt_wait %s), others median %.3f -> %.2fx" % (
-    sys.argv[4], sys.argv[3], sys.argv[5], " ".join("%.2f" % r["step_time"] for r in after), sa,
-    " ".join("%.2f" % r.get("ckpt_wait", 0) for r in after), so, sa / so), flush=True)
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = {r["step"]: r["step_time"] for r in lines if "step_time" in r}
+saves = [r for r in lines if "ckpt_step" in r]
+if not saves:  # a binary before the metrics line: the save is joined in the step after it
+    saves = [{"ckpt_step": s, "ckpt_steps_overlapped": 1, "ckpt_start": 0.0, "ckpt_seconds": float("nan"),
+              "ckpt_staged": 0, "ckpt_update_wait": 0.0} for s in steps if s % K == 0 and s + 1 in steps]
+inside = {s for v in saves for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1)}
+free = [t for s, t in steps.items() if s >= 2 and s not in inside]
+base = statistics.median(free)
+span_t = sum(v["ckpt_start"] + sum(steps.get(s, 0.0) for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1))
+             for v in saves)
+span_n = sum(v["ckpt_steps_overlapped"] for v in saves)
+after = [steps[v["ckpt_step"] + 1] for v in saves if v["ckpt_step"] + 1 in steps]
+print("round %s %-6s load %s: span %.2fx (%d saves, %d steps in flight: %.2f s vs %.2f s without; saves %s s; staged %s MB; "
+      "update wait %s s) | step after a save %.2fx (%s s) | step without a save %.3f s" % (
+    sys.argv[4], sys.argv[3], sys.argv[5], span_t / (span_n * base), len(saves), span_n, span_t, span_n * base,
+    "/".join("%.2f" % v["ckpt_seconds"] for v in saves), "/".join("%.0f" % (v["ckpt_staged"] / 1e6) for v in saves),
+    "/".join("%.2f" % v["ckpt_update_wait"] for v in saves), statistics.median(after) / base,
+    " ".join("%.2f" % a for a in after), base), flush=True)
 EOP
   done
 done

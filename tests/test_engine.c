@@ -10,6 +10,7 @@
  * for the loss-scale schedule is a transcription of DeepSpeed's
  * DynamicLossScaler.update_scale written in this file. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -71,6 +72,50 @@ typedef struct train_mode {
     double bwd_end_device[32];       /* the boundary backward of iteration i ended on the device */
 } train_mode;
 static train_mode g_mode;
+
+/* The copy-on-update snapshot (zoff_engine_snapshot_*) under test: begun after step `at` with
+ * `budget`; a reader thread (the checkpoint writer's part) reads the three arrays through it
+ * slowly (slices that do not divide a block, a pause after each) while the next steps update
+ * the state; `ref` is the state at begin (zoff_engine_state_get: the reference). */
+typedef struct snap_test {
+    int at;
+    size_t budget;
+    int64_t n;
+    zoff_engine *e;
+    float *ref[3], *got[3];
+    zoff_status s;
+    zoff_engine_snapshot_stats stats;
+    pthread_t th;
+    bool started;
+} snap_test;
+static snap_test *g_snaptest;
+
+static void *snap_reader_main(void *arg) {
+    snap_test *t = arg;
+    const int64_t slice = 50000;
+    for (int i = 0; i < 3 && t->s == ZOFF_OK; i++)
+        for (int64_t o = 0; o < t->n && t->s == ZOFF_OK; o += slice) {
+            t->s = zoff_engine_snapshot_read(t->e, i, o, t->n - o < slice ? t->n - o : slice, t->got[i] + o);
+            struct timespec ts = {0, 2 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    zoff_engine_snapshot_finish(t->e, &t->stats);
+    return NULL;
+}
+
+static zoff_status snap_test_begin(zoff_engine *e, int64_t n, snap_test *t) {
+    ZOFF_TRY(zoff_engine_flush_state(e)); /* as a save does */
+    t->e = e;
+    t->n = n;
+    for (int i = 0; i < 3; i++) {
+        t->ref[i] = malloc((size_t)n * sizeof(float));
+        t->got[i] = malloc((size_t)n * sizeof(float));
+        ZOFF_TRY(zoff_engine_state_get(e, i, t->ref[i]));
+    }
+    ZOFF_TRY(zoff_engine_snapshot_begin(e, t->budget));
+    t->started = pthread_create(&t->th, NULL, snap_reader_main, t) == 0;
+    return t->started ? ZOFF_OK : ZOFF_ERR_INTERNAL;
+}
 
 /* The engine's side of a checkpoint after step `at` (the optimizer state, scalars, whether the
  * delayed update's weights were pending and the device's weights), taken by train() when
@@ -258,7 +303,9 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         r->rolled_back[step] = si.rolled_back;
         r->rollbacks = si.rollbacks;
         if (s == ZOFF_OK && g_snap && step + 1 == g_snap->at) s = snap_take(e, r->n, g_snap);
+        if (s == ZOFF_OK && g_snaptest && step + 1 == g_snaptest->at) s = snap_test_begin(e, r->n, g_snaptest);
     }
+    if (g_snaptest && g_snaptest->started) pthread_join(g_snaptest->th, NULL);
     if (s == ZOFF_OK) {
         r->weights = malloc((size_t)r->n * sizeof(float));
         s = zoff_engine_flush(e);
@@ -440,6 +487,59 @@ static void test_device_budget(void **st) {
                      ZOFF_OK);
     assert_true(r.losses[3] < r.losses[0]);
     free(r.weights);
+}
+
+/* The snapshot: what the reader read is the state at begin byte for byte, whatever the budget
+ * (the whole state: nothing waits; one 1 MiB slot: updates wait for the reader; none: every
+ * update waits), the update mode (synchronous, pipelined, delayed) and the state dtype; and the
+ * training is that of a run without it, bit for bit. With ZOFF_TEST_SNAPSHOT_HOLD the reader
+ * starts only once an update has staged everything or waits, so that the figures are certain;
+ * without it (the last run) the timing decides. */
+static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bool waits, size_t ssize) {
+    char cfg[1024];
+    cfg_json(cfg, sizeof cfg, zero, prec, 1);
+    g_mode = (train_mode){.hidden = 128, .waits = waits};
+    run_result plain;
+    assert_int_equal(train(cfg, dt, 7, 0, &plain), ZOFF_OK);
+    const size_t budgets[] = {SIZE_MAX, (size_t)1 << 20, 0, SIZE_MAX};
+    for (int b = 0; b < 4; b++) {
+        snap_test t = {.at = 2, .budget = budgets[b]};
+        g_snaptest = &t;
+        g_mode = (train_mode){.hidden = 128, .waits = waits};
+        if (b < 3) setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1);
+        run_result r;
+        assert_int_equal(train(cfg, dt, 7, 0, &r), ZOFF_OK);
+        unsetenv("ZOFF_TEST_SNAPSHOT_HOLD");
+        g_snaptest = NULL;
+        assert_true(t.started);
+        assert_int_equal(t.s, ZOFF_OK);
+        for (int i = 0; i < 3; i++) {
+            if (memcmp(t.got[i], t.ref[i], (size_t)t.n * sizeof(float)) != 0)
+                fail_msg("%s, budget %zu: state array %d read through the snapshot differs from the state at begin",
+                         zero, budgets[b], i);
+            free(t.got[i]);
+            free(t.ref[i]);
+        }
+        assert_memory_equal(r.weights, plain.weights, (size_t)plain.n * sizeof(float));
+        assert_memory_equal(r.losses, plain.losses, sizeof plain.losses);
+        if (b == 0) { /* every element of master, m and v staged, no wait */
+            assert_true(t.stats.update_wait == 0);
+            assert_int_equal(t.stats.staged, (size_t)plain.n * (sizeof(float) + 2 * ssize));
+        }
+        if (b == 1) assert_true(t.stats.staged > 0 && t.stats.update_wait > 0);
+        if (b == 2) assert_true(t.stats.staged == 0 && t.stats.budget == 0 && t.stats.update_wait > 0);
+        free(r.weights);
+    }
+    free(plain.weights);
+}
+
+static void test_snapshot(void **st) {
+    (void)st;
+    check_snapshot(OFFLOAD, "", ZOFF_F32, false, 4);
+    check_snapshot(OFFLOAD, "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},", ZOFF_BF16, true, 2);
+    check_snapshot("{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true, "
+                   "\"zoff_delayed_param_update_warmup\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+                   "", ZOFF_F32, false, 4);
 }
 
 /* Delayed parameter update: one step stale after a warm-up of 3; the loss curve
@@ -1176,7 +1276,7 @@ int main(void) {
         cmocka_unit_test(test_init_range_equals_whole),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
-        cmocka_unit_test(test_delayed_resume),
+        cmocka_unit_test(test_delayed_resume),               cmocka_unit_test(test_snapshot),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
         cmocka_unit_test(test_speculative_timeline),        cmocka_unit_test(test_speculative_rows_equals_exact),
         cmocka_unit_test(test_speculative_rows_timeline),    cmocka_unit_test(test_cpuadam_cores_perc),

@@ -367,6 +367,28 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
  * model runs forward/backward, as long as no optimizer update runs. State in an NVMe swap
  * file: ZOFF_ERR_UNSUPPORTED (use zoff_engine_state_get/set). */
 zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get);
+/* Copy-on-update snapshot for a background save (one rank, all the state in host memory,
+ * zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no update
+ * running: after zoff_engine_flush_state) starts one: from then on a host update of a
+ * sub-group whose state the writer has not yet read first copies that state (whole blocks of
+ * zoff_engine_snapshot_block_bytes, on up to the optimizer's threads) into a staging arena of
+ * at most budget bytes, and zoff_engine_snapshot_read (the writer thread) reads each element
+ * of state array i exactly once, from the staging copy where there is one, else from the live
+ * state: what it reads is the state at begin, whatever updates run meanwhile. When the
+ * budget is spent an update waits until the writer has read the blocks it would modify (said
+ * once in the log). zoff_engine_snapshot_finish (the writer thread, also after a failure)
+ * ends it, frees the arena and fills *stats (may be NULL); updates never wait after it.
+ * Budget 0: no staging, every update waits for the writer. */
+typedef struct zoff_engine_snapshot_stats {
+    size_t budget, staged; /* arena bytes; bytes copied into it */
+    double update_wait;    /* seconds updates waited for the writer (budget spent) */
+} zoff_engine_snapshot_stats;
+size_t zoff_engine_snapshot_block_bytes(void);
+/* The arena that stages the whole host state (no update ever waits): the largest useful budget. */
+size_t zoff_engine_snapshot_bytes(const zoff_engine *e);
+zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);
+zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host);
+void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats);
 /* The dtype state array i keeps in the engine (what a checkpoint stores): ZOFF_BF16 for m
  * and v when every element keeps bf16 state (bf16_optimizer_states with offload_optimizer
  * ratio 1: no fp32 device part on any rank), else ZOFF_F32. get widens bf16 exactly; set rounds to nearest-even (exact

@@ -44,6 +44,9 @@ typedef struct zoff_host_memory {
 
 /* Read the numbers above. Fields that cannot be read are SIZE_MAX (or 0 for usage). */
 zoff_status zoff_host_memory_query(zoff_host_memory *out);
+/* Physical memory this process may still take: MemAvailable or its cgroup's room, whichever is
+ * less (SIZE_MAX: unknown). */
+size_t zoff_host_memory_left(const zoff_host_memory *m);
 
 typedef struct zoff_host_request {
     const char *what;      /* what is being allocated, for the message */

@@ -92,19 +92,32 @@ size_t zoff_train_ckpt_gather_bytes(int world, int stage, bool state_on_disk, in
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state
  * (weights, optimizer state) into DIR/step_X through the writer's pieces, finalizes it (atomic, as zoff_train_ckpt_save) and prunes
  * to keep_last (0 = keep all); the delayed update's device weights, which the next backward
- * changes, are written before it returns, on the calling thread. Call it after zoff_engine_flush_state. Rule: the engine's state must
- * not change until zoff_train_ckpt_save_wait returned, so wait before the next call that starts
- * an optimizer update (zoff_engine_step); forward/backward may run meanwhile. Only when
- * zoff_train_ckpt_can_background (one rank, all the optimizer state in host memory). wait joins
- * the writer and returns its status (errors name the file and say the earlier checkpoints are
- * intact); *seconds and *cpu_seconds (may be NULL) get the writer's wall time and its thread's
- * CPU time. NULL job: ZOFF_OK. */
+ * changes, are written before it returns, on the calling thread. Call it after zoff_engine_flush_state.
+ * snapshot_budget >= 0: the state is read through the engine's copy-on-update snapshot
+ * (zoff_engine_snapshot_begin, staging of at most that many bytes): optimizer updates may run
+ * while it writes and the file holds the state of the call (byte for byte what
+ * zoff_train_ckpt_save writes). snapshot_budget < 0: the engine's state must not change until
+ * zoff_train_ckpt_save_wait returned, so wait before the next call that starts an optimizer
+ * update (zoff_engine_step); forward/backward may run meanwhile. Either way one save at a
+ * time. Only when zoff_train_ckpt_can_background (one rank, all the optimizer state in host
+ * memory). zoff_train_ckpt_save_done: the writer has finished (wait will not block).
+ * zoff_train_ckpt_save_snapshots: the job reads through a snapshot. wait joins the writer and
+ * returns its status (errors name the file and say the earlier checkpoints are intact); *done
+ * (may be NULL) gets the writer's wall time, its thread's CPU time and the snapshot's figures.
+ * NULL job: ZOFF_OK. */
 typedef struct zoff_train_ckpt_job zoff_train_ckpt_job;
+typedef struct zoff_train_ckpt_done {
+    double seconds, cpu_seconds;
+    bool snapshot_used;
+    zoff_engine_snapshot_stats snapshot;
+} zoff_train_ckpt_done;
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm);
 zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                        const zoff_train_meta *meta, const char *config_json, int keep_last,
-                                       zoff_train_ckpt_job **out);
-zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, double *seconds, double *cpu_seconds);
+                                       int64_t snapshot_budget, zoff_train_ckpt_job **out);
+bool zoff_train_ckpt_save_done(zoff_train_ckpt_job *job);
+bool zoff_train_ckpt_save_snapshots(const zoff_train_ckpt_job *job);
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, zoff_train_ckpt_done *done);
 /* Read meta from a checkpoint (rank 0's reader). *config_json (malloc'd, may be NULL; pass
  * NULL not to read it). */
 zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *meta, char **config_json);
@@ -189,6 +202,9 @@ typedef struct zoff_trainer_options {
     bool quiet;                 /* no progress lines from the trainer (errors still) */
     bool overwrite;             /* --save holds checkpoints of another run: delete them */
     bool sync_saves;            /* zoff_trainer_save_periodic saves on the calling thread */
+    int64_t save_snapshot_bytes; /* background saves' snapshot staging (zoff_engine_snapshot_begin): 0 auto (the
+                                    whole host state, at most half the host memory available at the save), > 0
+                                    at most this, < 0 none (the next update waits for the whole save) */
     bool no_checkpoint;         /* metrics only, no checkpoint at the end (benchmarks, smoke runs) */
     volatile sig_atomic_t *stop; /* a signal handler sets it; all ranks agree (may be NULL) */
 } zoff_trainer_options;
@@ -264,9 +280,11 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
 /* A periodic checkpoint at the current step: written by a background writer thread while
  * training goes on when zoff_train_ckpt_can_background allows it (one rank, the optimizer state
  * in host memory) and sync_saves is not set; else as zoff_trainer_save(t, false). The meta,
- * loader position and loss-scaler state are taken now. zoff_trainer_step waits for the writer
- * before its optimizer update (the state must not change under it) and returns the writer's
- * error, if any; a save waits for the one in flight first. Collective. */
+ * loader position and loss-scaler state are taken now. The writer reads the state as of now
+ * through the engine's snapshot (save_snapshot_bytes >= 0: the updates go on, staging what the
+ * writer has not read), else zoff_trainer_step waits for the writer before its optimizer update.
+ * zoff_trainer_step joins a writer that has finished at its end and returns the writer's error,
+ * if any; a save waits for the one in flight first. Collective. */
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
 #ifdef __cplusplus
 }

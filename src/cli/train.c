@@ -63,6 +63,12 @@ static void train_usage(FILE *f) {
             "                              --save): benchmarks and trial runs of models whose state fills the disk\n"
             "  --sync-save                 write the --save-interval checkpoints on the main thread (default: a\n"
             "                              background writer while training goes on, where the state allows)\n"
+            "  --save-snapshot-memory SIZE|auto|off\n"
+            "                              a background save's staging: an optimizer update copies the state the\n"
+            "                              writer has not read yet here first and goes on (the file is the state\n"
+            "                              at the save either way); when it is full updates wait for the writer.\n"
+            "                              auto (default): the whole host state, at most half the host memory\n"
+            "                              available; off: the first update after a save waits for all of it\n"
             "  --load DIR                  resume from the newest complete checkpoint in DIR (model shape,\n"
             "                              sequence length, optimizer and precision must be the checkpoint's)\n"
             "  --overwrite                 --save holds checkpoints of an earlier run: delete them and start over\n"
@@ -132,6 +138,19 @@ static int parse_args(int argc, char **argv, train_args *a) {
             if (zoff_parse_size(v, &o->device_memory) != ZOFF_OK) {
                 fprintf(stderr, "zoff train: --device-memory: %s\n", zoff_last_error());
                 return 2;
+            }
+        } else if (!strcmp(name, "--save-snapshot-memory")) {
+            if (!(v = cli_value("train", argc, argv, &i))) return 2;
+            size_t b = 0;
+            if (!strcmp(v, "off")) {
+                o->save_snapshot_bytes = -1;
+            } else if (strcmp(v, "auto") != 0) {
+                if (zoff_parse_size(v, &b) != ZOFF_OK || b == 0 || b > (size_t)INT64_MAX) {
+                    fprintf(stderr, "zoff train: --save-snapshot-memory '%s': give a size such as 512MiB, auto or off\n",
+                            v);
+                    return 2;
+                }
+                o->save_snapshot_bytes = (int64_t)b;
             }
         } else if (!strcmp(name, "--comm-timeout")) {
             if (!(v = cli_value("train", argc, argv, &i))) return 2;

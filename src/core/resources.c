@@ -131,6 +131,11 @@ zoff_status zoff_host_memory_query(zoff_host_memory *m) {
 
 static size_t sub0(size_t a, size_t b) { return a > b ? a - b : 0; }
 
+size_t zoff_host_memory_left(const zoff_host_memory *m) {
+    size_t cg = m->cgroup_limit != SIZE_MAX ? sub0(m->cgroup_limit, m->cgroup_usage) : SIZE_MAX;
+    return cg < m->available ? cg : m->available;
+}
+
 zoff_status zoff_host_memory_check_against(const zoff_host_memory *m, const zoff_host_request *rq) {
     if (!m || !rq) return zoff_error(ZOFF_ERR_INVALID, "zoff_host_memory_check: NULL argument");
     const char *what = rq->what ? rq->what : "an allocation";
@@ -147,12 +152,8 @@ zoff_status zoff_host_memory_check_against(const zoff_host_memory *m, const zoff
         snprintf(parts, sizeof parts, " (pinned)");
 
     /* 1. physical memory: MemAvailable and the cgroup limit, whichever leaves less */
-    size_t avail = m->available;
-    bool by_cgroup = false;
-    if (m->cgroup_limit != SIZE_MAX && sub0(m->cgroup_limit, m->cgroup_usage) < avail) {
-        avail = sub0(m->cgroup_limit, m->cgroup_usage);
-        by_cgroup = true;
-    }
+    size_t avail = zoff_host_memory_left(m);
+    bool by_cgroup = avail != m->available;
     if (avail != SIZE_MAX && need > avail) {
         if (by_cgroup)
             return zoff_error(ZOFF_ERR_NOMEM,

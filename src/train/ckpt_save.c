@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,10 @@ struct zoff_train_ckpt_job {
     zoff_ckpt_writer *w;  /* background: opened (and the device weights written) by the caller */
     pthread_t thread;
     bool started;
+    atomic_bool finished; /* the writer thread is done (zoff_train_ckpt_save_done) */
+    bool snap;            /* background: the state is read through the engine's copy-on-update snapshot (until it ends) */
+    bool snap_requested;  /* ... from the start (the caller's view: updates need not wait for the save) */
+    zoff_engine_snapshot_stats snap_stats;
     zoff_status status;
     char msg[2048];
     double t0, seconds, cpu_seconds; /* wall time of the save; CPU time of the writer thread */
@@ -239,8 +244,9 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
         }
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
         if (whole) memcpy(to, whole + off + p, (size_t)c * sizeof(float));
-        else ZOFF_TRY(i < 0 ? zoff_engine_device_weights(j->eng, off + p, c, to, true)
-                            : zoff_engine_state_range(j->eng, i, off + p, c, to, true));
+        else if (i < 0) ZOFF_TRY(zoff_engine_device_weights(j->eng, off + p, c, to, true));
+        else ZOFF_TRY(j->snap ? zoff_engine_snapshot_read(j->eng, i, off + p, c, to)
+                              : zoff_engine_state_range(j->eng, i, off + p, c, to, true));
         if (narrow) narrow_bf16(to, c);
         if (to != dst) memcpy(dst, to, (size_t)c * es);
         ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
@@ -307,9 +313,18 @@ static zoff_status open_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer **w) 
     return s;
 }
 
-/* The rest of this rank's file, then commit (any thread). */
+/* The snapshot of a background save ends (once): the state has been read, or never will be. */
+static void snap_end(zoff_train_ckpt_job *j) {
+    if (!j->snap) return;
+    zoff_engine_snapshot_finish(j->eng, &j->snap_stats);
+    j->snap = false;
+}
+
+/* The rest of this rank's file, then commit (any thread); the snapshot ends once the state is in the writer's
+ * pieces, before the commit's flush and fsync. */
 static zoff_status finish_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
     zoff_status s = write_entries(j, w);
+    snap_end(j);
     return s != ZOFF_OK ? rank_file_failed(j, w, s) : zoff_ckpt_commit(w);
 }
 
@@ -445,6 +460,7 @@ static void *writer_main(void *arg) {
     zoff_ckpt_options opts = {.tmp_tag = j->tag};
     zoff_status s = j->w ? ZOFF_OK : open_rank_file(j, &j->w);
     if (s == ZOFF_OK) s = finish_rank_file(j, j->w);
+    snap_end(j); /* also when the file could not be opened */
     if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);
     if (s == ZOFF_OK && j->keep_last > 0) s = zoff_ckpt_prune(j->dir, j->keep_last);
     if (s != ZOFF_OK) snprintf(j->msg, sizeof j->msg, "%s", zoff_last_error()); /* thread-local: carried over */
@@ -452,12 +468,13 @@ static void *writer_main(void *arg) {
     j->seconds = zoff_now() - j->t0;
     struct timespec cpu;
     j->cpu_seconds = clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0 ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec : 0;
+    atomic_store(&j->finished, true);
     return NULL;
 }
 
 zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                        const zoff_train_meta *meta, const char *config_json, int keep_last,
-                                       zoff_train_ckpt_job **out) {
+                                       int64_t snapshot_budget, zoff_train_ckpt_job **out) {
     *out = NULL;
     if (!zoff_train_ckpt_can_background(eng, NULL))
         return zoff_error(ZOFF_ERR_INVALID, "a background checkpoint needs one rank and the optimizer state in host "
@@ -472,12 +489,16 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     j->t0 = zoff_now();
     /* the device weights change in the next backward: written now (the writer opens the file otherwise) */
     zoff_status s = j->meta.weights_pending > 0 ? open_rank_file(j, &j->w) : ZOFF_OK;
+    if (s == ZOFF_OK && snapshot_budget >= 0) s = zoff_engine_snapshot_begin(eng, (size_t)snapshot_budget);
+    j->snap = j->snap_requested = s == ZOFF_OK && snapshot_budget >= 0;
     if (s != ZOFF_OK) {
+        zoff_ckpt_abort(j->w);
         job_free(j);
         return s;
     }
     int rc = pthread_create(&j->thread, NULL, writer_main, j);
     if (rc != 0) {
+        snap_end(j);
         zoff_ckpt_abort(j->w);
         job_free(j);
         return zoff_error(ZOFF_ERR_INTERNAL, "cannot start the checkpoint writer thread: %s", strerror(rc));
@@ -487,12 +508,15 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
     return ZOFF_OK;
 }
 
-zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, double *seconds, double *cpu_seconds) {
+bool zoff_train_ckpt_save_done(zoff_train_ckpt_job *j) { return !j || atomic_load(&j->finished); }
+bool zoff_train_ckpt_save_snapshots(const zoff_train_ckpt_job *j) { return j && j->snap_requested; }
+
+zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, zoff_train_ckpt_done *done) {
     if (!j) return ZOFF_OK;
     if (j->started) pthread_join(j->thread, NULL);
     zoff_status s = j->status;
-    if (seconds) *seconds = j->seconds;
-    if (cpu_seconds) *cpu_seconds = j->cpu_seconds;
+    if (done) *done = (zoff_train_ckpt_done){.seconds = j->seconds, .cpu_seconds = j->cpu_seconds,
+                                             .snapshot = j->snap_stats, .snapshot_used = j->snap_requested};
     if (s != ZOFF_OK)
         s = zoff_error(s, "background checkpoint of step %lld under %s failed (the checkpoints saved before it are "
                           "intact): %s",

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "train/trainer_internal.h"
+#include "zoff/resources.h"
 #include "zoff/schedule.h"
 
 void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
@@ -20,20 +21,35 @@ void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
 }
 
 /* Join the background checkpoint in flight, if any: its error (naming the step and the file)
- * is this call's. The one place that waits for the writer. */
-static zoff_status wait_background_save(zoff_trainer *t, double *waited) {
+ * is this call's. The one place that waits for the writer. in_step: called inside a training
+ * step, before its count goes up. A metrics line says how many steps ran (or began) while the save
+ * was in flight (bench/ckpt_overlap.sh). */
+static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in_step) {
     if (!t->bg) return ZOFF_OK;
-    double t0 = zoff_now(), secs = 0, cpu = 0;
-    zoff_status s = zoff_train_ckpt_save_wait(t->bg, &secs, &cpu);
+    double t0 = zoff_now();
+    zoff_train_ckpt_done d = {0};
+    zoff_status s = zoff_train_ckpt_save_wait(t->bg, &d);
     t->bg = NULL;
     if (waited) *waited += zoff_now() - t0;
-    if (s == ZOFF_OK) trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s)", secs, cpu);
-    return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
+    if (s != ZOFF_OK) return zoff_error_context(s, "checkpoint");
+    const zoff_engine_snapshot_stats *ss = &d.snapshot;
+    char b[2][32], snap[160] = "";
+    if (d.snapshot_used)
+        snprintf(snap, sizeof snap, "; %s of the state staged for the updates (budget %s), updates waited %.2f s",
+                 zoff_format_bytes(ss->staged, b[0], 32), zoff_format_bytes(ss->budget, b[1], 32), ss->update_wait);
+    trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s%s)", d.seconds,
+                d.cpu_seconds, snap);
+    return trainer_metrics_line(t,
+                                "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
+                                "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_update_wait\":%.6f}\n",
+                                (long long)t->info.step, (long long)t->bg_step,
+                                (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
+                                ss->update_wait);
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
     if (!t) return;
-    if (wait_background_save(t, NULL) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
+    if (wait_background_save(t, NULL, false) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
     if (t->metrics) fclose(t->metrics);
     if (t->timeline) fclose(t->timeline);
     if (t->dev) {
@@ -182,7 +198,7 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
     if (boundary) { /* super_offload speculates this step's update during this backward */
         zoff_engine_set_lr(t->eng, zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng)));
         /* a checkpoint still reading the state finishes before a speculative update starts */
-        if (t->cfg.zero.offload_optimizer.super_offload) ZOFF_TRY(wait_background_save(t, t_ckpt_wait));
+        if (t->cfg.zero.offload_optimizer.super_offload) ZOFF_TRY(wait_background_save(t, t_ckpt_wait, true));
     }
     zoff_engine_begin_backward(t->eng, boundary);
     if (s == ZOFF_OK) s = zoff_gpt2_backward(t->model, zoff_engine_grad_ready, t->eng);
@@ -224,8 +240,8 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     r->lr = zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng));
     /* the update (and, with the delayed update, its background job) starts in zoff_engine_step
      * (with super_offload during the boundary backward, waited for there): a checkpoint still
-     * reading the state finishes first */
-    ZOFF_TRY(wait_background_save(t, &r->t_ckpt_wait));
+     * reading the state finishes first, unless it reads through the engine's snapshot */
+    if (!zoff_train_ckpt_save_snapshots(t->bg)) ZOFF_TRY(wait_background_save(t, &r->t_ckpt_wait, true));
     if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");
     r->step = ++t->info.step;
@@ -235,7 +251,9 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     r->step_time = zoff_now() - t0;
     r->loss = (float)(loss_sum / (double)accum);
     r->tokens_per_s = tokens / r->step_time;
-    return write_step_metrics(t, r);
+    ZOFF_TRY(write_step_metrics(t, r));
+    /* a save that finished meanwhile: joined now (no wait), its line and metrics written */
+    return zoff_train_ckpt_save_done(t->bg) ? wait_background_save(t, NULL, false) : ZOFF_OK;
 }
 
 /* Validation batch k (of micro_batch sequences, in one rank's order) is evaluated by rank
@@ -278,7 +296,7 @@ static zoff_train_meta current_meta(const zoff_trainer *t) {
 }
 
 zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
-    ZOFF_TRY(wait_background_save(t, NULL));
+    ZOFF_TRY(wait_background_save(t, NULL, false));
     zoff_status s = zoff_engine_flush_state(t->eng); /* saving does not change the run */
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     const char *dir = t->o.save_dir;
@@ -295,13 +313,28 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
     return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
 }
 
+/* A background save's snapshot budget (zoff_trainer_options.save_snapshot_bytes; < 0: none). super_offload's
+ * speculative update waits for the save before it begins (micro_batch): no snapshot. */
+static int64_t snapshot_budget(const zoff_trainer *t) {
+    if (t->cfg.zero.offload_optimizer.super_offload || t->o.save_snapshot_bytes < 0) return -1;
+    if (t->o.save_snapshot_bytes > 0) return t->o.save_snapshot_bytes;
+    zoff_host_memory hm;
+    size_t full = zoff_engine_snapshot_bytes(t->eng), half = 0;
+    if (zoff_host_memory_query(&hm) == ZOFF_OK) half = zoff_host_memory_left(&hm) / 2;
+    return (int64_t)(full < half ? full : half);
+}
+
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
     if (t->o.sync_saves || !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
         return zoff_trainer_save(t, false);
-    ZOFF_TRY(wait_background_save(t, NULL)); /* one save in flight at a time */
+    ZOFF_TRY(wait_background_save(t, NULL, false)); /* one save in flight at a time */
+    double t0 = zoff_now();
     zoff_status s = zoff_engine_flush_state(t->eng); /* the state is final: no update runs until the next step */
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     zoff_train_meta m = current_meta(t);
-    s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &m, t->cfg.source, (int)t->o.keep_last, &t->bg);
+    s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &m, t->cfg.source, (int)t->o.keep_last,
+                                   snapshot_budget(t), &t->bg);
+    t->bg_step = t->info.step;
+    t->bg_start_s = zoff_now() - t0;
     return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
 }

@@ -29,6 +29,8 @@ struct zoff_trainer {
     zoff_comm *comm;          /* NULL with one rank */
     int64_t T_given;          /* sequence length given by a flag or the config (0 = not given) */
     zoff_train_ckpt_job *bg;  /* the background checkpoint in flight (NULL: none) */
+    int64_t bg_step;          /* ... the step it saves */
+    double bg_start_s;        /* ... the main thread's part of starting it (flush, device weights, snapshot) */
 };
 
 /* Progress output of the trainer: rank 0, unless quiet. */

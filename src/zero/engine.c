@@ -735,6 +735,7 @@ void zoff_engine_destroy(zoff_engine *e) {
     dma_free(e, e->h_grads[1]);
     dma_free(e, e->h_staging);
     zoff_host_optimizer_destroy(e->hopt);
+    zoff_eng_snap_destroy(e);
     if (e->scratch.recv) zoff_device_free(e->dev, e->scratch.recv);
     if (e->scratch.pack) zoff_device_free(e->dev, e->scratch.pack);
     zoff_event_destroy(e->ev_gather);
@@ -1561,16 +1562,25 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
     return i >= 0 && i < 3 ? state_names_adam[i] : NULL;
 }
 
+void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so) {
+    if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) return NULL;
+    return i == 0 ? (void *)(e->h_master + so) : st_at(e, i == 1 ? e->h_m : e->h_v, so);
+}
+
+void zoff_eng_state_to_f32(const zoff_engine *e, int i, const void *src, int64_t c, float *h) {
+    state_convert((void *)src, i == 0 ? ZOFF_F32 : e->sdt, h, c, true); /* get: src is only read */
+}
+
 /* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the fp32 array
  * h: bf16 m and v widen exactly, or round to nearest-even (exact for values that were bf16);
  * an array the optimizer does not use reads as zeros. */
 static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, float *h, bool get) {
-    if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) {
+    void *src = zoff_eng_state_ptr(e, i, so);
+    if (!src) {
         if (get) memset(h, 0, (size_t)c * sizeof(float));
         return;
     }
-    if (i == 0) state_convert(e->h_master + so, ZOFF_F32, h, c, get);
-    else state_convert(st_at(e, i == 1 ? e->h_m : e->h_v, so), e->sdt, h, c, get);
+    state_convert(src, i == 0 ? ZOFF_F32 : e->sdt, h, c, get);
 }
 
 zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i) {

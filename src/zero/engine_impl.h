@@ -71,6 +71,7 @@ struct zoff_engine {
     void *h_staging;    /* separate new-weight staging (hb.staging: speculation, stage 3 offload_param
                            cpu, fp32 with NVMe); NULL otherwise */
     zoff_host_optimizer *hopt;
+    struct zoff_snap *snap; /* the background save's copy-on-update snapshot (snapshot.c; NULL: none yet) */
     /* NVMe offload (offload_optimizer.device "nvme"): the host sub-groups' fp32
      * master, m, v live in a swap file (h_master, h_m, h_v stay NULL), streamed
      * through the swapper's buffers; h_staging exists for fp32 weights too. */
@@ -265,6 +266,18 @@ static inline bool sp_piece(const zoff_engine *e, bool late, int k, int64_t lo, 
     *b = y < hi ? y : hi;
     return *a < *b;
 }
+
+/* Host state array i (0 master, 1 m, 2 v; in use) from c elements at src (its own dtype) to fp32. */
+void zoff_eng_state_to_f32(const zoff_engine *e, int i, const void *src, int64_t c, float *h);
+/* Host state array i at host state offset so (NULL: an array the optimizer does not use). */
+void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so);
+
+/* ---- snapshot.c: the background save's copy-on-update snapshot (zoff_engine_snapshot_*) ---- */
+
+/* Before host sub-group g is updated (the thread running the update): every block of its
+ * state the writer has not read is staged (or, budget spent, read by the writer first). */
+zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g);
+void zoff_eng_snap_destroy(zoff_engine *e);
 
 /* ---- hostrun.c: the host optimizer runner ---- */
 

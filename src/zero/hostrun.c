@@ -273,6 +273,7 @@ static zoff_status spec_update(zoff_engine *e, int gbuf, double grad_scale, int6
         if (i < 0) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
         const subgroup *g = &e->sg[i];
         double *span = span_slot(e, seq, nsp++, g);
+        if (e->sg_state[i] == 0) ZOFF_TRY(zoff_eng_snap_protect(e, g));
         if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
         if (span) span[0] = zoff_now();
         int64_t lo = g->offset, hi = g->offset + g->count;
@@ -343,6 +344,7 @@ static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, dou
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
         void *hm = st_at(e, e->h_m, g->state_off), *hv = st_at(e, e->h_v, g->state_off);
         if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
+        if (!e->swap) ZOFF_TRY(zoff_eng_snap_protect(e, g)); /* a background save has its old state first */
         double *span = span_slot(e, seq, nsp++, g);
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut

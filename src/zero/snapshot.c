@@ -1,0 +1,317 @@
+/* The background save's copy-on-update snapshot (include/zoff/engine.h, zoff_engine_snapshot_*).
+ *
+ * Each host state array in use (master, m, v over the host state offsets [0, n_host)) is cut
+ * into blocks of zoff_engine_snapshot_block_bytes. Per block: the elements the writer has read
+ * (`taken`), and its staging slot (-1: none) with `ready` once the copy is complete. The
+ * writer reads a block from its slot when ready, else from the live state; the update of a
+ * sub-group first makes every block it touches either fully taken or staged (copying whole
+ * blocks: nothing of a block has changed before it is staged or taken, since every update
+ * protects its blocks first), and then waits while the writer is reading live elements of its
+ * range (one slice, microseconds). Slots return to the free list when the writer has taken
+ * their block. The writer never waits for the updater; the updater waits for the writer only
+ * when no slot is free (the budget is spent). All under one mutex; the copies outside it. */
+#include <errno.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "zero/engine_impl.h"
+
+#define SNAP_ARRAYS 3
+
+typedef struct zoff_snap {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool active;                  /* begin .. finish */
+    int64_t blk[SNAP_ARRAYS], nb[SNAP_ARRAYS]; /* elements per block, blocks (0: the array is not in use) */
+    int64_t *taken[SNAP_ARRAYS];  /* per block: elements the writer has read */
+    int32_t *slot[SNAP_ARRAYS];   /* per block: staging slot, -1 none */
+    unsigned char *ready[SNAP_ARRAYS];
+    char *arena;
+    int32_t *free_slots;
+    int nslots, nfree;
+    int inside;                   /* updaters in zoff_eng_snap_protect (finish waits for them: their copies, their
+                                     figures) */
+    bool busy;                    /* the writer reads live elements [busy_lo, busy_hi) (host state offsets) */
+    int64_t busy_lo, busy_hi;
+    bool told;                    /* the budget-spent line was logged for this save */
+    /* tests only (ZOFF_TEST_SNAPSHOT_HOLD=1): the writer reads nothing until an update has protected every
+     * host sub-group or waits for the budget (at most 60 s), so that a test stages every block, or spends
+     * the budget, whatever the timing */
+    bool hold;
+    int protected_sg, host_sg;
+    zoff_engine_snapshot_stats st;
+} zoff_snap;
+
+size_t zoff_engine_snapshot_block_bytes(void) { return (size_t)1 << 20; }
+
+static size_t state_esize(const zoff_engine *e, int i) { return i == 0 ? sizeof(float) : e->ssize; }
+
+static int64_t array_blocks(const zoff_engine *e, int i) {
+    if (!zoff_eng_state_ptr(e, i, 0) || e->n_host == 0) return 0;
+    int64_t blk = (int64_t)(zoff_engine_snapshot_block_bytes() / state_esize(e, i));
+    return (e->n_host + blk - 1) / blk;
+}
+
+size_t zoff_engine_snapshot_bytes(const zoff_engine *e) {
+    if (!e->h_master) return 0; /* no host state in memory */
+    int64_t blocks = 0;
+    for (int i = 0; i < SNAP_ARRAYS; i++) blocks += array_blocks(e, i);
+    return (size_t)blocks * zoff_engine_snapshot_block_bytes();
+}
+
+void zoff_eng_snap_destroy(zoff_engine *e) {
+    zoff_snap *p = e->snap;
+    if (!p) return;
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->ready[i]);
+    ZOFF_FREE_ALL(p->arena, p->free_slots, p);
+    e->snap = NULL;
+}
+
+/* The per-block tables (once per engine: n_host does not change). */
+static zoff_status snap_create(zoff_engine *e) {
+    zoff_snap *p = calloc(1, sizeof *p);
+    if (!p) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot");
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    e->snap = p;
+    for (int i = 0; i < SNAP_ARRAYS; i++) {
+        p->nb[i] = array_blocks(e, i);
+        p->blk[i] = (int64_t)(zoff_engine_snapshot_block_bytes() / state_esize(e, i));
+        size_t nb = (size_t)p->nb[i] + 1;
+        p->taken[i] = calloc(nb, sizeof *p->taken[i]);
+        p->slot[i] = malloc(nb * sizeof *p->slot[i]);
+        p->ready[i] = calloc(nb, 1);
+        if (!p->taken[i] || !p->slot[i] || !p->ready[i]) {
+            zoff_eng_snap_destroy(e);
+            return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
+        }
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
+    if (e->swap || !e->h_master || e->n_host != e->n)
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "a checkpoint snapshot needs all the optimizer state in host memory");
+    ZOFF_TRY(zoff_hr_settle(e));
+    if (!e->snap) ZOFF_TRY(snap_create(e));
+    zoff_snap *p = e->snap;
+    const size_t bb = zoff_engine_snapshot_block_bytes(), full = zoff_engine_snapshot_bytes(e);
+    if (budget > full) budget = full;
+    int nslots = (int)(budget / bb);
+    char *arena = nslots > 0 ? zoff_aligned_alloc(64, (size_t)nslots * bb, "checkpoint snapshot staging") : NULL;
+    int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
+    if (nslots > 0 && (!arena || !fs)) {
+        ZOFF_FREE_ALL(arena, fs);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's staging (%zu bytes); "
+                                          "lower --save-snapshot-memory",
+                          (size_t)nslots * bb);
+    }
+    for (int k = 0; k < nslots; k++) fs[k] = nslots - 1 - k; /* popped from the end: slot 0 first */
+    pthread_mutex_lock(&p->mu); /* a finished save's updater may still be leaving protect */
+    for (int i = 0; i < SNAP_ARRAYS; i++) {
+        memset(p->taken[i], 0, (size_t)(p->nb[i] + 1) * sizeof *p->taken[i]);
+        memset(p->slot[i], 0xff, (size_t)(p->nb[i] + 1) * sizeof *p->slot[i]);
+        memset(p->ready[i], 0, (size_t)p->nb[i] + 1);
+    }
+    p->arena = arena;
+    p->free_slots = fs;
+    p->nslots = p->nfree = nslots;
+    p->busy = p->told = false;
+    const char *hold = getenv("ZOFF_TEST_SNAPSHOT_HOLD");
+    p->hold = hold && !strcmp(hold, "1");
+    p->protected_sg = p->host_sg = 0;
+    for (int k = 0; k < e->nsg; k++) p->host_sg += e->sg[k].on_host;
+    p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb};
+    p->active = true;
+    pthread_mutex_unlock(&p->mu);
+    return ZOFF_OK;
+}
+
+static int64_t block_len(const zoff_snap *p, const zoff_engine *e, int i, int64_t b) {
+    int64_t lo = b * p->blk[i], hi = lo + p->blk[i] < e->n_host ? lo + p->blk[i] : e->n_host;
+    return hi - lo;
+}
+
+static void *slot_at(const zoff_snap *p, int32_t s) {
+    return p->arena + (size_t)s * zoff_engine_snapshot_block_bytes();
+}
+
+/* Block b of array i: the writer has taken all of it (mu held). */
+static bool block_taken(const zoff_snap *p, const zoff_engine *e, int i, int64_t b) {
+    return p->taken[i][b] == block_len(p, e, i, b);
+}
+
+static void slot_release(zoff_snap *p, int i, int64_t b) {
+    p->free_slots[p->nfree++] = p->slot[i][b];
+    p->slot[i][b] = -1;
+    p->ready[i][b] = 0;
+}
+
+/* The writer: host state elements [so, so + c) of array i, within one block, into h. */
+static void read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t c, float *h) {
+    const int64_t b = so / p->blk[i];
+    pthread_mutex_lock(&p->mu);
+    const void *src = zoff_eng_state_ptr(e, i, so);
+    if (p->ready[i][b]) { /* stays until this thread releases it */
+        src = (const char *)slot_at(p, p->slot[i][b]) + (size_t)(so - b * p->blk[i]) * state_esize(e, i);
+    } else {
+        p->busy = true;
+        p->busy_lo = so;
+        p->busy_hi = so + c;
+    }
+    pthread_mutex_unlock(&p->mu);
+    zoff_eng_state_to_f32(e, i, src, c, h);
+    pthread_mutex_lock(&p->mu);
+    p->taken[i][b] += c;
+    if (block_taken(p, e, i, b) && p->ready[i][b]) slot_release(p, i, b);
+    p->busy = false;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ZOFF_TEST_SNAPSHOT_HOLD (see the struct), on the writer's first read. */
+static void test_hold(zoff_snap *p) {
+    pthread_mutex_lock(&p->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    while (p->hold && p->active && p->protected_sg < p->host_sg && !p->told)
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT) break;
+    p->hold = false;
+    pthread_mutex_unlock(&p->mu);
+}
+
+zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host) {
+    zoff_snap *p = e->snap;
+    if (!p || !p->active) return zoff_engine_state_range(e, i, offset, count, host, true);
+    if (p->hold) test_hold(p); /* only the writer clears it */
+    if (i < 0 || i >= SNAP_ARRAYS || offset < 0 || count < 0 || offset > e->n - count)
+        return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
+                          (long long)offset, (long long)count, (long long)e->n);
+    if (p->nb[i] == 0) { /* an array the optimizer does not use reads as zeros */
+        memset(host, 0, (size_t)count * sizeof(float));
+        return ZOFF_OK;
+    }
+    for (int k = 0; k < e->nsg; k++) {
+        const subgroup *g = &e->sg[k];
+        int64_t lo = g->offset > offset ? g->offset : offset;
+        int64_t hi = g->offset + g->count < offset + count ? g->offset + g->count : offset + count;
+        if (lo >= hi) continue;
+        if (!g->on_host) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device", k);
+        for (int64_t so = g->state_off + (lo - g->offset), end = so + (hi - lo); so < end;) {
+            int64_t bend = (so / p->blk[i] + 1) * p->blk[i], c = (bend < end ? bend : end) - so;
+            read_chunk(e, p, i, so, c, host + (lo - offset) + (so - g->state_off - (lo - g->offset)));
+            so += c;
+        }
+    }
+    return ZOFF_OK;
+}
+
+/* One copy into a slot. */
+typedef struct snap_copy {
+    int i;
+    int64_t b;
+} snap_copy;
+
+/* The copies of batch[0..n) into their slots, on up to the optimizer's threads (mu held on
+ * entry and exit, released while copying). */
+static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int n) {
+    if (n == 0) return;
+    size_t bytes = 0;
+    for (int k = 0; k < n; k++) bytes += (size_t)block_len(p, e, batch[k].i, batch[k].b) * state_esize(e, batch[k].i);
+    pthread_mutex_unlock(&p->mu);
+    int nt = zoff_par_threads(bytes), most = hopt_threads(e);
+    if (nt > most) nt = most;
+    if (nt > n) nt = n;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int k = 0; k < n; k++) {
+        const int i = batch[k].i;
+        const int64_t b = batch[k].b;
+        memcpy(slot_at(p, p->slot[i][b]), zoff_eng_state_ptr(e, i, b * p->blk[i]),
+               (size_t)block_len(p, e, i, b) * state_esize(e, i));
+    }
+    pthread_mutex_lock(&p->mu);
+    for (int k = 0; k < n; k++) {
+        const int i = batch[k].i;
+        const int64_t b = batch[k].b;
+        p->ready[i][b] = 1;
+        if (block_taken(p, e, i, b)) slot_release(p, i, b); /* the writer read it live meanwhile */
+    }
+    p->st.staged += bytes;
+    pthread_cond_broadcast(&p->cv);
+}
+
+/* The budget is spent: wait for the writer (mu held). */
+static void wait_writer(zoff_snap *p) {
+    if (!p->told) {
+        p->told = true;
+        char b[32];
+        zoff_log(ZOFF_LOG_INFO,
+                 "checkpoint snapshot: its staging (%s, --save-snapshot-memory) is spent; the optimizer updates wait "
+                 "for the background writer for the rest of this save",
+                 zoff_format_bytes(p->st.budget, b, sizeof b));
+        pthread_cond_broadcast(&p->cv); /* test_hold */
+    }
+    pthread_cond_wait(&p->cv, &p->mu);
+}
+
+zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g) {
+    zoff_snap *p = e->snap;
+    if (!p) return ZOFF_OK;
+    enum { BATCH = 256 };
+    snap_copy batch[BATCH];
+    int n = 0;
+    double t0 = zoff_now();
+    bool waited = false;
+    const int64_t a = g->state_off, z = g->state_off + g->count;
+    pthread_mutex_lock(&p->mu);
+    p->inside++;
+    for (int i = 0; i < SNAP_ARRAYS && p->active; i++) {
+        if (p->nb[i] == 0 || g->count == 0) continue;
+        for (int64_t b = a / p->blk[i]; b <= (z - 1) / p->blk[i] && p->active;) {
+            if (block_taken(p, e, i, b) || p->slot[i][b] >= 0) {
+                b++;
+            } else if (p->nfree > 0 && n < BATCH) {
+                p->slot[i][b] = p->free_slots[--p->nfree];
+                batch[n++] = (snap_copy){i, b++};
+            } else if (n > 0) {
+                copy_batch(e, p, batch, n);
+                n = 0;
+            } else {
+                wait_writer(p);
+                waited = true;
+            }
+        }
+    }
+    if (p->active) copy_batch(e, p, batch, n); /* else the save is over: its slots are gone */
+    /* the live elements of [a, z) change from here on: not while the writer reads them */
+    while (p->active && p->busy && p->busy_lo < z && p->busy_hi > a) pthread_cond_wait(&p->cv, &p->mu);
+    if (waited) p->st.update_wait += zoff_now() - t0;
+    p->protected_sg++;
+    p->inside--;
+    pthread_cond_broadcast(&p->cv); /* finish, test_hold */
+    pthread_mutex_unlock(&p->mu);
+    return ZOFF_OK;
+}
+
+void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats) {
+    zoff_snap *p = e->snap;
+    if (!p) {
+        if (stats) *stats = (zoff_engine_snapshot_stats){0};
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->active = false;
+    pthread_cond_broadcast(&p->cv);
+    while (p->inside > 0) pthread_cond_wait(&p->cv, &p->mu); /* woken above, they leave at once */
+    ZOFF_FREE_ALL(p->arena, p->free_slots);
+    p->arena = NULL;
+    p->free_slots = NULL;
+    p->nslots = p->nfree = 0;
+    if (stats) *stats = p->st;
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Background saves through the engine's copy-on-update snapshot (zoff_engine_snapshot_*): the
+# optimizer updates run while the writer writes, and the files still equal the synchronous
+# writer's byte for byte. ZOFF_TEST_SNAPSHOT_HOLD=1 holds the writer until an update has staged
+# every block (or spent the budget), whatever the timing. Usage: cli_ckpt_snapshot.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-snap-XXXXXX)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check; $PY
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+unset ZOFF_CKPT_FAULT ZOFF_IO_FAULT ZOFF_TEST_CKPT_WRITER_PAUSE_MS
+
+byte_corpus "$SRC" "$W"
+# $1: extra zero_optimization keys. Width 128: the state is several 1 MiB blocks per array
+cfg() {
+  cat <<EOF
+{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+ "bf16": {"enabled": true${2:-}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "sub_group_size": 100000${1:-}}}
+EOF
+}
+cfg "" > "$W/plain.json"
+cfg ', "zoff_delayed_param_update": true, "zoff_delayed_param_update_warmup": 1' > "$W/dpu.json"
+cfg "" ', "bf16_optimizer_states": true' > "$W/bf16s.json" # m and v in bf16: 2-byte blocks
+T=(train --num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --tokenizer byte
+   --data-path "$W/corpus_train.bin" --eval-iters 0)
+# bytes of the state the snapshot stages when it stages everything: the fp32 master (4 bytes for each element of
+# exp_avg), exp_avg and exp_avg_sq as stored
+state_bytes() {
+  "$PY" "$SRC/scripts/zckpt.py" list "$1" | awk '$1 == "optimizer.exp_avg" {n = $5; gsub(/[][]/, "", n); s += 4 * n}
+    $1 == "optimizer.exp_avg" || $1 == "optimizer.exp_avg_sq" {s += $(NF-3)} END {print s}'
+}
+staged_of() { grep "\"ckpt_step\":$2," "$1" | sed 's/.*"ckpt_staged":\([0-9]*\).*/\1/'; }
+
+# 1. every block staged by the update (the writer held until then): == --sync-save, byte for byte
+for mode in plain dpu bf16s; do
+  C=(--config "$W/$mode.json" --train-iters 7 --save-interval 3)
+  ZOFF_TEST_SNAPSHOT_HOLD=1 "$ZOFF" "${T[@]}" "${C[@]}" --save "$W/s-$mode" >"$W/s-$mode.log" 2>&1
+  check "$mode: snapshot run exits 0" "[ $? -eq 0 ]"
+  "$ZOFF" "${T[@]}" "${C[@]}" --sync-save --quiet --save "$W/y-$mode" >/dev/null 2>&1
+  for st in 3 6; do
+    f=$(printf 'step_%08d/rank_00000.zckpt' "$st")
+    want=$(state_bytes "$W/y-$mode/$f"); got=$(staged_of "$W/s-$mode/metrics.jsonl" "$st")
+    check "$mode: step $st's save staged the whole state ($got of $want bytes)" "[ -n '$got' ] && [ '$got' = '$want' ]"
+    check "$mode: step $st by the snapshot == the synchronous writer's, byte for byte" "cmp -s '$W/s-$mode/$f' '$W/y-$mode/$f'"
+  done
+  check "$mode: the update did not wait for the writer" \
+    "grep '\"ckpt_step\":3,' '$W/s-$mode/metrics.jsonl' | grep -q '\"ckpt_update_wait\":0.000000'"
+done
+check "the log says what was staged" "grep -q 'staged for the updates' '$W/s-plain.log'"
+
+# 2. a 1 MiB budget (one block): the update stages one block, then waits for the writer (said once)
+"$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 7 --save-interval 3 --save-snapshot-memory 1MiB \
+  --save "$W/b" >"$W/b.log" 2>&1 </dev/null &
+pid=$!
+ZOFF_TEST_SNAPSHOT_HOLD=1 "$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 7 --save-interval 3 \
+  --save-snapshot-memory 1MiB --save "$W/bh" >"$W/bh.log" 2>&1
+rc=$?
+wait "$pid"; rc2=$?
+check "1 MiB budget: both runs exit 0" "[ $rc -eq 0 ] && [ $rc2 -eq 0 ]"
+check "it says once per save that the staging is spent" \
+  "[ \$(grep -c 'checkpoint snapshot: its staging (1.00 MiB' '$W/bh.log') -eq 2 ]"
+staged_and_waited() { # (the metrics and the log's lines when not, for the record)
+  local l; l=$(grep '"ckpt_step":3,' "$W/bh/metrics.jsonl")
+  echo "$l" | grep -q '"ckpt_staged":[1-9]' && ! echo "$l" | grep -q '"ckpt_update_wait":0.000000' && return 0
+  echo "# step-3 save: $l"; grep -i 'snapshot\|background' "$W/bh.log"; return 1
+}
+check "it staged blocks (reusing its one slot) and the update waited for the writer" staged_and_waited
+for st in 3 6; do
+  f=$(printf 'step_%08d/rank_00000.zckpt' "$st")
+  check "1 MiB budget: step $st == the synchronous writer's (held and unheld writer)" \
+    "cmp -s '$W/bh/$f' '$W/y-plain/$f' && cmp -s '$W/b/$f' '$W/y-plain/$f'"
+done
+
+# 3. off: no snapshot, the first update after a save waits for all of it (the metrics say so)
+"$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 4 --save-interval 3 --save-snapshot-memory off --quiet \
+  --save "$W/off" >/dev/null 2>&1
+check "off: step 3 == the synchronous writer's, nothing staged, the save ended inside step 4" \
+  "cmp -s '$W/off/step_00000003/rank_00000.zckpt' '$W/y-plain/step_00000003/rank_00000.zckpt' && grep '\"ckpt_step\":3,' '$W/off/metrics.jsonl' | grep -q '\"ckpt_steps_overlapped\":1,\"ckpt_seconds\":[0-9.]*,\"ckpt_start\":[0-9.]*,\"ckpt_staged\":0,'"
+"$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 1 --save-snapshot-memory 12XB --save "$W/bad" >"$W/bad.log" 2>&1
+check "a bad --save-snapshot-memory: exit 2 and a message naming it" \
+  "[ $? -eq 2 ] && grep -q 'save-snapshot-memory' '$W/bad.log'"
+
+echo "# $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
