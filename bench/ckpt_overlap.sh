@@ -2,12 +2,14 @@
 # What periodic background saves cost the training steps, for one or more zoff binaries (or
 # flag sets) alternated round by round.
 #
-#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--dir /tmp/zoff-overlap] \
-#       NAME=BINARY[:NICE][+FLAG[+FLAG...]] ...
+#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--seq 64] [--micro 1] [--detail] \
+#       [--dir /tmp/zoff-overlap] NAME=BINARY[:NICE][+FLAG[+FLAG...]] ...
 #   e.g. bash bench/ckpt_overlap.sh snap=build/zoff wait=build/zoff+--save-snapshot-memory+off
 #
-# GPT-2 12 x 768 (checkpoint 1.02 GB), byte tokenizer, seq 64, micro-batch 1, bf16, stage 2,
-# optimizer on the CPU; --steps steps, a save every --interval. NICE sets ZOFF_CKPT_WRITER_NICE
+# GPT-2 12 x 768 (checkpoint 1.02 GB), byte tokenizer, seq 64, micro-batch 1 (the step is the host
+# update alone: the save competes with it for every core and all the memory bandwidth; --seq and
+# --micro give the device work to overlap), bf16, stage 2, optimizer on the CPU; --steps steps, a
+# save every --interval. --detail: each save's start and the steps of its span. NICE sets ZOFF_CKPT_WRITER_NICE
 # for that binary; +FLAG words are added to its zoff train command line.
 #
 # Per run, the figure the target is about, "span": each save's metrics line (written when the
@@ -19,10 +21,11 @@
 # binary without the metrics line (before the snapshot) counts one step per save, start 0.
 set -uo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
-D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; RUNS=()
+D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; SEQ=64; MICRO=1; DETAIL=0; RUNS=()
 while [ $# -gt 0 ]; do
   case "$1" in --rounds) ROUNDS="$2"; shift ;; --dir) D="$2"; shift ;; --steps) STEPS="$2"; shift ;;
-    --interval) K="$2"; shift ;; *=*) RUNS+=("$1") ;;
+    --interval) K="$2"; shift ;; --seq) SEQ="$2"; shift ;; --micro) MICRO="$2"; shift ;; --detail) DETAIL=1 ;;
+    *=*) RUNS+=("$1") ;;
     *) echo "unknown option $1" >&2; exit 2 ;; esac
   shift
 done
@@ -41,11 +44,11 @@ for r in $(seq 1 "$ROUNDS"); do
     la=$(cut -d' ' -f1 /proc/loadavg)
     # shellcheck disable=SC2086
     ZOFF_CKPT_WRITER_NICE="$nice" "$bin" train --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
-      --seq-length 64 --tokenizer byte --data-path "$D/corpus_train.bin" --eval-iters 0 --quiet \
+      --seq-length "$SEQ" --micro-batch-size "$MICRO" --tokenizer byte --data-path "$D/corpus_train.bin" --eval-iters 0 --quiet \
       --config "$D/cfg.json" --train-iters "$STEPS" --save-interval "$K" --save "$D/run" $flags 2>"$D/err.txt" ||
       { cat "$D/err.txt"; exit 1; }
     la2=$(cut -d' ' -f1 /proc/loadavg)
-    python3 - "$D/run/metrics.jsonl" "$K" "$name" "$r" "$la-$la2" <<'EOP'
+    python3 - "$D/run/metrics.jsonl" "$K" "$name" "$r" "$la-$la2" "$DETAIL" <<'EOP'
 import json, statistics, sys
 K = int(sys.argv[2])
 lines = [json.loads(l) for l in open(sys.argv[1])]
@@ -67,6 +70,13 @@ print("round %s %-6s load %s: span %.2fx (%d saves, %d steps in flight: %.2f s v
     "/".join("%.2f" % v["ckpt_seconds"] for v in saves), "/".join("%.0f" % (v["ckpt_staged"] / 1e6) for v in saves),
     "/".join("%.2f" % v["ckpt_update_wait"] for v in saves), statistics.median(after) / base,
     " ".join("%.2f" % a for a in after), base), flush=True)
+if sys.argv[6] == "1":
+    for v in saves:
+        k = v["ckpt_step"]
+        print("    save at step %d: start %.4f s, span steps %s s, staged in the update's pass %s MB" % (
+            k, v["ckpt_start"], " ".join("%.4f" % steps.get(s, float("nan"))
+                                        for s in range(k + 1, k + v["ckpt_steps_overlapped"] + 1)),
+            "%.0f" % (v.get("ckpt_staged_in_update", 0) / 1e6)), flush=True)
 EOP
   done
 done
