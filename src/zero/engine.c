@@ -1685,7 +1685,9 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
     if (i < 0 || i > 2 || offset < 0 || count < 0 || offset > e->n - count)
         return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
                           (long long)offset, (long long)count, (long long)e->n);
-    if (e->swap) ZOFF_TRY(zoff_hr_settle(e)); /* as state_io: no update job uses the swapper */
+    /* as state_io, no update job may use the swapper; cheap when none runs (a save calls this per
+     * 256 KiB slice): the full settle only with a speculative job of this boundary in flight */
+    if (e->swap) ZOFF_TRY(e->spec_running ? zoff_hr_settle(e) : zoff_hr_wait_job(e));
     bool dev = false;
     const size_t f4 = sizeof(float);
     for (int k = 0; k < e->nsg; k++) {
