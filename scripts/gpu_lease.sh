@@ -4,6 +4,8 @@
 # Here (no GPU needed; nvcc, the CUDA toolkit and apt-get):
 #   bash scripts/gpu_lease.sh --prebuild     # -> .gpu-carry/{bins.tar.xz,debs/}: sm_90 build of zoff,
 #                                            #    test_ops, test_device and emu_check (real CUDA)
+#   GPU_BASE_BIN=old/zoff bash scripts/gpu_lease.sh --prebuild   # also carries a baseline zoff: the
+#                                            #    offloaded 1.5B step and the save overlap then run both
 # There (the device tool; carry .gpu-carry):
 #   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt"] bash scripts/gpu_lease.sh
 #
@@ -14,7 +16,7 @@
 # the tensor-core attention and the fused LayerNorm must not have fallen back); 1.5B with the
 # optimizer offloaded (`zoff bench step`: offload, delayed, speculative) and `zoff train` 1.5B
 # offload (start-up to step 1); the 13B plan and 4 training steps of it; GPT-2 124M micro 16 and
-# 1.5B micro 8 with the optimizer on the device against plain PyTorch on the same shapes
+# 1.5B micro 4 with the optimizer on the device against plain PyTorch on the same shapes
 # (bench/torch_gpt2_step.py), interleaved; 40 training steps on CUDA and on the CPU (losses side
 # by side); emu_check and test_device; test_ops with each attention kernel forced; `zoff bench ckpt`
 # and bench/ckpt_overlap.sh (the 16-core box's save figures).
@@ -41,7 +43,12 @@ if [ "${1:-}" = --prebuild ]; then
     $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
     -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64
   rm -rf "$CARRY" && mkdir -p "$CARRY"
-  tar -C build-gpu -cJf "$CARRY/bins.tar.xz" zoff test_ops test_device emu_check_real
+  extra=()
+  if [ -n "${GPU_BASE_BIN:-}" ]; then # a baseline zoff (an earlier build) for the side-by-side runs
+    cp "$GPU_BASE_BIN" build-gpu/zoff-base
+    extra=(zoff-base)
+  fi
+  tar -C build-gpu -cJf "$CARRY/bins.tar.xz" zoff test_ops test_device emu_check_real "${extra[@]}"
   cp -r .deps/debs "$CARRY/debs"
   git rev-parse --short HEAD > "$CARRY/commit"
   du -sh "$CARRY"
@@ -132,8 +139,11 @@ fi
 # ------------------------------------------------------------------ 1.5B offloaded, 13B (issue 20)
 if part large; then
 XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length 1024)
-step bench_step_1558M_offload 150 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 \
-  --configs offload,offload+delayed,offload+speculative --profile-iters 0 --peak-gemm 0 --device cuda --json
+for bin in zoff zoff-base; do
+  [ -x "$B/$bin" ] || continue
+  step "bench_step_1558M_offload${bin#zoff}" 150 "$B/$bin" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 \
+    --rounds 1 --configs offload,offload+delayed,offload+speculative --profile-iters 0 --peak-gemm 0 --device cuda --json
+done
 printf '%s\n' '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, "steps_per_print": 1, "gradient_clipping": 1.0,' \
   '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
   '"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/xl.json"
@@ -163,9 +173,11 @@ for rep in 1 2; do
     --configs device-optimizer --profile-iters $((rep == 1 ? 3 : 0)) --peak-gemm $((rep == 1 ? 8192 : 0)) --device cuda --json
   step "torch_124M_$rep" 90 env PYTHONUNBUFFERED=1 $PY bench/torch_gpt2_step.py "${S124[@]}" --iters 10 --warmup 3
 done
-step bench_step_1558M 120 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 --rounds 1 \
+# micro 4: the peer (Hugging Face GPT-2, fp32 weights and AdamW state, no recomputation) needs more
+# than an 80 GB card at micro 8
+step bench_step_1558M 120 "$B/zoff" bench step "${XL[@]}" --micro-batch-size 4 --dtype bf16 --iters 3 --rounds 1 \
   --configs device-optimizer --profile-iters 2 --peak-gemm 0 --device cuda --json
-step torch_1558M 120 env PYTHONUNBUFFERED=1 $PY bench/torch_gpt2_step.py "${XL[@]}" --micro-batch-size 8 --iters 5 --warmup 2
+step torch_1558M 120 env PYTHONUNBUFFERED=1 $PY bench/torch_gpt2_step.py "${XL[@]}" --micro-batch-size 4 --iters 5 --warmup 2
 
 fi
 
@@ -212,6 +224,10 @@ done
 fi
 if part ckpt; then
 step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
-step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --dir "$W/overlap" "cuda=$B/zoff"
+if [ -x "$B/zoff-base" ]; then # interleaved, round by round
+  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 3 --dir "$W/overlap" "base=$B/zoff-base" "new=$B/zoff"
+else
+  step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --dir "$W/overlap" "cuda=$B/zoff"
+fi
 fi
 echo "lease: $(($(date +%s) - START_EPOCH)) s"

@@ -16,11 +16,13 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -560,6 +562,77 @@ static void test_threads_bit_identical(void **state) {
                 tb_free(&in);
                 tb_free(&ref);
             }
+}
+
+/* Work sharing and the before_write hook. The thread that takes element 0 is made slow (2 ms
+ * per block of the hook); the others, done with their own chunks, take the rest of its chunk.
+ * Checked: every element went through the hook exactly once and before it was written (the
+ * weights the hook sees are still the inputs), the results equal one thread's bit for bit,
+ * and the slow thread's chunk was shared (more than one thread worked on it). */
+typedef struct share_probe {
+    const tbuf *in, *out;
+    unsigned char *calls;     /* per element: hook calls */
+    int *who;                 /* per 4096-element block: the thread's number */
+    _Atomic int threads_seen; /* thread numbers handed out */
+    _Atomic int written_early;
+    int gen;
+} share_probe;
+
+static _Thread_local int tl_gen = -1, tl_id, tl_slow;
+
+static void share_hook(void *ctx, int64_t lo, int64_t hi) {
+    share_probe *sp = ctx;
+    if (tl_gen != sp->gen) { /* a pool thread from an earlier run: a fresh number */
+        tl_gen = sp->gen;
+        tl_id = atomic_fetch_add(&sp->threads_seen, 1);
+        tl_slow = 0;
+    }
+    if (lo == 0) tl_slow = 1;
+    if (memcmp(sp->out->p + lo, sp->in->p + lo, (size_t)(hi - lo) * 4)) atomic_store(&sp->written_early, 1);
+    for (int64_t i = lo; i < hi; i++) sp->calls[i]++;
+    for (int64_t b = lo / 4096; b <= (hi - 1) / 4096; b++) sp->who[b] = tl_id;
+    if (tl_slow) nanosleep(&(struct timespec){0, 2000000}, NULL);
+}
+
+static void test_work_sharing(void **state) {
+    (void)state;
+    static int gen;
+    const int T = 4;
+    const int64_t n = (int64_t)T * 8 * 65536 + 123;
+    const ocase *oc = &g_ocases[0];
+    tbuf in, ref, out;
+    tb_alloc(&in, n, ZOFF_BF16, ZOFF_F32, ZOFF_BF16, 0);
+    double gscale = tb_fill(&in, R_NORMAL);
+    tb_copy(&ref, &in, 0);
+    tb_copy(&out, &in, 0);
+    zoff_host_optimizer *o0 = make_opt(oc, g_paths[0], 1, ZOFF_STATE_ROUND_STOCHASTIC, 0);
+    run_step(o0, &ref, oc->type, oc->wd, gscale);
+    zoff_host_optimizer_destroy(o0);
+    share_probe sp = {.in = &in, .out = &out, .calls = calloc((size_t)n, 1),
+                      .who = calloc((size_t)(n / 4096 + 1), sizeof(int)), .gen = ++gen};
+    assert_non_null(sp.calls);
+    assert_non_null(sp.who);
+    zoff_host_optimizer *o1 = make_opt(oc, g_paths[0], T, ZOFF_STATE_ROUND_STOCHASTIC, -1);
+    OK(zoff_host_optimizer_begin_step(o1, STEP, LR));
+    zoff_optim_tensors t = tensors_of(&out, oc->type);
+    t.before_write = share_hook;
+    t.before_write_ctx = &sp;
+    OK(zoff_host_optimizer_update(o1, &t, oc->wd, gscale));
+    zoff_host_optimizer_destroy(o1);
+    assert_int_equal(atomic_load(&sp.written_early), 0);
+    for (int64_t i = 0; i < n; i++)
+        if (sp.calls[i] != 1) fail_msg("element %lld went through the hook %d times", (long long)i, sp.calls[i]);
+    assert_tb_same(&out, &ref, false, "shared, one thread slow", "one thread");
+    int first = sp.who[0], others = 0;
+    for (int64_t b = 0; b < n / T / 4096; b++) others += sp.who[b] != first;
+    print_message("work sharing: %d threads, %d of the slow thread's %lld blocks done by others\n",
+                  atomic_load(&sp.threads_seen), others, (long long)(n / T / 4096));
+    assert_true(others > 0);
+    free(sp.calls);
+    free(sp.who);
+    tb_free(&in);
+    tb_free(&ref);
+    tb_free(&out);
 }
 
 /* In place (the engine's one host buffer: the 16-bit gradient in, the new 16-bit weight
@@ -1326,6 +1399,7 @@ int main(void) {
         cmocka_unit_test(test_reference),
         cmocka_unit_test(test_paths_bit_identical),
         cmocka_unit_test(test_threads_bit_identical),
+        cmocka_unit_test(test_work_sharing),
         cmocka_unit_test(test_split_ranges),
         cmocka_unit_test(test_backup_fused),
         cmocka_unit_test(test_params16_in_place),

@@ -122,6 +122,12 @@ void zoff_par_fill_f32(float *dst, float value, size_t n);
 void zoff_par_fill_u16(uint16_t *dst, uint16_t value, size_t n);
 void zoff_par_f32_to_bf16(uint16_t *dst, const float *src, size_t n); /* zoff_f32_to_bf16 per element */
 void zoff_par_f32_to_f16(uint16_t *dst, const float *src, size_t n);  /* zoff_f32_to_f16 per element */
+/* dst = src (n bytes, no overlap) on the calling thread where dst is not read soon (a backup, a
+ * snapshot): streaming stores on x86 (no read for ownership of dst's lines, the cache left to
+ * the caller's work); zoff_store_fence makes them visible before a later release (a flag, a
+ * thread's join). */
+void zoff_copy_streaming(void *dst, const void *src, size_t n);
+void zoff_store_fence(void);
 
 /* ---- counter-based random numbers (rng.c) ---- */
 /* Philox4x32-10: out = the 4 x 32 bits at counter ctr under key (Random123's values). */

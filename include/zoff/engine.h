@@ -371,17 +371,22 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
 /* Copy-on-update snapshot for a background save (one rank, all the state in host memory,
  * zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no update
  * running: after zoff_engine_flush_state) starts one: from then on a host update of a
- * sub-group whose state the writer has not yet read first copies that state (whole blocks of
- * zoff_engine_snapshot_block_bytes, on up to the optimizer's threads) into a staging arena of
+ * sub-group whose state the writer has not yet read first copies that state (blocks of
+ * zoff_engine_snapshot_block_bytes: in the exact update's own pass, each element just before
+ * it is written, or whole blocks on up to the optimizer's threads) into a staging arena of
  * at most budget bytes, and zoff_engine_snapshot_read (the writer thread) reads each element
  * of state array i exactly once, from the staging copy where there is one, else from the live
  * state: what it reads is the state at begin, whatever updates run meanwhile. When the
  * budget is spent an update waits until the writer has read the blocks it would modify (said
  * once in the log). zoff_engine_snapshot_finish (the writer thread, also after a failure)
- * ends it, frees the arena and fills *stats (may be NULL); updates never wait after it.
- * Budget 0: no staging, every update waits for the writer. */
+ * ends it and fills *stats (may be NULL); updates never wait after it. The arena is kept for
+ * the next save (zoff_engine_snapshot_held bytes: its pages are faulted in once) and freed
+ * with the engine, or by a begin that needs a larger one. Budget 0: no staging, every update
+ * waits for the writer. A read fails (ZOFF_ERR_INTERNAL) when an update failed while it was
+ * staging the state. */
 typedef struct zoff_engine_snapshot_stats {
     size_t budget, staged; /* arena bytes; bytes copied into it */
+    size_t staged_in_update; /* of staged: copied by the updates' own passes */
     double update_wait;    /* seconds updates waited for the writer (budget spent) */
 } zoff_engine_snapshot_stats;
 size_t zoff_engine_snapshot_block_bytes(void);
@@ -390,6 +395,7 @@ size_t zoff_engine_snapshot_bytes(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);
 zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host);
 void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats);
+size_t zoff_engine_snapshot_held(const zoff_engine *e);
 /* The dtype state array i keeps in the engine (what a checkpoint stores): ZOFF_BF16 for m
  * and v when every element keeps bf16 state (bf16_optimizer_states with offload_optimizer
  * ratio 1: no fp32 device part on any rank), else ZOFF_F32. get widens bf16 exactly; set rounds to nearest-even (exact

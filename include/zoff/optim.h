@@ -124,6 +124,13 @@ typedef struct zoff_optim_tensors {
     zoff_optim_backup backup;
     float *backup_params;
     void *backup_exp_avg, *backup_exp_avg_sq;
+    /* optional (NULL = none): called by the thread that works on elements [lo, hi) (indices of
+       this range, blocks of a few thousand) before any of them is written, with the caller's
+       ctx; it may run on several threads at once, for disjoint blocks. A background save's
+       snapshot copies the old values away here (zoff_engine_snapshot_*), in the update's own
+       pass; the stores it makes are fenced before the thread's part counts as done. */
+    void (*before_write)(void *ctx, int64_t lo, int64_t hi);
+    void *before_write_ctx;
 } zoff_optim_tensors;
 
 /* Create from the config's optimizer section. Adam: decoupled weight decay when
@@ -144,7 +151,9 @@ zoff_status zoff_host_optimizer_set_eps(zoff_host_optimizer *opt, double eps);
 /* Update one range (see the formulas above). weight_decay applies to all n
  * elements: call once per decay / no-decay range. Ranges shorter than the
  * serial threshold run on the calling thread; longer ones are split into one
- * contiguous, 64-byte-aligned chunk per thread. update() only reads the
+ * contiguous, 64-byte-aligned chunk per thread, each taken in pieces from its front by
+ * its own thread first and then by any thread done with its own (a thread held back by
+ * the scheduler does not hold the update back). update() only reads the
  * optimizer object, so updates of disjoint ranges may run concurrently; none
  * may run concurrently with begin_step or the setters. */
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,

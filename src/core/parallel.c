@@ -6,6 +6,11 @@
 #include <omp.h>
 #include <string.h>
 
+#if defined(__SSE2__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#include <emmintrin.h>
+#define PAR_NT_COPY 1 /* (sanitizer builds copy with memcpy, which they check) */
+#endif
+
 #include "core/half_internal.h"
 #include "zoff/core.h"
 
@@ -96,4 +101,32 @@ void zoff_par_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
 
 void zoff_par_f32_to_f16(uint16_t *dst, const float *src, size_t n) {
     for_each_piece(n, n * sizeof(float), f16_piece, &(par_job){.dst = dst, .src = src});
+}
+
+void zoff_copy_streaming(void *dst, const void *src, size_t n) {
+#ifdef PAR_NT_COPY
+    char *d = dst;
+    const char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i x0 = _mm_loadu_si128((const __m128i *)s), x1 = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + 32)), x3 = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, x0);
+        _mm_stream_si128((__m128i *)(d + 16), x1);
+        _mm_stream_si128((__m128i *)(d + 32), x2);
+        _mm_stream_si128((__m128i *)(d + 48), x3);
+    }
+    memcpy(d, s, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+void zoff_store_fence(void) {
+#ifdef PAR_NT_COPY
+    _mm_sfence();
+#endif
 }

@@ -15,10 +15,7 @@
 #if defined(__SANITIZE_THREAD__)
 #include <pthread.h>
 #endif
-#if defined(__SSE2__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#include <emmintrin.h>
-#define ZO_NT_COPY 1 /* (sanitizer builds copy with memcpy, which they check) */
-#endif
+#include <stdatomic.h>
 
 /* Chunk boundaries fall on multiples of this many elements past the first
  * 64-byte-aligned fp32 weight: 64 bytes of fp32 and of 16-bit arrays alike. */
@@ -201,38 +198,13 @@ static int64_t chunk_bound(int k, int nt, int64_t n, int64_t head) {
  * the kernel reads what the copy just read or wrote. A multiple of ZO_ALIGN_ELEMS. */
 #define ZO_BK_BLOCK 4096
 
-/* dst = src (n bytes) where dst is not read soon (the backup): streaming stores on x86
- * (no read for ownership of the backup's lines, the cache left to the update; zo_run
- * fences after them). */
-static void zo_copy_away(void *dst, const void *src, size_t n) {
-#ifdef ZO_NT_COPY
-    char *d = dst;
-    const char *s = src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    if (head > n) head = n;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 64; n -= 64, d += 64, s += 64) {
-        __m128i x0 = _mm_loadu_si128((const __m128i *)s), x1 = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + 32)), x3 = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, x0);
-        _mm_stream_si128((__m128i *)(d + 16), x1);
-        _mm_stream_si128((__m128i *)(d + 32), x2);
-        _mm_stream_si128((__m128i *)(d + 48), x3);
-    }
-    memcpy(d, s, n);
-#else
-    memcpy(dst, src, n);
-#endif
-}
-
 static void zo_copy_here(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 
 /* The backup copy of [lo, hi) (a->bk_dir: 1 state to backup, 2 backup to state). */
 static void zo_bk_copy(const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
     const size_t n = (size_t)(hi - lo), ss = (size_t)a->ssize, o = (size_t)lo;
     const bool save = a->bk_dir == 1;
-    void (*copy)(void *, const void *, size_t) = save ? zo_copy_away : zo_copy_here;
+    void (*copy)(void *, const void *, size_t) = save ? zoff_copy_streaming : zo_copy_here;
     float *p = a->p + o, *pb = a->pb + o;
     copy(save ? pb : p, save ? p : pb, n * 4);
     if (a->m) {
@@ -245,22 +217,47 @@ static void zo_bk_copy(const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
     }
 }
 
-/* One thread's part [lo, hi): the kernel (fn; NULL: the backup copy only), with the
- * backup copy block by block just before the kernel runs on the block. Splitting a
- * range changes no result (every element is computed alone; tails as full vectors). */
+/* A piece [lo, hi) of one thread: the kernel (fn; NULL: the backup copy only), with the
+ * caller's before_write hook and the backup copy block by block just before the kernel runs
+ * on the block. Splitting a range changes no result (every element is computed alone; tails
+ * as full vectors). */
 static void zo_run(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int64_t lo, int64_t hi) {
-    if (!a->bk_dir) {
+    if (!a->bk_dir && !a->before_write) {
         fn(a, lo, hi);
         return;
     }
     for (int64_t b = lo; b < hi; b += ZO_BK_BLOCK) {
         int64_t e = hi - b > ZO_BK_BLOCK ? b + ZO_BK_BLOCK : hi;
-        zo_bk_copy(a, b, e);
+        if (a->before_write) a->before_write(a->before_write_ctx, b, e);
+        if (a->bk_dir) zo_bk_copy(a, b, e);
         if (fn) fn(a, b, e);
     }
-#ifdef ZO_NT_COPY
-    _mm_sfence(); /* the streaming stores visible before the thread's part counts as done */
-#endif
+    zoff_store_fence(); /* the streaming stores visible before the thread's part counts as done */
+}
+
+/* Work sharing. Each thread's chunk (chunk_bound: contiguous, aligned) is taken in pieces of
+ * ZO_PIECE_ELEMS from its front through an atomic cursor, first by its own thread, then by
+ * any thread done with its own: a thread the scheduler holds back (a checkpoint writer, the
+ * data loader, another process on its core) no longer holds the whole update back, while in
+ * the common case every thread still works through its own chunk (the pages it first
+ * touched, init_state). A piece is computed the same whichever thread runs it. */
+#define ZO_PIECE_ELEMS 65536 /* 256 KiB of each fp32 array; a multiple of ZO_ALIGN_ELEMS */
+
+typedef struct zo_cursor {
+    _Atomic int64_t next; /* elements of the chunk taken */
+    char pad[64 - sizeof(int64_t)];
+} zo_cursor;
+
+static void zo_share(zoff_optim_range_fn fn, const zoff_optim_kargs *a, zo_cursor *cur, int nt, int k, int64_t head) {
+    for (int d = 0; d < nt; d++) {
+        const int j = (k + d) % nt;
+        const int64_t lo = chunk_bound(j, nt, a->n, head), hi = chunk_bound(j + 1, nt, a->n, head);
+        for (;;) {
+            int64_t x = lo + atomic_fetch_add_explicit(&cur[j].next, ZO_PIECE_ELEMS, memory_order_relaxed);
+            if (x >= hi) break;
+            zo_run(fn, a, x, hi - x > ZO_PIECE_ELEMS ? x + ZO_PIECE_ELEMS : hi);
+        }
+    }
 }
 
 #if defined(__SANITIZE_THREAD__)
@@ -271,23 +268,26 @@ static void zo_run(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int64_t lo
 typedef struct zo_job {
     zoff_optim_range_fn fn;
     const zoff_optim_kargs *a;
-    int64_t lo, hi;
+    zo_cursor *cur;
+    int nt, k;
+    int64_t lo, hi, head;
 } zo_job;
 
 static void *zo_job_main(void *arg) {
     zo_job *j = arg;
-    if (j->lo < j->hi) zo_run(j->fn, j->a, j->lo, j->hi);
+    if (j->cur) zo_share(j->fn, j->a, j->cur, j->nt, j->k, j->head);
+    else if (j->lo < j->hi) zo_run(j->fn, j->a, j->lo, j->hi);
     return NULL;
 }
 
-static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int nt, int64_t head) {
+static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, zo_cursor *cur, int nt, int64_t head) {
     enum { MAXT = 64 };
     zo_job jobs[MAXT];
     pthread_t th[MAXT];
     bool started[MAXT] = {false};
     if (nt > MAXT) nt = MAXT;
     for (int k = 0; k < nt; k++)
-        jobs[k] = (zo_job){fn, a, chunk_bound(k, nt, a->n, head), chunk_bound(k + 1, nt, a->n, head)};
+        jobs[k] = (zo_job){fn, a, cur, nt, k, chunk_bound(k, nt, a->n, head), chunk_bound(k + 1, nt, a->n, head), head};
     for (int k = 1; k < nt; k++) started[k] = pthread_create(&th[k], NULL, zo_job_main, &jobs[k]) == 0;
     zo_job_main(&jobs[0]);
     for (int k = 1; k < nt; k++) {
@@ -297,9 +297,10 @@ static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, int 
 }
 #endif
 
-/* Run fn over [0, n) (with the backup copy, if any): serially when short, else one
- * contiguous aligned chunk per thread. */
-static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, const zoff_optim_kargs *a) {
+/* Run fn over [0, n) (with the hook and the backup copy, if any): serially when short, else
+ * one contiguous aligned chunk per thread, shared (zo_share) or, share false (init_state: the
+ * first touch places each page with its thread), each thread its own only. */
+static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, const zoff_optim_kargs *a, bool share) {
     const int64_t n = a->n;
     int nt = opt->threads;
     int64_t maxt = (n + ZO_ALIGN_ELEMS - 1) / ZO_ALIGN_ELEMS; /* at least one aligned block each */
@@ -310,16 +311,25 @@ static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, co
     }
     uintptr_t addr = (uintptr_t)a->p;
     int64_t head = (addr & 3) ? 0 : (int64_t)(((64 - (addr & 63)) & 63) / 4);
+    enum { STACK_CURSORS = 64 };
+    zo_cursor stack_cur[STACK_CURSORS], *cur = NULL;
+    if (share) cur = nt <= STACK_CURSORS ? stack_cur : aligned_alloc(64, (size_t)nt * sizeof *cur);
+    for (int k = 0; cur && k < nt; k++) atomic_init(&cur[k].next, 0); /* (no memory: each thread its own) */
 #if defined(__SANITIZE_THREAD__)
-    run_pthreads(fn, a, nt, head);
+    run_pthreads(fn, a, cur, nt, head);
 #else
 #pragma omp parallel num_threads(nt)
     {
         int tn = omp_get_num_threads(), k = omp_get_thread_num();
-        int64_t lo = chunk_bound(k, tn, n, head), hi = chunk_bound(k + 1, tn, n, head);
-        if (lo < hi) zo_run(fn, a, lo, hi);
+        if (cur) { /* every chunk is taken, however many threads the runtime gave */
+            zo_share(fn, a, cur, nt, k, head);
+        } else {
+            int64_t lo = chunk_bound(k, tn, n, head), hi = chunk_bound(k + 1, tn, n, head);
+            if (lo < hi) zo_run(fn, a, lo, hi);
+        }
     }
 #endif
+    if (cur != stack_cur) free(cur);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -509,6 +519,8 @@ static void fill_kargs(const zoff_host_optimizer *opt, const zoff_optim_tensors 
     a->pb = t->backup_params;
     a->mb = a->m ? t->backup_exp_avg : NULL;
     a->vb = a->v ? t->backup_exp_avg_sq : NULL;
+    a->before_write = t->before_write;
+    a->before_write_ctx = t->before_write_ctx;
 }
 
 zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_optim_tensors *t, double weight_decay,
@@ -549,7 +561,7 @@ zoff_status zoff_host_optimizer_update(zoff_host_optimizer *opt, const zoff_opti
     }
     zoff_optim_range_fn fn = opt->select(opt->kind, gd, sd, pd);
     if (!fn) return zoff_error(ZOFF_ERR_INTERNAL, "no optimizer kernel for kind %d dtypes %d/%d/%d", opt->kind, gd, sd, pd);
-    run_range(opt, fn, &a);
+    run_range(opt, fn, &a, true);
     return ZOFF_OK;
 }
 
@@ -566,7 +578,7 @@ zoff_status zoff_host_optimizer_copy_backup(zoff_host_optimizer *opt, const zoff
     if (t->n == 0) return ZOFF_OK;
     zoff_optim_kargs a;
     fill_kargs(opt, t, &a);
-    run_range(opt, NULL, &a);
+    run_range(opt, NULL, &a, true);
     return ZOFF_OK;
 }
 
@@ -580,7 +592,7 @@ zoff_status zoff_host_optimizer_bandwidth_probe(zoff_host_optimizer *opt, const 
     a.b1 = 1.0f;     /* m = m * 1, v = v * 1 */
     zoff_optim_range_fn fn = opt->select(ZO_KIND_PROBE, gd, sd, pd);
     if (!fn) return zoff_error(ZOFF_ERR_INTERNAL, "no probe kernel for dtypes %d/%d/%d", gd, sd, pd);
-    run_range(opt, fn, &a);
+    run_range(opt, fn, &a, true);
     return ZOFF_OK;
 }
 
@@ -632,7 +644,7 @@ static zoff_status init_state(zoff_host_optimizer *opt, const zoff_optim_tensors
         a.v_init = opt->kind == ZO_KIND_ADAGRAD ? (float)opt->init_acc : 0.0f;
     }
     if (touch_p && !t->params) return zoff_error(ZOFF_ERR_INVALID, "%s: params is NULL", fn);
-    run_range(opt, init_chunk, &a);
+    run_range(opt, init_chunk, &a, false);
     return ZOFF_OK;
 }
 

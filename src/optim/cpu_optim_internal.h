@@ -46,6 +46,9 @@ typedef struct zoff_optim_kargs {
     int ssize;         /* bytes per m / v element */
     float *pb;
     void *mb, *vb;
+    /* zoff_optim_tensors' before_write hook (dispatcher only) */
+    void (*before_write)(void *ctx, int64_t lo, int64_t hi);
+    void *before_write_ctx;
 } zoff_optim_kargs;
 
 /* Processes elements [lo, hi) of the range described by a. */

@@ -35,16 +35,19 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     const zoff_engine_snapshot_stats *ss = &d.snapshot;
     char b[2][32], snap[160] = "";
     if (d.snapshot_used)
-        snprintf(snap, sizeof snap, "; %s of the state staged for the updates (budget %s), updates waited %.2f s",
-                 zoff_format_bytes(ss->staged, b[0], 32), zoff_format_bytes(ss->budget, b[1], 32), ss->update_wait);
+        snprintf(snap, sizeof snap, "; %s of the state staged for the updates (%.0f%% in their own pass, budget %s), "
+                 "updates waited %.2f s", zoff_format_bytes(ss->staged, b[0], 32),
+                 ss->staged ? 100.0 * (double)ss->staged_in_update / (double)ss->staged : 0.0,
+                 zoff_format_bytes(ss->budget, b[1], 32), ss->update_wait);
     trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s%s)", d.seconds,
                 d.cpu_seconds, snap);
     return trainer_metrics_line(t,
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
-                                "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_update_wait\":%.6f}\n",
+                                "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
+                                "\"ckpt_update_wait\":%.6f}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
-                                ss->update_wait);
+                                ss->staged_in_update, ss->update_wait);
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
@@ -319,8 +322,9 @@ static int64_t snapshot_budget(const zoff_trainer *t) {
     if (t->cfg.zero.offload_optimizer.super_offload || t->o.save_snapshot_bytes < 0) return -1;
     if (t->o.save_snapshot_bytes > 0) return t->o.save_snapshot_bytes;
     zoff_host_memory hm;
-    size_t full = zoff_engine_snapshot_bytes(t->eng), half = 0;
-    if (zoff_host_memory_query(&hm) == ZOFF_OK) half = zoff_host_memory_left(&hm) / 2;
+    size_t full = zoff_engine_snapshot_bytes(t->eng), held = zoff_engine_snapshot_held(t->eng), half = 0;
+    if (zoff_host_memory_query(&hm) == ZOFF_OK) half = (zoff_host_memory_left(&hm) + held) / 2; /* ours counts */
+    if (half < held) half = held; /* kept from the last save: using it costs nothing */
     return (int64_t)(full < half ? full : half);
 }
 

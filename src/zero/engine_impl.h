@@ -275,8 +275,24 @@ void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so);
 /* ---- snapshot.c: the background save's copy-on-update snapshot (zoff_engine_snapshot_*) ---- */
 
 /* Before host sub-group g is updated (the thread running the update): every block of its
- * state the writer has not read is staged (or, budget spent, read by the writer first). */
-zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g);
+ * state the writer has not read gets a staging slot (or, budget spent, is read by the writer
+ * first). With fuse (an exact update follows, which writes every element of g once) the
+ * blocks wholly inside g are filled by the update's own pass, through
+ * zoff_eng_snap_before_write; the others are copied here. */
+zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g, bool fuse);
+/* Blocks wait for an update's pass to fill them (the pass must then pass the hook). */
+bool zoff_eng_snap_pending(const zoff_engine *e);
+/* zoff_optim_tensors.before_write for an update of the host state from offset state_off on
+ * (ctx: a zoff_snap_hook). */
+typedef struct zoff_snap_hook {
+    zoff_engine *e;
+    int64_t state_off;
+} zoff_snap_hook;
+void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi);
+/* After a host update (s: its status): a block still waiting to be filled (a failed update)
+ * fails the save's snapshot instead of handing the writer half a block; returns s, or an
+ * error if s was ZOFF_OK. */
+zoff_status zoff_eng_snap_pass_done(zoff_engine *e, zoff_status s);
 void zoff_eng_snap_destroy(zoff_engine *e);
 
 /* ---- hostrun.c: the host optimizer runner ---- */

@@ -138,6 +138,11 @@ static zoff_status update_piece(zoff_engine *e, const subgroup *g, int gbuf, flo
                              .backup_params = pb.bk ? e->bk_master + so : NULL,
                              .backup_exp_avg = pb.bk ? st_at(e, e->bk_m, so) : NULL,
                              .backup_exp_avg_sq = pb.bk ? st_at(e, e->bk_v, so) : NULL};
+    zoff_snap_hook hook = {e, so}; /* a background save's blocks this pass fills (zoff_eng_snap_protect's fuse) */
+    if (pb.bk == ZOFF_BACKUP_NONE && zoff_eng_snap_pending(e)) {
+        tt.before_write = zoff_eng_snap_before_write;
+        tt.before_write_ctx = &hook;
+    }
     if (pb.copy_only) return zoff_host_optimizer_copy_backup(e->hopt, &tt);
     return zoff_host_optimizer_update(e->hopt, &tt, weight_decay, grad_scale);
 }
@@ -273,7 +278,7 @@ static zoff_status spec_update(zoff_engine *e, int gbuf, double grad_scale, int6
         if (i < 0) return zoff_error(ZOFF_ERR_INTERNAL, "speculative update stopped: the engine is being destroyed");
         const subgroup *g = &e->sg[i];
         double *span = span_slot(e, seq, nsp++, g);
-        if (e->sg_state[i] == 0) ZOFF_TRY(zoff_eng_snap_protect(e, g));
+        if (e->sg_state[i] == 0) ZOFF_TRY(zoff_eng_snap_protect(e, g, false));
         if (e->spec_first == 0) e->spec_first = zoff_now(); /* the timeline: when updating began */
         if (span) span[0] = zoff_now();
         int64_t lo = g->offset, hi = g->offset + g->count;
@@ -344,7 +349,8 @@ static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, dou
         float *master = e->h_master ? e->h_master + g->state_off : NULL;
         void *hm = st_at(e, e->h_m, g->state_off), *hv = st_at(e, e->h_v, g->state_off);
         if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
-        if (!e->swap) ZOFF_TRY(zoff_eng_snap_protect(e, g)); /* a background save has its old state first */
+        /* a background save has its old state first (the exact update's own pass copies most of it) */
+        if (!e->swap) ZOFF_TRY(zoff_eng_snap_protect(e, g, pb.bk == ZOFF_BACKUP_NONE));
         double *span = span_slot(e, seq, nsp++, g);
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
@@ -393,7 +399,7 @@ zoff_status zoff_hr_spec_undo_redo(zoff_engine *e, zoff_status s) {
 }
 
 zoff_status zoff_hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
-    zoff_status s = hr_update(e, gbuf, t, lr, grad_scale, mode);
+    zoff_status s = zoff_eng_snap_pass_done(e, hr_update(e, gbuf, t, lr, grad_scale, mode));
     zoff_status r = zoff_hr_spec_undo_redo(e, s);
     return s != ZOFF_OK ? s : r;
 }

@@ -2,16 +2,26 @@
  *
  * Each host state array in use (master, m, v over the host state offsets [0, n_host)) is cut
  * into blocks of zoff_engine_snapshot_block_bytes. Per block: the elements the writer has read
- * (`taken`), and its staging slot (-1: none) with `ready` once the copy is complete. The
- * writer reads a block from its slot when ready, else from the live state; the update of a
- * sub-group first makes every block it touches either fully taken or staged (copying whole
- * blocks: nothing of a block has changed before it is staged or taken, since every update
- * protects its blocks first), and then waits while the writer is reading live elements of its
- * range (one slice, microseconds). Slots return to the free list when the writer has taken
- * their block. The writer never waits for the updater; the updater waits for the writer only
- * when no slot is free (the budget is spent). All under one mutex; the copies outside it. */
+ * (`taken`), its staging slot (-1: none) and its state: NONE (no slot, or a slot whose copy
+ * protect is making), PENDING (a slot the update's own pass fills: each element is copied
+ * there, by the optimizer thread that works on it, just before it is written; `copied` counts
+ * them) or READY. The writer reads a READY block from its slot, waits for a PENDING one, and
+ * reads any other live. Before a sub-group is updated, protect gives every block it touches
+ * that the writer has not fully read a slot: blocks wholly inside the sub-group, when an
+ * exact update follows and the free slots suffice, become PENDING (the update's pass copies
+ * them: one read of the state, the copy's writes streamed past the cache); the others (a
+ * block shared with the next sub-group, the speculative and restoring updates, a budget
+ * about to run out) are copied at once, whole, on up to the optimizer's threads. Nothing of
+ * a block changes before it is staged or taken. protect then waits while the writer is
+ * reading live elements of its range (one slice, microseconds). Slots return to the free
+ * list when the writer has taken their block. The updater waits for the writer only when no
+ * slot is free. All under one mutex, except the copies and the PENDING fills (atomics).
+ *
+ * The arena stays allocated from one save to the next (its pages faulted in once, not at
+ * every save's first update) and is freed with the engine, or when a save needs more. */
 #include <errno.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,6 +30,8 @@
 
 #define SNAP_ARRAYS 3
 
+enum { BLK_NONE = 0, BLK_READY = 1, BLK_PENDING = 2 };
+
 typedef struct zoff_snap {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -27,8 +39,12 @@ typedef struct zoff_snap {
     int64_t blk[SNAP_ARRAYS], nb[SNAP_ARRAYS]; /* elements per block, blocks (0: the array is not in use) */
     int64_t *taken[SNAP_ARRAYS];  /* per block: elements the writer has read */
     int32_t *slot[SNAP_ARRAYS];   /* per block: staging slot, -1 none */
-    unsigned char *ready[SNAP_ARRAYS];
-    char *arena;
+    _Atomic unsigned char *state[SNAP_ARRAYS]; /* per block: BLK_* */
+    _Atomic int64_t *copied[SNAP_ARRAYS];       /* per PENDING block: elements copied into its slot */
+    _Atomic int npending;         /* PENDING blocks */
+    bool failed;                  /* an update failed with blocks PENDING: the snapshot is not whole */
+    char *arena;                  /* arena_slots slots, kept from save to save */
+    int arena_slots;
     int32_t *free_slots;
     int nslots, nfree;
     int inside;                   /* updaters in zoff_eng_snap_protect (finish waits for them: their copies, their
@@ -66,8 +82,9 @@ void zoff_eng_snap_destroy(zoff_engine *e) {
     if (!p) return;
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
-    for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->ready[i]);
-    ZOFF_FREE_ALL(p->arena, p->free_slots, p);
+    for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->state[i], p->copied[i]);
+    zoff_aligned_free(p->arena);
+    ZOFF_FREE_ALL(p->free_slots, p);
     e->snap = NULL;
 }
 
@@ -84,8 +101,9 @@ static zoff_status snap_create(zoff_engine *e) {
         size_t nb = (size_t)p->nb[i] + 1;
         p->taken[i] = calloc(nb, sizeof *p->taken[i]);
         p->slot[i] = malloc(nb * sizeof *p->slot[i]);
-        p->ready[i] = calloc(nb, 1);
-        if (!p->taken[i] || !p->slot[i] || !p->ready[i]) {
+        p->state[i] = calloc(nb, sizeof *p->state[i]);
+        p->copied[i] = calloc(nb, sizeof *p->copied[i]);
+        if (!p->taken[i] || !p->slot[i] || !p->state[i] || !p->copied[i]) {
             zoff_eng_snap_destroy(e);
             return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
         }
@@ -102,22 +120,31 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     const size_t bb = zoff_engine_snapshot_block_bytes(), full = zoff_engine_snapshot_bytes(e);
     if (budget > full) budget = full;
     int nslots = (int)(budget / bb);
-    char *arena = nslots > 0 ? zoff_aligned_alloc(64, (size_t)nslots * bb, "checkpoint snapshot staging") : NULL;
-    int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
-    if (nslots > 0 && (!arena || !fs)) {
-        ZOFF_FREE_ALL(arena, fs);
-        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's staging (%zu bytes); "
-                                          "lower --save-snapshot-memory",
-                          (size_t)nslots * bb);
+    if (nslots > p->arena_slots) { /* (no update runs: settled) */
+        zoff_aligned_free(p->arena);
+        p->arena_slots = 0;
+        p->arena = zoff_aligned_alloc(64, (size_t)nslots * bb, "checkpoint snapshot staging");
+        if (!p->arena)
+            return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's staging (%zu bytes); "
+                                              "lower --save-snapshot-memory",
+                              (size_t)nslots * bb);
+        p->arena_slots = nslots;
     }
+    int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
+    if (nslots > 0 && !fs) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
     for (int k = 0; k < nslots; k++) fs[k] = nslots - 1 - k; /* popped from the end: slot 0 first */
     pthread_mutex_lock(&p->mu); /* a finished save's updater may still be leaving protect */
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         memset(p->taken[i], 0, (size_t)(p->nb[i] + 1) * sizeof *p->taken[i]);
         memset(p->slot[i], 0xff, (size_t)(p->nb[i] + 1) * sizeof *p->slot[i]);
-        memset(p->ready[i], 0, (size_t)p->nb[i] + 1);
+        for (int64_t b = 0; b <= p->nb[i]; b++) {
+            atomic_store_explicit(&p->state[i][b], BLK_NONE, memory_order_relaxed);
+            atomic_store_explicit(&p->copied[i][b], 0, memory_order_relaxed);
+        }
     }
-    p->arena = arena;
+    atomic_store(&p->npending, 0);
+    p->failed = false;
+    free(p->free_slots);
     p->free_slots = fs;
     p->nslots = p->nfree = nslots;
     p->busy = p->told = false;
@@ -148,15 +175,26 @@ static bool block_taken(const zoff_snap *p, const zoff_engine *e, int i, int64_t
 static void slot_release(zoff_snap *p, int i, int64_t b) {
     p->free_slots[p->nfree++] = p->slot[i][b];
     p->slot[i][b] = -1;
-    p->ready[i][b] = 0;
+    atomic_store_explicit(&p->state[i][b], BLK_NONE, memory_order_relaxed);
+}
+
+static unsigned blk_state(const zoff_snap *p, int i, int64_t b) {
+    return atomic_load_explicit(&p->state[i][b], memory_order_acquire);
 }
 
 /* The writer: host state elements [so, so + c) of array i, within one block, into h. */
-static void read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t c, float *h) {
+static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t c, float *h) {
     const int64_t b = so / p->blk[i];
     pthread_mutex_lock(&p->mu);
+    while (blk_state(p, i, b) == BLK_PENDING && p->active && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+    if (p->failed) {
+        pthread_mutex_unlock(&p->mu);
+        return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: an optimizer update failed while it was staging "
+                                             "the state; this save is abandoned");
+    }
     const void *src = zoff_eng_state_ptr(e, i, so);
-    if (p->ready[i][b]) { /* stays until this thread releases it */
+    const bool staged = blk_state(p, i, b) == BLK_READY; /* stays until this thread releases it */
+    if (staged) {
         src = (const char *)slot_at(p, p->slot[i][b]) + (size_t)(so - b * p->blk[i]) * state_esize(e, i);
     } else {
         p->busy = true;
@@ -167,10 +205,11 @@ static void read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t 
     zoff_eng_state_to_f32(e, i, src, c, h);
     pthread_mutex_lock(&p->mu);
     p->taken[i][b] += c;
-    if (block_taken(p, e, i, b) && p->ready[i][b]) slot_release(p, i, b);
+    if (block_taken(p, e, i, b) && staged) slot_release(p, i, b);
     p->busy = false;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    return ZOFF_OK;
 }
 
 /* ZOFF_TEST_SNAPSHOT_HOLD (see the struct), on the writer's first read. */
@@ -204,7 +243,7 @@ zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int
         if (!g->on_host) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device", k);
         for (int64_t so = g->state_off + (lo - g->offset), end = so + (hi - lo); so < end;) {
             int64_t bend = (so / p->blk[i] + 1) * p->blk[i], c = (bend < end ? bend : end) - so;
-            read_chunk(e, p, i, so, c, host + (lo - offset) + (so - g->state_off - (lo - g->offset)));
+            ZOFF_TRY(read_chunk(e, p, i, so, c, host + (lo - offset) + (so - g->state_off - (lo - g->offset))));
             so += c;
         }
     }
@@ -238,7 +277,7 @@ static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int
     for (int k = 0; k < n; k++) {
         const int i = batch[k].i;
         const int64_t b = batch[k].b;
-        p->ready[i][b] = 1;
+        atomic_store_explicit(&p->state[i][b], BLK_READY, memory_order_relaxed);
         if (block_taken(p, e, i, b)) slot_release(p, i, b); /* the writer read it live meanwhile */
     }
     p->st.staged += bytes;
@@ -259,7 +298,21 @@ static void wait_writer(zoff_snap *p) {
     pthread_cond_wait(&p->cv, &p->mu);
 }
 
-zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g) {
+/* Block b of array i lies wholly inside host state offsets [a, z). */
+static bool block_inside(const zoff_snap *p, const zoff_engine *e, int i, int64_t b, int64_t a, int64_t z) {
+    return b * p->blk[i] >= a && b * p->blk[i] + block_len(p, e, i, b) <= z;
+}
+
+/* The blocks of [a, z) that still need a slot (mu held). */
+static int64_t slots_needed(const zoff_snap *p, const zoff_engine *e, int64_t a, int64_t z) {
+    int64_t need = 0;
+    for (int i = 0; i < SNAP_ARRAYS; i++)
+        for (int64_t b = p->nb[i] ? a / p->blk[i] : 1, hi = p->nb[i] ? (z - 1) / p->blk[i] : 0; b <= hi; b++)
+            need += !block_taken(p, e, i, b) && p->slot[i][b] < 0;
+    return need;
+}
+
+zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g, bool fuse) {
     zoff_snap *p = e->snap;
     if (!p) return ZOFF_OK;
     enum { BATCH = 256 };
@@ -270,10 +323,18 @@ zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g) {
     const int64_t a = g->state_off, z = g->state_off + g->count;
     pthread_mutex_lock(&p->mu);
     p->inside++;
+    /* the update's pass fills the blocks wholly inside [a, z) when every block gets its slot now */
+    fuse = fuse && p->active && g->count > 0 && slots_needed(p, e, a, z) <= p->nfree;
     for (int i = 0; i < SNAP_ARRAYS && p->active; i++) {
         if (p->nb[i] == 0 || g->count == 0) continue;
         for (int64_t b = a / p->blk[i]; b <= (z - 1) / p->blk[i] && p->active;) {
             if (block_taken(p, e, i, b) || p->slot[i][b] >= 0) {
+                b++;
+            } else if (p->nfree > 0 && fuse && block_inside(p, e, i, b, a, z)) {
+                p->slot[i][b] = p->free_slots[--p->nfree];
+                atomic_store_explicit(&p->copied[i][b], 0, memory_order_relaxed);
+                atomic_store_explicit(&p->state[i][b], BLK_PENDING, memory_order_relaxed);
+                atomic_fetch_add(&p->npending, 1);
                 b++;
             } else if (p->nfree > 0 && n < BATCH) {
                 p->slot[i][b] = p->free_slots[--p->nfree];
@@ -298,6 +359,57 @@ zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g) {
     return ZOFF_OK;
 }
 
+bool zoff_eng_snap_pending(const zoff_engine *e) {
+    return e->snap && atomic_load_explicit(&e->snap->npending, memory_order_acquire) > 0;
+}
+
+/* A PENDING block's last element is in its slot. */
+static void block_filled(zoff_engine *e, zoff_snap *p, int i, int64_t b) {
+    pthread_mutex_lock(&p->mu);
+    atomic_store_explicit(&p->state[i][b], BLK_READY, memory_order_release);
+    atomic_fetch_sub(&p->npending, 1);
+    const size_t bytes = (size_t)block_len(p, e, i, b) * state_esize(e, i);
+    p->st.staged += bytes;
+    p->st.staged_in_update += bytes;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi) {
+    const zoff_snap_hook *h = ctx;
+    zoff_engine *e = h->e;
+    zoff_snap *p = e->snap;
+    const int64_t a = h->state_off + lo, z = h->state_off + hi;
+    for (int i = 0; i < SNAP_ARRAYS; i++) {
+        if (p->nb[i] == 0) continue;
+        const size_t es = state_esize(e, i);
+        for (int64_t b = a / p->blk[i]; b <= (z - 1) / p->blk[i]; b++) {
+            if (blk_state(p, i, b) != BLK_PENDING) continue;
+            const int64_t b0 = b * p->blk[i], x = a > b0 ? a : b0, y = z < b0 + p->blk[i] ? z : b0 + p->blk[i];
+            zoff_copy_streaming((char *)slot_at(p, p->slot[i][b]) + (size_t)(x - b0) * es, zoff_eng_state_ptr(e, i, x),
+                                (size_t)(y - x) * es);
+            zoff_store_fence(); /* the copy in memory before the count says so */
+            if (atomic_fetch_add_explicit(&p->copied[i][b], y - x, memory_order_acq_rel) + (y - x) ==
+                block_len(p, e, i, b))
+                block_filled(e, p, i, b);
+        }
+    }
+}
+
+zoff_status zoff_eng_snap_pass_done(zoff_engine *e, zoff_status s) {
+    zoff_snap *p = e->snap;
+    if (!p || atomic_load(&p->npending) == 0) return s;
+    /* a failed update, or one that did not write every element it protected: the blocks it left PENDING hold
+     * part of the old state only */
+    pthread_mutex_lock(&p->mu);
+    p->failed = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return s != ZOFF_OK ? s
+                        : zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: an update left %d blocks half staged",
+                                     atomic_load(&p->npending));
+}
+
 void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats) {
     zoff_snap *p = e->snap;
     if (!p) {
@@ -308,10 +420,12 @@ void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *sta
     p->active = false;
     pthread_cond_broadcast(&p->cv);
     while (p->inside > 0) pthread_cond_wait(&p->cv, &p->mu); /* woken above, they leave at once */
-    ZOFF_FREE_ALL(p->arena, p->free_slots);
-    p->arena = NULL;
-    p->free_slots = NULL;
-    p->nslots = p->nfree = 0;
+    p->nslots = p->nfree = 0; /* the arena and its tables stay for the next save (an update's pass may still be filling
+                                 its PENDING blocks) */
     if (stats) *stats = p->st;
     pthread_mutex_unlock(&p->mu);
+}
+
+size_t zoff_engine_snapshot_held(const zoff_engine *e) {
+    return e->snap ? (size_t)e->snap->arena_slots * zoff_engine_snapshot_block_bytes() : 0;
 }
