@@ -225,7 +225,7 @@ fi
 if part ckpt; then
 step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
 if [ -x "$B/zoff-base" ]; then # interleaved, round by round
-  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 3 --dir "$W/overlap" "base=$B/zoff-base" "new=$B/zoff"
+  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 4 --dir "$W/overlap" "base=$B/zoff-base" "new=$B/zoff"
 else
   step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --dir "$W/overlap" "cuda=$B/zoff"
 fi
