@@ -226,6 +226,22 @@ check "2 ranks -> resume on 1 rank: losses == straight 1-rank run" \
 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/rs2.json" --train-iters 6 --save "$W/rs12" --load "$W/rs12" >"$W/rs12.txt" 2>&1
 check "1 rank -> resume on 2 ranks: losses == straight 1-rank run" \
   "[ \$? -eq 0 ] && awk 'BEGIN {exit !($(lossdiff "$W/rs_straight/metrics.jsonl" "$W/rs12/metrics.jsonl") <= 1e-5)}'"
+# ... and with the optimizer state in NVMe swap files (many sub-groups, 4 KiB blocks): saved and loaded
+# in pieces (zoff_engine_state_range) as the cpu offload's state, the same checkpoints and losses bit
+# for bit, 2 -> 1 and 1 -> 2 ranks
+NVO="\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$W/nvswap\", \"buffer_count\": 2, \"pipeline_read\": true}"
+cfg rsn1 4 "{\"stage\": 2, \"round_robin_gradients\": true, \"sub_group_size\": 5000, $NVO}" "\"aio\": {\"block_size\": 4096},"
+cfg rsn2 2 "{\"stage\": 2, \"round_robin_gradients\": true, \"sub_group_size\": 5000, $NVO}" "\"aio\": {\"block_size\": 4096},"
+"${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/rsn2.json" --train-iters 3 --save "$W/rsn21" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/rsn1.json" --train-iters 6 --save "$W/rsn21" --load "$W/rsn21" >"$W/rsn21.txt" 2>&1
+check "nvme: 2 ranks -> resume on 1 rank: both checkpoints and the losses == cpu offload's, bit for bit" \
+  "[ \$? -eq 0 ] && [ -d '$W/nvswap' ] && [ \"\$(lossdiff '$W/rs21/metrics.jsonl' '$W/rsn21/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn21/step_00000003' '$W/rs21/step_00000003' 0 >/dev/null && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn21/step_00000006' '$W/rs21/step_00000006' 0 >/dev/null" ||
+  tail -5 "$W/rsn21.txt"
+"$ZOFF" train "${TINY[@]}" --config "$W/rsn1.json" --train-iters 3 --save "$W/rsn12" >/dev/null 2>&1
+"${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/rsn2.json" --train-iters 6 --save "$W/rsn12" --load "$W/rsn12" >"$W/rsn12.txt" 2>&1
+check "nvme: 1 rank -> resume on 2 ranks: both checkpoints and the losses == cpu offload's, bit for bit" \
+  "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/rs12/metrics.jsonl' '$W/rsn12/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn12/step_00000003' '$W/rs12/step_00000003' 0 >/dev/null && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn12/step_00000006' '$W/rs12/step_00000006' 0 >/dev/null" ||
+  tail -5 "$W/rsn12.txt"
 
 # 5. round-robin: each transformer block's gradient copies are shared by both ranks (its
 #    range has bytes on both); without it, a block is copied by one rank (two at the boundary).

@@ -92,8 +92,67 @@ typedef struct swap_case {
 /* Random bytes over at least `bytes` of x (whole floats). */
 static void fill_bytes(void *x, size_t bytes, uint64_t seed) { fill(x, (int64_t)((bytes + 3) / 4), seed); }
 
+/* zoff_swapper_range's parts into or out of mem (raw bytes of the array's dtype), checked to come
+ * in order and back to back. */
+typedef struct range_io {
+    unsigned char *mem;
+    size_t es;
+    bool write;
+    int64_t next;
+} range_io;
+static void range_copy(void *arg, int64_t k, int64_t n, void *data) {
+    range_io *r = arg;
+    if (k != r->next || n <= 0) fail_msg("range part at %lld (+%lld), expected at %lld", (long long)k, (long long)n,
+                                         (long long)r->next);
+    if (r->write) memcpy(data, r->mem + (size_t)k * r->es, (size_t)n * r->es);
+    else memcpy(r->mem + (size_t)k * r->es, data, (size_t)n * r->es);
+    r->next += n;
+}
+
+/* Ranges between passes against the in-memory arrays: reads of random ranges (single elements,
+ * whole arrays, across blocks) equal them; writes of random bytes over random ranges update them
+ * (the passes that follow read them back, checksums checked). */
+static void swapper_ranges(zoff_swapper *s, unsigned char *ref[][3], const int64_t *counts, int ng, const size_t *es,
+                           uint64_t seed) {
+    unsigned char *tmp = malloc(5000 * 4);
+    for (int it = 0; it < 60; it++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int g = (int)((seed >> 33) % (uint64_t)ng), a = (int)((seed >> 20) % 3);
+        int64_t first = (int64_t)((seed >> 40) % (uint64_t)counts[g]);
+        int64_t count = it % 5 == 0 ? counts[g] - first : 1 + (int64_t)((seed >> 8) % (uint64_t)(counts[g] - first));
+        if (it % 7 == 0) first = 0, count = counts[g];
+        bool write = it % 3 == 1;
+        if (write) fill_bytes(tmp, (size_t)count * es[a], seed);
+        range_io r = {.mem = tmp, .es = es[a], .write = write};
+        if (zoff_swapper_range(s, g, a, first, count, write, range_copy, &r) != ZOFF_OK)
+            fail_msg("range %d (group %d array %d [%lld, +%lld) %s): %s", it, g, a, (long long)first,
+                     (long long)count, write ? "write" : "read", zoff_last_error());
+        assert_int_equal(r.next, count);
+        if (write) memcpy(ref[g][a] + (size_t)first * es[a], tmp, (size_t)count * es[a]);
+        else if (memcmp(tmp, ref[g][a] + (size_t)first * es[a], (size_t)count * es[a]))
+            fail_msg("range %d: group %d array %d [%lld, +%lld) read back differs", it, g, a, (long long)first,
+                     (long long)count);
+    }
+    /* a sequential read in small parts reads each block of the array once */
+    zoff_swapper_stats s0, s1;
+    zoff_swapper_get_stats(s, &s0);
+    for (int64_t p = 0; p < counts[1]; p += 100) {
+        range_io r = {.mem = tmp, .es = es[2]};
+        int64_t c = counts[1] - p < 100 ? counts[1] - p : 100;
+        assert_int_equal(zoff_swapper_range(s, 1, 2, p, c, false, range_copy, &r), ZOFF_OK);
+        assert_memory_equal(tmp, ref[1][2] + (size_t)p * es[2], (size_t)c * es[2]);
+    }
+    zoff_swapper_get_stats(s, &s1);
+    assert_true(s1.bytes_read - s0.bytes_read <= (int64_t)zoff_swapper_array_bytes(counts[1], es[2] == 2 ? ZOFF_BF16 : ZOFF_F32));
+    /* misuse: outside the group */
+    range_io r = {.mem = tmp, .es = es[0]};
+    assert_int_equal(zoff_swapper_range(s, 0, 0, counts[0] - 1, 2, false, range_copy, &r), ZOFF_ERR_INVALID);
+    assert_msg_has("outside");
+    free(tmp);
+}
+
 /* Passes of every kind, in changing orders, against arrays kept in memory (raw bytes: each
- * array of its dtype). */
+ * array of its dtype), with ranges between them. */
 static void run_swapper_case(const swap_case *sc) {
     enum { NG = 7, NA = 3 };
     int64_t counts[NG] = {1000, 5000, 1, 4096, 3000, 777, 2048};
@@ -152,6 +211,7 @@ static void run_swapper_case(const swap_case *sc) {
         assert_int_equal(zoff_swapper_release(s), ZOFF_OK);
     }
     assert_int_equal(zoff_swapper_end(s), ZOFF_OK);
+    swapper_ranges(s, ref, counts, NG, es, 1); /* with fast_init: into arrays never written */
     for (int pass = 0; pass < 9; pass++) {
         /* update passes in one order (read-ahead across them), then other orders and kinds */
         int ord[NG];
@@ -178,6 +238,7 @@ static void run_swapper_case(const swap_case *sc) {
             if (zoff_swapper_release(s) != ZOFF_OK) fail_msg("pass %d release: %s", pass, zoff_last_error());
         }
         assert_int_equal(zoff_swapper_end(s), ZOFF_OK);
+        if (pass == 1 || pass == 7) swapper_ranges(s, ref, counts, NG, es, (uint64_t)pass + 2);
     }
     /* final read of everything */
     assert_int_equal(zoff_swapper_flush(s), ZOFF_OK);
@@ -267,6 +328,9 @@ typedef struct run_opts {
     int event_step;          /* before this step index: arm the fault or tamper with the file */
     void (*event)(void *arg);
     void *event_arg;
+    bool ranges;             /* resume through zoff_engine_state_range; at save_after check it (below) */
+    unsigned range_sets;     /* ... and set these arrays (bit i: state i) through it and back */
+    bool range_bf16;         /* ... with values exact in bf16 (bf16_optimizer_states) */
 } run_opts;
 
 typedef struct run_result {
@@ -296,6 +360,87 @@ static void tokens_for(int step, int32_t *x, int32_t *y) {
 
 static void free_result(run_result *r) {
     for (int i = 0; i < 3; i++) free(r->state[i]);
+}
+
+/* ---- zoff_engine_state_range against zoff_engine_state_get (which reads the swap file in passes) */
+
+static int64_t piece_len(uint64_t *seed, int64_t left, int64_t max) {
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    int64_t c = 1 + (int64_t)((*seed >> 33) % (uint64_t)max);
+    return c < left ? c : left;
+}
+
+static void assert_floats_equal(const float *got, const float *want, int64_t n, const char *what, int i) {
+    if (!memcmp(got, want, (size_t)n * sizeof(float))) return;
+    int64_t j = 0;
+    while (!memcmp(&got[j], &want[j], sizeof(float))) j++;
+    fail_msg("%s: state %d differs first at element %lld of %lld: %.9g vs %.9g", what, i, (long long)j, (long long)n,
+             got[j], want[j]);
+}
+
+/* Gets over [0, n) in pieces of 1..7000 elements (unaligned, across sub-groups and blocks) and over
+ * random ranges equal the slices of state_get. */
+static void check_range_gets(zoff_engine *e, int64_t n, uint64_t seed) {
+    float *whole = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)n * sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(zoff_engine_state_get(e, i, whole), ZOFF_OK);
+        memset(got, 0xff, (size_t)n * sizeof(float));
+        for (int64_t p = 0, c; p < n; p += c) {
+            c = piece_len(&seed, n - p, 7000);
+            if (zoff_engine_state_range(e, i, p, c, got + p, true) != ZOFF_OK) fail_msg("get: %s", zoff_last_error());
+        }
+        assert_floats_equal(got, whole, n, "state_range get in pieces", i);
+        for (int k = 0; k < 40; k++) {
+            int64_t off = (int64_t)(piece_len(&seed, n, n) - 1), c = piece_len(&seed, n - off, 9000);
+            assert_int_equal(zoff_engine_state_range(e, i, off, c, got, true), ZOFF_OK);
+            assert_floats_equal(got, whole + off, c, "state_range get of a random range", i);
+        }
+    }
+    free(whole);
+    free(got);
+}
+
+/* State i = x through sets of pieces of 1..9000 elements, odd pieces first, then the even ones
+ * from the last back (gaps between them, written out of order). */
+static void set_by_ranges(zoff_engine *e, int64_t n, int i, const float *x, uint64_t seed) {
+    int64_t *at = malloc((size_t)(n + 1) * sizeof *at);
+    int np = 0;
+    for (int64_t p = 0; p < n; p += piece_len(&seed, n - p, 9000)) at[np++] = p;
+    at[np] = n;
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = pass ? (np - 1) & ~1 : 1; pass ? k >= 0 : k < np; k += pass ? -2 : 2)
+            if (zoff_engine_state_range(e, i, at[k], at[k + 1] - at[k], (float *)x + at[k], false) != ZOFF_OK)
+                fail_msg("set: %s", zoff_last_error());
+    free(at);
+}
+
+/* Sets through state_range give what state_get reads back (values exact in bf16 where the state is
+ * bf16), then the state is set back the same way, exactly. */
+static void check_range_sets(zoff_engine *e, int64_t n, unsigned arrays, bool bf16_states) {
+    float *saved[3] = {0}, *x = malloc((size_t)n * sizeof(float)), *back = malloc((size_t)n * sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        if (!(arrays & (1u << i))) continue;
+        saved[i] = malloc((size_t)n * sizeof(float));
+        assert_int_equal(zoff_engine_state_get(e, i, saved[i]), ZOFF_OK);
+        fill(x, n, (uint64_t)(1000 + i));
+        for (int64_t k = 0; i > 0 && bf16_states && k < n; k++) { /* the top 16 bits: a bf16 value */
+            uint32_t u;
+            memcpy(&u, &x[k], 4);
+            u &= 0xffff0000u;
+            memcpy(&x[k], &u, 4);
+        }
+        set_by_ranges(e, n, i, x, (uint64_t)(7 + i));
+        assert_int_equal(zoff_engine_state_get(e, i, back), ZOFF_OK);
+        assert_floats_equal(back, x, n, "state_get after state_range sets", i);
+    }
+    for (int i = 0; i < 3; i++)
+        if (saved[i]) {
+            set_by_ranges(e, n, i, saved[i], (uint64_t)(70 + i));
+            free(saved[i]);
+        }
+    assert_int_equal(zoff_engine_sync_params(e), ZOFF_OK); /* as after a load of the master in pieces */
+    free(x);
+    free(back);
 }
 
 /* Train until step nsteps (from the snapshot's step when resuming). Creation
@@ -341,7 +486,11 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, const run_
     }
     int first = 0;
     if (s == ZOFF_OK && ro->resume) { /* as the CLI does: weights at create, then the state and the scalars */
-        for (int i = 0; s == ZOFF_OK && i < 3; i++) s = zoff_engine_state_set(e, i, ro->resume->state[i]);
+        if (ro->ranges) check_range_gets(e, r->n, 77); /* with fast_init: arrays never written */
+        for (int i = 0; s == ZOFF_OK && i < 3; i++)
+            if (ro->ranges) set_by_ranges(e, r->n, i, ro->resume->state[i], (uint64_t)(5 + i));
+            else s = zoff_engine_state_set(e, i, ro->resume->state[i]);
+        if (s == ZOFF_OK && ro->ranges) s = zoff_engine_sync_params(e);
         if (s == ZOFF_OK) s = zoff_engine_set_scalars(e, &ro->resume->sc);
         first = ro->resume->steps;
     }
@@ -387,6 +536,11 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, const run_
             break;
         }
         if (ro->save && step + 1 == ro->save_after) {
+            if (ro->ranges) {
+                assert_int_equal(zoff_engine_flush(e), ZOFF_OK);
+                check_range_gets(e, r->n, 99);
+                check_range_sets(e, r->n, ro->range_sets, ro->range_bf16);
+            }
             ro->save->steps = step + 1;
             for (int i = 0; i < 3; i++) {
                 ro->save->state[i] = malloc((size_t)r->n * sizeof(float));
@@ -593,6 +747,55 @@ static void test_nvme_checkpoint_resume(void **st) {
     free_result(&first);
     free_result(&resumed);
     free_result(&cpu);
+}
+
+/* zoff_engine_state_range with the state in the swap file (fp32 and bf16 m and v, block sizes
+ * from 4 KiB, one and many sub-groups, Twin-Flow's device part, fast_init's never-written
+ * arrays): gets equal state_get's slices, sets read back through state_get, the state set back
+ * through it trains on bit-identically, and a resume through it (pieces out of order) continues
+ * the straight run bit for bit. */
+static void test_nvme_state_range(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    struct {
+        zoff_dtype dt;
+        const char *prec, *optim, *offload, *zero, *aio;
+        unsigned sets;
+        bool bf16st;
+        const char *what;
+    } v[] = {
+        {ZOFF_BF16, bf, ADAMW, "," NVME_DEFAULT, "", ", \"aio\": {\"block_size\": 4096}", 7, false,
+         "fp32 states, 4 KiB blocks"},
+        {ZOFF_BF16, BF16ST, ADAMW, ", \"buffer_count\": 1, \"fast_init\": true", "",
+         ", \"aio\": {\"block_size\": 8192}", 7, true, "bf16 states, fast_init, 1 buffer, 8 KiB blocks"},
+        {ZOFF_BF16, BF16ST, ADAMW, "," NVME_DEFAULT ", \"ratio\": 0.5", "", ", \"aio\": {\"block_size\": 4096}", 7,
+         true, "bf16 states, Twin-Flow 0.5"},
+        {ZOFF_F32, "", "{\"type\": \"Adagrad\", \"params\": {\"lr\": 1e-2, \"initial_accumulator_value\": 0.1}}",
+         "," NVME_DEFAULT ", \"fast_init\": true", "", "", 1, false, "Adagrad (v only), fast_init, 1 MiB blocks"},
+        {ZOFF_BF16, bf, ADAMW, "," NVME_DEFAULT, ", \"sub_group_size\": 1000000000",
+         ", \"aio\": {\"block_size\": 4096}", 7, false, "one sub-group"},
+    };
+    for (size_t c = 0; c < sizeof v / sizeof v[0]; c++) {
+        char a[2048];
+        cfg_json(a, sizeof a, v[c].prec, v[c].optim, "nvme", v[c].offload, v[c].zero, v[c].aio);
+        run_result straight, first, resumed;
+        snapshot snap = {0};
+        run_opts save = {.save_after = 3, .save = &snap, .ranges = true, .range_sets = v[c].sets,
+                         .range_bf16 = v[c].bf16st};
+        if (train(a, v[c].dt, 8, NULL, &straight) != ZOFF_OK) fail_msg("%s: %s", v[c].what, zoff_last_error());
+        if (train(a, v[c].dt, 8, &save, &first) != ZOFF_OK) fail_msg("%s: %s", v[c].what, zoff_last_error());
+        assert_identical(&first, &straight, 8, v[c].what);
+        run_opts res = {.resume = &snap, .ranges = true};
+        if (train(a, v[c].dt, 8, &res, &resumed) != ZOFF_OK) fail_msg("%s: %s", v[c].what, zoff_last_error());
+        for (int i = 3; i < 8; i++) assert_memory_equal(&resumed.losses[i], &straight.losses[i], sizeof(float));
+        for (int k = 0; k < 3; k++) assert_floats_equal(resumed.state[k], straight.state[k], straight.n, v[c].what, k);
+        printf("state_range %-44s gets == state_get, sets read back, resume through it bit-identical\n", v[c].what);
+        for (int k = 0; k < 3; k++) free(snap.state[k]);
+        free_result(&straight);
+        free_result(&first);
+        free_result(&resumed);
+        assert_int_equal(swap_files(NULL, 0), 0);
+    }
 }
 
 /* ---- faults ---- */
@@ -901,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_nvme_too_few_buffers),
         cmocka_unit_test(test_nvme_memory),
         cmocka_unit_test(test_nvme_checkpoint_resume),
+        cmocka_unit_test(test_nvme_state_range),
         cmocka_unit_test(test_nvme_faults),
         cmocka_unit_test(test_nvme_equals_cpu_bf16_states),
         cmocka_unit_test(test_nvme_faults_bf16_states),

@@ -159,9 +159,7 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
             hy = malloc(tb);
             s = zoff_device_alloc(dev, tb, "input tokens", (void **)&dx);
             if (s == ZOFF_OK) s = zoff_device_alloc(dev, tb, "target tokens", (void **)&dy);
-            int64_t pn = zoff_engine_partition_numel(e);
-            size_t save = em.nvme > 0 ? (size_t)(n > pn ? n : pn) * sizeof(float) : zoff_train_ckpt_save_bytes();
-            ckpt = zoff_aligned_alloc(64, save, "checkpoint piece buffer");
+            ckpt = zoff_aligned_alloc(64, zoff_train_ckpt_save_bytes(), "checkpoint piece buffer");
             assert_non_null(ckpt);
         }
     }

@@ -365,7 +365,8 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
  * (zoff_engine_memory: host_params == partition numel, no nvme) a get is a plain copy that
  * touches neither the engine's streams nor its worker: it may run on another thread while the
  * model runs forward/backward, as long as no optimizer update runs. State in an NVMe swap
- * file: ZOFF_ERR_UNSUPPORTED (use zoff_engine_state_get/set). */
+ * file: read and written in place through zoff_swapper_range (no host buffer beyond the
+ * swapper's; the engine's job is waited for first, as zoff_engine_state_get/set do). */
 zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get);
 /* Copy-on-update snapshot for a background save (one rank, all the state in host memory,
  * zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no update

@@ -98,6 +98,20 @@ zoff_status zoff_swapper_end(zoff_swapper *s);
 /* Wait for every write in flight (and report its failure). Read-ahead is kept. */
 zoff_status zoff_swapper_flush(zoff_swapper *s);
 
+/* Between passes (none begun and not ended): elements [first, first + count) of array `array` of
+ * group `group`, read (write false) or written, without a group-sized buffer: they move through
+ * the first of the swapper's buffers, at most ZOFF_SWAP_RANGE_BYTES at a time, as whole checksummed aio blocks
+ * (a write reads first the blocks it changes in part, and gives a never-written array of
+ * fast_init its init_value up to the range; the next pass completes such an array). fn(arg, k,
+ * n, data) is called for consecutive parts in order: data holds elements [first + k, first + k +
+ * n) in the array's dtype, to be read (read) or filled (write). The read-ahead of the last pass
+ * is dropped and its writes are waited for; a read keeps its blocks for the next read (sequential
+ * reads read each block once). Errors are those of the passes (the swapper then refuses to go on). */
+#define ZOFF_SWAP_RANGE_BYTES ((size_t)16 << 20)
+typedef void (*zoff_swapper_range_fn)(void *arg, int64_t k, int64_t n, void *data);
+zoff_status zoff_swapper_range(zoff_swapper *s, int group, int array, int64_t first, int64_t count, bool write,
+                               zoff_swapper_range_fn fn, void *arg);
+
 typedef struct zoff_swapper_stats {
     int64_t bytes_read, bytes_written; /* since create */
     double t_wait_read;  /* seconds the caller waited in next() for reads */

@@ -84,9 +84,9 @@ size_t zoff_train_ckpt_piece_bytes(void);
  * writer's pieces and the load's piece (what train's host-memory check and zoff plan count). */
 size_t zoff_train_ckpt_save_bytes(void);
 /* What a save with several ranks holds on rank 0 on top of that: the master weights come from
- * the ranks a piece at a time (two pieces) when the state is in memory and partitioned (stage >=
- * 1), whole (4 bytes per parameter) when it is in an NVMe swap file, nothing in stage 0. */
-size_t zoff_train_ckpt_gather_bytes(int world, int stage, bool state_on_disk, int64_t num_params);
+ * the ranks a piece at a time (two pieces) when the state is partitioned (stage >= 1; in memory
+ * or in an NVMe swap file alike), nothing in stage 0. */
+size_t zoff_train_ckpt_gather_bytes(int world, int stage);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state

@@ -593,14 +593,12 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     m->host_spec_backup = zoff_placement_spec_backup_bytes(cfg, (int64_t)nh);
     bool rows = zoff_placement_grad_rows(m->host_spec_backup > 0, (int)R, s->stage);
     m->model_pinned = mb.host_losses + (rows ? mb.host_tokens : 0);
-    /* zoff train (src/train): the checkpoint save's buffer (the writer's pieces or the load's piece, zoff_train_ckpt_save_bytes;
-     * a whole array of the partition when the state is in an NVMe swap file; with several ranks
+    /* zoff train (src/train): the checkpoint save's buffer (the writer's pieces or the load's piece, zoff_train_ckpt_save_bytes,
+     * also with the state in an NVMe swap file: it streams through the swapper's buffer; with several ranks
      * also the master weights gathered, zoff_train_ckpt_gather_bytes), input and target tokens. The initial weights go straight
      * into the engine, random, --load's and --init-from's alike (no buffer; --init-from's one
      * transposed matrix, zoff_gpt2_st_loader_floats, is not planned) */
-    bool state_on_disk = (nvme && nh > 0) || (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME);
-    size_t save = state_on_disk ? (size_t)(n > part ? n : part) * f4 : zoff_train_ckpt_save_bytes();
-    save = add_sat(save, zoff_train_ckpt_gather_bytes(R, s->stage, state_on_disk, n));
+    size_t save = add_sat(zoff_train_ckpt_save_bytes(), zoff_train_ckpt_gather_bytes(R, s->stage));
     m->loop_pageable = save + 2 * (size_t)(B * T) * sizeof(int32_t);
 
     /* ---- totals, fit with the margin, runnable by this version */

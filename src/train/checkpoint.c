@@ -318,11 +318,11 @@ static zoff_status open_rank_files(zoff_ckpt_reader *r, int64_t n, rank_file *fi
 }
 
 /* One optimizer state array k of this rank, window by window, from the rank files into the
- * engine (whole: one window of pn, zoff_engine_state_set; else pieces, zoff_engine_state_range).
+ * engine (zoff_engine_state_range: in memory, on the device or in an NVMe swap file alike).
  * A file's dtype may differ from the engine's (bf16.bf16_optimizer_states changed between the
  * runs): bf16 widens to fp32 exactly, fp32 rounds to nearest-even into bf16 state. */
 static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
-                                    int nmine, int64_t pn, bool whole, float *buf, int64_t W) {
+                                    int nmine, int64_t pn, float *buf, int64_t W) {
     const char *name = zoff_engine_state_name(eng, k);
     for (int q = 0; q < oldn; q++) ZOFF_TRY(check_entry(&files[q], name));
     if (oldn > 0 && files[0].dt != zoff_engine_state_dtype(eng, k))
@@ -336,7 +336,7 @@ static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng
     do {
         int64_t w = pn - L < W ? pn - L : W;
         for (int q = 0; q < oldn; q++) ZOFF_TRY(read_window(&files[q], name, mine, nmine, L, w, buf, &covered));
-        ZOFF_TRY(whole ? zoff_engine_state_set(eng, k, buf) : zoff_engine_state_range(eng, k, L, w, buf, false));
+        ZOFF_TRY(zoff_engine_state_range(eng, k, L, w, buf, false));
         L += w;
     } while (L < pn);
     if (covered != pn)
@@ -354,14 +354,13 @@ zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, in
     int64_t *mine = NULL;
     int nmine = 0, oldn = zoff_ckpt_reader_nranks(r);
     ZOFF_TRY(train_partition_runs(eng, &mine, &nmine));
-    bool whole = train_state_in_swap(eng);
-    int64_t W = whole ? (pn > 0 ? pn : 1) : (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
+    int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
     float *buf = zoff_aligned_alloc(64, (size_t)W * sizeof(float), "checkpoint piece buffer");
     rank_file *files = calloc((size_t)(oldn > 0 ? oldn : 1), sizeof *files);
     zoff_status s = buf && files ? ZOFF_OK : ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = open_rank_files(r, n, files, oldn);
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++)
-        s = read_state_array(files, oldn, eng, k, mine, nmine, pn, whole, buf, W);
+        s = read_state_array(files, oldn, eng, k, mine, nmine, pn, buf, W);
     for (int q = 0; files && q < oldn; q++) {
         zoff_ckpt_partition_free(&files[q].p);
         if (q > 0) zoff_ckpt_close(files[q].r);

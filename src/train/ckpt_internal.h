@@ -9,7 +9,4 @@ char *train_meta_to_text(const zoff_train_meta *meta);
 /* This rank's partition runs [off0, cnt0, ...] (malloc'd; include/zoff/ckpt.h, "Partitioned entries"). */
 zoff_status train_partition_runs(zoff_engine *eng, int64_t **runs, int *nruns);
 
-/* The engine's state is in an NVMe swap file: read and written one whole array at a time. */
-bool train_state_in_swap(const zoff_engine *eng);
-
 #endif

@@ -6,9 +6,8 @@
  *
  * With several ranks (or a partition not in model order) the fp32 master weights rank 0 stores
  * come from every rank a piece at a time (gather_piece: a collective over the same pieces in the
- * same order on every rank). What is still whole: an engine whose state is in an NVMe swap file
- * is read one whole array at a time (zoff_engine_state_get), and with several ranks its master
- * weights gathered whole (zoff_engine_state_gather). */
+ * same order on every rank). State in an NVMe swap file streams the same way: zoff_engine_state_range
+ * reads it through the swapper's own buffer (no whole-array copy anywhere). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -28,9 +27,8 @@ size_t zoff_train_ckpt_save_bytes(void) {
     size_t w = zoff_ckpt_writer_buffer_bytes(), p = zoff_train_ckpt_piece_bytes();
     return w > p ? w : p;
 }
-size_t zoff_train_ckpt_gather_bytes(int world, int stage, bool state_on_disk, int64_t num_params) {
+size_t zoff_train_ckpt_gather_bytes(int world, int stage) {
     if (world <= 1) return 0;
-    if (state_on_disk) return (size_t)num_params * sizeof(float);
     return stage >= 1 ? 2 * zoff_train_ckpt_piece_bytes() : 0;
 }
 /* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
@@ -55,9 +53,6 @@ struct zoff_train_ckpt_job {
     int64_t *runs;        /* this rank's partition runs */
     int nruns;
     bool replica;         /* stage 0, rank > 0: an empty partition */
-    bool whole_state;     /* the engine's state is read whole (NVMe swap file) */
-    float *master;        /* gathered master weights (several ranks, whole_state), else NULL: streamed */
-    float *buf;           /* one piece, or one whole array with whole_state */
     /* the master weights from the ranks a piece at a time (segs != NULL): every rank's runs in
      * model order; a piece in model order (rank 0) and the ranks' blocks packed (every rank) */
     zoff_comm *comm;
@@ -82,19 +77,14 @@ struct zoff_train_ckpt_job {
 
 static void job_free(zoff_train_ckpt_job *j) {
     if (!j) return;
-    ZOFF_FREE_ALL(j->master, j->buf, j->gpiece, j->gpack, j->segs, j->gcount, j->runs, j->config, j);
-}
-
-bool train_state_in_swap(const zoff_engine *eng) {
-    zoff_engine_memory m;
-    zoff_engine_memory_usage(eng, &m);
-    return m.nvme > 0;
+    ZOFF_FREE_ALL(j->gpiece, j->gpack, j->segs, j->gcount, j->runs, j->config, j);
 }
 
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm) {
     zoff_engine_memory m;
     zoff_engine_memory_usage(eng, &m);
-    /* host state only: the writer's copies then touch neither the device nor the engine's worker */
+    /* host state only: the writer's copies then touch neither the device, the engine's worker nor an
+     * NVMe swap file (whose passes the update runs) */
     return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
 }
 
@@ -214,19 +204,15 @@ static void narrow_bf16(void *p, int64_t c) {
 
 /* Entry `name` = elements [off, off + count) of state array i, in the dtype the engine keeps it
  * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, narrowed here from the fp32
- * the engine gives), or with i < 0 of the model's parameter buffer (the engine's dtype): from
- * `whole` (in memory, indexed by off) when given, else straight from the engine into the
- * writer's piece buffer, a slice at a time (the writer checksums each slice while it is in cache). */
+ * the engine gives), or with i < 0 of the model's parameter buffer (the engine's dtype): straight
+ * from the engine into the writer's piece buffer, a slice at a time (the writer checksums each
+ * slice while it is in cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
-                             const int64_t *shape, int i, int64_t off, int64_t count, const float *whole) {
+                             const int64_t *shape, int i, int64_t off, int64_t count) {
     const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : zoff_engine_state_dtype(j->eng, i);
     const bool narrow = i >= 0 && dt != ZOFF_F32;
     const size_t es = zoff_dtype_size(dt), gs = narrow ? sizeof(float) : es; /* stored, given */
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
-    if (whole && !narrow) {
-        ZOFF_TRY(zoff_ckpt_append(w, whole + off, (size_t)count * es));
-        return zoff_ckpt_end_entry(w);
-    }
     const int64_t slice = (int64_t)(slice_bytes() / gs);
     for (int64_t p = 0; p < count;) {
         void *dst = NULL, *to;
@@ -243,8 +229,7 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
             to = tmp;
         }
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
-        if (whole) memcpy(to, whole + off + p, (size_t)c * sizeof(float));
-        else if (i < 0) ZOFF_TRY(zoff_engine_device_weights(j->eng, off + p, c, to, true));
+        if (i < 0) ZOFF_TRY(zoff_engine_device_weights(j->eng, off + p, c, to, true));
         else ZOFF_TRY(j->snap ? zoff_engine_snapshot_read(j->eng, i, off + p, c, to)
                               : zoff_engine_state_range(j->eng, i, off + p, c, to, true));
         if (narrow) narrow_bf16(to, c);
@@ -265,17 +250,12 @@ static zoff_status write_entries(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
     zoff_status s = ZOFF_OK;
     int nt = 0;
     const zoff_tensor_info *t = zoff_gpt2_tensors(j->model, &nt);
-    if (j->rank == 0 && j->whole_state && !j->master) s = zoff_engine_state_get(j->eng, 0, j->buf);
-    const float *mw = j->master ? j->master : j->whole_state ? j->buf : NULL;
     if (j->segs) s = put_gathered_weights(j, w);
     for (int i = 0; !j->segs && j->rank == 0 && s == ZOFF_OK && i < nt; i++) /* Hugging Face names, zoff layout */
-        s = put_array(j, w, t[i].name, t[i].ndim, t[i].shape, 0, t[i].offset, t[i].numel, mw);
+        s = put_array(j, w, t[i].name, t[i].ndim, t[i].shape, 0, t[i].offset, t[i].numel);
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(j->eng); k++) {
         int64_t shape[1] = {j->replica ? 0 : j->pn};
-        if (!j->replica && j->whole_state) s = zoff_engine_state_get(j->eng, k, j->buf);
-        if (s == ZOFF_OK)
-            s = put_array(j, w, zoff_engine_state_name(j->eng, k), 1, shape, k, 0, shape[0],
-                          j->whole_state ? j->buf : NULL);
+        s = put_array(j, w, zoff_engine_state_name(j->eng, k), 1, shape, k, 0, shape[0]);
     }
     char *pj = s == ZOFF_OK ? zoff_ckpt_partition_json(j->rank, j->world, j->n, j->runs, (size_t)j->nruns) : NULL;
     if (s == ZOFF_OK) s = pj ? zoff_ckpt_add_blob(w, "partition", pj, strlen(pj))
@@ -305,7 +285,7 @@ static zoff_status open_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer **w) 
     zoff_status s = zoff_ckpt_writer_open(j->dir, j->meta.step, j->rank, &opts, w);
     int64_t shape[1] = {j->n};
     if (s == ZOFF_OK && j->rank == 0 && j->meta.weights_pending > 0)
-        s = put_array(j, *w, ZOFF_TRAIN_DEVICE_WEIGHTS, 1, shape, -1, 0, j->n, NULL);
+        s = put_array(j, *w, ZOFF_TRAIN_DEVICE_WEIGHTS, 1, shape, -1, 0, j->n);
     if (s != ZOFF_OK) {
         s = rank_file_failed(j, *w, s);
         *w = NULL;
@@ -351,30 +331,19 @@ static zoff_status job_create(const char *dir, zoff_engine *eng, const zoff_gpt2
     j->world = zoff_comm_size(comm);
     j->n = zoff_gpt2_num_params(model);
     j->pn = zoff_engine_partition_numel(eng);
-    j->whole_state = train_state_in_swap(eng);
     zoff_status s = train_partition_runs(eng, &j->runs, &j->nruns);
     if (s == ZOFF_OK && config_json && !(j->config = strdup(config_json)))
         s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for a checkpoint");
-    size_t bb = (size_t)(j->n > j->pn ? j->n : j->pn) * sizeof(float); /* streamed: the writer's pieces */
-    if (s == ZOFF_OK && j->whole_state && !(j->buf = zoff_aligned_alloc(64, bb, "checkpoint state buffer")))
-        s = ZOFF_ERR_NOMEM;
     bool local_is_model = j->nruns == 1 && j->runs[0] == 0 && j->runs[1] == j->n;
     double others = !local_is_model; /* stage 0: every rank holds the model, rank 0 streams its own */
     if (s == ZOFF_OK && j->world > 1) s = zoff_comm_allreduce_f64(comm, &others, 1, ZOFF_REDUCE_SUM);
     j->comm = comm;
-    if (s == ZOFF_OK && others > 0 && !j->whole_state) { /* collective: the ranks' runs, then pieces as written */
+    if (s == ZOFF_OK && others > 0) { /* collective: the ranks' runs, then pieces as written */
         const size_t pb = zoff_train_ckpt_piece_bytes();
         s = owner_segments(j);
         if (s == ZOFF_OK && !(j->gpack = zoff_aligned_alloc(64, pb, "checkpoint gather pieces"))) s = ZOFF_ERR_NOMEM;
         if (s == ZOFF_OK && j->rank == 0 && !(j->gpiece = zoff_aligned_alloc(64, pb, "checkpoint gather pieces")))
             s = ZOFF_ERR_NOMEM;
-    } else if (s == ZOFF_OK && others > 0) { /* collective: the master of all ranks, model order */
-        j->master = zoff_aligned_alloc(64, (size_t)j->n * sizeof(float), "checkpoint master-weight gather");
-        s = j->master ? zoff_engine_state_gather(eng, 0, j->master) : ZOFF_ERR_NOMEM;
-        if (j->rank > 0) {
-            zoff_aligned_free(j->master);
-            j->master = NULL;
-        }
     }
     /* stage 0 replicates the state: rank 0 stores it, the other ranks an empty partition */
     j->replica = s == ZOFF_OK && j->rank > 0 && local_is_model;

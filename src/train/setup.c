@@ -139,13 +139,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     bool offloaded = oo->device == ZOFF_OFFLOAD_CPU || oo->device == ZOFF_OFFLOAD_NVME;
     double host_part = !offloaded ? 0 : oo->ratio_auto ? 0 : oo->ratio > 0 && oo->ratio < 1 ? oo->ratio : 1;
     /* --init-from's loader buffer + the save's buffers: the writer's pieces, with several ranks
-     * the pieces of the master weights gathered (whole with the state on NVMe) */
+     * the pieces of the master weights gathered */
     double staging = (double)zoff_train_ckpt_save_bytes() +
-                     (double)zoff_train_ckpt_gather_bytes(t->info.world, t->cfg.zero.stage,
-                                                          oo->device == ZOFF_OFFLOAD_NVME ||
-                                                              (t->cfg.zero.stage == 3 &&
-                                                               t->cfg.zero.offload_param.device == ZOFF_OFFLOAD_NVME),
-                                                          (int64_t)N);
+                     (double)zoff_train_ckpt_gather_bytes(t->info.world, t->cfg.zero.stage);
     double loader = t->o.init_from ? 4 * (double)zoff_gpt2_st_loader_floats(sh) : 0;
     double cli = loader + staging, pinned = host_part * d * N;
     double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;

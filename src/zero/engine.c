@@ -694,6 +694,29 @@ static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, b
     return zoff_swapper_end(e->swap);
 }
 
+/* zoff_swapper_range's parts of a state array: its dtype in the swap file <-> fp32 host memory. */
+typedef struct nvme_range_arg {
+    float *host;
+    zoff_dtype dt;
+    bool get;
+} nvme_range_arg;
+static void nvme_range_convert(void *arg, int64_t k, int64_t n, void *data) {
+    const nvme_range_arg *r = arg;
+    state_convert(data, r->dt, r->host + k, n, r->get);
+}
+
+/* state_range for host sub-group k: its elements [lo, lo + c) of state array i, in the swap file. */
+static zoff_status nvme_state_range(zoff_engine *e, int k, int i, int64_t lo, int64_t c, float *h, bool get) {
+    int a = nvme_array_of(e, i), sw = 0;
+    if (a < 0) {
+        if (get) memset(h, 0, (size_t)c * sizeof(float));
+        return ZOFF_OK;
+    }
+    while (sw < e->nswap && e->swap_sg[sw] != k) sw++;
+    nvme_range_arg ra = {.host = h, .dt = i == 0 ? ZOFF_F32 : e->sdt, .get = get};
+    return zoff_swapper_range(e->swap, sw, a, lo, c, !get, nvme_range_convert, &ra);
+}
+
 /* ------------------------------------------------------------------ create / destroy */
 
 void zoff_engine_destroy(zoff_engine *e) {
@@ -1662,7 +1685,9 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
     if (i < 0 || i > 2 || offset < 0 || count < 0 || offset > e->n - count)
         return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
                           (long long)offset, (long long)count, (long long)e->n);
-    if (e->swap) return zoff_error(ZOFF_ERR_UNSUPPORTED, "engine state in an NVMe swap file is read whole");
+    /* as state_io, no update job may use the swapper; cheap when none runs (a save calls this per
+     * 256 KiB slice): the full settle only with a speculative job of this boundary in flight */
+    if (e->swap) ZOFF_TRY(e->spec_running ? zoff_hr_settle(e) : zoff_hr_wait_job(e));
     bool dev = false;
     const size_t f4 = sizeof(float);
     for (int k = 0; k < e->nsg; k++) {
@@ -1673,7 +1698,8 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
         float *h = host + (lo - offset);
         int64_t so = g->state_off + (lo - g->offset);
         if (g->on_host) {
-            host_state_io(e, i, so, hi - lo, h, get);
+            if (e->swap) ZOFF_TRY(nvme_state_range(e, k, i, lo - g->offset, hi - lo, h, get));
+            else host_state_io(e, i, so, hi - lo, h, get);
             continue;
         }
         float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model + (lo - g->offset) : e->d_master + so)

@@ -5,7 +5,8 @@
  * the dtype of each array), followed by the groups in index order; group g
  * holds its arrays one after the other, array a of count(g) elements of
  * dtype[a] padded to ZOFF_AIO_ALIGN (zoff_swapper_array_bytes, the one size
- * rule). A buffer ("slot") has the same layout for the largest group.
+ * rule). A buffer ("slot") has the same layout for the largest group. Ranges between passes
+ * (zoff_swapper_range) move whole blocks of one array through slot 0.
  *
  * Visits (one group in one pass) are numbered globally; visit q uses slot
  * q % nslots. A read into a slot follows (aio `after`) the slot's last write,
@@ -43,6 +44,8 @@ typedef struct group_info {
     size_t crc_base[ZOFF_SWAP_MAX_ARRAYS]; /* crcs of (g, a): crcs + crc_base[a] */
     zoff_aio_request *last_write;  /* the slot write request that last wrote it */
     bool fresh[ZOFF_SWAP_MAX_ARRAYS]; /* [a]: never written, reads as init_value[a] */
+    int64_t written[ZOFF_SWAP_MAX_ARRAYS]; /* [a], while fresh: its first blocks written by ranges (the rest
+                                              reads as init_value[a]; a pass writes the rest first) */
 } group_info;
 
 struct zoff_swapper {
@@ -70,6 +73,10 @@ struct zoff_swapper {
     int *pf_order;
     int pf_n, pf_count;
     unsigned pf_mask;
+    /* ranges between passes (zoff_swapper_range): slot 0 holds blocks [rc0, rc1) of array ra of
+     * group rg from its start (rg < 0: nothing) */
+    int rg, ra;
+    int64_t rc0, rc1;
     /* after an error */
     zoff_status broken;
     char broken_msg[1024];
@@ -217,6 +224,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     if (!s) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper");
     s->o = *o;
     s->ng = o->num_groups;
+    s->rg = -1;
     s->na = o->num_arrays;
     s->nslots = zoff_swapper_buffer_count(o->buffer_count, o->num_groups);
     size_t ng = (size_t)s->ng;
@@ -329,6 +337,20 @@ bool zoff_swapper_direct(const zoff_swapper *s) { return zoff_aio_file_direct(s-
 zoff_aio_engine_kind zoff_swapper_engine(const zoff_swapper *s) { return zoff_aio_engine(s->io); }
 void zoff_swapper_get_stats(const zoff_swapper *s, zoff_swapper_stats *out) { *out = s->stats; }
 
+/* n copies of init_value[a] in dtype[a] at dst (what a never-written array reads as). */
+static void fill_init(const zoff_swapper *s, int a, void *dst, int64_t n) {
+    float v = s->o.init_value[a];
+    if (s->o.dtype[a] == ZOFF_BF16) {
+        uint16_t b = zoff_f32_to_bf16(v), *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = b;
+    } else {
+        float *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = v;
+    }
+}
+
+static zoff_status range_settle(zoff_swapper *s);
+
 /* ------------------------------------------------------------------ passes */
 
 static slot *slot_of(zoff_swapper *s, int j) { return &s->slots[(s->q0 + j) % s->nslots]; }
@@ -393,6 +415,7 @@ zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigne
         if (order[j] < 0 || order[j] >= s->ng)
             return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_begin: group %d out of range (%d groups)", order[j],
                               s->ng);
+    ZOFF_TRY(range_settle(s)); /* slot 0 is the pass's again; arrays written in part by ranges are completed */
     bool adopt = s->pf_valid && mode == ZOFF_SWAP_UPDATE && n == s->pf_n && mask == s->pf_mask &&
                  memcmp(order, s->pf_order, (size_t)n * sizeof *order) == 0;
     s->issued = 0;
@@ -420,19 +443,6 @@ zoff_status zoff_swapper_begin(zoff_swapper *s, const int *order, int n, unsigne
     return ZOFF_OK;
 }
 
-/* A never-written array of group g in the slot: count(g) copies of init_value[a] in dtype[a]. */
-static void fill_fresh(const zoff_swapper *s, int g, int a, void *dst) {
-    float v = s->o.init_value[a];
-    int64_t n = s->grp[g].count;
-    if (s->o.dtype[a] == ZOFF_BF16) {
-        uint16_t b = zoff_f32_to_bf16(v), *d = dst;
-        for (int64_t i = 0; i < n; i++) d[i] = b;
-    } else {
-        float *d = dst;
-        for (int64_t i = 0; i < n; i++) d[i] = v;
-    }
-}
-
 zoff_status zoff_swapper_next(zoff_swapper *s, int *group, void *arrays[ZOFF_SWAP_MAX_ARRAYS]) {
     ZOFF_TRY(check_broken(s));
     if (!s->in_pass || s->handed_out || s->pos >= s->n)
@@ -456,7 +466,8 @@ zoff_status zoff_swapper_next(zoff_swapper *s, int *group, void *arrays[ZOFF_SWA
     }
     for (int a = 0; a < s->na; a++) {
         arrays[a] = slot_array(s, sl, a);
-        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->grp[g].fresh[a]) fill_fresh(s, g, a, arrays[a]);
+        if ((s->mode & ZOFF_SWAP_READ) && (s->mask & (1u << a)) && s->grp[g].fresh[a])
+            fill_init(s, a, arrays[a], s->grp[g].count);
     }
     for (int a = s->na; a < ZOFF_SWAP_MAX_ARRAYS; a++) arrays[a] = NULL;
     *group = g;
@@ -538,4 +549,158 @@ zoff_status zoff_swapper_flush(zoff_swapper *s) {
     }
     s->stats.t_wait_write += zoff_now() - t0;
     return ZOFF_OK;
+}
+
+/* ------------------------------------------------------------------ ranges between passes */
+
+/* Blocks a range moves at a time: ZOFF_SWAP_RANGE_BYTES, or what fits in slot 0 if less (one block
+ * of any array always does: the slot holds each array of the largest group). */
+static int64_t range_blocks(const zoff_swapper *s) {
+    size_t bs = (size_t)s->o.aio.block_size;
+    size_t cap = s->slot_bytes < ZOFF_SWAP_RANGE_BYTES ? s->slot_bytes : ZOFF_SWAP_RANGE_BYTES;
+    return cap / bs > 0 ? (int64_t)(cap / bs) : 1;
+}
+
+/* Bytes of blocks [c0, c1) of array a of group g (an array's last block may be short). */
+static size_t blocks_bytes(const zoff_swapper *s, int g, int a, int64_t c0, int64_t c1) {
+    size_t bs = (size_t)s->o.aio.block_size, end = (size_t)c1 * bs;
+    return (end < s->grp[g].abytes[a] ? end : s->grp[g].abytes[a]) - (size_t)c0 * bs;
+}
+
+/* Blocks [c0, c1) of array a of group g between buf and the file, synchronously: a write stores
+ * their checksums, a read checks them. */
+static zoff_status blocks_io(zoff_swapper *s, int g, int a, int64_t c0, int64_t c1, void *buf, zoff_aio_op op) {
+    size_t bytes = blocks_bytes(s, g, a, c0, c1);
+    zoff_aio_request r;
+    memset(&r, 0, sizeof r);
+    r.op = op;
+    r.file = s->f;
+    r.flags = op == ZOFF_AIO_READ ? ZOFF_AIO_CRC_VERIFY : ZOFF_AIO_CRC_STORE;
+    r.nseg = 1;
+    r.seg[0] = (zoff_aio_segment){.buf = buf, .offset = s->grp[g].off[a] + c0 * s->o.aio.block_size,
+                                  .bytes = bytes, .crcs = crcs_of(s, g, a) + c0};
+    zoff_status st = op == ZOFF_AIO_READ ? check_file(s) : ZOFF_OK;
+    if (st == ZOFF_OK) st = zoff_aio_submit(s->io, &r);
+    if (st == ZOFF_OK) st = zoff_aio_wait(s->io, &r);
+    if (st != ZOFF_OK) return fail(s, st);
+    if (op == ZOFF_AIO_READ) s->stats.bytes_read += (int64_t)bytes;
+    else s->stats.bytes_written += (int64_t)bytes;
+    return ZOFF_OK;
+}
+
+/* The contents of blocks [c0, c1) of array a of group g into dst: from the file, or for the
+ * blocks of a never-written array that no range has written either, init_value[a]. */
+static zoff_status blocks_load(zoff_swapper *s, int g, int a, int64_t c0, int64_t c1, char *dst) {
+    const group_info *gi = &s->grp[g];
+    int64_t d1 = !gi->fresh[a] || gi->written[a] >= c1 ? c1 : gi->written[a] > c0 ? gi->written[a] : c0;
+    if (d1 > c0) ZOFF_TRY(blocks_io(s, g, a, c0, d1, dst, ZOFF_AIO_READ));
+    if (d1 < c1) {
+        size_t es = zoff_dtype_size(s->o.dtype[a]), bs = (size_t)s->o.aio.block_size;
+        int64_t e0 = (int64_t)((size_t)d1 * bs / es), e1 = (int64_t)((size_t)c1 * bs / es);
+        if (e1 > gi->count) e1 = gi->count;
+        if (e1 > e0) fill_init(s, a, dst + (size_t)(d1 - c0) * bs, e1 - e0);
+    }
+    return ZOFF_OK;
+}
+
+/* A never-written array a of group g: blocks [c0, c1) get init_value[a] on disk (through slot 0). */
+static zoff_status blocks_init(zoff_swapper *s, int g, int a, int64_t c0, int64_t c1) {
+    group_info *gi = &s->grp[g];
+    s->rg = -1;
+    for (int64_t k = range_blocks(s), c = c0; c < c1; c += k) {
+        int64_t e = c + k < c1 ? c + k : c1;
+        gi->written[a] = c; /* blocks_load gives init_value for all of [c, e) */
+        ZOFF_TRY(blocks_load(s, g, a, c, e, s->slots[0].buf));
+        ZOFF_TRY(blocks_io(s, g, a, c, e, s->slots[0].buf, ZOFF_AIO_WRITE));
+        gi->written[a] = e;
+    }
+    return ZOFF_OK;
+}
+
+/* An array that ranges wrote in part while it was never written: the rest gets init_value on disk
+ * (the passes read an array whole). Slot 0 becomes the passes' again. */
+static zoff_status range_settle(zoff_swapper *s) {
+    s->rg = -1;
+    for (int g = 0; g < s->ng; g++)
+        for (int a = 0; a < s->na; a++) {
+            group_info *gi = &s->grp[g];
+            if (!gi->fresh[a] || gi->written[a] == 0) continue;
+            ZOFF_TRY(drop_prefetch(s));
+            ZOFF_TRY(zoff_swapper_flush(s));
+            ZOFF_TRY(blocks_init(s, g, a, gi->written[a], (int64_t)nchunks(s, g, a)));
+            gi->fresh[a] = false;
+        }
+    return ZOFF_OK;
+}
+
+/* Elements [first, first + count) of array a of group g to fn, from the blocks in slot 0 when they
+ * are there, else reading range_blocks() blocks from the one holding `first` on (kept for the next
+ * read: sequential reads read each block once). */
+static zoff_status range_read(zoff_swapper *s, int g, int a, int64_t first, int64_t count, zoff_swapper_range_fn fn,
+                              void *arg) {
+    const size_t es = zoff_dtype_size(s->o.dtype[a]), bs = (size_t)s->o.aio.block_size;
+    const int64_t nb = (int64_t)nchunks(s, g, a);
+    char *buf = s->slots[0].buf;
+    for (int64_t p = first; p < first + count;) {
+        int64_t c = (int64_t)((size_t)p * es / bs);
+        if (s->rg != g || s->ra != a || c < s->rc0 || c >= s->rc1) {
+            int64_t c1 = c + range_blocks(s) < nb ? c + range_blocks(s) : nb;
+            s->rg = -1;
+            ZOFF_TRY(blocks_load(s, g, a, c, c1, buf));
+            s->rg = g, s->ra = a, s->rc0 = c, s->rc1 = c1;
+        }
+        int64_t end = (int64_t)((size_t)s->rc1 * bs / es);
+        if (end > first + count) end = first + count;
+        fn(arg, p - first, end - p, buf + (size_t)p * es - (size_t)s->rc0 * bs);
+        p = end;
+    }
+    return ZOFF_OK;
+}
+
+/* Elements [first, first + count) of array a of group g from fn, range_blocks() blocks at a time:
+ * a block the range covers in part is read first (its other bytes stay), then the blocks are
+ * written whole with their checksums. A never-written array is written up to the range first. */
+static zoff_status range_write(zoff_swapper *s, int g, int a, int64_t first, int64_t count, zoff_swapper_range_fn fn,
+                               void *arg) {
+    group_info *gi = &s->grp[g];
+    const int64_t es = (int64_t)zoff_dtype_size(s->o.dtype[a]), bs = s->o.aio.block_size;
+    const int64_t b1 = (first + count) * es, data_end = gi->count * es, cend = (b1 - 1) / bs + 1;
+    char *buf = s->slots[0].buf;
+    for (int64_t p = first * es; p < b1;) { /* bytes [p, q) of the array, blocks [c0, c1) */
+        int64_t c0 = p / bs, c1 = c0 + range_blocks(s) < cend ? c0 + range_blocks(s) : cend;
+        int64_t q = c1 * bs < b1 ? c1 * bs : b1, abytes = (int64_t)gi->abytes[a];
+        int64_t last_end = c1 * bs < abytes ? c1 * bs : abytes; /* of block c1 - 1 */
+        if (gi->fresh[a] && gi->written[a] < c0) ZOFF_TRY(blocks_init(s, g, a, gi->written[a], c0));
+        s->rg = -1;
+        if (p > c0 * bs) ZOFF_TRY(blocks_load(s, g, a, c0, c0 + 1, buf));
+        if (q < last_end && q < data_end && (c1 - 1 > c0 || p == c0 * bs))
+            ZOFF_TRY(blocks_load(s, g, a, c1 - 1, c1, buf + (c1 - 1 - c0) * bs));
+        fn(arg, p / es - first, (q - p) / es, buf + (p - c0 * bs));
+        ZOFF_TRY(blocks_io(s, g, a, c0, c1, buf, ZOFF_AIO_WRITE));
+        if (gi->fresh[a] && gi->written[a] < c1) gi->written[a] = c1;
+        if (gi->fresh[a] && gi->written[a] >= (int64_t)nchunks(s, g, a)) gi->fresh[a] = false;
+        s->rg = g, s->ra = a, s->rc0 = c0, s->rc1 = c1;
+        p = q;
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_swapper_range(zoff_swapper *s, int group, int array, int64_t first, int64_t count, bool write,
+                               zoff_swapper_range_fn fn, void *arg) {
+    ZOFF_TRY(check_broken(s));
+    if (s->in_pass)
+        return zoff_error(ZOFF_ERR_INTERNAL, "zoff_swapper_range: a pass over the NVMe state in %s is in progress (%d "
+                                             "of %d sub-groups)", s->path, s->pos, s->n);
+    if (group < 0 || group >= s->ng || array < 0 || array >= s->na || first < 0 || count < 0 ||
+        first > s->grp[group].count - count)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_range: group %d array %d elements [%lld, +%lld) outside %d "
+                                            "groups x %d arrays (the group has %lld elements)", group, array,
+                          (long long)first, (long long)count, s->ng, s->na,
+                          (long long)(group >= 0 && group < s->ng ? s->grp[group].count : 0));
+    /* slot 0 is the ranges' from now on: the read-ahead goes, the last pass's writes complete */
+    ZOFF_TRY(drop_prefetch(s));
+    ZOFF_TRY(zoff_swapper_flush(s));
+    if (count == 0) return ZOFF_OK;
+    return write ? range_write(s, group, array, first, count, fn, arg)
+                 : range_read(s, group, array, first, count, fn, arg);
 }
