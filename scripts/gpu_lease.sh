@@ -7,7 +7,8 @@
 #   GPU_BASE_BIN=old/zoff bash scripts/gpu_lease.sh --prebuild   # also carries a baseline zoff: the
 #                                            #    offloaded 1.5B step and the save overlap then run both
 # There (the device tool; carry .gpu-carry):
-#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt"] bash scripts/gpu_lease.sh
+#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt"] [GPU_OVERLAP="ARGS"] bash scripts/gpu_lease.sh
+#   (GPU_OVERLAP: the save-overlap runs' arguments, e.g. "--rounds 2 new=@B@/zoff new19=@B@/zoff:19")
 #
 # Every step is cut at the deadline (GPU_DEADLINE_S seconds after the start, default 540), and a
 # step that would start with under 20 s left is skipped with a note, so the report always comes
@@ -224,7 +225,10 @@ done
 fi
 if part ckpt; then
 step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
-if [ -x "$B/zoff-base" ]; then # interleaved, round by round
+if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh; @B@ is the binaries' folder
+  # shellcheck disable=SC2086
+  step ckpt_overlap 240 bash bench/ckpt_overlap.sh --dir "$W/overlap" ${GPU_OVERLAP//@B@/$B}
+elif [ -x "$B/zoff-base" ]; then # interleaved, round by round
   step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 4 --dir "$W/overlap" "base=$B/zoff-base" "new=$B/zoff"
 else
   step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --dir "$W/overlap" "cuda=$B/zoff"
