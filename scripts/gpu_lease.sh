@@ -225,9 +225,12 @@ done
 fi
 if part ckpt; then
 step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
-if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh; @B@ is the binaries' folder
-  # shellcheck disable=SC2086
-  step ckpt_overlap 240 bash bench/ckpt_overlap.sh --dir "$W/overlap" ${GPU_OVERLAP//@B@/$B}
+if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries
+  IFS=';' read -ra runs <<< "${GPU_OVERLAP//@B@/$B}"
+  for k in "${!runs[@]}"; do
+    # shellcheck disable=SC2086
+    step "ckpt_overlap_$k" 240 bash bench/ckpt_overlap.sh --dir "$W/overlap" ${runs[$k]}
+  done
 elif [ -x "$B/zoff-base" ]; then # interleaved, round by round
   step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 4 --dir "$W/overlap" "base=$B/zoff-base" "new=$B/zoff"
 else
