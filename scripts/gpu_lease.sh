@@ -224,7 +224,7 @@ for k in mma flash simple; do
 done
 fi
 if part ckpt; then
-step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
+[ -n "${GPU_OVERLAP:-}" ] || step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
 if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries
   IFS=';' read -ra runs <<< "${GPU_OVERLAP//@B@/$B}"
   for k in "${!runs[@]}"; do
