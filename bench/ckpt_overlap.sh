@@ -16,7 +16,8 @@
 # trainer joins the writer: ckpt_step S, ckpt_steps_overlapped k, ckpt_start = the main
 # thread's part of starting it) gives the steps S+1..S+k that ran while it was in flight, from
 # the save's start to the writer done; span = (ckpt_start + their step_time summed) / (k x the
-# median step_time of the steps >= 2 in no save's span), over all saves of the run. Also the old
+# median step_time of the steps >= 2 in no save's span), over all saves of the run and over those
+# after the first (the first faults the snapshot's arena in; it is kept for the later ones). Also the old
 # per-step figure: the median of the steps right after each save against that median. A
 # binary without the metrics line (before the snapshot) counts one step per save, start 0.
 set -uo pipefail
@@ -63,10 +64,16 @@ base = statistics.median(free)
 span_t = sum(v["ckpt_start"] + sum(steps.get(s, 0.0) for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1))
              for v in saves)
 span_n = sum(v["ckpt_steps_overlapped"] for v in saves)
+# the saves after the first: the snapshot's arena is kept from save to save, so only the first
+# pays for faulting its pages in
+later_t = sum(v["ckpt_start"] + sum(steps.get(s, 0.0) for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1))
+              for v in saves[1:])
+later_n = sum(v["ckpt_steps_overlapped"] for v in saves[1:])
 after = [steps[v["ckpt_step"] + 1] for v in saves if v["ckpt_step"] + 1 in steps]
-print("round %s %-6s load %s: span %.2fx (%d saves, %d steps in flight: %.2f s vs %.2f s without; saves %s s; staged %s MB; "
+print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d steps in flight: %.2f s vs %.2f s without; saves %s s; staged %s MB; "
       "update wait %s s) | step after a save %.2fx (%s s) | step without a save %.3f s" % (
-    sys.argv[4], sys.argv[3], sys.argv[5], span_t / (span_n * base), len(saves), span_n, span_t, span_n * base,
+    sys.argv[4], sys.argv[3], sys.argv[5], span_t / (span_n * base),
+    "%.2fx" % (later_t / (later_n * base)) if later_n else "-", len(saves), span_n, span_t, span_n * base,
     "/".join("%.2f" % v["ckpt_seconds"] for v in saves), "/".join("%.0f" % (v["ckpt_staged"] / 1e6) for v in saves),
     "/".join("%.2f" % v["ckpt_update_wait"] for v in saves), statistics.median(after) / base,
     " ".join("%.2f" % a for a in after), base), flush=True)
