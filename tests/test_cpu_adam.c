@@ -628,24 +628,6 @@ static void test_work_sharing(void **state) {
     print_message("work sharing: %d threads, %d of the slow thread's %lld blocks done by others\n",
                   atomic_load(&sp.threads_seen), others, (long long)(n / T / 4096));
     assert_true(others > 0);
-    /* with one thread reserved (a background save's writer): at most T - 1 work, the same bits */
-    tb_free(&out);
-    tb_copy(&out, &in, 0);
-    memset(sp.calls, 0, (size_t)n);
-    atomic_store(&sp.threads_seen, 0);
-    sp.gen = ++gen;
-    o1 = make_opt(oc, g_paths[0], T, ZOFF_STATE_ROUND_STOCHASTIC, -1);
-    zoff_host_optimizer_reserve_threads(o1, 1);
-    OK(zoff_host_optimizer_begin_step(o1, STEP, LR));
-    t = tensors_of(&out, oc->type);
-    t.before_write = share_hook;
-    t.before_write_ctx = &sp;
-    OK(zoff_host_optimizer_update(o1, &t, oc->wd, gscale));
-    zoff_host_optimizer_destroy(o1);
-    print_message("work sharing, one of %d threads reserved: %d threads worked\n", T, atomic_load(&sp.threads_seen));
-    assert_true(atomic_load(&sp.threads_seen) >= 2 && atomic_load(&sp.threads_seen) <= T - 1);
-    assert_int_equal(atomic_load(&sp.written_early), 0);
-    assert_tb_same(&out, &ref, false, "shared, one thread reserved", "one thread");
     free(sp.calls);
     free(sp.who);
     tb_free(&in);

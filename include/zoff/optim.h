@@ -194,10 +194,6 @@ const char *zoff_host_optimizer_path(const zoff_host_optimizer *opt);
 zoff_status zoff_host_optimizer_set_path(zoff_host_optimizer *opt, zoff_simd_path path);
 int zoff_host_optimizer_threads(const zoff_host_optimizer *opt);
 zoff_status zoff_host_optimizer_set_threads(zoff_host_optimizer *opt, int threads);
-/* Leave k of the threads to other work (k = 0: none) from the next update on; at least one
- * thread still runs. Safe to call from any thread at any time (a background save's writer
- * takes a core for its span: zoff_engine_snapshot_begin). */
-void zoff_host_optimizer_reserve_threads(zoff_host_optimizer *opt, int k);
 /* The thread count for a share of this machine's logical cores (DeepSpeed's
  * offload_optimizer.cpuadam_cores_perc): max(1, round(share x cores)); 0 (the default
  * rule of options.threads) when share < 0 (not given). */

@@ -37,7 +37,6 @@ struct zoff_host_optimizer {
     uint32_t step_seed;
     /* execution */
     int threads;
-    _Atomic int reserved; /* of threads, left to other work for now (zoff_host_optimizer_reserve_threads) */
     int64_t serial_below;
     zoff_simd_path path;
     zoff_optim_range_fn (*select)(int kind, int gd, int sd, int pd);
@@ -186,10 +185,6 @@ zoff_status zoff_host_optimizer_set_threads(zoff_host_optimizer *opt, int thread
     return ZOFF_OK;
 }
 
-void zoff_host_optimizer_reserve_threads(zoff_host_optimizer *opt, int k) {
-    if (opt) atomic_store_explicit(&opt->reserved, k > 0 ? k : 0, memory_order_relaxed);
-}
-
 static int64_t chunk_bound(int k, int nt, int64_t n, int64_t head) {
     if (k <= 0) return 0;
     if (k >= nt) return n;
@@ -316,8 +311,7 @@ static void run_pthreads(zoff_optim_range_fn fn, const zoff_optim_kargs *a, zo_c
  * first touch places each page with its thread), each thread its own only. */
 static void run_range(const zoff_host_optimizer *opt, zoff_optim_range_fn fn, const zoff_optim_kargs *a, bool share) {
     const int64_t n = a->n;
-    int nt = opt->threads - atomic_load_explicit(&((zoff_host_optimizer *)opt)->reserved, memory_order_relaxed);
-    if (nt < 1) nt = 1;
+    int nt = opt->threads;
     int64_t maxt = (n + ZO_ALIGN_ELEMS - 1) / ZO_ALIGN_ELEMS; /* at least one aligned block each */
     if (maxt < nt) nt = (int)maxt;
     if (nt <= 1 || (opt->serial_below > 0 && n < opt->serial_below) || omp_in_parallel()) {

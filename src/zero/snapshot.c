@@ -62,13 +62,6 @@ typedef struct zoff_snap {
 
 size_t zoff_engine_snapshot_block_bytes(void) { return (size_t)1 << 20; }
 
-/* Optimizer threads left to the writer while a save is in flight: one core of four or more.
- * The writer (CRC, copies, io_uring) keeps a core busy for much of the save; sharing one with
- * an optimizer thread held every update's end back by a time slice (measured on the 16-core
- * GPU box, docs/performance.md). (e->hopt stays the same object during a save: super_offload,
- * whose rollback makes a new one, saves without a snapshot.) */
-static int snap_reserve(int threads) { return threads >= 4 ? 1 : 0; }
-
 static size_t state_esize(const zoff_engine *e, int i) { return i == 0 ? sizeof(float) : e->ssize; }
 
 static int64_t array_blocks(const zoff_engine *e, int i) {
@@ -161,7 +154,6 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     for (int k = 0; k < e->nsg; k++) p->host_sg += e->sg[k].on_host;
     p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb};
     p->active = true;
-    zoff_host_optimizer_reserve_threads(e->hopt, snap_reserve(zoff_host_optimizer_threads(e->hopt)));
     pthread_mutex_unlock(&p->mu);
     return ZOFF_OK;
 }
@@ -426,7 +418,6 @@ void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *sta
     }
     pthread_mutex_lock(&p->mu);
     p->active = false;
-    zoff_host_optimizer_reserve_threads(e->hopt, 0);
     pthread_cond_broadcast(&p->cv);
     while (p->inside > 0) pthread_cond_wait(&p->cv, &p->mu); /* woken above, they leave at once */
     p->nslots = p->nfree = 0; /* the arena and its tables stay for the next save (an update's pass may still be filling
