@@ -19,7 +19,9 @@
 # median step_time of the steps >= 2 in no save's span), over all saves of the run and over those
 # after the first (the first faults the snapshot's arena in; it is kept for the later ones). Also the old
 # per-step figure: the median of the steps right after each save against that median. A
-# binary without the metrics line (before the snapshot) counts one step per save, start 0.
+# binary without the metrics line (before the snapshot) counts one step per save, start 0. And the
+# same by the wall clock between the steps' ends (metrics "clock"), which also counts what the
+# training loop does between steps (the save's start, joining a finished writer).
 set -uo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; SEQ=64; MICRO=1; DETAIL=0; RUNS=()
@@ -69,6 +71,19 @@ span_n = sum(v["ckpt_steps_overlapped"] for v in saves)
 later_t = sum(v["ckpt_start"] + sum(steps.get(s, 0.0) for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1))
               for v in saves[1:])
 later_n = sum(v["ckpt_steps_overlapped"] for v in saves[1:])
+# the same from the steps' end clocks (metrics "clock"; binaries before it: None): the wall time from
+# the end of step S to the end of its last step in flight, against as many ordinary steps' wall
+# times (end to end, neither step in a span); everything the loop did in between counts
+clock = {r["step"]: r["clock"] for r in lines if "clock" in r}
+wall = None
+if clock:
+    free_w = [clock[s] - clock[s - 1] for s in clock if s >= 3 and s - 1 in clock and s not in inside and
+              s - 1 not in inside and not any(v["ckpt_step"] == s - 1 for v in saves)]
+    wb = statistics.median(free_w)
+    def wall_of(vs):
+        t = sum(clock[v["ckpt_step"] + v["ckpt_steps_overlapped"]] - clock[v["ckpt_step"]] for v in vs)
+        return t / (sum(v["ckpt_steps_overlapped"] for v in vs) * wb)
+    wall = (wall_of(saves), wall_of(saves[1:]) if len(saves) > 1 else float("nan"))
 after = [steps[v["ckpt_step"] + 1] for v in saves if v["ckpt_step"] + 1 in steps]
 print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d steps in flight: %.2f s vs %.2f s without; saves %s s; staged %s MB; "
       "update wait %s s) | step after a save %.2fx (%s s) | step without a save %.3f s" % (
@@ -77,11 +92,13 @@ print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d 
     "/".join("%.2f" % v["ckpt_seconds"] for v in saves), "/".join("%.0f" % (v["ckpt_staged"] / 1e6) for v in saves),
     "/".join("%.2f" % v["ckpt_update_wait"] for v in saves), statistics.median(after) / base,
     " ".join("%.2f" % a for a in after), base), flush=True)
+if wall:
+    print("    by the wall clock: span %.2fx, after the first save %.2fx" % wall, flush=True)
 if sys.argv[6] == "1":
     for v in saves:
         k = v["ckpt_step"]
-        print("    save at step %d: start %.4f s, span steps %s s, staged in the update's pass %s MB" % (
-            k, v["ckpt_start"], " ".join("%.4f" % steps.get(s, float("nan"))
+        print("    save at step %d (%.4f s): start %.4f s, span steps %s s, staged in the update's pass %s MB" % (
+            k, steps.get(k, float("nan")), v["ckpt_start"], " ".join("%.4f" % steps.get(s, float("nan"))
                                         for s in range(k + 1, k + v["ckpt_steps_overlapped"] + 1)),
             "%.0f" % (v.get("ckpt_staged_in_update", 0) / 1e6)), flush=True)
 EOP

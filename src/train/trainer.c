@@ -222,10 +222,11 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
         t,
         "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
         "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
-        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f}\n",
+        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f,"
+        "\"clock\":%.6f}\n",
         (long long)r->step, (float)r->loss, r->lr, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
-        si->skipped ? "true" : "false", (long long)si->rollbacks, r->t_ckpt_wait);
+        si->skipped ? "true" : "false", (long long)si->rollbacks, r->t_ckpt_wait, zoff_now());
     return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
 }
 
