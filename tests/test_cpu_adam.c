@@ -572,7 +572,7 @@ static void test_threads_bit_identical(void **state) {
 typedef struct share_probe {
     const tbuf *in, *out;
     unsigned char *calls;     /* per element: hook calls */
-    int *who;                 /* per 4096-element block: the thread's number */
+    unsigned char *who;       /* per element: the number of the thread that went through it */
     _Atomic int threads_seen; /* thread numbers handed out */
     _Atomic int written_early;
     int gen;
@@ -590,7 +590,7 @@ static void share_hook(void *ctx, int64_t lo, int64_t hi) {
     if (lo == 0) tl_slow = 1;
     if (memcmp(sp->out->p + lo, sp->in->p + lo, (size_t)(hi - lo) * 4)) atomic_store(&sp->written_early, 1);
     for (int64_t i = lo; i < hi; i++) sp->calls[i]++;
-    for (int64_t b = lo / 4096; b <= (hi - 1) / 4096; b++) sp->who[b] = tl_id;
+    memset(sp->who + lo, tl_id, (size_t)(hi - lo));
     if (tl_slow) nanosleep(&(struct timespec){0, 2000000}, NULL);
 }
 
@@ -609,7 +609,7 @@ static void test_work_sharing(void **state) {
     run_step(o0, &ref, oc->type, oc->wd, gscale);
     zoff_host_optimizer_destroy(o0);
     share_probe sp = {.in = &in, .out = &out, .calls = calloc((size_t)n, 1),
-                      .who = calloc((size_t)(n / 4096 + 1), sizeof(int)), .gen = ++gen};
+                      .who = calloc((size_t)n, 1), .gen = ++gen};
     assert_non_null(sp.calls);
     assert_non_null(sp.who);
     zoff_host_optimizer *o1 = make_opt(oc, g_paths[0], T, ZOFF_STATE_ROUND_STOCHASTIC, -1);
@@ -623,10 +623,10 @@ static void test_work_sharing(void **state) {
     for (int64_t i = 0; i < n; i++)
         if (sp.calls[i] != 1) fail_msg("element %lld went through the hook %d times", (long long)i, sp.calls[i]);
     assert_tb_same(&out, &ref, false, "shared, one thread slow", "one thread");
-    int first = sp.who[0], others = 0;
-    for (int64_t b = 0; b < n / T / 4096; b++) others += sp.who[b] != first;
-    print_message("work sharing: %d threads, %d of the slow thread's %lld blocks done by others\n",
-                  atomic_load(&sp.threads_seen), others, (long long)(n / T / 4096));
+    int64_t others = 0;
+    for (int64_t i = 0; i < n / T; i++) others += sp.who[i] != sp.who[0];
+    print_message("work sharing: %d threads, %lld of the slow thread's %lld elements done by others\n",
+                  atomic_load(&sp.threads_seen), (long long)others, (long long)(n / T));
     assert_true(others > 0);
     free(sp.calls);
     free(sp.who);
