@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Periodic checkpoints written by the background writer (zoff_trainer_save_periodic) while
 # training goes on: the files equal the synchronous writer's byte for byte, a resume from one
-# is bit-identical to an uninterrupted run, SIGKILL while one is being written leaves the
+# is bit-identical to an uninterrupted run, saves that outrun the writer are said and counted,
+# SIGKILL while one is being written leaves the
 # previous checkpoint loadable, and a write fault in the writer surfaces as an error naming the
 # file with the earlier checkpoint intact. Usage: cli_ckpt_background.sh ZOFF SRCDIR
 set -u
@@ -52,6 +53,16 @@ D=("${T[@]/$W\/offload.json/$W/dpu.json}")
 "$ZOFF" "${D[@]}" --train-iters 5 --save-interval 2 --quiet --sync-save --save "$W/dsync" >/dev/null 2>&1
 check "delayed update: background checkpoints of steps 2 and 4 == the synchronous writer's" \
   "[ -f '$W/dbg/step_00000004/COMPLETE' ] && cmp -s '$W/dbg/step_00000002/rank_00000.zckpt' '$W/dsync/step_00000002/rank_00000.zckpt' && cmp -s '$W/dbg/step_00000004/rank_00000.zckpt' '$W/dsync/step_00000004/rank_00000.zckpt'"
+
+# 1c. saves that outrun the writer: the step-1 save's writer paused 400 ms, a save every step. The
+#     step-2 save waits for it: said once in the log, and the step-1 save's metrics line gives the
+#     wait (ckpt_join_wait, which bench/ckpt_overlap.sh counts in the save's span)
+ZOFF_TEST_CKPT_WRITER_PAUSE_MS=400 "$ZOFF" "${T[@]}" --train-iters 4 --save-interval 1 --save "$W/behind" \
+  >"$W/behind.log" 2>&1
+check "saves outrunning the writer: warned once, naming --save-interval" \
+  "[ \$(grep -c 'previous background save was still being written' '$W/behind.log') -eq 1 ] && grep -q 'raise --save-interval' '$W/behind.log'"
+check "and the step-1 save's metrics line has the loop's wait for it (>= 0.2 s)" \
+  "'$PY' -c \"import json,sys; v=[j for j in map(json.loads, open('$W/behind/metrics.jsonl')) if j.get('ckpt_step') == 1]; sys.exit(not (v and v[0]['ckpt_join_wait'] >= 0.2))\""
 
 # 2. SIGKILL while a background save is being written: a save every step, the writer paused for
 #    a second after its first piece (ZOFF_TEST_CKPT_WRITER_PAUSE_MS, so that the kill lands inside

@@ -22,15 +22,17 @@ void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
 
 /* Join the background checkpoint in flight, if any: its error (naming the step and the file)
  * is this call's. The one place that waits for the writer. in_step: called inside a training
- * step, before its count goes up. A metrics line says how many steps ran (or began) while the save
- * was in flight (bench/ckpt_overlap.sh). */
+ * step, before its count goes up (the wait is that step's ckpt_wait). A metrics line says how many
+ * steps ran (or began) while the save was in flight and how long the loop waited for it outside a
+ * step (at the next save, or the final one) (bench/ckpt_overlap.sh). */
 static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in_step) {
     if (!t->bg) return ZOFF_OK;
     double t0 = zoff_now();
     zoff_train_ckpt_done d = {0};
     zoff_status s = zoff_train_ckpt_save_wait(t->bg, &d);
     t->bg = NULL;
-    if (waited) *waited += zoff_now() - t0;
+    const double w = zoff_now() - t0;
+    if (waited) *waited += w;
     if (s != ZOFF_OK) return zoff_error_context(s, "checkpoint");
     const zoff_engine_snapshot_stats *ss = &d.snapshot;
     char b[2][32], snap[160] = "";
@@ -44,10 +46,10 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     return trainer_metrics_line(t,
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
                                 "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
-                                "\"ckpt_update_wait\":%.6f}\n",
+                                "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
-                                ss->staged_in_update, ss->update_wait);
+                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w);
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
@@ -332,7 +334,15 @@ static int64_t snapshot_budget(const zoff_trainer *t) {
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
     if (t->o.sync_saves || !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
         return zoff_trainer_save(t, false);
-    ZOFF_TRY(wait_background_save(t, NULL, false)); /* one save in flight at a time */
+    double behind = 0;
+    ZOFF_TRY(wait_background_save(t, &behind, false)); /* one save in flight at a time */
+    if (behind > 0.01 && !t->told_save_behind) {
+        t->told_save_behind = true;
+        zoff_log(ZOFF_LOG_WARN,
+                 "checkpoint: at step %lld the previous background save was still being written; training waited "
+                 "%.2f s for it (said once). The saves outrun the disk: raise --save-interval",
+                 (long long)t->info.step, behind);
+    }
     double t0 = zoff_now();
     zoff_status s = zoff_engine_flush_state(t->eng); /* the state is final: no update runs until the next step */
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");

@@ -31,6 +31,7 @@ struct zoff_trainer {
     zoff_train_ckpt_job *bg;  /* the background checkpoint in flight (NULL: none) */
     int64_t bg_step;          /* ... the step it saves */
     double bg_start_s;        /* ... the main thread's part of starting it (flush, device weights, snapshot) */
+    bool told_save_behind;    /* said once: a periodic save found the previous one still being written */
 };
 
 /* Progress output of the trainer: rank 0, unless quiet. */
