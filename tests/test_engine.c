@@ -540,6 +540,34 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
     free(plain.weights);
 }
 
+/* An exact update that fails while a snapshot waits for it to stage its blocks
+ * (ZOFF_TEST_UPDATE_FAIL_STEP: step 3's update fails at the first sub-group with blocks left to
+ * its pass, the snapshot begun after step 2): the training gets the update's error and the reader an error too, at once (the save
+ * is abandoned, never written from half-staged blocks, and nothing waits forever). */
+static void test_snapshot_update_fails(void **st) {
+    (void)st;
+    char cfg[1024];
+    cfg_json(cfg, sizeof cfg, "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", 1);
+    snap_test t = {.at = 2, .budget = SIZE_MAX};
+    g_snaptest = &t;
+    g_mode = (train_mode){.hidden = 256};
+    setenv("ZOFF_TEST_UPDATE_FAIL_STEP", "3", 1);
+    run_result r = {0};
+    zoff_status s = train(cfg, ZOFF_F32, 5, 0, &r);
+    unsetenv("ZOFF_TEST_UPDATE_FAIL_STEP");
+    g_snaptest = NULL;
+    g_mode = (train_mode){0};
+    assert_int_equal(s, ZOFF_ERR_INTERNAL);
+    assert_true(t.started);
+    assert_int_equal(t.s, ZOFF_ERR_INTERNAL);
+    print_message("snapshot after a failed update: %s\n", zoff_last_error());
+    for (int i = 0; i < 3; i++) {
+        free(t.got[i]);
+        free(t.ref[i]);
+    }
+    free(r.weights);
+}
+
 static void test_snapshot(void **st) {
     (void)st;
     check_snapshot(OFFLOAD, "", ZOFF_F32, false, 4, false);
@@ -1287,6 +1315,7 @@ int main(void) {
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
         cmocka_unit_test(test_delayed_resume),               cmocka_unit_test(test_snapshot),
+        cmocka_unit_test(test_snapshot_update_fails),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
         cmocka_unit_test(test_speculative_timeline),        cmocka_unit_test(test_speculative_rows_equals_exact),
         cmocka_unit_test(test_speculative_rows_timeline),    cmocka_unit_test(test_cpuadam_cores_perc),

@@ -321,6 +321,14 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e, bool redo) {
     return ZOFF_OK;
 }
 
+/* Tests only (ZOFF_TEST_UPDATE_FAIL_STEP=t): the exact host update of step t fails at the first
+ * sub-group whose blocks a background save's snapshot left to its pass, before writing any (test_engine: a background save's snapshot is then failed, not left
+ * waiting for blocks the update never filled). */
+static bool test_update_fails(int64_t t) {
+    const char *v = getenv("ZOFF_TEST_UPDATE_FAIL_STEP");
+    return v && strtoll(v, NULL, 10) == t;
+}
+
 /* The host part of a step: every host sub-group, each pushed to the device as soon
  * as it is done (HU_PUSH: last layers first, their gradients arrived first; HU_PIPE:
  * first layers first, what the next forward needs first arrives first; HU_NO_PUSH,
@@ -336,6 +344,7 @@ static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, dou
     if (e->pnvme) ZOFF_TRY(zoff_s3_begin_update(e->s3));
     if (e->swap) ZOFF_TRY(zoff_swapper_begin(e->swap, e->swap_order, e->nswap, ZOFF_SWAP_UPDATE, nvme_all_arrays(e)));
     bool early = mode == HU_NO_PUSH && e->g_updated; /* delayed update, pipelined */
+    const bool test_fail = test_update_fails(t);
     int nsp = 0;
     int64_t seq = ++e->updates;
     if (mode == HU_SPEC) return spec_update(e, gbuf, grad_scale, seq);
@@ -351,6 +360,9 @@ static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, dou
         if (e->swap) ZOFF_TRY(zoff_eng_nvme_next(e, i, &master, &hm, &hv));
         /* a background save has its old state first (the exact update's own pass copies most of it) */
         if (!e->swap) ZOFF_TRY(zoff_eng_snap_protect(e, g, pb.bk == ZOFF_BACKUP_NONE));
+        if (test_fail && zoff_eng_snap_pending(e))
+            return zoff_error(ZOFF_ERR_INTERNAL, "the host update of step %lld failed (ZOFF_TEST_UPDATE_FAIL_STEP)",
+                              (long long)t);
         double *span = span_slot(e, seq, nsp++, g);
         if (span) span[0] = zoff_now();
         /* pieces with one weight-decay value; with offload_param nvme from the top down, each cut
