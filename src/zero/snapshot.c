@@ -306,9 +306,11 @@ static bool block_inside(const zoff_snap *p, const zoff_engine *e, int i, int64_
 /* The blocks of [a, z) that still need a slot (mu held). */
 static int64_t slots_needed(const zoff_snap *p, const zoff_engine *e, int64_t a, int64_t z) {
     int64_t need = 0;
-    for (int i = 0; i < SNAP_ARRAYS; i++)
-        for (int64_t b = p->nb[i] ? a / p->blk[i] : 1, hi = p->nb[i] ? (z - 1) / p->blk[i] : 0; b <= hi; b++)
+    for (int i = 0; i < SNAP_ARRAYS; i++) {
+        if (p->nb[i] == 0) continue; /* an array the optimizer does not use */
+        for (int64_t b = a / p->blk[i]; b <= (z - 1) / p->blk[i]; b++)
             need += !block_taken(p, e, i, b) && p->slot[i][b] < 0;
+    }
     return need;
 }
 
