@@ -7,7 +7,7 @@
 #   GPU_BASE_BIN=old/zoff bash scripts/gpu_lease.sh --prebuild   # also carries a baseline zoff: the
 #                                            #    offloaded 1.5B step and the save overlap then run both
 # There (the device tool; carry .gpu-carry):
-#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt"] [GPU_OVERLAP="ARGS"] bash scripts/gpu_lease.sh
+#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt accum"] [GPU_OVERLAP="ARGS"] bash scripts/gpu_lease.sh
 #   (GPU_OVERLAP: the save-overlap runs' arguments, e.g. "--rounds 2 new=@B@/zoff new19=@B@/zoff:19")
 #
 # Every step is cut at the deadline (GPU_DEADLINE_S seconds after the start, default 540), and a
@@ -65,8 +65,8 @@ W=/tmp/zoff-lease/work
 rm -rf /tmp/zoff-lease && mkdir -p "$B" "$LOGS" "$W" "$REPORT"
 
 left() { echo $((DEADLINE - (SECONDS - T0))); }
-# part NAME: is this group of steps wanted (GPU_PARTS, default all: correct large peer smoke ckpt)
-part() { case " ${GPU_PARTS:-correct large peer smoke ckpt} " in *" $1 "*) return 0 ;; esac; return 1; }
+# part NAME: is this group of steps wanted (GPU_PARTS, default all: correct large peer smoke ckpt accum)
+part() { case " ${GPU_PARTS:-correct large peer smoke ckpt accum} " in *" $1 "*) return 0 ;; esac; return 1; }
 # step NAME LIMIT_S COMMAND...: run under min(LIMIT, time left - 5), log, record the verdict
 step() {
   local name=$1 limit=$2; shift 2
@@ -138,8 +138,8 @@ step fused_ln_startup_check 5 bash -c "! grep -m1 'WARNING: .*fused residual' '$
 fi
 
 # ------------------------------------------------------------------ 1.5B offloaded, 13B (issue 20)
-if part large; then
 XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length 1024)
+if part large; then
 for bin in zoff zoff-base; do
   [ -x "$B/$bin" ] || continue
   step "bench_step_1558M_offload${bin#zoff}" 150 "$B/$bin" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 \
@@ -221,6 +221,20 @@ step emu_check 120 "$B/emu_check_real"
 step test_device 60 "$B/test_device"
 for k in mma flash simple; do
   step "test_ops_attention_$k" 90 env ZOFF_CPU_KERNELS=scalar ZOFF_CUDA_ATTENTION=$k "$B/test_ops"
+done
+fi
+# ------------------------------------------------------------------ accumulation: the full device buffer or the buckets
+# (zoff_grad_buckets true: the sum on the device; "always": on the host, through the buckets each micro-batch)
+if part accum; then
+for gb in true always; do
+  v=$gb; [ "$gb" = always ] && v='"always"'
+  printf '%s\n' '{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4, "bf16": {"enabled": true},' \
+    '"steps_per_print": 1, "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
+    "\"zero_optimization\": {\"stage\": 2, \"zoff_grad_buckets\": $v, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}}" \
+    > "$W/acc-$gb.json"
+  step "train_1558M_accum4_$gb" 150 "$B/zoff" train --config "$W/acc-$gb.json" --device cuda "${XL[@]}" --train-iters 3 \
+    "${DATA[@]}" --save "$W/acc-$gb"
+  step "train_1558M_accum4_${gb}_metrics" 5 cat "$W/acc-$gb/metrics.jsonl"
 done
 fi
 if part ckpt; then

@@ -4,7 +4,9 @@
 # full device gradient buffer (zoff_grad_buckets false) bit for bit: offload stage 2,
 # fp32 / bf16 / fp16 (dynamic loss scaling), clipping that applies, Twin-Flow ratio 0.5,
 # the pipelined, delayed and speculative steps, accumulation 2 (full buffer: the rule
-# keeps it), bf16 optimizer states, a ring of 2 buckets (reduce_bucket_size 1). Then
+# keeps it), bf16 optimizer states, a ring of 2 buckets (reduce_bucket_size 1); and
+# accumulation 3 with zoff_grad_buckets "always" (the sum on the host, back through the
+# buckets each micro-batch) in the same modes, ring and flat. Then
 # memory: a device budget that the full buffer does not fit trains with buckets, and
 # Twin-Flow "auto" gives the freed bytes to the device. Usage: cli_buckets.sh ZOFF SRCDIR
 set -u
@@ -22,7 +24,8 @@ cfg() {
       $2 \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003}},
       \"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 1, $6
         \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": false $5}}}" > "$W/$1.json"
-    sed 's/"stage": 2,/"stage": 2, "zoff_grad_buckets": false,/' "$W/$1.json" > "$W/$1_full.json"
+    sed 's/ *"zoff_grad_buckets": "always",//; s/"stage": 2,/"stage": 2, "zoff_grad_buckets": false,/' \
+        "$W/$1.json" > "$W/$1_full.json"
 }
 BF='"bf16": {"enabled": true},'
 FP16='"fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 2},'
@@ -36,8 +39,20 @@ cfg spec "$BF" 1.0 1 ", \"super_offload\": true" ""
 cfg spec_clip "$BF" 0.05 1 ", \"super_offload\": true" ""
 cfg accum "$BF" 0.05 2 "" ""
 cfg bf16st '"bf16": {"enabled": true, "bf16_optimizer_states": true},' 0.05 1 "" ""
+# accumulation through the buckets ("always"): the sum of 3 micro-batches kept on the host
+AL='"zoff_grad_buckets": "always",'
+cfg acc3 "$BF" 0.05 3 "" "$AL"
+cfg acc3_f32 "" 1.0 3 "" "$AL"
+cfg acc3_fp16 "$FP16" 1.0 3 "" "$AL"
+cfg acc3_twin "$BF" 0.05 3 ", \"ratio\": 0.5" "$AL"
+cfg acc3_delayed "$BF" 1.0 3 "" "$AL \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 2,"
+cfg acc3_spec "$BF" 1.0 3 ", \"super_offload\": true" "$AL"
+cfg acc3_bf16st '"bf16": {"enabled": true, "bf16_optimizer_states": true},' 0.05 3 "" "$AL"
+cfg acc3_flat "$BF" 0.05 3 "" "$AL"
+sed -i 's/"reduce_bucket_size": 1,/"reduce_bucket_size": 100000000,/' "$W/acc3_flat.json" "$W/acc3_flat_full.json"
 series() { grep '"loss"' "$1/metrics.jsonl" | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*'; }
-for m in f32 bf16 fp16 clip twin delayed spec spec_clip accum bf16st; do
+for m in f32 bf16 fp16 clip twin delayed spec spec_clip accum bf16st \
+         acc3 acc3_f32 acc3_fp16 acc3_twin acc3_delayed acc3_spec acc3_bf16st acc3_flat; do
     for v in "$m" "${m}_full"; do
         "$ZOFF" train "${TINY[@]}" --config "$W/$v.json" --train-iters 5 --save "$W/$v" >"$W/$v.txt" 2>&1
         "$ZOFF" export --load "$W/$v" --format fp32 --output "$W/$v.fp32" --quiet >>"$W/$v.txt" 2>&1
@@ -50,6 +65,10 @@ check "the clipped runs clip (norm above 0.05)" "series '$W/clip' | head -1 | gr
 check "the fp16 run skips a step for overflow (initial scale 2^24)" "grep -q '\"skipped\":true' '$W/fp16/metrics.jsonl'"
 check "buckets in use: the log says so" "grep -q 'device gradients: gradient buckets (2 x' '$W/bf16.txt'"
 check "accumulation 2 keeps the full buffer (the log says so)" "grep -q 'device gradients: the full device gradient buffer' '$W/accum.txt'"
+check "\"always\": accumulation 3 through a ring of 2 buckets (the log says so)" \
+  "grep -q 'device gradients: gradient buckets (2 x.*the accumulation.s sum on the host' '$W/acc3.txt'"
+check "\"always\", flat: a bucket per group (the log says so)" \
+  "grep -q 'one per group.*the accumulation.s sum on the host' '$W/acc3_flat.txt'"
 
 # memory: 4 x 512 (12.75M parameters, bf16, all optimizer state on the host). Measured
 # (2026-11-26): 51.04 MiB on the device with the full gradient buffer, 39.01 MiB with a ring of
@@ -62,6 +81,12 @@ check "full gradient buffer: out of device memory under a 45 MiB budget" \
   "grep -qi 'out of.*memory\|budget' '$W/mem_full.txt' && ! [ -f '$W/mem_full.ok' ]"
 "$ZOFF" train "${BIG[@]}" --config "$W/mem.json" --device-memory 45MiB --save "$W/mem" >"$W/mem.txt" 2>&1 && touch "$W/mem.ok"
 check "gradient buckets: the same job fits 45 MiB and trains" "[ -f '$W/mem.ok' ]"
+cfg memacc "$BF" 1.0 2 "" "$AL"
+for v in memacc memacc_full; do
+    "$ZOFF" train "${BIG[@]}" --config "$W/$v.json" --device-memory 45MiB --save "$W/$v" >"$W/$v.txt" 2>&1 && touch "$W/$v.ok"
+done
+check "accumulation 2: the full buffer is out of memory under 45 MiB" "! [ -f '$W/memacc_full.ok' ]"
+check "accumulation 2 with \"always\": fits 45 MiB and trains" "[ -f '$W/memacc.ok' ]"
 # Twin-Flow "auto" gives the freed bytes to the device share of the optimizer
 cfg auto "$BF" 1.0 1 ", \"ratio\": \"auto\"" ""
 for v in auto auto_full; do

@@ -107,6 +107,7 @@ static void check_defaults(const zoff_config *c) {
     assert_false(z->stage3_gather_16bit_weights_on_model_save);
     assert_false(z->elastic_checkpoint);
     assert_false(z->delayed_param_update);
+    assert_int_equal(z->grad_buckets, ZOFF_GRAD_BUCKETS_ON);
     assert_int_equal(z->delayed_param_update_warmup, 10);
     assert_int_equal(z->offload_optimizer.device, ZOFF_OFFLOAD_NONE);
     assert_string_equal(z->offload_optimizer.nvme_path, "");
@@ -442,6 +443,23 @@ static void test_unknown_keys(void **state) {
     expect_error("{'elasticity': {'enabeld': true, 'max_train_batch_size': 2000}}", "elasticity.enabeld",
                  "did you mean \"enabled\"", "accepted while \"enabled\" is false or absent");
     expect_error("{'compile': {'deep_compile': true}}", "compile.deep_compile", "did you mean \"deepcompile\"");
+    /* zoff_grad_buckets: true, false or "always" */
+    expect_error("{'zero_optimization': {'zoff_grad_buckets': 'sometimes'}}", "zero_optimization.zoff_grad_buckets",
+                 "\"sometimes\" is not allowed", "true, false or \"always\"");
+    expect_error("{'zero_optimization': {'zoff_grad_buckets': 1}}", "zero_optimization.zoff_grad_buckets",
+                 "expected true, false or \"always\"");
+    {
+        zoff_config c;
+        const char *vals[] = {"true", "false", "'always'"};
+        const zoff_grad_buckets_mode want[] = {ZOFF_GRAD_BUCKETS_ON, ZOFF_GRAD_BUCKETS_OFF, ZOFF_GRAD_BUCKETS_ALWAYS};
+        for (int i = 0; i < 3; i++) {
+            char text[128];
+            snprintf(text, sizeof text, "{'zero_optimization': {'zoff_grad_buckets': %s}}", vals[i]);
+            load_ok(text, &c);
+            assert_int_equal(c.zero.grad_buckets, want[i]);
+            zoff_config_free(&c);
+        }
+    }
     /* A key that belongs to another type of optimizer or scheduler. */
     expect_error("{'optimizer': {'type': 'Lion', 'params': {'eps': 1e-8}}}", "optimizer.params.eps",
                  "not a parameter of Lion", "allowed keys at optimizer.params for Lion: lr, betas, weight_decay");

@@ -61,6 +61,8 @@ typedef struct train_mode {
                                  worker takes wte's early part before the embedding backward */
     bool no_rows;             /* no row-sparse report of wte's gradient (zoff_gpt2_set_grad_rows) */
     bool lr_falls;            /* the learning rate falls every step (speculation assumes the last one's) */
+    bool buckets;             /* as zoff train: the engine's gradient buckets where zoff_placement_grad_buckets
+                                 allows them (the model then holds no gradient buffer) */
     int64_t block0;           /* set by train(): block 0's offset */
     double block0_end[32];    /* iteration i: the boundary backward of block 0 ended on the device */
     double span_wte0[33];     /* optimizer step t: the first update of the sub-group at offset 0 began */
@@ -218,7 +220,8 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
     zoff_gpt2_options mo = {.shape = {.num_layers = g_mode.layers ? g_mode.layers : L,
                                       .hidden_size = g_mode.hidden ? g_mode.hidden : C, .num_heads = NH,
                                       .max_seq_len = T, .vocab_size = g_mode.vocab ? g_mode.vocab : V},
-                            .batch_size = mb_rows, .seq_len = T, .dtype = dt};
+                            .batch_size = mb_rows, .seq_len = T, .dtype = dt,
+                            .external_grads = g_mode.buckets && zoff_placement_grad_buckets(&cfg, 1)};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
@@ -244,6 +247,10 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         if (s == ZOFF_OK && g_mode.waits) s = zoff_gpt2_set_weight_wait(m, logged_wait, &g_mode);
         if (s == ZOFF_OK && !g_mode.no_rows && zoff_engine_uses_grad_rows(e))
             s = zoff_gpt2_set_grad_rows(m, zoff_engine_grad_rows, e);
+        if (s == ZOFF_OK && zoff_engine_uses_grad_buckets(e)) {
+            zoff_grad_hooks gh = {.arg = e, .acquire = zoff_engine_grad_acquire, .release = zoff_engine_grad_release};
+            s = zoff_gpt2_set_grad_hooks(m, &gh);
+        }
         g_mode.block0 = ti[2].offset; /* wte, wpe, then h.0 */
         memset(g_mode.block0_end, 0, sizeof g_mode.block0_end);
         memset(g_mode.span_wte0, 0, sizeof g_mode.span_wte0);
@@ -403,6 +410,65 @@ static void test_accumulation_exact(void **st) {
     if (w > 1e-5) fail_msg("accumulated weights differ by %.3g", w);
     free(one.weights);
     free(two.weights);
+}
+
+/* Accumulation through the gradient buckets (zoff_grad_buckets "always": the sum of the earlier
+ * micro-batches kept in the host's 16-bit gradient buffer, back to the device through the
+ * buckets) gives what the full device buffer gives, bit for bit: the device adds each
+ * micro-batch to the same bits. A ring of 2 buckets (reduce_bucket_size 1) and one per group;
+ * bf16 and fp32; synchronous, pipelined (per-group weight waits) and delayed steps. The
+ * reference is independent of the buckets: the full buffer, and for fp32 one micro-batch of
+ * all the rows (test_accumulation_exact's bound). A lost upload (a bucket starting from zero)
+ * drops a micro-batch: the norm moves by ~30%. */
+static void check_bucket_accumulation(const char *prec, zoff_dtype dt, const char *extra, int accum, bool waits) {
+    char zb[512], zf[512], a[1024], b[1024];
+    snprintf(zb, sizeof zb,
+             "{\"stage\": 2, \"sub_group_size\": 3000, %s \"zoff_grad_buckets\": \"always\", "
+             "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}", extra);
+    snprintf(zf, sizeof zf,
+             "{\"stage\": 2, \"sub_group_size\": 3000, %s \"zoff_grad_buckets\": false, "
+             "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}", extra);
+    run_result bk, full;
+    g_mode.waits = waits;
+    g_mode.buckets = true;
+    zoff_status s = train(cfg_json(a, sizeof a, zb, prec, accum), dt, 5, 0, &bk);
+    g_mode.buckets = false;
+    if (s == ZOFF_OK) s = train(cfg_json(b, sizeof b, zf, prec, accum), dt, 5, 0, &full);
+    g_mode.waits = false;
+    assert_int_equal(s, ZOFF_OK);
+    if (!strstr(bk.describe, "the accumulation's sum on the host")) fail_msg("no bucket accumulation: %s", bk.describe);
+    for (int i = 0; i < 5; i++)
+        if (memcmp(&bk.losses[i], &full.losses[i], sizeof(float)) || bk.norms[i] != full.norms[i])
+            fail_msg("%s %s step %d: buckets loss %.9g norm %.9g vs full buffer %.9g %.9g", extra, prec, i,
+                     bk.losses[i], bk.norms[i], full.losses[i], full.norms[i]);
+    assert_memory_equal(bk.weights, full.weights, (size_t)bk.n * sizeof(float));
+    if (dt == ZOFF_F32) { /* against one micro-batch of all the rows */
+        run_result one;
+        g_mode.buckets = true;
+        s = train(cfg_json(a, sizeof a, zb, prec, 1), dt, 5, 0, &one);
+        g_mode.buckets = false;
+        assert_int_equal(s, ZOFF_OK);
+        for (int i = 0; i < 5; i++) assert_true(fabs(one.norms[i] - bk.norms[i]) <= 1e-4 * one.norms[i]);
+        double w = max_rel_diff(bk.weights, one.weights, one.n);
+        if (w > 1e-5) fail_msg("bucket-accumulated weights differ from one micro-batch's by %.3g", w);
+        free(one.weights);
+    }
+    free(bk.weights);
+    free(full.weights);
+}
+
+static void test_bucket_accumulation(void **st) {
+    (void)st;
+    const char *bf = "\"bf16\": {\"enabled\": true},";
+    const char *ring = "\"reduce_bucket_size\": 1,";
+    check_bucket_accumulation("", ZOFF_F32, ring, 2, false);
+    check_bucket_accumulation(bf, ZOFF_BF16, ring, 4, false);
+    check_bucket_accumulation(bf, ZOFF_BF16, "", 4, false); /* one bucket per group */
+    check_bucket_accumulation(bf, ZOFF_BF16, ring, 2, true);
+    check_bucket_accumulation(bf, ZOFF_BF16,
+                              "\"reduce_bucket_size\": 1, \"zoff_delayed_param_update\": true, "
+                              "\"zoff_delayed_param_update_warmup\": 1,",
+                              2, true);
 }
 
 /* DeepSpeed's DynamicLossScaler.update_scale, transcribed. */
@@ -974,15 +1040,26 @@ static void test_grad_device(void **st) {
     in.reduce_bucket_size = 100000; /* flat: the full buffer's bytes at any ratio, nothing per device parameter */
     zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
     assert_true(fixed == 5 * 8 + 314 * 2 && per == 0);
-    /* the rule */
-    assert_true(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_CPU, 1));
-    assert_true(zoff_placement_grad_buckets_for(true, 1, 1, ZOFF_OFFLOAD_CPU, 0));
-    assert_false(zoff_placement_grad_buckets_for(false, 1, 2, ZOFF_OFFLOAD_CPU, 1));
-    assert_false(zoff_placement_grad_buckets_for(true, 2, 2, ZOFF_OFFLOAD_CPU, 1));
-    assert_false(zoff_placement_grad_buckets_for(true, 1, 3, ZOFF_OFFLOAD_CPU, 1));
-    assert_false(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_NVME, 1));
-    assert_false(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_NONE, 1));
-    assert_false(zoff_placement_grad_buckets_for(true, 1, 2, ZOFF_OFFLOAD_CPU, 2));
+    /* the rule: one rank, stage 1-2, offload cpu; accumulation only with "always" */
+    static const struct {
+        zoff_grad_buckets_mode mode;
+        int world, stage;
+        zoff_offload_device off;
+        int64_t accum;
+        bool want;
+    } rule[] = {
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 1, true},      {ZOFF_GRAD_BUCKETS_ON, 1, 1, ZOFF_OFFLOAD_CPU, 0, true},
+        {ZOFF_GRAD_BUCKETS_OFF, 1, 2, ZOFF_OFFLOAD_CPU, 1, false},    {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 3, ZOFF_OFFLOAD_CPU, 1, false},     {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NVME, 1, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NONE, 1, false},    {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 2, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_CPU, 2, true},  {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 1, ZOFF_OFFLOAD_CPU, 1, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, false}, {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 3, ZOFF_OFFLOAD_CPU, 2, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, false},
+    };
+    for (size_t k = 0; k < sizeof rule / sizeof rule[0]; k++)
+        if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].world, rule[k].stage, rule[k].off, rule[k].accum) !=
+            rule[k].want)
+            fail_msg("grad buckets rule, case %zu: expected %d", k, rule[k].want);
 }
 
 /* Initial weights straight into their place (options.init_range: each host sub-group's
@@ -1306,6 +1383,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
         cmocka_unit_test(test_offload_equals_device_fp16), cmocka_unit_test(test_accumulation_exact),
+        cmocka_unit_test(test_bucket_accumulation),
         cmocka_unit_test(test_fp16_overflow_schedule),     cmocka_unit_test(test_device_budget),
         cmocka_unit_test(test_delayed_update), cmocka_unit_test(test_grad_device),
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),

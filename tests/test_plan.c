@@ -516,13 +516,15 @@ static void test_auto_ratio_matches_engine(void **st) {
     zoff_gpt2_options mo = {.shape = SHAPES[1].shape, .batch_size = 2, .seq_len = 64, .dtype = ZOFF_F16};
     zoff_plan_model_bytes mb;
     assert_int_equal(zoff_plan_model_bytes_get(&mo, &mb), ZOFF_OK);
-    /* with gradient buckets (a ring of 2), and with the full gradient buffer */
-    for (int full = 0; full < 2; full++) {
+    /* with gradient buckets (a ring of 2), with the full gradient buffer, and with buckets that
+     * carry an accumulation's sum ("always", accumulation 2: the same device bytes as the first) */
+    for (int full = 0; full < 3; full++) {
     char json[512];
     snprintf(json, sizeof json,
-             "{\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true}, \"zero_optimization\": "
-             "{\"stage\": 2, \"reduce_bucket_size\": 1, \"zoff_grad_buckets\": %s, \"sub_group_size\": 100000, "
-             "\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": \"auto\"}}}", full ? "false" : "true");
+             "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, \"fp16\": {\"enabled\": "
+             "true}, \"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 1, \"zoff_grad_buckets\": %s, "
+             "\"sub_group_size\": 100000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": \"auto\"}}}",
+             full == 2 ? 2 : 1, full == 1 ? "false" : full == 2 ? "\"always\"" : "true");
     zoff_config cfg;
     load_cfg(json, &cfg);
     size_t model_dev = mb.params + mb.grads + mb.activations;
@@ -538,7 +540,8 @@ static void test_auto_ratio_matches_engine(void **st) {
         reality r;
         measure_real(&cfg, &mo, budget, NULL, &r);
         char label[128];
-        snprintf(label, sizeof label, "auto%s, budget model x %.2f", full ? " (full gradient buffer)" : "", 1.0 + extra[k]);
+        snprintf(label, sizeof label, "auto%s, budget model x %.2f",
+                 full == 1 ? " (full gradient buffer)" : full == 2 ? " (buckets, accumulation 2)" : "", 1.0 + extra[k]);
         if (row.auto_failed) {
             assert_int_equal(r.status, ZOFF_ERR_DEVICE_OOM);
             continue;

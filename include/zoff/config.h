@@ -103,6 +103,15 @@ typedef struct zoff_offload_param_config {
     int64_t max_in_cpu;         /* default 1e9 */
 } zoff_offload_param_config;
 
+/* zero_optimization.zoff_grad_buckets (a zoff extension; zoff_placement_grad_buckets is the rule). */
+typedef enum zoff_grad_buckets_mode {
+    ZOFF_GRAD_BUCKETS_OFF = 0, /* false: the full device gradient buffer everywhere */
+    ZOFF_GRAD_BUCKETS_ON = 1,  /* true (default): buckets where they add no transfers (accumulation 1) */
+    ZOFF_GRAD_BUCKETS_ALWAYS = 2, /* "always": also with gradient accumulation; the micro-batches' sum
+                                     lives in the host's 16-bit gradient buffer and goes through the
+                                     buckets (back to the device before each later micro-batch's backward) */
+} zoff_grad_buckets_mode;
+
 typedef struct zoff_zero_config {
     int stage;                        /* 0..3, default 0 */
     bool contiguous_gradients;        /* default true */
@@ -122,8 +131,9 @@ typedef struct zoff_zero_config {
     bool elastic_checkpoint;          /* accepted; no effect */
     /* zoff extension: ZeRO-Offload's delayed parameter update (one-step delay). */
     bool delayed_param_update;        /* "zoff_delayed_param_update", default false */
-    bool grad_buckets;                /* "zoff_grad_buckets", default true: bounded device gradient buckets
-                                         under optimizer offload (zoff_placement_grad_buckets) */
+    zoff_grad_buckets_mode grad_buckets; /* "zoff_grad_buckets": true (default), false or "always": bounded
+                                         device gradient buckets under optimizer offload
+                                         (zoff_placement_grad_buckets) */
     int64_t delayed_param_update_warmup; /* "zoff_delayed_param_update_warmup", default 10 */
     zoff_offload_optimizer_config offload_optimizer;
     zoff_offload_param_config offload_param;

@@ -149,18 +149,20 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
  * gradient buffers group by group (zoff_grad_hooks: the model is created with
  * external_grads and holds no flat gradient buffer) instead of taking the model's full
  * one: one rank, stage 1 or 2, offload_optimizer.device "cpu" (sub-groups cut at the layer
- * groups), gradient_accumulation_steps 1 (earlier micro-batches' sums would need a full
- * buffer) and zero_optimization.zoff_grad_buckets (default true). The one rule: the
+ * groups) and zero_optimization.zoff_grad_buckets: true (the default) with
+ * gradient_accumulation_steps 1, "always" with any (the earlier micro-batches' sum then lives
+ * in the host's 16-bit gradient buffer: each later micro-batch's bucket starts from it, copied
+ * back to the device, and every micro-batch's bucket goes to the host). The one rule: the
  * trainer, the engine and zoff plan ask it. */
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
 /* The same rule from its inputs (zoff plan's rows vary stage and offload): zoff_grad_buckets,
  * ranks, stage, offload_optimizer.device, gradient_accumulation_steps. */
+bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
+                                     int64_t accumulation);
 /* Speculation's row-sparse report of the tied embedding's gradient (zoff_engine_uses_grad_rows; the
  * model then keeps a pinned host copy of the tokens): one rank, stages 1-2 (stage 3's gradients reach
  * the host only after each group's reduction into the partition). */
 bool zoff_placement_grad_rows(bool speculate, int world, int stage);
-bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
-                                     int64_t accumulation);
 /* The device gradient bytes with buckets. The layer groups (runs of equal `layer`, in flat
  * order; the first one, GPT-2's embeddings, is held from the lm head to the end of backward)
  * split into the device sub-groups' (the bottom [0, device): one buffer, accumulated, read by
@@ -310,8 +312,10 @@ int zoff_engine_last_host_span_offsets(const zoff_engine *e, const int64_t **off
  * engine). A device sub-group's group gets its range of the engine's device gradient buffer
  * (accumulated, zoff_engine_zero_grad zeroes it); a host sub-group's group gets a bucket,
  * zeroed, whose gradients go to the host after its grad-ready call and whose statistics
- * are taken at release; the bucket is reused once that copy is done. Every backward must be
- * an accumulation boundary. */
+ * are taken at release; the bucket is reused once that copy is done. With accumulation
+ * (zoff_grad_buckets "always") every micro-batch's buckets go to the host, and a later
+ * micro-batch's bucket starts from the host's sum instead of zero (statistics at the boundary
+ * only). */
 zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, void **grads);
 zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count);
 /* Whether the engine provides the gradient buffers (the model must then use the hooks above). */

@@ -280,9 +280,12 @@ static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in) {
     const zoff_plan_machine *M = &in->machine;
     char mb[80];
     snprintf(mb, sizeof mb, "lower --micro-batch-size (now %lld)", (long long)in->model.batch_size);
-    const char *adv[6];
+    const char *adv[7];
     int n = 0;
     if (in->model.batch_size > 1) adv[n++] = mb;
+    if (in->cfg->gradient_accumulation_steps > 1 && in->cfg->zero.grad_buckets == ZOFF_GRAD_BUCKETS_ON && M->ranks == 1)
+        adv[n++] = "set zero_optimization.zoff_grad_buckets \"always\" (the accumulation's sum waits on the host: "
+                   "no full device gradient buffer)";
     if (!in->model.checkpoint_activations) adv[n++] = "add --checkpoint-activations";
     if (M->ranks_per_node == 1) adv[n++] = "use more ranks on more nodes (ZeRO partitions the state)";
     adv[n++] = "use a smaller model (--num-layers, --hidden-size)";

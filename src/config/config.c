@@ -197,6 +197,7 @@ static zoff_status h_betas(walk *w, const key_spec *k, json_t *v, const char *pa
 static zoff_status h_only_false(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_last_batch_iteration(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_ratio(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
+static zoff_status h_grad_buckets(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_grad_accum_dtype(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static unsigned optimizer_mask(const zoff_config *cfg);
 static const char *optimizer_name(const zoff_config *cfg);
@@ -376,7 +377,7 @@ static const key_spec k_zero[] = {
     DB("mics_hierarchical_params_gather", "false", MICS),
     KF("zenflow", NULL, "ZenFlow (stall-free offload) is not implemented"),
     KB("zoff_delayed_param_update", zoff_zero_config, delayed_param_update),
-    KB("zoff_grad_buckets", zoff_zero_config, grad_buckets),
+    KC("zoff_grad_buckets", h_grad_buckets, .allowed = "true, false or \"always\""),
     KI("zoff_delayed_param_update_warmup", zoff_zero_config, delayed_param_update_warmup, NONNEG),
     KSEC("offload_optimizer", zoff_zero_config, offload_optimizer, &s_offload_optimizer),
     KSEC("offload_param", zoff_zero_config, offload_param, &s_offload_param),
@@ -1194,6 +1195,21 @@ static zoff_status h_last_batch_iteration(walk *w, const key_spec *k, json_t *v,
     return ZOFF_OK;
 }
 
+static zoff_status h_grad_buckets(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
+    zoff_zero_config *z = (zoff_zero_config *)base;
+    char val[96];
+    if (json_is_string(v)) {
+        if (strcmp(json_string_value(v), "always") != 0)
+            return cfg_error(w, path, "%s is not allowed; allowed: %s", show(v, val, sizeof val), k->allowed);
+        z->grad_buckets = ZOFF_GRAD_BUCKETS_ALWAYS;
+        return ZOFF_OK;
+    }
+    if (!json_is_boolean(v))
+        return cfg_error(w, path, "expected %s, got %s %s", k->allowed, json_type_name(v), show(v, val, sizeof val));
+    z->grad_buckets = json_is_true(v) ? ZOFF_GRAD_BUCKETS_ON : ZOFF_GRAD_BUCKETS_OFF;
+    return ZOFF_OK;
+}
+
 static zoff_status h_ratio(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
     zoff_offload_optimizer_config *o = (zoff_offload_optimizer_config *)base;
     const char *allowed = "a number in [0, 1] or \"auto\"";
@@ -1397,7 +1413,7 @@ void zoff_config_defaults(zoff_config *cfg) {
     z->stage3_gather_16bit_weights_on_model_save = false;
     z->elastic_checkpoint = false;
     z->delayed_param_update = false;
-    z->grad_buckets = true;
+    z->grad_buckets = ZOFF_GRAD_BUCKETS_ON;
     z->delayed_param_update_warmup = 10;
     z->offload_optimizer.device = ZOFF_OFFLOAD_NONE;
     z->offload_optimizer.pin_memory = true;

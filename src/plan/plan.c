@@ -620,6 +620,8 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     }
     t->compute = (double)accum * t_mb;
     t->grads_out = fmax(0.0, (double)nh * (double)es / d2h - t_bwd);
+    if (buckets && accum > 1) /* zoff_grad_buckets "always": every micro-batch's host part out, the sum back in */
+        t->grads_out = (double)accum * fmax(0.0, (double)nh * (double)es / fmin(d2h, h2d) - t_bwd);
     if (R > 1) {
         double frac = (double)(R - 1) / (double)R, bytes = (double)n * (double)es;
         double c = s->stage == 3 ? frac * bytes : 2.0 * frac * bytes; /* allreduce = reduce-scatter + all-gather */

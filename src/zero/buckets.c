@@ -8,7 +8,12 @@
  * others a ring of gd.nslots), zeroed on the compute stream after the bucket's previous
  * copies to the host are done. Its grad-ready call copies it to the host (gradients.c); its
  * release takes its statistics on the compute stream and records on the gradient stream
- * that the bucket is free once those copies are done. */
+ * that the bucket is free once those copies are done. With accumulation (zoff_grad_buckets
+ * "always") every backward's buckets go to the host, where the window's sum lives (the host
+ * gradient buffer, h_grads[gbuf]); a later backward's bucket starts from that sum, copied
+ * back on its own stream after the previous backward's copies and the bucket's last ones,
+ * instead of from zero, so the device adds each micro-batch to the same bits the full
+ * buffer would hold; statistics are taken at the boundary only. */
 #include <stdlib.h>
 
 #include "zero/engine_impl.h"
@@ -80,7 +85,18 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
         ZOFF_TRY(zoff_event_create(e->dev, &e->ev_bucket[k]));
     }
     for (int g = 0; g < e->ngroups; g++) e->group_bucket[g] = -1;
-    return ZOFF_OK;
+    /* accumulation ("always"): with host groups, the sum so far goes back through the buckets */
+    e->bk_acc = e->cfg->gradient_accumulation_steps > 1 && (d->held > 0 || d->nslots > 0);
+    if (!e->bk_acc) return ZOFF_OK;
+    e->ev_bk_up = calloc((size_t)nb, sizeof *e->ev_bk_up);
+    e->ev_bk_free = calloc((size_t)nb, sizeof *e->ev_bk_free);
+    if (!e->ev_bk_up || !e->ev_bk_free) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the gradient buckets");
+    for (int k = 0; k < nb; k++) {
+        ZOFF_TRY(zoff_event_create(e->dev, &e->ev_bk_up[k]));
+        ZOFF_TRY(zoff_event_create(e->dev, &e->ev_bk_free[k]));
+    }
+    ZOFF_TRY(zoff_event_create(e->dev, &e->ev_bk_copies));
+    return zoff_stream_create(e->dev, "gradient sums to device", &e->bk_up);
 }
 
 void zoff_bk_destroy(zoff_engine *e) {
@@ -89,6 +105,12 @@ void zoff_bk_destroy(zoff_engine *e) {
     if (e->gb_ring) zoff_device_free(e->dev, e->gb_ring);
     if (e->stats_dev) zoff_device_free(e->dev, e->stats_dev);
     for (int k = 0; e->ev_bucket && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bucket[k]);
+    for (int k = 0; e->ev_bk_up && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bk_up[k]);
+    for (int k = 0; e->ev_bk_free && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bk_free[k]);
+    free(e->ev_bk_free);
+    if (e->ev_bk_copies) zoff_event_destroy(e->ev_bk_copies);
+    if (e->bk_up) zoff_stream_destroy(e->bk_up);
+    free(e->ev_bk_up);
     free(e->ev_bucket);
     free(e->bucket_group);
     free(e->group_bucket);
@@ -110,6 +132,27 @@ static void *bucket_ptr(const zoff_engine *e, int k) {
     return (char *)e->gb_ring + (size_t)k * (size_t)e->gd.slot * e->esize;
 }
 
+/* Host group g's sum so far (its pieces in the host sub-groups' h_grads[gbuf]) into its bucket, on bk_up. */
+static zoff_status bucket_upload(zoff_engine *e, int g, void *buf) {
+    for (int i = 0; i < e->nsg; i++) {
+        int64_t lo, hi;
+        const void *src = zoff_eng_host_grad_piece(e, i, e->gbuf, e->goff[g], e->goff[g] + e->gcnt[g], &lo, &hi);
+        if (src)
+            ZOFF_TRY(zoff_memcpy_async(e->bk_up, (char *)buf + (size_t)(lo - e->goff[g]) * e->esize, src,
+                                       (size_t)(hi - lo) * e->esize, ZOFF_COPY_H2D));
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_bk_begin_backward(zoff_engine *e) {
+    e->bk_upload = e->bk_sum_on_host;
+    e->bk_sum_on_host = true; /* after this backward's copies */
+    if (!e->bk_upload) return ZOFF_OK;
+    /* the sums read back are what the previous backward's copies wrote */
+    ZOFF_TRY(zoff_event_record(e->ev_bk_copies, e->d2h));
+    return zoff_stream_wait_event(e->bk_up, e->ev_bk_copies);
+}
+
 zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offset, int64_t count, void **grads) {
     zoff_engine *e = engine;
     *grads = NULL;
@@ -124,10 +167,9 @@ zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offse
         *grads = (char *)e->grads + (size_t)offset * e->esize;
         return ZOFF_OK;
     }
-    if (!e->boundary)
-        return zoff_error(ZOFF_ERR_INVALID, "gradient buckets: a backward that is not an accumulation boundary (the "
-                                            "buckets keep no sum across micro-batches); set "
-                                            "gradient_accumulation_steps 1 or zero_optimization.zoff_grad_buckets false");
+    if (!e->boundary && !e->bk_acc)
+        return zoff_error(ZOFF_ERR_INVALID, "gradient buckets: a backward that is not an accumulation boundary, and "
+                                            "the engine was made for gradient_accumulation_steps 1");
     int k = e->gd.nslots; /* the first group: its own bucket */
     if (g > 0 && e->gd.flat) {
         k = g - first_later_host(e);
@@ -141,8 +183,17 @@ zoff_status zoff_engine_grad_acquire(void *engine, zoff_stream *s, int64_t offse
                           "held at once than the %d buckets); raise zero_optimization.reduce_bucket_size",
                           g, k, e->bucket_group[k], e->gd.nslots);
     void *buf = bucket_ptr(e, k);
-    ZOFF_TRY(zoff_stream_wait_event(s, e->ev_bucket[k])); /* its last copies to the host are done */
-    ZOFF_TRY(zoff_memset_async(s, buf, 0, (size_t)count * e->esize));
+    if (e->bk_upload) { /* a later micro-batch: the bucket starts from the host's sum */
+        /* its last copies to the host, and its last reader on the compute stream (the statistics), are done */
+        ZOFF_TRY(zoff_stream_wait_event(e->bk_up, e->ev_bucket[k]));
+        ZOFF_TRY(zoff_stream_wait_event(e->bk_up, e->ev_bk_free[k]));
+        ZOFF_TRY(bucket_upload(e, g, buf));
+        ZOFF_TRY(zoff_event_record(e->ev_bk_up[k], e->bk_up));
+        ZOFF_TRY(zoff_stream_wait_event(s, e->ev_bk_up[k]));
+    } else {
+        ZOFF_TRY(zoff_stream_wait_event(s, e->ev_bucket[k])); /* its last copies to the host are done */
+        ZOFF_TRY(zoff_memset_async(s, buf, 0, (size_t)count * e->esize));
+    }
     e->bucket_group[k] = g;
     e->group_bucket[g] = k;
     *grads = buf;
@@ -162,7 +213,8 @@ zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offse
     int g = group_at(e, offset);
     int k = g >= 0 && e->group_bucket ? e->group_bucket[g] : -1;
     if (k < 0) return ZOFF_OK; /* the device buffer's */
-    ZOFF_TRY(group_stats(e, s, g, bucket_ptr(e, k)));
+    if (e->boundary) ZOFF_TRY(group_stats(e, s, g, bucket_ptr(e, k))); /* of the window's sum */
+    if (e->bk_acc) ZOFF_TRY(zoff_event_record(e->ev_bk_free[k], s)); /* the next upload into it waits for this */
     /* after the copies its grad-ready call issued on the gradient stream */
     ZOFF_TRY(zoff_event_record(e->ev_bucket[k], e->d2h));
     e->bucket_group[k] = -1;
@@ -198,6 +250,7 @@ zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite)
 }
 
 zoff_status zoff_bk_zero_grad(zoff_engine *e) {
+    e->bk_sum_on_host = false;
     size_t n = e->buckets ? (size_t)e->gd.device : (size_t)(e->stage3 ? e->n : e->n_model);
     return n ? zoff_memset_async(e->compute, e->grads, 0, n * e->esize) : ZOFF_OK;
 }

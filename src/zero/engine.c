@@ -902,7 +902,8 @@ static zoff_status check_supported(const zoff_engine_options *o) {
         return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no %s buffer, which only %s supports",
                           o->params ? "gradient" : "parameter",
                           o->params ? "gradient buckets (zoff_placement_grad_buckets: one rank, stage 1-2, "
-                                      "offload_optimizer.device cpu, gradient_accumulation_steps 1)"
+                                      "offload_optimizer.device cpu, gradient_accumulation_steps 1 or "
+                                      "zoff_grad_buckets \"always\")"
                                     : "zero_optimization.stage 3");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
@@ -1006,10 +1007,11 @@ static void describe(zoff_engine *e) {
         if (e->buckets)
             snprintf(e->describe + used, sizeof e->describe - used,
                      "; device gradients: gradient buckets (%d x %lld elements%s, first layer group's %lld, device "
-                     "sub-groups' %lld)",
+                     "sub-groups' %lld%s)",
                      e->gd.nslots, (long long)(e->gd.flat ? e->gd.ring : e->gd.slot),
                      e->gd.flat ? " in all: one per group, reduce_bucket_size holds them all" : "",
-                     (long long)e->gd.held, (long long)e->gd.device);
+                     (long long)e->gd.held, (long long)e->gd.device,
+                     e->bk_acc ? "; the accumulation's sum on the host, through the buckets each micro-batch" : "");
         else
             snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
                      "buffer (zoff_placement_grad_buckets)");

@@ -212,6 +212,15 @@ struct zoff_engine {
     int *bucket_group;       /* [gd.nslots + 1]: the group in each bucket (-1: free) */
     int *group_bucket;       /* [ngroups]: the bucket group g is in (-1: none, or on the device) */
     int next_bucket;
+    /* accumulation through the buckets (zoff_grad_buckets "always", gradient_accumulation_steps > 1):
+     * the window's sum so far lives in h_grads[gbuf], the host part's only copy */
+    bool bk_acc;              /* every backward's buckets go to the host, not only the boundary's */
+    bool bk_sum_on_host;      /* a backward of this window has sent its buckets (zoff_bk_zero_grad clears it) */
+    bool bk_upload;           /* this backward's buckets start from the host's sum (else from zero) */
+    zoff_stream *bk_up;       /* the sums back to the device */
+    zoff_event *ev_bk_copies; /* d2h: the previous backward's copies are done (begin_backward) */
+    zoff_event **ev_bk_up;    /* [gd.nslots + 1]: the bucket's sum is on the device (bk_up) */
+    zoff_event **ev_bk_free;  /* [gd.nslots + 1]: compute is done with the bucket (its release, after the statistics) */
     /* gradient stream timeline (options.timeline) */
     bool timeline;
     double t_bwd0;
@@ -351,8 +360,17 @@ void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo);
  * release. The per-group values are summed in group order, so the bits do not depend on
  * whether a group was bucketed. */
 zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite);
-/* The device sub-groups' gradients (zoff_engine_zero_grad). */
+/* The device sub-groups' gradients (zoff_engine_zero_grad); a new accumulation window. */
 zoff_status zoff_bk_zero_grad(zoff_engine *e);
+/* Accumulation through the buckets (e->bk_acc), at the start of each backward: whether its
+ * buckets start from the host's sum, ordered after the previous backward's copies. */
+zoff_status zoff_bk_begin_backward(zoff_engine *e);
+
+/* ---- gradients.c ---- */
+/* Host sub-group i's part [*lo, *hi) of the range [offset, end) (the engine's space) and its
+ * place in h_grads[buf]; NULL when they do not meet. */
+void *zoff_eng_host_grad_piece(const zoff_engine *e, int i, int buf, int64_t offset, int64_t end, int64_t *lo,
+                               int64_t *hi);
 
 /* ---- engine.c, for the runner and the gradient path ---- */
 /* A failure inside grad_ready (no status to return): kept for the next step. */

@@ -18,7 +18,10 @@ float zoff_engine_backward_scale(const zoff_engine *e) {
 
 void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
     e->boundary = is_boundary;
-    if (is_boundary && e->pipelined && !e->weights_pending) {
+    /* this backward writes the host gradient buffer: the boundary's, or every one when the
+     * buckets carry the accumulation's sum there */
+    const bool fills = is_boundary || e->bk_acc;
+    if (fills && e->pipelined && !e->weights_pending) {
         /* the pipelined job reads the gradient buffer this backward fills: done by now
          * (the forward waited for its last group); its status goes to the next step */
         pthread_mutex_lock(&e->mu);
@@ -26,7 +29,7 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
         pthread_mutex_unlock(&e->mu);
     }
     e->sp_pending = false;
-    if (is_boundary && e->hb.weights_in_grads && e->d2h &&
+    if (fills && e->hb.weights_in_grads && e->d2h &&
         zoff_stream_wait_event(e->d2h, e->ev_weights_done) != ZOFF_OK)
         /* One buffer carries the gradients in and the weights out: the copies of this backward's
          * gradients start after the last pushes of weights from it (the event recorded after
@@ -34,6 +37,8 @@ void zoff_engine_begin_backward(zoff_engine *e, bool is_boundary) {
          * apply_pending_weights, sync_params). Implied already (the forward waited for those
          * weights before this backward's grad-ready events); this makes it explicit. */
         zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "ordering the gradient copies after the weight pushes");
+    if (e->bk_acc && zoff_bk_begin_backward(e) != ZOFF_OK)
+        zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "gradient buckets: ordering the sums' return after their copies");
     if (is_boundary && e->spec && e->have_lr && !e->spec_running) {
         /* speculate: the next step's update, assuming no clipping and no overflow */
         e->landed = INT64_MAX; /* the worker is idle: no lock needed until the job starts */
@@ -119,14 +124,21 @@ static zoff_event *ready_event(zoff_engine *e) {
  * in the log; the step reports them. */
 /* The host sub-groups' part of e->grads [offset, end) (the engine's space: the
  * model's, or stage 3's local space) to the host, on the d2h stream. */
+void *zoff_eng_host_grad_piece(const zoff_engine *e, int i, int buf, int64_t offset, int64_t end, int64_t *lo,
+                               int64_t *hi) {
+    const subgroup *g = &e->sg[i];
+    if (!g->on_host) return NULL;
+    *lo = offset > g->model ? offset : g->model; /* model space */
+    *hi = end < g->model + g->count ? end : g->model + g->count;
+    if (*lo >= *hi) return NULL;
+    return (char *)e->h_grads[buf] + (size_t)(g->state_off + *lo - g->model) * e->esize;
+}
+
 static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti) {
     for (int i = 0; i < e->nsg; i++) {
-        subgroup *g = &e->sg[i];
-        if (!g->on_host) continue;
-        int64_t lo = offset > g->model ? offset : g->model; /* model space */
-        int64_t hi = end < g->model + g->count ? end : g->model + g->count;
-        if (lo >= hi) continue;
-        void *dst = (char *)e->h_grads[e->gbuf] + (size_t)(g->state_off + lo - g->model) * e->esize;
+        int64_t lo, hi;
+        void *dst = zoff_eng_host_grad_piece(e, i, e->gbuf, offset, end, &lo, &hi);
+        if (!dst) continue;
         const void *src = zoff_bk_grad_ptr(e, lo); /* the model's buffer, or the group's bucket */
         if (!src) {
             zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "gradient buckets: a reported range is in no held bucket");
@@ -189,10 +201,24 @@ static void spec_mark(zoff_engine *e, int64_t offset, bool rows) {
     }
 }
 
+/* The d2h stream waits for what `stream` has issued so far (false: failed, logged). */
+static bool d2h_after(zoff_engine *e, zoff_stream *stream) {
+    zoff_event *ev = ready_event(e);
+    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
+        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
+        return false;
+    }
+    return true;
+}
+
 void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, int64_t count) {
     zoff_engine *e = engine;
     if (e->s3) {
         s3_grad_ready(e, stream, offset, count);
+        return;
+    }
+    if (!e->boundary && e->bk_acc) { /* an earlier micro-batch: its buckets' sums to the host */
+        if (d2h_after(e, stream)) copy_host_grads(e, offset, offset + count, -1);
         return;
     }
     if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;
@@ -204,11 +230,7 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         zoff_eng_note_async(e, ZOFF_ERR_INTERNAL, "delayed parameter update: pushing the new weights");
         return;
     }
-    zoff_event *ev = ready_event(e);
-    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
-        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
-        return;
-    }
+    if (!d2h_after(e, stream)) return;
     int64_t end = offset + count;
     int ti = tl_begin(e, offset, count);
     if (ti >= 0) tl_mark(e, ti, 0);
@@ -301,11 +323,7 @@ void zoff_engine_grad_rows(void *engine, zoff_stream *stream, int64_t offset, in
         zoff_log(ZOFF_LOG_DEBUG, "row-sparse gradient report ignored (rows out of order or out of memory)");
         return;
     }
-    zoff_event *ev = ready_event(e);
-    if (!ev || zoff_event_record(ev, stream) != ZOFF_OK || zoff_stream_wait_event(e->d2h, ev) != ZOFF_OK) {
-        zoff_log(ZOFF_LOG_ERROR, "gradient copy ordering failed: %s", zoff_last_error());
-        return;
-    }
+    if (!d2h_after(e, stream)) return;
     int ti = tl_begin(e, offset, count);
     if (ti >= 0) tl_mark(e, ti, 0);
     if (ti >= 0) tl_mark(e, ti, 1);

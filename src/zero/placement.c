@@ -140,11 +140,14 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
 
 bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return speculate && world == 1 && stage < 3; }
 
-bool zoff_placement_grad_buckets_for(bool enabled, int world, int stage, zoff_offload_device optimizer,
+bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation) {
     /* several ranks: the reduction works over the full buffer; nvme: sub-groups not cut at the
-     * layer groups; accumulation: the sum of the micro-batches needs a full buffer */
-    return enabled && world == 1 && (stage == 1 || stage == 2) && optimizer == ZOFF_OFFLOAD_CPU && accumulation <= 1;
+     * layer groups; accumulation: the micro-batches' sum goes through the host ("always" only:
+     * 2 + 2 bytes per host parameter over the bus per later micro-batch, where the full buffer
+     * costs none) */
+    return mode != ZOFF_GRAD_BUCKETS_OFF && world == 1 && (stage == 1 || stage == 2) &&
+           optimizer == ZOFF_OFFLOAD_CPU && (accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS);
 }
 
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world) {
