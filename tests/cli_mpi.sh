@@ -19,7 +19,7 @@ if ! command -v mpirun >/dev/null 2>&1 || ! "$ZOFF" version | grep -q '^mpi: bui
   echo "skip: zoff was built without MPI or mpirun is missing"; exit 77
 fi
 W=$(mktemp -d /tmp/zoff-mpi-XXXXXX)
-trap 'rm -rf "$W"' EXIT
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 check() { if eval "$2"; then ok "$1"; else bad "$1"; return 1; fi; }
 
@@ -63,7 +63,7 @@ def load(stepdir):
     files = sorted(f for f in os.listdir(stepdir) if f.startswith("rank_"))
     _, e0 = zckpt.read_file(os.path.join(stepdir, files[0]))
     w = {e["name"]: struct.unpack("<%df" % (e["bytes"] // 4), e["data"]) for e in e0
-         if e["dtype"] == 0 and not e["name"].startswith("optimizer.")}
+         if e["dtype"] == 0 and not e["name"].startswith(("optimizer.", "delayed_update."))}
     n = sum(len(v) for v in w.values())
     opt = {}
     for f in files:
@@ -205,6 +205,44 @@ if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-
 else
   echo "skip - stage 3 through zoff train: $(grep -o 'not implemented yet[^(]*' "$W/s3probe.txt" | head -1)"
 fi
+
+# 2b. gradient buckets with 2 ranks (zoff_placement_grad_buckets: accumulation 1, ratio 1): each layer
+# group's bucket is reduced over the ranks, this rank's pieces go to the host; == the full device
+# gradient buffer (zoff_grad_buckets false) on 2 ranks bit for bit (losses, norms, weights and the
+# consolidated optimizer state): stage 2 contiguous and round-robin, stage 1, bf16 with clipping,
+# a ring of 2 buckets (reduce_bucket_size 1) and one per group, the delayed and speculative steps.
+bkcfg() { # name clip zero-extra offload-extra [precision]
+  for v in true false; do
+    echo "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_clipping\": $2, ${5:-}
+           \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.1}},
+           \"zero_optimization\": {\"stage\": 2, \"zoff_grad_buckets\": $v, $3
+                                  \"offload_optimizer\": {\"device\": \"cpu\" $4}}}" > "$W/$1_$v.json"
+  done
+}
+RING='"reduce_bucket_size": 1,'
+bkcfg bk_s2 1.0 "$RING" ""
+bkcfg bk_s2_rr 1.0 "$RING \"round_robin_gradients\": true," ""
+bkcfg bk_s2_flat 1.0 "" ""
+bkcfg bk_bf16 0.05 "$RING \"round_robin_gradients\": true," "" '"bf16": {"enabled": true},'
+bkcfg bk_delayed 1.0 "$RING \"zoff_delayed_param_update\": true, \"zoff_delayed_param_update_warmup\": 2," ""
+bkcfg bk_spec 1.0 "$RING" ', "super_offload": true'
+sed 's/"stage": 2,/"stage": 1,/' "$W/bk_s2_true.json" > "$W/bk_s1_true.json"
+sed 's/"stage": 2,/"stage": 1,/' "$W/bk_s2_false.json" > "$W/bk_s1_false.json"
+for m in bk_s2 bk_s2_rr bk_s2_flat bk_s1 bk_bf16 bk_delayed bk_spec; do
+  for v in true false; do
+    timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/${m}_$v.json" --train-iters 6 \
+      --save "$W/${m}_$v" >"$W/${m}_$v.txt" 2>&1 || { echo "     ${m}_$v: mpirun exit $?"; tail -5 "$W/${m}_$v.txt"; }
+  done
+  norms() { grep '"loss"' "$1" | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*'; }
+  check "$m: 2 ranks, gradient buckets == the full gradient buffer bit for bit (losses, norms, weights, state)" \
+    "grep -q 'device gradients: gradient buckets' '$W/${m}_true.txt' && \
+     grep -q 'device gradients: the full device gradient buffer' '$W/${m}_false.txt' && \
+     [ -f '$W/${m}_true/step_00000006/COMPLETE' ] && [ \"\$(lossdiff '$W/${m}_false/metrics.jsonl' '$W/${m}_true/metrics.jsonl')\" = 0 ] && \
+     cmp -s <(norms '$W/${m}_true/metrics.jsonl') <(norms '$W/${m}_false/metrics.jsonl') && \
+     $PY '$W/cmp.py' '$SRC/scripts' '$W/${m}_true/step_00000006' '$W/${m}_false/step_00000006' 0 >/dev/null"
+done
+check "bf16, clip 0.05: the clipping applies (norm above it)" \
+  "grep '\"loss\"' '$W/bk_bf16_true/metrics.jsonl' | head -1 | grep -qv 'grad_norm\":0.0[0-4]'"
 
 # 3. checkpoints: one file per rank, COMPLETE says 2 ranks, every CRC checks
 S=$W/stage2_cpu_rr_two/step_00000006

@@ -1040,25 +1040,38 @@ static void test_grad_device(void **st) {
     in.reduce_bucket_size = 100000; /* flat: the full buffer's bytes at any ratio, nothing per device parameter */
     zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
     assert_true(fixed == 5 * 8 + 314 * 2 && per == 0);
-    /* the rule: one rank, stage 1-2, offload cpu; accumulation only with "always" */
+    /* the rule: stage 1-2, offload cpu; one rank: accumulation only with "always"; several ranks:
+     * accumulation 1 and ratio 1 */
     static const struct {
         zoff_grad_buckets_mode mode;
         int world, stage;
         zoff_offload_device off;
         int64_t accum;
-        bool want;
+        bool all_host, want;
     } rule[] = {
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 1, true},      {ZOFF_GRAD_BUCKETS_ON, 1, 1, ZOFF_OFFLOAD_CPU, 0, true},
-        {ZOFF_GRAD_BUCKETS_OFF, 1, 2, ZOFF_OFFLOAD_CPU, 1, false},    {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, false},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 3, ZOFF_OFFLOAD_CPU, 1, false},     {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NVME, 1, false},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NONE, 1, false},    {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 2, false},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_CPU, 2, true},  {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 1, ZOFF_OFFLOAD_CPU, 1, true},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, false}, {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 3, ZOFF_OFFLOAD_CPU, 2, false},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 1, ZOFF_OFFLOAD_CPU, 0, true, true},
+        {ZOFF_GRAD_BUCKETS_OFF, 1, 2, ZOFF_OFFLOAD_CPU, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, false, false},
+        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
+        {ZOFF_GRAD_BUCKETS_ON, 4, 1, ZOFF_OFFLOAD_CPU, 1, true, true},
+        {ZOFF_GRAD_BUCKETS_OFF, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 3, ZOFF_OFFLOAD_CPU, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 2, 3, ZOFF_OFFLOAD_CPU, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NVME, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NONE, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_CPU, 2, false, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 1, ZOFF_OFFLOAD_CPU, 1, false, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 3, ZOFF_OFFLOAD_CPU, 2, true, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, true, false},
     };
     for (size_t k = 0; k < sizeof rule / sizeof rule[0]; k++)
-        if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].world, rule[k].stage, rule[k].off, rule[k].accum) !=
-            rule[k].want)
+        if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].world, rule[k].stage, rule[k].off, rule[k].accum,
+                                            rule[k].all_host) != rule[k].want)
             fail_msg("grad buckets rule, case %zu: expected %d", k, rule[k].want);
 }
 

@@ -148,17 +148,20 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
 /* Device gradient storage under optimizer offload. Whether the engine gives the model its
  * gradient buffers group by group (zoff_grad_hooks: the model is created with
  * external_grads and holds no flat gradient buffer) instead of taking the model's full
- * one: one rank, stage 1 or 2, offload_optimizer.device "cpu" (sub-groups cut at the layer
- * groups) and zero_optimization.zoff_grad_buckets: true (the default) with
- * gradient_accumulation_steps 1, "always" with any (the earlier micro-batches' sum then lives
- * in the host's 16-bit gradient buffer: each later micro-batch's bucket starts from it, copied
- * back to the device, and every micro-batch's bucket goes to the host). The one rule: the
- * trainer, the engine and zoff plan ask it. */
+ * one: stage 1 or 2, offload_optimizer.device "cpu" (sub-groups cut at the layer groups),
+ * zero_optimization.zoff_grad_buckets true (the default) or "always", and
+ * - one rank: gradient_accumulation_steps 1, or any with "always" (the earlier micro-batches'
+ *   sum then lives in the host's 16-bit gradient buffer: each later micro-batch's bucket
+ *   starts from it, copied back to the device, and every micro-batch's bucket goes to the host);
+ * - several ranks: gradient_accumulation_steps 1 and offload_optimizer.ratio 1 (all_host: each
+ *   group's bucket is reduced over the ranks and this rank's pieces go to the host; no device
+ *   sub-group keeps gradients until the step).
+ * The one rule: the trainer, the engine and zoff plan ask it. */
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
-/* The same rule from its inputs (zoff plan's rows vary stage and offload): zoff_grad_buckets,
- * ranks, stage, offload_optimizer.device, gradient_accumulation_steps. */
+/* The same rule from its inputs (zoff plan's rows vary stage, offload and ratio): zoff_grad_buckets,
+ * ranks, stage, offload_optimizer.device, gradient_accumulation_steps, ratio 1 (not "auto"). */
 bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
-                                     int64_t accumulation);
+                                     int64_t accumulation, bool all_host);
 /* Speculation's row-sparse report of the tied embedding's gradient (zoff_engine_uses_grad_rows; the
  * model then keeps a pinned host copy of the tokens): one rank, stages 1-2 (stage 3's gradients reach
  * the host only after each group's reduction into the partition). */

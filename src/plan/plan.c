@@ -312,7 +312,8 @@ static bool device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *
     m->tokens = 2 * (size_t)(B * T) * sizeof(int32_t);
     const int64_t accum = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
     const bool buckets = s->offload != ZOFF_OFFLOAD_NONE &&
-                         zoff_placement_grad_buckets_for(cfg->zero.grad_buckets, (int)R, s->stage, s->offload, accum);
+                         zoff_placement_grad_buckets_for(cfg->zero.grad_buckets, (int)R, s->stage, s->offload, accum,
+                                                         !s->ratio_auto && s->ratio >= 1.0);
     if (s->stage < 3) {
         m->params16 = mb->params;
         m->grads16 = buckets ? 0 : mb->grads;
@@ -723,7 +724,9 @@ static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_se
     size_t cap = frac_of(M->device_bytes, 1.0 - M->margin);
     if (all_host.mem.device > cap) return ZOFF_OK; /* not even everything on the host fits */
     const int64_t accum = in->cfg->gradient_accumulation_steps > 0 ? in->cfg->gradient_accumulation_steps : 1;
-    const bool buckets = zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, M->ranks, s.stage, s.offload, accum);
+    /* (the ratio found is below 1: with several ranks, no buckets) */
+    const bool buckets =
+        zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, M->ranks, s.stage, s.offload, accum, false);
     size_t per = sizeof(float) * (in->model.dtype != ZOFF_F32 ? 3 : 2) +
                  (s.stage == 3 || buckets ? zoff_dtype_size(in->model.dtype) : 0);
     int64_t part = all_host.partition_params;

@@ -13,7 +13,10 @@
  * gradient buffer, h_grads[gbuf]); a later backward's bucket starts from that sum, copied
  * back on its own stream after the previous backward's copies and the bucket's last ones,
  * instead of from zero, so the device adds each micro-batch to the same bits the full
- * buffer would hold; statistics are taken at the boundary only. */
+ * buffer would hold; statistics are taken at the boundary only. With several ranks (ratio 1:
+ * no device sub-groups) every group gets a bucket; its grad-ready reduces it over the ranks
+ * and takes its statistics over this rank's pieces on the gradient stream (zoff_bk_reduce),
+ * before this rank's host pieces go out. */
 #include <stdlib.h>
 
 #include "zero/engine_impl.h"
@@ -57,6 +60,8 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
     ZOFF_TRY(zoff_device_alloc(e->dev, zoff_placement_stats_bytes(e->ngroups), "gradient statistics",
                                (void **)&e->stats_dev));
     if (!e->buckets) return ZOFF_OK;
+    if (e->world > 1 && e->n_dev > 0) /* (zoff_placement_grad_buckets: ratio 1 with several ranks) */
+        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets with several ranks and device sub-groups");
     /* one rank: the host sub-groups are the top of the flat space, cut at the layer groups */
     for (int i = 0; i < e->nsg; i++)
         if (!e->sg[i].on_host && e->sg[i].offset + e->sg[i].count > e->n_dev)
@@ -207,13 +212,43 @@ static zoff_status group_stats(zoff_engine *e, zoff_stream *s, int g, const void
     return ZOFF_LAUNCH(s, ZOFF_OP_GRAD_STATS, ga);
 }
 
+/* Several ranks: group g's statistics over this rank's pieces of it (after their reduction),
+ * from x (holding model offsets from g0 on), on stream s; the pieces in plan order. */
+static zoff_status own_stats(zoff_engine *e, zoff_stream *s, int g, const void *x, int64_t g0) {
+    ZOFF_TRY(zoff_memset_async(s, e->stats_dev + 2 * g, 0, 2 * sizeof(float)));
+    const zoff_dp_plan *p = &e->plan;
+    for (int k = 0; k < p->nown[p->rank]; k++) {
+        const zoff_dp_piece *q = &p->pieces[p->own[p->rank][k]];
+        int64_t lo = q->model > e->goff[g] ? q->model : e->goff[g];
+        int64_t hi = q->model + q->count < e->goff[g] + e->gcnt[g] ? q->model + q->count : e->goff[g] + e->gcnt[g];
+        if (lo >= hi) continue;
+        zoff_op_grad_stats_args ga = {.stats = e->stats_dev + 2 * g, .x = (const char *)x + (size_t)(lo - g0) * e->esize,
+                                      .n = hi - lo, .dt = e->dtype};
+        ZOFF_TRY(ZOFF_LAUNCH(s, ZOFF_OP_GRAD_STATS, ga));
+    }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end) {
+    int g = group_at(e, offset);
+    int k = g >= 0 ? e->group_bucket[g] : -1;
+    if (k < 0 || end > e->goff[g] + e->gcnt[g])
+        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: [%lld, %lld) is not in one held bucket",
+                          (long long)offset, (long long)end);
+    void *b = bucket_ptr(e, k);
+    ZOFF_TRY(zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, b, e->goff[g], e->dtype, offset, end, e->scatter,
+                                  &e->scratch, &e->layout));
+    return end == e->goff[g] + e->gcnt[g] ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
+}
+
 zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count) {
     zoff_engine *e = engine;
     (void)count;
     int g = group_at(e, offset);
     int k = g >= 0 && e->group_bucket ? e->group_bucket[g] : -1;
     if (k < 0) return ZOFF_OK; /* the device buffer's */
-    if (e->boundary) ZOFF_TRY(group_stats(e, s, g, bucket_ptr(e, k))); /* of the window's sum */
+    /* of the window's sum (several ranks: taken after the reduction, zoff_bk_reduce) */
+    if (e->boundary && e->world == 1) ZOFF_TRY(group_stats(e, s, g, bucket_ptr(e, k)));
     if (e->bk_acc) ZOFF_TRY(zoff_event_record(e->ev_bk_free[k], s)); /* the next upload into it waits for this */
     /* after the copies its grad-ready call issued on the gradient stream */
     ZOFF_TRY(zoff_event_record(e->ev_bucket[k], e->d2h));
@@ -230,9 +265,11 @@ void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo) {
 }
 
 zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) {
-    for (int g = 0; g < e->ngroups; g++)
-        if (!e->buckets || e->goff[g] < e->gd.device) /* (bucketed groups: at their release) */
-            ZOFF_TRY(group_stats(e, e->compute, g, (const char *)e->grads + (size_t)e->goff[g] * e->esize));
+    for (int g = 0; g < e->ngroups; g++) {
+        if (e->buckets && e->goff[g] >= e->gd.device) continue; /* bucketed: at their release or reduction */
+        if (e->world > 1) ZOFF_TRY(own_stats(e, e->compute, g, e->grads, 0));
+        else ZOFF_TRY(group_stats(e, e->compute, g, (const char *)e->grads + (size_t)e->goff[g] * e->esize));
+    }
     float *st = malloc(zoff_placement_stats_bytes(e->ngroups));
     if (!st) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the gradient statistics");
     zoff_status s = zoff_memcpy_async(e->compute, st, e->stats_dev, 2 * sizeof(float) * (size_t)e->ngroups,

@@ -901,9 +901,9 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     if (z->stage < 3 && (!o->params || (!o->grads && !zoff_placement_grad_buckets(cfg, o->comm ? zoff_comm_size(o->comm) : 1))))
         return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no %s buffer, which only %s supports",
                           o->params ? "gradient" : "parameter",
-                          o->params ? "gradient buckets (zoff_placement_grad_buckets: one rank, stage 1-2, "
-                                      "offload_optimizer.device cpu, gradient_accumulation_steps 1 or "
-                                      "zoff_grad_buckets \"always\")"
+                          o->params ? "gradient buckets (zoff_placement_grad_buckets: stage 1-2, "
+                                      "offload_optimizer.device cpu; one rank: gradient_accumulation_steps 1 or "
+                                      "zoff_grad_buckets \"always\"; several ranks: accumulation 1 and ratio 1)"
                                     : "zero_optimization.stage 3");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
@@ -1357,28 +1357,21 @@ static zoff_status grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) 
     if (e->d2h) ZOFF_TRY(zoff_event_record(e->ev_grads_done, e->d2h));
     if (e->world > 1 || e->stage3) /* the reduced gradients */
         ZOFF_TRY(zoff_stream_wait_event(e->compute, e->ev_grads_done));
-    if (e->world == 1 && !e->stage3) { /* per layer group (the same bits with or without buckets) */
+    if (!e->stage3) { /* per layer group (the same bits with or without buckets); several ranks: this
+                       * rank's pieces (stage 0: its share of the replicated sum), summed over ranks below */
         ZOFF_TRY(zoff_bk_grad_stats(e, sumsq, nonfinite));
         if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
-        return ZOFF_OK;
-    }
-    ZOFF_TRY(zoff_memset_async(e->compute, e->stats_dev, 0, sizeof stats));
-    if (e->stage3) { /* this rank's partition, e->n elements */
+        if (e->world == 1) return ZOFF_OK;
+    } else { /* this rank's partition, e->n elements */
+        ZOFF_TRY(zoff_memset_async(e->compute, e->stats_dev, 0, sizeof stats));
         zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = e->grads, .n = e->n, .dt = e->dtype};
         ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
-    } else { /* this rank's pieces (stage 0: its share of the replicated sum); summed over ranks below */
-        for (int k = 0; k < e->plan.nown[e->rank]; k++) {
-            const zoff_dp_piece *q = &e->plan.pieces[e->plan.own[e->rank][k]];
-            zoff_op_grad_stats_args ga = {.stats = e->stats_dev, .x = (char *)e->grads + (size_t)q->model * e->esize,
-                                          .n = q->count, .dt = e->dtype};
-            ZOFF_TRY(ZOFF_LAUNCH(e->compute, ZOFF_OP_GRAD_STATS, ga));
-        }
+        ZOFF_TRY(zoff_memcpy_async(e->compute, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
+        ZOFF_TRY(zoff_stream_synchronize(e->compute));
+        if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
+        *sumsq = stats[0];
+        *nonfinite = stats[1];
     }
-    ZOFF_TRY(zoff_memcpy_async(e->compute, stats, e->stats_dev, sizeof stats, ZOFF_COPY_D2H));
-    ZOFF_TRY(zoff_stream_synchronize(e->compute));
-    if (e->d2h) ZOFF_TRY(zoff_event_synchronize(e->ev_grads_done));
-    *sumsq = stats[0];
-    *nonfinite = stats[1];
     if (e->world > 1) { /* global statistics: every rank takes the same decision */
         ZOFF_TRY(take_async(e));
         ZOFF_TRY(zoff_comm_error(e->chan));

@@ -355,9 +355,13 @@ zoff_status zoff_bk_alloc(zoff_engine *e);
 void zoff_bk_destroy(zoff_engine *e);
 /* The device address of model element `lo`'s gradient (its group acquired, with buckets). */
 void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo);
-/* Sum of squares and non-finite flag over every group (one rank, not stage 3): the groups
- * not in a bucket are measured now, on the compute stream; the bucketed ones were at their
- * release. The per-group values are summed in group order, so the bits do not depend on
+/* Several ranks: [offset, end) of a held bucket summed over the ranks, on the gradient stream,
+ * and, at the group's end, the group's statistics over this rank's pieces. */
+zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end);
+/* Sum of squares and non-finite flag over every group (not stage 3; several ranks: this rank's
+ * pieces, summed over the ranks by the caller): the groups not in a bucket are measured now,
+ * on the compute stream; the bucketed ones were at their release (one rank) or reduction
+ * (several). The per-group values are summed in group order, so the bits do not depend on
  * whether a group was bucketed. */
 zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite);
 /* The device sub-groups' gradients (zoff_engine_zero_grad); a new accumulation window. */

@@ -235,8 +235,9 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
     int ti = tl_begin(e, offset, count);
     if (ti >= 0) tl_mark(e, ti, 0);
     if (e->world > 1) { /* sum over ranks first (stage 2: only this rank's pieces come back) */
-        zoff_status s = zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, e->grads, e->dtype, offset, end, e->scatter,
-                                             &e->scratch, &e->layout);
+        zoff_status s = e->buckets ? zoff_bk_reduce(e, offset, end)
+                                   : zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, e->grads, 0, e->dtype, offset,
+                                                          end, e->scatter, &e->scratch, &e->layout);
         if (s != ZOFF_OK) {
             zoff_eng_note_async(e, s, "gradient reduction");
             return;

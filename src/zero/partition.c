@@ -228,19 +228,20 @@ static zoff_status copy(zoff_stream *s, void *dst, const void *src, size_t bytes
     return ZOFF_OK;
 }
 
-zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *grads, zoff_dtype dt,
-                                 int64_t a, int64_t b, bool scatter, const zoff_dp_scratch *sc, zoff_dp_layout *l) {
+zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *grads, int64_t g0,
+                                 zoff_dtype dt, int64_t a, int64_t b, bool scatter, const zoff_dp_scratch *sc,
+                                 zoff_dp_layout *l) {
     size_t es = zoff_dtype_size(dt);
-    if (!scatter) return zoff_comm_allreduce(c, s, at(grads, a, es), b - a, dt, ZOFF_REDUCE_SUM);
+    if (!scatter) return zoff_comm_allreduce(c, s, at(grads, a - g0, es), b - a, dt, ZOFF_REDUCE_SUM);
     int64_t chunk = sc->elems > 0 ? sc->elems : b - a;
     for (int64_t x = a; x < b; x += chunk) {
         int64_t y = x + chunk < b ? x + chunk : b;
         zoff_dp_layout_of(p, x, y, l);
-        const void *send = at(grads, x, es);
+        const void *send = at(grads, x - g0, es);
         if (!l->identity) { /* pack: every owner's pieces back to back */
             int64_t pos = 0;
             for (int i = 0; i < l->np; i++) {
-                ZOFF_TRY(copy(s, at(sc->pack, pos, es), at(grads, l->p[i].model, es),
+                ZOFF_TRY(copy(s, at(sc->pack, pos, es), at(grads, l->p[i].model - g0, es),
                                            (size_t)l->p[i].count * es));
                 pos += l->p[i].count;
             }
@@ -251,7 +252,7 @@ zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_strea
         int64_t pos = 0;
         for (int i = 0; i < l->np; i++) {
             if (l->p[i].owner != p->rank) continue;
-            ZOFF_TRY(copy(s, at(grads, l->p[i].model, es), at(sc->recv, pos, es),
+            ZOFF_TRY(copy(s, at(grads, l->p[i].model - g0, es), at(sc->recv, pos, es),
                                        (size_t)l->p[i].count * es));
             pos += l->p[i].count;
         }

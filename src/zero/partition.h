@@ -97,14 +97,16 @@ typedef struct zoff_dp_scratch {
     int64_t elems;
 } zoff_dp_scratch;
 
-/* Gradients of model range [a, b) of `grads`, summed over ranks:
+/* Gradients of model range [a, b) of `grads` (which holds model offsets from g0 on: 0 for the
+ * full buffer, a layer group's first offset for its bucket), summed over ranks:
  *   scatter = false (stages 0, 1): all-reduce in place, every rank gets all of it;
  *   scatter = true (stage 2): reduce-scatter; this rank's pieces of the range are
  *     written back into grads at their model offsets (the other pieces keep this
  *     rank's own contribution).
  * Ranges longer than the scratch are done in chunks. */
-zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *grads, zoff_dtype dt,
-                                 int64_t a, int64_t b, bool scatter, const zoff_dp_scratch *sc, zoff_dp_layout *l);
+zoff_status zoff_dp_reduce_grads(const zoff_dp_plan *p, zoff_comm *c, zoff_stream *s, void *grads, int64_t g0,
+                                 zoff_dtype dt, int64_t a, int64_t b, bool scatter, const zoff_dp_scratch *sc,
+                                 zoff_dp_layout *l);
 
 /* Every rank's pieces of `params` (model space) to every rank (stages 1, 2: after
  * the update each rank has written only its partition). In place when the

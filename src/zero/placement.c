@@ -141,20 +141,24 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
 bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return speculate && world == 1 && stage < 3; }
 
 bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
-                                     int64_t accumulation) {
-    /* several ranks: the reduction works over the full buffer; nvme: sub-groups not cut at the
-     * layer groups; accumulation: the micro-batches' sum goes through the host ("always" only:
-     * 2 + 2 bytes per host parameter over the bus per later micro-batch, where the full buffer
-     * costs none) */
-    return mode != ZOFF_GRAD_BUCKETS_OFF && world == 1 && (stage == 1 || stage == 2) &&
-           optimizer == ZOFF_OFFLOAD_CPU && (accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS);
+                                     int64_t accumulation, bool all_host) {
+    /* nvme: sub-groups not cut at the layer groups; accumulation: the micro-batches' sum goes
+     * through the host ("always" only: 2 + 2 bytes per host parameter over the bus per later
+     * micro-batch, where the full buffer costs none), which with several ranks holds only this
+     * rank's partition of it; several ranks: each group's bucket is reduced over the ranks and
+     * this rank's pieces of it go to the host, so no device sub-groups (ratio 1) */
+    if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) || optimizer != ZOFF_OFFLOAD_CPU) return false;
+    if (world > 1) return accumulation <= 1 && all_host;
+    return accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS;
 }
 
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world) {
     const zoff_zero_config *z = &cfg->zero;
     zoff_offload_device d = z->offload_optimizer.device;
     if (z->cpu_offload && d == ZOFF_OFFLOAD_NONE) d = ZOFF_OFFLOAD_CPU;
-    return zoff_placement_grad_buckets_for(z->grad_buckets, world, z->stage, d, cfg->gradient_accumulation_steps);
+    const bool all_host = !z->offload_optimizer.ratio_auto && z->offload_optimizer.ratio >= 1.0;
+    return zoff_placement_grad_buckets_for(z->grad_buckets, world, z->stage, d, cfg->gradient_accumulation_steps,
+                                           all_host);
 }
 
 void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out) {
