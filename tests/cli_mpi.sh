@@ -122,6 +122,14 @@ equiv stage2_cpu_rr '{"stage": 2, "round_robin_gradients": true, "offload_optimi
 # not the reduction; docs/multinode.md). At lr 1e-3, over 30 corpora: losses <= 6.0e-5,
 # weights <= 1.5e-3, optimizer state <= 5.9e-3. Tolerances 5e-4 and 1e-2 (state 1e-1).
 equiv stage2_bf16   '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' 5e-4 1e-2 '"bf16": {"enabled": true},' 1e-3
+# accumulation 2 through the gradient buckets (zoff_grad_buckets "always"): each micro-batch's buckets
+# reduced over the ranks, this rank's pieces of the sum kept on the host and sent back into the
+# next micro-batch's buckets (the rest of them zero). Against one rank (its own buckets, also
+# "always"); a lost micro-batch moves the losses by ~1e-2. Ring of 2 buckets; stage 1 round-robin.
+AL='"zoff_grad_buckets": "always", "reduce_bucket_size": 1'
+equiv stage2_always    "{\"stage\": 2, $AL, \"offload_optimizer\": {\"device\": \"cpu\"}}" 1e-5 1e-4
+equiv stage1_always_rr "{\"stage\": 1, $AL, \"round_robin_gradients\": true, \"offload_optimizer\": {\"device\": \"cpu\"}}" 1e-5 1e-4
+equiv stage2_always_bf16 "{\"stage\": 2, $AL, \"offload_optimizer\": {\"device\": \"cpu\"}}" 5e-4 1e-2 '"bf16": {"enabled": true},' 1e-3
 
 # The pipelined exact step with 2 ranks (zoff train waits per layer group: every offload run
 # above, stage1_cpu, stage2_cpu_rr, stage2_bf16, already takes it, so "pipelined 2 ranks == 1
@@ -241,6 +249,10 @@ for m in bk_s2 bk_s2_rr bk_s2_flat bk_s1 bk_bf16 bk_delayed bk_spec; do
      cmp -s <(norms '$W/${m}_true/metrics.jsonl') <(norms '$W/${m}_false/metrics.jsonl') && \
      $PY '$W/cmp.py' '$SRC/scripts' '$W/${m}_true/step_00000006' '$W/${m}_false/step_00000006' 0 >/dev/null"
 done
+timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/stage2_always_2.json" --train-iters 2 \
+  --save "$W/always_loud" >"$W/always_loud.txt" 2>&1
+check "2 ranks, accumulation 2, \"always\": the buckets carry the sum (describe)" \
+  "grep -q 'gradient buckets (2 x.*the accumulation.s sum on the host' '$W/always_loud.txt'"
 check "bf16, clip 0.05: the clipping applies (norm above it)" \
   "grep '\"loss\"' '$W/bk_bf16_true/metrics.jsonl' | head -1 | grep -qv 'grad_norm\":0.0[0-4]'"
 

@@ -153,9 +153,10 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
  * - one rank: gradient_accumulation_steps 1, or any with "always" (the earlier micro-batches'
  *   sum then lives in the host's 16-bit gradient buffer: each later micro-batch's bucket
  *   starts from it, copied back to the device, and every micro-batch's bucket goes to the host);
- * - several ranks: gradient_accumulation_steps 1 and offload_optimizer.ratio 1 (all_host: each
- *   group's bucket is reduced over the ranks and this rank's pieces go to the host; no device
- *   sub-group keeps gradients until the step).
+ * - several ranks: offload_optimizer.ratio 1 (all_host: each group's bucket is reduced over the
+ *   ranks and this rank's pieces go to the host; no device sub-group keeps gradients until the
+ *   step), with gradient_accumulation_steps 1, or any with "always" (every micro-batch reduced,
+ *   this rank's pieces of the sum on the host).
  * The one rule: the trainer, the engine and zoff plan ask it. */
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
 /* The same rule from its inputs (zoff plan's rows vary stage, offload and ratio): zoff_grad_buckets,

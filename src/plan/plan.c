@@ -626,6 +626,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     if (R > 1) {
         double frac = (double)(R - 1) / (double)R, bytes = (double)n * (double)es;
         double c = s->stage == 3 ? frac * bytes : 2.0 * frac * bytes; /* allreduce = reduce-scatter + all-gather */
+        if (buckets && accum > 1) c += (double)(accum - 1) * frac * bytes; /* "always": every micro-batch reduced */
         c /= rt->link;
         t->comm = cfg->zero.overlap_comm ? fmax(0.0, c - t_bwd) : c;
     }

@@ -137,8 +137,12 @@ static void *bucket_ptr(const zoff_engine *e, int k) {
     return (char *)e->gb_ring + (size_t)k * (size_t)e->gd.slot * e->esize;
 }
 
-/* Host group g's sum so far (its pieces in the host sub-groups' h_grads[gbuf]) into its bucket, on bk_up. */
+/* Host group g's sum so far (its pieces in the host sub-groups' h_grads[gbuf]) into its bucket, on bk_up.
+ * Several ranks: the host holds this rank's pieces of the sum (each micro-batch was reduced over the
+ * ranks); the rest of the bucket starts from zero, so that the next reduction adds every rank's
+ * micro-batch to this rank's sum, once. */
 static zoff_status bucket_upload(zoff_engine *e, int g, void *buf) {
+    if (e->world > 1) ZOFF_TRY(zoff_memset_async(e->bk_up, buf, 0, (size_t)e->gcnt[g] * e->esize));
     for (int i = 0; i < e->nsg; i++) {
         int64_t lo, hi;
         const void *src = zoff_eng_host_grad_piece(e, i, e->gbuf, e->goff[g], e->goff[g] + e->gcnt[g], &lo, &hi);
@@ -238,7 +242,7 @@ zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end) {
     void *b = bucket_ptr(e, k);
     ZOFF_TRY(zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, b, e->goff[g], e->dtype, offset, end, e->scatter,
                                   &e->scratch, &e->layout));
-    return end == e->goff[g] + e->gcnt[g] ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
+    return e->boundary && end == e->goff[g] + e->gcnt[g] ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
 }
 
 zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count) {

@@ -903,7 +903,7 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           o->params ? "gradient" : "parameter",
                           o->params ? "gradient buckets (zoff_placement_grad_buckets: stage 1-2, "
                                       "offload_optimizer.device cpu; one rank: gradient_accumulation_steps 1 or "
-                                      "zoff_grad_buckets \"always\"; several ranks: accumulation 1 and ratio 1)"
+                                      "zoff_grad_buckets \"always\"; several ranks: also ratio 1)"
                                     : "zero_optimization.stage 3");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,

@@ -218,7 +218,10 @@ void zoff_engine_grad_ready(void *engine, zoff_stream *stream, int64_t offset, i
         return;
     }
     if (!e->boundary && e->bk_acc) { /* an earlier micro-batch: its buckets' sums to the host */
-        if (d2h_after(e, stream)) copy_host_grads(e, offset, offset + count, -1);
+        if (!d2h_after(e, stream)) return;
+        zoff_status s = e->world > 1 ? zoff_bk_reduce(e, offset, offset + count) : ZOFF_OK;
+        if (s != ZOFF_OK) zoff_eng_note_async(e, s, "gradient reduction");
+        else copy_host_grads(e, offset, offset + count, -1);
         return;
     }
     if (!e->boundary || (e->n_host == 0 && e->world == 1)) return;

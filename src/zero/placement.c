@@ -144,11 +144,12 @@ bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int
                                      int64_t accumulation, bool all_host) {
     /* nvme: sub-groups not cut at the layer groups; accumulation: the micro-batches' sum goes
      * through the host ("always" only: 2 + 2 bytes per host parameter over the bus per later
-     * micro-batch, where the full buffer costs none), which with several ranks holds only this
-     * rank's partition of it; several ranks: each group's bucket is reduced over the ranks and
-     * this rank's pieces of it go to the host, so no device sub-groups (ratio 1) */
+     * micro-batch, where the full buffer costs none; with several ranks every micro-batch is
+     * reduced over the ranks, and the host keeps this rank's partition of the sum); several
+     * ranks: each group's bucket is reduced over the ranks and this rank's pieces of it go to
+     * the host, so no device sub-groups (ratio 1) */
     if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) || optimizer != ZOFF_OFFLOAD_CPU) return false;
-    if (world > 1) return accumulation <= 1 && all_host;
+    if (world > 1 && !all_host) return false;
     return accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS;
 }
 
