@@ -6,7 +6,8 @@
 # the pipelined, delayed and speculative steps, accumulation 2 (full buffer: the rule
 # keeps it), bf16 optimizer states, a ring of 2 buckets (reduce_bucket_size 1); and
 # accumulation 3 with zoff_grad_buckets "always" (the sum on the host, back through the
-# buckets each micro-batch) in the same modes, ring and flat. Then
+# buckets each micro-batch) in the same modes, ring and flat; the optimizer state in NVMe swap
+# files (bf16, Twin-Flow 0.5, delayed, accumulation 3 "always", with and without Twin-Flow). Then
 # memory: a device budget that the full buffer does not fit trains with buckets, and
 # Twin-Flow "auto" gives the freed bytes to the device. Usage: cli_buckets.sh ZOFF SRCDIR
 set -u
@@ -50,9 +51,19 @@ cfg acc3_spec "$BF" 1.0 3 ", \"super_offload\": true" "$AL"
 cfg acc3_bf16st '"bf16": {"enabled": true, "bf16_optimizer_states": true},' 0.05 3 "" "$AL"
 cfg acc3_flat "$BF" 0.05 3 "" "$AL"
 sed -i 's/"reduce_bucket_size": 1,/"reduce_bucket_size": 100000000,/' "$W/acc3_flat.json" "$W/acc3_flat_full.json"
+# the optimizer state in NVMe swap files (sub-groups of 3000 elements, not cut at the layer groups)
+nv() { # name: the cpu config NAME with offload to nvme
+    for v in "$1" "${1}_full"; do
+        mkdir -p "$W/swap_$v"
+        sed "s|\"device\": \"cpu\"|\"device\": \"nvme\", \"nvme_path\": \"$W/swap_$v\"|; s|\"stage\": 2,|\"stage\": 2, \"sub_group_size\": 3000,|" \
+            "$W/$v.json" > "$W/nvme_$v.json"
+    done
+}
+for m in bf16 twin delayed acc3 acc3_twin; do nv "$m"; done
 series() { grep '"loss"' "$1/metrics.jsonl" | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*'; }
 for m in f32 bf16 fp16 clip twin delayed spec spec_clip accum bf16st \
-         acc3 acc3_f32 acc3_fp16 acc3_twin acc3_delayed acc3_spec acc3_bf16st acc3_flat; do
+         acc3 acc3_f32 acc3_fp16 acc3_twin acc3_delayed acc3_spec acc3_bf16st acc3_flat \
+         nvme_bf16 nvme_twin nvme_delayed nvme_acc3 nvme_acc3_twin; do
     for v in "$m" "${m}_full"; do
         "$ZOFF" train "${TINY[@]}" --config "$W/$v.json" --train-iters 5 --save "$W/$v" >"$W/$v.txt" 2>&1
         "$ZOFF" export --load "$W/$v" --format fp32 --output "$W/$v.fp32" --quiet >>"$W/$v.txt" 2>&1
@@ -67,6 +78,7 @@ check "buckets in use: the log says so" "grep -q 'device gradients: gradient buc
 check "accumulation 2 keeps the full buffer (the log says so)" "grep -q 'device gradients: the full device gradient buffer' '$W/accum.txt'"
 check "\"always\": accumulation 3 through a ring of 2 buckets (the log says so)" \
   "grep -q 'device gradients: gradient buckets (2 x.*the accumulation.s sum on the host' '$W/acc3.txt'"
+check "nvme: gradient buckets (the log says so)" "grep -q 'device gradients: gradient buckets (2 x' '$W/nvme_bf16.txt'"
 check "\"always\", flat: a bucket per group (the log says so)" \
   "grep -q 'one per group.*the accumulation.s sum on the host' '$W/acc3_flat.txt'"
 

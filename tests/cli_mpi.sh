@@ -218,7 +218,8 @@ fi
 # group's bucket is reduced over the ranks, this rank's pieces go to the host; == the full device
 # gradient buffer (zoff_grad_buckets false) on 2 ranks bit for bit (losses, norms, weights and the
 # consolidated optimizer state): stage 2 contiguous and round-robin, stage 1, bf16 with clipping,
-# a ring of 2 buckets (reduce_bucket_size 1) and one per group, the delayed and speculative steps.
+# a ring of 2 buckets (reduce_bucket_size 1) and one per group, the delayed and speculative steps,
+# the optimizer state in NVMe swap files.
 bkcfg() { # name clip zero-extra offload-extra [precision]
   for v in true false; do
     echo "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_clipping\": $2, ${5:-}
@@ -236,7 +237,11 @@ bkcfg bk_delayed 1.0 "$RING \"zoff_delayed_param_update\": true, \"zoff_delayed_
 bkcfg bk_spec 1.0 "$RING" ', "super_offload": true'
 sed 's/"stage": 2,/"stage": 1,/' "$W/bk_s2_true.json" > "$W/bk_s1_true.json"
 sed 's/"stage": 2,/"stage": 1,/' "$W/bk_s2_false.json" > "$W/bk_s1_false.json"
-for m in bk_s2 bk_s2_rr bk_s2_flat bk_s1 bk_bf16 bk_delayed bk_spec; do
+for v in true false; do # the optimizer state in NVMe swap files
+  mkdir -p "$W/bkswap_$v"
+  sed "s|\"device\": \"cpu\"|\"device\": \"nvme\", \"nvme_path\": \"$W/bkswap_$v\"|" "$W/bk_s2_rr_$v.json" > "$W/bk_nvme_$v.json"
+done
+for m in bk_s2 bk_s2_rr bk_s2_flat bk_s1 bk_bf16 bk_delayed bk_spec bk_nvme; do
   for v in true false; do
     timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/${m}_$v.json" --train-iters 6 \
       --save "$W/${m}_$v" >"$W/${m}_$v.txt" 2>&1 || { echo "     ${m}_$v: mpirun exit $?"; tail -5 "$W/${m}_$v.txt"; }

@@ -1040,8 +1040,8 @@ static void test_grad_device(void **st) {
     in.reduce_bucket_size = 100000; /* flat: the full buffer's bytes at any ratio, nothing per device parameter */
     zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
     assert_true(fixed == 5 * 8 + 314 * 2 && per == 0);
-    /* the rule: stage 1-2, offload cpu; one rank: accumulation only with "always"; several ranks:
-     * accumulation 1 and ratio 1 */
+    /* the rule: stage 1-2, offload cpu or nvme; accumulation only with "always"; several ranks:
+     * ratio 1 */
     static const struct {
         zoff_grad_buckets_mode mode;
         int world, stage;
@@ -1059,7 +1059,8 @@ static void test_grad_device(void **st) {
         {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
         {ZOFF_GRAD_BUCKETS_ON, 1, 3, ZOFF_OFFLOAD_CPU, 1, true, false},
         {ZOFF_GRAD_BUCKETS_ON, 2, 3, ZOFF_OFFLOAD_CPU, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NVME, 1, true, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NVME, 1, false, true},
+        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_NVME, 1, true, true},
         {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NONE, 1, true, false},
         {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_CPU, 2, false, true},
@@ -1068,7 +1069,7 @@ static void test_grad_device(void **st) {
         {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, false, false},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 3, ZOFF_OFFLOAD_CPU, 2, true, false},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, true, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, true, true},
     };
     for (size_t k = 0; k < sizeof rule / sizeof rule[0]; k++)
         if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].world, rule[k].stage, rule[k].off, rule[k].accum,

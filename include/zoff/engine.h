@@ -148,7 +148,8 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
 /* Device gradient storage under optimizer offload. Whether the engine gives the model its
  * gradient buffers group by group (zoff_grad_hooks: the model is created with
  * external_grads and holds no flat gradient buffer) instead of taking the model's full
- * one: stage 1 or 2, offload_optimizer.device "cpu" (sub-groups cut at the layer groups),
+ * one: stage 1 or 2, offload_optimizer.device "cpu" or "nvme" (a group's bucket goes to whichever
+ * host sub-groups it meets; the device sub-groups' buffer ends at a group's end),
  * zero_optimization.zoff_grad_buckets true (the default) or "always", and
  * - one rank: gradient_accumulation_steps 1, or any with "always" (the earlier micro-batches'
  *   sum then lives in the host's 16-bit gradient buffer: each later micro-batch's bucket

@@ -902,7 +902,7 @@ static zoff_status check_supported(const zoff_engine_options *o) {
         return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no %s buffer, which only %s supports",
                           o->params ? "gradient" : "parameter",
                           o->params ? "gradient buckets (zoff_placement_grad_buckets: stage 1-2, "
-                                      "offload_optimizer.device cpu; one rank: gradient_accumulation_steps 1 or "
+                                      "offload_optimizer.device cpu or nvme; one rank: gradient_accumulation_steps 1 or "
                                       "zoff_grad_buckets \"always\"; several ranks: also ratio 1)"
                                     : "zero_optimization.stage 3");
     if (offload && z->stage == 0)

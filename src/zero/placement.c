@@ -142,13 +142,15 @@ bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return spe
 
 bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation, bool all_host) {
-    /* nvme: sub-groups not cut at the layer groups; accumulation: the micro-batches' sum goes
-     * through the host ("always" only: 2 + 2 bytes per host parameter over the bus per later
-     * micro-batch, where the full buffer costs none; with several ranks every micro-batch is
-     * reduced over the ranks, and the host keeps this rank's partition of the sum); several
-     * ranks: each group's bucket is reduced over the ranks and this rank's pieces of it go to
-     * the host, so no device sub-groups (ratio 1) */
-    if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) || optimizer != ZOFF_OFFLOAD_CPU) return false;
+    /* cpu or nvme (a bucket's copy goes to whichever host sub-groups its group meets);
+     * accumulation: the micro-batches' sum goes through the host ("always" only: 2 + 2 bytes
+     * per host parameter over the bus per later micro-batch, where the full buffer costs none;
+     * with several ranks every micro-batch is reduced over the ranks, and the host keeps this
+     * rank's partition of the sum); several ranks: each group's bucket is reduced over the
+     * ranks and this rank's pieces of it go to the host, so no device sub-groups (ratio 1) */
+    if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) ||
+        (optimizer != ZOFF_OFFLOAD_CPU && optimizer != ZOFF_OFFLOAD_NVME))
+        return false;
     if (world > 1 && !all_host) return false;
     return accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS;
 }
