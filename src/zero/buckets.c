@@ -236,13 +236,14 @@ static zoff_status own_stats(zoff_engine *e, zoff_stream *s, int g, const void *
 zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end) {
     int g = group_at(e, offset);
     int k = g >= 0 ? e->group_bucket[g] : -1;
-    if (k < 0 || end > e->goff[g] + e->gcnt[g])
-        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: [%lld, %lld) is not in one held bucket",
+    /* (the model reports whole layer groups: the statistics below are the group's) */
+    if (k < 0 || offset != e->goff[g] || end != e->goff[g] + e->gcnt[g])
+        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: [%lld, %lld) is not a held layer group",
                           (long long)offset, (long long)end);
     void *b = bucket_ptr(e, k);
     ZOFF_TRY(zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, b, e->goff[g], e->dtype, offset, end, e->scatter,
                                   &e->scratch, &e->layout));
-    return e->boundary && end == e->goff[g] + e->gcnt[g] ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
+    return e->boundary ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
 }
 
 zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count) {

@@ -355,8 +355,8 @@ zoff_status zoff_bk_alloc(zoff_engine *e);
 void zoff_bk_destroy(zoff_engine *e);
 /* The device address of model element `lo`'s gradient (its group acquired, with buckets). */
 void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo);
-/* Several ranks: [offset, end) of a held bucket summed over the ranks, on the gradient stream,
- * and, at the group's end, the group's statistics over this rank's pieces. */
+/* Several ranks: a held layer group's bucket [offset, end) summed over the ranks, on the gradient
+ * stream, and at the boundary the group's statistics over this rank's pieces. */
 zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end);
 /* Sum of squares and non-finite flag over every group (not stage 3; several ranks: this rank's
  * pieces, summed over the ranks by the caller): the groups not in a bucket are measured now,

@@ -122,8 +122,6 @@ static zoff_event *ready_event(zoff_engine *e) {
  * on the d2h stream, ordered after the compute work that produced it.
  * Failures here are sticky on the d2h stream's next synchronisation or noted
  * in the log; the step reports them. */
-/* The host sub-groups' part of e->grads [offset, end) (the engine's space: the
- * model's, or stage 3's local space) to the host, on the d2h stream. */
 void *zoff_eng_host_grad_piece(const zoff_engine *e, int i, int buf, int64_t offset, int64_t end, int64_t *lo,
                                int64_t *hi) {
     const subgroup *g = &e->sg[i];
@@ -134,6 +132,8 @@ void *zoff_eng_host_grad_piece(const zoff_engine *e, int i, int buf, int64_t off
     return (char *)e->h_grads[buf] + (size_t)(g->state_off + *lo - g->model) * e->esize;
 }
 
+/* The host sub-groups' part of e->grads [offset, end) (the engine's space: the
+ * model's, or stage 3's local space) to the host, on the d2h stream. */
 static void copy_host_grads(zoff_engine *e, int64_t offset, int64_t end, int ti) {
     for (int i = 0; i < e->nsg; i++) {
         int64_t lo, hi;
