@@ -219,7 +219,7 @@ fi
 # gradient buffer (zoff_grad_buckets false) on 2 ranks bit for bit (losses, norms, weights and the
 # consolidated optimizer state): stage 2 contiguous and round-robin, stage 1, bf16 with clipping,
 # a ring of 2 buckets (reduce_bucket_size 1) and one per group, the delayed and speculative steps,
-# the optimizer state in NVMe swap files.
+# the optimizer state in NVMe swap files, Twin-Flow (ratio 0.5 and 0.3: device pieces on each rank).
 bkcfg() { # name clip zero-extra offload-extra [precision]
   for v in true false; do
     echo "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_clipping\": $2, ${5:-}
@@ -241,7 +241,11 @@ for v in true false; do # the optimizer state in NVMe swap files
   mkdir -p "$W/bkswap_$v"
   sed "s|\"device\": \"cpu\"|\"device\": \"nvme\", \"nvme_path\": \"$W/bkswap_$v\"|" "$W/bk_s2_rr_$v.json" > "$W/bk_nvme_$v.json"
 done
-for m in bk_s2 bk_s2_rr bk_s2_flat bk_s1 bk_bf16 bk_delayed bk_spec bk_nvme; do
+# Twin-Flow: this rank's device pieces copied out of each reduced bucket (ring), or read in place (flat)
+bkcfg bk_twin 1.0 "$RING" ', "ratio": 0.5'
+bkcfg bk_twin_rr_bf16 0.05 "$RING \"round_robin_gradients\": true," ', "ratio": 0.3' '"bf16": {"enabled": true},'
+bkcfg bk_twin_flat 1.0 "" ', "ratio": 0.5'
+for m in bk_s2 bk_s2_rr bk_s2_flat bk_s1 bk_bf16 bk_delayed bk_spec bk_nvme bk_twin bk_twin_rr_bf16 bk_twin_flat; do
   for v in true false; do
     timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/${m}_$v.json" --train-iters 6 \
       --save "$W/${m}_$v" >"$W/${m}_$v.txt" 2>&1 || { echo "     ${m}_$v: mpirun exit $?"; tail -5 "$W/${m}_$v.txt"; }
@@ -258,6 +262,9 @@ timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/
   --save "$W/always_loud" >"$W/always_loud.txt" 2>&1
 check "2 ranks, accumulation 2, \"always\": the buckets carry the sum (describe)" \
   "grep -q 'gradient buckets (2 x.*the accumulation.s sum on the host' '$W/always_loud.txt'"
+check "Twin-Flow, 2 ranks: device pieces copied out of the ring's buckets, read in place when flat (describe)" \
+  "grep -q 'device sub-groups. [1-9][0-9]* copied out of each reduced bucket' '$W/bk_twin_true.txt' && \
+   grep -q 'device sub-groups. [1-9][0-9]* read in their buckets' '$W/bk_twin_flat_true.txt'"
 check "bf16, clip 0.05: the clipping applies (norm above it)" \
   "grep '\"loss\"' '$W/bk_bf16_true/metrics.jsonl' | head -1 | grep -qv 'grad_norm\":0.0[0-4]'"
 

@@ -1040,8 +1040,20 @@ static void test_grad_device(void **st) {
     in.reduce_bucket_size = 100000; /* flat: the full buffer's bytes at any ratio, nothing per device parameter */
     zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
     assert_true(fixed == 5 * 8 + 314 * 2 && per == 0);
-    /* the rule: stage 1-2, offload cpu or nvme; accumulation only with "always"; several ranks:
-     * ratio 1 */
+    /* several ranks (spread): every group in a bucket whatever the device share; the device's 150
+     * elements (this rank's pieces, anywhere) in a compact buffer, none when flat */
+    in.spread = true;
+    in.device = 150;
+    in.reduce_bucket_size = 250;
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.device == 0 && d.held == 10 && d.slot == 100 && d.nslots == 2 && d.compact == 150);
+    assert_int_equal(d.bytes, (10 + 200 + 150) * 2);
+    in.reduce_bucket_size = 400;
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.flat && d.compact == 0 && d.bytes == 314 * 2);
+    in.spread = false;
+    /* the rule: stage 1-2, offload cpu or nvme; accumulation only with "always", and with several
+     * ranks only at ratio 1 */
     static const struct {
         zoff_grad_buckets_mode mode;
         int world, stage;
@@ -1052,7 +1064,7 @@ static void test_grad_device(void **st) {
         {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
         {ZOFF_GRAD_BUCKETS_ON, 1, 1, ZOFF_OFFLOAD_CPU, 0, true, true},
         {ZOFF_GRAD_BUCKETS_OFF, 1, 2, ZOFF_OFFLOAD_CPU, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, false, false},
+        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
         {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
         {ZOFF_GRAD_BUCKETS_ON, 4, 1, ZOFF_OFFLOAD_CPU, 1, true, true},
         {ZOFF_GRAD_BUCKETS_OFF, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, false},
@@ -1067,6 +1079,7 @@ static void test_grad_device(void **st) {
         {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 1, ZOFF_OFFLOAD_CPU, 1, false, true},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, true, true},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, false, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 3, ZOFF_OFFLOAD_CPU, 2, true, false},
         {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, true, true},

@@ -154,10 +154,11 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
  * - one rank: gradient_accumulation_steps 1, or any with "always" (the earlier micro-batches'
  *   sum then lives in the host's 16-bit gradient buffer: each later micro-batch's bucket
  *   starts from it, copied back to the device, and every micro-batch's bucket goes to the host);
- * - several ranks: offload_optimizer.ratio 1 (all_host: each group's bucket is reduced over the
- *   ranks and this rank's pieces go to the host; no device sub-group keeps gradients until the
- *   step), with gradient_accumulation_steps 1, or any with "always" (every micro-batch reduced,
- *   this rank's pieces of the sum on the host).
+ * - several ranks: every group gets a bucket, reduced over the ranks; this rank's host pieces go
+ *   to the host, its device pieces (Twin-Flow) to a compact device buffer (none when the buckets
+ *   are flat: read where they are). gradient_accumulation_steps 1, or any with "always" and
+ *   offload_optimizer.ratio 1 (all_host: every micro-batch reduced, this rank's pieces of the
+ *   sum on the host).
  * The one rule: the trainer, the engine and zoff plan ask it. */
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
 /* The same rule from its inputs (zoff plan's rows vary stage, offload and ratio): zoff_grad_buckets,
@@ -183,9 +184,12 @@ bool zoff_placement_grad_rows(bool speculate, int world, int stage);
 typedef struct zoff_grad_device_in {
     const int64_t *group_count; /* elements of each layer group, in flat order */
     int ngroups;
-    int64_t device;             /* elements of the device sub-groups: [0, device) */
+    int64_t device;             /* elements of the device sub-groups: [0, device) (spread: anywhere) */
     int64_t reduce_bucket_size; /* zero_optimization.reduce_bucket_size (elements) */
     zoff_dtype dtype;
+    bool spread;                /* several ranks: every group gets a bucket (each is reduced over the ranks);
+                                   this rank's device sub-groups' gradients are copied out of it into a
+                                   compact buffer until the step, or, flat, read where they are */
 } zoff_grad_device_in;
 typedef struct zoff_grad_device {
     int64_t device;  /* elements of the device buffer: the device sub-groups', to the end of their last group */
@@ -195,7 +199,8 @@ typedef struct zoff_grad_device {
     bool flat;       /* reduce_bucket_size holds every such group: one bucket each, of its exact size, in
                         flat order (no reuse; the bytes of a full buffer, never more) */
     int64_t ring;    /* elements of the ring: nslots x slot, or (flat) the groups' sum */
-    size_t bytes;    /* device + held + ring, in the model's dtype */
+    int64_t compact; /* spread, not flat: the device sub-groups' gradients (in.device elements) */
+    size_t bytes;    /* device + held + ring + compact, in the model's dtype */
 } zoff_grad_device;
 void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out);
 /* The gradient statistics' device bytes: 2 floats per layer group. */

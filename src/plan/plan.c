@@ -345,7 +345,8 @@ static zoff_status plan_grad_bytes(const zoff_plan_inputs *in, bool buckets, int
     if (!gc) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d layer groups", ng);
     for (int g = 0; g < ng; g++) gc[g] = g == 0 ? emb : g == ng - 1 ? 2 * in->model.shape.hidden_size : blk;
     zoff_grad_device_in gi = {.group_count = gc, .ngroups = ng, .device = device > 0 ? device : 0,
-                              .reduce_bucket_size = in->cfg->zero.reduce_bucket_size, .dtype = in->model.dtype};
+                              .reduce_bucket_size = in->cfg->zero.reduce_bucket_size, .dtype = in->model.dtype,
+                              .spread = in->machine.ranks > 1};
     if (device < 0) {
         zoff_placement_auto_engine_bytes(buckets ? &gi : NULL, ng, a, b);
     } else {
@@ -725,7 +726,7 @@ static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_se
     size_t cap = frac_of(M->device_bytes, 1.0 - M->margin);
     if (all_host.mem.device > cap) return ZOFF_OK; /* not even everything on the host fits */
     const int64_t accum = in->cfg->gradient_accumulation_steps > 0 ? in->cfg->gradient_accumulation_steps : 1;
-    /* (the ratio found is below 1: with several ranks, no buckets) */
+    /* (the ratio found is below 1) */
     const bool buckets =
         zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, M->ranks, s.stage, s.offload, accum, false);
     size_t per = sizeof(float) * (in->model.dtype != ZOFF_F32 ? 3 : 2) +

@@ -45,7 +45,8 @@ static zoff_status bk_groups(zoff_engine *e, const zoff_engine_options *o) {
 
 static zoff_grad_device_in bk_input(const zoff_engine *e, int64_t device) {
     return (zoff_grad_device_in){.group_count = e->gcnt, .ngroups = e->ngroups, .device = device,
-                                 .reduce_bucket_size = e->cfg->zero.reduce_bucket_size, .dtype = e->dtype};
+                                 .reduce_bucket_size = e->cfg->zero.reduce_bucket_size, .dtype = e->dtype,
+                                 .spread = e->world > 1};
 }
 
 zoff_status zoff_bk_groups(zoff_engine *e, const zoff_engine_options *o, size_t *auto_fixed, size_t *auto_per_param) {
@@ -60,10 +61,10 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
     ZOFF_TRY(zoff_device_alloc(e->dev, zoff_placement_stats_bytes(e->ngroups), "gradient statistics",
                                (void **)&e->stats_dev));
     if (!e->buckets) return ZOFF_OK;
-    if (e->world > 1 && e->n_dev > 0) /* (zoff_placement_grad_buckets: ratio 1 with several ranks) */
-        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets with several ranks and device sub-groups");
-    /* one rank: the host sub-groups are the top of the flat space, cut at the layer groups */
-    for (int i = 0; i < e->nsg; i++)
+    if (e->world > 1 && e->n_dev > 0 && e->cfg->gradient_accumulation_steps > 1) /* (zoff_placement_grad_buckets) */
+        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: accumulation with several ranks and device sub-groups");
+    /* one rank: the device sub-groups are the bottom of the flat space */
+    for (int i = 0; e->world == 1 && i < e->nsg; i++)
         if (!e->sg[i].on_host && e->sg[i].offset + e->sg[i].count > e->n_dev)
             return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: device sub-group %d is not below the host ones", i);
     zoff_grad_device_in in = bk_input(e, e->n_dev);
@@ -74,6 +75,9 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
                                    &e->grads));
         ZOFF_TRY(zoff_memset_async(e->compute, e->grads, 0, (size_t)d->device * e->esize));
     }
+    if (d->compact > 0) /* several ranks: this rank's device pieces, in its state order */
+        ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->compact * e->esize, "gradients of the device sub-groups",
+                                   &e->grads_dev));
     if (d->held > 0)
         ZOFF_TRY(zoff_device_alloc(e->dev, (size_t)d->held * e->esize, "gradient bucket (first layer group)",
                                    &e->gb_held));
@@ -106,6 +110,7 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
 
 void zoff_bk_destroy(zoff_engine *e) {
     if (e->buckets && e->grads) zoff_device_free(e->dev, e->grads);
+    if (e->grads_dev) zoff_device_free(e->dev, e->grads_dev);
     if (e->gb_held) zoff_device_free(e->dev, e->gb_held);
     if (e->gb_ring) zoff_device_free(e->dev, e->gb_ring);
     if (e->stats_dev) zoff_device_free(e->dev, e->stats_dev);
@@ -243,7 +248,16 @@ zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end) {
     void *b = bucket_ptr(e, k);
     ZOFF_TRY(zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, b, e->goff[g], e->dtype, offset, end, e->scatter,
                                   &e->scratch, &e->layout));
-    return e->boundary ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
+    if (!e->boundary) return ZOFF_OK;
+    for (int i = 0; e->grads_dev && i < e->nsg; i++) { /* this rank's device pieces, kept until the step */
+        const subgroup *q = &e->sg[i];
+        int64_t lo = offset > q->model ? offset : q->model, hi = end < q->model + q->count ? end : q->model + q->count;
+        if (q->on_host || lo >= hi) continue;
+        ZOFF_TRY(zoff_memcpy_async(e->d2h, (char *)e->grads_dev + (size_t)(q->state_off + lo - q->model) * e->esize,
+                                   (const char *)b + (size_t)(lo - e->goff[g]) * e->esize, (size_t)(hi - lo) * e->esize,
+                                   ZOFF_COPY_D2D));
+    }
+    return own_stats(e, e->d2h, g, b, e->goff[g]);
 }
 
 zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count) {
@@ -267,6 +281,14 @@ void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo) {
     int g = group_at(e, lo);
     int k = g >= 0 ? e->group_bucket[g] : -1;
     return k < 0 ? NULL : (char *)bucket_ptr(e, k) + (size_t)(lo - e->goff[g]) * e->esize;
+}
+
+const void *zoff_bk_device_grads(const zoff_engine *e, int64_t mo, int64_t so) {
+    if (!e->buckets || e->world == 1) return (const char *)e->grads + (size_t)mo * e->esize;
+    if (e->grads_dev) return (const char *)e->grads_dev + (size_t)so * e->esize;
+    int g = group_at(e, mo); /* flat: every group keeps its own bucket until the next backward */
+    int k = g == 0 ? e->gd.nslots : g - first_later_host(e);
+    return (const char *)bucket_ptr(e, k) + (size_t)(mo - e->goff[g]) * e->esize;
 }
 
 zoff_status zoff_bk_grad_stats(zoff_engine *e, double *sumsq, double *nonfinite) {

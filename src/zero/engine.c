@@ -903,7 +903,7 @@ static zoff_status check_supported(const zoff_engine_options *o) {
                           o->params ? "gradient" : "parameter",
                           o->params ? "gradient buckets (zoff_placement_grad_buckets: stage 1-2, "
                                       "offload_optimizer.device cpu or nvme; one rank: gradient_accumulation_steps 1 or "
-                                      "zoff_grad_buckets \"always\"; several ranks: also ratio 1)"
+                                      "zoff_grad_buckets \"always\" (several ranks: at ratio 1))"
                                     : "zero_optimization.stage 3");
     if (offload && z->stage == 0)
         return zoff_error(ZOFF_ERR_CONFIG,
@@ -1007,10 +1007,12 @@ static void describe(zoff_engine *e) {
         if (e->buckets)
             snprintf(e->describe + used, sizeof e->describe - used,
                      "; device gradients: gradient buckets (%d x %lld elements%s, first layer group's %lld, device "
-                     "sub-groups' %lld%s)",
+                     "sub-groups' %lld%s%s)",
                      e->gd.nslots, (long long)(e->gd.flat ? e->gd.ring : e->gd.slot),
                      e->gd.flat ? " in all: one per group, reduce_bucket_size holds them all" : "",
-                     (long long)e->gd.held, (long long)e->gd.device,
+                     (long long)e->gd.held, (long long)(e->world > 1 ? e->n_dev : e->gd.device),
+                     e->world == 1 || e->n_dev == 0 ? ""
+                     : e->gd.compact ? " copied out of each reduced bucket" : " read in their buckets",
                      e->bk_acc ? "; the accumulation's sum on the host, through the buckets each micro-batch" : "");
         else
             snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
@@ -1306,7 +1308,7 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
             zoff_op_adam_args a = {
                 .params = f32 ? (float *)e->params + mo : e->d_master + so,
                 .m = e->d_m + so, .v = e->d_v + so,
-                .grads = (const char *)e->grads + (size_t)mo * e->esize,
+                .grads = zoff_bk_device_grads(e, mo, so),
                 .params16 = f32 ? NULL : (char *)e->params + (size_t)mo * e->esize,
                 .n = hi - lo, .grad_dt = e->dtype, .p16_dt = e->dtype,
                 .lr = (float)lr, .beta1 = (float)oc->beta1, .beta2 = (float)oc->beta2, .eps = (float)oc->eps,

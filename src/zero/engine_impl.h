@@ -206,6 +206,8 @@ struct zoff_engine {
     int ngroups;
     int64_t *goff, *gcnt;
     bool buckets;            /* e->grads is the device sub-groups' buffer (gd.device elements, or NULL) */
+    void *grads_dev;         /* several ranks, ring buckets: this rank's device pieces' gradients (gd.compact,
+                                state order), copied out of each group's bucket after its reduction */
     zoff_grad_device gd;
     void *gb_held, *gb_ring; /* the first group's bucket; the ring (gd.nslots x gd.slot) */
     zoff_event **ev_bucket;  /* [gd.nslots + 1] (the held bucket last): its last copies are done (d2h) */
@@ -356,8 +358,12 @@ void zoff_bk_destroy(zoff_engine *e);
 /* The device address of model element `lo`'s gradient (its group acquired, with buckets). */
 void *zoff_bk_grad_ptr(const zoff_engine *e, int64_t lo);
 /* Several ranks: a held layer group's bucket [offset, end) summed over the ranks, on the gradient
- * stream, and at the boundary the group's statistics over this rank's pieces. */
+ * stream, and at the boundary this rank's device pieces copied out (grads_dev) and the group's
+ * statistics over this rank's pieces. */
 zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end);
+/* Where the device optimizer reads the gradient of model offset mo (state offset so): the device
+ * buffer; several ranks with buckets: grads_dev, or the element's flat bucket. */
+const void *zoff_bk_device_grads(const zoff_engine *e, int64_t mo, int64_t so);
 /* Sum of squares and non-finite flag over every group (not stage 3; several ranks: this rank's
  * pieces, summed over the ranks by the caller): the groups not in a bucket are measured now,
  * on the compute stream; the bucketed ones were at their release (one rank) or reduction

@@ -147,12 +147,15 @@ bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int
      * per host parameter over the bus per later micro-batch, where the full buffer costs none;
      * with several ranks every micro-batch is reduced over the ranks, and the host keeps this
      * rank's partition of the sum); several ranks: each group's bucket is reduced over the
-     * ranks and this rank's pieces of it go to the host, so no device sub-groups (ratio 1) */
+     * ranks, this rank's host pieces of it go to the host and its device pieces to a compact
+     * buffer (zoff_grad_device_in.spread) */
     if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) ||
         (optimizer != ZOFF_OFFLOAD_CPU && optimizer != ZOFF_OFFLOAD_NVME))
         return false;
-    if (world > 1 && !all_host) return false;
-    return accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS;
+    if (accumulation > 1 && mode != ZOFF_GRAD_BUCKETS_ALWAYS) return false;
+    /* several ranks, accumulation: the host keeps this rank's partition of the sum; a device share's
+     * pieces would need theirs kept too (not done: the full buffer) */
+    return world == 1 || accumulation <= 1 || all_host;
 }
 
 bool zoff_placement_grad_buckets(const zoff_config *cfg, int world) {
@@ -165,6 +168,15 @@ bool zoff_placement_grad_buckets(const zoff_config *cfg, int world) {
 }
 
 void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out) {
+    if (in->spread) { /* every group in a bucket; the device's pieces copied out, unless flat */
+        zoff_grad_device_in all = *in;
+        all.spread = false;
+        all.device = 0;
+        zoff_placement_grad_device(&all, out);
+        out->compact = out->flat ? 0 : in->device;
+        out->bytes += (size_t)out->compact * zoff_dtype_size(in->dtype);
+        return;
+    }
     *out = (zoff_grad_device){.device = in->device};
     int64_t off = 0, biggest = 0;
     int64_t later_host = 0; /* host groups after the first */
