@@ -108,20 +108,23 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
     return zoff_stream_create(e->dev, "gradient sums to device", &e->bk_up);
 }
 
+/* A per-bucket event array (NULL: none) and its n events. */
+static void destroy_events(zoff_event **ev, int n) {
+    for (int k = 0; ev && k < n; k++) zoff_event_destroy(ev[k]);
+    free(ev);
+}
+
 void zoff_bk_destroy(zoff_engine *e) {
     if (e->buckets && e->grads) zoff_device_free(e->dev, e->grads);
     if (e->grads_dev) zoff_device_free(e->dev, e->grads_dev);
     if (e->gb_held) zoff_device_free(e->dev, e->gb_held);
     if (e->gb_ring) zoff_device_free(e->dev, e->gb_ring);
     if (e->stats_dev) zoff_device_free(e->dev, e->stats_dev);
-    for (int k = 0; e->ev_bucket && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bucket[k]);
-    for (int k = 0; e->ev_bk_up && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bk_up[k]);
-    for (int k = 0; e->ev_bk_free && k <= e->gd.nslots; k++) zoff_event_destroy(e->ev_bk_free[k]);
-    free(e->ev_bk_free);
+    destroy_events(e->ev_bucket, e->gd.nslots + 1);
+    destroy_events(e->ev_bk_up, e->gd.nslots + 1);
+    destroy_events(e->ev_bk_free, e->gd.nslots + 1);
     if (e->ev_bk_copies) zoff_event_destroy(e->ev_bk_copies);
     if (e->bk_up) zoff_stream_destroy(e->bk_up);
-    free(e->ev_bk_up);
-    free(e->ev_bucket);
     free(e->bucket_group);
     free(e->group_bucket);
     free(e->goff);
@@ -251,8 +254,8 @@ zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end) {
     if (!e->boundary) return ZOFF_OK;
     for (int i = 0; e->grads_dev && i < e->nsg; i++) { /* this rank's device pieces, kept until the step */
         const subgroup *q = &e->sg[i];
-        int64_t lo = offset > q->model ? offset : q->model, hi = end < q->model + q->count ? end : q->model + q->count;
-        if (q->on_host || lo >= hi) continue;
+        int64_t lo, hi;
+        if (q->on_host || !zoff_eng_sg_part(e, i, offset, end, &lo, &hi)) continue;
         ZOFF_TRY(zoff_memcpy_async(e->d2h, (char *)e->grads_dev + (size_t)(q->state_off + lo - q->model) * e->esize,
                                    (const char *)b + (size_t)(lo - e->goff[g]) * e->esize, (size_t)(hi - lo) * e->esize,
                                    ZOFF_COPY_D2D));

@@ -377,6 +377,9 @@ zoff_status zoff_bk_zero_grad(zoff_engine *e);
 zoff_status zoff_bk_begin_backward(zoff_engine *e);
 
 /* ---- gradients.c ---- */
+/* Sub-group i's part [*lo, *hi) of the range [offset, end) (the engine's space); false when they do
+ * not meet. */
+bool zoff_eng_sg_part(const zoff_engine *e, int i, int64_t offset, int64_t end, int64_t *lo, int64_t *hi);
 /* Host sub-group i's part [*lo, *hi) of the range [offset, end) (the engine's space) and its
  * place in h_grads[buf]; NULL when they do not meet. */
 void *zoff_eng_host_grad_piece(const zoff_engine *e, int i, int buf, int64_t offset, int64_t end, int64_t *lo,

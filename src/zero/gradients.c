@@ -122,13 +122,17 @@ static zoff_event *ready_event(zoff_engine *e) {
  * on the d2h stream, ordered after the compute work that produced it.
  * Failures here are sticky on the d2h stream's next synchronisation or noted
  * in the log; the step reports them. */
+bool zoff_eng_sg_part(const zoff_engine *e, int i, int64_t offset, int64_t end, int64_t *lo, int64_t *hi) {
+    const subgroup *g = &e->sg[i];
+    *lo = offset > g->model ? offset : g->model; /* model space */
+    *hi = end < g->model + g->count ? end : g->model + g->count;
+    return *lo < *hi;
+}
+
 void *zoff_eng_host_grad_piece(const zoff_engine *e, int i, int buf, int64_t offset, int64_t end, int64_t *lo,
                                int64_t *hi) {
     const subgroup *g = &e->sg[i];
-    if (!g->on_host) return NULL;
-    *lo = offset > g->model ? offset : g->model; /* model space */
-    *hi = end < g->model + g->count ? end : g->model + g->count;
-    if (*lo >= *hi) return NULL;
+    if (!g->on_host || !zoff_eng_sg_part(e, i, offset, end, lo, hi)) return NULL;
     return (char *)e->h_grads[buf] + (size_t)(g->state_off + *lo - g->model) * e->esize;
 }
 
