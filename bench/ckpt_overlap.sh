@@ -103,10 +103,11 @@ if wall:
 if sys.argv[6] == "1":
     for v in saves:
         k = v["ckpt_step"]
-        print("    save at step %d (%.4f s): start %.4f s, joined after a wait of %.4f s, span steps %s s, staged in the update's pass %s MB" % (
+        print("    save at step %d (%.4f s): start %.4f s, joined after a wait of %.4f s, span steps %s s, staged %s MB (%s MB in the update's pass), arena faulted in ahead %s MB" % (
             k, steps.get(k, float("nan")), v["ckpt_start"], v.get("ckpt_join_wait", float("nan")), " ".join("%.4f" % steps.get(s, float("nan"))
                                         for s in range(k + 1, k + v["ckpt_steps_overlapped"] + 1)),
-            "%.0f" % (v.get("ckpt_staged_in_update", 0) / 1e6)), flush=True)
+            "%.0f" % (v.get("ckpt_staged", 0) / 1e6), "%.0f" % (v.get("ckpt_staged_in_update", 0) / 1e6),
+            "%.0f" % (v.get("ckpt_prefaulted", 0) / 1e6)), flush=True)
 EOP
   done
 done

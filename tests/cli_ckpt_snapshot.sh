@@ -50,6 +50,12 @@ for mode in plain dpu bf16s; do
     "grep '\"ckpt_step\":3,' '$W/s-$mode/metrics.jsonl' | grep -q '\"ckpt_update_wait\":0.000000'"
 done
 check "the log says what was staged" "grep -q 'staged for the updates' '$W/s-plain.log'"
+# the arena is asked for after step 1 and faulted in on a background thread (test_engine checks its pages); a save
+# says how much of it was ready, the first only (0..the arena: the thread stops where it got to when the save begins)
+check "the first save says how much of its arena was faulted in ahead" \
+  "grep '\"ckpt_step\":3,' '$W/s-plain/metrics.jsonl' | grep -q '\"ckpt_prefaulted\":[0-9]'"
+check "the second save says none (the first's arena, faulted in then)" \
+  "grep '\"ckpt_step\":6,' '$W/s-plain/metrics.jsonl' | grep -q '\"ckpt_prefaulted\":0}'"
 
 # 2. a 1 MiB budget (one block): the update stages one block, then waits for the writer (said once)
 "$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 7 --save-interval 3 --save-snapshot-memory 1MiB \

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h> /* mincore */
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "zoff/engine.h"
 #include "zoff/model.h"
 #include "zoff/core.h"
+#include "zero/engine_impl.h" /* zoff_eng_snap_arena */
 
 enum { L = 2, C = 32, NH = 2, T = 16, V = 97, B = 4, BMAX = 32 };
 
@@ -89,8 +91,31 @@ typedef struct snap_test {
     zoff_engine_snapshot_stats stats;
     pthread_t th;
     bool started;
+    bool prepare;             /* zoff_engine_snapshot_prepare(budget) after step 1 (at > 1), waited for */
+    size_t held, resident;    /* then: the arena held, and how many of its bytes the kernel says are resident */
 } snap_test;
 static snap_test *g_snaptest;
+
+/* The arena faulted in ahead of the save: prepare, then wait until the background thread has
+ * gone through all of it (at most 60 s), and ask the kernel (mincore) which of its pages are
+ * resident. */
+static zoff_status snap_test_prepare(zoff_engine *e, snap_test *t) {
+    ZOFF_TRY(zoff_engine_snapshot_prepare(e, t->budget));
+    t->held = zoff_engine_snapshot_held(e);
+    for (int k = 0; k < 6000 && zoff_engine_snapshot_prefaulted(e) < t->held; k++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = t->held / page;
+    unsigned char *vec = malloc(pages + 1);
+    if (!vec || mincore((void *)zoff_eng_snap_arena(e), t->held, vec) != 0) {
+        free(vec);
+        return zoff_error(ZOFF_ERR_IO, "mincore of the snapshot arena failed");
+    }
+    for (size_t k = 0; k < pages; k++) t->resident += (vec[k] & 1) ? page : 0;
+    free(vec);
+    return ZOFF_OK;
+}
 
 static void *snap_reader_main(void *arg) {
     snap_test *t = arg;
@@ -310,6 +335,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         r->rolled_back[step] = si.rolled_back;
         r->rollbacks = si.rollbacks;
         if (s == ZOFF_OK && g_snap && step + 1 == g_snap->at) s = snap_take(e, r->n, g_snap);
+        if (s == ZOFF_OK && g_snaptest && g_snaptest->prepare && step + 1 == 1) s = snap_test_prepare(e, g_snaptest);
         if (s == ZOFF_OK && g_snaptest && step + 1 == g_snaptest->at) s = snap_test_begin(e, r->n, g_snaptest);
     }
     if (g_snaptest && g_snaptest->started) pthread_join(g_snaptest->th, NULL);
@@ -632,6 +658,48 @@ static void test_snapshot_update_fails(void **st) {
         free(t.ref[i]);
     }
     free(r.weights);
+}
+
+/* The arena asked for after step 1 (zoff_engine_snapshot_prepare, as the trainer does before
+ * its first periodic save): it is the whole state's, the background thread faults every page
+ * of it in (the resident set grows by at least that much: measured by the kernel, not by the
+ * engine's count), the save begun after step 3 reuses it and says so, and what it reads and
+ * the training are as without it. */
+static void test_snapshot_prepare(void **st) {
+    (void)st;
+    char cfg[1024];
+    cfg_json(cfg, sizeof cfg, "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", "", 1);
+    g_mode = (train_mode){.hidden = 256};
+    run_result plain;
+    assert_int_equal(train(cfg, ZOFF_F32, 6, 0, &plain), ZOFF_OK);
+    snap_test t = {.at = 3, .budget = SIZE_MAX, .prepare = true};
+    g_snaptest = &t;
+    g_mode = (train_mode){.hidden = 256};
+    setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1); /* every block staged, whatever the timing */
+    run_result r;
+    assert_int_equal(train(cfg, ZOFF_F32, 6, 0, &r), ZOFF_OK);
+    unsetenv("ZOFF_TEST_SNAPSHOT_HOLD");
+    g_snaptest = NULL;
+    g_mode = (train_mode){0};
+    assert_true(t.started);
+    assert_int_equal(t.s, ZOFF_OK);
+    const size_t state = (size_t)plain.n * 3 * sizeof(float), bb = zoff_engine_snapshot_block_bytes();
+    print_message("snapshot prepare: arena %zu bytes (state %zu), %zu of them resident, the save says %zu "
+                  "faulted in ahead\n", t.held, state, t.resident, t.stats.prefaulted);
+    assert_true(t.held >= state && t.held < state + 3 * bb); /* the whole state's blocks */
+    assert_int_equal(t.resident, t.held);                    /* every page of it */
+    assert_int_equal(t.stats.prefaulted, t.held);
+    assert_int_equal(t.stats.budget, t.held);
+    assert_int_equal(t.stats.staged, state); /* the whole state staged into it, nothing waited */
+    for (int i = 0; i < 3; i++) {
+        assert_memory_equal(t.got[i], t.ref[i], (size_t)t.n * sizeof(float));
+        free(t.got[i]);
+        free(t.ref[i]);
+    }
+    assert_memory_equal(r.weights, plain.weights, (size_t)plain.n * sizeof(float));
+    assert_memory_equal(r.losses, plain.losses, sizeof plain.losses);
+    free(r.weights);
+    free(plain.weights);
 }
 
 static void test_snapshot(void **st) {
@@ -1422,6 +1490,7 @@ int main(void) {
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),
         cmocka_unit_test(test_delayed_resume),               cmocka_unit_test(test_snapshot),
+        cmocka_unit_test(test_snapshot_prepare),
         cmocka_unit_test(test_snapshot_update_fails),
         cmocka_unit_test(test_speculative_equals_exact),     cmocka_unit_test(test_speculative_overflow),
         cmocka_unit_test(test_speculative_timeline),        cmocka_unit_test(test_speculative_rows_equals_exact),

@@ -397,15 +397,21 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
  * the next save (zoff_engine_snapshot_held bytes: its pages are faulted in once) and freed
  * with the engine, or by a begin that needs a larger one. Budget 0: no staging, every update
  * waits for the writer. A read fails (ZOFF_ERR_INTERNAL) when an update failed while it was
- * staging the state. */
+ * staging the state. zoff_engine_snapshot_prepare (caller thread, before a save; optional)
+ * allocates the arena for a budget ahead of the first save and faults its pages in on a
+ * background thread at the lowest priority (zoff_engine_snapshot_prefaulted bytes so far);
+ * begin stops it where it got to. Nothing is done where begin would refuse. */
 typedef struct zoff_engine_snapshot_stats {
     size_t budget, staged; /* arena bytes; bytes copied into it */
+    size_t prefaulted;     /* arena bytes faulted in ahead by zoff_engine_snapshot_prepare (the first save after it) */
     size_t staged_in_update; /* of staged: copied by the updates' own passes */
     double update_wait;    /* seconds updates waited for the writer (budget spent) */
 } zoff_engine_snapshot_stats;
 size_t zoff_engine_snapshot_block_bytes(void);
 /* The arena that stages the whole host state (no update ever waits): the largest useful budget. */
 size_t zoff_engine_snapshot_bytes(const zoff_engine *e);
+zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget);
+size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);
 zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host);
 void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats);

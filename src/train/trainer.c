@@ -35,21 +35,22 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     if (waited) *waited += w;
     if (s != ZOFF_OK) return zoff_error_context(s, "checkpoint");
     const zoff_engine_snapshot_stats *ss = &d.snapshot;
-    char b[2][32], snap[160] = "";
+    char b[3][32], snap[224] = "";
     if (d.snapshot_used)
-        snprintf(snap, sizeof snap, "; %s of the state staged for the updates (%.0f%% in their own pass, budget %s), "
+        snprintf(snap, sizeof snap, "; %s of the state staged for the updates (%.0f%% in their own pass, budget %s%s%s), "
                  "updates waited %.2f s", zoff_format_bytes(ss->staged, b[0], 32),
                  ss->staged ? 100.0 * (double)ss->staged_in_update / (double)ss->staged : 0.0,
-                 zoff_format_bytes(ss->budget, b[1], 32), ss->update_wait);
+                 zoff_format_bytes(ss->budget, b[1], 32), ss->prefaulted ? ", faulted in ahead " : "",
+                 ss->prefaulted ? zoff_format_bytes(ss->prefaulted, b[2], 32) : "", ss->update_wait);
     trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s%s)", d.seconds,
                 d.cpu_seconds, snap);
     return trainer_metrics_line(t,
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
                                 "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
-                                "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f}\n",
+                                "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f,\"ckpt_prefaulted\":%zu}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
-                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w);
+                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted);
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
@@ -232,6 +233,25 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
     return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
 }
 
+static int64_t snapshot_budget(const zoff_trainer *t);
+
+/* After this run's first step, when periodic saves will run in the background through the
+ * snapshot: its arena, allocated and faulted in on a background thread now, so that the first
+ * save's updates do not fault it (zoff_engine_snapshot_prepare). Not at start-up: that is
+ * counted, and the host memory left is known only now. Best effort: a failure is said and the
+ * first save allocates the arena as it would have. */
+static void prepare_saves(zoff_trainer *t) {
+    if (t->snap_prepared) return;
+    t->snap_prepared = true;
+    const int64_t si = t->o.save_interval, next = si ? (t->info.step + si - 1) / si * si : 0; /* src/cli/train.c */
+    if (!si || next >= t->o.train_iters || t->o.sync_saves ||
+        !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
+        return;
+    const int64_t budget = snapshot_budget(t);
+    if (budget > 0 && zoff_engine_snapshot_prepare(t->eng, (size_t)budget) != ZOFF_OK)
+        zoff_log(ZOFF_LOG_WARN, "checkpoint snapshot: %s; the first save allocates it", zoff_last_error());
+}
+
 zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     memset(r, 0, sizeof *r);
     const int64_t accum = t->info.accumulation;
@@ -251,6 +271,7 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");
     r->step = ++t->info.step;
+    prepare_saves(t);
     trainer_write_timeline(t, &r->info, r->t_backward);
     double tokens = (double)(t->info.micro_batch * t->info.seq_len * accum * t->info.world); /* all ranks */
     t->info.consumed_tokens += tokens;

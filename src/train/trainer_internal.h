@@ -32,6 +32,7 @@ struct zoff_trainer {
     int64_t bg_step;          /* ... the step it saves */
     double bg_start_s;        /* ... the main thread's part of starting it (flush, device weights, snapshot) */
     bool told_save_behind;    /* said once: a periodic save found the previous one still being written */
+    bool snap_prepared;       /* the snapshot's arena was asked for ahead of the first periodic save (prepare_saves) */
 };
 
 /* Progress output of the trainer: rank 0, unless quiet. */

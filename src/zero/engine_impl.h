@@ -305,6 +305,8 @@ void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi);
  * error if s was ZOFF_OK. */
 zoff_status zoff_eng_snap_pass_done(zoff_engine *e, zoff_status s);
 void zoff_eng_snap_destroy(zoff_engine *e);
+/* The staging arena (zoff_engine_snapshot_held bytes; NULL: none), for tests. */
+const void *zoff_eng_snap_arena(const zoff_engine *e);
 
 /* ---- hostrun.c: the host optimizer runner ---- */
 

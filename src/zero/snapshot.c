@@ -18,13 +18,21 @@
  * slot is free. All under one mutex, except the copies and the PENDING fills (atomics).
  *
  * The arena stays allocated from one save to the next (its pages faulted in once, not at
- * every save's first update) and is freed with the engine, or when a save needs more. */
+ * every save's first update) and is freed with the engine, or when a save needs more. Before
+ * the first save zoff_engine_snapshot_prepare may allocate it and fault its pages in on a
+ * background thread at the lowest priority, so that the first save's updates do not: begin
+ * stops that thread where it got to (the updates fault in the rest) and joins it. */
+#define _GNU_SOURCE /* MADV_POPULATE_WRITE, gettid */
 #include <errno.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "zero/engine_impl.h"
 
@@ -45,6 +53,10 @@ typedef struct zoff_snap {
     bool failed;                  /* an update failed with blocks PENDING: the snapshot is not whole */
     char *arena;                  /* arena_slots slots, kept from save to save */
     int arena_slots;
+    pthread_t pf_th;              /* the arena's prefault (zoff_engine_snapshot_prepare), while pf_running */
+    bool pf_running;
+    _Atomic bool pf_stop;
+    _Atomic size_t pf_done;       /* arena bytes faulted in by it */
     int32_t *free_slots;
     int nslots, nfree;
     int inside;                   /* updaters in zoff_eng_snap_protect (finish waits for them: their copies, their
@@ -77,13 +89,31 @@ size_t zoff_engine_snapshot_bytes(const zoff_engine *e) {
     return (size_t)blocks * zoff_engine_snapshot_block_bytes();
 }
 
+/* The arena is mapped on its own (fresh pages, whole pages for madvise, given back to the system when freed). */
+static void arena_free(zoff_snap *p) {
+    if (p->arena) munmap(p->arena, (size_t)p->arena_slots * zoff_engine_snapshot_block_bytes());
+    p->arena = NULL;
+    p->arena_slots = 0;
+}
+
+/* The prefault thread stops where it is (caller: no save active). Returns the bytes it faulted in. */
+static size_t prefault_join(zoff_snap *p) {
+    if (p->pf_running) {
+        atomic_store(&p->pf_stop, true);
+        pthread_join(p->pf_th, NULL);
+        p->pf_running = false;
+    }
+    return atomic_load(&p->pf_done);
+}
+
 void zoff_eng_snap_destroy(zoff_engine *e) {
     zoff_snap *p = e->snap;
     if (!p) return;
+    prefault_join(p);
+    arena_free(p);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->state[i], p->copied[i]);
-    zoff_aligned_free(p->arena);
     ZOFF_FREE_ALL(p->free_slots, p);
     e->snap = NULL;
 }
@@ -111,25 +141,84 @@ static zoff_status snap_create(zoff_engine *e) {
     return ZOFF_OK;
 }
 
+static bool snapshot_possible(const zoff_engine *e) { return !e->swap && e->h_master && e->n_host == e->n; }
+
+/* The slots a budget buys (at most the whole state's). */
+static int budget_slots(const zoff_engine *e, size_t budget) {
+    const size_t full = zoff_engine_snapshot_bytes(e);
+    return (int)((budget > full ? full : budget) / zoff_engine_snapshot_block_bytes());
+}
+
+/* An arena of at least nslots slots (no save active, no update running, no prefault thread). */
+static zoff_status arena_reserve(zoff_snap *p, int nslots) {
+    if (nslots <= p->arena_slots) return ZOFF_OK;
+    const size_t bytes = (size_t)nslots * zoff_engine_snapshot_block_bytes();
+    arena_free(p);
+    atomic_store(&p->pf_done, 0);
+    void *a = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED)
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's staging (%zu bytes): %s; "
+                                          "lower --save-snapshot-memory",
+                          bytes, strerror(errno));
+    p->arena = a;
+    p->arena_slots = nslots;
+    return ZOFF_OK;
+}
+
+/* The prefault thread: the arena's pages, in 64 MiB pieces, at the lowest priority; stops when asked. Populating
+ * writes no byte (MADV_POPULATE_WRITE, Linux 5.14); where the kernel lacks it, one byte per page is written (zero:
+ * nothing else uses the arena until begin has joined this thread). */
+static void *prefault_main(void *arg) {
+    zoff_snap *p = arg;
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19); /* best effort: this thread only */
+    const size_t total = (size_t)p->arena_slots * zoff_engine_snapshot_block_bytes(), piece = (size_t)64 << 20;
+    bool populate = true;
+    for (size_t o = 0; o < total && !atomic_load_explicit(&p->pf_stop, memory_order_relaxed); o += piece) {
+        const size_t n = total - o < piece ? total - o : piece;
+#ifdef MADV_POPULATE_WRITE
+        if (populate && madvise(p->arena + o, n, MADV_POPULATE_WRITE) != 0) populate = false;
+#else
+        populate = false;
+#endif
+        if (!populate)
+            for (size_t q = 0; q < n; q += 4096) ((volatile char *)p->arena)[o + q] = 0;
+        atomic_fetch_add(&p->pf_done, n);
+    }
+    return NULL;
+}
+
+zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget) {
+    if (!snapshot_possible(e)) return ZOFF_OK; /* begin would refuse: the save waits instead */
+    if (!e->snap) ZOFF_TRY(snap_create(e));
+    zoff_snap *p = e->snap;
+    const int nslots = budget_slots(e, budget);
+    pthread_mutex_lock(&p->mu);
+    const bool active = p->active;
+    pthread_mutex_unlock(&p->mu);
+    if (active || nslots <= p->arena_slots) return ZOFF_OK; /* held already (its pages faulted in, or being) */
+    prefault_join(p);
+    ZOFF_TRY(arena_reserve(p, nslots));
+    atomic_store(&p->pf_stop, false);
+    p->pf_running = pthread_create(&p->pf_th, NULL, prefault_main, p) == 0; /* else the updates fault the pages */
+    return ZOFF_OK;
+}
+
+const void *zoff_eng_snap_arena(const zoff_engine *e) { return e->snap ? e->snap->arena : NULL; }
+
+size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e) {
+    return e->snap ? atomic_load(&e->snap->pf_done) : 0;
+}
+
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
-    if (e->swap || !e->h_master || e->n_host != e->n)
+    if (!snapshot_possible(e))
         return zoff_error(ZOFF_ERR_UNSUPPORTED, "a checkpoint snapshot needs all the optimizer state in host memory");
     ZOFF_TRY(zoff_hr_settle(e));
     if (!e->snap) ZOFF_TRY(snap_create(e));
     zoff_snap *p = e->snap;
-    const size_t bb = zoff_engine_snapshot_block_bytes(), full = zoff_engine_snapshot_bytes(e);
-    if (budget > full) budget = full;
-    int nslots = (int)(budget / bb);
-    if (nslots > p->arena_slots) { /* (no update runs: settled) */
-        zoff_aligned_free(p->arena);
-        p->arena_slots = 0;
-        p->arena = zoff_aligned_alloc(64, (size_t)nslots * bb, "checkpoint snapshot staging");
-        if (!p->arena)
-            return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's staging (%zu bytes); "
-                                              "lower --save-snapshot-memory",
-                              (size_t)nslots * bb);
-        p->arena_slots = nslots;
-    }
+    const size_t bb = zoff_engine_snapshot_block_bytes();
+    const int nslots = budget_slots(e, budget);
+    const size_t prefaulted = prefault_join(p);
+    ZOFF_TRY(arena_reserve(p, nslots)); /* (no update runs: settled) */
     int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
     if (nslots > 0 && !fs) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
     for (int k = 0; k < nslots; k++) fs[k] = nslots - 1 - k; /* popped from the end: slot 0 first */
@@ -152,7 +241,8 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     p->hold = hold && !strcmp(hold, "1");
     p->protected_sg = p->host_sg = 0;
     for (int k = 0; k < e->nsg; k++) p->host_sg += e->sg[k].on_host;
-    p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb};
+    p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb, .prefaulted = prefaulted};
+    atomic_store(&p->pf_done, 0); /* said once */
     p->active = true;
     pthread_mutex_unlock(&p->mu);
     return ZOFF_OK;
