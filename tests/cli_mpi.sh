@@ -130,6 +130,12 @@ AL='"zoff_grad_buckets": "always", "reduce_bucket_size": 1'
 equiv stage2_always    "{\"stage\": 2, $AL, \"offload_optimizer\": {\"device\": \"cpu\"}}" 1e-5 1e-4
 equiv stage1_always_rr "{\"stage\": 1, $AL, \"round_robin_gradients\": true, \"offload_optimizer\": {\"device\": \"cpu\"}}" 1e-5 1e-4
 equiv stage2_always_bf16 "{\"stage\": 2, $AL, \"offload_optimizer\": {\"device\": \"cpu\"}}" 5e-4 1e-2 '"bf16": {"enabled": true},' 1e-3
+# ... with a device share (Twin-Flow ratio 0.5): this rank's device pieces of the sum are kept in the compact
+# device buffer and go back into the next micro-batch's buckets too; a ring of 2 buckets at stage 2, one bucket
+# per group (flat) at stage 1. Against one rank with the same share (its device groups accumulate in place).
+TW='"offload_optimizer": {"device": "cpu", "ratio": 0.5}'
+equiv stage2_always_twin "{\"stage\": 2, $AL, $TW}" 1e-5 1e-4
+equiv stage1_always_twin_flat "{\"stage\": 1, \"zoff_grad_buckets\": \"always\", $TW}" 1e-5 1e-4
 
 # The pipelined exact step with 2 ranks (zoff train waits per layer group: every offload run
 # above, stage1_cpu, stage2_cpu_rr, stage2_bf16, already takes it, so "pipelined 2 ranks == 1
@@ -262,6 +268,13 @@ timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/
   --save "$W/always_loud" >"$W/always_loud.txt" 2>&1
 check "2 ranks, accumulation 2, \"always\": the buckets carry the sum (describe)" \
   "grep -q 'gradient buckets (2 x.*the accumulation.s sum on the host' '$W/always_loud.txt'"
+for m in stage2_always_twin stage1_always_twin_flat; do
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/${m}_2.json" --train-iters 2 \
+    --save "$W/${m}_loud" >"$W/${m}_loud.txt" 2>&1
+  check "$m: 2 ranks, accumulation 2, Twin-Flow: buckets, device pieces copied out, the sum through them (describe)" \
+    "grep -q 'device sub-groups. [1-9][0-9]* copied out of each reduced bucket; the accumulation.s sum on the host' \
+     '$W/${m}_loud.txt'"
+done
 check "Twin-Flow, 2 ranks: device pieces copied out of the ring's buckets, read in place when flat (describe)" \
   "grep -q 'device sub-groups. [1-9][0-9]* copied out of each reduced bucket' '$W/bk_twin_true.txt' && \
    grep -q 'device sub-groups. [1-9][0-9]* read in their buckets' '$W/bk_twin_flat_true.txt'"

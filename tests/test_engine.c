@@ -246,7 +246,7 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
                                       .hidden_size = g_mode.hidden ? g_mode.hidden : C, .num_heads = NH,
                                       .max_seq_len = T, .vocab_size = g_mode.vocab ? g_mode.vocab : V},
                             .batch_size = mb_rows, .seq_len = T, .dtype = dt,
-                            .external_grads = g_mode.buckets && zoff_placement_grad_buckets(&cfg, 1)};
+                            .external_grads = g_mode.buckets && zoff_placement_grad_buckets(&cfg)};
     s = zoff_gpt2_create(dev, &mo, &m);
     if (s == ZOFF_OK) {
         r->n = zoff_gpt2_num_params(m);
@@ -1119,42 +1119,45 @@ static void test_grad_device(void **st) {
     in.reduce_bucket_size = 400;
     zoff_placement_grad_device(&in, &d);
     assert_true(d.flat && d.compact == 0 && d.bytes == 314 * 2);
+    /* with accumulation the device pieces' sum stays in the compact buffer, flat too (a flat bucket starts the
+     * next micro-batch from this rank's pieces and zeros); "auto" then pays 2 B per device parameter */
+    in.accumulate = true;
+    zoff_placement_grad_device(&in, &d);
+    assert_true(d.flat && d.compact == 150 && d.bytes == (314 + 150) * 2);
+    zoff_placement_auto_engine_bytes(&in, 5, &fixed, &per);
+    assert_true(fixed == 5 * 8 + 314 * 2 && per == 2);
+    in.reduce_bucket_size = 250;
+    zoff_placement_grad_device(&in, &d);
+    assert_true(!d.flat && d.compact == 150 && d.bytes == (10 + 200 + 150) * 2);
+    in.accumulate = false;
     in.spread = false;
-    /* the rule: stage 1-2, offload cpu or nvme; accumulation only with "always", and with several
-     * ranks only at ratio 1 */
+    /* the rule: stage 1-2, offload cpu or nvme; accumulation only with "always" (the same for any number of
+     * ranks, any ratio) */
     static const struct {
         zoff_grad_buckets_mode mode;
-        int world, stage;
+        int stage;
         zoff_offload_device off;
         int64_t accum;
-        bool all_host, want;
+        bool want;
     } rule[] = {
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 1, ZOFF_OFFLOAD_CPU, 0, true, true},
-        {ZOFF_GRAD_BUCKETS_OFF, 1, 2, ZOFF_OFFLOAD_CPU, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
-        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
-        {ZOFF_GRAD_BUCKETS_ON, 4, 1, ZOFF_OFFLOAD_CPU, 1, true, true},
-        {ZOFF_GRAD_BUCKETS_OFF, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 3, ZOFF_OFFLOAD_CPU, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 2, 3, ZOFF_OFFLOAD_CPU, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NVME, 1, false, true},
-        {ZOFF_GRAD_BUCKETS_ON, 2, 2, ZOFF_OFFLOAD_NVME, 1, true, true},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_NONE, 1, true, false},
-        {ZOFF_GRAD_BUCKETS_ON, 1, 2, ZOFF_OFFLOAD_CPU, 2, true, false},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_CPU, 2, false, true},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 1, ZOFF_OFFLOAD_CPU, 1, false, true},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, true, true},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 2, false, false},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 1, false, true},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, 2, ZOFF_OFFLOAD_CPU, 1, true, true},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 3, ZOFF_OFFLOAD_CPU, 2, true, false},
-        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, 2, ZOFF_OFFLOAD_NVME, 2, true, true},
+        {ZOFF_GRAD_BUCKETS_ON, 2, ZOFF_OFFLOAD_CPU, 1, true},
+        {ZOFF_GRAD_BUCKETS_ON, 1, ZOFF_OFFLOAD_CPU, 0, true},
+        {ZOFF_GRAD_BUCKETS_OFF, 2, ZOFF_OFFLOAD_CPU, 1, false},
+        {ZOFF_GRAD_BUCKETS_ON, 1, ZOFF_OFFLOAD_CPU, 1, true},
+        {ZOFF_GRAD_BUCKETS_ON, 2, ZOFF_OFFLOAD_CPU, 2, false},
+        {ZOFF_GRAD_BUCKETS_ON, 3, ZOFF_OFFLOAD_CPU, 1, false},
+        {ZOFF_GRAD_BUCKETS_ON, 2, ZOFF_OFFLOAD_NVME, 1, true},
+        {ZOFF_GRAD_BUCKETS_ON, 2, ZOFF_OFFLOAD_NONE, 1, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, ZOFF_OFFLOAD_CPU, 2, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, ZOFF_OFFLOAD_CPU, 1, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 1, ZOFF_OFFLOAD_NVME, 3, true},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, ZOFF_OFFLOAD_CPU, 1, true},
+        {ZOFF_GRAD_BUCKETS_ON, 1, ZOFF_OFFLOAD_CPU, 3, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 3, ZOFF_OFFLOAD_CPU, 2, false},
+        {ZOFF_GRAD_BUCKETS_ALWAYS, 2, ZOFF_OFFLOAD_NVME, 2, true},
     };
     for (size_t k = 0; k < sizeof rule / sizeof rule[0]; k++)
-        if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].world, rule[k].stage, rule[k].off, rule[k].accum,
-                                            rule[k].all_host) != rule[k].want)
+        if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].stage, rule[k].off, rule[k].accum) != rule[k].want)
             fail_msg("grad buckets rule, case %zu: expected %d", k, rule[k].want);
 }
 

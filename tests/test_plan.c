@@ -134,7 +134,7 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
     int32_t *dx = NULL, *dy = NULL, *hx = NULL, *hy = NULL;
     /* as zoff train (src/train/stack.c): the engine's gradient buckets where the rule allows them */
     zoff_gpt2_options mob = *mo;
-    mob.external_grads = zoff_placement_grad_buckets(cfg, 1);
+    mob.external_grads = zoff_placement_grad_buckets(cfg);
     zoff_status s = zoff_gpt2_create(dev, &mob, &m);
     if (s == ZOFF_OK) {
         int64_t n = zoff_gpt2_num_params(m);
@@ -711,15 +711,19 @@ static void test_ranks_vs_real(void **st) {
         "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}",
         "{\"stage\": 2, \"round_robin_gradients\": true, \"reduce_bucket_size\": 50000, \"offload_optimizer\": "
         "{\"device\": \"cpu\", \"ratio\": 0.5, \"pin_memory\": false}}",
+        /* accumulation 2 through the buckets with a device share: the compact buffer of the device pieces' sum */
+        "{\"stage\": 1, \"zoff_grad_buckets\": \"always\", \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}",
     };
+    static const int accum[] = {1, 1, 1, 1, 1, 2};
     zoff_gpt2_options mo = {.shape = {.num_layers = 2, .hidden_size = 128, .num_heads = 4, .max_seq_len = 64,
                                       .vocab_size = 512},
                             .batch_size = 4, .seq_len = 64, .dtype = ZOFF_BF16};
     for (size_t z = 0; z < sizeof zeros / sizeof zeros[0]; z++) {
         char json[1024], path[128];
         snprintf(json, sizeof json,
-                 "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true}, \"zero_optimization\": %s}",
-                 zeros[z]);
+                 "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": %d, \"bf16\": {\"enabled\": "
+                 "true}, \"zero_optimization\": %s}",
+                 accum[z], zeros[z]);
         snprintf(path, sizeof path, "%s/c.json", dir);
         write_text(path, json);
         snprintf(cmd, sizeof cmd,

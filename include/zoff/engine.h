@@ -156,15 +156,15 @@ void zoff_placement_auto_ratio(size_t budget, size_t in_use, size_t engine_fixed
  *   starts from it, copied back to the device, and every micro-batch's bucket goes to the host);
  * - several ranks: every group gets a bucket, reduced over the ranks; this rank's host pieces go
  *   to the host, its device pieces (Twin-Flow) to a compact device buffer (none when the buckets
- *   are flat: read where they are). gradient_accumulation_steps 1, or any with "always" and
- *   offload_optimizer.ratio 1 (all_host: every micro-batch reduced, this rank's pieces of the
- *   sum on the host).
+ *   are flat and there is no accumulation: read where they are). gradient_accumulation_steps 1,
+ *   or any with "always" (every micro-batch reduced; this rank's pieces of the sum on the host
+ *   and in the compact buffer, each later micro-batch's bucket starting from them).
  * The one rule: the trainer, the engine and zoff plan ask it. */
-bool zoff_placement_grad_buckets(const zoff_config *cfg, int world);
-/* The same rule from its inputs (zoff plan's rows vary stage, offload and ratio): zoff_grad_buckets,
- * ranks, stage, offload_optimizer.device, gradient_accumulation_steps, ratio 1 (not "auto"). */
-bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
-                                     int64_t accumulation, bool all_host);
+bool zoff_placement_grad_buckets(const zoff_config *cfg);
+/* The same rule from its inputs (zoff plan's rows vary stage and offload): zoff_grad_buckets,
+ * stage, offload_optimizer.device, gradient_accumulation_steps (any number of ranks). */
+bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int stage, zoff_offload_device optimizer,
+                                     int64_t accumulation);
 /* Speculation's row-sparse report of the tied embedding's gradient (zoff_engine_uses_grad_rows; the
  * model then keeps a pinned host copy of the tokens): one rank, stages 1-2 (stage 3's gradients reach
  * the host only after each group's reduction into the partition). */
@@ -190,6 +190,8 @@ typedef struct zoff_grad_device_in {
     bool spread;                /* several ranks: every group gets a bucket (each is reduced over the ranks);
                                    this rank's device sub-groups' gradients are copied out of it into a
                                    compact buffer until the step, or, flat, read where they are */
+    bool accumulate;            /* spread, gradient_accumulation_steps > 1: the compact buffer holds the device
+                                   pieces' sum from one micro-batch to the next, flat or not */
 } zoff_grad_device_in;
 typedef struct zoff_grad_device {
     int64_t device;  /* elements of the device buffer: the device sub-groups', to the end of their last group */

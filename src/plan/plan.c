@@ -312,8 +312,7 @@ static bool device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *
     m->tokens = 2 * (size_t)(B * T) * sizeof(int32_t);
     const int64_t accum = cfg->gradient_accumulation_steps > 0 ? cfg->gradient_accumulation_steps : 1;
     const bool buckets = s->offload != ZOFF_OFFLOAD_NONE &&
-                         zoff_placement_grad_buckets_for(cfg->zero.grad_buckets, (int)R, s->stage, s->offload, accum,
-                                                         !s->ratio_auto && s->ratio >= 1.0);
+                         zoff_placement_grad_buckets_for(cfg->zero.grad_buckets, s->stage, s->offload, accum);
     if (s->stage < 3) {
         m->params16 = mb->params;
         m->grads16 = buckets ? 0 : mb->grads;
@@ -346,7 +345,7 @@ static zoff_status plan_grad_bytes(const zoff_plan_inputs *in, bool buckets, int
     for (int g = 0; g < ng; g++) gc[g] = g == 0 ? emb : g == ng - 1 ? 2 * in->model.shape.hidden_size : blk;
     zoff_grad_device_in gi = {.group_count = gc, .ngroups = ng, .device = device > 0 ? device : 0,
                               .reduce_bucket_size = in->cfg->zero.reduce_bucket_size, .dtype = in->model.dtype,
-                              .spread = in->machine.ranks > 1};
+                              .spread = in->machine.ranks > 1, .accumulate = in->cfg->gradient_accumulation_steps > 1};
     if (device < 0) {
         zoff_placement_auto_engine_bytes(buckets ? &gi : NULL, ng, a, b);
     } else {
@@ -727,8 +726,7 @@ static zoff_status add_fitted_row(const zoff_plan_inputs *in, const zoff_plan_se
     if (all_host.mem.device > cap) return ZOFF_OK; /* not even everything on the host fits */
     const int64_t accum = in->cfg->gradient_accumulation_steps > 0 ? in->cfg->gradient_accumulation_steps : 1;
     /* (the ratio found is below 1) */
-    const bool buckets =
-        zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, M->ranks, s.stage, s.offload, accum, false);
+    const bool buckets = zoff_placement_grad_buckets_for(in->cfg->zero.grad_buckets, s.stage, s.offload, accum);
     size_t per = sizeof(float) * (in->model.dtype != ZOFF_F32 ? 3 : 2) +
                  (s.stage == 3 || buckets ? zoff_dtype_size(in->model.dtype) : 0);
     int64_t part = all_host.partition_params;

@@ -65,7 +65,7 @@ zoff_status zoff_train_stack_create(const zoff_train_stack_options *o, zoff_trai
                             .dtype = o->dtype, .checkpoint_activations = o->checkpoint_activations,
                             .external_params = o->cfg->zero.stage == 3, /* stage 3: weights from the engine */
                             /* offload: the engine's bounded gradient buckets instead of a full buffer */
-                            .external_grads = zoff_placement_grad_buckets(o->cfg, o->comm ? zoff_comm_size(o->comm) : 1)};
+                            .external_grads = zoff_placement_grad_buckets(o->cfg)};
     if ((s = zoff_gpt2_create(out->dev, &mo, &out->model)) != ZOFF_OK) zoff_error_context(s, "model");
     if (s == ZOFF_OK) s = create_engine(o, out);
     if (s != ZOFF_OK) zoff_train_stack_destroy(out);

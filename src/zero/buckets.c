@@ -13,10 +13,12 @@
  * gradient buffer, h_grads[gbuf]); a later backward's bucket starts from that sum, copied
  * back on its own stream after the previous backward's copies and the bucket's last ones,
  * instead of from zero, so the device adds each micro-batch to the same bits the full
- * buffer would hold; statistics are taken at the boundary only. With several ranks (ratio 1:
- * no device sub-groups) every group gets a bucket; its grad-ready reduces it over the ranks
- * and takes its statistics over this rank's pieces on the gradient stream (zoff_bk_reduce),
- * before this rank's host pieces go out. */
+ * buffer would hold; statistics are taken at the boundary only. With several ranks every
+ * group gets a bucket; its grad-ready reduces it over the ranks (every micro-batch, with
+ * accumulation) and takes its statistics over this rank's pieces on the gradient stream
+ * (zoff_bk_reduce, at the boundary), copies this rank's device pieces into the compact
+ * buffer grads_dev, and then its host pieces go out; a later micro-batch's bucket starts from
+ * this rank's pieces of the sum (host and compact) and zeros elsewhere. */
 #include <stdlib.h>
 
 #include "zero/engine_impl.h"
@@ -46,7 +48,7 @@ static zoff_status bk_groups(zoff_engine *e, const zoff_engine_options *o) {
 static zoff_grad_device_in bk_input(const zoff_engine *e, int64_t device) {
     return (zoff_grad_device_in){.group_count = e->gcnt, .ngroups = e->ngroups, .device = device,
                                  .reduce_bucket_size = e->cfg->zero.reduce_bucket_size, .dtype = e->dtype,
-                                 .spread = e->world > 1};
+                                 .spread = e->world > 1, .accumulate = e->cfg->gradient_accumulation_steps > 1};
 }
 
 zoff_status zoff_bk_groups(zoff_engine *e, const zoff_engine_options *o, size_t *auto_fixed, size_t *auto_per_param) {
@@ -61,8 +63,6 @@ zoff_status zoff_bk_alloc(zoff_engine *e) {
     ZOFF_TRY(zoff_device_alloc(e->dev, zoff_placement_stats_bytes(e->ngroups), "gradient statistics",
                                (void **)&e->stats_dev));
     if (!e->buckets) return ZOFF_OK;
-    if (e->world > 1 && e->n_dev > 0 && e->cfg->gradient_accumulation_steps > 1) /* (zoff_placement_grad_buckets) */
-        return zoff_error(ZOFF_ERR_INTERNAL, "gradient buckets: accumulation with several ranks and device sub-groups");
     /* one rank: the device sub-groups are the bottom of the flat space */
     for (int i = 0; e->world == 1 && i < e->nsg; i++)
         if (!e->sg[i].on_host && e->sg[i].offset + e->sg[i].count > e->n_dev)
@@ -145,12 +145,30 @@ static void *bucket_ptr(const zoff_engine *e, int k) {
     return (char *)e->gb_ring + (size_t)k * (size_t)e->gd.slot * e->esize;
 }
 
-/* Host group g's sum so far (its pieces in the host sub-groups' h_grads[gbuf]) into its bucket, on bk_up.
- * Several ranks: the host holds this rank's pieces of the sum (each micro-batch was reduced over the
- * ranks); the rest of the bucket starts from zero, so that the next reduction adds every rank's
- * micro-batch to this rank's sum, once. */
+/* Copies between a held bucket b (group g's) and the compact buffer grads_dev of this rank's device pieces
+ * in group g, on stream s: out of the bucket (to_compact) or into it. */
+static zoff_status compact_copy(zoff_engine *e, zoff_stream *s, int g, void *b, bool to_compact) {
+    for (int i = 0; e->grads_dev && i < e->nsg; i++) {
+        const subgroup *q = &e->sg[i];
+        int64_t lo, hi;
+        if (q->on_host || !zoff_eng_sg_part(e, i, e->goff[g], e->goff[g] + e->gcnt[g], &lo, &hi)) continue;
+        char *c = (char *)e->grads_dev + (size_t)(q->state_off + lo - q->model) * e->esize;
+        char *x = (char *)b + (size_t)(lo - e->goff[g]) * e->esize;
+        ZOFF_TRY(zoff_memcpy_async(s, to_compact ? c : x, to_compact ? x : c, (size_t)(hi - lo) * e->esize,
+                                   ZOFF_COPY_D2D));
+    }
+    return ZOFF_OK;
+}
+
+/* Group g's sum so far into its bucket, on bk_up: its host pieces from the host sub-groups' h_grads[gbuf].
+ * Several ranks: the host holds this rank's host pieces of the sum and grads_dev its device pieces (each
+ * micro-batch was reduced over the ranks); the rest of the bucket starts from zero, so that the next
+ * reduction adds every rank's micro-batch to this rank's sum, once. */
 static zoff_status bucket_upload(zoff_engine *e, int g, void *buf) {
-    if (e->world > 1) ZOFF_TRY(zoff_memset_async(e->bk_up, buf, 0, (size_t)e->gcnt[g] * e->esize));
+    if (e->world > 1) {
+        ZOFF_TRY(zoff_memset_async(e->bk_up, buf, 0, (size_t)e->gcnt[g] * e->esize));
+        ZOFF_TRY(compact_copy(e, e->bk_up, g, buf, false));
+    }
     for (int i = 0; i < e->nsg; i++) {
         int64_t lo, hi;
         const void *src = zoff_eng_host_grad_piece(e, i, e->gbuf, e->goff[g], e->goff[g] + e->gcnt[g], &lo, &hi);
@@ -251,16 +269,10 @@ zoff_status zoff_bk_reduce(zoff_engine *e, int64_t offset, int64_t end) {
     void *b = bucket_ptr(e, k);
     ZOFF_TRY(zoff_dp_reduce_grads(&e->plan, e->chan, e->d2h, b, e->goff[g], e->dtype, offset, end, e->scatter,
                                   &e->scratch, &e->layout));
-    if (!e->boundary) return ZOFF_OK;
-    for (int i = 0; e->grads_dev && i < e->nsg; i++) { /* this rank's device pieces, kept until the step */
-        const subgroup *q = &e->sg[i];
-        int64_t lo, hi;
-        if (q->on_host || !zoff_eng_sg_part(e, i, offset, end, &lo, &hi)) continue;
-        ZOFF_TRY(zoff_memcpy_async(e->d2h, (char *)e->grads_dev + (size_t)(q->state_off + lo - q->model) * e->esize,
-                                   (const char *)b + (size_t)(lo - e->goff[g]) * e->esize, (size_t)(hi - lo) * e->esize,
-                                   ZOFF_COPY_D2D));
-    }
-    return own_stats(e, e->d2h, g, b, e->goff[g]);
+    /* this rank's device pieces, kept until the step (with accumulation: the sum so far, which the next
+     * micro-batch's bucket starts from) */
+    ZOFF_TRY(compact_copy(e, e->d2h, g, b, true));
+    return e->boundary ? own_stats(e, e->d2h, g, b, e->goff[g]) : ZOFF_OK;
 }
 
 zoff_status zoff_engine_grad_release(void *engine, zoff_stream *s, int64_t offset, int64_t count) {

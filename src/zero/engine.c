@@ -898,7 +898,7 @@ static zoff_status check_supported(const zoff_engine_options *o) {
     if (z->stage >= 3 && z->delayed_param_update)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.zoff_delayed_param_update is not implemented with stage 3; use stage 2");
-    if (z->stage < 3 && (!o->params || (!o->grads && !zoff_placement_grad_buckets(cfg, o->comm ? zoff_comm_size(o->comm) : 1))))
+    if (z->stage < 3 && (!o->params || (!o->grads && !zoff_placement_grad_buckets(cfg))))
         return zoff_error(ZOFF_ERR_INVALID, "zoff_engine_create: the model has no %s buffer, which only %s supports",
                           o->params ? "gradient" : "parameter",
                           o->params ? "gradient buckets (zoff_placement_grad_buckets: stage 1-2, "

@@ -30,7 +30,6 @@ bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
     /* stages 0-2, state in host memory, any number of ranks (a data-parallel partition is
      * cut where its pieces end as well; the NVMe swapper keeps one swap group per
      * sub_group_size piece) */
-    (void)world;
     return stage < 3 && !nvme;
 }
 
@@ -140,31 +139,26 @@ void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffe
 
 bool zoff_placement_grad_rows(bool speculate, int world, int stage) { return speculate && world == 1 && stage < 3; }
 
-bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int world, int stage, zoff_offload_device optimizer,
-                                     int64_t accumulation, bool all_host) {
+bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int stage, zoff_offload_device optimizer,
+                                     int64_t accumulation) {
     /* cpu or nvme (a bucket's copy goes to whichever host sub-groups its group meets);
      * accumulation: the micro-batches' sum goes through the host ("always" only: 2 + 2 bytes
      * per host parameter over the bus per later micro-batch, where the full buffer costs none;
-     * with several ranks every micro-batch is reduced over the ranks, and the host keeps this
-     * rank's partition of the sum); several ranks: each group's bucket is reduced over the
-     * ranks, this rank's host pieces of it go to the host and its device pieces to a compact
-     * buffer (zoff_grad_device_in.spread) */
+     * with several ranks every micro-batch is reduced over the ranks, the host keeps this
+     * rank's host pieces of the sum and the compact buffer its device pieces); several ranks:
+     * each group's bucket is reduced over the ranks, this rank's host pieces of it go to the
+     * host and its device pieces to a compact buffer (zoff_grad_device_in.spread) */
     if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) ||
         (optimizer != ZOFF_OFFLOAD_CPU && optimizer != ZOFF_OFFLOAD_NVME))
         return false;
-    if (accumulation > 1 && mode != ZOFF_GRAD_BUCKETS_ALWAYS) return false;
-    /* several ranks, accumulation: the host keeps this rank's partition of the sum; a device share's
-     * pieces would need theirs kept too (not done: the full buffer) */
-    return world == 1 || accumulation <= 1 || all_host;
+    return accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS;
 }
 
-bool zoff_placement_grad_buckets(const zoff_config *cfg, int world) {
+bool zoff_placement_grad_buckets(const zoff_config *cfg) {
     const zoff_zero_config *z = &cfg->zero;
     zoff_offload_device d = z->offload_optimizer.device;
     if (z->cpu_offload && d == ZOFF_OFFLOAD_NONE) d = ZOFF_OFFLOAD_CPU;
-    const bool all_host = !z->offload_optimizer.ratio_auto && z->offload_optimizer.ratio >= 1.0;
-    return zoff_placement_grad_buckets_for(z->grad_buckets, world, z->stage, d, cfg->gradient_accumulation_steps,
-                                           all_host);
+    return zoff_placement_grad_buckets_for(z->grad_buckets, z->stage, d, cfg->gradient_accumulation_steps);
 }
 
 void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out) {
@@ -173,7 +167,7 @@ void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device 
         all.spread = false;
         all.device = 0;
         zoff_placement_grad_device(&all, out);
-        out->compact = out->flat ? 0 : in->device;
+        out->compact = out->flat && !in->accumulate ? 0 : in->device;
         out->bytes += (size_t)out->compact * zoff_dtype_size(in->dtype);
         return;
     }
@@ -220,6 +214,7 @@ void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups
     zoff_grad_device gd;
     zoff_placement_grad_device(&all, &gd);
     *fixed += gd.bytes;
-    /* flat: the groups' exact sizes wherever they are, the full buffer's bytes at any ratio */
-    *per_param = gd.flat ? 0 : zoff_dtype_size(in->dtype);
+    /* flat: the groups' exact sizes wherever they are, the full buffer's bytes at any ratio (but the compact
+     * buffer of several ranks' accumulation) */
+    *per_param = gd.flat && !(in->spread && in->accumulate) ? 0 : zoff_dtype_size(in->dtype);
 }
