@@ -106,25 +106,30 @@ static size_t prefault_join(zoff_snap *p) {
     return atomic_load(&p->pf_done);
 }
 
-void zoff_eng_snap_destroy(zoff_engine *e) {
-    zoff_snap *p = e->snap;
-    if (!p) return;
+static void snap_free(zoff_snap *p) {
     prefault_join(p);
     arena_free(p);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->state[i], p->copied[i]);
     ZOFF_FREE_ALL(p->free_slots, p);
+}
+
+void zoff_eng_snap_destroy(zoff_engine *e) {
+    if (e->snap) snap_free(e->snap);
     e->snap = NULL;
 }
 
-/* The per-block tables (once per engine: n_host does not change). */
+/* e->snap as the optimizer's threads see it: zoff_engine_snapshot_prepare may create it while an
+ * update runs (published whole, inactive: such an update finds nothing to do). */
+static zoff_snap *snap_of(const zoff_engine *e) { return __atomic_load_n(&e->snap, __ATOMIC_ACQUIRE); }
+
+/* The per-block tables (once per engine: n_host does not change), then published. */
 static zoff_status snap_create(zoff_engine *e) {
     zoff_snap *p = calloc(1, sizeof *p);
     if (!p) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot");
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    e->snap = p;
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         p->nb[i] = array_blocks(e, i);
         p->blk[i] = (int64_t)(zoff_engine_snapshot_block_bytes() / state_esize(e, i));
@@ -134,10 +139,11 @@ static zoff_status snap_create(zoff_engine *e) {
         p->state[i] = calloc(nb, sizeof *p->state[i]);
         p->copied[i] = calloc(nb, sizeof *p->copied[i]);
         if (!p->taken[i] || !p->slot[i] || !p->state[i] || !p->copied[i]) {
-            zoff_eng_snap_destroy(e);
+            snap_free(p);
             return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
         }
     }
+    __atomic_store_n(&e->snap, p, __ATOMIC_RELEASE);
     return ZOFF_OK;
 }
 
@@ -191,12 +197,10 @@ zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget) {
     if (!snapshot_possible(e)) return ZOFF_OK; /* begin would refuse: the save waits instead */
     if (!e->snap) ZOFF_TRY(snap_create(e));
     zoff_snap *p = e->snap;
+    /* only an engine without an arena yet: then no save has staged anything, and no update's pass can be
+     * writing into it (an update may be running: it touches neither the arena nor its size) */
     const int nslots = budget_slots(e, budget);
-    pthread_mutex_lock(&p->mu);
-    const bool active = p->active;
-    pthread_mutex_unlock(&p->mu);
-    if (active || nslots <= p->arena_slots) return ZOFF_OK; /* held already (its pages faulted in, or being) */
-    prefault_join(p);
+    if (p->arena_slots > 0 || nslots == 0) return ZOFF_OK;
     ZOFF_TRY(arena_reserve(p, nslots));
     atomic_store(&p->pf_stop, false);
     p->pf_running = pthread_create(&p->pf_th, NULL, prefault_main, p) == 0; /* else the updates fault the pages */
@@ -405,7 +409,7 @@ static int64_t slots_needed(const zoff_snap *p, const zoff_engine *e, int64_t a,
 }
 
 zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g, bool fuse) {
-    zoff_snap *p = e->snap;
+    zoff_snap *p = snap_of(e);
     if (!p) return ZOFF_OK;
     enum { BATCH = 256 };
     snap_copy batch[BATCH];
@@ -452,7 +456,8 @@ zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g, bool fuse) 
 }
 
 bool zoff_eng_snap_pending(const zoff_engine *e) {
-    return e->snap && atomic_load_explicit(&e->snap->npending, memory_order_acquire) > 0;
+    const zoff_snap *p = snap_of(e);
+    return p && atomic_load_explicit(&p->npending, memory_order_acquire) > 0;
 }
 
 /* A PENDING block's last element is in its slot. */
@@ -470,7 +475,7 @@ static void block_filled(zoff_engine *e, zoff_snap *p, int i, int64_t b) {
 void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi) {
     const zoff_snap_hook *h = ctx;
     zoff_engine *e = h->e;
-    zoff_snap *p = e->snap;
+    zoff_snap *p = snap_of(e);
     const int64_t a = h->state_off + lo, z = h->state_off + hi;
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         if (p->nb[i] == 0) continue;
@@ -489,7 +494,7 @@ void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi) {
 }
 
 zoff_status zoff_eng_snap_pass_done(zoff_engine *e, zoff_status s) {
-    zoff_snap *p = e->snap;
+    zoff_snap *p = snap_of(e);
     if (!p || atomic_load(&p->npending) == 0) return s;
     /* a failed update, or one that did not write every element it protected: the blocks it left PENDING hold
      * part of the old state only */
