@@ -97,6 +97,14 @@ check "nothing fits with micro-batch 1 and checkpointing set: neither is advised
 check "nothing fits with micro-batch 8, no checkpointing: both are advised" \
   "grep 'nothing this zoff' '$W/nofit2.txt' | grep -q -- 'micro-batch-size (now 8)' && \
    grep 'nothing this zoff' '$W/nofit2.txt' | grep -q -- '--checkpoint-activations'"
+# accumulation with the full device buffer (zoff_grad_buckets true): "always" is advised, also for several ranks
+# at a Twin-Flow ratio below 1 (zoff_placement_grad_buckets_for: any ranks, any ratio)
+echo '{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4, "bf16": {"enabled": true},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}' > "$W/acc.json"
+"$ZOFF" plan --config "$W/acc.json" --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --checkpoint-activations \
+  --ranks 2 --host-memory 4GiB --device cpu --no-probe >"$W/nofit3.txt" 2>&1
+check "nothing fits with accumulation 4, 2 ranks, ratio 0.5: zoff_grad_buckets \"always\" is advised" \
+  "grep 'nothing this zoff' '$W/nofit3.txt' | grep -q 'zoff_grad_buckets \"always\"'"
 
 # ---- 6. bare zoff
 (cd "$W" && mkdir bare && cd bare && "$ZOFF" >../bare.out 2>../bare.err)

@@ -283,9 +283,8 @@ static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in) {
     const char *adv[7];
     int n = 0;
     if (in->model.batch_size > 1) adv[n++] = mb;
-    const zoff_offload_optimizer_config *oo = &in->cfg->zero.offload_optimizer;
-    if (in->cfg->gradient_accumulation_steps > 1 && in->cfg->zero.grad_buckets == ZOFF_GRAD_BUCKETS_ON &&
-        (M->ranks == 1 || (!oo->ratio_auto && oo->ratio >= 1.0)))
+    /* (zoff_placement_grad_buckets_for: with accumulation "always" takes the buckets, any ranks, any ratio) */
+    if (in->cfg->gradient_accumulation_steps > 1 && in->cfg->zero.grad_buckets == ZOFF_GRAD_BUCKETS_ON)
         adv[n++] = "set zero_optimization.zoff_grad_buckets \"always\" (the accumulation's sum waits on the host: "
                    "no full device gradient buffer)";
     if (!in->model.checkpoint_activations) adv[n++] = "add --checkpoint-activations";
