@@ -16,3 +16,10 @@ byte_corpus() {
     cat "$1"/src/*/*.c > "$2/corpus.txt"
     "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$2/corpus" "$2/corpus.txt" >/dev/null 2>&1
 }
+#   fixed_corpus SRCDIR DIR  the same from text that never changes with the code (the shipped GPT-2 BPE
+#                            tables, data/gpt2): for tests that compare trajectories within a tolerance,
+#                            which a corpus of the sources made depend on every edit of them
+fixed_corpus() {
+    cat "$1"/data/gpt2/vocab.bpe "$1"/data/gpt2/encoder.json > "$2/corpus.txt"
+    "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$2/corpus" "$2/corpus.txt" >/dev/null 2>&1
+}

@@ -45,7 +45,7 @@ check "a collective one rank joins 6 s late times out after 1 s instead of hangi
   "grep -q 'rank 0: timeout test PASSED' '$W/timeout.txt'"
 
 # 2. zoff train: 2 ranks x 2 rows == 1 rank x 4 rows
-byte_corpus "$SRC" "$W"
+fixed_corpus "$SRC" "$W" # (trajectories compared within tolerances: not the sources, which every edit changes)
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte
       --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet)
 cfg() { # name micro zero-json [precision-json [lr]]
@@ -268,6 +268,16 @@ timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/
   --save "$W/always_loud" >"$W/always_loud.txt" 2>&1
 check "2 ranks, accumulation 2, \"always\": the buckets carry the sum (describe)" \
   "grep -q 'gradient buckets (2 x.*the accumulation.s sum on the host' '$W/always_loud.txt'"
+# the same with the optimizer state in NVMe swap files: == the cpu offload's run, bit for bit
+sed "s|\"device\": \"cpu\"|\"device\": \"nvme\", \"nvme_path\": \"$W/alswap\"|" "$W/stage2_always_twin_2.json" \
+  > "$W/stage2_always_twin_nvme_2.json"
+mkdir -p "$W/alswap"
+timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/stage2_always_twin_nvme_2.json" --train-iters 6 \
+  --save "$W/stage2_always_twin_nvme" >"$W/stage2_always_twin_nvme.txt" 2>&1
+check "nvme, 2 ranks, accumulation 2, \"always\", Twin-Flow 0.5: == the cpu offload's run bit for bit" \
+  "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/stage2_always_twin_two/metrics.jsonl' '$W/stage2_always_twin_nvme/metrics.jsonl')\" = 0 ] && \
+   $PY '$W/cmp.py' '$SRC/scripts' '$W/stage2_always_twin_nvme/step_00000006' '$W/stage2_always_twin_two/step_00000006' 0 >/dev/null" ||
+  tail -5 "$W/stage2_always_twin_nvme.txt"
 for m in stage2_always_twin stage1_always_twin_flat; do
   timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 1 --config "$W/${m}_2.json" --train-iters 2 \
     --save "$W/${m}_loud" >"$W/${m}_loud.txt" 2>&1
