@@ -12,7 +12,7 @@ W=$(mktemp -d /tmp/zoff-bf16st-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
 
-byte_corpus "$SRC" "$W"
+fixed_corpus "$SRC" "$W" # (section 6 compares losses within a tolerance)
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
       --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2)
 cfg() { # bf16_optimizer_states offload-device
