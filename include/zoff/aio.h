@@ -51,6 +51,7 @@ extern "C" {
 /* Alignment of buffers, offsets and lengths (O_DIRECT's strictest common case). */
 #define ZOFF_AIO_ALIGN 4096
 #define ZOFF_AIO_MAX_SEGMENTS 4
+#define ZOFF_AIO_MAX_FIXED 4 /* zoff_aio_options.fixed_buf */
 
 typedef struct zoff_aio zoff_aio;
 typedef struct zoff_aio_file zoff_aio_file;
@@ -85,6 +86,14 @@ typedef struct zoff_aio_options {
     int direct;                   /* 1 (default): O_DIRECT where the file system allows; 0: buffered */
     zoff_aio_fault_fn fault;      /* optional (tests) */
     void *fault_arg;
+    /* io_uring: buffers registered with each ring (IORING_REGISTER_BUFFERS; the caller keeps them
+       until zoff_aio_destroy). A chunk wholly inside one goes as a fixed-buffer read or write: its
+       pages are pinned once here instead of by the kernel at every request (measured: 0.09-0.10 ->
+       0.02-0.03 CPU-s per GiB of 8 MiB O_DIRECT writes). Best effort: where the kernel refuses
+       (RLIMIT_MEMLOCK), chunks go as ordinary requests and zoff_aio_describe says why. */
+    int nfixed;
+    void *fixed_buf[ZOFF_AIO_MAX_FIXED];
+    size_t fixed_bytes[ZOFF_AIO_MAX_FIXED];
 } zoff_aio_options;
 
 void zoff_aio_options_default(zoff_aio_options *o);
@@ -98,6 +107,8 @@ zoff_aio_engine_kind zoff_aio_engine(const zoff_aio *a);
 /* "io_uring, 1 thread x queue depth 8, 1 MiB blocks" or
  * "thread pool, 8 workers, 1 MiB blocks (io_uring unavailable: Operation not permitted)". */
 const char *zoff_aio_describe(const zoff_aio *a);
+/* Chunks issued so far as fixed-buffer requests (zoff_aio_options.fixed_buf; io_uring only). */
+int64_t zoff_aio_fixed_requests(const zoff_aio *a);
 
 /* ---- files ---- */
 enum {

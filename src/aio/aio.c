@@ -390,6 +390,8 @@ static zoff_status pool_start(zoff_aio *a) {
 zoff_aio_engine_kind zoff_aio_engine(const zoff_aio *a) { return a->kind; }
 const char *zoff_aio_describe(const zoff_aio *a) { return a->describe; }
 
+int64_t zoff_aio_fixed_requests(const zoff_aio *a) { return __atomic_load_n(&a->fixed_requests, __ATOMIC_RELAXED); }
+
 void zoff_aio_destroy(zoff_aio *a) {
     if (!a) return;
     pthread_mutex_lock(&a->mu);
@@ -422,6 +424,11 @@ zoff_status zoff_aio_create(const zoff_aio_options *opts, zoff_aio **out) {
     if (o.threads < 1 || o.threads > 64)
         return zoff_error(ZOFF_ERR_CONFIG, "aio.intra_op_parallelism %lld is out of range; allowed: 1 to 64",
                           (long long)o.threads);
+    if (o.nfixed < 0 || o.nfixed > ZOFF_AIO_MAX_FIXED)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_aio_options.nfixed %d: allowed 0 to %d", o.nfixed, ZOFF_AIO_MAX_FIXED);
+    for (int i = 0; i < o.nfixed; i++)
+        if (!o.fixed_buf[i] || o.fixed_bytes[i] == 0)
+            return zoff_error(ZOFF_ERR_INVALID, "zoff_aio_options.fixed_buf[%d]: no buffer or no bytes", i);
     if (!o.fault) {
         pthread_mutex_lock(&g_hook_mu);
         o.fault = g_hook_fn;
@@ -464,9 +471,9 @@ zoff_status zoff_aio_create(const zoff_aio_options *opts, zoff_aio **out) {
     if (want == ZOFF_AIO_AUTO) snprintf(why, sizeof why, "built without liburing");
 #endif
     if (a->kind == ZOFF_AIO_URING) {
-        snprintf(a->describe, sizeof a->describe, "io_uring, %lld thread%s x queue depth %lld, %s blocks%s",
+        snprintf(a->describe, sizeof a->describe, "io_uring, %lld thread%s x queue depth %lld, %s blocks%s%s%s",
                  (long long)o.threads, o.threads == 1 ? "" : "s", (long long)o.queue_depth, bs,
-                 o.single_submit ? ", single submit" : "");
+                 o.single_submit ? ", single submit" : "", a->fixed_note[0] ? ", " : "", a->fixed_note);
     } else {
         zoff_status s = pool_start(a);
         if (s != ZOFF_OK) {

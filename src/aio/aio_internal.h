@@ -40,7 +40,9 @@ struct zoff_aio {
     int nthreads;
     pthread_t *threads;
     void *uring; /* aio_uring.c's state */
-    char describe[384];
+    int64_t fixed_requests; /* chunks issued with a registered buffer (atomic) */
+    char fixed_note[128];   /* what became of zoff_aio_options.fixed_buf ("" when none were given) */
+    char describe[512];
 };
 
 /* Under a->mu: the next startable chunk (false if none). Fails requests whose

@@ -29,7 +29,18 @@ typedef struct uring_thread {
 typedef struct uring_state {
     int n;
     uring_thread *t;
+    bool fixed; /* the options' fixed buffers are registered with every ring */
 } uring_state;
+
+/* The registered buffer that holds [p, p + n) (-1: none). */
+static int fixed_index(const zoff_aio *a, const void *p, size_t n) {
+    const uring_state *u = a->uring;
+    for (int i = 0; u->fixed && i < a->o.nfixed; i++) {
+        const char *b = a->o.fixed_buf[i];
+        if ((const char *)p >= b && (const char *)p + n <= b + a->o.fixed_bytes[i]) return i;
+    }
+    return -1;
+}
 
 static void prep(uring_thread *t, aio_chunk *c) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
@@ -40,10 +51,18 @@ static void prep(uring_thread *t, aio_chunk *c) {
     size_t want = c->len - c->done;
     if (c->limit && want > c->limit - c->done) want = c->limit - c->done;
     int fd = c->r->file->fd;
-    if (c->r->op == ZOFF_AIO_READ)
-        io_uring_prep_read(sqe, fd, zoff_aio__chunk_buf(c), (unsigned)want, (uint64_t)zoff_aio__chunk_offset(c));
-    else
-        io_uring_prep_write(sqe, fd, zoff_aio__chunk_buf(c), (unsigned)want, (uint64_t)zoff_aio__chunk_offset(c));
+    void *buf = zoff_aio__chunk_buf(c);
+    const uint64_t off = (uint64_t)zoff_aio__chunk_offset(c);
+    const int k = fixed_index(t->a, buf, want);
+    if (k >= 0) {
+        if (c->r->op == ZOFF_AIO_READ) io_uring_prep_read_fixed(sqe, fd, buf, (unsigned)want, off, k);
+        else io_uring_prep_write_fixed(sqe, fd, buf, (unsigned)want, off, k);
+        __atomic_fetch_add(&t->a->fixed_requests, 1, __ATOMIC_RELAXED);
+    } else if (c->r->op == ZOFF_AIO_READ) {
+        io_uring_prep_read(sqe, fd, buf, (unsigned)want, off);
+    } else {
+        io_uring_prep_write(sqe, fd, buf, (unsigned)want, off);
+    }
     io_uring_sqe_set_data(sqe, c);
 }
 
@@ -168,6 +187,31 @@ static void free_state(uring_state *u) {
     free(u);
 }
 
+/* The options' fixed buffers registered with every ring, or with none (then a->fixed_note says why). */
+static void register_fixed(zoff_aio *a, uring_state *u) {
+    if (a->o.nfixed <= 0) return;
+    struct iovec iov[ZOFF_AIO_MAX_FIXED];
+    int n = a->o.nfixed < ZOFF_AIO_MAX_FIXED ? a->o.nfixed : ZOFF_AIO_MAX_FIXED;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        iov[i] = (struct iovec){.iov_base = a->o.fixed_buf[i], .iov_len = a->o.fixed_bytes[i]};
+        bytes += a->o.fixed_bytes[i];
+    }
+    char b[32];
+    zoff_format_bytes(bytes, b, sizeof b);
+    for (int i = 0; i < u->n; i++) {
+        int r = io_uring_register_buffers(&u->t[i].ring, iov, (unsigned)n);
+        if (r < 0) {
+            for (int k = 0; k < i; k++) io_uring_unregister_buffers(&u->t[k].ring);
+            snprintf(a->fixed_note, sizeof a->fixed_note, "%d buffers of %s not registered (%s): pinned per request",
+                     n, b, strerror(-r));
+            return;
+        }
+    }
+    u->fixed = true;
+    snprintf(a->fixed_note, sizeof a->fixed_note, "%d registered buffers of %s", n, b);
+}
+
 zoff_status zoff_aio__uring_start(zoff_aio *a, char *why, size_t whylen) {
     uring_state *u = calloc(1, sizeof *u);
     int n = (int)a->o.threads, qd = (int)a->o.queue_depth;
@@ -200,6 +244,7 @@ zoff_status zoff_aio__uring_start(zoff_aio *a, char *why, size_t whylen) {
         for (int k = 0; k < 2 * qd; k++) t->free_slots[k] = 2 * qd - 1 - k;
         t->nfree = 2 * qd;
     }
+    register_fixed(a, u);
     a->uring = u;
     for (int i = 0; i < n; i++) {
         if (pthread_create(&u->t[i].th, NULL, uring_main, &u->t[i]) != 0) {
