@@ -682,6 +682,10 @@ static void test_nvme_variants(void **st) {
                       "," NVME_DEFAULT ", \"fast_init\": true", "", "", NULL, "Adagrad (v only), fast_init");
     check_equivalence(ZOFF_F32, "", "{\"type\": \"Lion\", \"params\": {\"lr\": 1e-3}}", "," NVME_DEFAULT, "", "",
                       NULL, "Lion (m only)");
+    /* (the others: pin_memory, the default: the swap buffers pinned and registered with io_uring, fixed-buffer
+     * reads and writes) pageable swap buffers, ordinary requests */
+    check_equivalence(ZOFF_BF16, bf, ADAMW, "," NVME_DEFAULT ", \"pin_memory\": false", "", "", NULL,
+                      "pageable buffers");
 }
 
 static void test_nvme_too_few_buffers(void **st) {
@@ -704,7 +708,8 @@ static void test_nvme_memory(void **st) {
     char a[2048], b[2048];
     run_result nv, cpu;
     const char *bf = "\"bf16\": {\"enabled\": true},";
-    assert_int_equal(train(cfg_json(a, sizeof a, bf, ADAMW, "nvme", "," NVME_DEFAULT, "", ""), ZOFF_BF16, 1, NULL, &nv),
+    assert_int_equal(train(cfg_json(a, sizeof a, bf, ADAMW, "nvme", "," NVME_DEFAULT ", \"pin_memory\": false", "", ""),
+                           ZOFF_BF16, 1, NULL, &nv),
                      ZOFF_OK);
     assert_int_equal(train(cfg_json(b, sizeof b, bf, ADAMW, "cpu", "", "", ""), ZOFF_BF16, 1, NULL, &cpu), ZOFF_OK);
     size_t host_nv = nv.mem.pinned + nv.mem.pageable, host_cpu = cpu.mem.pinned + cpu.mem.pageable;
@@ -715,6 +720,16 @@ static void test_nvme_memory(void **st) {
     assert_true(nv.mem.nvme >= n * 12 && nv.mem.nvme < n * 12 + 64 * 4096);
     printf("host memory: cpu offload %zu B, nvme %zu B (+ %zu B on disk) for %zu parameters\n", host_cpu, host_nv,
            nv.mem.nvme, n);
+    free_result(&nv);
+    /* pin_memory (the default): the same buffers pinned, each a page more (aligned by hand:
+     * zoff_swapper_pinned_padding), and the 16-bit buffer pinned too (what device copies touch) */
+    assert_int_equal(train(cfg_json(a, sizeof a, bf, ADAMW, "nvme", "," NVME_DEFAULT, "", ""), ZOFF_BF16, 1, NULL, &nv),
+                     ZOFF_OK);
+    assert_int_equal(nv.mem.pinned, n * 2 + bufs + 4 * 4096);
+    assert_int_equal(nv.mem.pageable, 0);
+    assert_non_null(strstr(nv.describe, "4 pinned buffers"));
+    if (strstr(nv.describe, "io_uring")) /* registered as fixed buffers, or the kernel's reason why not */
+        assert_true(strstr(nv.describe, "4 registered buffers") || strstr(nv.describe, "not registered"));
     free_result(&nv);
     free_result(&cpu);
 }

@@ -51,7 +51,7 @@ extern "C" {
 /* Alignment of buffers, offsets and lengths (O_DIRECT's strictest common case). */
 #define ZOFF_AIO_ALIGN 4096
 #define ZOFF_AIO_MAX_SEGMENTS 4
-#define ZOFF_AIO_MAX_FIXED 4 /* zoff_aio_options.fixed_buf */
+#define ZOFF_AIO_MAX_FIXED 16 /* zoff_aio_options.fixed_buf */
 
 typedef struct zoff_aio zoff_aio;
 typedef struct zoff_aio_file zoff_aio_file;

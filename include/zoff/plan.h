@@ -131,7 +131,8 @@ typedef struct zoff_plan_memory {
     size_t host_staging;      /* engine: separate weight staging (speculation, stage 3 offload_param cpu,
                                  fp32 with nvme; otherwise the gradient buffer carries the weights) */
     size_t host_spec_backup;  /* engine, super_offload: the rollback copy of master, m, v (pageable host memory) */
-    size_t swap_buffers;      /* nvme: the swapper's buffers for the optimizer state (pageable host memory) */
+    size_t swap_buffers;      /* nvme: the swapper's buffers for the optimizer state and its header */
+    size_t swap_pinned;       /* ... of which pinned (offload_optimizer.pin_memory: the buffers; the rest is pageable) */
     size_t param_buffers;     /* stage 3, offload_param nvme: pinned parameter swap buffers */
     size_t host_params;       /* stage 3, offload_param cpu: this rank's 16-bit parameter partition */
     size_t host_pinned;       /* engine: the pinned part of host_optimizer + host_grads + host_staging

@@ -59,6 +59,12 @@ typedef struct zoff_swapper_options {
                                 until written they read as init_value[a] without disk I/O */
     float init_value[ZOFF_SWAP_MAX_ARRAYS]; /* rounded to dtype[a] */
     zoff_aio_options aio;
+    /* offload_optimizer.pin_memory: the buffers are pinned host memory (zoff_host_alloc_pinned on dev,
+       zoff_swapper_pinned_padding more each, aligned by hand) and registered with io_uring as fixed buffers
+       (at most ZOFF_AIO_MAX_FIXED of them), so the O_DIRECT requests do not pin their pages each time;
+       else pageable, ordinary requests */
+    bool pin_memory;
+    struct zoff_device *dev;
 } zoff_swapper_options;
 
 /* The swapper's sizes, one home (zoff plan counts with them): the file is
@@ -69,6 +75,8 @@ typedef struct zoff_swapper_options {
 size_t zoff_swapper_array_bytes(int64_t count, zoff_dtype dt); /* padded to ZOFF_AIO_ALIGN */
 size_t zoff_swapper_group_bytes(int64_t count, int num_arrays, const zoff_dtype *dtype);
 int zoff_swapper_buffer_count(int64_t buffer_count, int num_groups); /* min(buffer_count, num_groups) */
+/* Bytes each pinned buffer takes beyond zoff_swapper_group_bytes (pin_memory: aligned by hand). */
+size_t zoff_swapper_pinned_padding(void);
 
 zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **out);
 /* Waits for outstanding I/O, closes and deletes the file. */
@@ -78,7 +86,7 @@ void zoff_swapper_destroy(zoff_swapper *s);
 const char *zoff_swapper_describe(const zoff_swapper *s);
 const char *zoff_swapper_path(const zoff_swapper *s);
 int64_t zoff_swapper_file_bytes(const zoff_swapper *s);
-size_t zoff_swapper_buffer_bytes(const zoff_swapper *s); /* host memory of all buffers */
+size_t zoff_swapper_buffer_bytes(const zoff_swapper *s); /* host memory of all buffers (pinned with pin_memory) */
 int zoff_swapper_buffers(const zoff_swapper *s);
 /* Buffers needed by the pipeline flags for this many groups (1 + read + write, at most num_groups). */
 int zoff_swapper_buffers_needed(bool pipeline_read, bool pipeline_write, int num_groups);

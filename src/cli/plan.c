@@ -234,6 +234,7 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
                                     ? m->host_pinned - m->host_grads - m->host_staging : 0;
     printf("  pinned   %10s = losses %s", fmt_b(m->pinned, b[0], 32), fmt_b(m->model_pinned, b[1], 32));
     if (m->param_buffers) printf(" + parameter swap buffers %s", fmt_b(m->param_buffers, b[2], 32));
+    if (m->swap_pinned) printf(" + NVMe swap buffers %s", fmt_b(m->swap_pinned, b[2], 32));
     if (pin && (m->host_grads || m->host_params))
         printf(" + gradients (and new weights) %s + staging %s%s%s%s%s", fmt_b(m->host_grads, b[4], 32),
                fmt_b(m->host_staging, b[5], 32), state_pinned ? " + fp32 master (the device reads it) " : "",
@@ -241,7 +242,8 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
                m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
     printf("\n  pageable %10s = training loop %s (checkpoint save buffer, tokens)",
            fmt_b(m->pageable, b[0], 32), fmt_b(m->loop_pageable, b[1], 32));
-    if (m->swap_buffers) printf(" + NVMe swap buffers %s", fmt_b(m->swap_buffers, b[2], 32));
+    if (m->swap_buffers > m->swap_pinned)
+        printf(" + NVMe swap %s %s", m->swap_pinned ? "header" : "buffers", fmt_b(m->swap_buffers - m->swap_pinned, b[2], 32));
     if (m->host_spec_backup) printf(" + super_offload rollback copy %s", fmt_b(m->host_spec_backup, b[7], 32));
     if (m->host_optimizer > state_pinned)
         printf(" + optimizer state %s", fmt_b(m->host_optimizer - state_pinned, b[3], 32));
@@ -356,7 +358,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
     return json_pack(
         "{s:i,s:i,s:s,s:s,s:o,s:b,s:f,s:b,s:I,s:I,s:I,s:I,s:i,s:b,s:b,s:s,"
         "s:{s:I,s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
+        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
         "s:{s:b,s:b,s:b,s:b,s:b},s:I,"
         "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
         "index", index, "stage", w->setting.stage, "offload", zoff_plan_offload_name(w->setting.offload),
@@ -374,7 +376,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
         "device_optimizer", (json_int_t)m->device_optimizer, "runtime_reserve", (json_int_t)m->runtime_reserve,
         "host_optimizer", (json_int_t)m->host_optimizer, "host_grads", (json_int_t)m->host_grads, "host_staging",
         (json_int_t)m->host_staging, "host_pinned", (json_int_t)m->host_pinned, "host_spec_backup", (json_int_t)m->host_spec_backup, "swap_buffers",
-        (json_int_t)m->swap_buffers, "param_buffers",
+        (json_int_t)m->swap_buffers, "swap_pinned", (json_int_t)m->swap_pinned, "param_buffers",
         (json_int_t)m->param_buffers, "host_params",
         (json_int_t)m->host_params, "model_pinned", (json_int_t)m->model_pinned, "loop_pageable",
         (json_int_t)m->loop_pageable, "disk_optimizer", (json_int_t)m->disk_optimizer, "disk_params",

@@ -384,8 +384,8 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
                 m->device_optimizer + m->runtime_reserve;
     size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
     bool pin_params = cfg->zero.offload_param.pin_memory;
-    m->pinned = add_sat(m->model_pinned, pin_params ? m->param_buffers : 0);
-    m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers), pin_params ? 0 : m->param_buffers);
+    m->pinned = add_sat(add_sat(m->model_pinned, pin_params ? m->param_buffers : 0), m->swap_pinned);
+    m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers - m->swap_pinned), pin_params ? 0 : m->param_buffers);
     m->pageable = add_sat(m->pageable, m->host_spec_backup);
     size_t engine_pinned = add_sat(m->host_pinned, pinned ? m->host_params : 0);
     m->pinned = add_sat(m->pinned, engine_pinned);
@@ -490,7 +490,8 @@ static double step_overlap(zoff_backend_kind backend, bool dpu, double before_op
 
 /* src/zero/swapper.c (its size functions, include/zoff/swapper.h): one swap group per host
  * sub-group (swap_arrays_of); a header; min(buffer_count, groups) buffers of the largest group. */
-static void nvme_swap_memory(const zoff_config *cfg, const plan_placement *pl, const swap_arrays *sw, zoff_plan_row *r) {
+static void nvme_swap_memory(const zoff_config *cfg, bool pin, const plan_placement *pl, const swap_arrays *sw,
+                             zoff_plan_row *r) {
     const zoff_offload_optimizer_config *oo = &cfg->zero.offload_optimizer;
     int64_t bc = oo->buffer_count;
     int need = zoff_swapper_buffers_needed(oo->pipeline_read, oo->pipeline_write, pl->host_groups);
@@ -502,8 +503,10 @@ static void nvme_swap_memory(const zoff_config *cfg, const plan_placement *pl, c
     }
     int slots = zoff_swapper_buffer_count(bc, pl->host_groups);
     if (slots < 1) slots = 1;
-    r->mem.swap_buffers = add_sat(mul_sat((size_t)slots, zoff_swapper_group_bytes(pl->largest_host, sw->n, sw->dt)),
-                                  2 * (size_t)ZOFF_SWAP_HEADER_BYTES);
+    /* pin_memory: each buffer pinned, aligned by hand (zoff_swapper_pinned_padding) */
+    const size_t each = zoff_swapper_group_bytes(pl->largest_host, sw->n, sw->dt) + (pin ? zoff_swapper_pinned_padding() : 0);
+    r->mem.swap_pinned = pin ? mul_sat((size_t)slots, each) : 0;
+    r->mem.swap_buffers = add_sat(mul_sat((size_t)slots, each), 2 * (size_t)ZOFF_SWAP_HEADER_BYTES);
     r->mem.disk_optimizer = add_sat(ZOFF_SWAP_HEADER_BYTES, pl->host_swap_bytes);
 }
 
@@ -584,7 +587,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         m->host_grads = mul_sat(hb.grad_buffer, (size_t)hb.grad_buffers);
         m->host_staging = hb.staging;
     }
-    if (nvme && nh > 0) nvme_swap_memory(cfg, &pl, &sw, r);
+    if (nvme && nh > 0) nvme_swap_memory(cfg, pinned, &pl, &sw, r);
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {

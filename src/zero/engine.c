@@ -511,7 +511,7 @@ static zoff_status nvme_create(zoff_engine *e) {
     zoff_swapper_options so = {.dir = oo->nvme_path, .stem = "optimizer", .num_groups = nh, .counts = counts,
                                .num_arrays = nvme_narrays(e), .buffer_count = oo->buffer_count,
                                .pipeline_read = oo->pipeline_read, .pipeline_write = oo->pipeline_write,
-                               .fast_init = oo->fast_init};
+                               .fast_init = oo->fast_init, .pin_memory = e->pinned, .dev = e->dev};
     /* what zoff_host_optimizer_init_state writes: m = 0; v = 0 (Adagrad: initial_accumulator_value) */
     if (uses_v(e) && e->cfg->optimizer.type == ZOFF_OPTIM_ADAGRAD)
         so.init_value[nvme_array_of(e, 2)] = (float)e->cfg->optimizer.initial_accumulator_value;
@@ -1754,7 +1754,8 @@ void zoff_engine_memory_usage(const zoff_engine *e, zoff_engine_memory *m) {
     m->pageable = e->hb.pageable;
     if (e->bk_master) m->pageable += zoff_placement_spec_backup_bytes(e->cfg, e->n_host); /* super_offload */
     if (e->swap) { /* the state on disk (fp32 master, m and v in sdt); host memory holds only the swapper's buffers */
-        m->pageable += zoff_swapper_buffer_bytes(e->swap);
+        if (e->pinned) m->pinned += zoff_swapper_buffer_bytes(e->swap); /* (pin_memory) */
+        else m->pageable += zoff_swapper_buffer_bytes(e->swap);
         m->nvme = (size_t)zoff_swapper_file_bytes(e->swap);
     }
     if (e->s3 && e->pnvme) { /* the weight partition on disk: host memory holds the buffers and max_in_cpu */

@@ -14,6 +14,7 @@
  * the data current; so reads never wait on the caller, only on the disk. */
 #define _GNU_SOURCE
 #include "zoff/swapper.h"
+#include "zoff/device.h"
 #include "zoff/resources.h"
 
 #include <errno.h>
@@ -30,7 +31,8 @@
 #define HEADER_BYTES ((int64_t)ZOFF_SWAP_HEADER_BYTES)
 
 typedef struct slot {
-    char *buf;
+    char *buf;   /* aligned */
+    void *alloc; /* what was allocated (pinned: buf is inside it) */
     zoff_aio_request rd, wr;
     int read_group;  /* group of the last read issued into it (-1 none) */
     int write_group; /* group of the last write issued from it (-1 none) */
@@ -61,6 +63,7 @@ struct zoff_swapper {
     slot *slots;
     int nslots;
     size_t slot_bytes;
+    size_t slot_alloc;  /* host bytes each buffer takes (slot_bytes, + zoff_swapper_pinned_padding when pinned) */
     void *hdr;          /* aligned copy of the header */
     /* the current pass */
     bool in_pass, handed_out;
@@ -101,6 +104,8 @@ size_t zoff_swapper_group_bytes(int64_t count, int num_arrays, const zoff_dtype 
     for (int a = 0; a < num_arrays; a++) b += zoff_swapper_array_bytes(count, dtype[a]);
     return b;
 }
+size_t zoff_swapper_pinned_padding(void) { return ZOFF_AIO_ALIGN; }
+
 int zoff_swapper_buffer_count(int64_t buffer_count, int num_groups) {
     return (int)(buffer_count < num_groups ? buffer_count : num_groups);
 }
@@ -198,8 +203,10 @@ void zoff_swapper_destroy(zoff_swapper *s) {
     if (s->io && s->slots) wait_all(s);
     zoff_aio_file_close(s->f); /* the file has no name (ZOFF_AIO_TEMPORARY): closing frees it */
     zoff_aio_destroy(s->io);
-    if (s->slots)
-        for (int i = 0; i < s->nslots; i++) zoff_aligned_free(s->slots[i].buf);
+    for (int i = 0; s->slots && i < s->nslots; i++) {
+        if (s->o.pin_memory) zoff_host_free_pinned(s->o.dev, s->slots[i].alloc);
+        else zoff_aligned_free(s->slots[i].alloc);
+    }
     ZOFF_FREE_ALL(s->slots, s->hdr, s->grp, s->crcs, s->order, s->pf_order, s);
 }
 
@@ -220,6 +227,8 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
                           "write i-1); set buffer_count to %d or more",
                           (long long)o->buffer_count, o->pipeline_read ? "true" : "false",
                           o->pipeline_write ? "true" : "false", o->num_groups, need, need);
+    if (o->pin_memory && !o->dev)
+        return zoff_error(ZOFF_ERR_INVALID, "zoff_swapper_create: pin_memory needs the device that pins host memory");
     zoff_swapper *s = calloc(1, sizeof *s);
     if (!s) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper");
     s->o = *o;
@@ -236,7 +245,6 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     zoff_status st = ZOFF_OK;
     if (!s->grp || !s->order || !s->pf_order || !s->slots || !s->hdr)
         st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the NVMe swapper's tables (%d sub-groups)", s->ng);
-    if (st == ZOFF_OK) st = zoff_aio_create(&o->aio, &s->io);
     size_t total_chunks = 0;
     int64_t largest = 0;
     if (st == ZOFF_OK) {
@@ -266,20 +274,39 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     }
     if (st == ZOFF_OK && !(s->crcs = calloc(total_chunks ? total_chunks : 1, sizeof *s->crcs)))
         st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %zu block checksums", total_chunks);
-    if (st == ZOFF_OK) { /* the swap buffers are pageable (not registered with io_uring) */
+    s->slot_alloc = s->slot_bytes + (o->pin_memory ? zoff_swapper_pinned_padding() : 0);
+    if (st == ZOFF_OK) { /* pinned with pin_memory (what O_DIRECT's DMA touches), else pageable */
         char what[160];
-        snprintf(what, sizeof what, "the NVMe swap buffers (%d x %zu bytes)", s->nslots, s->slot_bytes);
-        zoff_host_request rq = {.what = what, .pageable = (size_t)s->nslots * s->slot_bytes,
+        snprintf(what, sizeof what, "the NVMe swap buffers (%d x %zu bytes%s)", s->nslots, s->slot_alloc,
+                 o->pin_memory ? ", pinned: offload_optimizer.pin_memory" : "");
+        const size_t bytes = (size_t)s->nslots * s->slot_alloc;
+        zoff_host_request rq = {.what = what, .pinned = o->pin_memory ? bytes : 0, .pageable = o->pin_memory ? 0 : bytes,
                                 .hint = "lower zero_optimization.offload_optimizer.buffer_count or "
                                         "sub_group_size"};
         st = zoff_host_memory_check(&rq);
     }
     for (int i = 0; st == ZOFF_OK && i < s->nslots; i++) {
-        s->slots[i].read_group = s->slots[i].write_group = -1;
-        s->slots[i].buf = zoff_aligned_alloc(ZOFF_AIO_ALIGN, s->slot_bytes ? s->slot_bytes : ZOFF_AIO_ALIGN,
-                                             "NVMe swap buffer");
-        if (!s->slots[i].buf) st = ZOFF_ERR_NOMEM;
-        else memset(s->slots[i].buf, 0, s->slot_bytes); /* padding is written too: keep it defined */
+        slot *b = &s->slots[i];
+        b->read_group = b->write_group = -1;
+        if (o->pin_memory) {
+            st = zoff_host_alloc_pinned(o->dev, s->slot_alloc, "NVMe swap buffer", &b->alloc);
+            b->buf = st == ZOFF_OK ? (char *)(((uintptr_t)b->alloc + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN)
+                                   : NULL;
+        } else {
+            b->buf = b->alloc = zoff_aligned_alloc(ZOFF_AIO_ALIGN, s->slot_bytes ? s->slot_bytes : ZOFF_AIO_ALIGN,
+                                                   "NVMe swap buffer");
+            if (!b->alloc) st = ZOFF_ERR_NOMEM;
+        }
+        if (st == ZOFF_OK) memset(b->buf, 0, s->slot_bytes); /* padding is written too: keep it defined */
+    }
+    if (st == ZOFF_OK) { /* the I/O engine, the pinned buffers registered with its rings */
+        zoff_aio_options ao = o->aio;
+        ao.nfixed = o->pin_memory && s->slot_bytes && s->nslots <= ZOFF_AIO_MAX_FIXED ? s->nslots : 0;
+        for (int i = 0; i < ao.nfixed; i++) {
+            ao.fixed_buf[i] = s->slots[i].buf;
+            ao.fixed_bytes[i] = s->slot_bytes;
+        }
+        st = zoff_aio_create(&ao, &s->io);
     }
     /* the file */
     if (st == ZOFF_OK && mkdir(o->dir, 0755) != 0 && errno != EEXIST)
@@ -308,10 +335,10 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
             for (int a = 1; a < s->na; a++) s->grp[g].fresh[a] = true;
     char fb[32], bb[32];
     textf(s->describe, sizeof s->describe,
-             "%s (%s, %s, unlinked: freed when the process ends), %s; %d buffer%s of %s; %s%s",
+             "%s (%s, %s, unlinked: freed when the process ends), %s; %d %sbuffer%s of %s; %s%s",
              s->path, zoff_format_bytes((size_t)s->file_bytes, fb, sizeof fb),
              zoff_aio_file_direct(s->f) ? "O_DIRECT" : zoff_aio_file_direct_note(s->f), zoff_aio_describe(s->io),
-             s->nslots, s->nslots == 1 ? "" : "s", zoff_format_bytes(s->slot_bytes, bb, sizeof bb),
+             s->nslots, o->pin_memory ? "pinned " : "", s->nslots == 1 ? "" : "s", zoff_format_bytes(s->slot_bytes, bb, sizeof bb),
              o->pipeline_read && o->pipeline_write ? "pipelined read+write"
              : o->pipeline_read                    ? "pipelined read, synchronous write"
              : o->pipeline_write                   ? "synchronous read, pipelined write"
@@ -331,7 +358,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
 const char *zoff_swapper_describe(const zoff_swapper *s) { return s->describe; }
 const char *zoff_swapper_path(const zoff_swapper *s) { return s->path; }
 int64_t zoff_swapper_file_bytes(const zoff_swapper *s) { return s->file_bytes; }
-size_t zoff_swapper_buffer_bytes(const zoff_swapper *s) { return s->slot_bytes * (size_t)s->nslots; }
+size_t zoff_swapper_buffer_bytes(const zoff_swapper *s) { return s->slot_alloc * (size_t)s->nslots; }
 int zoff_swapper_buffers(const zoff_swapper *s) { return s->nslots; }
 bool zoff_swapper_direct(const zoff_swapper *s) { return zoff_aio_file_direct(s->f); }
 zoff_aio_engine_kind zoff_swapper_engine(const zoff_swapper *s) { return zoff_aio_engine(s->io); }
