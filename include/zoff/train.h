@@ -286,6 +286,10 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
  * zoff_trainer_step joins a writer that has finished at its end and returns the writer's error,
  * if any; a save waits for the one in flight first. Collective. */
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
+/* The step at or after the current one at which a periodic save comes (a multiple of save_interval
+ * below train_iters: the last step has the final save), -1 if none. The training loop saves when
+ * it is the current step. */
+int64_t zoff_trainer_next_save(const zoff_trainer *t);
 #ifdef __cplusplus
 }
 #endif

@@ -191,7 +191,7 @@ static void free_state(uring_state *u) {
 static void register_fixed(zoff_aio *a, uring_state *u) {
     if (a->o.nfixed <= 0) return;
     struct iovec iov[ZOFF_AIO_MAX_FIXED];
-    int n = a->o.nfixed < ZOFF_AIO_MAX_FIXED ? a->o.nfixed : ZOFF_AIO_MAX_FIXED;
+    const int n = a->o.nfixed; /* at most ZOFF_AIO_MAX_FIXED (zoff_aio_create) */
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
         iov[i] = (struct iovec){.iov_base = a->o.fixed_buf[i], .iov_len = a->o.fixed_bytes[i]};

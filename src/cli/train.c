@@ -286,8 +286,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
             return 1;
         }
         print_step(&p, in, &r);
-        if (o->save_interval && in->step % o->save_interval == 0 && in->step < o->train_iters &&
-            (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
+        if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
             return fail(s);
     }
     if (p.tty && in->step < o->train_iters) fputc('\n', stderr);

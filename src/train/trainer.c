@@ -235,6 +235,13 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
 
 static int64_t snapshot_budget(const zoff_trainer *t);
 
+int64_t zoff_trainer_next_save(const zoff_trainer *t) {
+    const int64_t si = t->o.save_interval;
+    if (si <= 0) return -1;
+    const int64_t next = (t->info.step + si - 1) / si * si;
+    return next < t->o.train_iters ? next : -1;
+}
+
 /* After this run's first step, when periodic saves will run in the background through the
  * snapshot: its arena, allocated and faulted in on a background thread now, so that the first
  * save's updates do not fault it (zoff_engine_snapshot_prepare). Not at start-up: that is
@@ -243,8 +250,7 @@ static int64_t snapshot_budget(const zoff_trainer *t);
 static void prepare_saves(zoff_trainer *t) {
     if (t->snap_prepared) return;
     t->snap_prepared = true;
-    const int64_t si = t->o.save_interval, next = si ? (t->info.step + si - 1) / si * si : 0; /* src/cli/train.c */
-    if (!si || next >= t->o.train_iters || t->o.sync_saves ||
+    if (zoff_trainer_next_save(t) < 0 || t->o.sync_saves ||
         !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
         return;
     const int64_t budget = snapshot_budget(t);

@@ -30,6 +30,7 @@ bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
     /* stages 0-2, state in host memory, any number of ranks (a data-parallel partition is
      * cut where its pieces end as well; the NVMe swapper keeps one swap group per
      * sub_group_size piece) */
+    (void)world;
     return stage < 3 && !nvme;
 }
 
