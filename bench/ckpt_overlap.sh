@@ -2,14 +2,14 @@
 # What periodic background saves cost the training steps, for one or more zoff binaries (or
 # flag sets) alternated round by round.
 #
-#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--seq 64] [--micro 1] [--detail] \
+#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--seq 64] [--micro 1] [--shape 12x768x12] [--detail] \
 #       [--dir /tmp/zoff-overlap] NAME=BINARY[:NICE][+FLAG[+FLAG...]] ...
 #   e.g. bash bench/ckpt_overlap.sh snap=build/zoff wait=build/zoff+--save-snapshot-memory+off
 #
 # The interval must leave each save time to finish (else the next save waits for it: that wait,
 # "ckpt_join_wait", counts in the span; the run warns): on a 16-core GPU box with 20 ms steps and a
 # 0.45 s save, --steps 100 --interval 30.
-# GPT-2 12 x 768 (checkpoint 1.02 GB), byte tokenizer, seq 64, micro-batch 1 (the step is the host
+# GPT-2 12 x 768 (checkpoint 1.49 GB; --shape LAYERSxHIDDENxHEADS another, e.g. 48x1600x25: 1.5B, 18.7 GB), byte tokenizer, seq 64, micro-batch 1 (the step is the host
 # update alone: the save competes with it for every core and all the memory bandwidth; --seq and
 # --micro give the device work to overlap), bf16, stage 2, optimizer on the CPU; --steps steps, a
 # save every --interval. --detail: each save's start and the steps of its span. NICE sets ZOFF_CKPT_WRITER_NICE
@@ -27,15 +27,18 @@
 # training loop does between steps (the save's start, joining a finished writer).
 set -uo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
-D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; SEQ=64; MICRO=1; DETAIL=0; RUNS=()
+D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; SEQ=64; MICRO=1; SHAPE=12x768x12; DETAIL=0; RUNS=()
 while [ $# -gt 0 ]; do
   case "$1" in --rounds) ROUNDS="$2"; shift ;; --dir) D="$2"; shift ;; --steps) STEPS="$2"; shift ;;
     --interval) K="$2"; shift ;; --seq) SEQ="$2"; shift ;; --micro) MICRO="$2"; shift ;; --detail) DETAIL=1 ;;
+    --shape) SHAPE="$2"; shift ;;
     *=*) RUNS+=("$1") ;;
     *) echo "unknown option $1" >&2; exit 2 ;; esac
   shift
 done
 [ ${#RUNS[@]} -gt 0 ] || RUNS=("new=$SRC/build/zoff")
+IFS=x read -r LAYERS HIDDEN HEADS <<< "$SHAPE"
+case "$LAYERS/$HIDDEN/$HEADS" in *[!0-9/]* | */ | /* | *//*) echo "--shape $SHAPE: give LAYERSxHIDDENxHEADS, e.g. 12x768x12" >&2; exit 2 ;; esac
 FIRST="${RUNS[0]#*=}"; FIRST="${FIRST%%[:+]*}"
 source "$SRC/bench/ckpt_common.sh"
 trap 'rm -rf "$D"' EXIT
@@ -49,7 +52,7 @@ for r in $(seq 1 "$ROUNDS"); do
     rm -rf "$D/run"
     la=$(cut -d' ' -f1 /proc/loadavg)
     # shellcheck disable=SC2086
-    ZOFF_CKPT_WRITER_NICE="$nice" "$bin" train --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+    ZOFF_CKPT_WRITER_NICE="$nice" "$bin" train --num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" \
       --seq-length "$SEQ" --micro-batch-size "$MICRO" --tokenizer byte --data-path "$D/corpus_train.bin" --eval-iters 0 --quiet \
       --config "$D/cfg.json" --train-iters "$STEPS" --save-interval "$K" --save "$D/run" $flags 2>"$D/err.txt" ||
       { cat "$D/err.txt"; exit 1; }

@@ -7,20 +7,21 @@
 #   GPU_BASE_BIN=old/zoff bash scripts/gpu_lease.sh --prebuild   # also carries a baseline zoff: the
 #                                            #    offloaded 1.5B step and the save overlap then run both
 # There (the device tool; carry .gpu-carry):
-#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt accum"] [GPU_OVERLAP="ARGS"] bash scripts/gpu_lease.sh
+#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt accum"] [GPU_OVERLAP="ARGS"] [GPU_AB_ROUNDS=N] [GPU_BENCH_CKPT=0] bash scripts/gpu_lease.sh
 #   (GPU_OVERLAP: the save-overlap runs' arguments, e.g. "--rounds 2 new=@B@/zoff new19=@B@/zoff:19")
 #
 # Every step is cut at the deadline (GPU_DEADLINE_S seconds after the start, default 540), and a
 # step that would start with under 20 s left is skipped with a note, so the report always comes
 # back. Order: can the binaries run at all (else stop at once: nothing costs less device time);
 # test_ops (the CUDA backend against the CPU and double references; the start-up comparisons of
-# the tensor-core attention and the fused LayerNorm must not have fallen back); 1.5B with the
+# the tensor-core attention and the fused LayerNorm must not have fallen back); `zoff bench ckpt`
+# and bench/ckpt_overlap.sh (the 16-core box's save figures; GPU_OVERLAP: other runs); 1.5B with the
 # optimizer offloaded (`zoff bench step`: offload, delayed, speculative) and `zoff train` 1.5B
 # offload (start-up to step 1); the 13B plan and 4 training steps of it; GPT-2 124M micro 16 and
 # 1.5B micro 4 with the optimizer on the device against plain PyTorch on the same shapes
 # (bench/torch_gpt2_step.py), interleaved; 40 training steps on CUDA and on the CPU (losses side
-# by side); emu_check and test_device; test_ops with each attention kernel forced; `zoff bench ckpt`
-# and bench/ckpt_overlap.sh (the 16-core box's save figures).
+# by side); emu_check and test_device; test_ops with each attention kernel forced; 1.5B with
+# gradient accumulation (the device's sum and the host's).
 #
 # Output in $OUT (or ./gpu-report): report.md (a table of steps, then each log's tail) and
 # logs.tar.gz. No training run here writes a checkpoint it does not need: the 13B one (~100 GB) would
@@ -137,13 +138,34 @@ step fused_ln_startup_check 5 bash -c "! grep -m1 'WARNING: .*fused residual' '$
 
 fi
 
+# ------------------------------------------------------------------ saves while training (issue 20)
+if part ckpt; then
+[ "${GPU_BENCH_CKPT:-1}" = 0 ] || step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
+if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries
+  IFS=';' read -ra runs <<< "${GPU_OVERLAP//@B@/$B}"
+  for k in "${!runs[@]}"; do
+    # shellcheck disable=SC2086
+    step "ckpt_overlap_$k" 240 bash bench/ckpt_overlap.sh --dir "$W/overlap" ${runs[$k]}
+  done
+elif [ -x "$B/zoff-base" ]; then # interleaved, round by round
+  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 3 --steps 100 --interval 30 --detail --dir "$W/overlap" \
+    "base=$B/zoff-base" "new=$B/zoff"
+else # 20 ms steps, 0.45 s saves: an interval each save finishes within
+  step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --steps 100 --interval 30 --detail --dir "$W/overlap" \
+    "cuda=$B/zoff"
+fi
+fi
+
 # ------------------------------------------------------------------ 1.5B offloaded, 13B (issue 20)
 XL=(--num-layers 48 --hidden-size 1600 --num-attention-heads 25 --seq-length 1024)
 if part large; then
-for bin in zoff zoff-base; do
+for rep in $(seq 1 "${GPU_AB_ROUNDS:-1}"); do # GPU_AB_ROUNDS: rounds of this build and the baseline, alternated
+bins="zoff zoff-base"; [ $((rep % 2)) -eq 0 ] && bins="zoff-base zoff"
+for bin in $bins; do
   [ -x "$B/$bin" ] || continue
-  step "bench_step_1558M_offload${bin#zoff}" 150 "$B/$bin" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 \
+  step "bench_step_1558M_offload${bin#zoff}_$rep" 150 "$B/$bin" bench step "${XL[@]}" --micro-batch-size 8 --dtype bf16 --iters 3 \
     --rounds 1 --configs offload,offload+delayed,offload+speculative --profile-iters 0 --peak-gemm 0 --device cuda --json
+done
 done
 printf '%s\n' '{"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, "steps_per_print": 1, "gradient_clipping": 1.0,' \
   '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},' \
@@ -236,21 +258,5 @@ for gb in true always; do
     "${DATA[@]}" --save "$W/acc-$gb"
   step "train_1558M_accum4_${gb}_metrics" 5 cat "$W/acc-$gb/metrics.jsonl"
 done
-fi
-if part ckpt; then
-[ -n "${GPU_OVERLAP:-}" ] || step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
-if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries
-  IFS=';' read -ra runs <<< "${GPU_OVERLAP//@B@/$B}"
-  for k in "${!runs[@]}"; do
-    # shellcheck disable=SC2086
-    step "ckpt_overlap_$k" 240 bash bench/ckpt_overlap.sh --dir "$W/overlap" ${runs[$k]}
-  done
-elif [ -x "$B/zoff-base" ]; then # interleaved, round by round
-  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 3 --steps 100 --interval 30 --detail --dir "$W/overlap" \
-    "base=$B/zoff-base" "new=$B/zoff"
-else # 20 ms steps, 0.45 s saves: an interval each save finishes within
-  step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --steps 100 --interval 30 --detail --dir "$W/overlap" \
-    "cuda=$B/zoff"
-fi
 fi
 echo "lease: $(($(date +%s) - START_EPOCH)) s"
