@@ -18,9 +18,11 @@
 # Per run, the figure the target is about, "span": each save's metrics line (written when the
 # trainer joins the writer: ckpt_step S, ckpt_steps_overlapped k, ckpt_start = the main
 # thread's part of starting it) gives the steps S+1..S+k that ran while it was in flight, from
-# the save's start to the writer done; span = (ckpt_start + their step_time summed) / (k x the
-# median step_time of the steps >= 2 in no save's span), over all saves of the run and over those
-# after the first (the first faults the snapshot's arena in; it is kept for the later ones). Also the old
+# the save's start to the writer done; span = (ckpt_start + their step_time summed + the wait for
+# it at the next save, ckpt_join_wait, when it outlasted its interval) / (k x the median step_time
+# of the steps >= 2 in no save's span), over all saves of the run and over those after the first
+# (builds before the arena's prefault faulted it in at the first); where such waits occurred, also
+# the span without them (what an interval every save fits in would give). Also the old
 # per-step figure: the median of the steps right after each save against that median. A
 # binary without the metrics line (before the snapshot) counts one step per save, start 0. And the
 # same by the wall clock between the steps' ends (metrics "clock"), which also counts what the
@@ -70,12 +72,14 @@ inside = {s for v in saves for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v
 free = [t for s, t in steps.items() if s >= 2 and s not in inside]
 base = statistics.median(free)
 last = max(steps)
-def cost(v):  # its start, the steps in flight, and the loop's wait for it outside a step at the next save
-    join = v.get("ckpt_join_wait", 0.0) if v["step"] < last else 0.0  # (not the final save's wait)
+def cost(v, waits=True):  # its start, the steps in flight, and the loop's wait for it outside a step at the next save
+    join = v.get("ckpt_join_wait", 0.0) if waits and v["step"] < last else 0.0  # (not the final save's wait)
     return v["ckpt_start"] + join + sum(
         steps.get(s, 0.0) for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1))
 span_t = sum(cost(v) for v in saves)
 span_n = sum(v["ckpt_steps_overlapped"] for v in saves)
+# the same without those waits: what an interval long enough for every save would give
+waits = sum(cost(v) - cost(v, False) for v in saves)
 # the saves after the first: the snapshot's arena is kept from save to save, so only the first
 # pays for faulting its pages in
 later_t = sum(cost(v) for v in saves[1:])
@@ -103,6 +107,9 @@ print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d 
     " ".join("%.2f" % a for a in after), base), flush=True)
 if wall:
     print("    by the wall clock: span %.2fx, after the first save %.2fx" % wall, flush=True)
+if waits > 1e-3:  # (a finished writer is joined in microseconds)
+    print("    %.2f s of it waited for a save still being written at the next one (raise --interval): span without "
+          "those waits %.2fx" % (waits, (span_t - waits) / (span_n * base)), flush=True)
 if sys.argv[6] == "1":
     for v in saves:
         k = v["ckpt_step"]
