@@ -18,24 +18,7 @@
 
 #include "zoff/core.h"
 #include "zoff/optim.h"
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-#define CHECK(x)                                                       \
-    do {                                                               \
-        if ((x) != ZOFF_OK) {                                          \
-            fprintf(stderr, "%s: %s\n", #x, zoff_last_error());        \
-            exit(1);                                                   \
-        }                                                              \
-    } while (0)
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     int64_t n = argc > 1 ? atoll(argv[1]) : 50000000;

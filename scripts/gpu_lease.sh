@@ -3,7 +3,7 @@
 #
 # Here (no GPU needed; nvcc, the CUDA toolkit and apt-get):
 #   bash scripts/gpu_lease.sh --prebuild     # -> .gpu-carry/{bins.tar.xz,debs/}: sm_90 build of zoff,
-#                                            #    test_ops, test_device and emu_check (real CUDA)
+#                                            #    test_ops, test_device, emu_check (real CUDA), staging_cost
 #   GPU_BASE_BIN=old/zoff bash scripts/gpu_lease.sh --prebuild   # also carries a baseline zoff: the
 #                                            #    offloaded 1.5B step and the save overlap then run both
 # There (the device tool; carry .gpu-carry):
@@ -14,8 +14,9 @@
 # step that would start with under 20 s left is skipped with a note, so the report always comes
 # back. Order: can the binaries run at all (else stop at once: nothing costs less device time);
 # test_ops (the CUDA backend against the CPU and double references; the start-up comparisons of
-# the tensor-core attention and the fused LayerNorm must not have fallen back); `zoff bench ckpt`
-# and bench/ckpt_overlap.sh (the 16-core box's save figures; GPU_OVERLAP: other runs); 1.5B with the
+# the tensor-core attention and the fused LayerNorm must not have fallen back); `zoff bench ckpt`,
+# the staging update's cost (bench/snapshot_staging_cost.c) and bench/ckpt_overlap.sh (the 16-core
+# box's save figures; GPU_OVERLAP: other runs); 1.5B with the
 # optimizer offloaded (`zoff bench step`: offload, delayed, speculative) and `zoff train` 1.5B
 # offload (start-up to step 1); the 13B plan and 4 training steps of it; GPT-2 124M micro 16 and
 # 1.5B micro 4 with the optimizer on the device against plain PyTorch on the same shapes
@@ -44,13 +45,17 @@ if [ "${1:-}" = --prebuild ]; then
   g++ -std=c++17 -O2 -Iinclude -Isrc tests/cuda_emu/emu_check.cpp -o build-gpu/emu_check_real build-gpu/libzoff.a \
     $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
     -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64
+  # shellcheck disable=SC2046
+  cc -O2 -Iinclude bench/snapshot_staging_cost.c -o build-gpu/staging_cost build-gpu/libzoff.a \
+    $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
+    -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   extra=()
   if [ -n "${GPU_BASE_BIN:-}" ]; then # a baseline zoff (an earlier build) for the side-by-side runs
     cp "$GPU_BASE_BIN" build-gpu/zoff-base
     extra=(zoff-base)
   fi
-  tar -C build-gpu -cJf "$CARRY/bins.tar.xz" zoff test_ops test_device emu_check_real "${extra[@]}"
+  tar -C build-gpu -cJf "$CARRY/bins.tar.xz" zoff test_ops test_device emu_check_real staging_cost "${extra[@]}"
   cp -r .deps/debs "$CARRY/debs"
   git rev-parse --short HEAD > "$CARRY/commit"
   du -sh "$CARRY"
@@ -141,6 +146,8 @@ fi
 # ------------------------------------------------------------------ saves while training (issue 20)
 if part ckpt; then
 [ "${GPU_BENCH_CKPT:-1}" = 0 ] || step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
+# the staging update's cost against a plain update and the bound of keeping m and v in place (124M-sized)
+[ -x "$B/staging_cost" ] && step staging_cost 60 "$B/staging_cost" 124475904 9
 if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries
   IFS=';' read -ra runs <<< "${GPU_OVERLAP//@B@/$B}"
   for k in "${!runs[@]}"; do
