@@ -417,6 +417,13 @@ static void test_bad_requests_and_options(void **st) {
     o.nfixed = 1; /* no buffer */
     assert_int_equal(zoff_aio_create(&o, &a), ZOFF_ERR_INVALID);
     assert_msg_has("fixed_buf[0]");
+    zoff_aio_options_default(&o); /* offered one by one: up to the limit, then refused and not added */
+    static char bufs[ZOFF_AIO_MAX_FIXED + 1][64];
+    for (int i = 0; i < ZOFF_AIO_MAX_FIXED; i++) assert_true(zoff_aio_options_add_fixed(&o, bufs[i], sizeof bufs[i]));
+    assert_false(zoff_aio_options_add_fixed(&o, bufs[ZOFF_AIO_MAX_FIXED], 64));
+    assert_int_equal(o.nfixed, ZOFF_AIO_MAX_FIXED);
+    assert_ptr_equal(o.fixed_buf[ZOFF_AIO_MAX_FIXED - 1], bufs[ZOFF_AIO_MAX_FIXED - 1]);
+    assert_int_equal(o.fixed_bytes[0], 64);
     setenv("ZOFF_AIO_ENGINE", "threads", 1);
     zoff_aio_options_default(&o);
     assert_int_equal(zoff_aio_create(&o, &a), ZOFF_OK);

@@ -97,6 +97,9 @@ typedef struct zoff_aio_options {
 } zoff_aio_options;
 
 void zoff_aio_options_default(zoff_aio_options *o);
+/* Offer [buf, buf + bytes) for registration (fixed_buf): false, nothing added, once ZOFF_AIO_MAX_FIXED are
+ * offered (chunks in the others go as ordinary requests). */
+bool zoff_aio_options_add_fixed(zoff_aio_options *o, void *buf, size_t bytes);
 /* The config's "aio" section (DeepSpeed's keys) -> options. */
 void zoff_aio_options_from_config(const zoff_aio_config *c, zoff_aio_options *o);
 

@@ -50,6 +50,13 @@ void zoff_aio_options_default(zoff_aio_options *o) {
     o->direct = 1;
 }
 
+bool zoff_aio_options_add_fixed(zoff_aio_options *o, void *buf, size_t bytes) {
+    if (o->nfixed >= ZOFF_AIO_MAX_FIXED) return false;
+    o->fixed_buf[o->nfixed] = buf;
+    o->fixed_bytes[o->nfixed++] = bytes;
+    return true;
+}
+
 void zoff_aio_options_from_config(const zoff_aio_config *c, zoff_aio_options *o) {
     zoff_aio_options_default(o);
     o->block_size = c->block_size;

@@ -663,11 +663,8 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
         o.block_size = (int64_t)CK_PIECE_BYTES; /* one request per piece, as large as the bound's */
         o.queue_depth = CK_NPIECES; /* one chunk per piece: all of them in flight */
         o.fault = no_aio_fault;
-        o.nfixed = CK_NPIECES; /* the pieces' pages pinned once, not at every request */
-        for (int i = 0; i < CK_NPIECES; i++) {
-            o.fixed_buf[i] = w->piece[i].buf;
-            o.fixed_bytes[i] = CK_PIECE_BYTES;
-        }
+        for (int i = 0; i < CK_NPIECES; i++) /* the pieces' pages pinned once, not at every request */
+            (void)zoff_aio_options_add_fixed(&o, w->piece[i].buf, CK_PIECE_BYTES);
         if (zoff_aio_create(&o, &w->aio) != ZOFF_OK) why = zoff_last_error();
         else if (zoff_aio_file_open(w->aio, w->file, 0, &w->af) != ZOFF_OK) why = zoff_last_error();
     }

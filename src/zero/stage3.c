@@ -347,11 +347,8 @@ static zoff_status nv_create(zoff_s3 *s) {
         return zoff_error(ZOFF_ERR_INVALID, "zero_optimization.offload_param.nvme_path is too long (%zu bytes)",
                           strlen(dir));
     zoff_aio_options ao = s->o.nvme.aio; /* pinned buffers: registered with io_uring as fixed buffers */
-    ao.nfixed = s->o.nvme.pin_memory && buf_bytes > 0 && s->nhb <= ZOFF_AIO_MAX_FIXED ? s->nhb : 0;
-    for (int i = 0; i < ao.nfixed; i++) {
-        ao.fixed_buf[i] = s->hb[i].ptr;
-        ao.fixed_bytes[i] = buf_bytes;
-    }
+    for (int i = 0; s->o.nvme.pin_memory && buf_bytes > 0 && i < s->nhb; i++)
+        if (!zoff_aio_options_add_fixed(&ao, s->hb[i].ptr, buf_bytes)) break;
     ZOFF_TRY(zoff_aio_create(&ao, &s->io));
     ZOFF_TRY(zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &s->f));
     if (fbytes > 0) ZOFF_TRY(zoff_aio_file_reserve(s->f, fbytes));

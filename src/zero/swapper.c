@@ -301,11 +301,8 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     }
     if (st == ZOFF_OK) { /* the I/O engine, the pinned buffers registered with its rings */
         zoff_aio_options ao = o->aio;
-        ao.nfixed = o->pin_memory && s->slot_bytes && s->nslots <= ZOFF_AIO_MAX_FIXED ? s->nslots : 0;
-        for (int i = 0; i < ao.nfixed; i++) {
-            ao.fixed_buf[i] = s->slots[i].buf;
-            ao.fixed_bytes[i] = s->slot_bytes;
-        }
+        for (int i = 0; o->pin_memory && s->slot_bytes && i < s->nslots; i++)
+            if (!zoff_aio_options_add_fixed(&ao, s->slots[i].buf, s->slot_bytes)) break;
         st = zoff_aio_create(&ao, &s->io);
     }
     /* the file */
