@@ -8,7 +8,9 @@
  *     GPT-2 rule (N(0, 0.02), residual projections N(0, 0.02 / sqrt(2L)),
  *     biases 0, LayerNorm weights 1, padded wte rows 0); mean and standard
  *     deviation per tensor within sampling bounds;
- *   - the parallel fills, copies and casts against the scalar conversions. */
+ *   - the parallel fills, copies and casts against the scalar conversions;
+ *   - the streaming copy, at every store width this CPU has, against the source bytes, for
+ *     every alignment of source and destination and ragged lengths, nothing written outside. */
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -21,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "core/parallel_internal.h"
 #include "zoff/core.h"
 #include "zoff/device.h"
 #include "zoff/model.h"
@@ -245,12 +248,56 @@ static void test_parallel_fill_copy_cast(void **state) {
     free(h);
 }
 
+static void test_streaming_copy_widths(void **state) {
+    (void)state;
+    enum { CAP = 70000, GUARD = 128 };
+    static const size_t lens[] = {0, 1, 15, 16, 63, 64, 65, 127, 128, 255, 256, 257, 511, 1000, 4109, 65536 + 191};
+    unsigned char *src = malloc(CAP + 2 * GUARD), *dst = malloc(CAP + 2 * GUARD);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < CAP + 2 * GUARD; i++) src[i] = (unsigned char)(i * 131u + (i >> 8) * 7u + 1u);
+    const int widest = zoff_copy_streaming__widest();
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    /* independent of zoff_cpu_features: the compiler's own CPU model */
+    assert_int_equal(widest, __builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") ? 32 : 16);
+#endif
+    int tested = 0;
+    for (int w = 0; w <= 64; w = w ? 2 * w : 16) {
+        if (w > widest) {
+            print_message("streaming copy: %d-byte stores not on this CPU/build (skipped)\n", w);
+            continue;
+        }
+        for (size_t so = 0; so < 64; so += 7)
+            for (size_t dof = 0; dof < 64; dof++)
+                for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+                    const size_t n = lens[k];
+                    memset(dst + dof, 0xA5, n + 2 * GUARD); /* the range and a guard either side */
+                    zoff_copy_streaming__width(dst + GUARD + dof, src + GUARD + so, n, w);
+                    zoff_store_fence();
+                    if (memcmp(dst + GUARD + dof, src + GUARD + so, n) != 0)
+                        fail_msg("width %d, src +%zu, dst +%zu, %zu bytes: the copy differs", w, so, dof, n);
+                    for (size_t i = dof; i < dof + n + 2 * GUARD; i++)
+                        if ((i < GUARD + dof || i >= GUARD + dof + n) && dst[i] != 0xA5)
+                            fail_msg("width %d, src +%zu, dst +%zu, %zu bytes: byte %zu outside written", w, so, dof, n,
+                                     i);
+                }
+        tested++;
+    }
+    print_message("streaming copy: widest store %d bytes; %d widths tested\n", widest, tested);
+    zoff_copy_streaming(dst + GUARD + 3, src + GUARD, CAP - 3); /* the dispatcher */
+    zoff_store_fence();
+    assert_memory_equal(dst + GUARD + 3, src + GUARD, CAP - 3);
+    free(src);
+    free(dst);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answers),
         cmocka_unit_test(test_normal_reference_and_ranges),
         cmocka_unit_test(test_gpt2_init_threads_and_ranges),
         cmocka_unit_test(test_parallel_fill_copy_cast),
+        cmocka_unit_test(test_streaming_copy_widths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #endif
 
 #include "core/half_internal.h"
+#include "core/parallel_internal.h"
 #include "zoff/core.h"
 
 /* below this many bytes a single thread does it (thread start-up costs more) */
@@ -103,26 +104,88 @@ void zoff_par_f32_to_f16(uint16_t *dst, const float *src, size_t n) {
     for_each_piece(n, n * sizeof(float), f16_piece, &(par_job){.dst = dst, .src = src});
 }
 
-void zoff_copy_streaming(void *dst, const void *src, size_t n) {
+/* Streaming copies: dst's lines written whole, without being read first (no read for ownership)
+ * and without displacing the caller's cache. Full-line stores (64 bytes, AVX-512) beat four
+ * 16-byte ones on the Xeons measured (bench/snapshot_staging_cost.c, docs/performance.md). */
 #ifdef PAR_NT_COPY
-    char *d = dst;
-    const char *s = src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    if (head > n) head = n;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 64; n -= 64, d += 64, s += 64) {
-        __m128i x0 = _mm_loadu_si128((const __m128i *)s), x1 = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + 32)), x3 = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, x0);
-        _mm_stream_si128((__m128i *)(d + 16), x1);
-        _mm_stream_si128((__m128i *)(d + 32), x2);
-        _mm_stream_si128((__m128i *)(d + 48), x3);
+#include <immintrin.h>
+#include <stdint.h>
+
+/* bytes before d's first w-aligned byte (at most n) */
+static size_t nt_head(const char *d, size_t w, size_t n) {
+    size_t h = (w - ((uintptr_t)d & (w - 1))) & (w - 1);
+    return h < n ? h : n;
+}
+
+static size_t nt_copy16(char *d, const char *s, size_t n) {
+    size_t done = 0;
+    for (; n - done >= 64; done += 64) {
+        __m128i x0 = _mm_loadu_si128((const __m128i *)(s + done)), x1 = _mm_loadu_si128((const __m128i *)(s + done + 16));
+        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + done + 32)), x3 = _mm_loadu_si128((const __m128i *)(s + done + 48));
+        _mm_stream_si128((__m128i *)(d + done), x0);
+        _mm_stream_si128((__m128i *)(d + done + 16), x1);
+        _mm_stream_si128((__m128i *)(d + done + 32), x2);
+        _mm_stream_si128((__m128i *)(d + done + 48), x3);
     }
-    memcpy(d, s, n);
-#else
-    memcpy(dst, src, n);
+    return done;
+}
+
+__attribute__((target("avx"))) static size_t nt_copy32(char *d, const char *s, size_t n) {
+    size_t done = 0;
+    for (; n - done >= 128; done += 128) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + done)), x1 = _mm256_loadu_si256((const __m256i *)(s + done + 32));
+        __m256i x2 = _mm256_loadu_si256((const __m256i *)(s + done + 64)), x3 = _mm256_loadu_si256((const __m256i *)(s + done + 96));
+        _mm256_stream_si256((__m256i *)(d + done), x0);
+        _mm256_stream_si256((__m256i *)(d + done + 32), x1);
+        _mm256_stream_si256((__m256i *)(d + done + 64), x2);
+        _mm256_stream_si256((__m256i *)(d + done + 96), x3);
+    }
+    return done;
+}
+
+__attribute__((target("avx512f"))) static size_t nt_copy64(char *d, const char *s, size_t n) {
+    size_t done = 0;
+    for (; n - done >= 256; done += 256) {
+        __m512i x0 = _mm512_loadu_si512(s + done), x1 = _mm512_loadu_si512(s + done + 64);
+        __m512i x2 = _mm512_loadu_si512(s + done + 128), x3 = _mm512_loadu_si512(s + done + 192);
+        _mm512_stream_si512((void *)(d + done), x0);
+        _mm512_stream_si512((void *)(d + done + 64), x1);
+        _mm512_stream_si512((void *)(d + done + 128), x2);
+        _mm512_stream_si512((void *)(d + done + 192), x3);
+    }
+    return done;
+}
 #endif
+
+int zoff_copy_streaming__widest(void) {
+#ifdef PAR_NT_COPY
+    const zoff_cpu_features *f = zoff_cpu_features_get();
+    return f->avx512f ? 64 : f->avx2 ? 32 : 16;
+#else
+    return 0;
+#endif
+}
+
+void zoff_copy_streaming__width(void *dst, const void *src, size_t n, int width) {
+#ifdef PAR_NT_COPY
+    if (width >= 16) {
+        char *d = dst;
+        const char *s = src;
+        size_t head = nt_head(d, (size_t)width, n);
+        memcpy(d, s, head);
+        d += head, s += head, n -= head;
+        size_t done = width >= 64 ? nt_copy64(d, s, n) : width >= 32 ? nt_copy32(d, s, n) : nt_copy16(d, s, n);
+        memcpy(d + done, s + done, n - done);
+        return;
+    }
+#else
+    (void)width;
+#endif
+    memcpy(dst, src, n);
+}
+
+void zoff_copy_streaming(void *dst, const void *src, size_t n) {
+    zoff_copy_streaming__width(dst, src, n, zoff_copy_streaming__widest());
 }
 
 void zoff_store_fence(void) {
