@@ -17,7 +17,8 @@
 #
 # Per run, the figure the target is about, "span": each save's metrics line (written when the
 # trainer joins the writer: ckpt_step S, ckpt_steps_overlapped k, ckpt_start = the main
-# thread's part of starting it) gives the steps S+1..S+k that ran while it was in flight, from
+# thread's part of starting it, counted apart where it ran between steps: builds since the
+# deferred start run it inside step S+1, "ckpt_start_in_step") gives the steps S+1..S+k that ran while it was in flight, from
 # the save's start to the writer done; span = (ckpt_start + their step_time summed + the wait for
 # it at the next save, ckpt_join_wait, when it outlasted its interval) / (k x the median step_time
 # of the steps >= 2 in no save's span), over all saves of the run and over those after the first
@@ -74,7 +75,8 @@ base = statistics.median(free)
 last = max(steps)
 def cost(v, waits=True):  # its start, the steps in flight, and the loop's wait for it outside a step at the next save
     join = v.get("ckpt_join_wait", 0.0) if waits and v["step"] < last else 0.0  # (not the final save's wait)
-    return v["ckpt_start"] + join + sum(
+    start = 0.0 if v.get("ckpt_start_in_step") else v["ckpt_start"]  # (a start inside step S+1 is in its step_time)
+    return start + join + sum(
         steps.get(s, 0.0) for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1))
 span_t = sum(cost(v) for v in saves)
 span_n = sum(v["ckpt_steps_overlapped"] for v in saves)

@@ -48,6 +48,11 @@ for mode in plain dpu bf16s; do
   done
   check "$mode: the update did not wait for the writer" \
     "grep '\"ckpt_step\":3,' '$W/s-$mode/metrics.jsonl' | grep -q '\"ckpt_update_wait\":0.000000'"
+  # the save starts just before the next step's update (its pipelined update then overlaps that step's forward),
+  # except with the delayed update, whose job runs during the next forward: at the boundary
+  in_step=true; [ "$mode" = dpu ] && in_step=false
+  check "$mode: the save started $([ $in_step = true ] && echo 'inside the next step' || echo 'at the boundary')" \
+    "grep '\"ckpt_step\":3,' '$W/s-$mode/metrics.jsonl' | grep -q '\"ckpt_start_in_step\":$in_step}'"
 done
 check "the log says what was staged" "grep -q 'staged for the updates' '$W/s-plain.log'"
 # the arena is asked for after step 1 and faulted in on a background thread (test_engine checks its pages); a save
@@ -55,7 +60,7 @@ check "the log says what was staged" "grep -q 'staged for the updates' '$W/s-pla
 check "the first save says how much of its arena was faulted in ahead" \
   "grep '\"ckpt_step\":3,' '$W/s-plain/metrics.jsonl' | grep -q '\"ckpt_prefaulted\":[0-9]'"
 check "the second save says none (the first's arena, faulted in then)" \
-  "grep '\"ckpt_step\":6,' '$W/s-plain/metrics.jsonl' | grep -q '\"ckpt_prefaulted\":0}'"
+  "grep '\"ckpt_step\":6,' '$W/s-plain/metrics.jsonl' | grep -q '\"ckpt_prefaulted\":0,'"
 
 # 2. a 1 MiB budget (one block): the update stages one block, then waits for the writer (said once)
 "$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 7 --save-interval 3 --save-snapshot-memory 1MiB \

@@ -475,6 +475,13 @@ zoff_status zoff_engine_flush(zoff_engine *e);
 /* The same without putting them there: the next forward still uses the weights the uninterrupted
  * run would use (a checkpoint calls this, so that saving does not change the run). */
 zoff_status zoff_engine_flush_state(zoff_engine *e);
+/* Whether the host optimizer state stays as the last zoff_engine_step left it (its update, once
+ * done) through the forwards and backwards up to the next zoff_engine_step: no update runs in
+ * them. False with the delayed update (its job runs then) and with super_offload (it speculates
+ * the update during the boundary backward). Where true, a background save of the state as of a
+ * step may start just before the next zoff_engine_step (the trainer's periodic saves: by then the
+ * pipelined update it waits for has overlapped that step's forward). */
+bool zoff_engine_state_fixed_until_step(const zoff_engine *e);
 
 /* ---- the delayed update's pending weights (resuming it bit for bit) ----
  * With zero_optimization.zoff_delayed_param_update, after a step the newest update's weights

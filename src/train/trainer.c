@@ -25,7 +25,10 @@ void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
  * step, before its count goes up (the wait is that step's ckpt_wait). A metrics line says how many
  * steps ran (or began) while the save was in flight and how long the loop waited for it outside a
  * step (at the next save, or the final one) (bench/ckpt_overlap.sh). */
+static zoff_status start_due_save(zoff_trainer *t);
+
 static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in_step) {
+    ZOFF_TRY(start_due_save(t)); /* a save due: started first (joining it is what the caller wants) */
     if (!t->bg) return ZOFF_OK;
     double t0 = zoff_now();
     zoff_train_ckpt_done d = {0};
@@ -47,10 +50,12 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     return trainer_metrics_line(t,
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
                                 "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
-                                "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f,\"ckpt_prefaulted\":%zu}\n",
+                                "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f,\"ckpt_prefaulted\":%zu,"
+                                "\"ckpt_start_in_step\":%s}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
-                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted);
+                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted,
+                                t->bg_start_in_step ? "true" : "false");
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
@@ -273,6 +278,7 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     /* the update (and, with the delayed update, its background job) starts in zoff_engine_step
      * (with super_offload during the boundary backward, waited for there): a checkpoint still
      * reading the state finishes first, unless it reads through the engine's snapshot */
+    ZOFF_TRY(start_due_save(t)); /* the last step's periodic save, now that its update is done */
     if (!zoff_train_ckpt_save_snapshots(t->bg)) ZOFF_TRY(wait_background_save(t, &r->t_ckpt_wait, true));
     if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");
@@ -348,14 +354,42 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new) {
 
 /* A background save's snapshot budget (zoff_trainer_options.save_snapshot_bytes; < 0: none). super_offload's
  * speculative update waits for the save before it begins (micro_batch): no snapshot. */
+static bool snapshots_used(const zoff_trainer *t) {
+    return !t->cfg.zero.offload_optimizer.super_offload && t->o.save_snapshot_bytes >= 0;
+}
+
 static int64_t snapshot_budget(const zoff_trainer *t) {
-    if (t->cfg.zero.offload_optimizer.super_offload || t->o.save_snapshot_bytes < 0) return -1;
+    if (!snapshots_used(t)) return -1;
     if (t->o.save_snapshot_bytes > 0) return t->o.save_snapshot_bytes;
     zoff_host_memory hm;
     size_t full = zoff_engine_snapshot_bytes(t->eng), held = zoff_engine_snapshot_held(t->eng), half = 0;
     if (zoff_host_memory_query(&hm) == ZOFF_OK) half = (zoff_host_memory_left(&hm) + held) / 2; /* ours counts */
     if (half < held) half = held; /* kept from the last save: using it costs nothing */
     return (int64_t)(full < half ? full : half);
+}
+
+/* Starts the background save of step bg_step; due: its meta, taken at that step's boundary (NULL:
+ * taken now). */
+static zoff_status start_save(zoff_trainer *t, const zoff_train_meta *due) {
+    double t0 = zoff_now();
+    zoff_status s = zoff_engine_flush_state(t->eng); /* the state is final: no update runs until the next step */
+    if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
+    zoff_train_meta now = due ? *due : current_meta(t);
+    s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &now, t->cfg.source, (int)t->o.keep_last,
+                                   snapshot_budget(t), &t->bg);
+    t->bg_start_s = zoff_now() - t0;
+    return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
+}
+
+/* The periodic save left due at the last step boundary (zoff_trainer_save_periodic), started now:
+ * before the next zoff_engine_step, or before anything joins a save. Nothing has changed the
+ * state since that boundary (zoff_engine_state_fixed_until_step); the pipelined update the start
+ * waits for has run alongside this step's forward instead of before it. */
+static zoff_status start_due_save(zoff_trainer *t) {
+    if (!t->save_due) return ZOFF_OK;
+    t->save_due = false;
+    t->bg_start_in_step = true;
+    return start_save(t, &t->due_meta);
 }
 
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
@@ -370,13 +404,14 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
                  "%.2f s for it (said once). The saves outrun the disk: raise --save-interval",
                  (long long)t->info.step, behind);
     }
-    double t0 = zoff_now();
-    zoff_status s = zoff_engine_flush_state(t->eng); /* the state is final: no update runs until the next step */
-    if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
-    zoff_train_meta m = current_meta(t);
-    s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &m, t->cfg.source, (int)t->o.keep_last,
-                                   snapshot_budget(t), &t->bg);
     t->bg_step = t->info.step;
-    t->bg_start_s = zoff_now() - t0;
-    return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
+    t->bg_start_in_step = false;
+    if (snapshots_used(t) && zoff_engine_state_fixed_until_step(t->eng)) {
+        /* what the checkpoint records besides tensors is the main thread's, final now; the snapshot
+         * starts just before the next update (start_due_save) */
+        t->due_meta = current_meta(t);
+        t->save_due = true;
+        return ZOFF_OK;
+    }
+    return start_save(t, NULL);
 }

@@ -31,6 +31,10 @@ struct zoff_trainer {
     zoff_train_ckpt_job *bg;  /* the background checkpoint in flight (NULL: none) */
     int64_t bg_step;          /* ... the step it saves */
     double bg_start_s;        /* ... the main thread's part of starting it (flush, device weights, snapshot) */
+    bool bg_start_in_step;    /* ... started inside the step after bg_step (save_due) */
+    bool save_due;            /* a periodic save of bg_step, with meta due_meta, starts just before the next
+                                 zoff_engine_step (start_due_save) */
+    zoff_train_meta due_meta;
     bool told_save_behind;    /* said once: a periodic save found the previous one still being written */
     bool snap_prepared;       /* the snapshot's arena was asked for ahead of the first periodic save (prepare_saves) */
 };

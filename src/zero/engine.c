@@ -1526,6 +1526,8 @@ zoff_status zoff_engine_flush_state(zoff_engine *e) {
     return zoff_stream_synchronize(e->compute);
 }
 
+bool zoff_engine_state_fixed_until_step(const zoff_engine *e) { return !e->dpu && !e->spec; }
+
 zoff_status zoff_engine_flush(zoff_engine *e) {
     ZOFF_TRY(zoff_engine_flush_state(e));
     if (!e->dpu || !e->weights_pending) return ZOFF_OK;
