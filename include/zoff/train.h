@@ -283,7 +283,10 @@ zoff_status zoff_trainer_save(zoff_trainer *t, bool only_if_new);
  * loader position and loss-scaler state are taken now. The writer reads the state as of now
  * through the engine's snapshot (save_snapshot_bytes >= 0: the updates go on, staging what the
  * writer has not read), else zoff_trainer_step waits for the writer before its optimizer update.
- * zoff_trainer_step joins a writer that has finished at its end and returns the writer's error,
+ * With the snapshot, where the engine's state stays fixed until the next update
+ * (zoff_engine_state_fixed_until_step), the save itself starts in the next zoff_trainer_step just
+ * before that update, or when anything joins the save first (zoff_trainer_save, destroy): the
+ * update this save waits for then overlaps that step's forward. zoff_trainer_step joins a writer that has finished at its end and returns the writer's error,
  * if any; a save waits for the one in flight first. Collective. */
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
 /* The step at or after the current one at which a periodic save comes (a multiple of save_interval
