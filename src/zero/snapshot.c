@@ -364,8 +364,10 @@ static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int
     for (int k = 0; k < n; k++) {
         const int i = batch[k].i;
         const int64_t b = batch[k].b;
-        memcpy(slot_at(p, p->slot[i][b]), zoff_eng_state_ptr(e, i, b * p->blk[i]),
-               (size_t)block_len(p, e, i, b) * state_esize(e, i));
+        /* streamed as the update's own pass stages (no read of the slot's lines first) */
+        zoff_copy_streaming(slot_at(p, p->slot[i][b]), zoff_eng_state_ptr(e, i, b * p->blk[i]),
+                            (size_t)block_len(p, e, i, b) * state_esize(e, i));
+        zoff_store_fence(); /* this thread's copy in memory before the block is marked READY */
     }
     pthread_mutex_lock(&p->mu);
     for (int k = 0; k < n; k++) {
