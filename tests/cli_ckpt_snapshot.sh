@@ -90,6 +90,32 @@ done
   --save "$W/off" >/dev/null 2>&1
 check "off: step 3 == the synchronous writer's, nothing staged, the save ended inside step 4" \
   "cmp -s '$W/off/step_00000003/rank_00000.zckpt' '$W/y-plain/step_00000003/rank_00000.zckpt' && grep '\"ckpt_step\":3,' '$W/off/metrics.jsonl' | grep -q '\"ckpt_steps_overlapped\":1,\"ckpt_seconds\":[0-9.]*,\"ckpt_start\":[0-9.]*,\"ckpt_staged\":0,'"
+# 4. a stop (SIGTERM) that lands inside step 3, so the loop stops right after step 3's periodic save was left due
+# to start in step 4: the final save starts it and joins it (a background save of step 3, then no second one);
+# step 3 == the synchronous writer's, nothing of step 4. Steps of ~0.3-1 s (a wider model); the signal is sent
+# 0.15 s after step 2's metrics line, up to 3 tries if it misses step 3 (scheduling on a loaded machine).
+S=(train --num-layers 2 --hidden-size 384 --num-attention-heads 6 --seq-length 256 --tokenizer byte
+   --data-path "$W/corpus_train.bin" --eval-iters 0 --config "$W/plain.json" --save-interval 3)
+"$ZOFF" "${S[@]}" --train-iters 4 --sync-save --quiet --save "$W/sig-y" >/dev/null 2>&1
+hit=0
+for try in 1 2 3; do
+  rm -rf "$W/sig"
+  "$ZOFF" "${S[@]}" --train-iters 6 --save "$W/sig" >"$W/sig.log" 2>&1 </dev/null &
+  pid=$!
+  for _ in $(seq 1 3000); do grep -q '"step":2,' "$W/sig/metrics.jsonl" 2>/dev/null && break; sleep 0.02; done
+  sleep 0.15
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid"; rc=$?
+  if grep -q 'signal 15: saving a checkpoint at step 3' "$W/sig.log"; then hit=1; break; fi
+  echo "# try $try: the signal missed step 3: $(grep 'signal 15' "$W/sig.log")"
+done
+f=step_00000003/rank_00000.zckpt
+check "stop inside step 3: the run stopped after step 3 (exit 143)" "[ $hit -eq 1 ] && [ $rc -eq 143 ]"
+check "the due save of step 3 ran in the background, started when the final save joined it" \
+  "grep '\"ckpt_step\":3,' '$W/sig/metrics.jsonl' | grep -q '\"ckpt_start_in_step\":true}'"
+check "its checkpoint is complete and == the synchronous writer's; no step 4" \
+  "[ -f '$W/sig/step_00000003/COMPLETE' ] && cmp -s '$W/sig/$f' '$W/sig-y/$f' && ! ls -d '$W/sig/step_00000004'* >/dev/null 2>&1"
+
 "$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 1 --save-snapshot-memory 12XB --save "$W/bad" >"$W/bad.log" 2>&1
 check "a bad --save-snapshot-memory: exit 2 and a message naming it" \
   "[ $? -eq 2 ] && grep -q 'save-snapshot-memory' '$W/bad.log'"
