@@ -375,6 +375,73 @@ static void test_state_get_set(void **st) {
     free(x), free(y);
 }
 
+/* The state in the dtype the engine keeps it (zoff_engine_state_range_as, zoff_engine_snapshot_read_as: what a
+ * checkpoint of bf16 m and v stores and loads, copied as they are): each bf16 value is the high half of the fp32
+ * the fp32 range gives (bf16's definition: widening appends 16 zero bits), in memory, in the NVMe swap file and
+ * through a save's snapshot; a bf16 range set reads back widened, exactly; any other dtype is refused. */
+static void check_range_as(bool nvme) {
+    if (nvme) nvme_setup();
+    rig r;
+    rig_open(&r, true, 1.0, ZOFF_STATE_ROUND_STOCHASTIC);
+    uint16_t *g16 = malloc(N * 2), *h = malloc(N * 2);
+    float *f = malloc(N * 4);
+    for (int t = 0; t < 2; t++) {
+        random_grads(g16, 1.0);
+        rig_step(&r, g16);
+    }
+    for (int a = 1; a < 3; a++) {
+        OK(zoff_engine_state_range(r.e, a, 0, N, f, true));
+        memset(h, 0xa5, N * 2);
+        OK(zoff_engine_state_range_as(r.e, a, 0, 1234, ZOFF_BF16, h, true)); /* in two pieces, across sub-groups */
+        OK(zoff_engine_state_range_as(r.e, a, 1234, N - 1234, ZOFF_BF16, h + 1234, true));
+        for (int i = 0; i < N; i++) {
+            uint32_t u;
+            memcpy(&u, &f[i], 4);
+            if (h[i] != (uint16_t)(u >> 16) || (u & 0xffffu) != 0)
+                fail_msg("state %d element %d: bf16 0x%04x, fp32 0x%08x", a, i, h[i], u);
+        }
+        if (!nvme) { /* the snapshot of a background save reads the same */
+            OK(zoff_engine_snapshot_begin(r.e, (size_t)-1));
+            memset(h, 0x5a, N * 2);
+            OK(zoff_engine_snapshot_read_as(r.e, a, 0, N, ZOFF_BF16, h));
+            zoff_engine_snapshot_finish(r.e, NULL);
+            for (int i = 0; i < N; i++) {
+                uint32_t u;
+                memcpy(&u, &f[i], 4);
+                assert_int_equal(h[i], u >> 16);
+            }
+        }
+    }
+    for (int i = 0; i < 300; i++) h[i] = (uint16_t)(0x3c00 + 37 * i); /* bf16 values 2^-7 .. */
+    OK(zoff_engine_state_range_as(r.e, 2, 1900, 300, ZOFF_BF16, h, false));
+    OK(zoff_engine_state_range(r.e, 2, 1900, 300, f, true));
+    for (int i = 0; i < 300; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        float x;
+        memcpy(&x, &u, 4);
+        assert_true(f[i] == x);
+    }
+    assert_int_equal(zoff_engine_state_range_as(r.e, 0, 0, 10, ZOFF_BF16, h, true), ZOFF_ERR_INVALID); /* master: fp32 */
+    assert_non_null(strstr(zoff_last_error(), "ask for f32"));
+    assert_int_equal(zoff_engine_state_range_as(r.e, 1, 0, 10, ZOFF_F16, h, true), ZOFF_ERR_INVALID);
+    assert_int_equal(zoff_engine_state_range_as(r.e, 1, N - 5, 10, ZOFF_BF16, h, true), ZOFF_ERR_INVALID);
+    rig_close(&r);
+    if (nvme) nvme_teardown();
+    if (!nvme) { /* Twin-Flow: the engine keeps fp32 state on the device, so m and v are fp32 here */
+        rig_open(&r, true, 0.5, ZOFF_STATE_ROUND_STOCHASTIC);
+        assert_int_equal(zoff_engine_state_range_as(r.e, 1, 0, 10, ZOFF_BF16, h, true), ZOFF_ERR_INVALID);
+        OK(zoff_engine_state_range_as(r.e, 1, 0, 10, ZOFF_F32, f, true));
+        rig_close(&r);
+    }
+    free(g16), free(h), free(f);
+}
+
+static void test_state_range_as(void **st) {
+    (void)st;
+    check_range_as(false);
+    check_range_as(true);
+}
+
 /* Twin-Flow (ratio < 1): the device part keeps fp32 state; the host part bf16 (10 B/param);
  * a checkpoint of such a run stores fp32 m and v (every rank agrees). */
 static void test_twin_flow(void **st) {
@@ -404,6 +471,7 @@ int main(void) {
         cmocka_unit_test(test_host_bytes),               cmocka_unit_test(test_state_get_set),
         cmocka_unit_test(test_twin_flow),                cmocka_unit_test(test_nvme_matches_reference),
         cmocka_unit_test(test_nvme_equals_cpu),          cmocka_unit_test(test_nvme_state_get_set),
+        cmocka_unit_test(test_state_range_as),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -384,6 +384,11 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);
  * file: read and written in place through zoff_swapper_range (no host buffer beyond the
  * swapper's; the engine's job is waited for first, as zoff_engine_state_get/set do). */
 zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get);
+/* The same with host of dtype dt: ZOFF_F32 (as above), or the dtype the engine keeps the array in
+ * (zoff_engine_state_dtype: bf16 m and v, copied as they are, no conversion either way). Any
+ * other dtype is refused (ZOFF_ERR_INVALID). */
+zoff_status zoff_engine_state_range_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
+                                       void *host, bool get);
 /* Copy-on-update snapshot for a background save (one rank, all the state in host memory,
  * zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no update
  * running: after zoff_engine_flush_state) starts one: from then on a host update of a
@@ -416,6 +421,9 @@ zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget);
 size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);
 zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host);
+/* The same in dtype dt (as zoff_engine_state_range_as: fp32, or the array's own dtype). */
+zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
+                                         void *host);
 void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats);
 size_t zoff_engine_snapshot_held(const zoff_engine *e);
 /* The dtype state array i keeps in the engine (what a checkpoint stores): ZOFF_BF16 for m

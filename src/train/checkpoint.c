@@ -277,9 +277,11 @@ static void widen_bf16(void *p, int64_t c) {
 }
 
 /* The part of entry `name` of file f that lies in the window [L, L + W) of this rank's partition
- * (its runs `mine` laid end to end) into buf (buf[0] = element L); *covered += elements read. */
+ * (its runs `mine` laid end to end) into buf (element L first), in dtype hdt: the file's (as
+ * stored), or fp32 (bf16 widened); *covered += elements read. */
 static zoff_status read_window(const rank_file *f, const char *name, const int64_t *mine, int nmine, int64_t L,
-                               int64_t W, float *buf, int64_t *covered) {
+                               int64_t W, zoff_dtype hdt, void *buf, int64_t *covered) {
+    const int64_t es = (int64_t)zoff_dtype_size(f->dt), hs = (int64_t)zoff_dtype_size(hdt);
     int64_t eo = 0; /* intersect each of their runs with each of mine, clipped to the window */
     for (size_t a = 0; a < f->p.nruns; a++) {
         int64_t o = f->p.runs[2 * a], c = f->p.runs[2 * a + 1], lo = 0;
@@ -290,9 +292,9 @@ static zoff_status read_window(const rank_file *f, const char *name, const int64
             if (lx < L) x += L - lx, lx = L;
             if (ly > L + W) ly = L + W;
             if (x < y && lx < ly) {
-                const int64_t es = (int64_t)zoff_dtype_size(f->dt);
-                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * es, buf + (lx - L), (size_t)((ly - lx) * es)));
-                if (f->dt == ZOFF_BF16) widen_bf16(buf + (lx - L), ly - lx);
+                char *to = (char *)buf + (lx - L) * hs;
+                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * es, to, (size_t)((ly - lx) * es)));
+                if (f->dt != hdt) widen_bf16(to, ly - lx);
                 *covered += ly - lx;
             }
             lo += mc;
@@ -319,8 +321,9 @@ static zoff_status open_rank_files(zoff_ckpt_reader *r, int64_t n, rank_file *fi
 
 /* One optimizer state array k of this rank, window by window, from the rank files into the
  * engine (zoff_engine_state_range: in memory, on the device or in an NVMe swap file alike).
- * A file's dtype may differ from the engine's (bf16.bf16_optimizer_states changed between the
- * runs): bf16 widens to fp32 exactly, fp32 rounds to nearest-even into bf16 state. */
+ * Where the file keeps the engine's dtype the values are copied as they are; else
+ * (bf16.bf16_optimizer_states changed between the runs) bf16 widens to fp32 exactly, fp32 rounds
+ * to nearest-even into bf16 state. */
 static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
                                     int nmine, int64_t pn, float *buf, int64_t W) {
     const char *name = zoff_engine_state_name(eng, k);
@@ -332,11 +335,17 @@ static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng
                  zoff_ckpt_reader_path(files[0].r), name, zoff_dtype_name(files[0].dt),
                  zoff_dtype_name(zoff_engine_state_dtype(eng, k)),
                  files[0].dt == ZOFF_BF16 ? "widened exactly" : "rounded to nearest bf16");
+    /* the rank files agree on the dtype (each rank's file is written with zoff_engine_state_dtype of the same
+     * config); a file that does not is read through fp32 */
+    zoff_dtype hdt = oldn > 0 ? files[0].dt : ZOFF_F32;
+    for (int q = 0; q < oldn; q++)
+        if (files[q].dt != hdt) hdt = ZOFF_F32;
+    if (hdt != zoff_engine_state_dtype(eng, k)) hdt = ZOFF_F32;
     int64_t covered = 0, L = 0;
     do {
         int64_t w = pn - L < W ? pn - L : W;
-        for (int q = 0; q < oldn; q++) ZOFF_TRY(read_window(&files[q], name, mine, nmine, L, w, buf, &covered));
-        ZOFF_TRY(zoff_engine_state_range(eng, k, L, w, buf, false));
+        for (int q = 0; q < oldn; q++) ZOFF_TRY(read_window(&files[q], name, mine, nmine, L, w, hdt, buf, &covered));
+        ZOFF_TRY(zoff_engine_state_range_as(eng, k, L, w, hdt, buf, false));
         L += w;
     } while (L < pn);
     if (covered != pn)

@@ -191,49 +191,28 @@ static zoff_status put_gathered_weights(zoff_train_ckpt_job *j, zoff_ckpt_writer
     return all_ok(j, s);
 }
 
-/* c fp32 values at p into c bf16 values at p (in place, front to back: each value is read
- * before its bytes are overwritten); exact for values that were bf16 (the engine's m and v). */
-static void narrow_bf16(void *p, int64_t c) {
-    for (int64_t k = 0; k < c; k++) {
-        float x;
-        memcpy(&x, (char *)p + 4 * k, sizeof x);
-        uint16_t h = zoff_f32_to_bf16(x);
-        memcpy((char *)p + 2 * k, &h, sizeof h);
-    }
-}
-
 /* Entry `name` = elements [off, off + count) of state array i, in the dtype the engine keeps it
- * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, narrowed here from the fp32
- * the engine gives), or with i < 0 of the model's parameter buffer (the engine's dtype): straight
- * from the engine into the writer's piece buffer, a slice at a time (the writer checksums each
- * slice while it is in cache). */
+ * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, copied as they are), or with
+ * i < 0 of the model's parameter buffer (the engine's dtype): straight from the engine into the
+ * writer's piece buffer, a slice at a time (the writer checksums each slice while it is in
+ * cache). */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count) {
     const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : zoff_engine_state_dtype(j->eng, i);
-    const bool narrow = i >= 0 && dt != ZOFF_F32;
-    const size_t es = zoff_dtype_size(dt), gs = narrow ? sizeof(float) : es; /* stored, given */
+    const size_t es = zoff_dtype_size(dt);
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
-    const int64_t slice = (int64_t)(slice_bytes() / gs);
+    const int64_t slice = (int64_t)(slice_bytes() / es);
     for (int64_t p = 0; p < count;) {
-        void *dst = NULL, *to;
+        void *dst = NULL;
         size_t cap = 0;
-        float tmp[2]; /* room for fewer than two fp32 values at the piece's end: through here */
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
-        int64_t c = (int64_t)(cap / gs);
+        int64_t c = (int64_t)(cap / es); /* > 0: pieces and entries are aligned, appends whole elements */
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
-        if (narrow && c < count - p) c &= ~(int64_t)1; /* 4-byte appends: the next dst stays aligned */
-        to = dst;
-        if (c == 0 && cap >= es) {
-            c = count - p < 2 ? count - p : 2;
-            to = tmp;
-        }
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
-        if (i < 0) ZOFF_TRY(zoff_engine_device_weights(j->eng, off + p, c, to, true));
-        else ZOFF_TRY(j->snap ? zoff_engine_snapshot_read(j->eng, i, off + p, c, to)
-                              : zoff_engine_state_range(j->eng, i, off + p, c, to, true));
-        if (narrow) narrow_bf16(to, c);
-        if (to != dst) memcpy(dst, to, (size_t)c * es);
+        if (i < 0) ZOFF_TRY(zoff_engine_device_weights(j->eng, off + p, c, dst, true));
+        else ZOFF_TRY(j->snap ? zoff_engine_snapshot_read_as(j->eng, i, off + p, c, dt, dst)
+                              : zoff_engine_state_range_as(j->eng, i, off + p, c, dt, dst, true));
         ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
         if (j->pause_ms > 0 && i >= 0) { /* once per job, in the writer's own entries */
             usleep((useconds_t)j->pause_ms * 1000);

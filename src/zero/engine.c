@@ -47,6 +47,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "core/half_internal.h"
 #include "zero/engine_impl.h"
 #include "zoff/resources.h"
 
@@ -658,18 +659,25 @@ static zoff_status nvme_master_to_staging(zoff_engine *e) { return each_swapped_
 
 /* n elements of a state array of dtype dt to (get) or from the fp32 array h: bf16 widens
  * exactly, or rounds to nearest-even (exact for values that were bf16). */
-static void state_convert(void *st, zoff_dtype dt, float *h, int64_t n, bool get) {
-    if (dt == ZOFF_F32) {
-        if (get) memcpy(h, st, (size_t)n * sizeof(float));
-        else memcpy(st, h, (size_t)n * sizeof(float));
+/* n elements between state st (dtype dt) and the caller's h (dtype hdt: dt, a plain copy, or
+ * fp32, which bf16 state widens to exactly and rounds from to nearest even); get: st -> h. */
+static void state_convert(void *st, zoff_dtype dt, void *h, zoff_dtype hdt, int64_t n, bool get) {
+    if (dt == hdt) {
+        const size_t bytes = (size_t)n * zoff_dtype_size(dt);
+        if (get) memcpy(h, st, bytes);
+        else memcpy(st, h, bytes);
         return;
     }
     uint16_t *b = st;
+    float *f = h;
     if (get)
-        for (int64_t k = 0; k < n; k++) h[k] = zoff_bf16_to_f32(b[k]);
+        for (int64_t k = 0; k < n; k++) f[k] = zoff_half_bf16_to_f32(b[k]);
     else
-        for (int64_t k = 0; k < n; k++) b[k] = zoff_f32_to_bf16(h[k]);
+        for (int64_t k = 0; k < n; k++) b[k] = zoff_half_f32_to_bf16(f[k]);
 }
+
+/* The dtype of host state array i (0 master, 1 m, 2 v). */
+static zoff_dtype host_state_dt(const zoff_engine *e, int i) { return i == 0 ? ZOFF_F32 : e->sdt; }
 
 /* state_io for the host sub-groups: one pass over the swap file, array i only. */
 static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, bool absent) {
@@ -688,32 +696,34 @@ static zoff_status nvme_state_io(zoff_engine *e, int i, float *host, bool get, b
         void *arr[ZOFF_SWAP_MAX_ARRAYS];
         ZOFF_TRY(zoff_swapper_next(e->swap, &sw, arr));
         const subgroup *g = &e->sg[e->swap_sg[sw]];
-        state_convert(arr[a], i == 0 ? ZOFF_F32 : e->sdt, host + g->offset, g->count, get);
+        state_convert(arr[a], host_state_dt(e, i), host + g->offset, ZOFF_F32, g->count, get);
         ZOFF_TRY(zoff_swapper_release(e->swap));
     }
     return zoff_swapper_end(e->swap);
 }
 
-/* zoff_swapper_range's parts of a state array: its dtype in the swap file <-> fp32 host memory. */
+/* zoff_swapper_range's parts of a state array: its dtype in the swap file <-> host memory of hdt. */
 typedef struct nvme_range_arg {
-    float *host;
-    zoff_dtype dt;
+    void *host;
+    zoff_dtype dt, hdt;
     bool get;
 } nvme_range_arg;
 static void nvme_range_convert(void *arg, int64_t k, int64_t n, void *data) {
     const nvme_range_arg *r = arg;
-    state_convert(data, r->dt, r->host + k, n, r->get);
+    state_convert(data, r->dt, (char *)r->host + (size_t)k * zoff_dtype_size(r->hdt), r->hdt, n, r->get);
 }
 
-/* state_range for host sub-group k: its elements [lo, lo + c) of state array i, in the swap file. */
-static zoff_status nvme_state_range(zoff_engine *e, int k, int i, int64_t lo, int64_t c, float *h, bool get) {
+/* state_range for host sub-group k: its elements [lo, lo + c) of state array i, in the swap file,
+ * to or from h of dtype hdt. */
+static zoff_status nvme_state_range(zoff_engine *e, int k, int i, int64_t lo, int64_t c, void *h, zoff_dtype hdt,
+                                    bool get) {
     int a = nvme_array_of(e, i), sw = 0;
     if (a < 0) {
-        if (get) memset(h, 0, (size_t)c * sizeof(float));
+        if (get) memset(h, 0, (size_t)c * zoff_dtype_size(hdt));
         return ZOFF_OK;
     }
     while (sw < e->nswap && e->swap_sg[sw] != k) sw++;
-    nvme_range_arg ra = {.host = h, .dt = i == 0 ? ZOFF_F32 : e->sdt, .get = get};
+    nvme_range_arg ra = {.host = h, .dt = host_state_dt(e, i), .hdt = hdt, .get = get};
     return zoff_swapper_range(e->swap, sw, a, lo, c, !get, nvme_range_convert, &ra);
 }
 
@@ -1589,20 +1599,20 @@ void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so) {
     return i == 0 ? (void *)(e->h_master + so) : st_at(e, i == 1 ? e->h_m : e->h_v, so);
 }
 
-void zoff_eng_state_to_f32(const zoff_engine *e, int i, const void *src, int64_t c, float *h) {
-    state_convert((void *)src, i == 0 ? ZOFF_F32 : e->sdt, h, c, true); /* get: src is only read */
+void zoff_eng_state_to(const zoff_engine *e, int i, const void *src, int64_t c, zoff_dtype hdt, void *h) {
+    state_convert((void *)src, host_state_dt(e, i), h, hdt, c, true); /* get: src is only read */
 }
 
-/* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the fp32 array
- * h: bf16 m and v widen exactly, or round to nearest-even (exact for values that were bf16);
- * an array the optimizer does not use reads as zeros. */
-static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, float *h, bool get) {
+/* Host state array i (0 master, 1 m, 2 v) elements [so, so + c) to (get) or from the array h of
+ * hdt (state_convert: the state's own dtype, or fp32); an array the optimizer does not use reads
+ * as zeros. */
+static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, void *h, zoff_dtype hdt, bool get) {
     void *src = zoff_eng_state_ptr(e, i, so);
     if (!src) {
-        if (get) memset(h, 0, (size_t)c * sizeof(float));
+        if (get) memset(h, 0, (size_t)c * zoff_dtype_size(hdt));
         return;
     }
-    state_convert(src, i == 0 ? ZOFF_F32 : e->sdt, h, c, get);
+    state_convert(src, host_state_dt(e, i), h, hdt, c, get);
 }
 
 zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i) {
@@ -1622,7 +1632,7 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
         float *h = host + g->offset;
         if (g->on_host && e->swap) continue; /* below: one pass over the swap file */
         if (g->on_host) {
-            host_state_io(e, i, g->state_off, g->count, h, get);
+            host_state_io(e, i, g->state_off, g->count, h, ZOFF_F32, get);
         } else {
             float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off)
                               : (i == 1 ? e->d_m : e->d_v) + g->state_off;
@@ -1679,11 +1689,27 @@ zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src) 
     return state_io(e, i, (float *)host_src, false);
 }
 
-/* [offset, offset + count) of state array i, one sub-group at a time (see engine.h). */
-zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get) {
+zoff_status zoff_eng_check_state_range(const zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt) {
     if (i < 0 || i > 2 || offset < 0 || count < 0 || offset > e->n - count)
         return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
                           (long long)offset, (long long)count, (long long)e->n);
+    if (dt != ZOFF_F32 && dt != zoff_engine_state_dtype(e, i))
+        return zoff_error(ZOFF_ERR_INVALID, "engine state %d: a range in %s, where the engine keeps it in %s (ask for "
+                                            "f32 or %s)",
+                          i, zoff_dtype_name(dt), zoff_dtype_name(zoff_engine_state_dtype(e, i)),
+                          zoff_dtype_name(zoff_engine_state_dtype(e, i)));
+    return ZOFF_OK;
+}
+
+zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64_t count, float *host, bool get) {
+    return zoff_engine_state_range_as(e, i, offset, count, ZOFF_F32, host, get);
+}
+
+/* [offset, offset + count) of state array i in dtype dt, one sub-group at a time (see engine.h). */
+zoff_status zoff_engine_state_range_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
+                                       void *host, bool get) {
+    ZOFF_TRY(zoff_eng_check_state_range(e, i, offset, count, dt));
+    const size_t hs = zoff_dtype_size(dt);
     /* as state_io, no update job may use the swapper; cheap when none runs (a save calls this per
      * 256 KiB slice): the full settle only with a speculative job of this boundary in flight */
     if (e->swap) ZOFF_TRY(e->spec_running ? zoff_hr_settle(e) : zoff_hr_wait_job(e));
@@ -1694,13 +1720,14 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
         int64_t lo = g->offset > offset ? g->offset : offset;
         int64_t hi = g->offset + g->count < offset + count ? g->offset + g->count : offset + count;
         if (lo >= hi) continue;
-        float *h = host + (lo - offset);
+        void *h = (char *)host + (size_t)(lo - offset) * hs;
         int64_t so = g->state_off + (lo - g->offset);
         if (g->on_host) {
-            if (e->swap) ZOFF_TRY(nvme_state_range(e, k, i, lo - g->offset, hi - lo, h, get));
-            else host_state_io(e, i, so, hi - lo, h, get);
+            if (e->swap) ZOFF_TRY(nvme_state_range(e, k, i, lo - g->offset, hi - lo, h, dt, get));
+            else host_state_io(e, i, so, hi - lo, h, dt, get);
             continue;
         }
+        /* on the device: fp32 (zoff_engine_state_dtype is f32 wherever a sub-group is, so dt is) */
         float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model + (lo - g->offset) : e->d_master + so)
                           : (i == 1 ? e->d_m : e->d_v) + so;
         ZOFF_TRY(zoff_memcpy_async(e->compute, get ? (void *)h : (void *)d, get ? (const void *)d : (const void *)h,

@@ -278,8 +278,11 @@ static inline bool sp_piece(const zoff_engine *e, bool late, int k, int64_t lo, 
     return *a < *b;
 }
 
-/* Host state array i (0 master, 1 m, 2 v; in use) from c elements at src (its own dtype) to fp32. */
-void zoff_eng_state_to_f32(const zoff_engine *e, int i, const void *src, int64_t c, float *h);
+/* Host state array i (0 master, 1 m, 2 v; in use) from c elements at src (its own dtype) to h of
+ * dtype hdt (its own: a copy; or fp32). */
+void zoff_eng_state_to(const zoff_engine *e, int i, const void *src, int64_t c, zoff_dtype hdt, void *h);
+/* The arguments of a state range in dtype dt (zoff_engine_state_range_as): the error, or ZOFF_OK. */
+zoff_status zoff_eng_check_state_range(const zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt);
 /* Host state array i at host state offset so (NULL: an array the optimizer does not use). */
 void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so);
 

@@ -276,8 +276,8 @@ static unsigned blk_state(const zoff_snap *p, int i, int64_t b) {
     return atomic_load_explicit(&p->state[i][b], memory_order_acquire);
 }
 
-/* The writer: host state elements [so, so + c) of array i, within one block, into h. */
-static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t c, float *h) {
+/* The writer: host state elements [so, so + c) of array i, within one block, into h (of dtype hdt). */
+static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t c, zoff_dtype hdt, void *h) {
     const int64_t b = so / p->blk[i];
     pthread_mutex_lock(&p->mu);
     while (blk_state(p, i, b) == BLK_PENDING && p->active && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
@@ -296,7 +296,7 @@ static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, i
         p->busy_hi = so + c;
     }
     pthread_mutex_unlock(&p->mu);
-    zoff_eng_state_to_f32(e, i, src, c, h);
+    zoff_eng_state_to(e, i, src, c, hdt, h);
     pthread_mutex_lock(&p->mu);
     p->taken[i][b] += c;
     if (block_taken(p, e, i, b) && staged) slot_release(p, i, b);
@@ -319,14 +319,18 @@ static void test_hold(zoff_snap *p) {
 }
 
 zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host) {
+    return zoff_engine_snapshot_read_as(e, i, offset, count, ZOFF_F32, host);
+}
+
+zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
+                                         void *host) {
     zoff_snap *p = e->snap;
-    if (!p || !p->active) return zoff_engine_state_range(e, i, offset, count, host, true);
+    if (!p || !p->active) return zoff_engine_state_range_as(e, i, offset, count, dt, host, true);
     if (p->hold) test_hold(p); /* only the writer clears it */
-    if (i < 0 || i >= SNAP_ARRAYS || offset < 0 || count < 0 || offset > e->n - count)
-        return zoff_error(ZOFF_ERR_INVALID, "engine state %d range [%lld, +%lld) outside [0, %lld)", i,
-                          (long long)offset, (long long)count, (long long)e->n);
+    ZOFF_TRY(zoff_eng_check_state_range(e, i, offset, count, dt));
+    const size_t hs = zoff_dtype_size(dt);
     if (p->nb[i] == 0) { /* an array the optimizer does not use reads as zeros */
-        memset(host, 0, (size_t)count * sizeof(float));
+        memset(host, 0, (size_t)count * hs);
         return ZOFF_OK;
     }
     for (int k = 0; k < e->nsg; k++) {
@@ -337,7 +341,8 @@ zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int
         if (!g->on_host) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device", k);
         for (int64_t so = g->state_off + (lo - g->offset), end = so + (hi - lo); so < end;) {
             int64_t bend = (so / p->blk[i] + 1) * p->blk[i], c = (bend < end ? bend : end) - so;
-            ZOFF_TRY(read_chunk(e, p, i, so, c, host + (lo - offset) + (so - g->state_off - (lo - g->offset))));
+            ZOFF_TRY(read_chunk(e, p, i, so, c, dt,
+                                (char *)host + (size_t)((lo - offset) + (so - g->state_off - (lo - g->offset))) * hs));
             so += c;
         }
     }
