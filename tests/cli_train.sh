@@ -69,6 +69,25 @@ check "corrupt checkpoint: non-zero exit with a checksum message" "[ $rc -ne 0 ]
 check "corrupt checkpoint left as it was, no newer step written" \
   "[ \"\$(md5sum '$f' | cut -d' ' -f1)\" = '$sum_before' ] && [ ! -e '$W/corrupt/step_00000008' ]"
 
+# 7b. a corrupt byte in the optimizer state, which a load reads and checks in one pass (the CRC compared at the
+# entry's end): the first byte of exp_avg, the last of exp_avg_sq (the last thing read): refused alike
+for spot in "optimizer.exp_avg 0" "optimizer.exp_avg_sq -1"; do
+  rm -rf "$W/corrupt2"; cp -r "$W/run" "$W/corrupt2"
+  f="$W/corrupt2/step_00000006/rank_00000.zckpt"
+  read -r ent at <<< "$spot"
+  "$PY" -c "
+import sys; sys.path.insert(0, '$SRC/scripts'); import zckpt
+e = [x for x in zckpt.read_file('$f')[1] if x['name'] == '$ent'][0]
+at = e['offset'] + (e['bytes'] - 1 if $at < 0 else 0)
+with open('$f', 'r+b') as h:
+    h.seek(at); b = h.read(1); h.seek(at); h.write(bytes([b[0] ^ 0x5a]))
+"
+  "$ZOFF" train "${TINY[@]}" --train-iters 8 --save "$W/corrupt2" --load "$W/corrupt2" >"$W/err.txt" 2>&1
+  rc=$?
+  check "corrupt byte in $ent (at $at): non-zero exit naming the entry's checksum" \
+    "[ $rc -ne 0 ] && grep -q \"checksum mismatch in entry '$ent'\" '$W/err.txt' && [ ! -e '$W/corrupt2/step_00000008' ]"
+done
+
 # 8. mismatched checkpoint: flags that contradict the saved model
 "$ZOFF" train "${TINY[@]/--hidden-size/--hidden-size}" --hidden-size 64 --train-iters 8 --save "$W/run2" --load "$W/run" >"$W/err.txt" 2>&1
 check "mismatched checkpoint shape: exit 2 with an explanation" "[ \$? -eq 2 ] && grep -q 'width 32' '$W/err.txt'"

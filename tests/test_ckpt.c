@@ -359,6 +359,90 @@ static void test_corrupt_data_names_entry(void **state) {
     zoff_ckpt_close(r);
 }
 
+/* Bytes this process has read through read(2)/pread(2) so far (the kernel's count, /proc/self/io rchar). */
+static int64_t rchar(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f) return -1;
+    char line[128];
+    long long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "rchar: %lld", &v) == 1) break;
+    fclose(f);
+    return v;
+}
+
+/* zoff_ckpt_reader_verify_in_order: an entry read in order is read from the file once (the kernel's byte count:
+ * about its size, against twice that without), the data is right, the CRC is compared at its last byte; a
+ * corrupt byte is caught by that last read, or, where the reader stopped short or skipped ahead, by
+ * zoff_ckpt_verify (which reads what is left), wherever the byte lies. */
+static void test_verify_in_order(void **state) {
+    const char *root = *state;
+    enum { NB = 3 << 20 }; /* 3 MiB, read in four ranges */
+    uint8_t *data = malloc(NB), *got = malloc(NB);
+    for (size_t i = 0; i < NB; i++) data[i] = (uint8_t)(i * 2654435761u >> 13);
+    zoff_ckpt_writer *w;
+    int64_t shape[1] = {NB / 4};
+    assert_ok(zoff_ckpt_writer_open(root, 5, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add(w, "m", ZOFF_F32, 1, shape, data, NB));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, 5, 1, NULL));
+    char f[4096];
+    rank_file(root, 5, 0, f, sizeof f);
+    const size_t cut[] = {0, 1000000, 1000000 + 4096, 2500000, NB};
+    for (int mode = 0; mode < 2; mode++) { /* 0: checked first (the default), 1: in order */
+        zoff_ckpt_reader *r;
+        assert_ok(zoff_ckpt_open(root, 0, &r));
+        zoff_ckpt_reader_verify_in_order(r, mode == 1);
+        memset(got, 0, NB);
+        const int64_t r0 = rchar();
+        for (int k = 0; k < 4; k++)
+            assert_ok(zoff_ckpt_read_range(r, "m", (int64_t)cut[k], got + cut[k], cut[k + 1] - cut[k]));
+        const int64_t read = rchar() - r0;
+        assert_memory_equal(got, data, NB);
+        print_message("verify %s: %lld bytes read for an entry of %d\n", mode ? "in order" : "first", (long long)read, NB);
+        if (mode == 0) assert_true(read >= 2 * (int64_t)NB);
+        else assert_true(read >= (int64_t)NB && read < (int64_t)NB + 65536);
+        assert_ok(zoff_ckpt_verify(r, "m"));
+        zoff_ckpt_close(r);
+    }
+    zoff_ckpt_reader *r;
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    const int64_t off = zoff_ckpt_find(r, "m")->offset;
+    zoff_ckpt_close(r);
+    const int64_t bad[] = {10, 1500000, NB - 1};
+    for (int b = 0; b < 3; b++) {
+        flip_byte(f, off + bad[b]);
+        /* read in order to the end: the last read fails */
+        assert_ok(zoff_ckpt_open(root, 0, &r));
+        zoff_ckpt_reader_verify_in_order(r, true);
+        for (int k = 0; k < 3; k++)
+            assert_ok(zoff_ckpt_read_range(r, "m", (int64_t)cut[k], got + cut[k], cut[k + 1] - cut[k]));
+        assert_err(zoff_ckpt_read_range(r, "m", (int64_t)cut[3], got + cut[3], NB - cut[3]), ZOFF_ERR_FORMAT,
+                   "checksum mismatch in entry 'm'");
+        zoff_ckpt_close(r);
+        /* only the first range read, then the second skipped over: zoff_ckpt_verify reads the rest and fails */
+        assert_ok(zoff_ckpt_open(root, 0, &r));
+        zoff_ckpt_reader_verify_in_order(r, true);
+        assert_ok(zoff_ckpt_read_range(r, "m", 0, got, cut[1]));
+        zoff_status s = zoff_ckpt_read_range(r, "m", (int64_t)cut[2], got, cut[3] - cut[2]);
+        assert_true(s == ZOFF_OK);
+        assert_err(zoff_ckpt_verify(r, "m"), ZOFF_ERR_FORMAT, "checksum mismatch in entry 'm'");
+        zoff_ckpt_close(r);
+        flip_byte(f, off + bad[b]); /* restored */
+    }
+    /* restored: out of order and partial reads verify */
+    assert_ok(zoff_ckpt_open(root, 0, &r));
+    zoff_ckpt_reader_verify_in_order(r, true);
+    assert_ok(zoff_ckpt_read_range(r, "m", (int64_t)cut[2], got, cut[3] - cut[2]));
+    assert_memory_equal(got, data + cut[2], cut[3] - cut[2]);
+    assert_ok(zoff_ckpt_read_range(r, "m", 0, got, cut[1]));
+    assert_memory_equal(got, data, cut[1]);
+    assert_ok(zoff_ckpt_verify(r, NULL));
+    zoff_ckpt_close(r);
+    free(data);
+    free(got);
+}
+
 static void test_corrupt_header_index_truncated(void **state) {
     const char *root = *state;
     save_small(root, 100, 1, NULL);
@@ -937,6 +1021,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_empty_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_latest_skips_incomplete_and_tmp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_data_names_entry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_header_index_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_up_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shape_dtype_size_mismatch, setup, teardown),

@@ -265,10 +265,20 @@ zoff_status zoff_ckpt_check_tensor(zoff_ckpt_reader *r, const char *name, zoff_d
 zoff_status zoff_ckpt_read_blob(zoff_ckpt_reader *r, const char *name, char **data, size_t *bytes);
 /* Read bytes [offset, offset + bytes) of an entry (streaming a large entry in pieces). The
  * first range read of an entry checks the CRC of the whole entry (one extra sequential pass
- * through a bounce buffer) unless zoff_ckpt_read/verify already did. */
+ * through a bounce buffer) unless zoff_ckpt_read/verify already did, or
+ * zoff_ckpt_reader_verify_in_order is on. */
 zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst, size_t bytes);
-/* Check the CRC of one entry (NULL name: of every entry) without keeping the data. */
+/* Check the CRC of one entry (NULL name: of every entry) without keeping the data (with
+ * zoff_ckpt_reader_verify_in_order: only what was not checksummed yet is read). */
 zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name);
+/* on: zoff_ckpt_read_range checks an entry as it reads it instead of first: the bytes of each range
+ * past what was checksummed so far are checksummed in the caller's buffer (anything skipped before
+ * them is read and checksummed first), and the CRC is compared when the entry's last byte has
+ * been read (that read fails on a mismatch) or by zoff_ckpt_verify, which reads what is left. An
+ * entry read in order from its start is then read from the file once instead of twice, but a
+ * range is handed over before its entry is checked: the caller must zoff_ckpt_verify the entry
+ * before it relies on what it read (a load: before training on it). Off when opened. */
+void zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on);
 
 /* ---- the "partition" blob of a rank file (see "Partitioned entries" above) ---- */
 typedef struct zoff_ckpt_partition {

@@ -1277,6 +1277,10 @@ struct zoff_ckpt_reader {
     zoff_ckpt_entry *ents;
     size_t *by_name; /* indices into ents, sorted by name */
     uint8_t *verified;
+    /* zoff_ckpt_reader_verify_in_order: per entry, the bytes [0, vpos) checksummed so far (vcrc) */
+    bool in_order;
+    int64_t *vpos;
+    uint32_t *vcrc;
     int64_t data_end; /* = index_offset */
 };
 
@@ -1364,8 +1368,10 @@ static zoff_status open_file(zoff_ckpt_reader *r, const char *stepdir, int rank,
     r->ents = calloc(nn, sizeof *r->ents);
     r->by_name = calloc(nn, sizeof *r->by_name);
     r->verified = calloc(nn, 1);
+    r->vpos = calloc(nn, sizeof *r->vpos);
+    r->vcrc = calloc(nn, sizeof *r->vcrc);
     uint8_t *idx = malloc(h.index_bytes ? (size_t)h.index_bytes : 1);
-    if (!r->ents || !r->by_name || !r->verified || !idx) {
+    if (!r->ents || !r->by_name || !r->verified || !r->vpos || !r->vcrc || !idx) {
         free(idx);
         return zoff_error(ZOFF_ERR_NOMEM, "out of host memory reading the index of %s (%" PRIu64 " entries)", r->path,
                           h.count);
@@ -1414,6 +1420,8 @@ void zoff_ckpt_close(zoff_ckpt_reader *r) {
     free(r->ents);
     free(r->by_name);
     free(r->verified);
+    free(r->vpos);
+    free(r->vcrc);
     free(r);
 }
 
@@ -1458,25 +1466,34 @@ static zoff_status read_entry(zoff_ckpt_reader *r, const zoff_ckpt_entry *e, voi
     return ZOFF_OK;
 }
 
-static zoff_status verify_entry(zoff_ckpt_reader *r, const zoff_ckpt_entry *e) {
-    if (r->verified[e - r->ents]) return ZOFF_OK;
-    size_t bn = e->bytes < (int64_t)CK_RBUF_BYTES ? (size_t)e->bytes : CK_RBUF_BYTES;
-    uint8_t *b = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, bn ? bn : 1, "checkpoint verification buffer");
-    if (!b) return ZOFF_ERR_NOMEM;
-    uint32_t crc = 0;
-    zoff_status st = ZOFF_OK;
-    for (int64_t done = 0; done < e->bytes && st == ZOFF_OK;) {
-        size_t n = e->bytes - done < (int64_t)bn ? (size_t)(e->bytes - done) : bn;
-        st = io_read_all(r->path, r->fd, b, n, e->offset + done);
-        crc = zoff_crc32c(crc, b, n);
-        done += (int64_t)n;
+/* The CRC of entry e carried on from its checksummed prefix [0, vpos) up to byte `to` (reading through a
+ * bounce buffer); at the entry's end it is compared. */
+static zoff_status verify_upto(zoff_ckpt_reader *r, const zoff_ckpt_entry *e, int64_t to) {
+    const size_t k = (size_t)(e - r->ents);
+    if (r->verified[k]) return ZOFF_OK;
+    if (r->vpos[k] < to) {
+        const int64_t left = to - r->vpos[k];
+        size_t bn = left < (int64_t)CK_RBUF_BYTES ? (size_t)left : CK_RBUF_BYTES;
+        uint8_t *b = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, bn, "checkpoint verification buffer");
+        if (!b) return ZOFF_ERR_NOMEM;
+        zoff_status st = ZOFF_OK;
+        while (r->vpos[k] < to && st == ZOFF_OK) {
+            size_t n = to - r->vpos[k] < (int64_t)bn ? (size_t)(to - r->vpos[k]) : bn;
+            st = io_read_all(r->path, r->fd, b, n, e->offset + r->vpos[k]);
+            if (st != ZOFF_OK) break;
+            r->vcrc[k] = zoff_crc32c(r->vcrc[k], b, n);
+            r->vpos[k] += (int64_t)n;
+        }
+        zoff_aligned_free(b);
+        ZOFF_TRY(st);
     }
-    zoff_aligned_free(b);
-    ZOFF_TRY(st);
-    if (crc != e->crc32c) return crc_mismatch(r, e, crc);
-    r->verified[e - r->ents] = 1;
+    if (r->vpos[k] < e->bytes) return ZOFF_OK;
+    if (r->vcrc[k] != e->crc32c) return crc_mismatch(r, e, r->vcrc[k]);
+    r->verified[k] = 1;
     return ZOFF_OK;
 }
+
+static zoff_status verify_entry(zoff_ckpt_reader *r, const zoff_ckpt_entry *e) { return verify_upto(r, e, e->bytes); }
 
 zoff_status zoff_ckpt_read(zoff_ckpt_reader *r, const char *name, void *dst, size_t bytes) {
     const zoff_ckpt_entry *e;
@@ -1547,8 +1564,27 @@ zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t 
                           "range [%" PRId64 ", %" PRId64 ") is outside entry '%s' (%" PRId64 " bytes) of %s", offset,
                           offset + (int64_t)bytes, name, e->bytes, r->path);
     if (bytes && !dst) return zoff_error(ZOFF_ERR_INVALID, "zoff_ckpt_read_range('%s'): dst is NULL", name);
-    ZOFF_TRY(verify_entry(r, e));
-    return io_read_all(r->path, r->fd, dst, bytes, e->offset + offset);
+    const size_t k = (size_t)(e - r->ents);
+    if (!r->in_order || r->verified[k]) {
+        ZOFF_TRY(verify_entry(r, e));
+        return io_read_all(r->path, r->fd, dst, bytes, e->offset + offset);
+    }
+    /* in order: what lies before this range and has not been checksummed is, through the bounce buffer; this
+     * range's bytes past the checksummed prefix are checksummed in dst */
+    ZOFF_TRY(verify_upto(r, e, offset));
+    ZOFF_TRY(io_read_all(r->path, r->fd, dst, bytes, e->offset + offset));
+    const int64_t end = offset + (int64_t)bytes;
+    if (end <= r->vpos[k]) return ZOFF_OK;
+    r->vcrc[k] = zoff_crc32c(r->vcrc[k], (const uint8_t *)dst + (r->vpos[k] - offset), (size_t)(end - r->vpos[k]));
+    r->vpos[k] = end;
+    if (end < e->bytes) return ZOFF_OK;
+    if (r->vcrc[k] != e->crc32c) return crc_mismatch(r, e, r->vcrc[k]);
+    r->verified[k] = 1;
+    return ZOFF_OK;
+}
+
+void zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on) {
+    if (r) r->in_order = on;
 }
 
 zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name) {

@@ -348,6 +348,9 @@ static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng
         ZOFF_TRY(zoff_engine_state_range_as(eng, k, L, w, hdt, buf, false));
         L += w;
     } while (L < pn);
+    /* the files are read in order (zoff_ckpt_reader_verify_in_order): each entry's CRC, over what this rank did
+     * not read of it too, before anything trains on what was loaded */
+    for (int q = 0; q < oldn; q++) ZOFF_TRY(zoff_ckpt_verify(files[q].r, name));
     if (covered != pn)
         return zoff_error(ZOFF_ERR_FORMAT,
                           "checkpoint %s: its %d rank file(s) hold %lld of the %lld values of '%s' this rank needs "
@@ -368,8 +371,10 @@ zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, in
     rank_file *files = calloc((size_t)(oldn > 0 ? oldn : 1), sizeof *files);
     zoff_status s = buf && files ? ZOFF_OK : ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = open_rank_files(r, n, files, oldn);
+    for (int q = 0; s == ZOFF_OK && q < oldn; q++) zoff_ckpt_reader_verify_in_order(files[q].r, true); /* one pass */
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++)
         s = read_state_array(files, oldn, eng, k, mine, nmine, pn, buf, W);
+    zoff_ckpt_reader_verify_in_order(r, false); /* the caller's, as it was */
     for (int q = 0; files && q < oldn; q++) {
         zoff_ckpt_partition_free(&files[q].p);
         if (q > 0) zoff_ckpt_close(files[q].r);
