@@ -130,15 +130,20 @@ static zoff_status check_model_shape(const zoff_gpt2_shape *in, zoff_gpt2_shape 
     return ZOFF_OK;
 }
 
-/* zoff (out, in) -> (in, out), blocked for the cache. */
+/* zoff (out, in) -> (in, out), blocked for the cache; bands of B rows on up to zoff_par_threads
+ * threads (a copy: the same bytes whatever the thread count). */
 static void transpose(const float *src, float *dst, int64_t rows, int64_t cols) {
-    const int64_t B = 32;
-    for (int64_t r0 = 0; r0 < rows; r0 += B)
+    const int64_t B = 32, bands = (rows + B - 1) / B;
+    const int nt = zoff_par_threads((size_t)(rows * cols) * sizeof(float));
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t k = 0; k < bands; k++) {
+        const int64_t r0 = k * B, r1 = r0 + B < rows ? r0 + B : rows;
         for (int64_t c0 = 0; c0 < cols; c0 += B) {
-            int64_t r1 = r0 + B < rows ? r0 + B : rows, c1 = c0 + B < cols ? c0 + B : cols;
+            const int64_t c1 = c0 + B < cols ? c0 + B : cols;
             for (int64_t r = r0; r < r1; r++)
                 for (int64_t c = c0; c < c1; c++) dst[c * rows + r] = src[r * cols + c];
         }
+    }
 }
 
 /* ------------------------------------------------------------------ GPT-2 export */
@@ -236,8 +241,8 @@ zoff_status zoff_gpt2_st_export(const char *path, const zoff_gpt2_shape *shape_i
         if (opts->dtype == ZOFF_ST_F32) {
             s = zoff_st_writer_append(w, src, (size_t)count * sizeof(float));
         } else {
-            bool bf = opts->dtype == ZOFF_ST_BF16;
-            for (int64_t j = 0; j < count; j++) h[j] = bf ? zoff_f32_to_bf16(src[j]) : zoff_f32_to_f16(src[j]);
+            if (opts->dtype == ZOFF_ST_BF16) zoff_par_f32_to_bf16(h, src, (size_t)count);
+            else zoff_par_f32_to_f16(h, src, (size_t)count);
             s = zoff_st_writer_append(w, h, (size_t)count * sizeof(uint16_t));
         }
     }
