@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* O_CLOEXEC */
 #include "zoff/safetensors.h"
 #include "ckpt_internal.h"
+#include "core/half_internal.h"
 #include "core/file_internal.h"
 
 #include <errno.h>
@@ -439,7 +440,7 @@ zoff_status zoff_st_read_f32_range(zoff_st_file *f, const zoff_st_tensor *t, int
             uint16_t h;
             switch (t->dtype) {
             case ZOFF_ST_F16: memcpy(&h, buf + 2 * j, 2); dst[i + (int64_t)j] = zoff_f16_to_f32(h); break;
-            case ZOFF_ST_BF16: memcpy(&h, buf + 2 * j, 2); dst[i + (int64_t)j] = zoff_bf16_to_f32(h); break;
+            case ZOFF_ST_BF16: memcpy(&h, buf + 2 * j, 2); dst[i + (int64_t)j] = zoff_half_bf16_to_f32(h); break;
             default: dst[i + (int64_t)j] = f64_to_f32(buf + 8 * j); break;
             }
         }

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/half_internal.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "zoff/safetensors.h"
@@ -60,7 +61,7 @@ static zoff_status fetch_tensor(void *user, const zoff_tensor_info *t, float *ds
     if (!h) return zoff_error(ZOFF_ERR_NOMEM, "out of memory reading '%s'", t->name);
     zoff_status s = zoff_ckpt_gather_read(c->g, t->name, h, (size_t)t->numel * sizeof(uint16_t));
     for (int64_t i = 0; s == ZOFF_OK && i < t->numel; i++)
-        dst[i] = e->dtype == ZOFF_BF16 ? zoff_bf16_to_f32(h[i]) : zoff_f16_to_f32(h[i]);
+        dst[i] = e->dtype == ZOFF_BF16 ? zoff_half_bf16_to_f32(h[i]) : zoff_f16_to_f32(h[i]);
     free(h);
     return s;
 }

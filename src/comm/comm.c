@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/half_internal.h"
 #include "comm/comm_internal.h"
 
 #define DEFAULT_TIMEOUT_S 300.0
@@ -25,7 +26,7 @@ uint64_t zoff_fnv1a(uint64_t h, const void *data, size_t n) {
 void zoff_comm_widen(const void *src, zoff_dtype dt, float *dst, int64_t n) {
     const uint16_t *h = src;
     if (dt == ZOFF_BF16)
-        for (int64_t i = 0; i < n; i++) dst[i] = zoff_bf16_to_f32(h[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = zoff_half_bf16_to_f32(h[i]);
     else
         for (int64_t i = 0; i < n; i++) dst[i] = zoff_f16_to_f32(h[i]);
 }
@@ -33,9 +34,9 @@ void zoff_comm_widen(const void *src, zoff_dtype dt, float *dst, int64_t n) {
 void zoff_comm_narrow(const float *src, void *dst, zoff_dtype dt, int64_t n) {
     uint16_t *h = dst;
     if (dt == ZOFF_BF16)
-        for (int64_t i = 0; i < n; i++) h[i] = zoff_f32_to_bf16(src[i]);
+        for (int64_t i = 0; i < n; i++) h[i] = zoff_half_f32_to_bf16(src[i]);
     else
-        for (int64_t i = 0; i < n; i++) h[i] = zoff_f32_to_f16(src[i]);
+        for (int64_t i = 0; i < n; i++) h[i] = zoff_half_f32_to_f16(src[i]);
 }
 
 static int env_int(const char *name, int dflt) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/half_internal.h"
 #include "train/ckpt_internal.h"
 
 /* ------------------------------------------------------------------ meta as JSON */
@@ -271,7 +272,7 @@ static void widen_bf16(void *p, int64_t c) {
     for (int64_t k = c - 1; k >= 0; k--) {
         uint16_t h;
         memcpy(&h, (char *)p + 2 * k, sizeof h);
-        float x = zoff_bf16_to_f32(h);
+        float x = zoff_half_bf16_to_f32(h);
         memcpy((char *)p + 4 * k, &x, sizeof x);
     }
 }

@@ -601,9 +601,8 @@ static zoff_status pn_put_master(zoff_engine *e, const subgroup *g, const float 
         if (e->dtype == ZOFF_F32) {
             memcpy(out, src, (size_t)(hi - a) * sizeof(float));
         } else {
-            uint16_t *d = out;
-            for (int64_t j = 0; j < hi - a; j++)
-                d[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(src[j]) : zoff_f32_to_f16(src[j]);
+            if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(out, src, (size_t)(hi - a));
+            else zoff_par_f32_to_f16(out, src, (size_t)(hi - a));
         }
         ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
         hi = a;
@@ -648,8 +647,8 @@ static zoff_status staging_put_group(zoff_engine *e, const subgroup *g, const fl
         memcpy((float *)e->h_staging + g->state_off, mst, (size_t)g->count * sizeof(float));
     } else {
         uint16_t *st = (uint16_t *)host_weights_out(e) + g->state_off;
-        for (int64_t j = 0; j < g->count; j++)
-            st[j] = e->dtype == ZOFF_BF16 ? zoff_f32_to_bf16(mst[j]) : zoff_f32_to_f16(mst[j]);
+        if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(st, mst, (size_t)g->count);
+        else zoff_par_f32_to_f16(st, mst, (size_t)g->count);
     }
     return ZOFF_OK;
 }
