@@ -28,6 +28,15 @@ grep '"loss"' "$W/straight/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.t
 grep '"loss"' "$W/resumed/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
 check "3 + resume + 3 steps == 6 steps, bit for bit (both halves restored)" "[ -s '$W/a.txt' ] && cmp -s '$W/a.txt' '$W/b.txt'"
 
+# periodic saves with half the state on the device: synchronous, and the log says so once, with the reason
+"$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/sync" >"$W/sync.txt" 2>&1
+check "ratio 0.5, a save every step: the log says once that saves are synchronous and why" \
+  "[ -f '$W/sync/step_00000004/COMPLETE' ] && [ \$(grep -c 'periodic saves are written synchronously' '$W/sync.txt') -eq 1 ] && grep -q 'of the optimizer state is on the device (offload_optimizer.ratio below 1)' '$W/sync.txt'"
+sed 's/"ratio": 0.5/"ratio": 1/' "$W/tf.json" > "$W/host.json"
+"$ZOFF" train "${BASE[@]}" --config "$W/host.json" --train-iters 4 --save-interval 1 --save "$W/bg" >"$W/bg.txt" 2>&1
+check "ratio 1: saves in the background, no such line" \
+  "[ -f '$W/bg/step_00000004/COMPLETE' ] && grep -q 'written in the background' '$W/bg.txt' && ! grep -q 'written synchronously' '$W/bg.txt'"
+
 sed 's/"ratio": 0.5/"ratio": "auto"/' "$W/tf.json" > "$W/auto.json"
 AUTO=("${BASE[@]}" --config "$W/auto.json")
 "$ZOFF" train "${AUTO[@]}" --train-iters 2 --save "$W/auto" --device-memory 600KiB >"$W/auto.txt" 2>&1

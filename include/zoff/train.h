@@ -112,6 +112,10 @@ typedef struct zoff_train_ckpt_done {
     zoff_engine_snapshot_stats snapshot;
 } zoff_train_ckpt_done;
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm);
+/* Why zoff_train_ckpt_can_background says no, as a phrase written into buf ("this run has 2 ranks",
+ * "25.0% of the optimizer state is on the device (offload_optimizer.ratio below 1)", ...), or
+ * NULL where it says yes (the one home of that rule). */
+const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, char *buf, size_t cap);
 zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                        const zoff_train_meta *meta, const char *config_json, int keep_last,
                                        int64_t snapshot_budget, zoff_train_ckpt_job **out);

@@ -80,12 +80,24 @@ static void job_free(zoff_train_ckpt_job *j) {
     ZOFF_FREE_ALL(j->gpiece, j->gpack, j->segs, j->gcount, j->runs, j->config, j);
 }
 
-bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm) {
+const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, char *buf, size_t cap) {
     zoff_engine_memory m;
     zoff_engine_memory_usage(eng, &m);
     /* host state only: the writer's copies then touch neither the device, the engine's worker nor an
      * NVMe swap file (whose passes the update runs) */
-    return zoff_comm_size(comm) == 1 && m.nvme == 0 && m.host_params == zoff_engine_partition_numel(eng);
+    const int64_t pn = zoff_engine_partition_numel(eng);
+    if (zoff_comm_size(comm) > 1) snprintf(buf, cap, "this run has %d ranks", zoff_comm_size(comm));
+    else if (m.nvme > 0) snprintf(buf, cap, "the optimizer state is in NVMe swap files (offload_optimizer.device nvme)");
+    else if (m.host_params != pn)
+        snprintf(buf, cap, "%.1f%% of the optimizer state is on the device (offload_optimizer.ratio below 1)",
+                 pn > 0 ? 100.0 * (double)(pn - m.host_params) / (double)pn : 0.0);
+    else return NULL;
+    return buf;
+}
+
+bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm) {
+    char why[160];
+    return zoff_train_ckpt_background_blocker(eng, comm, why, sizeof why) == NULL;
 }
 
 static int seg_cmp(const void *a, const void *b) {

@@ -393,8 +393,16 @@ static zoff_status start_due_save(zoff_trainer *t) {
 }
 
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
-    if (t->o.sync_saves || !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
-        return zoff_trainer_save(t, false);
+    char why[160];
+    const char *blocker = zoff_train_ckpt_background_blocker(t->eng, t->info.world > 1 ? t->comm : NULL, why, sizeof why);
+    if (blocker && !t->o.sync_saves && !t->told_sync_saves) {
+        t->told_sync_saves = true;
+        zoff_log(ZOFF_LOG_INFO,
+                 "checkpoint: periodic saves are written synchronously, training waits for each (said once): %s; a "
+                 "background save needs one rank and all the optimizer state in host memory",
+                 blocker);
+    }
+    if (t->o.sync_saves || blocker) return zoff_trainer_save(t, false);
     double behind = 0;
     ZOFF_TRY(wait_background_save(t, &behind, false)); /* one save in flight at a time */
     if (behind > 0.01 && !t->told_save_behind) {

@@ -36,6 +36,7 @@ struct zoff_trainer {
                                  zoff_engine_step (start_due_save) */
     zoff_train_meta due_meta;
     bool told_save_behind;    /* said once: a periodic save found the previous one still being written */
+    bool told_sync_saves;     /* said once: periodic saves are synchronous, and why (zoff_train_ckpt_background_blocker) */
     bool snap_prepared;       /* the snapshot's arena was asked for ahead of the first periodic save (prepare_saves) */
 };
 
