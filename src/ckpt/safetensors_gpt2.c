@@ -135,6 +135,7 @@ static zoff_status check_model_shape(const zoff_gpt2_shape *in, zoff_gpt2_shape 
 static void transpose(const float *src, float *dst, int64_t rows, int64_t cols) {
     const int64_t B = 32, bands = (rows + B - 1) / B;
     const int nt = zoff_par_threads((size_t)(rows * cols) * sizeof(float));
+    (void)nt; /* (a build without OpenMP: the harnesses' library) */
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t k = 0; k < bands; k++) {
         const int64_t r0 = k * B, r1 = r0 + B < rows ? r0 + B : rows;
