@@ -1466,6 +1466,16 @@ static zoff_status read_entry(zoff_ckpt_reader *r, const zoff_ckpt_entry *e, voi
     return ZOFF_OK;
 }
 
+/* Entry e's checksummed prefix [0, vpos): once it is the whole entry, its CRC compared (and the entry
+ * marked verified). */
+static zoff_status verify_if_whole(zoff_ckpt_reader *r, const zoff_ckpt_entry *e) {
+    const size_t k = (size_t)(e - r->ents);
+    if (r->vpos[k] < e->bytes) return ZOFF_OK;
+    if (r->vcrc[k] != e->crc32c) return crc_mismatch(r, e, r->vcrc[k]);
+    r->verified[k] = 1;
+    return ZOFF_OK;
+}
+
 /* The CRC of entry e carried on from its checksummed prefix [0, vpos) up to byte `to` (reading through a
  * bounce buffer); at the entry's end it is compared. */
 static zoff_status verify_upto(zoff_ckpt_reader *r, const zoff_ckpt_entry *e, int64_t to) {
@@ -1487,10 +1497,7 @@ static zoff_status verify_upto(zoff_ckpt_reader *r, const zoff_ckpt_entry *e, in
         zoff_aligned_free(b);
         ZOFF_TRY(st);
     }
-    if (r->vpos[k] < e->bytes) return ZOFF_OK;
-    if (r->vcrc[k] != e->crc32c) return crc_mismatch(r, e, r->vcrc[k]);
-    r->verified[k] = 1;
-    return ZOFF_OK;
+    return verify_if_whole(r, e);
 }
 
 static zoff_status verify_entry(zoff_ckpt_reader *r, const zoff_ckpt_entry *e) { return verify_upto(r, e, e->bytes); }
@@ -1577,10 +1584,7 @@ zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t 
     if (end <= r->vpos[k]) return ZOFF_OK;
     r->vcrc[k] = zoff_crc32c(r->vcrc[k], (const uint8_t *)dst + (r->vpos[k] - offset), (size_t)(end - r->vpos[k]));
     r->vpos[k] = end;
-    if (end < e->bytes) return ZOFF_OK;
-    if (r->vcrc[k] != e->crc32c) return crc_mismatch(r, e, r->vcrc[k]);
-    r->verified[k] = 1;
-    return ZOFF_OK;
+    return verify_if_whole(r, e);
 }
 
 void zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on) {

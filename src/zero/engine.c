@@ -598,12 +598,9 @@ static zoff_status pn_put_master(zoff_engine *e, const subgroup *g, const float 
         void *out;
         ZOFF_TRY(zoff_s3_out_span(e->s3, lo, hi, &a, &out));
         const float *src = mst + (a - g->offset);
-        if (e->dtype == ZOFF_F32) {
-            memcpy(out, src, (size_t)(hi - a) * sizeof(float));
-        } else {
-            if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(out, src, (size_t)(hi - a));
-            else zoff_par_f32_to_f16(out, src, (size_t)(hi - a));
-        }
+        if (e->dtype == ZOFF_F32) memcpy(out, src, (size_t)(hi - a) * sizeof(float));
+        else if (e->dtype == ZOFF_BF16) zoff_par_f32_to_bf16(out, src, (size_t)(hi - a));
+        else zoff_par_f32_to_f16(out, src, (size_t)(hi - a));
         ZOFF_TRY(zoff_s3_out_done(e->s3, a, hi));
         hi = a;
     }
@@ -656,8 +653,6 @@ static zoff_status staging_put_group(zoff_engine *e, const subgroup *g, const fl
 /* The 16-bit (or fp32) weights of the host sub-groups from the master on disk. */
 static zoff_status nvme_master_to_staging(zoff_engine *e) { return each_swapped_master(e, staging_put_group); }
 
-/* n elements of a state array of dtype dt to (get) or from the fp32 array h: bf16 widens
- * exactly, or rounds to nearest-even (exact for values that were bf16). */
 /* n elements between state st (dtype dt) and the caller's h (dtype hdt: dt, a plain copy, or
  * fp32, which bf16 state widens to exactly and rounds from to nearest even); get: st -> h. */
 static void state_convert(void *st, zoff_dtype dt, void *h, zoff_dtype hdt, int64_t n, bool get) {
