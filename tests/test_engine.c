@@ -48,6 +48,8 @@ typedef struct run_result {
     int64_t rollbacks;
     bool rolled_back[32];
     char describe[1536]; /* zoff_engine_describe */
+    int thp_arrays;      /* mappings of >= 64 MiB with MADV_HUGEPAGE that zoff_engine_create added (smaps) */
+    size_t thp_bytes;    /* ... and the bytes of theirs the kernel backs with huge pages */
 } run_result;
 
 /* How train() drives the engine, and what it records of the step timeline
@@ -65,6 +67,7 @@ typedef struct train_mode {
     bool lr_falls;            /* the learning rate falls every step (speculation assumes the last one's) */
     bool buckets;             /* as zoff train: the engine's gradient buckets where zoff_placement_grad_buckets
                                  allows them (the model then holds no gradient buffer) */
+    bool count_thp;           /* train() fills run_result.thp_arrays and thp_bytes */
     int64_t block0;           /* set by train(): block 0's offset */
     double block0_end[32];    /* iteration i: the boundary backward of block 0 ended on the device */
     double span_wte0[33];     /* optimizer step t: the first update of the sub-group at offset 0 began */
@@ -225,6 +228,36 @@ static void tokens_for(int step, int mb, int32_t *x, int32_t *y) {
 }
 
 /* Train nsteps with the given config JSON and dtype; accum micro-batches per step. */
+/* The kernel's account (/proc/self/smaps) of this process's mappings of at least min_bytes whose
+ * VmFlags carry "hg" (madvise MADV_HUGEPAGE): how many, and their AnonHugePages bytes. */
+static int smaps_hugepage_mappings(size_t min_bytes, size_t *huge_bytes) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    assert_non_null(f);
+    char line[512];
+    unsigned long lo = 0, hi = 0;
+    size_t anon_huge = 0;
+    int count = 0;
+    *huge_bytes = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        size_t kb;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            lo = a, hi = b, anon_huge = 0;
+        } else if (sscanf(line, "AnonHugePages: %zu kB", &kb) == 1) {
+            anon_huge = kb << 10;
+        } else if (!strncmp(line, "VmFlags:", 8) && hi - lo >= min_bytes) {
+            char *save = NULL;
+            for (char *tok = strtok_r(line + 8, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save))
+                if (!strcmp(tok, "hg")) {
+                    count++;
+                    *huge_bytes += anon_huge;
+                }
+        }
+    }
+    fclose(f);
+    return count;
+}
+
 static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t budget, run_result *r) {
     memset(r, 0, sizeof *r);
     zoff_config cfg;
@@ -262,9 +295,15 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
                                   .init_params = init, .init_range = init ? NULL : init_range_42, .init_arg = m,
                                   .weight_waits = g_mode.waits};
         zoff_memory_stats before, after;
+        size_t thp0 = 0, thp1 = 0;
+        int nthp0 = g_mode.count_thp ? smaps_hugepage_mappings((size_t)64 << 20, &thp0) : 0;
         zoff_device_memory_stats(dev, &before);
         s = zoff_engine_create(&eo, &e);
         zoff_device_memory_stats(dev, &after);
+        if (g_mode.count_thp) {
+            r->thp_arrays = smaps_hugepage_mappings((size_t)64 << 20, &thp1) - nthp0;
+            r->thp_bytes = thp1 - thp0;
+        }
         r->pinned_asked = after.pinned_in_use - before.pinned_in_use;
         g_mode.e = e;
         memset(g_mode.group0_ready, 0, sizeof g_mode.group0_ready);
@@ -964,6 +1003,40 @@ static void test_pinned_only_dma(void **st) {
 #undef PZ
 }
 
+/* The host state's large arrays (master, m, v: >= 64 MiB each here) ask for transparent huge
+ * pages unless ZOFF_HUGEPAGES=0, as the kernel reports (smaps VmFlags "hg"); a value other than
+ * 0 or 1 is an error naming the variable. Skipped where the kernel has no transparent huge pages. */
+static void test_state_huge_pages(void **st) {
+    (void)st;
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) != 0) {
+        print_message("no transparent huge pages in this kernel (/sys/kernel/mm/transparent_hugepage): skipped\n");
+        skip();
+    }
+    char a[1024];
+    const char *cfg = cfg_json(a, sizeof a, OFFLOAD, "\"bf16\": {\"enabled\": true},", 1);
+    g_mode.vocab = 65536, g_mode.hidden = 256, g_mode.layers = 1; /* 16.9M parameters: 64.5 MiB of fp32 */
+    g_mode.count_thp = true;
+    const char *envs[] = {NULL, "1", "0"};
+    const int want[] = {3, 3, 0};
+    run_result r;
+    for (int k = 0; k < 3; k++) {
+        if (envs[k]) setenv("ZOFF_HUGEPAGES", envs[k], 1);
+        else unsetenv("ZOFF_HUGEPAGES");
+        zoff_status s = train(cfg, ZOFF_BF16, 1, 0, &r);
+        assert_int_equal(s, ZOFF_OK);
+        print_message("ZOFF_HUGEPAGES %s: %d arrays advised, %zu MiB of them in huge pages; %lld parameters\n",
+                      envs[k] ? envs[k] : "unset", r.thp_arrays, r.thp_bytes >> 20, (long long)r.n);
+        assert_true((size_t)r.n * sizeof(float) >= (size_t)64 << 20);
+        assert_int_equal(r.thp_arrays, want[k]);
+        free(r.weights);
+    }
+    setenv("ZOFF_HUGEPAGES", "yes", 1);
+    assert_int_equal(train(cfg, ZOFF_BF16, 1, 0, &r), ZOFF_ERR_CONFIG);
+    assert_non_null(strstr(zoff_last_error(), "ZOFF_HUGEPAGES=yes"));
+    unsetenv("ZOFF_HUGEPAGES");
+    g_mode = (train_mode){0};
+}
+
 /* offload_optimizer.cpuadam_cores_perc (DeepSpeed SuperOffload's share of the cores for CPU
  * Adam): the host optimizer runs max(1, round(share x logical cores)) threads; not given,
  * the default rule ($ZOFF_THREADS here). */
@@ -1488,7 +1561,7 @@ int main(void) {
         cmocka_unit_test(test_twin_flow_f32),              cmocka_unit_test(test_twin_flow_bf16),
         cmocka_unit_test(test_twin_flow_fp16),             cmocka_unit_test(test_auto_ratio_minimal),
         cmocka_unit_test(test_host_memory_checked),        cmocka_unit_test(test_placement_spec),
-        cmocka_unit_test(test_pinned_only_dma),
+        cmocka_unit_test(test_pinned_only_dma),            cmocka_unit_test(test_state_huge_pages),
         cmocka_unit_test(test_init_range_equals_whole),
         cmocka_unit_test(test_pipelined_equals_synchronous), cmocka_unit_test(test_pipelined_timeline),
         cmocka_unit_test(test_delayed_pipelined),            cmocka_unit_test(test_delayed_timeline),

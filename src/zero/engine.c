@@ -410,21 +410,34 @@ static void dma_free(zoff_engine *e, void *p) {
 #define STATE_HUGE_ALIGN ((size_t)2 << 20)
 #define STATE_HUGE_MIN ((size_t)64 << 20)
 
+/* $ZOFF_HUGEPAGES: unset, empty or 1, the host state's large arrays ask for transparent huge pages
+ * (the default); 0, they do not; anything else is an error naming the variable. */
+static zoff_status state_huge_pages(bool *on) {
+    const char *env = getenv("ZOFF_HUGEPAGES");
+    *on = !env || !*env || !strcmp(env, "1");
+    if (*on || !strcmp(env, "0")) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_CONFIG,
+                      "environment variable ZOFF_HUGEPAGES=%s: give 1 (transparent huge pages for the host optimizer "
+                      "state, the default) or 0 (ordinary 4 KiB pages), or unset it",
+                      env);
+}
+
 /* Optimizer state that only the CPU touches (m, v, a master the device does not read, the
  * speculation's saved copy): pageable, whatever pin_memory says. The pages are not touched
  * here: state_first_touch faults them in by the optimizer's update chunks (NUMA placement).
- * Large arrays are 2 MiB-aligned; with ZOFF_HUGEPAGES=1 they also ask for transparent huge
- * pages (MADV_HUGEPAGE): 512 times fewer page faults at the first touch and fewer TLB misses
- * in the Adam sweep over gigabytes. Not by default: on the 2-core box the first touch of
- * the 354M job's 4 GiB state took 3-4x longer with the advice (huge pages were granted,
- * no compaction stall; docs/performance.md), so it stays an opt-in until a host measures a
- * gain. Freed with free(). */
-static void *state_alloc(size_t bytes, const char *what) {
+ * Large arrays are 2 MiB-aligned and, unless ZOFF_HUGEPAGES=0 (e->state_thp), ask for
+ * transparent huge pages (MADV_HUGEPAGE): 512 times fewer page faults at the first touch.
+ * Measured (docs/performance.md, "Transparent huge pages for the optimizer state"): the 13B
+ * plan's first touch on the H100 box 2.05-2.08 s with them against 4.27-10.96 s without, the
+ * 354M job's here 0.74-0.98 s against 1.30-2.54 s (and no slower with the page cache full);
+ * the update itself runs as fast either way. Freed with free(). */
+static void *state_alloc(const zoff_engine *e, size_t bytes, const char *what) {
     const bool huge = bytes >= STATE_HUGE_MIN;
     void *p = zoff_aligned_alloc(huge ? STATE_HUGE_ALIGN : 4096, bytes, what);
 #ifdef MADV_HUGEPAGE
-    const char *env = getenv("ZOFF_HUGEPAGES");
-    if (p && huge && env && strcmp(env, "1") == 0) (void)madvise(p, bytes, MADV_HUGEPAGE);
+    if (p && huge && e->state_thp) (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: a kernel may decline */
+#else
+    (void)e;
 #endif
     return p;
 }
@@ -854,9 +867,9 @@ static zoff_status spec_setup(zoff_engine *e) {
                           "state in host memory (device \"cpu\") and a model that waits for each group's weights (zoff "
                           "train does; engine option weight_waits), or stage 3; set super_offload false");
     size_t b = (size_t)e->n_host * sizeof(float), bs = (size_t)e->n_host * e->ssize;
-    e->bk_master = state_alloc(b, "speculation: saved master weights");
-    if (e->h_m) e->bk_m = state_alloc(bs, "speculation: saved exp_avg");
-    if (e->h_v) e->bk_v = state_alloc(bs, "speculation: saved exp_avg_sq");
+    e->bk_master = state_alloc(e, b, "speculation: saved master weights");
+    if (e->h_m) e->bk_m = state_alloc(e, bs, "speculation: saved exp_avg");
+    if (e->h_v) e->bk_v = state_alloc(e, bs, "speculation: saved exp_avg_sq");
     e->sg_state = calloc((size_t)e->nsg, 1);
     if (!e->bk_master || (e->h_m && !e->bk_m) || (e->h_v && !e->bk_v) || !e->sg_state) return ZOFF_ERR_NOMEM;
     e->spec = true;
@@ -1074,9 +1087,9 @@ static zoff_status host_setup(zoff_engine *e, bool nvme, bool init) {
         ZOFF_TRY(nvme_create(e));
     } else {
         if (e->hb.master_dma) ZOFF_TRY(dma_alloc(e, nh * f4, "fp32 master weights (host)", (void **)&e->h_master));
-        else if (!(e->h_master = state_alloc(nh * f4, "fp32 master weights (host)"))) return ZOFF_ERR_NOMEM;
-        if (uses_m(e) && !(e->h_m = state_alloc(nh * e->ssize, "optimizer exp_avg (host)"))) return ZOFF_ERR_NOMEM;
-        if (uses_v(e) && !(e->h_v = state_alloc(nh * e->ssize, "optimizer exp_avg_sq (host)"))) return ZOFF_ERR_NOMEM;
+        else if (!(e->h_master = state_alloc(e, nh * f4, "fp32 master weights (host)"))) return ZOFF_ERR_NOMEM;
+        if (uses_m(e) && !(e->h_m = state_alloc(e, nh * e->ssize, "optimizer exp_avg (host)"))) return ZOFF_ERR_NOMEM;
+        if (uses_v(e) && !(e->h_v = state_alloc(e, nh * e->ssize, "optimizer exp_avg_sq (host)"))) return ZOFF_ERR_NOMEM;
     }
     ZOFF_TRY(dma_alloc(e, e->hb.grad_buffer,
                        e->hb.weights_in_grads ? "gradient partition and new 16-bit weights (host)"
@@ -1099,6 +1112,8 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     if (o->dtype != ZOFF_F32 && o->dtype != ZOFF_BF16 && o->dtype != ZOFF_F16)
         return zoff_error(ZOFF_ERR_INVALID, "engine dtype must be f32, bf16 or f16 (got %s)", zoff_dtype_name(o->dtype));
     ZOFF_TRY(check_supported(o));
+    bool state_thp;
+    ZOFF_TRY(state_huge_pages(&state_thp));
     const zoff_config *cfg = o->cfg;
     const zoff_zero_config *z = &cfg->zero;
     bool nvme = z->offload_optimizer.device == ZOFF_OFFLOAD_NVME;
@@ -1115,6 +1130,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     e->params = o->params;
     e->grads = o->grads;
     e->pinned = z->offload_optimizer.pin_memory || z->cpu_offload;
+    e->state_thp = state_thp;
     e->sdt = zoff_optimizer_state_dtype(cfg);
     e->ssize = zoff_dtype_size(e->sdt);
     e->sround = o->state_rounding;

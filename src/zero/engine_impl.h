@@ -53,6 +53,7 @@ struct zoff_engine {
     /* host-side state (host sub-groups) */
     int64_t n_host;
     bool pinned;         /* offload_optimizer.pin_memory: the DMA buffers pinned (hb.pinned) */
+    bool state_thp;      /* the host state's large arrays ask for transparent huge pages ($ZOFF_HUGEPAGES) */
     zoff_engine_startup startup; /* zoff_engine_startup_times */
     float *h_master;
     void *h_m, *h_v;     /* exp_avg, exp_avg_sq of sdt (zoff_optimizer_state_dtype) */
