@@ -116,5 +116,34 @@ else
   echo "skip: resharding (zoff built without MPI or mpirun missing)"
 fi
 
+# 8. zoff train's host-memory check before start-up is a lower bound of what the run holds: with
+# bf16 states the host keeps 4 + 2 + 2 bytes per parameter, not 4 + 4 + 4 (before the fix it counted
+# 12 and refused a run that fits). The reference is the engine's own account of its allocations
+# ("memory: device D, pinned host P, pageable host Q"; on the CPU backend all of it is host memory)
+# plus the trainer's save buffer; with that much memory "available" (ZOFF_TEST_MEM_AVAILABLE, 3%
+# over) the bf16-states run must start, and the fp32-states run, which needs 4 bytes more per
+# parameter (46M parameters: 176 MiB), must be refused.
+MEM=(--num-layers 1 --hidden-size 768 --num-attention-heads 12 --seq-length 16 --micro-batch-size 1 --vocab-size 50257
+     --tokenizer byte --data-path "$W/corpus_train.bin" --eval-iters 0 --train-iters 1 --no-checkpoint)
+echo '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true, "bf16_optimizer_states": true},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/mem16.json"
+echo '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/mem32.json"
+"$ZOFF" train "${MEM[@]}" --device cpu --config "$W/mem16.json" --save "$W/mem0" >"$W/mem0.txt" 2>&1
+held=$(grep -m1 'memory: device' "$W/mem0.txt" | "$PY" -c '
+import re, sys
+u = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+line = sys.stdin.read()
+got = [float(v) * u[k] for v, k in re.findall(r"(?:device|pinned host|pageable host) ([0-9.]+) (B|KiB|MiB|GiB)", line)]
+print(int(sum(got)) if len(got) == 3 else 0)')
+avail=$(( (held + 24 * 1024 * 1024) * 103 / 100 ))
+echo "the bf16-states run holds $held bytes (engine); available set to $avail"
+ZOFF_TEST_MEM_AVAILABLE=$avail "$ZOFF" train "${MEM[@]}" --device cpu --config "$W/mem16.json" --save "$W/mem1" >"$W/mem1.txt" 2>&1
+check "host-memory check, bf16 states: starts with 3% over what the run holds (exit 0)" "[ \$? -eq 0 ] && [ $held -gt 0 ]"
+grep -m1 'not enough host memory' "$W/mem1.txt"
+ZOFF_TEST_MEM_AVAILABLE=$avail "$ZOFF" train "${MEM[@]}" --device cpu --config "$W/mem32.json" --save "$W/mem2" >"$W/mem2.txt" 2>&1
+check "... the same with fp32 states (4 bytes more per parameter): refused before start-up" \
+  "[ \$? -ne 0 ] && grep -q 'not enough host memory' '$W/mem2.txt'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -144,7 +144,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
                      (double)zoff_train_ckpt_gather_bytes(t->info.world, t->cfg.zero.stage);
     double loader = t->o.init_from ? 4 * (double)zoff_gpt2_st_loader_floats(sh) : 0;
     double cli = loader + staging, pinned = host_part * d * N;
-    double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * 4 * (1 + moments) * N : 0;
+    /* the host's master (fp32) and moments (in the state dtype: bf16 with bf16_optimizer_states) */
+    const double state_size = (double)zoff_dtype_size(zoff_optimizer_state_dtype(&t->cfg));
+    double host_state = oo->device == ZOFF_OFFLOAD_CPU ? host_part * (4 + moments * state_size) * N : 0;
     double dev_on_host = 0;
     const char *dv = t->o.device;
     bool cuda = (dv && !strcmp(dv, "cuda")) || (!dv && zoff_backend_available(ZOFF_BACKEND_CUDA));
