@@ -221,6 +221,13 @@ size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_par
  * else ZOFF_F32. The master stays fp32; the device part of a Twin-Flow split keeps fp32
  * state (the fused device Adam). */
 zoff_dtype zoff_optimizer_state_dtype(const zoff_config *cfg);
+/* The state arrays of the configured optimizer: the master (+ exp_avg unless Adagrad) (+
+ * exp_avg_sq unless Lion); one home for the engine, zoff plan, the checks and checkpoints. */
+int zoff_optimizer_state_arrays(const zoff_config *cfg);
+/* The dtype a checkpoint stores m and v in (decided from the config, so that every rank's file
+ * agrees): the host's state dtype when all of the state is on the host (ratio 1), else fp32 (the
+ * device share keeps fp32). The master is fp32 always. */
+zoff_dtype zoff_checkpoint_state_dtype(const zoff_config *cfg);
 /* Host bytes of the optimizer state of one parameter: master 4 + m and v of state_dt
  * (state_arrays: master (+ exp_avg) (+ exp_avg_sq)). */
 size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_dt);

@@ -142,6 +142,8 @@ typedef struct zoff_plan_memory {
     /* disk */
     size_t disk_optimizer;    /* nvme: fp32 master, m, v */
     size_t disk_params;       /* stage 3, offload_param nvme: 16-bit parameter partition */
+    size_t checkpoint;        /* zoff train's checkpoint, all ranks' files: the data (zoff_train_ckpt_data_bytes;
+                                 not in the totals: it goes to --save, which this plan does not know) */
     /* totals per rank */
     size_t device, pinned, pageable, disk;
 } zoff_plan_memory;

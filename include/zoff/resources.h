@@ -65,6 +65,13 @@ zoff_status zoff_host_memory_check_against(const zoff_host_memory *m, const zoff
 /* zoff_host_memory_query + zoff_host_memory_check_against (see ZOFF_SKIP_MEMORY_CHECK above). */
 zoff_status zoff_host_memory_check(const zoff_host_request *req);
 
+/* Free bytes for an unprivileged writer (statvfs f_bavail) on the filesystem that holds path, or
+ * would hold it: the nearest existing directory up from it (path need not exist yet). false
+ * where that cannot be told (statvfs fails, or the filesystem reports no size). Tests:
+ * ZOFF_TEST_DISK_FREE=BYTES pretends that much is free. The directory asked is written to
+ * where (cap bytes) when where is not NULL. */
+bool zoff_disk_free(const char *path, size_t *bytes, char *where, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -87,6 +87,11 @@ size_t zoff_train_ckpt_save_bytes(void);
  * the ranks a piece at a time (two pieces) when the state is partitioned (stage >= 1; in memory
  * or in an NVMe swap file alike), nothing in stage 0. */
 size_t zoff_train_ckpt_gather_bytes(int world, int stage);
+/* The data of one checkpoint of a model of n parameters trained with cfg, all ranks' files
+ * together: the fp32 master weights and the optimizer's other state arrays in
+ * zoff_checkpoint_state_dtype (the files add their metadata and alignment, under 1 MiB each for
+ * GPT-2). zoff train refuses a --save whose disk has less free; zoff plan prints it. */
+size_t zoff_train_ckpt_data_bytes(const zoff_config *cfg, int64_t n);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state

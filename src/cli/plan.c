@@ -257,6 +257,12 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
                fmt_b(m->disk_optimizer, b[1], 32), fmt_b(m->disk_params, b[2], 32));
     printf("  host use %10s per node (x%d ranks%s)\n", fmt_b(r->host_use, b[0], 32), in->machine.ranks_per_node,
            in->machine.backend == ZOFF_BACKEND_CPU ? "; CPU backend: device memory is host memory" : "");
+    const size_t dfree = in->machine.disk_bytes;
+    printf("  checkpoint %8s per save, all ranks (fp32 master weights + optimizer state; zoff train refuses a --save "
+           "with less free disk%s%s%s)\n",
+           fmt_b(m->checkpoint, b[0], 32), dfree && dfree < m->checkpoint ? ": more than the " : "",
+           dfree && dfree < m->checkpoint ? fmt_b(dfree, b[1], 32) : "",
+           dfree && dfree < m->checkpoint ? " free at the planned disk; save elsewhere or --no-checkpoint" : "");
     if (in->machine.backend == ZOFF_BACKEND_CPU)
         printf("  step     %.4g s = compute %.4g + gradients out %.4g + comm %.4g + host optimizer %.4g + weights in "
                "%.4g + device optimizer %.4g (CPU backend: one set of cores, nothing overlaps)\n",
@@ -358,7 +364,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
     return json_pack(
         "{s:i,s:i,s:s,s:s,s:o,s:b,s:f,s:b,s:I,s:I,s:I,s:I,s:i,s:b,s:b,s:s,"
         "s:{s:I,s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
+        "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
         "s:{s:b,s:b,s:b,s:b,s:b},s:I,"
         "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
         "index", index, "stage", w->setting.stage, "offload", zoff_plan_offload_name(w->setting.offload),
@@ -380,7 +386,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
         (json_int_t)m->param_buffers, "host_params",
         (json_int_t)m->host_params, "model_pinned", (json_int_t)m->model_pinned, "loop_pageable",
         (json_int_t)m->loop_pageable, "disk_optimizer", (json_int_t)m->disk_optimizer, "disk_params",
-        (json_int_t)m->disk_params,
+        (json_int_t)m->disk_params, "checkpoint", (json_int_t)m->checkpoint,
         "fits_detail", "device", w->fits_device, "pinned", w->fits_pinned, "host", w->fits_host, "disk", w->fits_disk,
         "auto_failed", w->auto_failed, "host_use_per_node", (json_int_t)w->host_use,
         "time", "step", t->step, "compute", t->compute, "grads_out", t->grads_out, "comm", t->comm, "host_optim",

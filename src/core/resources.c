@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 
 /* cgroup limits at or above this are "no limit" (v1 reports 2^63 - page size) */
 #define RES_NO_LIMIT ((unsigned long long)1 << 62)
@@ -202,4 +204,34 @@ zoff_status zoff_host_memory_check(const zoff_host_request *rq) {
         return ZOFF_OK;
     }
     return s;
+}
+
+bool zoff_disk_free(const char *path, size_t *bytes, char *where, size_t cap) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path && *path ? path : ".");
+    for (struct stat st; stat(dir, &st) != 0 || !S_ISDIR(st.st_mode);) { /* up to an existing directory */
+        char *slash = strrchr(dir, '/');
+        while (slash && slash > dir && slash[1] == 0) { /* trailing slashes */
+            *slash = 0;
+            slash = strrchr(dir, '/');
+        }
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = 0; /* "/" */
+        else *slash = 0;
+        if ((!slash || slash == dir) && stat(dir, &st) != 0) return false;
+    }
+    if (where && cap) snprintf(where, cap, "%s", dir);
+    const char *fake = getenv("ZOFF_TEST_DISK_FREE");
+    if (fake && *fake) {
+        char *end;
+        unsigned long long v = strtoull(fake, &end, 10);
+        if (*end == 0) {
+            *bytes = (size_t)v;
+            return true;
+        }
+    }
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0 || sv.f_blocks == 0) return false;
+    *bytes = (size_t)sv.f_bavail * (size_t)sv.f_frsize;
+    return true;
 }

@@ -151,9 +151,6 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->bf16_states = cfg->bf16_optimizer_states;
 }
 
-static bool uses_m(const zoff_config *cfg) { return cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD; }
-static bool uses_v(const zoff_config *cfg) { return cfg->optimizer.type != ZOFF_OPTIM_LION; }
-
 /* The NVMe swap file's arrays (src/zero/engine.c nvme_create): the fp32 master, then m and v
  * as the optimizer uses them, in the state dtype (zoff_optimizer_state_dtype); their count. */
 typedef struct swap_arrays {
@@ -162,7 +159,7 @@ typedef struct swap_arrays {
 } swap_arrays;
 static swap_arrays swap_arrays_of(const zoff_config *cfg) {
     zoff_dtype sdt = zoff_optimizer_state_dtype(cfg);
-    swap_arrays a = {.n = 1 + (int)uses_m(cfg) + (int)uses_v(cfg), .dt = {ZOFF_F32, sdt, sdt}};
+    swap_arrays a = {.n = zoff_optimizer_state_arrays(cfg), .dt = {ZOFF_F32, sdt, sdt}};
     return a;
 }
 
@@ -604,6 +601,10 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
      * transposed matrix, zoff_gpt2_st_loader_floats, is not planned) */
     size_t save = add_sat(zoff_train_ckpt_save_bytes(), zoff_train_ckpt_gather_bytes(R, s->stage));
     m->loop_pageable = save + 2 * (size_t)(B * T) * sizeof(int32_t);
+    zoff_config ck = with_states; /* the checkpoint stores m and v by the setting's ratio */
+    ck.zero.offload_optimizer.ratio = s->ratio;
+    ck.zero.offload_optimizer.ratio_auto = s->ratio_auto;
+    m->checkpoint = zoff_train_ckpt_data_bytes(&ck, n);
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);

@@ -31,6 +31,10 @@ size_t zoff_train_ckpt_gather_bytes(int world, int stage) {
     if (world <= 1) return 0;
     return stage >= 1 ? 2 * zoff_train_ckpt_piece_bytes() : 0;
 }
+size_t zoff_train_ckpt_data_bytes(const zoff_config *cfg, int64_t n) {
+    const size_t per = zoff_placement_state_bytes_per_param(zoff_optimizer_state_arrays(cfg), zoff_checkpoint_state_dtype(cfg));
+    return n > 0 && (size_t)n > SIZE_MAX / per ? SIZE_MAX : (size_t)(n > 0 ? n : 0) * per;
+}
 /* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
 static size_t slice_bytes(void) { return (size_t)256 << 10; }
 

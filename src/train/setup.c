@@ -130,8 +130,7 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     const double L = (double)sh->num_layers, C = (double)sh->hidden_size;
     const double N = (double)zoff_gpt2_count_params(sh);
     const double d = t->info.dtype == ZOFF_F32 ? 4 : 2;
-    const zoff_optimizer_type ot = t->cfg.optimizer.type;
-    const double moments = ot == ZOFF_OPTIM_ADAM || ot == ZOFF_OPTIM_ADAMW ? 2 : 1;
+    const double moments = zoff_optimizer_state_arrays(&t->cfg) - 1;
     const zoff_offload_optimizer_config *oo = &t->cfg.zero.offload_optimizer;
     /* ratio "auto" is decided by the engine: count it as all on the device (a lower bound either way).
      * offloaded: the engine's host part (16-bit gradients and weight staging on the host); its
@@ -166,6 +165,31 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
                                           "keep the optimizer state on NVMe (offload_optimizer.device nvme)"};
     zoff_status s = zoff_host_memory_check(&rq);
     return s != ZOFF_OK ? zoff_error_context(s, "host memory") : ZOFF_OK;
+}
+
+/* The --save directory's disk holds at least one checkpoint's data (zoff_train_ckpt_data_bytes:
+ * a save writes the new checkpoint before it prunes older ones), or the run is refused before it
+ * starts rather than at its first save, hours in. Free space on one node (every rank's file goes
+ * there); not checked with several nodes (each writes its own ranks' files, to a disk or a shared
+ * one zoff cannot tell), where the free space is unknown, with --no-checkpoint, or with --overwrite
+ * (whose deletions free space after this check). */
+zoff_status trainer_check_save_disk(const zoff_trainer *t) {
+    if (t->o.no_checkpoint || t->o.overwrite) return ZOFF_OK; /* (--overwrite frees the old ones' space later) */
+    if (t->info.world > 1 && zoff_comm_local_size(t->comm) < t->info.world) return ZOFF_OK;
+    const int64_t n = zoff_gpt2_count_params(&t->info.shape);
+    const size_t need = zoff_train_ckpt_data_bytes(&t->cfg, n);
+    size_t free_b = 0;
+    char where[4096], b1[32], b2[32];
+    if (!zoff_disk_free(t->o.save_dir, &free_b, where, sizeof where) || free_b >= need) return ZOFF_OK;
+    const int arrays = zoff_optimizer_state_arrays(&t->cfg);
+    return zoff_error(ZOFF_ERR_IO,
+                      "--save %s: a checkpoint of this run holds at least %s (%zu bytes; %.2fM parameters: fp32 master "
+                      "weights + %d optimizer state array%s in %s), but the disk holding %s has %s (%zu bytes) free; "
+                      "free space there, choose a --save on a larger disk, or train without checkpoints "
+                      "(--no-checkpoint)",
+                      t->o.save_dir, zoff_format_bytes(need, b1, sizeof b1), need, (double)n / 1e6, arrays - 1,
+                      arrays == 2 ? "" : "s", zoff_dtype_name(zoff_checkpoint_state_dtype(&t->cfg)), where,
+                      zoff_format_bytes(free_b, b2, sizeof b2), free_b);
 }
 
 /* The output directory: created and proved writable before training starts. What create made

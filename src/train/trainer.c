@@ -97,6 +97,7 @@ static zoff_status validate(zoff_trainer *t) {
         if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
     }
     ZOFF_TRY(trainer_check_host_memory(t));
+    ZOFF_TRY(trainer_check_save_disk(t));
     return trainer_check_save_dir(t);
 }
 

@@ -1626,9 +1626,7 @@ static void host_state_io(zoff_engine *e, int i, int64_t so, int64_t c, void *h,
 }
 
 zoff_dtype zoff_engine_state_dtype(const zoff_engine *e, int i) {
-    /* decided from the config, so that every rank's file agrees (the rank merge needs one dtype) */
-    const zoff_offload_optimizer_config *oo = &e->cfg->zero.offload_optimizer;
-    return i > 0 && !oo->ratio_auto && oo->ratio >= 1.0 ? e->sdt : ZOFF_F32;
+    return i > 0 ? zoff_checkpoint_state_dtype(e->cfg) : ZOFF_F32; /* every rank's file agrees */
 }
 
 /* Copy state array i (0 master, 1 m, 2 v) between the engine and a host array of n floats. */

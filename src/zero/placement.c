@@ -15,6 +15,15 @@ zoff_dtype zoff_optimizer_state_dtype(const zoff_config *cfg) {
     return cfg->bf16_optimizer_states ? ZOFF_BF16 : ZOFF_F32;
 }
 
+int zoff_optimizer_state_arrays(const zoff_config *cfg) {
+    return 1 + (cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD) + (cfg->optimizer.type != ZOFF_OPTIM_LION);
+}
+
+zoff_dtype zoff_checkpoint_state_dtype(const zoff_config *cfg) {
+    const zoff_offload_optimizer_config *oo = &cfg->zero.offload_optimizer;
+    return !oo->ratio_auto && oo->ratio >= 1.0 ? zoff_optimizer_state_dtype(cfg) : ZOFF_F32;
+}
+
 size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_dt) {
     return sizeof(float) + (size_t)(state_arrays - 1) * zoff_dtype_size(state_dt);
 }
@@ -22,8 +31,8 @@ size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_d
 size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params) {
     const zoff_offload_optimizer_config *o = &cfg->zero.offload_optimizer;
     if (!o->super_offload || o->device == ZOFF_OFFLOAD_NVME || host_params <= 0) return 0;
-    int arrays = 1 + (cfg->optimizer.type != ZOFF_OPTIM_ADAGRAD) + (cfg->optimizer.type != ZOFF_OPTIM_LION);
-    return (size_t)host_params * zoff_placement_state_bytes_per_param(arrays, zoff_optimizer_state_dtype(cfg));
+    return (size_t)host_params *
+           zoff_placement_state_bytes_per_param(zoff_optimizer_state_arrays(cfg), zoff_optimizer_state_dtype(cfg));
 }
 
 bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
