@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
+#include "zoff/resources.h"
 #include <unistd.h>
 
 #include "aio/aio_internal.h"
@@ -195,11 +195,10 @@ static void format_free_space(const char *path, char *buf, size_t n) {
     if (slash && slash != dir) *slash = '\0';
     else if (slash) slash[1] = '\0';
     else msgf(dir, sizeof dir, ".");
-    struct statvfs sv;
+    size_t fb = 0;
     char b[32];
-    if (statvfs(dir, &sv) == 0)
-        msgf(buf, n, "%s free in %s", zoff_format_bytes((size_t)sv.f_bavail * (size_t)sv.f_frsize, b, sizeof b),
-                 dir);
+    if (zoff_disk_free(dir, &fb, NULL, 0))
+        msgf(buf, n, "%s free in %s", zoff_format_bytes(fb, b, sizeof b), dir);
     else
         msgf(buf, n, "free space in %s unknown", dir);
 }

@@ -1,7 +1,7 @@
 /* zoff plan: the machine's sizes and rates.
  *
  * Sizes: host memory from /proc/meminfo (MemAvailable), the pinned limit from
- * RLIMIT_MEMLOCK (`ulimit -l`), free disk from statvfs at the nvme path.
+ * RLIMIT_MEMLOCK (`ulimit -l`), free disk at the nvme path (zoff_disk_free).
  * Rates, in order of preference: `zoff bench ... --json` files, the quick
  * built-in probes below (about a second), fixed assumed figures. Each rate
  * records where it came from; docs/plan.md lists the assumed figures. */
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/statvfs.h>
+#include "zoff/resources.h"
 
 #include "zoff/optim.h"
 
@@ -67,8 +67,8 @@ zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path
     if (m->backend != ZOFF_BACKEND_CPU && getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
         m->pinned_limit = rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : (size_t)rl.rlim_cur;
     if (disk_path && *disk_path) {
-        struct statvfs sv;
-        if (statvfs(disk_path, &sv) == 0) m->disk_bytes = (size_t)sv.f_bavail * (size_t)sv.f_frsize;
+        size_t b = 0;
+        if (zoff_disk_free(disk_path, &b, NULL, 0)) m->disk_bytes = b;
         else zoff_log(ZOFF_LOG_WARN, "zoff plan: cannot read free space at %s: %s", disk_path, strerror(errno));
     }
     return ZOFF_OK;
