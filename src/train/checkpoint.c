@@ -368,7 +368,7 @@ zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, in
     int nmine = 0, oldn = zoff_ckpt_reader_nranks(r);
     ZOFF_TRY(train_partition_runs(eng, &mine, &nmine));
     int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
-    float *buf = zoff_aligned_alloc(64, (size_t)W * sizeof(float), "checkpoint piece buffer");
+    float *buf = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, (size_t)W * sizeof(float), "checkpoint piece buffer"); /* O_DIRECT */
     rank_file *files = calloc((size_t)(oldn > 0 ? oldn : 1), sizeof *files);
     zoff_status s = buf && files ? ZOFF_OK : ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = open_rank_files(r, n, files, oldn);
@@ -393,7 +393,7 @@ zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine
     const size_t es = zoff_dtype_size(zoff_engine_dtype(eng));
     ZOFF_TRY(zoff_ckpt_check_tensor(r, ZOFF_TRAIN_DEVICE_WEIGHTS, zoff_engine_dtype(eng), 1, shape));
     const int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / es);
-    void *buf = zoff_aligned_alloc(64, (size_t)(n < W ? n : W) * es, "checkpoint piece buffer");
+    void *buf = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, (size_t)(n < W ? n : W) * es, "checkpoint piece buffer");
     zoff_status s = buf ? ZOFF_OK : ZOFF_ERR_NOMEM;
     for (int64_t a = 0; s == ZOFF_OK && a < n; a += W) {
         int64_t c = n - a < W ? n - a : W;
