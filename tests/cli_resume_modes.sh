@@ -9,7 +9,8 @@
 # rank), delayed update (saves in and right after its warm-up; fp16 loss scaling with skipped
 # steps; a final save then --load), speculative (super_offload, with rollbacks), Twin-Flow ratio,
 # NVMe offload; gradient accumulation 2 throughout; the delayed update on 2 ranks when MPI is
-# there. Also: a delayed checkpoint of the previous format still loads, with its warning.
+# there. Also: a delayed checkpoint of the previous format still loads, with its warning. The
+# one-rank resumes load through 4 KiB pieces (ZOFF_TEST_CKPT_PIECE_BYTES): the load's pipeline.
 # Usage: cli_resume_modes.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -65,11 +66,12 @@ run_mode() {
   "$@" "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $N --save "$W/$m.B" --save-interval 1 >"$W/$m.B.txt" 2>&1
   check "$m: checkpoints after every step leave the run as it was (metrics, final checkpoint)" \
     "same_run '$W/$m.S' 0 '$W/$m.B'"
-  local k
+  local k pieces=() # one rank: resumed through 4 KiB load pieces (the load's pipeline, many pieces per array)
+  [ $# -eq 0 ] && pieces=(env ZOFF_TEST_CKPT_PIECE_BYTES=4096)
   for k in $RESUME; do
     mkdir -p "$W/$m.R$k"
     cp -r "$W/$m.B/step_$(printf %08d $k)" "$W/$m.R$k/"
-    "$@" "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $N --save "$W/$m.R$k" --load "$W/$m.R$k" \
+    "$@" "${pieces[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $N --save "$W/$m.R$k" --load "$W/$m.R$k" \
       >"$W/$m.R$k.txt" 2>&1
     check "$m: saved at step $k and resumed == straight (metrics, final validation loss, checkpoint bytes)" \
       "same_run '$W/$m.S' $k '$W/$m.R$k'"

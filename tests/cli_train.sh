@@ -25,12 +25,18 @@ check "checkpoint step_00000006 is complete" "[ -f '$W/run/step_00000006/COMPLET
 check "sample generates text" "[ \$? -eq 0 ] && [ \$(wc -c < '$W/sample.txt') -gt 4 ]"
 
 # 2. exact resume: 3 steps, then resume to 6 == 6 straight (losses bit-identical)
+# (again with 4 KiB load pieces, ZOFF_TEST_CKPT_PIECE_BYTES: the load's pipeline over dozens of pieces per array)
 "$ZOFF" train "${TINY[@]}" --train-iters 3 --save "$W/resume" >/dev/null 2>&1
+cp -r "$W/resume" "$W/resume4k"
 "$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/resume" --load "$W/resume" >/dev/null 2>&1
 check "resume run exits 0 and ends at step 6" "[ -f '$W/resume/step_00000006/COMPLETE' ]"
+ZOFF_TEST_CKPT_PIECE_BYTES=4096 "$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/resume4k" --load "$W/resume4k" \
+  >/dev/null 2>&1
 grep '"loss"' "$W/run/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.txt"
 grep '"loss"' "$W/resume/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
+grep '"loss"' "$W/resume4k/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b4k.txt"
 check "resumed losses, lr and grad norms are bit-identical to the straight run" "cmp -s '$W/a.txt' '$W/b.txt'"
+check "... with 4 KiB load pieces too" "cmp -s '$W/a.txt' '$W/b4k.txt'"
 
 # 3. bad config: unknown key -> exit 2, message names the key, nothing written
 echo '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0, "bogus_key": 1}}' > "$W/bad.json"
@@ -70,21 +76,24 @@ check "corrupt checkpoint left as it was, no newer step written" \
   "[ \"\$(md5sum '$f' | cut -d' ' -f1)\" = '$sum_before' ] && [ ! -e '$W/corrupt/step_00000008' ]"
 
 # 7b. a corrupt byte in the optimizer state, which a load reads and checks in one pass (the CRC compared at the
-# entry's end): the first byte of exp_avg, the last of exp_avg_sq (the last thing read): refused alike
-for spot in "optimizer.exp_avg 0" "optimizer.exp_avg_sq -1"; do
+# entry's end): the first byte of exp_avg, the last of exp_avg_sq (the last thing read): refused alike; with 4 KiB
+# load pieces (found on the load's helper thread, its message carried over) a byte in the middle of exp_avg and of
+# the token embedding
+for spot in "optimizer.exp_avg 0 0" "optimizer.exp_avg_sq -1 0" "optimizer.exp_avg 5000 4096" "wte.weight 5000 4096"; do
   rm -rf "$W/corrupt2"; cp -r "$W/run" "$W/corrupt2"
   f="$W/corrupt2/step_00000006/rank_00000.zckpt"
-  read -r ent at <<< "$spot"
+  read -r ent at pb <<< "$spot"
   "$PY" -c "
 import sys; sys.path.insert(0, '$SRC/scripts'); import zckpt
 e = [x for x in zckpt.read_file('$f')[1] if x['name'] == '$ent'][0]
-at = e['offset'] + (e['bytes'] - 1 if $at < 0 else 0)
+at = e['offset'] + (e['bytes'] - 1 if $at < 0 else $at)
 with open('$f', 'r+b') as h:
     h.seek(at); b = h.read(1); h.seek(at); h.write(bytes([b[0] ^ 0x5a]))
 "
-  "$ZOFF" train "${TINY[@]}" --train-iters 8 --save "$W/corrupt2" --load "$W/corrupt2" >"$W/err.txt" 2>&1
+  ZOFF_TEST_CKPT_PIECE_BYTES=$pb "$ZOFF" train "${TINY[@]}" --train-iters 8 --save "$W/corrupt2" --load "$W/corrupt2" \
+    >"$W/err.txt" 2>&1
   rc=$?
-  check "corrupt byte in $ent (at $at): non-zero exit naming the entry's checksum" \
+  check "corrupt byte in $ent (at $at, load pieces of $pb bytes, 0: the default): non-zero exit naming the entry's checksum" \
     "[ $rc -ne 0 ] && grep -q \"checksum mismatch in entry '$ent'\" '$W/err.txt' && [ ! -e '$W/corrupt2/step_00000008' ]"
 done
 

@@ -201,6 +201,50 @@ static void test_read_weights_range(void **state) {
         assert_memory_equal(got, w, (size_t)n * sizeof(float));
         zoff_ckpt_close(r);
     }
+    /* pieces of 4096 bytes: the load's pipeline (a helper thread reads piece p while p - 1 is copied) over
+     * dozens of pieces, whole model and ranges alike */
+    setenv("ZOFF_TEST_CKPT_PIECE_BYTES", "4096", 1);
+    assert_int_equal(zoff_train_ckpt_piece_bytes(), 4096);
+    assert_true(n * (int64_t)sizeof(float) > 8 * 4096);
+    for (size_t k = 0; k < 2; k++) {
+        const int64_t step = k == 0 ? n : 3001; /* the whole model; ranges that cut tensors */
+        zoff_ckpt_reader *r = NULL;
+        assert_ok(zoff_ckpt_open(dir, 0, &r));
+        memset(got, 0xff, (size_t)n * sizeof(float));
+        for (int64_t lo = 0; lo < n; lo += step) {
+            int64_t hi = lo + step < n ? lo + step : n;
+            assert_ok(zoff_train_ckpt_read_weights_range(r, m, lo, hi, got + lo));
+        }
+        assert_memory_equal(got, w, (size_t)n * sizeof(float));
+        zoff_ckpt_close(r);
+    }
+    /* a byte flipped in the middle of the largest tensor: found on the helper thread (at the tensor's
+     * end), and its message, not an empty one, is what the caller gets */
+    int big = 0;
+    for (int i = 1; i < nt; i++)
+        if (t[i].numel > t[big].numel) big = i;
+    char path[4200];
+    zoff_ckpt_reader *cr = NULL;
+    assert_ok(zoff_ckpt_open(dir, 0, &cr));
+    snprintf(path, sizeof path, "%s", zoff_ckpt_reader_path(cr));
+    const zoff_ckpt_entry *ce = zoff_ckpt_find(cr, t[big].name);
+    assert_non_null(ce);
+    const int64_t at = ce->offset + ce->bytes / 2;
+    zoff_ckpt_close(cr);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, (long)at, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, (long)at, SEEK_SET), 0);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+    assert_ok(zoff_ckpt_open(dir, 0, &cr));
+    assert_int_equal(zoff_train_ckpt_read_weights(cr, m, got), ZOFF_ERR_FORMAT);
+    char want[256];
+    snprintf(want, sizeof want, "checksum mismatch in entry '%s'", t[big].name);
+    assert_non_null(strstr(zoff_last_error(), want));
+    zoff_ckpt_close(cr);
+    unsetenv("ZOFF_TEST_CKPT_PIECE_BYTES");
     zoff_ckpt_reader *r = NULL;
     assert_ok(zoff_ckpt_open(dir, 0, &r));
     zoff_gpt2 *wide = tiny_model(dev, 32);

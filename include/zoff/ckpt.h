@@ -277,8 +277,9 @@ zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name);
  * been read (that read fails on a mismatch) or by zoff_ckpt_verify, which reads what is left. An
  * entry read in order from its start is then read from the file once instead of twice, but a
  * range is handed over before its entry is checked: the caller must zoff_ckpt_verify the entry
- * before it relies on what it read (a load: before training on it). Off when opened. */
-void zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on);
+ * before it relies on what it read (a load: before training on it). Off when opened. Returns the
+ * setting it replaces. */
+bool zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on);
 
 /* ---- the "partition" blob of a rank file (see "Partitioned entries" above) ---- */
 typedef struct zoff_ckpt_partition {

@@ -76,12 +76,15 @@ typedef struct zoff_train_meta {
  * rank discards the checkpoint on all. */
 zoff_status zoff_train_ckpt_save(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                  const zoff_train_meta *meta, const char *config_json, zoff_comm *comm);
-/* Bytes of the one piece buffer a checkpoint load streams each array through (the one home of
- * that bound; a save streams through the writer's pieces, zoff_ckpt_writer_buffer_bytes): no
- * whole-model staging copy with one rank. */
+/* Bytes of one piece a checkpoint load streams each array through (the one home of that bound; a
+ * save streams through the writer's pieces, zoff_ckpt_writer_buffer_bytes): no whole-model
+ * staging copy with one rank. */
 size_t zoff_train_ckpt_piece_bytes(void);
+/* Host bytes a load holds outside the engine: two pieces, one read (and checksummed) by a helper
+ * thread while the other is handed on to the engine. */
+size_t zoff_train_ckpt_load_bytes(void);
 /* Host bytes a save or load with one rank holds at most outside the engine: the larger of the
- * writer's pieces and the load's piece (what train's host-memory check and zoff plan count). */
+ * writer's pieces and the load's two pieces (what train's host-memory check and zoff plan count). */
 size_t zoff_train_ckpt_save_bytes(void);
 /* What a save with several ranks holds on rank 0 on top of that: the master weights come from
  * the ranks a piece at a time (two pieces) when the state is partitioned (stage >= 1; in memory

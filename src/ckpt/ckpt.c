@@ -1619,8 +1619,11 @@ zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t 
     return verify_if_whole(r, e);
 }
 
-void zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on) {
-    if (r) r->in_order = on;
+bool zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on) {
+    if (!r) return false;
+    bool was = r->in_order;
+    r->in_order = on;
+    return was;
 }
 
 zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name) {

@@ -2,6 +2,8 @@
  * the "meta" blob, the config; saving over ranks and loading onto another number of ranks. */
 #define _GNU_SOURCE
 #include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -200,28 +202,204 @@ zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *m, c
     return s;
 }
 
+/* ------------------------------------------------------------------ the load's pipeline */
+
+/* A load streams each array through two piece buffers (zoff_train_ckpt_load_bytes): a helper thread
+ * fills piece p (reads it, O_DIRECT where aligned, checksumming as it goes: the readers are its alone
+ * while the pipeline runs) while the caller's thread hands piece p - 1 on (into the model's weights,
+ * the engine's state, the device), so that the disk's reads overlap the CRC and the copies instead of
+ * alternating with them (docs/performance.md, "Loading a checkpoint"). */
+typedef zoff_status (*piece_fn)(void *ctx, int64_t p, void *buf);
+
+typedef struct load_pipe {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t np, filled, used; /* pieces [0, filled) read, [0, used) handed on */
+    bool quit;                /* the caller's side failed: read no more */
+    zoff_status fs;           /* the helper's failure and its message (thread-local there) */
+    char msg[1024];
+    piece_fn fill;
+    void *ctx;
+    void *buf[2];
+} load_pipe;
+
+static void *pipe_main(void *arg) {
+    load_pipe *q = arg;
+    for (int64_t p = 0; p < q->np; p++) {
+        pthread_mutex_lock(&q->mu);
+        while (!q->quit && p - q->used >= 2) pthread_cond_wait(&q->cv, &q->mu); /* its buffer is still in use */
+        bool quit = q->quit;
+        pthread_mutex_unlock(&q->mu);
+        if (quit) break;
+        zoff_status s = q->fill(q->ctx, p, q->buf[p % 2]);
+        pthread_mutex_lock(&q->mu);
+        if (s == ZOFF_OK) q->filled = p + 1;
+        else {
+            q->fs = s;
+            snprintf(q->msg, sizeof q->msg, "%s", zoff_last_error());
+        }
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        if (s != ZOFF_OK) break;
+    }
+    return NULL;
+}
+
+/* Pieces 0 .. np - 1: fill(p) on the helper thread, then use(p) on this one, in order. One piece, or
+ * no thread to be had: one after the other on this thread. The first failure stops both sides and is
+ * returned with its message. */
+static zoff_status pipe_run(int64_t np, void *const buf[2], piece_fn fill, piece_fn use, void *ctx) {
+    load_pipe q = {.np = np, .fill = fill, .ctx = ctx, .buf = {buf[0], buf[1]}};
+    pthread_t th;
+    bool threaded = np > 1 && pthread_mutex_init(&q.mu, NULL) == 0;
+    if (threaded && pthread_cond_init(&q.cv, NULL) != 0) {
+        pthread_mutex_destroy(&q.mu);
+        threaded = false;
+    }
+    if (threaded && pthread_create(&th, NULL, pipe_main, &q) != 0) {
+        pthread_cond_destroy(&q.cv);
+        pthread_mutex_destroy(&q.mu);
+        threaded = false;
+    }
+    zoff_status s = ZOFF_OK;
+    if (!threaded) {
+        for (int64_t p = 0; p < np && s == ZOFF_OK; p++) {
+            s = fill(ctx, p, buf[0]);
+            if (s == ZOFF_OK) s = use(ctx, p, buf[0]);
+        }
+        return s;
+    }
+    for (int64_t p = 0; p < np && s == ZOFF_OK; p++) {
+        pthread_mutex_lock(&q.mu);
+        while (q.filled <= p && q.fs == ZOFF_OK) pthread_cond_wait(&q.cv, &q.mu);
+        bool ready = q.filled > p;
+        pthread_mutex_unlock(&q.mu);
+        if (!ready) break; /* the helper failed */
+        s = use(ctx, p, buf[p % 2]);
+        pthread_mutex_lock(&q.mu);
+        q.used = p + 1;
+        if (s != ZOFF_OK) q.quit = true;
+        pthread_cond_broadcast(&q.cv);
+        pthread_mutex_unlock(&q.mu);
+    }
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&q.cv);
+    pthread_mutex_destroy(&q.mu);
+    if (s == ZOFF_OK && q.fs != ZOFF_OK) s = zoff_error(q.fs, "%s", q.msg);
+    return s;
+}
+
+/* The pipeline's two buffers of `bytes` each, aligned for O_DIRECT (ZOFF_CKPT_ALIGN); NULL on failure. */
+static bool pipe_buffers(void *buf[2], size_t bytes) {
+    const size_t A = ZOFF_CKPT_ALIGN;
+    bytes = (bytes + A - 1) / A * A; /* aligned_alloc: a multiple of the alignment */
+    buf[0] = zoff_aligned_alloc(A, bytes, "checkpoint piece buffer");
+    buf[1] = buf[0] ? zoff_aligned_alloc(A, bytes, "checkpoint piece buffer") : NULL;
+    if (buf[1]) return true;
+    zoff_aligned_free(buf[0]);
+    buf[0] = NULL;
+    return false;
+}
+
+static void pipe_buffers_free(void *buf[2]) {
+    zoff_aligned_free(buf[0]);
+    zoff_aligned_free(buf[1]);
+}
+
+/* ------------------------------------------------------------------ weights */
+
+/* A part of a weights piece: model elements [a, b) of tensor i at byte `at` of the piece buffer (each
+ * part starts ZOFF_CKPT_ALIGN-aligned there, and a tensor's parts at whole pieces of it, so that they
+ * are read past the page cache). */
+typedef struct wpart {
+    int i;
+    int64_t a, b;
+    size_t at;
+} wpart;
+
+typedef struct weights_job {
+    zoff_ckpt_reader *r;
+    const zoff_tensor_info *t;
+    wpart *part;
+    int64_t *first; /* piece p: parts [first[p], first[p + 1]) */
+    int64_t lo;
+    float *dst;
+} weights_job;
+
+static zoff_status weights_fill(void *ctx, int64_t p, void *buf) {
+    const weights_job *j = ctx;
+    for (int64_t k = j->first[p]; k < j->first[p + 1]; k++) {
+        const wpart *g = &j->part[k];
+        const zoff_tensor_info *t = &j->t[g->i];
+        ZOFF_TRY(zoff_ckpt_read_range(j->r, t->name, (g->a - t->offset) * (int64_t)sizeof(float), (char *)buf + g->at,
+                                      (size_t)(g->b - g->a) * sizeof(float)));
+    }
+    return ZOFF_OK;
+}
+
+static zoff_status weights_use(void *ctx, int64_t p, void *buf) {
+    const weights_job *j = ctx;
+    for (int64_t k = j->first[p]; k < j->first[p + 1]; k++) {
+        const wpart *g = &j->part[k];
+        memcpy(j->dst + (g->a - j->lo), (const char *)buf + g->at, (size_t)(g->b - g->a) * sizeof(float));
+    }
+    return ZOFF_OK;
+}
+
 zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params) {
     return zoff_train_ckpt_read_weights_range(r, model, 0, zoff_gpt2_num_params(model), host_params);
 }
 
+/* The tensors' parts in the model range [lo, hi), a piece at a time (tensors in model order, each cut into
+ * pieces of at most one buffer; small ones share a piece), read in order: each tensor's CRC is carried
+ * along as it is read and compared at its end, or, for a tensor the range cuts, over the rest of it at
+ * the end (zoff_ckpt_verify), before this returns. */
 zoff_status zoff_train_ckpt_read_weights_range(zoff_ckpt_reader *r, const zoff_gpt2 *model, int64_t lo, int64_t hi,
                                                float *dst) {
     int nt = 0;
     const zoff_tensor_info *t = zoff_gpt2_tensors(model, &nt);
+    const size_t A = ZOFF_CKPT_ALIGN, PB = zoff_train_ckpt_piece_bytes(), f4 = sizeof(float);
+    const int64_t W = (int64_t)(PB / f4);
+    for (int i = 0; i < nt; i++)
+        if (t[i].offset < hi && t[i].offset + t[i].numel > lo)
+            ZOFF_TRY(zoff_ckpt_check_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape));
+    const int64_t cap = nt + (hi - lo) / W + 2;
+    weights_job j = {.r = r, .t = t, .part = malloc((size_t)cap * sizeof(wpart)),
+                     .first = malloc((size_t)(cap + 1) * sizeof(int64_t)), .lo = lo, .dst = dst};
+    void *buf[2] = {NULL, NULL};
+    if (!j.part || !j.first) {
+        free(j.part);
+        free(j.first);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory loading the weights of %s", zoff_ckpt_reader_path(r));
+    }
+    int64_t nparts = 0, np = 0;
+    size_t at = PB, need = 0; /* the current piece's end; the most any piece holds */
     for (int i = 0; i < nt; i++) {
         int64_t a = t[i].offset > lo ? t[i].offset : lo, b = t[i].offset + t[i].numel < hi ? t[i].offset + t[i].numel : hi;
-        if (a >= b) continue;
-        float *d = dst + (a - lo);
-        if (a == t[i].offset && b - a == t[i].numel) {
-            ZOFF_TRY(zoff_ckpt_read_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape, d,
-                                           (size_t)t[i].numel * sizeof(float)));
-        } else {
-            ZOFF_TRY(zoff_ckpt_check_tensor(r, t[i].name, ZOFF_F32, t[i].ndim, t[i].shape));
-            ZOFF_TRY(zoff_ckpt_read_range(r, t[i].name, (a - t[i].offset) * (int64_t)sizeof(float), d,
-                                          (size_t)(b - a) * sizeof(float)));
+        for (; a < b; a += W) {
+            int64_t c = b - a < W ? b - a : W;
+            size_t from = (at + A - 1) / A * A;
+            if (from + (size_t)c * f4 > PB) { /* a new piece */
+                j.first[np++] = nparts;
+                from = 0;
+            }
+            j.part[nparts++] = (wpart){.i = i, .a = a, .b = a + c, .at = from};
+            at = from + (size_t)c * f4;
+            need = at > need ? at : need;
         }
     }
-    return ZOFF_OK;
+    j.first[np] = nparts;
+    zoff_status s = ZOFF_OK;
+    if (np > 0 && !pipe_buffers(buf, need)) s = ZOFF_ERR_NOMEM;
+    bool was = zoff_ckpt_reader_verify_in_order(r, true);
+    if (s == ZOFF_OK) s = pipe_run(np, buf, weights_fill, weights_use, &j);
+    for (int i = 0; s == ZOFF_OK && i < nt; i++) /* a tensor the range cuts: the rest of its CRC */
+        if (t[i].offset < hi && t[i].offset + t[i].numel > lo) s = zoff_ckpt_verify(r, t[i].name);
+    zoff_ckpt_reader_verify_in_order(r, was);
+    pipe_buffers_free(buf);
+    free(j.part);
+    free(j.first);
+    return s;
 }
 
 /* The runs of rank file q: its "partition" blob, or [[0, n]] for a file without one (checkpoints
@@ -320,13 +498,42 @@ static zoff_status open_rank_files(zoff_ckpt_reader *r, int64_t n, rank_file *fi
     return ZOFF_OK;
 }
 
+/* One optimizer state array of this rank through the load's pipeline: window p (elements [pW, pW + W)
+ * of this rank's partition) read from the rank files on the helper thread, then into the engine. */
+typedef struct state_job {
+    rank_file *files;
+    int oldn;
+    const char *name;
+    const int64_t *mine;
+    int nmine;
+    int64_t pn, W;
+    zoff_dtype hdt;
+    zoff_engine *eng;
+    int k;
+    int64_t covered; /* the helper's: read once it is joined */
+} state_job;
+
+static zoff_status state_fill(void *ctx, int64_t p, void *buf) {
+    state_job *j = ctx;
+    const int64_t L = p * j->W, w = j->pn - L < j->W ? j->pn - L : j->W;
+    for (int q = 0; q < j->oldn; q++)
+        ZOFF_TRY(read_window(&j->files[q], j->name, j->mine, j->nmine, L, w, j->hdt, buf, &j->covered));
+    return ZOFF_OK;
+}
+
+static zoff_status state_use(void *ctx, int64_t p, void *buf) {
+    const state_job *j = ctx;
+    const int64_t L = p * j->W, w = j->pn - L < j->W ? j->pn - L : j->W;
+    return zoff_engine_state_range_as(j->eng, j->k, L, w, j->hdt, buf, false);
+}
+
 /* One optimizer state array k of this rank, window by window, from the rank files into the
  * engine (zoff_engine_state_range: in memory, on the device or in an NVMe swap file alike).
  * Where the file keeps the engine's dtype the values are copied as they are; else
  * (bf16.bf16_optimizer_states changed between the runs) bf16 widens to fp32 exactly, fp32 rounds
  * to nearest-even into bf16 state. */
 static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng, int k, const int64_t *mine,
-                                    int nmine, int64_t pn, float *buf, int64_t W) {
+                                    int nmine, int64_t pn, void *const buf[2], int64_t W) {
     const char *name = zoff_engine_state_name(eng, k);
     for (int q = 0; q < oldn; q++) ZOFF_TRY(check_entry(&files[q], name));
     if (oldn > 0 && files[0].dt != zoff_engine_state_dtype(eng, k))
@@ -342,48 +549,66 @@ static zoff_status read_state_array(rank_file *files, int oldn, zoff_engine *eng
     for (int q = 0; q < oldn; q++)
         if (files[q].dt != hdt) hdt = ZOFF_F32;
     if (hdt != zoff_engine_state_dtype(eng, k)) hdt = ZOFF_F32;
-    int64_t covered = 0, L = 0;
-    do {
-        int64_t w = pn - L < W ? pn - L : W;
-        for (int q = 0; q < oldn; q++) ZOFF_TRY(read_window(&files[q], name, mine, nmine, L, w, hdt, buf, &covered));
-        ZOFF_TRY(zoff_engine_state_range_as(eng, k, L, w, hdt, buf, false));
-        L += w;
-    } while (L < pn);
+    state_job j = {.files = files, .oldn = oldn, .name = name, .mine = mine, .nmine = nmine, .pn = pn, .W = W,
+                   .hdt = hdt, .eng = eng, .k = k};
+    ZOFF_TRY(pipe_run(pn > 0 ? (pn + W - 1) / W : 1, buf, state_fill, state_use, &j));
     /* the files are read in order (zoff_ckpt_reader_verify_in_order): each entry's CRC, over what this rank did
      * not read of it too, before anything trains on what was loaded */
     for (int q = 0; q < oldn; q++) ZOFF_TRY(zoff_ckpt_verify(files[q].r, name));
-    if (covered != pn)
+    if (j.covered != pn)
         return zoff_error(ZOFF_ERR_FORMAT,
                           "checkpoint %s: its %d rank file(s) hold %lld of the %lld values of '%s' this rank needs "
                           "(overlapping or missing partitions); the checkpoint is incomplete or corrupt",
-                          zoff_ckpt_reader_path(files[0].r), oldn, (long long)covered, (long long)pn, name);
+                          zoff_ckpt_reader_path(files[0].r), oldn, (long long)j.covered, (long long)pn, name);
     return ZOFF_OK;
 }
 
 /* Resharding: this rank's partition of each optimizer state array is read from whichever rank
- * files of the checkpoint hold it, however many ranks wrote it, through one piece buffer. */
+ * files of the checkpoint hold it, however many ranks wrote it, through the load's two pieces. */
 zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n) {
     int64_t pn = zoff_engine_partition_numel(eng);
     int64_t *mine = NULL;
     int nmine = 0, oldn = zoff_ckpt_reader_nranks(r);
     ZOFF_TRY(train_partition_runs(eng, &mine, &nmine));
     int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
-    float *buf = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, (size_t)W * sizeof(float), "checkpoint piece buffer"); /* O_DIRECT */
+    void *buf[2] = {NULL, NULL};
     rank_file *files = calloc((size_t)(oldn > 0 ? oldn : 1), sizeof *files);
-    zoff_status s = buf && files ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    zoff_status s = files && pipe_buffers(buf, (size_t)(pn < W ? (pn > 0 ? pn : 1) : W) * sizeof(float))
+                        ? ZOFF_OK
+                        : ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = open_rank_files(r, n, files, oldn);
-    for (int q = 0; s == ZOFF_OK && q < oldn; q++) zoff_ckpt_reader_verify_in_order(files[q].r, true); /* one pass */
+    bool was = zoff_ckpt_reader_verify_in_order(r, true); /* one pass; the caller's setting back below */
+    for (int q = 1; s == ZOFF_OK && q < oldn; q++) zoff_ckpt_reader_verify_in_order(files[q].r, true);
     for (int k = 1; s == ZOFF_OK && k < zoff_engine_state_count(eng); k++)
         s = read_state_array(files, oldn, eng, k, mine, nmine, pn, buf, W);
-    zoff_ckpt_reader_verify_in_order(r, false); /* the caller's, as it was */
+    zoff_ckpt_reader_verify_in_order(r, was);
     for (int q = 0; files && q < oldn; q++) {
         zoff_ckpt_partition_free(&files[q].p);
         if (q > 0) zoff_ckpt_close(files[q].r);
     }
     free(files);
     free(mine);
-    zoff_aligned_free(buf);
+    pipe_buffers_free(buf);
     return s;
+}
+
+typedef struct dweights_job {
+    zoff_ckpt_reader *r;
+    zoff_engine *eng;
+    int64_t n, W;
+    size_t es;
+} dweights_job;
+
+static zoff_status dweights_fill(void *ctx, int64_t p, void *buf) {
+    const dweights_job *j = ctx;
+    const int64_t a = p * j->W, c = j->n - a < j->W ? j->n - a : j->W;
+    return zoff_ckpt_read_range(j->r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)j->es, buf, (size_t)c * j->es);
+}
+
+static zoff_status dweights_use(void *ctx, int64_t p, void *buf) {
+    const dweights_job *j = ctx;
+    const int64_t a = p * j->W, c = j->n - a < j->W ? j->n - a : j->W;
+    return zoff_engine_device_weights(j->eng, a, c, buf, false);
 }
 
 zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine *eng, int64_t n, bool *restored) {
@@ -392,14 +617,13 @@ zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine
     const int64_t shape[1] = {n};
     const size_t es = zoff_dtype_size(zoff_engine_dtype(eng));
     ZOFF_TRY(zoff_ckpt_check_tensor(r, ZOFF_TRAIN_DEVICE_WEIGHTS, zoff_engine_dtype(eng), 1, shape));
-    const int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / es);
-    void *buf = zoff_aligned_alloc(ZOFF_CKPT_ALIGN, (size_t)(n < W ? n : W) * es, "checkpoint piece buffer");
-    zoff_status s = buf ? ZOFF_OK : ZOFF_ERR_NOMEM;
-    for (int64_t a = 0; s == ZOFF_OK && a < n; a += W) {
-        int64_t c = n - a < W ? n - a : W;
-        s = zoff_ckpt_read_range(r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)es, buf, (size_t)c * es);
-        if (s == ZOFF_OK) s = zoff_engine_device_weights(eng, a, c, buf, false);
-    }
-    zoff_aligned_free(buf);
+    dweights_job j = {.r = r, .eng = eng, .n = n, .W = (int64_t)(zoff_train_ckpt_piece_bytes() / es), .es = es};
+    void *buf[2] = {NULL, NULL};
+    zoff_status s = pipe_buffers(buf, (size_t)(n < j.W ? (n > 0 ? n : 1) : j.W) * es) ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    bool was = zoff_ckpt_reader_verify_in_order(r, true); /* checked as read; all of it before this returns */
+    if (s == ZOFF_OK && n > 0) s = pipe_run((n + j.W - 1) / j.W, buf, dweights_fill, dweights_use, &j);
+    if (s == ZOFF_OK) s = zoff_ckpt_verify(r, ZOFF_TRAIN_DEVICE_WEIGHTS);
+    zoff_ckpt_reader_verify_in_order(r, was);
+    pipe_buffers_free(buf);
     return s;
 }

@@ -22,10 +22,16 @@
 
 #include "train/ckpt_internal.h"
 
-size_t zoff_train_ckpt_piece_bytes(void) { return (size_t)16 << 20; }
+size_t zoff_train_ckpt_piece_bytes(void) {
+    /* tests: ZOFF_TEST_CKPT_PIECE_BYTES (a multiple of 4096) gives a small model many pieces */
+    const char *t = getenv("ZOFF_TEST_CKPT_PIECE_BYTES");
+    long long v = t ? atoll(t) : 0;
+    return v >= 4096 && v % 4096 == 0 ? (size_t)v : (size_t)16 << 20;
+}
+size_t zoff_train_ckpt_load_bytes(void) { return 2 * zoff_train_ckpt_piece_bytes(); }
 size_t zoff_train_ckpt_save_bytes(void) {
-    size_t w = zoff_ckpt_writer_buffer_bytes(), p = zoff_train_ckpt_piece_bytes();
-    return w > p ? w : p;
+    size_t w = zoff_ckpt_writer_buffer_bytes(), l = zoff_train_ckpt_load_bytes();
+    return w > l ? w : l;
 }
 size_t zoff_train_ckpt_gather_bytes(int world, int stage) {
     if (world <= 1) return 0;
