@@ -381,19 +381,26 @@ static int64_t rchar(void) { return proc_io("rchar"); }
  * destination or offset goes through the page cache whole. The bytes are right either way, in order with the
  * CRC checked and not, and a byte changed in the file through the page cache is seen by the direct read. The
  * storage-layer assertion is skipped where the test directory's filesystem has no O_DIRECT (tmpfs). */
+/* A checkpoint of step `step` under root holding one entry `name` of nb bytes (nb a multiple of 4) with the
+ * bytes of `data`; its rank file's path into f. */
+static void one_entry_checkpoint(const char *root, int64_t step, const char *name, const uint8_t *data, size_t nb,
+                                 char *f, size_t cap) {
+    zoff_ckpt_writer *w;
+    int64_t shape[1] = {(int64_t)nb / 4};
+    assert_ok(zoff_ckpt_writer_open(root, step, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add(w, name, ZOFF_F32, 1, shape, data, nb));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, step, 1, NULL));
+    rank_file(root, step, 0, f, cap);
+}
+
 static void test_direct_reads(void **state) {
     const char *root = *state;
     enum { NB = (3 << 20) + 1000 }; /* a 4096-aligned body and a 1000-byte tail */
     uint8_t *data = malloc(NB), *got = aligned_alloc(4096, (NB / 4096 + 2) * 4096); /* (a multiple of the alignment) */
     for (size_t i = 0; i < NB; i++) data[i] = (uint8_t)(i * 2246822519u >> 11);
-    zoff_ckpt_writer *w;
-    int64_t shape[1] = {NB / 4};
-    assert_ok(zoff_ckpt_writer_open(root, 6, 0, NULL, &w));
-    assert_ok(zoff_ckpt_add(w, "d", ZOFF_F32, 1, shape, data, NB));
-    assert_ok(zoff_ckpt_commit(w));
-    assert_ok(zoff_ckpt_finalize(root, 6, 1, NULL));
     char f[4096];
-    rank_file(root, 6, 0, f, sizeof f);
+    one_entry_checkpoint(root, 6, "d", data, NB, f, sizeof f);
     int probe = open(f, O_RDONLY | O_DIRECT);
     const bool direct = probe >= 0;
     if (probe >= 0) close(probe);
@@ -450,14 +457,8 @@ static void test_verify_in_order(void **state) {
     enum { NB = 3 << 20 }; /* 3 MiB, read in four ranges */
     uint8_t *data = malloc(NB), *got = malloc(NB);
     for (size_t i = 0; i < NB; i++) data[i] = (uint8_t)(i * 2654435761u >> 13);
-    zoff_ckpt_writer *w;
-    int64_t shape[1] = {NB / 4};
-    assert_ok(zoff_ckpt_writer_open(root, 5, 0, NULL, &w));
-    assert_ok(zoff_ckpt_add(w, "m", ZOFF_F32, 1, shape, data, NB));
-    assert_ok(zoff_ckpt_commit(w));
-    assert_ok(zoff_ckpt_finalize(root, 5, 1, NULL));
     char f[4096];
-    rank_file(root, 5, 0, f, sizeof f);
+    one_entry_checkpoint(root, 5, "m", data, NB, f, sizeof f);
     const size_t cut[] = {0, 1000000, 1000000 + 4096, 2500000, NB};
     for (int mode = 0; mode < 2; mode++) { /* 0: checked first (the default), 1: in order */
         zoff_ckpt_reader *r;
