@@ -66,8 +66,8 @@ K = int(sys.argv[2])
 lines = [json.loads(l) for l in open(sys.argv[1])]
 steps = {r["step"]: r["step_time"] for r in lines if "step_time" in r}
 saves = [r for r in lines if "ckpt_step" in r]
-if not saves:  # a binary before the metrics line: the save is joined in the step after it
-    saves = [{"ckpt_step": s, "ckpt_steps_overlapped": 1, "ckpt_start": 0.0, "ckpt_seconds": float("nan"),
+if not saves:  # a binary before the metrics line, or synchronous saves (their time only in the wall clock below)
+    saves = [{"ckpt_step": s, "step": s + 1, "ckpt_steps_overlapped": 1, "ckpt_start": 0.0, "ckpt_seconds": float("nan"),
               "ckpt_staged": 0, "ckpt_update_wait": 0.0} for s in steps if s % K == 0 and s + 1 in steps]
 inside = {s for v in saves for s in range(v["ckpt_step"] + 1, v["ckpt_step"] + v["ckpt_steps_overlapped"] + 1)}
 free = [t for s, t in steps.items() if s >= 2 and s not in inside]

@@ -28,10 +28,29 @@ grep '"loss"' "$W/straight/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.t
 grep '"loss"' "$W/resumed/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
 check "3 + resume + 3 steps == 6 steps, bit for bit (both halves restored)" "[ -s '$W/a.txt' ] && cmp -s '$W/a.txt' '$W/b.txt'"
 
-# periodic saves with half the state on the device: synchronous, and the log says so once, with the reason
-"$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/sync" >"$W/sync.txt" 2>&1
-check "ratio 0.5, a save every step: the log says once that saves are synchronous and why" \
-  "[ -f '$W/sync/step_00000004/COMPLETE' ] && [ \$(grep -c 'periodic saves are written synchronously' '$W/sync.txt') -eq 1 ] && grep -q 'of the optimizer state is on the device (offload_optimizer.ratio below 1)' '$W/sync.txt'"
+# periodic saves with half the state on the device: in the background, the device's half copied into the
+# snapshot at each save's start; every checkpoint byte for byte the synchronous writer's (--sync-save), so a resume
+# from any of them is exact (cli_resume_modes.sh, twinflow)
+"$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/tfbg" >"$W/tfbg.txt" 2>&1
+"$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/tfsync" --sync-save \
+  >"$W/tfsync.txt" 2>&1
+check "ratio 0.5, a save every step: written in the background, the device's half copied at each start" \
+  "[ -f '$W/tfbg/step_00000004/COMPLETE' ] && [ \$(grep -c 'written in the background' '$W/tfbg.txt') -ge 2 ] && grep -q \"the device's .* of the state copied at its start\" '$W/tfbg.txt' && ! grep -q 'written synchronously' '$W/tfbg.txt' && grep -q '\"ckpt_device_copied\":[1-9]' '$W/tfbg/metrics.jsonl'"
+same=1
+for k in 1 2 3 4; do
+  f="step_0000000$k/rank_00000.zckpt"
+  [ -f "$W/tfsync/$f" ] && cmp -s "$W/tfbg/$f" "$W/tfsync/$f" || same=0
+done
+check "... each of its 4 checkpoints byte for byte the synchronous writer's" "[ $same -eq 1 ]"
+# without a snapshot, or with less snapshot memory than the device's half: synchronous, said once with the reason
+"$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/sync" \
+  --save-snapshot-memory off >"$W/sync.txt" 2>&1
+check "ratio 0.5, --save-snapshot-memory off: the log says once that saves are synchronous and why" \
+  "[ -f '$W/sync/step_00000004/COMPLETE' ] && [ \$(grep -c 'periodic saves are written synchronously' '$W/sync.txt') -eq 1 ] && grep -q 'of the optimizer state is on the device (offload_optimizer.ratio below 1) and the save takes no snapshot' '$W/sync.txt'"
+"$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/small" \
+  --save-snapshot-memory 64KiB >"$W/small.txt" 2>&1
+check "ratio 0.5, 64 KiB of snapshot memory: synchronous, naming what the device's copy needs" \
+  "[ -f '$W/small/step_00000004/COMPLETE' ] && [ \$(grep -c 'periodic saves are written synchronously' '$W/small.txt') -eq 1 ] && grep -q \"the copy of the device's [0-9.]*% of the optimizer state needs 1.00 MiB of host memory, the snapshot may take 64.00 KiB\" '$W/small.txt'"
 sed 's/"ratio": 0.5/"ratio": 1/' "$W/tf.json" > "$W/host.json"
 "$ZOFF" train "${BASE[@]}" --config "$W/host.json" --train-iters 4 --save-interval 1 --save "$W/bg" >"$W/bg.txt" 2>&1
 check "ratio 1: saves in the background, no such line" \

@@ -95,6 +95,9 @@ typedef struct snap_test {
     pthread_t th;
     bool started;
     bool prepare;             /* zoff_engine_snapshot_prepare(budget) after step 1 (at > 1), waited for */
+    bool plus_min;            /* a device share: budget counts on top of zoff_engine_snapshot_min_bytes (its copy) */
+    size_t min_bytes;         /* then: that least budget, which one byte less is refused */
+    int64_t n_host, n_dev;    /* the engine's split at begin */
     size_t held, resident;    /* then: the arena held, and how many of its bytes the kernel says are resident */
 } snap_test;
 static snap_test *g_snaptest;
@@ -141,6 +144,17 @@ static zoff_status snap_test_begin(zoff_engine *e, int64_t n, snap_test *t) {
         t->ref[i] = malloc((size_t)n * sizeof(float));
         t->got[i] = malloc((size_t)n * sizeof(float));
         ZOFF_TRY(zoff_engine_state_get(e, i, t->ref[i]));
+    }
+    zoff_engine_memory m;
+    zoff_engine_memory_usage(e, &m);
+    t->n_host = m.host_params;
+    t->n_dev = n - m.host_params;
+    if (t->plus_min) {
+        t->min_bytes = zoff_engine_snapshot_min_bytes(e);
+        if (zoff_engine_snapshot_begin(e, t->min_bytes - 1) != ZOFF_ERR_INVALID ||
+            !strstr(zoff_last_error(), "raise --save-snapshot-memory"))
+            return zoff_error(ZOFF_ERR_INTERNAL, "a budget below the device share's copy was not refused");
+        t->budget = t->budget == SIZE_MAX ? SIZE_MAX : t->budget + t->min_bytes;
     }
     ZOFF_TRY(zoff_engine_snapshot_begin(e, t->budget));
     t->started = pthread_create(&t->th, NULL, snap_reader_main, t) == 0;
@@ -627,7 +641,8 @@ static void test_device_budget(void **st) {
  * training is that of a run without it, bit for bit. With ZOFF_TEST_SNAPSHOT_HOLD the reader
  * starts only once an update has staged everything or waits, so that the figures are certain;
  * without it (the last run) the timing decides. */
-static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bool waits, size_t ssize, bool fused) {
+static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bool waits, size_t ssize, bool fused,
+                           bool device_share) {
     const int hidden = fused ? 256 : 128; /* blocks of 1 MiB wholly inside a layer group's sub-group: a wider model */
     char cfg[1024];
     cfg_json(cfg, sizeof cfg, zero, prec, 1);
@@ -636,7 +651,7 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
     assert_int_equal(train(cfg, dt, 7, 0, &plain), ZOFF_OK);
     const size_t budgets[] = {SIZE_MAX, (size_t)1 << 20, 0, SIZE_MAX};
     for (int b = 0; b < 4; b++) {
-        snap_test t = {.at = 2, .budget = budgets[b]};
+        snap_test t = {.at = 2, .budget = budgets[b], .plus_min = device_share};
         g_snaptest = &t;
         g_mode = (train_mode){.hidden = hidden, .waits = waits};
         if (b < 3) setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1);
@@ -655,9 +670,13 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
         }
         assert_memory_equal(r.weights, plain.weights, (size_t)plain.n * sizeof(float));
         assert_memory_equal(r.losses, plain.losses, sizeof plain.losses);
-        if (b == 0) { /* every element of master, m and v staged, no wait */
+        /* a device share: its master, m and v copied whole at begin (fp32), at least one 1 MiB block */
+        assert_true(device_share ? t.n_dev > 0 && t.n_host > 0 : t.n_dev == 0);
+        assert_int_equal(t.stats.device, (size_t)t.n_dev * 3 * sizeof(float));
+        if (device_share) assert_true(t.min_bytes >= t.stats.device && t.min_bytes < t.stats.device + ((size_t)1 << 20));
+        if (b == 0) { /* every element of the host's master, m and v staged, no wait */
             assert_true(t.stats.update_wait == 0);
-            assert_int_equal(t.stats.staged, (size_t)plain.n * (sizeof(float) + 2 * ssize));
+            assert_int_equal(t.stats.staged, (size_t)t.n_host * (sizeof(float) + 2 * ssize));
             /* the exact update's pass stages the blocks wholly inside a sub-group (none in sub-groups of 3000;
              * some in wider ones: not those across a boundary), protect the rest */
             if (!fused) assert_int_equal(t.stats.staged_in_update, 0);
@@ -665,7 +684,7 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
             if (fused) assert_true(t.stats.staged_in_update > 0 && t.stats.staged_in_update < t.stats.staged);
         }
         if (b == 1) assert_true(t.stats.staged > 0 && t.stats.update_wait > 0);
-        if (b == 2) assert_true(t.stats.staged == 0 && t.stats.budget == 0 && t.stats.update_wait > 0);
+        if (b == 2) assert_true(t.stats.staged == 0 && t.stats.budget == t.min_bytes && t.stats.update_wait > 0);
         free(r.weights);
     }
     free(plain.weights);
@@ -743,14 +762,18 @@ static void test_snapshot_prepare(void **st) {
 
 static void test_snapshot(void **st) {
     (void)st;
-    check_snapshot(OFFLOAD, "", ZOFF_F32, false, 4, false);
-    check_snapshot(OFFLOAD, "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},", ZOFF_BF16, true, 2, false);
+    check_snapshot(OFFLOAD, "", ZOFF_F32, false, 4, false, false);
+    check_snapshot(OFFLOAD, "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},", ZOFF_BF16, true, 2, false, false);
     check_snapshot("{\"stage\": 2, \"sub_group_size\": 3000, \"zoff_delayed_param_update\": true, "
                    "\"zoff_delayed_param_update_warmup\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
-                   "", ZOFF_F32, false, 4, false);
+                   "", ZOFF_F32, false, 4, false, false);
     const char *wide = "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}"; /* sub-groups of layer groups */
-    check_snapshot(wide, "", ZOFF_F32, false, 4, true);
-    check_snapshot(wide, "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},", ZOFF_BF16, true, 2, true);
+    check_snapshot(wide, "", ZOFF_F32, false, 4, true, false);
+    check_snapshot(wide, "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},", ZOFF_BF16, true, 2, true, false);
+    /* Twin-Flow: half of the sub-groups' state on the device, copied at begin; the host half as above */
+    const char *twin = "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}";
+    check_snapshot(twin, "", ZOFF_F32, false, 4, false, true);
+    check_snapshot(twin, "\"bf16\": {\"enabled\": true},", ZOFF_BF16, false, 4, false, true);
 }
 
 /* Delayed parameter update: one step stale after a warm-up of 3; the loss curve

@@ -396,9 +396,11 @@ zoff_status zoff_engine_state_range(zoff_engine *e, int i, int64_t offset, int64
  * other dtype is refused (ZOFF_ERR_INVALID). */
 zoff_status zoff_engine_state_range_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
                                        void *host, bool get);
-/* Copy-on-update snapshot for a background save (one rank, all the state in host memory,
- * zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no update
- * running: after zoff_engine_flush_state) starts one: from then on a host update of a
+/* Copy-on-update snapshot for a background save (one rank, the state in host memory, not in
+ * NVMe swap files: zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no
+ * update running: after zoff_engine_flush_state) starts one: a device share's state (Twin-Flow) is
+ * copied whole into the front of the arena there (zoff_engine_snapshot_min_bytes: a smaller budget
+ * is refused, ZOFF_ERR_INVALID), and from then on a host update of a
  * sub-group whose state the writer has not yet read first copies that state (blocks of
  * zoff_engine_snapshot_block_bytes: in the exact update's own pass, each element just before
  * it is written, or whole blocks on up to the optimizer's threads) into a staging arena of
@@ -420,10 +422,16 @@ typedef struct zoff_engine_snapshot_stats {
     size_t prefaulted;     /* arena bytes faulted in ahead by zoff_engine_snapshot_prepare (the first save after it) */
     size_t staged_in_update; /* of staged: copied by the updates' own passes */
     double update_wait;    /* seconds updates waited for the writer (budget spent) */
+    size_t device;         /* bytes of the device's state copied at begin (a device share), in device_seconds */
+    double device_seconds;
 } zoff_engine_snapshot_stats;
 size_t zoff_engine_snapshot_block_bytes(void);
-/* The arena that stages the whole host state (no update ever waits): the largest useful budget. */
+/* The arena that stages the whole host state (no update ever waits) and holds the device share's
+ * copy: the largest useful budget. */
 size_t zoff_engine_snapshot_bytes(const zoff_engine *e);
+/* The least budget begin accepts: the device share's copy (n_dev x 4 bytes per state array in use,
+ * whole blocks; 0 without a device share). */
+size_t zoff_engine_snapshot_min_bytes(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget);
 size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);

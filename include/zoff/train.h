@@ -107,8 +107,8 @@ size_t zoff_train_ckpt_data_bytes(const zoff_config *cfg, int64_t n);
  * zoff_train_ckpt_save writes). snapshot_budget < 0: the engine's state must not change until
  * zoff_train_ckpt_save_wait returned, so wait before the next call that starts an optimizer
  * update (zoff_engine_step); forward/backward may run meanwhile. Either way one save at a
- * time. Only when zoff_train_ckpt_can_background (one rank, all the optimizer state in host
- * memory). zoff_train_ckpt_save_done: the writer has finished (wait will not block).
+ * time. Only when zoff_train_ckpt_can_background (one rank, the optimizer state in host memory
+ * or, through the snapshot, partly on the device). zoff_train_ckpt_save_done: the writer has finished (wait will not block).
  * zoff_train_ckpt_save_snapshots: the job reads through a snapshot. wait joins the writer and
  * returns its status (errors name the file and say the earlier checkpoints are intact); *done
  * (may be NULL) gets the writer's wall time, its thread's CPU time and the snapshot's figures.
@@ -119,11 +119,14 @@ typedef struct zoff_train_ckpt_done {
     bool snapshot_used;
     zoff_engine_snapshot_stats snapshot;
 } zoff_train_ckpt_done;
-bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm);
+/* snapshot_budget: what the save's snapshot may take (< 0: none, as for zoff_train_ckpt_save_start). */
+bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget);
 /* Why zoff_train_ckpt_can_background says no, as a phrase written into buf ("this run has 2 ranks",
- * "25.0% of the optimizer state is on the device (offload_optimizer.ratio below 1)", ...), or
- * NULL where it says yes (the one home of that rule). */
-const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, char *buf, size_t cap);
+ * "the optimizer state is in NVMe swap files ...", a device share without a snapshot, or with a
+ * budget below its copy, zoff_engine_snapshot_min_bytes), or NULL where it says yes (the one home
+ * of that rule). */
+const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget,
+                                              char *buf, size_t cap);
 zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,
                                        const zoff_train_meta *meta, const char *config_json, int keep_last,
                                        int64_t snapshot_budget, zoff_train_ckpt_job **out);

@@ -90,24 +90,33 @@ static void job_free(zoff_train_ckpt_job *j) {
     ZOFF_FREE_ALL(j->gpiece, j->gpack, j->segs, j->gcount, j->runs, j->config, j);
 }
 
-const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, char *buf, size_t cap) {
+const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget,
+                                              char *buf, size_t cap) {
     zoff_engine_memory m;
     zoff_engine_memory_usage(eng, &m);
-    /* host state only: the writer's copies then touch neither the device, the engine's worker nor an
-     * NVMe swap file (whose passes the update runs) */
+    /* the writer's thread reads host memory only: neither the device (a device share is copied at the snapshot's
+     * begin), the engine's worker nor an NVMe swap file (whose passes the update runs) */
     const int64_t pn = zoff_engine_partition_numel(eng);
+    const double dev_pct = pn > 0 ? 100.0 * (double)(pn - m.host_params) / (double)pn : 0.0;
+    char a[32], b[32];
     if (zoff_comm_size(comm) > 1) snprintf(buf, cap, "this run has %d ranks", zoff_comm_size(comm));
     else if (m.nvme > 0) snprintf(buf, cap, "the optimizer state is in NVMe swap files (offload_optimizer.device nvme)");
-    else if (m.host_params != pn)
-        snprintf(buf, cap, "%.1f%% of the optimizer state is on the device (offload_optimizer.ratio below 1)",
-                 pn > 0 ? 100.0 * (double)(pn - m.host_params) / (double)pn : 0.0);
+    else if (m.host_params == 0 && pn > 0) snprintf(buf, cap, "all of the optimizer state is on the device");
+    else if (m.host_params != pn && snapshot_budget < 0)
+        snprintf(buf, cap, "%.1f%% of the optimizer state is on the device (offload_optimizer.ratio below 1) and the "
+                 "save takes no snapshot (--save-snapshot-memory off, or super_offload)", dev_pct);
+    else if (m.host_params != pn && (size_t)snapshot_budget < zoff_engine_snapshot_min_bytes(eng))
+        snprintf(buf, cap, "the copy of the device's %.1f%% of the optimizer state needs %s of host memory, the "
+                 "snapshot may take %s (--save-snapshot-memory; auto: half the host memory available)", dev_pct,
+                 zoff_format_bytes(zoff_engine_snapshot_min_bytes(eng), a, sizeof a),
+                 zoff_format_bytes((size_t)snapshot_budget, b, sizeof b));
     else return NULL;
     return buf;
 }
 
-bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm) {
-    char why[160];
-    return zoff_train_ckpt_background_blocker(eng, comm, why, sizeof why) == NULL;
+bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget) {
+    char why[320];
+    return zoff_train_ckpt_background_blocker(eng, comm, snapshot_budget, why, sizeof why) == NULL;
 }
 
 static int seg_cmp(const void *a, const void *b) {
@@ -446,9 +455,10 @@ zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const 
                                        const zoff_train_meta *meta, const char *config_json, int keep_last,
                                        int64_t snapshot_budget, zoff_train_ckpt_job **out) {
     *out = NULL;
-    if (!zoff_train_ckpt_can_background(eng, NULL))
-        return zoff_error(ZOFF_ERR_INVALID, "a background checkpoint needs one rank and the optimizer state in host "
-                                            "memory (zoff_train_ckpt_can_background); save synchronously");
+    char why[320];
+    if (zoff_train_ckpt_background_blocker(eng, NULL, snapshot_budget, why, sizeof why))
+        return zoff_error(ZOFF_ERR_INVALID, "a background checkpoint is not possible here (%s): save synchronously",
+                          why);
     char tag[32];
     snprintf(tag, sizeof tag, "%lld", (long long)getpid());
     zoff_train_ckpt_job *j = NULL;

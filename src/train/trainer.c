@@ -38,24 +38,27 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     if (waited) *waited += w;
     if (s != ZOFF_OK) return zoff_error_context(s, "checkpoint");
     const zoff_engine_snapshot_stats *ss = &d.snapshot;
-    char b[3][32], snap[224] = "";
+    char b[4][32], snap[320] = "", dev[96] = "";
+    if (d.snapshot_used && ss->device)
+        snprintf(dev, sizeof dev, "; the device's %s of the state copied at its start in %.2f s",
+                 zoff_format_bytes(ss->device, b[3], 32), ss->device_seconds);
     if (d.snapshot_used)
         snprintf(snap, sizeof snap, "; %s of the state staged for the updates (%.0f%% in their own pass, budget %s%s%s), "
-                 "updates waited %.2f s", zoff_format_bytes(ss->staged, b[0], 32),
+                 "updates waited %.2f s%s", zoff_format_bytes(ss->staged, b[0], 32),
                  ss->staged ? 100.0 * (double)ss->staged_in_update / (double)ss->staged : 0.0,
                  zoff_format_bytes(ss->budget, b[1], 32), ss->prefaulted ? ", faulted in ahead " : "",
-                 ss->prefaulted ? zoff_format_bytes(ss->prefaulted, b[2], 32) : "", ss->update_wait);
+                 ss->prefaulted ? zoff_format_bytes(ss->prefaulted, b[2], 32) : "", ss->update_wait, dev);
     trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s%s)", d.seconds,
                 d.cpu_seconds, snap);
     return trainer_metrics_line(t,
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
                                 "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
                                 "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f,\"ckpt_prefaulted\":%zu,"
-                                "\"ckpt_start_in_step\":%s}\n",
+                                "\"ckpt_device_copied\":%zu,\"ckpt_device_copy_s\":%.6f,\"ckpt_start_in_step\":%s}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
-                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted,
-                                t->bg_start_in_step ? "true" : "false");
+                                ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted, ss->device,
+                                ss->device_seconds, t->bg_start_in_step ? "true" : "false");
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
@@ -256,10 +259,10 @@ int64_t zoff_trainer_next_save(const zoff_trainer *t) {
 static void prepare_saves(zoff_trainer *t) {
     if (t->snap_prepared) return;
     t->snap_prepared = true;
-    if (zoff_trainer_next_save(t) < 0 || t->o.sync_saves ||
-        !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL))
-        return;
     const int64_t budget = snapshot_budget(t);
+    if (zoff_trainer_next_save(t) < 0 || t->o.sync_saves ||
+        !zoff_train_ckpt_can_background(t->eng, t->info.world > 1 ? t->comm : NULL, budget))
+        return;
     if (budget > 0 && zoff_engine_snapshot_prepare(t->eng, (size_t)budget) != ZOFF_OK)
         zoff_log(ZOFF_LOG_WARN, "checkpoint snapshot: %s; the first save allocates it", zoff_last_error());
 }
@@ -377,7 +380,7 @@ static zoff_status start_save(zoff_trainer *t, const zoff_train_meta *due) {
     if (s != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     zoff_train_meta now = due ? *due : current_meta(t);
     s = zoff_train_ckpt_save_start(t->o.save_dir, t->eng, t->model, &now, t->cfg.source, (int)t->o.keep_last,
-                                   snapshot_budget(t), &t->bg);
+                                   t->bg_budget, &t->bg);
     t->bg_start_s = zoff_now() - t0;
     return s != ZOFF_OK ? zoff_error_context(s, "checkpoint") : ZOFF_OK;
 }
@@ -394,13 +397,15 @@ static zoff_status start_due_save(zoff_trainer *t) {
 }
 
 zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
-    char why[160];
-    const char *blocker = zoff_train_ckpt_background_blocker(t->eng, t->info.world > 1 ? t->comm : NULL, why, sizeof why);
+    char why[320];
+    const int64_t budget = snapshot_budget(t); /* decided here, used when the save starts */
+    const char *blocker = zoff_train_ckpt_background_blocker(t->eng, t->info.world > 1 ? t->comm : NULL, budget, why,
+                                                             sizeof why);
     if (blocker && !t->o.sync_saves && !t->told_sync_saves) {
         t->told_sync_saves = true;
         zoff_log(ZOFF_LOG_INFO,
                  "checkpoint: periodic saves are written synchronously, training waits for each (said once): %s; a "
-                 "background save needs one rank and all the optimizer state in host memory",
+                 "background save needs one rank and the optimizer state in host memory (a device share is copied at its start)",
                  blocker);
     }
     if (t->o.sync_saves || blocker) return zoff_trainer_save(t, false);
@@ -415,6 +420,7 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
     }
     t->bg_step = t->info.step;
     t->bg_start_in_step = false;
+    t->bg_budget = budget;
     if (snapshots_used(t) && zoff_engine_state_fixed_until_step(t->eng)) {
         /* what the checkpoint records besides tensors is the main thread's, final now; the snapshot
          * starts just before the next update (start_due_save) */

@@ -32,6 +32,7 @@ struct zoff_trainer {
     int64_t bg_step;          /* ... the step it saves */
     double bg_start_s;        /* ... the main thread's part of starting it (flush, device weights, snapshot) */
     bool bg_start_in_step;    /* ... started inside the step after bg_step (save_due) */
+    int64_t bg_budget;        /* its snapshot budget (snapshot_budget), fixed when it was decided */
     bool save_due;            /* a periodic save of bg_step, with meta due_meta, starts just before the next
                                  zoff_engine_step (start_due_save) */
     zoff_train_meta due_meta;

@@ -17,6 +17,11 @@
  * list when the writer has taken their block. The updater waits for the writer only when no
  * slot is free. All under one mutex, except the copies and the PENDING fills (atomics).
  *
+ * With a device share (Twin-Flow, offload_optimizer.ratio below 1) the device's state arrays are
+ * copied whole into the front of the arena at begin (the device image: fp32, at the device state
+ * offsets; the device update runs only inside zoff_engine_step, after begin), and the writer reads
+ * the device's sub-groups from there: the device is not touched by the writer's thread.
+ *
  * The arena stays allocated from one save to the next (its pages faulted in once, not at
  * every save's first update) and is freed with the engine, or when a save needs more. Before
  * the first save zoff_engine_snapshot_prepare may allocate it and fault its pages in on a
@@ -51,8 +56,10 @@ typedef struct zoff_snap {
     _Atomic int64_t *copied[SNAP_ARRAYS];       /* per PENDING block: elements copied into its slot */
     _Atomic int npending;         /* PENDING blocks */
     bool failed;                  /* an update failed with blocks PENDING: the snapshot is not whole */
-    char *arena;                  /* arena_slots slots, kept from save to save */
+    char *arena;                  /* the device image (dimg_bytes), then arena_slots slots; kept from save to save */
     int arena_slots;
+    size_t dimg_bytes;            /* the device image: n_dev fp32 per array in use (a whole number of slots) */
+    size_t dimg_off[SNAP_ARRAYS]; /* array i's part of it */
     pthread_t pf_th;              /* the arena's prefault (zoff_engine_snapshot_prepare), while pf_running */
     bool pf_running;
     _Atomic bool pf_stop;
@@ -82,16 +89,33 @@ static int64_t array_blocks(const zoff_engine *e, int i) {
     return (e->n_host + blk - 1) / blk;
 }
 
+/* The device image's bytes (0 without a device share), a whole number of blocks; *off: each array's part. */
+static size_t image_bytes(const zoff_engine *e, size_t off[SNAP_ARRAYS]) {
+    size_t at = 0;
+    for (int i = 0; i < SNAP_ARRAYS; i++) {
+        if (off) off[i] = at;
+        if (array_blocks(e, i) > 0) at += (size_t)e->n_dev * sizeof(float);
+    }
+    const size_t bb = zoff_engine_snapshot_block_bytes();
+    return (at + bb - 1) / bb * bb;
+}
+
 size_t zoff_engine_snapshot_bytes(const zoff_engine *e) {
     if (!e->h_master) return 0; /* no host state in memory */
     int64_t blocks = 0;
     for (int i = 0; i < SNAP_ARRAYS; i++) blocks += array_blocks(e, i);
-    return (size_t)blocks * zoff_engine_snapshot_block_bytes();
+    return (size_t)blocks * zoff_engine_snapshot_block_bytes() + image_bytes(e, NULL);
 }
 
+size_t zoff_engine_snapshot_min_bytes(const zoff_engine *e) { return e->h_master ? image_bytes(e, NULL) : 0; }
+
 /* The arena is mapped on its own (fresh pages, whole pages for madvise, given back to the system when freed). */
+static size_t arena_total(const zoff_snap *p) {
+    return p->dimg_bytes + (size_t)p->arena_slots * zoff_engine_snapshot_block_bytes();
+}
+
 static void arena_free(zoff_snap *p) {
-    if (p->arena) munmap(p->arena, (size_t)p->arena_slots * zoff_engine_snapshot_block_bytes());
+    if (p->arena) munmap(p->arena, arena_total(p));
     p->arena = NULL;
     p->arena_slots = 0;
 }
@@ -130,6 +154,7 @@ static zoff_status snap_create(zoff_engine *e) {
     if (!p) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot");
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    p->dimg_bytes = image_bytes(e, p->dimg_off);
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         p->nb[i] = array_blocks(e, i);
         p->blk[i] = (int64_t)(zoff_engine_snapshot_block_bytes() / state_esize(e, i));
@@ -147,18 +172,19 @@ static zoff_status snap_create(zoff_engine *e) {
     return ZOFF_OK;
 }
 
-static bool snapshot_possible(const zoff_engine *e) { return !e->swap && e->h_master && e->n_host == e->n; }
+static bool snapshot_possible(const zoff_engine *e) { return !e->swap && e->h_master; }
 
-/* The slots a budget buys (at most the whole state's). */
+/* The slots a budget buys after the device image (at most the whole host state's). */
 static int budget_slots(const zoff_engine *e, size_t budget) {
-    const size_t full = zoff_engine_snapshot_bytes(e);
-    return (int)((budget > full ? full : budget) / zoff_engine_snapshot_block_bytes());
+    const size_t full = zoff_engine_snapshot_bytes(e), img = image_bytes(e, NULL), b = budget > full ? full : budget;
+    return b > img ? (int)((b - img) / zoff_engine_snapshot_block_bytes()) : 0;
 }
 
-/* An arena of at least nslots slots (no save active, no update running, no prefault thread). */
+/* An arena of the device image and at least nslots slots (no save active, no update running, no prefault
+ * thread). */
 static zoff_status arena_reserve(zoff_snap *p, int nslots) {
-    if (nslots <= p->arena_slots) return ZOFF_OK;
-    const size_t bytes = (size_t)nslots * zoff_engine_snapshot_block_bytes();
+    const size_t bytes = p->dimg_bytes + (size_t)nslots * zoff_engine_snapshot_block_bytes();
+    if (bytes == 0 || (p->arena && nslots <= p->arena_slots)) return ZOFF_OK;
     arena_free(p);
     atomic_store(&p->pf_done, 0);
     void *a = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -177,7 +203,7 @@ static zoff_status arena_reserve(zoff_snap *p, int nslots) {
 static void *prefault_main(void *arg) {
     zoff_snap *p = arg;
     (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19); /* best effort: this thread only */
-    const size_t total = (size_t)p->arena_slots * zoff_engine_snapshot_block_bytes(), piece = (size_t)64 << 20;
+    const size_t total = arena_total(p), piece = (size_t)64 << 20;
     bool populate = true;
     for (size_t o = 0; o < total && !atomic_load_explicit(&p->pf_stop, memory_order_relaxed); o += piece) {
         const size_t n = total - o < piece ? total - o : piece;
@@ -200,7 +226,7 @@ zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget) {
     /* only an engine without an arena yet: then no save has staged anything, and no update's pass can be
      * writing into it (an update may be running: it touches neither the arena nor its size) */
     const int nslots = budget_slots(e, budget);
-    if (p->arena_slots > 0 || nslots == 0) return ZOFF_OK;
+    if (p->arena || budget < p->dimg_bytes || (nslots == 0 && p->dimg_bytes == 0)) return ZOFF_OK;
     ZOFF_TRY(arena_reserve(p, nslots));
     atomic_store(&p->pf_stop, false);
     p->pf_running = pthread_create(&p->pf_th, NULL, prefault_main, p) == 0; /* else the updates fault the pages */
@@ -213,9 +239,30 @@ size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e) {
     return e->snap ? atomic_load(&e->snap->pf_done) : 0;
 }
 
+/* The device's state arrays into the device image (begin: nothing updates them until the next step). */
+static zoff_status image_fill(zoff_engine *e, zoff_snap *p) {
+    for (int k = 0; k < e->nsg; k++) {
+        const subgroup *g = &e->sg[k];
+        for (int i = 0; i < SNAP_ARRAYS && !g->on_host; i++)
+            if (p->nb[i] > 0)
+                ZOFF_TRY(zoff_engine_state_range_as(e, i, g->offset, g->count, ZOFF_F32,
+                                                    (float *)(p->arena + p->dimg_off[i]) + g->state_off, true));
+    }
+    return ZOFF_OK;
+}
+
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     if (!snapshot_possible(e))
-        return zoff_error(ZOFF_ERR_UNSUPPORTED, "a checkpoint snapshot needs all the optimizer state in host memory");
+        return zoff_error(ZOFF_ERR_UNSUPPORTED, "a checkpoint snapshot needs the optimizer state in host memory (not "
+                                                "in NVMe swap files)");
+    const size_t need = zoff_engine_snapshot_min_bytes(e);
+    if (budget < need) {
+        char a[32], b[32];
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "a checkpoint snapshot of this run needs at least %s of host memory (a copy of the optimizer "
+                          "state on the device), %s allowed: raise --save-snapshot-memory",
+                          zoff_format_bytes(need, a, sizeof a), zoff_format_bytes(budget, b, sizeof b));
+    }
     ZOFF_TRY(zoff_hr_settle(e));
     if (!e->snap) ZOFF_TRY(snap_create(e));
     zoff_snap *p = e->snap;
@@ -223,6 +270,9 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     const int nslots = budget_slots(e, budget);
     const size_t prefaulted = prefault_join(p);
     ZOFF_TRY(arena_reserve(p, nslots)); /* (no update runs: settled) */
+    double ti = zoff_now();
+    if (p->dimg_bytes > 0) ZOFF_TRY(image_fill(e, p));
+    ti = zoff_now() - ti;
     int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
     if (nslots > 0 && !fs) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
     for (int k = 0; k < nslots; k++) fs[k] = nslots - 1 - k; /* popped from the end: slot 0 first */
@@ -245,7 +295,10 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     p->hold = hold && !strcmp(hold, "1");
     p->protected_sg = p->host_sg = 0;
     for (int k = 0; k < e->nsg; k++) p->host_sg += e->sg[k].on_host;
-    p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb, .prefaulted = prefaulted};
+    p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb + p->dimg_bytes, .prefaulted = prefaulted,
+                                         .device = p->dimg_bytes ? (size_t)e->n_dev * sizeof(float) : 0,
+                                         .device_seconds = ti};
+    for (int i = 1; i < SNAP_ARRAYS && p->dimg_bytes; i++) p->st.device += p->nb[i] > 0 ? (size_t)e->n_dev * sizeof(float) : 0;
     atomic_store(&p->pf_done, 0); /* said once */
     p->active = true;
     pthread_mutex_unlock(&p->mu);
@@ -258,7 +311,7 @@ static int64_t block_len(const zoff_snap *p, const zoff_engine *e, int i, int64_
 }
 
 static void *slot_at(const zoff_snap *p, int32_t s) {
-    return p->arena + (size_t)s * zoff_engine_snapshot_block_bytes();
+    return p->arena + p->dimg_bytes + (size_t)s * zoff_engine_snapshot_block_bytes();
 }
 
 /* Block b of array i: the writer has taken all of it (mu held). */
@@ -338,7 +391,15 @@ zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, 
         int64_t lo = g->offset > offset ? g->offset : offset;
         int64_t hi = g->offset + g->count < offset + count ? g->offset + g->count : offset + count;
         if (lo >= hi) continue;
-        if (!g->on_host) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device", k);
+        if (!g->on_host) { /* from the device image (fp32: the state dtype wherever a sub-group is on the device) */
+            if (dt != ZOFF_F32)
+                return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device, read as %s", k,
+                                  zoff_dtype_name(dt));
+            memcpy((char *)host + (size_t)(lo - offset) * hs,
+                   (const float *)(p->arena + p->dimg_off[i]) + g->state_off + (lo - g->offset),
+                   (size_t)(hi - lo) * sizeof(float));
+            continue;
+        }
         for (int64_t so = g->state_off + (lo - g->offset), end = so + (hi - lo); so < end;) {
             int64_t bend = (so / p->blk[i] + 1) * p->blk[i], c = (bend < end ? bend : end) - so;
             ZOFF_TRY(read_chunk(e, p, i, so, c, dt,
@@ -389,11 +450,14 @@ static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int
 static void wait_writer(zoff_snap *p) {
     if (!p->told) {
         p->told = true;
-        char b[32];
+        char b[32], d[32], dev[96] = "";
+        if (p->dimg_bytes)
+            snprintf(dev, sizeof dev, " beside the %s copy of the device's share",
+                     zoff_format_bytes(p->dimg_bytes, d, sizeof d));
         zoff_log(ZOFF_LOG_INFO,
-                 "checkpoint snapshot: its staging (%s, --save-snapshot-memory) is spent; the optimizer updates wait "
-                 "for the background writer for the rest of this save",
-                 zoff_format_bytes(p->st.budget, b, sizeof b));
+                 "checkpoint snapshot: its staging (%s%s, --save-snapshot-memory) is spent; the optimizer updates "
+                 "wait for the background writer for the rest of this save",
+                 zoff_format_bytes(p->st.budget - p->dimg_bytes, b, sizeof b), dev);
         pthread_cond_broadcast(&p->cv); /* test_hold */
     }
     pthread_cond_wait(&p->cv, &p->mu);
@@ -531,5 +595,5 @@ void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *sta
 }
 
 size_t zoff_engine_snapshot_held(const zoff_engine *e) {
-    return e->snap ? (size_t)e->snap->arena_slots * zoff_engine_snapshot_block_bytes() : 0;
+    return e->snap && e->snap->arena ? arena_total(e->snap) : 0;
 }
