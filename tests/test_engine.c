@@ -774,6 +774,8 @@ static void test_snapshot(void **st) {
     const char *twin = "{\"stage\": 2, \"sub_group_size\": 3000, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}";
     check_snapshot(twin, "", ZOFF_F32, false, 4, false, true);
     check_snapshot(twin, "\"bf16\": {\"enabled\": true},", ZOFF_BF16, false, 4, false, true);
+    /* bf16 m and v on the host, fp32 on the device: the writer reads both as fp32 */
+    check_snapshot(twin, "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},", ZOFF_BF16, true, 2, false, true);
 }
 
 /* Delayed parameter update: one step stale after a warm-up of 3; the loss curve
