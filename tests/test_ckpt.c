@@ -375,12 +375,6 @@ static int64_t proc_io(const char *field) {
 }
 static int64_t rchar(void) { return proc_io("rchar"); }
 
-/* The reader's O_DIRECT path (reader_read): a range whose destination and offset are 4096-aligned is read
- * past the page cache (the test reads the file into the page cache first: only such a read makes the storage
- * layer fetch it again, /proc/self/io read_bytes), its unaligned tail through the page cache; an unaligned
- * destination or offset goes through the page cache whole. The bytes are right either way, in order with the
- * CRC checked and not, and a byte changed in the file through the page cache is seen by the direct read. The
- * storage-layer assertion is skipped where the test directory's filesystem has no O_DIRECT (tmpfs). */
 /* A checkpoint of step `step` under root holding one entry `name` of nb bytes (nb a multiple of 4) with the
  * bytes of `data`; its rank file's path into f. */
 static void one_entry_checkpoint(const char *root, int64_t step, const char *name, const uint8_t *data, size_t nb,
@@ -394,6 +388,12 @@ static void one_entry_checkpoint(const char *root, int64_t step, const char *nam
     rank_file(root, step, 0, f, cap);
 }
 
+/* The reader's O_DIRECT path (reader_read): a range whose destination and offset are 4096-aligned is read
+ * past the page cache (the test reads the file into the page cache first: only such a read makes the storage
+ * layer fetch it again, /proc/self/io read_bytes), its unaligned tail through the page cache; an unaligned
+ * destination or offset goes through the page cache whole. The bytes are right either way, in order with the
+ * CRC checked and not, and a byte changed in the file through the page cache is seen by the direct read. The
+ * storage-layer assertion is skipped where the test directory's filesystem has no O_DIRECT (tmpfs). */
 static void test_direct_reads(void **state) {
     const char *root = *state;
     enum { NB = (3 << 20) + 1000 }; /* a 4096-aligned body and a 1000-byte tail */

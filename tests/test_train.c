@@ -165,6 +165,17 @@ static zoff_gpt2 *tiny_model(zoff_device *dev, int64_t width) {
     return m;
 }
 
+/* Bytes this process's read calls returned so far (/proc/self/io rchar). */
+static int64_t rchar(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[128];
+    long long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "rchar: %lld", &v) == 1) break;
+    if (f) fclose(f);
+    return v;
+}
+
 /* --load's master weights piece by piece (zoff_train_ckpt_read_weights_range, what the engine
  * calls for each sub-group and device piece): any split gives the values written, whole
  * tensors, parts of tensors and runs across tensors alike; a part read of a tensor whose shape
@@ -211,11 +222,18 @@ static void test_read_weights_range(void **state) {
         zoff_ckpt_reader *r = NULL;
         assert_ok(zoff_ckpt_open(dir, 0, &r));
         memset(got, 0xff, (size_t)n * sizeof(float));
+        const int64_t r0 = rchar();
         for (int64_t lo = 0; lo < n; lo += step) {
             int64_t hi = lo + step < n ? lo + step : n;
             assert_ok(zoff_train_ckpt_read_weights_range(r, m, lo, hi, got + lo));
         }
         assert_memory_equal(got, w, (size_t)n * sizeof(float));
+        /* the whole model in one call: each tensor read once, checked as the caller's thread takes it (rchar: what
+         * the read calls returned; a CRC pass of its own would read it all again) */
+        const int64_t read = rchar() - r0;
+        print_message("weights through 4 KiB pieces (%s): %lld bytes read for %lld\n", k == 0 ? "whole" : "ranges",
+                      (long long)read, (long long)(n * (int64_t)sizeof(float)));
+        if (k == 0) assert_true(read >= n * (int64_t)sizeof(float) && read < n * (int64_t)sizeof(float) * 5 / 4);
         zoff_ckpt_close(r);
     }
     /* a byte flipped in the middle of the largest tensor: found on the helper thread (at the tensor's

@@ -268,6 +268,15 @@ zoff_status zoff_ckpt_read_blob(zoff_ckpt_reader *r, const char *name, char **da
  * through a bounce buffer) unless zoff_ckpt_read/verify already did, or
  * zoff_ckpt_reader_verify_in_order is on. */
 zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst, size_t bytes);
+/* The same in two halves, for a reader thread beside a checking one: _unchecked reads the bytes
+ * and touches none of the CRC bookkeeping; zoff_ckpt_checksum_range then does that bookkeeping
+ * over the bytes read (as zoff_ckpt_read_range would have). One thread may call _unchecked while
+ * another calls checksum_range on the same reader (nothing else meanwhile); the ranges must be
+ * checksummed in the order read_range would have read them. */
+zoff_status zoff_ckpt_read_range_unchecked(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst,
+                                           size_t bytes);
+zoff_status zoff_ckpt_checksum_range(zoff_ckpt_reader *r, const char *name, int64_t offset, const void *data,
+                                     size_t bytes);
 /* Check the CRC of one entry (NULL name: of every entry) without keeping the data (with
  * zoff_ckpt_reader_verify_in_order: only what was not checksummed yet is read). */
 zoff_status zoff_ckpt_verify(zoff_ckpt_reader *r, const char *name);

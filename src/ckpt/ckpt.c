@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1273,6 +1274,8 @@ struct zoff_ckpt_reader {
     char path[CK_PATH];
     int fd;
     int dfd; /* the same file opened O_DIRECT (-1: the filesystem refused it): reader_read's aligned part */
+    _Atomic bool direct_refused; /* a direct read failed with EINVAL: the page cache from then on (dfd stays open
+                                    until close: zoff_ckpt_read_range_unchecked may run beside a checksum's read) */
     int64_t step;
     int rank, nranks;
     size_t n;
@@ -1471,13 +1474,13 @@ static zoff_status reader_read(zoff_ckpt_reader *r, void *dst, size_t n, int64_t
     const size_t A = ZOFF_CKPT_ALIGN, body = n - n % A;
     uint8_t *p = dst;
     size_t done = 0;
-    while (r->dfd >= 0 && ((uintptr_t)dst | (uint64_t)off) % A == 0 && done < body) {
+    while (r->dfd >= 0 && !atomic_load_explicit(&r->direct_refused, memory_order_relaxed) &&
+           ((uintptr_t)dst | (uint64_t)off) % A == 0 && done < body) {
         size_t chunk = body - done < CK_DIRECT_CHUNK ? body - done : CK_DIRECT_CHUNK;
         ssize_t got = pread(r->dfd, p + done, chunk, (off_t)(off + (int64_t)done));
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && errno == EINVAL) { /* refused after all: the page cache from here on */
-            close(r->dfd);
-            r->dfd = -1;
+            atomic_store_explicit(&r->direct_refused, true, memory_order_relaxed);
             break;
         }
         if (got < 0)
@@ -1595,28 +1598,54 @@ zoff_status zoff_ckpt_read_blob(zoff_ckpt_reader *r, const char *name, char **da
     return ZOFF_OK;
 }
 
-zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst, size_t bytes) {
-    const zoff_ckpt_entry *e;
-    ZOFF_TRY(find_or_fail(r, name, &e));
-    if (offset < 0 || offset > e->bytes || (uint64_t)bytes > (uint64_t)(e->bytes - offset))
+/* Entry e's range [offset, offset + bytes), found and bounds-checked. */
+static zoff_status find_range(zoff_ckpt_reader *r, const char *name, int64_t offset, const void *buf, size_t bytes,
+                              const char *what, const zoff_ckpt_entry **e) {
+    ZOFF_TRY(find_or_fail(r, name, e));
+    if (offset < 0 || offset > (*e)->bytes || (uint64_t)bytes > (uint64_t)((*e)->bytes - offset))
         return zoff_error(ZOFF_ERR_INVALID,
                           "range [%" PRId64 ", %" PRId64 ") is outside entry '%s' (%" PRId64 " bytes) of %s", offset,
-                          offset + (int64_t)bytes, name, e->bytes, r->path);
-    if (bytes && !dst) return zoff_error(ZOFF_ERR_INVALID, "zoff_ckpt_read_range('%s'): dst is NULL", name);
+                          offset + (int64_t)bytes, name, (*e)->bytes, r->path);
+    if (bytes && !buf) return zoff_error(ZOFF_ERR_INVALID, "%s('%s'): the buffer is NULL", what, name);
+    return ZOFF_OK;
+}
+
+/* The CRC bookkeeping for bytes [offset, offset + bytes) of entry e, already read into data: in order, what lies
+ * before them and was not checksummed is (through the bounce buffer), and their part past the checksummed prefix;
+ * not in order (or not yet verified), the whole entry first. */
+static zoff_status checksum_read(zoff_ckpt_reader *r, const zoff_ckpt_entry *e, int64_t offset, const void *data,
+                                 size_t bytes) {
     const size_t k = (size_t)(e - r->ents);
-    if (!r->in_order || r->verified[k]) {
-        ZOFF_TRY(verify_entry(r, e));
-        return reader_read(r, dst, bytes, e->offset + offset);
-    }
-    /* in order: what lies before this range and has not been checksummed is, through the bounce buffer; this
-     * range's bytes past the checksummed prefix are checksummed in dst */
+    if (r->verified[k]) return ZOFF_OK;
+    if (!r->in_order) return verify_entry(r, e);
     ZOFF_TRY(verify_upto(r, e, offset));
-    ZOFF_TRY(reader_read(r, dst, bytes, e->offset + offset));
     const int64_t end = offset + (int64_t)bytes;
     if (end <= r->vpos[k]) return ZOFF_OK;
-    r->vcrc[k] = zoff_crc32c(r->vcrc[k], (const uint8_t *)dst + (r->vpos[k] - offset), (size_t)(end - r->vpos[k]));
+    r->vcrc[k] = zoff_crc32c(r->vcrc[k], (const uint8_t *)data + (r->vpos[k] - offset), (size_t)(end - r->vpos[k]));
     r->vpos[k] = end;
     return verify_if_whole(r, e);
+}
+
+zoff_status zoff_ckpt_read_range(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst, size_t bytes) {
+    const zoff_ckpt_entry *e;
+    ZOFF_TRY(find_range(r, name, offset, dst, bytes, "zoff_ckpt_read_range", &e));
+    if (!r->in_order) ZOFF_TRY(verify_entry(r, e)); /* checked first, then read */
+    ZOFF_TRY(reader_read(r, dst, bytes, e->offset + offset));
+    return checksum_read(r, e, offset, dst, bytes);
+}
+
+zoff_status zoff_ckpt_read_range_unchecked(zoff_ckpt_reader *r, const char *name, int64_t offset, void *dst,
+                                           size_t bytes) {
+    const zoff_ckpt_entry *e;
+    ZOFF_TRY(find_range(r, name, offset, dst, bytes, "zoff_ckpt_read_range_unchecked", &e));
+    return reader_read(r, dst, bytes, e->offset + offset);
+}
+
+zoff_status zoff_ckpt_checksum_range(zoff_ckpt_reader *r, const char *name, int64_t offset, const void *data,
+                                     size_t bytes) {
+    const zoff_ckpt_entry *e;
+    ZOFF_TRY(find_range(r, name, offset, data, bytes, "zoff_ckpt_checksum_range", &e));
+    return checksum_read(r, e, offset, data, bytes);
 }
 
 bool zoff_ckpt_reader_verify_in_order(zoff_ckpt_reader *r, bool on) {

@@ -205,10 +205,10 @@ zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *m, c
 /* ------------------------------------------------------------------ the load's pipeline */
 
 /* A load streams each array through two piece buffers (zoff_train_ckpt_load_bytes): a helper thread
- * fills piece p (reads it, O_DIRECT where aligned, checksumming as it goes: the readers are its alone
- * while the pipeline runs) while the caller's thread hands piece p - 1 on (into the model's weights,
- * the engine's state, the device), so that the disk's reads overlap the CRC and the copies instead of
- * alternating with them (docs/performance.md, "Loading a checkpoint"). */
+ * fills piece p (reads it, O_DIRECT where aligned: zoff_ckpt_read_range_unchecked) while the caller's
+ * thread checks piece p - 1 (zoff_ckpt_checksum_range, in the order read) and hands it on (into the
+ * model's weights, the engine's state, the device), so that the disk's reads overlap the CRC and the
+ * copies instead of alternating with them (docs/performance.md). */
 typedef zoff_status (*piece_fn)(void *ctx, int64_t p, void *buf);
 
 typedef struct load_pipe {
@@ -326,25 +326,26 @@ typedef struct weights_job {
     float *dst;
 } weights_job;
 
-static zoff_status weights_fill(void *ctx, int64_t p, void *buf) {
-    const weights_job *j = ctx;
+/* Piece p's parts: read (check false), or checked and copied into dst (check true). */
+static zoff_status weights_piece(const weights_job *j, int64_t p, void *buf, bool check) {
     for (int64_t k = j->first[p]; k < j->first[p + 1]; k++) {
         const wpart *g = &j->part[k];
         const zoff_tensor_info *t = &j->t[g->i];
-        ZOFF_TRY(zoff_ckpt_read_range(j->r, t->name, (g->a - t->offset) * (int64_t)sizeof(float), (char *)buf + g->at,
-                                      (size_t)(g->b - g->a) * sizeof(float)));
+        const int64_t off = (g->a - t->offset) * (int64_t)sizeof(float);
+        const size_t bytes = (size_t)(g->b - g->a) * sizeof(float);
+        char *at = (char *)buf + g->at;
+        if (!check) {
+            ZOFF_TRY(zoff_ckpt_read_range_unchecked(j->r, t->name, off, at, bytes));
+            continue;
+        }
+        ZOFF_TRY(zoff_ckpt_checksum_range(j->r, t->name, off, at, bytes));
+        memcpy(j->dst + (g->a - j->lo), at, bytes);
     }
     return ZOFF_OK;
 }
 
-static zoff_status weights_use(void *ctx, int64_t p, void *buf) {
-    const weights_job *j = ctx;
-    for (int64_t k = j->first[p]; k < j->first[p + 1]; k++) {
-        const wpart *g = &j->part[k];
-        memcpy(j->dst + (g->a - j->lo), (const char *)buf + g->at, (size_t)(g->b - g->a) * sizeof(float));
-    }
-    return ZOFF_OK;
-}
+static zoff_status weights_fill(void *ctx, int64_t p, void *buf) { return weights_piece(ctx, p, buf, false); }
+static zoff_status weights_use(void *ctx, int64_t p, void *buf) { return weights_piece(ctx, p, buf, true); }
 
 zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params) {
     return zoff_train_ckpt_read_weights_range(r, model, 0, zoff_gpt2_num_params(model), host_params);
@@ -456,10 +457,11 @@ static void widen_bf16(void *p, int64_t c) {
 }
 
 /* The part of entry `name` of file f that lies in the window [L, L + W) of this rank's partition
- * (its runs `mine` laid end to end) into buf (element L first), in dtype hdt: the file's (as
- * stored), or fp32 (bf16 widened); *covered += elements read. */
+ * (its runs `mine` laid end to end) into buf (element L first), as stored, *covered += elements
+ * read (check false); or the same ranges of buf checked (zoff_ckpt_checksum_range) and brought to
+ * dtype hdt: the file's, or fp32 (bf16 widened) (check true). */
 static zoff_status read_window(const rank_file *f, const char *name, const int64_t *mine, int nmine, int64_t L,
-                               int64_t W, zoff_dtype hdt, void *buf, int64_t *covered) {
+                               int64_t W, zoff_dtype hdt, void *buf, int64_t *covered, bool check) {
     const int64_t es = (int64_t)zoff_dtype_size(f->dt), hs = (int64_t)zoff_dtype_size(hdt);
     int64_t eo = 0; /* intersect each of their runs with each of mine, clipped to the window */
     for (size_t a = 0; a < f->p.nruns; a++) {
@@ -472,9 +474,13 @@ static zoff_status read_window(const rank_file *f, const char *name, const int64
             if (ly > L + W) ly = L + W;
             if (x < y && lx < ly) {
                 char *to = (char *)buf + (lx - L) * hs;
-                ZOFF_TRY(zoff_ckpt_read_range(f->r, name, (eo + x - o) * es, to, (size_t)((ly - lx) * es)));
-                if (f->dt != hdt) widen_bf16(to, ly - lx);
-                *covered += ly - lx;
+                if (!check) {
+                    ZOFF_TRY(zoff_ckpt_read_range_unchecked(f->r, name, (eo + x - o) * es, to, (size_t)((ly - lx) * es)));
+                    *covered += ly - lx;
+                } else {
+                    ZOFF_TRY(zoff_ckpt_checksum_range(f->r, name, (eo + x - o) * es, to, (size_t)((ly - lx) * es)));
+                    if (f->dt != hdt) widen_bf16(to, ly - lx);
+                }
             }
             lo += mc;
         }
@@ -517,13 +523,15 @@ static zoff_status state_fill(void *ctx, int64_t p, void *buf) {
     state_job *j = ctx;
     const int64_t L = p * j->W, w = j->pn - L < j->W ? j->pn - L : j->W;
     for (int q = 0; q < j->oldn; q++)
-        ZOFF_TRY(read_window(&j->files[q], j->name, j->mine, j->nmine, L, w, j->hdt, buf, &j->covered));
+        ZOFF_TRY(read_window(&j->files[q], j->name, j->mine, j->nmine, L, w, j->hdt, buf, &j->covered, false));
     return ZOFF_OK;
 }
 
 static zoff_status state_use(void *ctx, int64_t p, void *buf) {
     const state_job *j = ctx;
     const int64_t L = p * j->W, w = j->pn - L < j->W ? j->pn - L : j->W;
+    for (int q = 0; q < j->oldn; q++)
+        ZOFF_TRY(read_window(&j->files[q], j->name, j->mine, j->nmine, L, w, j->hdt, buf, NULL, true));
     return zoff_engine_state_range_as(j->eng, j->k, L, w, j->hdt, buf, false);
 }
 
@@ -602,12 +610,13 @@ typedef struct dweights_job {
 static zoff_status dweights_fill(void *ctx, int64_t p, void *buf) {
     const dweights_job *j = ctx;
     const int64_t a = p * j->W, c = j->n - a < j->W ? j->n - a : j->W;
-    return zoff_ckpt_read_range(j->r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)j->es, buf, (size_t)c * j->es);
+    return zoff_ckpt_read_range_unchecked(j->r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)j->es, buf, (size_t)c * j->es);
 }
 
 static zoff_status dweights_use(void *ctx, int64_t p, void *buf) {
     const dweights_job *j = ctx;
     const int64_t a = p * j->W, c = j->n - a < j->W ? j->n - a : j->W;
+    ZOFF_TRY(zoff_ckpt_checksum_range(j->r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)j->es, buf, (size_t)c * j->es));
     return zoff_engine_device_weights(j->eng, a, c, buf, false);
 }
 
