@@ -202,6 +202,28 @@ static void snap_free(engine_snap *sn) {
 
 static void stamp_device(void *arg) { *(double *)arg = zoff_now(); }
 
+/* The engine's last finished host update (its step t, its time span and its sub-groups' spans) into g_mode. The
+ * train loop asks right after each zoff_engine_step (what it finds then stands: a speculated update the step rolled
+ * back is redone by then) and, for a step not seen yet, right before it: a pipelined job may end on either side of
+ * the next step's start, and the engine keeps only the newest. */
+static void record_host_span(zoff_engine *e, bool after_step) {
+    double h0, h1;
+    const int64_t ht = zoff_engine_last_host_update(e, &h0, &h1);
+    if (ht <= 0 || ht > 32 || (!after_step && g_mode.host_t0[ht] != 0)) return;
+    g_mode.host_t0[ht] = h0;
+    g_mode.host_t1[ht] = h1;
+    g_mode.span_wte0[ht] = 0;
+    g_mode.split[ht] = 0;
+    const double *sp;
+    const int64_t *so;
+    const int nsp = zoff_engine_last_host_spans(e, &sp);
+    if (nsp == zoff_engine_last_host_span_offsets(e, &so))
+        for (int k = 0; k < nsp; k++) {
+            if (so[k] == 0 && g_mode.span_wte0[ht] == 0) g_mode.span_wte0[ht] = sp[2 * k];
+            for (int j = 0; j < k; j++) g_mode.split[ht] += so[j] == so[k];
+        }
+}
+
 static zoff_status logged_wait(void *arg, zoff_stream *s, int64_t off, int64_t count) {
     train_mode *tm = arg;
     zoff_status st = zoff_engine_wait_weights(tm->e, s, off, count);
@@ -333,6 +355,8 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         memset(g_mode.block0_end, 0, sizeof g_mode.block0_end);
         memset(g_mode.span_wte0, 0, sizeof g_mode.span_wte0);
         memset(g_mode.split, 0, sizeof g_mode.split);
+        memset(g_mode.host_t0, 0, sizeof g_mode.host_t0);
+        memset(g_mode.host_t1, 0, sizeof g_mode.host_t1);
     }
     if (s == ZOFF_OK && g_resume) s = snap_restore(e, r->n, g_resume);
     if (s == ZOFF_OK) {
@@ -370,18 +394,9 @@ static zoff_status train(const char *json, zoff_dtype dt, int nsteps, size_t bud
         }
         r->losses[step] = (float)(loss / accum);
         zoff_step_info si;
+        if (s == ZOFF_OK) record_host_span(e, false); /* the pipelined job of the last step, where done by now */
         if (s == ZOFF_OK) s = zoff_engine_step(e, g_mode.lr_falls ? 1e-2 / (1 + step) : 1e-2, &si);
-        double h0, h1;
-        int64_t ht = s == ZOFF_OK ? zoff_engine_last_host_update(e, &h0, &h1) : 0;
-        if (ht > 0 && ht <= 32) g_mode.host_t0[ht] = h0, g_mode.host_t1[ht] = h1;
-        const double *sp;
-        const int64_t *so;
-        int nsp = s == ZOFF_OK ? zoff_engine_last_host_spans(e, &sp) : 0;
-        if (ht > 0 && ht <= 32 && nsp == zoff_engine_last_host_span_offsets(e, &so))
-            for (int k = 0; k < nsp; k++) {
-                if (so[k] == 0 && g_mode.span_wte0[ht] == 0) g_mode.span_wte0[ht] = sp[2 * k];
-                for (int j = 0; j < k; j++) g_mode.split[ht] += so[j] == so[k];
-            }
+        if (s == ZOFF_OK) record_host_span(e, true);
         r->norms[step] = si.grad_norm;
         r->scales[step] = si.loss_scale;
         r->skipped[step] = si.skipped;
@@ -1353,7 +1368,12 @@ static void test_pipelined_timeline(void **st) {
     assert_int_equal(s, ZOFF_OK);
     int early = 0;
     for (int i = 1; i < 8; i++) { /* forward of iteration i vs the host update of step i */
-        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i] && g_mode.group0_ready[i] > 0);
+        assert_true(g_mode.group0_ready[i] > 0);
+        if (g_mode.host_t0[i] == 0) { /* its span was replaced by the next one's before the loop asked (record_host_span) */
+            printf("step %d: host update not seen\n", i);
+            continue;
+        }
+        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i]);
         printf("step %d: host update %.3f ms, embeddings ready %.3f ms after it started\n", i,
                1e3 * (g_mode.host_t1[i] - g_mode.host_t0[i]), 1e3 * (g_mode.group0_ready[i] - g_mode.host_t0[i]));
         early += g_mode.group0_ready[i] < g_mode.host_t1[i];
@@ -1396,7 +1416,12 @@ static void test_delayed_timeline(void **st) {
     assert_int_equal(s, ZOFF_OK);
     int during = 0;
     for (int i = 2; i < 8; i++) { /* step i (delayed: i > warm-up 1) runs during iteration i */
-        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i] && g_mode.group0_device[i] > 0);
+        assert_true(g_mode.group0_device[i] > 0);
+        if (g_mode.host_t0[i] == 0) { /* its span was replaced by the next one's before the loop asked (record_host_span) */
+            printf("step %d: host update not seen\n", i);
+            continue;
+        }
+        assert_true(g_mode.host_t1[i] > g_mode.host_t0[i]);
         printf("step %d: host update %.3f ms; the next forward started on the device %.3f ms before it ended\n", i,
                1e3 * (g_mode.host_t1[i] - g_mode.host_t0[i]), 1e3 * (g_mode.host_t1[i] - g_mode.group0_device[i]));
         during += g_mode.group0_device[i] < g_mode.host_t1[i];
