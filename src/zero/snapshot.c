@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
