@@ -301,6 +301,12 @@ static bool pipe_buffers(void *buf[2], size_t bytes) {
     return false;
 }
 
+/* Piece p of n elements cut into pieces of W: its element count. */
+static int64_t piece_len(int64_t p, int64_t W, int64_t n) { return n - p * W < W ? n - p * W : W; }
+
+/* The pipeline's buffer bytes for n elements of es bytes in pieces of W (at least one element). */
+static size_t pieces_bytes(int64_t n, int64_t W, size_t es) { return (size_t)(n < W ? (n > 0 ? n : 1) : W) * es; }
+
 static void pipe_buffers_free(void *buf[2]) {
     zoff_aligned_free(buf[0]);
     zoff_aligned_free(buf[1]);
@@ -521,7 +527,7 @@ typedef struct state_job {
 
 static zoff_status state_fill(void *ctx, int64_t p, void *buf) {
     state_job *j = ctx;
-    const int64_t L = p * j->W, w = j->pn - L < j->W ? j->pn - L : j->W;
+    const int64_t L = p * j->W, w = piece_len(p, j->W, j->pn);
     for (int q = 0; q < j->oldn; q++)
         ZOFF_TRY(read_window(&j->files[q], j->name, j->mine, j->nmine, L, w, j->hdt, buf, &j->covered, false));
     return ZOFF_OK;
@@ -529,7 +535,7 @@ static zoff_status state_fill(void *ctx, int64_t p, void *buf) {
 
 static zoff_status state_use(void *ctx, int64_t p, void *buf) {
     const state_job *j = ctx;
-    const int64_t L = p * j->W, w = j->pn - L < j->W ? j->pn - L : j->W;
+    const int64_t L = p * j->W, w = piece_len(p, j->W, j->pn);
     for (int q = 0; q < j->oldn; q++)
         ZOFF_TRY(read_window(&j->files[q], j->name, j->mine, j->nmine, L, w, j->hdt, buf, NULL, true));
     return zoff_engine_state_range_as(j->eng, j->k, L, w, j->hdt, buf, false);
@@ -581,9 +587,7 @@ zoff_status zoff_train_ckpt_read_state(zoff_ckpt_reader *r, zoff_engine *eng, in
     int64_t W = (int64_t)(zoff_train_ckpt_piece_bytes() / sizeof(float));
     void *buf[2] = {NULL, NULL};
     rank_file *files = calloc((size_t)(oldn > 0 ? oldn : 1), sizeof *files);
-    zoff_status s = files && pipe_buffers(buf, (size_t)(pn < W ? (pn > 0 ? pn : 1) : W) * sizeof(float))
-                        ? ZOFF_OK
-                        : ZOFF_ERR_NOMEM;
+    zoff_status s = files && pipe_buffers(buf, pieces_bytes(pn, W, sizeof(float))) ? ZOFF_OK : ZOFF_ERR_NOMEM;
     if (s == ZOFF_OK) s = open_rank_files(r, n, files, oldn);
     bool was = zoff_ckpt_reader_verify_in_order(r, true); /* one pass; the caller's setting back below */
     for (int q = 1; s == ZOFF_OK && q < oldn; q++) zoff_ckpt_reader_verify_in_order(files[q].r, true);
@@ -609,13 +613,13 @@ typedef struct dweights_job {
 
 static zoff_status dweights_fill(void *ctx, int64_t p, void *buf) {
     const dweights_job *j = ctx;
-    const int64_t a = p * j->W, c = j->n - a < j->W ? j->n - a : j->W;
+    const int64_t a = p * j->W, c = piece_len(p, j->W, j->n);
     return zoff_ckpt_read_range_unchecked(j->r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)j->es, buf, (size_t)c * j->es);
 }
 
 static zoff_status dweights_use(void *ctx, int64_t p, void *buf) {
     const dweights_job *j = ctx;
-    const int64_t a = p * j->W, c = j->n - a < j->W ? j->n - a : j->W;
+    const int64_t a = p * j->W, c = piece_len(p, j->W, j->n);
     ZOFF_TRY(zoff_ckpt_checksum_range(j->r, ZOFF_TRAIN_DEVICE_WEIGHTS, a * (int64_t)j->es, buf, (size_t)c * j->es));
     return zoff_engine_device_weights(j->eng, a, c, buf, false);
 }
@@ -628,7 +632,7 @@ zoff_status zoff_train_ckpt_read_device_weights(zoff_ckpt_reader *r, zoff_engine
     ZOFF_TRY(zoff_ckpt_check_tensor(r, ZOFF_TRAIN_DEVICE_WEIGHTS, zoff_engine_dtype(eng), 1, shape));
     dweights_job j = {.r = r, .eng = eng, .n = n, .W = (int64_t)(zoff_train_ckpt_piece_bytes() / es), .es = es};
     void *buf[2] = {NULL, NULL};
-    zoff_status s = pipe_buffers(buf, (size_t)(n < j.W ? (n > 0 ? n : 1) : j.W) * es) ? ZOFF_OK : ZOFF_ERR_NOMEM;
+    zoff_status s = pipe_buffers(buf, pieces_bytes(n, j.W, es)) ? ZOFF_OK : ZOFF_ERR_NOMEM;
     bool was = zoff_ckpt_reader_verify_in_order(r, true); /* checked as read; all of it before this returns */
     if (s == ZOFF_OK && n > 0) s = pipe_run((n + j.W - 1) / j.W, buf, dweights_fill, dweights_use, &j);
     if (s == ZOFF_OK) s = zoff_ckpt_verify(r, ZOFF_TRAIN_DEVICE_WEIGHTS);

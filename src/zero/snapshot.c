@@ -90,15 +90,21 @@ static int64_t array_blocks(const zoff_engine *e, int i) {
     return (e->n_host + blk - 1) / blk;
 }
 
-/* The device image's bytes (0 without a device share), a whole number of blocks; *off: each array's part. */
-static size_t image_bytes(const zoff_engine *e, size_t off[SNAP_ARRAYS]) {
+/* The device's state in the image: n_dev fp32 per array in use (0 without a device share); *off: each array's
+ * part (may be NULL). */
+static size_t image_data_bytes(const zoff_engine *e, size_t off[SNAP_ARRAYS]) {
     size_t at = 0;
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         if (off) off[i] = at;
         if (array_blocks(e, i) > 0) at += (size_t)e->n_dev * sizeof(float);
     }
+    return at;
+}
+
+/* The device image's bytes in the arena: a whole number of blocks. */
+static size_t image_bytes(const zoff_engine *e, size_t off[SNAP_ARRAYS]) {
     const size_t bb = zoff_engine_snapshot_block_bytes();
-    return (at + bb - 1) / bb * bb;
+    return (image_data_bytes(e, off) + bb - 1) / bb * bb;
 }
 
 size_t zoff_engine_snapshot_bytes(const zoff_engine *e) {
@@ -241,13 +247,15 @@ size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e) {
 }
 
 /* The device's state arrays into the device image (begin: nothing updates them until the next step). */
+static float *image_of(const zoff_snap *p, int i) { return (float *)(p->arena + p->dimg_off[i]); }
+
 static zoff_status image_fill(zoff_engine *e, zoff_snap *p) {
     for (int k = 0; k < e->nsg; k++) {
         const subgroup *g = &e->sg[k];
         for (int i = 0; i < SNAP_ARRAYS && !g->on_host; i++)
             if (p->nb[i] > 0)
-                ZOFF_TRY(zoff_engine_state_range_as(e, i, g->offset, g->count, ZOFF_F32,
-                                                    (float *)(p->arena + p->dimg_off[i]) + g->state_off, true));
+                ZOFF_TRY(zoff_engine_state_range_as(e, i, g->offset, g->count, ZOFF_F32, image_of(p, i) + g->state_off,
+                                                    true));
     }
     return ZOFF_OK;
 }
@@ -297,9 +305,8 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     p->protected_sg = p->host_sg = 0;
     for (int k = 0; k < e->nsg; k++) p->host_sg += e->sg[k].on_host;
     p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb + p->dimg_bytes, .prefaulted = prefaulted,
-                                         .device = p->dimg_bytes ? (size_t)e->n_dev * sizeof(float) : 0,
+                                         .device = image_data_bytes(e, NULL),
                                          .device_seconds = ti};
-    for (int i = 1; i < SNAP_ARRAYS && p->dimg_bytes; i++) p->st.device += p->nb[i] > 0 ? (size_t)e->n_dev * sizeof(float) : 0;
     atomic_store(&p->pf_done, 0); /* said once */
     p->active = true;
     pthread_mutex_unlock(&p->mu);
@@ -397,7 +404,7 @@ zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, 
                 return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device, read as %s", k,
                                   zoff_dtype_name(dt));
             memcpy((char *)host + (size_t)(lo - offset) * hs,
-                   (const float *)(p->arena + p->dimg_off[i]) + g->state_off + (lo - g->offset),
+                   image_of(p, i) + g->state_off + (lo - g->offset),
                    (size_t)(hi - lo) * sizeof(float));
             continue;
         }
