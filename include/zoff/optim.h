@@ -181,6 +181,10 @@ zoff_status zoff_host_optimizer_bandwidth_probe(zoff_host_optimizer *opt, const 
 
 /* Bytes read + written per element by update() on t's dtypes (no write-allocate). */
 double zoff_host_optimizer_bytes_per_param(const zoff_host_optimizer *opt, const zoff_optim_tensors *t);
+/* The same count from the dtypes alone (the one home of it; zoff plan scales the host optimizer's
+ * rate by it): the fp32 master read and written, `moments` state arrays read and written in
+ * state_dt, the gradient read in grad_dt, with params16 the 16-bit copy written. */
+double zoff_host_optimizer_traffic(int moments, zoff_dtype state_dt, zoff_dtype grad_dt, bool params16);
 
 /* Which state arrays the optimizer uses. */
 bool zoff_host_optimizer_uses_exp_avg(const zoff_host_optimizer *opt);

@@ -56,14 +56,21 @@ const char *zoff_plan_source_name(zoff_plan_source s);
 typedef struct zoff_plan_rates {
     double device_flops;       /* FLOP/s of forward+backward on the device, effective (whole model, not matmul peak) */
     double device_adam;        /* parameters/s of the device's fused Adam */
-    double host_adam;          /* parameters/s of the host optimizer (model-dtype gradients, 16-bit copy) */
-    double host_mem_bw;        /* bytes/s, STREAM-style bound of the host optimizer's access pattern (reported) */
+    double host_adam;          /* parameters/s of the host optimizer with fp32 states (model-dtype gradients, 16-bit
+                                  copy), measured (probe, bench file); unused when assumed (zoff_plan_host_rate) */
+    double host_mem_bw;        /* bytes/s, STREAM-style bound of the host optimizer's access pattern */
     double h2d, d2h;           /* bytes/s between pinned host memory and the device */
     double disk_read, disk_write; /* bytes/s at the nvme path */
     double link;               /* bytes/s per rank for collectives (ranks > 1) */
     zoff_plan_source src_compute, src_device_adam, src_host_adam, src_copy, src_disk, src_link;
     char bench_files[512];     /* the bench files that were read, for the report */
 } zoff_plan_rates;
+
+/* The host optimizer's parameters/s for a model of dtype dt with cfg's optimizer, its m and v in bf16 or
+ * fp32. The update runs at its memory bound (zoff bench adam: every mode at 95-105% of it), so a
+ * measured rate (r->host_adam: fp32 states) is scaled by the ratio of the two modes' bytes per
+ * parameter (zoff_host_optimizer_traffic), and an assumed one is r->host_mem_bw over those bytes. */
+double zoff_plan_host_rate(const zoff_plan_rates *r, const zoff_config *cfg, zoff_dtype dt, bool bf16_states);
 
 typedef struct zoff_plan_machine {
     zoff_backend_kind backend;

@@ -327,11 +327,12 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
            fmt_b(M->host_bytes, b[1], 32), fmt_b(M->pinned_limit, b[2], 32),
            a->have_pinned ? "" : M->backend == ZOFF_BACKEND_CPU ? " (CPU backend: pinned is ordinary memory)" : " (ulimit -l)",
            M->disk_bytes ? fmt_b(M->disk_bytes, b[3], 32) : "unknown", 100.0 * M->margin);
-    printf("rates: compute %.3g GFLOP/s (%s), device Adam %.3g Mparam/s (%s), host Adam %.3g Mparam/s (%s; bound "
-           "%.3g GB/s),\n  copies H2D %.3g / D2H %.3g GB/s (%s), disk read %.3g / write %.3g GB/s (%s), link %.3g GB/s "
+    printf("rates: compute %.3g GFLOP/s (%s), device Adam %.3g Mparam/s (%s), host Adam %.3g Mparam/s (%.3g with "
+           "bf16 states; %s; bound %.3g GB/s),\n  copies H2D %.3g / D2H %.3g GB/s (%s), disk read %.3g / write %.3g GB/s (%s), link %.3g GB/s "
            "(%s)%s%s\n\n",
            r->device_flops / 1e9, zoff_plan_source_name(r->src_compute), r->device_adam / 1e6,
-           zoff_plan_source_name(r->src_device_adam), r->host_adam / 1e6, zoff_plan_source_name(r->src_host_adam),
+           zoff_plan_source_name(r->src_device_adam), zoff_plan_host_rate(r, in->cfg, in->model.dtype, false) / 1e6,
+           zoff_plan_host_rate(r, in->cfg, in->model.dtype, true) / 1e6, zoff_plan_source_name(r->src_host_adam),
            r->host_mem_bw / 1e9, r->h2d / 1e9, r->d2h / 1e9, zoff_plan_source_name(r->src_copy), r->disk_read / 1e9,
            r->disk_write / 1e9, zoff_plan_source_name(r->src_disk), r->link / 1e9, zoff_plan_source_name(r->src_link),
            r->bench_files[0] ? "\n  bench files: " : "", r->bench_files);
@@ -418,7 +419,7 @@ static int print_json(const plan_args *a, const zoff_plan_inputs *in, const zoff
     json_t *root = json_pack(
         "{s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:b},"
         "s:{s:s,s:i,s:i,s:I,s:b,s:I,s:I,s:I,s:f,s:I,s:I,"
-        "s:{s:f,s:s,s:f,s:s,s:f,s:s,s:f,s:f,s:f,s:s,s:f,s:f,s:s,s:f,s:s,s:s}},"
+        "s:{s:f,s:s,s:f,s:s,s:f,s:f,s:s,s:f,s:f,s:f,s:s,s:f,s:f,s:s,s:f,s:s,s:s}},"
         "s:o,s:i,s:i}",
         "model", "num_layers", (json_int_t)mo->shape.num_layers, "hidden_size", (json_int_t)mo->shape.hidden_size,
         "num_attention_heads", (json_int_t)mo->shape.num_heads, "seq_length", (json_int_t)mo->seq_len, "vocab_size",
@@ -434,7 +435,8 @@ static int print_json(const plan_args *a, const zoff_plan_inputs *in, const zoff
         "process_baseline", (json_int_t)M->process_baseline,
         "rates", "device_flops", r->device_flops, "device_flops_source", zoff_plan_source_name(r->src_compute),
         "device_adam", r->device_adam, "device_adam_source", zoff_plan_source_name(r->src_device_adam), "host_adam",
-        r->host_adam, "host_adam_source", zoff_plan_source_name(r->src_host_adam), "host_mem_bw", r->host_mem_bw, "h2d",
+        zoff_plan_host_rate(r, in->cfg, mo->dtype, false), "host_adam_bf16_states",
+        zoff_plan_host_rate(r, in->cfg, mo->dtype, true), "host_adam_source", zoff_plan_source_name(r->src_host_adam), "host_mem_bw", r->host_mem_bw, "h2d",
         r->h2d, "d2h", r->d2h, "copy_source", zoff_plan_source_name(r->src_copy), "disk_read", r->disk_read,
         "disk_write", r->disk_write, "disk_source", zoff_plan_source_name(r->src_disk), "link", r->link,
         "link_source", zoff_plan_source_name(r->src_link), "bench_files", r->bench_files,

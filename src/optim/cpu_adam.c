@@ -605,10 +605,14 @@ zoff_status zoff_host_optimizer_bandwidth_probe(zoff_host_optimizer *opt, const 
     return ZOFF_OK;
 }
 
+double zoff_host_optimizer_traffic(int moments, zoff_dtype state_dt, zoff_dtype grad_dt, bool params16) {
+    return 8.0 + 2.0 * (double)zoff_dtype_size(state_dt) * moments + (double)zoff_dtype_size(grad_dt) +
+           (params16 ? 2.0 : 0.0);
+}
+
 double zoff_host_optimizer_bytes_per_param(const zoff_host_optimizer *opt, const zoff_optim_tensors *t) {
-    double ss = zoff_dtype_size(t->state_dt), gs = zoff_dtype_size(t->grad_dt);
     int nstates = (int)zoff_host_optimizer_uses_exp_avg(opt) + (int)zoff_host_optimizer_uses_exp_avg_sq(opt);
-    return 8.0 + 2.0 * ss * nstates + gs + (t->params16 ? 2.0 : 0.0);
+    return zoff_host_optimizer_traffic(nstates, t->state_dt, t->grad_dt, t->params16 != NULL);
 }
 
 /* One thread's chunk of init_state: m = 0, v = its initial value, p's 4 KiB pages touched. */

@@ -17,19 +17,29 @@
 #include <sys/resource.h>
 #include "zoff/resources.h"
 
+#include "zoff/engine.h"
 #include "zoff/optim.h"
 
 #define MiB ((size_t)1 << 20)
 
 /* The assumed rates (docs/plan.md "Assumed figures"), all with source ZOFF_PLAN_SRC_ASSUMED. */
 /* a PCIe Gen4/5 GPU server */
-static const zoff_plan_rates k_cuda_rates = {.device_flops = 150e12, .device_adam = 50e9, .host_adam = 1e9,
+/* (host_adam: assumed, the host optimizer's rate is derived from host_mem_bw: zoff_plan_host_rate) */
+static const zoff_plan_rates k_cuda_rates = {.device_flops = 150e12, .device_adam = 50e9, .host_adam = 0,
                                              .host_mem_bw = 100e9, .h2d = 20e9, .d2h = 20e9,
                                              .disk_read = 3e9, .disk_write = 2e9, .link = 100e9};
 /* the CPU backend on a small machine (2 cores) */
-static const zoff_plan_rates k_cpu_rates = {.device_flops = 20e9, .device_adam = 100e6, .host_adam = 100e6,
+static const zoff_plan_rates k_cpu_rates = {.device_flops = 20e9, .device_adam = 100e6, .host_adam = 0,
                                             .host_mem_bw = 10e9, .h2d = 5e9, .d2h = 5e9,
                                             .disk_read = 1e9, .disk_write = 0.5e9, .link = 10e9};
+
+double zoff_plan_host_rate(const zoff_plan_rates *r, const zoff_config *cfg, zoff_dtype dt, bool bf16_states) {
+    const int moments = zoff_optimizer_state_arrays(cfg) - 1;
+    const bool p16 = dt != ZOFF_F32;
+    const double mode = zoff_host_optimizer_traffic(moments, bf16_states ? ZOFF_BF16 : ZOFF_F32, dt, p16);
+    if (r->src_host_adam == ZOFF_PLAN_SRC_ASSUMED) return r->host_mem_bw / mode;
+    return r->host_adam * zoff_host_optimizer_traffic(moments, ZOFF_F32, dt, p16) / mode;
+}
 
 void zoff_plan_machine_defaults(zoff_plan_machine *m, zoff_backend_kind backend) {
     memset(m, 0, sizeof *m);

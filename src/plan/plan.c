@@ -634,7 +634,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         c /= rt->link;
         t->comm = cfg->zero.overlap_comm ? fmax(0.0, c - t_bwd) : c;
     }
-    double host_phase = (double)nh / rt->host_adam;
+    double host_phase = (double)nh / zoff_plan_host_rate(rt, cfg, dt, s->bf16_states);
     size_t sg_now = (size_t)pl.largest_host;
     if (nh == 0) sg_now = 0;
     if (s->offload == ZOFF_OFFLOAD_NVME && nh > 0) {
