@@ -1008,6 +1008,60 @@ static void test_host_rates(void **st) {
     }
 }
 
+/* The pipelined exact step (CUDA, optimizer state in host memory, stages 1-2, not delayed): the next
+ * forward runs while the host optimizer updates, layer group by layer group, so the step is
+ * backward + gradients out + max(forward + device optimizer, host optimizer + weights in). The
+ * forward's FLOPs counted here from GPT-2's shape (matmuls, attention, the tied head); the other
+ * settings keep the forward before the optimizers. */
+static void test_pipelined_step(void **st) {
+    (void)st;
+    zoff_gpt2_options mo = {.shape = SHAPES[1].shape, .batch_size = 4, .seq_len = 64, .dtype = ZOFF_BF16};
+    const double N = 4 * 64, C = 128, L = 4, T = 64, Vp = 50304;
+    const double fwd = 2 * N * L * 12 * C * C + 4 * 4 * T * T * C * L + 2 * N * Vp * C;
+    static const struct {
+        const char *zero;
+        int stage;
+        zoff_offload_device off;
+        bool pipelined;
+    } cases[] = {
+        {"\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}", 2, ZOFF_OFFLOAD_CPU, true},
+        {"\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}", 1, ZOFF_OFFLOAD_CPU, true},
+        {"\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}, \"zoff_delayed_param_update\": true", 2,
+         ZOFF_OFFLOAD_CPU, false},
+        {"\"stage\": 2, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}", 2, ZOFF_OFFLOAD_NVME,
+         false},
+        {"\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}", 3, ZOFF_OFFLOAD_CPU, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true}, \"zero_optimization\": {%s}}",
+                 cases[c].zero);
+        zoff_config cfg;
+        load_cfg(json, &cfg);
+        for (int cuda = 0; cuda < 2; cuda++) {
+            zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
+            zoff_plan_machine_defaults(&in.machine, cuda ? ZOFF_BACKEND_CUDA : ZOFF_BACKEND_CPU);
+            in.machine.margin = 0;
+            zoff_plan_setting s = {.stage = cases[c].stage, .offload = cases[c].off, .ratio = 0.5, .pin_memory = true,
+                                   .sub_group_size = 1000000000};
+            zoff_plan_row row;
+            assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+            const zoff_plan_time *t = &row.time;
+            if (!(cuda && cases[c].pipelined)) {
+                if (t->forward_overlap != 0) fail_msg("case %zu cuda %d: forward overlap %g, want 0", c, cuda, t->forward_overlap);
+                continue;
+            }
+            double F = fwd / in.machine.rates.device_flops;
+            assert_near(t->forward_overlap, F, 1e-12);
+            double want = t->compute - F + t->grads_out + t->comm + fmax(F + t->device_optim, t->host_optim + t->weights_in);
+            assert_near(t->step, want, 1e-12);
+            assert_true(t->step < t->compute + t->grads_out + t->comm + fmax(t->device_optim, t->host_optim + t->weights_in));
+        }
+        zoff_config_free(&cfg);
+    }
+}
+
 /* Hugging Face GPT-2 (124M) has 124,439,808 parameters and a 50257 x 768
  * embedding: DeepSpeed's estimators start from those counts. */
 static void test_deepspeed_estimates(void **st) {
@@ -1213,7 +1267,7 @@ int main(void) {
         cmocka_unit_test(test_variants_vs_real),   cmocka_unit_test(test_grid_vs_real),
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
         cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_ranks_vs_real),
-        cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates),
+        cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),
         cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_13b_recommendation),
     };
     return cmocka_run_group_tests(tests, NULL, report);

@@ -163,6 +163,8 @@ typedef struct zoff_plan_time {
     double host_optim;    /* host optimizer (nvme: the read | update | write pipeline) */
     double device_optim;  /* device optimizer (runs concurrently with the host part) */
     double weights_in;    /* H2D of new weights not hidden behind the host optimizer */
+    double forward_overlap; /* the pipelined exact step (src/zero/engine.c pipe_setup): the next step's first
+                               forward, run while the host optimizer updates (0: not pipelined) */
     double step;          /* the predicted step time */
 } zoff_plan_time;
 

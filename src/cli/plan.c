@@ -271,6 +271,12 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
         printf("  step     %.4g s = max(compute %.4g + gradients out %.4g + comm %.4g + device optimizer %.4g, host "
                "optimizer %.4g + weights in %.4g) (delayed update: the host part overlaps the next step)\n",
                t->step, t->compute, t->grads_out, t->comm, t->device_optim, t->host_optim, t->weights_in);
+    else if (t->forward_overlap > 0)
+        printf("  step     %.4g s = compute %.4g - next forward %.4g + gradients out %.4g + comm %.4g + max(next forward "
+               "%.4g + device optimizer %.4g, host optimizer %.4g + weights in %.4g) (pipelined: the next forward "
+               "waits per layer group)\n",
+               t->step, t->compute, t->forward_overlap, t->grads_out, t->comm, t->forward_overlap, t->device_optim,
+               t->host_optim, t->weights_in);
     else
         printf("  step     %.4g s = compute %.4g + gradients out %.4g + comm %.4g + max(host optimizer %.4g + weights "
                "in %.4g, device optimizer %.4g)\n",
@@ -367,7 +373,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
         "s:{s:I,s:I,s:I,s:I},"
         "s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},"
         "s:{s:b,s:b,s:b,s:b,s:b},s:I,"
-        "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
+        "s:{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}}",
         "index", index, "stage", w->setting.stage, "offload", zoff_plan_offload_name(w->setting.offload),
         "param_offload", zoff_plan_offload_name(w->setting.param_offload), "ratio", ratio, "ratio_fitted",
         w->ratio_fitted, "host_ratio", w->host_ratio,
@@ -391,7 +397,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
         "fits_detail", "device", w->fits_device, "pinned", w->fits_pinned, "host", w->fits_host, "disk", w->fits_disk,
         "auto_failed", w->auto_failed, "host_use_per_node", (json_int_t)w->host_use,
         "time", "step", t->step, "compute", t->compute, "grads_out", t->grads_out, "comm", t->comm, "host_optim",
-        t->host_optim, "weights_in", t->weights_in, "device_optim", t->device_optim);
+        t->host_optim, "weights_in", t->weights_in, "device_optim", t->device_optim, "forward_overlap", t->forward_overlap);
 }
 
 static json_t *row_json(const zoff_plan_row *w, int index) {
