@@ -1057,6 +1057,105 @@ static void test_direct_writer_roundtrip(void **state) {
     free(inplace);
 }
 
+/* zoff_ckpt_append_external: aligned memory at an aligned position goes to the disk in place
+ * (zoff_ckpt_writer_in_place counts it), anything else is copied; either way the file is byte for
+ * byte zoff_ckpt_add's of the same bytes, and every release comes exactly once with its pointer (by
+ * commit, or by abort). With ZOFF_CKPT_IO=buffered (no aio) everything is copied. */
+typedef struct ext_log {
+    int n;
+    const void *seen[16];
+} ext_log;
+static void ext_release(void *ctx, const void *data) {
+    ext_log *l = ctx;
+    if (l->n < 16) l->seen[l->n] = data;
+    l->n++;
+}
+enum { EXT_MIB = 1 << 20, EXT_TOTAL = 10 * EXT_MIB + 4096 + 6 * 65536 + 12 };
+static void write_external_case(const char *root, const uint8_t *src, bool external, int64_t *in_place, ext_log *l) {
+    zoff_ckpt_writer *w = NULL;
+    assert_ok(zoff_ckpt_writer_open(root, 9, 0, NULL, &w));
+    assert_ok(zoff_ckpt_add_blob(w, "first", "abc", 3));
+    if (!external) {
+        assert_ok(zoff_ckpt_add(w, "e", ZOFF_F32, 1, (int64_t[]){EXT_TOTAL / 4}, src, EXT_TOTAL));
+    } else {
+        assert_ok(zoff_ckpt_begin_entry(w, "e", ZOFF_F32, 1, (int64_t[]){EXT_TOTAL / 4}));
+        size_t at = 0;
+        const void *want[16];
+        int nw = 0;
+#define EXT(len)                                                                              \
+    do {                                                                                      \
+        want[nw++] = src + at;                                                                \
+        assert_ok(zoff_ckpt_append_external(w, src + at, (len), ext_release, l));             \
+        at += (len);                                                                          \
+    } while (0)
+        EXT(EXT_MIB);                              /* in place: the entry starts aligned */
+        assert_ok(zoff_ckpt_append(w, src + at, 100)); /* copied: the position is no longer aligned */
+        at += 100;
+        EXT(4096 - 100);                           /* copied (unaligned memory and size), the position aligned again */
+        EXT(9 * EXT_MIB);                          /* in place, more than one piece */
+        for (int k = 0; k < 6; k++) EXT(65536);    /* in place, more in flight than the writer keeps */
+        EXT(12);                                   /* copied: the tail */
+#undef EXT
+        assert_int_equal(at, EXT_TOTAL);
+        *in_place = zoff_ckpt_writer_in_place(w);
+        assert_ok(zoff_ckpt_end_entry(w));
+        assert_ok(zoff_ckpt_add_blob(w, "last", "xyz", 3));
+        assert_ok(zoff_ckpt_commit(w));
+        assert_int_equal(l->n, nw); /* each released once, with its own pointer */
+        for (int k = 0; k < nw; k++) {
+            int found = 0;
+            for (int q = 0; q < l->n; q++) found += l->seen[q] == want[k];
+            assert_int_equal(found, 1);
+        }
+        assert_ok(zoff_ckpt_finalize(root, 9, 1, NULL));
+        return;
+    }
+    assert_ok(zoff_ckpt_add_blob(w, "last", "xyz", 3));
+    assert_ok(zoff_ckpt_commit(w));
+    assert_ok(zoff_ckpt_finalize(root, 9, 1, NULL));
+}
+
+static void test_append_external(void **state) {
+    const char *root = *state;
+    uint8_t *src = aligned_alloc(4096, (size_t)EXT_TOTAL / 4096 * 4096 + 4096);
+    fill_bytes(src, EXT_TOTAL, 5);
+    char ref[4096], ext[4096], buf[4096], fr[4096], fe[4096], fb[4096], cmd[4 * 4096 + 64];
+    join(ref, sizeof ref, root, "ref");
+    join(ext, sizeof ext, root, "ext");
+    join(buf, sizeof buf, root, "buffered");
+    int64_t in_place = -1;
+    ext_log l = {0};
+    write_external_case(ref, src, false, NULL, NULL);
+    write_external_case(ext, src, true, &in_place, &l);
+    assert_int_equal(in_place, 10 * EXT_MIB + 6 * 65536);
+    setenv("ZOFF_CKPT_IO", "buffered", 1);
+    ext_log lb = {0};
+    write_external_case(buf, src, true, &in_place, &lb);
+    unsetenv("ZOFF_CKPT_IO");
+    assert_int_equal(in_place, 0);
+    rank_file(ref, 9, 0, fr, sizeof fr);
+    rank_file(ext, 9, 0, fe, sizeof fe);
+    rank_file(buf, 9, 0, fb, sizeof fb);
+    snprintf(cmd, sizeof cmd, "cmp %s %s && cmp %s %s", fr, fe, fr, fb);
+    assert_int_equal(system(cmd), 0);
+    zoff_ckpt_reader *r = NULL;
+    assert_ok(zoff_ckpt_open(ext, 0, &r));
+    assert_ok(zoff_ckpt_verify(r, NULL));
+    zoff_ckpt_close(r);
+    /* aborted with writes in flight: each released, nothing left behind */
+    zoff_ckpt_writer *w = NULL;
+    ext_log la = {0};
+    assert_ok(zoff_ckpt_writer_open(root, 10, 0, NULL, &w));
+    assert_ok(zoff_ckpt_begin_entry(w, "e", ZOFF_F32, 1, (int64_t[]){EXT_TOTAL / 4}));
+    for (int k = 0; k < 3; k++) assert_ok(zoff_ckpt_append_external(w, src + (size_t)k * EXT_MIB, EXT_MIB, ext_release, &la));
+    zoff_ckpt_abort(w);
+    assert_int_equal(la.n, 3);
+    int64_t latest = -1;
+    assert_ok(zoff_ckpt_latest(root, &latest));
+    assert_int_equal(latest, -1);
+    free(src);
+}
+
 /* ZOFF_CKPT_FAULT in the middle of the aio writes (a later piece): the bytes before it are
  * written, the save fails naming the file and the offset, no COMPLETE, nothing left behind. */
 static void test_direct_writer_fault(void **state) {
@@ -1105,6 +1204,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_fault_env, setup, teardown),
         cmocka_unit_test_setup_teardown(test_direct_writer_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_direct_writer_fault, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_append_external, setup, teardown),
     };
     zoff_log_set_level(ZOFF_LOG_ERROR); /* the ignored-directory lines are expected here */
     return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);

@@ -112,6 +112,8 @@
  * is filled (and checksummed) while the others are written through src/aio (io_uring, O_DIRECT
  * where the file system allows it, else buffered, the reason in zoff_ckpt_writer_io). The last
  * piece is padded to ZOFF_CKPT_ALIGN and the file cut back to its size; then the header, fsync.
+ * Aligned runs of the caller's own memory (zoff_ckpt_append_external) are written from there,
+ * between the pieces, without a copy.
  * The piece that reaches a ZOFF_CKPT_FAULT offset, and every piece while an I/O hook is set or
  * with ZOFF_CKPT_IO=buffered, is written with pwrite (buffered) from the writer's thread. */
 #ifndef ZOFF_CKPT_H
@@ -190,6 +192,17 @@ zoff_status zoff_ckpt_end_entry(zoff_ckpt_writer *w);
  * size, *cap is one too. */
 zoff_status zoff_ckpt_append_space(zoff_ckpt_writer *w, void **dst, size_t *cap);
 zoff_status zoff_ckpt_append_done(zoff_ckpt_writer *w, size_t bytes);
+/* Append `bytes` from the caller's memory without copying them: when the writer uses aio, data
+ * and bytes are multiples of ZOFF_CKPT_ALIGN and the entry's position is one, the CRC32C is
+ * taken from data and the disk's DMA reads them there; otherwise they are copied through the
+ * pieces. release(ctx, data) is called exactly once, when the writer no longer reads data
+ * (after the write completed, or at once when copied or on failure; at the latest in
+ * zoff_ckpt_commit or zoff_ckpt_abort), on the writer's thread. */
+typedef void (*zoff_ckpt_release_fn)(void *ctx, const void *data);
+zoff_status zoff_ckpt_append_external(zoff_ckpt_writer *w, const void *data, size_t bytes, zoff_ckpt_release_fn release,
+                                      void *ctx);
+/* Bytes zoff_ckpt_append_external handed to the disk in place so far (not copied). */
+int64_t zoff_ckpt_writer_in_place(const zoff_ckpt_writer *w);
 /* Host bytes a writer holds for its piece buffers (the one home of that figure). */
 size_t zoff_ckpt_writer_buffer_bytes(void);
 /* How this writer's file is written, e.g. "io_uring, 1 thread x queue depth 3, 8.00 MiB blocks;

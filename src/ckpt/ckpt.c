@@ -502,6 +502,8 @@ static zoff_status read_header(const char *path, int fd, ck_header *h) {
 #define CK_NPIECES 3
 #define CK_CRC_STEP ((size_t)256 << 10) /* copy then checksum this much at a time: it is still in cache */
 
+#define CK_NEXT 16 /* zoff_ckpt_append_external's writes in flight */
+
 typedef struct ck_piece {
     uint8_t *buf;
     int64_t off; /* file offset of buf[0] */
@@ -509,6 +511,14 @@ typedef struct ck_piece {
     bool busy;   /* handed to aio, not yet waited for */
     zoff_aio_request req;
 } ck_piece;
+
+/* One zoff_ckpt_append_external write from the caller's memory, released once it is done. */
+typedef struct ck_ext {
+    bool busy;
+    zoff_aio_request req;
+    zoff_ckpt_release_fn release;
+    void *ctx;
+} ck_ext;
 
 struct zoff_ckpt_writer {
     char dir[CK_PATH], tmpdir[CK_PATH], file[CK_PATH];
@@ -521,6 +531,9 @@ struct zoff_ckpt_writer {
     size_t n, cap;
     ck_piece piece[CK_NPIECES];
     int cur; /* the piece being filled */
+    ck_ext ext[CK_NEXT];
+    int ext_next; /* the next ext to use (the oldest when all are busy) */
+    int64_t in_place; /* bytes written from the callers' memory (zoff_ckpt_append_external) */
     zoff_aio *aio; /* NULL: every piece written with pwrite from this thread */
     zoff_aio_file *af;
     char io[512]; /* zoff_ckpt_writer_io */
@@ -543,13 +556,25 @@ static zoff_status w_wait_piece(zoff_ckpt_writer *w, ck_piece *p) {
     return e ? write_failed(w->file, at, (size_t)(p->off + (int64_t)p->req.seg[0].bytes - at), e) : s;
 }
 
-/* Every aio write done; the first failure is returned, all are waited for. */
+/* Wait for an external write; its memory goes back to the caller whatever the outcome. */
+static zoff_status w_wait_ext(zoff_ckpt_writer *w, ck_ext *x) {
+    if (!x->busy) return ZOFF_OK;
+    x->busy = false;
+    zoff_status s = zoff_aio_wait(w->aio, &x->req);
+    int64_t at = x->req.seg[0].offset;
+    int e = s == ZOFF_OK ? 0 : zoff_aio_request_errno(&x->req, &at);
+    x->release(x->ctx, x->req.seg[0].buf);
+    if (s == ZOFF_OK) return ZOFF_OK;
+    return e ? write_failed(w->file, at, (size_t)(x->req.seg[0].offset + (int64_t)x->req.seg[0].bytes - at), e) : s;
+}
+
+/* Every aio write done (external memory released); the first failure is returned, all are waited for. */
 static zoff_status w_drain(zoff_ckpt_writer *w) {
     zoff_status first = ZOFF_OK;
     char msg[1536] = "";
-    for (int i = 0; i < CK_NPIECES; i++) {
-        int k = (w->cur + 1 + i) % CK_NPIECES; /* oldest first */
-        zoff_status s = w_wait_piece(w, &w->piece[k]);
+    for (int i = 0; i < CK_NPIECES + CK_NEXT; i++) {
+        zoff_status s = i < CK_NPIECES ? w_wait_piece(w, &w->piece[(w->cur + 1 + i) % CK_NPIECES]) /* oldest first */
+                                       : w_wait_ext(w, &w->ext[(w->ext_next + i - CK_NPIECES) % CK_NEXT]);
         if (s != ZOFF_OK && first == ZOFF_OK) {
             first = s;
             snprintf(msg, sizeof msg, "%s", zoff_last_error());
@@ -663,7 +688,7 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
         zoff_aio_options o;
         zoff_aio_options_default(&o);
         o.block_size = (int64_t)CK_PIECE_BYTES; /* one request per piece, as large as the bound's */
-        o.queue_depth = CK_NPIECES; /* one chunk per piece: all of them in flight */
+        o.queue_depth = CK_NPIECES + CK_NEXT; /* one chunk per piece or external write: all of them in flight */
         o.fault = no_aio_fault;
         for (int i = 0; i < CK_NPIECES; i++) /* the pieces' pages pinned once, not at every request */
             (void)zoff_aio_options_add_fixed(&o, w->piece[i].buf, CK_PIECE_BYTES);
@@ -687,6 +712,7 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
 }
 
 const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w) { return w ? w->io : ""; }
+int64_t zoff_ckpt_writer_in_place(const zoff_ckpt_writer *w) { return w ? w->in_place : 0; }
 size_t zoff_ckpt_writer_buffer_bytes(void) { return CK_NPIECES * CK_PIECE_BYTES; }
 
 static void w_free(zoff_ckpt_writer *w) {
@@ -834,6 +860,43 @@ zoff_status zoff_ckpt_append(zoff_ckpt_writer *w, const void *data, size_t bytes
         d += k;
         bytes -= k;
     }
+    return ZOFF_OK;
+}
+
+zoff_status zoff_ckpt_append_external(zoff_ckpt_writer *w, const void *data, size_t bytes, zoff_ckpt_release_fn release,
+                                      void *ctx) {
+    zoff_status s = w_check_append(w, bytes);
+    if (s == ZOFF_OK && bytes && !data)
+        s = w_fail(w, zoff_error(ZOFF_ERR_INVALID, "checkpoint entry '%s': data is NULL", w->cur_ent.name));
+    const int64_t pos = s == ZOFF_OK ? w_pos(w) : 0;
+    const bool direct = s == ZOFF_OK && w->aio && bytes > 0 && (uintptr_t)data % ZOFF_CKPT_ALIGN == 0 &&
+                        bytes % ZOFF_CKPT_ALIGN == 0 && pos % ZOFF_CKPT_ALIGN == 0 &&
+                        !(w->fault.at >= 0 && pos + (int64_t)bytes > w->fault.at);
+    if (!direct) { /* copied through the pieces (pwrite path, an unaligned part, a fault to inject) */
+        if (s == ZOFF_OK) s = zoff_ckpt_append(w, data, bytes);
+        release(ctx, data);
+        return s;
+    }
+    w->cur_ent.crc32c = zoff_crc32c(w->cur_ent.crc32c, data, bytes);
+    if (w->piece[w->cur].len > 0) s = w_next(w); /* the bytes before pos go first */
+    ck_ext *x = &w->ext[w->ext_next];
+    if (s == ZOFF_OK) s = w_wait_ext(w, x);
+    if (s == ZOFF_OK) {
+        x->req = (zoff_aio_request){.op = ZOFF_AIO_WRITE, .file = w->af, .nseg = 1,
+                                    .seg = {{.buf = (void *)data, .offset = pos, .bytes = bytes}}};
+        x->release = release;
+        x->ctx = ctx;
+        s = zoff_aio_submit(w->aio, &x->req);
+    }
+    if (s != ZOFF_OK) {
+        release(ctx, data);
+        return w_fail(w, s);
+    }
+    x->busy = true;
+    w->ext_next = (w->ext_next + 1) % CK_NEXT;
+    w->piece[w->cur].off = pos + (int64_t)bytes; /* the current piece is empty: it goes on after them */
+    w->cur_ent.bytes += (int64_t)bytes;
+    w->in_place += (int64_t)bytes;
     return ZOFF_OK;
 }
 
