@@ -62,6 +62,25 @@ check "the first save says how much of its arena was faulted in ahead" \
 check "the second save says none (the first's arena, faulted in then)" \
   "grep '\"ckpt_step\":6,' '$W/s-plain/metrics.jsonl' | grep -q '\"ckpt_prefaulted\":0,'"
 
+# 1b. width 256, sub-groups at the layer groups: the 1 MiB blocks of m and v inside a layer's sub-group go to the
+# disk from their staging copies in place (zoff_engine_snapshot_borrow, zoff_ckpt_append_external); the files are
+# still the synchronous writer's, byte for byte, and the bytes written in place are reported
+cat > "$W/wide.json" <<EOF
+{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "bf16": {"enabled": true},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+EOF
+WT=(train --num-layers 2 --hidden-size 256 --num-attention-heads 2 --seq-length 16 --tokenizer byte
+    --data-path "$W/corpus_train.bin" --eval-iters 0 --config "$W/wide.json" --train-iters 4 --save-interval 2)
+ZOFF_TEST_SNAPSHOT_HOLD=1 "$ZOFF" "${WT[@]}" --save "$W/s-wide" >"$W/s-wide.log" 2>&1
+check "wide: snapshot run exits 0" "[ $? -eq 0 ]"
+"$ZOFF" "${WT[@]}" --sync-save --quiet --save "$W/y-wide" >/dev/null 2>&1
+f=$(printf 'step_%08d/rank_00000.zckpt' 2)
+inplace=$(grep '"ckpt_step":2,' "$W/s-wide/metrics.jsonl" | sed 's/.*"ckpt_in_place":\([0-9]*\).*/\1/')
+check "wide: whole staged blocks written in place ($inplace bytes, whole MiB)" \
+  "[ -n '$inplace' ] && [ '$inplace' -gt 0 ] && [ \$(( $inplace % 1048576 )) -eq 0 ]"
+check "wide: the log says how much went in place" "grep -q 'MiB written from there in place' '$W/s-wide.log'"
+check "wide: step 2 by the snapshot == the synchronous writer's, byte for byte" "cmp -s '$W/s-wide/$f' '$W/y-wide/$f'"
+
 # 2. a 1 MiB budget (one block): the update stages one block, then waits for the writer (said once)
 "$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 7 --save-interval 3 --save-snapshot-memory 1MiB \
   --save "$W/b" >"$W/b.log" 2>&1 </dev/null &

@@ -439,6 +439,14 @@ zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int
 /* The same in dtype dt (as zoff_engine_state_range_as: fp32, or the array's own dtype). */
 zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
                                          void *host);
+/* The writer, instead of a read: when elements [offset, offset + count) of state array i begin with
+ * one whole staged block of a host sub-group (in dtype dt, the array's own), *data is that block's
+ * staging copy and *got its elements (<= count), which count as read; else *data = NULL and *got = 0
+ * (read them). The copy stays the writer's until zoff_engine_snapshot_return(e, *data) (the writer's
+ * thread, before finish or after it), so that a save's disk writes can read it in place. */
+zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
+                                        const void **data, int64_t *got);
+void zoff_engine_snapshot_return(zoff_engine *e, const void *data);
 void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats);
 size_t zoff_engine_snapshot_held(const zoff_engine *e);
 /* The dtype state array i keeps in the engine (what a checkpoint stores): ZOFF_BF16 for m

@@ -118,6 +118,7 @@ typedef struct zoff_train_ckpt_done {
     double seconds, cpu_seconds;
     bool snapshot_used;
     zoff_engine_snapshot_stats snapshot;
+    size_t in_place; /* bytes the disk read straight from the snapshot's staging copies (no copy) */
 } zoff_train_ckpt_done;
 /* snapshot_budget: what the save's snapshot may take (< 0: none, as for zoff_train_ckpt_save_start). */
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget);

@@ -83,6 +83,7 @@ struct zoff_train_ckpt_job {
     /* tests only (ZOFF_TEST_CKPT_WRITER_PAUSE_MS): the background writer sleeps this long after
      * its first piece, so that a test can SIGKILL the process while a temp dir is half written */
     long pause_ms;
+    size_t in_place; /* zoff_ckpt_writer_in_place of this rank's file */
 };
 
 static void job_free(zoff_train_ckpt_job *j) {
@@ -222,6 +223,16 @@ static zoff_status put_gathered_weights(zoff_train_ckpt_job *j, zoff_ckpt_writer
     return all_ok(j, s);
 }
 
+/* Tests (pause_ms): once per job, in the writer's own entries. */
+static void writer_pause(zoff_train_ckpt_job *j) {
+    if (j->pause_ms <= 0) return;
+    usleep((useconds_t)j->pause_ms * 1000);
+    j->pause_ms = 0;
+}
+
+/* zoff_ckpt_append_external's release of a borrowed staging block. */
+static void snapshot_return(void *eng, const void *data) { zoff_engine_snapshot_return(eng, data); }
+
 /* Entry `name` = elements [off, off + count) of state array i, in the dtype the engine keeps it
  * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, copied as they are), or with
  * i < 0 of the model's parameter buffer (the engine's dtype): straight from the engine into the
@@ -234,6 +245,16 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
     const int64_t slice = (int64_t)(slice_bytes() / es);
     for (int64_t p = 0; p < count;) {
+        const void *staged = NULL;
+        int64_t got = 0;
+        if (j->snap && i >= 0) /* a whole staged block: the disk reads it where it is, no copy */
+            ZOFF_TRY(zoff_engine_snapshot_borrow(j->eng, i, off + p, count - p, dt, &staged, &got));
+        if (staged) {
+            ZOFF_TRY(zoff_ckpt_append_external(w, staged, (size_t)got * es, snapshot_return, j->eng));
+            p += got;
+            writer_pause(j);
+            continue;
+        }
         void *dst = NULL;
         size_t cap = 0;
         ZOFF_TRY(zoff_ckpt_append_space(w, &dst, &cap));
@@ -245,10 +266,7 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
         else ZOFF_TRY(j->snap ? zoff_engine_snapshot_read_as(j->eng, i, off + p, c, dt, dst)
                               : zoff_engine_state_range_as(j->eng, i, off + p, c, dt, dst, true));
         ZOFF_TRY(zoff_ckpt_append_done(w, (size_t)c * es));
-        if (j->pause_ms > 0 && i >= 0) { /* once per job, in the writer's own entries */
-            usleep((useconds_t)j->pause_ms * 1000);
-            j->pause_ms = 0;
-        }
+        if (i >= 0) writer_pause(j);
         p += c;
     }
     return zoff_ckpt_end_entry(w);
@@ -311,9 +329,11 @@ static void snap_end(zoff_train_ckpt_job *j) {
 }
 
 /* The rest of this rank's file, then commit (any thread); the snapshot ends once the state is in the writer's
- * pieces, before the commit's flush and fsync. */
+ * pieces or in the disk writes it has issued from borrowed staging copies (which nothing writes after the end,
+ * until the next save's begin, after this job is joined), before the commit's flush and fsync. */
 static zoff_status finish_rank_file(zoff_train_ckpt_job *j, zoff_ckpt_writer *w) {
     zoff_status s = write_entries(j, w);
+    j->in_place = (size_t)zoff_ckpt_writer_in_place(w);
     snap_end(j);
     return s != ZOFF_OK ? rank_file_failed(j, w, s) : zoff_ckpt_commit(w);
 }
@@ -496,7 +516,8 @@ zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *j, zoff_train_ckpt_do
     if (j->started) pthread_join(j->thread, NULL);
     zoff_status s = j->status;
     if (done) *done = (zoff_train_ckpt_done){.seconds = j->seconds, .cpu_seconds = j->cpu_seconds,
-                                             .snapshot = j->snap_stats, .snapshot_used = j->snap_requested};
+                                             .snapshot = j->snap_stats, .snapshot_used = j->snap_requested,
+                                             .in_place = j->in_place};
     if (s != ZOFF_OK)
         s = zoff_error(s, "background checkpoint of step %lld under %s failed (the checkpoints saved before it are "
                           "intact): %s",

@@ -38,27 +38,29 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     if (waited) *waited += w;
     if (s != ZOFF_OK) return zoff_error_context(s, "checkpoint");
     const zoff_engine_snapshot_stats *ss = &d.snapshot;
-    char b[4][32], snap[320] = "", dev[96] = "";
+    char b[5][32], snap[384] = "", dev[96] = "";
     if (d.snapshot_used && ss->device)
         snprintf(dev, sizeof dev, "; the device's %s of the state copied at its start in %.2f s",
                  zoff_format_bytes(ss->device, b[3], 32), ss->device_seconds);
     if (d.snapshot_used)
         snprintf(snap, sizeof snap, "; %s of the state staged for the updates (%.0f%% in their own pass, budget %s%s%s), "
-                 "updates waited %.2f s%s", zoff_format_bytes(ss->staged, b[0], 32),
+                 "%s written from there in place, updates waited %.2f s%s", zoff_format_bytes(ss->staged, b[0], 32),
                  ss->staged ? 100.0 * (double)ss->staged_in_update / (double)ss->staged : 0.0,
                  zoff_format_bytes(ss->budget, b[1], 32), ss->prefaulted ? ", faulted in ahead " : "",
-                 ss->prefaulted ? zoff_format_bytes(ss->prefaulted, b[2], 32) : "", ss->update_wait, dev);
+                 ss->prefaulted ? zoff_format_bytes(ss->prefaulted, b[2], 32) : "",
+                 zoff_format_bytes(d.in_place, b[4], 32), ss->update_wait, dev);
     trainer_say(t, "checkpoint written in the background in %.2f s (writer thread CPU %.2f s%s)", d.seconds,
                 d.cpu_seconds, snap);
     return trainer_metrics_line(t,
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
                                 "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
                                 "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f,\"ckpt_prefaulted\":%zu,"
-                                "\"ckpt_device_copied\":%zu,\"ckpt_device_copy_s\":%.6f,\"ckpt_start_in_step\":%s}\n",
+                                "\"ckpt_device_copied\":%zu,\"ckpt_device_copy_s\":%.6f,\"ckpt_in_place\":%zu,"
+                                "\"ckpt_start_in_step\":%s}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
                                 ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted, ss->device,
-                                ss->device_seconds, t->bg_start_in_step ? "true" : "false");
+                                ss->device_seconds, d.in_place, t->bg_start_in_step ? "true" : "false");
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {

@@ -66,6 +66,8 @@ typedef struct zoff_snap {
     _Atomic bool pf_stop;
     _Atomic size_t pf_done;       /* arena bytes faulted in by it */
     int32_t *free_slots;
+    int32_t *owner_i;             /* per slot: the block it stages (array, block), for zoff_engine_snapshot_return */
+    int64_t *owner_b;
     int nslots, nfree;
     int inside;                   /* updaters in zoff_eng_snap_protect (finish waits for them: their copies, their
                                      figures) */
@@ -143,7 +145,7 @@ static void snap_free(zoff_snap *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->state[i], p->copied[i]);
-    ZOFF_FREE_ALL(p->free_slots, p);
+    ZOFF_FREE_ALL(p->free_slots, p->owner_i, p->owner_b, p);
 }
 
 void zoff_eng_snap_destroy(zoff_engine *e) {
@@ -283,7 +285,12 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     if (p->dimg_bytes > 0) ZOFF_TRY(image_fill(e, p));
     ti = zoff_now() - ti;
     int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
-    if (nslots > 0 && !fs) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
+    int32_t *oi = nslots > 0 ? malloc((size_t)nslots * sizeof *oi) : NULL;
+    int64_t *ob = nslots > 0 ? malloc((size_t)nslots * sizeof *ob) : NULL;
+    if (nslots > 0 && (!fs || !oi || !ob)) {
+        ZOFF_FREE_ALL(fs, oi, ob);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
+    }
     for (int k = 0; k < nslots; k++) fs[k] = nslots - 1 - k; /* popped from the end: slot 0 first */
     pthread_mutex_lock(&p->mu); /* a finished save's updater may still be leaving protect */
     for (int i = 0; i < SNAP_ARRAYS; i++) {
@@ -296,8 +303,10 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     }
     atomic_store(&p->npending, 0);
     p->failed = false;
-    free(p->free_slots);
+    ZOFF_FREE_ALL(p->free_slots, p->owner_i, p->owner_b);
     p->free_slots = fs;
+    p->owner_i = oi;
+    p->owner_b = ob;
     p->nslots = p->nfree = nslots;
     p->busy = p->told = false;
     const char *hold = getenv("ZOFF_TEST_SNAPSHOT_HOLD");
@@ -325,6 +334,14 @@ static void *slot_at(const zoff_snap *p, int32_t s) {
 /* Block b of array i: the writer has taken all of it (mu held). */
 static bool block_taken(const zoff_snap *p, const zoff_engine *e, int i, int64_t b) {
     return p->taken[i][b] == block_len(p, e, i, b);
+}
+
+/* Block b of array i gets a free slot (mu held, nfree > 0). */
+static void slot_take(zoff_snap *p, int i, int64_t b) {
+    const int32_t sl = p->free_slots[--p->nfree];
+    p->slot[i][b] = sl;
+    p->owner_i[sl] = i;
+    p->owner_b[sl] = b;
 }
 
 static void slot_release(zoff_snap *p, int i, int64_t b) {
@@ -418,6 +435,52 @@ zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, 
     return ZOFF_OK;
 }
 
+zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
+                                        const void **data, int64_t *got) {
+    *data = NULL;
+    *got = 0;
+    zoff_snap *p = e->snap;
+    if (!p || !p->active || i < 0 || i >= SNAP_ARRAYS || p->nb[i] == 0 || count <= 0 ||
+        zoff_dtype_size(dt) != state_esize(e, i))
+        return ZOFF_OK;
+    if (p->hold) test_hold(p); /* only the writer clears it */
+    ZOFF_TRY(zoff_eng_check_state_range(e, i, offset, count, dt));
+    const subgroup *g = NULL;
+    for (int k = 0; k < e->nsg && !g; k++)
+        if (e->sg[k].offset <= offset && offset < e->sg[k].offset + e->sg[k].count) g = &e->sg[k];
+    if (!g || !g->on_host) return ZOFF_OK;
+    const int64_t so = g->state_off + (offset - g->offset), b = so / p->blk[i], len = block_len(p, e, i, b);
+    /* one whole block, inside the sub-group and the range (host state offsets run with the model's there) */
+    if (so != b * p->blk[i] || offset + len > g->offset + g->count || len > count) return ZOFF_OK;
+    pthread_mutex_lock(&p->mu);
+    while (blk_state(p, i, b) == BLK_PENDING && p->active && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+    if (p->failed) {
+        pthread_mutex_unlock(&p->mu);
+        return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: an optimizer update failed while it was staging "
+                                             "the state; this save is abandoned");
+    }
+    if (p->active && blk_state(p, i, b) == BLK_READY && p->taken[i][b] == 0) {
+        p->taken[i][b] = len; /* the writer's: no update stages it again; its slot stays until returned */
+        *data = slot_at(p, p->slot[i][b]);
+        *got = len;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return ZOFF_OK;
+}
+
+void zoff_engine_snapshot_return(zoff_engine *e, const void *data) {
+    zoff_snap *p = e->snap;
+    if (!p || !data) return;
+    pthread_mutex_lock(&p->mu);
+    if (p->active) { /* (after finish the slots are rebuilt by the next begin) */
+        const int32_t sl = (int32_t)(((const char *)data - p->arena - p->dimg_bytes) /
+                                     (ptrdiff_t)zoff_engine_snapshot_block_bytes());
+        slot_release(p, p->owner_i[sl], p->owner_b[sl]);
+        pthread_cond_broadcast(&p->cv); /* an update may wait for a free slot */
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 /* One copy into a slot. */
 typedef struct snap_copy {
     int i;
@@ -506,13 +569,13 @@ zoff_status zoff_eng_snap_protect(zoff_engine *e, const subgroup *g, bool fuse) 
             if (block_taken(p, e, i, b) || p->slot[i][b] >= 0) {
                 b++;
             } else if (p->nfree > 0 && fuse && block_inside(p, e, i, b, a, z)) {
-                p->slot[i][b] = p->free_slots[--p->nfree];
+                slot_take(p, i, b);
                 atomic_store_explicit(&p->copied[i][b], 0, memory_order_relaxed);
                 atomic_store_explicit(&p->state[i][b], BLK_PENDING, memory_order_relaxed);
                 atomic_fetch_add(&p->npending, 1);
                 b++;
             } else if (p->nfree > 0 && n < BATCH) {
-                p->slot[i][b] = p->free_slots[--p->nfree];
+                slot_take(p, i, b);
                 batch[n++] = (snap_copy){i, b++};
             } else if (n > 0) {
                 copy_batch(e, p, batch, n);
