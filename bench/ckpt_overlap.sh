@@ -101,10 +101,11 @@ if clock:
     wall = (wall_of(saves), wall_of(saves[1:]) if len(saves) > 1 else float("nan"))
 after = [steps[v["ckpt_step"] + 1] for v in saves if v["ckpt_step"] + 1 in steps]
 print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d steps in flight: %.2f s vs %.2f s without; saves %s s; staged %s MB; "
-      "update wait %s s) | step after a save %.2fx (%s s) | step without a save %.3f s" % (
+      "written in place %s MB; update wait %s s) | step after a save %.2fx (%s s) | step without a save %.3f s" % (
     sys.argv[4], sys.argv[3], sys.argv[5], span_t / (span_n * base),
     "%.2fx" % (later_t / (later_n * base)) if later_n else "-", len(saves), span_n, span_t, span_n * base,
     "/".join("%.2f" % v["ckpt_seconds"] for v in saves), "/".join("%.0f" % (v["ckpt_staged"] / 1e6) for v in saves),
+    "/".join("%.0f" % (v.get("ckpt_in_place", 0) / 1e6) for v in saves),
     "/".join("%.2f" % v["ckpt_update_wait"] for v in saves), statistics.median(after) / base,
     " ".join("%.2f" % a for a in after), base), flush=True)
 if wall:

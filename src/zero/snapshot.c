@@ -354,16 +354,21 @@ static unsigned blk_state(const zoff_snap *p, int i, int64_t b) {
     return atomic_load_explicit(&p->state[i][b], memory_order_acquire);
 }
 
+/* The writer: mu taken once block b of array i is not being filled by an update's pass (mu not held on
+ * failure: an update failed while staging). */
+static zoff_status lock_settled(zoff_snap *p, int i, int64_t b) {
+    pthread_mutex_lock(&p->mu);
+    while (blk_state(p, i, b) == BLK_PENDING && p->active && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+    if (!p->failed) return ZOFF_OK;
+    pthread_mutex_unlock(&p->mu);
+    return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: an optimizer update failed while it was staging the "
+                                         "state; this save is abandoned");
+}
+
 /* The writer: host state elements [so, so + c) of array i, within one block, into h (of dtype hdt). */
 static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, int64_t c, zoff_dtype hdt, void *h) {
     const int64_t b = so / p->blk[i];
-    pthread_mutex_lock(&p->mu);
-    while (blk_state(p, i, b) == BLK_PENDING && p->active && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
-    if (p->failed) {
-        pthread_mutex_unlock(&p->mu);
-        return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: an optimizer update failed while it was staging "
-                                             "the state; this save is abandoned");
-    }
+    ZOFF_TRY(lock_settled(p, i, b));
     const void *src = zoff_eng_state_ptr(e, i, so);
     const bool staged = blk_state(p, i, b) == BLK_READY; /* stays until this thread releases it */
     if (staged) {
@@ -452,13 +457,7 @@ zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, i
     const int64_t so = g->state_off + (offset - g->offset), b = so / p->blk[i], len = block_len(p, e, i, b);
     /* one whole block, inside the sub-group and the range (host state offsets run with the model's there) */
     if (so != b * p->blk[i] || offset + len > g->offset + g->count || len > count) return ZOFF_OK;
-    pthread_mutex_lock(&p->mu);
-    while (blk_state(p, i, b) == BLK_PENDING && p->active && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
-    if (p->failed) {
-        pthread_mutex_unlock(&p->mu);
-        return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: an optimizer update failed while it was staging "
-                                             "the state; this save is abandoned");
-    }
+    ZOFF_TRY(lock_settled(p, i, b));
     if (p->active && blk_state(p, i, b) == BLK_READY && p->taken[i][b] == 0) {
         p->taken[i][b] = len; /* the writer's: no update stages it again; its slot stays until returned */
         *data = slot_at(p, p->slot[i][b]);
