@@ -440,7 +440,8 @@ zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int
 zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
                                          void *host);
 /* The writer, instead of a read: when elements [offset, offset + count) of state array i begin with
- * one whole staged block of a host sub-group (in dtype dt, the array's own), *data is that block's
+ * one whole staged block of a host sub-group (in dtype dt, the array's own), and fewer than a quarter
+ * of the arena's slots are lent out already, *data is that block's
  * staging copy and *got its elements (<= count), which count as read; else *data = NULL and *got = 0
  * (read them). The copy stays the writer's until zoff_engine_snapshot_return(e, *data) (the writer's
  * thread, before finish or after it), so that a save's disk writes can read it in place. */

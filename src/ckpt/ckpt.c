@@ -568,6 +568,18 @@ static zoff_status w_wait_ext(zoff_ckpt_writer *w, ck_ext *x) {
     return e ? write_failed(w->file, at, (size_t)(x->req.seg[0].offset + (int64_t)x->req.seg[0].bytes - at), e) : s;
 }
 
+/* The external writes already done, released (their memory goes back to the callers at once). */
+static zoff_status w_reap(zoff_ckpt_writer *w) {
+    zoff_status first = ZOFF_OK;
+    for (int k = 0; k < CK_NEXT; k++) {
+        ck_ext *x = &w->ext[k];
+        if (!x->busy || !zoff_aio_done(w->aio, &x->req)) continue;
+        zoff_status s = w_wait_ext(w, x);
+        if (first == ZOFF_OK) first = s;
+    }
+    return first;
+}
+
 /* Every aio write done (external memory released); the first failure is returned, all are waited for. */
 static zoff_status w_drain(zoff_ckpt_writer *w) {
     zoff_status first = ZOFF_OK;
@@ -878,7 +890,8 @@ zoff_status zoff_ckpt_append_external(zoff_ckpt_writer *w, const void *data, siz
         return s;
     }
     w->cur_ent.crc32c = zoff_crc32c(w->cur_ent.crc32c, data, bytes);
-    if (w->piece[w->cur].len > 0) s = w_next(w); /* the bytes before pos go first */
+    s = w_reap(w);
+    if (s == ZOFF_OK && w->piece[w->cur].len > 0) s = w_next(w); /* the bytes before pos go first */
     ck_ext *x = &w->ext[w->ext_next];
     if (s == ZOFF_OK) s = w_wait_ext(w, x);
     if (s == ZOFF_OK) {

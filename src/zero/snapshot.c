@@ -66,6 +66,7 @@ typedef struct zoff_snap {
     _Atomic bool pf_stop;
     _Atomic size_t pf_done;       /* arena bytes faulted in by it */
     int32_t *free_slots;
+    int lent;                     /* slots borrowed by the writer (zoff_engine_snapshot_borrow), not yet returned */
     int32_t *owner_i;             /* per slot: the block it stages (array, block), for zoff_engine_snapshot_return */
     int64_t *owner_b;
     int nslots, nfree;
@@ -309,6 +310,7 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     p->owner_b = ob;
     p->nslots = p->nfree = nslots;
     p->busy = p->told = false;
+    p->lent = 0;
     const char *hold = getenv("ZOFF_TEST_SNAPSHOT_HOLD");
     p->hold = hold && !strcmp(hold, "1");
     p->protected_sg = p->host_sg = 0;
@@ -458,7 +460,9 @@ zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, i
     /* one whole block, inside the sub-group and the range (host state offsets run with the model's there) */
     if (so != b * p->blk[i] || offset + len > g->offset + g->count || len > count) return ZOFF_OK;
     ZOFF_TRY(lock_settled(p, i, b));
-    if (p->active && blk_state(p, i, b) == BLK_READY && p->taken[i][b] == 0) {
+    /* at most a quarter of the slots lent out at a time: a small budget stays the updates' */
+    if (p->active && blk_state(p, i, b) == BLK_READY && p->taken[i][b] == 0 && 4 * (p->lent + 1) <= p->nslots) {
+        p->lent++;
         p->taken[i][b] = len; /* the writer's: no update stages it again; its slot stays until returned */
         *data = slot_at(p, p->slot[i][b]);
         *got = len;
@@ -475,6 +479,7 @@ void zoff_engine_snapshot_return(zoff_engine *e, const void *data) {
         const int32_t sl = (int32_t)(((const char *)data - p->arena - p->dimg_bytes) /
                                      (ptrdiff_t)zoff_engine_snapshot_block_bytes());
         slot_release(p, p->owner_i[sl], p->owner_b[sl]);
+        p->lent--;
         pthread_cond_broadcast(&p->cv); /* an update may wait for a free slot */
     }
     pthread_mutex_unlock(&p->mu);
