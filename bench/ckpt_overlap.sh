@@ -2,7 +2,7 @@
 # What periodic background saves cost the training steps, for one or more zoff binaries (or
 # flag sets) alternated round by round.
 #
-#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--seq 64] [--micro 1] [--shape 12x768x12] [--detail] \
+#   bash bench/ckpt_overlap.sh [--rounds 3] [--steps 20] [--interval 6] [--seq 64] [--micro 1] [--shape 12x768x12] [--ratio R] [--detail] \
 #       [--dir /tmp/zoff-overlap] NAME=BINARY[:NICE][+FLAG[+FLAG...]] ...
 #   e.g. bash bench/ckpt_overlap.sh snap=build/zoff wait=build/zoff+--save-snapshot-memory+off
 #
@@ -12,7 +12,8 @@
 # GPT-2 12 x 768 (checkpoint 1.49 GB; --shape LAYERSxHIDDENxHEADS another, e.g. 48x1600x25: 1.5B, 18.7 GB), byte tokenizer, seq 64, micro-batch 1 (the step is the host
 # update alone: the save competes with it for every core and all the memory bandwidth; --seq and
 # --micro give the device work to overlap), bf16, stage 2, optimizer on the CPU; --steps steps, a
-# save every --interval. --detail: each save's start and the steps of its span. NICE sets ZOFF_CKPT_WRITER_NICE
+# save every --interval; --ratio R: offload_optimizer.ratio R (Twin-Flow: the device keeps 1 - R of the
+# update, copied at each save's start). --detail: each save's start and the steps of its span. NICE sets ZOFF_CKPT_WRITER_NICE
 # for that binary; +FLAG words are added to its zoff train command line.
 #
 # Per run, the figure the target is about, "span": each save's metrics line (written when the
@@ -30,11 +31,11 @@
 # training loop does between steps (the save's start, joining a finished writer).
 set -uo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
-D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; SEQ=64; MICRO=1; SHAPE=12x768x12; DETAIL=0; RUNS=()
+D=/tmp/zoff-overlap; ROUNDS=3; K=6; STEPS=20; SEQ=64; MICRO=1; SHAPE=12x768x12; RATIO=""; DETAIL=0; RUNS=()
 while [ $# -gt 0 ]; do
   case "$1" in --rounds) ROUNDS="$2"; shift ;; --dir) D="$2"; shift ;; --steps) STEPS="$2"; shift ;;
     --interval) K="$2"; shift ;; --seq) SEQ="$2"; shift ;; --micro) MICRO="$2"; shift ;; --detail) DETAIL=1 ;;
-    --shape) SHAPE="$2"; shift ;;
+    --shape) SHAPE="$2"; shift ;; --ratio) RATIO="$2"; shift ;;
     *=*) RUNS+=("$1") ;;
     *) echo "unknown option $1" >&2; exit 2 ;; esac
   shift
@@ -46,6 +47,10 @@ FIRST="${RUNS[0]#*=}"; FIRST="${FIRST%%[:+]*}"
 source "$SRC/bench/ckpt_common.sh"
 trap 'rm -rf "$D"' EXIT
 ckpt_bench_setup "$D" "$FIRST" || exit 1
+if [ -n "$RATIO" ]; then
+  sed -i "s/\"device\": \"cpu\"}/\"device\": \"cpu\", \"ratio\": $RATIO}/" "$D/cfg.json"
+  grep -q "\"ratio\": $RATIO}" "$D/cfg.json" || { echo "--ratio $RATIO: could not set it in $D/cfg.json" >&2; exit 2; }
+fi
 for r in $(seq 1 "$ROUNDS"); do
   for spec in "${RUNS[@]}"; do
     name="${spec%%=*}"; rest="${spec#*=}"; flags=""; nice=0
@@ -110,6 +115,10 @@ print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d 
     " ".join("%.2f" % a for a in after), base), flush=True)
 if wall:
     print("    by the wall clock: span %.2fx, after the first save %.2fx" % wall, flush=True)
+if any(v.get("ckpt_device_copied", 0) for v in saves):
+    print("    the device's share copied at each start: %s MB in %s s" % (
+        "/".join("%.0f" % (v["ckpt_device_copied"] / 1e6) for v in saves),
+        "/".join("%.3f" % v.get("ckpt_device_copy_s", float("nan")) for v in saves)), flush=True)
 if waits > 1e-3:  # (a finished writer is joined in microseconds)
     print("    %.2f s of it waited for a save still being written at the next one (raise --interval): span without "
           "those waits %.2fx" % (waits, (span_t - waits) / (span_n * base)), flush=True)
