@@ -132,6 +132,11 @@ void zoff_placement_free(zoff_placement *p);
  * memory (offload_optimizer.device not "nvme"), with any number of ranks (world is
  * kept for the callers; several ranks cut each partition piece at the groups it meets). */
 bool zoff_placement_layer_cuts(int world, int stage, bool nvme);
+/* Whether the engine runs the pipelined step (the host update in forward order, the next forward
+ * waiting per layer group) for a run whose host has part of the update and whose model waits per
+ * group: the sub-groups cut at the layer groups, not stage 3, and with several ranks neither
+ * stage 0 (replicated) nor the delayed update. The engine and zoff plan's step model ask it. */
+bool zoff_placement_pipelined(int world, int stage, bool nvme, bool delayed);
 /* "ratio": "auto": the smallest host fraction for which the device-side optimizer
  * state fits in what the device budget leaves after what is in use (the model's
  * weights, gradients, activations, the data-parallel buffers) and a margin of 5%

@@ -647,11 +647,12 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     t->weights_in = nh > 0 ? fmax(0.0, (double)nh * (double)es / h2d - host_phase) + (double)sg_now * (double)es / h2d
                            : 0.0;
     t->device_optim = (double)nd / rt->device_adam;
-    /* the pipelined exact step (src/zero/engine.c pipe_setup: weight waits, state in host memory, stages 1-2 or
-     * one rank, not delayed; not modelled with super_offload's speculation): the next forward runs layer group
-     * by layer group as the host update finishes them, so its first micro-batch's forward overlaps the host */
-    if (M->backend == ZOFF_BACKEND_CUDA && s->offload == ZOFF_OFFLOAD_CPU && !dpu && nh > 0 && s->stage <= 2 &&
-        !(R > 1 && s->stage == 0) && !cfg->zero.offload_optimizer.super_offload)
+    /* the pipelined exact step (zoff_placement_pipelined, not delayed; not modelled with super_offload's
+     * speculation): the next forward runs layer group by layer group as the host update finishes them, so its
+     * first micro-batch's forward overlaps the host */
+    if (M->backend == ZOFF_BACKEND_CUDA && offload && !dpu && nh > 0 &&
+        zoff_placement_pipelined((int)R, s->stage, s->offload == ZOFF_OFFLOAD_NVME, dpu) &&
+        !cfg->zero.offload_optimizer.super_offload)
         t->forward_overlap = t_mb - t_bwd;
     double before_opt = t->compute + t->grads_out + t->comm;
     t->step = step_overlap(M->backend, dpu, before_opt, t);

@@ -821,7 +821,8 @@ static zoff_status pipe_order(zoff_engine *e) {
 /* The pipelined exact step (see the struct): each sub-group inside one layer group. */
 static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
     /* several ranks with the delayed update: the step's all-gather (not pipelined) */
-    if (!o->weight_waits || (e->world > 1 && (e->dpu || e->replicated)) || e->stage3 || e->swap || e->n_host == 0)
+    if (!o->weight_waits || !zoff_placement_pipelined(e->world, e->cfg->zero.stage, e->swap != NULL, e->dpu) ||
+        e->n_host == 0)
         return ZOFF_OK;
     ZOFF_TRY(zoff_wready_create(e->dev, e->tensors, e->ntensors, &e->wr));
     int ng = zoff_wready_groups(e->wr);

@@ -43,6 +43,10 @@ bool zoff_placement_layer_cuts(int world, int stage, bool nvme) {
     return stage < 3 && !nvme;
 }
 
+bool zoff_placement_pipelined(int world, int stage, bool nvme, bool delayed) {
+    return zoff_placement_layer_cuts(world, stage, nvme) && !(world > 1 && (delayed || stage == 0));
+}
+
 /* Grid size: sub_group_size, or finer when a fractional ratio needs more pieces. */
 static int64_t grid_size(int64_t n, int64_t sgs, double ratio) {
     if (sgs <= 0 || sgs > n) sgs = n;
