@@ -51,6 +51,13 @@ check "ratio 0.5, --save-snapshot-memory off: the log says once that saves are s
   --save-snapshot-memory 64KiB >"$W/small.txt" 2>&1
 check "ratio 0.5, 64 KiB of snapshot memory: synchronous, naming what the device's copy needs" \
   "[ -f '$W/small/step_00000004/COMPLETE' ] && [ \$(grep -c 'periodic saves are written synchronously' '$W/small.txt') -eq 1 ] && grep -q \"the copy of the device's [0-9.]*% of the optimizer state needs 1.00 MiB of host memory, the snapshot may take 64.00 KiB\" '$W/small.txt'"
+# zoff plan says the same before the run: for this setting, background saves, the device share's copy 1.00 MiB
+# (the size the 64 KiB budget above was refused for)
+PYBIN=$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
+"$ZOFF" plan --config "$W/tf.json" --device cpu --num-layers 2 --hidden-size 32 --num-attention-heads 2 \
+  --seq-length 16 --vocab-size 256 --ratios 0.5 --no-probe --json >"$W/plan.json" 2>"$W/plan.err"
+check "zoff plan: ratio 0.5 saves in the background, its device copy 1.00 MiB as the trainer's refusal says" \
+  "'$PYBIN' -c \"import json,sys; r=[w for w in json.load(open('$W/plan.json'))['rows'] if w['stage']==2 and w['offload']=='cpu' and w['ratio']==0.5]; s=r[0]['periodic_saves']; sys.exit(0 if r and s['background'] and s['snapshot_copy']==1048576 and s['snapshot_budget']>=s['snapshot'] else 1)\""
 sed 's/"ratio": 0.5/"ratio": 1/' "$W/tf.json" > "$W/host.json"
 "$ZOFF" train "${BASE[@]}" --config "$W/host.json" --train-iters 4 --save-interval 1 --save "$W/bg" >"$W/bg.txt" 2>&1
 check "ratio 1: saves in the background, no such line" \

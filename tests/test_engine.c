@@ -100,6 +100,8 @@ typedef struct snap_test {
     int64_t n_host, n_dev;    /* the engine's split at begin */
     size_t held, resident;    /* then: the arena held, and how many of its bytes the kernel says are resident */
     size_t borrowed;          /* bytes the reader took as whole staged blocks (zoff_engine_snapshot_borrow) */
+    int full_less;            /* >= 0: the budget is zoff_engine_snapshot_bytes less this many blocks (set at begin) */
+    size_t full;              /* then: zoff_engine_snapshot_bytes */
 } snap_test;
 static snap_test *g_snaptest;
 
@@ -200,6 +202,10 @@ static zoff_status snap_test_begin(zoff_engine *e, int64_t n, snap_test *t) {
             !strstr(zoff_last_error(), "raise --save-snapshot-memory"))
             return zoff_error(ZOFF_ERR_INTERNAL, "a budget below the device share's copy was not refused");
         t->budget = t->budget == SIZE_MAX ? SIZE_MAX : t->budget + t->min_bytes;
+    }
+    if (t->full_less >= 0) {
+        t->full = zoff_engine_snapshot_bytes(e);
+        t->budget = t->full - (size_t)t->full_less * zoff_engine_snapshot_block_bytes();
     }
     ZOFF_TRY(zoff_engine_snapshot_begin(e, t->budget));
     t->started = pthread_create(&t->th, NULL, snap_reader_main, t) == 0;
@@ -709,12 +715,14 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
     g_mode = (train_mode){.hidden = hidden, .waits = waits};
     run_result plain;
     assert_int_equal(train(cfg, dt, 7, 0, &plain), ZOFF_OK);
-    const size_t budgets[] = {SIZE_MAX, (size_t)1 << 20, 0, SIZE_MAX};
-    for (int b = 0; b < 4; b++) {
-        snap_test t = {.at = 2, .budget = budgets[b], .plus_min = device_share};
+    /* b 4 and 5: exactly zoff_engine_snapshot_bytes (the whole arena: no update waits), and one block less (one
+     * must) */
+    const size_t budgets[] = {SIZE_MAX, (size_t)1 << 20, 0, SIZE_MAX, 0, 0};
+    for (int b = 0; b < 6; b++) {
+        snap_test t = {.at = 2, .budget = budgets[b], .plus_min = device_share && b < 4, .full_less = b >= 4 ? b - 4 : -1};
         g_snaptest = &t;
         g_mode = (train_mode){.hidden = hidden, .waits = waits};
-        if (b < 3) setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1);
+        if (b != 3) setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1);
         run_result r;
         assert_int_equal(train(cfg, dt, 7, 0, &r), ZOFF_OK);
         unsetenv("ZOFF_TEST_SNAPSHOT_HOLD");
@@ -733,7 +741,22 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
         /* a device share: its master, m and v copied whole at begin (fp32), at least one 1 MiB block */
         assert_true(device_share ? t.n_dev > 0 && t.n_host > 0 : t.n_dev == 0);
         assert_int_equal(t.stats.device, (size_t)t.n_dev * 3 * sizeof(float));
-        if (device_share) assert_true(t.min_bytes >= t.stats.device && t.min_bytes < t.stats.device + ((size_t)1 << 20));
+        if (device_share && b < 4)
+            assert_true(t.min_bytes >= t.stats.device && t.min_bytes < t.stats.device + ((size_t)1 << 20));
+        if (b >= 4) { /* the whole arena: each host array in whole 1 MiB blocks (fewer than one block of slack per
+                         array), and the device share's copy in whole blocks */
+            const size_t staged = (size_t)t.n_host * (sizeof(float) + 2 * ssize), mib = (size_t)1 << 20;
+            const size_t img = (t.stats.device + mib - 1) / mib * mib;
+            if (t.full < staged + img || t.full >= staged + img + 3 * mib)
+                fail_msg("%s: zoff_engine_snapshot_bytes %zu, host state %zu + device copy %zu", zero, t.full, staged,
+                         img);
+            assert_int_equal(t.stats.budget, t.budget);
+        }
+        if (b == 4) {
+            assert_true(t.stats.update_wait == 0);
+            assert_int_equal(t.stats.staged, (size_t)t.n_host * (sizeof(float) + 2 * ssize));
+        }
+        if (b == 5) assert_true(t.stats.update_wait > 0);
         if (b == 0) { /* every element of the host's master, m and v staged, no wait */
             assert_true(t.stats.update_wait == 0);
             assert_int_equal(t.stats.staged, (size_t)t.n_host * (sizeof(float) + 2 * ssize));

@@ -79,6 +79,7 @@ static const char *prec_json(zoff_dtype dt) {
 typedef struct reality {
     zoff_status status;
     size_t device, pinned, pageable, disk;
+    size_t snapshot, snapshot_copy; /* zoff_engine_snapshot_bytes, _min_bytes */
     double host_ratio;
 } reality;
 
@@ -154,6 +155,8 @@ static void measure_real(const zoff_config *cfg, const zoff_gpt2_options *mo, si
             zoff_engine_memory em;
             zoff_engine_memory_usage(e, &em);
             r->host_ratio = em.host_ratio;
+            r->snapshot = zoff_engine_snapshot_bytes(e);
+            r->snapshot_copy = zoff_engine_snapshot_min_bytes(e);
             size_t tb = (size_t)(mo->batch_size * mo->seq_len) * sizeof(int32_t);
             hx = malloc(tb);
             hy = malloc(tb);
@@ -215,6 +218,8 @@ static void compare(const char *label, const zoff_plan_row *row, const reality *
     exact("device", label, row->mem.device, r->device);
     exact("pinned", label, row->mem.pinned, r->pinned);
     if (check_disk) exact("disk", label, row->mem.disk, r->disk);
+    exact("snapshot", label, row->mem.snapshot, r->snapshot);
+    exact("snapshot's device copy", label, row->mem.snapshot_copy, r->snapshot_copy);
     double e0 = check_close("device", label, row->mem.device, r->device);
     double e1 = check_close("pinned", label, row->mem.pinned, r->pinned);
     double e2 = check_close("pageable", label, row->mem.pageable, r->pageable);
@@ -1107,6 +1112,12 @@ static json_t *plan_json_of(const char *cmd, const char *dir) {
     return root;
 }
 
+/* bytes in whole MiB blocks (the snapshot's unit) */
+static size_t mib_blocks(double bytes) {
+    const double mib = 1048576.0;
+    return (size_t)(ceil(bytes / mib) * mib);
+}
+
 /* The issue's 13B shape on the H100 box (bf16, stage 2, offload cpu, pinned): nothing fits with
  * fp32 optimizer states (14 B/param at ratio 1 > 125 GiB); the plan recommends a setting with bf16
  * states, labels it a numerics change, and --write-config sets the key. */
@@ -1161,6 +1172,16 @@ static void test_13b_recommendation(void **st) {
     json_t *bd = json_object_get(b, "breakdown");
     assert_int_equal(json_integer_value(json_object_get(bd, "host_optimizer")),
                      8 * json_integer_value(json_object_get(b, "host_params")));
+    /* its periodic saves are synchronous: the device share's fp32 master, m and v (41 GB) are more than half of
+     * what the setting leaves of the 125 GiB */
+    json_t *sv = json_object_get(b, "periodic_saves");
+    const double dev_copy = (double)mib_blocks((double)json_integer_value(json_object_get(b, "device_params")) * 12.0);
+    const double left = host - (double)json_integer_value(json_object_get(b, "host_use_per_node"));
+    assert_false(json_is_true(json_object_get(sv, "background")));
+    assert_non_null(strstr(json_string_value(json_object_get(sv, "why")), "the copy of the device's"));
+    assert_true((double)json_integer_value(json_object_get(sv, "snapshot_copy")) == dev_copy);
+    assert_true(fabs((double)json_integer_value(json_object_get(sv, "snapshot_budget")) - left / 2) <= 1.0);
+    assert_true(dev_copy > left / 2);
     json_decref(root);
     /* the written config asks for the bf16 states and is runnable */
     snprintf(p, sizeof p, "%s/out.json", dir);
@@ -1184,6 +1205,87 @@ static void test_13b_recommendation(void **st) {
     assert_int_equal(run_cmd(cmd), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(run_cmd(cmd), 0);
+}
+
+/* How periodic saves would run (the row's snapshot budget and zoff_train_ckpt_background_rule), with the sizes
+ * counted here from the definition: each host state array in whole 1 MiB blocks, the device share's fp32 master,
+ * m and v in whole blocks, the budget half the host memory the setting leaves. */
+
+static void test_periodic_saves(void **st) {
+    (void)st;
+    assert_int_equal(zoff_placement_snapshot_auto_budget(100, 4, 10), 7);  /* (10 + 4) / 2 */
+    assert_int_equal(zoff_placement_snapshot_auto_budget(100, 40, 10), 40); /* at least what is held */
+    assert_int_equal(zoff_placement_snapshot_auto_budget(5, 4, 10), 5);     /* at most the whole arena */
+    assert_int_equal(zoff_placement_snapshot_auto_budget(SIZE_MAX, 0, SIZE_MAX), SIZE_MAX / 2);
+    static const struct {
+        const char *zero, *prec;
+        int ranks;
+        double host_gib, ratio;  /* ratio < 0: the row of the config's setting, whatever its ratio */
+        bool background;
+        const char *why;         /* in saves_why when not */
+        int state_bytes;         /* of m and v on the host */
+    } cases[] = {
+        {"\"offload_optimizer\": {\"device\": \"cpu\"}", "", 1, 64, 1, true, NULL, 4},
+        /* host 0: what the setting uses + its whole arena (a budget of half the arena) */
+        {"\"offload_optimizer\": {\"device\": \"cpu\"}", "", 1, 0, 1, true, NULL, 4},
+        {"\"offload_optimizer\": {\"device\": \"cpu\"}", "\"bf16_optimizer_states\": true,", 1, 64, 1, true, NULL, 2},
+        {"\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}", "", 1, 64, 0.5, true, NULL, 4},
+        {"\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}", "", 1, 0.02, 0.5, false, "the copy of the device's", 4},
+        {"\"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5, \"super_offload\": true}", "", 1, 64, -1, false,
+         "takes no snapshot", 4},
+        {"\"offload_optimizer\": {\"device\": \"cpu\", \"super_offload\": true}", "", 1, 64, -1, true, NULL, 4},
+        {"\"offload_optimizer\": {\"device\": \"cpu\"}", "", 2, 64, 1, false, "this run has 2 ranks", 4},
+        {"\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \".\"}", "", 1, 64, 1, false, "NVMe swap files", 4},
+        {"", "", 1, 64, -1, false, "all of the optimizer state is on the device", 4},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {%s \"enabled\": true}, \"optimizer\": {\"type\": "
+                 "\"AdamW\"}, \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 100000 %s %s}}",
+                 cases[c].prec, cases[c].zero[0] ? "," : "", cases[c].zero);
+        zoff_config cfg;
+        zoff_status ls = zoff_config_load_string(json, "test config", &cfg);
+        if (ls != ZOFF_OK) fail_msg("case %zu: %s", c, zoff_last_error());
+        assert_int_equal(zoff_config_resolve_batch(&cfg, cases[c].ranks), ZOFF_OK);
+        zoff_plan_inputs in = {.cfg = &cfg, .model = {.shape = SHAPES[1].shape, .batch_size = 4, .seq_len = 64,
+                                                      .dtype = ZOFF_BF16}};
+        zoff_plan_machine_defaults(&in.machine, ZOFF_BACKEND_CUDA);
+        in.machine.ranks = in.machine.ranks_per_node = cases[c].ranks;
+        in.machine.device_bytes = (size_t)8 << 30;
+        in.machine.host_bytes = (size_t)(cases[c].host_gib * 1073741824.0);
+        in.machine.disk_bytes = (size_t)64 << 30;
+        zoff_plan_setting s;
+        zoff_plan_setting_from_config(&cfg, &s);
+        if (cases[c].ratio >= 0) s.ratio = cases[c].ratio;
+        zoff_plan_row r;
+        assert_int_equal(zoff_plan_evaluate(&in, &s, &r), ZOFF_OK);
+        if (cases[c].host_gib == 0) {
+            in.machine.host_bytes = r.host_use + r.mem.snapshot;
+            assert_int_equal(zoff_plan_evaluate(&in, &s, &r), ZOFF_OK);
+        }
+        if (r.background_saves != cases[c].background)
+            fail_msg("case %zu (%s, %d ranks, %.2f GiB): background %d, expected %d (%s)", c, cases[c].zero,
+                     cases[c].ranks, cases[c].host_gib, r.background_saves, cases[c].background, r.saves_why);
+        if (cases[c].why && !strstr(r.saves_why, cases[c].why))
+            fail_msg("case %zu: why '%s', expected '%s'", c, r.saves_why, cases[c].why);
+        if (cases[c].background) assert_string_equal(r.saves_why, "");
+        const bool nvme = strstr(cases[c].zero, "nvme") != NULL;
+        const double nh = (double)r.host_params, nd = (double)r.device_params;
+        assert_int_equal(r.host_params + r.device_params, r.partition_params);
+        const size_t copy = nh > 0 && !nvme ? mib_blocks(nd * 3 * 4) : 0;
+        const size_t whole = nh > 0 && !nvme ? mib_blocks(nh * 4) + 2 * mib_blocks(nh * cases[c].state_bytes) + copy : 0;
+        assert_int_equal(r.mem.snapshot_copy, copy);
+        assert_int_equal(r.mem.snapshot, whole);
+        if (strstr(cases[c].zero, "super_offload")) {
+            assert_int_equal(r.snapshot_budget, -1);
+        } else {
+            const size_t left = in.machine.host_bytes > r.host_use ? in.machine.host_bytes - r.host_use : 0;
+            assert_int_equal(r.snapshot_budget, (int64_t)(left / 2 < whole ? left / 2 : whole));
+        }
+        if (c == 1) assert_true(r.snapshot_budget > 0 && (size_t)r.snapshot_budget < whole);
+        zoff_config_free(&cfg);
+    }
 }
 
 static void test_cli(void **st) {
@@ -1268,6 +1370,7 @@ int main(void) {
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
         cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),
+        cmocka_unit_test(test_periodic_saves),
         cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_13b_recommendation),
     };
     return cmocka_run_group_tests(tests, NULL, report);

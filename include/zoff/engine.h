@@ -432,11 +432,23 @@ typedef struct zoff_engine_snapshot_stats {
 } zoff_engine_snapshot_stats;
 size_t zoff_engine_snapshot_block_bytes(void);
 /* The arena that stages the whole host state (no update ever waits) and holds the device share's
- * copy: the largest useful budget. */
+ * copy: the largest useful budget (zoff_placement_snapshot_bytes of this engine; 0 with the state
+ * in NVMe swap files or no host share). */
 size_t zoff_engine_snapshot_bytes(const zoff_engine *e);
-/* The least budget begin accepts: the device share's copy (n_dev x 4 bytes per state array in use,
- * whole blocks; 0 without a device share). */
+/* The least budget begin accepts: the device share's copy (zoff_placement_snapshot_image_bytes;
+ * 0 without a device share). */
 size_t zoff_engine_snapshot_min_bytes(const zoff_engine *e);
+/* One home for the snapshot's sizes (the engine's arena and zoff plan): the device share's copy,
+ * n_dev x 4 bytes per state array (fp32 on the device), in whole blocks; and the whole arena, each
+ * host state array (the master fp32, the others of state_dt) over n_host elements in whole blocks,
+ * plus that copy (0 when n_host is 0: no host state to stage). */
+size_t zoff_placement_snapshot_image_bytes(int64_t n_dev, int state_arrays);
+size_t zoff_placement_snapshot_bytes(int64_t n_host, int64_t n_dev, int state_arrays, zoff_dtype state_dt);
+/* A background save's snapshot budget under --save-snapshot-memory auto: half the host memory
+ * left (left: what the system still has; held: the arena this engine already holds, counted as
+ * left), at least what is held (kept from the last save, free to reuse), at most full (the whole
+ * arena: zoff_engine_snapshot_bytes). zoff train and zoff plan both use it. */
+size_t zoff_placement_snapshot_auto_budget(size_t full, size_t held, size_t left);
 zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget);
 size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);

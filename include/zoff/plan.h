@@ -151,6 +151,9 @@ typedef struct zoff_plan_memory {
     size_t disk_params;       /* stage 3, offload_param nvme: 16-bit parameter partition */
     size_t checkpoint;        /* zoff train's checkpoint, all ranks' files: the data (zoff_train_ckpt_data_bytes;
                                  not in the totals: it goes to --save, which this plan does not know) */
+    size_t snapshot;          /* a background save's whole snapshot arena (zoff_placement_snapshot_bytes, as
+                                 zoff_engine_snapshot_bytes; not in the totals: a save takes what is left) */
+    size_t snapshot_copy;     /* ... of which the copy of a device share (zoff_engine_snapshot_min_bytes) */
     /* totals per rank */
     size_t device, pinned, pageable, disk;
 } zoff_plan_memory;
@@ -182,6 +185,12 @@ typedef struct zoff_plan_row {
     size_t host_use;            /* per node: host memory this setting uses (CPU backend: device memory too) */
     bool fits_device, fits_pinned, fits_host, fits_disk, fits;
     bool runnable;              /* this version of zoff can run it (zoff_config_check_supported and the engine's rules) */
+    /* zoff train's periodic saves with --save-snapshot-memory auto: the snapshot's budget (half the host memory this
+     * setting leaves, zoff_placement_snapshot_auto_budget; < 0: none, super_offload), and whether they run in the
+     * background (zoff_train_ckpt_background_rule; else saves_why says why training waits for each) */
+    int64_t snapshot_budget;
+    bool background_saves;
+    char saves_why[320];
     char why[320];              /* what does not fit, or why it is not runnable ("" when it fits and runs) */
 } zoff_plan_row;
 

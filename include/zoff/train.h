@@ -122,10 +122,21 @@ typedef struct zoff_train_ckpt_done {
 } zoff_train_ckpt_done;
 /* snapshot_budget: what the save's snapshot may take (< 0: none, as for zoff_train_ckpt_save_start). */
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget);
-/* Why zoff_train_ckpt_can_background says no, as a phrase written into buf ("this run has 2 ranks",
- * "the optimizer state is in NVMe swap files ...", a device share without a snapshot, or with a
- * budget below its copy, zoff_engine_snapshot_min_bytes), or NULL where it says yes (the one home
- * of that rule). */
+/* What decides whether a periodic save can run in the background: an engine's figures (zoff train)
+ * or a planned setting's (zoff plan). */
+typedef struct zoff_train_save_facts {
+    int world;                /* ranks */
+    bool nvme;                /* optimizer state or parameters in NVMe swap files */
+    int64_t host_params;      /* of this rank's partition: parameters whose optimizer state is on the host */
+    int64_t partition_params; /* this rank's partition */
+    int64_t snapshot_budget;  /* < 0: no snapshot (--save-snapshot-memory off, super_offload) */
+    size_t device_copy;       /* the snapshot's copy of a device share (zoff_engine_snapshot_min_bytes) */
+} zoff_train_save_facts;
+/* Why a save with these facts cannot run in the background, as a phrase written into buf ("this run
+ * has 2 ranks", "the optimizer state is in NVMe swap files ...", a device share without a snapshot,
+ * or with a budget below its copy), or NULL where it can (the one home of that rule). */
+const char *zoff_train_ckpt_background_rule(const zoff_train_save_facts *f, char *buf, size_t cap);
+/* zoff_train_ckpt_background_rule with the engine's facts. */
 const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget,
                                               char *buf, size_t cap);
 zoff_status zoff_train_ckpt_save_start(const char *dir, zoff_engine *eng, const zoff_gpt2 *model,

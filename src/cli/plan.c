@@ -210,6 +210,29 @@ static void fits_label(const zoff_plan_row *r, char *buf, size_t n) {
     if (l && buf[l - 1] == ',') buf[l - 1] = '\0';
 }
 
+
+/* How zoff train's periodic saves would run (zoff_plan_row: the snapshot's budget, the rule). */
+static void print_saves(const zoff_plan_inputs *in, const zoff_plan_row *r, char b[][32]) {
+    const zoff_plan_memory *m = &r->mem;
+    if (!r->background_saves) {
+        printf("  saves    periodic ones synchronous, training waits for each: %s\n", r->saves_why);
+        return;
+    }
+    if (r->snapshot_budget < 0) {
+        printf("  saves    periodic ones in the background, without a snapshot (super_offload): the next update "
+               "waits for each\n");
+        return;
+    }
+    char left[48] = "(unknown)";
+    if (in->machine.host_bytes)
+        fmt_b(in->machine.host_bytes > r->host_use ? in->machine.host_bytes - r->host_use : 0, left, sizeof left);
+    printf("  saves    periodic ones in the background, training goes on: a snapshot of up to %s (--save-snapshot-memory "
+           "auto: at most half of the %s of host memory this leaves; %s stages everything%s)",
+           fmt_b((size_t)r->snapshot_budget, b[0], 32), left, fmt_b(m->snapshot, b[1], 32),
+           (size_t)r->snapshot_budget < m->snapshot ? ", with less updates wait for the writer at times" : "");
+    if (m->snapshot_copy) printf("; the device's share copied at each start: %s", fmt_b(m->snapshot_copy, b[2], 32));
+    printf("\n");
+}
 static void print_row_detail(const char *title, const zoff_plan_row *r, const zoff_plan_inputs *in) {
     const zoff_plan_memory *m = &r->mem;
     const zoff_plan_time *t = &r->time;
@@ -263,6 +286,7 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
            fmt_b(m->checkpoint, b[0], 32), dfree && dfree < m->checkpoint ? ": more than the " : "",
            dfree && dfree < m->checkpoint ? fmt_b(dfree, b[1], 32) : "",
            dfree && dfree < m->checkpoint ? " free at the planned disk; save elsewhere or --no-checkpoint" : "");
+    print_saves(in, r, b);
     if (in->machine.backend == ZOFF_BACKEND_CPU)
         printf("  step     %.4g s = compute %.4g + gradients out %.4g + comm %.4g + host optimizer %.4g + weights in "
                "%.4g + device optimizer %.4g (CPU backend: one set of cores, nothing overlaps)\n",
@@ -402,7 +426,12 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
 
 static json_t *row_json(const zoff_plan_row *w, int index) {
     json_t *o = row_json_base(w, index);
+    json_t *sv = o ? json_pack("{s:b,s:I,s:I,s:I,s:s}", "background", w->background_saves, "snapshot_budget",
+                               (json_int_t)w->snapshot_budget, "snapshot", (json_int_t)w->mem.snapshot,
+                               "snapshot_copy", (json_int_t)w->mem.snapshot_copy, "why", w->saves_why)
+                   : NULL;
     if (o) json_object_set_new(o, "bf16_optimizer_states", json_boolean(w->setting.bf16_states));
+    if (o && sv) json_object_set_new(o, "periodic_saves", sv);
     return o;
 }
 

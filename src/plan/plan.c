@@ -422,6 +422,21 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     r->fits = r->fits_device && r->fits_pinned && r->fits_host && r->fits_disk && !r->auto_failed && !r->bad_config;
 }
 
+/* How zoff train's periodic saves would run with --save-snapshot-memory auto (src/train/trainer.c): the
+ * snapshot takes half of what this setting leaves of the host memory, none with super_offload. */
+static void periodic_saves(const zoff_plan_machine *M, const zoff_config *cfg, int64_t R, zoff_plan_row *r) {
+    const zoff_plan_memory *m = &r->mem;
+    const size_t left = M->host_bytes == 0 ? SIZE_MAX : M->host_bytes > r->host_use ? M->host_bytes - r->host_use : 0;
+    r->snapshot_budget = cfg->zero.offload_optimizer.super_offload
+                             ? -1
+                             : (int64_t)zoff_placement_snapshot_auto_budget(m->snapshot, 0, left);
+    const zoff_train_save_facts f = {.world = (int)R, .nvme = m->disk > 0, .host_params = r->host_params,
+                                     .partition_params = r->partition_params, .snapshot_budget = r->snapshot_budget,
+                                     .device_copy = m->snapshot_copy};
+    r->background_saves = !zoff_train_ckpt_background_rule(&f, r->saves_why, sizeof r->saves_why);
+    if (r->background_saves) r->saves_why[0] = 0;
+}
+
 /* Whether this version runs the setting: the config's checks and the engine's own rules. */
 static void check_runnable(const zoff_config *cfg, const zoff_plan_setting *s, int64_t R, bool dpu, zoff_plan_row *r) {
     (void)R; /* read only in builds without MPI */
@@ -606,10 +621,17 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     ck.zero.offload_optimizer.ratio = s->ratio;
     ck.zero.offload_optimizer.ratio_auto = s->ratio_auto;
     m->checkpoint = zoff_train_ckpt_data_bytes(&ck, n);
+    /* the background save's snapshot (src/zero/snapshot.c): none with the state in NVMe swap files */
+    const int arrays = zoff_optimizer_state_arrays(cfg);
+    if (s->offload != ZOFF_OFFLOAD_NVME) {
+        m->snapshot = zoff_placement_snapshot_bytes(r->host_params, r->device_params, arrays, zoff_optimizer_state_dtype(cfg));
+        m->snapshot_copy = r->host_params > 0 ? zoff_placement_snapshot_image_bytes(r->device_params, arrays) : 0;
+    }
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);
     check_runnable(cfg, s, R, dpu, r);
+    periodic_saves(M, cfg, R, r);
 
     /* ---- step time */
     const zoff_plan_rates *rt = &M->rates;

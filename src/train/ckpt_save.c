@@ -91,28 +91,35 @@ static void job_free(zoff_train_ckpt_job *j) {
     ZOFF_FREE_ALL(j->gpiece, j->gpack, j->segs, j->gcount, j->runs, j->config, j);
 }
 
+const char *zoff_train_ckpt_background_rule(const zoff_train_save_facts *f, char *buf, size_t cap) {
+    /* the writer's thread reads host memory only: neither the device (a device share is copied at the snapshot's
+     * begin), the engine's worker nor an NVMe swap file (whose passes the update runs) */
+    const int64_t pn = f->partition_params;
+    const double dev_pct = pn > 0 ? 100.0 * (double)(pn - f->host_params) / (double)pn : 0.0;
+    char a[32], b[32];
+    if (f->world > 1) snprintf(buf, cap, "this run has %d ranks", f->world);
+    else if (f->nvme) snprintf(buf, cap, "the optimizer state is in NVMe swap files (offload_optimizer.device nvme)");
+    else if (f->host_params == 0 && pn > 0) snprintf(buf, cap, "all of the optimizer state is on the device");
+    else if (f->host_params != pn && f->snapshot_budget < 0)
+        snprintf(buf, cap, "%.1f%% of the optimizer state is on the device (offload_optimizer.ratio below 1) and the "
+                 "save takes no snapshot (--save-snapshot-memory off, or super_offload)", dev_pct);
+    else if (f->host_params != pn && (size_t)f->snapshot_budget < f->device_copy)
+        snprintf(buf, cap, "the copy of the device's %.1f%% of the optimizer state needs %s of host memory, the "
+                 "snapshot may take %s (--save-snapshot-memory; auto: half the host memory available)", dev_pct,
+                 zoff_format_bytes(f->device_copy, a, sizeof a), zoff_format_bytes((size_t)f->snapshot_budget, b, sizeof b));
+    else return NULL;
+    return buf;
+}
+
 const char *zoff_train_ckpt_background_blocker(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget,
                                               char *buf, size_t cap) {
     zoff_engine_memory m;
     zoff_engine_memory_usage(eng, &m);
-    /* the writer's thread reads host memory only: neither the device (a device share is copied at the snapshot's
-     * begin), the engine's worker nor an NVMe swap file (whose passes the update runs) */
-    const int64_t pn = zoff_engine_partition_numel(eng);
-    const double dev_pct = pn > 0 ? 100.0 * (double)(pn - m.host_params) / (double)pn : 0.0;
-    char a[32], b[32];
-    if (zoff_comm_size(comm) > 1) snprintf(buf, cap, "this run has %d ranks", zoff_comm_size(comm));
-    else if (m.nvme > 0) snprintf(buf, cap, "the optimizer state is in NVMe swap files (offload_optimizer.device nvme)");
-    else if (m.host_params == 0 && pn > 0) snprintf(buf, cap, "all of the optimizer state is on the device");
-    else if (m.host_params != pn && snapshot_budget < 0)
-        snprintf(buf, cap, "%.1f%% of the optimizer state is on the device (offload_optimizer.ratio below 1) and the "
-                 "save takes no snapshot (--save-snapshot-memory off, or super_offload)", dev_pct);
-    else if (m.host_params != pn && (size_t)snapshot_budget < zoff_engine_snapshot_min_bytes(eng))
-        snprintf(buf, cap, "the copy of the device's %.1f%% of the optimizer state needs %s of host memory, the "
-                 "snapshot may take %s (--save-snapshot-memory; auto: half the host memory available)", dev_pct,
-                 zoff_format_bytes(zoff_engine_snapshot_min_bytes(eng), a, sizeof a),
-                 zoff_format_bytes((size_t)snapshot_budget, b, sizeof b));
-    else return NULL;
-    return buf;
+    const zoff_train_save_facts f = {.world = zoff_comm_size(comm), .nvme = m.nvme > 0, .host_params = m.host_params,
+                                     .partition_params = zoff_engine_partition_numel(eng),
+                                     .snapshot_budget = snapshot_budget,
+                                     .device_copy = zoff_engine_snapshot_min_bytes(eng)};
+    return zoff_train_ckpt_background_rule(&f, buf, cap);
 }
 
 bool zoff_train_ckpt_can_background(const zoff_engine *eng, const zoff_comm *comm, int64_t snapshot_budget) {

@@ -368,10 +368,9 @@ static int64_t snapshot_budget(const zoff_trainer *t) {
     if (!snapshots_used(t)) return -1;
     if (t->o.save_snapshot_bytes > 0) return t->o.save_snapshot_bytes;
     zoff_host_memory hm;
-    size_t full = zoff_engine_snapshot_bytes(t->eng), held = zoff_engine_snapshot_held(t->eng), half = 0;
-    if (zoff_host_memory_query(&hm) == ZOFF_OK) half = (zoff_host_memory_left(&hm) + held) / 2; /* ours counts */
-    if (half < held) half = held; /* kept from the last save: using it costs nothing */
-    return (int64_t)(full < half ? full : half);
+    const size_t left = zoff_host_memory_query(&hm) == ZOFF_OK ? zoff_host_memory_left(&hm) : 0;
+    return (int64_t)zoff_placement_snapshot_auto_budget(zoff_engine_snapshot_bytes(t->eng),
+                                                        zoff_engine_snapshot_held(t->eng), left);
 }
 
 /* Starts the background save of step bg_step; due: its meta, taken at that step's boundary (NULL:

@@ -28,6 +28,28 @@ size_t zoff_placement_state_bytes_per_param(int state_arrays, zoff_dtype state_d
     return sizeof(float) + (size_t)(state_arrays - 1) * zoff_dtype_size(state_dt);
 }
 
+static size_t whole_blocks(size_t bytes) {
+    const size_t bb = zoff_engine_snapshot_block_bytes();
+    return (bytes + bb - 1) / bb * bb;
+}
+
+size_t zoff_placement_snapshot_image_bytes(int64_t n_dev, int state_arrays) {
+    return n_dev > 0 ? whole_blocks((size_t)n_dev * sizeof(float) * (size_t)state_arrays) : 0;
+}
+
+size_t zoff_placement_snapshot_bytes(int64_t n_host, int64_t n_dev, int state_arrays, zoff_dtype state_dt) {
+    if (n_host <= 0) return 0;
+    size_t host = whole_blocks((size_t)n_host * sizeof(float)); /* the master */
+    for (int i = 1; i < state_arrays; i++) host += whole_blocks((size_t)n_host * zoff_dtype_size(state_dt));
+    return host + zoff_placement_snapshot_image_bytes(n_dev, state_arrays);
+}
+
+size_t zoff_placement_snapshot_auto_budget(size_t full, size_t held, size_t left) {
+    size_t half = left / 2 + held / 2 + (left % 2 + held % 2) / 2; /* (left + held) / 2 without overflow */
+    if (half < held) half = held;
+    return full < half ? full : half;
+}
+
 size_t zoff_placement_spec_backup_bytes(const zoff_config *cfg, int64_t host_params) {
     const zoff_offload_optimizer_config *o = &cfg->zero.offload_optimizer;
     if (!o->super_offload || o->device == ZOFF_OFFLOAD_NVME || host_params <= 0) return 0;

@@ -104,17 +104,21 @@ static size_t image_data_bytes(const zoff_engine *e, size_t off[SNAP_ARRAYS]) {
     return at;
 }
 
-/* The device image's bytes in the arena: a whole number of blocks. */
+static int arrays_in_use(const zoff_engine *e) {
+    int n = 0;
+    for (int i = 0; i < SNAP_ARRAYS; i++) n += array_blocks(e, i) > 0;
+    return n;
+}
+
+/* The device image's bytes in the arena: a whole number of blocks (zoff_placement_snapshot_image_bytes). */
 static size_t image_bytes(const zoff_engine *e, size_t off[SNAP_ARRAYS]) {
-    const size_t bb = zoff_engine_snapshot_block_bytes();
-    return (image_data_bytes(e, off) + bb - 1) / bb * bb;
+    if (off) (void)image_data_bytes(e, off);
+    return zoff_placement_snapshot_image_bytes(e->n_dev, arrays_in_use(e));
 }
 
 size_t zoff_engine_snapshot_bytes(const zoff_engine *e) {
     if (!e->h_master) return 0; /* no host state in memory */
-    int64_t blocks = 0;
-    for (int i = 0; i < SNAP_ARRAYS; i++) blocks += array_blocks(e, i);
-    return (size_t)blocks * zoff_engine_snapshot_block_bytes() + image_bytes(e, NULL);
+    return zoff_placement_snapshot_bytes(e->n_host, e->n_dev, arrays_in_use(e), e->sdt);
 }
 
 size_t zoff_engine_snapshot_min_bytes(const zoff_engine *e) { return e->h_master ? image_bytes(e, NULL) : 0; }
