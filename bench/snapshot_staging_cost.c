@@ -6,6 +6,8 @@
  *   staged: the same with a before_write hook that streams the old master, m and v of each block
  *           to a staging buffer just before the kernel updates it (what the snapshot's hook does
  *           for blocks wholly inside the sub-group, zoff_eng_snap_before_write);
+ *   shifted: the same, each staging copy starting 4 bytes past a cache line and a page (as the snapshot's
+ *           slots hold blocks shifted to lie aligned as in the checkpoint file: line-misaligned streams);
  *   bound:  the hook streams the master only: the least any scheme that keeps the old m and v in
  *           place can cost, were the kernel to write the new m and v elsewhere with streaming
  *           stores (as many bytes as writing them back in place).
@@ -26,16 +28,17 @@ typedef struct staging {
     float *sp;
     char *sm, *sv;
     size_t ss;
-    int all; /* 1: master, m and v; 0: the master only */
+    int all;      /* 1: master, m and v; 0: the master only */
+    size_t shift; /* bytes past the staging arrays' (aligned) starts */
 } staging;
 
 static void stage_hook(void *ctx, int64_t lo, int64_t hi) {
     const staging *s = ctx;
     const size_t n = (size_t)(hi - lo), o = (size_t)lo;
-    zoff_copy_streaming(s->sp + o, s->p + o, n * sizeof(float));
+    zoff_copy_streaming((char *)s->sp + s->shift + o * sizeof(float), s->p + o, n * sizeof(float));
     if (s->all) {
-        zoff_copy_streaming(s->sm + o * s->ss, s->m + o * s->ss, n * s->ss);
-        zoff_copy_streaming(s->sv + o * s->ss, s->v + o * s->ss, n * s->ss);
+        zoff_copy_streaming(s->sm + s->shift + o * s->ss, s->m + o * s->ss, n * s->ss);
+        zoff_copy_streaming(s->sv + s->shift + o * s->ss, s->v + o * s->ss, n * s->ss);
     }
     zoff_store_fence(); /* as the snapshot's hook: the copy in memory before its count says so */
 }
@@ -61,7 +64,8 @@ int main(int argc, char **argv) {
     const zoff_dtype sdt = bf16s ? ZOFF_BF16 : ZOFF_F32;
     const size_t ss = zoff_dtype_size(sdt), f4 = sizeof(float);
     staging st = {.p = filled((size_t)n * f4, 0), .m = filled((size_t)n * ss, 0), .v = filled((size_t)n * ss, 0),
-                  .sp = filled((size_t)n * f4, 0), .sm = filled((size_t)n * ss, 0), .sv = filled((size_t)n * ss, 0),
+                  .sp = filled((size_t)n * f4 + 4096, 0), .sm = filled((size_t)n * ss + 4096, 0),
+                  .sv = filled((size_t)n * ss + 4096, 0),
                   .ss = ss};
     uint16_t *g = filled((size_t)n * 2, 0x3c), *p16 = filled((size_t)n * 2, 0);
     for (int64_t i = 0; i < n; i++) st.p[i] = 0.01f * (float)(i % 101);
@@ -78,8 +82,9 @@ int main(int argc, char **argv) {
     zoff_host_optimizer_options o = {.threads = threads};
     zoff_host_optimizer *opt = NULL;
     CHECK(zoff_host_optimizer_create_ex(&cfg, &o, &opt));
-    enum { MODES = 3 };
-    static const char *name[MODES] = {"plain", "staged (master, m, v streamed)", "bound (master streamed only)"};
+    enum { MODES = 4 };
+    static const char *name[MODES] = {"plain", "staged (master, m, v streamed)", "staged, copies shifted 4 B",
+                                      "bound (master streamed only)"};
     double *t[MODES];
     for (int k = 0; k < MODES; k++) t[k] = calloc((size_t)rounds, sizeof(double));
     for (int r = 0; r < rounds; r++)
@@ -87,7 +92,8 @@ int main(int argc, char **argv) {
             CHECK(zoff_host_optimizer_begin_step(opt, r * MODES + k + 1, 1e-3));
             zoff_optim_tensors tt = {.params = st.p, .exp_avg = st.m, .exp_avg_sq = st.v, .state_dt = sdt,
                                      .grads = g, .grad_dt = ZOFF_BF16, .params16 = p16, .p16_dt = ZOFF_BF16, .n = n};
-            st.all = k == 1;
+            st.all = k == 1 || k == 2;
+            st.shift = k == 2 ? 4 : 0;
             if (k > 0) {
                 tt.before_write = stage_hook;
                 tt.before_write_ctx = &st;

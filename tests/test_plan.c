@@ -1207,9 +1207,15 @@ static void test_13b_recommendation(void **st) {
     assert_int_equal(run_cmd(cmd), 0);
 }
 
+/* Slots of 1 MiB for a host state array of `bytes`, each holding 1 MiB - 4 KiB of it. */
+static size_t slot_bytes(double bytes) {
+    const double per = 1048576.0 - 4096.0;
+    return (size_t)(ceil(bytes / per) * 1048576.0);
+}
+
 /* How periodic saves would run (the row's snapshot budget and zoff_train_ckpt_background_rule), with the sizes
- * counted here from the definition: each host state array in whole 1 MiB blocks, the device share's fp32 master,
- * m and v in whole blocks, the budget half the host memory the setting leaves. */
+ * counted here from the definition: each host state array in 1 MiB slots of 1 MiB - 4 KiB, the device share's fp32
+ * master, m and v in whole MiB, the budget half the host memory the setting leaves. */
 
 static void test_periodic_saves(void **st) {
     (void)st;
@@ -1274,7 +1280,7 @@ static void test_periodic_saves(void **st) {
         const double nh = (double)r.host_params, nd = (double)r.device_params;
         assert_int_equal(r.host_params + r.device_params, r.partition_params);
         const size_t copy = nh > 0 && !nvme ? mib_blocks(nd * 3 * 4) : 0;
-        const size_t whole = nh > 0 && !nvme ? mib_blocks(nh * 4) + 2 * mib_blocks(nh * cases[c].state_bytes) + copy : 0;
+        const size_t whole = nh > 0 && !nvme ? slot_bytes(nh * 4) + 2 * slot_bytes(nh * cases[c].state_bytes) + copy : 0;
         assert_int_equal(r.mem.snapshot_copy, copy);
         assert_int_equal(r.mem.snapshot, whole);
         if (strstr(cases[c].zero, "super_offload")) {

@@ -201,6 +201,10 @@ zoff_status zoff_ckpt_append_done(zoff_ckpt_writer *w, size_t bytes);
 typedef void (*zoff_ckpt_release_fn)(void *ctx, const void *data);
 zoff_status zoff_ckpt_append_external(zoff_ckpt_writer *w, const void *data, size_t bytes, zoff_ckpt_release_fn release,
                                       void *ctx);
+/* The external writes already completed, their memory released now (zoff_ckpt_append_external
+ * does this too, before each new one): a caller whose memory is limited frees it before asking
+ * for more. A failed write's error is returned (and the writer fails). */
+zoff_status zoff_ckpt_reap_external(zoff_ckpt_writer *w);
 /* Bytes zoff_ckpt_append_external handed to the disk in place so far (not copied). */
 int64_t zoff_ckpt_writer_in_place(const zoff_ckpt_writer *w);
 /* Host bytes a writer holds for its piece buffers (the one home of that figure). */

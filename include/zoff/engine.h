@@ -407,7 +407,7 @@ zoff_status zoff_engine_state_range_as(zoff_engine *e, int i, int64_t offset, in
  * copied whole into the front of the arena there (zoff_engine_snapshot_min_bytes: a smaller budget
  * is refused, ZOFF_ERR_INVALID), and from then on a host update of a
  * sub-group whose state the writer has not yet read first copies that state (blocks of
- * zoff_engine_snapshot_block_bytes: in the exact update's own pass, each element just before
+ * zoff_engine_snapshot_block_data_bytes: in the exact update's own pass, each element just before
  * it is written, or whole blocks on up to the optimizer's threads) into a staging arena of
  * at most budget bytes, and zoff_engine_snapshot_read (the writer thread) reads each element
  * of state array i exactly once, from the staging copy where there is one, else from the live
@@ -430,7 +430,12 @@ typedef struct zoff_engine_snapshot_stats {
     size_t device;         /* bytes of the device's state copied at begin (a device share), in device_seconds */
     double device_seconds;
 } zoff_engine_snapshot_stats;
+/* The snapshot's slots (bytes); the state bytes each block of an array holds (a slot less
+ * zoff_engine_snapshot_align: room to shift the copy, see zoff_engine_snapshot_borrow); the
+ * alignment of what the writer may borrow. */
 size_t zoff_engine_snapshot_block_bytes(void);
+size_t zoff_engine_snapshot_block_data_bytes(void);
+size_t zoff_engine_snapshot_align(void);
 /* The arena that stages the whole host state (no update ever waits) and holds the device share's
  * copy: the largest useful budget (zoff_placement_snapshot_bytes of this engine; 0 with the state
  * in NVMe swap files or no host share). */
@@ -440,8 +445,9 @@ size_t zoff_engine_snapshot_bytes(const zoff_engine *e);
 size_t zoff_engine_snapshot_min_bytes(const zoff_engine *e);
 /* One home for the snapshot's sizes (the engine's arena and zoff plan): the device share's copy,
  * n_dev x 4 bytes per state array (fp32 on the device), in whole blocks; and the whole arena, each
- * host state array (the master fp32, the others of state_dt) over n_host elements in whole blocks,
- * plus that copy (0 when n_host is 0: no host state to stage). */
+ * host state array (the master fp32, the others of state_dt) over n_host elements in blocks of
+ * zoff_engine_snapshot_block_data_bytes, a slot each, plus that copy (0 when n_host is 0: no host
+ * state to stage). */
 size_t zoff_placement_snapshot_image_bytes(int64_t n_dev, int state_arrays);
 size_t zoff_placement_snapshot_bytes(int64_t n_host, int64_t n_dev, int state_arrays, zoff_dtype state_dt);
 /* A background save's snapshot budget under --save-snapshot-memory auto: half the host memory
@@ -456,14 +462,20 @@ zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int
 /* The same in dtype dt (as zoff_engine_state_range_as: fp32, or the array's own dtype). */
 zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
                                          void *host);
-/* The writer, instead of a read: when elements [offset, offset + count) of state array i begin with
- * one whole staged block of a host sub-group (in dtype dt, the array's own), and fewer than a quarter
- * of the arena's slots are lent out already, *data is that block's
- * staging copy and *got its elements (<= count), which count as read; else *data = NULL and *got = 0
- * (read them). The copy stays the writer's until zoff_engine_snapshot_return(e, *data) (the writer's
- * thread, before finish or after it), so that a save's disk writes can read it in place. */
+/* The writer, instead of a read, at elements [offset, offset + count) of state array i (in dtype dt,
+ * the array's own), where a save's file holds them from a position aligned to
+ * zoff_engine_snapshot_align: when offset's block of a host sub-group is staged, its copy lies
+ * aligned at offset (each block's copy sits in its slot at the shift that aligns the longest run of
+ * it one checkpoint entry holds: m and v one entry over the partition, the master one per model
+ * tensor) and fewer than a quarter of the arena's slots are lent out already (or it has a slot for every
+ * block), *data is that copy
+ * at offset and *got its elements up to the end of the block, the sub-group or count, in whole
+ * alignment units (> 0), which count as read; *until = 0. Else *data = NULL, *got = 0 and *until
+ * (>= 1) is how many elements to read (zoff_engine_snapshot_read_as) before asking again. The copy
+ * stays the writer's until zoff_engine_snapshot_return(e, *data) (the writer's thread, before
+ * finish or after it), so that a save's disk writes can read it in place. */
 zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
-                                        const void **data, int64_t *got);
+                                        const void **data, int64_t *got, int64_t *until);
 void zoff_engine_snapshot_return(zoff_engine *e, const void *data);
 void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *stats);
 size_t zoff_engine_snapshot_held(const zoff_engine *e);

@@ -913,6 +913,12 @@ zoff_status zoff_ckpt_append_external(zoff_ckpt_writer *w, const void *data, siz
     return ZOFF_OK;
 }
 
+zoff_status zoff_ckpt_reap_external(zoff_ckpt_writer *w) {
+    ZOFF_TRY(w_usable(w));
+    zoff_status s = w_reap(w);
+    return s == ZOFF_OK ? ZOFF_OK : w_fail(w, s);
+}
+
 zoff_status zoff_ckpt_end_entry(zoff_ckpt_writer *w) {
     ZOFF_TRY(w_usable(w));
     if (!w->in_entry)

@@ -244,23 +244,34 @@ static void snapshot_return(void *eng, const void *data) { zoff_engine_snapshot_
  * (zoff_engine_state_dtype: bf16 m and v with bf16_optimizer_states, copied as they are), or with
  * i < 0 of the model's parameter buffer (the engine's dtype): straight from the engine into the
  * writer's piece buffer, a slice at a time (the writer checksums each slice while it is in
- * cache). */
+ * cache). Through a snapshot, where the file position is aligned and the snapshot lends its staged
+ * copy there (zoff_engine_snapshot_borrow), the disk writes that copy as it is; the snapshot says how
+ * far to read before asking again. */
 static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const char *name, int ndim,
                              const int64_t *shape, int i, int64_t off, int64_t count) {
     const zoff_dtype dt = i < 0 ? zoff_engine_dtype(j->eng) : zoff_engine_state_dtype(j->eng, i);
-    const size_t es = zoff_dtype_size(dt);
+    const size_t es = zoff_dtype_size(dt), A = zoff_engine_snapshot_align();
     ZOFF_TRY(zoff_ckpt_begin_entry(w, name, dt, ndim, shape));
     const int64_t slice = (int64_t)(slice_bytes() / es);
+    const bool borrow = j->snap && i >= 0 && A % es == 0;
+    int64_t ask = 0; /* where to ask the snapshot for its copy next (the entry starts aligned in the file) */
     for (int64_t p = 0; p < count;) {
-        const void *staged = NULL;
-        int64_t got = 0;
-        if (j->snap && i >= 0) /* a whole staged block: the disk reads it where it is, no copy */
-            ZOFF_TRY(zoff_engine_snapshot_borrow(j->eng, i, off + p, count - p, dt, &staged, &got));
-        if (staged) {
-            ZOFF_TRY(zoff_ckpt_append_external(w, staged, (size_t)got * es, snapshot_return, j->eng));
-            p += got;
-            writer_pause(j);
-            continue;
+        if (borrow && p >= ask && (size_t)p * es % A != 0) { /* read up to the next aligned position first */
+            ask = p + (int64_t)((A - (size_t)p * es % A) / es);
+        } else if (borrow && p >= ask) {
+            const void *staged = NULL;
+            int64_t got = 0, until = 0;
+            ZOFF_TRY(zoff_ckpt_reap_external(w)); /* finished writes give their copies back: they count against the
+                                                     snapshot's lending */
+            ZOFF_TRY(zoff_engine_snapshot_borrow(j->eng, i, off + p, count - p, dt, &staged, &got, &until));
+            if (staged) { /* the disk reads it where it is, no copy */
+                ZOFF_TRY(zoff_ckpt_append_external(w, staged, (size_t)got * es, snapshot_return, j->eng));
+                p += got;
+                ask = p;
+                writer_pause(j);
+                continue;
+            }
+            ask = p + until;
         }
         void *dst = NULL;
         size_t cap = 0;
@@ -268,6 +279,7 @@ static zoff_status put_array(zoff_train_ckpt_job *j, zoff_ckpt_writer *w, const 
         int64_t c = (int64_t)(cap / es); /* > 0: pieces and entries are aligned, appends whole elements */
         if (c > slice) c = slice;
         if (c > count - p) c = count - p;
+        if (borrow && ask > p && c > ask - p) c = ask - p;
         if (c <= 0) return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint entry '%s': no room for an element", name);
         if (i < 0) ZOFF_TRY(zoff_engine_device_weights(j->eng, off + p, c, dst, true));
         else ZOFF_TRY(j->snap ? zoff_engine_snapshot_read_as(j->eng, i, off + p, c, dt, dst)

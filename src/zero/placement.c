@@ -37,10 +37,16 @@ size_t zoff_placement_snapshot_image_bytes(int64_t n_dev, int state_arrays) {
     return n_dev > 0 ? whole_blocks((size_t)n_dev * sizeof(float) * (size_t)state_arrays) : 0;
 }
 
+/* Slots for n elements of es bytes in blocks of zoff_engine_snapshot_block_data_bytes. */
+static size_t slots_for(int64_t n, size_t es) {
+    const size_t per = zoff_engine_snapshot_block_data_bytes() / es;
+    return ((size_t)n + per - 1) / per * zoff_engine_snapshot_block_bytes();
+}
+
 size_t zoff_placement_snapshot_bytes(int64_t n_host, int64_t n_dev, int state_arrays, zoff_dtype state_dt) {
     if (n_host <= 0) return 0;
-    size_t host = whole_blocks((size_t)n_host * sizeof(float)); /* the master */
-    for (int i = 1; i < state_arrays; i++) host += whole_blocks((size_t)n_host * zoff_dtype_size(state_dt));
+    size_t host = slots_for(n_host, sizeof(float)); /* the master */
+    for (int i = 1; i < state_arrays; i++) host += slots_for(n_host, zoff_dtype_size(state_dt));
     return host + zoff_placement_snapshot_image_bytes(n_dev, state_arrays);
 }
 

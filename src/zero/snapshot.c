@@ -1,7 +1,9 @@
 /* The background save's copy-on-update snapshot (include/zoff/engine.h, zoff_engine_snapshot_*).
  *
  * Each host state array in use (master, m, v over the host state offsets [0, n_host)) is cut
- * into blocks of zoff_engine_snapshot_block_bytes. Per block: the elements the writer has read
+ * into blocks of zoff_engine_snapshot_block_data_bytes, each staged in a slot of
+ * zoff_engine_snapshot_block_bytes at its shift (block_shifts: where the file has its longest run
+ * aligned, so that the writer can borrow the copy for an in-place disk write). Per block: the elements the writer has read
  * (`taken`), its staging slot (-1: none) and its state: NONE (no slot, or a slot whose copy
  * protect is making), PENDING (a slot the update's own pass fills: each element is copied
  * there, by the optimizer thread that works on it, just before it is written; `copied` counts
@@ -55,6 +57,8 @@ typedef struct zoff_snap {
     int32_t *slot[SNAP_ARRAYS];   /* per block: staging slot, -1 none */
     _Atomic unsigned char *state[SNAP_ARRAYS]; /* per block: BLK_* */
     _Atomic int64_t *copied[SNAP_ARRAYS];       /* per PENDING block: elements copied into its slot */
+    uint16_t *shift[SNAP_ARRAYS]; /* per block: where its copy starts in a slot (bytes; block_shifts) */
+    uint16_t *lends[SNAP_ARRAYS]; /* per block: parts of its copy lent to the writer, not yet returned */
     _Atomic int npending;         /* PENDING blocks */
     bool failed;                  /* an update failed with blocks PENDING: the snapshot is not whole */
     char *arena;                  /* the device image (dimg_bytes), then arena_slots slots; kept from save to save */
@@ -70,6 +74,7 @@ typedef struct zoff_snap {
     int32_t *owner_i;             /* per slot: the block it stages (array, block), for zoff_engine_snapshot_return */
     int64_t *owner_b;
     int nslots, nfree;
+    bool every;                   /* a slot for every block of the host state (no update ever waits) */
     int inside;                   /* updaters in zoff_eng_snap_protect (finish waits for them: their copies, their
                                      figures) */
     bool busy;                    /* the writer reads live elements [busy_lo, busy_hi) (host state offsets) */
@@ -84,13 +89,21 @@ typedef struct zoff_snap {
 } zoff_snap;
 
 size_t zoff_engine_snapshot_block_bytes(void) { return (size_t)1 << 20; }
+size_t zoff_engine_snapshot_align(void) { return 4096; }
+size_t zoff_engine_snapshot_block_data_bytes(void) {
+    return zoff_engine_snapshot_block_bytes() - zoff_engine_snapshot_align();
+}
 
 static size_t state_esize(const zoff_engine *e, int i) { return i == 0 ? sizeof(float) : e->ssize; }
 
+/* Elements of array i per block: a slot's bytes less the alignment, room for the block's shift. */
+static int64_t block_elems(const zoff_engine *e, int i) {
+    return (int64_t)(zoff_engine_snapshot_block_data_bytes() / state_esize(e, i));
+}
+
 static int64_t array_blocks(const zoff_engine *e, int i) {
     if (!zoff_eng_state_ptr(e, i, 0) || e->n_host == 0) return 0;
-    int64_t blk = (int64_t)(zoff_engine_snapshot_block_bytes() / state_esize(e, i));
-    return (e->n_host + blk - 1) / blk;
+    return (e->n_host + block_elems(e, i) - 1) / block_elems(e, i);
 }
 
 /* The device's state in the image: n_dev fp32 per array in use (0 without a device share); *off: each array's
@@ -149,7 +162,8 @@ static void snap_free(zoff_snap *p) {
     arena_free(p);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
-    for (int i = 0; i < SNAP_ARRAYS; i++) ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->state[i], p->copied[i]);
+    for (int i = 0; i < SNAP_ARRAYS; i++)
+        ZOFF_FREE_ALL(p->taken[i], p->slot[i], p->state[i], p->copied[i], p->shift[i], p->lends[i]);
     ZOFF_FREE_ALL(p->free_slots, p->owner_i, p->owner_b, p);
 }
 
@@ -162,6 +176,56 @@ void zoff_eng_snap_destroy(zoff_engine *e) {
  * update runs (published whole, inactive: such an update finds nothing to do). */
 static zoff_snap *snap_of(const zoff_engine *e) { return __atomic_load_n(&e->snap, __ATOMIC_ACQUIRE); }
 
+/* The host state offsets [s0, s1) of array i lie in the file as element so at (so + delta) x esize bytes
+ * from an aligned start: each block they overlap most of all so far (best[b]) has its copy shifted to match. */
+static void piece_shift(zoff_snap *p, int i, size_t es, int64_t s0, int64_t s1, int64_t delta, int64_t *best) {
+    const int64_t A = (int64_t)zoff_engine_snapshot_align(), blk = p->blk[i];
+    const uint16_t sh = (uint16_t)((((delta * (int64_t)es) % A) + A) % A);
+    for (int64_t b = s0 / blk; b < p->nb[i] && b * blk < s1; b++) {
+        const int64_t lo = s0 > b * blk ? s0 : b * blk, hi = s1 < (b + 1) * blk ? s1 : (b + 1) * blk;
+        if (hi - lo > best[b]) {
+            best[b] = hi - lo;
+            p->shift[i][b] = sh;
+        }
+    }
+}
+
+/* Each block's shift: where its copy starts in a slot (bytes, below zoff_engine_snapshot_align, a whole number of
+ * elements), chosen so that the longest run of the block that lies contiguously in one checkpoint entry lies in
+ * the slot at the same offsets modulo the alignment as in the file: the disk writes that run from the slot
+ * (zoff_engine_snapshot_borrow, zoff_ckpt_append_external). A save's entries (src/train/ckpt_save.c): m and v one
+ * each over the partition (element x at x x esize), the master one per model tensor (element x at (x - the
+ * tensor's offset) x 4). One rank only (background saves); with several every shift stays 0. False: out of
+ * memory. */
+static bool block_shifts(const zoff_engine *e, zoff_snap *p, int i) {
+    if (p->nb[i] == 0 || e->world > 1) return true;
+    int64_t *best = calloc((size_t)p->nb[i], sizeof *best);
+    if (!best) return false;
+    const size_t es = state_esize(e, i);
+    int t = 0;
+    for (int k = 0; k < e->nsg; k++) {
+        const subgroup *g = &e->sg[k];
+        if (!g->on_host || g->count == 0) continue;
+        const int64_t s0 = g->state_off, s1 = g->state_off + g->count;
+        if (i > 0 || !e->tensors) { /* the partition's order: element so is partition offset so - state_off + offset */
+            piece_shift(p, i, es, s0, s1, g->offset - g->state_off, best);
+            continue;
+        }
+        /* the master: the sub-group's model range [m0, m1) cut at the tensors (in model order) */
+        const int64_t m0 = g->model, m1 = g->model + g->count;
+        while (t > 0 && e->tensors[t].offset > m0) t--;
+        for (; t < e->ntensors && e->tensors[t].offset < m1; t++) {
+            const int64_t a = e->tensors[t].offset > m0 ? e->tensors[t].offset : m0;
+            const int64_t z = e->tensors[t].offset + e->tensors[t].numel < m1 ? e->tensors[t].offset + e->tensors[t].numel
+                                                                               : m1;
+            if (a < z) piece_shift(p, i, es, s0 + (a - m0), s0 + (z - m0), m0 - s0 - e->tensors[t].offset, best);
+            if (e->tensors[t].offset + e->tensors[t].numel > m1) break; /* goes on in the next sub-group */
+        }
+    }
+    free(best);
+    return true;
+}
+
 /* The per-block tables (once per engine: n_host does not change), then published. */
 static zoff_status snap_create(zoff_engine *e) {
     zoff_snap *p = calloc(1, sizeof *p);
@@ -171,13 +235,16 @@ static zoff_status snap_create(zoff_engine *e) {
     p->dimg_bytes = image_bytes(e, p->dimg_off);
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         p->nb[i] = array_blocks(e, i);
-        p->blk[i] = (int64_t)(zoff_engine_snapshot_block_bytes() / state_esize(e, i));
+        p->blk[i] = block_elems(e, i);
         size_t nb = (size_t)p->nb[i] + 1;
         p->taken[i] = calloc(nb, sizeof *p->taken[i]);
         p->slot[i] = malloc(nb * sizeof *p->slot[i]);
         p->state[i] = calloc(nb, sizeof *p->state[i]);
         p->copied[i] = calloc(nb, sizeof *p->copied[i]);
-        if (!p->taken[i] || !p->slot[i] || !p->state[i] || !p->copied[i]) {
+        p->shift[i] = calloc(nb, sizeof *p->shift[i]);
+        p->lends[i] = calloc(nb, sizeof *p->lends[i]);
+        if (!p->taken[i] || !p->slot[i] || !p->state[i] || !p->copied[i] || !p->shift[i] || !p->lends[i] ||
+            !block_shifts(e, p, i)) {
             snap_free(p);
             return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the checkpoint snapshot's tables");
         }
@@ -305,6 +372,7 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
             atomic_store_explicit(&p->state[i][b], BLK_NONE, memory_order_relaxed);
             atomic_store_explicit(&p->copied[i][b], 0, memory_order_relaxed);
         }
+        memset(p->lends[i], 0, (size_t)(p->nb[i] + 1) * sizeof *p->lends[i]);
     }
     atomic_store(&p->npending, 0);
     p->failed = false;
@@ -313,6 +381,9 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     p->owner_i = oi;
     p->owner_b = ob;
     p->nslots = p->nfree = nslots;
+    int64_t blocks = 0;
+    for (int i = 0; i < SNAP_ARRAYS; i++) blocks += p->nb[i];
+    p->every = nslots >= blocks;
     p->busy = p->told = false;
     p->lent = 0;
     const char *hold = getenv("ZOFF_TEST_SNAPSHOT_HOLD");
@@ -335,6 +406,11 @@ static int64_t block_len(const zoff_snap *p, const zoff_engine *e, int i, int64_
 
 static void *slot_at(const zoff_snap *p, int32_t s) {
     return p->arena + p->dimg_bytes + (size_t)s * zoff_engine_snapshot_block_bytes();
+}
+
+/* Where block b of array i starts in its slot (it has one). */
+static char *copy_at(const zoff_snap *p, int i, int64_t b) {
+    return (char *)slot_at(p, p->slot[i][b]) + p->shift[i][b];
 }
 
 /* Block b of array i: the writer has taken all of it (mu held). */
@@ -378,7 +454,7 @@ static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, i
     const void *src = zoff_eng_state_ptr(e, i, so);
     const bool staged = blk_state(p, i, b) == BLK_READY; /* stays until this thread releases it */
     if (staged) {
-        src = (const char *)slot_at(p, p->slot[i][b]) + (size_t)(so - b * p->blk[i]) * state_esize(e, i);
+        src = copy_at(p, i, b) + (size_t)(so - b * p->blk[i]) * state_esize(e, i);
     } else {
         p->busy = true;
         p->busy_lo = so;
@@ -388,7 +464,7 @@ static zoff_status read_chunk(zoff_engine *e, zoff_snap *p, int i, int64_t so, i
     zoff_eng_state_to(e, i, src, c, hdt, h);
     pthread_mutex_lock(&p->mu);
     p->taken[i][b] += c;
-    if (block_taken(p, e, i, b) && staged) slot_release(p, i, b);
+    if (block_taken(p, e, i, b) && staged && p->lends[i][b] == 0) slot_release(p, i, b);
     p->busy = false;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
@@ -447,9 +523,10 @@ zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, 
 }
 
 zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,
-                                        const void **data, int64_t *got) {
+                                        const void **data, int64_t *got, int64_t *until) {
     *data = NULL;
     *got = 0;
+    *until = count;
     zoff_snap *p = e->snap;
     if (!p || !p->active || i < 0 || i >= SNAP_ARRAYS || p->nb[i] == 0 || count <= 0 ||
         zoff_dtype_size(dt) != state_esize(e, i))
@@ -459,17 +536,30 @@ zoff_status zoff_engine_snapshot_borrow(zoff_engine *e, int i, int64_t offset, i
     const subgroup *g = NULL;
     for (int k = 0; k < e->nsg && !g; k++)
         if (e->sg[k].offset <= offset && offset < e->sg[k].offset + e->sg[k].count) g = &e->sg[k];
-    if (!g || !g->on_host) return ZOFF_OK;
-    const int64_t so = g->state_off + (offset - g->offset), b = so / p->blk[i], len = block_len(p, e, i, b);
-    /* one whole block, inside the sub-group and the range (host state offsets run with the model's there) */
-    if (so != b * p->blk[i] || offset + len > g->offset + g->count || len > count) return ZOFF_OK;
+    if (!g) return ZOFF_OK;
+    const int64_t in_sg = g->offset + g->count - offset;
+    if (!g->on_host) { /* the device image: read */
+        *until = in_sg < count ? in_sg : count;
+        return ZOFF_OK;
+    }
+    const size_t es = state_esize(e, i), A = zoff_engine_snapshot_align();
+    const int64_t so = g->state_off + (offset - g->offset), b = so / p->blk[i];
+    int64_t end = (b + 1) * p->blk[i] - so; /* the rest of the block, the sub-group, the range */
+    if (end > in_sg) end = in_sg;
+    if (end > count) end = count;
+    *until = end;
     ZOFF_TRY(lock_settled(p, i, b));
-    /* at most a quarter of the slots lent out at a time: a small budget stays the updates' */
-    if (p->active && blk_state(p, i, b) == BLK_READY && p->taken[i][b] == 0 && 4 * (p->lent + 1) <= p->nslots) {
+    const char *at = blk_state(p, i, b) == BLK_READY ? copy_at(p, i, b) + (size_t)(so - b * p->blk[i]) * es : NULL;
+    const int64_t whole = (int64_t)((size_t)end * es / A * A / es); /* whole alignment units */
+    /* at most a quarter of the slots lent out at a time, unless every block has one: a small budget stays the
+     * updates' */
+    if (p->active && at && (uintptr_t)at % A == 0 && whole > 0 && (p->every || 4 * (p->lent + 1) <= p->nslots)) {
         p->lent++;
-        p->taken[i][b] = len; /* the writer's: no update stages it again; its slot stays until returned */
-        *data = slot_at(p, p->slot[i][b]);
-        *got = len;
+        p->lends[i][b]++;
+        p->taken[i][b] += whole; /* the writer's: its slot stays until returned */
+        *data = at;
+        *got = whole;
+        *until = 0;
     }
     pthread_mutex_unlock(&p->mu);
     return ZOFF_OK;
@@ -482,8 +572,11 @@ void zoff_engine_snapshot_return(zoff_engine *e, const void *data) {
     if (p->active) { /* (after finish the slots are rebuilt by the next begin) */
         const int32_t sl = (int32_t)(((const char *)data - p->arena - p->dimg_bytes) /
                                      (ptrdiff_t)zoff_engine_snapshot_block_bytes());
-        slot_release(p, p->owner_i[sl], p->owner_b[sl]);
+        const int i = p->owner_i[sl];
+        const int64_t b = p->owner_b[sl];
+        p->lends[i][b]--;
         p->lent--;
+        if (p->lends[i][b] == 0 && block_taken(p, e, i, b)) slot_release(p, i, b);
         pthread_cond_broadcast(&p->cv); /* an update may wait for a free slot */
     }
     pthread_mutex_unlock(&p->mu);
@@ -510,7 +603,7 @@ static void copy_batch(zoff_engine *e, zoff_snap *p, const snap_copy *batch, int
         const int i = batch[k].i;
         const int64_t b = batch[k].b;
         /* streamed as the update's own pass stages (no read of the slot's lines first) */
-        zoff_copy_streaming(slot_at(p, p->slot[i][b]), zoff_eng_state_ptr(e, i, b * p->blk[i]),
+        zoff_copy_streaming(copy_at(p, i, b), zoff_eng_state_ptr(e, i, b * p->blk[i]),
                             (size_t)block_len(p, e, i, b) * state_esize(e, i));
         zoff_store_fence(); /* this thread's copy in memory before the block is marked READY */
     }
@@ -633,7 +726,7 @@ void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi) {
         for (int64_t b = a / p->blk[i]; b <= (z - 1) / p->blk[i]; b++) {
             if (blk_state(p, i, b) != BLK_PENDING) continue;
             const int64_t b0 = b * p->blk[i], x = a > b0 ? a : b0, y = z < b0 + p->blk[i] ? z : b0 + p->blk[i];
-            zoff_copy_streaming((char *)slot_at(p, p->slot[i][b]) + (size_t)(x - b0) * es, zoff_eng_state_ptr(e, i, x),
+            zoff_copy_streaming(copy_at(p, i, b) + (size_t)(x - b0) * es, zoff_eng_state_ptr(e, i, x),
                                 (size_t)(y - x) * es);
             zoff_store_fence(); /* the copy in memory before the count says so */
             if (atomic_fetch_add_explicit(&p->copied[i][b], y - x, memory_order_acq_rel) + (y - x) ==
