@@ -110,7 +110,9 @@
  *
  * A .zckpt file's bytes after the header block stream through a few aligned piece buffers: one
  * is filled (and checksummed) while the others are written through src/aio (io_uring, O_DIRECT
- * where the file system allows it, else buffered, the reason in zoff_ckpt_writer_io). The last
+ * where the file system allows it, else buffered, the reason in zoff_ckpt_writer_io), into blocks
+ * the writer allocates ahead of them (fallocate, where the file system can: a write that extends
+ * the file would go to a kernel worker thread instead of being issued at once). The last
  * piece is padded to ZOFF_CKPT_ALIGN and the file cut back to its size; then the header, fsync.
  * Aligned runs of the caller's own memory (zoff_ckpt_append_external) are written from there,
  * between the pieces, without a copy.
