@@ -213,7 +213,7 @@ static bool block_shifts(const zoff_engine *e, zoff_snap *p, int i) {
         }
         /* the master: the sub-group's model range [m0, m1) cut at the tensors (in model order) */
         const int64_t m0 = g->model, m1 = g->model + g->count;
-        while (t > 0 && e->tensors[t].offset > m0) t--;
+        while (t > 0 && (t >= e->ntensors || e->tensors[t].offset > m0)) t--;
         for (; t < e->ntensors && e->tensors[t].offset < m1; t++) {
             const int64_t a = e->tensors[t].offset > m0 ? e->tensors[t].offset : m0;
             const int64_t z = e->tensors[t].offset + e->tensors[t].numel < m1 ? e->tensors[t].offset + e->tensors[t].numel
