@@ -422,10 +422,27 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     r->fits = r->fits_device && r->fits_pinned && r->fits_host && r->fits_disk && !r->auto_failed && !r->bad_config;
 }
 
+/* The host optimizer's seconds for nh parameters: the update at the mode's rate; with NVMe the read | update |
+ * write pipeline over state_b bytes per parameter, plus filling and draining it (one sub-group of sg params). */
+static double host_optim_time(const zoff_plan_rates *rt, const zoff_config *cfg, zoff_dtype dt,
+                              const zoff_plan_setting *s, double nh, double state_b, double sg) {
+    double t = nh / zoff_plan_host_rate(rt, cfg, dt, s->bf16_states);
+    if (s->offload != ZOFF_OFFLOAD_NVME || nh == 0) return t;
+    const double rd = nh * state_b / rt->disk_read, wr = nh * state_b / rt->disk_write;
+    return fmax(t, fmax(rd, wr)) + sg * state_b / rt->disk_read + sg * state_b / rt->disk_write;
+}
+
 /* How zoff train's periodic saves would run with --save-snapshot-memory auto (src/train/trainer.c): the
- * snapshot takes half of what this setting leaves of the host memory, none with super_offload. */
-static void periodic_saves(const zoff_plan_machine *M, const zoff_config *cfg, int64_t R, zoff_plan_row *r) {
-    const zoff_plan_memory *m = &r->mem;
+ * snapshot's arena (src/zero/snapshot.c; none with the state in NVMe swap files) takes half of what this
+ * setting leaves of the host memory, none with super_offload. */
+static void periodic_saves(const zoff_plan_machine *M, const zoff_config *cfg, zoff_offload_device offload, int64_t R,
+                           zoff_plan_row *r) {
+    zoff_plan_memory *m = &r->mem;
+    const int arrays = zoff_optimizer_state_arrays(cfg);
+    if (offload != ZOFF_OFFLOAD_NVME) {
+        m->snapshot = zoff_placement_snapshot_bytes(r->host_params, r->device_params, arrays, zoff_optimizer_state_dtype(cfg));
+        m->snapshot_copy = r->host_params > 0 ? zoff_placement_snapshot_image_bytes(r->device_params, arrays) : 0;
+    }
     const size_t left = M->host_bytes == 0 ? SIZE_MAX : M->host_bytes > r->host_use ? M->host_bytes - r->host_use : 0;
     r->snapshot_budget = cfg->zero.offload_optimizer.super_offload
                              ? -1
@@ -621,17 +638,11 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     ck.zero.offload_optimizer.ratio = s->ratio;
     ck.zero.offload_optimizer.ratio_auto = s->ratio_auto;
     m->checkpoint = zoff_train_ckpt_data_bytes(&ck, n);
-    /* the background save's snapshot (src/zero/snapshot.c): none with the state in NVMe swap files */
-    const int arrays = zoff_optimizer_state_arrays(cfg);
-    if (s->offload != ZOFF_OFFLOAD_NVME) {
-        m->snapshot = zoff_placement_snapshot_bytes(r->host_params, r->device_params, arrays, zoff_optimizer_state_dtype(cfg));
-        m->snapshot_copy = r->host_params > 0 ? zoff_placement_snapshot_image_bytes(r->device_params, arrays) : 0;
-    }
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);
     check_runnable(cfg, s, R, dpu, r);
-    periodic_saves(M, cfg, R, r);
+    periodic_saves(M, cfg, s->offload, R, r);
 
     /* ---- step time */
     const zoff_plan_rates *rt = &M->rates;
@@ -657,14 +668,8 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         c /= rt->link;
         t->comm = cfg->zero.overlap_comm ? fmax(0.0, c - t_bwd) : c;
     }
-    double host_phase = (double)nh / zoff_plan_host_rate(rt, cfg, dt, s->bf16_states);
-    size_t sg_now = (size_t)pl.largest_host;
-    if (nh == 0) sg_now = 0;
-    if (s->offload == ZOFF_OFFLOAD_NVME && nh > 0) {
-        double rd = (double)nh * (double)state_b / rt->disk_read, wr = (double)nh * (double)state_b / rt->disk_write;
-        host_phase = fmax(host_phase, fmax(rd, wr)) + (double)sg_now * (double)state_b / rt->disk_read +
-                     (double)sg_now * (double)state_b / rt->disk_write;
-    }
+    const size_t sg_now = nh > 0 ? (size_t)pl.largest_host : 0;
+    const double host_phase = host_optim_time(rt, cfg, dt, s, (double)nh, (double)state_b, (double)sg_now);
     t->host_optim = host_phase;
     t->weights_in = nh > 0 ? fmax(0.0, (double)nh * (double)es / h2d - host_phase) + (double)sg_now * (double)es / h2d
                            : 0.0;
