@@ -116,9 +116,11 @@ print("round %s %-6s load %s: span %.2fx, after the first save %s (%d saves, %d 
 if wall:
     print("    by the wall clock: span %.2fx, after the first save %.2fx" % wall, flush=True)
 if any(v.get("ckpt_device_copied", 0) for v in saves):
-    print("    the device's share copied at each start: %s MB in %s s" % (
+    print("    the device's share copied at each save: %s MB in %s s; the training waited %s s for it" % (
         "/".join("%.0f" % (v["ckpt_device_copied"] / 1e6) for v in saves),
-        "/".join("%.3f" % v.get("ckpt_device_copy_s", float("nan")) for v in saves)), flush=True)
+        "/".join("%.3f" % v.get("ckpt_device_copy_s", float("nan")) for v in saves),
+        "/".join("%.3f" % v.get("ckpt_device_wait_s", v.get("ckpt_device_copy_s", float("nan"))) for v in saves)),
+        flush=True)
 if waits > 1e-3:  # (a finished writer is joined in microseconds)
     print("    %.2f s of it waited for a save still being written at the next one (raise --interval): span without "
           "those waits %.2fx" % (waits, (span_t - waits) / (span_n * base)), flush=True)

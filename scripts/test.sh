@@ -40,14 +40,15 @@ run_suite "release" "$BUILD_DIR" "."
 if [ "${ZOFF_SKIP_SANITIZERS:-0}" != 1 ]; then
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   run_suite "asan+ubsan" "$BUILD_DIR-asan" "." -DZOFF_CUDA=OFF -DZOFF_SANITIZE=address -DCMAKE_BUILD_TYPE=RelWithDebInfo
-  # ThreadSanitizer for the threaded parts: device streams, CPU Adam threads, engine.
+  # ThreadSanitizer for the threaded parts: device streams, CPU Adam threads, engine, checkpoint writer,
+  # background saves (with a Twin-Flow share: its copy beside the training).
   # libgomp is not built with TSan, so its barriers are invisible to it and every
   # OpenMP team reports false races; OMP_NUM_THREADS=1 keeps the kernels' OpenMP
   # regions on the calling thread while the pthread-based concurrency under test
   # (stream threads, events, copy streams, the engine's worker) stays real.
   # Tests that check OpenMP threading itself request their thread counts explicitly.
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
-  OMP_NUM_THREADS=1 run_suite "tsan" "$BUILD_DIR-tsan" "test_device|test_cpu_adam|test_engine|test_train|test_aio|test_nvme" -DZOFF_CUDA=OFF -DZOFF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  OMP_NUM_THREADS=1 run_suite "tsan" "$BUILD_DIR-tsan" "test_device|test_cpu_adam|test_engine|test_train|test_aio|test_nvme|test_ckpt|cli_ckpt_background|cli_ckpt_snapshot|cli_twinflow" -DZOFF_CUDA=OFF -DZOFF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 # Fuzz smoke runs: every libFuzzer harness (fuzz/, clang, ASan + UBSan) for FUZZ_SECONDS (30)
 # from its committed seeds; each harness counts as one test. The crash test (tests/cli_crash.sh)

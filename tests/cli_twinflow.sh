@@ -34,8 +34,8 @@ check "3 + resume + 3 steps == 6 steps, bit for bit (both halves restored)" "[ -
 "$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/tfbg" >"$W/tfbg.txt" 2>&1
 "$ZOFF" train "${BASE[@]}" --config "$W/tf.json" --train-iters 4 --save-interval 1 --save "$W/tfsync" --sync-save \
   >"$W/tfsync.txt" 2>&1
-check "ratio 0.5, a save every step: written in the background, the device's half copied at each start" \
-  "[ -f '$W/tfbg/step_00000004/COMPLETE' ] && [ \$(grep -c 'written in the background' '$W/tfbg.txt') -ge 2 ] && grep -q \"the device's .* of the state copied at its start\" '$W/tfbg.txt' && ! grep -q 'written synchronously' '$W/tfbg.txt' && grep -q '\"ckpt_device_copied\":[1-9]' '$W/tfbg/metrics.jsonl'"
+check "ratio 0.5, a save every step: written in the background, the device's half copied at each save" \
+  "[ -f '$W/tfbg/step_00000004/COMPLETE' ] && [ \$(grep -c 'written in the background' '$W/tfbg.txt') -ge 2 ] && grep -q \"the device's .* of the state copied in .* s, the training waited .* s for it\" '$W/tfbg.txt' && ! grep -q 'written synchronously' '$W/tfbg.txt' && grep -q '\"ckpt_device_copied\":[1-9]' '$W/tfbg/metrics.jsonl' && grep -q '\"ckpt_device_wait_s\":' '$W/tfbg/metrics.jsonl'"
 same=1
 for k in 1 2 3 4; do
   f="step_0000000$k/rank_00000.zckpt"

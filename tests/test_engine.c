@@ -106,6 +106,10 @@ typedef struct snap_test {
     int nt;
     int full_less;            /* >= 0: the budget is zoff_engine_snapshot_bytes less this many blocks (set at begin) */
     size_t full;              /* then: zoff_engine_snapshot_bytes */
+    bool copy_first;          /* the reader takes the device share's copy first (zoff_engine_snapshot_device_copy), as
+                                 the writer does */
+    bool ahead;               /* the device share's copy begun before the flush and begin, as the trainer does at the
+                                 boundary (zoff_engine_snapshot_device_ahead) */
 } snap_test;
 static snap_test *g_snaptest;
 
@@ -161,6 +165,7 @@ static void *snap_reader_main(void *arg) {
     const size_t A = 4096;
     held_block held[2] = {{0}};
     int next = 0;
+    if (t->copy_first) t->s = zoff_engine_snapshot_device_copy(t->e);
     for (int i = 0; i < 3 && t->s == ZOFF_OK; i++) {
         const zoff_dtype kept = zoff_engine_state_dtype(t->e, i);
         const int64_t es = (int64_t)zoff_dtype_size(kept);
@@ -216,6 +221,7 @@ static void *snap_reader_main(void *arg) {
 }
 
 static zoff_status snap_test_begin(zoff_engine *e, int64_t n, snap_test *t) {
+    if (t->ahead) ZOFF_TRY(zoff_engine_snapshot_device_ahead(e));
     ZOFF_TRY(zoff_engine_flush_state(e)); /* as a save does */
     t->e = e;
     t->n = n;
@@ -752,15 +758,23 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
     assert_int_equal(train(cfg, dt, 7, 0, &plain), ZOFF_OK);
     /* b 4 and 5: exactly zoff_engine_snapshot_bytes (the whole arena: no update waits), and one block less (one
      * must) */
-    const size_t budgets[] = {SIZE_MAX, (size_t)1 << 20, 0, SIZE_MAX, 0, 0};
-    for (int b = 0; b < 6; b++) {
-        snap_test t = {.at = 2, .budget = budgets[b], .plus_min = device_share && b < 4, .full_less = b >= 4 ? b - 4 : -1};
+    /* b 6 and 7 (a device share): the reader takes the device's copy first, as the writer does (6), or the copy is
+     * begun at the boundary, before the flush and begin, on a thread of its own, the arena held since step 1 (7), as
+     * the trainer does; each copy waits a second before it begins. The next device update must wait for it (else the
+     * copy holds that update's values) */
+    const size_t budgets[] = {SIZE_MAX, (size_t)1 << 20, 0, SIZE_MAX, 0, 0, SIZE_MAX, SIZE_MAX};
+    for (int b = 0; b < (device_share ? 8 : 6); b++) {
+        snap_test t = {.at = 2, .budget = budgets[b], .plus_min = device_share && (b < 4 || b >= 6),
+                       .full_less = b == 4 || b == 5 ? b - 4 : -1, .copy_first = b == 6, .ahead = b == 7,
+                       .prepare = b == 7};
         g_snaptest = &t;
         g_mode = (train_mode){.hidden = hidden, .waits = waits};
-        if (b != 3) setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1);
+        if (b != 3 && b < 6) setenv("ZOFF_TEST_SNAPSHOT_HOLD", "1", 1);
+        if (b >= 6) setenv("ZOFF_TEST_SNAPSHOT_DEVICE_DELAY_MS", "1000", 1);
         run_result r;
         assert_int_equal(train(cfg, dt, 7, 0, &r), ZOFF_OK);
         unsetenv("ZOFF_TEST_SNAPSHOT_HOLD");
+        unsetenv("ZOFF_TEST_SNAPSHOT_DEVICE_DELAY_MS");
         g_snaptest = NULL;
         assert_true(t.started);
         assert_int_equal(t.s, ZOFF_OK);
@@ -776,9 +790,16 @@ static void check_snapshot(const char *zero, const char *prec, zoff_dtype dt, bo
         /* a device share: its master, m and v copied whole at begin (fp32), at least one 1 MiB block */
         assert_true(device_share ? t.n_dev > 0 && t.n_host > 0 : t.n_dev == 0);
         assert_int_equal(t.stats.device, (size_t)t.n_dev * 3 * sizeof(float));
-        if (device_share && b < 4)
+        if (device_share && (b < 4 || b >= 6))
             assert_true(t.min_bytes >= t.stats.device && t.min_bytes < t.stats.device + ((size_t)1 << 20));
-        if (b >= 4) { /* the whole arena: a 1 MiB slot per 1 MiB - 4 KiB of each host array (master, m, v), and the
+        /* the device's copy is taken once per save, by the reader or the next device update (which then spent it) */
+        if (device_share) assert_true(t.stats.device_seconds > 0 && t.stats.device_wait <= t.stats.device_seconds + 1);
+        if (b >= 6) {
+            print_message("snapshot: the device's copy took %.3f s, the training waited %.3f s for it\n",
+                          t.stats.device_seconds, t.stats.device_wait);
+            assert_true(t.stats.device_seconds >= 0.9 && t.stats.device_wait > 0.5);
+        }
+        if (b == 4 || b == 5) { /* the whole arena: a 1 MiB slot per 1 MiB - 4 KiB of each host array (master, m, v), and the
                          device share's copy in whole MiB */
             const size_t mib = (size_t)1 << 20, per = mib - 4096, img = (t.stats.device + mib - 1) / mib * mib;
             const size_t host[3] = {(size_t)t.n_host * sizeof(float), (size_t)t.n_host * ssize, (size_t)t.n_host * ssize};

@@ -404,8 +404,13 @@ zoff_status zoff_engine_state_range_as(zoff_engine *e, int i, int64_t offset, in
 /* Copy-on-update snapshot for a background save (one rank, the state in host memory, not in
  * NVMe swap files: zoff_train_ckpt_can_background). zoff_engine_snapshot_begin (caller thread, no
  * update running: after zoff_engine_flush_state) starts one: a device share's state (Twin-Flow) is
- * copied whole into the front of the arena there (zoff_engine_snapshot_min_bytes: a smaller budget
- * is refused, ZOFF_ERR_INVALID), and from then on a host update of a
+ * copied whole into the front of the arena (zoff_engine_snapshot_min_bytes: a smaller budget is
+ * refused, ZOFF_ERR_INVALID) as it is at begin, on a stream of its own, by the first of:
+ * zoff_engine_snapshot_device_ahead (at the step boundary the save is of, when its begin comes
+ * later but before the next zoff_engine_step: a thread of its own copies it from there, where the
+ * arena is already held), the writer's zoff_engine_snapshot_device_copy (its thread waits for the
+ * copy: call it first), its first read of a device sub-group, and the next device update (which
+ * waits for a copy begun elsewhere); and from then on a host update of a
  * sub-group whose state the writer has not yet read first copies that state (blocks of
  * zoff_engine_snapshot_block_data_bytes: in the exact update's own pass, each element just before
  * it is written, or whole blocks on up to the optimizer's threads) into a staging arena of
@@ -427,8 +432,9 @@ typedef struct zoff_engine_snapshot_stats {
     size_t prefaulted;     /* arena bytes faulted in ahead by zoff_engine_snapshot_prepare (the first save after it) */
     size_t staged_in_update; /* of staged: copied by the updates' own passes */
     double update_wait;    /* seconds updates waited for the writer (budget spent) */
-    size_t device;         /* bytes of the device's state copied at begin (a device share), in device_seconds */
+    size_t device;         /* bytes of the device's state copied (a device share), in device_seconds */
     double device_seconds;
+    double device_wait;    /* seconds the training thread spent on that copy (waiting for it, or making it) */
 } zoff_engine_snapshot_stats;
 /* The snapshot's slots (bytes); the state bytes each block of an array holds (a slot less
  * zoff_engine_snapshot_align: room to shift the copy, see zoff_engine_snapshot_borrow); the
@@ -458,6 +464,8 @@ size_t zoff_placement_snapshot_auto_budget(size_t full, size_t held, size_t left
 zoff_status zoff_engine_snapshot_prepare(zoff_engine *e, size_t budget);
 size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e);
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget);
+zoff_status zoff_engine_snapshot_device_copy(zoff_engine *e);
+zoff_status zoff_engine_snapshot_device_ahead(zoff_engine *e);
 zoff_status zoff_engine_snapshot_read(zoff_engine *e, int i, int64_t offset, int64_t count, float *host);
 /* The same in dtype dt (as zoff_engine_state_range_as: fp32, or the array's own dtype). */
 zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt,

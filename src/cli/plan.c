@@ -230,7 +230,7 @@ static void print_saves(const zoff_plan_inputs *in, const zoff_plan_row *r, char
            "auto: at most half of the %s of host memory this leaves; %s stages everything%s)",
            fmt_b((size_t)r->snapshot_budget, b[0], 32), left, fmt_b(m->snapshot, b[1], 32),
            (size_t)r->snapshot_budget < m->snapshot ? ", with less updates wait for the writer at times" : "");
-    if (m->snapshot_copy) printf("; the device's share copied at each start: %s", fmt_b(m->snapshot_copy, b[2], 32));
+    if (m->snapshot_copy) printf("; the device's share copied at each save, beside the next forward and backward: %s", fmt_b(m->snapshot_copy, b[2], 32));
     printf("\n");
 }
 static void print_row_detail(const char *title, const zoff_plan_row *r, const zoff_plan_inputs *in) {

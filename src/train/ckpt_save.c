@@ -92,8 +92,8 @@ static void job_free(zoff_train_ckpt_job *j) {
 }
 
 const char *zoff_train_ckpt_background_rule(const zoff_train_save_facts *f, char *buf, size_t cap) {
-    /* the writer's thread reads host memory only: neither the device (a device share is copied at the snapshot's
-     * begin), the engine's worker nor an NVMe swap file (whose passes the update runs) */
+    /* the writer's thread reads host memory only (a device share is first copied there, on a stream of its own):
+     * neither the engine's worker nor an NVMe swap file (whose passes the update runs) */
     const int64_t pn = f->partition_params;
     const double dev_pct = pn > 0 ? 100.0 * (double)(pn - f->host_params) / (double)pn : 0.0;
     char a[32], b[32];
@@ -476,7 +476,9 @@ static void *writer_main(void *arg) {
     pthread_setname_np(pthread_self(), "zoff-ckpt"); /* for top, perf */
     writer_lower_priority();
     zoff_ckpt_options opts = {.tmp_tag = j->tag};
-    zoff_status s = j->w ? ZOFF_OK : open_rank_file(j, &j->w);
+    /* a device share's copy first: the next device update waits for it */
+    zoff_status s = j->snap ? zoff_engine_snapshot_device_copy(j->eng) : ZOFF_OK;
+    if (s == ZOFF_OK && !j->w) s = open_rank_file(j, &j->w);
     if (s == ZOFF_OK) s = finish_rank_file(j, j->w);
     snap_end(j); /* also when the file could not be opened */
     if (s == ZOFF_OK) s = zoff_ckpt_finalize(j->dir, j->meta.step, 1, &opts);

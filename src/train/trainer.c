@@ -38,10 +38,10 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
     if (waited) *waited += w;
     if (s != ZOFF_OK) return zoff_error_context(s, "checkpoint");
     const zoff_engine_snapshot_stats *ss = &d.snapshot;
-    char b[5][32], snap[384] = "", dev[96] = "";
+    char b[5][32], snap[448] = "", dev[160] = "";
     if (d.snapshot_used && ss->device)
-        snprintf(dev, sizeof dev, "; the device's %s of the state copied at its start in %.2f s",
-                 zoff_format_bytes(ss->device, b[3], 32), ss->device_seconds);
+        snprintf(dev, sizeof dev, "; the device's %s of the state copied in %.2f s, the training waited %.2f s for it",
+                 zoff_format_bytes(ss->device, b[3], 32), ss->device_seconds, ss->device_wait);
     if (d.snapshot_used)
         snprintf(snap, sizeof snap, "; %s of the state staged for the updates (%.0f%% in their own pass, budget %s%s%s), "
                  "%s written from there in place, updates waited %.2f s%s", zoff_format_bytes(ss->staged, b[0], 32),
@@ -55,12 +55,12 @@ static zoff_status wait_background_save(zoff_trainer *t, double *waited, bool in
                                 "{\"step\":%lld,\"ckpt_step\":%lld,\"ckpt_steps_overlapped\":%lld,\"ckpt_seconds\":%.6f,"
                                 "\"ckpt_start\":%.6f,\"ckpt_staged\":%zu,\"ckpt_staged_in_update\":%zu,"
                                 "\"ckpt_update_wait\":%.6f,\"ckpt_join_wait\":%.6f,\"ckpt_prefaulted\":%zu,"
-                                "\"ckpt_device_copied\":%zu,\"ckpt_device_copy_s\":%.6f,\"ckpt_in_place\":%zu,"
+                                "\"ckpt_device_copied\":%zu,\"ckpt_device_copy_s\":%.6f,\"ckpt_device_wait_s\":%.6f,\"ckpt_in_place\":%zu,"
                                 "\"ckpt_start_in_step\":%s}\n",
                                 (long long)t->info.step, (long long)t->bg_step,
                                 (long long)(t->info.step + in_step - t->bg_step), d.seconds, t->bg_start_s, ss->staged,
                                 ss->staged_in_update, ss->update_wait, in_step ? 0.0 : w, ss->prefaulted, ss->device,
-                                ss->device_seconds, d.in_place, t->bg_start_in_step ? "true" : "false");
+                                ss->device_seconds, ss->device_wait, d.in_place, t->bg_start_in_step ? "true" : "false");
 }
 
 void zoff_trainer_destroy(zoff_trainer *t) {
@@ -406,7 +406,7 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
         t->told_sync_saves = true;
         zoff_log(ZOFF_LOG_INFO,
                  "checkpoint: periodic saves are written synchronously, training waits for each (said once): %s; a "
-                 "background save needs one rank and the optimizer state in host memory (a device share is copied at its start)",
+                 "background save needs one rank and the optimizer state in host memory (a device share is copied there first)",
                  blocker);
     }
     if (t->o.sync_saves || blocker) return zoff_trainer_save(t, false);
@@ -427,6 +427,8 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
          * starts just before the next update (start_due_save) */
         t->due_meta = current_meta(t);
         t->save_due = true;
+        /* a device share's copy, though, begins now: the device's next update is a forward and a backward away */
+        if (!blocker && budget >= 0) ZOFF_TRY(zoff_engine_snapshot_device_ahead(t->eng));
         return ZOFF_OK;
     }
     return start_save(t, NULL);

@@ -1309,6 +1309,7 @@ int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken
 static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double grad_scale) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     zoff_stream *st = e->opt_stream ? e->opt_stream : e->compute;
+    ZOFF_TRY(zoff_eng_snap_device_gate(e)); /* a background save's copy of this state taken first */
     if (e->opt_stream) {
         ZOFF_TRY(zoff_event_record(e->ev_stats, e->compute));
         ZOFF_TRY(zoff_stream_wait_event(st, e->ev_stats));
@@ -1605,6 +1606,11 @@ const char *zoff_engine_state_name(const zoff_engine *e, int i) {
     return i >= 0 && i < 3 ? state_names_adam[i] : NULL;
 }
 
+float *zoff_eng_device_state(const zoff_engine *e, int i, const subgroup *g) {
+    if (i == 0) return e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off;
+    return (i == 1 ? e->d_m : e->d_v) + g->state_off;
+}
+
 void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so) {
     if ((i == 1 && !uses_m(e)) || (i == 2 && !uses_v(e))) return NULL;
     return i == 0 ? (void *)(e->h_master + so) : st_at(e, i == 1 ? e->h_m : e->h_v, so);
@@ -1643,8 +1649,7 @@ static zoff_status state_io(zoff_engine *e, int i, float *host, bool get) {
         if (g->on_host) {
             host_state_io(e, i, g->state_off, g->count, h, ZOFF_F32, get);
         } else {
-            float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model : e->d_master + g->state_off)
-                              : (i == 1 ? e->d_m : e->d_v) + g->state_off;
+            float *d = zoff_eng_device_state(e, i, g);
             ZOFF_TRY(zoff_memcpy_async(e->compute, get ? (void *)h : (void *)d, get ? (const void *)d : (const void *)h,
                                        (size_t)g->count * f4, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
         }
@@ -1737,8 +1742,7 @@ zoff_status zoff_engine_state_range_as(zoff_engine *e, int i, int64_t offset, in
             continue;
         }
         /* on the device: fp32 (zoff_engine_state_dtype is f32 wherever a sub-group is, so dt is) */
-        float *d = i == 0 ? (e->dtype == ZOFF_F32 ? (float *)e->params + g->model + (lo - g->offset) : e->d_master + so)
-                          : (i == 1 ? e->d_m : e->d_v) + so;
+        float *d = zoff_eng_device_state(e, i, g) + (lo - g->offset);
         ZOFF_TRY(zoff_memcpy_async(e->compute, get ? (void *)h : (void *)d, get ? (const void *)d : (const void *)h,
                                    (size_t)(hi - lo) * f4, get ? ZOFF_COPY_D2H : ZOFF_COPY_H2D));
         dev = true;

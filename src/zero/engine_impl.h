@@ -286,6 +286,8 @@ void zoff_eng_state_to(const zoff_engine *e, int i, const void *src, int64_t c, 
 zoff_status zoff_eng_check_state_range(const zoff_engine *e, int i, int64_t offset, int64_t count, zoff_dtype dt);
 /* Host state array i at host state offset so (NULL: an array the optimizer does not use). */
 void *zoff_eng_state_ptr(const zoff_engine *e, int i, int64_t so);
+/* Device sub-group g's state array i on the device (fp32: the master is the model's weights when they are fp32). */
+float *zoff_eng_device_state(const zoff_engine *e, int i, const subgroup *g);
 
 /* ---- snapshot.c: the background save's copy-on-update snapshot (zoff_engine_snapshot_*) ---- */
 
@@ -309,6 +311,9 @@ void zoff_eng_snap_before_write(void *ctx, int64_t lo, int64_t hi);
  * error if s was ZOFF_OK. */
 zoff_status zoff_eng_snap_pass_done(zoff_engine *e, zoff_status s);
 void zoff_eng_snap_destroy(zoff_engine *e);
+/* Before the device's share of the optimizer state is updated (device_update, the training thread): while a save's
+ * copy of it has not been taken, take it here (the writer has not begun it) or wait until the writer has. */
+zoff_status zoff_eng_snap_device_gate(zoff_engine *e);
 /* The staging arena (zoff_engine_snapshot_held bytes; NULL: none), for tests. */
 const void *zoff_eng_snap_arena(const zoff_engine *e);
 

@@ -20,9 +20,16 @@
  * slot is free. All under one mutex, except the copies and the PENDING fills (atomics).
  *
  * With a device share (Twin-Flow, offload_optimizer.ratio below 1) the device's state arrays are
- * copied whole into the front of the arena at begin (the device image: fp32, at the device state
- * offsets; the device update runs only inside zoff_engine_step, after begin), and the writer reads
- * the device's sub-groups from there: the device is not touched by the writer's thread.
+ * copied whole into the front of the arena (the device image: fp32, at the device state offsets),
+ * and the writer reads the device's sub-groups from there. The copy runs on a stream of its own
+ * from an event on the compute stream after the last device update, on a thread that is not the
+ * training's (with the CUDA runtime a copy into pageable memory holds the thread that issues it
+ * until it is done): from the step boundary the save is taken at on a thread of its own
+ * (zoff_engine_snapshot_device_ahead, where the arena is already there: the device's next update
+ * comes a forward and a backward later), else from begin on the writer's thread as its first
+ * work (zoff_engine_snapshot_device_copy). The next device update waits for it at
+ * zoff_eng_snap_device_gate, or takes it itself when nobody has begun it: the device's state
+ * changes only in that update, inside zoff_engine_step.
  *
  * The arena stays allocated from one save to the next (its pages faulted in once, not at
  * every save's first update) and is freed with the engine, or when a save needs more. Before
@@ -47,6 +54,7 @@
 #define SNAP_ARRAYS 3
 
 enum { BLK_NONE = 0, BLK_READY = 1, BLK_PENDING = 2 };
+enum { IMG_TODO = 0, IMG_COPYING = 1, IMG_DONE = 2 };
 
 typedef struct zoff_snap {
     pthread_mutex_t mu;
@@ -65,6 +73,14 @@ typedef struct zoff_snap {
     int arena_slots;
     size_t dimg_bytes;            /* the device image: n_dev fp32 per array in use (a whole number of slots) */
     size_t dimg_off[SNAP_ARRAYS]; /* array i's part of it */
+    zoff_stream *img_stream;      /* the image's copy (with a device share) */
+    zoff_event *img_src;          /* on the compute stream at begin: the device's state to copy */
+    int img;                      /* IMG_*: the image's copy for this save (mu) */
+    bool img_failed;              /* it failed: the writer's reads of the device's sub-groups fail */
+    double img_seconds;           /* how long it took */
+    bool ahead;                   /* zoff_engine_snapshot_device_ahead began it for the next begin */
+    pthread_t ahead_th;           /* its thread, until joined (ahead_running) */
+    bool ahead_running;
     pthread_t pf_th;              /* the arena's prefault (zoff_engine_snapshot_prepare), while pf_running */
     bool pf_running;
     _Atomic bool pf_stop;
@@ -157,9 +173,17 @@ static size_t prefault_join(zoff_snap *p) {
     return atomic_load(&p->pf_done);
 }
 
+static void ahead_join(zoff_snap *p) {
+    if (p->ahead_running) pthread_join(p->ahead_th, NULL);
+    p->ahead_running = false;
+}
+
 static void snap_free(zoff_snap *p) {
     prefault_join(p);
+    ahead_join(p);
     arena_free(p);
+    zoff_stream_destroy(p->img_stream);
+    zoff_event_destroy(p->img_src);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     for (int i = 0; i < SNAP_ARRAYS; i++)
@@ -233,6 +257,13 @@ static zoff_status snap_create(zoff_engine *e) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->dimg_bytes = image_bytes(e, p->dimg_off);
+    zoff_status s = ZOFF_OK;
+    if (p->dimg_bytes > 0) s = zoff_stream_create(e->dev, "snapshot copy", &p->img_stream);
+    if (s == ZOFF_OK && p->dimg_bytes > 0) s = zoff_event_create(e->dev, &p->img_src);
+    if (s != ZOFF_OK) {
+        snap_free(p);
+        return s;
+    }
     for (int i = 0; i < SNAP_ARRAYS; i++) {
         p->nb[i] = array_blocks(e, i);
         p->blk[i] = block_elems(e, i);
@@ -324,14 +355,102 @@ size_t zoff_engine_snapshot_prefaulted(const zoff_engine *e) {
 static float *image_of(const zoff_snap *p, int i) { return (float *)(p->arena + p->dimg_off[i]); }
 
 static zoff_status image_fill(zoff_engine *e, zoff_snap *p) {
+    const char *delay = getenv("ZOFF_TEST_SNAPSHOT_DEVICE_DELAY_MS"); /* tests: a copy that takes its time */
+    if (delay) nanosleep(&(struct timespec){.tv_sec = atol(delay) / 1000, .tv_nsec = atol(delay) % 1000 * 1000000L}, NULL);
+    ZOFF_TRY(zoff_stream_wait_event(p->img_stream, p->img_src));
     for (int k = 0; k < e->nsg; k++) {
         const subgroup *g = &e->sg[k];
         for (int i = 0; i < SNAP_ARRAYS && !g->on_host; i++)
             if (p->nb[i] > 0)
-                ZOFF_TRY(zoff_engine_state_range_as(e, i, g->offset, g->count, ZOFF_F32, image_of(p, i) + g->state_off,
-                                                    true));
+                ZOFF_TRY(zoff_memcpy_async(p->img_stream, image_of(p, i) + g->state_off, zoff_eng_device_state(e, i, g),
+                                           (size_t)g->count * sizeof(float), ZOFF_COPY_D2H));
+    }
+    return zoff_stream_synchronize(p->img_stream);
+}
+
+/* The device image's copy ended (s: how; dt seconds): its waiters go on. */
+static void image_done(zoff_snap *p, zoff_status s, double dt) {
+    pthread_mutex_lock(&p->mu);
+    p->img = IMG_DONE;
+    p->img_failed = s != ZOFF_OK;
+    p->img_seconds = dt;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The device image of this save taken (by this thread when no other has begun it; else waited for: *waited
+ * seconds, may be NULL). Only the thread that copies gets its failure. */
+static zoff_status image_ready(zoff_engine *e, zoff_snap *p, double *waited) {
+    pthread_mutex_lock(&p->mu);
+    if (p->img == IMG_COPYING) {
+        const double t0 = zoff_now();
+        while (p->img == IMG_COPYING) pthread_cond_wait(&p->cv, &p->mu);
+        if (waited) *waited += zoff_now() - t0;
+    }
+    if (!p->active || p->img == IMG_DONE) {
+        pthread_mutex_unlock(&p->mu);
+        return ZOFF_OK;
+    }
+    p->img = IMG_COPYING;
+    pthread_mutex_unlock(&p->mu);
+    const double t0 = zoff_now();
+    const zoff_status s = image_fill(e, p);
+    const double dt = zoff_now() - t0;
+    image_done(p, s, dt);
+    if (waited) *waited += dt;
+    return s;
+}
+
+static void *ahead_main(void *arg) {
+    zoff_engine *e = arg;
+    zoff_snap *p = e->snap;
+    const double t0 = zoff_now();
+    const zoff_status s = image_fill(e, p);
+    image_done(p, s, zoff_now() - t0);
+    if (s != ZOFF_OK) zoff_log(ZOFF_LOG_WARN, "checkpoint snapshot: the copy of the device's share failed: %s",
+                               zoff_last_error());
+    return NULL;
+}
+
+zoff_status zoff_engine_snapshot_device_ahead(zoff_engine *e) {
+    zoff_snap *p = e->snap;
+    if (!p || !p->arena || p->dimg_bytes == 0) return ZOFF_OK; /* begin copies it */
+    pthread_mutex_lock(&p->mu);
+    const bool active = p->active;
+    pthread_mutex_unlock(&p->mu);
+    if (active) return ZOFF_OK;
+    prefault_join(p); /* its fallback writes a byte per page */
+    ahead_join(p);    /* the last one's, long done (also one whose begin never came) */
+    ZOFF_TRY(zoff_event_record(p->img_src, e->compute)); /* the device's state as of this boundary */
+    pthread_mutex_lock(&p->mu);
+    p->img = IMG_COPYING;
+    p->img_failed = false;
+    pthread_mutex_unlock(&p->mu);
+    p->ahead = p->ahead_running = pthread_create(&p->ahead_th, NULL, ahead_main, e) == 0;
+    if (!p->ahead) { /* begin copies it */
+        pthread_mutex_lock(&p->mu);
+        p->img = IMG_TODO;
+        pthread_mutex_unlock(&p->mu);
     }
     return ZOFF_OK;
+}
+
+zoff_status zoff_engine_snapshot_device_copy(zoff_engine *e) {
+    zoff_snap *p = e->snap;
+    return p && p->dimg_bytes > 0 ? image_ready(e, p, NULL) : ZOFF_OK;
+}
+
+zoff_status zoff_eng_snap_device_gate(zoff_engine *e) {
+    zoff_snap *p = snap_of(e);
+    if (!p || p->dimg_bytes == 0) return ZOFF_OK;
+    double waited = 0;
+    const zoff_status s = image_ready(e, p, &waited);
+    if (waited > 0) {
+        pthread_mutex_lock(&p->mu);
+        p->st.device_wait += waited;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return s;
 }
 
 zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
@@ -352,10 +471,15 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     const size_t bb = zoff_engine_snapshot_block_bytes();
     const int nslots = budget_slots(e, budget);
     const size_t prefaulted = prefault_join(p);
+    bool ahead = p->ahead; /* this save's copy begun at its boundary: used once, whatever happens here */
+    p->ahead = false;
+    if (!ahead || nslots > p->arena_slots) { /* none, or the arena grows: the copy is made anew */
+        ahead_join(p);
+        ahead = false;
+    }
     ZOFF_TRY(arena_reserve(p, nslots)); /* (no update runs: settled) */
-    double ti = zoff_now();
-    if (p->dimg_bytes > 0) ZOFF_TRY(image_fill(e, p));
-    ti = zoff_now() - ti;
+    if (p->dimg_bytes > 0 && !ahead)
+        ZOFF_TRY(zoff_event_record(p->img_src, e->compute)); /* after the last device update */
     int32_t *fs = nslots > 0 ? malloc((size_t)nslots * sizeof *fs) : NULL;
     int32_t *oi = nslots > 0 ? malloc((size_t)nslots * sizeof *oi) : NULL;
     int64_t *ob = nslots > 0 ? malloc((size_t)nslots * sizeof *ob) : NULL;
@@ -391,8 +515,11 @@ zoff_status zoff_engine_snapshot_begin(zoff_engine *e, size_t budget) {
     p->protected_sg = p->host_sg = 0;
     for (int k = 0; k < e->nsg; k++) p->host_sg += e->sg[k].on_host;
     p->st = (zoff_engine_snapshot_stats){.budget = (size_t)nslots * bb + p->dimg_bytes, .prefaulted = prefaulted,
-                                         .device = image_data_bytes(e, NULL),
-                                         .device_seconds = ti};
+                                         .device = image_data_bytes(e, NULL)};
+    if (!ahead) { /* else its copy, made or being made, is this save's */
+        p->img = p->dimg_bytes > 0 ? IMG_TODO : IMG_DONE;
+        p->img_failed = false;
+    }
     atomic_store(&p->pf_done, 0); /* said once */
     p->active = true;
     pthread_mutex_unlock(&p->mu);
@@ -507,6 +634,10 @@ zoff_status zoff_engine_snapshot_read_as(zoff_engine *e, int i, int64_t offset, 
             if (dt != ZOFF_F32)
                 return zoff_error(ZOFF_ERR_INTERNAL, "checkpoint snapshot: sub-group %d is on the device, read as %s", k,
                                   zoff_dtype_name(dt));
+            ZOFF_TRY(image_ready(e, p, NULL));
+            if (p->img_failed)
+                return zoff_error(ZOFF_ERR_IO, "checkpoint snapshot: the copy of the device's share of the optimizer "
+                                               "state failed; this save is abandoned");
             memcpy((char *)host + (size_t)(lo - offset) * hs,
                    image_of(p, i) + g->state_off + (lo - g->offset),
                    (size_t)(hi - lo) * sizeof(float));
@@ -759,11 +890,14 @@ void zoff_engine_snapshot_finish(zoff_engine *e, zoff_engine_snapshot_stats *sta
     pthread_mutex_lock(&p->mu);
     p->active = false;
     pthread_cond_broadcast(&p->cv);
-    while (p->inside > 0) pthread_cond_wait(&p->cv, &p->mu); /* woken above, they leave at once */
+    /* woken above, updaters leave at once; a copy of the device image started by the training thread ends */
+    while (p->inside > 0 || p->img == IMG_COPYING) pthread_cond_wait(&p->cv, &p->mu);
     p->nslots = p->nfree = 0; /* the arena and its tables stay for the next save (an update's pass may still be filling
                                  its PENDING blocks) */
+    p->st.device_seconds = p->img == IMG_DONE && p->dimg_bytes > 0 ? p->img_seconds : 0;
     if (stats) *stats = p->st;
     pthread_mutex_unlock(&p->mu);
+    ahead_join(p); /* done: its copy ended above */
 }
 
 size_t zoff_engine_snapshot_held(const zoff_engine *e) {
