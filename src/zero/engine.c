@@ -753,6 +753,7 @@ void zoff_engine_destroy(zoff_engine *e) {
     }
     zoff_s3_destroy(e->s3); /* synchronises its streams */
     if (e->compute) zoff_stream_synchronize(e->compute);
+    zoff_eng_snap_destroy(e); /* a device share's copy begun ahead of a save that never began, joined: it reads d_m.. */
     if (e->s3_params_dev) zoff_device_free(e->dev, e->s3_params_dev);
     if (e->s3_grads_dev) zoff_device_free(e->dev, e->s3_grads_dev);
     if (e->d2h) zoff_stream_destroy(e->d2h);
@@ -775,7 +776,6 @@ void zoff_engine_destroy(zoff_engine *e) {
     dma_free(e, e->h_grads[1]);
     dma_free(e, e->h_staging);
     zoff_host_optimizer_destroy(e->hopt);
-    zoff_eng_snap_destroy(e);
     if (e->scratch.recv) zoff_device_free(e->dev, e->scratch.recv);
     if (e->scratch.pack) zoff_device_free(e->dev, e->scratch.pack);
     zoff_event_destroy(e->ev_gather);
