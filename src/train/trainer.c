@@ -428,7 +428,7 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t) {
         t->due_meta = current_meta(t);
         t->save_due = true;
         /* a device share's copy, though, begins now: the device's next update is a forward and a backward away */
-        if (!blocker && budget >= 0) ZOFF_TRY(zoff_engine_snapshot_device_ahead(t->eng));
+        ZOFF_TRY(zoff_engine_snapshot_device_ahead(t->eng));
         return ZOFF_OK;
     }
     return start_save(t, NULL);

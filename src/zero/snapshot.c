@@ -368,14 +368,19 @@ static zoff_status image_fill(zoff_engine *e, zoff_snap *p) {
     return zoff_stream_synchronize(p->img_stream);
 }
 
-/* The device image's copy ended (s: how; dt seconds): its waiters go on. */
-static void image_done(zoff_snap *p, zoff_status s, double dt) {
+/* The device image copied by this thread (img IMG_COPYING, claimed by it); then its waiters go on. *dt: how long it
+ * took. */
+static zoff_status image_copy(zoff_engine *e, zoff_snap *p, double *dt) {
+    const double t0 = zoff_now();
+    const zoff_status s = image_fill(e, p);
+    *dt = zoff_now() - t0;
     pthread_mutex_lock(&p->mu);
     p->img = IMG_DONE;
     p->img_failed = s != ZOFF_OK;
-    p->img_seconds = dt;
+    p->img_seconds = *dt;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    return s;
 }
 
 /* The device image of this save taken (by this thread when no other has begun it; else waited for: *waited
@@ -393,20 +398,16 @@ static zoff_status image_ready(zoff_engine *e, zoff_snap *p, double *waited) {
     }
     p->img = IMG_COPYING;
     pthread_mutex_unlock(&p->mu);
-    const double t0 = zoff_now();
-    const zoff_status s = image_fill(e, p);
-    const double dt = zoff_now() - t0;
-    image_done(p, s, dt);
+    double dt;
+    const zoff_status s = image_copy(e, p, &dt);
     if (waited) *waited += dt;
     return s;
 }
 
 static void *ahead_main(void *arg) {
     zoff_engine *e = arg;
-    zoff_snap *p = e->snap;
-    const double t0 = zoff_now();
-    const zoff_status s = image_fill(e, p);
-    image_done(p, s, zoff_now() - t0);
+    double dt;
+    const zoff_status s = image_copy(e, e->snap, &dt);
     if (s != ZOFF_OK) zoff_log(ZOFF_LOG_WARN, "checkpoint snapshot: the copy of the device's share failed: %s",
                                zoff_last_error());
     return NULL;
