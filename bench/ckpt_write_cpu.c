@@ -1,6 +1,6 @@
 /* Where a checkpoint write's CPU goes: one entry of MIB MiB written through the .zckpt writer, either from the
  * caller's memory in 1 MiB runs (zoff_ckpt_append_external, as a background save writes the snapshot's staged
- * copies) or copied through the writer's pieces (zoff_ckpt_append), then committed; per round the wall time and the
+ * copies; extN: N MiB runs, to see what the request size does on a disk) or copied through the writer's pieces (zoff_ckpt_append), then committed; per round the wall time and the
  * CPU time of the whole process, of the calling thread (the CRC, and the copy into the pieces) and of every other
  * thread (the aio engine's ring threads and the kernel's io_uring workers, iou-wrk, which count as this process's).
  * Each round's checkpoint is finalized (rename, COMPLETE; counted) and removed (not counted).
@@ -8,7 +8,7 @@
  * Build and run (Release build in build/):
  *   cc -O2 -Iinclude bench/ckpt_write_cpu.c build/libzoff.a $(pkg-config --libs jansson liburing openblas) \
  *      -fopenmp -lm -lpthread -o /tmp/ckpt_write_cpu
- *   /tmp/ckpt_write_cpu DIR [MiB (default 1024)] [ext|pieces (default ext)] [rounds (default 3)] */
+ *   /tmp/ckpt_write_cpu DIR [MiB (default 1024)] [ext|extN|pieces (default ext)] [rounds (default 3)] */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,13 +33,14 @@ static void no_release(void *ctx, const void *data) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s DIR [MiB] [ext|pieces] [rounds]\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR [MiB] [ext|extN|pieces] [rounds]\n", argv[0]);
         return 2;
     }
     const size_t mib = (size_t)1 << 20, n = (size_t)(argc > 2 ? atoll(argv[2]) : 1024) * mib;
     const int ext = argc > 3 ? strcmp(argv[3], "pieces") != 0 : 1, rounds = argc > 4 ? atoi(argv[4]) : 3;
-    if (n == 0 || rounds <= 0 || rounds > 100) {
-        fprintf(stderr, "usage: %s DIR [MiB > 0] [ext|pieces] [rounds 1..100]\n", argv[0]);
+    const size_t run = (ext && argc > 3 && argv[3][3] ? (size_t)atoll(argv[3] + 3) : 1) * mib; /* extN: N MiB */
+    if (n == 0 || rounds <= 0 || rounds > 100 || run == 0 || n % run) {
+        fprintf(stderr, "usage: %s DIR [MiB > 0, a multiple of N] [ext|extN|pieces] [rounds 1..100]\n", argv[0]);
         return 2;
     }
     char *buf = zoff_aligned_alloc(4096, n, "bench data");
@@ -54,7 +55,7 @@ int main(int argc, char **argv) {
         CHECK(zoff_ckpt_writer_open(argv[1], r + 1, 0, NULL, &w));
         CHECK(zoff_ckpt_begin_entry(w, "e", ZOFF_F32, 1, shape));
         if (ext)
-            for (size_t o = 0; o < n; o += mib) CHECK(zoff_ckpt_append_external(w, buf + o, mib, no_release, NULL));
+            for (size_t o = 0; o < n; o += run) CHECK(zoff_ckpt_append_external(w, buf + o, run, no_release, NULL));
         else
             CHECK(zoff_ckpt_append(w, buf, n));
         CHECK(zoff_ckpt_end_entry(w));
@@ -69,9 +70,11 @@ int main(int argc, char **argv) {
     }
     double other[100];
     for (int r = 0; r < rounds; r++) other[r] = proc[r] - self[r];
+    char how[64] = "through the pieces";
+    if (ext) snprintf(how, sizeof how, "from the caller's memory (%zu MiB runs)", run / mib);
     printf("%zu MiB %s, %d rounds, medians: write + commit %.3f s, CPU: process %.3f s, this thread %.3f s, other "
            "threads %.3f s\n",
-           n / mib, ext ? "from the caller's memory (1 MiB runs)" : "through the pieces", rounds, median(wall, rounds),
+           n / mib, how, rounds, median(wall, rounds),
            median(proc, rounds), median(self, rounds), median(other, rounds));
     zoff_aligned_free(buf);
     ZOFF_FREE_ALL(wall, proc, self);

@@ -7,7 +7,7 @@
 #   GPU_BASE_BIN=old/zoff bash scripts/gpu_lease.sh --prebuild   # also carries a baseline zoff: the
 #                                            #    offloaded 1.5B step and the save overlap then run both
 # There (the device tool; carry .gpu-carry):
-#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt accum"] [GPU_OVERLAP="ARGS"] [GPU_AB_ROUNDS=N] [GPU_BENCH_CKPT=0] bash scripts/gpu_lease.sh
+#   GPU_DEADLINE_S=540 [GPU_PARTS="correct large peer smoke ckpt accum"] [GPU_OVERLAP="ARGS"] [GPU_AB_ROUNDS=N] [GPU_BENCH_CKPT=0] [GPU_STAGING=0] bash scripts/gpu_lease.sh
 #   (GPU_OVERLAP: the save-overlap runs' arguments, e.g. "--rounds 2 new=@B@/zoff new19=@B@/zoff:19")
 #
 # Every step is cut at the deadline (GPU_DEADLINE_S seconds after the start, default 540), and a
@@ -147,7 +147,7 @@ fi
 if part ckpt; then
 [ "${GPU_BENCH_CKPT:-1}" = 0 ] || step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
 # the staging update's cost against a plain update and the bound of keeping m and v in place (124M-sized)
-[ -x "$B/staging_cost" ] && step staging_cost 60 "$B/staging_cost" 124475904 9
+[ "${GPU_STAGING:-1}" = 0 ] || { [ -x "$B/staging_cost" ] && step staging_cost 60 "$B/staging_cost" 124475904 9; }
 if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries
   IFS=';' read -ra runs <<< "${GPU_OVERLAP//@B@/$B}"
   for k in "${!runs[@]}"; do
