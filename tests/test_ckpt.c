@@ -1061,16 +1061,17 @@ static void test_direct_writer_roundtrip(void **state) {
  * (zoff_ckpt_writer_in_place counts it), anything else is copied; either way the file is byte for
  * byte zoff_ckpt_add's of the same bytes, and every release comes exactly once with its pointer (by
  * commit, or by abort). With ZOFF_CKPT_IO=buffered (no aio) everything is copied. */
+enum { EXT_SMALL = ZOFF_CKPT_EXTERNAL_IN_FLIGHT + 2, EXT_LOG = EXT_SMALL + 8 }; /* 64 KiB runs: more than in flight */
 typedef struct ext_log {
     int n;
-    const void *seen[16];
+    const void *seen[EXT_LOG];
 } ext_log;
 static void ext_release(void *ctx, const void *data) {
     ext_log *l = ctx;
-    if (l->n < 16) l->seen[l->n] = data;
+    if (l->n < EXT_LOG) l->seen[l->n] = data;
     l->n++;
 }
-enum { EXT_MIB = 1 << 20, EXT_TOTAL = 10 * EXT_MIB + 4096 + 6 * 65536 + 12 };
+enum { EXT_MIB = 1 << 20, EXT_TOTAL = 10 * EXT_MIB + 4096 + EXT_SMALL * 65536 + 12 };
 static void write_external_case(const char *root, const uint8_t *src, bool external, int64_t *in_place, ext_log *l) {
     zoff_ckpt_writer *w = NULL;
     assert_ok(zoff_ckpt_writer_open(root, 9, 0, NULL, &w));
@@ -1080,7 +1081,7 @@ static void write_external_case(const char *root, const uint8_t *src, bool exter
     } else {
         assert_ok(zoff_ckpt_begin_entry(w, "e", ZOFF_F32, 1, (int64_t[]){EXT_TOTAL / 4}));
         size_t at = 0;
-        const void *want[16];
+        const void *want[EXT_LOG];
         int nw = 0;
 #define EXT(len)                                                                              \
     do {                                                                                      \
@@ -1093,7 +1094,7 @@ static void write_external_case(const char *root, const uint8_t *src, bool exter
         at += 100;
         EXT(4096 - 100);                           /* copied (unaligned memory and size), the position aligned again */
         EXT(9 * EXT_MIB);                          /* in place, more than one piece */
-        for (int k = 0; k < 6; k++) EXT(65536);    /* in place, more in flight than the writer keeps */
+        for (int k = 0; k < EXT_SMALL; k++) EXT(65536); /* in place, more than the writer keeps in flight */
         EXT(12);                                   /* copied: the tail */
 #undef EXT
         assert_int_equal(at, EXT_TOTAL);
@@ -1127,7 +1128,7 @@ static void test_append_external(void **state) {
     ext_log l = {0};
     write_external_case(ref, src, false, NULL, NULL);
     write_external_case(ext, src, true, &in_place, &l);
-    assert_int_equal(in_place, 10 * EXT_MIB + 6 * 65536);
+    assert_int_equal(in_place, 10 * EXT_MIB + EXT_SMALL * 65536);
     setenv("ZOFF_CKPT_IO", "buffered", 1);
     ext_log lb = {0};
     write_external_case(buf, src, true, &in_place, &lb);

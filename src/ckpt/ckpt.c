@@ -502,7 +502,7 @@ static zoff_status read_header(const char *path, int fd, ck_header *h) {
 #define CK_NPIECES 3
 #define CK_CRC_STEP ((size_t)256 << 10) /* copy then checksum this much at a time: it is still in cache */
 
-#define CK_NEXT 16 /* zoff_ckpt_append_external's writes in flight */
+#define CK_NEXT ZOFF_CKPT_EXTERNAL_IN_FLIGHT /* zoff_ckpt_append_external's writes in flight */
 
 typedef struct ck_piece {
     uint8_t *buf;
@@ -601,7 +601,7 @@ static zoff_status w_drain(zoff_ckpt_writer *w) {
  * reaches there, in growing steps (twice the last, 16 MiB to 256 MiB ahead): a write within the file's
  * size into allocated blocks is issued by io_uring at once, where one that allocates or extends the file
  * goes to a kernel worker thread (iou-wrk) that takes a core from the training. Measured
- * (docs/performance.md): the in-place writes (1 MiB from unregistered memory, 16 in flight) spend 0.12 s
+ * (docs/performance.md): the in-place writes (1 MiB from unregistered memory, then 16 in flight) spent 0.12 s
  * of CPU per GiB outside the writer's thread without it and 0.05 s with it, and finish sooner; the
  * pieces alone (8 MiB, registered, 3 in flight: the synchronous save) 0.03 s against 0.015 s at the same
  * speed or a few percent slower, so a file is reserved from its first in-place write on. Without room
