@@ -7,8 +7,8 @@
 #   e.g. bash bench/ckpt_overlap.sh snap=build/zoff wait=build/zoff+--save-snapshot-memory+off
 #
 # The interval must leave each save time to finish (else the next save waits for it: that wait,
-# "ckpt_join_wait", counts in the span; the run warns): on a 16-core GPU box with 20 ms steps and a
-# 0.45 s save, --steps 100 --interval 30.
+# "ckpt_join_wait", counts in the span; the run warns): on the 16-core H100 box with 18-32 ms steps and
+# 0.5-0.9 s saves, --steps 130 --interval 40.
 # GPT-2 12 x 768 (checkpoint 1.49 GB; --shape LAYERSxHIDDENxHEADS another, e.g. 48x1600x25: 1.5B, 18.7 GB), byte tokenizer, seq 64, micro-batch 1 (the step is the host
 # update alone: the save competes with it for every core and all the memory bandwidth; --seq and
 # --micro give the device work to overlap), bf16, stage 2, optimizer on the CPU; --steps steps, a

@@ -155,12 +155,12 @@ if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (
     step "ckpt_overlap_$k" 240 bash bench/ckpt_overlap.sh --dir "$W/overlap" ${runs[$k]}
   done
 elif [ -x "$B/zoff-base" ]; then # interleaved, round by round; then a Twin-Flow share (the device's copy at each start)
-  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 3 --steps 100 --interval 30 --detail --dir "$W/overlap" \
+  step ckpt_overlap 200 bash bench/ckpt_overlap.sh --rounds 3 --steps 130 --interval 40 --detail --dir "$W/overlap" \
     "base=$B/zoff-base" "new=$B/zoff"
-  step ckpt_overlap_twinflow 120 bash bench/ckpt_overlap.sh --rounds 2 --steps 100 --interval 30 --ratio 0.5 \
+  step ckpt_overlap_twinflow 120 bash bench/ckpt_overlap.sh --rounds 2 --steps 130 --interval 40 --ratio 0.5 \
     --dir "$W/overlap" "base=$B/zoff-base" "new=$B/zoff"
-else # 20 ms steps, 0.45 s saves: an interval each save finishes within
-  step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --steps 100 --interval 30 --detail --dir "$W/overlap" \
+else # 18-32 ms steps, 0.5-0.9 s saves (the fourth lease): an interval each save finishes within
+  step ckpt_overlap 150 bash bench/ckpt_overlap.sh --rounds 2 --steps 130 --interval 40 --detail --dir "$W/overlap" \
     "cuda=$B/zoff"
 fi
 fi
