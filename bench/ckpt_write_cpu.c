@@ -1,8 +1,9 @@
 /* Where a checkpoint write's CPU goes: one entry of MIB MiB written through the .zckpt writer, either from the
  * caller's memory in 1 MiB runs (zoff_ckpt_append_external, as a background save writes the snapshot's staged
- * copies; extN: N MiB runs, to see what the request size does on a disk) or copied through the writer's pieces (zoff_ckpt_append), then committed; per round the wall time and the
- * CPU time of the whole process, of the calling thread (the CRC, and the copy into the pieces) and of every other
- * thread (the aio engine's ring threads and the kernel's io_uring workers, iou-wrk, which count as this process's).
+ * copies; extN: N MiB runs, to see what the request size does on a disk) or copied through the writer's pieces
+ * (zoff_ckpt_append), then committed; per round the wall time and the CPU time of the whole process, of the
+ * calling thread (the CRC, and the copy into the pieces) and of every other thread (the aio engine's ring
+ * threads and the kernel's io_uring workers, iou-wrk, which count as this process's).
  * Each round's checkpoint is finalized (rename, COMPLETE; counted) and removed (not counted).
  * Rounds alternate nothing (link two builds and alternate the runs); medians printed.
  * Build and run (Release build in build/):
