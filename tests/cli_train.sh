@@ -53,10 +53,10 @@ check "batch contradiction exits 2 with the key named" "[ \$? -eq 2 ] && grep -q
 
 # 5. missing / truncated data
 "$ZOFF" train "${TINY[@]/$W\/corpus_train.bin/$W/nope.bin}" --save "$W/nodata" >"$W/err.txt" 2>&1
-check "missing data file: non-zero exit naming the file" "[ \$? -ne 0 ] && grep -q 'nope.bin' '$W/err.txt'"
+check "missing data file: exit 2 naming the file" "[ \$? -eq 2 ] && grep -q 'nope.bin' '$W/err.txt'"
 head -c 2000 "$W/corpus_train.bin" > "$W/trunc.bin"
 "$ZOFF" train "${TINY[@]/$W\/corpus_train.bin/$W/trunc.bin}" --save "$W/trunc" >"$W/err.txt" 2>&1
-check "truncated shard: non-zero exit naming the file" "[ \$? -ne 0 ] && grep -q 'trunc.bin' '$W/err.txt'"
+check "truncated shard: exit 2 naming the file" "[ \$? -eq 2 ] && grep -q 'trunc.bin' '$W/err.txt'"
 check "nothing written for bad data" "[ ! -e '$W/nodata' ] && [ ! -e '$W/trunc' ]"
 
 # 6. unwritable output directory

@@ -173,7 +173,7 @@ static void test_shard_bad_files(void **state) {
     write_text(p, "short", 5); /* shorter than a header */
     expect_error(zoff_shard_open(p, 0, &s), ZOFF_ERR_FORMAT, (const char *[]){p, "truncated", "header", NULL});
 
-    expect_error(zoff_shard_open(path_in("missing.bin"), 0, &s), ZOFF_ERR_IO,
+    expect_error(zoff_shard_open(path_in("missing.bin"), 0, &s), ZOFF_ERR_INVALID,
                  (const char *[]){"missing.bin", "zoff tokenize", NULL});
 
     /* token id >= vocab: not scanned at open, refused when its range is checked,
@@ -277,7 +277,8 @@ static void test_dataset_patterns(void **state) {
     zoff_dataset_free(ds);
 
     snprintf(pat, sizeof pat, "%s/ds/nothing_*.bin", g_dir);
-    expect_error(zoff_dataset_open(pat, 256, &ds), ZOFF_ERR_IO, (const char *[]){"no files match", "nothing_*", NULL});
+    expect_error(zoff_dataset_open(pat, 256, &ds), ZOFF_ERR_INVALID,
+                 (const char *[]){"no files match", "nothing_*", NULL});
     assert_null(ds);
     /* a bad id surfaces through the loader when a window holding it is read
      * (train_000001 holds 50..99: id 60 at its position 10), not before */
@@ -804,7 +805,7 @@ static void test_tokenize_files(void **state) {
     const char *missing[2] = {fa, fm};
     o.output_prefix = path_in("tok/err");
     o.shard_tokens = 0;
-    expect_error(zoff_tokenize_files(g_gpt2, missing, 2, &o, &r), ZOFF_ERR_IO, (const char *[]){"missing.txt", NULL});
+    expect_error(zoff_tokenize_files(g_gpt2, missing, 2, &o, &r), ZOFF_ERR_INVALID, (const char *[]){"missing.txt", NULL});
     o.output_prefix = path_in("tok/nodir/x");
     expect_error(zoff_tokenize_files(g_gpt2, files, 2, &o, &r), ZOFF_ERR_IO, (const char *[]){"nodir", "mkdir", NULL});
     o.output_prefix = path_in("tok/err");

@@ -246,8 +246,8 @@ static void test_reader_rejects_bad_files(void **state) {
     img[10] = 0;
     assert_err(zoff_st_open_memory(img, n, "nul.safetensors", &f), ZOFF_ERR_FORMAT, "NUL byte");
     free(img);
-    assert_err(zoff_st_open(pathf(dir, "nope.safetensors"), &f), ZOFF_ERR_IO, "nope.safetensors");
-    assert_err(zoff_st_open(dir, &f), ZOFF_ERR_IO, "not a regular file");
+    assert_err(zoff_st_open(pathf(dir, "nope.safetensors"), &f), ZOFF_ERR_INVALID, "nope.safetensors");
+    assert_err(zoff_st_open(dir, &f), ZOFF_ERR_INVALID, "not a regular file");
 
     /* the fixture cut short anywhere is refused (never read past the end, never accepted) */
     uint8_t *fx = read_all(FIXTURE, &n);

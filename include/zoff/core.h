@@ -36,6 +36,12 @@ zoff_status zoff_error(zoff_status code, const char *fmt, ...)
 /* Prefix the current message with context: "loading checkpoint: <old message>". Returns code. */
 zoff_status zoff_error_context(zoff_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* The status of a failed open or stat (errno `err`) of a path the user named: an input file, a
+ * token shard, a checkpoint to load. Where the path itself is wrong (no such file, a component
+ * that is not a directory, too long, a symlink loop, no permission) ZOFF_ERR_INVALID: the command
+ * line exits 2, "fix it and run again" (zoff --help); anything else (EIO, EMFILE, ENOMEM, ...)
+ * ZOFF_ERR_IO: exit 1, the run failed. The one home of that rule. */
+zoff_status zoff_status_of_path_errno(int err);
 /* The calling thread's last error message ("" when none). */
 const char *zoff_last_error(void);
 void zoff_clear_error(void);

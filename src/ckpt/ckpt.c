@@ -1310,7 +1310,8 @@ zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *
     char p[CK_PATH], stepdir[CK_PATH];
     ZOFF_TRY(norm_dir(path, p, sizeof p));
     struct stat st;
-    if (stat(p, &st) != 0) return zoff_error(ZOFF_ERR_IO, "cannot open checkpoint %s: %s", p, strerror(errno));
+    if (stat(p, &st) != 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "cannot open checkpoint %s: %s", p, strerror(errno));
     if (!S_ISDIR(st.st_mode))
         return zoff_error(ZOFF_ERR_INVALID,
                           "checkpoint %s is not a directory: give the output directory (e.g. out) or one step "

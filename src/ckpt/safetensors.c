@@ -360,12 +360,12 @@ zoff_status zoff_st_open(const char *path, zoff_st_file **out) {
     if (f->fd < 0) {
         int e = errno;
         zoff_st_close(f);
-        return zoff_error(ZOFF_ERR_IO, "cannot open safetensors file %s: %s", path, strerror(e));
+        return zoff_error(zoff_status_of_path_errno(e), "cannot open safetensors file %s: %s", path, strerror(e));
     }
     struct stat st;
     if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         zoff_st_close(f);
-        return zoff_error(ZOFF_ERR_IO, "safetensors file %s is not a regular file", path);
+        return zoff_error(ZOFF_ERR_INVALID, "safetensors file %s is not a regular file", path);
     }
     f->file_bytes = (int64_t)st.st_size;
     zoff_status s = st_init(f);

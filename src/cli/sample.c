@@ -113,7 +113,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff sample: --load %s: %s\n", load, zoff_last_error());
         zoff_ckpt_close(rd);
-        return 2;
+        return cli_exit_code(s);
     }
     const int64_t T = meta.seq_len;
     zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU};
@@ -160,7 +160,10 @@ int zoff_cmd_sample(int argc, char **argv) {
     fputc('\n', stdout);
     rc = 0;
 done:
-    if (s != ZOFF_OK) fprintf(stderr, "zoff sample: %s\n", zoff_last_error());
+    if (s != ZOFF_OK) {
+        fprintf(stderr, "zoff sample: %s\n", zoff_last_error());
+        rc = cli_exit_code(s);
+    }
     zoff_tokens_free(&ctx);
     free(logits);
     free(scratch);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "zoff/data.h"
 
 static void tokenize_usage(FILE *f) {
@@ -144,7 +145,7 @@ int zoff_cmd_tokenize(int argc, char **argv) {
     zoff_tokenizer_free(tok);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff tokenize: %s (nothing was written)\n", zoff_last_error());
-        return s == ZOFF_ERR_INVALID ? 2 : 1;
+        return cli_exit_code(s);
     }
     int64_t total = r.tokens_train + r.tokens_val;
     printf("tokenizer %s: %d file(s), %lld bytes -> %lld tokens (%.2f bytes/token) in %.2f s (%.1f MB/s)\n", tokenizer,

@@ -1,6 +1,7 @@
 /* Status codes, thread-local error messages and logging. */
 #include "zoff/core.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,6 +49,18 @@ zoff_status zoff_error_context(zoff_status code, const char *fmt, ...) {
     memcpy(g_msg + n + 2, old, m);
     g_msg[n + 2 + m] = '\0';
     return code;
+}
+
+zoff_status zoff_status_of_path_errno(int err) {
+    switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+    case ENAMETOOLONG:
+    case ELOOP:
+    case EACCES:
+    case EPERM: return ZOFF_ERR_INVALID;
+    default: return ZOFF_ERR_IO;
+    }
 }
 
 const char *zoff_last_error(void) { return g_msg; }

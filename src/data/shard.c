@@ -103,7 +103,7 @@ zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **o
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return zoff_error(ZOFF_ERR_IO, "cannot open token shard %s: %s; create it with zoff tokenize", path,
+        return zoff_error(zoff_status_of_path_errno(errno), "cannot open token shard %s: %s; create it with zoff tokenize", path,
                           strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -272,7 +272,7 @@ static bool ends_with(const char *s, const char *suf) {
 
 static zoff_status add_directory(zoff_dataset *ds, const char *dir, int32_t vocab_size) {
     DIR *d = opendir(dir);
-    if (!d) return zoff_error(ZOFF_ERR_IO, "cannot read directory %s: %s", dir, strerror(errno));
+    if (!d) return zoff_error(zoff_status_of_path_errno(errno), "cannot read directory %s: %s", dir, strerror(errno));
     char **names = NULL;
     size_t n = 0, cap = 0;
     zoff_status s = ZOFF_OK;
@@ -292,7 +292,7 @@ static zoff_status add_directory(zoff_dataset *ds, const char *dir, int32_t voca
     }
     closedir(d);
     if (s == ZOFF_OK && n == 0)
-        s = zoff_error(ZOFF_ERR_IO, "directory %s holds no .bin token shards; create them with zoff tokenize", dir);
+        s = zoff_error(ZOFF_ERR_INVALID, "directory %s holds no .bin token shards; create them with zoff tokenize", dir);
     if (s == ZOFF_OK) {
         qsort(names, n, sizeof *names, cmp_str);
         for (size_t i = 0; i < n && s == ZOFF_OK; i++) s = add_shard(ds, names[i], vocab_size);
@@ -309,12 +309,13 @@ static zoff_status add_pattern(zoff_dataset *ds, const char *pat, int32_t vocab_
         return add_shard(ds, pat, vocab_size);
     }
     if (!strpbrk(pat, "*?["))
-        return zoff_error(ZOFF_ERR_IO, "token shard %s: %s; create it with zoff tokenize", pat, strerror(errno));
+        return zoff_error(zoff_status_of_path_errno(errno), "token shard %s: %s; create it with zoff tokenize", pat,
+                          strerror(errno));
     glob_t g;
     int rc = glob(pat, 0, NULL, &g);
     if (rc == GLOB_NOMATCH) {
         globfree(&g);
-        return zoff_error(ZOFF_ERR_IO, "no files match '%s'; check the path or create shards with zoff tokenize",
+        return zoff_error(ZOFF_ERR_INVALID, "no files match '%s'; check the path or create shards with zoff tokenize",
                           pat);
     }
     if (rc != 0) {

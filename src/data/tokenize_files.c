@@ -55,11 +55,12 @@ static size_t chunk_end(const char *text, size_t pos, size_t len) {
 static zoff_status tokenize_one(zoff_tokenizer *t, const char *path, bool quiet, zoff_tokens *scratch, u16vec *all,
                                 int64_t *bytes_in) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot open input %s: %s", path, strerror(errno));
+    if (fd < 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "cannot open input %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return zoff_error(ZOFF_ERR_IO, "input %s is not a regular file", path);
+        return zoff_error(ZOFF_ERR_INVALID, "input %s is not a regular file", path);
     }
     size_t len = (size_t)st.st_size;
     const char *text = NULL;
@@ -190,9 +191,9 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     for (int i = 0; i < nfiles; i++) {
         struct stat st;
         if (stat(files[i], &st) != 0)
-            return zoff_error(ZOFF_ERR_IO, "input %s: %s", files[i], strerror(errno));
-        if (!S_ISREG(st.st_mode)) return zoff_error(ZOFF_ERR_IO, "input %s is not a regular file", files[i]);
-        if (access(files[i], R_OK) != 0) return zoff_error(ZOFF_ERR_IO, "input %s: %s", files[i], strerror(errno));
+            return zoff_error(zoff_status_of_path_errno(errno), "input %s: %s", files[i], strerror(errno));
+        if (!S_ISREG(st.st_mode)) return zoff_error(ZOFF_ERR_INVALID, "input %s is not a regular file", files[i]);
+        if (access(files[i], R_OK) != 0) return zoff_error(zoff_status_of_path_errno(errno), "input %s: %s", files[i], strerror(errno));
     }
     {
         char *copy = strdup(opt->output_prefix);
