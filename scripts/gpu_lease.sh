@@ -43,11 +43,11 @@ if [ "${1:-}" = --prebuild ]; then
   cmake --build build-gpu -j "$(nproc)" --target zoff test_ops test_device >/dev/null
   # shellcheck disable=SC2046
   g++ -std=c++17 -O2 -Iinclude -Isrc tests/cuda_emu/emu_check.cpp -o build-gpu/emu_check_real build-gpu/libzoff.a \
-    $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
+    $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcudart -ldl \
     -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64
   # shellcheck disable=SC2046
   cc -O2 -Iinclude bench/snapshot_staging_cost.c -o build-gpu/staging_cost build-gpu/libzoff.a \
-    $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart \
+    $(pkg-config --libs jansson openblas liburing) -L/usr/local/cuda/lib64 -lcudart -ldl \
     -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64
   rm -rf "$CARRY" && mkdir -p "$CARRY"
   extra=()

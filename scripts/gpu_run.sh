@@ -115,7 +115,7 @@ if want build; then
   if [ -x "$BUILD/zoff" ]; then
     step emu_check_build 300 bash -c "g++ -std=c++17 -O2 -Iinclude -Isrc tests/cuda_emu/emu_check.cpp \
       -o '$BUILD/emu_check' '$BUILD/libzoff.a' \$(pkg-config --libs jansson openblas liburing 2>/dev/null || echo -ljansson -lopenblas) \
-      -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcudart -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64" || true
+      -L/usr/local/cuda/lib64 -lcudart -ldl -fopenmp -lpthread -lm -Wl,-rpath,/usr/local/cuda/lib64" || true
   fi
 fi
 

@@ -39,8 +39,80 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_libs.h"
 
 using namespace zoff_cuda;
+
+// cuBLASLt's calls, resolved at the first device (backend/cuda/cuda_libs.h): LT(cublasLtMatmul)(...).
+#ifdef ZOFF_CUDA_EMU
+#define LT(f) ::f
+extern "C" zoff_status zoff_cuda_blaslt_open(void) { return ZOFF_OK; }
+extern "C" size_t zoff_cuda_blaslt_version(void) { return 0; }
+#else
+#include <dlfcn.h>
+
+#define ZOFF_STR_(x) #x
+#define ZOFF_STR(x) ZOFF_STR_(x)
+// every cuBLASLt function this file calls
+#define ZOFF_LT_CALLS(X)                                                                                   \
+    X(cublasLtGetVersion) X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusName)                   \
+    X(cublasLtGetStatusString) X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate) \
+    X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulPreferenceCreate)       \
+    X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate) \
+    X(cublasLtMatrixLayoutDestroy)
+
+namespace {
+struct LtCalls {
+#define ZOFF_LT_MEMBER(f) decltype(&::f) f;
+    ZOFF_LT_CALLS(ZOFF_LT_MEMBER)
+#undef ZOFF_LT_MEMBER
+};
+LtCalls g_lt;
+pthread_once_t g_lt_once = PTHREAD_ONCE_INIT;
+bool g_lt_ok;
+char g_lt_why[1024];
+
+void lt_open_once() {
+    const char *soname = "libcublasLt.so." ZOFF_STR(CUBLAS_VER_MAJOR);
+    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    char first[512] = "";
+    if (!h) snprintf(first, sizeof first, "%s", dlerror());
+#ifdef ZOFF_CUBLASLT_DIR
+    if (!h) h = dlopen(ZOFF_CUBLASLT_DIR "/libcublasLt.so." ZOFF_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!h) {
+        snprintf(g_lt_why, sizeof g_lt_why,
+                 "cannot load cuBLASLt (%s): %s; install the CUDA %d toolkit's cuBLAS, or add the folder that holds "
+                 "%s to LD_LIBRARY_PATH",
+                 soname, first, CUBLAS_VER_MAJOR, soname);
+        return;
+    }
+    const char *missing = nullptr;
+#define ZOFF_LT_RESOLVE(f)                                                        \
+    if (!missing && !(g_lt.f = reinterpret_cast<decltype(g_lt.f)>(dlsym(h, #f)))) \
+        missing = #f;
+    ZOFF_LT_CALLS(ZOFF_LT_RESOLVE)
+#undef ZOFF_LT_RESOLVE
+    if (missing) {
+        snprintf(g_lt_why, sizeof g_lt_why,
+                 "the cuBLASLt zoff loaded (%s) has no %s: it is older than the cublasLt.h zoff was built with "
+                 "(%d.%d); install that version or newer",
+                 soname, missing, CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR);
+        return; // the library stays open: dlclose of cuBLASLt at this point gains nothing
+    }
+    g_lt_ok = true;
+}
+} // namespace
+
+extern "C" zoff_status zoff_cuda_blaslt_open(void) {
+    pthread_once(&g_lt_once, lt_open_once);
+    return g_lt_ok ? ZOFF_OK : zoff_error(ZOFF_ERR_DEVICE, "%s", g_lt_why);
+}
+
+extern "C" size_t zoff_cuda_blaslt_version(void) { return g_lt_ok ? g_lt.cublasLtGetVersion() : 0; }
+
+#define LT(f) g_lt.f
+#endif
 
 namespace {
 
@@ -48,7 +120,7 @@ constexpr size_t WORKSPACE_BYTES = (size_t)32 << 20; // cuBLAS recommends 32 MiB
 constexpr int CACHE_BUCKETS = 64, CACHE_WAYS = 4; // 256 cases; a full bucket: the case runs uncached
 
 #define ZOFF_CUBLAS_CHECK(call)                                                                         \
-    ZOFF_CUDA_LIB_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString, cublasLtGetStatusName, \
+    ZOFF_CUDA_LIB_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, LT(cublasLtGetStatusString), LT(cublasLtGetStatusName), \
                         #call, call)
 
 struct MMKey {
@@ -209,11 +281,11 @@ zoff_status simple_gemm_dt(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int
 // ------------------------------------------------------------------ cuBLASLt
 
 void lt_descs_free(LtDescs *dd) {
-    if (dd->pref) cublasLtMatmulPreferenceDestroy(dd->pref);
-    if (dd->d) cublasLtMatrixLayoutDestroy(dd->d);
-    if (dd->b) cublasLtMatrixLayoutDestroy(dd->b);
-    if (dd->a) cublasLtMatrixLayoutDestroy(dd->a);
-    if (dd->op) cublasLtMatmulDescDestroy(dd->op);
+    if (dd->pref) LT(cublasLtMatmulPreferenceDestroy)(dd->pref);
+    if (dd->d) LT(cublasLtMatrixLayoutDestroy)(dd->d);
+    if (dd->b) LT(cublasLtMatrixLayoutDestroy)(dd->b);
+    if (dd->a) LT(cublasLtMatrixLayoutDestroy)(dd->a);
+    if (dd->op) LT(cublasLtMatmulDescDestroy)(dd->op);
     memset(dd, 0, sizeof *dd);
 }
 
@@ -221,50 +293,50 @@ void lt_descs_free(LtDescs *dd) {
 zoff_status lt_build(zoff_cuda_ctx *ctx, const MMKey &key, const LtEpi &ep, LtDescs &dd, MMEntry *out) {
     const cudaDataType_t ty = cuda_type((zoff_dtype)key.dt);
     const int64_t m = key.m, n = key.n, k = key.k;
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&dd.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulDescCreate)(&dd.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t opa = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulDescSetAttribute)(dd.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulDescSetAttribute)(dd.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (ep.epi != CUBLASLT_EPILOGUE_DEFAULT) { // every other epilogue used here reads or writes the bias vector
         const cublasLtEpilogue_t epi = (cublasLtEpilogue_t)ep.epi;
-        ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulDescSetAttribute)(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         ZOFF_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias));
+            LT(cublasLtMatmulDescSetAttribute)(dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias));
     }
     if (epi_has_aux(ep.epi)) {
         ZOFF_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof ep.aux));
-        ZOFF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.aux_ld,
+            LT(cublasLtMatmulDescSetAttribute)(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof ep.aux));
+        ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulDescSetAttribute)(dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.aux_ld,
                                                          sizeof key.aux_ld));
     }
-    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.a, ty, (uint64_t)(key.ta ? k : m), (uint64_t)(key.ta ? m : k), key.lda));
-    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.b, ty, (uint64_t)(key.tb ? n : k), (uint64_t)(key.tb ? k : n), key.ldb));
-    ZOFF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dd.d, ty, (uint64_t)m, (uint64_t)n, key.ldd));
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&dd.pref));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatrixLayoutCreate)(&dd.a, ty, (uint64_t)(key.ta ? k : m), (uint64_t)(key.ta ? m : k), key.lda));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatrixLayoutCreate)(&dd.b, ty, (uint64_t)(key.tb ? n : k), (uint64_t)(key.tb ? k : n), key.ldb));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatrixLayoutCreate)(&dd.d, ty, (uint64_t)m, (uint64_t)n, key.ldd));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulPreferenceCreate)(&dd.pref));
     const uint64_t wsmax = WORKSPACE_BYTES;
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax,
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulPreferenceSetAttribute)(dd.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsmax,
                                                            sizeof wsmax));
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulPreferenceSetAttribute)(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                            &key.align_a, sizeof key.align_a));
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulPreferenceSetAttribute)(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                            &key.align_b, sizeof key.align_b));
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulPreferenceSetAttribute)(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                            &key.align_d, sizeof key.align_d));
-    ZOFF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+    ZOFF_CUBLAS_CHECK(LT(cublasLtMatmulPreferenceSetAttribute)(dd.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                            &key.align_d, sizeof key.align_d));
     cublasLtMatmulHeuristicResult_t res;
     memset(&res, 0, sizeof res);
     int nres = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)ctx->blaslt, dd.op, dd.a, dd.b, dd.d, dd.d,
+    cublasStatus_t s = LT(cublasLtMatmulAlgoGetHeuristic)((cublasLtHandle_t)ctx->blaslt, dd.op, dd.a, dd.b, dd.d, dd.d,
                                                       dd.pref, 1, &res, &nres);
     if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
         return zoff_error(ZOFF_ERR_DEVICE, "%s:%d: cublasLtMatmulAlgoGetHeuristic failed: %s (%s)", __FILE__, __LINE__,
-                          cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+                          LT(cublasLtGetStatusString)(s), LT(cublasLtGetStatusName)(s));
     out->key = key;
     out->has_algo = s == CUBLAS_STATUS_SUCCESS && nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
     out->algo = res.algo;
     out->workspace = out->has_algo ? res.workspaceSize : 0;
-    cublasLtMatmulPreferenceDestroy(dd.pref);
+    LT(cublasLtMatmulPreferenceDestroy)(dd.pref);
     dd.pref = nullptr;
     return ZOFF_OK;
 }
@@ -324,18 +396,18 @@ zoff_status lt_gemm(const zoff_cuda_launch *L, zoff_dtype dt, int ta, int tb, in
         if (per_call) pthread_mutex_lock(&ctx->mu); // the bias and aux pointers live in the shared descriptor
         cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
         if (per_call)
-            s = cublasLtMatmulDescSetAttribute(c->dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias);
+            s = LT(cublasLtMatmulDescSetAttribute)(c->dd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof ep.bias);
         if (aux && s == CUBLAS_STATUS_SUCCESS)
-            s = cublasLtMatmulDescSetAttribute(c->dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
+            s = LT(cublasLtMatmulDescSetAttribute)(c->dd.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux,
                                                sizeof ep.aux);
         if (s == CUBLAS_STATUS_SUCCESS)
-            s = cublasLtMatmul((cublasLtHandle_t)ctx->blaslt, c->dd.op, &alpha, A, c->dd.a, B, c->dd.b, &beta, D,
+            s = LT(cublasLtMatmul)((cublasLtHandle_t)ctx->blaslt, c->dd.op, &alpha, A, c->dd.a, B, c->dd.b, &beta, D,
                                c->dd.d, D, c->dd.d, &c->algo, ws, ws ? WORKSPACE_BYTES : 0, L->s);
         if (per_call) pthread_mutex_unlock(&ctx->mu);
         if (s == CUBLAS_STATUS_SUCCESS) *done = 1;
         else if (s != CUBLAS_STATUS_NOT_SUPPORTED) // not supported: nothing issued, the caller falls back
             st = zoff_error(ZOFF_ERR_DEVICE, "%s:%d: cublasLtMatmul failed: %s (%s)", __FILE__, __LINE__,
-                            cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+                            LT(cublasLtGetStatusString)(s), LT(cublasLtGetStatusName)(s));
     }
     if (!e) lt_descs_free(&tmp.dd);
     return st;
@@ -655,20 +727,21 @@ zoff_status epilogue_init(zoff_cuda_ctx *ctx) {
 } // namespace
 
 extern "C" zoff_status zoff_cuda_matmul_init(zoff_cuda_ctx *ctx) {
+    ZOFF_TRY(zoff_cuda_blaslt_open());
     MMCache *cache = (MMCache *)calloc(1, sizeof(MMCache));
     if (!cache) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the matmul algorithm cache");
     ctx->mm_cache = cache;
     cublasLtHandle_t h = nullptr;
-    ZOFF_CUBLAS_CHECK(cublasLtCreate(&h));
+    ZOFF_CUBLAS_CHECK(LT(cublasLtCreate)(&h));
     ctx->blaslt = h;
     return epilogue_init(ctx);
 }
 
 extern "C" void zoff_cuda_matmul_fini(zoff_cuda_ctx *ctx) {
     if (ctx->blaslt) {
-        cublasStatus_t s = cublasLtDestroy((cublasLtHandle_t)ctx->blaslt);
+        cublasStatus_t s = LT(cublasLtDestroy)((cublasLtHandle_t)ctx->blaslt);
         if (s != CUBLAS_STATUS_SUCCESS)
-            zoff_log(ZOFF_LOG_ERROR, "%s:%d: cublasLtDestroy failed: %s", __FILE__, __LINE__, cublasLtGetStatusString(s));
+            zoff_log(ZOFF_LOG_ERROR, "%s:%d: cublasLtDestroy failed: %s", __FILE__, __LINE__, LT(cublasLtGetStatusString)(s));
         ctx->blaslt = nullptr;
     }
     MMCache *cache = (MMCache *)ctx->mm_cache;
