@@ -130,17 +130,19 @@ check "an empty config is named as empty, with no position" \
 check "a syntax error says file:line:column once" \
   "grep -q 'comma.json:2:[0-9]*: JSON syntax error' '$W/cfg.err' && ! grep -q 'at line' '$W/cfg.err'"
 
-# ---- a wrong input path: exit 2 ("fix it and run again", zoff --help), like a wrong config.
-# Before the fix a missing shard, a pattern that matched nothing, a missing --load or --init-from
-# exited 1, the status of a failed run (an I/O error), and zoff sample 2.
-mkdir -p "$W/noshards"
+# ---- a wrong input or output path: exit 2 ("fix it and run again", zoff --help), like a wrong
+# config. Before the fix a missing shard, a pattern that matched nothing, a missing --load or
+# --init-from, an --output or --save in a folder that is not there exited 1, the status of a
+# failed run (an I/O error), and zoff sample 2.
+mkdir -p "$W/noshards" && touch "$W/noshards.txt"
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/planrun0" >/dev/null 2>&1 # a checkpoint to export
 SHAPE4=("${TINY[@]:0:8}" --tokenizer byte --eval-iters 0 --quiet --device cpu)
 while IFS='|' read -r what named args; do
   eval "set -- $args"
   "$ZOFF" "$@" >"$W/path.out" 2>"$W/path.err" </dev/null
   rc=$?
   check "$what: exit 2 naming $named, nothing written" \
-    "[ $rc -eq 2 ] && grep -qF '$named' '$W/path.err' && [ ! -e '$W/pathout' ]"
+    "[ $rc -eq 2 ] && grep -qF '$named' '$W/path.err' && [ ! -e '$W/pathout' ] && [ ! -e '$W/nofolder' ]"
 done <<'EOF_CASES'
 train, a --data-path file that does not exist|nope.bin|train "${SHAPE4[@]}" --data-path "$W/nope.bin" --save "$W/pathout"
 train, a --data-path pattern that matches nothing|nope_*.bin|train "${SHAPE4[@]}" --data-path "$W/nope_*.bin" --save "$W/pathout"
@@ -149,6 +151,9 @@ train, a --load that does not exist|noload|train "${TINY[@]}" --load "$W/noload"
 train, an --init-from that does not exist|nope.safetensors|train "${TINY[@]}" --init-from "$W/nope.safetensors" --save "$W/pathout"
 export, a --load that does not exist|noload|export --load "$W/noload" --output "$W/pathout"
 sample, a --load that does not exist|noload|sample --load "$W/noload" --device cpu
+train, a --save under a file|noshards.txt|train "${TINY[@]}" --train-iters 1 --save "$W/noshards.txt/pathout"
+export, an --output in a folder that is not there|nofolder|export --load "$W/planrun0" --output "$W/nofolder/pathout.safetensors"
+tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --tokenizer byte --output-prefix "$W/nofolder/pathout" "$SRC/README.md"
 EOF_CASES
 
 # ---- a trial run writes no checkpoint with --no-checkpoint (a 13B state does not fit a 64 GiB disk)

@@ -62,7 +62,7 @@ check "nothing written for bad data" "[ ! -e '$W/nodata' ] && [ ! -e '$W/trunc' 
 # 6. unwritable output directory
 mkdir -p "$W/ro" && touch "$W/ro/file"
 "$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/ro/file/sub" >"$W/err.txt" 2>&1
-check "unwritable --save: non-zero exit naming the directory" "[ \$? -ne 0 ] && grep -q 'ro/file' '$W/err.txt'"
+check "unwritable --save: exit 2 naming the directory" "[ \$? -eq 2 ] && grep -q 'ro/file' '$W/err.txt'"
 
 # 7. corrupt checkpoint: refused, nothing overwritten
 cp -r "$W/run" "$W/corrupt"

@@ -137,7 +137,7 @@ static void test_shard_write_atomic(void **state) {
     zoff_shard_close(s);
     assert_int_equal(count_files(path_in("atomic")), 1);
     /* missing directory: clear error, nothing created */
-    expect_error(zoff_shard_write(path_in("no/such/dir/x.bin"), tok, 4, 0), ZOFF_ERR_IO,
+    expect_error(zoff_shard_write(path_in("no/such/dir/x.bin"), tok, 4, 0), ZOFF_ERR_INVALID,
                  (const char *[]){"no/such/dir/x.bin", NULL});
     /* too many tokens for one header */
     expect_error(zoff_shard_write(p, tok, (int64_t)INT32_MAX + 1, 0), ZOFF_ERR_INVALID,
@@ -807,7 +807,7 @@ static void test_tokenize_files(void **state) {
     o.shard_tokens = 0;
     expect_error(zoff_tokenize_files(g_gpt2, missing, 2, &o, &r), ZOFF_ERR_INVALID, (const char *[]){"missing.txt", NULL});
     o.output_prefix = path_in("tok/nodir/x");
-    expect_error(zoff_tokenize_files(g_gpt2, files, 2, &o, &r), ZOFF_ERR_IO, (const char *[]){"nodir", "mkdir", NULL});
+    expect_error(zoff_tokenize_files(g_gpt2, files, 2, &o, &r), ZOFF_ERR_INVALID, (const char *[]){"nodir", "mkdir", NULL});
     o.output_prefix = path_in("tok/err");
     o.val_fraction = 1.5;
     expect_error(zoff_tokenize_files(g_gpt2, files, 2, &o, &r), ZOFF_ERR_INVALID, (const char *[]){"1.5", NULL});

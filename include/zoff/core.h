@@ -36,11 +36,13 @@ zoff_status zoff_error(zoff_status code, const char *fmt, ...)
 /* Prefix the current message with context: "loading checkpoint: <old message>". Returns code. */
 zoff_status zoff_error_context(zoff_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* The status of a failed open or stat (errno `err`) of a path the user named: an input file, a
- * token shard, a checkpoint to load. Where the path itself is wrong (no such file, a component
- * that is not a directory, too long, a symlink loop, no permission) ZOFF_ERR_INVALID: the command
- * line exits 2, "fix it and run again" (zoff --help); anything else (EIO, EMFILE, ENOMEM, ...)
- * ZOFF_ERR_IO: exit 1, the run failed. The one home of that rule. */
+/* The status of a failed open, stat or mkdir (errno `err`) of a path the user named: an input
+ * (a token shard, a checkpoint to load, --init-from) or an output (--save, --output, an
+ * nvme_path). Where the path itself is wrong (no such file or folder, a component that is not
+ * a folder, too long, a symlink loop, no permission, a read-only file system)
+ * ZOFF_ERR_INVALID: the command line exits 2, "fix it and run again" (zoff --help); anything
+ * else (EIO, ENOSPC, EMFILE, ENOMEM, ...) ZOFF_ERR_IO: exit 1, the run failed. The one home of
+ * that rule. */
 zoff_status zoff_status_of_path_errno(int err);
 /* The calling thread's last error message ("" when none). */
 const char *zoff_last_error(void);

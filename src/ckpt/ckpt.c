@@ -259,8 +259,10 @@ static zoff_status mkdir_p(const char *dir) {
         char c = p[i];
         p[i] = '\0';
         if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return zoff_error(ZOFF_ERR_IO, "cannot create checkpoint directory %s: %s", p, strerror(errno));
-        if (!is_dir(p)) return zoff_error(ZOFF_ERR_IO, "cannot create checkpoint directory %s: a file of that name exists", p);
+            return zoff_error(zoff_status_of_path_errno(errno), "cannot create checkpoint directory %s: %s", p,
+                              strerror(errno));
+        if (!is_dir(p))
+            return zoff_error(ZOFF_ERR_INVALID, "cannot create checkpoint directory %s: a file of that name exists", p);
         p[i] = c;
     }
     return ZOFF_OK;

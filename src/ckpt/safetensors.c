@@ -675,7 +675,8 @@ static zoff_status w_start(zoff_st_writer *w) {
     if (w->fd < 0) {
         int e = errno;
         free(txt);
-        return zoff_error(ZOFF_ERR_IO, "cannot create %s: %s (is the output directory there and writable?)", w->tmp,
+        return zoff_error(zoff_status_of_path_errno(e),
+                          "cannot create %s: %s (is the output directory there and writable?)", w->tmp,
                           strerror(e));
     }
     w->started = true;

@@ -211,7 +211,7 @@ int zoff_cmd_export(int argc, char **argv) {
         int on = snprintf(out_file, sizeof out_file, "%s/model.safetensors", dir);
         if (on < 0 || (size_t)on >= sizeof out_file) s = zoff_error(ZOFF_ERR_INVALID, "--output %s is too long", dir);
         if (s == ZOFF_OK && !is_dir(dir) && mkdir(dir, 0755) != 0)
-            s = zoff_error(ZOFF_ERR_IO, "cannot create directory %s: %s", dir, strerror(errno));
+            s = zoff_error(zoff_status_of_path_errno(errno), "cannot create directory %s: %s", dir, strerror(errno));
     } else {
         snprintf(out_file, sizeof out_file, "%s", output);
     }

@@ -45,7 +45,7 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
     zoff_status s = ZOFF_OK;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        s = zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        s = zoff_error(zoff_status_of_path_errno(errno), "cannot create %s: %s", tmp, strerror(errno));
         goto done;
     }
     size_t n = strlen(text), off = 0;

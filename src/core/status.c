@@ -58,7 +58,8 @@ zoff_status zoff_status_of_path_errno(int err) {
     case ENAMETOOLONG:
     case ELOOP:
     case EACCES:
-    case EPERM: return ZOFF_ERR_INVALID;
+    case EPERM:
+    case EROFS: return ZOFF_ERR_INVALID;
     default: return ZOFF_ERR_IO;
     }
 }

@@ -142,8 +142,10 @@ zoff_status zoff_corpus_build_fortunes(const char *src_dir, const char *out_path
         snprintf(tmp, tl, "%s.tmp.XXXXXX", out_path);
         int fd = mkstemp(tmp);
         if (fd < 0 || !(out = fdopen(fd, "w"))) {
-            s = zoff_error(ZOFF_ERR_IO, "cannot create a file next to %s: %s; check that the directory exists and is "
-                                        "writable", out_path, strerror(errno));
+            s = zoff_error(zoff_status_of_path_errno(errno),
+                           "cannot create a file next to %s: %s; check that the directory exists and is "
+                           "writable",
+                           out_path, strerror(errno));
             if (fd >= 0) { close(fd); unlink(tmp); }
         } else {
             (void)fchmod(fd, 0644);

@@ -69,8 +69,9 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
     snprintf(tmp, plen + 32, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     if (fd < 0) {
-        zoff_status s = zoff_error(ZOFF_ERR_IO, "cannot create a temporary file next to %s: %s; check that the "
-                                                "directory exists and is writable",
+        zoff_status s = zoff_error(zoff_status_of_path_errno(errno),
+                                   "cannot create a temporary file next to %s: %s; check that the "
+                                   "directory exists and is writable",
                                    path, strerror(errno));
         free(tmp);
         return s;

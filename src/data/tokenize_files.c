@@ -202,9 +202,10 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
         struct stat st;
         zoff_status s = ZOFF_OK;
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            s = zoff_error(ZOFF_ERR_IO, "output directory %s does not exist; create it (mkdir -p %s)", dir, dir);
+            s = zoff_error(ZOFF_ERR_INVALID, "output directory %s does not exist; create it (mkdir -p %s)", dir, dir);
         else if (access(dir, W_OK) != 0)
-            s = zoff_error(ZOFF_ERR_IO, "output directory %s is not writable: %s", dir, strerror(errno));
+            s = zoff_error(zoff_status_of_path_errno(errno), "output directory %s is not writable: %s", dir,
+                           strerror(errno));
         free(copy);
         ZOFF_TRY(s);
     }

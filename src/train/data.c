@@ -19,7 +19,7 @@ zoff_status zoff_train_mkdir_p(const char *dir, char *made, size_t cap) {
         if (mkdir(buf, 0755) == 0) {
             if (made && cap && !made[0]) snprintf(made, cap, "%s", buf);
         } else if (errno != EEXIST) {
-            return zoff_error(ZOFF_ERR_IO, "cannot create directory %s: %s", buf, strerror(errno));
+            return zoff_error(zoff_status_of_path_errno(errno), "cannot create directory %s: %s", buf, strerror(errno));
         }
         if (last) break;
         *p = '/';

@@ -338,7 +338,8 @@ static zoff_status nv_create(zoff_s3 *s) {
     s->st.nvme_pinned = s->o.nvme.pin_memory;
     const char *dir = s->o.nvme.dir;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return zoff_error(ZOFF_ERR_IO, "cannot create zero_optimization.offload_param.nvme_path %s: %s", dir,
+        return zoff_error(zoff_status_of_path_errno(errno),
+                          "cannot create zero_optimization.offload_param.nvme_path %s: %s", dir,
                           strerror(errno));
     static int counter;
     int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
