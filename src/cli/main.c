@@ -25,7 +25,8 @@ static void usage(FILE *f) {
             "\n"
             "exit status: 0 success; 1 the run failed (I/O error, out of memory, a diverged or killed\n"
             "peer, ...); 2 the command line, the config (--config missing, a directory, malformed or\n"
-            "invalid) or an input file is wrong: fix it and run again.\n",
+            "invalid) or a path given is wrong (an input missing or malformed, an output folder that\n"
+            "is not there or not writable): fix it and run again.\n",
             ZOFF_VERSION);
 }
 
