@@ -75,7 +75,10 @@ done
 check "the clipped runs clip (norm above 0.05)" "series '$W/clip' | head -1 | grep -qv 'grad_norm\":0.0[0-4]'"
 check "the fp16 run skips a step for overflow (initial scale 2^24)" "grep -q '\"skipped\":true' '$W/fp16/metrics.jsonl'"
 check "buckets in use: the log says so" "grep -q 'device gradients: gradient buckets (2 x' '$W/bf16.txt'"
-check "accumulation 2 keeps the full buffer (the log says so)" "grep -q 'device gradients: the full device gradient buffer' '$W/accum.txt'"
+check "accumulation 2 keeps the full buffer (the log says so, and why: the setting that changes it)" \
+  "grep -q 'device gradients: the full device gradient buffer (gradient_accumulation_steps > 1 .*zoff_grad_buckets .always. keeps the sum on the host' '$W/accum.txt'"
+check "zoff_grad_buckets false keeps the full buffer (the log says so and why)" \
+  "grep -q 'device gradients: the full device gradient buffer (zero_optimization.zoff_grad_buckets is false)' '$W/bf16_full.txt'"
 check "\"always\": accumulation 3 through a ring of 2 buckets (the log says so)" \
   "grep -q 'device gradients: gradient buckets (2 x.*the accumulation.s sum on the host' '$W/acc3.txt'"
 check "nvme: gradient buckets (the log says so)" "grep -q 'device gradients: gradient buckets (2 x' '$W/nvme_bf16.txt'"

@@ -1436,6 +1436,9 @@ static void test_grad_device(void **st) {
     for (size_t k = 0; k < sizeof rule / sizeof rule[0]; k++)
         if (zoff_placement_grad_buckets_for(rule[k].mode, rule[k].stage, rule[k].off, rule[k].accum) != rule[k].want)
             fail_msg("grad buckets rule, case %zu: expected %d", k, rule[k].want);
+        else if ((zoff_placement_grad_buckets_why_not(rule[k].mode, rule[k].stage, rule[k].off, rule[k].accum) ==
+                  NULL) != rule[k].want)
+            fail_msg("grad buckets rule, case %zu: a reason is given exactly when the answer is no", k);
 }
 
 /* Initial weights straight into their place (options.init_range: each host sub-group's

@@ -170,6 +170,10 @@ bool zoff_placement_grad_buckets(const zoff_config *cfg);
  * stage, offload_optimizer.device, gradient_accumulation_steps (any number of ranks). */
 bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int stage, zoff_offload_device optimizer,
                                      int64_t accumulation);
+/* Why the rule says no (NULL where it says yes): a phrase for the log, naming the setting. */
+const char *zoff_placement_grad_buckets_why_not(zoff_grad_buckets_mode mode, int stage, zoff_offload_device optimizer,
+                                                int64_t accumulation);
+const char *zoff_placement_grad_buckets_why(const zoff_config *cfg);
 /* Speculation's row-sparse report of the tied embedding's gradient (zoff_engine_uses_grad_rows; the
  * model then keeps a pinned host copy of the tokens): one rank, stages 1-2 (stage 3's gradients reach
  * the host only after each group's reduction into the partition). */

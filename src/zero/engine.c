@@ -1032,9 +1032,12 @@ static void describe(zoff_engine *e) {
                      e->world == 1 || e->n_dev == 0 ? ""
                      : e->gd.compact ? " copied out of each reduced bucket" : " read in their buckets",
                      e->bk_acc ? "; the accumulation's sum on the host, through the buckets each micro-batch" : "");
-        else
-            snprintf(e->describe + used, sizeof e->describe - used, "; device gradients: the full device gradient "
-                     "buffer (zoff_placement_grad_buckets)");
+        else {
+            const char *why = zoff_placement_grad_buckets_why(e->cfg);
+            snprintf(e->describe + used, sizeof e->describe - used,
+                     "; device gradients: the full device gradient buffer (%s)",
+                     why ? why : "the model gave one");
+        }
     }
 }
 

@@ -190,17 +190,28 @@ bool zoff_placement_grad_buckets_for(zoff_grad_buckets_mode mode, int stage, zof
      * rank's host pieces of the sum and the compact buffer its device pieces); several ranks:
      * each group's bucket is reduced over the ranks, this rank's host pieces of it go to the
      * host and its device pieces to a compact buffer (zoff_grad_device_in.spread) */
-    if (mode == ZOFF_GRAD_BUCKETS_OFF || !(stage == 1 || stage == 2) ||
-        (optimizer != ZOFF_OFFLOAD_CPU && optimizer != ZOFF_OFFLOAD_NVME))
-        return false;
-    return accumulation <= 1 || mode == ZOFF_GRAD_BUCKETS_ALWAYS;
+    return zoff_placement_grad_buckets_why_not(mode, stage, optimizer, accumulation) == NULL;
 }
 
-bool zoff_placement_grad_buckets(const zoff_config *cfg) {
+const char *zoff_placement_grad_buckets_why_not(zoff_grad_buckets_mode mode, int stage, zoff_offload_device optimizer,
+                                                int64_t accumulation) {
+    if (mode == ZOFF_GRAD_BUCKETS_OFF) return "zero_optimization.zoff_grad_buckets is false";
+    if (!(stage == 1 || stage == 2)) return "gradient buckets are for zero_optimization.stage 1 and 2";
+    if (optimizer != ZOFF_OFFLOAD_CPU && optimizer != ZOFF_OFFLOAD_NVME)
+        return "gradient buckets need offload_optimizer.device \"cpu\" or \"nvme\"";
+    if (accumulation > 1 && mode != ZOFF_GRAD_BUCKETS_ALWAYS)
+        return "gradient_accumulation_steps > 1 keeps its sum there, without bus transfers; "
+               "zero_optimization.zoff_grad_buckets \"always\" keeps the sum on the host and frees the buffer";
+    return NULL;
+}
+
+bool zoff_placement_grad_buckets(const zoff_config *cfg) { return zoff_placement_grad_buckets_why(cfg) == NULL; }
+
+const char *zoff_placement_grad_buckets_why(const zoff_config *cfg) {
     const zoff_zero_config *z = &cfg->zero;
     zoff_offload_device d = z->offload_optimizer.device;
     if (z->cpu_offload && d == ZOFF_OFFLOAD_NONE) d = ZOFF_OFFLOAD_CPU;
-    return zoff_placement_grad_buckets_for(z->grad_buckets, z->stage, d, cfg->gradient_accumulation_steps);
+    return zoff_placement_grad_buckets_why_not(z->grad_buckets, z->stage, d, cfg->gradient_accumulation_steps);
 }
 
 void zoff_placement_grad_device(const zoff_grad_device_in *in, zoff_grad_device *out) {
