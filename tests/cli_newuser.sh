@@ -167,5 +167,16 @@ rc=$?
 check "--no-checkpoint with --save-interval: exit 2 naming both, nothing written" \
   "[ $rc -eq 2 ] && grep -q -- '--no-checkpoint.*--save-interval' '$W/nock.err' && [ ! -e '$W/nock2' ]"
 
+# ---- resuming a run with a --train-iters it has reached: say so (before: "trained 0 steps", nothing else)
+"$ZOFF" train "${TINY[@]}" --train-iters 2 --save "$W/done2" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --train-iters 2 --load "$W/done2" --save "$W/done2" >/dev/null 2>"$W/done2.err"
+rc=$?
+check "--load of a run at step 2 with --train-iters 2: exit 0, says there is nothing to train and how to go on" \
+  "[ $rc -eq 0 ] && grep -q 'at step 2 already.*--train-iters 2 counts steps from the run.s start: nothing to train (give --train-iters above 2' '$W/done2.err'"
+"$ZOFF" train "${TINY[@]}" --train-iters 3 --load "$W/done2" --save "$W/done2" >/dev/null 2>"$W/done3.err"
+rc=$?
+check "... and with --train-iters 3 it trains to step 3 without that line" \
+  "[ $rc -eq 0 ] && [ -f '$W/done2/step_00000003/COMPLETE' ] && ! grep -q 'nothing to train' '$W/done3.err'"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

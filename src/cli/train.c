@@ -271,6 +271,11 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     zoff_status s;
     double val_before = NAN, val_after = NAN;
     if (!o->quiet) print_banner(t);
+    if (in->start_step > 0 && in->start_step >= o->train_iters)
+        fprintf(stderr,
+                "zoff: the run is at step %lld already and --train-iters %lld counts steps from the run's start: "
+                "nothing to train (give --train-iters above %lld to go on)\n",
+                (long long)in->start_step, (long long)o->train_iters, (long long)in->start_step);
     if ((s = zoff_trainer_evaluate(t, &val_before)) != ZOFF_OK) return fail(s);
     if (!o->quiet && !isnan(val_before)) fprintf(stderr, "zoff: validation loss before training: %.4f\n", val_before);
 
