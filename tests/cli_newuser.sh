@@ -178,5 +178,23 @@ rc=$?
 check "... and with --train-iters 3 it trains to step 3 without that line" \
   "[ $rc -eq 0 ] && [ -f '$W/done2/step_00000003/COMPLETE' ] && ! grep -q 'nothing to train' '$W/done3.err'"
 
+# ---- data smaller than a batch: the error says which data (a split of --data-path or --val-path) and,
+# for validation, that --eval-iters 0 runs without (before: "the all split", no way out named)
+printf 'a few bytes of text, fewer than a batch\n' > "$W/tiny.txt"
+"$ZOFF" tokenize --tokenizer byte --val-fraction 0 --quiet --output-prefix "$W/tiny" "$W/tiny.txt" >/dev/null 2>&1
+SM=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 --tokenizer byte
+    --train-iters 1 --quiet)
+"$ZOFF" train "${SM[@]}" --data-path "$W/corpus_train.bin" --val-path "$W/tiny_train.bin" --save "$W/small1" \
+  >/dev/null 2>"$W/small1.err"
+rc=$?
+check "--val-path smaller than a batch: exit 2, names --val-path and --eval-iters 0, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'validation data: .*--val-path has .* tokens.*--eval-iters 0 for no validation' '$W/small1.err' \
+   && [ ! -e '$W/small1' ]"
+"$ZOFF" train "${SM[@]}" --data-path "$W/tiny_train.bin" --save "$W/small2" >/dev/null 2>"$W/small2.err"
+rc=$?
+check "--data-path smaller than a batch: exit 2, names the training split of --data-path" \
+  "[ $rc -eq 2 ] && grep -q 'training data: .*the training split (all but the last 5% of --data-path' '$W/small2.err' \
+   && ! grep -q 'all split' '$W/small2.err'"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -104,6 +104,9 @@ typedef struct zoff_loader_options {
     int64_t val_tokens;   /* size of the VAL split at the end of the dataset (TRAIN / VAL only) */
     int rank;             /* data parallel: this process, 0 <= rank < world_size */
     int world_size;       /* number of processes reading the same dataset in lockstep (default 1) */
+    /* The error when the data gives less than a batch: what the data is (NULL: its split's name)
+     * and advice appended to it (NULL: none). */
+    const char *what, *too_small_hint;
 } zoff_loader_options;
 
 /* B and T set; seed 0, shuffle on, split ALL, rank 0 of 1. */

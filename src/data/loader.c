@@ -86,7 +86,7 @@ zoff_loader_options zoff_loader_defaults(int64_t batch_size, int64_t seq_len) {
 }
 
 static const char *split_name(zoff_data_split s) {
-    return s == ZOFF_SPLIT_TRAIN ? "train" : s == ZOFF_SPLIT_VAL ? "val" : "all";
+    return s == ZOFF_SPLIT_TRAIN ? "the train split" : s == ZOFF_SPLIT_VAL ? "the val split" : "the data";
 }
 
 zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options *opt, zoff_loader **out) {
@@ -143,12 +143,12 @@ zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options
     const int64_t need = B * (int64_t)opt->world_size;
     if (l->num_windows < need) {
         zoff_status st = zoff_error(ZOFF_ERR_INVALID,
-                                    "data loader: the %s split has %lld tokens (%d shard(s)), which give %lld "
+                                    "data loader: %s has %lld tokens (%d shard(s)), which give %lld "
                                     "windows of seq_len+1 = %lld tokens, but one step needs batch %lld x %d "
-                                    "process(es) = %lld windows; use more data or a smaller batch/sequence length",
-                                    split_name(opt->split), (long long)(hi - lo), nshards,
-                                    (long long)l->num_windows, (long long)(T + 1), (long long)B,
-                                    opt->world_size, (long long)need);
+                                    "process(es) = %lld windows; use more data or a smaller batch/sequence length%s",
+                                    opt->what ? opt->what : split_name(opt->split), (long long)(hi - lo),
+                                    nshards, (long long)l->num_windows, (long long)(T + 1), (long long)B,
+                                    opt->world_size, (long long)need, opt->too_small_hint ? opt->too_small_hint : "");
         zoff_loader_free(l);
         return st;
     }

@@ -73,6 +73,9 @@ static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path,
 static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_tokens) {
     zoff_loader_options vo = zoff_loader_defaults(t->info.micro_batch, t->info.seq_len);
     vo.shuffle = false;
+    vo.what = split_val ? "the validation split (the last 5% of --data-path's tokens)" : "--val-path";
+    vo.too_small_hint = split_val ? "; or give --val-path shards of their own, or --eval-iters 0 for no validation"
+                                  : "; or --eval-iters 0 for no validation";
     if (split_val) {
         vo.split = ZOFF_SPLIT_VAL;
         vo.val_tokens = val_tokens;
@@ -95,9 +98,12 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     lo.rank = t->info.rank; /* rank r takes rows [r*B, (r+1)*B) of each global batch of world*B */
     lo.world_size = t->info.world;
     bool split_val = !val_path[0];
+    lo.what = "--data-path";
     if (split_val) {
         lo.split = ZOFF_SPLIT_TRAIN;
         lo.val_tokens = zoff_dataset_num_tokens(t->train_ds) / 20;
+        lo.what = "the training split (all but the last 5% of --data-path's tokens, which validation reads unless "
+                  "--val-path is given)";
     } else if ((s = zoff_dataset_open(val_path, vocab, &t->val_ds)) != ZOFF_OK) {
         return zoff_error_context(s, "--val-path");
     }
