@@ -57,6 +57,7 @@ static int setup(void **state) {
 }
 static int teardown(void **state) {
     unsetenv("ZOFF_CKPT_FAULT");
+    unsetenv("ZOFF_CKPT_IO");
     rm_rf(*state);
     free(*state);
     return 0;
@@ -311,6 +312,82 @@ static void test_reader_edge_cases(void **state) {
 }
 
 /* ------------------------------------------------------------------ writer */
+
+/* The writer's two paths (O_DIRECT through 8 MiB ring buffers, and pwrite with ZOFF_CKPT_IO=buffered)
+ * against the format written out by hand: 8-byte little-endian header length, the header, then the
+ * bytes appended, nothing more. Sizes put the end of the data on and around buffer and 4 KiB
+ * boundaries and past the ring's 8 buffers (it wraps); appends come in pieces of odd sizes. Then a
+ * full disk injected in the ring's third buffer: the error names the file and the failed write's
+ * offset, nothing is left behind. */
+static uint8_t pattern_byte(size_t i) { return (uint8_t)((i * 2654435761u) >> 13); }
+
+static void test_writer_paths(void **state) {
+    const char *dir = *state;
+    const size_t MiB = (size_t)1 << 20;
+    const size_t sizes[] = {0, 1, 4095, 8 * MiB - 91, 8 * MiB, 8 * MiB + 4096, 3 * 8 * MiB + 5, 70 * MiB + 123};
+    const size_t nmax = 70 * MiB + 123;
+    uint8_t *data = malloc(nmax);
+    for (size_t i = 0; i < nmax; i++) data[i] = pattern_byte(i);
+    bool direct_seen = false;
+    for (int mode = 0; mode < 2; mode++) {
+        if (mode) setenv("ZOFF_CKPT_IO", "buffered", 1);
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            const size_t n = sizes[k];
+            char *p = pathf(dir, "paths.safetensors");
+            zoff_st_writer *w = NULL;
+            assert_ok(zoff_st_writer_open(p, &w));
+            assert_ok(zoff_st_writer_declare(w, "x", ZOFF_ST_U8, 1, (int64_t[]){(int64_t)n}));
+            const size_t pieces[] = {1, 5 * MiB + 3, 4096, 11 * MiB};
+            size_t done = 0;
+            for (int j = 0; done < n; j++) {
+                size_t m = pieces[j % 4] < n - done ? pieces[j % 4] : n - done;
+                assert_ok(zoff_st_writer_append(w, data + done, m));
+                done += m;
+            }
+            const char *io = zoff_st_writer_io(w);
+            if (mode == 1 && n > 0 && !strstr(io, "pwrite, buffered (ZOFF_CKPT_IO=buffered)"))
+                fail_msg("ZOFF_CKPT_IO=buffered: %s", io);
+            if (mode == 0 && strstr(io, "O_DIRECT")) direct_seen = true;
+            assert_ok(zoff_st_writer_commit(w));
+            size_t got;
+            uint8_t *f = read_all(p, &got);
+            uint64_t hl = 0;
+            for (int b = 0; b < 8; b++) hl |= (uint64_t)f[b] << (8 * b);
+            if (hl % 8 || got != 8 + hl + n)
+                fail_msg("%s, %zu bytes: header %" PRIu64 " bytes, file %zu bytes", mode ? "buffered" : "default", n, hl,
+                         got);
+            char want[160];
+            snprintf(want, sizeof want, "\"x\":{\"dtype\":\"U8\",\"shape\":[%zu],\"data_offsets\":[0,%zu]}", n, n);
+            if (!memmem(f + 8, hl, want, strlen(want))) fail_msg("header of %zu bytes lacks %s", n, want);
+            if (memcmp(f + 8 + hl, data, n)) fail_msg("%s, %zu bytes: the data differs", mode ? "buffered" : "default", n);
+            free(f);
+        }
+    }
+    unsetenv("ZOFF_CKPT_IO");
+    if (!direct_seen) printf("# note: %s refuses O_DIRECT: only the pwrite path was checked here\n", dir);
+    /* a full disk in the ring's third buffer */
+    char *p = pathf(dir, "full.safetensors");
+    setenv("ZOFF_CKPT_FAULT", "ENOSPC@20000000", 1);
+    zoff_st_writer *w = NULL;
+    assert_ok(zoff_st_writer_open(p, &w));
+    assert_ok(zoff_st_writer_declare(w, "x", ZOFF_ST_U8, 1, (int64_t[]){(int64_t)nmax}));
+    zoff_status s = zoff_st_writer_append(w, data, nmax);
+    bool direct = strstr(zoff_st_writer_io(w), "O_DIRECT") != NULL;
+    if (s == ZOFF_OK) s = zoff_st_writer_commit(w);
+    else zoff_st_writer_abort(w);
+    unsetenv("ZOFF_CKPT_FAULT");
+    if (s != ZOFF_ERR_IO || !strstr(zoff_last_error(), "cannot write") || !strstr(zoff_last_error(), "No space left") ||
+        !strstr(zoff_last_error(), direct ? "at offset 16777216" : "at offset 20000000"))
+        fail_msg("full disk: %s: %s", zoff_status_name(s), zoff_last_error());
+    struct stat st;
+    assert_int_not_equal(stat(p, &st), 0);
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, ".tmp-")) fail_msg("temp file %s left behind", de->d_name);
+    closedir(d);
+    free(data);
+}
 
 static void test_writer_roundtrip_and_errors(void **state) {
     const char *dir = *state;
@@ -994,6 +1071,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_reader_rejects_bad_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reader_edge_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_roundtrip_and_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_writer_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fixture_logits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_variants_and_mismatches, setup, teardown),

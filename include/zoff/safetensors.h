@@ -168,13 +168,19 @@ zoff_status zoff_st_writer_metadata(zoff_st_writer *w, const char *key, const ch
 /* Declare a tensor (unique name, UTF-8, not "__metadata__"); all before the first append. */
 zoff_status zoff_st_writer_declare(zoff_st_writer *w, const char *name, zoff_st_dtype dtype, int ndim,
                                    const int64_t *shape);
-/* Append data bytes: the tensors' contents in declaration order, in pieces of any size. */
+/* Append data bytes: the tensors' contents in declaration order, in pieces of any size. They are
+ * copied into 8 MiB buffers, each written O_DIRECT through src/aio (io_uring) while the caller goes
+ * on (64 MiB in flight), where the file system allows it and ZOFF_CKPT_IO is not "buffered";
+ * else through the page cache by pwrite. ZOFF_CKPT_FAULT fails the writes from its offset on. */
 zoff_status zoff_st_writer_append(zoff_st_writer *w, const void *data, size_t bytes);
 /* Check that exactly the declared bytes were appended, fsync, rename into place, fsync the
  * directory. Always frees the writer; on failure the temp file is gone and PATH untouched. */
 zoff_status zoff_st_writer_commit(zoff_st_writer *w);
 /* Give up: remove the temp file, free the writer. NULL is allowed. */
 void zoff_st_writer_abort(zoff_st_writer *w);
+/* How the file is being written, once the first append has started it ("" before): "O_DIRECT, ..."
+ * or "pwrite, buffered (why)". */
+const char *zoff_st_writer_io(const zoff_st_writer *w);
 
 /* ---- GPT-2 ---- */
 

@@ -722,13 +722,19 @@ static int64_t no_aio_fault(void *arg, const zoff_aio_fault_site *site) {
 
 /* The aio engine and the file opened through it (O_DIRECT where the file system allows);
  * where that cannot be, the pwrite path, with the reason in w->io. */
-static zoff_status w_open_io(zoff_ckpt_writer *w) {
+zoff_status zoff_ckpt_io_buffered(bool *buffered) {
     const char *env = getenv("ZOFF_CKPT_IO");
-    bool hooked = __atomic_load_n(&g_hook, __ATOMIC_ACQUIRE) != NULL;
     if (env && env[0] && strcmp(env, "auto") && strcmp(env, "buffered"))
         return zoff_error(ZOFF_ERR_INVALID, "ZOFF_CKPT_IO='%s' is invalid; expected auto (io_uring, O_DIRECT where the "
                                             "file system allows) or buffered (pwrite, the writer's thread)", env);
-    const char *why = hooked ? "an I/O hook is set (tests)" : env && !strcmp(env, "buffered") ? "ZOFF_CKPT_IO=buffered" : NULL;
+    *buffered = env && !strcmp(env, "buffered");
+    return ZOFF_OK;
+}
+
+static zoff_status w_open_io(zoff_ckpt_writer *w) {
+    bool hooked = __atomic_load_n(&g_hook, __ATOMIC_ACQUIRE) != NULL, buffered;
+    ZOFF_TRY(zoff_ckpt_io_buffered(&buffered));
+    const char *why = hooked ? "an I/O hook is set (tests)" : buffered ? "ZOFF_CKPT_IO=buffered" : NULL;
     if (!why) {
         zoff_aio_options o;
         zoff_aio_options_default(&o);

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* O_CLOEXEC */
 #include "zoff/safetensors.h"
 #include "ckpt_internal.h"
+#include "zoff/aio.h"
 #include "core/half_internal.h"
 #include "core/file_internal.h"
 
@@ -23,7 +24,8 @@
 #endif
 
 #define ST_IO_CHUNK ((size_t)1 << 30)   /* largest single pread/pwrite */
-#define ST_WBUF_BYTES ((size_t)8 << 20) /* writer staging buffer */
+#define ST_WBUF_BYTES ((size_t)8 << 20) /* writer staging buffer; each of the O_DIRECT ring's */
+#define ST_RING 8                       /* O_DIRECT staging buffers: 64 MiB in flight while the caller computes */
 #define ST_CONV_ELEMS ((size_t)1 << 20) /* conversion chunk of read_f32 */
 #define ST_NAME_SHOWN 160               /* longest name shown in a message */
 
@@ -470,24 +472,136 @@ struct zoff_st_writer {
     int64_t data_total, data_written;
     int64_t pos;          /* file offset of the next byte to write (after the buffer) */
     bool started, failed;
-    uint8_t *buf;
+    uint8_t *buf; /* the buffer being filled: the pwrite path's, or ring[cur] */
     size_t blen;
     zoff_ckpt_fault fault; /* ZOFF_CKPT_FAULT */
+    /* O_DIRECT (st_direct_open): each full ring buffer is written at pos by src/aio (io_uring)
+     * while the caller fills the next; aio NULL: pwrite through the page cache from the caller's
+     * thread (ZOFF_CKPT_IO=buffered, a fault to inject, a file system without O_DIRECT) */
+    zoff_aio *aio;
+    zoff_aio_file *af;
+    uint8_t *ring[ST_RING];
+    zoff_aio_request req[ST_RING];
+    int cur;
+    char io[400]; /* how the file is written (zoff_st_writer_io) */
 };
 
+/* A failed write of the file at offset `at` (e: its errno; 0: a short write). */
+static zoff_status st_write_failed(const zoff_st_writer *w, int64_t at, int e) {
+    if (!e)
+        return zoff_error(ZOFF_ERR_IO, "short write to %s at offset %" PRId64 " (is the disk full?)", w->tmp, at);
+    return zoff_error(ZOFF_ERR_IO, "cannot write %s at offset %" PRId64 ": %s%s", w->tmp, at, strerror(e),
+                      e == ENOSPC || e == EDQUOT ? " (the disk is full: free space or write elsewhere)" : "");
+}
+
+/* Waits for every ring write; a failure is reported at the lowest offset that failed, worded as
+ * the pwrite path words it. */
+static zoff_status st_drain(zoff_st_writer *w) {
+    int64_t first_at = -1;
+    int first_e = 0;
+    for (int i = 0; w->aio && i < ST_RING; i++) {
+        zoff_aio_request *r = &w->req[i];
+        if (zoff_aio_wait(w->aio, r) == ZOFF_OK) continue;
+        int64_t at = r->seg[0].offset;
+        int e = zoff_aio_request_errno(r, &at);
+        if (first_at < 0 || at < first_at) {
+            first_at = at;
+            first_e = e;
+        }
+    }
+    return first_at < 0 ? ZOFF_OK : st_write_failed(w, first_at, first_e);
+}
+
+static void st_direct_close(zoff_st_writer *w) {
+    if (w->aio) (void)st_drain(w);
+    zoff_aio_file_close(w->af);
+    zoff_aio_destroy(w->aio);
+    for (int i = 0; i < ST_RING; i++) zoff_aligned_free(w->ring[i]);
+    if (w->aio) w->buf = NULL; /* it was a ring buffer */
+    w->aio = NULL;
+    w->af = NULL;
+    memset(w->ring, 0, sizeof w->ring);
+}
+
 static void w_free(zoff_st_writer *w) {
+    st_direct_close(w);
     for (size_t i = 0; i < w->n; i++) free(w->d[i].name);
     zoff_ckpt_free_pairs(w->mk, w->mv, w->nm);
     ZOFF_FREE_ALL(w->d, w->buf, w->path, w->tmp, w);
 }
 
+/* ZOFF_CKPT_FAULT on the ring's writes (not the process-wide aio hook of the NVMe swap tests): a
+ * write that reaches the fault's offset fails whole with its errno. */
+static int64_t st_aio_fault(void *arg, const zoff_aio_fault_site *site) {
+    const zoff_ckpt_fault *f = arg;
+    return f->at >= 0 && site->offset + (int64_t)site->bytes > f->at ? -(int64_t)f->err : 0;
+}
+
+/* The O_DIRECT ring, where it can be (else w->aio stays NULL: the pwrite path). Only an invalid
+ * ZOFF_CKPT_IO is an error. */
+static zoff_status st_direct_open(zoff_st_writer *w) {
+    bool buffered;
+    ZOFF_TRY(zoff_ckpt_io_buffered(&buffered));
+    snprintf(w->io, sizeof w->io, "pwrite, buffered (ZOFF_CKPT_IO=buffered)");
+    if (buffered) return ZOFF_OK;
+    zoff_aio_options o;
+    zoff_aio_options_default(&o);
+    o.block_size = (int64_t)ST_WBUF_BYTES; /* one request per buffer */
+    o.queue_depth = ST_RING;
+    o.fault = st_aio_fault;
+    o.fault_arg = &w->fault;
+    bool ok = true;
+    for (int i = 0; i < ST_RING && ok; i++) {
+        w->ring[i] = zoff_aligned_alloc(ZOFF_AIO_ALIGN, ST_WBUF_BYTES, "safetensors writer");
+        ok = w->ring[i] && (zoff_aio_options_add_fixed(&o, w->ring[i], ST_WBUF_BYTES), true);
+    }
+    ok = ok && zoff_aio_create(&o, &w->aio) == ZOFF_OK && zoff_aio_file_open(w->aio, w->tmp, 0, &w->af) == ZOFF_OK;
+    if (ok && !zoff_aio_file_direct(w->af))
+        snprintf(w->io, sizeof w->io, "pwrite, buffered (%s)", zoff_aio_file_direct_note(w->af));
+    else if (!ok)
+        snprintf(w->io, sizeof w->io, "pwrite, buffered (%s)", zoff_last_error());
+    else
+        snprintf(w->io, sizeof w->io, "O_DIRECT, %d x %zu MiB in flight; %s", ST_RING, ST_WBUF_BYTES >> 20,
+                 zoff_aio_describe(w->aio));
+    if (!ok || !zoff_aio_file_direct(w->af)) { /* no ring, no aio engine, no O_DIRECT here: the pwrite path */
+        st_direct_close(w);
+        zoff_clear_error();
+        return ZOFF_OK;
+    }
+    w->cur = 0;
+    w->buf = w->ring[0];
+    w->blen = 0;
+    return ZOFF_OK;
+}
+
+/* Write the first `bytes` (aligned) of ring[cur] at pos. */
+static zoff_status st_submit(zoff_st_writer *w, size_t bytes) {
+    zoff_aio_request *r = &w->req[w->cur];
+    *r = (zoff_aio_request){.op = ZOFF_AIO_WRITE, .file = w->af, .nseg = 1,
+                            .seg = {{.buf = w->buf, .offset = w->pos, .bytes = bytes}}};
+    return zoff_aio_submit(w->aio, r);
+}
+
+/* ring[cur] is full: write it and go on with the next (once its previous write is done). */
+static zoff_status st_next(zoff_st_writer *w) {
+    ZOFF_TRY(st_submit(w, ST_WBUF_BYTES));
+    w->pos += (int64_t)ST_WBUF_BYTES;
+    w->cur = (w->cur + 1) % ST_RING;
+    w->buf = w->ring[w->cur];
+    w->blen = 0;
+    return zoff_aio_wait(w->aio, &w->req[w->cur]) == ZOFF_OK ? ZOFF_OK : st_drain(w);
+}
+
 static void w_remove_tmp(zoff_st_writer *w) {
     if (w->fd >= 0) {
+        (void)st_drain(w); /* nothing of the ring lands in the file after its name is gone */
         close(w->fd);
         w->fd = -1;
         unlink(w->tmp);
     }
 }
+
+const char *zoff_st_writer_io(const zoff_st_writer *w) { return w ? w->io : ""; }
 
 void zoff_st_writer_abort(zoff_st_writer *w) {
     if (!w) return;
@@ -609,19 +723,26 @@ static zoff_status w_write_raw(zoff_st_writer *w, const void *buf, size_t n) {
         ssize_t r = zoff_ckpt_fault_allows(&w->fault, at, &chunk) ? pwrite(w->fd, p + done, chunk, (off_t)at) : -1;
         if (r < 0) {
             if (errno == EINTR) continue;
-            int e = errno;
-            return zoff_error(ZOFF_ERR_IO, "cannot write %s at offset %" PRId64 ": %s%s", w->tmp, at, strerror(e),
-                              e == ENOSPC || e == EDQUOT ? " (the disk is full: free space or write elsewhere)" : "");
+            return st_write_failed(w, at, errno);
         }
-        if (r == 0)
-            return zoff_error(ZOFF_ERR_IO, "short write to %s at offset %" PRId64 " (is the disk full?)", w->tmp, at);
+        if (r == 0) return st_write_failed(w, at, 0);
         done += (size_t)r;
     }
     w->pos += (int64_t)n;
     return ZOFF_OK;
 }
 
+/* The pwrite path's buffer out; the ring's last, partial buffer out (its aligned part O_DIRECT,
+ * then the rest through the page cache) and every ring write waited for. */
 static zoff_status w_flush(zoff_st_writer *w) {
+    if (w->aio) {
+        size_t a = w->blen / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN, tail = w->blen - a;
+        zoff_status s = a ? st_submit(w, a) : ZOFF_OK, d = st_drain(w);
+        if (s == ZOFF_OK) s = d;
+        w->pos += (int64_t)a;
+        w->blen = 0;
+        return s == ZOFF_OK && tail ? w_write_raw(w, w->buf + a, tail) : s;
+    }
     if (!w->blen) return ZOFF_OK;
     zoff_status s = w_write_raw(w, w->buf, w->blen);
     w->blen = 0;
@@ -629,6 +750,18 @@ static zoff_status w_flush(zoff_st_writer *w) {
 }
 
 static zoff_status w_put(zoff_st_writer *w, const void *data, size_t n) {
+    if (w->aio) {
+        const uint8_t *p = data;
+        while (n) {
+            size_t k = ST_WBUF_BYTES - w->blen < n ? ST_WBUF_BYTES - w->blen : n;
+            memcpy(w->buf + w->blen, p, k);
+            w->blen += k;
+            p += k;
+            n -= k;
+            if (w->blen == ST_WBUF_BYTES) ZOFF_TRY(st_next(w));
+        }
+        return ZOFF_OK;
+    }
     if (n >= ST_WBUF_BYTES) {
         ZOFF_TRY(w_flush(w));
         return w_write_raw(w, data, n);
@@ -666,11 +799,6 @@ static zoff_status w_start(zoff_st_writer *w) {
         return s;
     }
     size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8;
-    w->buf = malloc(ST_WBUF_BYTES > padded + 8 ? ST_WBUF_BYTES : padded + 8);
-    if (!w->buf) {
-        free(txt);
-        return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-    }
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         int e = errno;
@@ -680,19 +808,15 @@ static zoff_status w_start(zoff_st_writer *w) {
                           strerror(e));
     }
     w->started = true;
+    s = st_direct_open(w);
+    if (s == ZOFF_OK && !w->aio && !(w->buf = malloc(ST_WBUF_BYTES))) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    memcpy(w->buf, len8, 8);
-    memcpy(w->buf + 8, txt, hl);
-    memset(w->buf + 8 + hl, ' ', padded - hl);
+    if (s == ZOFF_OK) s = w_put(w, len8, 8);
+    if (s == ZOFF_OK) s = w_put(w, txt, hl);
+    if (s == ZOFF_OK) s = w_put(w, "       ", padded - hl); /* spaces up to a multiple of 8 */
     free(txt);
-    if (padded + 8 > ST_WBUF_BYTES) { /* a huge header: write it out at once */
-        s = w_write_raw(w, w->buf, padded + 8);
-        w->blen = 0;
-        return s;
-    }
-    w->blen = padded + 8;
-    return ZOFF_OK;
+    return s;
 }
 
 zoff_status zoff_st_writer_append(zoff_st_writer *w, const void *data, size_t bytes) {
