@@ -48,7 +48,7 @@ if [ "${ZOFF_SKIP_SANITIZERS:-0}" != 1 ]; then
   # (stream threads, events, copy streams, the engine's worker) stays real.
   # Tests that check OpenMP threading itself request their thread counts explicitly.
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
-  OMP_NUM_THREADS=1 run_suite "tsan" "$BUILD_DIR-tsan" "test_device|test_cpu_adam|test_engine|test_train|test_aio|test_nvme|test_ckpt|cli_ckpt_background|cli_ckpt_snapshot|cli_twinflow" -DZOFF_CUDA=OFF -DZOFF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  OMP_NUM_THREADS=1 run_suite "tsan" "$BUILD_DIR-tsan" "test_device|test_cpu_adam|test_engine|test_train|test_aio|test_nvme|test_ckpt|test_safetensors|cli_ckpt_background|cli_ckpt_snapshot|cli_twinflow" -DZOFF_CUDA=OFF -DZOFF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 # Fuzz smoke runs: every libFuzzer harness (fuzz/, clang, ASan + UBSan) for FUZZ_SECONDS (30)
 # from its committed seeds; each harness counts as one test. The crash test (tests/cli_crash.sh)
