@@ -9,7 +9,11 @@
 #   - bare `zoff` prints the usage and exits 2, writing nothing;
 #   - one exit code for every config error (2), a missing or directory --config included;
 #   - an empty or malformed config names the position once;
-#   - --quiet prints nothing on success (the NVMe swapper's note included).
+#   - --quiet prints nothing on success (the NVMe swapper's note included);
+#   - a wrong input or output path exits 2, as a wrong config does;
+#   - a resumed run already at --train-iters says there is nothing to train;
+#   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
+#     for validation, --eval-iters 0.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"

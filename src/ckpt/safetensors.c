@@ -476,8 +476,9 @@ struct zoff_st_writer {
     size_t blen;
     zoff_ckpt_fault fault; /* ZOFF_CKPT_FAULT */
     /* O_DIRECT (st_direct_open): each full ring buffer is written at pos by src/aio (io_uring)
-     * while the caller fills the next; aio NULL: pwrite through the page cache from the caller's
-     * thread (ZOFF_CKPT_IO=buffered, a fault to inject, a file system without O_DIRECT) */
+     * while the caller fills the next (ZOFF_CKPT_FAULT applied by st_aio_fault); aio NULL: pwrite
+     * through the page cache from the caller's thread (ZOFF_CKPT_IO=buffered, a file system
+     * without O_DIRECT, no aio engine) */
     zoff_aio *aio;
     zoff_aio_file *af;
     uint8_t *ring[ST_RING];
