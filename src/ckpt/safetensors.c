@@ -538,9 +538,14 @@ static int64_t st_aio_fault(void *arg, const zoff_aio_fault_site *site) {
     return f->at >= 0 && site->offset + (int64_t)site->bytes > f->at ? -(int64_t)f->err : 0;
 }
 
-/* The O_DIRECT ring, where it can be (else w->aio stays NULL: the pwrite path). Only an invalid
+/* The O_DIRECT ring, where it can be (else w->aio stays NULL: the pwrite path), and the file's
+ * `bytes` allocated ahead (fallocate: unwritten blocks, the size set), as the checkpoint writer
+ * does (w_reserve in ckpt.c): a write within the file's size into allocated blocks is issued by
+ * io_uring at once instead of by a kernel worker, and the ring's eight writes in flight do not
+ * allocate piecemeal (measured here, a 0.5 GB export: 13 extents without, 4 with, 5 buffered). A
+ * failure to allocate is left to the writes (which report a full disk as before). Only an invalid
  * ZOFF_CKPT_IO is an error. */
-static zoff_status st_direct_open(zoff_st_writer *w) {
+static zoff_status st_direct_open(zoff_st_writer *w, int64_t bytes) {
     bool buffered;
     ZOFF_TRY(zoff_ckpt_io_buffered(&buffered));
     snprintf(w->io, sizeof w->io, "pwrite, buffered (ZOFF_CKPT_IO=buffered)");
@@ -569,6 +574,7 @@ static zoff_status st_direct_open(zoff_st_writer *w) {
         zoff_clear_error();
         return ZOFF_OK;
     }
+    if (bytes > 0) (void)fallocate(w->fd, 0, 0, (off_t)bytes);
     w->cur = 0;
     w->buf = w->ring[0];
     w->blen = 0;
@@ -809,7 +815,7 @@ static zoff_status w_start(zoff_st_writer *w) {
                           strerror(e));
     }
     w->started = true;
-    s = st_direct_open(w);
+    s = st_direct_open(w, (int64_t)(8 + padded) + w->data_total);
     if (s == ZOFF_OK && !w->aio && !(w->buf = malloc(ST_WBUF_BYTES))) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
