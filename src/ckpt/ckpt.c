@@ -663,12 +663,7 @@ static zoff_status w_put(zoff_ckpt_writer *w, const void *data, size_t n) {
     const uint8_t *d = data;
     while (n > 0) {
         ck_piece *p = &w->piece[w->cur];
-        size_t k = CK_PIECE_BYTES - p->len < n ? CK_PIECE_BYTES - p->len : n;
-        memcpy(p->buf + p->len, d, k);
-        p->len += k;
-        d += k;
-        n -= k;
-        if (p->len == CK_PIECE_BYTES) ZOFF_TRY(w_next(w));
+        if (zoff_ckpt_fill(p->buf, &p->len, CK_PIECE_BYTES, &d, &n)) ZOFF_TRY(w_next(w));
     }
     return ZOFF_OK;
 }

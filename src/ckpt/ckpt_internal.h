@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "zoff/ckpt.h"
 #include "zoff/safetensors.h"
@@ -36,6 +37,17 @@ bool zoff_ckpt_fault_allows(const zoff_ckpt_fault *f, int64_t pos, size_t *chunk
 zoff_status zoff_ckpt_io_buffered(bool *buffered);
 
 /* ---- small shared helpers ---- */
+
+/* The writers' staging step: copies what fits of the n bytes at *src into buf after its *len bytes
+ * (cap in all), advancing *src, *n and *len; true when buf is then full. */
+static inline bool zoff_ckpt_fill(uint8_t *buf, size_t *len, size_t cap, const uint8_t **src, size_t *n) {
+    size_t k = cap - *len < *n ? cap - *len : *n;
+    memcpy(buf + *len, *src, k);
+    *len += k;
+    *src += k;
+    *n -= k;
+    return *len == cap;
+}
 
 /* Little-endian 64-bit load. */
 static inline uint64_t zoff_ckpt_get_u64(const uint8_t *p) {

@@ -759,14 +759,8 @@ static zoff_status w_flush(zoff_st_writer *w) {
 static zoff_status w_put(zoff_st_writer *w, const void *data, size_t n) {
     if (w->aio) {
         const uint8_t *p = data;
-        while (n) {
-            size_t k = ST_WBUF_BYTES - w->blen < n ? ST_WBUF_BYTES - w->blen : n;
-            memcpy(w->buf + w->blen, p, k);
-            w->blen += k;
-            p += k;
-            n -= k;
-            if (w->blen == ST_WBUF_BYTES) ZOFF_TRY(st_next(w));
-        }
+        while (n)
+            if (zoff_ckpt_fill(w->buf, &w->blen, ST_WBUF_BYTES, &p, &n)) ZOFF_TRY(st_next(w));
         return ZOFF_OK;
     }
     if (n >= ST_WBUF_BYTES) {
