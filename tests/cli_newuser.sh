@@ -13,7 +13,8 @@
 #   - a wrong input or output path exits 2, as a wrong config does;
 #   - a resumed run already at --train-iters says there is nothing to train;
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
-#     for validation, --eval-iters 0.
+#     for validation, --eval-iters 0;
+#   - a mistyped option names the option it most likely meant, in every command.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
@@ -199,6 +200,32 @@ rc=$?
 check "--data-path smaller than a batch: exit 2, names the training split of --data-path" \
   "[ $rc -eq 2 ] && grep -q 'training data: .*the training split (all but the last 5% of --data-path' '$W/small2.err' \
    && ! grep -q 'all split' '$W/small2.err'"
+
+# ---- a mistyped option: exit 2 and the option meant (before: only "unknown option"); the
+# options come from each command's usage text, so the checks span every command
+suggest() { # suggest ARGS... -- WANT: the error names WANT as the option meant
+    local want="${@: -1}"; local args=("${@:1:$#-2}")
+    "$ZOFF" "${args[@]}" >"$W/typo.out" 2>"$W/typo.err"
+    local rc=$?
+    check "zoff ${args[*]}: exit 2, did you mean ${want:-nothing}" \
+      "[ $rc -eq 2 ] && [ ! -s '$W/typo.out' ] && grep -q \"unknown option '${args[${#args[@]}-1]}'\" '$W/typo.err' && \
+       if [ -n '$want' ]; then grep -q -- 'did you mean $want? ' '$W/typo.err'; else ! grep -q 'did you mean' '$W/typo.err'; fi"
+}
+suggest train --data -- --data-path                 # the one option it begins
+suggest train --train-iter -- --train-iters         # one letter short
+suggest train --dat-path -- --data-path             # one letter missing inside
+suggest train -data-path -- --data-path             # one dash
+suggest train --seq-length=8 --hidden=64 -- --hidden-size  # with =value
+suggest train --lr -- ""                            # nothing near: no guess
+suggest train --num -- ""                           # begins several: no guess
+suggest tokenize --output -- --output-prefix
+suggest sample --load "$W/done2" --top_k -- --top-k
+suggest export --out -- --output
+suggest plan --hidden -- --hidden-size
+suggest bench adam --mod -- --mode
+suggest bench ckpt --round -- --rounds
+suggest bench step --num-layer -- --num-layers
+suggest bench nvme --sizee -- --size
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -92,6 +92,12 @@ double zoff_now(void); /* monotonic seconds */
 /* The phase clock: seconds since *mark, and *mark moved to now (start-up breakdowns). */
 double zoff_lap(double *mark);
 
+/* ---- names ---- */
+/* Edit distance (insertions, deletions, substitutions) between two short names, for the
+ * "did you mean" of an unknown config key or command-line flag; SIZE_MAX when either is
+ * longer than 63 bytes. */
+size_t zoff_edit_distance(const char *a, const char *b);
+
 /* ---- sizes ---- */
 /* Parse "256MiB", "1.5GB", "4096", "2G" into bytes. Binary units for Ki/Mi/Gi/K/M/G, decimal for kB/MB/GB. */
 zoff_status zoff_parse_size(const char *text, size_t *out);

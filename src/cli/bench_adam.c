@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cli/bench_stats.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "zoff/core.h"
 #include "zoff/optim.h"
@@ -310,8 +311,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
             }
             want[k] = any_mode = true;
         } else {
-            fprintf(stderr, "zoff bench adam: unknown option '%s'\n", a);
-            usage(stderr);
+            cli_unknown_option("bench adam", a, usage);
             return 2;
         }
     }

@@ -239,7 +239,7 @@ static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64
         else if (!strcmp(a, "--max-position-embeddings")) dst = P, hi = ZOFF_GPT2_MAX_SEQ;
         else if (!strcmp(a, "--rounds")) dst = rounds, hi = MAX_ROUNDS;
         else {
-            fprintf(stderr, "zoff bench ckpt: unknown option '%s' (zoff bench ckpt --help)\n", a);
+            cli_unknown_option("bench ckpt", a, usage);
             return 2;
         }
         if (!(v = cli_value("bench ckpt", argc, argv, &i)) || !cli_parse_i64("bench ckpt", a, v, lo, hi, dst)) return 2;

@@ -271,7 +271,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         } else if (!strcmp(o, "--block-size")) {
             if (!size_value(o, argc, argv, &i, &a->block)) return 2;
         } else {
-            fprintf(stderr, "zoff bench nvme: unknown option '%s' (--help lists them)\n", argv[i]);
+            cli_unknown_option("bench nvme", argv[i], usage);
             return 2;
         }
     }

@@ -471,7 +471,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
                 return 2;
         }
         else {
-            fprintf(stderr, "zoff bench step: unknown option '%s' (--help lists them)\n", a);
+            cli_unknown_option("bench step", a, bench_step_usage);
             return 2;
         }
 #undef NUM

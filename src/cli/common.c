@@ -52,6 +52,60 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+/* The option of the usage text that `name` most likely meant, into best (empty when none). */
+static void nearest_option(const char *name, const char *text, char *best, size_t size) {
+    enum { MAX_OPTS = 160, OPT_LEN = 48 };
+    char opts[MAX_OPTS][OPT_LEN]; /* the usage text's options, each once */
+    size_t nopts = 0;
+    for (const char *p = text; (p = strstr(p, "--")) != NULL;) {
+        bool word_start = p == text || strchr(" \t\n([,|'\"", p[-1]) != NULL;
+        size_t n = 2;
+        while (p[n] == '-' || (p[n] >= 'a' && p[n] <= 'z') || (p[n] >= '0' && p[n] <= '9')) n++;
+        if (word_start && n > 2 && n < OPT_LEN && nopts < MAX_OPTS) {
+            size_t k = 0;
+            while (k < nopts && (strlen(opts[k]) != n || strncmp(opts[k], p, n) != 0)) k++;
+            if (k == nopts) snprintf(opts[nopts++], OPT_LEN, "%.*s", (int)n, p);
+        }
+        p += n;
+    }
+    size_t nlen = strlen(name), prefix_hits = 0, best_d = 3, at_best = 0;
+    const char *prefix = NULL, *near = NULL;
+    for (size_t k = 0; k < nopts; k++) {
+        if (nlen >= 4 && strlen(opts[k]) > nlen && !strncmp(opts[k], name, nlen)) {
+            prefix_hits++;
+            prefix = opts[k];
+        }
+        size_t d = zoff_edit_distance(name, opts[k]);
+        if (d < best_d) {
+            best_d = d;
+            at_best = 1;
+            near = opts[k];
+        } else if (d == best_d && near != NULL) {
+            at_best++;
+        }
+    }
+    const char *pick = prefix_hits == 1 ? prefix : at_best == 1 && near != NULL ? near : "";
+    snprintf(best, size, "%s", pick);
+}
+
+void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *)) {
+    char name[64], best[64] = "";
+    cli_flag_name(arg, name, sizeof name);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *ms = usage != NULL ? open_memstream(&text, &len) : NULL;
+    if (ms != NULL) {
+        usage(ms);
+        if (fclose(ms) == 0 && text != NULL) nearest_option(name, text, best, sizeof best);
+    }
+    free(text);
+    if (best[0])
+        fprintf(stderr, "zoff %s: unknown option '%s' (did you mean %s? zoff %s --help lists them)\n", cmd, arg, best,
+                cmd);
+    else
+        fprintf(stderr, "zoff %s: unknown option '%s' (zoff %s --help lists them)\n", cmd, arg, cmd);
+}
+
 void cli_flag_name(const char *arg, char *name, size_t size) {
     const char *eq = strchr(arg, '=');
     size_t n = eq && arg[0] == '-' && arg[1] == '-' ? (size_t)(eq - arg) : strlen(arg);

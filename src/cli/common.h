@@ -23,6 +23,11 @@ void cli_flag_name(const char *arg, char *name, size_t size);
  * otherwise print "zoff <cmd>: <flag>: 'v' is not one of a, b" and return NULL. */
 const char *cli_choice(const char *cmd, const char *flag, const char *const *choices, int argc, char **argv,
                        int *i);
+/* Print "zoff <cmd>: unknown option 'arg' (did you mean --x? zoff <cmd> --help lists them)"
+ * to stderr. The options are the "--name" words of the command's usage text (its one list);
+ * the suggestion is the one option that begins with arg's name, else the one nearest to it
+ * (edit distance at most 2), else none. */
+void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *));
 /* Exit code for a failing status: bad input or config -> 2, a runtime failure -> 1. */
 int cli_exit_code(zoff_status s);
 

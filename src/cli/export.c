@@ -132,7 +132,7 @@ int zoff_cmd_export(int argc, char **argv) {
         } else if (!strcmp(name, "--quiet")) {
             quiet = true;
         } else {
-            fprintf(stderr, "zoff export: unknown option '%s' (zoff export --help lists them)\n", a);
+            cli_unknown_option("export", a, export_usage);
             return 2;
         }
     }

@@ -160,7 +160,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             }
             a->bench[a->nbench++] = v;
         } else {
-            fprintf(stderr, "zoff plan: unknown option '%s' (zoff plan --help lists them)\n", argv[i]);
+            cli_unknown_option("plan", argv[i], plan_usage);
             return 2;
         }
     }

@@ -91,7 +91,7 @@ int zoff_cmd_sample(int argc, char **argv) {
             if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 100, &temp))
                 return 2;
         } else {
-            fprintf(stderr, "zoff sample: unknown option '%s' (zoff sample --help lists them)\n", a);
+            cli_unknown_option("sample", a, sample_usage);
             return 2;
         }
     }

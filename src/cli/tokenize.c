@@ -96,7 +96,7 @@ int zoff_cmd_tokenize(int argc, char **argv) {
         } else if (bad) {
             break;
         } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "zoff tokenize: unknown option '%s' (see zoff tokenize --help)\n", a);
+            cli_unknown_option("tokenize", a, tokenize_usage);
             bad = 1;
         } else {
             inputs[ninputs++] = a;

@@ -160,7 +160,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
             if (!(v = cli_value("train", argc, argv, &i))) return 2;
             if (!cli_parse_f64("train", name, v, 1e-3, 1e9, &a->comm_timeout)) return 2;
         } else {
-            fprintf(stderr, "zoff train: unknown option '%s' (zoff train --help lists them)\n", argv[i]);
+            cli_unknown_option("train", argv[i], train_usage);
             return 2;
         }
     }

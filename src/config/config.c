@@ -751,27 +751,6 @@ static const key_spec *find_key(const section *sec, const char *name) {
 
 static bool key_allowed(const key_spec *k, unsigned mask) { return k->mask == 0 || (k->mask & mask) != 0; }
 
-/* Edit distance between short key names (for "did you mean"); large when either is long. */
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return SIZE_MAX;
-    size_t row[64];
-    for (size_t j = 0; j <= lb; j++) row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best) best = up + 1;
-            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 /* The class of a key (of a section: implemented if any key in it is). */
 static zoff_config_key_class key_class(const section *sec, const key_spec *k) {
     if (k->kind == K_ALIAS) {
@@ -815,7 +794,7 @@ static zoff_status unknown_key(walk *w, const section *sec, unsigned mask, const
     for (size_t i = 0; i < sec->n; i++) {
         const key_spec *k = &sec->keys[i];
         if (!key_allowed(k, mask)) continue;
-        size_t d = edit_distance(key, k->name);
+        size_t d = zoff_edit_distance(key, k->name);
         if (!other_type && d < best) {
             best = d;
             snprintf(hint, sizeof hint, " (did you mean \"%s\"?)", k->name);
@@ -1003,7 +982,7 @@ static zoff_status handle_feature(walk *w, const key_spec *k, json_t *v, const c
         const char *key;
         json_t *x;
         json_object_foreach(v, key, x) {
-            if (strcmp(key, k->sw) != 0 && edit_distance(key, k->sw) <= 2) {
+            if (strcmp(key, k->sw) != 0 && zoff_edit_distance(key, k->sw) <= 2) {
                 char full[600];
                 join_path(full, sizeof full, path, key);
                 return zoff_error(ZOFF_ERR_CONFIG,

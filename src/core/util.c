@@ -1,4 +1,4 @@
-/* Aligned allocation, timers, sizes, half-precision conversion (CRC32C: crc32c.c). */
+/* Aligned allocation, timers, name distance, sizes, half-precision conversion (CRC32C: crc32c.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "zoff/core.h"
 #include "core/half_internal.h"
@@ -40,6 +40,26 @@ double zoff_lap(double *mark) {
     double now = zoff_now(), d = now - *mark;
     *mark = now;
     return d;
+}
+
+size_t zoff_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return SIZE_MAX;
+    size_t row[64];
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
 }
 
 zoff_status zoff_parse_size(const char *text, size_t *out) {
