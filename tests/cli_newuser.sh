@@ -14,6 +14,7 @@
 #   - a resumed run already at --train-iters says there is nothing to train;
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
 #     for validation, --eval-iters 0;
+#   - the summary of a one-step run says "1 step";
 #   - a mistyped option names the option it most likely meant, in every command.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
@@ -182,6 +183,11 @@ check "--load of a run at step 2 with --train-iters 2: exit 0, says there is not
 rc=$?
 check "... and with --train-iters 3 it trains to step 3 without that line" \
   "[ $rc -eq 0 ] && [ -f '$W/done2/step_00000003/COMPLETE' ] && ! grep -q 'nothing to train' '$W/done3.err'"
+
+# ---- one step is "1 step" (before: "trained 1 steps")
+"$ZOFF" train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte \
+  --data-path "$W/corpus_train.bin" --eval-iters 0 --train-iters 1 --no-checkpoint --save "$W/one" >/dev/null 2>"$W/one.err"
+check "a run of one step says 'trained 1 step in'" "grep -q '^zoff: trained 1 step in ' '$W/one.err'"
 
 # ---- data smaller than a batch: the error says which data (a split of --data-path or --val-path) and,
 # for validation, that --eval-iters 0 runs without (before: "the all split", no way out named)

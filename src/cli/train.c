@@ -253,7 +253,8 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, dou
     char val[96] = "", loss[48] = "", ck[4200];
     if (steps > 0) snprintf(loss, sizeof loss, "; train loss %.4f", last_loss);
     if (!isnan(val_after)) snprintf(val, sizeof val, "; validation loss %.4f -> %.4f", val_before, val_after);
-    fprintf(stderr, "zoff: trained %lld steps in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps, train_time,
+    fprintf(stderr, "zoff: trained %lld step%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps, steps == 1 ? "" : "s",
+            train_time,
             train_time > 0 ? tokens / train_time : 0.0, loss, val);
     if (!save_dir) {
         fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
