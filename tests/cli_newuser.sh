@@ -15,6 +15,7 @@
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
 #     for validation, --eval-iters 0;
 #   - the summary of a one-step run says "1 step";
+#   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
@@ -206,6 +207,31 @@ rc=$?
 check "--data-path smaller than a batch: exit 2, names the training split of --data-path" \
   "[ $rc -eq 2 ] && grep -q 'training data: .*the training split (all but the last 5% of --data-path' '$W/small2.err' \
    && ! grep -q 'all split' '$W/small2.err'"
+
+# ---- zoff tokenize of a directory or a quoted glob, as --data-path takes them (before: "not a
+# regular file", "No such file or directory"): the same shards as the files named one by one in
+# name order; hidden files, .bin shards and subdirectories are not read
+mkdir -p "$W/texts/sub" "$W/notexts/sub"
+printf 'the second text\n' > "$W/texts/b.txt"; printf 'the first text\n' > "$W/texts/a.txt"
+printf 'the third\n' > "$W/texts/c.md"; printf 'hidden\n' > "$W/texts/.h.txt"; printf 'nested\n' > "$W/texts/sub/d.txt"
+cp "$W/corpus_val.bin" "$W/texts/old_train.bin"; printf 'nested\n' > "$W/notexts/sub/e.txt"
+TK=(--tokenizer byte --val-fraction 0 --quiet)
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_list" "$W/texts/a.txt" "$W/texts/b.txt" "$W/texts/c.md" >/dev/null 2>&1
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_dir" "$W/texts" >"$W/tk_dir.out" 2>&1
+rc=$?
+check "tokenize DIR: exit 0, its three files in name order (the same shard as naming them)" \
+  "[ $rc -eq 0 ] && grep -q '3 file(s)' '$W/tk_dir.out' && cmp -s '$W/tk_list_train.bin' '$W/tk_dir_train.bin'"
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_glob" "$W/texts/*.txt" >/dev/null 2>&1
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_ab" "$W/texts/a.txt" "$W/texts/b.txt" >/dev/null 2>&1
+check "tokenize 'DIR/*.txt': the files it matches, in name order" "cmp -s '$W/tk_ab_train.bin' '$W/tk_glob_train.bin'"
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_none" "$W/notexts" >/dev/null 2>"$W/tk_none.err"
+rc=$?
+check "tokenize of a directory with no files to read: exit 2, says so, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'notexts: the directory holds no files to read' '$W/tk_none.err' && ! ls '$W'/tk_none* 2>/dev/null | grep -q bin"
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_none" "$W/texts/*.rst" >/dev/null 2>"$W/tk_none.err"
+rc=$?
+check "tokenize of a glob that matches nothing: exit 2, says so" \
+  "[ $rc -eq 2 ] && grep -q 'no files match this pattern' '$W/tk_none.err'"
 
 # ---- a mistyped option: exit 2 and the option meant (before: only "unknown option"); the
 # options come from each command's usage text, so the checks span every command

@@ -1,5 +1,6 @@
 /* zoff tokenize: text files -> token shards (llm.c .bin format). */
 #include <errno.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,14 +9,17 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/file_internal.h"
 #include "zoff/data.h"
 
 static void tokenize_usage(FILE *f) {
     fprintf(f,
-            "usage: zoff tokenize [options] --output-prefix DIR/name FILE...\n"
+            "usage: zoff tokenize [options] --output-prefix DIR/name INPUT...\n"
             "\n"
             "Tokenize text files into token shards (llm.c's .bin format: 256 int32 header,\n"
-            "then uint16 tokens). Each FILE is one document; with gpt2 each document starts\n"
+            "then uint16 tokens). An INPUT is a file, a directory (its files in name order,\n"
+            "not its subdirectories; hidden files and .bin shards skipped) or a quoted glob\n"
+            "such as 'texts/*.txt'. Each file is one document; with gpt2 each document starts\n"
             "with <|endoftext|>. The last --val-fraction of all tokens becomes the validation\n"
             "split. Files are written completely or not at all.\n"
             "\n"
@@ -50,6 +54,80 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
         return NULL;
     }
     return argv[++*i];
+}
+
+static bool is_text_name(const char *name) { return !zoff_ends_with(name, ".bin"); }
+
+/* Append a copy of `path` to the list; false when out of memory. */
+static bool push_path(char ***files, size_t *n, size_t *cap, const char *path) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        char **p = realloc(*files, nc * sizeof *p);
+        if (!p) return false;
+        *files = p;
+        *cap = nc;
+    }
+    if (!((*files)[*n] = strdup(path))) return false;
+    ++*n;
+    return true;
+}
+
+/* The files the inputs name (a file, a directory's files, a glob's matches), each checked
+ * readable: 0, or 1 with the error printed. */
+static int expand_inputs(const char **inputs, int ninputs, char ***files, size_t *nfiles) {
+    size_t cap = 0;
+    *files = NULL;
+    *nfiles = 0;
+    for (int i = 0; i < ninputs; i++) {
+        const char *in = inputs[i];
+        struct stat st;
+        const char *why = NULL;
+        bool oom = false;
+        int stat_err = stat(in, &st) == 0 ? 0 : errno;
+        if (!stat_err && S_ISDIR(st.st_mode)) {
+            char **dir = NULL;
+            size_t n = 0;
+            if (zoff_dir_files(in, is_text_name, &dir, &n) != ZOFF_OK) {
+                fprintf(stderr, "zoff tokenize: %s (nothing was written)\n", zoff_last_error());
+                zoff_free_paths(*files, *nfiles);
+                return 1;
+            }
+            if (n == 0)
+                why = "the directory holds no files to read (hidden files, .bin shards and subdirectories are not "
+                      "read)";
+            for (size_t k = 0; k < n && !oom; k++) oom = !push_path(files, nfiles, &cap, dir[k]);
+            zoff_free_paths(dir, n);
+        } else if (stat_err == ENOENT && strpbrk(in, "*?[")) {
+            glob_t g;
+            int rc = glob(in, 0, NULL, &g);
+            if (rc == GLOB_NOMATCH) why = "no files match this pattern";
+            else if (rc != 0) why = "cannot expand this pattern";
+            for (size_t k = 0; rc == 0 && k < g.gl_pathc && !oom; k++)
+                oom = !push_path(files, nfiles, &cap, g.gl_pathv[k]);
+            globfree(&g);
+        } else {
+            oom = !push_path(files, nfiles, &cap, in);
+        }
+        if (oom) why = "out of memory listing the inputs";
+        if (why) {
+            fprintf(stderr, "zoff tokenize: input %s: %s (nothing was written)\n", in, why);
+            zoff_free_paths(*files, *nfiles);
+            return 1;
+        }
+    }
+    for (size_t i = 0; i < *nfiles; i++) {
+        struct stat st;
+        const char *why = NULL, *f = (*files)[i];
+        if (stat(f, &st) != 0) why = strerror(errno);
+        else if (!S_ISREG(st.st_mode)) why = "not a regular file";
+        else if (access(f, R_OK) != 0) why = strerror(errno);
+        if (why) {
+            fprintf(stderr, "zoff tokenize: input %s: %s (nothing was written)\n", f, why);
+            zoff_free_paths(*files, *nfiles);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int zoff_cmd_tokenize(int argc, char **argv) {
@@ -114,34 +192,24 @@ int zoff_cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "zoff tokenize: unknown tokenizer '%s'; expected gpt2 or byte\n", tokenizer);
         bad = 1;
     }
-    for (int i = 0; i < ninputs && !bad; i++) {
-        struct stat st;
-        const char *why = NULL;
-        if (stat(inputs[i], &st) != 0) why = strerror(errno);
-        else if (!S_ISREG(st.st_mode)) why = "not a regular file";
-        else if (access(inputs[i], R_OK) != 0) why = strerror(errno);
-        if (why) {
-            fprintf(stderr, "zoff tokenize: input %s: %s (nothing was written)\n", inputs[i], why);
-            bad = 1;
-        }
-    }
-    if (bad) {
-        free(inputs);
-        return 2;
-    }
+    char **files = NULL;
+    size_t nfiles = 0;
+    if (!bad) bad = expand_inputs(inputs, ninputs, &files, &nfiles);
+    free(inputs);
+    if (bad) return 2;
 
     zoff_tokenizer *tok = NULL;
     zoff_status s = zoff_tokenizer_open(tokenizer, &tok);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff tokenize: %s\n", zoff_last_error());
-        free(inputs);
+        zoff_free_paths(files, nfiles);
         return 1;
     }
     zoff_tokenize_options o = {.output_prefix = prefix, .val_fraction = val_fraction, .shard_tokens = shard_tokens,
                                .quiet = quiet};
     zoff_tokenize_result r;
-    s = zoff_tokenize_files(tok, inputs, ninputs, &o, &r);
-    free(inputs);
+    s = zoff_tokenize_files(tok, (const char **)files, (int)nfiles, &o, &r);
+    zoff_free_paths(files, nfiles);
     zoff_tokenizer_free(tok);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff tokenize: %s (nothing was written)\n", zoff_last_error());
@@ -149,7 +217,7 @@ int zoff_cmd_tokenize(int argc, char **argv) {
     }
     int64_t total = r.tokens_train + r.tokens_val;
     printf("tokenizer %s: %d file(s), %lld bytes -> %lld tokens (%.2f bytes/token) in %.2f s (%.1f MB/s)\n", tokenizer,
-           ninputs, (long long)r.bytes_in, (long long)total, total ? (double)r.bytes_in / (double)total : 0.0,
+           (int)nfiles, (long long)r.bytes_in, (long long)total, total ? (double)r.bytes_in / (double)total : 0.0,
            r.seconds, r.seconds > 0 ? (double)r.bytes_in / r.seconds / 1e6 : 0.0);
     printf("train: %lld tokens, val: %lld tokens\n", (long long)r.tokens_train, (long long)r.tokens_val);
     for (int i = 0; i < r.num_paths; i++) {

@@ -2,12 +2,14 @@
 #define _GNU_SOURCE
 #include "core/file_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 char *zoff_tmp_path(const char *path) {
@@ -65,4 +67,63 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
 done:
     free(tmp);
     return s;
+}
+
+bool zoff_ends_with(const char *name, const char *suffix) {
+    size_t a = strlen(name), b = strlen(suffix);
+    return a >= b && strcmp(name + a - b, suffix) == 0;
+}
+
+void zoff_free_paths(char **paths, size_t n) {
+    for (size_t i = 0; i < n; i++) free(paths[i]);
+    free(paths);
+}
+
+static int cmp_path(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char ***paths, size_t *n) {
+    *paths = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return zoff_error(zoff_status_of_path_errno(errno), "cannot read directory %s: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t cnt = 0, cap = 0;
+    zoff_status s = ZOFF_OK;
+    struct dirent *e;
+    while (s == ZOFF_OK && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' || (keep != NULL && !keep(e->d_name))) continue;
+        size_t len = strlen(dir) + strlen(e->d_name) + 2;
+        char *path = malloc(len);
+        if (!path) {
+            s = zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir);
+            break;
+        }
+        snprintf(path, len, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { /* a subdirectory, a dangling link, ... */
+            free(path);
+            continue;
+        }
+        if (cnt == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            char **p = realloc(names, nc * sizeof *p);
+            if (!p) {
+                free(path);
+                s = zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir);
+                break;
+            }
+            names = p;
+            cap = nc;
+        }
+        names[cnt++] = path;
+    }
+    closedir(d);
+    if (s != ZOFF_OK) {
+        zoff_free_paths(names, cnt);
+        return s;
+    }
+    if (cnt > 1) qsort(names, cnt, sizeof *names, cmp_path);
+    *paths = names;
+    *n = cnt;
+    return ZOFF_OK;
 }

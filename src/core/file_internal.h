@@ -1,5 +1,6 @@
 /* Internal to src: the pieces of an atomic file write (temp name, rename, directory fsync) that
- * the writers of whole files (core/file.c), of safetensors files and of shards share. */
+ * the writers of whole files (core/file.c), of safetensors files and of shards share; the listing
+ * of a directory's files that the shard reader and zoff tokenize share. */
 #ifndef ZOFF_FILE_INTERNAL_H
 #define ZOFF_FILE_INTERNAL_H
 
@@ -11,5 +12,13 @@ char *zoff_tmp_path(const char *path);
 
 /* fsync the directory that holds `path` (dirname), so that a rename into it is durable. */
 zoff_status zoff_fsync_dir_of(const char *path);
+
+/* The regular files directly in `dir` (not its subdirectories, not names beginning with '.')
+ * for which keep(name) holds (keep NULL: all), as "dir/name" paths sorted bytewise: *paths is
+ * malloc'd, each path too (zoff_free_paths frees them); *n may be 0. */
+zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char ***paths, size_t *n);
+void zoff_free_paths(char **paths, size_t n);
+/* Whether `name` ends in `suffix`. */
+bool zoff_ends_with(const char *name, const char *suffix);
 
 #endif

@@ -247,10 +247,6 @@ struct zoff_dataset {
     int64_t num_tokens;
 };
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 static zoff_status add_shard(zoff_dataset *ds, const char *path, int32_t vocab_size) {
     if (ds->num_shards == ds->cap) {
         int nc = ds->cap ? ds->cap * 2 : 8;
@@ -266,40 +262,18 @@ static zoff_status add_shard(zoff_dataset *ds, const char *path, int32_t vocab_s
     return ZOFF_OK;
 }
 
-static bool ends_with(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && strcmp(s + a - b, suf) == 0;
-}
+static bool is_shard_name(const char *name) { return zoff_ends_with(name, ".bin"); }
 
 static zoff_status add_directory(zoff_dataset *ds, const char *dir, int32_t vocab_size) {
-    DIR *d = opendir(dir);
-    if (!d) return zoff_error(zoff_status_of_path_errno(errno), "cannot read directory %s: %s", dir, strerror(errno));
     char **names = NULL;
-    size_t n = 0, cap = 0;
+    size_t n = 0;
+    ZOFF_TRY(zoff_dir_files(dir, is_shard_name, &names, &n));
     zoff_status s = ZOFF_OK;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.' || !ends_with(e->d_name, ".bin")) continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **p = realloc(names, cap * sizeof *p);
-            if (!p) { s = zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir); break; }
-            names = p;
-        }
-        size_t len = strlen(dir) + strlen(e->d_name) + 2;
-        if (!(names[n] = malloc(len))) { s = zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir); break; }
-        snprintf(names[n], len, "%s/%s", dir, e->d_name);
-        n++;
-    }
-    closedir(d);
-    if (s == ZOFF_OK && n == 0)
-        s = zoff_error(ZOFF_ERR_INVALID, "directory %s holds no .bin token shards; create them with zoff tokenize", dir);
-    if (s == ZOFF_OK) {
-        qsort(names, n, sizeof *names, cmp_str);
-        for (size_t i = 0; i < n && s == ZOFF_OK; i++) s = add_shard(ds, names[i], vocab_size);
-    }
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
+    if (n == 0)
+        s = zoff_error(ZOFF_ERR_INVALID, "directory %s holds no .bin token shards; create them with zoff tokenize",
+                       dir);
+    for (size_t i = 0; i < n && s == ZOFF_OK; i++) s = add_shard(ds, names[i], vocab_size);
+    zoff_free_paths(names, n);
     return s;
 }
 
