@@ -158,6 +158,7 @@ train, a --load that does not exist|noload|train "${TINY[@]}" --load "$W/noload"
 train, an --init-from that does not exist|nope.safetensors|train "${TINY[@]}" --init-from "$W/nope.safetensors" --save "$W/pathout"
 export, a --load that does not exist|noload|export --load "$W/noload" --output "$W/pathout"
 sample, a --load that does not exist|noload|sample --load "$W/noload" --device cpu
+train, a --save that is a file|noshards.txt is a file, not a directory|train "${TINY[@]}" --train-iters 1 --save "$W/noshards.txt"
 train, a --save under a file|noshards.txt|train "${TINY[@]}" --train-iters 1 --save "$W/noshards.txt/pathout"
 export, an --output in a folder that is not there|nofolder|export --load "$W/planrun0" --output "$W/nofolder/pathout.safetensors"
 tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --tokenizer byte --output-prefix "$W/nofolder/pathout" "$SRC/README.md"

@@ -20,6 +20,10 @@ zoff_status zoff_train_mkdir_p(const char *dir, char *made, size_t cap) {
             if (made && cap && !made[0]) snprintf(made, cap, "%s", buf);
         } else if (errno != EEXIST) {
             return zoff_error(zoff_status_of_path_errno(errno), "cannot create directory %s: %s", buf, strerror(errno));
+        } else {
+            struct stat st;
+            if (stat(buf, &st) == 0 && !S_ISDIR(st.st_mode))
+                return zoff_error(ZOFF_ERR_INVALID, "%s is a file, not a directory", buf);
         }
         if (last) break;
         *p = '/';

@@ -202,7 +202,8 @@ zoff_status trainer_make_output_dir(zoff_trainer *t) {
     snprintf(buf, sizeof buf, "%s/.zoff-write-test-%d", dir, (int)getpid());
     FILE *f = fopen(buf, "w");
     if (!f)
-        return zoff_error(ZOFF_ERR_IO, "--save: output directory %s is not writable: %s (choose another --save)", dir,
+        return zoff_error(zoff_status_of_path_errno(errno),
+                          "--save: output directory %s is not writable: %s (choose another --save)", dir,
                           strerror(errno));
     fclose(f);
     unlink(buf);
