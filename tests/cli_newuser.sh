@@ -16,7 +16,8 @@
 #     for validation, --eval-iters 0;
 #   - the summary of a one-step run says "1 step";
 #   - zoff tokenize reads a directory or a quoted glob;
-#   - a mistyped option names the option it most likely meant, in every command.
+#   - a mistyped option names the option it most likely meant, in every command, and a
+#     mistyped command the command; zoff help CMD is zoff CMD --help.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
@@ -259,6 +260,14 @@ suggest bench adam --mod -- --mode
 suggest bench ckpt --round -- --rounds
 suggest bench step --num-layer -- --num-layers
 suggest bench nvme --sizee -- --size
+"$ZOFF" traine >"$W/cmd.out" 2>"$W/cmd.err"
+rc=$?
+check "a mistyped command: exit 2, did you mean zoff train" \
+  "[ $rc -eq 2 ] && grep -q \"unknown command 'traine' (did you mean zoff train?)\" '$W/cmd.err'"
+"$ZOFF" help export >"$W/help.out" 2>&1; rc=$?
+"$ZOFF" export --help >"$W/help2.out" 2>&1
+check "zoff help export: exit 0, the same text as zoff export --help" \
+  "[ $rc -eq 0 ] && grep -q '^usage: zoff export' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

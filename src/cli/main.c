@@ -12,7 +12,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "zoff %s: train GPT-2-family models with ZeRO-Offload-style memory savings\n"
             "\n"
-            "usage: zoff <command> [options]     (zoff <command> --help for its options)\n"
+            "usage: zoff <command> [options]     (zoff <command> --help, or zoff help <command>: its options)\n"
             "\n"
             "commands:\n"
             "  train      train a model (default: small GPT-2 on the bundled corpus)\n"
@@ -42,6 +42,21 @@ static void set_omp_wait_policy(char **argv) {
     execv("/proc/self/exe", argv); /* returns only on failure: run on with the default policy */
 }
 
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} command;
+static const command commands[] = {
+    {"train", zoff_cmd_train},   {"sample", zoff_cmd_sample}, {"tokenize", zoff_cmd_tokenize},
+    {"export", zoff_cmd_export}, {"bench", zoff_cmd_bench},   {"plan", zoff_cmd_plan},
+};
+
+static const command *find_command(const char *name) {
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(name, commands[i].name)) return &commands[i];
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     set_omp_wait_policy(argv);
     if (argc < 2) { /* a command is required: `zoff train` is the default job, asked for by name */
@@ -50,6 +65,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "help") && argc >= 3 && find_command(argv[2]) != NULL) { /* zoff help train */
+        char *help_argv[] = {argv[2], "--help", NULL};
+        return find_command(argv[2])->run(2, help_argv);
+    }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
@@ -76,13 +95,16 @@ int main(int argc, char **argv) {
                f->logical_cores, f->avx2, f->avx512f, f->avx512_bf16, f->avx512_fp16);
         return 0;
     }
-    if (!strcmp(cmd, "train")) return zoff_cmd_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "sample")) return zoff_cmd_sample(argc - 1, argv + 1);
-    if (!strcmp(cmd, "tokenize")) return zoff_cmd_tokenize(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench")) return zoff_cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "export")) return zoff_cmd_export(argc - 1, argv + 1);
-    if (!strcmp(cmd, "plan")) return zoff_cmd_plan(argc - 1, argv + 1);
-    fprintf(stderr, "zoff: unknown command '%s'\n", cmd);
+    const command *c = find_command(cmd);
+    if (c != NULL) return c->run(argc - 1, argv + 1);
+    const char *near = NULL;
+    size_t best = 3; /* suggest only a close name */
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+        size_t d = zoff_edit_distance(cmd, commands[i].name);
+        if (d < best) best = d, near = commands[i].name;
+    }
+    if (near != NULL) fprintf(stderr, "zoff: unknown command '%s' (did you mean zoff %s?)\n", cmd, near);
+    else fprintf(stderr, "zoff: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
 }
