@@ -15,6 +15,7 @@
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
 #     for validation, --eval-iters 0;
 #   - the summary of a one-step run says "1 step";
+#   - a checkpoint step that is not there: the error lists the complete ones;
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
 #     mistyped command the command; zoff help CMD is zoff CMD --help.
@@ -164,6 +165,17 @@ train, a --save under a file|noshards.txt|train "${TINY[@]}" --train-iters 1 --s
 export, an --output in a folder that is not there|nofolder|export --load "$W/planrun0" --output "$W/nofolder/pathout.safetensors"
 tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --tokenizer byte --output-prefix "$W/nofolder/pathout" "$SRC/README.md"
 EOF_CASES
+
+# ---- a step that is not there: the error lists the steps that are (before: only "No such file")
+"$ZOFF" export --load "$W/planrun0" --step 3 --output "$W/pathout" >/dev/null 2>"$W/step.err"
+rc=$?
+check "export --step 3 of a run saved at step 1: exit 2, lists step 1" \
+  "[ $rc -eq 2 ] && grep -q 'step_00000003: No such file or directory; its folder holds complete checkpoints at step 1\$' '$W/step.err' \
+   && [ ! -e '$W/pathout' ]"
+"$ZOFF" sample --load "$W/noshards/step_00000002" --device cpu >/dev/null 2>"$W/step.err"
+rc=$?
+check "sample --load DIR/step_00000002 of a folder without checkpoints: exit 2, says it holds none" \
+  "[ $rc -eq 2 ] && grep -q 'its folder holds no complete checkpoint' '$W/step.err'"
 
 # ---- a trial run writes no checkpoint with --no-checkpoint (a 13B state does not fit a 64 GiB disk)
 "$ZOFF" train "${TINY[@]}" --train-iters 2 --no-checkpoint --save "$W/nock" >/dev/null 2>"$W/nock.err"

@@ -324,6 +324,14 @@ static void test_latest_skips_incomplete_and_tmp(void **state) {
     join(p, sizeof p, root, "missing");
     assert_err(zoff_ckpt_open(p, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "cannot open checkpoint"); /* exit 2 */
     assert_err(zoff_ckpt_latest(p, &latest), ZOFF_ERR_IO, "cannot read checkpoint directory");
+    /* a step that is not there: the complete ones are listed (not the temp 300, not the unmarked 400) */
+    step_dir(root, 150, p, sizeof p);
+    assert_err(zoff_ckpt_open(p, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID,
+               "No such file or directory; its folder holds complete checkpoints at steps 100, 200");
+    assert_string_equal(strstr(zoff_last_error(), "; its"), "; its folder holds complete checkpoints at steps 100, 200");
+    join(p, sizeof p, root, "missing/step_00000001");
+    assert_err(zoff_ckpt_open(p, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "cannot open checkpoint");
+    assert_null(strstr(zoff_last_error(), "its folder"));
 
     /* the incomplete leftover is replaced by the next save of that step */
     save_small(root, 400, 44, NULL);
@@ -737,6 +745,12 @@ static void test_prune(void **state) {
     assert_ok(zoff_ckpt_prune(root, 1));
     assert_false(dir_has(root, "step_00000040"));
     check_small(root, 50, 5);
+    /* many complete steps: a missing one's error lists the newest eight */
+    for (int s = 6; s <= 14; s++) save_small(root, s * 10, s, NULL);
+    step_dir(root, 33, p, sizeof p);
+    assert_err(zoff_ckpt_open(p, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "cannot open checkpoint");
+    assert_string_equal(strstr(zoff_last_error(), "; its"),
+                        "; its folder holds complete checkpoints at steps ..., 70, 80, 90, 100, 110, 120, 130, 140");
 }
 
 /* ------------------------------------------------------------------ several ranks */

@@ -1309,12 +1309,52 @@ zoff_status zoff_ckpt_latest(const char *dir_in, int64_t *step) {
     return ZOFF_OK;
 }
 
+/* For a step directory that is not there: "; its folder holds complete checkpoints at steps 5, 6,
+ * 7" (the newest few), or "; its folder holds no complete checkpoint", into hint; empty when the
+ * path is no step directory or its folder cannot be read. */
+static void missing_step_hint(const char *p, char *hint, size_t cap) {
+    hint[0] = '\0';
+    char parent[CK_PATH];
+    snprintf(parent, sizeof parent, "%s", p);
+    char *slash = strrchr(parent, '/');
+    const char *base = slash ? slash + 1 : parent;
+    int64_t step;
+    if (parse_step_name(base, &step) != NAME_STEP) return;
+    if (slash == parent) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(parent, sizeof parent, ".");
+    int64_t *v = NULL;
+    size_t n = 0;
+    if (list_complete(parent, false, &v, &n) != ZOFF_OK) {
+        zoff_clear_error();
+        return;
+    }
+    if (n == 0) {
+        snprintf(hint, cap, "; its folder holds no complete checkpoint");
+    } else {
+        enum { SHOWN = 8 };
+        size_t first = n > SHOWN ? n - SHOWN : 0, used = 0;
+        int m = snprintf(hint, cap, "; its folder holds complete checkpoints at step%s %s", n == 1 ? "" : "s",
+                         first ? "..., " : "");
+        used = m > 0 && (size_t)m < cap ? (size_t)m : cap - 1;
+        for (size_t i = first; i < n && used < cap - 1; i++) {
+            m = snprintf(hint + used, cap - used, "%s%" PRId64, i > first ? ", " : "", v[i]);
+            used = m > 0 && (size_t)m < cap - used ? used + (size_t)m : cap - 1;
+        }
+    }
+    free(v);
+}
+
 zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *step_out) {
     char p[CK_PATH], stepdir[CK_PATH];
     ZOFF_TRY(norm_dir(path, p, sizeof p));
     struct stat st;
-    if (stat(p, &st) != 0)
-        return zoff_error(zoff_status_of_path_errno(errno), "cannot open checkpoint %s: %s", p, strerror(errno));
+    if (stat(p, &st) != 0) {
+        int e = errno;
+        char have[160] = "";
+        missing_step_hint(p, have, sizeof have);
+        return zoff_error(zoff_status_of_path_errno(e), "cannot open checkpoint %s: %s%s", p, strerror(e), have);
+    }
     if (!S_ISDIR(st.st_mode))
         return zoff_error(ZOFF_ERR_INVALID,
                           "checkpoint %s is not a directory: give the output directory (e.g. out) or one step "
