@@ -15,6 +15,7 @@
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
 #     for validation, --eval-iters 0;
 #   - the summary of a one-step run says "1 step";
+#   - a device out of memory names --checkpoint-activations and zoff plan;
 #   - a checkpoint step that is not there: the error lists the complete ones;
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
@@ -203,6 +204,14 @@ check "... and with --train-iters 3 it trains to step 3 without that line" \
 "$ZOFF" train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte \
   --data-path "$W/corpus_train.bin" --eval-iters 0 --train-iters 1 --no-checkpoint --save "$W/one" >/dev/null 2>"$W/one.err"
 check "a run of one step says 'trained 1 step in'" "grep -q '^zoff: trained 1 step in ' '$W/one.err'"
+
+# ---- a device budget too small: exit 1 and the ways out, zoff plan among them (before: "lower the
+# batch size, enable offload", not --checkpoint-activations, not plan)
+"$ZOFF" train "${TINY[@]}" --vocab-size 256 --micro-batch-size 64 --device-memory 1MiB --train-iters 1 --save "$W/oom" \
+  >/dev/null 2>"$W/oom.err"
+rc=$?
+check "--device-memory 1MiB: exit 1, names --checkpoint-activations and zoff plan" \
+  "[ $rc -eq 1 ] && grep -q 'device out of memory allocating .*--checkpoint-activations.*zoff plan with the same flags' '$W/oom.err'"
 
 # ---- data smaller than a batch: the error says which data (a split of --data-path or --val-path) and,
 # for validation, that --eval-iters 0 runs without (before: "the all split", no way out named)

@@ -357,6 +357,11 @@ static void accounted_free(zoff_device *dev, mem_kind k, void *ptr) {
                  "allocator); ignored", k.fn, ptr, k.what, dev->vt->name);
 }
 
+/* What a user can do when the device is full (both out-of-memory errors). */
+#define DEVICE_OOM_WAYS                                                                                                \
+    "lower the batch size, give --checkpoint-activations or enable offload (zoff plan with the same flags and "       \
+    "config says what fits where)"
+
 zoff_status zoff_device_alloc(zoff_device *dev, size_t bytes, const char *what, void **out) {
     if (!what) what = "device buffer";
     if (!out) return zoff_error(ZOFF_ERR_INVALID, "zoff_device_alloc(%s): out is NULL", what);
@@ -368,8 +373,8 @@ zoff_status zoff_device_alloc(zoff_device *dev, size_t bytes, const char *what, 
     if (budget && (bytes > budget || dev->device_in_use > budget - bytes)) {
         zoff_status st = zoff_error(
             ZOFF_ERR_DEVICE_OOM,
-            "device out of memory allocating %s (%s): %s of %s budget in use; lower the batch size, enable offload, "
-            "or raise --device-memory",
+            "device out of memory allocating %s (%s): %s of %s budget in use; " DEVICE_OOM_WAYS
+            ", or raise --device-memory",
             what, zoff_format_bytes(bytes, b1, sizeof b1), zoff_format_bytes(dev->device_in_use, b2, sizeof b2),
             zoff_format_bytes(budget, b3, sizeof b3));
         pthread_mutex_unlock(&dev->mu);
@@ -380,8 +385,7 @@ zoff_status zoff_device_alloc(zoff_device *dev, size_t bytes, const char *what, 
     pthread_mutex_unlock(&dev->mu);
     if (st == ZOFF_ERR_DEVICE_OOM)
         return zoff_error_context(st,
-                                  "device out of memory allocating %s (%s) with %s in use; lower the batch size or "
-                                  "enable offload",
+                                  "device out of memory allocating %s (%s) with %s in use; " DEVICE_OOM_WAYS,
                                   what, zoff_format_bytes(bytes, b1, sizeof b1), zoff_format_bytes(in_use, b2, sizeof b2));
     if (st != ZOFF_OK)
         return zoff_error_context(st, "allocating %s (%s) on %s", what, zoff_format_bytes(bytes, b1, sizeof b1),
