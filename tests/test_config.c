@@ -334,8 +334,12 @@ static void test_batch_relation(void **state) {
         {33, 0, 0, 2, ZOFF_ERR_CONFIG, 0, 0, 0, "train_batch_size 33 is not divisible by world size 2"},
         {0, 4, 0, 1, ZOFF_OK, 4, 4, 1, NULL},
         {0, 4, 0, 2, ZOFF_OK, 8, 4, 1, NULL},
-        {0, 0, 8, 1, ZOFF_ERR_CONFIG, 0, 0, 0, "set train_batch_size or train_micro_batch_size_per_gpu"},
-        {0, 0, 0, 1, ZOFF_ERR_CONFIG, 0, 0, 0, "no batch size given"},
+        {0, 0, 8, 1, ZOFF_ERR_CONFIG, 0, 0, 0,
+         "set train_batch_size or train_micro_batch_size_per_gpu (gradient_accumulation_steps alone is not enough), "
+         "or give --micro-batch-size"},
+        /* none: the accumulation not named, the flag that gives it is */
+        {0, 0, 0, 1, ZOFF_ERR_CONFIG, 0, 0, 0, "no batch size given: set train_batch_size or "
+                                               "train_micro_batch_size_per_gpu, or give --micro-batch-size"},
         /* overflow */
         {0, INT64_MAX / 2, 4, 1, ZOFF_ERR_CONFIG, 0, 0, 0, "overflows"},
     };

@@ -1605,9 +1605,9 @@ zoff_status zoff_config_resolve_batch(zoff_config *cfg, int world_size) {
         cfg->train_batch_size = prod;
     } else {
         return zoff_error(ZOFF_ERR_CONFIG,
-                          "%s: no batch size given: set train_batch_size or train_micro_batch_size_per_gpu "
-                          "(gradient_accumulation_steps alone is not enough)",
-                          src);
+                          "%s: no batch size given: set train_batch_size or train_micro_batch_size_per_gpu%s, or give "
+                          "--micro-batch-size",
+                          src, ga > 0 ? " (gradient_accumulation_steps alone is not enough)" : "");
     }
     return ZOFF_OK;
 }
