@@ -17,6 +17,7 @@
 #   - the summary of a one-step run says "1 step";
 #   - a device out of memory names --checkpoint-activations and zoff plan;
 #   - a checkpoint step that is not there: the error lists the complete ones;
+#   - --init-from a folder reads its model.safetensors, and a checkpoint folder says how to use it;
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
 #     mistyped command the command; zoff help CMD is zoff CMD --help.
@@ -177,6 +178,24 @@ check "export --step 3 of a run saved at step 1: exit 2, lists step 1" \
 rc=$?
 check "sample --load DIR/step_00000002 of a folder without checkpoints: exit 2, says it holds none" \
   "[ $rc -eq 2 ] && grep -q 'its folder holds no complete checkpoint' '$W/step.err'"
+
+# ---- --init-from a folder: its model.safetensors (what export --output DIR/ writes, a Hugging Face
+# model folder), the same run as naming the file; a zoff checkpoint folder: the two ways to use it
+# (before: "is not a regular file")
+"$ZOFF" export --load "$W/planrun0" --output "$W/hfdir/" --quiet >/dev/null 2>&1
+for how in dir file; do
+  from="$W/hfdir"; [ $how = file ] && from="$W/hfdir/model.safetensors"
+  "$ZOFF" train "${TINY[@]}" --train-iters 1 --init-from "$from" --no-checkpoint --save "$W/init_$how" >/dev/null 2>"$W/init_$how.err"
+  echo $? > "$W/init_$how.rc"
+done
+check "--init-from DIR: exit 0, the first loss of --init-from DIR/model.safetensors" \
+  "[ \$(cat '$W/init_dir.rc') -eq 0 ] && [ -n \"\$(grep -o '\"loss\":[^,]*' '$W/init_dir/metrics.jsonl')\" ] && \
+   [ \"\$(grep -o '\"loss\":[^,]*' '$W/init_dir/metrics.jsonl')\" = \"\$(grep -o '\"loss\":[^,]*' '$W/init_file/metrics.jsonl')\" ]"
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --init-from "$W/planrun0" --save "$W/init_ck" >/dev/null 2>"$W/init_ck.err"
+rc=$?
+check "--init-from a checkpoint folder: exit 2, names --load and export --format fp32, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'is a zoff checkpoint (step 1): --load .* resumes it; .*zoff export --load .* --format fp32' '$W/init_ck.err' \
+   && [ ! -e '$W/init_ck' ]"
 
 # ---- a trial run writes no checkpoint with --no-checkpoint (a 13B state does not fit a 64 GiB disk)
 "$ZOFF" train "${TINY[@]}" --train-iters 2 --no-checkpoint --save "$W/nock" >/dev/null 2>"$W/nock.err"

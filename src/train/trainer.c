@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "train/trainer_internal.h"
 #include "zoff/resources.h"
@@ -87,6 +88,34 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     free(t);
 }
 
+/* The safetensors file --init-from names: the file itself, or a folder's model.safetensors (what
+ * zoff export --output DIR/ writes, and a Hugging Face model folder). A zoff checkpoint folder is
+ * refused with the two ways to use it. */
+static zoff_status init_from_file(const char *path, char *file, size_t cap) {
+    struct stat st;
+    snprintf(file, cap, "%s", path);
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return ZOFF_OK; /* zoff_st_open says what is wrong */
+    snprintf(file, cap, "%s/model.safetensors", path);
+    if (stat(file, &st) == 0) {
+        zoff_log(ZOFF_LOG_INFO, "--init-from: reading %s", file);
+        return ZOFF_OK;
+    }
+    char step_dir[4200];
+    int64_t step = -1;
+    bool checkpoint = zoff_ckpt_resolve(path, step_dir, sizeof step_dir, &step) == ZOFF_OK;
+    zoff_clear_error();
+    if (checkpoint)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--init-from %s is a zoff checkpoint (step %lld): --load %s resumes it; to start a new run "
+                          "from its weights, zoff export --load %s --format fp32 --output weights.safetensors, then "
+                          "--init-from weights.safetensors",
+                          path, (long long)step, path, path);
+    return zoff_error(ZOFF_ERR_INVALID,
+                      "--init-from %s is a folder without model.safetensors: give the .safetensors file (zoff export "
+                      "writes one)",
+                      path);
+}
+
 /* Everything that can be refused is checked here, before anything is written (the shards
  * are opened next: trainer_open_data). */
 static zoff_status validate(zoff_trainer *t) {
@@ -97,7 +126,9 @@ static zoff_status validate(zoff_trainer *t) {
     t->info.tokenizer = zoff_tokenizer_name(t->tok);
     ZOFF_TRY(trainer_resolve_shape(t));
     if (t->o.init_from) { /* checked against the model shape */
-        s = zoff_st_open(t->o.init_from, &t->init_st);
+        char file[4200];
+        ZOFF_TRY(init_from_file(t->o.init_from, file, sizeof file));
+        s = zoff_st_open(file, &t->init_st);
         if (s == ZOFF_OK) s = zoff_gpt2_st_check(t->init_st, &t->info.shape);
         if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
     }
