@@ -74,8 +74,10 @@ for round in 1 2 3; do
   rm -rf "$W/k"
   ZOFF_TEST_CKPT_WRITER_PAUSE_MS=1000 "$ZOFF" "${B[@]}" --train-iters 400 --save "$W/k" >/dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 1 4000); do # until a temp dir exists after a complete checkpoint
+  end=$((SECONDS + 180)) # until a temp dir exists after a complete checkpoint; a deadline, not a count of
+  while [ $SECONDS -lt $end ]; do # polls, as a sanitizer build on a loaded machine may start slowly
     if ls "$W/k" 2>/dev/null | grep -q '^step_.*\.tmp-' && ls "$W/k" | grep -q '^step_[0-9]*$'; then break; fi
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.005
   done
   kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
