@@ -76,7 +76,10 @@ for round in 1 2 3; do
   pid=$!
   end=$((SECONDS + 180)) # until a temp dir exists after a complete checkpoint; a deadline, not a count of
   while [ $SECONDS -lt $end ]; do # polls, as a sanitizer build on a loaded machine may start slowly
-    if ls "$W/k" 2>/dev/null | grep -q '^step_.*\.tmp-' && ls "$W/k" | grep -q '^step_[0-9]*$'; then break; fi
+    # one listing for both: two could see step N's temp dir, then step N renamed complete, and the
+    # kill would land before step N+1's temp dir is made (found in CI: 0 of 3 rounds caught)
+    l=$(ls "$W/k" 2>/dev/null)
+    if grep -q '^step_.*\.tmp-' <<<"$l" && grep -q '^step_[0-9]*$' <<<"$l"; then break; fi
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.005
   done
