@@ -18,6 +18,7 @@
 #   - a device out of memory names --checkpoint-activations and zoff plan;
 #   - a checkpoint step that is not there: the error lists the complete ones;
 #   - --init-from a folder reads its model.safetensors, and a checkpoint folder says how to use it;
+#   - --init-from without shape flags takes the file's model (heads: metadata or config.json);
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
 #     mistyped command the command; zoff help CMD is zoff CMD --help.
@@ -196,6 +197,48 @@ rc=$?
 check "--init-from a checkpoint folder: exit 2, names --load and export --format fp32, nothing written" \
   "[ $rc -eq 2 ] && grep -q 'is a zoff checkpoint (step 1): --load .* resumes it; .*zoff export --load .* --format fp32' '$W/init_ck.err' \
    && [ ! -e '$W/init_ck' ]"
+
+# ---- --init-from without shape flags: the file's model gives the sizes (before: the defaults,
+# 4 layers x 128, then "tensor 'h.2.ln_1.weight' is missing ... train with --num-layers 2 ...").
+# The head count, which the tensors do not tell, comes from zoff's metadata or a config.json
+# beside the file that describes the same model; else the error names --num-attention-heads.
+"$ZOFF" train "${DATA[@]}" --train-iters 1 --init-from "$W/hfdir" --no-checkpoint --save "$W/init_bare" \
+  >/dev/null 2>"$W/init_bare.err"
+rc=$?
+check "--init-from DIR alone: exit 0, the first loss of the run with --num-layers 2 --hidden-size 32 ..." \
+  "[ $rc -eq 0 ] && [ \"\$(grep -o '\"loss\":[^,]*' '$W/init_bare/metrics.jsonl')\" = \"\$(grep -o '\"loss\":[^,]*' '$W/init_dir/metrics.jsonl')\" ]"
+mkdir -p "$W/nometa"
+# the same tensors with no zoff metadata, as another program would write them
+"$PY" - "$W/hfdir/model.safetensors" "$W/nometa/model.safetensors" <<'PYSTRIP'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h["__metadata__"] = {"format": "pt"}
+t = json.dumps(h, separators=(",", ":")).encode()
+t += b" " * (-len(t) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(t)) + t + b[8 + n:])
+PYSTRIP
+nometa_run() { # $1: name
+  "$ZOFF" train "${DATA[@]}" --train-iters 1 --init-from "$W/nometa" --no-checkpoint --save "$W/init_$1" \
+    >/dev/null 2>"$W/init_$1.err"
+}
+nometa_run nm1; rc=$?
+check "a file that does not give its head count: exit 2, names --num-attention-heads, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'does not say how many attention heads.*give --num-attention-heads' '$W/init_nm1.err' && [ ! -e '$W/init_nm1' ]"
+echo '{"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2}' > "$W/nometa/config.json"
+nometa_run nm2; rc=$?
+check "its Hugging Face config.json gives it: exit 0, the same first loss" \
+  "[ $rc -eq 0 ] && [ \"\$(grep -o '\"loss\":[^,]*' '$W/init_nm2/metrics.jsonl')\" = \"\$(grep -o '\"loss\":[^,]*' '$W/init_dir/metrics.jsonl')\" ]"
+echo '{"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12}' > "$W/nometa/config.json"
+nometa_run nm3; rc=$?
+check "a config.json of another model is not taken: exit 2, names --num-attention-heads" \
+  "[ $rc -eq 2 ] && grep -q 'give --num-attention-heads' '$W/init_nm3.err'"
+"$ZOFF" train --data-path "$W/corpus_train.bin" --eval-iters 0 --quiet --train-iters 1 --init-from "$W/hfdir" \
+  --no-checkpoint --save "$W/init_tok" >/dev/null 2>"$W/init_tok.err"
+rc=$?
+check "its vocabulary (256) below the tokenizer's (gpt2): exit 2, names --tokenizer byte" \
+  "[ $rc -eq 2 ] && grep -q \"vocabulary of 256 is smaller than the 50257 tokens of tokenizer gpt2: .*--tokenizer byte\" '$W/init_tok.err'"
 
 # ---- a trial run writes no checkpoint with --no-checkpoint (a 13B state does not fit a 64 GiB disk)
 "$ZOFF" train "${TINY[@]}" --train-iters 2 --no-checkpoint --save "$W/nock" >/dev/null 2>"$W/nock.err"

@@ -214,8 +214,9 @@ bool zoff_gpt2_st_is_param(const char *name, int64_t num_layers);
 zoff_gpt2_layout zoff_gpt2_st_layout(const zoff_st_file *f);
 
 /* What GPT-2 an open file holds, as far as its tensors tell: layers, width, positions and
- * vocabulary (num_heads is taken from metadata "zoff.num_heads" when present, else 0). Fails
- * when it does not look like GPT-2 (no wte/wpe). */
+ * vocabulary (num_heads is taken from metadata "zoff.num_heads" when present, else from the
+ * n_head of a config.json beside the file that gives the same layers and width (a Hugging Face
+ * model folder), else 0). Fails when it does not look like GPT-2 (no wte/wpe). */
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out);
 
 /* Check an open file against a model shape without reading data: every GPT-2 tensor present once

@@ -278,6 +278,35 @@ static const char *strip_prefix(const char *name) {
     return strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0 ? name + strlen(HF_PREFIX) : name;
 }
 
+/* An integer member of a JSON object, 0 when absent or not a positive integer. */
+static int64_t json_pos(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : 0;
+}
+
+/* The head count a Hugging Face model folder's config.json (beside the .safetensors file) gives:
+ * "n_head" (or "num_attention_heads"), when its layers and width, where it gives them, are the
+ * file's (a config.json of another model is not taken). 0: none. */
+static int64_t config_json_heads(const char *st_path, const zoff_gpt2_shape *fs) {
+    char path[4200];
+    const char *slash = strrchr(st_path, '/');
+    if (slash)
+        snprintf(path, sizeof path, "%.*s/config.json", (int)(slash - st_path), st_path);
+    else
+        snprintf(path, sizeof path, "config.json");
+    json_t *o = json_load_file(path, 0, NULL);
+    int64_t heads = 0;
+    if (json_is_object(o)) {
+        int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
+        int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
+        heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
+        if ((L && L != fs->num_layers) || (C && C != fs->hidden_size)) heads = 0;
+        if (heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, heads, path);
+    }
+    json_decref(o);
+    return heads;
+}
+
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out) {
     memset(out, 0, sizeof *out);
     const zoff_st_tensor *wte = find_either(f, "wte.weight"), *wpe = find_either(f, "wpe.weight");
@@ -304,6 +333,7 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
     }
     const char *nh = zoff_st_metadata(f, "zoff.num_heads");
     if (nh) out->num_heads = strtoll(nh, NULL, 10);
+    else out->num_heads = config_json_heads(zoff_st_path(f), out);
     return ZOFF_OK;
 }
 

@@ -26,9 +26,8 @@ static const char *DEFAULT_CONFIG =
     "20, \"cos_min_ratio\": 0.1}},\n"
     "  \"gradient_clipping\": 1.0,\n"
     "  \"steps_per_print\": 10,\n"
-    "  \"zero_optimization\": {\"stage\": 0},\n"
-    "  \"model\": {\"num_layers\": 4, \"hidden_size\": 128, \"num_attention_heads\": 4, \"seq_length\": 64}\n"
-    "}\n";
+    "  \"zero_optimization\": {\"stage\": 0}\n"
+    "}\n"; /* no model section: the sizes are the flags', else --init-from's file's, else the defaults */
 
 typedef struct train_args {
     zoff_trainer_options o;
@@ -79,7 +78,8 @@ static void train_usage(FILE *f) {
             "                              (without it such a --save is refused unless --load continues the run)\n"
             "  --init-from FILE|DIR        start from the GPT-2 weights of a safetensors file (zoff export, or\n"
             "                              Hugging Face's gpt2 model.safetensors), or of DIR/model.safetensors (a\n"
-            "                              Hugging Face model folder); the flags must give its shape\n"
+            "                              Hugging Face model folder); its model's sizes are the defaults\n"
+            "                              of the flags above (the head count from its metadata or config.json)\n"
             "  --seed N                    initialisation and data order (default 1234)\n"
             "  --device cpu|cuda           backend (default: cuda when available, else cpu)\n"
             "  --device-memory SIZE        device memory budget, e.g. 256MiB (CPU backend: simulated)\n"

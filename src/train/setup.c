@@ -82,21 +82,46 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
     const zoff_model_config *m = &t->cfg.model;
     zoff_gpt2_shape *sh = &t->info.shape;
     int64_t tok_vocab = zoff_tokenizer_vocab_size(t->tok);
+    /* --init-from: the file's model is the default where neither a flag nor the config gives a size
+     * (its shape errors, if a size given differs, come from zoff_gpt2_st_check) */
+    zoff_gpt2_shape fs = {0};
+    if (t->init_st) {
+        zoff_status s = zoff_gpt2_st_infer_shape(t->init_st, &fs);
+        if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
+    }
 #define PICK(flag, cfgv, def) ((flag) ? (flag) : (cfgv) ? (cfgv) : (def))
-    sh->num_layers = PICK(a->num_layers, m->num_layers, 4);
-    sh->hidden_size = PICK(a->hidden_size, m->hidden_size, 128);
-    sh->num_heads = PICK(a->num_heads, m->num_attention_heads, 4);
+#define FILE_OR(v, def) (t->init_st && (v) > 0 ? (v) : (def))
+    sh->num_layers = PICK(a->num_layers, m->num_layers, FILE_OR(fs.num_layers, 4));
+    sh->hidden_size = PICK(a->hidden_size, m->hidden_size, FILE_OR(fs.hidden_size, 128));
+    sh->num_heads = PICK(a->num_heads, m->num_attention_heads, FILE_OR(fs.num_heads, t->init_st ? 0 : 4));
     t->T_given = PICK(a->seq_length, m->seq_length, 0);
     t->info.seq_len = t->T_given ? t->T_given : 64;
-    sh->max_seq_len = PICK(a->max_pos, m->max_position_embeddings, t->info.seq_len);
-    sh->vocab_size = PICK(a->vocab_size, m->vocab_size, tok_vocab);
+    sh->max_seq_len = PICK(a->max_pos, m->max_position_embeddings, FILE_OR(fs.max_seq_len, t->info.seq_len));
+    if (t->init_st && !t->T_given && !a->max_pos && !m->max_position_embeddings && t->info.seq_len > sh->max_seq_len)
+        t->info.seq_len = sh->max_seq_len; /* the default sequence fits the file's positions */
+    sh->vocab_size = PICK(a->vocab_size, m->vocab_size, FILE_OR(fs.vocab_size, tok_vocab));
+    const bool file_vocab = !a->vocab_size && !m->vocab_size && t->init_st && fs.vocab_size > 0;
+#undef FILE_OR
 #undef PICK
+    if (sh->num_heads == 0) /* a file without the head count: the one size its tensors do not tell */
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--init-from %s does not say how many attention heads its model has (no zoff.num_heads in "
+                          "its metadata, no config.json with n_head beside it): give --num-attention-heads (GPT-2's "
+                          "own models have one head per 64 of width: %lld for width %lld)",
+                          zoff_st_path(t->init_st), (long long)(sh->hidden_size >= 64 ? sh->hidden_size / 64 : 1),
+                          (long long)sh->hidden_size);
     sh->padded_vocab_size = 0;
     if (t->rd) {
         ZOFF_TRY(trainer_check_resume(t));
         *sh = t->resume.shape;
         t->info.seq_len = t->resume.seq_len;
     }
+    if (sh->vocab_size < tok_vocab && file_vocab)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--init-from %s: its model's vocabulary of %lld is smaller than the %lld tokens of tokenizer "
+                          "%s: give the tokenizer it was trained with (--tokenizer byte for 256)",
+                          zoff_st_path(t->init_st), (long long)sh->vocab_size, (long long)tok_vocab,
+                          zoff_tokenizer_name(t->tok));
     if (sh->vocab_size < tok_vocab)
         return zoff_error(ZOFF_ERR_INVALID,
                           "vocab size %lld is smaller than the %lld tokens of the tokenizer; use --vocab-size >= %lld",

@@ -124,12 +124,15 @@ static zoff_status validate(zoff_trainer *t) {
     zoff_status s = zoff_tokenizer_open(t->rd ? t->resume.tokenizer : t->o.tokenizer, &t->tok);
     if (s != ZOFF_OK) return zoff_error_context(s, "tokenizer");
     t->info.tokenizer = zoff_tokenizer_name(t->tok);
-    ZOFF_TRY(trainer_resolve_shape(t));
-    if (t->o.init_from) { /* checked against the model shape */
+    if (t->o.init_from) { /* its model gives the sizes not given (trainer_resolve_shape) */
         char file[4200];
         ZOFF_TRY(init_from_file(t->o.init_from, file, sizeof file));
         s = zoff_st_open(file, &t->init_st);
-        if (s == ZOFF_OK) s = zoff_gpt2_st_check(t->init_st, &t->info.shape);
+        if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
+    }
+    ZOFF_TRY(trainer_resolve_shape(t));
+    if (t->init_st) { /* checked against the model shape */
+        s = zoff_gpt2_st_check(t->init_st, &t->info.shape);
         if (s != ZOFF_OK) return zoff_error_context(s, "--init-from");
     }
     ZOFF_TRY(trainer_check_host_memory(t));
