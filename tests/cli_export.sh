@@ -90,9 +90,15 @@ if [ $HAVE_TORCH = 1 ]; then
   done
   check "an untrained import exports the Python-written weights bit for bit" \
     "[ \"\$(data_md5 '$W/rand.safetensors')\" = \"\$(data_md5 '$W/r0.safetensors')\" ]"
+  # zoff sample straight from the Python-written file (no zoff.tokenizer: --tokenizer byte)
+  "$ZOFF" sample --load "$W/rand.safetensors" --tokenizer byte --temperature 0 --max-new-tokens 48 \
+    --prompt "static int " >"$W/sf.txt" 2>"$W/sf.err"
+  /usr/bin/python3 "$PYCHECK" greedy "$W/rand.safetensors" "$W/sf.txt" --seq-len 16 --prompt-len 11 >"$W/py.txt" 2>&1
+  check "zoff sample --load FILE.safetensors: PyTorch on that file picks zoff's 48 greedy tokens" "[ \$? -eq 0 ]" ||
+    cat "$W/py.txt" "$W/sf.err"
 else
   echo "skip - the PyTorch checks (no /usr/bin/python3 with torch; scripts/deps.sh installs python3-torch)"
-  skip=$((skip + 3))
+  skip=$((skip + 4))
 fi
 
 # 4. bad input to --init-from: exit 2, a clear message, nothing written

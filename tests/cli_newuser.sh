@@ -19,6 +19,7 @@
 #   - a checkpoint step that is not there: the error lists the complete ones;
 #   - --init-from a folder reads its model.safetensors, and a checkpoint folder says how to use it;
 #   - --init-from without shape flags takes the file's model (heads: metadata or config.json);
+#   - zoff sample reads exported weights (a safetensors file or model folder) as well as checkpoints;
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
 #     mistyped command the command; zoff help CMD is zoff CMD --help.
@@ -239,6 +240,21 @@ check "a config.json of another model is not taken: exit 2, names --num-attentio
 rc=$?
 check "its vocabulary (256) below the tokenizer's (gpt2): exit 2, names --tokenizer byte" \
   "[ $rc -eq 2 ] && grep -q \"vocabulary of 256 is smaller than the 50257 tokens of tokenizer gpt2: .*--tokenizer byte\" '$W/init_tok.err'"
+
+# ---- zoff sample from exported weights (before: "cannot open checkpoint ...: not a checkpoint")
+"$ZOFF" sample --load "$W/planrun0" --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/sck.txt" 2>/dev/null
+"$ZOFF" sample --load "$W/hfdir" --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/shf.txt" 2>"$W/shf.err"
+rc=$?
+check "sample --load an export folder: exit 0, the checkpoint's greedy text" \
+  "[ $rc -eq 0 ] && [ -s '$W/sck.txt' ] && cmp -s '$W/sck.txt' '$W/shf.txt'"
+"$ZOFF" sample --load "$W/planrun0" --tokenizer gpt2 >/dev/null 2>"$W/stk.err"
+rc=$?
+check "sample --tokenizer with a checkpoint: exit 2, says a checkpoint records its own" \
+  "[ $rc -eq 2 ] && grep -q 'a checkpoint records its own' '$W/stk.err'"
+"$ZOFF" sample --load "$W/hfdir" --tokenizer gpt2 >/dev/null 2>"$W/stk2.err"
+rc=$?
+check "sample --tokenizer other than the file's: exit 2, names both" \
+  "[ $rc -eq 2 ] && grep -q 'trained with tokenizer byte.*not --tokenizer gpt2' '$W/stk2.err'"
 
 # ---- a trial run writes no checkpoint with --no-checkpoint (a 13B state does not fit a 64 GiB disk)
 "$ZOFF" train "${TINY[@]}" --train-iters 2 --no-checkpoint --save "$W/nock" >/dev/null 2>"$W/nock.err"

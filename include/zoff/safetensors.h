@@ -219,6 +219,12 @@ zoff_gpt2_layout zoff_gpt2_st_layout(const zoff_st_file *f);
  * model folder), else 0). Fails when it does not look like GPT-2 (no wte/wpe). */
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out);
 
+/* The safetensors file a path given for GPT-2 weights names: a folder's model.safetensors (what
+ * zoff export --output DIR/ writes, a Hugging Face model folder) or the path itself. Returns 1 for
+ * a folder holding model.safetensors (*file: that file), 0 when the path is not a folder (*file: the
+ * path; zoff_st_open says what is wrong with it), -1 for a folder without model.safetensors. */
+int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap);
+
 /* Check an open file against a model shape without reading data: every GPT-2 tensor present once
  * with the right shape and a float dtype, nothing unexpected. shape->padded_vocab_size may be 0
  * (round V up to 128) for the HF layout. Errors name the tensor, both shapes, and the flags that

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define ST_NAME_SHOWN 160 /* longest name shown in a message */
 
@@ -335,6 +336,16 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
     if (nh) out->num_heads = strtoll(nh, NULL, 10);
     else out->num_heads = config_json_heads(zoff_st_path(f), out);
     return ZOFF_OK;
+}
+
+int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap) {
+    struct stat st;
+    snprintf(file, cap, "%s", path);
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    snprintf(file, cap, "%s/model.safetensors", path);
+    if (stat(file, &st) == 0) return 1;
+    snprintf(file, cap, "%s", path);
+    return -1;
 }
 
 /* "the file holds ...: use --num-layers ... " (for shape errors). */

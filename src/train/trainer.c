@@ -5,7 +5,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "train/trainer_internal.h"
 #include "zoff/resources.h"
@@ -92,14 +91,9 @@ void zoff_trainer_destroy(zoff_trainer *t) {
  * zoff export --output DIR/ writes, and a Hugging Face model folder). A zoff checkpoint folder is
  * refused with the two ways to use it. */
 static zoff_status init_from_file(const char *path, char *file, size_t cap) {
-    struct stat st;
-    snprintf(file, cap, "%s", path);
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return ZOFF_OK; /* zoff_st_open says what is wrong */
-    snprintf(file, cap, "%s/model.safetensors", path);
-    if (stat(file, &st) == 0) {
-        zoff_log(ZOFF_LOG_INFO, "--init-from: reading %s", file);
-        return ZOFF_OK;
-    }
+    int r = zoff_gpt2_st_resolve(path, file, cap);
+    if (r == 1) zoff_log(ZOFF_LOG_INFO, "--init-from: reading %s", file);
+    if (r >= 0) return ZOFF_OK; /* not a folder: zoff_st_open says what is wrong, if anything */
     char step_dir[4200];
     int64_t step = -1;
     bool checkpoint = zoff_ckpt_resolve(path, step_dir, sizeof step_dir, &step) == ZOFF_OK;
