@@ -170,8 +170,21 @@ static void test_shard_bad_files(void **state) {
     write_raw_shard(p, ZOFF_SHARD_MAGIC, 1, -5, 0);
     expect_error(zoff_shard_open(p, 0, &s), ZOFF_ERR_FORMAT, (const char *[]){"negative", NULL});
 
-    write_text(p, "short", 5); /* shorter than a header */
+    write_text(p, "\xb8\xd0\x34\x01\x01", 5); /* shorter than a header */
     expect_error(zoff_shard_open(p, 0, &s), ZOFF_ERR_FORMAT, (const char *[]){p, "truncated", "header", NULL});
+
+    /* text given as a shard (a corpus, short or long): the tokenize command that makes shards of it */
+    const char *txt = path_in("corpus.txt");
+    write_text(txt, "short", 5);
+    expect_error(zoff_shard_open(txt, 0, &s), ZOFF_ERR_FORMAT,
+                 (const char *[]){"corpus.txt is text, not a token shard", "zoff tokenize --output-prefix ",
+                                  "/corpus.txt writes ", "/corpus_train.bin", NULL});
+    char long_text[3000];
+    const char line[] = "caf\xc3\xa9 au lait,\tdeux\r\n"; /* UTF-8, a tab, CRLF */
+    for (size_t i = 0; i < sizeof long_text; i++) long_text[i] = line[i % (sizeof line - 1)];
+    write_text(txt, long_text, sizeof long_text);
+    expect_error(zoff_shard_open(txt, 0, &s), ZOFF_ERR_FORMAT, (const char *[]){"is text, not a token shard", NULL});
+    assert_null(s);
 
     expect_error(zoff_shard_open(path_in("missing.bin"), 0, &s), ZOFF_ERR_INVALID,
                  (const char *[]){"missing.bin", "zoff tokenize", NULL});

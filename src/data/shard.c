@@ -98,6 +98,17 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
     return s;
 }
 
+/* Whether a file given as a shard begins as text (a user's corpus, not zoff tokenize's output): its
+ * first bytes (up to a shard header's worth) hold no NUL and no control byte but tab, newline,
+ * carriage return and form feed. A shard's header is mostly zero bytes, its magic holds 0x01. */
+static bool starts_as_text(int fd, int64_t fsize) {
+    uint8_t b[ZOFF_SHARD_HEADER_BYTES];
+    size_t n = fsize < (int64_t)sizeof b ? (size_t)fsize : sizeof b;
+    if (n == 0 || pread(fd, b, n, 0) != (ssize_t)n) return false;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] < 0x20 && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' && b[i] != '\f') return false;
+    return true;
+}
 /* ------------------------------------------------------------------ reading */
 
 zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **out) {
@@ -116,6 +127,17 @@ zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **o
         return zoff_error(ZOFF_ERR_INVALID, "%s is not a regular file; expected a token shard (.bin)", path);
     }
     int64_t fsize = (int64_t)st.st_size;
+    if (starts_as_text(fd, fsize)) {
+        close(fd);
+        char prefix[4096];
+        const char *base = strrchr(path, '/'), *dot = strrchr(path, '.');
+        int keep = dot && dot > (base ? base : path) ? (int)(dot - path) : (int)strlen(path);
+        snprintf(prefix, sizeof prefix, "%.*s", keep, path);
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "%s is text, not a token shard: zoff tokenize --output-prefix %s %s writes %s_train.bin and "
+                          "%s_val.bin; train on those",
+                          path, prefix, path, prefix, prefix);
+    }
     if (fsize < ZOFF_SHARD_HEADER_BYTES) {
         close(fd);
         return zoff_error(ZOFF_ERR_FORMAT,
