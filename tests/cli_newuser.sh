@@ -241,6 +241,11 @@ rc=$?
 check "its vocabulary (256) below the tokenizer's (gpt2): exit 2, names --tokenizer byte" \
   "[ $rc -eq 2 ] && grep -q \"vocabulary of 256 is smaller than the 50257 tokens of tokenizer gpt2: .*--tokenizer byte\" '$W/init_tok.err'"
 
+"$ZOFF" train "${DATA[@]}" --seq-length 32 --train-iters 1 --init-from "$W/hfdir" --save "$W/init_seq" >/dev/null 2>"$W/init_seq.err"
+rc=$?
+check "--seq-length beyond the file's positions: exit 2, names them, not a flag not given" \
+  "[ $rc -eq 2 ] && grep -q 'seq-length 32 exceeds the 16 positions of --init-from .*give --seq-length 16 or less' '$W/init_seq.err'"
+
 # ---- zoff sample from exported weights (before: "cannot open checkpoint ...: not a checkpoint")
 "$ZOFF" sample --load "$W/planrun0" --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/sck.txt" 2>/dev/null
 "$ZOFF" sample --load "$W/hfdir" --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/shf.txt" 2>"$W/shf.err"

@@ -97,7 +97,8 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
     t->T_given = PICK(a->seq_length, m->seq_length, 0);
     t->info.seq_len = t->T_given ? t->T_given : 64;
     sh->max_seq_len = PICK(a->max_pos, m->max_position_embeddings, FILE_OR(fs.max_seq_len, t->info.seq_len));
-    if (t->init_st && !t->T_given && !a->max_pos && !m->max_position_embeddings && t->info.seq_len > sh->max_seq_len)
+    const bool file_positions = t->init_st && !a->max_pos && !m->max_position_embeddings && fs.max_seq_len > 0;
+    if (file_positions && !t->T_given && t->info.seq_len > sh->max_seq_len)
         t->info.seq_len = sh->max_seq_len; /* the default sequence fits the file's positions */
     sh->vocab_size = PICK(a->vocab_size, m->vocab_size, FILE_OR(fs.vocab_size, tok_vocab));
     const bool file_vocab = !a->vocab_size && !m->vocab_size && t->init_st && fs.vocab_size > 0;
@@ -126,6 +127,12 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
         return zoff_error(ZOFF_ERR_INVALID,
                           "vocab size %lld is smaller than the %lld tokens of the tokenizer; use --vocab-size >= %lld",
                           (long long)sh->vocab_size, (long long)tok_vocab, (long long)tok_vocab);
+    if (t->info.seq_len > sh->max_seq_len && file_positions)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--seq-length %lld exceeds the %lld positions of --init-from %s's model: give --seq-length "
+                          "%lld or less",
+                          (long long)t->info.seq_len, (long long)sh->max_seq_len, zoff_st_path(t->init_st),
+                          (long long)sh->max_seq_len);
     if (t->info.seq_len > sh->max_seq_len)
         return zoff_error(ZOFF_ERR_INVALID, "--seq-length %lld exceeds --max-position-embeddings %lld",
                           (long long)t->info.seq_len, (long long)sh->max_seq_len);
