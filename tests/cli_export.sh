@@ -75,6 +75,31 @@ else
   echo "skip - the --init-from peak RSS check (no /usr/bin/python3)"; skip=$((skip + 2))
 fi
 
+# 1b. a gpt2-tokenizer model's folder also gets the tokenizer's files, as transformers'
+#     GPT2Tokenizer reads them: the reference GPT-2 encoder on the folder's vocab.json and
+#     merges.txt gives zoff tokenize's ids for the same text
+"$ZOFF" train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 \
+  --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --train-iters 0 --eval-iters 0 --quiet \
+  --save "$W/g2run" >/dev/null 2>&1
+"$ZOFF" export --load "$W/g2run" --output "$W/g2hf/" >"$W/g2.out" 2>&1
+check "export of a gpt2-tokenizer model: vocab.json, merges.txt, tokenizer_config.json beside config.json" \
+  "grep -q 'config.json and the tokenizer' '$W/g2.out' && [ -s '$W/g2hf/vocab.json' ] && head -1 '$W/g2hf/merges.txt' | grep -q '^#version' \
+   && grep -q '\"tokenizer_class\": \"GPT2Tokenizer\"' '$W/g2hf/tokenizer_config.json' \
+   && grep -q '\"model_max_length\": 16' '$W/g2hf/tokenizer_config.json'"
+check "a byte-tokenizer model's folder gets no GPT-2 tokenizer files" "[ ! -e '$W/hf/vocab.json' ]"
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import regex' >/dev/null 2>&1; then
+  printf "Hello world, it's 2026!\n\tcaf\xc3\xa9   spaces\n" > "$W/g2.txt"
+  head -c 20000 "$SRC/README.md" >> "$W/g2.txt"
+  "$ZOFF" tokenize --val-fraction 0 --quiet --output-prefix "$W/g2tok" "$W/g2.txt" >/dev/null 2>&1
+  /usr/bin/python3 "$SRC/tests/fixtures/gen_bpe_fixture.py" encode "$W/g2.txt" --hf-dir "$W/g2hf" --out "$W/g2ref.txt" 2>/dev/null
+  # the shard: 1024-byte header, then uint16 ids; the document starts with <|endoftext|> (50256)
+  tail -c +1025 "$W/g2tok_train.bin" | od -An -v -t u2 | tr -s ' ' '\n' | grep -v '^$' | tail -n +2 > "$W/g2zoff.txt"
+  check "the reference encoder on the exported vocab.json + merges.txt: zoff tokenize's $(wc -l < "$W/g2zoff.txt") ids" \
+    "[ -s '$W/g2ref.txt' ] && cmp -s '$W/g2ref.txt' '$W/g2zoff.txt'"
+else
+  echo "skip - the exported tokenizer's reference encoding (no /usr/bin/python3 with regex)"; skip=$((skip + 1))
+fi
+
 # 3. independent check: a random GPT-2 (Hugging Face layout, written by Python) -> zoff train
 #    --init-from -> 2 steps -> zoff sample (greedy) and zoff export; the independent PyTorch model
 #    on the exported weights must pick zoff's greedy tokens, and the untrained import must too.

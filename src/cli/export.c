@@ -34,7 +34,9 @@ static void export_usage(FILE *f) {
             "                          step); zoff train --init-from reads both\n"
             "  --output PATH         the file to write; with --format safetensors, a PATH that is a\n"
             "                        directory or ends in '/' gets PATH/model.safetensors and a GPT-2\n"
-            "                        PATH/config.json (GPT2LMHeadModel.from_pretrained(PATH) loads it)\n"
+            "                        PATH/config.json (GPT2LMHeadModel.from_pretrained(PATH) loads it),\n"
+            "                        and for the gpt2 tokenizer its vocab.json, merges.txt and\n"
+            "                        tokenizer_config.json (AutoTokenizer.from_pretrained(PATH))\n"
             "  --dtype f32|bf16|f16  data type of --format safetensors (default f32)\n"
             "  --quiet               no summary line\n");
 }
@@ -104,6 +106,40 @@ static char *hf_config_json(const zoff_gpt2_shape *sh, const char *tokenizer, zo
     out[n] = '\n';
     out[n + 1] = '\0';
     return out;
+}
+
+/* The GPT-2 tokenizer's tables as transformers' GPT2Tokenizer reads them from a model folder:
+ * vocab.json is GPT-2's encoder.json and merges.txt its vocab.bpe (the same bytes, "#version"
+ * line first), with a tokenizer_config.json naming the class and <|endoftext|>. */
+static zoff_status write_gpt2_tokenizer(const char *dir, int64_t max_len) {
+    static const char *const files[][2] = {{"gpt2/encoder.json", "vocab.json"}, {"gpt2/vocab.bpe", "merges.txt"}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[4200];
+        ZOFF_TRY(zoff_data_find(files[i][0], src, sizeof src));
+        FILE *f = fopen(src, "rb");
+        if (!f) return zoff_error(ZOFF_ERR_IO, "cannot read %s: %s", src, strerror(errno));
+        char *text = NULL;
+        long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
+            fread(text, 1, (size_t)n, f) == (size_t)n)
+            text[n] = '\0';
+        else {
+            free(text);
+            text = NULL;
+        }
+        fclose(f);
+        if (!text) return zoff_error(ZOFF_ERR_IO, "cannot read %s", src);
+        zoff_status s = write_text_atomic(dir, files[i][1], text);
+        free(text);
+        ZOFF_TRY(s);
+    }
+    char cfg[512];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"add_prefix_space\": false,\n  \"bos_token\": \"<|endoftext|>\",\n  \"eos_token\": "
+             "\"<|endoftext|>\",\n  \"model_max_length\": %lld,\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  "
+             "\"unk_token\": \"<|endoftext|>\"\n}\n",
+             (long long)max_len);
+    return write_text_atomic(dir, "tokenizer_config.json", cfg);
 }
 
 static bool is_dir(const char *p) {
@@ -228,6 +264,7 @@ int zoff_cmd_export(int argc, char **argv) {
         char *cfg = hf_config_json(&meta.shape, meta.tokenizer, eo.dtype);
         s = cfg ? write_text_atomic(dir, "config.json", cfg) : zoff_error(ZOFF_ERR_NOMEM, "cannot encode config.json");
         free(cfg);
+        if (s == ZOFF_OK && !strcmp(meta.tokenizer, "gpt2")) s = write_gpt2_tokenizer(dir, meta.shape.max_seq_len);
     }
     int nranks = zoff_ckpt_gather_nranks(g);
     zoff_ckpt_gather_close(g);
@@ -240,7 +277,10 @@ int zoff_cmd_export(int argc, char **argv) {
         fprintf(stderr,
                 "zoff: exported step %s (%d rank file%s) to %s%s: GPT-2 %" PRId64 " layers, width %" PRId64
                 ", vocabulary %" PRId64 ", %s %s, %s in %.2f s\n",
-                step_txt, nranks, nranks == 1 ? "" : "s", out_file, dir_mode ? " (+ config.json)" : "",
+                step_txt, nranks, nranks == 1 ? "" : "s", out_file,
+                !dir_mode                        ? ""
+                : !strcmp(meta.tokenizer, "gpt2") ? " (+ config.json and the tokenizer's files)"
+                                                  : " (+ config.json)",
                 meta.shape.num_layers, meta.shape.hidden_size, meta.shape.vocab_size,
                 eo.layout == ZOFF_GPT2_LAYOUT_HF ? "Hugging Face layout" : "zoff layout",
                 zoff_st_dtype_name(eo.dtype), zoff_format_bytes((size_t)st.st_size, b, sizeof b), dt);
