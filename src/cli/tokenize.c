@@ -58,20 +58,6 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
 
 static bool is_text_name(const char *name) { return !zoff_ends_with(name, ".bin"); }
 
-/* Append a copy of `path` to the list; false when out of memory. */
-static bool push_path(char ***files, size_t *n, size_t *cap, const char *path) {
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        char **p = realloc(*files, nc * sizeof *p);
-        if (!p) return false;
-        *files = p;
-        *cap = nc;
-    }
-    if (!((*files)[*n] = strdup(path))) return false;
-    ++*n;
-    return true;
-}
-
 /* The files the inputs name (a file, a directory's files, a glob's matches), each checked
  * readable: 0, or 1 with the error printed. */
 static int expand_inputs(const char **inputs, int ninputs, char ***files, size_t *nfiles) {
@@ -95,7 +81,7 @@ static int expand_inputs(const char **inputs, int ninputs, char ***files, size_t
             if (n == 0)
                 why = "the directory holds no files to read (hidden files, .bin shards and subdirectories are not "
                       "read)";
-            for (size_t k = 0; k < n && !oom; k++) oom = !push_path(files, nfiles, &cap, dir[k]);
+            for (size_t k = 0; k < n && !oom; k++) oom = !zoff_paths_add(files, nfiles, &cap, dir[k]);
             zoff_free_paths(dir, n);
         } else if (stat_err == ENOENT && strpbrk(in, "*?[")) {
             glob_t g;
@@ -103,10 +89,10 @@ static int expand_inputs(const char **inputs, int ninputs, char ***files, size_t
             if (rc == GLOB_NOMATCH) why = "no files match this pattern";
             else if (rc != 0) why = "cannot expand this pattern";
             for (size_t k = 0; rc == 0 && k < g.gl_pathc && !oom; k++)
-                oom = !push_path(files, nfiles, &cap, g.gl_pathv[k]);
+                oom = !zoff_paths_add(files, nfiles, &cap, g.gl_pathv[k]);
             globfree(&g);
         } else {
-            oom = !push_path(files, nfiles, &cap, in);
+            oom = !zoff_paths_add(files, nfiles, &cap, in);
         }
         if (oom) why = "out of memory listing the inputs";
         if (why) {

@@ -79,6 +79,19 @@ void zoff_free_paths(char **paths, size_t n) {
     free(paths);
 }
 
+bool zoff_paths_add(char ***paths, size_t *n, size_t *cap, const char *path) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        char **p = realloc(*paths, nc * sizeof *p);
+        if (!p) return false;
+        *paths = p;
+        *cap = nc;
+    }
+    if (!((*paths)[*n] = strdup(path))) return false;
+    ++*n;
+    return true;
+}
+
 static int cmp_path(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char ***paths, size_t *n) {
@@ -104,18 +117,9 @@ zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char
             free(path);
             continue;
         }
-        if (cnt == cap) {
-            size_t nc = cap ? cap * 2 : 16;
-            char **p = realloc(names, nc * sizeof *p);
-            if (!p) {
-                free(path);
-                s = zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir);
-                break;
-            }
-            names = p;
-            cap = nc;
-        }
-        names[cnt++] = path;
+        bool added = zoff_paths_add(&names, &cnt, &cap, path);
+        free(path);
+        if (!added) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir);
     }
     closedir(d);
     if (s != ZOFF_OK) {

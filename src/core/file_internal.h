@@ -18,6 +18,9 @@ zoff_status zoff_fsync_dir_of(const char *path);
  * malloc'd, each path too (zoff_free_paths frees them); *n may be 0. */
 zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char ***paths, size_t *n);
 void zoff_free_paths(char **paths, size_t n);
+/* Append a copy of `path` to the list (*paths, *n of *cap, grown as needed); false when out of
+ * memory (the list stays as it was, still the caller's to free). */
+bool zoff_paths_add(char ***paths, size_t *n, size_t *cap, const char *path);
 /* Whether `name` ends in `suffix`. */
 bool zoff_ends_with(const char *name, const char *suffix);
 
