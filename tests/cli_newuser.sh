@@ -368,6 +368,10 @@ suggest bench nvme --sizee -- --size
 rc=$?
 check "a mistyped command: exit 2, did you mean zoff train" \
   "[ $rc -eq 2 ] && grep -q \"unknown command 'traine' (did you mean zoff train?)\" '$W/cmd.err'"
+"$ZOFF" bench ada >/dev/null 2>"$W/bench.err"
+rc=$?
+check "a mistyped benchmark: exit 2, did you mean zoff bench adam" \
+  "[ $rc -eq 2 ] && grep -q \"unknown benchmark 'ada' (did you mean zoff bench adam?)\" '$W/bench.err'"
 "$ZOFF" help export >"$W/help.out" 2>&1; rc=$?
 "$ZOFF" export --help >"$W/help2.out" 2>&1
 check "zoff help export: exit 0, the same text as zoff export --help" \

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 
 int zoff_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -22,6 +23,9 @@ int zoff_cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "nvme")) return zoff_cmd_bench_nvme(argc - 1, argv + 1);
     if (!strcmp(argv[1], "ckpt")) return zoff_cmd_bench_ckpt(argc - 1, argv + 1);
     if (!strcmp(argv[1], "pairs")) return zoff_cmd_bench_pairs(argc - 1, argv + 1);
-    fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme, ckpt, pairs)\n", argv[1]);
+    static const char *const names[] = {"adam", "step", "nvme", "ckpt", "pairs"};
+    const char *near = cli_nearest_name(argv[1], names, sizeof names / sizeof *names, 2);
+    if (near) fprintf(stderr, "zoff bench: unknown benchmark '%s' (did you mean zoff bench %s?)\n", argv[1], near);
+    else fprintf(stderr, "zoff bench: unknown benchmark '%s' (adam, step, nvme, ckpt, pairs)\n", argv[1]);
     return 2;
 }

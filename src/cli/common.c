@@ -52,6 +52,21 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+const char *cli_nearest_name(const char *typed, const char *const *names, size_t n, size_t min_prefix) {
+    size_t tlen = strlen(typed), prefix_hits = 0, best_d = 3, at_best = 0;
+    const char *prefix = NULL, *near = NULL;
+    for (size_t k = 0; k < n; k++) {
+        if (tlen >= min_prefix && strlen(names[k]) > tlen && !strncmp(names[k], typed, tlen)) {
+            prefix_hits++;
+            prefix = names[k];
+        }
+        size_t d = zoff_edit_distance(typed, names[k]);
+        if (d < best_d) best_d = d, at_best = 1, near = names[k];
+        else if (d == best_d && near != NULL) at_best++;
+    }
+    return prefix_hits == 1 ? prefix : at_best == 1 ? near : NULL;
+}
+
 /* The option of the usage text that `name` most likely meant, into best (empty when none). */
 static void nearest_option(const char *name, const char *text, char *best, size_t size) {
     enum { MAX_OPTS = 160, OPT_LEN = 48 };
@@ -68,24 +83,10 @@ static void nearest_option(const char *name, const char *text, char *best, size_
         }
         p += n;
     }
-    size_t nlen = strlen(name), prefix_hits = 0, best_d = 3, at_best = 0;
-    const char *prefix = NULL, *near = NULL;
-    for (size_t k = 0; k < nopts; k++) {
-        if (nlen >= 4 && strlen(opts[k]) > nlen && !strncmp(opts[k], name, nlen)) {
-            prefix_hits++;
-            prefix = opts[k];
-        }
-        size_t d = zoff_edit_distance(name, opts[k]);
-        if (d < best_d) {
-            best_d = d;
-            at_best = 1;
-            near = opts[k];
-        } else if (d == best_d && near != NULL) {
-            at_best++;
-        }
-    }
-    const char *pick = prefix_hits == 1 ? prefix : at_best == 1 && near != NULL ? near : "";
-    snprintf(best, size, "%s", pick);
+    const char *ptr[MAX_OPTS];
+    for (size_t k = 0; k < nopts; k++) ptr[k] = opts[k];
+    const char *pick = cli_nearest_name(name, ptr, nopts, 4); /* "--" and 2 letters at least */
+    snprintf(best, size, "%s", pick ? pick : "");
 }
 
 void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *)) {

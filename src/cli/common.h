@@ -28,6 +28,10 @@ const char *cli_choice(const char *cmd, const char *flag, const char *const *cho
  * the suggestion is the one option that begins with arg's name, else the one nearest to it
  * (edit distance at most 2), else none. */
 void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *));
+/* The one name of names[n] that `typed` most likely meant: the only one it begins (when it has
+ * min_prefix characters or more), else the only one within edit distance 2 at the least distance;
+ * NULL: none, or a tie. Behind every "did you mean" of the command line. */
+const char *cli_nearest_name(const char *typed, const char *const *names, size_t n, size_t min_prefix);
 /* Exit code for a failing status: bad input or config -> 2, a runtime failure -> 1. */
 int cli_exit_code(zoff_status s);
 

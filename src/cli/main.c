@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "zoff/core.h"
 
 static void usage(FILE *f) {
@@ -97,12 +98,9 @@ int main(int argc, char **argv) {
     }
     const command *c = find_command(cmd);
     if (c != NULL) return c->run(argc - 1, argv + 1);
-    const char *near = NULL;
-    size_t best = 3; /* suggest only a close name */
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
-        size_t d = zoff_edit_distance(cmd, commands[i].name);
-        if (d < best) best = d, near = commands[i].name;
-    }
+    const char *names[sizeof commands / sizeof *commands];
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) names[i] = commands[i].name;
+    const char *near = cli_nearest_name(cmd, names, sizeof names / sizeof *names, 2);
     if (near != NULL) fprintf(stderr, "zoff: unknown command '%s' (did you mean zoff %s?)\n", cmd, near);
     else fprintf(stderr, "zoff: unknown command '%s'\n", cmd);
     usage(stderr);
