@@ -22,7 +22,9 @@
 #   - zoff sample reads exported weights (a safetensors file or model folder) as well as checkpoints;
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
-#     mistyped command the command; zoff help CMD is zoff CMD --help.
+#     mistyped command (or benchmark) the command; zoff help CMD is zoff CMD --help;
+#   - a flag of DeepSpeed's launchers, Megatron-DeepSpeed or the HF Trainer says where that
+#     setting is in zoff (--lr: optimizer.params.lr in the config, --max-steps: --train-iters).
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
@@ -364,6 +366,23 @@ suggest bench adam --mod -- --mode
 suggest bench ckpt --round -- --rounds
 suggest bench step --num-layer -- --num-layers
 suggest bench nvme --sizee -- --size
+# flags of DeepSpeed launchers, Megatron-DeepSpeed and the Hugging Face Trainer: where the setting is
+elsewhere() { # elsewhere CMD FLAG -- WANT: the error says WANT
+    local want="${@: -1}" cmd="$1" flag="$2"
+    "$ZOFF" "$cmd" "$flag" 1 >"$W/else.out" 2>"$W/else.err"
+    local rc=$?
+    check "zoff $cmd $flag: exit 2, says where: $want" \
+      "[ $rc -eq 2 ] && [ ! -s '$W/else.out' ] && grep -qF -- \"unknown option '$flag': \" '$W/else.err' && \
+       grep -qF -- '$want' '$W/else.err'"
+}
+elsewhere train --deepspeed_config -- "the DeepSpeed JSON config is --config FILE"
+elsewhere train --learning_rate -- "optimizer.params.lr in the --config file"
+elsewhere train --max-steps -- "optimizer steps is --train-iters"
+elsewhere train --bf16 -- '"bf16": {"enabled": true}'
+elsewhere plan --zero_stage -- "zero_optimization.stage"
+elsewhere train --output_dir -- "the output folder is --save"
+"$ZOFF" sample --load "$W/done2" --lr 1 >/dev/null 2>"$W/else.err"
+check "sample (no --config) gives no config hint for --lr" "! grep -q 'optimizer.params' '$W/else.err'"
 "$ZOFF" traine >"$W/cmd.out" 2>"$W/cmd.err"
 rc=$?
 check "a mistyped command: exit 2, did you mean zoff train" \

@@ -89,18 +89,58 @@ static void nearest_option(const char *name, const char *text, char *best, size_
     snprintf(best, size, "%s", pick ? pick : "");
 }
 
+/* Flags of DeepSpeed launch scripts, Megatron-DeepSpeed and the Hugging Face Trainer that a
+ * command taking --config may be given: where each setting is in zoff. Names are compared with
+ * '_' read as '-'; NULL: none. */
+static const char *elsewhere_hint(const char *name) {
+    static const struct {
+        const char *names, *hint; /* names: " --a --b " */
+    } hints[] = {
+        {" --deepspeed --deepspeed-config --ds-config ", "the DeepSpeed JSON config is --config FILE"},
+        {" --lr --learning-rate ", "the learning rate is optimizer.params.lr in the --config file"},
+        {" --batch-size --per-device-train-batch-size --micro-batch ",
+         "the batch per rank is --micro-batch-size, or the config's train_micro_batch_size_per_gpu"},
+        {" --global-batch-size --train-batch-size ", "the global batch is the config's train_batch_size"},
+        {" --gradient-accumulation-steps ", "accumulation is the config's gradient_accumulation_steps"},
+        {" --max-steps --train-steps --steps --iters ", "the number of optimizer steps is --train-iters"},
+        {" --epochs --num-train-epochs ", "zoff counts optimizer steps: --train-iters"},
+        {" --bf16 --fp16 ", "precision is the config's \"bf16\": {\"enabled\": true} or \"fp16\": {...}"},
+        {" --zero-stage --zero ", "the ZeRO stage is the config's zero_optimization.stage"},
+        {" --warmup --warmup-steps --lr-warmup-iters ", "warm-up is the config's scheduler.params.warmup_num_steps"},
+        {" --weight-decay ", "weight decay is the config's optimizer.params.weight_decay"},
+        {" --clip-grad --max-grad-norm ", "clipping is the config's gradient_clipping"},
+        {" --output-dir --save-dir ", "the output folder is --save"},
+        {" --save-steps ", "the checkpoint interval is --save-interval"},
+        {" --offload ", "offload is the config's zero_optimization.offload_optimizer.device (cpu or nvme)"},
+    };
+    char key[72] = " ";
+    size_t k = 1;
+    for (const char *p = name; *p && k < sizeof key - 2; p++) key[k++] = *p == '_' ? '-' : *p;
+    key[k++] = ' ';
+    key[k] = '\0';
+    for (size_t i = 0; i < sizeof hints / sizeof *hints; i++)
+        if (strstr(hints[i].names, key)) return hints[i].hint;
+    return NULL;
+}
+
 void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *)) {
     char name[64], best[64] = "";
     cli_flag_name(arg, name, sizeof name);
     char *text = NULL;
     size_t len = 0;
+    const char *hint = NULL;
     FILE *ms = usage != NULL ? open_memstream(&text, &len) : NULL;
     if (ms != NULL) {
         usage(ms);
-        if (fclose(ms) == 0 && text != NULL) nearest_option(name, text, best, sizeof best);
+        if (fclose(ms) == 0 && text != NULL) {
+            nearest_option(name, text, best, sizeof best);
+            if (strstr(text, "--config FILE")) hint = elsewhere_hint(name);
+        }
     }
     free(text);
-    if (best[0])
+    if (hint)
+        fprintf(stderr, "zoff %s: unknown option '%s': %s (zoff %s --help lists the options)\n", cmd, arg, hint, cmd);
+    else if (best[0])
         fprintf(stderr, "zoff %s: unknown option '%s' (did you mean %s? zoff %s --help lists them)\n", cmd, arg, best,
                 cmd);
     else
