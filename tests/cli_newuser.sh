@@ -19,6 +19,7 @@
 #   - a checkpoint step that is not there: the error lists the complete ones;
 #   - --init-from a folder reads its model.safetensors, and a checkpoint folder says how to use it;
 #   - --init-from without shape flags takes the file's model (heads: metadata or config.json);
+#   - one run at a time trains into a --save folder (a lock the kernel drops at any exit);
 #   - zoff sample reads exported weights (a safetensors file or model folder) as well as checkpoints;
 #   - zoff tokenize reads a directory or a quoted glob;
 #   - a mistyped option names the option it most likely meant, in every command, and a
@@ -247,6 +248,22 @@ check "its vocabulary (256) below the tokenizer's (gpt2): exit 2, names --tokeni
 rc=$?
 check "--seq-length beyond the file's positions: exit 2, names them, not a flag not given" \
   "[ $rc -eq 2 ] && grep -q 'seq-length 32 exceeds the 16 positions of --init-from .*give --seq-length 16 or less' '$W/init_seq.err'"
+
+# ---- two runs into one --save folder (before: both trained; the second failed at its first save,
+# "step_00000004 already exists", both having appended to one metrics.jsonl). The first holds a
+# lock for its whole run; the second is refused at once; after a SIGKILL the folder is free.
+"$ZOFF" train "${TINY[@]}" --train-iters 1000000 --save "$W/busy" >/dev/null 2>&1 &
+busy_pid=$!
+for _ in $(seq 1 600); do grep -q '"loss"' "$W/busy/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/busy" >/dev/null 2>"$W/busy2.err"
+rc=$?
+check "a second run into a --save in use: exit 2, names the running one (pid $busy_pid)" \
+  "[ $rc -eq 2 ] && grep -q \"is in use by another zoff train (pid $busy_pid on \" '$W/busy2.err'"
+kill -9 $busy_pid 2>/dev/null; wait $busy_pid 2>/dev/null
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/busy" >/dev/null 2>"$W/busy3.err"
+rc=$?
+check "after that run is SIGKILLed, the folder takes a new run (exit 0)" \
+  "[ $rc -eq 0 ] && [ -f '$W/busy/step_00000001/COMPLETE' ]"
 
 # ---- zoff sample from exported weights (before: "cannot open checkpoint ...: not a checkpoint")
 "$ZOFF" sample --load "$W/planrun0" --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/sck.txt" 2>/dev/null

@@ -3,9 +3,12 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/trainer_internal.h"
@@ -121,6 +124,61 @@ zoff_status trainer_check_save_dir(zoff_trainer *t) {
                       "--save %s already holds checkpoints of a run (the newest: step %lld): continue it with --load "
                       "%s, start over with --overwrite (deletes its checkpoints), or choose another --save",
                       t->o.save_dir, (long long)latest, t->o.save_dir);
+}
+
+/* Rank 0's part of trainer_lock_save_dir. */
+static zoff_status lock_save(zoff_trainer *t, bool create) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" ZOFF_TRAIN_SAVE_LOCK, t->o.save_dir);
+    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    if (fd < 0 && !create) return ZOFF_OK; /* no lock file yet (or no folder): nobody trains into it */
+    if (fd < 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "--save %s: cannot create its lock file %s: %s",
+                          t->o.save_dir, path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char who[200] = "";
+        ssize_t n = pread(fd, who, sizeof who - 1, 0);
+        close(fd);
+        who[n > 0 ? n : 0] = '\0';
+        who[strcspn(who, "\n")] = '\0';
+        if (e == EWOULDBLOCK)
+            return zoff_error(ZOFF_ERR_INVALID,
+                              "--save %s is in use by another zoff train (%s): two runs in one folder would mix "
+                              "their checkpoints and metrics.jsonl; wait for it to end, or choose another --save",
+                              t->o.save_dir, who[0] ? who : "which one: unknown");
+        zoff_log(ZOFF_LOG_WARN, "--save %s: its file system does not lock files (%s): nothing stops a second run "
+                                "from training into it at the same time", t->o.save_dir, strerror(e));
+        return ZOFF_OK;
+    }
+    char who[200], host[64] = "?", when[32] = "?";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    int n = snprintf(who, sizeof who, "pid %d on %s, started %s\n", (int)getpid(), host, when);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)n, 0) != n) { /* the lock holds without the note */
+    }
+    t->lock_fd = fd;
+    return ZOFF_OK;
+}
+
+/* One run at a time in a --save folder: rank 0 holds an flock on SAVE/.zoff-lock for the whole run
+ * (the kernel lets go of it however the process ends, SIGKILL included; the file stays). Called
+ * before the folder's checkpoints are looked at (create false: only if the file is there) and
+ * once the folder exists (create true). */
+zoff_status trainer_lock_save_dir(zoff_trainer *t, bool create) {
+    zoff_status s = ZOFF_OK;
+    if (t->info.rank == 0 && t->lock_fd < 0) s = lock_save(t, create);
+    if (t->info.world > 1) {
+        int32_t bad = s != ZOFF_OK;
+        ZOFF_TRY(zoff_comm_broadcast_bytes(t->comm, &bad, sizeof bad, 0));
+        if (bad && t->info.rank > 0)
+            return zoff_error(ZOFF_ERR_INVALID, "--save %s: rank 0 could not take it (its message says why)",
+                              t->o.save_dir);
+    }
+    return s;
 }
 
 /* Remove one step directory (its files, then itself), renamed out of the way first so that a

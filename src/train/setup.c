@@ -245,7 +245,9 @@ zoff_status trainer_make_output_dir(zoff_trainer *t) {
 /* After a failed create: remove the directories create made, if they are still empty. */
 void trainer_remove_made_dir(zoff_trainer *t) {
     if (!t->made_dir[0]) return;
-    char buf[4096];
+    char buf[4200];
+    snprintf(buf, sizeof buf, "%s/" ZOFF_TRAIN_SAVE_LOCK, t->o.save_dir);
+    if (t->lock_fd >= 0) unlink(buf); /* this run's, in a folder it made */
     snprintf(buf, sizeof buf, "%s", t->o.save_dir);
     size_t top = strlen(t->made_dir);
     while (strlen(buf) >= top && rmdir(buf) == 0) { /* rmdir fails on a directory with files */

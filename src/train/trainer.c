@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train/trainer_internal.h"
 #include "zoff/resources.h"
@@ -78,6 +79,7 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     zoff_gpt2_st_loader_close(t->init_ld);
     zoff_st_close(t->init_st);
     zoff_ckpt_close(t->rd);
+    if (t->lock_fd >= 0) close(t->lock_fd); /* lets go of the --save folder */
     zoff_loader_free(t->train_ld);
     zoff_loader_free(t->val_ld);
     zoff_dataset_free(t->train_ds);
@@ -131,6 +133,7 @@ static zoff_status validate(zoff_trainer *t) {
     }
     ZOFF_TRY(trainer_check_host_memory(t));
     ZOFF_TRY(trainer_check_save_disk(t));
+    ZOFF_TRY(trainer_lock_save_dir(t, false)); /* a run still training into --save: say that, not its checkpoints */
     return trainer_check_save_dir(t);
 }
 
@@ -168,6 +171,7 @@ static zoff_status create(zoff_trainer *t) {
     ZOFF_TRY(trainer_open_data(t));
     p[ZOFF_STARTUP_DATA] = zoff_lap(&mark);
     ZOFF_TRY(trainer_make_output_dir(t));
+    ZOFF_TRY(trainer_lock_save_dir(t, true));
     p[ZOFF_STARTUP_OTHER] = zoff_lap(&mark);
     ZOFF_TRY(trainer_build(t));
     engine_phases(t, zoff_lap(&mark));
@@ -191,6 +195,7 @@ zoff_status zoff_trainer_create(const zoff_trainer_options *opts, zoff_comm *com
     t->comm = comm;
     t->info.rank = zoff_comm_rank(comm);
     t->info.world = zoff_comm_size(comm);
+    t->lock_fd = -1;
     if (t->info.rank > 0) t->o.quiet = true; /* progress from rank 0 only; errors from every rank */
     zoff_config_defaults(&t->cfg);
     zoff_status s = create(t);

@@ -26,6 +26,7 @@ struct zoff_trainer {
     FILE *metrics, *timeline;
     char metrics_path[4200];
     char made_dir[4096];      /* the top-most --save directory create made ("" when none) */
+    int lock_fd;              /* rank 0: the --save folder's lock (trainer_lock_save_dir), -1: none */
     zoff_comm *comm;          /* NULL with one rank */
     int64_t T_given;          /* sequence length given by a flag or the config (0 = not given) */
     zoff_train_ckpt_job *bg;  /* the background checkpoint in flight (NULL: none) */
@@ -59,6 +60,8 @@ zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world);
 zoff_status trainer_open_load(zoff_trainer *t);
 zoff_status trainer_check_resume(zoff_trainer *t);
 zoff_status trainer_check_save_dir(zoff_trainer *t);
+zoff_status trainer_lock_save_dir(zoff_trainer *t, bool create);
+#define ZOFF_TRAIN_SAVE_LOCK ".zoff-lock" /* in --save: held by the run training into it */
 zoff_status trainer_restore(zoff_trainer *t);
 zoff_status trainer_overwrite(zoff_trainer *t);
 
