@@ -39,6 +39,48 @@ check "--dtype bf16 writes BF16 tensors of half the size" \
 "$ZOFF" export --load "$W/run" --format fp32 --output "$W/z.safetensors" --quiet
 check "--format fp32 writes zoff's layout" "grep -q '\"zoff.layout\":\"zoff\"' '$W/z.safetensors'"
 
+# 1c. a sharded model (Hugging Face's model.safetensors.index.json beside its shards, as
+#     save_pretrained writes a large model): the same weights as the one file, bit for bit,
+#     through train --init-from (no shape flags: the tensors and config.json give it) and export;
+#     zoff sample of the folder gives the checkpoint's greedy text
+PYBIN=$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
+mkdir -p "$W/sharded"
+cp "$W/hf/config.json" "$W/sharded/"
+"$PYBIN" - "$W/m.safetensors" "$W/sharded" <<'PYSPLIT'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h.pop("__metadata__", None)
+names = sorted(h)
+halves = [names[: len(names) // 2], names[len(names) // 2:]]
+wmap = {}
+for k, part in enumerate(halves):
+    fname = "model-%05d-of-00002.safetensors" % (k + 1)
+    hdr, data, pos = {"__metadata__": {"format": "pt"}}, b"", 0
+    for t in part:
+        s, e = h[t]["data_offsets"]
+        blob = b[8 + n + s:8 + n + e]
+        hdr[t] = {"dtype": h[t]["dtype"], "shape": h[t]["shape"], "data_offsets": [pos, pos + len(blob)]}
+        data += blob
+        pos += len(blob)
+        wmap[t] = fname
+    j = json.dumps(hdr).encode()
+    j += b" " * (-len(j) % 8)
+    open(sys.argv[2] + "/" + fname, "wb").write(struct.pack("<Q", len(j)) + j + data)
+json.dump({"metadata": {"total_size": len(b) - 8 - n}, "weight_map": wmap}, open(sys.argv[2] + "/model.safetensors.index.json", "w"))
+PYSPLIT
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --micro-batch-size 4 \
+  --quiet --init-from "$W/sharded" --train-iters 0 --eval-iters 0 --save "$W/shrt" >"$W/shrt.txt" 2>&1
+rc=$?
+"$ZOFF" export --load "$W/shrt" --output "$W/shrt.safetensors" --quiet >/dev/null 2>&1
+check "train --init-from a sharded folder (2 shards + index): exit 0, export gives the one file's weights bit for bit" \
+  "[ $rc -eq 0 ] && [ \"\$(data_md5 '$W/m.safetensors')\" = \"\$(data_md5 '$W/shrt.safetensors')\" ]" || cat "$W/shrt.txt"
+"$ZOFF" sample --load "$W/run" --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/s_ck.txt" 2>/dev/null
+"$ZOFF" sample --load "$W/sharded" --tokenizer byte --temperature 0 --max-new-tokens 24 --prompt "int " >"$W/s_sh.txt" 2>"$W/s_sh.err"
+check "sample --load the sharded folder: the checkpoint's greedy text" \
+  "[ -s '$W/s_ck.txt' ] && cmp -s '$W/s_ck.txt' '$W/s_sh.txt'" || cat "$W/s_sh.err"
+
 # 2. round trips through train --init-from: export -> import -> export gives the same bytes
 for fmt in safetensors fp32; do
   src="$W/m.safetensors"; [ $fmt = fp32 ] && src="$W/z.safetensors"

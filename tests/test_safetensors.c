@@ -389,6 +389,75 @@ static void test_writer_paths(void **state) {
     free(data);
 }
 
+/* One shard: tensors named names[i] (F32, n[i] elements, values base + i*100 + element), format pt. */
+static void write_shard(const char *path, const char *const *names, const int64_t *n, int count, float base) {
+    zoff_st_writer *w = NULL;
+    assert_ok(zoff_st_writer_open(path, &w));
+    assert_ok(zoff_st_writer_metadata(w, "format", "pt"));
+    for (int i = 0; i < count; i++) assert_ok(zoff_st_writer_declare(w, names[i], ZOFF_ST_F32, 1, &n[i]));
+    for (int i = 0; i < count; i++)
+        for (int64_t e = 0; e < n[i]; e++) {
+            float v = base + (float)(i * 100) + (float)e;
+            assert_ok(zoff_st_writer_append(w, &v, sizeof v));
+        }
+    assert_ok(zoff_st_writer_commit(w));
+}
+
+/* A sharded model (Hugging Face's model.safetensors.index.json and its shards) reads like one
+ * file; an index that disagrees with its shards is refused, naming the tensor and both files. */
+static void test_sharded_index(void **state) {
+    const char *dir = *state;
+    const char *an[] = {"x", "y"}, *bn[] = {"z"};
+    const int64_t a_n[] = {6, 5}, b_n[] = {4};
+    write_shard(pathf(dir, "m-1.safetensors"), an, a_n, 2, 0);
+    write_shard(pathf(dir, "m-2.safetensors"), bn, b_n, 1, 1000);
+    const char *idx = pathf(dir, "model.safetensors.index.json");
+    const char *good = "{\"metadata\": {\"total_size\": 60}, \"weight_map\": {\"x\": \"m-1.safetensors\", "
+                       "\"z\": \"m-2.safetensors\", \"y\": \"m-1.safetensors\"}}";
+    write_all(idx, good, strlen(good));
+    zoff_st_file *f = NULL;
+    assert_ok(zoff_st_open(idx, &f));
+    assert_int_equal(zoff_st_num_tensors(f), 3);
+    assert_string_equal(zoff_st_metadata(f, "format"), "pt");
+    float y[5], z[4], part[2];
+    assert_ok(zoff_st_read_f32(f, zoff_st_find(f, "y"), y, 5));
+    assert_ok(zoff_st_read(f, zoff_st_find(f, "z"), z, sizeof z));
+    assert_ok(zoff_st_read_f32_range(f, zoff_st_find(f, "x"), 3, 2, part));
+    for (int e = 0; e < 5; e++) assert_true(y[e] == (float)(100 + e));
+    for (int e = 0; e < 4; e++) assert_true(z[e] == (float)(1000 + e));
+    assert_true(part[0] == 3.0f && part[1] == 4.0f);
+    assert_int_equal(zoff_st_find(f, "z")->shape[0], 4);
+    zoff_st_close(f);
+
+    struct {
+        const char *json, *want;
+    } bad[] = {
+        {"{\"x\": \"m-1.safetensors\"}", "no \"weight_map\""},
+        {"{\"weight_map\": {\"x\": \"m-1.safetensors\", \"y\": \"m-1.safetensors\", \"z\": \"m-1.safetensors\"}}",
+         "maps tensor 'z' to m-1.safetensors, which does not hold it"}, /* m-2 is in no map: not opened */
+        {"{\"weight_map\": {\"x\": \"m-1.safetensors\", \"y\": \"m-2.safetensors\", \"z\": \"m-2.safetensors\"}}",
+         "shard m-1.safetensors holds tensor 'y', which the index maps to m-2.safetensors"},
+        {"{\"weight_map\": {\"x\": \"m-1.safetensors\", \"y\": \"m-1.safetensors\", \"z\": \"m-3.safetensors\"}}",
+         "m-3.safetensors"},
+        {"{\"weight_map\": {\"x\": \"../m-1.safetensors\"}}", "expected the name of a shard file"},
+        {"{\"weight_map\": ", "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_all(idx, bad[i].json, strlen(bad[i].json));
+        zoff_status st = zoff_st_open(idx, &f);
+        assert_int_not_equal(st, ZOFF_OK);
+        assert_null(f);
+        if (!strstr(zoff_last_error(), bad[i].want))
+            fail_msg("case %zu: '%s' lacks '%s'", i, zoff_last_error(), bad[i].want);
+    }
+    /* a tensor mapped to a shard that does not hold it */
+    const char *extra = "{\"weight_map\": {\"x\": \"m-1.safetensors\", \"y\": \"m-1.safetensors\", \"z\": "
+                        "\"m-2.safetensors\", \"w\": \"m-2.safetensors\"}}";
+    write_all(idx, extra, strlen(extra));
+    assert_int_not_equal(zoff_st_open(idx, &f), ZOFF_OK);
+    assert_non_null(strstr(zoff_last_error(), "maps tensor 'w' to m-2.safetensors, which does not hold it"));
+}
+
 static void test_writer_roundtrip_and_errors(void **state) {
     const char *dir = *state;
     const char *p = pathf(dir, "w.safetensors");
@@ -1071,6 +1140,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_reader_rejects_bad_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reader_edge_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_roundtrip_and_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sharded_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fixture_logits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, setup, teardown),

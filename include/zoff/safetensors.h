@@ -90,6 +90,7 @@ extern "C" {
 #endif
 
 #define ZOFF_ST_MAX_DIMS 8
+#define ZOFF_ST_MAX_SHARDS 4096 /* shard files of one sharded model (zoff_st_open of an index) */
 #define ZOFF_ST_MAX_HEADER ((uint64_t)100000000) /* bytes of JSON header (the reference's limit) */
 
 typedef enum zoff_st_dtype {
@@ -126,11 +127,16 @@ typedef struct zoff_st_tensor {
     int64_t numel;
     int64_t offset;    /* absolute file offset of the first byte */
     int64_t bytes;
+    int part;          /* a sharded model (zoff_st_open of an index): the shard file that holds it */
 } zoff_st_tensor;
 
 typedef struct zoff_st_file zoff_st_file;
 
-/* Open and validate a file (header and index only; data is read on demand). */
+/* Open and validate a file (header and index only; data is read on demand). A PATH ending in
+ * ".index.json" is a sharded model as Hugging Face saves one (model.safetensors.index.json:
+ * "weight_map" of tensor name -> shard file beside it): every shard is opened and checked, each
+ * tensor must be in the shard the map names and every mapped tensor present; the handle then
+ * reads like one file (its metadata: the first shard's). */
 zoff_status zoff_st_open(const char *path, zoff_st_file **out);
 /* The same checks on a file held in memory (tests, fuzzing). `data` is not copied and must
  * outlive the handle; `name` is used in messages. */
@@ -220,10 +226,15 @@ zoff_gpt2_layout zoff_gpt2_st_layout(const zoff_st_file *f);
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out);
 
 /* The safetensors file a path given for GPT-2 weights names: a folder's model.safetensors (what
- * zoff export --output DIR/ writes, a Hugging Face model folder) or the path itself. Returns 1 for
- * a folder holding model.safetensors (*file: that file), 0 when the path is not a folder (*file: the
- * path; zoff_st_open says what is wrong with it), -1 for a folder without model.safetensors. */
+ * zoff export --output DIR/ writes, a Hugging Face model folder) or, sharded, its
+ * model.safetensors.index.json, or the path itself. Returns 1 for a folder holding either (*file:
+ * that file), 0 when the path is not a folder (*file: the path; zoff_st_open says what is wrong
+ * with it), -1 for a folder with neither. */
 int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap);
+
+/* For a folder without model.safetensors: what it holds instead that zoff does not read (PyTorch's
+ * pytorch_model.bin) and how to turn it into safetensors, into buf; "" when nothing known. */
+void zoff_gpt2_st_folder_hint(const char *dir, char *buf, size_t cap);
 
 /* Check an open file against a model shape without reading data: every GPT-2 tensor present once
  * with the right shape and a float dtype, nothing unexpected. shape->padded_vocab_size may be 0

@@ -74,11 +74,15 @@ struct zoff_st_file {
     size_t *by_name;     /* indices of t sorted by name */
     char **meta_key, **meta_val;
     size_t nmeta;
+    zoff_st_file **parts; /* a sharded model: its shard files (tensor.part indexes them); NULL: one file */
+    size_t nparts;
 };
 
 void zoff_st_close(zoff_st_file *f) {
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
+    for (size_t i = 0; i < f->nparts; i++) zoff_st_close(f->parts[i]);
+    free(f->parts);
     for (size_t i = 0; i < f->n; i++) free((char *)f->t[i].name);
     zoff_ckpt_free_pairs(f->meta_key, f->meta_val, f->nmeta);
     free(f->t);
@@ -91,14 +95,19 @@ const char *zoff_st_path(const zoff_st_file *f) { return f->path; }
 int64_t zoff_st_file_bytes(const zoff_st_file *f) { return f->file_bytes; }
 size_t zoff_st_num_tensors(const zoff_st_file *f) { return f->n; }
 const zoff_st_tensor *zoff_st_tensor_at(const zoff_st_file *f, size_t i) { return i < f->n ? &f->t[i] : NULL; }
-size_t zoff_st_num_metadata(const zoff_st_file *f) { return f->nmeta; }
+/* Whose metadata a handle shows: its own, or a sharded model's first shard's. */
+static const zoff_st_file *meta_of(const zoff_st_file *f) { return f->nparts ? f->parts[0] : f; }
+
+size_t zoff_st_num_metadata(const zoff_st_file *f) { return meta_of(f)->nmeta; }
 
 void zoff_st_metadata_at(const zoff_st_file *f, size_t i, const char **key, const char **value) {
+    f = meta_of(f);
     *key = i < f->nmeta ? f->meta_key[i] : NULL;
     *value = i < f->nmeta ? f->meta_val[i] : NULL;
 }
 
 const char *zoff_st_metadata(const zoff_st_file *f, const char *key) {
+    f = meta_of(f);
     for (size_t i = 0; i < f->nmeta; i++)
         if (!strcmp(f->meta_key[i], key)) return f->meta_val[i];
     return NULL;
@@ -350,9 +359,116 @@ static zoff_status st_init(zoff_st_file *f) {
     return s;
 }
 
+/* A sharded model: its index (model.safetensors.index.json) and the shards it names. */
+static zoff_status open_index(const char *path, zoff_st_file *f) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "cannot open safetensors index %s: %s", path,
+                          strerror(errno));
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        return zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s: not valid JSON at line %d column %d: %s", path,
+                          je.line, je.column, je.text);
+    zoff_status s = ZOFF_OK;
+    json_t *wm = json_object_get(root, "weight_map");
+    const size_t nmap = json_is_object(wm) ? json_object_size(wm) : 0;
+    if (nmap == 0)
+        s = zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s: no \"weight_map\" of tensor names to shard files (not "
+                                        "a Hugging Face model.safetensors.index.json?)", path);
+    const char *shard[ZOFF_ST_MAX_SHARDS], *name;
+    size_t nshard = 0;
+    json_t *v;
+    json_object_foreach(wm, name, v) {
+        const char *file = json_string_value(v);
+        if (s != ZOFF_OK) break;
+        if (!file || !file[0] || strchr(file, '/')) {
+            s = zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s: tensor '%.*s' maps to %s; expected the name of a "
+                                            "shard file beside the index", path, ST_NAME_SHOWN, name,
+                           file ? file : "a value that is not a string");
+            break;
+        }
+        size_t k = 0;
+        while (k < nshard && strcmp(shard[k], file)) k++;
+        if (k < nshard) continue;
+        if (nshard == ZOFF_ST_MAX_SHARDS)
+            s = zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s names more than %d shard files", path,
+                           ZOFF_ST_MAX_SHARDS);
+        else shard[nshard++] = file;
+    }
+    const char *slash = strrchr(path, '/');
+    const int dirlen = slash ? (int)(slash - path) : 1;
+    const char *dir = slash ? path : ".";
+    if (s == ZOFF_OK && !(f->parts = calloc(nshard, sizeof *f->parts)))
+        s = zoff_error(ZOFF_ERR_NOMEM, "out of memory opening %s", path);
+    size_t total = 0;
+    for (size_t k = 0; s == ZOFF_OK && k < nshard; k++) {
+        char sp[4200];
+        snprintf(sp, sizeof sp, "%.*s/%s", dirlen, dir, shard[k]);
+        s = zoff_st_open(sp, &f->parts[k]);
+        if (s != ZOFF_OK) s = zoff_error_context(s, "shard of %s", path);
+        else f->nparts = k + 1, total += f->parts[k]->n, f->file_bytes += f->parts[k]->file_bytes;
+    }
+    if (s == ZOFF_OK && (!(f->t = calloc(total ? total : 1, sizeof *f->t)) ||
+                         !(f->by_name = calloc(total ? total : 1, sizeof *f->by_name))))
+        s = zoff_error(ZOFF_ERR_NOMEM, "out of memory opening %s", path);
+    for (size_t k = 0; s == ZOFF_OK && k < f->nparts; k++) /* each tensor where the map says */
+        for (size_t i = 0; s == ZOFF_OK && i < f->parts[k]->n; i++) {
+            const zoff_st_tensor *t = &f->parts[k]->t[i];
+            const char *mapped = json_string_value(json_object_get(wm, t->name));
+            if (!mapped || strcmp(mapped, shard[k]))
+                s = zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s: shard %s holds tensor '%.*s', which the index "
+                                                "maps to %s", path, shard[k], ST_NAME_SHOWN, t->name,
+                               mapped ? mapped : "no shard");
+            else if (!(f->t[f->n].name = strdup(t->name)))
+                s = zoff_error(ZOFF_ERR_NOMEM, "out of memory opening %s", path);
+            else {
+                const char *nm = f->t[f->n].name;
+                f->t[f->n] = *t;
+                f->t[f->n].name = nm;
+                f->t[f->n++].part = (int)k;
+            }
+        }
+    if (s == ZOFF_OK && f->n != nmap) /* a mapped tensor its shard does not hold (each is in at most one) */
+        json_object_foreach(wm, name, v) {
+            size_t k = 0;
+            while (k < f->nparts && strcmp(shard[k], json_string_value(v))) k++;
+            if (k < f->nparts && !zoff_st_find(f->parts[k], name)) {
+                s = zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s maps tensor '%.*s' to %s, which does not hold "
+                                                "it", path, ST_NAME_SHOWN, name, json_string_value(v));
+                break;
+            }
+        }
+    json_decref(root);
+    if (s != ZOFF_OK) return s;
+    for (size_t i = 0; i < f->n; i++) f->by_name[i] = i;
+    qsort_r(f->by_name, f->n, sizeof *f->by_name, cmp_by_name, f->t);
+    return ZOFF_OK;
+}
+
+static bool is_index_path(const char *path) {
+    size_t n = strlen(path), k = strlen(".index.json");
+    return n > k && !strcmp(path + n - k, ".index.json");
+}
+
 zoff_status zoff_st_open(const char *path, zoff_st_file **out) {
     *out = NULL;
     if (!path || !path[0]) return zoff_error(ZOFF_ERR_INVALID, "safetensors path is empty");
+    if (is_index_path(path)) {
+        zoff_st_file *f = calloc(1, sizeof *f);
+        if (!f || !(f->path = strdup(path))) {
+            free(f);
+            return zoff_error(ZOFF_ERR_NOMEM, "out of memory opening %s", path);
+        }
+        f->fd = -1;
+        zoff_status s = open_index(path, f);
+        if (s != ZOFF_OK) {
+            zoff_st_close(f);
+            return s;
+        }
+        *out = f;
+        return ZOFF_OK;
+    }
     zoff_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
@@ -400,12 +516,17 @@ zoff_status zoff_st_open_memory(const void *data, size_t size, const char *name,
     return ZOFF_OK;
 }
 
+/* The file that holds tensor t: f, or the shard of a sharded model. */
+static zoff_st_file *holder(zoff_st_file *f, const zoff_st_tensor *t) {
+    return f->nparts && t->part >= 0 && (size_t)t->part < f->nparts ? f->parts[t->part] : f;
+}
+
 zoff_status zoff_st_read(zoff_st_file *f, const zoff_st_tensor *t, void *dst, size_t bytes) {
     if (!t) return zoff_error(ZOFF_ERR_INVALID, "zoff_st_read: tensor is NULL (%s)", f->path);
     if ((uint64_t)t->bytes != bytes)
         return zoff_error(ZOFF_ERR_INVALID, "safetensors file %s: tensor '%.*s' is %" PRId64 " bytes; %zu requested",
                           f->path, ST_NAME_SHOWN, t->name, t->bytes, bytes);
-    return st_pread(f, dst, bytes, t->offset);
+    return st_pread(holder(f, t), dst, bytes, t->offset);
 }
 
 static float f64_to_f32(const uint8_t *p) {
@@ -431,6 +552,7 @@ zoff_status zoff_st_read_f32_range(zoff_st_file *f, const zoff_st_tensor *t, int
         return zoff_error(ZOFF_ERR_FORMAT, "safetensors file %s: tensor '%.*s' is %s; expected a float dtype (F32, "
                           "F16, BF16 or F64)", f->path, ST_NAME_SHOWN, t->name, zoff_st_dtype_name(t->dtype));
     size_t es = zoff_st_dtype_size(t->dtype);
+    f = holder(f, t);
     if (t->dtype == ZOFF_ST_F32) return st_pread(f, dst, (size_t)count * es, t->offset + first * (int64_t)es);
     uint8_t *buf = malloc(ST_CONV_ELEMS * es);
     if (!buf) return zoff_error(ZOFF_ERR_NOMEM, "out of memory converting '%s'", t->name);

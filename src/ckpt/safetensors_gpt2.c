@@ -344,8 +344,23 @@ int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap) {
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
     snprintf(file, cap, "%s/model.safetensors", path);
     if (stat(file, &st) == 0) return 1;
+    snprintf(file, cap, "%s/model.safetensors.index.json", path); /* a sharded model */
+    if (stat(file, &st) == 0) return 1;
     snprintf(file, cap, "%s", path);
     return -1;
+}
+
+void zoff_gpt2_st_folder_hint(const char *dir, char *buf, size_t cap) {
+    char f[4200];
+    struct stat st;
+    buf[0] = '\0';
+    snprintf(f, sizeof f, "%s/pytorch_model.bin", dir);
+    if (stat(f, &st) == 0)
+        snprintf(buf, cap,
+                 "; it holds pytorch_model.bin (PyTorch's pickle format), which zoff does not read: save it as "
+                 "safetensors first, e.g. GPT2LMHeadModel.from_pretrained('%s').save_pretrained(OUT, "
+                 "safe_serialization=True), then give OUT",
+                 dir);
 }
 
 /* "the file holds ...: use --num-layers ... " (for shape errors). */

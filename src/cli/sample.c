@@ -119,6 +119,10 @@ static zoff_status open_source(const char *load, const char *tokenizer, sample_s
     int r = zoff_gpt2_st_resolve(load, file, sizeof file);
     if (r == 1 || (r == 0 && stat(load, &st) == 0 && S_ISREG(st.st_mode)))
         return open_safetensors(file, tokenizer, src);
+    char hint[1024];
+    if (r < 0) zoff_gpt2_st_folder_hint(load, hint, sizeof hint);
+    if (r < 0 && hint[0])
+        return zoff_error(ZOFF_ERR_INVALID, "%s is neither a checkpoint nor holds model.safetensors%s", load, hint);
     if (tokenizer)
         return zoff_error(ZOFF_ERR_INVALID, "--tokenizer is for safetensors weights; a checkpoint records its own");
     zoff_train_meta meta;

@@ -106,10 +106,11 @@ static zoff_status init_from_file(const char *path, char *file, size_t cap) {
                           "from its weights, zoff export --load %s --format fp32 --output weights.safetensors, then "
                           "--init-from weights.safetensors",
                           path, (long long)step, path, path);
+    char hint[1024];
+    zoff_gpt2_st_folder_hint(path, hint, sizeof hint);
     return zoff_error(ZOFF_ERR_INVALID,
-                      "--init-from %s is a folder without model.safetensors: give the .safetensors file (zoff export "
-                      "writes one)",
-                      path);
+                      "--init-from %s is a folder without model.safetensors%s", path,
+                      hint[0] ? hint : ": give the .safetensors file (zoff export writes one)");
 }
 
 /* Everything that can be refused is checked here, before anything is written (the shards
