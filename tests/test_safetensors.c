@@ -440,6 +440,7 @@ static void test_sharded_index(void **state) {
         {"{\"weight_map\": {\"x\": \"m-1.safetensors\", \"y\": \"m-1.safetensors\", \"z\": \"m-3.safetensors\"}}",
          "m-3.safetensors"},
         {"{\"weight_map\": {\"x\": \"../m-1.safetensors\"}}", "expected the name of a shard file"},
+        {"{\"weight_map\": {\"x\": \"model.safetensors.index.json\"}}", "expected the name of a shard file"},
         {"{\"weight_map\": ", "not valid JSON"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

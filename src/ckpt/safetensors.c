@@ -359,6 +359,11 @@ static zoff_status st_init(zoff_st_file *f) {
     return s;
 }
 
+static bool is_index_path(const char *path) {
+    size_t n = strlen(path), k = strlen(".index.json");
+    return n > k && !strcmp(path + n - k, ".index.json");
+}
+
 /* A sharded model: its index (model.safetensors.index.json) and the shards it names. */
 static zoff_status open_index(const char *path, zoff_st_file *f) {
     struct stat st;
@@ -382,7 +387,7 @@ static zoff_status open_index(const char *path, zoff_st_file *f) {
     json_object_foreach(wm, name, v) {
         const char *file = json_string_value(v);
         if (s != ZOFF_OK) break;
-        if (!file || !file[0] || strchr(file, '/')) {
+        if (!file || !file[0] || strchr(file, '/') || is_index_path(file)) { /* not another index: no loops */
             s = zoff_error(ZOFF_ERR_FORMAT, "safetensors index %s: tensor '%.*s' maps to %s; expected the name of a "
                                             "shard file beside the index", path, ST_NAME_SHOWN, name,
                            file ? file : "a value that is not a string");
@@ -444,11 +449,6 @@ static zoff_status open_index(const char *path, zoff_st_file *f) {
     for (size_t i = 0; i < f->n; i++) f->by_name[i] = i;
     qsort_r(f->by_name, f->n, sizeof *f->by_name, cmp_by_name, f->t);
     return ZOFF_OK;
-}
-
-static bool is_index_path(const char *path) {
-    size_t n = strlen(path), k = strlen(".index.json");
-    return n > k && !strcmp(path + n - k, ".index.json");
 }
 
 zoff_status zoff_st_open(const char *path, zoff_st_file **out) {
