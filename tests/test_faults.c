@@ -643,21 +643,22 @@ static void test_cli_bad_meta(void **state) {
     char *meta = NULL;
     assert_int_equal(zoff_ckpt_read_blob(r, "meta", &meta, NULL), ZOFF_OK);
     static const struct {
-        const char *from, *to;
+        const char *from, *to, *says; /* says: in the message, where a particular one is expected */
     } edits[] = {
-        {"\"num_layers\": 2", "\"num_layers\": -3"},
-        {"\"num_layers\": 2", "\"num_layers\": 4611686018427387904"},
-        {"\"hidden_size\": 32", "\"hidden_size\": 0"},
-        {"\"num_heads\": 2", "\"num_heads\": 3"},
-        {"\"seq_len\": 16", "\"seq_len\": 0"},
-        {"\"seq_len\": 16", "\"seq_len\": 100000"},
-        {"\"vocab_size\": 256", "\"vocab_size\": -1"},
-        {"\"tokenizer\": \"byte\"", "\"tokenizer\": \"../../etc/passwd\""},
-        {"\"epoch\": 0", "\"epoch\": 9223372036854775807"},
-        {"\"window\": ", "\"window\": -7, \"x\": "},
-        {"\"format\": \"zoff-train-state\"", "\"format\": \"something-else\""},
-        {"\"step\": 2", "\"step\": -5"},
-        {"\"step\": 2", "\"step\": \"two\""},
+        {"\"num_layers\": 2", "\"num_layers\": -3", "the checkpoint's model: shape.num_layers is -3"},
+        {"\"num_layers\": 2", "\"num_layers\": 4611686018427387904",
+         "the checkpoint's model: shape.num_layers is 4611686018427387904"}, /* before any size is computed */
+        {"\"hidden_size\": 32", "\"hidden_size\": 0", "the checkpoint's model: shape.hidden_size is 0"},
+        {"\"num_heads\": 2", "\"num_heads\": 3", NULL},
+        {"\"seq_len\": 16", "\"seq_len\": 0", NULL},
+        {"\"seq_len\": 16", "\"seq_len\": 100000", NULL},
+        {"\"vocab_size\": 256", "\"vocab_size\": -1", "the checkpoint's model: shape.vocab_size is -1"},
+        {"\"tokenizer\": \"byte\"", "\"tokenizer\": \"../../etc/passwd\"", NULL},
+        {"\"epoch\": 0", "\"epoch\": 9223372036854775807", NULL},
+        {"\"window\": ", "\"window\": -7, \"x\": ", NULL},
+        {"\"format\": \"zoff-train-state\"", "\"format\": \"something-else\"", NULL},
+        {"\"step\": 2", "\"step\": -5", NULL},
+        {"\"step\": 2", "\"step\": \"two\"", NULL},
     };
     int tried = 0;
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
@@ -695,6 +696,7 @@ static void test_cli_bad_meta(void **state) {
         char *o = slurp(c.out);
         if (rc != 1 && rc != 2) fail_msg("meta with %s: exit %d (expected a refusal, 1 or 2): %s", edits[i].to, rc, o);
         assert_contains(o, "zoff train");
+        if (edits[i].says) assert_contains(o, edits[i].says);
         printf("meta with %s: exit %d: %.200s", edits[i].to, rc, strstr(o, "zoff train"));
         free(o);
         tried++;

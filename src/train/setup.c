@@ -116,6 +116,9 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
         ZOFF_TRY(trainer_check_resume(t));
         *sh = t->resume.shape;
         t->info.seq_len = t->resume.seq_len;
+        char who[4200]; /* metadata written by another tool or by hand: its sizes are checked before use */
+        snprintf(who, sizeof who, "--load %s: the checkpoint's model", t->o.load_dir);
+        ZOFF_TRY(zoff_gpt2_check_shape(sh, who, NULL));
     }
     if (sh->vocab_size < tok_vocab && file_vocab)
         return zoff_error(ZOFF_ERR_INVALID,
@@ -136,13 +139,13 @@ zoff_status trainer_resolve_shape(zoff_trainer *t) {
     if (t->info.seq_len > sh->max_seq_len)
         return zoff_error(ZOFF_ERR_INVALID, "--seq-length %lld exceeds --max-position-embeddings %lld",
                           (long long)t->info.seq_len, (long long)sh->max_seq_len);
-    if (sh->num_heads > sh->hidden_size || sh->hidden_size % sh->num_heads != 0)
+    if (sh->num_heads < 1 || sh->num_heads > sh->hidden_size || sh->hidden_size % sh->num_heads != 0)
         return zoff_error(ZOFF_ERR_INVALID,
                           "the model's width %lld is not divisible by its %lld attention heads (--hidden-size, "
                           "--num-attention-heads, or the config's model section): choose a head count that divides "
                           "the width",
                           (long long)sh->hidden_size, (long long)sh->num_heads);
-    return ZOFF_OK;
+    return zoff_gpt2_check_shape(sh, "model", NULL); /* every later check (memory, disk) sees sizes in bounds */
 }
 
 /* Host memory this job needs at least, checked before anything large is allocated: the buffer
