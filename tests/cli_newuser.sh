@@ -249,6 +249,32 @@ rc=$?
 check "--seq-length beyond the file's positions: exit 2, names them, not a flag not given" \
   "[ $rc -eq 2 ] && grep -q 'seq-length 32 exceeds the 16 positions of --init-from .*give --seq-length 16 or less' '$W/init_seq.err'"
 
+# A file whose tensors give a shape no model can have (a vocabulary of 0 rows): the error says so,
+# not "train with ... --vocab-size 0" (before: it suggested those flags, which are refused).
+"$PY" - "$W/hfdir/model.safetensors" "$W/novocab.safetensors" <<'PYNOVOCAB'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+meta = h.pop("__metadata__", None)
+data, out = b[8 + n:], b""
+for k in sorted(h, key=lambda k: h[k]["data_offsets"][0]):  # wte's rows dropped, the rest moved up
+    lo, hi = h[k]["data_offsets"]
+    if k.endswith("wte.weight"): h[k]["shape"][0], hi = 0, lo
+    h[k]["data_offsets"] = [len(out), len(out) + hi - lo]
+    out += data[lo:hi]
+if meta: h["__metadata__"] = meta
+t = json.dumps(h, separators=(",", ":")).encode()
+t += b" " * (-len(t) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(t)) + t + out)
+PYNOVOCAB
+"$ZOFF" train "${DATA[@]}" --train-iters 1 --init-from "$W/novocab.safetensors" --save "$W/init_novocab" \
+  >/dev/null 2>"$W/init_novocab.err"
+rc=$?
+check "a file of 0 vocabulary rows: exit 2, says no GPT-2 can be built of it, suggests no flags" \
+  "[ $rc -eq 2 ] && grep -q 'give no GPT-2 zoff can build (2 layers, width 32, 16 positions, vocabulary 0)' '$W/init_novocab.err' \
+   && ! grep -q 'train with' '$W/init_novocab.err' && [ ! -e '$W/init_novocab' ]"
+
 # ---- two runs into one --save folder (before: both trained; the second failed at its first save,
 # "step_00000004 already exists", both having appended to one metrics.jsonl). The first holds a
 # lock for its whole run; the second is refused at once; after a SIGKILL the folder is free.

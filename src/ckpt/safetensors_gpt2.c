@@ -115,11 +115,18 @@ static int param_shape(int64_t idx, const zoff_gpt2_shape *sh, zoff_gpt2_layout 
     return 2;
 }
 
+/* A file's sizes inside the model's own bounds (zoff_gpt2_shape_in_bounds; the head count, which no
+ * tensor's layout depends on, is not the file's to check here). */
+static bool file_shape_in_bounds(const zoff_gpt2_shape *in) {
+    zoff_gpt2_shape b = *in;
+    b.num_heads = 1;
+    b.padded_vocab_size = 0;
+    return zoff_gpt2_shape_in_bounds(&b);
+}
+
 static zoff_status check_model_shape(const zoff_gpt2_shape *in, zoff_gpt2_shape *out) {
     *out = *in;
-    if (in->num_layers < 1 || in->num_layers > ((int64_t)1 << 24) || in->hidden_size < 1 ||
-        in->hidden_size > ((int64_t)1 << 24) || in->max_seq_len < 1 || in->max_seq_len > ((int64_t)1 << 32) ||
-        in->vocab_size < 1 || in->vocab_size > ((int64_t)1 << 32))
+    if (!file_shape_in_bounds(in))
         return zoff_error(ZOFF_ERR_INVALID,
                           "GPT-2 shape out of range: %" PRId64 " layers, width %" PRId64 ", %" PRId64
                           " positions, vocabulary %" PRId64,
@@ -370,6 +377,13 @@ static void shape_hint(const zoff_st_file *f, const zoff_gpt2_shape *model, char
     zoff_status s = zoff_gpt2_st_infer_shape(f, &fs);
     zoff_clear_error();
     if (s != ZOFF_OK) return;
+    if (!file_shape_in_bounds(&fs)) { /* no flags would make a model of it */
+        snprintf(buf, cap,
+                 "; the file's tensors give no GPT-2 zoff can build (%" PRId64 " layers, width %" PRId64 ", %" PRId64
+                 " positions, vocabulary %" PRId64 ")",
+                 fs.num_layers, fs.hidden_size, fs.max_seq_len, fs.vocab_size);
+        return;
+    }
     int n = snprintf(buf, cap,
                      "; the file holds a GPT-2 with %" PRId64 " layers, width %" PRId64 ", %" PRId64
                      " positions, vocabulary %" PRId64 ", the model has %" PRId64 ", %" PRId64 ", %" PRId64
