@@ -23,6 +23,15 @@ check "metrics.jsonl has 6 step lines with loss, lr, grad_norm, tokens_per_s, st
 check "checkpoint step_00000006 is complete" "[ -f '$W/run/step_00000006/COMPLETE' ]"
 "$ZOFF" sample --load "$W/run" --max-new-tokens 20 --prompt "int " >"$W/sample.txt" 2>&1
 check "sample generates text" "[ \$? -eq 0 ] && [ \$(wc -c < '$W/sample.txt') -gt 4 ]"
+# no token asked: the prompt alone (the weights' upload once outlived their host copy here)
+"$ZOFF" sample --load "$W/run" --max-new-tokens 0 --prompt "int " >"$W/sample0.txt" 2>&1
+rc=$?
+check "sample --max-new-tokens 0 prints the prompt, exit 0" "[ $rc -eq 0 ] && [ \"\$(cat '$W/sample0.txt')\" = 'int ' ]"
+"$ZOFF" sample --load "$W/run" --max-new-tokens 12 --top-p 0.9 --top-k 0 --prompt "int " >"$W/sample_p.txt" 2>&1
+check "sample --top-p 0.9 generates text" "[ \$? -eq 0 ] && [ \$(wc -c < '$W/sample_p.txt') -gt 4 ]"
+"$ZOFF" sample --load "$W/run" --top-p 0 >"$W/sample_p0.txt" 2>&1
+rc=$?
+check "sample --top-p 0 is refused, exit 2, naming the flag" "[ $rc -eq 2 ] && grep -q -- '--top-p' '$W/sample_p0.txt'"
 
 # 2. exact resume: 3 steps, then resume to 6 == 6 straight (losses bit-identical)
 # (again with 4 KiB load pieces, ZOFF_TEST_CKPT_PIECE_BYTES: the load's pipeline over dozens of pieces per array)

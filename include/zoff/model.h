@@ -159,6 +159,19 @@ const void *zoff_gpt2_logits(zoff_gpt2 *m);
  * between steps). ready (may be NULL) is called as each contiguous range of gradients becomes final. */
 zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *ready_arg);
 
+/* ---- picking the next token (src/model/sample.c; zoff sample) ---- */
+typedef struct zoff_sample_options {
+    double temperature; /* softmax temperature; <= 0: greedy (the most likely token) */
+    int64_t top_k;      /* keep the top_k most likely tokens; 0 = all */
+    double top_p;       /* then the smallest most-likely set holding top_p of the probability; 1 = all */
+} zoff_sample_options;
+/* A generator state for zoff_sample_pick from a user's seed. */
+uint64_t zoff_sample_rng_init(uint64_t seed);
+/* A token drawn from softmax(logits[0..V) / temperature) restricted by top_k, then top_p (as
+ * Hugging Face's generate applies them; ties at a cut are kept); scratch holds V floats. */
+int32_t zoff_sample_pick(const float *logits, int64_t V, const zoff_sample_options *o, uint64_t *rng,
+                         float *scratch);
+
 #ifdef __cplusplus
 }
 #endif

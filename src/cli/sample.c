@@ -1,6 +1,5 @@
 /* zoff sample: generate text from a training checkpoint or from GPT-2 weights in safetensors
  * (zoff export's file or folder, a Hugging Face model folder). */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,57 +22,10 @@ static void sample_usage(FILE *f) {
             "  --max-new-tokens N      tokens to generate (default 200)\n"
             "  --temperature X         softmax temperature, 0 = greedy (default 0.8)\n"
             "  --top-k N               sample among the N most likely tokens, 0 = all (default 40)\n"
+            "  --top-p P               then among the fewest most likely tokens that hold P of the\n"
+            "                          probability (nucleus sampling), 1 = all (default 1)\n"
             "  --seed N                sampling seed (default 1)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n");
-}
-
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 2685821657736338717ull;
-}
-
-/* Pick a token from logits[0..V): temperature and top-k. */
-static int32_t pick(const float *logits, int64_t V, double temp, int64_t top_k, uint64_t *rng, float *scratch) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (temp <= 0) return (int32_t)best;
-    double thresh = -INFINITY;
-    if (top_k > 0 && top_k < V) { /* k-th largest by partial selection on a copy */
-        memcpy(scratch, logits, (size_t)V * sizeof(float));
-        int64_t lo = 0, hi = V - 1, k = top_k - 1; /* index of k-th largest in descending order */
-        while (lo < hi) {
-            float pv = scratch[(lo + hi) / 2];
-            int64_t i = lo, j = hi;
-            while (i <= j) {
-                while (scratch[i] > pv) i++;
-                while (scratch[j] < pv) j--;
-                if (i <= j) {
-                    float t = scratch[i];
-                    scratch[i] = scratch[j];
-                    scratch[j] = t;
-                    i++;
-                    j--;
-                }
-            }
-            if (k <= j) hi = j;
-            else if (k >= i) lo = i;
-            else break;
-        }
-        thresh = scratch[k];
-    }
-    double mx = logits[best], sum = 0;
-    for (int64_t i = 0; i < V; i++)
-        if (logits[i] >= thresh) sum += exp(((double)logits[i] - mx) / temp);
-    double u = (double)(rng_next(rng) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
-    for (int64_t i = 0; i < V; i++) {
-        if (logits[i] < thresh) continue;
-        acc += exp(((double)logits[i] - mx) / temp);
-        if (acc >= u) return (int32_t)i;
-    }
-    return (int32_t)best;
 }
 
 /* Where the weights come from: a checkpoint or a safetensors file, with the model's shape, its
@@ -144,7 +96,7 @@ static zoff_status read_weights(sample_source *src, const zoff_gpt2 *model, floa
 int zoff_cmd_sample(int argc, char **argv) {
     const char *load = NULL, *prompt = "", *device = NULL, *tokenizer = NULL;
     int64_t max_new = 200, top_k = 40, seed = 1;
-    double temp = 0.8;
+    double temp = 0.8, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -163,6 +115,13 @@ int zoff_cmd_sample(int argc, char **argv) {
         if (!strcmp(a, "--temperature")) {
             if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 100, &temp))
                 return 2;
+        } else if (!strcmp(a, "--top-p")) {
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 1, &top_p))
+                return 2;
+            if (top_p <= 0) {
+                fprintf(stderr, "zoff sample: --top-p: %s keeps no token; give a value in (0, 1] (1 = all)\n", v);
+                return 2;
+            }
         } else {
             cli_unknown_option("sample", a, sample_usage);
             return 2;
@@ -202,6 +161,9 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s == ZOFF_OK) s = read_weights(&src, model, w);
     zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
     if (s == ZOFF_OK) s = zoff_memcpy_async(st, zoff_gpt2_params(model), w, (size_t)n * sizeof(float), ZOFF_COPY_H2D);
+    if (s == ZOFF_OK) s = zoff_stream_synchronize(st); /* the copy reads w: wait for it before w goes */
+    zoff_aligned_free(w);
+    w = NULL;
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)T * sizeof(int32_t), "context tokens", (void **)&dtok);
     if (s == ZOFF_OK && (!(logits = malloc((size_t)Vp * sizeof(float))) || !(scratch = malloc((size_t)Vp * sizeof(float)))))
         s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
@@ -211,7 +173,8 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s == ZOFF_OK && ctx.n == 0) s = zoff_tokens_push(&ctx, '\n'); /* byte tokenizer, empty prompt */
     if (s != ZOFF_OK) goto done;
     fputs(prompt, stdout);
-    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+    uint64_t rng = zoff_sample_rng_init((uint64_t)seed);
+    const zoff_sample_options so = {.temperature = temp, .top_k = top_k, .top_p = top_p};
     for (int64_t k = 0; k < max_new; k++) {
         int64_t len = (int64_t)ctx.n < T ? (int64_t)ctx.n : T;
         const int32_t *win = ctx.ids + ctx.n - (size_t)len;
@@ -222,7 +185,7 @@ int zoff_cmd_sample(int argc, char **argv) {
                                   (size_t)Vp * sizeof(float), ZOFF_COPY_D2H);
         if (s == ZOFF_OK) s = zoff_stream_synchronize(st);
         if (s != ZOFF_OK) goto done;
-        int32_t id = pick(logits, V, temp, top_k, &rng, scratch);
+        int32_t id = zoff_sample_pick(logits, V, &so, &rng, scratch);
         if (id == eot) break;
         if ((s = zoff_tokens_push(&ctx, id)) != ZOFF_OK) goto done;
         size_t nb = 0;
@@ -237,6 +200,7 @@ done:
         fprintf(stderr, "zoff sample: %s\n", zoff_last_error());
         rc = cli_exit_code(s);
     }
+    if (st) zoff_stream_synchronize(st); /* no copy queued on it may outlive the buffers freed below */
     zoff_tokens_free(&ctx);
     free(logits);
     free(scratch);
