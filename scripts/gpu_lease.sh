@@ -145,7 +145,7 @@ fi
 
 # ------------------------------------------------------------------ saves while training (issue 20)
 if part ckpt; then
-[ "${GPU_BENCH_CKPT:-1}" = 0 ] || step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"
+[ "${GPU_BENCH_CKPT:-1}" = 0 ] || { mkdir -p "$W/ckpt" && step bench_ckpt 120 "$B/zoff" bench ckpt --rounds 3 --dir "$W/ckpt"; }
 # the staging update's cost against a plain update and the bound of keeping m and v in place (124M-sized)
 [ "${GPU_STAGING:-1}" = 0 ] || { [ -x "$B/staging_cost" ] && step staging_cost 60 "$B/staging_cost" 124475904 9; }
 if [ -n "${GPU_OVERLAP:-}" ]; then # other arguments for bench/ckpt_overlap.sh (runs split at ';'); @B@: the binaries

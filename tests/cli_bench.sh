@@ -72,12 +72,25 @@ if command -v fio >/dev/null; then
 else
     echo "skip - bench nvme: fio not installed"
 fi
+# --dir is the user's folder on the disk to measure: it must exist (a mistyped mount point is an
+# error, not another disk measured), and only the benchmark's own folder in it is removed afterwards
+mkdir "$W/ckpt" && echo keep > "$W/ckpt/user-file"
+"$ZOFF" bench ckpt --dir "$W/no-such-dir" --rounds 1 > "$W/nodir.txt" 2>&1
+rc=$?
+check "bench ckpt --dir missing: exit 2, named, not created" \
+    "[ $rc -eq 2 ] && grep -q 'no-such-dir: no such directory' '$W/nodir.txt' && [ ! -e '$W/no-such-dir' ]"
+"$ZOFF" bench nvme --dir "$W/no-such-dir" --rounds 1 > "$W/nodir.txt" 2>&1
+rc=$?
+check "bench nvme --dir missing: exit 2, named, not created" \
+    "[ $rc -eq 2 ] && grep -q 'no-such-dir: no such directory' '$W/nodir.txt' && [ ! -e '$W/no-such-dir' ]"
 "$ZOFF" bench ckpt --dir "$W/ckpt" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --vocab-size 256 \
     --max-position-embeddings 16 --rounds 3 --json > "$W/ckpt.json" 2>"$W/ckpt.err" \
     && check_cmp "bench ckpt --json: save, load, export, import against the bound, paired" "$W/ckpt.json" \
        '[d[k] for k in ("save", "load", "export", "import")]' \
     || bad "bench ckpt: $(tail -3 "$W/ckpt.err")"
-"$ZOFF" bench adam --params 20k --threads 1 --iters 1 --repeats 3 --mode fp32-grads --json > "$W/adam.json" 2>&1 \
+check "bench ckpt leaves --dir as it found it (the user's file kept, its own folder gone)" \
+    "[ \"\$(ls -A '$W/ckpt')\" = user-file ] && [ \"\$(cat '$W/ckpt/user-file')\" = keep ]"
+"$ZOFF" bench adam --params 20k --threads 1 --iters 1 --rounds 3 --mode fp32-grads --json > "$W/adam.json" 2>&1 \
     && check_cmp "bench adam --json: each mode against the bound, paired" "$W/adam.json" 'd["modes"]' \
     || bad "bench adam: $(cat "$W/adam.json")"
 

@@ -10,7 +10,7 @@ ok() { echo "ok   - $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
 
 for opt in adamw adam adagrad lion; do
-    out=$("$ZOFF" bench adam --params 50k --threads 2 --iters 1 --repeats 2 --optimizer "$opt" --json 2>&1)
+    out=$("$ZOFF" bench adam --params 50k --threads 2 --iters 1 --rounds 2 --optimizer "$opt" --json 2>&1)
     rc=$?
     if [ $rc -ne 0 ]; then bad "$opt: exit $rc: $out"; continue; fi
     if /usr/bin/python3 - "$opt" "$out" <<'PY'
@@ -31,7 +31,7 @@ PY
 done
 
 for p in scalar avx2 avx512; do
-    out=$("$ZOFF" bench adam --params 20k --iters 1 --repeats 1 --simd "$p" --mode bf16-states 2>&1)
+    out=$("$ZOFF" bench adam --params 20k --iters 1 --rounds 1 --simd "$p" --mode bf16-states 2>&1)
     rc=$?
     if [ $rc -eq 0 ]; then
         echo "$out" | grep -q "bf16-states" && ok "--simd $p table" || bad "--simd $p: no table: $out"
@@ -42,7 +42,7 @@ for p in scalar avx2 avx512; do
     fi
 done
 
-out=$("$ZOFF" bench adam --params 20k --iters 1 --repeats 1 --latency 2>&1) && echo "$out" | grep -q "threaded us" \
+out=$("$ZOFF" bench adam --params 20k --iters 1 --rounds 1 --latency 2>&1) && echo "$out" | grep -q "threaded us" \
     && ok "--latency table" || bad "--latency: $out"
 
 for args in "--bogus" "--params 0" "--params 12x" "--mode nope" "--optimizer sgd" "--simd sse9" "--threads"; do

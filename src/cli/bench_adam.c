@@ -53,7 +53,7 @@ static void usage(FILE *f) {
             "  --params N        parameters (default 100M; k, M, G suffixes are decimal)\n"
             "  --threads T       threads (default: $ZOFF_THREADS, $OMP_NUM_THREADS, all cores)\n"
             "  --iters K         optimizer steps per measurement (default 5)\n"
-            "  --repeats R       rounds of bound/mode pairs (default 5)\n"
+            "  --rounds R        rounds of bound/mode pairs (default 5; --repeats R is the same)\n"
             "  --optimizer NAME  adamw (default), adam (L2), adagrad, lion\n"
             "  --simd PATH       scalar, avx2, avx512, avx512-nobf16, neon (default: best)\n"
             "  --mode NAME       only this mode (repeatable): fp32-grads, bf16-grads+bf16-copy,\n"
@@ -264,7 +264,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
         char flag[64];
         snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
         bool takes = !strcmp(flag, "--params") || !strcmp(flag, "--threads") || !strcmp(flag, "--iters") ||
-                     !strcmp(flag, "--repeats") || !strcmp(flag, "--optimizer") || !strcmp(flag, "--simd") ||
+                     !strcmp(flag, "--rounds") || !strcmp(flag, "--repeats") || !strcmp(flag, "--optimizer") || !strcmp(flag, "--simd") ||
                      !strcmp(flag, "--mode");
         if (takes) {
             if (eq) val = eq + 1;
@@ -285,7 +285,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
             if (!parse_count(flag, val, 0, 4096, &dthreads)) return 2;
         } else if (!strcmp(flag, "--iters")) {
             if (!parse_count(flag, val, 1, 1e6, &diters)) return 2;
-        } else if (!strcmp(flag, "--repeats")) {
+        } else if (!strcmp(flag, "--rounds") || !strcmp(flag, "--repeats")) {
             if (!parse_count(flag, val, 1, MAX_REPEATS, &drepeats)) return 2;
         } else if (!strcmp(flag, "--optimizer")) {
             optname = val;

@@ -45,7 +45,9 @@ static void usage(FILE *f) {
             "Checkpoint save/load and safetensors export/import throughput against the disk's\n"
             "sequential bandwidth (O_DIRECT and buffered, measured in the same run, interleaved).\n"
             "\n"
-            "  --dir DIR                   where to write (default out/bench-ckpt; removed afterwards)\n"
+            "  --dir DIR                   an existing folder on the disk to measure (default: the current\n"
+            "                              one); all is written in a new folder zoff-bench-ckpt.* there,\n"
+            "                              removed afterwards\n"
             "  --num-layers N              GPT-2 shape (default 12: GPT-2 124M)\n"
             "  --hidden-size N             (default 768)\n"
             "  --num-attention-heads N     (default 12)\n"
@@ -248,11 +250,18 @@ static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64
 }
 
 int zoff_cmd_bench_ckpt(int argc, char **argv) {
-    const char *dir = "out/bench-ckpt";
+    const char *dir = ".";
     int64_t L = 12, C = 768, NH = 12, V = 50257, P = 1024, rounds = 5;
     bool json_out = false;
     int prc = parse_args(argc, argv, &dir, &L, &C, &NH, &V, &P, &rounds, &json_out);
     if (prc) return prc < 0 ? 0 : prc;
+    if (cli_bench_dir("bench ckpt", dir)) return 2;
+    char work[4200]; /* the benchmark's own folder in --dir: the only thing it writes and removes */
+    snprintf(work, sizeof work, "%s/zoff-bench-ckpt.XXXXXX", dir);
+    if (!mkdtemp(work)) {
+        fprintf(stderr, "zoff bench ckpt: cannot create a folder in %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
     zoff_gpt2_shape shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = P, .vocab_size = V};
     const char *json = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true},"
                        " \"optimizer\": {\"type\": \"AdamW\"},"
@@ -264,10 +273,10 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
     zoff_engine *eng = NULL;
     float *w = NULL, *rd = NULL;
     void *iobuf = NULL;
-    char ckdir[4200], bound[4200], stf[4200], step_dir[4300];
-    snprintf(ckdir, sizeof ckdir, "%s/ckpt", dir);
-    snprintf(bound, sizeof bound, "%s/bound.bin", dir);
-    snprintf(stf, sizeof stf, "%s/model.safetensors", dir);
+    char ckdir[4300], bound[4300], stf[4300], step_dir[4400];
+    snprintf(ckdir, sizeof ckdir, "%s/ckpt", work);
+    snprintf(bound, sizeof bound, "%s/bound.bin", work);
+    snprintf(stf, sizeof stf, "%s/model.safetensors", work);
     zoff_status s = zoff_config_load_string(json, "bench config", &cfg);
     if (s == ZOFF_OK) s = zoff_config_resolve_batch(&cfg, 1);
     zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU};
@@ -290,8 +299,6 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
                                   .init_params = w};
         s = zoff_engine_create(&eo, &eng);
     }
-    if (s == ZOFF_OK && mkdir(dir, 0755) != 0 && errno != EEXIST)
-        s = zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
     cli_meta meta = {.step = 1, .shape = *(s == ZOFF_OK ? zoff_gpt2_get_shape(m) : &shape), .seq_len = 1};
     snprintf(meta.tokenizer, sizeof meta.tokenizer, "gpt2");
     double t[M_COUNT][MAX_ROUNDS] = {{0}};
@@ -362,7 +369,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
         if (s == ZOFF_OK && !same_weights(w, rd, n, zoff_gpt2_get_shape(m)))
             s = zoff_error(ZOFF_ERR_INTERNAL, "bench ckpt: the imported weights differ from the exported ones");
     }
-    rmtree(dir);
+    rmtree(work);
     zoff_aligned_free(w);
     zoff_aligned_free(rd);
     zoff_aligned_free(iobuf);

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 bool cli_parse_i64(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max, int64_t *out) {
     char *end = NULL;
@@ -223,4 +225,18 @@ int cli_table_flags(const char *cmd, const cli_flag_tables *t, char *name, size_
             took = 1;
         }
     return took;
+}
+
+int cli_bench_dir(const char *cmd, const char *dir) {
+    struct stat st;
+    const char *why = NULL;
+    if (stat(dir, &st) != 0) why = errno == ENOENT ? "no such directory" : strerror(errno);
+    else if (!S_ISDIR(st.st_mode)) why = "not a directory";
+    else if (access(dir, W_OK | X_OK) != 0) why = "not writable";
+    if (!why) return 0;
+    fprintf(stderr,
+            "zoff %s: --dir %s: %s; give an existing folder on the disk to measure (it is not created, so that a "
+            "mistyped mount point does not measure another disk)\n",
+            cmd, dir, why);
+    return 2;
 }

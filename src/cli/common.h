@@ -34,6 +34,10 @@ void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *))
 const char *cli_nearest_name(const char *typed, const char *const *names, size_t n, size_t min_prefix);
 /* Exit code for a failing status: bad input or config -> 2, a runtime failure -> 1. */
 int cli_exit_code(zoff_status s);
+/* A benchmark's --dir: an existing, writable directory, never created (a mistyped mount point
+ * would silently measure another disk). 0, or prints why, naming the command and the folder, and
+ * returns 2. */
+int cli_bench_dir(const char *cmd, const char *dir);
 
 /* Flags that take a value, as tables: a string, or an integer within [min, max]. */
 typedef struct cli_string_flag {
