@@ -63,9 +63,10 @@ run_mode() {
   local m="$1"; shift
   "$@" "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $N --save "$W/$m.S" >"$W/$m.S.txt" 2>&1 ||
     { bad "$m: straight run failed"; tail -5 "$W/$m.S.txt"; return; }
-  "$@" "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $N --save "$W/$m.B" --save-interval 1 >"$W/$m.B.txt" 2>&1
-  check "$m: checkpoints after every step leave the run as it was (metrics, final checkpoint)" \
-    "same_run '$W/$m.S' 0 '$W/$m.B'"
+  "$@" "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $N --save "$W/$m.B" --save-interval 1 \
+    --eval-interval 1 >"$W/$m.B.txt" 2>&1
+  check "$m: checkpoints and validation after every step leave the run as it was (metrics, final checkpoint)" \
+    "same_run '$W/$m.S' 0 '$W/$m.B' && [ -n \"\$(val_at '$W/$m.B' $((N - 1)))\" ]"
   local k pieces=() # one rank: resumed through 4 KiB load pieces (the load's pipeline, many pieces per array)
   [ $# -eq 0 ] && pieces=(env ZOFF_TEST_CKPT_PIECE_BYTES=4096)
   for k in $RESUME; do
@@ -89,6 +90,18 @@ check "delayed fp16: the straight run skipped steps" "grep -q '\"skipped\":true'
 check "delayed fp16: and took some" "grep -q '\"skipped\":false' '$W/delayed_fp16.S/metrics.jsonl'"
 check "speculative: the straight run rolled back (rollbacks counted across the resume)" \
   "grep -q '\"rollbacks\":[1-9]' '$W/speculative.S/metrics.jsonl'"
+
+# validation between steps (--eval-interval, run B) reads the weights the next forward uses: those
+# of the last update, or with the delayed update those of the one before (that of step k - 1 at
+# step k); a run that ends there validates them after training
+val_of() { val_at "$1" "$2" | sed 's/.*"val_loss"://'; }
+for m in exact pipelined twinflow nvme delayed; do
+  k=3 e=3 # validated at step k of run B; the reference run ends at step e
+  [ $m = delayed ] && k=4 e=3
+  "$ZOFF" train "${TINY[@]}" --config "$W/$m.json" --train-iters $e --save "$W/$m.V" --no-checkpoint >/dev/null 2>&1
+  check "$m: validation at step $k between steps == after a run of $e steps" \
+    "[ -n \"\$(val_of '$W/$m.V' $e)\" ] && [ \"\$(val_of '$W/$m.B' $k)\" = \"\$(val_of '$W/$m.V' $e)\" ]"
+done
 
 # what the delayed checkpoints hold: the device weights only while an update's weights are pending
 meta() { grep -a -o '"weights_pending": [a-z]*' "$W/delayed.B/step_$(printf %08d $1)/rank_00000.zckpt"; }

@@ -54,6 +54,10 @@ rc=$?
 check "unknown config key exits 2" "[ $rc -eq 2 ]"
 check "message names zero_optimization.bogus_key" "grep -q 'zero_optimization.bogus_key' '$W/err.txt'"
 check "nothing written for a bad config" "[ ! -e '$W/badcfg' ]"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --eval-interval 2 --save "$W/evalint" >"$W/err.txt" 2>&1
+rc=$?
+check "--eval-interval with --eval-iters 0: exit 2, naming both, nothing written" \
+  "[ $rc -eq 2 ] && grep -q -- '--eval-interval.*--eval-iters is 0' '$W/err.txt' && [ ! -e '$W/evalint' ]"
 
 # 4. batch contradiction
 echo '{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}' > "$W/contra.json"

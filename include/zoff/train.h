@@ -219,6 +219,7 @@ typedef struct zoff_trainer_options {
     int64_t num_layers, hidden_size, num_heads, seq_length, max_pos, vocab_size;
     int64_t micro_batch;        /* overrides train_micro_batch_size_per_gpu (0 = no) */
     int64_t train_iters, eval_iters, save_interval, keep_last;
+    int64_t eval_interval;      /* also evaluate every eval_interval steps (0: before and after training only) */
     const char *save_dir, *load_dir, *init_from, *data_path, *val_path;
     const char *tokenizer;      /* "gpt2" or "byte" (a checkpoint's own wins on --load) */
     const char *default_data_dir; /* where the default corpus is built (no data_path) */
@@ -320,6 +321,11 @@ zoff_status zoff_trainer_save_periodic(zoff_trainer *t);
  * below train_iters: the last step has the final save), -1 if none. The training loop saves when
  * it is the current step. */
 int64_t zoff_trainer_next_save(const zoff_trainer *t);
+/* Whether the training loop evaluates at the current step: a multiple of eval_interval below
+ * train_iters (the last step has the evaluation after training), with validation data.
+ * zoff_trainer_evaluate between steps does not change the run: it reads the weights the next
+ * step's forward uses (with the delayed update, those of the update before the last). */
+bool zoff_trainer_eval_due(const zoff_trainer *t);
 #ifdef __cplusplus
 }
 #endif

@@ -52,6 +52,8 @@ static void train_usage(FILE *f) {
             "  --train-iters N             optimizer steps                (default 200)\n"
             "  --eval-iters N              validation batches before and after training, the same sequences\n"
             "                              whatever the number of ranks (default 20; 0 = none)\n"
+            "  --eval-interval N           also validate every N steps (val_loss lines in metrics.jsonl;\n"
+            "                              default: only before and after training)\n"
             "  --data-path PATTERN         training shards (.bin file, directory or glob; see zoff tokenize)\n"
             "  --val-path PATTERN          validation shards (default: the last 5%% of --data-path)\n"
             "  --tokenizer gpt2|byte       tokenizer of the default corpus (default gpt2)\n"
@@ -118,6 +120,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
                                     {"--data-path", &o->data_path}, {"--val-path", &o->val_path}};
     const cli_int_flag ints[] = {{"--train-iters", 0, INT64_MAX / 2, &o->train_iters},
                                  {"--eval-iters", 0, 1 << 20, &o->eval_iters},
+                                 {"--eval-interval", 1, INT64_MAX / 2, &o->eval_interval},
                                  {"--save-interval", 1, INT64_MAX / 2, &o->save_interval},
                                  {"--keep-last", 1, 1 << 20, &o->keep_last},
                                  {"--seed", 0, INT64_MAX, &seed}};
@@ -166,6 +169,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
     }
     o->seed = (uint64_t)seed;
+    if (o->eval_interval && !o->eval_iters) {
+        fprintf(stderr, "zoff train: --eval-interval validates on --eval-iters batches, but --eval-iters is 0; give "
+                        "--eval-iters N (N > 0) or drop --eval-interval\n");
+        return 2;
+    }
     if (o->no_checkpoint && (o->save_interval || o->keep_last)) {
         fprintf(stderr, "zoff train: --no-checkpoint writes no checkpoint, so %s has nothing to do; drop one of them\n",
                 o->save_interval ? "--save-interval" : "--keep-last");
@@ -299,6 +307,14 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         print_step(&p, in, &r);
         if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
             return fail(s);
+        if (zoff_trainer_eval_due(t)) {
+            double val = NAN;
+            if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail(s);
+            if (!o->quiet) {
+                if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
+                fprintf(stderr, "step %lld validation loss %.4f\n", (long long)in->step, val);
+            }
+        }
     }
     if (p.tty && in->step < o->train_iters) fputc('\n', stderr);
     double train_time = zoff_now() - p.t_start;

@@ -62,8 +62,8 @@ zoff_status trainer_load_config(zoff_trainer *t) {
         const char *str[] = {o->data_path, o->val_path, o->tokenizer, o->save_dir, o->load_dir, o->init_from};
         for (size_t i = 0; i < sizeof str / sizeof str[0]; i++)
             h = str[i] ? zoff_fnv1a(h, str[i], strlen(str[i]) + 1) : zoff_fnv1a(h, "", 1);
-        int64_t nums[] = {(int64_t)o->seed, o->train_iters, o->eval_iters, o->save_interval, o->keep_last,
-                          o->no_checkpoint};
+        int64_t nums[] = {(int64_t)o->seed, o->train_iters, o->eval_iters, o->eval_interval, o->save_interval,
+                          o->keep_last, o->no_checkpoint};
         h = zoff_fnv1a(h, nums, sizeof nums);
         s = zoff_comm_check_same(t->comm, h, "the command line (data, seed, iterations, save, load)");
         if (s != ZOFF_OK) return zoff_error_context(s, "data parallel");

@@ -280,6 +280,11 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
 
 static int64_t snapshot_budget(const zoff_trainer *t);
 
+bool zoff_trainer_eval_due(const zoff_trainer *t) {
+    const int64_t ei = t->o.eval_interval, step = t->info.step;
+    return ei > 0 && t->info.eval_iters > 0 && step > 0 && step % ei == 0 && step < t->o.train_iters;
+}
+
 int64_t zoff_trainer_next_save(const zoff_trainer *t) {
     const int64_t si = t->o.save_interval;
     if (si <= 0) return -1;
