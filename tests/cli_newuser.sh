@@ -171,7 +171,13 @@ train, a --save that is a file|noshards.txt is a file, not a directory|train "${
 train, a --save under a file|noshards.txt|train "${TINY[@]}" --train-iters 1 --save "$W/noshards.txt/pathout"
 export, an --output in a folder that is not there|nofolder|export --load "$W/planrun0" --output "$W/nofolder/pathout.safetensors"
 tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --tokenizer byte --output-prefix "$W/nofolder/pathout" "$SRC/README.md"
+export, an --output folder (ending in /) that is a file|noshards.txt/ names a folder, but|export --load "$W/planrun0" --output "$W/noshards.txt/"
+export, an --output in a folder that is not there, said before a missing --load|nofolder|export --load "$W/noload" --output "$W/nofolder/x.safetensors"
+plan, a --write-config in a folder that is not there|nofolder|plan --write-config "$W/nofolder/plan.json"
 EOF_CASES
+"$ZOFF" plan --write-config "$W/nofolder/plan.json" >"$W/path.out" 2>&1
+check "plan --write-config in a folder that is not there: said before any planning (no table printed)" \
+  "[ \$(grep -c . '$W/path.out') -eq 1 ] && grep -q 'output directory .*nofolder does not exist' '$W/path.out'"
 
 # ---- a step that is not there: the error lists the steps that are (before: only "No such file")
 "$ZOFF" export --load "$W/planrun0" --step 3 --output "$W/pathout" >/dev/null 2>"$W/step.err"

@@ -110,6 +110,10 @@ const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen);
  * error when `dir_sync_required`, else ignored (the rename is done). On failure
  * `path` is as it was and no temp file is left. */
 zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required);
+/* The folder an output file `path` goes in exists and is writable (checked before any work, so
+ * that a wrong path fails at once): ZOFF_OK, or ZOFF_ERR_INVALID (not there, not a folder: what
+ * to do) or the errno's status (not writable), naming the folder. */
+zoff_status zoff_check_output_parent(const char *path);
 
 /* ---- CPU features ---- */
 typedef struct zoff_cpu_features {

@@ -200,6 +200,17 @@ int zoff_cmd_export(int argc, char **argv) {
         return 2;
     }
 
+    { /* where it goes, before any reading: a folder --output names is created (one level), a file's must exist */
+        char where[4200];
+        snprintf(where, sizeof where, "%.*s%s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output,
+                 dir_mode && is_dir(output) ? "/model.safetensors" : "");
+        struct stat st;
+        zoff_status s = dir_mode && !is_dir(where) && stat(where, &st) == 0
+                            ? zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give "
+                                                           "another --output", output, where)
+                            : zoff_check_output_parent(where);
+        if (s != ZOFF_OK) return fail("--output", s);
+    }
     /* the checkpoint: a root, a step directory, or root + --step */
     char stepdir[4096];
     if (step >= 0) {

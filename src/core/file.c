@@ -131,3 +131,20 @@ zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char
     *n = cnt;
     return ZOFF_OK;
 }
+
+zoff_status zoff_check_output_parent(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    const char *dir = dirname(copy);
+    struct stat st;
+    zoff_status s = ZOFF_OK;
+    if (stat(dir, &st) != 0)
+        s = zoff_error(ZOFF_ERR_INVALID, "output directory %s does not exist; create it (mkdir -p %s)", dir, dir);
+    else if (!S_ISDIR(st.st_mode))
+        s = zoff_error(ZOFF_ERR_INVALID, "%s, where the output %s would go, is not a directory", dir, path);
+    else if (access(dir, W_OK | X_OK) != 0)
+        s = zoff_error(zoff_status_of_path_errno(errno), "output directory %s is not writable: %s", dir,
+                       strerror(errno));
+    free(copy);
+    return s;
+}

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,20 +194,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
         if (!S_ISREG(st.st_mode)) return zoff_error(ZOFF_ERR_INVALID, "input %s is not a regular file", files[i]);
         if (access(files[i], R_OK) != 0) return zoff_error(zoff_status_of_path_errno(errno), "input %s: %s", files[i], strerror(errno));
     }
-    {
-        char *copy = strdup(opt->output_prefix);
-        if (!copy) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
-        const char *dir = dirname(copy);
-        struct stat st;
-        zoff_status s = ZOFF_OK;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            s = zoff_error(ZOFF_ERR_INVALID, "output directory %s does not exist; create it (mkdir -p %s)", dir, dir);
-        else if (access(dir, W_OK) != 0)
-            s = zoff_error(zoff_status_of_path_errno(errno), "output directory %s is not writable: %s", dir,
-                           strerror(errno));
-        free(copy);
-        ZOFF_TRY(s);
-    }
+    ZOFF_TRY(zoff_check_output_parent(opt->output_prefix));
 
     double t0 = zoff_now();
     u16vec all = {0};
