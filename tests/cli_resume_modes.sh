@@ -8,7 +8,7 @@
 # checkpoint, byte for byte. Modes: exact (optimizer on the device), pipelined (offload, one
 # rank), delayed update (saves in and right after its warm-up; fp16 loss scaling with skipped
 # steps; a final save then --load), speculative (super_offload, with rollbacks), Twin-Flow ratio,
-# NVMe offload; gradient accumulation 2 throughout; the delayed update on 2 ranks when MPI is
+# NVMe offload; OneCycle's lr and momentum (speculative and delayed); gradient accumulation 2 throughout; the delayed update on 2 ranks when MPI is
 # there. Also: a delayed checkpoint of the previous format still loads, with its warning. The
 # one-rank resumes load through 4 KiB pieces (ZOFF_TEST_CKPT_PIECE_BYTES): the load's pipeline.
 # Usage: cli_resume_modes.sh ZOFF SRCDIR
@@ -41,6 +41,11 @@ cfg speculative '{"stage": 2, "offload_optimizer": {"device": "cpu", "super_offl
 cfg twinflow '{"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}'
 cfg twinflow_delayed "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}, $DPU}"
 cfg nvme "{\"stage\": 1, $NV}"
+# OneCycle: the lr and the momentum (the betas) change every step of the cycle, then stay
+OC='"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2,
+    "cycle_first_step_size": 2, "cycle_min_mom": 0.8, "cycle_max_mom": 0.95, "decay_step_size": 1, "decay_lr_rate": 0.5}},'
+cfg onecycle_speculative '{"stage": 2, "offload_optimizer": {"device": "cpu", "super_offload": true}}' "$BF16 $OC" 1.5
+cfg onecycle_delayed "{\"stage\": 2, $CPU, $DPU}" "$BF16 $OC"
 cfg nvme_delayed "{\"stage\": 2, $NV, $DPU}"
 
 # the per-step metrics that must not change, from step $2 on
@@ -84,6 +89,8 @@ for m in exact pipelined speculative twinflow nvme; do RESUME="3" run_mode $m; d
 RESUME="2 3 4" run_mode delayed
 RESUME="3" run_mode twinflow_delayed
 RESUME="3" run_mode nvme_delayed
+RESUME="2 3 5" run_mode onecycle_speculative
+RESUME="3 5" run_mode onecycle_delayed
 # fp16: steps 1 and 5 overflow and are skipped (warm-up 1 counts taken steps: step 2 is undelayed)
 RESUME="1 2 3 4 5" run_mode delayed_fp16
 check "delayed fp16: the straight run skipped steps" "grep -q '\"skipped\":true' '$W/delayed_fp16.S/metrics.jsonl'"

@@ -56,6 +56,17 @@ check "message names zero_optimization.bogus_key" "grep -q 'zero_optimization.bo
 check "nothing written for a bad config" "[ ! -e '$W/badcfg' ]"
 "$ZOFF" train "${TINY[@]}" --eval-iters 0 --eval-interval 2 --save "$W/evalint" >"$W/err.txt" 2>&1
 rc=$?
+# OneCycle's momentum after the cycle, grown past 1 by decay_mom_rate before the last step: refused at start
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+  "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3, "cycle_first_step_size": 1,
+  "decay_step_size": 1, "decay_mom_rate": 0.05}}, "zero_optimization": {"stage": 0}}' > "$W/mom.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/mom.json" --train-iters 6 --save "$W/mom" >"$W/mom.txt" 2>&1
+rc=$?
+check "OneCycle whose momentum reaches 1 by step 6 (0.9 x 1.15): exit 2, names decay_mom_rate and the step, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'decay_mom_rate 0.05 takes .* to 1.035 by optimizer step 6' '$W/mom.txt' && [ ! -e '$W/mom' ]"
+"$ZOFF" train "${TINY[@]}" --config "$W/mom.json" --train-iters 4 --save "$W/mom3" >"$W/mom.txt" 2>&1
+check "... and 4 steps of it run (momentum 0.8 at the start and the lr's peak, 0.9 at the cycle's end, then 0.945), beta1 in the metrics" \
+  "[ \$? -eq 0 ] && [ \"\$(grep -o '\"beta1\":[0-9.]*' '$W/mom3/metrics.jsonl' | tr '\n' ' ')\" = '\"beta1\":0.800000 \"beta1\":0.800000 \"beta1\":0.900000 \"beta1\":0.945000 ' ]"
 check "--eval-interval with --eval-iters 0: exit 2, naming both, nothing written" \
   "[ $rc -eq 2 ] && grep -q -- '--eval-interval.*--eval-iters is 0' '$W/err.txt' && [ ! -e '$W/evalint' ]"
 

@@ -528,8 +528,22 @@ static void test_out_of_range(void **state) {
     expect_error("{'optimizer': {'params': {'lr': 0.1}}}", "optimizer.type", "is required");
     expect_error("{'optimizer': {'type': 'Adam', 'params': {'amsgrad': true}}}", "optimizer.params.amsgrad",
                  "unsupported");
-    expect_error("{'scheduler': {'type': 'OneCycle'}}", "scheduler.type", "\"OneCycle\" is not allowed",
-                 "\"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\"");
+    expect_error("{'scheduler': {'type': 'CyclicLR'}}", "scheduler.type", "\"CyclicLR\" is not allowed",
+                 "\"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", \"OneCycle\", \"LRRangeTest\"");
+    expect_error("{'scheduler': {'type': 'OneCycle', 'params': {'cycle_max_lr': 0.1}}}",
+                 "scheduler.params.cycle_min_lr", "is required by OneCycle");
+    expect_error("{'scheduler': {'type': 'OneCycle', 'params': {'cycle_min_lr': 0.1}}}",
+                 "scheduler.params.cycle_max_lr", "is required by OneCycle");
+    expect_error("{'scheduler': {'type': 'OneCycle', 'params': {'cycle_min_lr': 0, 'cycle_max_lr': 1, "
+                 "'cycle_max_mom': 1.0}}}", "scheduler.params.cycle_max_mom");
+    expect_error("{'scheduler': {'type': 'OneCycle', 'params': {'cycle_min_lr': 0, 'cycle_max_lr': 1, "
+                 "'cycle_first_step_size': 0}}}", "scheduler.params.cycle_first_step_size");
+    expect_error("{'scheduler': {'type': 'LRRangeTest', 'params': {'cycle_min_lr': 0}}}",
+                 "scheduler.params.cycle_min_lr"); /* OneCycle's, not LRRangeTest's */
+    expect_error("{'scheduler': {'type': 'WarmupLR', 'params': {'lr_range_test_step_size': 5}}}",
+                 "scheduler.params.lr_range_test_step_size");
+    expect_error("{'scheduler': {'type': 'LRRangeTest', 'params': {'lr_range_test_step_size': 0}}}",
+                 "scheduler.params.lr_range_test_step_size");
     expect_error("{'scheduler': {'type': 'warmuplr'}}", "scheduler.type"); /* class names are exact */
     expect_error("{'scheduler': {'params': {}}}", "scheduler.type", "is required");
     expect_error("{'scheduler': {'type': 'WarmupLR', 'params': {'warmup_type': 'exp'}}}",

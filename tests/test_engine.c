@@ -580,6 +580,58 @@ static void test_offload_equals_device_fp16(void **st) {
     check_offload_equivalence(ZOFF_F16, "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8},", 3e-2);
 }
 
+/* A config with the optimizer's betas and a scheduler section (may be empty). */
+static const char *betas_cfg(char *buf, size_t n, const char *zero, const char *betas, const char *sched) {
+    snprintf(buf, n,
+             "{\"train_micro_batch_size_per_gpu\": %d, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2,"
+             " \"weight_decay\": 0.1, \"betas\": %s}}, %s \"gradient_clipping\": 1.0, \"zero_optimization\": %s}",
+             B, betas, sched, zero);
+    return buf;
+}
+
+/* OneCycle's momentum reaches both optimizers. (1) A cycle whose momentum stays at 0.9 gives the
+ * betas (0.9, 0.99) at every step whatever the optimizer's own (here [0.5, 0.5]): bit for bit the
+ * run with betas [0.9, 0.99] and no scheduler, on the host optimizer (offload) and the device's.
+ * A schedule whose betas did not reach an optimizer, or a beta2 other than DeepSpeed's 0.99,
+ * changes the weights by far more than a bit. (2) A momentum cycling over 0.8..0.95 every 3 steps:
+ * the host and device optimizers still agree (the tolerance of check_offload_equivalence,
+ * fp32), and the weights are not those of the constant betas. (The test's train() gives the
+ * engine lr 1e-2 itself; the schedules' lr is zoff_lr_at's, checked in test_schedule.) */
+static void test_one_cycle_momentum(void **st) {
+    (void)st;
+    const char *still = "\"scheduler\": {\"type\": \"OneCycle\", \"params\": {\"cycle_min_lr\": 1e-2, \"cycle_max_lr\": "
+                        "1e-2, \"cycle_min_mom\": 0.9, \"cycle_max_mom\": 0.9, \"cycle_first_step_size\": 2}},";
+    const char *cycling = "\"scheduler\": {\"type\": \"OneCycle\", \"params\": {\"cycle_min_lr\": 1e-2, \"cycle_max_lr\": "
+                          "1e-2, \"cycle_min_mom\": 0.8, \"cycle_max_mom\": 0.95, \"cycle_first_step_size\": 3}},";
+    const char *zeros[2] = {OFFLOAD, DEVICE};
+    run_result plain[2], fixed[2], cyc[2];
+    char buf[1024];
+    for (int z = 0; z < 2; z++) {
+        assert_int_equal(train(betas_cfg(buf, sizeof buf, zeros[z], "[0.9, 0.99]", ""), ZOFF_F32, 8, 0, &plain[z]), ZOFF_OK);
+        assert_int_equal(train(betas_cfg(buf, sizeof buf, zeros[z], "[0.5, 0.5]", still), ZOFF_F32, 8, 0, &fixed[z]), ZOFF_OK);
+        assert_int_equal(train(betas_cfg(buf, sizeof buf, zeros[z], "[0.5, 0.5]", cycling), ZOFF_F32, 8, 0, &cyc[z]), ZOFF_OK);
+        const char *what = z ? "device" : "offload";
+        if (memcmp(plain[z].losses, fixed[z].losses, sizeof plain[z].losses) != 0 ||
+            memcmp(plain[z].weights, fixed[z].weights, (size_t)plain[z].n * sizeof(float)) != 0)
+            fail_msg("%s: OneCycle at momentum 0.9 differs from betas [0.9, 0.99] (weights rel diff %.3g)", what,
+                     max_rel_diff(fixed[z].weights, plain[z].weights, plain[z].n));
+        double moved = max_rel_diff(cyc[z].weights, plain[z].weights, plain[z].n);
+        printf("%s: a cycling momentum moves the weights by %.3g (rel L2) from the constant betas'\n", what, moved);
+        if (moved < 1e-2) fail_msg("%s: a cycling momentum left the weights within %.3g of the constant betas'", what, moved);
+    }
+    for (int i = 0; i < 8; i++)
+        if (fabs(cyc[0].losses[i] - cyc[1].losses[i]) / cyc[1].losses[i] > 1e-5)
+            fail_msg("cycling momentum, step %d: offload loss %.7f vs device %.7f", i, cyc[0].losses[i], cyc[1].losses[i]);
+    double w = max_rel_diff(cyc[0].weights, cyc[1].weights, cyc[0].n);
+    printf("cycling momentum: offload vs device weights rel L2 diff %.3g\n", w);
+    if (w > 1e-4) fail_msg("cycling momentum: offload and device weights differ by %.3g > 1e-4", w);
+    for (int z = 0; z < 2; z++) {
+        free(plain[z].weights);
+        free(fixed[z].weights);
+        free(cyc[z].weights);
+    }
+}
+
 /* Accumulation is exact: 2 micro-batches of B/2 rows == 1 micro-batch of B rows
  * (fp32; same sequences; sums in another order): losses 1e-5, gradient norms
  * 1e-4, weights 1e-5 relative L2 (measured 5.3e-6). A micro-batch counted
@@ -1772,6 +1824,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_equals_device_f32),  cmocka_unit_test(test_offload_equals_device_bf16),
         cmocka_unit_test(test_offload_equals_device_fp16), cmocka_unit_test(test_accumulation_exact),
+        cmocka_unit_test(test_one_cycle_momentum),
         cmocka_unit_test(test_bucket_accumulation),
         cmocka_unit_test(test_fp16_overflow_schedule),     cmocka_unit_test(test_device_budget),
         cmocka_unit_test(test_delayed_update), cmocka_unit_test(test_grad_device),

@@ -1,4 +1,4 @@
-/* zoff_lr_at against DeepSpeed's schedules: the expected values come from
+/* zoff_lr_at and zoff_betas_at against DeepSpeed's schedules: the expected values come from
  * tests/fixtures/gen_schedule_fixture.py, which steps a re-implementation of
  * DeepSpeed's scheduler classes (checked equal to DeepSpeed 0.19.8's own
  * lr_schedules.py with --check-against). Each case is a DeepSpeed config parsed
@@ -20,7 +20,7 @@ static bool close_enough(double got, double want) { return fabs(got - want) <= 1
 static void test_fixture_cases(void **state) {
     (void)state;
     size_t ncases = sizeof k_sched_fixtures / sizeof k_sched_fixtures[0];
-    int checked = 0;
+    int checked = 0, betas = 0;
     for (size_t c = 0; c < ncases; c++) {
         const sched_fixture *f = &k_sched_fixtures[c];
         zoff_config cfg;
@@ -32,11 +32,18 @@ static void test_fixture_cases(void **state) {
                 fail_msg("%s: step %lld: zoff_lr_at = %.17g, DeepSpeed = %.17g", f->name, (long long)f->step[i], got,
                          f->lr[i]);
             checked++;
+            if (!f->beta1) continue; /* Adagrad: no betas */
+            double b1, b2;
+            zoff_betas_at(&cfg.scheduler, &cfg.optimizer, f->step[i], &b1, &b2);
+            if (!close_enough(b1, f->beta1[i]) || !close_enough(b2, f->beta2[i]))
+                fail_msg("%s: step %lld: zoff_betas_at = (%.17g, %.17g), DeepSpeed = (%.17g, %.17g)", f->name,
+                         (long long)f->step[i], b1, b2, f->beta1[i], f->beta2[i]);
+            betas++;
         }
         zoff_config_free(&cfg);
     }
-    print_message("checked %d learning rates in %zu cases\n", checked, ncases);
-    assert_true(checked >= 250);
+    print_message("checked %d learning rates and %d pairs of betas in %zu cases\n", checked, betas, ncases);
+    assert_true(checked >= 390 && betas >= 370);
 }
 
 static void test_none_returns_base(void **state) {

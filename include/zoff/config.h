@@ -34,7 +34,9 @@ typedef enum zoff_scheduler_type {
     ZOFF_SCHED_NONE = 0,        /* constant lr */
     ZOFF_SCHED_WARMUP_LR,       /* "WarmupLR" */
     ZOFF_SCHED_WARMUP_DECAY_LR, /* "WarmupDecayLR" */
-    ZOFF_SCHED_WARMUP_COSINE_LR /* "WarmupCosineLR" */
+    ZOFF_SCHED_WARMUP_COSINE_LR, /* "WarmupCosineLR" */
+    ZOFF_SCHED_ONE_CYCLE,        /* "OneCycle" */
+    ZOFF_SCHED_LR_RANGE_TEST     /* "LRRangeTest" */
 } zoff_scheduler_type;
 
 typedef enum zoff_warmup_type { ZOFF_WARMUP_LOG = 0, ZOFF_WARMUP_LINEAR } zoff_warmup_type;
@@ -67,6 +69,21 @@ typedef struct zoff_scheduler_config {
     /* WarmupCosineLR */
     double warmup_min_ratio;   /* default 0 */
     double cos_min_ratio;      /* default 0.0001 */
+    /* OneCycle (DeepSpeed's OneCycle: the lr, and the momentum inversely, over one cycle, then decay) */
+    double cycle_min_lr, cycle_max_lr; /* required */
+    double decay_lr_rate;      /* default 0 (no decay after the cycle) */
+    int64_t cycle_first_step_size;  /* default 2000 */
+    int64_t cycle_second_step_size; /* default -1: cycle_first_step_size */
+    int64_t decay_step_size;   /* default 0: no decay */
+    bool cycle_momentum;       /* default true: beta1 cycles between the moms below, beta2 is 0.99 (as
+                                  DeepSpeed sets it); not for Adagrad, which has no betas */
+    double cycle_min_mom, cycle_max_mom; /* defaults 0.8, 0.9 */
+    double decay_mom_rate;     /* default 0 */
+    /* LRRangeTest */
+    double lr_range_test_min_lr;   /* default 0.001 */
+    int64_t lr_range_test_step_size; /* default 2000 */
+    double lr_range_test_step_rate;  /* default 1.0 */
+    bool lr_range_test_staircase;    /* default false */
 } zoff_scheduler_config;
 
 typedef struct zoff_fp16_config {
@@ -184,6 +201,9 @@ typedef struct zoff_config {
 
 /* Fill DeepSpeed's defaults (no file). */
 void zoff_config_defaults(zoff_config *cfg);
+/* DeepSpeed's names: "Adam", "AdamW", "Adagrad", "Lion"; "WarmupLR", ... ("none" for ZOFF_SCHED_NONE). */
+const char *zoff_optimizer_name(zoff_optimizer_type t);
+const char *zoff_scheduler_name(zoff_scheduler_type t);
 /* Parse and validate a DeepSpeed JSON file. cfg need not be initialised; what it
  * held before is overwritten, not freed (zoff_config_free it first). On error cfg
  * is left at the defaults, owning nothing. Every error is ZOFF_ERR_CONFIG (zoff exits 2),

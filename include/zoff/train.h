@@ -278,6 +278,7 @@ typedef struct zoff_train_step_result {
     int64_t step;          /* after this step */
     double loss;           /* mean over micro-batches and ranks */
     double lr, tokens_per_s, step_time, t_forward, t_backward;
+    double beta1;          /* the optimizer's beta1 for this step (the schedule's: OneCycle's momentum) */
     double t_ckpt_wait;    /* waiting for a background checkpoint before the optimizer update */
     zoff_step_info info;   /* grad norm, loss scale, skipped, host/device/wait times */
 } zoff_train_step_result;

@@ -172,6 +172,8 @@ static const enum_name k_optimizers[] = {{"Adam", ZOFF_OPTIM_ADAM},
 static const enum_name k_schedulers[] = {{"WarmupLR", ZOFF_SCHED_WARMUP_LR},
                                          {"WarmupDecayLR", ZOFF_SCHED_WARMUP_DECAY_LR},
                                          {"WarmupCosineLR", ZOFF_SCHED_WARMUP_COSINE_LR},
+                                         {"OneCycle", ZOFF_SCHED_ONE_CYCLE},
+                                         {"LRRangeTest", ZOFF_SCHED_LR_RANGE_TEST},
                                          {NULL, 0}};
 /* Value lists of keys zoff checks but does not store (the numbers are unused). */
 static const enum_name k_comm_dtypes[] = {{"fp16", 0}, {"bf16", 1}, {"fp32", 2}, {NULL, 0}};
@@ -191,6 +193,8 @@ static const enum_name k_dtype_names[] = {
 #define M_WLR (1u << ZOFF_SCHED_WARMUP_LR)
 #define M_WDECAY (1u << ZOFF_SCHED_WARMUP_DECAY_LR)
 #define M_WCOS (1u << ZOFF_SCHED_WARMUP_COSINE_LR)
+#define M_1CYC (1u << ZOFF_SCHED_ONE_CYCLE)
+#define M_LRRT (1u << ZOFF_SCHED_LR_RANGE_TEST)
 
 static zoff_status h_optimizer_type(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_betas(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
@@ -241,7 +245,7 @@ static const key_spec k_optimizer[] = {
 static const section s_optimizer = SECTION(k_optimizer, NULL, NULL);
 
 /* scheduler.params: the constructor arguments of DeepSpeed's WarmupLR,
- * WarmupDecayLR and WarmupCosineLR. */
+ * WarmupDecayLR, WarmupCosineLR, OneCycle and LRRangeTest. */
 static const key_spec k_scheduler_params[] = {
     KN("warmup_min_lr", zoff_scheduler_config, warmup_min_lr, 0, INFINITY, .mask = M_WLR | M_WDECAY),
     KN("warmup_max_lr", zoff_scheduler_config, warmup_max_lr, 0, INFINITY, .mask = M_WLR | M_WDECAY),
@@ -250,13 +254,31 @@ static const key_spec k_scheduler_params[] = {
     KI("total_num_steps", zoff_scheduler_config, total_num_steps, POSITIVE, .mask = M_WDECAY | M_WCOS),
     KN("warmup_min_ratio", zoff_scheduler_config, warmup_min_ratio, 0, 1, .mask = M_WCOS),
     KN("cos_min_ratio", zoff_scheduler_config, cos_min_ratio, 0, 1, .mask = M_WCOS),
+    KN("cycle_min_lr", zoff_scheduler_config, cycle_min_lr, 0, INFINITY, .mask = M_1CYC),
+    KN("cycle_max_lr", zoff_scheduler_config, cycle_max_lr, 0, INFINITY, .mask = M_1CYC),
+    KN("decay_lr_rate", zoff_scheduler_config, decay_lr_rate, 0, INFINITY, .mask = M_1CYC),
+    KI("cycle_first_step_size", zoff_scheduler_config, cycle_first_step_size, POSITIVE, .mask = M_1CYC),
+    KI("cycle_second_step_size", zoff_scheduler_config, cycle_second_step_size, NONNEG, .mask = M_1CYC,
+       .flags = F_NULL_OK),
+    {.name = "cycle_first_stair_count", .kind = K_I64, .ilo = 0, .ihi = INT64_MAX, .flags = XU_, .mask = M_1CYC,
+     .note = "DeepSpeed's OneCycle stores it and does not use it"},
+    {.name = "cycle_second_stair_count", .kind = K_I64, .ilo = 0, .ihi = INT64_MAX, .flags = XU_, .mask = M_1CYC,
+     .note = "DeepSpeed's OneCycle stores it and does not use it"},
+    KI("decay_step_size", zoff_scheduler_config, decay_step_size, NONNEG, .mask = M_1CYC),
+    KB("cycle_momentum", zoff_scheduler_config, cycle_momentum, .mask = M_1CYC),
+    KN("cycle_min_mom", zoff_scheduler_config, cycle_min_mom, 0, 1, .flags = F_HI_OPEN, .mask = M_1CYC),
+    KN("cycle_max_mom", zoff_scheduler_config, cycle_max_mom, 0, 1, .flags = F_HI_OPEN, .mask = M_1CYC),
+    KN("decay_mom_rate", zoff_scheduler_config, decay_mom_rate, 0, INFINITY, .mask = M_1CYC),
+    KN("lr_range_test_min_lr", zoff_scheduler_config, lr_range_test_min_lr, 0, INFINITY, .mask = M_LRRT),
+    KI("lr_range_test_step_size", zoff_scheduler_config, lr_range_test_step_size, POSITIVE, .mask = M_LRRT),
+    KN("lr_range_test_step_rate", zoff_scheduler_config, lr_range_test_step_rate, 0, INFINITY, .mask = M_LRRT),
+    KB("lr_range_test_staircase", zoff_scheduler_config, lr_range_test_staircase, .mask = M_LRRT),
     KC("last_batch_iteration", h_last_batch_iteration, .allowed = "-1"),
 };
 static const section s_scheduler_params = SECTION(k_scheduler_params, scheduler_mask, scheduler_name);
 
 static const key_spec k_scheduler[] = {
-    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED,
-       .note = " (DeepSpeed's OneCycle and LRRangeTest are not implemented yet)"),
+    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED),
     KSEC_SAME("params", &s_scheduler_params),
 };
 static const section s_scheduler = SECTION(k_scheduler, NULL, NULL);
@@ -1081,17 +1103,16 @@ static zoff_status walk_section(walk *w, const section *sec, json_t *obj, const 
 /* ------------------------------------------------------------------ custom keys */
 
 static unsigned optimizer_mask(const zoff_config *cfg) { return 1u << cfg->optimizer.type; }
-static const char *optimizer_name(const zoff_config *cfg) {
-    for (const enum_name *e = k_optimizers; e->name; e++)
-        if (e->value == (int)cfg->optimizer.type) return e->name;
-    return "?";
+static const char *enum_text(const enum_name *list, int value, const char *none) {
+    for (const enum_name *e = list; e->name; e++)
+        if (e->value == value) return e->name;
+    return none;
 }
+const char *zoff_optimizer_name(zoff_optimizer_type t) { return enum_text(k_optimizers, (int)t, "?"); }
+const char *zoff_scheduler_name(zoff_scheduler_type t) { return enum_text(k_schedulers, (int)t, "none"); }
+static const char *optimizer_name(const zoff_config *cfg) { return zoff_optimizer_name(cfg->optimizer.type); }
 static unsigned scheduler_mask(const zoff_config *cfg) { return 1u << cfg->scheduler.type; }
-static const char *scheduler_name(const zoff_config *cfg) {
-    for (const enum_name *e = k_schedulers; e->name; e++)
-        if (e->value == (int)cfg->scheduler.type) return e->name;
-    return "?";
-}
+static const char *scheduler_name(const zoff_config *cfg) { return zoff_scheduler_name(cfg->scheduler.type); }
 
 /* Defaults of the optimizer DeepSpeed builds for each type (FusedAdam /
  * DeepSpeedCPUAdam, torch Adagrad / DeepSpeedCPUAdagrad, FusedLion). */
@@ -1267,6 +1288,16 @@ static zoff_status validate_config(walk *w, json_t *root) {
     if ((s->type == ZOFF_SCHED_WARMUP_DECAY_LR || s->type == ZOFF_SCHED_WARMUP_COSINE_LR) && s->total_num_steps == 0)
         return cfg_error(w, "scheduler.params.total_num_steps", "is required by %s; allowed: an integer >= 1",
                          scheduler_name(cfg));
+    for (int i = 0; s->type == ZOFF_SCHED_ONE_CYCLE && i < 2; i++) {
+        const char *key = i ? "cycle_max_lr" : "cycle_min_lr";
+        if (json_path(root, "scheduler", "params", key) == NULL)
+            return cfg_error(w, i ? "scheduler.params.cycle_max_lr" : "scheduler.params.cycle_min_lr",
+                             "is required by OneCycle; allowed: a number >= 0");
+    }
+    if (s->type == ZOFF_SCHED_ONE_CYCLE && s->cycle_momentum && cfg->optimizer.type == ZOFF_OPTIM_ADAGRAD)
+        zoff_log(ZOFF_LOG_WARN,
+                 "%s: scheduler.params.cycle_momentum: Adagrad has no betas, so the momentum is not cycled "
+                 "(as DeepSpeed does)", w->src);
     if ((s->type == ZOFF_SCHED_WARMUP_DECAY_LR || s->type == ZOFF_SCHED_WARMUP_COSINE_LR) &&
         s->total_num_steps < s->warmup_num_steps)
         zoff_log(ZOFF_LOG_WARN,
@@ -1359,6 +1390,14 @@ void zoff_config_defaults(zoff_config *cfg) {
     s->total_num_steps = 0;
     s->warmup_min_ratio = 0.0;
     s->cos_min_ratio = 0.0001;
+    s->cycle_first_step_size = 2000;
+    s->cycle_second_step_size = -1;
+    s->cycle_momentum = true;
+    s->cycle_min_mom = 0.8;
+    s->cycle_max_mom = 0.9;
+    s->lr_range_test_min_lr = 0.001;
+    s->lr_range_test_step_size = 2000;
+    s->lr_range_test_step_rate = 1.0;
 
     cfg->gradient_clipping = 1.0;
     cfg->fp16.enabled = false;

@@ -12,6 +12,21 @@ static double warmup_gamma(zoff_warmup_type type, int64_t it, int64_t w) {
     return inverse_log_warm_up * log((double)(it + 1));
 }
 
+/* OneCycle's cycle length (its total_size) and its _get_scale_factor at last_batch_iteration it. */
+static double one_cycle_total(const zoff_scheduler_config *s) {
+    double first = (double)s->cycle_first_step_size;
+    double second = s->cycle_second_step_size >= 0 ? (double)s->cycle_second_step_size : first;
+    return first + second;
+}
+
+static double one_cycle_scale(const zoff_scheduler_config *s, int64_t it) {
+    const double total = one_cycle_total(s), step_ratio = (double)s->cycle_first_step_size / total;
+    double batch_iteration = (double)(it + 1);
+    double cycle = floor(1.0 + batch_iteration / total);
+    double x = 1.0 + batch_iteration / total - cycle;
+    return x <= step_ratio ? x / step_ratio : (x - 1.0) / (step_ratio - 1.0);
+}
+
 double zoff_lr_at(const zoff_scheduler_config *s, double base_lr, int64_t step) {
     if (s == NULL || s->type == ZOFF_SCHED_NONE) return base_lr;
     if (step < 0) step = 0;
@@ -59,8 +74,42 @@ double zoff_lr_at(const zoff_scheduler_config *s, double base_lr, int64_t step) 
         }
         return base_lr * ratio;
     }
+    case ZOFF_SCHED_ONE_CYCLE: {
+        if (it < 0) return s->cycle_min_lr;
+        const double cyc = one_cycle_total(s);
+        if ((double)it < cyc)
+            return s->cycle_min_lr + (s->cycle_max_lr - s->cycle_min_lr) * one_cycle_scale(s, it);
+        if (s->decay_step_size == 0 || s->decay_lr_rate == 0) return s->cycle_min_lr;
+        double interval = ((double)it - cyc + 1.0) / (double)s->decay_step_size;
+        return s->cycle_min_lr / (1.0 + s->decay_lr_rate * interval);
+    }
+    case ZOFF_SCHED_LR_RANGE_TEST: {
+        if (it < 0) return s->lr_range_test_min_lr;
+        double interval = (double)(it + 1) / (double)s->lr_range_test_step_size;
+        if (s->lr_range_test_staircase) interval = floor(interval);
+        return s->lr_range_test_min_lr * (1.0 + s->lr_range_test_step_rate * interval);
+    }
     case ZOFF_SCHED_NONE:
         break;
     }
     return base_lr;
+}
+
+bool zoff_schedule_cycles_betas(const zoff_scheduler_config *s, const zoff_optimizer_config *o) {
+    return s && s->type == ZOFF_SCHED_ONE_CYCLE && s->cycle_momentum && o->type != ZOFF_OPTIM_ADAGRAD;
+}
+
+void zoff_betas_at(const zoff_scheduler_config *s, const zoff_optimizer_config *o, int64_t step, double *beta1,
+                   double *beta2) {
+    *beta1 = o->beta1;
+    *beta2 = o->beta2;
+    if (!zoff_schedule_cycles_betas(s, o)) return;
+    *beta2 = 0.99; /* DeepSpeed's OneCycle sets the betas to (momentum, 0.99) */
+    int64_t it = (step < 0 ? 0 : step) - 1;
+    const double total = one_cycle_total(s);
+    if (it < 0) *beta1 = s->cycle_min_mom;
+    else if ((double)it < total)
+        *beta1 = s->cycle_max_mom - (s->cycle_max_mom - s->cycle_min_mom) * one_cycle_scale(s, it);
+    else if (s->decay_step_size == 0 || s->decay_mom_rate == 0) *beta1 = s->cycle_max_mom;
+    else *beta1 = s->cycle_max_mom * (1.0 + s->decay_mom_rate * (((double)it - total + 1.0) / (double)s->decay_step_size));
 }

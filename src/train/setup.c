@@ -8,26 +8,7 @@
 
 #include "train/trainer_internal.h"
 #include "zoff/resources.h"
-
-static const char *optimizer_name(zoff_optimizer_type t) {
-    switch (t) {
-    case ZOFF_OPTIM_ADAM: return "Adam";
-    case ZOFF_OPTIM_ADAMW: return "AdamW";
-    case ZOFF_OPTIM_ADAGRAD: return "Adagrad";
-    case ZOFF_OPTIM_LION: return "Lion";
-    }
-    return "?";
-}
-
-static const char *scheduler_name(zoff_scheduler_type t) {
-    switch (t) {
-    case ZOFF_SCHED_NONE: return "none";
-    case ZOFF_SCHED_WARMUP_LR: return "WarmupLR";
-    case ZOFF_SCHED_WARMUP_DECAY_LR: return "WarmupDecayLR";
-    case ZOFF_SCHED_WARMUP_COSINE_LR: return "WarmupCosineLR";
-    }
-    return "?";
-}
+#include "zoff/schedule.h"
 
 /* The settings a checkpoint records for the resume comparison (see zoff_train_settings). */
 zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
@@ -39,9 +20,9 @@ zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
                              .accumulation = cfg->gradient_accumulation_steps,
                              .world_size = world,
                              .gradient_clipping = cfg->gradient_clipping};
-    snprintf(s.optimizer, sizeof s.optimizer, "%s", optimizer_name(cfg->optimizer.type));
+    snprintf(s.optimizer, sizeof s.optimizer, "%s", zoff_optimizer_name(cfg->optimizer.type));
     snprintf(s.precision, sizeof s.precision, "%s", cfg->bf16_enabled ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32");
-    snprintf(s.scheduler, sizeof s.scheduler, "%s", scheduler_name(cfg->scheduler.type));
+    snprintf(s.scheduler, sizeof s.scheduler, "%s", zoff_scheduler_name(cfg->scheduler.type));
     return s;
 }
 
@@ -72,6 +53,17 @@ zoff_status trainer_load_config(zoff_trainer *t) {
     t->info.dtype = t->cfg.bf16_enabled ? ZOFF_BF16 : t->cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
     t->info.micro_batch = t->cfg.train_micro_batch_size_per_gpu;
     t->info.accumulation = t->cfg.gradient_accumulation_steps;
+    /* OneCycle's momentum grows after the cycle with decay_mom_rate: refused now, not at the step
+     * where it reaches 1 (it only grows, so the last step says) */
+    double b1 = 0, b2 = 0;
+    if (o->train_iters > 0 && zoff_schedule_cycles_betas(&t->cfg.scheduler, &t->cfg.optimizer))
+        zoff_betas_at(&t->cfg.scheduler, &t->cfg.optimizer, o->train_iters - 1, &b1, &b2);
+    if (b1 >= 1)
+        return zoff_error(ZOFF_ERR_CONFIG,
+                          "config: scheduler.params.decay_mom_rate %g takes OneCycle's momentum (beta1) to %g by "
+                          "optimizer step %lld of --train-iters %lld, and it must stay below 1: give a smaller "
+                          "decay_mom_rate (0: the momentum stays at cycle_max_mom), or fewer steps",
+                          t->cfg.scheduler.decay_mom_rate, b1, (long long)o->train_iters, (long long)o->train_iters);
     return ZOFF_OK;
 }
 

@@ -266,13 +266,16 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
     const zoff_step_info *si = &r->info;
     double other = fmax(0.0, r->step_time - r->t_forward - r->t_backward - si->t_wait_grads - si->t_host -
                                  si->t_device - si->t_wait_weights - r->t_ckpt_wait);
+    char mom[48] = ""; /* the momentum, where the schedule moves it */
+    if (zoff_schedule_cycles_betas(&t->cfg.scheduler, &t->cfg.optimizer))
+        snprintf(mom, sizeof mom, ",\"beta1\":%.6f", r->beta1);
     zoff_status s = trainer_metrics_line(
         t,
-        "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
+        "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e%s,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
         "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
         "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f,"
         "\"clock\":%.6f}\n",
-        (long long)r->step, (float)r->loss, r->lr, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
+        (long long)r->step, (float)r->loss, r->lr, mom, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
         si->skipped ? "true" : "false", (long long)si->rollbacks, r->t_ckpt_wait, zoff_now());
     return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
@@ -320,6 +323,8 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
         loss_sum += l;
     }
     r->lr = zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng));
+    double beta2;
+    zoff_betas_at(&t->cfg.scheduler, &t->cfg.optimizer, zoff_engine_steps_taken(t->eng), &r->beta1, &beta2);
     /* the update (and, with the delayed update, its background job) starts in zoff_engine_step
      * (with super_offload during the boundary backward, waited for there): a checkpoint still
      * reading the state finishes first, unless it reads through the engine's snapshot */

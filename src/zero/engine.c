@@ -50,6 +50,7 @@
 #include "core/half_internal.h"
 #include "zero/engine_impl.h"
 #include "zoff/resources.h"
+#include "zoff/schedule.h"
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -1308,6 +1309,23 @@ int64_t zoff_engine_steps_taken(const zoff_engine *e) { return e->sc.steps_taken
 
 /* ------------------------------------------------------------------ the step */
 
+zoff_status zoff_eng_step_betas(const zoff_engine *e, int64_t t, double *beta1, double *beta2) {
+    const zoff_config *c = e->cfg;
+    zoff_betas_at(&c->scheduler, &c->optimizer, t - 1, beta1, beta2);
+    if (*beta1 >= 0 && *beta1 < 1 && *beta2 >= 0 && *beta2 < 1) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_INVALID,
+                      "scheduler %s: the momentum (beta1) for optimizer step %lld is %g, not below 1 (decay_mom_rate %g "
+                      "makes it grow after the cycle): give scheduler.params.decay_mom_rate 0, or a smaller one",
+                      zoff_scheduler_name(c->scheduler.type), (long long)t, *beta1, c->scheduler.decay_mom_rate);
+}
+
+zoff_status zoff_eng_hopt_begin(zoff_engine *e, int64_t t, double lr) {
+    double b1, b2;
+    ZOFF_TRY(zoff_eng_step_betas(e, t, &b1, &b2));
+    ZOFF_TRY(zoff_host_optimizer_set_betas(e->hopt, b1, b2));
+    return zoff_host_optimizer_begin_step(e->hopt, t, lr);
+}
+
 /* Device sub-groups: fused Adam on the device (own stream when the host works too). */
 static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double grad_scale) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
@@ -1318,8 +1336,10 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
         ZOFF_TRY(zoff_stream_wait_event(st, e->ev_stats));
     }
     bool w_mode = oc->type == ZOFF_OPTIM_ADAMW || oc->adam_w_mode;
-    double bc1 = oc->bias_correction ? 1.0 - pow(oc->beta1, (double)t) : 1.0;
-    double bc2 = oc->bias_correction ? 1.0 - pow(oc->beta2, (double)t) : 1.0;
+    double beta1, beta2;
+    ZOFF_TRY(zoff_eng_step_betas(e, t, &beta1, &beta2));
+    double bc1 = oc->bias_correction ? 1.0 - pow(beta1, (double)t) : 1.0;
+    double bc2 = oc->bias_correction ? 1.0 - pow(beta2, (double)t) : 1.0;
     for (int i = 0; i < e->nsg; i++) {
         const subgroup *g = &e->sg[i];
         if (g->on_host) continue;
@@ -1336,7 +1356,7 @@ static zoff_status device_update(zoff_engine *e, int64_t t, double lr, double gr
                 .grads = zoff_bk_device_grads(e, mo, so),
                 .params16 = f32 ? NULL : (char *)e->params + (size_t)mo * e->esize,
                 .n = hi - lo, .grad_dt = e->dtype, .p16_dt = e->dtype,
-                .lr = (float)lr, .beta1 = (float)oc->beta1, .beta2 = (float)oc->beta2, .eps = (float)oc->eps,
+                .lr = (float)lr, .beta1 = (float)beta1, .beta2 = (float)beta2, .eps = (float)oc->eps,
                 .weight_decay = rg->decay ? (float)oc->weight_decay : 0.0f,
                 .bc1 = (float)bc1, .bc2 = (float)bc2, .grad_scale = (float)grad_scale, .adam_w_mode = w_mode};
             ZOFF_TRY(ZOFF_LAUNCH(st, ZOFF_OP_ADAM, a));
@@ -1777,7 +1797,7 @@ zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *i
     /* the host optimizer multiplies its bias-correction products step by step (pow() after a
      * jump): begin the steps taken again, so that they are those of the uninterrupted run */
     for (int64_t k = 1; e->hopt && k <= e->sc.steps_taken; k++) {
-        ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, k, e->cfg->optimizer.lr));
+        ZOFF_TRY(zoff_eng_hopt_begin(e, k, e->cfg->optimizer.lr));
         e->hopt_t0 = 1;
     }
     return ZOFF_OK;

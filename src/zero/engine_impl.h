@@ -314,6 +314,11 @@ void zoff_eng_snap_destroy(zoff_engine *e);
 /* Before the device's share of the optimizer state is updated (device_update, the training thread): while a save's
  * copy of it has not been taken, take it here (the writer has not begun it) or wait until the writer has. */
 zoff_status zoff_eng_snap_device_gate(zoff_engine *e);
+/* The betas of optimizer step t (1-based): the config's, or the schedule's (OneCycle's momentum,
+ * zoff_betas_at); an error naming the schedule when they leave [0, 1). */
+zoff_status zoff_eng_step_betas(const zoff_engine *e, int64_t t, double *beta1, double *beta2);
+/* The host optimizer's step t begun with learning rate lr and zoff_eng_step_betas's betas. */
+zoff_status zoff_eng_hopt_begin(zoff_engine *e, int64_t t, double lr);
 /* The staging arena (zoff_engine_snapshot_held bytes; NULL: none), for tests. */
 const void *zoff_eng_snap_arena(const zoff_engine *e);
 

@@ -314,7 +314,7 @@ zoff_status zoff_hr_spec_rollback(zoff_engine *e, bool redo) {
     int64_t t0 = e->hopt_t0;
     e->hopt_t0 = 0;
     for (int64_t k = t0; k > 0 && k <= e->sc.steps_taken; k++) {
-        ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, k, e->spec_lr));
+        ZOFF_TRY(zoff_eng_hopt_begin(e, k, e->spec_lr));
         if (e->hopt_t0 == 0) e->hopt_t0 = k;
     }
     e->rollbacks++;
@@ -336,7 +336,7 @@ static bool test_update_fails(int64_t t) {
 static zoff_status hr_update(zoff_engine *e, int gbuf, int64_t t, double lr, double grad_scale, int mode) {
     const zoff_optimizer_config *oc = &e->cfg->optimizer;
     const piece_bk pb = {e->spec_redo ? ZOFF_BACKUP_RESTORE : ZOFF_BACKUP_NONE, false}; /* after a rollback */
-    ZOFF_TRY(zoff_host_optimizer_begin_step(e->hopt, t, lr));
+    ZOFF_TRY(zoff_eng_hopt_begin(e, t, lr));
     if (e->hopt_t0 == 0) e->hopt_t0 = t;
     e->wbuf = gbuf; /* one buffer: the new weights go out through the gradients' buffer */
     /* the previous pushes read the staging buffer (or, fp32, the master): they must be done */
