@@ -1066,11 +1066,11 @@ static void test_not_implemented_refused(void **state) {
     static const struct {
         const char *json, *needle;
     } cases[] = {
-        {"{'tensorboard': {'enabled': true, 'output_path': 'logs/'}}", "tensorboard.enabled true (TensorBoard"},
-        {"{'wandb': {'enabled': true, 'project': 'p'}}", "wandb.enabled true"},
-        {"{'csv_monitor': {'enabled': true}}", "csv_monitor.enabled true"},
+        {"{'wandb': {'enabled': true, 'project': 'p'}}", "wandb.enabled true (Weights & Biases"},
         {"{'comet': {'enabled': true}}", "comet.enabled true"},
-        {"{'tensorboard': {'enabled': true}}", "DIR/metrics.jsonl"},
+        {"{'trackio': {'enabled': true}}", "trackio.enabled true"},
+        {"{'wandb': {'enabled': true}}", "DIR/metrics.jsonl"},
+        {"{'comet': {'enabled': true}}", "tensorboard and csv_monitor"},
         {"{'flops_profiler': {'enabled': true, 'profile_step': 5}}", "flops_profiler.enabled true"},
         {"{'comms_logger': {'enabled': true}}", "comms_logger.enabled true"},
         {"{'activation_checkpointing': {'partition_activations': true}}",
@@ -1115,7 +1115,9 @@ static void test_not_implemented_refused(void **state) {
 
     /* off, or at DeepSpeed's default: accepted */
     static const char *const ok[] = {
-        "{'tensorboard': {'enabled': false, 'output_path': 'logs/'}}",
+        "{'wandb': {'enabled': false, 'project': 'p'}}",
+        "{'tensorboard': {'enabled': true, 'output_path': '', 'job_name': 'j'}}", /* implemented (cli_monitor.sh) */
+        "{'csv_monitor': {'enabled': true}}",
         "{'flops_profiler': {'enabled': false, 'profile_step': 5, 'output_file': null}}",
         "{'activation_checkpointing': {'partition_activations': false, 'cpu_checkpointing': false, "
         "'number_checkpoints': 4}}",

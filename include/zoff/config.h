@@ -169,6 +169,13 @@ typedef struct zoff_model_config {
     int64_t num_layers, hidden_size, num_attention_heads, seq_length, vocab_size, max_position_embeddings;
 } zoff_model_config;
 
+/* "tensorboard" and "csv_monitor": DeepSpeed's monitors (rank 0 writes OUTPUT_PATH/JOB_NAME/). */
+typedef struct zoff_monitor_config {
+    bool enabled;            /* default false */
+    char output_path[4096];  /* default "" (the working directory) */
+    char job_name[256];      /* default "DeepSpeedJobName" */
+} zoff_monitor_config;
+
 typedef struct zoff_config {
     /* batch: as given (0 = not given) and resolved by zoff_config_resolve_batch */
     int64_t train_batch_size;
@@ -189,6 +196,7 @@ typedef struct zoff_config {
     zoff_zero_config zero;
     zoff_aio_config aio;
     zoff_model_config model;
+    zoff_monitor_config tensorboard, csv_monitor;
     char *source;                 /* the JSON text as given (owned; NULL for defaults) */
     char *source_name;            /* the file name (or load_string's source_name) for messages (owned; NULL for defaults) */
     /* Keys given that have no effect in zoff (accepted by design, or a not-implemented

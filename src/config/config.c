@@ -66,6 +66,7 @@ enum {
     F_AUTO_OK = 1u << 6,      /* "auto" is a value this key implements */
     F_NULL_OK = 1u << 7,      /* null means "not given" (DeepSpeed's Optional[...] = None) */
     F_NOCASE = 1u << 8,       /* K_ENUM: matched case-insensitively (DeepSpeed lowercases / uppercases it) */
+    F_EMPTY_OK = 1u << 9,     /* K_STR: "" is a value (DeepSpeed's default of the key) */
 };
 
 typedef struct enum_name {
@@ -213,7 +214,7 @@ static const char *scheduler_name(const zoff_config *cfg);
             "prefetching up to stage3_prefetch_bucket_size elements (no effect in stages 0-2 either)"
 #define PROF "a flops profiler setting; the profiler is off"
 #define MON "a setting of a monitor that is off"
-#define MON_HINT "zoff writes loss, lr, grad norm and step times to DIR/metrics.jsonl every step"
+#define MON_HINT "zoff writes loss, lr, grad norm and step times to DIR/metrics.jsonl every step, and DeepSpeed's tensorboard and csv_monitor"
 #define COMMS "a communication logger setting; the logger is off"
 #define ZPP "ZeRO++ (stage 3) is not implemented"
 #define MICS "MiCS (a stage 3 variant) is not implemented"
@@ -455,12 +456,13 @@ static const key_spec k_flops_profiler[] = {
 };
 static const section s_flops_profiler = SECTION(k_flops_profiler, NULL, NULL);
 
-static const key_spec k_tensorboard[] = {
-    DB("enabled", "false", "TensorBoard logging is not implemented; " MON_HINT),
-    XS("output_path", MON),
-    XS("job_name", MON),
+/* tensorboard, csv_monitor: DeepSpeed's monitors, written by src/train/monitor.c */
+static const key_spec k_monitor[] = {
+    KB("enabled", zoff_monitor_config, enabled),
+    KS("output_path", zoff_monitor_config, output_path, .flags = F_EMPTY_OK),
+    KS("job_name", zoff_monitor_config, job_name, .flags = F_EMPTY_OK),
 };
-static const section s_tensorboard = SECTION(k_tensorboard, NULL, NULL);
+static const section s_monitor = SECTION(k_monitor, NULL, NULL);
 
 static const key_spec k_wandb[] = {
     DB("enabled", "false", "Weights & Biases logging is not implemented; " MON_HINT),
@@ -470,12 +472,6 @@ static const key_spec k_wandb[] = {
 };
 static const section s_wandb = SECTION(k_wandb, NULL, NULL);
 
-static const key_spec k_csv_monitor[] = {
-    DB("enabled", "false", "CSV monitor files are not implemented; " MON_HINT),
-    XS("output_path", MON),
-    XS("job_name", MON),
-};
-static const section s_csv_monitor = SECTION(k_csv_monitor, NULL, NULL);
 
 static const key_spec k_comet[] = {
     DB("enabled", "false", "Comet logging is not implemented; " MON_HINT),
@@ -570,9 +566,9 @@ static const key_spec k_top[] = {
     KSEC("model", zoff_config, model, &s_model),
     KSEC_SAME("activation_checkpointing", &s_act_ckpt),
     KSEC_SAME("flops_profiler", &s_flops_profiler),
-    KSEC_SAME("tensorboard", &s_tensorboard),
+    KSEC("tensorboard", zoff_config, tensorboard, &s_monitor),
     KSEC_SAME("wandb", &s_wandb),
-    KSEC_SAME("csv_monitor", &s_csv_monitor),
+    KSEC("csv_monitor", zoff_config, csv_monitor, &s_monitor),
     KSEC_SAME("comet", &s_comet),
     KSEC_SAME("trackio", &s_trackio),
     KSEC_SAME("comms_logger", &s_comms_logger),
@@ -928,7 +924,7 @@ static zoff_status store_value(walk *w, const key_spec *k, json_t *v, const char
             return cfg_error(w, path, "expected a string, got %s %s", json_type_name(v), show(v, val, sizeof val));
         size_t len = json_string_length(v);
         if (k->flags & F_UNSTORED) return ZOFF_OK;
-        if (len == 0) return cfg_error(w, path, "is empty; allowed: a non-empty string");
+        if (len == 0 && !(k->flags & F_EMPTY_OK)) return cfg_error(w, path, "is empty; allowed: a non-empty string");
         if (len >= k->size || strlen(json_string_value(v)) != len)
             return cfg_error(w, path, "%s is too long or contains a NUL byte; allowed: at most %zu bytes",
                              show(v, val, sizeof val), k->size - 1);
@@ -1398,6 +1394,8 @@ void zoff_config_defaults(zoff_config *cfg) {
     s->lr_range_test_min_lr = 0.001;
     s->lr_range_test_step_size = 2000;
     s->lr_range_test_step_rate = 1.0;
+    snprintf(cfg->tensorboard.job_name, sizeof cfg->tensorboard.job_name, "DeepSpeedJobName");
+    snprintf(cfg->csv_monitor.job_name, sizeof cfg->csv_monitor.job_name, "DeepSpeedJobName");
 
     cfg->gradient_clipping = 1.0;
     cfg->fp16.enabled = false;

@@ -69,6 +69,7 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     if (wait_background_save(t, NULL, false) != ZOFF_OK) zoff_log(ZOFF_LOG_ERROR, "%s", zoff_last_error());
     if (t->metrics) fclose(t->metrics);
     if (t->timeline) fclose(t->timeline);
+    trainer_monitor_close(t->monitor);
     if (t->dev) {
         zoff_device_free(t->dev, t->dx);
         zoff_device_free(t->dev, t->dy);
@@ -179,6 +180,7 @@ static zoff_status create(zoff_trainer *t) {
     ZOFF_TRY(trainer_overwrite(t));
     ZOFF_TRY(trainer_restore(t));
     ZOFF_TRY(trainer_open_metrics(t));
+    if (t->info.rank == 0) ZOFF_TRY(trainer_monitor_open(&t->cfg, &t->monitor));
     p[ZOFF_STARTUP_OTHER] += zoff_lap(&mark);
     t->made_dir[0] = 0; /* files exist from here on: the directory stays */
     t->info.startup_s = mark - t0;
@@ -262,6 +264,28 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
     return ZOFF_OK;
 }
 
+/* Samples trained after `step` optimizer steps (all ranks): the monitors' x axis, as DeepSpeed's global_samples. */
+static int64_t samples_at(const zoff_trainer *t, int64_t step) {
+    return step * t->info.micro_batch * t->info.accumulation * t->info.world;
+}
+
+/* DeepSpeed's monitor events of a step: the loss at the samples before it (its backward logs it),
+ * the lr the next step uses and the loss scale after it (its step() logs them, after the update). */
+static zoff_status monitor_step(zoff_trainer *t, const zoff_train_step_result *r) {
+    if (!t->monitor) return ZOFF_OK;
+    const int64_t before = samples_at(t, r->step - 1), after = samples_at(t, r->step);
+    ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/train_loss", r->loss, before));
+    ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/lr",
+                                   zoff_lr_at(&t->cfg.scheduler, t->cfg.optimizer.lr, zoff_engine_steps_taken(t->eng)),
+                                   after));
+    if (t->info.dtype == ZOFF_F16) {
+        zoff_engine_scalars sc;
+        zoff_engine_get_scalars(t->eng, &sc);
+        ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/loss_scale", sc.loss_scale, after));
+    }
+    return trainer_monitor_flush(t->monitor);
+}
+
 static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_result *r) {
     const zoff_step_info *si = &r->info;
     double other = fmax(0.0, r->step_time - r->t_forward - r->t_backward - si->t_wait_grads - si->t_host -
@@ -278,6 +302,7 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
         (long long)r->step, (float)r->loss, r->lr, mom, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
         si->skipped ? "true" : "false", (long long)si->rollbacks, r->t_ckpt_wait, zoff_now());
+    if (s == ZOFF_OK) s = monitor_step(t, r);
     return s != ZOFF_OK ? zoff_error_context(s, "metrics") : ZOFF_OK;
 }
 
@@ -369,7 +394,9 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     if (s == ZOFF_OK && t->info.world > 1) s = zoff_comm_allreduce_f64(t->comm, &sum, 1, ZOFF_REDUCE_SUM);
     if (s != ZOFF_OK) return zoff_error_context(s, "evaluation");
     *out = sum / (double)n;
-    return trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out);
+    ZOFF_TRY(trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out));
+    s = trainer_monitor_event(t->monitor, "Eval/Samples/val_loss", *out, samples_at(t, t->info.step));
+    return s == ZOFF_OK ? trainer_monitor_flush(t->monitor) : s;
 }
 
 /* What a checkpoint records besides tensors, as of now. */

@@ -7,6 +7,15 @@
 #include "zoff/safetensors.h"
 #include "zoff/train.h"
 
+/* monitor.c: DeepSpeed's tensorboard and csv_monitor (rank 0) */
+typedef struct trainer_monitor trainer_monitor;
+/* NULL when neither is enabled. */
+zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out);
+/* One event (DeepSpeed's name, e.g. "Train/Samples/train_loss"; x: samples trained); m may be NULL. */
+zoff_status trainer_monitor_event(trainer_monitor *m, const char *name, double value, int64_t samples);
+zoff_status trainer_monitor_flush(trainer_monitor *m);
+void trainer_monitor_close(trainer_monitor *m);
+
 struct zoff_trainer {
     zoff_trainer_options o;
     zoff_trainer_info info;
@@ -24,6 +33,7 @@ struct zoff_trainer {
     zoff_train_meta resume;   /* --load's meta */
     int32_t *hx, *hy, *dx, *dy;
     FILE *metrics, *timeline;
+    trainer_monitor *monitor; /* rank 0: tensorboard / csv_monitor (NULL: none) */
     char metrics_path[4200];
     char made_dir[4096];      /* the top-most --save directory create made ("" when none) */
     int lock_fd;              /* rank 0: the --save folder's lock (trainer_lock_save_dir), -1: none */

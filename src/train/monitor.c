@@ -1,0 +1,193 @@
+/* DeepSpeed's monitors: "tensorboard" (a TensorFlow event file: TFRecord framing, each record an
+ * Event protobuf with one scalar Summary value) and "csv_monitor" (OUTPUT_PATH/JOB_NAME/NAME.csv,
+ * "step,<last part of NAME>" then one "samples,value" row per event). Rank 0 writes both, under
+ * DeepSpeed's event names and x axis (samples trained). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train/trainer_internal.h"
+
+enum { MAX_CSV = 16 };
+
+struct trainer_monitor {
+    FILE *tb;             /* the event file (NULL: no tensorboard) */
+    char tb_path[4400];
+    char csv_dir[4400];   /* "" : no csv_monitor */
+    char csv_names[MAX_CSV][96]; /* the csv files this run has written to */
+    int ncsv;
+};
+
+/* ---- protobuf and TFRecord encoding ---- */
+
+typedef struct pbuf {
+    uint8_t b[512];
+    size_t n;
+} pbuf;
+
+static void pb_bytes(pbuf *p, const void *d, size_t n) {
+    if (p->n + n <= sizeof p->b) memcpy(p->b + p->n, d, n);
+    p->n += n; /* an overflow is caught by the caller (p->n > sizeof p->b) */
+}
+static void pb_varint(pbuf *p, uint64_t v) {
+    do {
+        uint8_t c = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        if (v) c |= 0x80;
+        pb_bytes(p, &c, 1);
+    } while (v);
+}
+static void pb_tag(pbuf *p, unsigned field, unsigned wire) { pb_varint(p, (uint64_t)(field << 3 | wire)); }
+static void pb_le(pbuf *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) {
+        uint8_t c = (uint8_t)(v >> (8 * i));
+        pb_bytes(p, &c, 1);
+    }
+}
+static void pb_len(pbuf *p, unsigned field, const void *d, size_t n) {
+    pb_tag(p, field, 2);
+    pb_varint(p, n);
+    pb_bytes(p, d, n);
+}
+
+static uint32_t masked_crc(const void *d, size_t n) {
+    uint32_t c = zoff_crc32c(0, d, n);
+    return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+static double wall_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One Event (wall_time = 1, step = 2, file_version = 3, summary = 5) as a TFRecord. */
+static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *version, const char *tag, float value) {
+    pbuf ev = {.n = 0}, sum = {.n = 0}, val = {.n = 0};
+    uint64_t wt;
+    double w = wall_time();
+    memcpy(&wt, &w, sizeof wt);
+    pb_tag(&ev, 1, 1);
+    pb_le(&ev, wt, 8);
+    pb_tag(&ev, 2, 0);
+    pb_varint(&ev, (uint64_t)step);
+    if (version) pb_len(&ev, 3, version, strlen(version));
+    if (tag) { /* Summary { repeated Value value = 1 { string tag = 1; float simple_value = 2 } } */
+        uint32_t fv;
+        memcpy(&fv, &value, sizeof fv);
+        pb_len(&val, 1, tag, strlen(tag));
+        pb_tag(&val, 2, 5);
+        pb_le(&val, fv, 4);
+        pb_len(&sum, 1, val.b, val.n);
+        pb_len(&ev, 5, sum.b, sum.n);
+    }
+    if (ev.n > sizeof ev.b) return zoff_error(ZOFF_ERR_INTERNAL, "tensorboard event for %s too long", tag ? tag : "");
+    uint8_t head[12];
+    uint64_t len = ev.n;
+    for (int i = 0; i < 8; i++) head[i] = (uint8_t)(len >> (8 * i));
+    uint32_t hc = masked_crc(head, 8), dc = masked_crc(ev.b, ev.n);
+    for (int i = 0; i < 4; i++) head[8 + i] = (uint8_t)(hc >> (8 * i));
+    uint8_t tail[4];
+    for (int i = 0; i < 4; i++) tail[i] = (uint8_t)(dc >> (8 * i));
+    if (fwrite(head, 1, 12, m->tb) != 12 || fwrite(ev.b, 1, ev.n, m->tb) != ev.n || fwrite(tail, 1, 4, m->tb) != 4)
+        return zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", m->tb_path, strerror(errno));
+    return ZOFF_OK;
+}
+
+/* ---- csv ---- */
+
+/* The shortest text that reads back as v (Python's repr of a float, but for the ".0" of integers). */
+static void shortest(double v, char *buf, size_t n) {
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, n, "%.*g", p, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
+static zoff_status csv_row(trainer_monitor *m, const char *name, double value, int64_t samples) {
+    char file[96], path[4600], num[40];
+    snprintf(file, sizeof file, "%s", name);
+    for (char *c = file; *c; c++)
+        if (*c == '/' || *c == ' ') *c = '_';
+    snprintf(path, sizeof path, "%s/%s.csv", m->csv_dir, file);
+    bool known = false;
+    for (int i = 0; i < m->ncsv && !known; i++) known = !strcmp(m->csv_names[i], file);
+    struct stat st;
+    /* the header once per file (DeepSpeed writes it again in every process that appends; a resumed run
+     * does not here) */
+    bool header = !known && (stat(path, &st) != 0 || st.st_size == 0);
+    if (!known && m->ncsv < MAX_CSV) snprintf(m->csv_names[m->ncsv++], sizeof m->csv_names[0], "%s", file);
+    FILE *f = fopen(path, "a");
+    if (!f) return zoff_error(ZOFF_ERR_IO, "csv_monitor: cannot write %s: %s", path, strerror(errno));
+    const char *last = strrchr(name, '/');
+    shortest(value, num, sizeof num);
+    if (header) fprintf(f, "step,%s\r\n", last ? last + 1 : name);
+    fprintf(f, "%lld,%s\r\n", (long long)samples, num);
+    if (fclose(f) != 0) return zoff_error(ZOFF_ERR_IO, "csv_monitor: cannot write %s: %s", path, strerror(errno));
+    return ZOFF_OK;
+}
+
+/* ---- the monitor ---- */
+
+static zoff_status log_dir(const zoff_monitor_config *c, const char *what, char *out, size_t n) {
+    int k = c->output_path[0] ? snprintf(out, n, "%s/%s", c->output_path, c->job_name)
+                              : snprintf(out, n, "%s", c->job_name);
+    if (k < 0 || (size_t)k >= n) return zoff_error(ZOFF_ERR_CONFIG, "%s.output_path is too long", what);
+    if (!out[0]) snprintf(out, n, ".");
+    char made[4096];
+    zoff_status s = zoff_train_mkdir_p(out, made, sizeof made);
+    if (s != ZOFF_OK)
+        return zoff_error_context(s, "%s: cannot create %s (its output_path and job_name; choose another)", what, out);
+    return ZOFF_OK;
+}
+
+zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) {
+    *out = NULL;
+    if (!cfg->tensorboard.enabled && !cfg->csv_monitor.enabled) return ZOFF_OK;
+    trainer_monitor *m = calloc(1, sizeof *m);
+    if (!m) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    zoff_status s = ZOFF_OK;
+    if (cfg->csv_monitor.enabled) s = log_dir(&cfg->csv_monitor, "csv_monitor", m->csv_dir, sizeof m->csv_dir);
+    if (s == ZOFF_OK && cfg->tensorboard.enabled) {
+        char dir[4096], host[256] = "localhost";
+        s = log_dir(&cfg->tensorboard, "tensorboard", dir, sizeof dir);
+        gethostname(host, sizeof host - 1);
+        /* torch's SummaryWriter's name: events.out.tfevents.TIME.HOST.PID.N */
+        snprintf(m->tb_path, sizeof m->tb_path, "%s/events.out.tfevents.%010lld.%s.%d.0", dir, (long long)time(NULL),
+                 host, (int)getpid());
+        if (s == ZOFF_OK && !(m->tb = fopen(m->tb_path, "wb")))
+            s = zoff_error(ZOFF_ERR_IO, "tensorboard: cannot create %s: %s", m->tb_path, strerror(errno));
+        if (s == ZOFF_OK) s = tb_record(m, 0, "brain.Event:2", NULL, 0);
+        if (s == ZOFF_OK && fflush(m->tb) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", m->tb_path, strerror(errno));
+    }
+    if (s != ZOFF_OK) {
+        trainer_monitor_close(m);
+        return s;
+    }
+    *out = m;
+    return ZOFF_OK;
+}
+
+zoff_status trainer_monitor_event(trainer_monitor *m, const char *name, double value, int64_t samples) {
+    if (!m) return ZOFF_OK;
+    if (m->tb) ZOFF_TRY(tb_record(m, samples, NULL, name, (float)value));
+    if (m->csv_dir[0]) ZOFF_TRY(csv_row(m, name, value, samples));
+    return ZOFF_OK;
+}
+
+zoff_status trainer_monitor_flush(trainer_monitor *m) {
+    if (m && m->tb && fflush(m->tb) != 0) return zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", m->tb_path, strerror(errno));
+    return ZOFF_OK;
+}
+
+void trainer_monitor_close(trainer_monitor *m) {
+    if (!m) return;
+    if (m->tb) fclose(m->tb);
+    free(m);
+}

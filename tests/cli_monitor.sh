@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# DeepSpeed's monitors: "tensorboard" and "csv_monitor" in the config. The event file is read
+# here by a reader written from TensorFlow's formats (TFRecord framing with masked CRC32C,
+# the Event and Summary protobufs decoded by hand), independent of zoff's writer; its values
+# must be metrics.jsonl's: the loss at the samples before each step, the next step's lr and
+# the loss scale (fp16) after it, the validation losses, on DeepSpeed's x axis (samples).
+# The csv files the same, DeepSpeed's names and header. A resumed run adds a second event file
+# and appends rows under the one header. Usage: cli_monitor.sh ZOFF SRCDIR
+set -u
+ZOFF="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; SRC="$2" # absolute: one run below starts in another folder
+W=$(mktemp -d /tmp/zoff-mon-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check, byte_corpus, PY
+
+byte_corpus "$SRC" "$W"
+cat > "$W/mon.json" <<J
+{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+ "fp16": {"enabled": true, "initial_scale_power": 18, "hysteresis": 1},
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+ "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_type": "linear"}},
+ "tensorboard": {"enabled": true, "output_path": "$W/tb", "job_name": "run1"},
+ "csv_monitor": {"enabled": true, "output_path": "$W/csv", "job_name": "run1"},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+J
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte
+      --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet --config "$W/mon.json")
+"$ZOFF" train "${TINY[@]}" --train-iters 3 --save "$W/run" >"$W/o1.txt" 2>&1
+rc1=$?
+"$ZOFF" train "${TINY[@]}" --train-iters 6 --eval-interval 2 --save "$W/run" --load "$W/run" >"$W/o2.txt" 2>&1
+rc2=$?
+check "3 steps, then resumed to 6 with tensorboard and csv_monitor on: exit 0" "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]"
+
+cat > "$W/read.py" <<'PY'
+import glob, json, math, struct, sys
+W = sys.argv[1]
+
+def crc32c(data):  # CRC-32C (Castagnoli), reflected polynomial 0x82F63B78
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+def masked(c):
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+def varint(b, i):
+    v = s = 0
+    while True:
+        c = b[i]; i += 1
+        v |= (c & 0x7F) << s; s += 7
+        if not c & 0x80:
+            return v, i
+
+def fields(b):  # protobuf message -> [(field, wire, value)]
+    out, i = [], 0
+    while i < len(b):
+        key, i = varint(b, i)
+        f, w = key >> 3, key & 7
+        if w == 0: v, i = varint(b, i)
+        elif w == 1: v = b[i:i + 8]; i += 8
+        elif w == 5: v = b[i:i + 4]; i += 4
+        elif w == 2:
+            n, i = varint(b, i); v = b[i:i + n]; i += n
+        else: raise ValueError("wire type %d" % w)
+        out.append((f, w, v))
+    return out
+
+def records(path):
+    b = open(path, "rb").read()
+    i = 0
+    while i < len(b):
+        (n,) = struct.unpack_from("<Q", b, i)
+        (hc,) = struct.unpack_from("<I", b, i + 8)
+        assert hc == masked(crc32c(b[i:i + 8])), "length crc"
+        d = b[i + 12:i + 12 + n]
+        (dc,) = struct.unpack_from("<I", b, i + 12 + n)
+        assert dc == masked(crc32c(d)), "data crc"
+        i += 12 + n + 4
+        yield d
+
+files = sorted(glob.glob(W + "/tb/run1/events.out.tfevents.*"))
+assert len(files) == 2, files  # the first run's and the resumed run's
+scalars = {}
+for path in files:
+    first = True
+    for rec in records(path):
+        ev = fields(rec)
+        f = {k: v for k, _, v in ev}
+        assert 1 in f and 2 in f, ev  # wall_time, step
+        (wall,) = struct.unpack("<d", f[1])
+        assert wall > 1.6e9, wall
+        if first:
+            assert f.get(3) == b"brain.Event:2", ev
+            first = False
+            continue
+        (val,) = [v for k, _, v in fields(f[5]) if k == 1]
+        vf = {k: v for k, _, v in fields(val)}
+        tag = vf[1].decode()
+        (x,) = struct.unpack("<f", vf[2])
+        scalars.setdefault(tag, []).append((f[2], x))
+
+steps = [json.loads(l) for l in open(W + "/run/metrics.jsonl") if '"loss"' in l]
+vals = [json.loads(l) for l in open(W + "/run/metrics.jsonl") if '"val_loss"' in l]
+gbs = 8  # micro 4 x accumulation 2 x 1 rank
+assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+def close(a, b):
+    return abs(a - b) <= 2e-6 * max(1.0, abs(b))
+loss = scalars["Train/Samples/train_loss"]
+assert [x for x, _ in loss] == [(s["step"] - 1) * gbs for s in steps], loss
+assert all(close(v, s["loss"]) for (_, v), s in zip(loss, steps)), (loss, steps)
+lr = scalars["Train/Samples/lr"]
+assert [x for x, _ in lr] == [s["step"] * gbs for s in steps], lr
+# DeepSpeed logs the lr after its scheduler stepped: the next step's
+assert all(close(v, s["lr"]) for (_, v), s in zip(lr[:-1], steps[1:])), (lr, steps)
+scale = scalars["Train/Samples/loss_scale"]
+assert [x for x, _ in scale] == [s["step"] * gbs for s in steps], scale
+assert all(close(v, s["loss_scale"]) for (_, v), s in zip(scale[:-1], steps[1:])), (scale, steps)
+ev = scalars["Eval/Samples/val_loss"]
+assert [x for x, _ in ev] == [v["step"] * gbs for v in vals], (ev, vals)
+assert [v["step"] for v in vals] == [0, 3, 3, 4, 6], vals  # before/after each run, --eval-interval 2
+assert all(close(x, v["val_loss"]) for (_, x), v in zip(ev, vals)), (ev, vals)
+
+# csv_monitor: DeepSpeed's files, "step,<last part>" once, then the same events
+for tag, rows in scalars.items():
+    path = W + "/csv/run1/" + tag.replace("/", "_") + ".csv"
+    lines = open(path, newline="").read().split("\r\n")
+    assert lines[-1] == "", path
+    assert lines[0] == "step," + tag.split("/")[-1], (path, lines[0])
+    got = [tuple(l.split(",")) for l in lines[1:-1]]
+    assert [int(a) for a, _ in got] == [x for x, _ in rows], (path, got, rows)
+    assert all(abs(float(b) - v) <= 1e-6 * max(1.0, abs(v)) for (_, b), (_, v) in zip(got, rows)), (path, got, rows)
+print("events:", {k: len(v) for k, v in sorted(scalars.items())})
+PY
+"$PY" "$W/read.py" "$W" >"$W/read.txt" 2>&1
+check "the event files read back (CRCs, Event/Summary protobufs) and the csv files hold metrics.jsonl's values on DeepSpeed's axis" \
+  "grep -q '^events:' '$W/read.txt'" || cat "$W/read.txt"
+
+# defaults: output_path "" is the working directory, job_name DeepSpeedJobName (as DeepSpeed)
+sed 's|"tensorboard": {[^}]*}|"tensorboard": {"enabled": true}|; s|"csv_monitor": {[^}]*}|"csv_monitor": {"enabled": true}|' \
+  "$W/mon.json" > "$W/def.json"
+mkdir -p "$W/cwd"
+(cd "$W/cwd" && "$ZOFF" train "${TINY[@]/$W\/mon.json/$W/def.json}" --train-iters 1 --save "$W/def" >/dev/null 2>&1)
+check "defaults: ./DeepSpeedJobName/ holds the event file and the csv files" \
+  "ls '$W/cwd/DeepSpeedJobName/' | grep -q '^events.out.tfevents' && [ -f '$W/cwd/DeepSpeedJobName/Train_Samples_lr.csv' ]"
+
+# an output_path under a file: exit 2 naming the key, before training
+sed "s|\"output_path\": \"$W/tb\"|\"output_path\": \"$W/o1.txt/tb\"|" "$W/mon.json" > "$W/bad.json"
+"$ZOFF" train "${TINY[@]/$W\/mon.json/$W/bad.json}" --train-iters 1 --save "$W/bad" >"$W/bad.txt" 2>&1
+rc=$?
+check "tensorboard.output_path under a file: exit 2, says tensorboard and the folder" \
+  "[ $rc -eq 2 ] && grep -q 'tensorboard: cannot create .*o1.txt/tb/run1' '$W/bad.txt'"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
