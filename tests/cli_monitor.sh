@@ -3,7 +3,8 @@
 # here by a reader written from TensorFlow's formats (TFRecord framing with masked CRC32C,
 # the Event and Summary protobufs decoded by hand), independent of zoff's writer; its values
 # must be metrics.jsonl's: the loss at the samples before each step, the next step's lr and
-# the loss scale (fp16) after it, the validation losses, on DeepSpeed's x axis (samples).
+# the loss scale (fp16) after it, the validation losses, DeepSpeed's timers with
+# wall_clock_breakdown, on DeepSpeed's x axis (samples).
 # The csv files the same, DeepSpeed's names and header. A resumed run adds a second event file
 # and appends rows under the one header. Usage: cli_monitor.sh ZOFF SRCDIR
 set -u
@@ -15,7 +16,7 @@ trap 'rm -rf "$W"' EXIT
 byte_corpus "$SRC" "$W"
 cat > "$W/mon.json" <<J
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
- "fp16": {"enabled": true, "initial_scale_power": 18, "hysteresis": 1},
+ "fp16": {"enabled": true, "initial_scale_power": 18, "hysteresis": 1}, "wall_clock_breakdown": true,
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
  "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_type": "linear"}},
  "tensorboard": {"enabled": true, "output_path": "$W/tb", "job_name": "run1"},
@@ -121,6 +122,13 @@ ev = scalars["Eval/Samples/val_loss"]
 assert [x for x, _ in ev] == [v["step"] * gbs for v in vals], (ev, vals)
 assert [v["step"] for v in vals] == [0, 3, 3, 4, 6], vals  # before/after each run, --eval-interval 2
 assert all(close(x, v["val_loss"]) for (_, x), v in zip(ev, vals)), (ev, vals)
+# wall_clock_breakdown: DeepSpeed's timers in ms after each step; forward and backward are metrics.jsonl's
+for name, key in (("forward", "forward"), ("backward", "backward"), ("step", None)):
+    t = scalars["Train/Samples/elapsed_time_ms_" + name]
+    assert [x for x, _ in t] == [s["step"] * gbs for s in steps], t
+    assert all(v >= 0 for _, v in t), t
+    if key:
+        assert all(abs(v - 1e3 * s[key]) <= 1e-3 + 1e-5 * v for (_, v), s in zip(t, steps)), (t, steps)
 
 # csv_monitor: DeepSpeed's files, "step,<last part>" once, then the same events
 for tag, rows in scalars.items():

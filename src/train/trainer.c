@@ -283,6 +283,11 @@ static zoff_status monitor_step(zoff_trainer *t, const zoff_train_step_result *r
         zoff_engine_get_scalars(t->eng, &sc);
         ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/loss_scale", sc.loss_scale, after));
     }
+    if (t->cfg.wall_clock_breakdown) { /* DeepSpeed's timers, in ms, at the samples after the step */
+        ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/elapsed_time_ms_forward", 1e3 * r->t_forward, after));
+        ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/elapsed_time_ms_backward", 1e3 * r->t_backward, after));
+        ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/elapsed_time_ms_step", 1e3 * r->info.t_step, after));
+    }
     return trainer_monitor_flush(t->monitor);
 }
 
