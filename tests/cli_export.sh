@@ -120,8 +120,9 @@ fi
 # 1b. a gpt2-tokenizer model's folder also gets the tokenizer's files, as transformers'
 #     GPT2Tokenizer reads them: the reference GPT-2 encoder on the folder's vocab.json and
 #     merges.txt gives zoff tokenize's ids for the same text
+"$ZOFF" tokenize --tokenizer gpt2 --quiet --output-prefix "$W/g2c" "$SRC/README.md" >/dev/null 2>&1
 "$ZOFF" train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 \
-  --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --train-iters 0 --eval-iters 0 --quiet \
+  --data-path "$W/g2c_train.bin" --val-path "$W/g2c_val.bin" --train-iters 0 --eval-iters 0 --quiet \
   --save "$W/g2run" >/dev/null 2>&1
 "$ZOFF" export --load "$W/g2run" --output "$W/g2hf/" >"$W/g2.out" 2>&1
 check "export of a gpt2-tokenizer model: vocab.json, merges.txt, tokenizer_config.json beside config.json" \

@@ -56,6 +56,12 @@ check "message names zero_optimization.bogus_key" "grep -q 'zero_optimization.bo
 check "nothing written for a bad config" "[ ! -e '$W/badcfg' ]"
 "$ZOFF" train "${TINY[@]}" --eval-iters 0 --eval-interval 2 --save "$W/evalint" >"$W/err.txt" 2>&1
 rc=$?
+# byte shards for a run whose tokenizer is gpt2 (the default): refused, both tokenizers named
+"$ZOFF" train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 \
+  --data-path "$W/corpus_train.bin" --eval-iters 0 --train-iters 1 --save "$W/tokmix" >"$W/tokmix.txt" 2>&1
+rc=$?
+check "byte shards, gpt2 tokenizer: exit 2, names both tokenizers and --tokenizer, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'corpus_train.bin was written by the byte tokenizer (256 tokens), not this model.s gpt2 (50257).*--tokenizer' '$W/tokmix.txt' && [ ! -e '$W/tokmix' ]"
 # OneCycle's momentum after the cycle, grown past 1 by decay_mom_rate before the last step: refused at start
 echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
   "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3, "cycle_first_step_size": 1,

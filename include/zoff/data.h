@@ -74,6 +74,10 @@ void zoff_dataset_free(zoff_dataset *ds);
 int zoff_dataset_num_shards(const zoff_dataset *ds);
 const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i);
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds); /* over all shards */
+typedef struct zoff_tokenizer zoff_tokenizer;
+/* Every shard that records its tokenizer's vocabulary (zoff tokenize's) records tok's: else
+ * ZOFF_ERR_FORMAT naming the file, both tokenizers and what to do (hint appended). */
+zoff_status zoff_dataset_check_tokenizer(const zoff_dataset *ds, const zoff_tokenizer *tok, const char *hint);
 
 /* ======================================================================== loader
  * The loader cuts the dataset into windows of T+1 contiguous tokens, window k of a
@@ -144,7 +148,6 @@ zoff_loader_state zoff_loader_get_state(const zoff_loader *l);
 zoff_status zoff_loader_set_state(zoff_loader *l, const zoff_loader_state *s);
 
 /* ===================================================================== tokenizers */
-typedef struct zoff_tokenizer zoff_tokenizer;
 
 /* `name` is "gpt2" (GPT-2 BPE, 50257 tokens, tables found with zoff_data_find) or
  * "byte" (256 tokens, token = byte). */

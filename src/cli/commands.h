@@ -5,6 +5,7 @@
 
 int zoff_cmd_train(int argc, char **argv);
 int zoff_cmd_sample(int argc, char **argv);
+int zoff_cmd_eval(int argc, char **argv);
 int zoff_cmd_tokenize(int argc, char **argv);
 int zoff_cmd_bench(int argc, char **argv);      /* dispatches to the bench_* below */
 int zoff_cmd_bench_adam(int argc, char **argv);

@@ -10,6 +10,7 @@
 #include "zoff/data.h"
 #include "zoff/engine.h"
 #include "zoff/model.h"
+#include "zoff/safetensors.h"
 #include "zoff/train.h"
 
 /* Parse helpers: on failure print "zoff <cmd>: <flag>: ..." to stderr and return false. */
@@ -38,6 +39,26 @@ int cli_exit_code(zoff_status s);
  * would silently measure another disk). 0, or prints why, naming the command and the folder, and
  * returns 2. */
 int cli_bench_dir(const char *cmd, const char *dir);
+
+/* ---- weights to run a model on (weights.c: zoff sample, zoff eval) ---- */
+/* A training checkpoint or GPT-2 weights in safetensors, with the model's shape, its context
+ * length (the checkpoint's sequence length, or all of a file's positions) and its tokenizer. */
+typedef struct cli_weights {
+    zoff_ckpt_reader *rd;
+    zoff_st_file *st;
+    zoff_gpt2_shape shape;
+    int64_t seq_len;
+    char tokenizer[16];
+} cli_weights;
+/* load: a checkpoint root or step folder, a safetensors file, or a folder holding
+ * model.safetensors; tokenizer: --tokenizer for safetensors without zoff's metadata (or NULL).
+ * Call cli_weights_close also after a failure. */
+zoff_status cli_weights_open(const char *load, const char *tokenizer, cli_weights *w);
+void cli_weights_close(cli_weights *w);
+/* A device ("cuda", "cpu" or NULL: cuda when available) and an fp32 model of batch B and sequence
+ * T holding the weights (no host copy kept). */
+zoff_status cli_weights_model(cli_weights *w, const char *device, int64_t B, int64_t T, zoff_device **dev,
+                              zoff_gpt2 **model);
 
 /* Flags that take a value, as tables: a string, or an integer within [min, max]. */
 typedef struct cli_string_flag {

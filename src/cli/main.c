@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train      train a model (default: small GPT-2 on the bundled corpus)\n"
             "  sample     generate text from a checkpoint\n"
+            "  eval       loss and perplexity of a checkpoint or GPT-2 weights on token shards\n"
             "  tokenize   write token shards (.bin) from text files\n"
             "  export     write a checkpoint's weights as safetensors (Hugging Face GPT-2 or fp32)\n"
             "  bench      measure against the machine's limits and peers (adam, step, nvme, ckpt)\n"
@@ -50,6 +51,7 @@ typedef struct command {
 static const command commands[] = {
     {"train", zoff_cmd_train},   {"sample", zoff_cmd_sample}, {"tokenize", zoff_cmd_tokenize},
     {"export", zoff_cmd_export}, {"bench", zoff_cmd_bench},   {"plan", zoff_cmd_plan},
+    {"eval", zoff_cmd_eval},
 };
 
 static const command *find_command(const char *name) {

@@ -3,11 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "zoff/safetensors.h"
 
 static void sample_usage(FILE *f) {
     fprintf(f,
@@ -26,71 +24,6 @@ static void sample_usage(FILE *f) {
             "                          probability (nucleus sampling), 1 = all (default 1)\n"
             "  --seed N                sampling seed (default 1)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n");
-}
-
-/* Where the weights come from: a checkpoint or a safetensors file, with the model's shape, its
- * context length and its tokenizer. */
-typedef struct sample_source {
-    zoff_ckpt_reader *rd;
-    zoff_st_file *st;
-    zoff_gpt2_shape shape;
-    int64_t seq_len;
-    char tokenizer[16];
-} sample_source;
-
-/* A safetensors file's model: the shape its tensors and metadata (or config.json) give, all its
- * positions as the context, the tokenizer its zoff.tokenizer metadata names, else GPT-2's for
- * GPT-2's vocabulary. */
-static zoff_status open_safetensors(const char *file, const char *tokenizer, sample_source *src) {
-    ZOFF_TRY(zoff_st_open(file, &src->st));
-    ZOFF_TRY(zoff_gpt2_st_infer_shape(src->st, &src->shape));
-    if (src->shape.num_heads <= 0)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s does not say how many attention heads its model has (no zoff.num_heads in its "
-                          "metadata, no config.json with n_head beside it): put the model's config.json beside it",
-                          file);
-    src->seq_len = src->shape.max_seq_len;
-    const char *tk = zoff_st_metadata(src->st, "zoff.tokenizer");
-    if (tk && tokenizer && strcmp(tk, tokenizer) != 0)
-        return zoff_error(ZOFF_ERR_INVALID, "%s was trained with tokenizer %s (its zoff.tokenizer), not --tokenizer %s",
-                          file, tk, tokenizer);
-    if (!tk) tk = tokenizer;
-    if (!tk && src->shape.vocab_size >= 50257) tk = "gpt2";
-    if (!tk)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s does not say its tokenizer (no zoff.tokenizer in its metadata) and its vocabulary of "
-                          "%lld is not GPT-2's: give --tokenizer (byte for 256)",
-                          file, (long long)src->shape.vocab_size);
-    snprintf(src->tokenizer, sizeof src->tokenizer, "%s", tk);
-    return zoff_gpt2_st_check(src->st, &src->shape);
-}
-
-static zoff_status open_source(const char *load, const char *tokenizer, sample_source *src) {
-    char file[4200];
-    struct stat st;
-    int r = zoff_gpt2_st_resolve(load, file, sizeof file);
-    if (r == 1 || (r == 0 && stat(load, &st) == 0 && S_ISREG(st.st_mode)))
-        return open_safetensors(file, tokenizer, src);
-    char hint[1024];
-    if (r < 0) zoff_gpt2_st_folder_hint(load, hint, sizeof hint);
-    if (r < 0 && hint[0])
-        return zoff_error(ZOFF_ERR_INVALID, "%s is neither a checkpoint nor holds model.safetensors%s", load, hint);
-    if (tokenizer)
-        return zoff_error(ZOFF_ERR_INVALID, "--tokenizer is for safetensors weights; a checkpoint records its own");
-    zoff_train_meta meta;
-    ZOFF_TRY(zoff_ckpt_open(load, 0, &src->rd));
-    ZOFF_TRY(zoff_train_ckpt_read_meta(src->rd, &meta, NULL));
-    src->shape = meta.shape;
-    src->seq_len = meta.seq_len;
-    snprintf(src->tokenizer, sizeof src->tokenizer, "%s", meta.tokenizer);
-    return ZOFF_OK;
-}
-
-static zoff_status read_weights(sample_source *src, const zoff_gpt2 *model, float *w) {
-    if (src->rd) return zoff_train_ckpt_read_weights(src->rd, model, w);
-    int nt = 0;
-    const zoff_tensor_info *tab = zoff_gpt2_tensors(model, &nt);
-    return zoff_gpt2_st_load(src->st, zoff_gpt2_get_shape(model), tab, nt, w);
 }
 
 int zoff_cmd_sample(int argc, char **argv) {
@@ -133,37 +66,24 @@ int zoff_cmd_sample(int argc, char **argv) {
         return 2;
     }
     int rc = 1;
-    sample_source src = {0};
+    cli_weights src;
     zoff_tokenizer *tok = NULL;
     zoff_device *dev = NULL;
     zoff_gpt2 *model = NULL;
-    float *w = NULL, *logits = NULL, *scratch = NULL;
+    float *logits = NULL, *scratch = NULL;
     int32_t *dtok = NULL;
     zoff_tokens ctx = {0};
-    zoff_status s = open_source(load, tokenizer, &src);
+    zoff_status s = cli_weights_open(load, tokenizer, &src);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff sample: --load %s: %s\n", load, zoff_last_error());
-        zoff_ckpt_close(src.rd);
-        zoff_st_close(src.st);
+        cli_weights_close(&src);
         return cli_exit_code(s);
     }
     const int64_t T = src.seq_len;
-    zoff_device_options dopt = {.kind = ZOFF_BACKEND_CPU};
-    if ((device && !strcmp(device, "cuda")) || (!device && zoff_backend_available(ZOFF_BACKEND_CUDA)))
-        dopt.kind = ZOFF_BACKEND_CUDA;
-    zoff_gpt2_options mo = {.shape = src.shape, .batch_size = 1, .seq_len = T, .dtype = ZOFF_F32};
     s = zoff_tokenizer_open(src.tokenizer, &tok);
-    if (s == ZOFF_OK) s = zoff_device_create(&dopt, &dev);
-    if (s == ZOFF_OK) s = zoff_gpt2_create(dev, &mo, &model);
-    int64_t n = s == ZOFF_OK ? zoff_gpt2_num_params(model) : 0;
+    if (s == ZOFF_OK) s = cli_weights_model(&src, device, 1, T, &dev, &model);
     int64_t V = src.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
-    if (s == ZOFF_OK && !(w = zoff_aligned_alloc(64, (size_t)n * sizeof(float), "weights"))) s = ZOFF_ERR_NOMEM;
-    if (s == ZOFF_OK) s = read_weights(&src, model, w);
     zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
-    if (s == ZOFF_OK) s = zoff_memcpy_async(st, zoff_gpt2_params(model), w, (size_t)n * sizeof(float), ZOFF_COPY_H2D);
-    if (s == ZOFF_OK) s = zoff_stream_synchronize(st); /* the copy reads w: wait for it before w goes */
-    zoff_aligned_free(w);
-    w = NULL;
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)T * sizeof(int32_t), "context tokens", (void **)&dtok);
     if (s == ZOFF_OK && (!(logits = malloc((size_t)Vp * sizeof(float))) || !(scratch = malloc((size_t)Vp * sizeof(float)))))
         s = zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
@@ -204,12 +124,10 @@ done:
     zoff_tokens_free(&ctx);
     free(logits);
     free(scratch);
-    zoff_aligned_free(w);
     if (dev) zoff_device_free(dev, dtok);
     zoff_gpt2_destroy(model);
     zoff_device_destroy(dev);
     zoff_tokenizer_free(tok);
-    zoff_ckpt_close(src.rd);
-    zoff_st_close(src.st);
+    cli_weights_close(&src);
     return rc;
 }

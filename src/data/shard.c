@@ -360,3 +360,21 @@ const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i) {
     return (i >= 0 && i < ds->num_shards) ? ds->shards[i] : NULL;
 }
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds) { return ds->num_tokens; }
+
+static const char *tokenizer_by_vocab(int32_t v) { return v == 256 ? "byte" : v == 50257 ? "gpt2" : NULL; }
+
+zoff_status zoff_dataset_check_tokenizer(const zoff_dataset *ds, const zoff_tokenizer *tok, const char *hint) {
+    const int32_t tv = zoff_tokenizer_vocab_size(tok);
+    for (int i = 0; i < ds->num_shards; i++) {
+        const zoff_shard *s = ds->shards[i];
+        if (s->vocab_size <= 0 || s->vocab_size == tv) continue; /* not recorded (llm.c's shards), or the same */
+        const char *was = tokenizer_by_vocab(s->vocab_size);
+        char by[64];
+        if (was) snprintf(by, sizeof by, "the %s tokenizer (%d tokens)", was, (int)s->vocab_size);
+        else snprintf(by, sizeof by, "a tokenizer of %d tokens", (int)s->vocab_size);
+        return zoff_error(ZOFF_ERR_FORMAT, "%s was written by %s, not this model's %s (%d): its ids would be read as "
+                                           "other tokens; tokenize it with --tokenizer %s%s",
+                          s->path, by, zoff_tokenizer_name(tok), (int)tv, zoff_tokenizer_name(tok), hint ? hint : "");
+    }
+    return ZOFF_OK;
+}

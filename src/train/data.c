@@ -95,7 +95,10 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     char train_path[4096], val_path[4096];
     ZOFF_TRY(data_paths(t, train_path, val_path, sizeof train_path));
     int32_t vocab = (int32_t)t->info.shape.vocab_size;
+    /* a resumed run has its checkpoint's tokenizer; a new one chose it */
+    const char *hint = t->o.load_dir ? " (the checkpoint's)" : ", or train with the shards' (--tokenizer)";
     zoff_status s = zoff_dataset_open(train_path, vocab, &t->train_ds);
+    if (s == ZOFF_OK) s = zoff_dataset_check_tokenizer(t->train_ds, t->tok, hint);
     if (s != ZOFF_OK) return zoff_error_context(s, "--data-path");
     zoff_loader_options lo = zoff_loader_defaults(t->info.micro_batch, t->info.seq_len);
     lo.seed = t->o.seed;
@@ -108,7 +111,8 @@ zoff_status trainer_open_data(zoff_trainer *t) {
         lo.val_tokens = zoff_dataset_num_tokens(t->train_ds) / 20;
         lo.what = "the training split (all but the last 5% of --data-path's tokens, which validation reads unless "
                   "--val-path is given)";
-    } else if ((s = zoff_dataset_open(val_path, vocab, &t->val_ds)) != ZOFF_OK) {
+    } else if ((s = zoff_dataset_open(val_path, vocab, &t->val_ds)) != ZOFF_OK ||
+               (s = zoff_dataset_check_tokenizer(t->val_ds, t->tok, hint)) != ZOFF_OK) {
         return zoff_error_context(s, "--val-path");
     }
     if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# zoff eval: the loss and perplexity of weights on token shards. The reference is an independent
+# GPT-2 in PyTorch (tests/fixtures/safetensors_gpt2_ref.py, float64) on a random model written by
+# Python, over the same windows (llm.c's: window k of a shard = tokens k*T .. k*T+T, in file order,
+# whole batches): the mean cross-entropy must agree. A checkpoint's eval gives the trainer's own
+# validation loss on the same windows. Shards of another tokenizer, a context longer than the
+# model's and missing flags exit 2. Usage: cli_eval.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-eval-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check, byte_corpus, PY
+skip=0
+
+byte_corpus "$SRC" "$W"
+# a val shard of a few thousand tokens: PyTorch evaluates all of it
+head -c 3001 "$W/corpus.txt" > "$W/small.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/small" "$W/small.txt" >/dev/null 2>&1
+
+if "$PY" -c 'import torch' 2>/dev/null; then
+  "$PY" "$SRC/tests/fixtures/check_export_safetensors.py" random "$W/rand.safetensors" --layers 2 --hidden 32 \
+    --heads 2 --positions 32 --vocab 256 >/dev/null
+  "$ZOFF" eval --load "$W/rand.safetensors" --tokenizer byte --data-path "$W/small_train.bin" --seq-length 24 \
+    --micro-batch-size 7 --json --device cpu >"$W/eval.json" 2>"$W/eval.err"
+  check "eval of a random GPT-2 (safetensors, byte shards): exit 0, one JSON object" "[ \$? -eq 0 ] && [ -s '$W/eval.json' ]"
+  cat > "$W/ref.py" <<'PY'
+import json, math, sys
+import numpy as np
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, strip_names, forward
+W, T, B = sys.argv[2], 24, 7
+tensors, meta, _ = read_safetensors(W + "/rand.safetensors")
+P = strip_names(tensors)
+raw = open(W + "/small_train.bin", "rb").read()
+tok = np.frombuffer(raw[1024:], dtype="<u2").astype(np.int64)
+nw = (len(tok) - 1) // T                 # windows of T+1 tokens starting at k*T
+nb = nw // B                             # whole batches only
+win = np.stack([tok[k * T:k * T + T + 1] for k in range(nb * B)])
+x, y = torch.from_numpy(win[:, :-1]), torch.from_numpy(win[:, 1:])
+with torch.no_grad():
+    logits = forward(P, x, 2)
+loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+got = json.load(open(W + "/eval.json"))
+assert got["windows"] == nb * B and got["windows_left_out"] == nw - nb * B, (got, nw)
+assert got["tokens"] == nb * B * T and got["seq_len"] == T and got["batch"] == B, got
+assert abs(got["loss"] - loss) <= 1e-4 * loss, (got["loss"], loss)
+assert abs(got["perplexity"] - math.exp(got["loss"])) <= 1e-5 * got["perplexity"], got
+print("loss zoff %.6f PyTorch float64 %.6f over %d windows (%d left out)" % (got["loss"], loss, nb * B, nw - nb * B))
+PY
+  "$PY" "$W/ref.py" "$SRC" "$W" >"$W/ref.txt" 2>&1
+  check "its loss, windows and perplexity are PyTorch's on the same windows ($(tail -1 "$W/ref.txt"))" \
+    "grep -q '^loss zoff' '$W/ref.txt'"
+else
+  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 2))
+fi
+
+# a checkpoint: eval on the validation shard == the trainer's validation loss over the same windows
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 --tokenizer byte
+      --data-path "$W/corpus_train.bin" --val-path "$W/small_train.bin" --quiet)
+nwin=$(( ($(stat -c %s "$W/small_train.bin") - 1024) / 2 - 1 ))
+nb=$(( nwin / 16 / 4 ))
+"$ZOFF" train "${TINY[@]}" --train-iters 3 --eval-iters "$nb" --save "$W/run" >/dev/null 2>&1
+"$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" --micro-batch-size 4 --json >"$W/ck.json" 2>&1
+rc=$?
+want=$(grep '"step":3,"val_loss"' "$W/run/metrics.jsonl" | sed 's/.*"val_loss"://; s/}//')
+got=$("$PY" -c "import json; print('%.6f' % json.load(open('$W/ck.json'))['loss'])" 2>/dev/null)
+check "eval of a checkpoint (its sequence length 16) == the trainer's validation loss on the same $nb batches ($got vs $want)" \
+  "[ $rc -eq 0 ] && [ -n '$want' ] && [ '$got' = '$want' ]"
+
+"$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" >"$W/line.txt" 2>&1
+check "the summary line: loss, perplexity, tokens, windows" \
+  "[ \$? -eq 0 ] && grep -q '^zoff eval: loss [0-9.]*, perplexity [0-9.]* over [0-9]* tokens ([0-9]* windows of 16 + 1 tokens' '$W/line.txt'"
+
+# wrong input: exit 2, said
+"$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
+"$ZOFF" eval --load "$W/run" --data-path "$W/g2_train.bin" >"$W/e1.txt" 2>&1
+rc=$?
+check "gpt2 shards on a byte model: exit 2, names the tokenizers" \
+  "[ $rc -eq 2 ] && grep -q 'g2_train.bin was written by .*50257 tokens' '$W/e1.txt'"
+"$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" --seq-length 17 >"$W/e2.txt" 2>&1
+rc=$?
+check "--seq-length past the model's positions: exit 2, says the limit" "[ $rc -eq 2 ] && grep -q 'give 16 or less' '$W/e2.txt'"
+"$ZOFF" eval --load "$W/run" >"$W/e3.txt" 2>&1
+rc=$?
+check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
