@@ -352,6 +352,47 @@ static void test_matches_pytorch(void **state) {
     zoff_device_destroy(dev);
 }
 
+/* Generation a token at a time (zoff_gpt2_forward_next) gives PyTorch's logits (float64, the
+ * fixture's) at every position: each sequence of the batch as a prompt of k tokens (a full forward)
+ * then the rest one position at a time, for every k; the cached prefix is the earlier forwards'
+ * rows. A next-token step at the wrong position, or with checkpointed activations, is refused. */
+static void test_forward_next_matches_pytorch(void **state) {
+    (void)state;
+    zoff_device *dev = make_device(0);
+    zoff_gpt2 *m = fixture_model(dev, &g_fx, 1, g_fx.T, ZOFF_F32, false);
+    const int64_t T = g_fx.T, Vp = g_fx.Vp;
+    int32_t *tok = upload_i32(dev, g_fx.tokens, (int64_t)g_fx.B * T);
+    float *row = malloc((size_t)Vp * sizeof(float));
+    assert_non_null(row);
+    double worst = 0;
+    int rows = 0;
+    for (int64_t b = 0; b < g_fx.B; b++)
+        for (int64_t k = 1; k < T; k++) {
+            CHECK_OK(zoff_gpt2_forward(m, tok + b * T, NULL, 1, k));
+            for (int64_t pos = k; pos < T; pos++) {
+                CHECK_OK(zoff_gpt2_forward_next(m, tok + b * T + pos, pos));
+                download_as(dev, row, (const float *)zoff_gpt2_logits(m) + pos * Vp, Vp, ZOFF_F32);
+                double e = norm_err(row, g_fx.logits + (b * T + pos) * Vp, Vp);
+                if (e > worst) worst = e;
+                if (e > 1e-5) fail_msg("sequence %lld, prompt %lld, position %lld: logits err %.3g > 1e-5", (long long)b,
+                                       (long long)k, (long long)pos, e);
+                rows++;
+            }
+        }
+    print_message("next-token forward vs torch(fp64): %d rows, worst normalised max err %.3g (tol 1e-5)\n", rows, worst);
+    CHECK_OK(zoff_gpt2_forward(m, tok, NULL, 1, 3));
+    assert_int_equal(zoff_gpt2_forward_next(m, tok + 4, 4), ZOFF_ERR_INVALID); /* position 3 comes next */
+    CHECK_OK(zoff_gpt2_forward_next(m, tok + 3, 3));
+    zoff_gpt2 *ck = fixture_model(dev, &g_fx, 1, T, ZOFF_F32, true);
+    CHECK_OK(zoff_gpt2_forward(ck, tok, NULL, 1, 3));
+    assert_int_equal(zoff_gpt2_forward_next(ck, tok + 3, 3), ZOFF_ERR_INVALID); /* no per-block activations */
+    zoff_gpt2_destroy(ck);
+    free(row);
+    zoff_device_free(dev, tok);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+}
+
 /* Activations for a larger capacity than the batch: only the first B*T rows are used. */
 static void test_smaller_batch_than_capacity(void **state) {
     (void)state;
@@ -1030,6 +1071,7 @@ int main(void) {
         cmocka_unit_test(test_fixture_format),
         cmocka_unit_test(test_tensor_table),
         cmocka_unit_test(test_matches_pytorch),
+        cmocka_unit_test(test_forward_next_matches_pytorch),
         cmocka_unit_test(test_smaller_batch_than_capacity),
         cmocka_unit_test(test_checkpoint_bit_identical),
         cmocka_unit_test(test_train_forward_dloss_scale),

@@ -151,6 +151,14 @@ zoff_status zoff_gpt2_forward_train(zoff_gpt2 *m, const int32_t *tokens, const i
                                     int64_t T, float dloss_scale);
 /* Mean loss of the last forward (either kind, with targets; still valid after backward). */
 zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss);
+/* Generation, one token at a time: the forward of `token` (device, 1 id) at position pos after an
+ * inference forward of batch 1 over positions 0..pos-1 (zoff_gpt2_forward, or this function at
+ * pos-1). The keys and values of the earlier positions are reused from their rows of the block
+ * activations (a cache of the whole prefix; attention itself is recomputed over it): only row pos
+ * is computed, which gives the logits the full forward over 0..pos would give at row pos (to fp32
+ * rounding; test_gpt2). The logits of rows 0..pos stay readable (zoff_gpt2_logits). Needs
+ * pos < seq_len of create, no activation checkpointing and no parameter hooks. */
+zoff_status zoff_gpt2_forward_next(zoff_gpt2 *m, const int32_t *token, int64_t pos);
 /* Device pointer to the logits (B,T,Vp) of the last zoff_gpt2_forward (NULL after a training forward). */
 const void *zoff_gpt2_logits(zoff_gpt2 *m);
 

@@ -95,11 +95,22 @@ int zoff_cmd_sample(int argc, char **argv) {
     fputs(prompt, stdout);
     uint64_t rng = zoff_sample_rng_init((uint64_t)seed);
     const zoff_sample_options so = {.temperature = temp, .top_k = top_k, .top_p = top_p};
+    /* the positions 0..cached-1 of the context whose activations the model holds: then each new token
+     * is one position's forward (zoff_gpt2_forward_next); once the context outgrows T it slides, every
+     * position moves, and each token takes a full forward of the last T */
+    int64_t cached = 0;
     for (int64_t k = 0; k < max_new; k++) {
         int64_t len = (int64_t)ctx.n < T ? (int64_t)ctx.n : T;
         const int32_t *win = ctx.ids + ctx.n - (size_t)len;
-        s = zoff_memcpy_async(st, dtok, win, (size_t)len * sizeof(int32_t), ZOFF_COPY_H2D);
-        if (s == ZOFF_OK) s = zoff_gpt2_forward(model, dtok, NULL, 1, len);
+        bool next = cached > 0 && (int64_t)ctx.n <= T && cached == (int64_t)ctx.n - 1;
+        if (next) {
+            s = zoff_memcpy_async(st, dtok + cached, ctx.ids + cached, sizeof(int32_t), ZOFF_COPY_H2D);
+            if (s == ZOFF_OK) s = zoff_gpt2_forward_next(model, dtok + cached, cached);
+        } else {
+            s = zoff_memcpy_async(st, dtok, win, (size_t)len * sizeof(int32_t), ZOFF_COPY_H2D);
+            if (s == ZOFF_OK) s = zoff_gpt2_forward(model, dtok, NULL, 1, len);
+        }
+        cached = (int64_t)ctx.n <= T ? len : 0;
         if (s == ZOFF_OK)
             s = zoff_memcpy_async(st, logits, (const float *)zoff_gpt2_logits(model) + (size_t)(len - 1) * (size_t)Vp,
                                   (size_t)Vp * sizeof(float), ZOFF_COPY_D2H);

@@ -730,6 +730,92 @@ zoff_status zoff_gpt2_forward_train(zoff_gpt2 *m, const int32_t *tokens, const i
     return gpt2_forward(m, "zoff_gpt2_forward_train", tokens, targets, B, T, true, dloss_scale);
 }
 
+/* Row r of a (rows, width) buffer of the model's dtype, or of fp32 statistics (width 1). */
+static void *row_of(const zoff_gpt2 *m, void *base, int64_t r, int64_t width) {
+    return (char *)base + (size_t)(r * width) * m->dts;
+}
+
+zoff_status zoff_gpt2_forward_next(zoff_gpt2 *m, const int32_t *token, int64_t pos) {
+    const char *who = "zoff_gpt2_forward_next";
+    if (!m || !token) return zoff_error(ZOFF_ERR_INVALID, "%s: model or token is NULL", who);
+    if (m->checkpoint || m->have_hooks)
+        return zoff_error(ZOFF_ERR_INVALID, "%s: needs every block's activations and the model's own weights (no "
+                          "activation checkpointing, no parameter hooks)", who);
+    if (!m->have_logits || m->fwd_B != 1 || m->fwd_T != pos || pos < 1 || pos >= m->cap_T)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "%s: position %lld must follow the last inference forward of batch 1 (its length %lld) and "
+                          "stay below the capacity %lld",
+                          who, (long long)pos, (long long)(m->have_logits ? m->fwd_T : -1), (long long)m->cap_T);
+    zoff_stream *s = zoff_device_stream(m->dev);
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size, NH = m->shape.num_heads;
+    const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
+    const zoff_dtype dt = m->dt;
+    const char *w = "GPT-2 next-token forward, block %lld, %s";
+    ZOFF_TRY(zoff_memcpy_async(s, m->tokens + pos, token, sizeof(int32_t), ZOFF_COPY_D2D));
+    /* the embedding of position pos: one token against wpe from row pos */
+    zoff_op_embed_fwd_args emb = {.out = row_of(m, m->resid[0], pos, C), .tokens = m->tokens + pos,
+                                  .wte = param_ptr(m, T_WTE), .wpe = row_of(m, param_ptr(m, T_WPE), pos, C),
+                                  .B = 1, .T = 1, .C = C, .V = V, .dt = dt};
+    LAUNCH(ZOFF_OP_EMBED_FWD, emb, "GPT-2 next-token forward, embeddings");
+    for (int64_t l = 0; l < L; l++) {
+        gpt2_block_acts *a = &m->blocks[l];
+        const gpt2_block_acts *prev = l ? &m->blocks[l - 1] : NULL;
+        void *x = row_of(m, m->resid[l], pos, C);
+#define P(k) param_ptr(m, T_BLOCK(l, k))
+#define R(buf, width) row_of(m, (buf), pos, (width))
+        if (prev) {
+            zoff_op_residual_layernorm_fwd_args ln1 = {.resid = x, .out = R(a->ln1, C), .mean = a->ln1_mean + pos,
+                                                       .rstd = a->ln1_rstd + pos, .a = x, .b = R(prev->res2, C),
+                                                       .weight = P(P_LN1W), .bias = P(P_LN1B), .N = 1, .C = C, .dt = dt};
+            LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln1, w, (long long)l, "previous mlp residual + ln_1");
+        } else {
+            zoff_op_layernorm_fwd_args ln1 = {.out = R(a->ln1, C), .mean = a->ln1_mean + pos, .rstd = a->ln1_rstd + pos,
+                                              .inp = x, .weight = P(P_LN1W), .bias = P(P_LN1B), .N = 1, .C = C, .dt = dt};
+            LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln1, w, (long long)l, "ln_1");
+        }
+        zoff_op_matmul_fwd_args qkv = {.out = R(a->qkv, 3 * C), .inp = R(a->ln1, C), .weight = P(P_QKVW),
+                                       .bias = P(P_QKVB), .N = 1, .C = C, .OC = 3 * C, .dt = dt};
+        LAUNCH(ZOFF_OP_MATMUL_FWD, qkv, w, (long long)l, "attn.c_attn");
+        /* the keys and values of positions 0..pos-1 are the earlier forwards' rows of qkv: attention over
+         * them all (its rows before pos come out as they were; only row pos is read on) */
+        zoff_op_attention_fwd_args att = {.out = a->atty, .lse = a->lse, .qkv = a->qkv,
+                                          .B = 1, .T = pos + 1, .C = C, .NH = NH, .dt = dt};
+        LAUNCH(ZOFF_OP_ATTENTION_FWD, att, w, (long long)l, "attention");
+        zoff_op_matmul_fwd_args proj = {.out = R(a->res2, C), .inp = R(a->atty, C), .weight = P(P_ATTPROJW),
+                                        .bias = P(P_ATTPROJB), .N = 1, .C = C, .OC = C, .dt = dt};
+        LAUNCH(ZOFF_OP_MATMUL_FWD, proj, w, (long long)l, "attn.c_proj");
+        zoff_op_residual_layernorm_fwd_args ln2 = {.resid = R(a->res2, C), .out = R(a->ln2, C),
+                                                   .mean = a->ln2_mean + pos, .rstd = a->ln2_rstd + pos,
+                                                   .a = R(a->res2, C), .b = x, .weight = P(P_LN2W),
+                                                   .bias = P(P_LN2B), .N = 1, .C = C, .dt = dt};
+        LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln2, w, (long long)l, "attention residual + ln_2");
+        zoff_op_matmul_fwd_args fc = {.out = R(a->fch, 4 * C), .inp = R(a->ln2, C), .weight = P(P_FCW),
+                                      .bias = P(P_FCB), .N = 1, .C = C, .OC = 4 * C, .dt = dt,
+                                      .gelu_out = R(a->fch_gelu, 4 * C)};
+        LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc + gelu");
+        zoff_op_matmul_fwd_args fcproj = {.out = row_of(m, m->resid[l + 1], pos, C), .inp = R(a->fch_gelu, 4 * C),
+                                          .weight = P(P_FCPROJW), .bias = P(P_FCPROJB), .N = 1, .C = 4 * C, .OC = C,
+                                          .dt = dt};
+        LAUNCH(ZOFF_OP_MATMUL_FWD, fcproj, w, (long long)l, "mlp.c_proj");
+#undef R
+#undef P
+    }
+    const int t_lnf = T_BLOCK(L, 0);
+    void *xl = row_of(m, m->resid[L], pos, C);
+    zoff_op_residual_layernorm_fwd_args lnf = {.resid = xl, .out = row_of(m, m->lnf, pos, C), .mean = m->lnf_mean + pos,
+                                               .rstd = m->lnf_rstd + pos, .a = xl,
+                                               .b = row_of(m, m->blocks[L - 1].res2, pos, C),
+                                               .weight = param_ptr(m, t_lnf), .bias = param_ptr(m, t_lnf + 1),
+                                               .N = 1, .C = C, .dt = dt};
+    LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, lnf, "GPT-2 next-token forward, mlp residual + ln_f");
+    zoff_op_matmul_fwd_args head = {.out = row_of(m, m->logits, pos, Vp), .inp = row_of(m, m->lnf, pos, C),
+                                    .weight = param_ptr(m, T_WTE), .bias = NULL, .N = 1, .C = C, .OC = Vp, .dt = dt};
+    LAUNCH(ZOFF_OP_MATMUL_FWD, head, "GPT-2 next-token forward, lm head (wte^T)");
+    m->fwd_T = pos + 1;
+    m->have_losses = false;
+    return ZOFF_OK;
+}
+
 /* Mean of losses (N) of the last forward, summed in double on the host once their copy is done. */
 zoff_status zoff_gpt2_mean_loss(zoff_gpt2 *m, float *loss) {
     if (!m || !loss) return zoff_error(ZOFF_ERR_INVALID, "zoff_gpt2_mean_loss: model or loss is NULL");
