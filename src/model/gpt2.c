@@ -584,6 +584,11 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
         if (launch_s_ != ZOFF_OK) return zoff_error_context(launch_s_, __VA_ARGS__); \
     } while (0)
 
+/* Row r of a (rows, width) buffer of the model's dtype. */
+static void *row_of(const zoff_gpt2 *m, void *base, int64_t r, int64_t width) {
+    return (char *)base + (size_t)(r * width) * m->dts;
+}
+
 /* Block l forward for B,T (N = B*T rows) into the activations a; x = resid[l] (N,C).
  * prev: NULL when x is complete (the embeddings, or recomputing for backward); else the previous
  * block's activations, whose mlp residual is still to be added: x holds block l-1's mlp.c_proj
@@ -591,45 +596,50 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
  * out: receives mlp.c_proj's output (resid[l+1] without its residual, which the next block's
  * ln_1 or ln_f adds); NULL when recomputing for backward, which needs only a. The fused
  * LayerNorm of a residual is bit for bit the LayerNorm of the stored sum, so a recomputation
- * from the complete resid[l] gives the forward's activations exactly. */
+ * from the complete resid[l] gives the forward's activations exactly.
+ * r0 > 0 (generation, B = T = 1): the rows are row r0 of every buffer (x and out point at it);
+ * attention reads the keys and values of rows 0..r0 of qkv, the earlier forwards' ones. */
 static zoff_status block_forward(zoff_gpt2 *m, int64_t l, gpt2_block_acts *a, const gpt2_block_acts *prev, void *x,
-                                 void *out, int64_t B, int64_t T) {
+                                 void *out, int64_t B, int64_t T, int64_t r0) {
     zoff_stream *s = zoff_device_stream(m->dev);
     const int64_t C = m->shape.hidden_size, NH = m->shape.num_heads, N = B * T;
     const zoff_dtype dt = m->dt;
     const char *w = "GPT-2 forward, block %lld, %s";
 #define P(k) param_ptr(m, T_BLOCK(l, k))
+#define R(buf, width) row_of(m, (buf), r0, (width))
     if (prev) {
-        zoff_op_residual_layernorm_fwd_args ln1 = {.resid = x, .out = a->ln1, .mean = a->ln1_mean,
-                                                   .rstd = a->ln1_rstd, .a = x, .b = prev->res2,
+        zoff_op_residual_layernorm_fwd_args ln1 = {.resid = x, .out = R(a->ln1, C), .mean = a->ln1_mean + r0,
+                                                   .rstd = a->ln1_rstd + r0, .a = x, .b = R(prev->res2, C),
                                                    .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
         LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln1, w, (long long)l, "previous mlp residual + ln_1");
     } else {
-        zoff_op_layernorm_fwd_args ln1 = {.out = a->ln1, .mean = a->ln1_mean, .rstd = a->ln1_rstd, .inp = x,
-                                          .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
+        zoff_op_layernorm_fwd_args ln1 = {.out = R(a->ln1, C), .mean = a->ln1_mean + r0, .rstd = a->ln1_rstd + r0,
+                                          .inp = x, .weight = P(P_LN1W), .bias = P(P_LN1B), .N = N, .C = C, .dt = dt};
         LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln1, w, (long long)l, "ln_1");
     }
-    zoff_op_matmul_fwd_args qkv = {.out = a->qkv, .inp = a->ln1, .weight = P(P_QKVW), .bias = P(P_QKVB),
-                                   .N = N, .C = C, .OC = 3 * C, .dt = dt};
+    zoff_op_matmul_fwd_args qkv = {.out = R(a->qkv, 3 * C), .inp = R(a->ln1, C), .weight = P(P_QKVW),
+                                   .bias = P(P_QKVB), .N = N, .C = C, .OC = 3 * C, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, qkv, w, (long long)l, "attn.c_attn");
+    /* (r0 > 0: over rows 0..r0, the earlier ones coming out as they were; only row r0 is read on) */
     zoff_op_attention_fwd_args att = {.out = a->atty, .lse = a->lse, .qkv = a->qkv,
-                                      .B = B, .T = T, .C = C, .NH = NH, .dt = dt};
+                                      .B = B, .T = r0 + T, .C = C, .NH = NH, .dt = dt};
     LAUNCH(ZOFF_OP_ATTENTION_FWD, att, w, (long long)l, "attention");
-    zoff_op_matmul_fwd_args proj = {.out = a->res2, .inp = a->atty, .weight = P(P_ATTPROJW),
+    zoff_op_matmul_fwd_args proj = {.out = R(a->res2, C), .inp = R(a->atty, C), .weight = P(P_ATTPROJW),
                                     .bias = P(P_ATTPROJB), .N = N, .C = C, .OC = C, .dt = dt};
     LAUNCH(ZOFF_OP_MATMUL_FWD, proj, w, (long long)l, "attn.c_proj");
-    zoff_op_residual_layernorm_fwd_args ln2 = {.resid = a->res2, .out = a->ln2, .mean = a->ln2_mean,
-                                               .rstd = a->ln2_rstd, .a = a->res2, .b = x, .weight = P(P_LN2W),
-                                               .bias = P(P_LN2B), .N = N, .C = C, .dt = dt};
+    zoff_op_residual_layernorm_fwd_args ln2 = {.resid = R(a->res2, C), .out = R(a->ln2, C), .mean = a->ln2_mean + r0,
+                                               .rstd = a->ln2_rstd + r0, .a = R(a->res2, C), .b = x,
+                                               .weight = P(P_LN2W), .bias = P(P_LN2B), .N = N, .C = C, .dt = dt};
     LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln2, w, (long long)l, "attention residual + ln_2");
-    zoff_op_matmul_fwd_args fc = {.out = a->fch, .inp = a->ln2, .weight = P(P_FCW), .bias = P(P_FCB),
-                                  .N = N, .C = C, .OC = 4 * C, .dt = dt, .gelu_out = a->fch_gelu};
+    zoff_op_matmul_fwd_args fc = {.out = R(a->fch, 4 * C), .inp = R(a->ln2, C), .weight = P(P_FCW), .bias = P(P_FCB),
+                                  .N = N, .C = C, .OC = 4 * C, .dt = dt, .gelu_out = R(a->fch_gelu, 4 * C)};
     LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc + gelu");
     if (out) {
-        zoff_op_matmul_fwd_args fcproj = {.out = out, .inp = a->fch_gelu, .weight = P(P_FCPROJW),
+        zoff_op_matmul_fwd_args fcproj = {.out = out, .inp = R(a->fch_gelu, 4 * C), .weight = P(P_FCPROJW),
                                           .bias = P(P_FCPROJB), .N = N, .C = 4 * C, .OC = C, .dt = dt};
         LAUNCH(ZOFF_OP_MATMUL_FWD, fcproj, w, (long long)l, "mlp.c_proj");
     }
+#undef R
 #undef P
     return ZOFF_OK;
 }
@@ -685,7 +695,7 @@ static zoff_status gpt2_forward(zoff_gpt2 *m, const char *who, const int32_t *to
     for (int64_t l = 0; l < L; l++) {
         ZOFF_TRY(group_use(m, 1 + (int)l, false));
         ZOFF_TRY(block_forward(m, l, block_acts(m, l), l ? block_acts(m, l - 1) : NULL, m->resid[l],
-                               m->resid[l + 1], B, T));
+                               m->resid[l + 1], B, T, 0));
         ZOFF_TRY(group_done(m, 1 + (int)l, false));
     }
 
@@ -730,11 +740,6 @@ zoff_status zoff_gpt2_forward_train(zoff_gpt2 *m, const int32_t *tokens, const i
     return gpt2_forward(m, "zoff_gpt2_forward_train", tokens, targets, B, T, true, dloss_scale);
 }
 
-/* Row r of a (rows, width) buffer of the model's dtype, or of fp32 statistics (width 1). */
-static void *row_of(const zoff_gpt2 *m, void *base, int64_t r, int64_t width) {
-    return (char *)base + (size_t)(r * width) * m->dts;
-}
-
 zoff_status zoff_gpt2_forward_next(zoff_gpt2 *m, const int32_t *token, int64_t pos) {
     const char *who = "zoff_gpt2_forward_next";
     if (!m || !token) return zoff_error(ZOFF_ERR_INVALID, "%s: model or token is NULL", who);
@@ -747,59 +752,18 @@ zoff_status zoff_gpt2_forward_next(zoff_gpt2 *m, const int32_t *token, int64_t p
                           "stay below the capacity %lld",
                           who, (long long)pos, (long long)(m->have_logits ? m->fwd_T : -1), (long long)m->cap_T);
     zoff_stream *s = zoff_device_stream(m->dev);
-    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size, NH = m->shape.num_heads;
+    const int64_t L = m->shape.num_layers, C = m->shape.hidden_size;
     const int64_t V = m->shape.vocab_size, Vp = m->shape.padded_vocab_size;
     const zoff_dtype dt = m->dt;
-    const char *w = "GPT-2 next-token forward, block %lld, %s";
     ZOFF_TRY(zoff_memcpy_async(s, m->tokens + pos, token, sizeof(int32_t), ZOFF_COPY_D2D));
     /* the embedding of position pos: one token against wpe from row pos */
     zoff_op_embed_fwd_args emb = {.out = row_of(m, m->resid[0], pos, C), .tokens = m->tokens + pos,
                                   .wte = param_ptr(m, T_WTE), .wpe = row_of(m, param_ptr(m, T_WPE), pos, C),
                                   .B = 1, .T = 1, .C = C, .V = V, .dt = dt};
     LAUNCH(ZOFF_OP_EMBED_FWD, emb, "GPT-2 next-token forward, embeddings");
-    for (int64_t l = 0; l < L; l++) {
-        gpt2_block_acts *a = &m->blocks[l];
-        const gpt2_block_acts *prev = l ? &m->blocks[l - 1] : NULL;
-        void *x = row_of(m, m->resid[l], pos, C);
-#define P(k) param_ptr(m, T_BLOCK(l, k))
-#define R(buf, width) row_of(m, (buf), pos, (width))
-        if (prev) {
-            zoff_op_residual_layernorm_fwd_args ln1 = {.resid = x, .out = R(a->ln1, C), .mean = a->ln1_mean + pos,
-                                                       .rstd = a->ln1_rstd + pos, .a = x, .b = R(prev->res2, C),
-                                                       .weight = P(P_LN1W), .bias = P(P_LN1B), .N = 1, .C = C, .dt = dt};
-            LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln1, w, (long long)l, "previous mlp residual + ln_1");
-        } else {
-            zoff_op_layernorm_fwd_args ln1 = {.out = R(a->ln1, C), .mean = a->ln1_mean + pos, .rstd = a->ln1_rstd + pos,
-                                              .inp = x, .weight = P(P_LN1W), .bias = P(P_LN1B), .N = 1, .C = C, .dt = dt};
-            LAUNCH(ZOFF_OP_LAYERNORM_FWD, ln1, w, (long long)l, "ln_1");
-        }
-        zoff_op_matmul_fwd_args qkv = {.out = R(a->qkv, 3 * C), .inp = R(a->ln1, C), .weight = P(P_QKVW),
-                                       .bias = P(P_QKVB), .N = 1, .C = C, .OC = 3 * C, .dt = dt};
-        LAUNCH(ZOFF_OP_MATMUL_FWD, qkv, w, (long long)l, "attn.c_attn");
-        /* the keys and values of positions 0..pos-1 are the earlier forwards' rows of qkv: attention over
-         * them all (its rows before pos come out as they were; only row pos is read on) */
-        zoff_op_attention_fwd_args att = {.out = a->atty, .lse = a->lse, .qkv = a->qkv,
-                                          .B = 1, .T = pos + 1, .C = C, .NH = NH, .dt = dt};
-        LAUNCH(ZOFF_OP_ATTENTION_FWD, att, w, (long long)l, "attention");
-        zoff_op_matmul_fwd_args proj = {.out = R(a->res2, C), .inp = R(a->atty, C), .weight = P(P_ATTPROJW),
-                                        .bias = P(P_ATTPROJB), .N = 1, .C = C, .OC = C, .dt = dt};
-        LAUNCH(ZOFF_OP_MATMUL_FWD, proj, w, (long long)l, "attn.c_proj");
-        zoff_op_residual_layernorm_fwd_args ln2 = {.resid = R(a->res2, C), .out = R(a->ln2, C),
-                                                   .mean = a->ln2_mean + pos, .rstd = a->ln2_rstd + pos,
-                                                   .a = R(a->res2, C), .b = x, .weight = P(P_LN2W),
-                                                   .bias = P(P_LN2B), .N = 1, .C = C, .dt = dt};
-        LAUNCH(ZOFF_OP_RESIDUAL_LAYERNORM_FWD, ln2, w, (long long)l, "attention residual + ln_2");
-        zoff_op_matmul_fwd_args fc = {.out = R(a->fch, 4 * C), .inp = R(a->ln2, C), .weight = P(P_FCW),
-                                      .bias = P(P_FCB), .N = 1, .C = C, .OC = 4 * C, .dt = dt,
-                                      .gelu_out = R(a->fch_gelu, 4 * C)};
-        LAUNCH(ZOFF_OP_MATMUL_FWD, fc, w, (long long)l, "mlp.c_fc + gelu");
-        zoff_op_matmul_fwd_args fcproj = {.out = row_of(m, m->resid[l + 1], pos, C), .inp = R(a->fch_gelu, 4 * C),
-                                          .weight = P(P_FCPROJW), .bias = P(P_FCPROJB), .N = 1, .C = 4 * C, .OC = C,
-                                          .dt = dt};
-        LAUNCH(ZOFF_OP_MATMUL_FWD, fcproj, w, (long long)l, "mlp.c_proj");
-#undef R
-#undef P
-    }
+    for (int64_t l = 0; l < L; l++)
+        ZOFF_TRY(block_forward(m, l, &m->blocks[l], l ? &m->blocks[l - 1] : NULL, row_of(m, m->resid[l], pos, C),
+                               row_of(m, m->resid[l + 1], pos, C), 1, 1, pos));
     const int t_lnf = T_BLOCK(L, 0);
     void *xl = row_of(m, m->resid[L], pos, C);
     zoff_op_residual_layernorm_fwd_args lnf = {.resid = xl, .out = row_of(m, m->lnf, pos, C), .mean = m->lnf_mean + pos,
@@ -921,7 +885,7 @@ zoff_status zoff_gpt2_backward(zoff_gpt2 *m, zoff_grad_ready_fn ready, void *rea
         gpt2_block_acts *a = block_acts(m, l);
         ZOFF_TRY(group_use(m, 1 + (int)l, true));
         /* checkpointing: the shared set still holds block L-1 from forward */
-        if (m->checkpoint && l != L - 1) ZOFF_TRY(block_forward(m, l, a, NULL, m->resid[l], NULL, B, T));
+        if (m->checkpoint && l != L - 1) ZOFF_TRY(block_forward(m, l, a, NULL, m->resid[l], NULL, B, T, 0));
         ZOFF_TRY(block_backward(m, l, a, B, T));
         if (ready) ready(ready_arg, s, m->tensors[T_BLOCK(l, 0)].offset, m->block_numel);
         ZOFF_TRY(group_done(m, 1 + (int)l, true));
