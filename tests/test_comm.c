@@ -860,9 +860,12 @@ static void test_dp_pipelined(void **st) {
  * (updated first by rank 0, which owns them; all-gathered as soon as both ranks pushed their
  * part) while rank 0's host optimizer still updates the later groups. With the step's
  * all-gather (the serial path) the forward starts only after the whole update. 8 blocks,
- * width 512 (a host update of ~10 ms against a gather of ~2 ms); a shared machine: at least 2 of the 4 steps with a forward after an update. */
-static void test_dp_pipelined_timeline(void **st) {
-    (void)st;
+ * width 512 (a host update of ~10 ms against a gather of ~2 ms). On a shared machine a busy
+ * neighbour can stretch a gather past an update: an attempt passes with at least 2 of its 4
+ * steps' forwards before their update ended, and up to 3 attempts are run (rank 0 judges and
+ * broadcasts its verdict, so every rank runs the same collective attempts). The serial path
+ * passes none. */
+static int dp_timeline_attempt(void) {
     memset(&g_dp_tl, 0, sizeof g_dp_tl);
     g_dp_tl.on = true;
     g_dp_waits = true;
@@ -876,7 +879,7 @@ static void test_dp_pipelined_timeline(void **st) {
     zoff_comm_destroy(c);
     if (s != ZOFF_OK) fail_msg("pipelined timeline run failed: %s", zoff_last_error());
     free(d.w);
-    if (R != 0) return; /* rank 0 owns the embeddings (contiguous partitions) */
+    if (R != 0) return 0; /* rank 0 owns the embeddings (contiguous partitions) */
     int early = 0;
     for (int i = 1; i < DP_STEPS; i++) { /* the forward of iteration i after optimizer step i */
         assert_true(g_dp_tl.host_t1[i] > g_dp_tl.host_t0[i] && g_dp_tl.group0_ready[i] > 0);
@@ -884,8 +887,21 @@ static void test_dp_pipelined_timeline(void **st) {
                1e3 * (g_dp_tl.host_t1[i] - g_dp_tl.host_t0[i]), 1e3 * (g_dp_tl.group0_ready[i] - g_dp_tl.host_t0[i]));
         early += g_dp_tl.group0_ready[i] < g_dp_tl.host_t1[i];
     }
-    if (early < 2) fail_msg("the forward got the gathered embeddings before the host update ended in %d of %d steps", early,
-                            DP_STEPS - 1);
+    return early;
+}
+
+static void test_dp_pipelined_timeline(void **st) {
+    (void)st;
+    enum { ATTEMPTS = 3, NEED = 2 };
+    int early = 0;
+    for (int a = 1; a <= ATTEMPTS; a++) {
+        early = dp_timeline_attempt();
+        assert_int_equal(zoff_comm_broadcast_bytes(g_world, &early, sizeof early, 0), ZOFF_OK);
+        if (R == 0) printf("  dp pipelined timeline, attempt %d: %d of %d steps early\n", a, early, DP_STEPS - 1);
+        if (early >= NEED) return;
+    }
+    fail_msg("the forward got the gathered embeddings before the host update ended in only %d of %d steps"
+             " (need %d; %d attempts)", early, DP_STEPS - 1, NEED, ATTEMPTS);
 }
 
 /* Speculation-then-validation (super_offload) with 2 ranks == the exact (pipelined) step
