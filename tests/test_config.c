@@ -438,6 +438,12 @@ static void test_unknown_keys(void **state) {
                  "data_types");
     expect_error("{'zero_allow_untested_optimiser': true}", "did you mean \"zero_allow_untested_optimizer\"");
     expect_error("{'tensorboard': {'enable': true}}", "tensorboard.enable", "did you mean \"enabled\"");
+    /* no close match, but the start of a key: the shortest such key */
+    expect_error("{'train_micro_batch_size': 4}", "did you mean \"train_micro_batch_size_per_gpu\"");
+    expect_error("{'gradient_accumulation': 4}", "did you mean \"gradient_accumulation_steps\"");
+    expect_error("{'train_batch': 4}", "did you mean \"train_batch_size\"");
+    expect_error("{'gradient_clip': 1.0}", "did you mean \"gradient_clipping\"");
+    expect_error("{'scheduler': {'type': null}}", "scheduler.type", "got a JSON null");
     expect_error("{'wandb': {'enabled': false, 'projet': 'x'}}", "wandb.projet", "did you mean \"project\"");
     expect_error("{'zero_optimization': {'stage3_prefetch_bucket_sise': 5}}",
                  "did you mean \"stage3_prefetch_bucket_size\"");
@@ -484,7 +490,7 @@ static void test_wrong_types(void **state) {
                  "\"2\"");
     expect_error("{'fp16': {'enabled': 1}}", "fp16.enabled", "JSON boolean", "got an integer 1");
     expect_error("{'fp16': {'enabled': 'true'}}", "fp16.enabled", "JSON boolean", "\"true\"");
-    expect_error("{'wall_clock_breakdown': null}", "wall_clock_breakdown", "got null");
+    expect_error("{'wall_clock_breakdown': null}", "wall_clock_breakdown", "got a JSON null");
     expect_error("{'optimizer': {'type': 'Adam', 'params': {'lr': '1e-3'}}}", "optimizer.params.lr",
                  "expected a number >= 0", "\"1e-3\"");
     expect_error("{'optimizer': {'type': 'Adam', 'params': {'betas': 0.9}}}", "optimizer.params.betas",

@@ -667,7 +667,7 @@ static const char *json_type_name(const json_t *v) {
     case JSON_REAL: return "a number";
     case JSON_TRUE:
     case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
+    case JSON_NULL: return "a JSON"; /* followed by the value: "got a JSON null" */
     }
     return "a value";
 }
@@ -809,6 +809,9 @@ static zoff_status unknown_key(walk *w, const section *sec, unsigned mask, const
     size_t used = 0, used_more = 0, best = 3; /* suggest only close matches */
     bool cut = false, cut_more = false;
     list[0] = more[0] = '\0';
+    /* or, without a close match, the shortest key the given one begins (gradient_clip) */
+    const char *longer = NULL;
+    const size_t klen = strlen(key);
     for (size_t i = 0; i < sec->n; i++) {
         const key_spec *k = &sec->keys[i];
         if (!key_allowed(k, mask)) continue;
@@ -817,9 +820,12 @@ static zoff_status unknown_key(walk *w, const section *sec, unsigned mask, const
             best = d;
             snprintf(hint, sizeof hint, " (did you mean \"%s\"?)", k->name);
         }
+        if (!other_type && klen >= 5 && !strncmp(k->name, key, klen) && (!longer || strlen(k->name) < strlen(longer)))
+            longer = k->name;
         if (key_class(sec, k) == ZOFF_KEY_IMPLEMENTED) append_name(list, sizeof list, &used, &cut, k->name);
         else if (k->kind != K_ALIAS) append_name(more, sizeof more, &used_more, &cut_more, k->name);
     }
+    if (!hint[0] && longer) snprintf(hint, sizeof hint, " (did you mean \"%s\"?)", longer);
     char extra[760] = "";
     if (used_more)
         snprintf(extra, sizeof extra, "; also accepted (no effect in zoff, or only at DeepSpeed's default; see "
