@@ -114,6 +114,10 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
  * that a wrong path fails at once): ZOFF_OK, or ZOFF_ERR_INVALID (not there, not a folder: what
  * to do) or the errno's status (not writable), naming the folder. */
 zoff_status zoff_check_output_parent(const char *path);
+/* A folder zoff writes its own files into (what: the config key or flag that names it, for the
+ * message): created if missing (its parent must exist); a file of that name, or a folder zoff
+ * cannot write into (permissions, a read-only file system), is ZOFF_ERR_INVALID (exit 2). */
+zoff_status zoff_make_work_dir(const char *dir, const char *what);
 
 /* ---- CPU features ---- */
 typedef struct zoff_cpu_features {

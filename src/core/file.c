@@ -148,3 +148,16 @@ zoff_status zoff_check_output_parent(const char *path) {
     free(copy);
     return s;
 }
+
+zoff_status zoff_make_work_dir(const char *dir, const char *what) {
+    struct stat st;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return zoff_error(zoff_status_of_path_errno(errno), "cannot create %s %s: %s", what, dir, strerror(errno));
+    if (stat(dir, &st) != 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "%s %s: %s", what, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID, "%s %s is a file, not a directory: give a directory", what, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "%s %s is not writable: %s", what, dir, strerror(errno));
+    return ZOFF_OK;
+}

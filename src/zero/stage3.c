@@ -337,10 +337,7 @@ static zoff_status nv_create(zoff_s3 *s) {
     s->st.nvme_resident_elems = res_elems;
     s->st.nvme_pinned = s->o.nvme.pin_memory;
     const char *dir = s->o.nvme.dir;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return zoff_error(zoff_status_of_path_errno(errno),
-                          "cannot create zero_optimization.offload_param.nvme_path %s: %s", dir,
-                          strerror(errno));
+    ZOFF_TRY(zoff_make_work_dir(dir, "zero_optimization.offload_param.nvme_path"));
     static int counter;
     int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
     int m = snprintf(s->path, sizeof s->path, "%s/zoff-param-%ld-%d.swp", dir, (long)getpid(), my);

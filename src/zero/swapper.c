@@ -306,10 +306,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
         st = zoff_aio_create(&ao, &s->io);
     }
     /* the file */
-    if (st == ZOFF_OK && mkdir(o->dir, 0755) != 0 && errno != EEXIST)
-        st = zoff_error(zoff_status_of_path_errno(errno),
-                        "cannot create zero_optimization.offload_optimizer.nvme_path %s: %s", o->dir,
-                        strerror(errno));
+    if (st == ZOFF_OK) st = zoff_make_work_dir(o->dir, "zero_optimization.offload_optimizer.nvme_path");
     static int counter;
     int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
     if (st == ZOFF_OK) {
