@@ -322,6 +322,10 @@ check "--no-checkpoint: metrics.jsonl with 2 steps and no checkpoint in --save" 
 rc=$?
 check "--no-checkpoint with --save-interval: exit 2 naming both, nothing written" \
   "[ $rc -eq 2 ] && grep -q -- '--no-checkpoint.*--save-interval' '$W/nock.err' && [ ! -e '$W/nock2' ]"
+"$ZOFF" train "${TINY[@]}" --no-checkpoint --sync-save --save "$W/nock3" >/dev/null 2>"$W/nock.err"
+rc=$?
+check "--no-checkpoint with --sync-save: exit 2 naming both, nothing written" \
+  "[ $rc -eq 2 ] && grep -q -- '--no-checkpoint.*--sync-save' '$W/nock.err' && [ ! -e '$W/nock3' ]"
 
 # ---- resuming a run with a --train-iters it has reached: say so (before: "trained 0 steps", nothing else)
 "$ZOFF" train "${TINY[@]}" --train-iters 2 --save "$W/done2" >/dev/null 2>&1

@@ -108,6 +108,93 @@ check "metrics.jsonl has a startup_time line before the first step" \
 check "the log breaks the start-up down by phase" \
   "grep -qE '^zoff: start-up [0-9.]+ s \\(config [0-9.]+, data [0-9.]+, model [0-9.]+, initial_weights [0-9.]+, engine_alloc [0-9.]+, first_touch [0-9.]+, pinning [0-9.]+, other [0-9.]+ s\\)' '$W/out.txt'"
 
+# 9. a resume into a --save that holds other checkpoints than the loaded run's: refused at start
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 4 --save "$W/ra" --quiet >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 6 --save "$W/rb" --save-interval 2 --seed 7 --quiet >/dev/null 2>&1
+cp "$W/rb/metrics.jsonl" "$W/rb_metrics.jsonl"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 5 --load "$W/ra" --save "$W/rb" >"$W/err.txt" 2>&1
+check "--load A --save B, B holding another run's checkpoints: exit 2" \
+  "[ \$? -eq 2 ] && grep -q 'holds checkpoints of another run (the newest: step 6)' '$W/err.txt'"
+check "... before training: B's steps and metrics.jsonl unchanged" \
+  "[ ! -e '$W/rb/step_00000005' ] && cmp -s '$W/rb_metrics.jsonl' '$W/rb/metrics.jsonl'"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 6 --load "$W/rb/step_00000002" --save "$W/rb" >"$W/err.txt" 2>&1
+check "resume of step 2 into its own folder that holds steps 4 and 6: exit 2 at start, naming the newer steps" \
+  "[ \$? -eq 2 ] && grep -q 'resumes step 2, but --save .* also holds newer steps (up to 6)' '$W/err.txt' && cmp -s '$W/rb_metrics.jsonl' '$W/rb/metrics.jsonl'"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 3 --load "$W/rb/step_00000002" --save "$W/rb2" --quiet >/dev/null 2>&1
+check "... into another (empty) --save it runs: step 3 there" "[ \$? -eq 0 ] && [ -f '$W/rb2/step_00000003/COMPLETE' ]"
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 7 --load "$W/rb/step_00000006" --save "$W/rb" --quiet >/dev/null 2>&1
+check "... and the newest step's folder given as --load, into its own folder, runs: step 7" \
+  "[ \$? -eq 0 ] && [ -f '$W/rb/step_00000007/COMPLETE' ]"
+
+# 10. a resume without --config goes on with the checkpoint's config and batch, not the default
+echo '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+       "optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.8, 0.9]}},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' > "$W/lion_lr.json"
+"$ZOFF" train "${SHAPE[@]}" "${DATA[@]}" --eval-iters 0 --config "$W/lion_lr.json" --micro-batch-size 1 --train-iters 2 \
+  --save "$W/nc" --quiet >/dev/null 2>&1
+"$ZOFF" train "${SHAPE[@]}" "${DATA[@]}" --eval-iters 0 --train-iters 3 --load "$W/nc" --save "$W/nc" >"$W/out.txt" 2>&1
+check "resume without --config of a Lion run: exit 0, says it takes the stored config" \
+  "[ \$? -eq 0 ] && grep -q 'the run goes on with the config stored in' '$W/out.txt'"
+check "... no setting changed (no 'resume:' change line), the batch is the run's (--micro-batch-size 1 x 2)" \
+  "! grep -q 'resume: .* -> ' '$W/out.txt' && grep -q 'batch 1 x 2 accumulation' '$W/out.txt'"
+check "... and step 3 runs at the stored lr (1e-4, no schedule)" \
+  "grep '\"step\":3,' '$W/nc/metrics.jsonl' | grep -q '\"lr\":1.000000e-04,'"
+
+# 11. Adam (adam_w_mode true, DeepSpeed's default) and AdamW are one update; other changes printed
+echo '{"train_micro_batch_size_per_gpu": 4}' > "$W/noopt.json"
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"betas": [0.5, 0.6],
+       "eps": 1e-3, "weight_decay": 0.2}}, "zero_optimization": {"stage": 1}}' > "$W/adamw_b.json"
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}}' > "$W/adaml2.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/noopt.json" --train-iters 1 --save "$W/aw" --quiet >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/adamw_b.json" --train-iters 2 --load "$W/aw" --save "$W/aw" >"$W/out.txt" 2>&1
+check "a run without an optimizer section (Adam, adam_w_mode true) resumed as AdamW: exit 0, no optimizer.type line" \
+  "[ \$? -eq 0 ] && ! grep -q 'optimizer.type' '$W/out.txt'"
+check "... betas, eps, weight_decay and the ZeRO stage changes printed, one line each" \
+  "grep -q 'resume: optimizer.params.betas\\[0\\] 0.9 -> 0.5' '$W/out.txt' && grep -q 'resume: optimizer.params.betas\\[1\\] 0.999 -> 0.6' '$W/out.txt' && grep -q 'resume: optimizer.params.eps 1e-08 -> 0.001' '$W/out.txt' && grep -q 'resume: optimizer.params.weight_decay 0 -> 0.2' '$W/out.txt' && grep -q 'resume: zero_optimization.stage 0 -> 1' '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --config "$W/adaml2.json" --train-iters 3 --load "$W/aw" --save "$W/aw" >"$W/out.txt" 2>&1
+check "... and Adam with adam_w_mode false (L2) after it: the change printed (AdamW -> Adam)" \
+  "[ \$? -eq 0 ] && grep -q 'resume: optimizer.type AdamW -> Adam ' '$W/out.txt'"
+
+# 12. the built-in config's schedule spans --train-iters; a config's shorter schedule is noted
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 30 --save "$W/sched" --quiet >/dev/null 2>&1
+lr30=$(grep -o '"step":30,[^}]*"lr":[0-9.e-]*' "$W/sched/metrics.jsonl" | grep -o '"lr":[0-9.e-]*' | cut -d: -f2)
+check "built-in config, --train-iters 30: the last step's lr is near the cosine floor 2e-4 (got $lr30)" \
+  "awk -v x='$lr30' 'BEGIN { exit !(x != \"\" && x >= 2e-4 && x < 2.2e-4) }'"
+echo '{"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "WarmupCosineLR",
+       "params": {"total_num_steps": 3, "warmup_num_steps": 1}}}' > "$W/short.json"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/short.json" --train-iters 4 --no-checkpoint --save "$W/short" >"$W/out.txt" 2>&1
+check "a WarmupCosineLR of 3 steps with --train-iters 4: a note names both" \
+  "[ \$? -eq 0 ] && grep -q 'schedule ends at scheduler.params.total_num_steps 3, before --train-iters 4' '$W/out.txt'"
+
+# 13. fp16 overflow: each skipped step is said, the summary counts them, loss_scale exact
+echo '{"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": true, "initial_scale_power": 32},
+       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' > "$W/fp16.json"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/fp16.json" --train-iters 2 --save "$W/f16" >"$W/out.txt" 2>&1
+nskip=$(grep -c '"skipped":true' "$W/f16/metrics.jsonl")
+check "fp16 from 2^32: $nskip of 2 steps skipped, each said on the console" \
+  "[ $nskip -ge 1 ] && [ \$(grep -c 'inf/NaN gradients at loss scale [0-9]*: update skipped' '$W/out.txt') -eq $nskip ]"
+check "... the summary counts them" "grep -q 'trained 2 steps ($nskip of them skipped: inf/NaN gradients)' '$W/out.txt'"
+check "... and metrics.jsonl's loss_scale is the exact integer 4294967296, not 4.29497e+09" \
+  "grep -q '\"loss_scale\":4294967296,' '$W/f16/metrics.jsonl'"
+
+# 14. an nvme_path that is a file: exit 2 naming it
+touch "$W/afile"
+echo "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$W/afile\"}}}" > "$W/nvfile.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/nvfile.json" --train-iters 1 --no-checkpoint --save "$W/nv" >"$W/err.txt" 2>&1
+check "nvme_path names a file: exit 2, 'is a file, not a directory'" \
+  "[ \$? -eq 2 ] && grep -q 'nvme_path .*afile is a file, not a directory' '$W/err.txt'"
+
+# 15. SIGINT during the final validation (the checkpoint written): it stops, exit 130
+"$ZOFF" train "${DATA[@]}" --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 \
+  --micro-batch-size 8 --eval-iters 100 --train-iters 1 --save "$W/sig" >"$W/sig.txt" 2>&1 &
+P=$!
+for _ in $(seq 1 6000); do [ -f "$W/sig/step_00000001/COMPLETE" ] && break; kill -0 $P 2>/dev/null || break; sleep 0.05; done
+kill -INT $P 2>/dev/null
+wait $P
+rc=$?
+check "SIGINT after the final save, during the final validation: exit 130 (rc $rc), says so" \
+  "[ $rc -eq 130 ] && grep -q 'the final validation stopped; step 1 is saved' '$W/sig.txt'"
+
 # 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"

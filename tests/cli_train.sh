@@ -35,13 +35,19 @@ check "sample --top-p 0 is refused, exit 2, naming the flag" "[ $rc -eq 2 ] && g
 
 # 2. exact resume: 3 steps, then resume to 6 == 6 straight (losses bit-identical)
 # (again with 4 KiB load pieces, ZOFF_TEST_CKPT_PIECE_BYTES: the load's pipeline over dozens of pieces per array)
-"$ZOFF" train "${TINY[@]}" --train-iters 3 --save "$W/resume" >/dev/null 2>&1
+# A schedule of its own, 200 steps: the built-in config's spans --train-iters, 3 here and 6 there;
+# the resume (no --config) takes the checkpoint's.
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.1}},
+       "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 200, "warmup_num_steps": 2}},
+       "gradient_clipping": 1.0}' > "$W/sched.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/sched.json" --train-iters 6 --save "$W/straight" >/dev/null 2>&1
+"$ZOFF" train "${TINY[@]}" --config "$W/sched.json" --train-iters 3 --save "$W/resume" >/dev/null 2>&1
 cp -r "$W/resume" "$W/resume4k"
 "$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/resume" --load "$W/resume" >/dev/null 2>&1
 check "resume run exits 0 and ends at step 6" "[ -f '$W/resume/step_00000006/COMPLETE' ]"
 ZOFF_TEST_CKPT_PIECE_BYTES=4096 "$ZOFF" train "${TINY[@]}" --train-iters 6 --save "$W/resume4k" --load "$W/resume4k" \
   >/dev/null 2>&1
-grep '"loss"' "$W/run/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.txt"
+grep '"loss"' "$W/straight/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/a.txt"
 grep '"loss"' "$W/resume/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b.txt"
 grep '"loss"' "$W/resume4k/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/b4k.txt"
 check "resumed losses, lr and grad norms are bit-identical to the straight run" "cmp -s '$W/a.txt' '$W/b.txt'"

@@ -42,7 +42,7 @@ extern "C" {
  * the stored config for checkpoints written before it existed). */
 typedef struct zoff_train_settings {
     bool known;                /* false: an old checkpoint without settings or config */
-    char optimizer[16];        /* optimizer.type: "Adam", "AdamW", "Adagrad", "Lion" */
+    char optimizer[16];        /* the update: "Adam" (adam_w_mode false), "AdamW" (Adam with it too), "Adagrad", "Lion" */
     char precision[8];         /* "fp32", "bf16", "fp16": the 16-bit type and its loss-scaler state */
     double lr;                 /* optimizer.params.lr */
     char scheduler[24];        /* scheduler.type ("none" without one) */
@@ -301,7 +301,8 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *out);
 zoff_status zoff_trainer_should_stop(zoff_trainer *t, bool *stop);
 /* Mean validation loss over eval_iters batches of micro_batch sequences, the same sequences
  * whatever the number of ranks; writes a val_loss line. NAN (and no line) when there is no
- * validation. Collective. */
+ * validation, or when a signal (options.stop) came during it: it stops at the next batch.
+ * Collective. */
 zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *val_loss);
 /* Checkpoint at the current step (and prune to keep_last). only_if_new: skip when the newest
  * checkpoint in --save is already this step (rank 0's view decides). Collective. */

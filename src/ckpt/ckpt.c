@@ -781,7 +781,7 @@ static zoff_status w_create_file(zoff_ckpt_writer *w, const char *dir, const zof
     if (has_marker(stepdir) && !(opts && opts->overwrite))
         return zoff_error(ZOFF_ERR_INVALID,
                           "checkpoint %s already exists and is complete; refusing to overwrite it: save to another "
-                          "directory, or enable overwriting",
+                          "directory, or move it away first",
                           stepdir);
     ZOFF_TRY(mkdir_p(w->dir));
     ZOFF_TRY(step_dir_path(w->dir, w->step, ".tmp-", tag, tmpdir, sizeof tmpdir));
@@ -1184,7 +1184,7 @@ zoff_status zoff_ckpt_finalize(const char *dir_in, int64_t step, int nranks, con
             if (!(opts && opts->overwrite))
                 st = zoff_error(ZOFF_ERR_INVALID,
                                 "checkpoint %s already exists and is complete; refusing to overwrite it: save to "
-                                "another directory, or enable overwriting",
+                                "another directory, or move it away first",
                                 stepdir);
             else if (rmtree(olddir) != 0 || rename(stepdir, olddir) != 0)
                 st = zoff_error(ZOFF_ERR_IO, "cannot move the old checkpoint %s aside to %s: %s", stepdir, olddir,

@@ -14,20 +14,26 @@
 #include <mpi.h>
 #endif
 
-/* The default job's DeepSpeed config: a small GPT-2 trained with AdamW and a
- * warmup + cosine schedule. `zoff train --config FILE` replaces it. */
-static const char *DEFAULT_CONFIG =
+/* The default job's DeepSpeed config: a small GPT-2 trained with AdamW and a warmup + cosine
+ * schedule over --train-iters (warmup: its first tenth). `zoff train --config FILE` replaces it;
+ * a resume without --config takes the checkpoint's. */
+static const char *DEFAULT_CONFIG_FMT =
     "{\n"
     "  \"train_micro_batch_size_per_gpu\": 8,\n"
     "  \"gradient_accumulation_steps\": 1,\n"
     "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3, \"betas\": [0.9, 0.95], \"eps\": 1e-8, "
     "\"weight_decay\": 0.1}},\n"
-    "  \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": 200, \"warmup_num_steps\": "
-    "20, \"cos_min_ratio\": 0.1}},\n"
+    "  \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": %lld, \"warmup_num_steps\": "
+    "%lld, \"cos_min_ratio\": 0.1}},\n"
     "  \"gradient_clipping\": 1.0,\n"
     "  \"steps_per_print\": 10,\n"
     "  \"zero_optimization\": {\"stage\": 0}\n"
     "}\n"; /* no model section: the sizes are the flags', else --init-from's file's, else the defaults */
+
+static void default_config(int64_t train_iters, char *buf, size_t cap) {
+    long long total = train_iters > 0 ? (long long)train_iters : 1, warmup = total / 10 > 0 ? total / 10 : 1;
+    snprintf(buf, cap, DEFAULT_CONFIG_FMT, total, warmup);
+}
 
 typedef struct train_args {
     zoff_trainer_options o;
@@ -41,7 +47,9 @@ static void train_usage(FILE *f) {
             "With no options: trains a small GPT-2 (4 layers, width 128) on the bundled corpus\n"
             "(Debian's fortunes, GPT-2 BPE) on the CPU backend, writing out/gpt2-small/.\n"
             "\n"
-            "  --config FILE               DeepSpeed JSON config (batch, optimizer, scheduler, zero_optimization, ...)\n"
+            "  --config FILE               DeepSpeed JSON config (batch, optimizer, scheduler, zero_optimization, ...);\n"
+            "                              without it: micro-batch 8, AdamW lr 2e-3, warmup + cosine over --train-iters\n"
+            "                              (a resume: the checkpoint's config)\n"
             "  --num-layers N              transformer blocks             (config model.num_layers, default 4)\n"
             "  --hidden-size N             width                          (default 128)\n"
             "  --num-attention-heads N     heads                          (default 4)\n"
@@ -106,7 +114,6 @@ static int fail(zoff_status s) {
 static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
     zoff_trainer_options *o = &a->o;
-    o->config_text = DEFAULT_CONFIG;
     o->train_iters = 200;
     o->eval_iters = 20;
     o->save_dir = "out/gpt2-small";
@@ -169,14 +176,17 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
     }
     o->seed = (uint64_t)seed;
+    static char default_text[1024];
+    default_config(o->train_iters, default_text, sizeof default_text);
+    o->config_text = default_text;
     if (o->eval_interval && !o->eval_iters) {
         fprintf(stderr, "zoff train: --eval-interval validates on --eval-iters batches, but --eval-iters is 0; give "
                         "--eval-iters N (N > 0) or drop --eval-interval\n");
         return 2;
     }
-    if (o->no_checkpoint && (o->save_interval || o->keep_last)) {
+    if (o->no_checkpoint && (o->save_interval || o->keep_last || o->sync_saves)) {
         fprintf(stderr, "zoff train: --no-checkpoint writes no checkpoint, so %s has nothing to do; drop one of them\n",
-                o->save_interval ? "--save-interval" : "--keep-last");
+                o->save_interval ? "--save-interval" : o->keep_last ? "--keep-last" : "--sync-save");
         return 2;
     }
     return 0;
@@ -246,6 +256,9 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
                 (long long)step, (long long)p->iters, r->loss, r->lr, r->info.grad_norm, r->tokens_per_s, e1, e2);
     }
     const zoff_step_info *si = &r->info;
+    if (si->skipped) /* DeepSpeed's "OVERFLOW! Skipping step": every time, not every N steps */
+        fprintf(stderr, "%sstep %lld: inf/NaN gradients at loss scale %.17g: update skipped\n", p->tty ? "\n" : "",
+                (long long)step, si->loss_scale);
     if (p->breakdown && step % p->every == 0)
         fprintf(stderr,
                 "%stime (s): forward %.4f backward %.4f wait-grads %.4f host-step %.4f device-step %.4f "
@@ -256,15 +269,15 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
 
 /* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
 static void print_summary(const zoff_trainer_info *in, const char *save_dir, double train_time, double last_loss,
-                          double val_before, double val_after) {
+                          int64_t skipped, double val_before, double val_after) {
     int64_t steps = in->step - in->start_step;
     double tokens = (double)(in->micro_batch * in->seq_len * in->accumulation * in->world) * (double)steps;
-    char val[96] = "", loss[48] = "", ck[4200];
+    char val[96] = "", loss[48] = "", skip[96] = "", ck[4200];
     if (steps > 0) snprintf(loss, sizeof loss, "; train loss %.4f", last_loss);
+    if (skipped) snprintf(skip, sizeof skip, " (%lld of them skipped: inf/NaN gradients)", (long long)skipped);
     if (!isnan(val_after)) snprintf(val, sizeof val, "; validation loss %.4f -> %.4f", val_before, val_after);
-    fprintf(stderr, "zoff: trained %lld step%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps, steps == 1 ? "" : "s",
-            train_time,
-            train_time > 0 ? tokens / train_time : 0.0, loss, val);
+    fprintf(stderr, "zoff: trained %lld step%s%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps,
+            steps == 1 ? "" : "s", skip, train_time, train_time > 0 ? tokens / train_time : 0.0, loss, val);
     if (!save_dir) {
         fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
         return;
@@ -295,6 +308,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                   .breakdown = cfg->wall_clock_breakdown, .every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10,
                   .t_start = zoff_now()};
     zoff_train_step_result r = {.loss = NAN};
+    int64_t skipped = 0;
     for (bool stop = false;;) {
         if ((s = zoff_trainer_should_stop(t, &stop)) != ZOFF_OK) return fail(s);
         if (stop || in->step >= o->train_iters) break;
@@ -304,13 +318,14 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                     (long long)r.step);
             return 1;
         }
+        skipped += r.info.skipped;
         print_step(&p, in, &r);
         if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
             return fail(s);
         if (zoff_trainer_eval_due(t)) {
             double val = NAN;
             if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail(s);
-            if (!o->quiet) {
+            if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
                 fprintf(stderr, "step %lld validation loss %.4f\n", (long long)in->step, val);
             }
@@ -328,7 +343,13 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     /* the delayed update's last weights on the device (the save left them pending) */
     if ((s = zoff_engine_flush(zoff_trainer_engine(t))) != ZOFF_OK) return fail(s);
     if ((s = zoff_trainer_evaluate(t, &val_after)) != ZOFF_OK) return fail(s);
-    if (!o->quiet) print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, val_before, val_after);
+    if (g_stop) { /* during the final validation: the checkpoint is written, the figure is not */
+        if (!o->quiet)
+            fprintf(stderr, "zoff: signal %d: the final validation stopped; step %lld is %s\n", (int)g_stop,
+                    (long long)in->step, o->no_checkpoint ? "not saved (--no-checkpoint)" : "saved");
+        return 128 + (int)g_stop;
+    }
+    if (!o->quiet) print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, skipped, val_before, val_after);
     return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -32,7 +33,7 @@ zoff_status trainer_open_load(zoff_trainer *t) {
             t->resume.settings = trainer_settings_of(&old, zoff_ckpt_reader_nranks(t->rd));
         zoff_config_free(&old);
     }
-    free(config_text);
+    t->resume_config = config_text;
     return s != ZOFF_OK ? zoff_error_context(s, "--load") : ZOFF_OK;
 }
 
@@ -71,6 +72,27 @@ static zoff_status check_shape(const zoff_trainer *t) {
     return ZOFF_OK;
 }
 
+/* The update's settings the checkpoint's settings record leaves out, against its stored config
+ * (a checkpoint without one: nothing to compare): a line for each change. */
+static void say_config_changes(const zoff_trainer *t) {
+    zoff_config old;
+    if (!t->resume_config || zoff_config_load_string(t->resume_config, "the checkpoint's config", &old) != ZOFF_OK) {
+        zoff_clear_error();
+        return;
+    }
+    const zoff_optimizer_config *a = &old.optimizer, *b = &t->cfg.optimizer;
+    struct { const char *key; double was, now; } k[] = {
+        {"optimizer.params.betas[0]", a->beta1, b->beta1},
+        {"optimizer.params.betas[1]", a->beta2, b->beta2},
+        {"optimizer.params.eps", a->eps, b->eps},
+        {"optimizer.params.weight_decay", a->weight_decay, b->weight_decay},
+        {"zero_optimization.stage", old.zero.stage, t->cfg.zero.stage},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].was != k[i].now) trainer_say(t, "resume: %s %g -> %g", k[i].key, k[i].was, k[i].now);
+    zoff_config_free(&old);
+}
+
 /* Settings that change the meaning of the stored optimizer state are refused; those a resume
  * may change are printed, one line each. */
 zoff_status trainer_check_resume(zoff_trainer *t) {
@@ -78,8 +100,11 @@ zoff_status trainer_check_resume(zoff_trainer *t) {
     const zoff_train_settings *was = &t->resume.settings;
     if (!was->known) return ZOFF_OK; /* a checkpoint without settings or config: nothing to compare */
     zoff_train_settings now = trainer_settings_of(&t->cfg, t->info.world);
+    /* Adam and AdamW keep the same state (step, m, v): a change between them is printed below */
+    bool adam_was = !strcmp(was->optimizer, "Adam") || !strcmp(was->optimizer, "AdamW");
+    bool adam_now = !strcmp(now.optimizer, "Adam") || !strcmp(now.optimizer, "AdamW");
     struct { const char *key, *was, *now; } fatal[] = {
-        {"optimizer.type", was->optimizer, now.optimizer},
+        {"optimizer.type", adam_was && adam_now ? now.optimizer : was->optimizer, now.optimizer},
         {"precision (bf16 / fp16 / fp32)", was->precision, now.precision},
     };
     for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
@@ -97,10 +122,13 @@ zoff_status trainer_check_resume(zoff_trainer *t) {
         {"gradient_clipping", was->gradient_clipping, now.gradient_clipping},
         {"ranks", (double)was->world_size, (double)now.world_size},
     };
+    if (strcmp(was->optimizer, now.optimizer))
+        trainer_say(t, "resume: optimizer.type %s -> %s (the same state: step, m, v)", was->optimizer, now.optimizer);
     if (strcmp(was->scheduler, now.scheduler))
         trainer_say(t, "resume: scheduler.type %s -> %s", was->scheduler, now.scheduler);
     for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
         if (num[i].was != num[i].now) trainer_say(t, "resume: %s %g -> %g", num[i].key, num[i].was, num[i].now);
+    say_config_changes(t);
     return ZOFF_OK;
 }
 
@@ -113,17 +141,53 @@ static zoff_status latest_in(zoff_trainer *t, const char *dir, int64_t *latest) 
     return ZOFF_OK;
 }
 
-/* A new run (no --load) into a --save directory that holds checkpoints would mix two runs: the
- * old newest step shadows the new run's for --load, sample and export. */
+/* Rank 0: whether --save is the folder of the run --load resumes (the folder given, or the
+ * one holding the step folder given). */
+static bool save_is_load_run(const zoff_trainer *t) {
+    char step_dir[4200], run[PATH_MAX], save[PATH_MAX];
+    if (zoff_ckpt_resolve(t->o.load_dir, step_dir, sizeof step_dir, NULL) != ZOFF_OK) {
+        zoff_clear_error();
+        return false;
+    }
+    char *slash = strrchr(step_dir, '/');
+    if (slash == step_dir) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(step_dir, sizeof step_dir, ".");
+    return realpath(step_dir, run) && realpath(t->o.save_dir, save) && !strcmp(run, save);
+}
+
+/* Checkpoints already in --save would mix with this run's: the newest step of either shadows the
+ * other's for --load, sample and export, and a step of both names collides at its save.
+ * - a new run (no --load) into a folder with checkpoints: refused (--overwrite deletes them);
+ * - a resume into another run's folder with checkpoints: refused;
+ * - a resume of an earlier step of the run in --save (its newer steps still there): refused
+ *   before training, not at the first save that meets one. */
 zoff_status trainer_check_save_dir(zoff_trainer *t) {
-    if (t->o.load_dir) return ZOFF_OK;
     int64_t latest;
     ZOFF_TRY(latest_in(t, t->o.save_dir, &latest));
     if (latest < 0 || t->o.overwrite) return ZOFF_OK;
-    return zoff_error(ZOFF_ERR_INVALID,
-                      "--save %s already holds checkpoints of a run (the newest: step %lld): continue it with --load "
-                      "%s, start over with --overwrite (deletes its checkpoints), or choose another --save",
-                      t->o.save_dir, (long long)latest, t->o.save_dir);
+    if (!t->o.load_dir)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--save %s already holds checkpoints of a run (the newest: step %lld): continue it with "
+                          "--load %s, start over with --overwrite (deletes its checkpoints), or choose another --save",
+                          t->o.save_dir, (long long)latest, t->o.save_dir);
+    int32_t same = t->info.rank == 0 && save_is_load_run(t);
+    if (t->info.world > 1) ZOFF_TRY(zoff_comm_broadcast_bytes(t->comm, &same, sizeof same, 0));
+    if (!same)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--save %s holds checkpoints of another run (the newest: step %lld) than the one --load %s "
+                          "resumes: the two runs' steps and metrics.jsonl would mix, and the newest step of either "
+                          "would be what --load, sample and export take. Choose an empty --save, or --save the "
+                          "loaded run's own folder",
+                          t->o.save_dir, (long long)latest, t->o.load_dir);
+    if (latest > t->resume.step)
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--load %s resumes step %lld, but --save %s also holds newer steps (up to %lld): this run's "
+                          "checkpoints would collide with them or be shadowed by them. Move the step folders after "
+                          "step %lld out of %s (to keep them), or choose another --save",
+                          t->o.load_dir, (long long)t->resume.step, t->o.save_dir, (long long)latest,
+                          (long long)t->resume.step, t->o.save_dir);
+    return ZOFF_OK;
 }
 
 /* Rank 0's part of trainer_lock_save_dir. */

@@ -20,7 +20,8 @@ zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
                              .accumulation = cfg->gradient_accumulation_steps,
                              .world_size = world,
                              .gradient_clipping = cfg->gradient_clipping};
-    snprintf(s.optimizer, sizeof s.optimizer, "%s", zoff_optimizer_name(cfg->optimizer.type));
+    const bool adamw = cfg->optimizer.type == ZOFF_OPTIM_ADAM && cfg->optimizer.adam_w_mode; /* the same update */
+    snprintf(s.optimizer, sizeof s.optimizer, "%s", zoff_optimizer_name(adamw ? ZOFF_OPTIM_ADAMW : cfg->optimizer.type));
     snprintf(s.precision, sizeof s.precision, "%s", cfg->bf16_enabled ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32");
     snprintf(s.scheduler, sizeof s.scheduler, "%s", zoff_scheduler_name(cfg->scheduler.type));
     return s;
@@ -30,9 +31,19 @@ zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
  * the command-line settings the engine's fingerprint cannot see checked to agree. */
 zoff_status trainer_load_config(zoff_trainer *t) {
     const zoff_trainer_options *o = &t->o;
+    /* a resume without --config continues with the checkpoint's config and batch (its micro-batch
+     * may have come from --micro-batch-size); without a stored config, the default */
+    const bool stored = !o->config_path && t->resume_config;
     zoff_status s = o->config_path ? zoff_config_load_file(o->config_path, &t->cfg)
+                    : stored       ? zoff_config_load_string(t->resume_config, "the checkpoint's config", &t->cfg)
                                    : zoff_config_load_string(o->config_text, "the default config", &t->cfg);
     if (s != ZOFF_OK) return zoff_error_context(s, "config");
+    if (stored) trainer_say(t, "resume: no --config given: the run goes on with the config stored in %s", o->load_dir);
+    if (stored && !o->micro_batch && t->resume.settings.known) {
+        t->cfg.train_micro_batch_size_per_gpu = t->resume.settings.micro_batch;
+        t->cfg.gradient_accumulation_steps = t->resume.settings.accumulation;
+        t->cfg.train_batch_size = 0; /* micro x accumulation x ranks */
+    }
     if (o->micro_batch) {
         t->cfg.train_micro_batch_size_per_gpu = o->micro_batch;
         if (t->cfg.train_batch_size && t->cfg.gradient_accumulation_steps) t->cfg.gradient_accumulation_steps = 0;
@@ -64,6 +75,13 @@ zoff_status trainer_load_config(zoff_trainer *t) {
                           "optimizer step %lld of --train-iters %lld, and it must stay below 1: give a smaller "
                           "decay_mom_rate (0: the momentum stays at cycle_max_mom), or fewer steps",
                           t->cfg.scheduler.decay_mom_rate, b1, (long long)o->train_iters, (long long)o->train_iters);
+    const zoff_scheduler_config *sc = &t->cfg.scheduler;
+    if ((sc->type == ZOFF_SCHED_WARMUP_DECAY_LR || sc->type == ZOFF_SCHED_WARMUP_COSINE_LR) &&
+        sc->total_num_steps > 0 && o->train_iters > sc->total_num_steps)
+        trainer_say(t, "note: the %s schedule ends at scheduler.params.total_num_steps %lld, before --train-iters %lld: "
+                       "the steps after it run at its final lr %g",
+                    zoff_scheduler_name(sc->type), (long long)sc->total_num_steps, (long long)o->train_iters,
+                    zoff_lr_at(sc, t->cfg.optimizer.lr, sc->total_num_steps));
     return ZOFF_OK;
 }
 

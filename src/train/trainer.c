@@ -80,6 +80,7 @@ void zoff_trainer_destroy(zoff_trainer *t) {
     zoff_gpt2_st_loader_close(t->init_ld);
     zoff_st_close(t->init_st);
     zoff_ckpt_close(t->rd);
+    free(t->resume_config);
     if (t->lock_fd >= 0) close(t->lock_fd); /* lets go of the --save folder */
     zoff_loader_free(t->train_ld);
     zoff_loader_free(t->val_ld);
@@ -117,8 +118,8 @@ static zoff_status init_from_file(const char *path, char *file, size_t cap) {
 /* Everything that can be refused is checked here, before anything is written (the shards
  * are opened next: trainer_open_data). */
 static zoff_status validate(zoff_trainer *t) {
+    ZOFF_TRY(trainer_open_load(t)); /* first: without --config, the run takes the checkpoint's */
     ZOFF_TRY(trainer_load_config(t));
-    ZOFF_TRY(trainer_open_load(t));
     zoff_status s = zoff_tokenizer_open(t->rd ? t->resume.tokenizer : t->o.tokenizer, &t->tok);
     if (s != ZOFF_OK) return zoff_error_context(s, "tokenizer");
     t->info.tokenizer = zoff_tokenizer_name(t->tok);
@@ -302,7 +303,7 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
         t,
         "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e%s,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
         "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
-        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f,"
+        "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%.17g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f,"
         "\"clock\":%.6f}\n",
         (long long)r->step, (float)r->loss, r->lr, mom, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
@@ -387,6 +388,7 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     double sum = 0;
     zoff_loader_reset(t->val_ld);
     for (int64_t k = 0; s == ZOFF_OK && k < n; k++) {
+        if (t->o.stop && *t->o.stop) break; /* a signal: the ranks stop together below */
         s = zoff_loader_next(t->val_ld, t->hx, t->hy);
         if (s != ZOFF_OK || k % t->info.world != t->info.rank) continue;
         s = zoff_memcpy_async(st, t->dx, t->hx, bytes, ZOFF_COPY_H2D);
@@ -398,6 +400,9 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     }
     if (s == ZOFF_OK && t->info.world > 1) s = zoff_comm_allreduce_f64(t->comm, &sum, 1, ZOFF_REDUCE_SUM);
     if (s != ZOFF_OK) return zoff_error_context(s, "evaluation");
+    bool stopped = false;
+    if (t->o.stop) ZOFF_TRY(zoff_trainer_should_stop(t, &stopped));
+    if (stopped) return ZOFF_OK; /* interrupted: no figure (NAN) */
     *out = sum / (double)n;
     ZOFF_TRY(trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out));
     s = trainer_monitor_event(t->monitor, "Eval/Samples/val_loss", *out, samples_at(t, t->info.step));

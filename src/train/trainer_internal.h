@@ -31,6 +31,7 @@ struct zoff_trainer {
     zoff_gpt2_st_loader *init_ld; /* its weights, a range at a time (opened at the first range) */
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
+    char *resume_config;      /* --load's stored config text (NULL: none); the run's config without --config */
     int32_t *hx, *hy, *dx, *dy;
     FILE *metrics, *timeline;
     trainer_monitor *monitor; /* rank 0: tensorboard / csv_monitor (NULL: none) */
