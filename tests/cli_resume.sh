@@ -195,6 +195,21 @@ rc=$?
 check "SIGINT after the final save, during the final validation: exit 130 (rc $rc), says so" \
   "[ $rc -eq 130 ] && grep -q 'the final validation stopped; step 1 is saved' '$W/sig.txt'"
 
+# 16. what a run takes that the user did not say is said: a capped --eval-iters, a kept seed, the
+# optimizer of a config without one
+"$ZOFF" train "${TINY[@]}" --eval-iters 1000000 --train-iters 1 --seed 7 --save "$W/sd" >"$W/out.txt" 2>&1
+check "--eval-iters beyond the validation data: a note with the batches used" \
+  "[ \$? -eq 0 ] && grep -q 'note: --eval-iters 1000000 is more than --val-path holds ([0-9]* batches of 4 x 16 tokens)' '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 2 --load "$W/sd" --save "$W/sd" >"$W/out.txt" 2>&1
+check "a resume without --seed 7: the run's seed 7 is kept, and said" \
+  "[ \$? -eq 0 ] && grep -q \"resume: the run's seed 7 is kept, not 1234\" '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 3 --load "$W/sd" --save "$W/sd" --seed 7 >"$W/out.txt" 2>&1
+check "... the step it saved records seed 7: the next resume with --seed 7 says nothing of it" \
+  "[ \$? -eq 0 ] && ! grep -q 'seed' '$W/out.txt'"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/noopt.json" --train-iters 1 --no-checkpoint --save "$W/noopt" >"$W/out.txt" 2>&1
+check "a config without an optimizer section: a note names AdamW and its settings" \
+  "[ \$? -eq 0 ] && grep -q 'note: the config has no optimizer section: AdamW at .* (lr 0.001, betas (0.9, 0.999)' '$W/out.txt'"
+
 # 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"

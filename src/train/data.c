@@ -88,6 +88,11 @@ static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_
     if (s != ZOFF_OK) return zoff_error_context(s, "validation data");
     int64_t nb = zoff_loader_batches_per_epoch(t->val_ld);
     t->info.eval_iters = t->o.eval_iters < nb ? t->o.eval_iters : nb;
+    if (t->o.eval_iters > nb)
+        trainer_say(t, "note: --eval-iters %lld is more than %s holds (%lld batches of %lld x %lld tokens): validating "
+                       "on those %lld",
+                    (long long)t->o.eval_iters, vo.what, (long long)nb, (long long)t->info.micro_batch,
+                    (long long)t->info.seq_len, (long long)nb);
     return ZOFF_OK;
 }
 

@@ -97,6 +97,9 @@ static void say_config_changes(const zoff_trainer *t) {
  * may change are printed, one line each. */
 zoff_status trainer_check_resume(zoff_trainer *t) {
     ZOFF_TRY(check_shape(t));
+    if (t->o.seed != t->resume.seed) /* the data order goes on from the checkpoint's position */
+        trainer_say(t, "resume: the run's seed %llu is kept, not %llu: --seed sets a new run's weights and data order",
+                    (unsigned long long)t->resume.seed, (unsigned long long)t->o.seed);
     const zoff_train_settings *was = &t->resume.settings;
     if (!was->known) return ZOFF_OK; /* a checkpoint without settings or config: nothing to compare */
     zoff_train_settings now = trainer_settings_of(&t->cfg, t->info.world);
@@ -311,6 +314,7 @@ zoff_status trainer_restore(zoff_trainer *t) {
     t->rd = NULL;
     if (s != ZOFF_OK) return zoff_error_context(s, "--load");
     t->info.start_step = t->info.step = t->resume.step;
+    t->o.seed = t->resume.seed; /* the run's, as its data order (the loader's restored key): the next save records it */
     t->info.consumed_tokens = t->resume.consumed_tokens;
     trainer_say(t, "resumed from %s at step %lld", t->o.load_dir, (long long)t->info.step);
     return ZOFF_OK;

@@ -75,6 +75,11 @@ zoff_status trainer_load_config(zoff_trainer *t) {
                           "optimizer step %lld of --train-iters %lld, and it must stay below 1: give a smaller "
                           "decay_mom_rate (0: the momentum stays at cycle_max_mom), or fewer steps",
                           t->cfg.scheduler.decay_mom_rate, b1, (long long)o->train_iters, (long long)o->train_iters);
+    const zoff_optimizer_config *oc = &t->cfg.optimizer;
+    if (!t->cfg.optimizer_given && !stored) /* DeepSpeed would take the script's optimizer: say which runs */
+        trainer_say(t, "note: the config has no optimizer section: AdamW at DeepSpeed's defaults (lr %g, betas (%g, %g), "
+                       "eps %g, weight_decay %g)",
+                    oc->lr, oc->beta1, oc->beta2, oc->eps, oc->weight_decay);
     const zoff_scheduler_config *sc = &t->cfg.scheduler;
     if ((sc->type == ZOFF_SCHED_WARMUP_DECAY_LR || sc->type == ZOFF_SCHED_WARMUP_COSINE_LR) &&
         sc->total_num_steps > 0 && o->train_iters > sc->total_num_steps)
