@@ -134,6 +134,8 @@ f=step_00000003/rank_00000.zckpt
 check "stop inside step 3: the run stopped after step 3 (exit 143)" "[ $hit -eq 1 ] && [ $rc -eq 143 ]"
 check "the due save of step 3 ran in the background, started when the final save joined it" \
   "grep '\"ckpt_step\":3,' '$W/sig/metrics.jsonl' | grep -q '\"ckpt_start_in_step\":true}'"
+check "... and the log says where it was saved and how to go on" \
+  "grep -q 'zoff: step 3 saved under .*/sig; go on with --load .*/sig\$' '$W/sig.log'"
 check "its checkpoint is complete and == the synchronous writer's; no step 4" \
   "[ -f '$W/sig/step_00000003/COMPLETE' ] && cmp -s '$W/sig/$f' '$W/sig-y/$f' && ! ls -d '$W/sig/step_00000004'* >/dev/null 2>&1"
 

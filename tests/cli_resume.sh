@@ -210,6 +210,12 @@ check "... the step it saved records seed 7: the next resume with --seed 7 says 
 check "a config without an optimizer section: a note names AdamW and its settings" \
   "[ \$? -eq 0 ] && grep -q 'note: the config has no optimizer section: AdamW at .* (lr 0.001, betas (0.9, 0.999)' '$W/out.txt'"
 
+echo '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}' > "$W/all3.json"
+"$ZOFF" train "${SHAPE[@]}" "${DATA[@]}" --eval-iters 0 --config "$W/all3.json" --micro-batch-size 2 --train-iters 1 \
+  --no-checkpoint --save "$W/mb" >"$W/out.txt" 2>&1
+check "--micro-batch-size 2 with a config giving all three batch keys: the re-derived accumulation is said" \
+  "[ \$? -eq 0 ] && grep -q 'note: --micro-batch-size 2 keeps train_batch_size 16: gradient_accumulation_steps 4 -> 8' '$W/out.txt'"
+
 # 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"

@@ -339,7 +339,12 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                 (long long)in->step);
     /* final, also on SIGINT/SIGTERM */
     if (!o->no_checkpoint && (s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail(s);
-    if (g_stop) return 128 + (int)g_stop;
+    if (g_stop) {
+        if (!o->quiet && !o->no_checkpoint)
+            fprintf(stderr, "zoff: step %lld saved under %s; go on with --load %s\n", (long long)in->step, o->save_dir,
+                    o->save_dir);
+        return 128 + (int)g_stop;
+    }
     /* the delayed update's last weights on the device (the save left them pending) */
     if ((s = zoff_engine_flush(zoff_trainer_engine(t))) != ZOFF_OK) return fail(s);
     if ((s = zoff_trainer_evaluate(t, &val_after)) != ZOFF_OK) return fail(s);

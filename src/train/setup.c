@@ -44,11 +44,20 @@ zoff_status trainer_load_config(zoff_trainer *t) {
         t->cfg.gradient_accumulation_steps = t->resume.settings.accumulation;
         t->cfg.train_batch_size = 0; /* micro x accumulation x ranks */
     }
+    int64_t gas_given = 0; /* the config's accumulation that --micro-batch-size re-derives */
     if (o->micro_batch) {
         t->cfg.train_micro_batch_size_per_gpu = o->micro_batch;
-        if (t->cfg.train_batch_size && t->cfg.gradient_accumulation_steps) t->cfg.gradient_accumulation_steps = 0;
+        if (t->cfg.train_batch_size && t->cfg.gradient_accumulation_steps) {
+            gas_given = t->cfg.gradient_accumulation_steps;
+            t->cfg.gradient_accumulation_steps = 0;
+        }
     }
-    if ((s = zoff_config_resolve_batch(&t->cfg, t->info.world)) != ZOFF_OK) return zoff_error_context(s, "config");
+    if ((s = zoff_config_resolve_batch(&t->cfg, t->info.world)) != ZOFF_OK)
+        return zoff_error_context(s, o->micro_batch ? "config with --micro-batch-size" : "config");
+    if (gas_given && gas_given != t->cfg.gradient_accumulation_steps)
+        trainer_say(t, "note: --micro-batch-size %lld keeps train_batch_size %lld: gradient_accumulation_steps %lld -> %lld",
+                    (long long)o->micro_batch, (long long)t->cfg.train_batch_size, (long long)gas_given,
+                    (long long)t->cfg.gradient_accumulation_steps);
     if (t->info.world > 1) {
         uint64_t h = ZOFF_FNV_INIT;
         const char *str[] = {o->data_path, o->val_path, o->tokenizer, o->save_dir, o->load_dir, o->init_from};
