@@ -318,6 +318,10 @@ rc=$?
 check "--no-checkpoint: metrics.jsonl with 2 steps and no checkpoint in --save" \
   "[ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.jsonl') -eq 2 ] && \
    [ -z \"\$(ls '$W/nock' | grep -v '^metrics.jsonl\$')\" ]"
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --no-checkpoint --save "$W/nock" >"$W/nock.out" 2>&1
+rc=$?
+check "a second --no-checkpoint run into that --save keeps the first's metrics as metrics.prev.jsonl" \
+  "[ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.prev.jsonl') -eq 2 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.jsonl') -eq 1 ]"
 "$ZOFF" train "${TINY[@]}" --no-checkpoint --save-interval 1 --save "$W/nock2" >/dev/null 2>"$W/nock.err"
 rc=$?
 check "--no-checkpoint with --save-interval: exit 2 naming both, nothing written" \

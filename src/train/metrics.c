@@ -53,6 +53,17 @@ zoff_status trainer_open_metrics(zoff_trainer *t) {
             return zoff_error(ZOFF_ERR_IO, "--save: cannot write %s: %s", tpath, strerror(errno));
     }
     if (append) ZOFF_TRY(drop_torn_tail(t->metrics_path));
+    struct stat st;
+    if (!append && !t->o.overwrite && t->info.rank == 0 && stat(t->metrics_path, &st) == 0 && st.st_size > 0) {
+        /* an earlier run's without checkpoints (--no-checkpoint, or killed before its first save):
+         * kept beside, not truncated (one generation: --overwrite or a new run past it drops it) */
+        char prev[4300];
+        snprintf(prev, sizeof prev, "%s/metrics.prev.jsonl", dir);
+        if (rename(t->metrics_path, prev) != 0)
+            return zoff_error(ZOFF_ERR_IO, "--save: cannot move %s aside to %s: %s", t->metrics_path, prev,
+                              strerror(errno));
+        trainer_say(t, "an earlier run's %s (no checkpoint of it in --save) is now %s", t->metrics_path, prev);
+    }
     if (!(t->metrics = fopen(t->metrics_path, append ? "a" : "w")))
         return zoff_error(ZOFF_ERR_IO, "--save: cannot write %s: %s", t->metrics_path, strerror(errno));
     return ZOFF_OK;
