@@ -33,6 +33,17 @@ check "--step 2 exports the older checkpoint" "grep -q '\"zoff.step\":\"2\"' '$W
 "$ZOFF" export --load "$W/run/step_00000004" --output "$W/hf/" --quiet
 check "a directory output gets model.safetensors + config.json" \
   "cmp -s '$W/hf/model.safetensors' '$W/m.safetensors' && grep -q '\"n_layer\": 2' '$W/hf/config.json' && grep -q '\"model_type\": \"gpt2\"' '$W/hf/config.json'"
+# exporting into that folder again replaces its files (before: refused, "hf/model.safetensors is a file")
+"$ZOFF" export --load "$W/run" --step 2 --output "$W/hf/" --quiet >"$W/re.txt" 2>&1
+rc1=$?
+"$ZOFF" export --load "$W/run" --step 2 --output "$W/hf" --quiet >>"$W/re.txt" 2>&1
+rc2=$?
+check "exporting into an existing model folder again (DIR/ and DIR) replaces model.safetensors" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && cmp -s '$W/hf/model.safetensors' '$W/m2.safetensors' && ! ls '$W/hf' | grep -q 'tmp-'"
+mkdir -p "$W/hfd/config.json"
+"$ZOFF" export --load "$W/run" --output "$W/hfd" >"$W/re.txt" 2>&1
+check "a model folder whose config.json is a folder: exit 2 naming it, nothing written" \
+  "[ \$? -eq 2 ] && grep -q 'hfd/config.json is a folder' '$W/re.txt' && [ ! -e '$W/hfd/model.safetensors' ]"
 "$ZOFF" export --load "$W/run" --dtype bf16 --output "$W/bf16.safetensors" --quiet
 check "--dtype bf16 writes BF16 tensors of half the size" \
   "grep -q '\"dtype\":\"BF16\"' '$W/bf16.safetensors' && [ \$(stat -c %s '$W/bf16.safetensors') -lt \$(( \$(stat -c %s '$W/m.safetensors') * 6 / 10 )) ]"

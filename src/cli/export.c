@@ -148,17 +148,31 @@ static bool is_dir(const char *p) {
 }
 
 /* Where --output goes, checked before any reading: a folder it names is created (one level), so its
- * parent must exist; a file's folder must exist. */
+ * parent must exist; a file's folder must exist. A folder's files (model.safetensors, config.json, ...)
+ * are replaced, each atomically, unless one is a folder; an --output DIR/ that is a file is refused. */
 static zoff_status check_output(const char *output, bool dir_mode) {
     size_t olen = strlen(output);
     char where[4200];
-    snprintf(where, sizeof where, "%.*s%s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output,
-             dir_mode && is_dir(output) ? "/model.safetensors" : "");
+    snprintf(where, sizeof where, "%.*s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output);
     struct stat st;
-    if (dir_mode && !is_dir(where) && stat(where, &st) == 0)
-        return zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give another --output",
-                          output, where);
-    return zoff_check_output_parent(where);
+    if (!dir_mode || !is_dir(where)) {
+        if (dir_mode && stat(where, &st) == 0)
+            return zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give another --output",
+                              output, where);
+        return zoff_check_output_parent(where);
+    }
+    static const char *const files[] = {"model.safetensors", "config.json", "vocab.json", "merges.txt",
+                                        "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char f[4300];
+        snprintf(f, sizeof f, "%s/%s", where, files[i]);
+        if (is_dir(f))
+            return zoff_error(ZOFF_ERR_INVALID, "%s is a folder, where the export writes a file: remove it or give "
+                              "another --output", f);
+    }
+    char f[4300];
+    snprintf(f, sizeof f, "%s/model.safetensors", where);
+    return zoff_check_output_parent(f);
 }
 
 int zoff_cmd_export(int argc, char **argv) {
