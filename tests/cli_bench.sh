@@ -37,6 +37,24 @@ pairs_case "comments and blank lines" "$(printf '# a b\n\n5e8 6e8\n4e8 4.1e8\n7e
 printf '1 2\n3\n' | "$ZOFF" bench pairs >/dev/null 2>"$W/err.txt"
 [ $? -eq 2 ] && grep -q "line 2" "$W/err.txt" && ok "bench pairs: a bad line is refused naming it (exit 2)" \
     || bad "bench pairs: bad line: $(cat "$W/err.txt")"
+# a ratio beyond a double (before: "ratio_max":inf, not JSON, and a spread of -1)
+printf '1e308 1e-308\n2 1\n' | "$ZOFF" bench pairs >"$W/pairs.json" 2>"$W/err.txt"
+[ $? -eq 2 ] && grep -q "line 1: the ratio" "$W/err.txt" && [ ! -s "$W/pairs.json" ] \
+    && ok "bench pairs: a ratio that overflows is refused naming its line (exit 2)" \
+    || bad "bench pairs: overflowing ratio: $(cat "$W/pairs.json" "$W/err.txt")"
+# finite ratios whose median or spread go beyond a double: still JSON (no inf, nan), spread never negative
+for pairs in '1.5e308 1\n1.7e308 1' '1e300 1e-5\n1e-300 1\n1e-300 1'; do
+    printf "$pairs\n" | "$ZOFF" bench pairs >"$W/pairs.json" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && "$PY" -c '
+import json, sys
+bad = lambda c: (_ for _ in ()).throw(ValueError(c))
+d = json.load(open(sys.argv[1]), parse_constant=bad)
+assert d["spread"] is None or d["spread"] >= 0, d
+assert d["ratio_median"] > 0 and not d["steady"], d' "$W/pairs.json" 2>"$W/err.txt"
+    then ok "bench pairs: extreme ratios ($pairs): valid JSON, no negative spread"
+    else bad "bench pairs: extreme ratios $pairs: rc $rc $(head -c 300 "$W/pairs.json") $(cat "$W/err.txt")"; fi
+done
 : | "$ZOFF" bench pairs >/dev/null 2>&1
 [ $? -eq 2 ] && ok "bench pairs: no pairs: exit 2" || bad "bench pairs: no pairs"
 
@@ -52,8 +70,8 @@ for c in cmps:
         assert k in c, (k, c)
     assert c["ratio_min"] <= c["ratio_median"] <= c["ratio_max"], c
     assert (c["verdict"] == "") == c["steady"], c
-    # the JSON rounds ratios to 4 decimals: the recomputed spread carries that rounding,
-    # (1e-4 / median) absolute plus (5e-5 / median) relative to the spread
+    # the JSON gives ratios to 6 significant digits: the recomputed spread carries that rounding,
+    # well within (1e-4 / median) absolute plus (5e-5 / median) relative to the spread
     m = c["ratio_median"]
     tol = 2e-3 + 1e-4 / m + c["spread"] * 1e-4 / m
     assert abs(c["spread"] - (c["ratio_max"] - c["ratio_min"]) / m) < tol, c

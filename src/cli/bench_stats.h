@@ -33,7 +33,8 @@ typedef struct cli_paired {
 double cli_median(const double *v, int n);
 /* Statistics of the pairs (a[i], b[i]), i < n (1 <= n <= CLI_BENCH_MAX_ROUNDS, b[i] > 0). */
 void cli_paired_ratios(const double *a, const double *b, int n, cli_paired *out);
-/* `"ratio_median":..,"ratio_min":..,"ratio_max":..,"spread":..,"steady":true|false` (no braces). */
+/* `"ratio_median":..,"ratio_min":..,"ratio_max":..,"spread":..,"steady":true|false` (no braces);
+ * a value that is not a finite number (no rounds; a spread beyond a double) is null. */
 void cli_paired_json(FILE *f, const cli_paired *p);
 /* "" when steady, else why the median is not a measurement: "spread too wide: ..." or
  * "only N rounds: ...". */
