@@ -101,6 +101,13 @@ check "bench ckpt --dir missing: exit 2, named, not created" \
 rc=$?
 check "bench nvme --dir missing: exit 2, named, not created" \
     "[ $rc -eq 2 ] && grep -q 'no-such-dir: no such directory' '$W/nodir.txt' && [ ! -e '$W/no-such-dir' ]"
+# too few buffers for the swapper's pipeline: a usage error said before any measuring (before: exit 1)
+mkdir "$W/nvme1"
+"$ZOFF" bench nvme --dir "$W/nvme1" --size 1MiB --rounds 1 --no-step --buffer-count 1 > "$W/nvme1.txt" 2>&1
+rc=$?
+check "bench nvme --buffer-count 1: exit 2 naming the flag and the count needed, nothing measured" \
+    "[ $rc -eq 2 ] && grep -q -- '--buffer-count 1 is too few.*give --buffer-count 3 or more' '$W/nvme1.txt' \
+     && [ \$(grep -c . '$W/nvme1.txt') -eq 1 ] && [ -z \"\$(ls -A '$W/nvme1')\" ]"
 "$ZOFF" bench ckpt --dir "$W/ckpt" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --vocab-size 256 \
     --max-position-embeddings 16 --rounds 3 --json > "$W/ckpt.json" 2>"$W/ckpt.err" \
     && check_cmp "bench ckpt --json: save, load, export, import against the bound, paired" "$W/ckpt.json" \
