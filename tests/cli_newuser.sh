@@ -174,6 +174,8 @@ tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --t
 export, an --output folder (ending in /) that is a file|noshards.txt/ names a folder, but|export --load "$W/planrun0" --output "$W/noshards.txt/"
 export, an --output in a folder that is not there, said before a missing --load|nofolder|export --load "$W/noload" --output "$W/nofolder/x.safetensors"
 plan, a --write-config in a folder that is not there|nofolder|plan --write-config "$W/nofolder/plan.json"
+plan, a --write-config that is a folder|noshards is a folder; give the path of a file|plan --no-probe --write-config "$W/noshards"
+plan, a --write-config ending in /|noshards/ ends in|plan --no-probe --write-config "$W/noshards/"
 EOF_CASES
 "$ZOFF" plan --write-config "$W/nofolder/plan.json" >"$W/path.out" 2>&1
 check "plan --write-config in a folder that is not there: said before any planning (no table printed)" \

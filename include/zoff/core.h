@@ -114,6 +114,10 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
  * that a wrong path fails at once): ZOFF_OK, or ZOFF_ERR_INVALID (not there, not a folder: what
  * to do) or the errno's status (not writable), naming the folder. */
 zoff_status zoff_check_output_parent(const char *path);
+/* `path` can be written as a file (a file there is replaced): not empty, not ending in '/', not an
+ * existing folder, and zoff_check_output_parent. ZOFF_OK, or ZOFF_ERR_INVALID saying which and what
+ * to give instead, or zoff_check_output_parent's status. */
+zoff_status zoff_check_output_file(const char *path);
 
 /* ---- CPU features ---- */
 typedef struct zoff_cpu_features {

@@ -537,7 +537,7 @@ int zoff_cmd_plan(int argc, char **argv) {
     if (rc) return rc;
     zoff_config cfg;
     zoff_status s;
-    if (a.write_config && (s = zoff_check_output_parent(a.write_config)) != ZOFF_OK) return fail("--write-config", s);
+    if (a.write_config && (s = zoff_check_output_file(a.write_config)) != ZOFF_OK) return fail("--write-config", s);
     if (a.config_path) s = zoff_config_load_file(a.config_path, &cfg);
     else s = zoff_config_load_string(PLAN_DEFAULT_CONFIG, "the default config", &cfg);
     if (s != ZOFF_OK) return fail("config", s);

@@ -148,3 +148,14 @@ zoff_status zoff_check_output_parent(const char *path) {
     free(copy);
     return s;
 }
+
+zoff_status zoff_check_output_file(const char *path) {
+    size_t n = path ? strlen(path) : 0;
+    struct stat st;
+    if (n == 0) return zoff_error(ZOFF_ERR_INVALID, "the output path is empty; give the path of a file");
+    if (path[n - 1] == '/')
+        return zoff_error(ZOFF_ERR_INVALID, "%s ends in '/', which names a folder; give the path of a file", path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID, "%s is a folder; give the path of a file (in it or elsewhere)", path);
+    return zoff_check_output_parent(path);
+}
