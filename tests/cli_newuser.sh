@@ -150,7 +150,7 @@ check "a syntax error says file:line:column once" \
 # config. Before the fix a missing shard, a pattern that matched nothing, a missing --load or
 # --init-from, an --output or --save in a folder that is not there exited 1, the status of a
 # failed run (an I/O error), and zoff sample 2.
-mkdir -p "$W/noshards" && touch "$W/noshards.txt"
+mkdir -p "$W/noshards" "$W/tkdir_train.bin" && touch "$W/noshards.txt"
 "$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/planrun0" >/dev/null 2>&1 # a checkpoint to export
 SHAPE4=("${TINY[@]:0:8}" --tokenizer byte --eval-iters 0 --quiet --device cpu)
 while IFS='|' read -r what named args; do
@@ -174,6 +174,9 @@ tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --t
 export, an --output folder (ending in /) that is a file|noshards.txt/ names a folder, but|export --load "$W/planrun0" --output "$W/noshards.txt/"
 export, an --output in a folder that is not there, said before a missing --load|nofolder|export --load "$W/noload" --output "$W/nofolder/x.safetensors"
 plan, a --write-config in a folder that is not there|nofolder|plan --write-config "$W/nofolder/plan.json"
+tokenize, an --output-prefix whose _train.bin is a folder|tkdir_train.bin, where a shard goes, is a folder|tokenize --tokenizer byte --output-prefix "$W/tkdir" "$SRC/README.md"
+tokenize, an --output-prefix that is a folder|noshards is a folder: the shards would be|tokenize --tokenizer byte --output-prefix "$W/noshards" "$SRC/README.md"
+tokenize, an --output-prefix ending in /|noshards/ ends in|tokenize --tokenizer byte --output-prefix "$W/noshards/" "$SRC/README.md"
 plan, a --write-config that is a folder|noshards is a folder; give the path of a file|plan --no-probe --write-config "$W/noshards"
 plan, a --write-config ending in /|noshards/ ends in|plan --no-probe --write-config "$W/noshards/"
 EOF_CASES

@@ -172,6 +172,39 @@ static void warn_stale(const zoff_tokenize_options *opt, const char *split, int 
     }
 }
 
+/* A shard name this run may write is not a folder (a rename over it would fail at the end). */
+static zoff_status check_not_folder(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID, "%s, where a shard goes, is a folder: remove it or give another "
+                          "--output-prefix", path);
+    return ZOFF_OK;
+}
+
+/* The output prefix, checked before any reading: a folder and a name (shards are PREFIX_train.bin,
+ * ...), the folder there and writable, the first shard of each split not a folder. */
+static zoff_status check_outputs(const zoff_tokenize_options *opt) {
+    const char *p = opt->output_prefix;
+    size_t n = strlen(p);
+    struct stat st;
+    if (p[n - 1] == '/')
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--output-prefix %s ends in '/': the shards are named PREFIX_train.bin, PREFIX_val.bin; "
+                          "give a folder and a name, e.g. --output-prefix %sdata", p, p);
+    if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--output-prefix %s is a folder: the shards would be %s_train.bin beside it, not in it; "
+                          "give a folder and a name, e.g. --output-prefix %s/data", p, p, p);
+    ZOFF_TRY(zoff_check_output_parent(p));
+    char first[4200];
+    for (int v = 0; v < (opt->val_fraction > 0 ? 2 : 1); v++) {
+        snprintf(first, sizeof first, opt->shard_tokens > 0 ? "%s_%s_000000.bin" : "%s_%s.bin", p,
+                 v ? "val" : "train");
+        ZOFF_TRY(check_not_folder(first));
+    }
+    return ZOFF_OK;
+}
+
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
                                 const zoff_tokenize_options *opt, zoff_tokenize_result *res) {
     memset(res, 0, sizeof *res);
@@ -194,7 +227,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
         if (!S_ISREG(st.st_mode)) return zoff_error(ZOFF_ERR_INVALID, "input %s is not a regular file", files[i]);
         if (access(files[i], R_OK) != 0) return zoff_error(zoff_status_of_path_errno(errno), "input %s: %s", files[i], strerror(errno));
     }
-    ZOFF_TRY(zoff_check_output_parent(opt->output_prefix));
+    ZOFF_TRY(check_outputs(opt));
 
     double t0 = zoff_now();
     u16vec all = {0};
@@ -220,6 +253,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     if (s == ZOFF_OK) s = plan_split(opt, "train", 0, n - nval, &plan, &nplan, &cap);
     ntrain = nplan;
     if (s == ZOFF_OK && nval > 0) s = plan_split(opt, "val", n - nval, nval, &plan, &nplan, &cap);
+    for (int i = 0; i < nplan && s == ZOFF_OK; i++) s = check_not_folder(plan[i].final_path); /* later shards */
     int32_t vocab = zoff_tokenizer_vocab_size(t);
     for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
         s = zoff_shard_write(plan[i].tmp_path, all.p + plan[i].begin, plan[i].count, vocab);
