@@ -102,6 +102,17 @@ check "plan --device cpu under ulimit -l 64 KiB: no row fails on pinned memory, 
 check "its text names why (CPU backend: pinned is ordinary memory) and marks no row no:pin" \
   "grep -q 'pinned is ordinary memory' '$W/pin.txt' && ! grep -q 'no:pin' '$W/pin.txt'"
 
+# ---- 5b. --ranks 2 in a build without MPI: the recommendation says MPI is what is missing (before:
+# "nothing this zoff can run fits" with advice on memory, while every row fits and none runs)
+"$ZOFF" plan --no-probe --num-layers 2 --hidden-size 64 --num-attention-heads 4 --ranks 2 >"$W/r2.txt" 2>&1
+if "$ZOFF" version | grep -q '^mpi: not built'; then
+  check "plan --ranks 2 without MPI: the recommendation names the missing MPI, no memory advice" \
+    "grep -q '^recommended: none: 2 ranks need a build with MPI.*--ranks 1' '$W/r2.txt' \
+     && ! grep -q 'micro-batch-size\\|nothing this zoff can run fits' '$W/r2.txt'"
+else
+  check "plan --ranks 2 with MPI: a setting is recommended" "grep -q '^recommended: stage' '$W/r2.txt'"
+fi
+
 # ---- 6. nothing fits: no advice to do what is already set
 "$ZOFF" plan --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --micro-batch-size 1 \
   --checkpoint-activations --host-memory 4GiB --device cpu --no-probe >"$W/nofit.txt" 2>&1

@@ -313,9 +313,22 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     if (r->why[0]) printf("  note     %s\n", r->why);
 }
 
-/* "Nothing fits": only advice that changes something (not what is already set). */
-static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in) {
+/* "Nothing fits": only advice that changes something (not what is already set). When settings fit
+ * but none runs here, why instead (ranks > 1 in a build without MPI: every row). */
+static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in, const zoff_plan *p) {
     const zoff_plan_machine *M = &in->machine;
+    if (p->best_any >= 0 && M->ranks > 1 && !zoff_comm_have_mpi()) {
+        printf("recommended: none: %d ranks need a build with MPI and this zoff has none, so no setting runs "
+               "(the 'runs' column); build zoff with MPI (scripts/deps.sh installs Open MPI, then cmake "
+               "-DZOFF_MPI=ON) or plan for one rank (--ranks 1)\n",
+               M->ranks);
+        return;
+    }
+    if (p->best_any >= 0) {
+        printf("recommended: none: the settings that fit do not run with this zoff (the 'runs' column; the fastest "
+               "one's note below says why)\n");
+        return;
+    }
     char mb[80];
     snprintf(mb, sizeof mb, "lower --micro-batch-size (now %lld)", (long long)in->model.batch_size);
     const char *adv[7];
@@ -382,7 +395,7 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
     }
     printf("\n");
     if (p->best >= 0) print_row_detail("recommended", &p->rows[p->best], in);
-    else print_nothing_fits(a, in);
+    else print_nothing_fits(a, in, p);
     if (p->best_any >= 0 && p->best_any != p->best) print_row_detail("fastest that fits (not runnable yet)", &p->rows[p->best_any], in);
 }
 
