@@ -406,6 +406,18 @@ rc=$?
 check "tokenize of a glob that matches nothing: exit 2, says so" \
   "[ $rc -eq 2 ] && grep -q 'no files match this pattern' '$W/tk_none.err'"
 
+# ---- shards an earlier run of the same prefix left (another --shard-size): every one is named, or the
+# first, how many more and their pattern (before: only the first, "one past ours")
+head -c 3000 "$SRC/README.md" > "$W/st.txt"
+"$ZOFF" tokenize "${TK[@]}" --shard-size 200 --output-prefix "$W/st" "$W/st.txt" >/dev/null 2>&1    # 15 shards
+"$ZOFF" tokenize "${TK[@]}" --shard-size 1000 --output-prefix "$W/st" "$W/st.txt" >/dev/null 2>"$W/st.err" # 3
+check "tokenize over 15 older shards of its prefix: warns of the first, 11 more and their pattern" \
+  "grep -q 'st_train_000003.bin and 11 more shards of this prefix (.*st_train\\*.bin) are left from an earlier run' '$W/st.err'"
+"$ZOFF" tokenize "${TK[@]}" --shard-size 700 --output-prefix "$W/st2" "$W/st.txt" >/dev/null 2>&1    # 5 shards
+"$ZOFF" tokenize "${TK[@]}" --shard-size 1000 --output-prefix "$W/st2" "$W/st.txt" >/dev/null 2>"$W/st2.err" # 3
+check "tokenize over 2 older shards: names both" \
+  "grep -q 'st2_train_000003.bin and .*st2_train_000004.bin are left from an earlier run' '$W/st2.err'"
+
 # ---- a mistyped option: exit 2 and the option meant (before: only "unknown option"); the
 # options come from each command's usage text, so the checks span every command
 suggest() { # suggest ARGS... -- WANT: the error names WANT as the option meant

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "zoff/data.h"
 
+#include "core/file_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -145,31 +147,89 @@ static zoff_status plan_split(const zoff_tokenize_options *opt, const char *spli
     return ZOFF_OK;
 }
 
-/* Files an earlier run with another --shard-size or --val-fraction left beside
- * ours would be picked up by a glob over the prefix: say so (never delete them). */
-static void warn_if_exists(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0)
-        zoff_log(ZOFF_LOG_WARN, "%s is left from an earlier run and is not part of this one; remove it before "
-                                "reading these shards with a glob or a directory",
-                 path);
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
 }
 
-static void warn_stale(const zoff_tokenize_options *opt, const char *split, int nwritten) {
-    char p[4200];
-    if (opt->shard_tokens > 0) {
-        snprintf(p, sizeof p, "%s_%s_%06d.bin", opt->output_prefix, split, nwritten); /* one past ours */
-        warn_if_exists(p);
-        snprintf(p, sizeof p, "%s_%s.bin", opt->output_prefix, split);
-        warn_if_exists(p);
-    } else {
-        snprintf(p, sizeof p, "%s_%s_000000.bin", opt->output_prefix, split);
-        warn_if_exists(p);
-        if (nwritten == 0) {
-            snprintf(p, sizeof p, "%s_%s.bin", opt->output_prefix, split);
-            warn_if_exists(p);
+/* Whether file name `name` is one of the shard names of prefix base `base` (any --shard-size, either
+ * split): BASE_train.bin, BASE_val.bin, BASE_train_NNNNNN.bin or BASE_val_NNNNNN.bin; *split: its split. */
+static bool is_prefix_shard(const char *name, const char *base, const char **split) {
+    size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0 || name[b] != '_') return false;
+    const char *r = name + b + 1;
+    *split = !strncmp(r, "train", 5) ? "train" : !strncmp(r, "val", 3) ? "val" : NULL;
+    if (!*split) return false;
+    r += strlen(*split);
+    if (r[0] == '_') {
+        for (int k = 1; k <= 6; k++)
+            if (r[k] < '0' || r[k] > '9') return false;
+        r += 7;
+    }
+    return !strcmp(r, ".bin");
+}
+
+/* The files in the prefix's folder named as its shards (is_prefix_shard), sorted, as paths the way
+ * the prefix is written (no "./" for a prefix without a folder); *n may be 0. */
+static zoff_status prefix_shards(const char *prefix, char ***paths, size_t *n) {
+    const char *slash = strrchr(prefix, '/');
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash == prefix ? 1 : slash - prefix) : 1, slash ? prefix : ".");
+    char **all = NULL;
+    size_t na = 0, cap = 0;
+    *paths = NULL;
+    *n = 0;
+    ZOFF_TRY(zoff_dir_files(dir, NULL, &all, &na));
+    const char *base = slash ? slash + 1 : prefix, *split;
+    for (size_t i = 0; i < na; i++) {
+        const char *name = base_name(all[i]); /* zoff_dir_files gives "dir/name" */
+        if (!is_prefix_shard(name, base, &split)) continue;
+        if (!zoff_paths_add(paths, n, &cap, slash ? all[i] : name)) {
+            zoff_free_paths(all, na);
+            zoff_free_paths(*paths, *n);
+            *paths = NULL;
+            *n = 0;
+            return zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir);
         }
     }
+    zoff_free_paths(all, na);
+    return ZOFF_OK;
+}
+
+/* Shards of this prefix an earlier run with another --shard-size or --val-fraction left beside
+ * ours would be picked up by a glob or a directory: say so, naming them (never delete them). */
+static void warn_stale(const zoff_tokenize_options *opt, char *const *written, int nwritten) {
+    char **have = NULL;
+    size_t nh = 0;
+    if (prefix_shards(opt->output_prefix, &have, &nh) != ZOFF_OK) {
+        zoff_clear_error();
+        return;
+    }
+    const char *base = base_name(opt->output_prefix);
+    for (int v = 0; v < 2; v++) {
+        const char *want = v ? "val" : "train", *split, *stale[3];
+        size_t count = 0;
+        for (size_t i = 0; i < nh; i++) {
+            bool ours = false; /* the same folder: compared by name */
+            const char *name = base_name(have[i]);
+            for (int k = 0; k < nwritten && !ours; k++) ours = !strcmp(base_name(written[k]), name);
+            if (ours || !is_prefix_shard(name, base, &split) || strcmp(split, want)) continue;
+            if (count < 3) stale[count] = have[i];
+            count++;
+        }
+        if (count == 1)
+            zoff_log(ZOFF_LOG_WARN, "%s is left from an earlier run and is not part of this one; remove it before "
+                                    "reading these shards with a glob or a directory", stale[0]);
+        else if (count == 2 || count == 3)
+            zoff_log(ZOFF_LOG_WARN, "%s%s%s and %s are left from an earlier run and are not part of this one; remove "
+                                    "them before reading these shards with a glob or a directory",
+                     stale[0], count == 3 ? ", " : "", count == 3 ? stale[1] : "", stale[count - 1]);
+        else if (count > 3)
+            zoff_log(ZOFF_LOG_WARN, "%s and %zu more shards of this prefix (%s_%s*.bin) are left from an earlier run "
+                                    "and are not part of this one; remove them before reading these shards with a "
+                                    "glob or a directory", stale[0], count - 1, opt->output_prefix, want);
+    }
+    zoff_free_paths(have, nh);
 }
 
 /* A shard name this run may write is not a folder (a rename over it would fail at the end). */
@@ -292,8 +352,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     }
     res->num_paths = nplan;
     res->num_train_files = ntrain;
-    warn_stale(opt, "train", ntrain);
-    warn_stale(opt, "val", nplan - ntrain);
+    warn_stale(opt, res->paths, nplan);
     res->tokens_train = n - nval;
     res->tokens_val = nval;
     res->seconds = zoff_now() - t0;
