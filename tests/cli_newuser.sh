@@ -406,6 +406,25 @@ rc=$?
 check "tokenize of a glob that matches nothing: exit 2, says so" \
   "[ $rc -eq 2 ] && grep -q 'no files match this pattern' '$W/tk_none.err'"
 
+# .bin shards: a glob skips them as a directory does; one named is refused, as is an input the run
+# would write over (before: read as text, and --output-prefix P P_train.bin replaced its own input)
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_globall" "$W/texts/*.*" >/dev/null 2>"$W/tk_ga.err"
+rc=$?
+check "tokenize 'DIR/*.*' with a .bin shard among the matches: skips it (the same shard as naming the texts)" \
+  "[ $rc -eq 0 ] && cmp -s '$W/tk_list_train.bin' '$W/tk_globall_train.bin'"
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_shard" "$W/texts/old_train.bin" >/dev/null 2>"$W/tk_sh.err"
+rc=$?
+check "tokenize of a token shard named: exit 2, says it is a shard, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'old_train.bin is a token shard' '$W/tk_sh.err' && ! ls '$W'/tk_shard* >/dev/null 2>&1"
+cp "$W/tk_list_train.bin" "$W/tk_self.keep"; cp "$W/texts/a.txt" "$W/tk_list_val.bin"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/tk_list" "$W/tk_list_train.bin" >/dev/null 2>"$W/tk_self.err"
+rc=$?
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/tk_list" "$W/tk_list_val.bin" >/dev/null 2>>"$W/tk_self.err"
+rc2=$?
+check "tokenize of its own output (P_train.bin, a text P_val.bin): exit 2 naming --output-prefix, both kept" \
+  "[ $rc -eq 2 ] && [ $rc2 -eq 2 ] && [ \$(grep -c 'one of the shards --output-prefix .*tk_list names' '$W/tk_self.err') -eq 2 ] \
+   && cmp -s '$W/tk_self.keep' '$W/tk_list_train.bin' && cmp -s '$W/texts/a.txt' '$W/tk_list_val.bin'"
+
 # ---- shards an earlier run of the same prefix left (another --shard-size): every one is named, or the
 # first, how many more and their pattern (before: only the first, "one past ours")
 head -c 3000 "$SRC/README.md" > "$W/st.txt"

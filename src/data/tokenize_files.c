@@ -265,6 +265,38 @@ static zoff_status check_outputs(const zoff_tokenize_options *opt) {
     return ZOFF_OK;
 }
 
+/* Whether the file starts as a token shard (magic and version): not text to tokenize. */
+static bool is_token_shard(const char *path) {
+    int32_t h[2] = {0, 0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool shard = read(fd, h, sizeof h) == (ssize_t)sizeof h && h[0] == ZOFF_SHARD_MAGIC && h[1] == ZOFF_SHARD_VERSION;
+    close(fd);
+    return shard;
+}
+
+/* The inputs, checked before any reading against what this run writes: none is a file named as a
+ * shard of the output prefix (a run replaces them), none is a token shard. */
+static zoff_status check_inputs(const zoff_tokenize_options *opt, const char *const *files, int nfiles) {
+    char **outs = NULL;
+    size_t nout = 0;
+    ZOFF_TRY(prefix_shards(opt->output_prefix, &outs, &nout));
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; i < nfiles && s == ZOFF_OK; i++) {
+        struct stat si, so;
+        if (stat(files[i], &si) != 0) continue; /* checked before */
+        for (size_t k = 0; k < nout && s == ZOFF_OK; k++)
+            if (stat(outs[k], &so) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino)
+                s = zoff_error(ZOFF_ERR_INVALID, "input %s is %s, one of the shards --output-prefix %s names (a run "
+                               "replaces them): give another --output-prefix", files[i], outs[k], opt->output_prefix);
+        if (s == ZOFF_OK && is_token_shard(files[i]))
+            s = zoff_error(ZOFF_ERR_INVALID, "input %s is a token shard (llm.c .bin format), not text: give the text "
+                           "files it was made from (directories and globs skip .bin files)", files[i]);
+    }
+    zoff_free_paths(outs, nout);
+    return s;
+}
+
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
                                 const zoff_tokenize_options *opt, zoff_tokenize_result *res) {
     memset(res, 0, sizeof *res);
@@ -288,6 +320,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
         if (access(files[i], R_OK) != 0) return zoff_error(zoff_status_of_path_errno(errno), "input %s: %s", files[i], strerror(errno));
     }
     ZOFF_TRY(check_outputs(opt));
+    ZOFF_TRY(check_inputs(opt, files, nfiles));
 
     double t0 = zoff_now();
     u16vec all = {0};
