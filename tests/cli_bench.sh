@@ -33,6 +33,11 @@ PY
 pairs_case "5 steady rounds (the ratio of pairs, not of medians)" "$(printf '1.0 1.0\n2.0 2.1\n3.0 2.9\n1.5 1.45\n2.2 2.3')"
 pairs_case "even count, a wide spread" "$(printf '1 2\n4 2\n1 1\n3 2.5')"
 pairs_case "one round: no spread measured" "0.9 1"
+pairs_case "two rounds: a spread of two, still too few" "$(printf '1 1\n1.05 1')"
+printf '1 1\n1.05 1\n' | "$ZOFF" bench pairs > "$W/two.json" 2>&1
+check "bench pairs, two rounds: the verdict gives their range, not 'no spread, one sample'" \
+    "grep -q '\"verdict\":\"only 2 rounds: their ratios go from 1 to 1.05, too few' '$W/two.json' \
+     && ! grep -q 'one sample\\|no spread' '$W/two.json'"
 pairs_case "comments and blank lines" "$(printf '# a b\n\n5e8 6e8\n4e8 4.1e8\n7e8 7e8')"
 printf '1 2\n3\n' | "$ZOFF" bench pairs >/dev/null 2>"$W/err.txt"
 [ $? -eq 2 ] && grep -q "line 2" "$W/err.txt" && ok "bench pairs: a bad line is refused naming it (exit 2)" \

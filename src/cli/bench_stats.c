@@ -61,9 +61,14 @@ void cli_paired_json(FILE *f, const cli_paired *p) {
 
 const char *cli_paired_verdict(const cli_paired *p, char *buf, size_t n) {
     if (p->steady) snprintf(buf, n, "%s", "");
+    else if (p->n == 1)
+        snprintf(buf, n, "only 1 round: no spread measured, the ratio is one sample (use --rounds %d or more)",
+                 CLI_BENCH_MIN_ROUNDS);
     else if (p->n < CLI_BENCH_MIN_ROUNDS)
-        snprintf(buf, n, "only %d round%s: no spread measured, the ratio is one sample (use --rounds %d or more)",
-                 p->n, p->n == 1 ? "" : "s", CLI_BENCH_MIN_ROUNDS);
+        snprintf(buf, n,
+                 "only %d rounds: their ratios go from %.4g to %.4g, too few to tell a steady machine from a noisy "
+                 "one (use --rounds %d or more)",
+                 p->n, p->ratio_min, p->ratio_max, CLI_BENCH_MIN_ROUNDS);
     else {
         char pct[32] = "beyond any multiple"; /* a spread past a double's range */
         if (isfinite(p->spread)) snprintf(pct, sizeof pct, "%.3g%%", 100.0 * p->spread);

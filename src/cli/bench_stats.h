@@ -18,7 +18,7 @@
 /* (ratio_max - ratio_min) / ratio_median above which a comparison is "spread too wide":
  * 0.2 is +-10% around the median, i.e. +-0.1 for a ratio near 1 */
 #define CLI_BENCH_SPREAD_LIMIT 0.2
-/* fewer rounds than this give no spread worth the name */
+/* fewer rounds than this give no spread worth the name (1: none; 2: the range of two samples) */
 #define CLI_BENCH_MIN_ROUNDS 3
 
 typedef struct cli_paired {
