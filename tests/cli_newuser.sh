@@ -113,6 +113,14 @@ else
   check "plan --ranks 2 with MPI: a setting is recommended" "grep -q '^recommended: stage' '$W/r2.txt'"
 fi
 
+# ---- 5c. a shape the model refuses: said once, "zoff plan: model shape: ..." (before: "zoff plan: model:
+# zoff plan: model shape: ...")
+"$ZOFF" plan --no-probe --num-layers 2 --hidden-size 65 --num-attention-heads 4 >"$W/p65.out" 2>"$W/p65.err"
+rc=$?
+check "plan of a width its heads do not divide: exit 2, the command named once" \
+  "[ $rc -eq 2 ] && [ ! -s '$W/p65.out' ] && [ \$(grep -o 'zoff plan' '$W/p65.err' | wc -l) -eq 1 ] \
+   && grep -q '^zoff plan: model shape: shape.hidden_size (65) is not divisible' '$W/p65.err'"
+
 # ---- 6. nothing fits: no advice to do what is already set
 "$ZOFF" plan --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --micro-batch-size 1 \
   --checkpoint-activations --host-memory 4GiB --device cpu --no-probe >"$W/nofit.txt" 2>&1

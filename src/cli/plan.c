@@ -172,8 +172,9 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     return 0;
 }
 
+/* "zoff plan: WHAT: the error" (what NULL: the error names its subject itself) */
 static int fail(const char *what, zoff_status s) {
-    fprintf(stderr, "zoff plan: %s: %s\n", what, zoff_last_error());
+    fprintf(stderr, "zoff plan: %s%s%s\n", what ? what : "", what ? ": " : "", zoff_last_error());
     return cli_exit_code(s);
 }
 
@@ -582,7 +583,7 @@ int zoff_cmd_plan(int argc, char **argv) {
     zoff_plan_model_bytes mb;
     if ((s = zoff_plan_model_bytes_get(&in.model, &mb)) != ZOFF_OK) {
         zoff_config_free(&cfg);
-        return fail("model", s);
+        return fail(NULL, s); /* "model shape: ..." */
     }
 
     /* the machine */
