@@ -880,6 +880,24 @@ static void test_tokenize_outputs(void **state) {
     assert_int_equal(count_files(path_in("tko")), before);
     assert_int_equal(count_files(path_in("tko/sub")), before_sub);
     zoff_tokenizer_free(bt);
+
+    /* empty inputs hold no text with either tokenizer (before: gpt2 wrote a shard of one <|endoftext|>),
+     * and an empty file among others adds no document (no lone <|endoftext|>) */
+    write_text(path_in("tko/empty.txt"), "", 0);
+    const char *empty[2] = {path_in("tko/empty.txt"), path_in("tko/empty.txt")};
+    o.output_prefix = path_in("tko/e");
+    o.shard_tokens = 0;
+    expect_error(zoff_tokenize_files(g_gpt2, empty, 2, &o, &r), ZOFF_ERR_INVALID,
+                 (const char *[]){"the input files hold no text", NULL});
+    const char *mixed[3] = {path_in("tko/empty.txt"), path_in("tko/in.txt"), path_in("tko/empty.txt")};
+    CHECK_OK(zoff_tokenize_files(g_gpt2, mixed, 3, &o, &r));
+    zoff_tokens want = {0};
+    CHECK_OK(zoff_tokens_push(&want, 50256));
+    CHECK_OK(zoff_tokenizer_encode(g_gpt2, "some text to tokenize\n", 22, &want));
+    assert_int_equal(r.tokens_train, (int64_t)want.n);
+    zoff_tokens_free(&want);
+    zoff_tokenize_result_free(&r);
+    unlink(path_in("tko/e_train.bin"));
 }
 
 static int run_cmd(const char *cmd, char *out, size_t outlen);

@@ -78,7 +78,7 @@ static zoff_status tokenize_one(zoff_tokenizer *t, const char *path, bool quiet,
     close(fd);
     zoff_status s = ZOFF_OK;
     int32_t eot = zoff_tokenizer_eot(t);
-    if (eot >= 0) s = u16_append(all, &eot, 1);
+    if (eot >= 0 && len > 0) s = u16_append(all, &eot, 1); /* an empty file is no document */
     size_t next_report = (size_t)64 << 20;
     for (size_t pos = 0; pos < len && s == ZOFF_OK;) {
         size_t end = chunk_end(text, pos, len);
