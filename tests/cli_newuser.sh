@@ -327,6 +327,11 @@ check "after that run is SIGKILLed, the folder takes a new run (exit 0)" \
 rc=$?
 check "sample --load an export folder: exit 0, the checkpoint's greedy text" \
   "[ $rc -eq 0 ] && [ -s '$W/sck.txt' ] && cmp -s '$W/sck.txt' '$W/shf.txt'"
+# --top-p above 1 and at 0 are out of one range, said alike (before: "[0, 1]" for 1.01, "(0, 1]" for 0)
+for p in 1.01 0; do "$ZOFF" sample --load "$W/planrun0" --top-p $p >/dev/null 2>"$W/topp$p.err"; echo $? >>"$W/topp.rc"; done
+check "sample --top-p 1.01 and 0: exit 2, both 'out of range (0, 1]'" \
+  "[ \"\$(tr -d '\\n' < '$W/topp.rc')\" = 22 ] && grep -q -- '--top-p: 1.01 is out of range (0, 1]' '$W/topp1.01.err' \
+   && grep -q -- '--top-p: 0 is out of range (0, 1]' '$W/topp0.err'"
 "$ZOFF" sample --load "$W/planrun0" --tokenizer gpt2 >/dev/null 2>"$W/stk.err"
 rc=$?
 check "sample --tokenizer with a checkpoint: exit 2, says a checkpoint records its own" \

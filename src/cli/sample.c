@@ -1,5 +1,6 @@
 /* zoff sample: generate text from a training checkpoint or from GPT-2 weights in safetensors
  * (zoff export's file or folder, a Hugging Face model folder). */
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,10 +51,11 @@ int zoff_cmd_sample(int argc, char **argv) {
             if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 100, &temp))
                 return 2;
         } else if (!strcmp(a, "--top-p")) {
-            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 1, &top_p))
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, -DBL_MAX, DBL_MAX, &top_p))
                 return 2;
-            if (top_p <= 0) {
-                fprintf(stderr, "zoff sample: --top-p: %s keeps no token; give a value in (0, 1] (1 = all)\n", v);
+            if (!(top_p > 0 && top_p <= 1)) { /* one range for every value outside it (0 keeps no token) */
+                fprintf(stderr, "zoff sample: --top-p: %s is out of range (0, 1]: the share of probability kept "
+                                "(1 = all tokens, 0 would keep none)\n", v);
                 return 2;
             }
         } else {
