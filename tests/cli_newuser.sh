@@ -450,6 +450,14 @@ check "tokenize over 15 older shards of its prefix: warns of the first, 11 more 
 check "tokenize over 2 older shards: names both" \
   "grep -q 'st2_train_000003.bin and .*st2_train_000004.bin are left from an earlier run' '$W/st2.err'"
 
+# ---- zoff version takes no arguments (before: --json or any word was ignored, exit 0)
+for extra in --json extra; do
+  "$ZOFF" version $extra >"$W/ver.out" 2>"$W/ver.err"
+  rc=$?
+  check "zoff version $extra: exit 2 naming it, no version printed" \
+    "[ $rc -eq 2 ] && [ ! -s '$W/ver.out' ] && grep -q \"unexpected argument '$extra'\" '$W/ver.err'"
+done
+
 # ---- a mistyped option: exit 2 and the option meant (before: only "unknown option"); the
 # options come from each command's usage text, so the checks span every command
 suggest() { # suggest ARGS... -- WANT: the error names WANT as the option meant
