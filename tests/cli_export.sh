@@ -253,6 +253,9 @@ check "missing --output: exit 2" "[ \$? -eq 2 ] && grep -q -- '--output' '$W/err
 check "unknown --format: exit 2 naming it" "[ \$? -eq 2 ] && grep -q 'onnx' '$W/err.txt'"
 "$ZOFF" export --load "$W/run" --output "$W/x" --format fp32 --dtype bf16 >"$W/err.txt" 2>&1
 check "--format fp32 --dtype bf16: exit 2" "[ \$? -eq 2 ]"
+"$ZOFF" export --load "$W/run" --output '' >"$W/err.txt" 2>&1
+check "--output '': exit 2, says it is empty (before: 'zoff export: : safetensors output path is empty')" \
+  "[ \$? -eq 2 ] && grep -q -- '^zoff export: --output is empty: give a file' '$W/err.txt' && ! grep -q 'export: :' '$W/err.txt'"
 "$ZOFF" export --bogus >"$W/err.txt" 2>&1
 check "unknown option: exit 2 naming it" "[ \$? -eq 2 ] && grep -q 'bogus' '$W/err.txt'"
 check "nothing written by the failed exports" "[ ! -e '$W/x' ]"
