@@ -121,6 +121,17 @@ check "plan of a width its heads do not divide: exit 2, the command named once" 
   "[ $rc -eq 2 ] && [ ! -s '$W/p65.out' ] && [ \$(grep -o 'zoff plan' '$W/p65.err' | wc -l) -eq 1 ] \
    && grep -q '^zoff plan: model shape: shape.hidden_size (65) is not divisible' '$W/p65.err'"
 
+# ---- 5d. a list with an empty item (before: skipped, as if 0.5,1 had been given)
+for r in 0.5,,1 0.5, ,1; do
+  "$ZOFF" plan --no-probe --ratios "$r" >"$W/rat.out" 2>"$W/rat.err"
+  rc=$?
+  check "plan --ratios '$r': exit 2, names the empty item, no table" \
+    "[ $rc -eq 2 ] && [ ! -s '$W/rat.out' ] && grep -q -- \"--ratios: '$r' has an empty item\" '$W/rat.err'"
+done
+"$ZOFF" bench step --ratios 0,,1 >"$W/rat.out" 2>"$W/rat.err"
+rc=$?
+check "bench step --ratios 0,,1: exit 2, the same rule" "[ $rc -eq 2 ] && grep -q 'has an empty item (item 2)' '$W/rat.err'"
+
 # ---- 6. nothing fits: no advice to do what is already set
 "$ZOFF" plan --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --micro-batch-size 1 \
   --checkpoint-activations --host-memory 4GiB --device cpu --no-probe >"$W/nofit.txt" 2>&1

@@ -398,6 +398,7 @@ static int ratio_configs(const char *ratios, int maxc, char (*namebuf)[32], char
                          const char **zero) {
     int nconf = 0;
     char list[512];
+    if (!cli_check_list("bench step", "--ratios", ratios, sizeof list)) return -1;
     snprintf(list, sizeof list, "%s", ratios);
     for (char *tok = strtok(list, ","); tok && nconf < maxc; tok = strtok(NULL, ",")) {
         double rv = 0;

@@ -88,6 +88,7 @@ static bool given_size(const char *flag, const char *v, size_t *out, bool *given
 static bool parse_ratios(const char *v, plan_args *a) {
     a->nratios = 0;
     char buf[512];
+    if (!cli_check_list("plan", "--ratios", v, sizeof buf)) return false;
     snprintf(buf, sizeof buf, "%s", v);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         double r;
