@@ -141,6 +141,12 @@ check "export of a gpt2-tokenizer model: vocab.json, merges.txt, tokenizer_confi
    && grep -q '\"tokenizer_class\": \"GPT2Tokenizer\"' '$W/g2hf/tokenizer_config.json' \
    && grep -q '\"model_max_length\": 16' '$W/g2hf/tokenizer_config.json'"
 check "a byte-tokenizer model's folder gets no GPT-2 tokenizer files" "[ ! -e '$W/hf/vocab.json' ]"
+# a byte model exported over the gpt2 model's folder: its files replaced, the tokenizer files left
+# behind said (they would make AutoTokenizer load GPT-2's for a byte model), not removed
+"$ZOFF" export --load "$W/run" --output "$W/g2hf" >"$W/g2re.out" 2>&1
+check "a byte model over a gpt2 model's folder: exit 0, warns of the GPT-2 tokenizer files left, keeps them" \
+  "[ \$? -eq 0 ] && grep -q 'holds GPT-2 tokenizer files (vocab.json, ...) from an earlier export; this model.s tokenizer is byte' '$W/g2re.out' \
+   && [ -s '$W/g2hf/vocab.json' ] && grep -q '\"zoff_tokenizer\": \"byte\"' '$W/g2hf/config.json'"
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import regex' >/dev/null 2>&1; then
   printf "Hello world, it's 2026!\n\tcaf\xc3\xa9   spaces\n" > "$W/g2.txt"
   head -c 20000 "$SRC/README.md" >> "$W/g2.txt"

@@ -142,6 +142,22 @@ static zoff_status write_gpt2_tokenizer(const char *dir, int64_t max_len) {
     return write_text_atomic(dir, "tokenizer_config.json", cfg);
 }
 
+/* A model without GPT-2's tokenizer exported into a folder that holds its files (an earlier export's):
+ * they no longer describe the model; say so (they are not removed). ZOFF_OK. */
+static zoff_status warn_tokenizer_left(const char *dir, const char *tokenizer) {
+    static const char *const files[] = {"vocab.json", "merges.txt", "tokenizer_config.json"};
+    char p[4300];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        if (access(p, F_OK) == 0) {
+            zoff_log(ZOFF_LOG_WARN, "%s holds GPT-2 tokenizer files (%s, ...) from an earlier export; this model's "
+                     "tokenizer is %s: remove them, or AutoTokenizer will load GPT-2's", dir, files[i], tokenizer);
+            break;
+        }
+    }
+    return ZOFF_OK;
+}
+
 static bool is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -298,7 +314,9 @@ int zoff_cmd_export(int argc, char **argv) {
         char *cfg = hf_config_json(&meta.shape, meta.tokenizer, eo.dtype);
         s = cfg ? write_text_atomic(dir, "config.json", cfg) : zoff_error(ZOFF_ERR_NOMEM, "cannot encode config.json");
         free(cfg);
-        if (s == ZOFF_OK && !strcmp(meta.tokenizer, "gpt2")) s = write_gpt2_tokenizer(dir, meta.shape.max_seq_len);
+        if (s == ZOFF_OK)
+            s = !strcmp(meta.tokenizer, "gpt2") ? write_gpt2_tokenizer(dir, meta.shape.max_seq_len)
+                                                : warn_tokenizer_left(dir, meta.tokenizer);
     }
     int nranks = zoff_ckpt_gather_nranks(g);
     zoff_ckpt_gather_close(g);
