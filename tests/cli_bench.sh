@@ -33,10 +33,33 @@ PY
 pairs_case "5 steady rounds (the ratio of pairs, not of medians)" "$(printf '1.0 1.0\n2.0 2.1\n3.0 2.9\n1.5 1.45\n2.2 2.3')"
 pairs_case "even count, a wide spread" "$(printf '1 2\n4 2\n1 1\n3 2.5')"
 pairs_case "one round: no spread measured" "0.9 1"
+pairs_case "two rounds: a spread of two, still too few" "$(printf '1 1\n1.05 1')"
+printf '1 1\n1.05 1\n' | "$ZOFF" bench pairs > "$W/two.json" 2>&1
+check "bench pairs, two rounds: the verdict gives their range, not 'no spread, one sample'" \
+    "grep -q '\"verdict\":\"only 2 rounds: their ratios go from 1 to 1.05, too few' '$W/two.json' \
+     && ! grep -q 'one sample\\|no spread' '$W/two.json'"
 pairs_case "comments and blank lines" "$(printf '# a b\n\n5e8 6e8\n4e8 4.1e8\n7e8 7e8')"
 printf '1 2\n3\n' | "$ZOFF" bench pairs >/dev/null 2>"$W/err.txt"
 [ $? -eq 2 ] && grep -q "line 2" "$W/err.txt" && ok "bench pairs: a bad line is refused naming it (exit 2)" \
     || bad "bench pairs: bad line: $(cat "$W/err.txt")"
+# a ratio beyond a double (before: "ratio_max":inf, not JSON, and a spread of -1)
+printf '1e308 1e-308\n2 1\n' | "$ZOFF" bench pairs >"$W/pairs.json" 2>"$W/err.txt"
+[ $? -eq 2 ] && grep -q "line 1: the ratio" "$W/err.txt" && [ ! -s "$W/pairs.json" ] \
+    && ok "bench pairs: a ratio that overflows is refused naming its line (exit 2)" \
+    || bad "bench pairs: overflowing ratio: $(cat "$W/pairs.json" "$W/err.txt")"
+# finite ratios whose median or spread go beyond a double: still JSON (no inf, nan), spread never negative
+for pairs in '1.5e308 1\n1.7e308 1' '1e300 1e-5\n1e-300 1\n1e-300 1'; do
+    printf "$pairs\n" | "$ZOFF" bench pairs >"$W/pairs.json" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && "$PY" -c '
+import json, sys
+bad = lambda c: (_ for _ in ()).throw(ValueError(c))
+d = json.load(open(sys.argv[1]), parse_constant=bad)
+assert d["spread"] is None or d["spread"] >= 0, d
+assert d["ratio_median"] > 0 and not d["steady"], d' "$W/pairs.json" 2>"$W/err.txt"
+    then ok "bench pairs: extreme ratios ($pairs): valid JSON, no negative spread"
+    else bad "bench pairs: extreme ratios $pairs: rc $rc $(head -c 300 "$W/pairs.json") $(cat "$W/err.txt")"; fi
+done
 : | "$ZOFF" bench pairs >/dev/null 2>&1
 [ $? -eq 2 ] && ok "bench pairs: no pairs: exit 2" || bad "bench pairs: no pairs"
 
@@ -52,8 +75,8 @@ for c in cmps:
         assert k in c, (k, c)
     assert c["ratio_min"] <= c["ratio_median"] <= c["ratio_max"], c
     assert (c["verdict"] == "") == c["steady"], c
-    # the JSON rounds ratios to 4 decimals: the recomputed spread carries that rounding,
-    # (1e-4 / median) absolute plus (5e-5 / median) relative to the spread
+    # the JSON gives ratios to 6 significant digits: the recomputed spread carries that rounding,
+    # well within (1e-4 / median) absolute plus (5e-5 / median) relative to the spread
     m = c["ratio_median"]
     tol = 2e-3 + 1e-4 / m + c["spread"] * 1e-4 / m
     assert abs(c["spread"] - (c["ratio_max"] - c["ratio_min"]) / m) < tol, c
@@ -83,6 +106,13 @@ check "bench ckpt --dir missing: exit 2, named, not created" \
 rc=$?
 check "bench nvme --dir missing: exit 2, named, not created" \
     "[ $rc -eq 2 ] && grep -q 'no-such-dir: no such directory' '$W/nodir.txt' && [ ! -e '$W/no-such-dir' ]"
+# too few buffers for the swapper's pipeline: a usage error said before any measuring (before: exit 1)
+mkdir "$W/nvme1"
+"$ZOFF" bench nvme --dir "$W/nvme1" --size 1MiB --rounds 1 --no-step --buffer-count 1 > "$W/nvme1.txt" 2>&1
+rc=$?
+check "bench nvme --buffer-count 1: exit 2 naming the flag and the count needed, nothing measured" \
+    "[ $rc -eq 2 ] && grep -q -- '--buffer-count 1 is too few.*give --buffer-count 3 or more' '$W/nvme1.txt' \
+     && [ \$(grep -c . '$W/nvme1.txt') -eq 1 ] && [ -z \"\$(ls -A '$W/nvme1')\" ]"
 "$ZOFF" bench ckpt --dir "$W/ckpt" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --vocab-size 256 \
     --max-position-embeddings 16 --rounds 3 --json > "$W/ckpt.json" 2>"$W/ckpt.err" \
     && check_cmp "bench ckpt --json: save, load, export, import against the bound, paired" "$W/ckpt.json" \

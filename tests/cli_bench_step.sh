@@ -72,3 +72,10 @@ then echo "ok   - --configs offload: that configuration only, no profile"; else 
 [ $? -eq 2 ] && echo "ok   - unknown --configs name exits 2" || { echo "FAIL - --configs nonsense should exit 2"; exit 1; }
 "$ZOFF" bench step --device cpu --iters 0 >/dev/null 2>&1
 [ $? -eq 2 ] && echo "ok   - bad usage exits 2" || { echo "FAIL - --iters 0 should exit 2"; exit 1; }
+# a shape the model refuses: exit 2 before any measuring, in the model's words without its
+# function's name (before: exit 1, "device-optimizer: model: zoff_gpt2_create: shape...")
+out=$("$ZOFF" bench step --device cpu --num-layers 1 --hidden-size 32 --num-attention-heads 3 --rounds 1 --json 2>&1)
+rc=$?
+if [ $rc -eq 2 ] && [ "$out" = "$(printf '%s' "$out" | grep -v zoff_gpt2)" ] \
+   && printf '%s' "$out" | grep -q '^zoff bench step: model shape: .*not divisible by shape.num_heads (3)'
+then echo "ok   - a width the heads do not divide: exit 2, said cleanly"; else echo "FAIL - heads 3 of 32: rc $rc: $out"; exit 1; fi

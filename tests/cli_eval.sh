@@ -86,5 +86,33 @@ check "--seq-length past the model's positions: exit 2, says the limit" "[ $rc -
 rc=$?
 check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"
 
+# an untied LM head (lm_head.weight other than wte): zoff would run wte as the head, another model
+# than the file's; eval and sample refuse it (before: a warning, then that other model's loss, exit 0).
+# The same head equal to wte (save_pretrained's tied form) runs.
+"$ZOFF" export --load "$W/run" --output "$W/hf/" --quiet >/dev/null 2>&1
+for kind in untied tied; do
+  mkdir -p "$W/$kind" && cp "$W/hf/config.json" "$W/$kind/"
+  "$PY" - "$W/hf/model.safetensors" "$W/$kind/model.safetensors" $kind <<'PY'
+import json, struct, sys
+d = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", d[:8])[0]
+h = json.loads(d[8:8 + n]); data = d[8 + n:]
+a, b = h["wte.weight"]["data_offsets"]; head = bytearray(data[a:b])
+if sys.argv[3] == "untied":
+    head[3] ^= 0x40                      # one weight changed: not the embedding any more
+h["lm_head.weight"] = dict(h["wte.weight"], data_offsets=[len(data), len(data) + len(head)])
+hb = json.dumps(h).encode(); hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data + bytes(head))
+PY
+done
+"$ZOFF" eval --load "$W/untied" --data-path "$W/small_train.bin" >"$W/u1.txt" 2>&1
+rc1=$?
+"$ZOFF" sample --load "$W/untied" --device cpu --max-new-tokens 2 --prompt "int " >"$W/u2.txt" 2>&1
+rc2=$?
+check "eval and sample of weights with an untied LM head: exit 2, say why, no loss printed" \
+  "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ \$(grep -c 'lm_head.weight) that differs from its token embedding' '$W/u1.txt' '$W/u2.txt' | grep -c ':1') -eq 2 ] \
+   && ! grep -q 'loss' '$W/u1.txt'"
+"$ZOFF" eval --load "$W/tied" --data-path "$W/small_train.bin" >"$W/t1.txt" 2>&1
+check "the same file with lm_head.weight equal to wte: eval runs (exit 0)" "[ \$? -eq 0 ] && grep -q '^zoff eval: loss' '$W/t1.txt'"
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -33,6 +33,17 @@ check "--step 2 exports the older checkpoint" "grep -q '\"zoff.step\":\"2\"' '$W
 "$ZOFF" export --load "$W/run/step_00000004" --output "$W/hf/" --quiet
 check "a directory output gets model.safetensors + config.json" \
   "cmp -s '$W/hf/model.safetensors' '$W/m.safetensors' && grep -q '\"n_layer\": 2' '$W/hf/config.json' && grep -q '\"model_type\": \"gpt2\"' '$W/hf/config.json'"
+# exporting into that folder again replaces its files (before: refused, "hf/model.safetensors is a file")
+"$ZOFF" export --load "$W/run" --step 2 --output "$W/hf/" --quiet >"$W/re.txt" 2>&1
+rc1=$?
+"$ZOFF" export --load "$W/run" --step 2 --output "$W/hf" --quiet >>"$W/re.txt" 2>&1
+rc2=$?
+check "exporting into an existing model folder again (DIR/ and DIR) replaces model.safetensors" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && cmp -s '$W/hf/model.safetensors' '$W/m2.safetensors' && ! ls '$W/hf' | grep -q 'tmp-'"
+mkdir -p "$W/hfd/config.json"
+"$ZOFF" export --load "$W/run" --output "$W/hfd" >"$W/re.txt" 2>&1
+check "a model folder whose config.json is a folder: exit 2 naming it, nothing written" \
+  "[ \$? -eq 2 ] && grep -q 'hfd/config.json is a folder' '$W/re.txt' && [ ! -e '$W/hfd/model.safetensors' ]"
 "$ZOFF" export --load "$W/run" --dtype bf16 --output "$W/bf16.safetensors" --quiet
 check "--dtype bf16 writes BF16 tensors of half the size" \
   "grep -q '\"dtype\":\"BF16\"' '$W/bf16.safetensors' && [ \$(stat -c %s '$W/bf16.safetensors') -lt \$(( \$(stat -c %s '$W/m.safetensors') * 6 / 10 )) ]"
@@ -130,6 +141,12 @@ check "export of a gpt2-tokenizer model: vocab.json, merges.txt, tokenizer_confi
    && grep -q '\"tokenizer_class\": \"GPT2Tokenizer\"' '$W/g2hf/tokenizer_config.json' \
    && grep -q '\"model_max_length\": 16' '$W/g2hf/tokenizer_config.json'"
 check "a byte-tokenizer model's folder gets no GPT-2 tokenizer files" "[ ! -e '$W/hf/vocab.json' ]"
+# a byte model exported over the gpt2 model's folder: its files replaced, the tokenizer files left
+# behind said (they would make AutoTokenizer load GPT-2's for a byte model), not removed
+"$ZOFF" export --load "$W/run" --output "$W/g2hf" >"$W/g2re.out" 2>&1
+check "a byte model over a gpt2 model's folder: exit 0, warns of the GPT-2 tokenizer files left, keeps them" \
+  "[ \$? -eq 0 ] && grep -q 'holds GPT-2 tokenizer files (vocab.json, ...) from an earlier export; this model.s tokenizer is byte' '$W/g2re.out' \
+   && [ -s '$W/g2hf/vocab.json' ] && grep -q '\"zoff_tokenizer\": \"byte\"' '$W/g2hf/config.json'"
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import regex' >/dev/null 2>&1; then
   printf "Hello world, it's 2026!\n\tcaf\xc3\xa9   spaces\n" > "$W/g2.txt"
   head -c 20000 "$SRC/README.md" >> "$W/g2.txt"
@@ -242,6 +259,9 @@ check "missing --output: exit 2" "[ \$? -eq 2 ] && grep -q -- '--output' '$W/err
 check "unknown --format: exit 2 naming it" "[ \$? -eq 2 ] && grep -q 'onnx' '$W/err.txt'"
 "$ZOFF" export --load "$W/run" --output "$W/x" --format fp32 --dtype bf16 >"$W/err.txt" 2>&1
 check "--format fp32 --dtype bf16: exit 2" "[ \$? -eq 2 ]"
+"$ZOFF" export --load "$W/run" --output '' >"$W/err.txt" 2>&1
+check "--output '': exit 2, says it is empty (before: 'zoff export: : safetensors output path is empty')" \
+  "[ \$? -eq 2 ] && grep -q -- '^zoff export: --output is empty: give a file' '$W/err.txt' && ! grep -q 'export: :' '$W/err.txt'"
 "$ZOFF" export --bogus >"$W/err.txt" 2>&1
 check "unknown option: exit 2 naming it" "[ \$? -eq 2 ] && grep -q 'bogus' '$W/err.txt'"
 check "nothing written by the failed exports" "[ ! -e '$W/x' ]"

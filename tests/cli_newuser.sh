@@ -102,6 +102,36 @@ check "plan --device cpu under ulimit -l 64 KiB: no row fails on pinned memory, 
 check "its text names why (CPU backend: pinned is ordinary memory) and marks no row no:pin" \
   "grep -q 'pinned is ordinary memory' '$W/pin.txt' && ! grep -q 'no:pin' '$W/pin.txt'"
 
+# ---- 5b. --ranks 2 in a build without MPI: the recommendation says MPI is what is missing (before:
+# "nothing this zoff can run fits" with advice on memory, while every row fits and none runs)
+"$ZOFF" plan --no-probe --num-layers 2 --hidden-size 64 --num-attention-heads 4 --ranks 2 >"$W/r2.txt" 2>&1
+if "$ZOFF" version | grep -q '^mpi: not built'; then
+  check "plan --ranks 2 without MPI: the recommendation names the missing MPI, no memory advice" \
+    "grep -q '^recommended: none: 2 ranks need a build with MPI.*--ranks 1' '$W/r2.txt' \
+     && ! grep -q 'micro-batch-size\\|nothing this zoff can run fits' '$W/r2.txt'"
+else
+  check "plan --ranks 2 with MPI: a setting is recommended" "grep -q '^recommended: stage' '$W/r2.txt'"
+fi
+
+# ---- 5c. a shape the model refuses: said once, "zoff plan: model shape: ..." (before: "zoff plan: model:
+# zoff plan: model shape: ...")
+"$ZOFF" plan --no-probe --num-layers 2 --hidden-size 65 --num-attention-heads 4 >"$W/p65.out" 2>"$W/p65.err"
+rc=$?
+check "plan of a width its heads do not divide: exit 2, the command named once" \
+  "[ $rc -eq 2 ] && [ ! -s '$W/p65.out' ] && [ \$(grep -o 'zoff plan' '$W/p65.err' | wc -l) -eq 1 ] \
+   && grep -q '^zoff plan: model shape: shape.hidden_size (65) is not divisible' '$W/p65.err'"
+
+# ---- 5d. a list with an empty item (before: skipped, as if 0.5,1 had been given)
+for r in 0.5,,1 0.5, ,1; do
+  "$ZOFF" plan --no-probe --ratios "$r" >"$W/rat.out" 2>"$W/rat.err"
+  rc=$?
+  check "plan --ratios '$r': exit 2, names the empty item, no table" \
+    "[ $rc -eq 2 ] && [ ! -s '$W/rat.out' ] && grep -q -- \"--ratios: '$r' has an empty item\" '$W/rat.err'"
+done
+"$ZOFF" bench step --ratios 0,,1 >"$W/rat.out" 2>"$W/rat.err"
+rc=$?
+check "bench step --ratios 0,,1: exit 2, the same rule" "[ $rc -eq 2 ] && grep -q 'has an empty item (item 2)' '$W/rat.err'"
+
 # ---- 6. nothing fits: no advice to do what is already set
 "$ZOFF" plan --num-layers 48 --hidden-size 4096 --num-attention-heads 32 --micro-batch-size 1 \
   --checkpoint-activations --host-memory 4GiB --device cpu --no-probe >"$W/nofit.txt" 2>&1
@@ -150,7 +180,7 @@ check "a syntax error says file:line:column once" \
 # config. Before the fix a missing shard, a pattern that matched nothing, a missing --load or
 # --init-from, an --output or --save in a folder that is not there exited 1, the status of a
 # failed run (an I/O error), and zoff sample 2.
-mkdir -p "$W/noshards" && touch "$W/noshards.txt"
+mkdir -p "$W/noshards" "$W/tkdir_train.bin" && touch "$W/noshards.txt"
 "$ZOFF" train "${TINY[@]}" --train-iters 1 --save "$W/planrun0" >/dev/null 2>&1 # a checkpoint to export
 SHAPE4=("${TINY[@]:0:8}" --tokenizer byte --eval-iters 0 --quiet --device cpu)
 while IFS='|' read -r what named args; do
@@ -174,6 +204,11 @@ tokenize, an --output-prefix in a folder that is not there|nofolder|tokenize --t
 export, an --output folder (ending in /) that is a file|noshards.txt/ names a folder, but|export --load "$W/planrun0" --output "$W/noshards.txt/"
 export, an --output in a folder that is not there, said before a missing --load|nofolder|export --load "$W/noload" --output "$W/nofolder/x.safetensors"
 plan, a --write-config in a folder that is not there|nofolder|plan --write-config "$W/nofolder/plan.json"
+tokenize, an --output-prefix whose _train.bin is a folder|tkdir_train.bin, where a shard goes, is a folder|tokenize --tokenizer byte --output-prefix "$W/tkdir" "$SRC/README.md"
+tokenize, an --output-prefix that is a folder|noshards is a folder: the shards would be|tokenize --tokenizer byte --output-prefix "$W/noshards" "$SRC/README.md"
+tokenize, an --output-prefix ending in /|noshards/ ends in|tokenize --tokenizer byte --output-prefix "$W/noshards/" "$SRC/README.md"
+plan, a --write-config that is a folder|noshards is a folder; give the path of a file|plan --no-probe --write-config "$W/noshards"
+plan, a --write-config ending in /|noshards/ ends in|plan --no-probe --write-config "$W/noshards/"
 EOF_CASES
 "$ZOFF" plan --write-config "$W/nofolder/plan.json" >"$W/path.out" 2>&1
 check "plan --write-config in a folder that is not there: said before any planning (no table printed)" \
@@ -303,6 +338,11 @@ check "after that run is SIGKILLed, the folder takes a new run (exit 0)" \
 rc=$?
 check "sample --load an export folder: exit 0, the checkpoint's greedy text" \
   "[ $rc -eq 0 ] && [ -s '$W/sck.txt' ] && cmp -s '$W/sck.txt' '$W/shf.txt'"
+# --top-p above 1 and at 0 are out of one range, said alike (before: "[0, 1]" for 1.01, "(0, 1]" for 0)
+for p in 1.01 0; do "$ZOFF" sample --load "$W/planrun0" --top-p $p >/dev/null 2>"$W/topp$p.err"; echo $? >>"$W/topp.rc"; done
+check "sample --top-p 1.01 and 0: exit 2, both 'out of range (0, 1]'" \
+  "[ \"\$(tr -d '\\n' < '$W/topp.rc')\" = 22 ] && grep -q -- '--top-p: 1.01 is out of range (0, 1]' '$W/topp1.01.err' \
+   && grep -q -- '--top-p: 0 is out of range (0, 1]' '$W/topp0.err'"
 "$ZOFF" sample --load "$W/planrun0" --tokenizer gpt2 >/dev/null 2>"$W/stk.err"
 rc=$?
 check "sample --tokenizer with a checkpoint: exit 2, says a checkpoint records its own" \
@@ -397,6 +437,45 @@ check "tokenize of a directory with no files to read: exit 2, says so, nothing w
 rc=$?
 check "tokenize of a glob that matches nothing: exit 2, says so" \
   "[ $rc -eq 2 ] && grep -q 'no files match this pattern' '$W/tk_none.err'"
+
+# .bin shards: a glob skips them as a directory does; one named is refused, as is an input the run
+# would write over (before: read as text, and --output-prefix P P_train.bin replaced its own input)
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_globall" "$W/texts/*.*" >/dev/null 2>"$W/tk_ga.err"
+rc=$?
+check "tokenize 'DIR/*.*' with a .bin shard among the matches: skips it (the same shard as naming the texts)" \
+  "[ $rc -eq 0 ] && cmp -s '$W/tk_list_train.bin' '$W/tk_globall_train.bin'"
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_shard" "$W/texts/old_train.bin" >/dev/null 2>"$W/tk_sh.err"
+rc=$?
+check "tokenize of a token shard named: exit 2, says it is a shard, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'old_train.bin is a token shard' '$W/tk_sh.err' && ! ls '$W'/tk_shard* >/dev/null 2>&1"
+cp "$W/tk_list_train.bin" "$W/tk_self.keep"; cp "$W/texts/a.txt" "$W/tk_list_val.bin"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/tk_list" "$W/tk_list_train.bin" >/dev/null 2>"$W/tk_self.err"
+rc=$?
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/tk_list" "$W/tk_list_val.bin" >/dev/null 2>>"$W/tk_self.err"
+rc2=$?
+check "tokenize of its own output (P_train.bin, a text P_val.bin): exit 2 naming --output-prefix, both kept" \
+  "[ $rc -eq 2 ] && [ $rc2 -eq 2 ] && [ \$(grep -c 'one of the shards --output-prefix .*tk_list names' '$W/tk_self.err') -eq 2 ] \
+   && cmp -s '$W/tk_self.keep' '$W/tk_list_train.bin' && cmp -s '$W/texts/a.txt' '$W/tk_list_val.bin'"
+
+# ---- shards an earlier run of the same prefix left (another --shard-size): every one is named, or the
+# first, how many more and their pattern (before: only the first, "one past ours")
+head -c 3000 "$SRC/README.md" > "$W/st.txt"
+"$ZOFF" tokenize "${TK[@]}" --shard-size 200 --output-prefix "$W/st" "$W/st.txt" >/dev/null 2>&1    # 15 shards
+"$ZOFF" tokenize "${TK[@]}" --shard-size 1000 --output-prefix "$W/st" "$W/st.txt" >/dev/null 2>"$W/st.err" # 3
+check "tokenize over 15 older shards of its prefix: warns of the first, 11 more and their pattern" \
+  "grep -q 'st_train_000003.bin and 11 more shards of this prefix (.*st_train\\*.bin) are left from an earlier run' '$W/st.err'"
+"$ZOFF" tokenize "${TK[@]}" --shard-size 700 --output-prefix "$W/st2" "$W/st.txt" >/dev/null 2>&1    # 5 shards
+"$ZOFF" tokenize "${TK[@]}" --shard-size 1000 --output-prefix "$W/st2" "$W/st.txt" >/dev/null 2>"$W/st2.err" # 3
+check "tokenize over 2 older shards: names both" \
+  "grep -q 'st2_train_000003.bin and .*st2_train_000004.bin are left from an earlier run' '$W/st2.err'"
+
+# ---- zoff version takes no arguments (before: --json or any word was ignored, exit 0)
+for extra in --json extra; do
+  "$ZOFF" version $extra >"$W/ver.out" 2>"$W/ver.err"
+  rc=$?
+  check "zoff version $extra: exit 2 naming it, no version printed" \
+    "[ $rc -eq 2 ] && [ ! -s '$W/ver.out' ] && grep -q \"unexpected argument '$extra'\" '$W/ver.err'"
+done
 
 # ---- a mistyped option: exit 2 and the option meant (before: only "unknown option"); the
 # options come from each command's usage text, so the checks span every command

@@ -843,6 +843,63 @@ static void test_tokenize_files(void **state) {
     free(text);
 }
 
+/* Output prefixes refused before any reading, nothing written: one ending in '/' (wrote DIR/_train.bin),
+ * one that is a folder (wrote the shards beside it), one whose shard name is a folder (exit 1 at the
+ * rename after all the work); a later shard that is a folder is refused before any shard is written. */
+static void test_tokenize_outputs(void **state) {
+    (void)state;
+    make_subdir("tko");
+    make_subdir("tko/sub");
+    make_subdir("tko/dd_train.bin");
+    make_subdir("tko/sh_train_000001.bin");
+    write_text(path_in("tko/in.txt"), "some text to tokenize\n", 22);
+    const char *in[1] = {path_in("tko/in.txt")};
+    zoff_tokenizer *bt;
+    CHECK_OK(zoff_tokenizer_open_byte(&bt));
+    zoff_tokenize_options o = {.val_fraction = 0, .quiet = true};
+    zoff_tokenize_result r;
+    int before = count_files(path_in("tko")), before_sub = count_files(path_in("tko/sub"));
+    char slash[600];
+    snprintf(slash, sizeof slash, "%s/", path_in("tko/sub"));
+    o.output_prefix = slash;
+    expect_error(zoff_tokenize_files(bt, in, 1, &o, &r), ZOFF_ERR_INVALID,
+                 (const char *[]){"sub/ ends in '/'", "e.g. --output-prefix ", "sub/data", NULL});
+    o.output_prefix = path_in("tko/sub");
+    expect_error(zoff_tokenize_files(bt, in, 1, &o, &r), ZOFF_ERR_INVALID,
+                 (const char *[]){"sub is a folder", "sub_train.bin beside it", "sub/data", NULL});
+    o.output_prefix = path_in("tko/dd");
+    o.val_fraction = 0.5;
+    expect_error(zoff_tokenize_files(bt, in, 1, &o, &r), ZOFF_ERR_INVALID,
+                 (const char *[]){"dd_train.bin, where a shard goes, is a folder", "--output-prefix", NULL});
+    assert_int_equal(r.bytes_in, 0); /* refused before reading */
+    o.output_prefix = path_in("tko/sh");
+    o.val_fraction = 0;
+    o.shard_tokens = 10; /* 22 tokens: sh_train_000000..2; _000001 is a folder */
+    expect_error(zoff_tokenize_files(bt, in, 1, &o, &r), ZOFF_ERR_INVALID,
+                 (const char *[]){"sh_train_000001.bin, where a shard goes, is a folder", NULL});
+    assert_int_equal(count_files(path_in("tko")), before);
+    assert_int_equal(count_files(path_in("tko/sub")), before_sub);
+    zoff_tokenizer_free(bt);
+
+    /* empty inputs hold no text with either tokenizer (before: gpt2 wrote a shard of one <|endoftext|>),
+     * and an empty file among others adds no document (no lone <|endoftext|>) */
+    write_text(path_in("tko/empty.txt"), "", 0);
+    const char *empty[2] = {path_in("tko/empty.txt"), path_in("tko/empty.txt")};
+    o.output_prefix = path_in("tko/e");
+    o.shard_tokens = 0;
+    expect_error(zoff_tokenize_files(g_gpt2, empty, 2, &o, &r), ZOFF_ERR_INVALID,
+                 (const char *[]){"the input files hold no text", NULL});
+    const char *mixed[3] = {path_in("tko/empty.txt"), path_in("tko/in.txt"), path_in("tko/empty.txt")};
+    CHECK_OK(zoff_tokenize_files(g_gpt2, mixed, 3, &o, &r));
+    zoff_tokens want = {0};
+    CHECK_OK(zoff_tokens_push(&want, 50256));
+    CHECK_OK(zoff_tokenizer_encode(g_gpt2, "some text to tokenize\n", 22, &want));
+    assert_int_equal(r.tokens_train, (int64_t)want.n);
+    zoff_tokens_free(&want);
+    zoff_tokenize_result_free(&r);
+    unlink(path_in("tko/e_train.bin"));
+}
+
 static int run_cmd(const char *cmd, char *out, size_t outlen);
 
 /* -------------------------------------------------------------- default corpus */
@@ -1051,6 +1108,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_round_trip_bytes),
         cmocka_unit_test(test_data_find),
         cmocka_unit_test(test_tokenize_files),
+        cmocka_unit_test(test_tokenize_outputs),
         cmocka_unit_test(test_default_corpus),
         cmocka_unit_test(test_cli_tokenize),
     };

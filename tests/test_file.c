@@ -1,6 +1,7 @@
 /* zoff_write_file_atomic (src/core/file.c): the file holds exactly the text, a
  * rewrite replaces it whole, no temp file is left, and a failed write leaves the
- * old file as it was. Checked by reading the directory and the bytes back. */
+ * old file as it was. Checked by reading the directory and the bytes back. And
+ * zoff_check_output_file: the paths an output file can and cannot have. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <sys/stat.h>
@@ -62,7 +63,30 @@ static void test_write_file_atomic(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* zoff_check_output_file: what can be written as a file, refused before any work with what to give */
+static void test_check_output_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/zoff-file-XXXXXX", path[128], slash[160];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/out.json", dir);
+    assert_ok(zoff_check_output_file(path)); /* not there yet */
+    assert_ok(zoff_write_file_atomic(path, "x", true));
+    assert_ok(zoff_check_output_file(path)); /* a file there is replaced */
+    assert_err(zoff_check_output_file(dir), ZOFF_ERR_INVALID, "is a folder; give the path of a file");
+    snprintf(slash, sizeof slash, "%s/", dir);
+    assert_err(zoff_check_output_file(slash), ZOFF_ERR_INVALID, "ends in '/'");
+    snprintf(slash, sizeof slash, "%s/new/", dir); /* a folder not there, named with '/': still not a file */
+    assert_err(zoff_check_output_file(slash), ZOFF_ERR_INVALID, "ends in '/'");
+    assert_err(zoff_check_output_file(""), ZOFF_ERR_INVALID, "empty");
+    snprintf(slash, sizeof slash, "%s/missing/out.json", dir);
+    assert_err(zoff_check_output_file(slash), ZOFF_ERR_INVALID, "does not exist");
+    assert_string_equal(slurp(path), "x");
+    unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_write_file_atomic)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_write_file_atomic),
+                                       cmocka_unit_test(test_check_output_file)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -118,6 +118,10 @@ zoff_status zoff_check_output_parent(const char *path);
  * message): created if missing (its parent must exist); a file of that name, or a folder zoff
  * cannot write into (permissions, a read-only file system), is ZOFF_ERR_INVALID (exit 2). */
 zoff_status zoff_make_work_dir(const char *dir, const char *what);
+/* `path` can be written as a file (a file there is replaced): not empty, not ending in '/', not an
+ * existing folder, and zoff_check_output_parent. ZOFF_OK, or ZOFF_ERR_INVALID saying which and what
+ * to give instead, or zoff_check_output_parent's status. */
+zoff_status zoff_check_output_file(const char *path);
 
 /* ---- CPU features ---- */
 typedef struct zoff_cpu_features {

@@ -221,9 +221,9 @@ typedef struct zoff_tokenize_result {
     int num_train_files;
 } zoff_tokenize_result;
 
-/* Tokenize `nfiles` text files into shards. Each file is one document; with the gpt2
- * tokenizer every document is preceded by <|endoftext|> (as llm.c does), the byte
- * tokenizer has no such token. All shards are written to temporary files first and
+/* Tokenize `nfiles` text files into shards. Each file is one document (an empty file none);
+ * with the gpt2 tokenizer every document is preceded by <|endoftext|> (as llm.c does), the
+ * byte tokenizer has no such token. Inputs that hold no text at all are refused. All shards are written to temporary files first and
  * renamed only when every one is complete: on any error nothing new is left behind.
  * Holds the tokens in memory (2 bytes each). Free `res` with zoff_tokenize_result_free. */
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,

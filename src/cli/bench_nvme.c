@@ -299,12 +299,18 @@ typedef struct io_result {
 
 /* The swapper sized to --size against fio, round by round: per kind one fio job and one
  * swapper pass next to each other, the order alternating with the round. */
-static zoff_status io_rounds(const bench_args *a, io_result *res) {
+/* The I/O rounds' sub-groups: how many, of *sgs elements each. */
+static int io_groups(const bench_args *a, int64_t *sgs) {
     const int64_t per = (int64_t)state_bytes(a);
-    int64_t sgs = a->sgs ? a->sgs : a->size / per / 16;
-    sgs = sgs / 1024 * 1024;
-    if (sgs < 1024) sgs = 1024;
-    int ng = (int)((a->size / per + sgs - 1) / sgs);
+    *sgs = a->sgs ? a->sgs : a->size / per / 16;
+    *sgs = *sgs / 1024 * 1024;
+    if (*sgs < 1024) *sgs = 1024;
+    return (int)((a->size / per + *sgs - 1) / *sgs);
+}
+
+static zoff_status io_rounds(const bench_args *a, io_result *res) {
+    int64_t sgs;
+    int ng = io_groups(a, &sgs);
     int64_t *counts = calloc((size_t)ng, sizeof *counts);
     int *order = calloc((size_t)ng, sizeof *order);
     if (!counts || !order) {
@@ -488,6 +494,15 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
                         "option), got --dtype %s\n", a.dts);
         return 2;
     }
+    int64_t sgs;
+    int ng = io_groups(&a, &sgs), need = zoff_swapper_buffers_needed(true, true, ng);
+    if (a.buffers < need) { /* before any measuring */
+        fprintf(stderr,
+                "zoff bench nvme: --buffer-count %lld is too few: the swapper's pipelined read and write of %d "
+                "sub-groups need %d buffers (read i+1 | update i | write i-1); give --buffer-count %d or more\n",
+                (long long)a.buffers, ng, need, need);
+        return 2;
+    }
     if (a.fio && !have_fio()) {
         fprintf(stderr, "zoff bench nvme: fio not found (apt-get install fio, or scripts/deps.sh); measuring the "
                         "swapper only\n");
@@ -498,7 +513,7 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
     zoff_status s = io_rounds(&a, &io);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff bench nvme: %s\n", zoff_last_error());
-        return 1;
+        return cli_exit_code(s);
     }
     io_report(&a, &io);
     if (!a.step) {
@@ -511,7 +526,7 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
     if ((s = step_rounds(&a, dt, prec, bk, res, &n)) != ZOFF_OK) {
         if (a.json) printf("}\n");
         fprintf(stderr, "zoff bench nvme: steps: %s\n", zoff_last_error());
-        return 1;
+        return cli_exit_code(s);
     }
     step_report(&a, &io, bk, res, n);
     return 0;

@@ -19,7 +19,7 @@ double cli_median(const double *v, int n) {
     if (n > CLI_BENCH_MAX_ROUNDS) n = CLI_BENCH_MAX_ROUNDS;
     memcpy(t, v, (size_t)n * sizeof *t);
     qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    return n % 2 ? t[n / 2] : t[n / 2 - 1] + 0.5 * (t[n / 2] - t[n / 2 - 1]); /* no overflow near DBL_MAX */
 }
 
 void cli_paired_ratios(const double *a, const double *b, int n, cli_paired *out) {
@@ -44,22 +44,39 @@ void cli_paired_ratios(const double *a, const double *b, int n, cli_paired *out)
     out->steady = n >= CLI_BENCH_MIN_ROUNDS && out->spread <= CLI_BENCH_SPREAD_LIMIT + 1e-9;
 }
 
+/* "name":value (6 significant digits: a tiny ratio is not 0.0000); null where the value is not a
+ * finite number (JSON has no inf or nan) */
+static void json_num(FILE *f, const char *sep, const char *name, double v) {
+    if (isfinite(v)) fprintf(f, "%s\"%s\":%.6g", sep, name, v);
+    else fprintf(f, "%s\"%s\":null", sep, name);
+}
+
 void cli_paired_json(FILE *f, const cli_paired *p) {
-    fprintf(f, "\"ratio_median\":%.4f,\"ratio_min\":%.4f,\"ratio_max\":%.4f,\"spread\":%.4f,\"steady\":%s",
-            p->ratio_median, p->ratio_min, p->ratio_max, isfinite(p->spread) ? p->spread : -1.0,
-            p->steady ? "true" : "false");
+    json_num(f, "", "ratio_median", p->ratio_median);
+    json_num(f, ",", "ratio_min", p->ratio_min);
+    json_num(f, ",", "ratio_max", p->ratio_max);
+    json_num(f, ",", "spread", p->spread);
+    fprintf(f, ",\"steady\":%s", p->steady ? "true" : "false");
 }
 
 const char *cli_paired_verdict(const cli_paired *p, char *buf, size_t n) {
     if (p->steady) snprintf(buf, n, "%s", "");
+    else if (p->n == 1)
+        snprintf(buf, n, "only 1 round: no spread measured, the ratio is one sample (use --rounds %d or more)",
+                 CLI_BENCH_MIN_ROUNDS);
     else if (p->n < CLI_BENCH_MIN_ROUNDS)
-        snprintf(buf, n, "only %d round%s: no spread measured, the ratio is one sample (use --rounds %d or more)",
-                 p->n, p->n == 1 ? "" : "s", CLI_BENCH_MIN_ROUNDS);
-    else
         snprintf(buf, n,
-                 "spread too wide: the rounds' ratios go from %.3f to %.3f (%.0f%% of the median, limit %.0f%%); "
+                 "only %d rounds: their ratios go from %.4g to %.4g, too few to tell a steady machine from a noisy "
+                 "one (use --rounds %d or more)",
+                 p->n, p->ratio_min, p->ratio_max, CLI_BENCH_MIN_ROUNDS);
+    else {
+        char pct[32] = "beyond any multiple"; /* a spread past a double's range */
+        if (isfinite(p->spread)) snprintf(pct, sizeof pct, "%.3g%%", 100.0 * p->spread);
+        snprintf(buf, n,
+                 "spread too wide: the rounds' ratios go from %.4g to %.4g (%s of the median, limit %.0f%%); "
                  "the machine was too noisy for the median to mean more than that range",
-                 p->ratio_min, p->ratio_max, 100.0 * p->spread, 100.0 * CLI_BENCH_SPREAD_LIMIT);
+                 p->ratio_min, p->ratio_max, pct, 100.0 * CLI_BENCH_SPREAD_LIMIT);
+    }
     return buf;
 }
 
@@ -70,10 +87,12 @@ int zoff_cmd_bench_pairs(int argc, char **argv) {
         bool help = !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help");
         fprintf(help ? stdout : stderr,
                 "usage: zoff bench pairs < FILE\n"
-                "  FILE: one round per line, two positive numbers \"A B\" measured next to each other.\n"
+                "  FILE: one round per line, two positive numbers \"A B\" measured next to each other (in one\n"
+                "  unit: A/B must be a finite positive double).\n"
                 "  Prints {\"rounds\", \"a_median\", \"b_median\", \"ratio_median\", \"ratio_min\", \"ratio_max\",\n"
                 "  \"spread\", \"steady\", \"verdict\"} for the ratios A/B: the statistics every zoff bench uses\n"
-                "  (spread = (max - min) / median; steady: >= %d rounds and spread <= %.2f).\n",
+                "  (spread = (max - min) / median, null past a double's range; steady: >= %d rounds and spread\n"
+                "  <= %.2f).\n",
                 CLI_BENCH_MIN_ROUNDS, CLI_BENCH_SPREAD_LIMIT);
         return help ? 0 : 2;
     }
@@ -89,6 +108,13 @@ int zoff_cmd_bench_pairs(int argc, char **argv) {
         char extra;
         if (sscanf(p, "%lf %lf %c", &x, &y, &extra) != 2 || !(x > 0) || !(y > 0) || !isfinite(x) || !isfinite(y)) {
             fprintf(stderr, "zoff bench pairs: line %d: expected two positive numbers \"A B\", got: %s", line, buf);
+            return 2;
+        }
+        if (!isfinite(x / y) || !(x / y > 0)) { /* 1e308 / 1e-308 overflows, 1e-308 / 1e308 underflows */
+            fprintf(stderr,
+                    "zoff bench pairs: line %d: the ratio A/B of %g and %g is %g, not a positive finite number; "
+                    "give the two measurements in the same unit\n",
+                    line, x, y, x / y);
             return 2;
         }
         if (n == CLI_BENCH_MAX_ROUNDS) {

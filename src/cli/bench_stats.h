@@ -18,7 +18,7 @@
 /* (ratio_max - ratio_min) / ratio_median above which a comparison is "spread too wide":
  * 0.2 is +-10% around the median, i.e. +-0.1 for a ratio near 1 */
 #define CLI_BENCH_SPREAD_LIMIT 0.2
-/* fewer rounds than this give no spread worth the name */
+/* fewer rounds than this give no spread worth the name (1: none; 2: the range of two samples) */
 #define CLI_BENCH_MIN_ROUNDS 3
 
 typedef struct cli_paired {
@@ -33,7 +33,8 @@ typedef struct cli_paired {
 double cli_median(const double *v, int n);
 /* Statistics of the pairs (a[i], b[i]), i < n (1 <= n <= CLI_BENCH_MAX_ROUNDS, b[i] > 0). */
 void cli_paired_ratios(const double *a, const double *b, int n, cli_paired *out);
-/* `"ratio_median":..,"ratio_min":..,"ratio_max":..,"spread":..,"steady":true|false` (no braces). */
+/* `"ratio_median":..,"ratio_min":..,"ratio_max":..,"spread":..,"steady":true|false` (no braces);
+ * a value that is not a finite number (no rounds; a spread beyond a double) is null. */
 void cli_paired_json(FILE *f, const cli_paired *p);
 /* "" when steady, else why the median is not a measurement: "spread too wide: ..." or
  * "only N rounds: ...". */

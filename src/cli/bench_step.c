@@ -398,6 +398,7 @@ static int ratio_configs(const char *ratios, int maxc, char (*namebuf)[32], char
                          const char **zero) {
     int nconf = 0;
     char list[512];
+    if (!cli_check_list("bench step", "--ratios", ratios, sizeof list)) return -1;
     snprintf(list, sizeof list, "%s", ratios);
     for (char *tok = strtok(list, ","); tok && nconf < maxc; tok = strtok(NULL, ",")) {
         double rv = 0;
@@ -552,6 +553,10 @@ int zoff_cmd_bench_step(int argc, char **argv) {
     int64_t T = o.T, B = o.B;
     shape.max_seq_len = T;
     o.shape = shape;
+    if (zoff_gpt2_check_shape(&shape, "model shape", NULL) != ZOFF_OK) { /* before any measuring */
+        fprintf(stderr, "zoff bench step: %s\n", zoff_last_error());
+        return 2;
+    }
     zoff_dtype dt;
     const char *prec, *dts = o.dts;
     if (!strcmp(dts, "f32")) dt = ZOFF_F32, prec = "";

@@ -43,6 +43,25 @@ bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double m
     return true;
 }
 
+bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t cap) {
+    size_t n = strlen(text);
+    if (n >= cap) {
+        fprintf(stderr, "zoff %s: %s: the list is %zu characters, at most %zu\n", cmd, flag, n, cap - 1);
+        return false;
+    }
+    int item = 1;
+    for (const char *p = text;; p++, item++) {
+        const char *end = strchr(p, ',');
+        if ((end ? end : text + n) == p) {
+            fprintf(stderr, "zoff %s: %s: '%s' has an empty item (item %d); give values separated by single commas, "
+                            "e.g. 0,0.5,1\n", cmd, flag, text, item);
+            return false;
+        }
+        if (!end) return true;
+        p = end;
+    }
+}
+
 const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     const char *arg = argv[*i];
     const char *eq = strchr(arg, '=');

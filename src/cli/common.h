@@ -16,6 +16,9 @@
 /* Parse helpers: on failure print "zoff <cmd>: <flag>: ..." to stderr and return false. */
 bool cli_parse_i64(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max, int64_t *out);
 bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double min, double max, double *out);
+/* A comma-separated list (--ratios 0,0.5,1): not empty, no empty item (leading, trailing or doubled
+ * comma), shorter than `cap` characters; else prints "zoff <cmd>: <flag>: ..." and returns false. */
+bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t cap);
 /* Fetch the value after argv[*i] (advancing *i); prints an error if missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* The flag's name in `arg`: "--flag" of "--flag=value", else arg itself (cut to size - 1 bytes). */

@@ -19,6 +19,7 @@ static void eval_usage(FILE *f) {
             "\n"
             "  --load DIR|FILE         checkpoint root (newest complete step), a step directory, or GPT-2\n"
             "                          weights in safetensors: a file, or a folder holding model.safetensors\n"
+            "                          (an lm_head.weight other than wte is refused: zoff ties the head)\n"
             "  --data-path PATTERN     the shards (.bin file, directory or glob)\n"
             "  --tokenizer gpt2|byte   safetensors weights without zoff's metadata: their tokenizer\n"
             "  --seq-length N          T, tokens of context per window (default: the checkpoint's sequence\n"

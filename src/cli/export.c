@@ -142,23 +142,53 @@ static zoff_status write_gpt2_tokenizer(const char *dir, int64_t max_len) {
     return write_text_atomic(dir, "tokenizer_config.json", cfg);
 }
 
+/* A model without GPT-2's tokenizer exported into a folder that holds its files (an earlier export's):
+ * they no longer describe the model; say so (they are not removed). ZOFF_OK. */
+static zoff_status warn_tokenizer_left(const char *dir, const char *tokenizer) {
+    static const char *const files[] = {"vocab.json", "merges.txt", "tokenizer_config.json"};
+    char p[4300];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        if (access(p, F_OK) == 0) {
+            zoff_log(ZOFF_LOG_WARN, "%s holds GPT-2 tokenizer files (%s, ...) from an earlier export; this model's "
+                     "tokenizer is %s: remove them, or AutoTokenizer will load GPT-2's", dir, files[i], tokenizer);
+            break;
+        }
+    }
+    return ZOFF_OK;
+}
+
 static bool is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 /* Where --output goes, checked before any reading: a folder it names is created (one level), so its
- * parent must exist; a file's folder must exist. */
+ * parent must exist; a file's folder must exist. A folder's files (model.safetensors, config.json, ...)
+ * are replaced, each atomically, unless one is a folder; an --output DIR/ that is a file is refused. */
 static zoff_status check_output(const char *output, bool dir_mode) {
     size_t olen = strlen(output);
     char where[4200];
-    snprintf(where, sizeof where, "%.*s%s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output,
-             dir_mode && is_dir(output) ? "/model.safetensors" : "");
+    snprintf(where, sizeof where, "%.*s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output);
     struct stat st;
-    if (dir_mode && !is_dir(where) && stat(where, &st) == 0)
-        return zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give another --output",
-                          output, where);
-    return zoff_check_output_parent(where);
+    if (!dir_mode || !is_dir(where)) {
+        if (dir_mode && stat(where, &st) == 0)
+            return zoff_error(ZOFF_ERR_INVALID, "%s names a folder, but %s is a file: remove it or give another --output",
+                              output, where);
+        return zoff_check_output_parent(where);
+    }
+    static const char *const files[] = {"model.safetensors", "config.json", "vocab.json", "merges.txt",
+                                        "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char f[4300];
+        snprintf(f, sizeof f, "%s/%s", where, files[i]);
+        if (is_dir(f))
+            return zoff_error(ZOFF_ERR_INVALID, "%s is a folder, where the export writes a file: remove it or give "
+                              "another --output", f);
+    }
+    char f[4300];
+    snprintf(f, sizeof f, "%s/model.safetensors", where);
+    return zoff_check_output_parent(f);
 }
 
 int zoff_cmd_export(int argc, char **argv) {
@@ -188,6 +218,10 @@ int zoff_cmd_export(int argc, char **argv) {
     }
     if (!load || !output) {
         fprintf(stderr, "zoff export: --load DIR and --output PATH are required (zoff export --help)\n");
+        return 2;
+    }
+    if (!*output) { /* checked before its last character is read */
+        fprintf(stderr, "zoff export: --output is empty: give a file (e.g. model.safetensors) or a folder (e.g. hf/)\n");
         return 2;
     }
     zoff_gpt2_export_options eo = {.layout = ZOFF_GPT2_LAYOUT_HF, .dtype = ZOFF_ST_F32};
@@ -280,7 +314,9 @@ int zoff_cmd_export(int argc, char **argv) {
         char *cfg = hf_config_json(&meta.shape, meta.tokenizer, eo.dtype);
         s = cfg ? write_text_atomic(dir, "config.json", cfg) : zoff_error(ZOFF_ERR_NOMEM, "cannot encode config.json");
         free(cfg);
-        if (s == ZOFF_OK && !strcmp(meta.tokenizer, "gpt2")) s = write_gpt2_tokenizer(dir, meta.shape.max_seq_len);
+        if (s == ZOFF_OK)
+            s = !strcmp(meta.tokenizer, "gpt2") ? write_gpt2_tokenizer(dir, meta.shape.max_seq_len)
+                                                : warn_tokenizer_left(dir, meta.tokenizer);
     }
     int nranks = zoff_ckpt_gather_nranks(g);
     zoff_ckpt_gather_close(g);

@@ -77,6 +77,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        if (argc > 2 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
+            printf("usage: zoff version   (or zoff --version): the version and build features; no options\n");
+            return 0;
+        }
+        if (argc > 2) {
+            fprintf(stderr, "zoff %s: unexpected argument '%s': it takes none (it prints the version and build "
+                            "features as text)\n", cmd, argv[2]);
+            return 2;
+        }
         const zoff_cpu_features *f = zoff_cpu_features_get();
         printf("zoff %s\ncuda: %s\nmpi: %s\nio_uring: %s\ncpu: %d logical cores, avx2=%d avx512f=%d avx512_bf16=%d avx512_fp16=%d\n",
                ZOFF_VERSION,

@@ -88,6 +88,7 @@ static bool given_size(const char *flag, const char *v, size_t *out, bool *given
 static bool parse_ratios(const char *v, plan_args *a) {
     a->nratios = 0;
     char buf[512];
+    if (!cli_check_list("plan", "--ratios", v, sizeof buf)) return false;
     snprintf(buf, sizeof buf, "%s", v);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         double r;
@@ -172,8 +173,9 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     return 0;
 }
 
+/* "zoff plan: WHAT: the error" (what NULL: the error names its subject itself) */
 static int fail(const char *what, zoff_status s) {
-    fprintf(stderr, "zoff plan: %s: %s\n", what, zoff_last_error());
+    fprintf(stderr, "zoff plan: %s%s%s\n", what ? what : "", what ? ": " : "", zoff_last_error());
     return cli_exit_code(s);
 }
 
@@ -313,9 +315,22 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     if (r->why[0]) printf("  note     %s\n", r->why);
 }
 
-/* "Nothing fits": only advice that changes something (not what is already set). */
-static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in) {
+/* "Nothing fits": only advice that changes something (not what is already set). When settings fit
+ * but none runs here, why instead (ranks > 1 in a build without MPI: every row). */
+static void print_nothing_fits(const plan_args *a, const zoff_plan_inputs *in, const zoff_plan *p) {
     const zoff_plan_machine *M = &in->machine;
+    if (p->best_any >= 0 && M->ranks > 1 && !zoff_comm_have_mpi()) {
+        printf("recommended: none: %d ranks need a build with MPI and this zoff has none, so no setting runs "
+               "(the 'runs' column); build zoff with MPI (scripts/deps.sh installs Open MPI, then cmake "
+               "-DZOFF_MPI=ON) or plan for one rank (--ranks 1)\n",
+               M->ranks);
+        return;
+    }
+    if (p->best_any >= 0) {
+        printf("recommended: none: the settings that fit do not run with this zoff (the 'runs' column; the fastest "
+               "one's note below says why)\n");
+        return;
+    }
     char mb[80];
     snprintf(mb, sizeof mb, "lower --micro-batch-size (now %lld)", (long long)in->model.batch_size);
     const char *adv[7];
@@ -382,7 +397,7 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
     }
     printf("\n");
     if (p->best >= 0) print_row_detail("recommended", &p->rows[p->best], in);
-    else print_nothing_fits(a, in);
+    else print_nothing_fits(a, in, p);
     if (p->best_any >= 0 && p->best_any != p->best) print_row_detail("fastest that fits (not runnable yet)", &p->rows[p->best_any], in);
 }
 
@@ -537,7 +552,7 @@ int zoff_cmd_plan(int argc, char **argv) {
     if (rc) return rc;
     zoff_config cfg;
     zoff_status s;
-    if (a.write_config && (s = zoff_check_output_parent(a.write_config)) != ZOFF_OK) return fail("--write-config", s);
+    if (a.write_config && (s = zoff_check_output_file(a.write_config)) != ZOFF_OK) return fail("--write-config", s);
     if (a.config_path) s = zoff_config_load_file(a.config_path, &cfg);
     else s = zoff_config_load_string(PLAN_DEFAULT_CONFIG, "the default config", &cfg);
     if (s != ZOFF_OK) return fail("config", s);
@@ -569,7 +584,7 @@ int zoff_cmd_plan(int argc, char **argv) {
     zoff_plan_model_bytes mb;
     if ((s = zoff_plan_model_bytes_get(&in.model, &mb)) != ZOFF_OK) {
         zoff_config_free(&cfg);
-        return fail("model", s);
+        return fail(NULL, s); /* "model shape: ..." */
     }
 
     /* the machine */

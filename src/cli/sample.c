@@ -1,5 +1,6 @@
 /* zoff sample: generate text from a training checkpoint or from GPT-2 weights in safetensors
  * (zoff export's file or folder, a Hugging Face model folder). */
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,8 @@ static void sample_usage(FILE *f) {
             "\n"
             "  --load DIR|FILE         checkpoint root (newest complete step), a step directory, or GPT-2\n"
             "                          weights in safetensors: a file, or a folder holding model.safetensors\n"
-            "                          (zoff export, a Hugging Face model folder with its config.json)\n"
+            "                          (zoff export, a Hugging Face model folder with its config.json); an\n"
+            "                          lm_head.weight other than wte is refused (zoff ties the head)\n"
             "  --tokenizer gpt2|byte   safetensors weights without zoff's metadata: their tokenizer (default\n"
             "                          gpt2 for GPT-2's vocabulary; a checkpoint and zoff export's files say theirs)\n"
             "  --prompt TEXT           text to continue (default: start of a document)\n"
@@ -49,10 +51,11 @@ int zoff_cmd_sample(int argc, char **argv) {
             if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 100, &temp))
                 return 2;
         } else if (!strcmp(a, "--top-p")) {
-            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, 0, 1, &top_p))
+            if (!(v = cli_value("sample", argc, argv, &i)) || !cli_parse_f64("sample", a, v, -DBL_MAX, DBL_MAX, &top_p))
                 return 2;
-            if (top_p <= 0) {
-                fprintf(stderr, "zoff sample: --top-p: %s keeps no token; give a value in (0, 1] (1 = all)\n", v);
+            if (!(top_p > 0 && top_p <= 1)) { /* one range for every value outside it (0 keeps no token) */
+                fprintf(stderr, "zoff sample: --top-p: %s is out of range (0, 1]: the share of probability kept "
+                                "(1 = all tokens, 0 would keep none)\n", v);
                 return 2;
             }
         } else {

@@ -19,13 +19,16 @@ static void tokenize_usage(FILE *f) {
             "Tokenize text files into token shards (llm.c's .bin format: 256 int32 header,\n"
             "then uint16 tokens). An INPUT is a file, a directory (its files in name order,\n"
             "not its subdirectories; hidden files and .bin shards skipped) or a quoted glob\n"
-            "such as 'texts/*.txt'. Each file is one document; with gpt2 each document starts\n"
-            "with <|endoftext|>. The last --val-fraction of all tokens becomes the validation\n"
-            "split. Files are written completely or not at all.\n"
+            "such as 'texts/*.txt' (.bin shards skipped). A token shard given by name, or an\n"
+            "input that is one of the files written, is refused. Each file is one document (an\n"
+            "empty file none); with gpt2 each document starts with <|endoftext|>. The last\n"
+            "--val-fraction of all tokens becomes the validation split. Files are written\n"
+            "completely or not at all; inputs with no text at all write nothing.\n"
             "\n"
             "options:\n"
             "  --tokenizer gpt2|byte   GPT-2 BPE (50257 tokens, default) or bytes (256 tokens)\n"
-            "  --output-prefix P       write P_train.bin and P_val.bin (DIR must exist)\n"
+            "  --output-prefix P       write P_train.bin and P_val.bin: P is a folder that exists and a\n"
+            "                          name, e.g. out/data/corpus (not a folder alone)\n"
             "  --val-fraction F        fraction of tokens for validation, 0 <= F < 1 (default 0.05;\n"
             "                          0 writes no val file)\n"
             "  --shard-size N          at most N tokens per file: P_train_000000.bin, ... (default:\n"
@@ -86,10 +89,16 @@ static int expand_inputs(const char **inputs, int ninputs, char ***files, size_t
         } else if (stat_err == ENOENT && strpbrk(in, "*?[")) {
             glob_t g;
             int rc = glob(in, 0, NULL, &g);
+            size_t taken = 0;
             if (rc == GLOB_NOMATCH) why = "no files match this pattern";
             else if (rc != 0) why = "cannot expand this pattern";
-            for (size_t k = 0; rc == 0 && k < g.gl_pathc && !oom; k++)
+            for (size_t k = 0; rc == 0 && k < g.gl_pathc && !oom; k++) {
+                const char *slash = strrchr(g.gl_pathv[k], '/');
+                if (!is_text_name(slash ? slash + 1 : g.gl_pathv[k])) continue; /* shards, as a directory's */
                 oom = !zoff_paths_add(files, nfiles, &cap, g.gl_pathv[k]);
+                taken++;
+            }
+            if (rc == 0 && taken == 0) why = "the pattern matches only .bin token shards, which are not read as text";
             globfree(&g);
         } else {
             oom = !zoff_paths_add(files, nfiles, &cap, in);

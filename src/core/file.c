@@ -161,3 +161,14 @@ zoff_status zoff_make_work_dir(const char *dir, const char *what) {
         return zoff_error(zoff_status_of_path_errno(errno), "%s %s is not writable: %s", what, dir, strerror(errno));
     return ZOFF_OK;
 }
+
+zoff_status zoff_check_output_file(const char *path) {
+    size_t n = path ? strlen(path) : 0;
+    struct stat st;
+    if (n == 0) return zoff_error(ZOFF_ERR_INVALID, "the output path is empty; give the path of a file");
+    if (path[n - 1] == '/')
+        return zoff_error(ZOFF_ERR_INVALID, "%s ends in '/', which names a folder; give the path of a file", path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID, "%s is a folder; give the path of a file (in it or elsewhere)", path);
+    return zoff_check_output_parent(path);
+}

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "zoff/data.h"
 
+#include "core/file_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -76,7 +78,7 @@ static zoff_status tokenize_one(zoff_tokenizer *t, const char *path, bool quiet,
     close(fd);
     zoff_status s = ZOFF_OK;
     int32_t eot = zoff_tokenizer_eot(t);
-    if (eot >= 0) s = u16_append(all, &eot, 1);
+    if (eot >= 0 && len > 0) s = u16_append(all, &eot, 1); /* an empty file is no document */
     size_t next_report = (size_t)64 << 20;
     for (size_t pos = 0; pos < len && s == ZOFF_OK;) {
         size_t end = chunk_end(text, pos, len);
@@ -145,31 +147,154 @@ static zoff_status plan_split(const zoff_tokenize_options *opt, const char *spli
     return ZOFF_OK;
 }
 
-/* Files an earlier run with another --shard-size or --val-fraction left beside
- * ours would be picked up by a glob over the prefix: say so (never delete them). */
-static void warn_if_exists(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0)
-        zoff_log(ZOFF_LOG_WARN, "%s is left from an earlier run and is not part of this one; remove it before "
-                                "reading these shards with a glob or a directory",
-                 path);
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
 }
 
-static void warn_stale(const zoff_tokenize_options *opt, const char *split, int nwritten) {
-    char p[4200];
-    if (opt->shard_tokens > 0) {
-        snprintf(p, sizeof p, "%s_%s_%06d.bin", opt->output_prefix, split, nwritten); /* one past ours */
-        warn_if_exists(p);
-        snprintf(p, sizeof p, "%s_%s.bin", opt->output_prefix, split);
-        warn_if_exists(p);
-    } else {
-        snprintf(p, sizeof p, "%s_%s_000000.bin", opt->output_prefix, split);
-        warn_if_exists(p);
-        if (nwritten == 0) {
-            snprintf(p, sizeof p, "%s_%s.bin", opt->output_prefix, split);
-            warn_if_exists(p);
+/* Whether file name `name` is one of the shard names of prefix base `base` (any --shard-size, either
+ * split): BASE_train.bin, BASE_val.bin, BASE_train_NNNNNN.bin or BASE_val_NNNNNN.bin; *split: its split. */
+static bool is_prefix_shard(const char *name, const char *base, const char **split) {
+    size_t b = strlen(base);
+    if (strncmp(name, base, b) != 0 || name[b] != '_') return false;
+    const char *r = name + b + 1;
+    *split = !strncmp(r, "train", 5) ? "train" : !strncmp(r, "val", 3) ? "val" : NULL;
+    if (!*split) return false;
+    r += strlen(*split);
+    if (r[0] == '_') {
+        for (int k = 1; k <= 6; k++)
+            if (r[k] < '0' || r[k] > '9') return false;
+        r += 7;
+    }
+    return !strcmp(r, ".bin");
+}
+
+/* The files in the prefix's folder named as its shards (is_prefix_shard), sorted, as paths the way
+ * the prefix is written (no "./" for a prefix without a folder); *n may be 0. */
+static zoff_status prefix_shards(const char *prefix, char ***paths, size_t *n) {
+    const char *slash = strrchr(prefix, '/');
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash == prefix ? 1 : slash - prefix) : 1, slash ? prefix : ".");
+    char **all = NULL;
+    size_t na = 0, cap = 0;
+    *paths = NULL;
+    *n = 0;
+    ZOFF_TRY(zoff_dir_files(dir, NULL, &all, &na));
+    const char *base = slash ? slash + 1 : prefix, *split;
+    for (size_t i = 0; i < na; i++) {
+        const char *name = base_name(all[i]); /* zoff_dir_files gives "dir/name" */
+        if (!is_prefix_shard(name, base, &split)) continue;
+        if (!zoff_paths_add(paths, n, &cap, slash ? all[i] : name)) {
+            zoff_free_paths(all, na);
+            zoff_free_paths(*paths, *n);
+            *paths = NULL;
+            *n = 0;
+            return zoff_error(ZOFF_ERR_NOMEM, "out of memory listing %s", dir);
         }
     }
+    zoff_free_paths(all, na);
+    return ZOFF_OK;
+}
+
+/* Shards of this prefix an earlier run with another --shard-size or --val-fraction left beside
+ * ours would be picked up by a glob or a directory: say so, naming them (never delete them). */
+static void warn_stale(const zoff_tokenize_options *opt, char *const *written, int nwritten) {
+    char **have = NULL;
+    size_t nh = 0;
+    if (prefix_shards(opt->output_prefix, &have, &nh) != ZOFF_OK) {
+        zoff_clear_error();
+        return;
+    }
+    const char *base = base_name(opt->output_prefix);
+    for (int v = 0; v < 2; v++) {
+        const char *want = v ? "val" : "train", *split, *stale[3];
+        size_t count = 0;
+        for (size_t i = 0; i < nh; i++) {
+            bool ours = false; /* the same folder: compared by name */
+            const char *name = base_name(have[i]);
+            for (int k = 0; k < nwritten && !ours; k++) ours = !strcmp(base_name(written[k]), name);
+            if (ours || !is_prefix_shard(name, base, &split) || strcmp(split, want)) continue;
+            if (count < 3) stale[count] = have[i];
+            count++;
+        }
+        if (count == 1)
+            zoff_log(ZOFF_LOG_WARN, "%s is left from an earlier run and is not part of this one; remove it before "
+                                    "reading these shards with a glob or a directory", stale[0]);
+        else if (count == 2 || count == 3)
+            zoff_log(ZOFF_LOG_WARN, "%s%s%s and %s are left from an earlier run and are not part of this one; remove "
+                                    "them before reading these shards with a glob or a directory",
+                     stale[0], count == 3 ? ", " : "", count == 3 ? stale[1] : "", stale[count - 1]);
+        else if (count > 3)
+            zoff_log(ZOFF_LOG_WARN, "%s and %zu more shards of this prefix (%s_%s*.bin) are left from an earlier run "
+                                    "and are not part of this one; remove them before reading these shards with a "
+                                    "glob or a directory", stale[0], count - 1, opt->output_prefix, want);
+    }
+    zoff_free_paths(have, nh);
+}
+
+/* A shard name this run may write is not a folder (a rename over it would fail at the end). */
+static zoff_status check_not_folder(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID, "%s, where a shard goes, is a folder: remove it or give another "
+                          "--output-prefix", path);
+    return ZOFF_OK;
+}
+
+/* The output prefix, checked before any reading: a folder and a name (shards are PREFIX_train.bin,
+ * ...), the folder there and writable, the first shard of each split not a folder. */
+static zoff_status check_outputs(const zoff_tokenize_options *opt) {
+    const char *p = opt->output_prefix;
+    size_t n = strlen(p);
+    struct stat st;
+    if (p[n - 1] == '/')
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--output-prefix %s ends in '/': the shards are named PREFIX_train.bin, PREFIX_val.bin; "
+                          "give a folder and a name, e.g. --output-prefix %sdata", p, p);
+    if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "--output-prefix %s is a folder: the shards would be %s_train.bin beside it, not in it; "
+                          "give a folder and a name, e.g. --output-prefix %s/data", p, p, p);
+    ZOFF_TRY(zoff_check_output_parent(p));
+    char first[4200];
+    for (int v = 0; v < (opt->val_fraction > 0 ? 2 : 1); v++) {
+        snprintf(first, sizeof first, opt->shard_tokens > 0 ? "%s_%s_000000.bin" : "%s_%s.bin", p,
+                 v ? "val" : "train");
+        ZOFF_TRY(check_not_folder(first));
+    }
+    return ZOFF_OK;
+}
+
+/* Whether the file starts as a token shard (magic and version): not text to tokenize. */
+static bool is_token_shard(const char *path) {
+    int32_t h[2] = {0, 0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool shard = read(fd, h, sizeof h) == (ssize_t)sizeof h && h[0] == ZOFF_SHARD_MAGIC && h[1] == ZOFF_SHARD_VERSION;
+    close(fd);
+    return shard;
+}
+
+/* The inputs, checked before any reading against what this run writes: none is a file named as a
+ * shard of the output prefix (a run replaces them), none is a token shard. */
+static zoff_status check_inputs(const zoff_tokenize_options *opt, const char *const *files, int nfiles) {
+    char **outs = NULL;
+    size_t nout = 0;
+    ZOFF_TRY(prefix_shards(opt->output_prefix, &outs, &nout));
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; i < nfiles && s == ZOFF_OK; i++) {
+        struct stat si, so;
+        if (stat(files[i], &si) != 0) continue; /* checked before */
+        for (size_t k = 0; k < nout && s == ZOFF_OK; k++)
+            if (stat(outs[k], &so) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino)
+                s = zoff_error(ZOFF_ERR_INVALID, "input %s is %s, one of the shards --output-prefix %s names (a run "
+                               "replaces them): give another --output-prefix", files[i], outs[k], opt->output_prefix);
+        if (s == ZOFF_OK && is_token_shard(files[i]))
+            s = zoff_error(ZOFF_ERR_INVALID, "input %s is a token shard (llm.c .bin format), not text: give the text "
+                           "files it was made from (directories and globs skip .bin files)", files[i]);
+    }
+    zoff_free_paths(outs, nout);
+    return s;
 }
 
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
@@ -194,7 +319,8 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
         if (!S_ISREG(st.st_mode)) return zoff_error(ZOFF_ERR_INVALID, "input %s is not a regular file", files[i]);
         if (access(files[i], R_OK) != 0) return zoff_error(zoff_status_of_path_errno(errno), "input %s: %s", files[i], strerror(errno));
     }
-    ZOFF_TRY(zoff_check_output_parent(opt->output_prefix));
+    ZOFF_TRY(check_outputs(opt));
+    ZOFF_TRY(check_inputs(opt, files, nfiles));
 
     double t0 = zoff_now();
     u16vec all = {0};
@@ -220,6 +346,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     if (s == ZOFF_OK) s = plan_split(opt, "train", 0, n - nval, &plan, &nplan, &cap);
     ntrain = nplan;
     if (s == ZOFF_OK && nval > 0) s = plan_split(opt, "val", n - nval, nval, &plan, &nplan, &cap);
+    for (int i = 0; i < nplan && s == ZOFF_OK; i++) s = check_not_folder(plan[i].final_path); /* later shards */
     int32_t vocab = zoff_tokenizer_vocab_size(t);
     for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
         s = zoff_shard_write(plan[i].tmp_path, all.p + plan[i].begin, plan[i].count, vocab);
@@ -258,8 +385,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     }
     res->num_paths = nplan;
     res->num_train_files = ntrain;
-    warn_stale(opt, "train", ntrain);
-    warn_stale(opt, "val", nplan - ntrain);
+    warn_stale(opt, res->paths, nplan);
     res->tokens_train = n - nval;
     res->tokens_val = nval;
     res->seconds = zoff_now() - t0;

@@ -266,7 +266,7 @@ static zoff_status probe_host_adam(const zoff_config *cfg, zoff_dtype dt, double
 #define PROBE_TRY(expr, what)                                              \
     do {                                                                   \
         zoff_status ps_ = (expr);                                          \
-        if (ps_ != ZOFF_OK) return zoff_error_context(ps_, "zoff plan: %s probe", what); \
+        if (ps_ != ZOFF_OK) return zoff_error_context(ps_, "%s probe", what); \
     } while (0)
 
 zoff_status zoff_plan_probe(zoff_device *dev, const zoff_config *cfg, const zoff_gpt2_options *model,

@@ -75,7 +75,7 @@ static void carve(measure *c, int64_t count, size_t elem) {
 zoff_status zoff_plan_model_bytes_get(const zoff_gpt2_options *o, zoff_plan_model_bytes *out) {
     memset(out, 0, sizeof *out);
     const zoff_gpt2_shape *s = &o->shape;
-    const char *w = "zoff plan: model shape";
+    const char *w = "model shape";
     ZOFF_TRY(zoff_gpt2_check_shape(s, w, NULL));
     const int64_t Vp = zoff_gpt2_padded_vocab(s);
     if (o->batch_size < 1 || o->batch_size > ZOFF_GPT2_MAX_BATCH)
@@ -287,7 +287,7 @@ static zoff_status check_setting(const zoff_plan_setting *s, const zoff_plan_mac
         return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.offload_optimizer.ratio is %g; allowed: [0, 1] or \"auto\"",
                           s->ratio);
     if (M->ranks < 1 || M->ranks_per_node < 1 || M->ranks_per_node > M->ranks)
-        return zoff_error(ZOFF_ERR_INVALID, "zoff plan: ranks %d and ranks per node %d: need 1 <= per node <= ranks",
+        return zoff_error(ZOFF_ERR_INVALID, "ranks %d and ranks per node %d: need 1 <= per node <= ranks",
                           M->ranks, M->ranks_per_node);
     return ZOFF_OK;
 }
@@ -338,7 +338,7 @@ static zoff_status plan_grad_bytes(const zoff_plan_inputs *in, bool buckets, int
                                    size_t *a, size_t *b) {
     const int ng = (int)in->model.shape.num_layers + 2;
     int64_t *gc = malloc((size_t)ng * sizeof *gc);
-    if (!gc) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d layer groups", ng);
+    if (!gc) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d layer groups", ng);
     for (int g = 0; g < ng; g++) gc[g] = g == 0 ? emb : g == ng - 1 ? 2 * in->model.shape.hidden_size : blk;
     zoff_grad_device_in gi = {.group_count = gc, .ngroups = ng, .device = device > 0 ? device : 0,
                               .reduce_bucket_size = in->cfg->zero.reduce_bucket_size, .dtype = in->model.dtype,
@@ -834,7 +834,7 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
         ratios = default_ratios;
         nratios = (int)(sizeof default_ratios / sizeof default_ratios[0]);
     }
-    if (nratios < 0 || nratios > 64) return zoff_error(ZOFF_ERR_INVALID, "zoff plan: %d ratios (at most 64)", nratios);
+    if (nratios < 0 || nratios > 64) return zoff_error(ZOFF_ERR_INVALID, "%d ratios (at most 64)", nratios);
     ZOFF_TRY(zoff_plan_model_bytes_get(&in->model, &out->model));
     zoff_plan_setting base;
     zoff_plan_setting_from_config(in->cfg, &base);
@@ -842,7 +842,7 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
      * each maybe with a pageable variant */
     int cap = (1 + 3 * (1 + 2 * (nratios + 3)) + 3 * 2 * (nratios + 3)) * 2; /* + bf16-state cpu and nvme rows */
     out->rows = calloc((size_t)cap, sizeof *out->rows);
-    if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory for %d rows", cap);
+    if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d rows", cap);
     zoff_status st = ZOFF_OK;
     static const zoff_offload_device devs[3] = {ZOFF_OFFLOAD_NONE, ZOFF_OFFLOAD_CPU, ZOFF_OFFLOAD_NVME};
     for (int stage = 0; stage <= 3 && st == ZOFF_OK; stage++)
@@ -933,12 +933,12 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
         json_object_set_new(obj_child(root, "bf16"), "bf16_optimizer_states", json_boolean(s->bf16_states));
     char *txt = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(root);
-    if (!txt) return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: cannot encode the recommended config");
+    if (!txt) return zoff_error(ZOFF_ERR_NOMEM, "cannot encode the recommended config");
     size_t len = strlen(txt);
     char *withnl = realloc(txt, len + 2);
     if (!withnl) {
         free(txt);
-        return zoff_error(ZOFF_ERR_NOMEM, "zoff plan: out of host memory");
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
     }
     withnl[len] = '\n';
     withnl[len + 1] = '\0';
@@ -947,7 +947,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
 }
 
 zoff_status zoff_plan_write_file_atomic(const char *path, const char *text) {
-    if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "zoff plan: empty output path");
+    if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "empty output path");
     return zoff_write_file_atomic(path, text, false); /* the directory's fsync is best effort */
 }
 
