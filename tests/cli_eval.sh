@@ -113,6 +113,13 @@ check "eval and sample of weights with an untied LM head: exit 2, say why, no lo
    && ! grep -q 'loss' '$W/u1.txt'"
 "$ZOFF" eval --load "$W/tied" --data-path "$W/small_train.bin" >"$W/t1.txt" 2>&1
 check "the same file with lm_head.weight equal to wte: eval runs (exit 0)" "[ \$? -eq 0 ] && grep -q '^zoff eval: loss' '$W/t1.txt'"
+"$ZOFF" train --init-from "$W/untied" --tokenizer byte --data-path "$W/small_train.bin" --eval-iters 0 \
+  --train-iters 1 --save "$W/ft_untied" >"$W/u3.txt" 2>&1
+check "train --init-from of them: exit 2 too, no checkpoint" \
+  "[ \$? -eq 2 ] && grep -q 'lm_head.weight) that differs from its token embedding' '$W/u3.txt' && [ ! -e '$W/ft_untied/step_00000001' ]"
+"$ZOFF" train --init-from "$W/tied" --tokenizer byte --data-path "$W/small_train.bin" --eval-iters 0 \
+  --train-iters 1 --save "$W/ft_tied" >"$W/t3.txt" 2>&1
+check "... and of the tied one: it trains (exit 0)" "[ \$? -eq 0 ] && [ -f '$W/ft_tied/step_00000001/COMPLETE' ]"
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -494,8 +494,7 @@ struct zoff_gpt2_st_loader {
     const zoff_st_tensor *lm;    /* HF: the optional tied head, compared with wte as wte is read */
     float *tmp;                  /* one transposed matrix as the file stores it */
     int tmp_of;                  /* the model tensor in tmp, -1: none */
-    int64_t tmp_cap, lm_checked; /* wte elements compared with the head */
-    bool lm_differs, lm_said;
+    int64_t tmp_cap;
 };
 
 /* The largest tensor the HF layout stores transposed (c_fc / c_proj: 4 C x C), the loader's buffer. */
@@ -549,22 +548,24 @@ zoff_status zoff_gpt2_st_loader_open(zoff_st_file *f, const zoff_gpt2_shape *sha
     return ZOFF_OK;
 }
 
-/* The tied head against elements [k0, k0 + n) of wte as read (dst): warn once if they differ. */
+/* The tied head against elements [k0, k0 + n) of wte as read (dst): a head that differs is refused
+ * (zoff ties the head to wte, so it would run, sample, evaluate or fine-tune another model than the
+ * file's), for every reader (train --init-from, sample, eval). */
 static zoff_status check_lm_head(zoff_gpt2_st_loader *l, int64_t k0, int64_t n, const float *dst) {
     float chunk[4096];
-    for (int64_t a = 0; a < n && !l->lm_differs; a += 4096) {
+    for (int64_t a = 0; a < n; a += 4096) {
         int64_t c = n - a < 4096 ? n - a : 4096;
         ZOFF_TRY(zoff_st_read_f32_range(l->f, l->lm, k0 + a, c, chunk));
-        if (memcmp(chunk, dst + a, (size_t)c * sizeof(float)) != 0) l->lm_differs = true;
+        int64_t j = 0;
+        while (j < c && !memcmp(chunk + j, dst + a + j, sizeof(float))) j++;
+        if (j < c)
+            return zoff_error(ZOFF_ERR_INVALID,
+                              "%s holds an LM head (lm_head.weight) that differs from its token embedding "
+                              "(wte.weight; first at element %lld): zoff ties the head to the embedding, as GPT-2 "
+                              "does, so it would run another model than the file's; give weights whose head is tied "
+                              "(GPT-2's own, zoff export's)",
+                              zoff_st_path(l->f), (long long)(k0 + a + j));
     }
-    l->lm_checked += n;
-    if (l->lm_said || (!l->lm_differs && l->lm_checked < l->lm->numel)) return ZOFF_OK;
-    l->lm_said = true;
-    if (l->lm_differs)
-        zoff_log(ZOFF_LOG_WARN, "%s: lm_head.weight differs from wte.weight; zoff ties the LM head to wte and "
-                 "uses wte (the file's separate head is ignored)", zoff_st_path(l->f));
-    else
-        zoff_log(ZOFF_LOG_DEBUG, "%s: lm_head.weight equals wte.weight (tied)", zoff_st_path(l->f));
     return ZOFF_OK;
 }
 

@@ -8,38 +8,6 @@
 #include "cli/common.h"
 #include "zoff/safetensors.h"
 
-/* A separate LM head (lm_head.weight) that differs from wte: zoff ties the head to wte, so the model
- * it would run is not the file's (train --init-from only starts from it; sample and eval refuse). */
-static zoff_status check_tied_head(zoff_st_file *f) {
-    const zoff_st_tensor *lm = zoff_st_find(f, "lm_head.weight"), *wte = NULL;
-    for (size_t i = 0; lm && !wte && i < zoff_st_num_tensors(f); i++) {
-        const zoff_st_tensor *t = zoff_st_tensor_at(f, i);
-        size_t n = strlen(t->name);
-        if (!strcmp(t->name, "wte.weight") || (n > 11 && !strcmp(t->name + n - 11, ".wte.weight"))) wte = t;
-    }
-    if (!lm || !wte || lm->numel != wte->numel) return ZOFF_OK; /* a mismatch in shape: zoff_gpt2_st_check's */
-    enum { CHUNK = 8192 };
-    float *a = malloc(2 * CHUNK * sizeof(float));
-    if (!a) return zoff_error(ZOFF_ERR_NOMEM, "out of memory comparing lm_head.weight with wte");
-    zoff_status s = ZOFF_OK;
-    bool same = true;
-    for (int64_t k = 0; s == ZOFF_OK && same && k < lm->numel; k += CHUNK) {
-        int64_t c = lm->numel - k < CHUNK ? lm->numel - k : CHUNK;
-        s = zoff_st_read_f32_range(f, lm, k, c, a);
-        if (s == ZOFF_OK) s = zoff_st_read_f32_range(f, wte, k, c, a + CHUNK);
-        same = s != ZOFF_OK || memcmp(a, a + CHUNK, (size_t)c * sizeof(float)) == 0;
-    }
-    free(a);
-    ZOFF_TRY(s);
-    if (!same)
-        return zoff_error(ZOFF_ERR_INVALID,
-                          "%s holds an LM head (lm_head.weight) that differs from its token embedding (%s): zoff "
-                          "ties the head to the embedding, as GPT-2 does, so it would run another model than the "
-                          "file's; give weights whose head is tied (GPT-2's own, zoff export's)",
-                          zoff_st_path(f), wte->name);
-    return ZOFF_OK;
-}
-
 /* A safetensors file's model: the shape its tensors and metadata (or config.json) give, all its
  * positions as the context, the tokenizer its zoff.tokenizer metadata names, else GPT-2's for
  * GPT-2's vocabulary. */
@@ -64,8 +32,7 @@ static zoff_status open_safetensors(const char *file, const char *tokenizer, cli
                           "%lld is not GPT-2's: give --tokenizer (byte for 256)",
                           file, (long long)src->shape.vocab_size);
     snprintf(src->tokenizer, sizeof src->tokenizer, "%s", tk);
-    ZOFF_TRY(zoff_gpt2_st_check(src->st, &src->shape));
-    return check_tied_head(src->st);
+    return zoff_gpt2_st_check(src->st, &src->shape); /* an untied head: refused as it is read */
 }
 
 zoff_status cli_weights_open(const char *load, const char *tokenizer, cli_weights *src) {
