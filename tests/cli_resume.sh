@@ -10,6 +10,7 @@
 # Usage: cli_resume.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
+ZABS=$(readlink -f "$ZOFF") # for runs in another working directory
 W=$(mktemp -d /tmp/zoff-resume-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
@@ -125,6 +126,18 @@ check "... into another (empty) --save it runs: step 3 there" "[ \$? -eq 0 ] && 
 "$ZOFF" train "${TINY[@]}" --config "$W/adamw.json" --train-iters 7 --load "$W/rb/step_00000006" --save "$W/rb" --quiet >/dev/null 2>&1
 check "... and the newest step's folder given as --load, into its own folder, runs: step 7" \
   "[ \$? -eq 0 ] && [ -f '$W/rb/step_00000007/COMPLETE' ]"
+
+(cd "$W" && "$ZABS" train "${TINY[@]}" --train-iters 4 --load "$W/rb2" --quiet >/dev/null 2>&1)
+check "--load DIR without --save goes on in DIR: step 4 there, nothing in the default out/gpt2-small" \
+  "[ \$? -eq 0 ] && [ -f '$W/rb2/step_00000004/COMPLETE' ] && [ ! -e '$W/out' ]"
+(cd "$W" && "$ZABS" train "${SHAPE[@]}" --micro-batch-size 4 --tokenizer byte --data-path corpus_train.bin \
+  --val-path corpus_val.bin --eval-iters 2 --train-iters 5 --load "$W/rb2/step_00000004" --quiet >/dev/null 2>&1)
+check "... and --load DIR/step_N without --save in DIR too: step 5" \
+  "[ \$? -eq 0 ] && [ -f '$W/rb2/step_00000005/COMPLETE' ] && [ ! -e '$W/out' ]"
+
+(cd / && "$ZABS" train "${SHAPE[@]}" --tokenizer byte --eval-iters 2 --train-iters 6 --load "$W/rb2" >"$W/out.txt" 2>&1)
+check "... and without --data-path, elsewhere, too: the run's shards (given relative, recorded absolute), said; its validation runs" \
+  "[ \$? -eq 0 ] && [ -f '$W/rb2/step_00000006/COMPLETE' ] && grep -q 'resume: no --data-path given: the run.s $W/corpus_train.bin, --val-path $W/corpus_val.bin' '$W/out.txt' && grep -q 'validation loss' '$W/out.txt'"
 
 # 10. a resume without --config goes on with the checkpoint's config and batch, not the default
 echo '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,

@@ -248,6 +248,9 @@ zoff_status zoff_ckpt_latest(const char *dir, int64_t *step);
  * ("out/step_00000100", which must be complete). Writes the step directory into out and its
  * step into *step (either may be NULL/0). Errors say what was found instead. */
 zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *step);
+/* The folder of the run `path` names (as zoff_ckpt_resolve: the folder itself, or the one holding the
+ * step directory given), where its later steps go. */
+zoff_status zoff_ckpt_run_dir(const char *path, char *out, size_t cap);
 
 /* Remove all but the newest keep_last (>= 1) complete checkpoints under dir. Each is first
  * renamed to DIR/step_X.tmp-prune-<pid>, so an interrupted prune leaves an ignored temp dir.

@@ -62,6 +62,9 @@ typedef struct zoff_train_meta {
     zoff_engine_scalars engine;
     double consumed_tokens;
     zoff_train_settings settings;
+    /* --data-path / --val-path, absolute ("": not given: the default corpus, or no --val-path): a
+     * resume without --data-path reads them */
+    char data_path[1024], val_path[1024];
     /* the delayed update's weights were pending at the save (zoff_engine_weights_pending): rank
      * 0's file then holds the model's parameter buffer as entry ZOFF_TRAIN_DEVICE_WEIGHTS (the
      * model's dtype, [num_params]), the weights the next forward uses. -1: a checkpoint written

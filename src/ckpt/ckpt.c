@@ -1394,6 +1394,18 @@ zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *
     return ZOFF_OK;
 }
 
+zoff_status zoff_ckpt_run_dir(const char *path, char *out, size_t cap) {
+    char stepdir[CK_PATH];
+    ZOFF_TRY(zoff_ckpt_resolve(path, stepdir, sizeof stepdir, NULL));
+    char *slash = strrchr(stepdir, '/');
+    if (slash == stepdir) slash[1] = '\0'; /* /step_X: the root */
+    else if (slash) *slash = '\0';
+    else snprintf(stepdir, sizeof stepdir, ".");
+    if (strlen(stepdir) >= cap) return zoff_error(ZOFF_ERR_INVALID, "checkpoint path %s does not fit in %zu bytes", stepdir, cap);
+    memcpy(out, stepdir, strlen(stepdir) + 1);
+    return ZOFF_OK;
+}
+
 zoff_status zoff_ckpt_prune(const char *dir_in, int keep_last) {
     if (keep_last < 1)
         return zoff_error(ZOFF_ERR_INVALID, "keep_last must be >= 1 (got %d): the newest checkpoint is never removed",

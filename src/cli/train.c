@@ -15,7 +15,8 @@
 #endif
 
 /* The default job's DeepSpeed config: a small GPT-2 trained with AdamW and a warmup + cosine
- * schedule over --train-iters (warmup: its first tenth). `zoff train --config FILE` replaces it;
+ * schedule over --train-iters (warmup: its first tenth; DeepSpeed makes it at least 2 steps, from lr
+ * 0). `zoff train --config FILE` replaces it;
  * a resume without --config takes the checkpoint's. */
 static const char *DEFAULT_CONFIG_FMT =
     "{\n"
@@ -65,7 +66,8 @@ static void train_usage(FILE *f) {
             "  --data-path PATTERN         training shards (.bin file, directory or glob; see zoff tokenize)\n"
             "  --val-path PATTERN          validation shards (default: the last 5%% of --data-path)\n"
             "  --tokenizer gpt2|byte       tokenizer of the default corpus (default gpt2)\n"
-            "  --save DIR                  output folder: metrics.jsonl and checkpoints (default out/gpt2-small)\n"
+            "  --save DIR                  output folder: metrics.jsonl and checkpoints (default out/gpt2-small;\n"
+            "                              with --load, the loaded run's folder)\n"
             "  --save-interval N           also save every N steps (default: only at the end)\n"
             "  --keep-last N               keep only the newest N checkpoints (default: all)\n"
             "  --no-checkpoint             write no checkpoint, not even at the end (metrics.jsonl still goes to\n"
@@ -82,15 +84,17 @@ static void train_usage(FILE *f) {
             "                              (less than that: synchronous saves). auto (default): the whole state,\n"
             "                              at most half the host memory available; off: the first update after a\n"
             "                              save waits for all of it (and a device share saves synchronously)\n"
-            "  --load DIR                  resume from the newest complete checkpoint in DIR (model shape,\n"
-            "                              sequence length, optimizer and precision must be the checkpoint's)\n"
+            "  --load DIR                  resume from the newest complete checkpoint in DIR, or the step folder\n"
+            "                              DIR/step_N (model shape, sequence length, optimizer and precision must\n"
+            "                              be the checkpoint's; without --config its config; without --save the\n"
+            "                              run goes on in its own folder)\n"
             "  --overwrite                 --save holds checkpoints of an earlier run: delete them and start over\n"
             "                              (without it such a --save is refused unless --load continues the run)\n"
             "  --init-from FILE|DIR        start from the GPT-2 weights of a safetensors file (zoff export, or\n"
             "                              Hugging Face's gpt2 model.safetensors), or of DIR/model.safetensors (a\n"
-            "                              Hugging Face model folder); its model's sizes are the defaults; an\n"
-            "                              lm_head.weight other than wte is refused (zoff ties the head)\n"
-            "                              of the flags above (the head count from its metadata or config.json)\n"
+            "                              Hugging Face model folder); its model's sizes are the defaults\n"
+            "                              of the flags above (the head count from its metadata or config.json);\n"
+            "                              an lm_head.weight other than wte is refused (zoff ties the head)\n"
             "  --seed N                    initialisation and data order (default 1234)\n"
             "  --device cpu|cuda           backend (default: cuda when available, else cpu)\n"
             "  --device-memory SIZE        device memory budget, e.g. 256MiB (CPU backend: simulated)\n"
@@ -117,7 +121,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
     zoff_trainer_options *o = &a->o;
     o->train_iters = 200;
     o->eval_iters = 20;
-    o->save_dir = "out/gpt2-small";
+    o->save_dir = NULL; /* set after the flags: the default, or the loaded run's folder */
     o->tokenizer = "gpt2";
     o->default_data_dir = "out/data";
     int64_t seed = 1234;
@@ -177,6 +181,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
     }
     o->seed = (uint64_t)seed;
+    /* a resume without --save goes on in the loaded run's folder (a --load that is not a checkpoint
+     * keeps the default: the trainer says what is wrong with it) */
+    static char run_dir[4200];
+    if (!o->save_dir && o->load_dir) {
+        if (zoff_ckpt_run_dir(o->load_dir, run_dir, sizeof run_dir) == ZOFF_OK) o->save_dir = run_dir;
+        else zoff_clear_error();
+    }
+    if (!o->save_dir) o->save_dir = "out/gpt2-small";
     static char default_text[1024];
     default_config(o->train_iters, default_text, sizeof default_text);
     o->config_text = default_text;

@@ -50,6 +50,8 @@ char *train_meta_to_text(const zoff_train_meta *meta) {
         "hysteresis_left", meta->engine.hysteresis_left, "consumed_tokens", meta->consumed_tokens);
     if (root && meta->settings.known) json_object_set_new(root, "settings", settings_to_json(&meta->settings));
     if (root) json_object_set_new(root, "weights_pending", json_boolean(meta->weights_pending > 0));
+    if (root && meta->data_path[0]) json_object_set_new(root, "data_path", json_string(meta->data_path));
+    if (root && meta->val_path[0]) json_object_set_new(root, "val_path", json_string(meta->val_path));
     if (root && meta->engine.rollbacks)
         json_object_set_new(json_object_get(root, "engine"), "rollbacks", json_integer((json_int_t)meta->engine.rollbacks));
     char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
@@ -178,6 +180,8 @@ static zoff_status meta_from_json(json_t *root, zoff_ckpt_reader *r, zoff_train_
     ZOFF_TRY(read_engine(ej, path, &m->engine));
     m->consumed_tokens = json_number_value(json_object_get(root, "consumed_tokens"));
     get_str(root, "tokenizer", m->tokenizer, sizeof m->tokenizer, "gpt2");
+    get_str(root, "data_path", m->data_path, sizeof m->data_path, "");
+    get_str(root, "val_path", m->val_path, sizeof m->val_path, "");
     settings_from_json(json_object_get(root, "settings"), &m->settings);
     json_t *wp = json_object_get(root, "weights_pending");
     m->weights_pending = json_is_boolean(wp) ? json_is_true(wp) : -1;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "train/trainer_internal.h"
 
@@ -58,10 +59,28 @@ zoff_status zoff_train_default_data(const char *dir, zoff_tokenizer *tok, char *
 
 /* The shard paths: --data-path / --val-path, or the default corpus (several ranks: local rank 0
  * builds it, the others wait and find it). */
+/* path as an absolute one into out[1024] ("" when it does not fit): what a checkpoint records. */
+static void absolute(const char *path, char *out) {
+    char cwd[4096];
+    int n = path[0] == '/'             ? snprintf(out, 1024, "%s", path)
+            : getcwd(cwd, sizeof cwd) ? snprintf(out, 1024, "%s/%s", cwd, path)
+                                       : -1;
+    if (n < 0 || n >= 1024) out[0] = '\0';
+}
+
+/* A resume without --data-path reads the run's shards (the checkpoint's record of them). */
 static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path, size_t cap) {
-    if (t->o.data_path) {
-        snprintf(train_path, cap, "%s", t->o.data_path);
-        snprintf(val_path, cap, "%s", t->o.val_path ? t->o.val_path : "");
+    const char *dp = t->o.data_path, *vp = t->o.val_path;
+    if (!dp && t->resume.data_path[0]) {
+        dp = t->resume.data_path;
+        vp = t->resume.val_path[0] ? t->resume.val_path : NULL;
+        trainer_say(t, "resume: no --data-path given: the run's %s%s%s", dp, vp ? ", --val-path " : "", vp ? vp : "");
+    }
+    if (dp) {
+        snprintf(train_path, cap, "%s", dp);
+        snprintf(val_path, cap, "%s", vp ? vp : "");
+        absolute(dp, t->data_abs);
+        if (vp) absolute(vp, t->val_abs);
         return ZOFF_OK;
     }
     bool first = t->info.world == 1 || zoff_comm_local_rank(t->comm) == 0;

@@ -147,16 +147,12 @@ static zoff_status latest_in(zoff_trainer *t, const char *dir, int64_t *latest) 
 /* Rank 0: whether --save is the folder of the run --load resumes (the folder given, or the
  * one holding the step folder given). */
 static bool save_is_load_run(const zoff_trainer *t) {
-    char step_dir[4200], run[PATH_MAX], save[PATH_MAX];
-    if (zoff_ckpt_resolve(t->o.load_dir, step_dir, sizeof step_dir, NULL) != ZOFF_OK) {
+    char dir[4200], run[PATH_MAX], save[PATH_MAX];
+    if (zoff_ckpt_run_dir(t->o.load_dir, dir, sizeof dir) != ZOFF_OK) {
         zoff_clear_error();
         return false;
     }
-    char *slash = strrchr(step_dir, '/');
-    if (slash == step_dir) slash[1] = '\0';
-    else if (slash) *slash = '\0';
-    else snprintf(step_dir, sizeof step_dir, ".");
-    return realpath(step_dir, run) && realpath(t->o.save_dir, save) && !strcmp(run, save);
+    return realpath(dir, run) && realpath(t->o.save_dir, save) && !strcmp(run, save);
 }
 
 /* Checkpoints already in --save would mix with this run's: the newest step of either shadows the

@@ -95,7 +95,7 @@ zoff_status trainer_load_config(zoff_trainer *t) {
         trainer_say(t, "note: the %s schedule ends at scheduler.params.total_num_steps %lld, before --train-iters %lld: "
                        "the steps after it run at its final lr %g",
                     zoff_scheduler_name(sc->type), (long long)sc->total_num_steps, (long long)o->train_iters,
-                    zoff_lr_at(sc, t->cfg.optimizer.lr, sc->total_num_steps));
+                    zoff_lr_at(sc, t->cfg.optimizer.lr, o->train_iters));
     return ZOFF_OK;
 }
 

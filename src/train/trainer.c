@@ -415,6 +415,8 @@ static zoff_train_meta current_meta(const zoff_trainer *t) {
                          .seed = t->o.seed, .consumed_tokens = t->info.consumed_tokens,
                          .settings = trainer_settings_of(&t->cfg, t->info.world)};
     snprintf(m.tokenizer, sizeof m.tokenizer, "%s", zoff_tokenizer_name(t->tok));
+    snprintf(m.data_path, sizeof m.data_path, "%s", t->data_abs);
+    snprintf(m.val_path, sizeof m.val_path, "%s", t->val_abs);
     m.loader = zoff_loader_get_state(t->train_ld);
     zoff_engine_get_scalars(t->eng, &m.engine);
     m.weights_pending = zoff_engine_weights_pending(t->eng);
