@@ -349,9 +349,10 @@ int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap) {
     struct stat st;
     snprintf(file, cap, "%s", path);
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
-    snprintf(file, cap, "%s/model.safetensors", path);
+    const char *sep = path[0] && path[strlen(path) - 1] == '/' ? "" : "/"; /* gpt2/ + model...: one slash */
+    snprintf(file, cap, "%s%smodel.safetensors", path, sep);
     if (stat(file, &st) == 0) return 1;
-    snprintf(file, cap, "%s/model.safetensors.index.json", path); /* a sharded model */
+    snprintf(file, cap, "%s%smodel.safetensors.index.json", path, sep); /* a sharded model */
     if (stat(file, &st) == 0) return 1;
     snprintf(file, cap, "%s", path);
     return -1;

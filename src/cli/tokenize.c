@@ -41,7 +41,7 @@ static void tokenize_usage(FILE *f) {
             "\n"
             "example:\n"
             "  scripts/prepare_corpus.sh out/corpus\n"
-            "  zoff tokenize --tokenizer gpt2 --output-prefix out/data/corpus out/corpus/corpus.txt\n");
+            "  zoff tokenize --tokenizer gpt2 --output-prefix out/corpus/corpus out/corpus/corpus.txt\n");
 }
 
 /* Accepts "--name value" and "--name=value". Returns the value or NULL (and sets *bad). */

@@ -826,6 +826,7 @@ static zoff_status unknown_key(walk *w, const section *sec, unsigned mask, const
         else if (k->kind != K_ALIAS) append_name(more, sizeof more, &used_more, &cut_more, k->name);
     }
     if (!hint[0] && longer) snprintf(hint, sizeof hint, " (did you mean \"%s\"?)", longer);
+    if (!used) snprintf(list, sizeof list, "none that zoff implements"); /* a section of accepted keys only */
     char extra[760] = "";
     if (used_more)
         snprintf(extra, sizeof extra, "; also accepted (no effect in zoff, or only at DeepSpeed's default; see "

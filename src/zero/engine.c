@@ -979,9 +979,10 @@ static void describe(zoff_engine *e) {
                  e->nsg == 1 ? "" : "s");
     else
         snprintf(e->describe, sizeof e->describe,
-                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-groups, %s, %d threads, %s%s%s",
-                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg,
+                 "optimizer offloaded to the host: %.1f%% of parameters in %d of %d sub-group%s, %s, %d thread%s, %s%s%s",
+                 100.0 * (double)e->n_host / (double)e->n, host_sgs, e->nsg, e->nsg == 1 ? "" : "s",
                  zoff_host_optimizer_path(e->hopt), zoff_host_optimizer_threads(e->hopt),
+                 zoff_host_optimizer_threads(e->hopt) == 1 ? "" : "s",
                  e->pinned ? "copy buffers pinned" : "pageable", e->sdt == ZOFF_BF16 ? ", bf16 m and v" : "",
                  e->dpu ? ", delayed parameter update" : e->spec ? ", speculative update (super_offload)"
                                                         : e->pipelined ? ", pipelined" : "");
