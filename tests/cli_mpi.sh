@@ -390,6 +390,18 @@ with open(os.path.join(os.environ["PEAK_DIR"], "peak.%s" % os.environ.get("OMPI_
     "! grep -q 'peak -1' '$W/big2.txt' && [ $one_kb -gt 0 ] && [ $two_kb -gt 0 ] && [ $two_kb -lt \$(( $one_kb + $n4_kb )) ]"
 fi
 
+# ratio auto on ranks whose device budgets differ: every rank must place its partition alike (the
+# collectives' counts follow the sub-groups). Before, each rank took its own ratio and the first
+# all-gather failed (MPI_ERR_TRUNCATE); now they take the largest host ratio any of them needs.
+cfg auto 2 '{"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "auto"}}'
+AU=(--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --tokenizer byte
+    --data-path "$W/corpus_train.bin" --eval-iters 0 --train-iters 3 --config "$W/auto.json" --save "$W/auto2")
+timeout 300 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${AU[@]}" --device-memory 64MiB : \
+  -np 1 "$ZOFF" train "${AU[@]}" --device-memory 2MiB >"$W/auto2.txt" 2>&1
+rc=$?
+check "ratio auto, rank budgets 64 MiB and 2 MiB: one placement (the largest host ratio), 3 steps (exit 0)" \
+  "[ $rc -eq 0 ] && grep -q 'the ranks take the largest host ratio any of them needs' '$W/auto2.txt' && [ -f '$W/auto2/step_00000003/COMPLETE' ]"
+
 # 7. failures: a stalled rank and a killed rank end the job with an error, never a hang
 rank_pid() { # save-dir rank
   for p in $(pgrep -f "zoff train .*--save $1( |\$)"); do

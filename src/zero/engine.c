@@ -495,6 +495,26 @@ static zoff_status auto_ratio(zoff_engine *e, size_t fixed, size_t grad_per_para
     return ZOFF_OK;
 }
 
+/* With several ranks every rank must place its partition alike (the collectives' counts follow the
+ * sub-groups): "auto" takes the largest host ratio any rank needs, which fits every rank's device.
+ * Collective; s: this rank's status so far (a rank that failed says so to the others, none hangs). */
+static zoff_status agree_ratio(zoff_engine *e, zoff_status s, double *ratio) {
+    double v[2] = {s == ZOFF_OK ? *ratio : 0.0, s == ZOFF_OK ? 0.0 : 1.0};
+    zoff_status c = zoff_comm_allreduce_f64(e->comm, v, 2, ZOFF_REDUCE_MAX);
+    if (s != ZOFF_OK) return s;
+    if (c != ZOFF_OK) return c;
+    if (v[1] > 0)
+        return zoff_error(ZOFF_ERR_DEVICE_OOM, "offload_optimizer.ratio auto: another rank could not place its "
+                                               "optimizer state (its message says why)");
+    if (v[0] != *ratio)
+        zoff_log(ZOFF_LOG_INFO,
+                 "offload_optimizer.ratio auto: the ranks take the largest host ratio any of them needs, %.4f (this "
+                 "rank's device alone: %.4f), so that every rank places its partition alike",
+                 v[0], *ratio);
+    *ratio = v[0];
+    return ZOFF_OK;
+}
+
 /* ------------------------------------------------------------------ NVMe state (ZeRO-Infinity) */
 
 /* Swap arrays: 0 master, then m (if the optimizer uses it), then v (if it does). */
@@ -1162,6 +1182,7 @@ zoff_status zoff_engine_create(const zoff_engine_options *o, zoff_engine **out) 
     size_t auto_fixed = 0, auto_grad = 0;
     if (s == ZOFF_OK) s = zoff_bk_groups(e, o, &auto_fixed, &auto_grad);
     if (s == ZOFF_OK && offload && z->offload_optimizer.ratio_auto) s = auto_ratio(e, auto_fixed, auto_grad, &ratio);
+    if (offload && z->offload_optimizer.ratio_auto && e->world > 1) s = agree_ratio(e, s, &ratio);
     if (s == ZOFF_OK) s = build_subgroups(e, ratio);
     size_t f4 = sizeof(float);
     /* device side */
