@@ -402,6 +402,27 @@ rc=$?
 check "ratio auto, rank budgets 64 MiB and 2 MiB: one placement (the largest host ratio), 3 steps (exit 0)" \
   "[ $rc -eq 0 ] && grep -q 'the ranks take the largest host ratio any of them needs' '$W/auto2.txt' && [ -f '$W/auto2/step_00000003/COMPLETE' ]"
 
+# Each rank in its own working directory (as on nodes without a shared file system): a relative
+# --save is then two folders, and relative shards may be two different files. Both are refused at
+# start (exit 2), before any training (before: the first save failed, after the training; the
+# other data trained silently).
+mkdir -p "$W/na" "$W/nb"
+ZABS=$(readlink -f "$ZOFF")
+cp "$W/corpus_train.bin" "$W/corpus_val.bin" "$W/na/"
+"$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/nb/corpus" "$SRC/README.md" >/dev/null 2>&1
+NS=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte --eval-iters 0
+    --train-iters 2 --config "$W/auto.json")
+timeout 300 mpirun "${MPIOPTS[@]}" -np 1 -wdir "$W/na" "$ZABS" train "${NS[@]}" --data-path "$W/corpus_train.bin" --save run : \
+  -np 1 -wdir "$W/nb" "$ZABS" train "${NS[@]}" --data-path "$W/corpus_train.bin" --save run >"$W/ns.txt" 2>&1
+rc=$?
+check "a relative --save that is another folder on each rank: exit 2 at start, naming rank 1; nothing left" \
+  "[ $rc -eq 2 ] && grep -q 'is not one folder for all ranks: rank 1 cannot see' '$W/ns.txt' && [ ! -e '$W/na/run' ] && [ ! -e '$W/nb/run' ]"
+timeout 300 mpirun "${MPIOPTS[@]}" -np 1 -wdir "$W/na" "$ZABS" train "${NS[@]}" --data-path corpus_train.bin --save "$W/nd" : \
+  -np 1 -wdir "$W/nb" "$ZABS" train "${NS[@]}" --data-path corpus_train.bin --save "$W/nd" >"$W/nd.txt" 2>&1
+rc=$?
+check "a relative --data-path that is other shards on rank 1: exit 2 at start, naming both token counts; no checkpoint" \
+  "[ $rc -eq 2 ] && grep -q 'other files on rank 1 than on rank 0' '$W/nd.txt' && [ ! -e '$W/nd/step_00000002' ]"
+
 # 7. failures: a stalled rank and a killed rank end the job with an error, never a hang
 rank_pid() { # save-dir rank
   for p in $(pgrep -f "zoff train .*--save $1( |\$)"); do

@@ -2,6 +2,7 @@
  * validation shards, their loaders. Everything is opened and checked before any output. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -115,6 +116,26 @@ static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_
     return ZOFF_OK;
 }
 
+/* Every rank reads its rows of one global batch: the ranks' shards must be the same (the command
+ * line check sees the paths, not the files behind them on each node). Collective. */
+static zoff_status same_data(zoff_trainer *t) {
+    if (t->info.world <= 1) return ZOFF_OK;
+    int64_t mine[2] = {zoff_dataset_num_tokens(t->train_ds), t->val_ds ? zoff_dataset_num_tokens(t->val_ds) : 0};
+    int64_t *all = calloc((size_t)t->info.world * 2, sizeof *all);
+    if (!all) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    zoff_status s = zoff_comm_allgather_bytes(t->comm, mine, all, sizeof mine);
+    int r = 1;
+    while (s == ZOFF_OK && r < t->info.world && all[2 * r] == all[0] && all[2 * r + 1] == all[1]) r++;
+    if (s == ZOFF_OK && r < t->info.world)
+        s = zoff_error(ZOFF_ERR_INVALID,
+                       "--data-path / --val-path are other files on rank %d than on rank 0: %lld / %lld tokens there, "
+                       "%lld / %lld on rank 0. Every rank must read the same shards (one shared file system, or "
+                       "identical copies at the same paths)",
+                       r, (long long)all[2 * r], (long long)all[2 * r + 1], (long long)all[0], (long long)all[1]);
+    free(all);
+    return s;
+}
+
 zoff_status trainer_open_data(zoff_trainer *t) {
     char train_path[4096], val_path[4096];
     ZOFF_TRY(data_paths(t, train_path, val_path, sizeof train_path));
@@ -141,5 +162,6 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     }
     if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)
         return zoff_error_context(s, "training data");
+    ZOFF_TRY(same_data(t));
     return t->o.eval_iters > 0 ? open_validation(t, split_val, lo.val_tokens) : ZOFF_OK;
 }

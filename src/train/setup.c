@@ -249,20 +249,45 @@ zoff_status trainer_check_save_disk(const zoff_trainer *t) {
 
 /* The output directory: created and proved writable before training starts. What create made
  * is remembered so that a failure before the first file leaves no empty directory behind. */
+/* Several ranks write one checkpoint into --save (every rank its file, rank 0 the rest): all must
+ * see one folder. Every rank looks for rank 0's write-test file (a name new to them, so a network
+ * file system asks its server). Collective. */
+static zoff_status check_shared_save(zoff_trainer *t, const char *mine) {
+    char name[4200];
+    snprintf(name, sizeof name, "%s", mine);
+    ZOFF_TRY(zoff_comm_broadcast_bytes(t->comm, name, sizeof name, 0));
+    int32_t seen = t->info.rank == 0 || access(name, F_OK) == 0, *all = calloc((size_t)t->info.world, sizeof *all);
+    if (!all) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    zoff_status s = zoff_comm_allgather_bytes(t->comm, &seen, all, sizeof seen);
+    char ranks[256] = "";
+    size_t used = 0;
+    for (int r = 0; s == ZOFF_OK && r < t->info.world && used < sizeof ranks - 16; r++)
+        if (!all[r]) used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d", used ? ", " : "", r);
+    free(all);
+    if (s == ZOFF_OK && used)
+        s = zoff_error(ZOFF_ERR_INVALID,
+                       "--save %s is not one folder for all ranks: rank %s cannot see the file rank 0 wrote there "
+                       "(%s). Every rank writes its part of a checkpoint into --save and rank 0 completes it: give "
+                       "a folder on a file system all nodes share, or --no-checkpoint",
+                       t->o.save_dir, ranks, name);
+    return s;
+}
+
 zoff_status trainer_make_output_dir(zoff_trainer *t) {
     const char *dir = t->o.save_dir;
     zoff_status s = zoff_train_mkdir_p(dir, t->made_dir, sizeof t->made_dir);
     if (s != ZOFF_OK) return zoff_error_context(s, "--save: cannot create the output directory (choose another --save)");
     char buf[4200];
-    snprintf(buf, sizeof buf, "%s/.zoff-write-test-%d", dir, (int)getpid());
+    snprintf(buf, sizeof buf, "%s/.zoff-write-test-%d-%d", dir, t->info.rank, (int)getpid());
     FILE *f = fopen(buf, "w");
     if (!f)
         return zoff_error(zoff_status_of_path_errno(errno),
                           "--save: output directory %s is not writable: %s (choose another --save)", dir,
                           strerror(errno));
     fclose(f);
+    s = t->info.world > 1 && !t->o.no_checkpoint ? check_shared_save(t, buf) : ZOFF_OK;
     unlink(buf);
-    return ZOFF_OK;
+    return s;
 }
 
 /* After a failed create: remove the directories create made, if they are still empty. */
