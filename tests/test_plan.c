@@ -569,8 +569,8 @@ static void test_auto_ratio_matches_engine(void **st) {
 
 /* Stage 3 as train.c runs it: the model without flat buffers, its weights from
  * the engine's hooks; two training steps (the second follows the recorded
- * order and prefetches), then the peaks. */
-static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0, reality *r) {
+ * order and prefetches), then the peaks and (nvme_dir) the parameter swap file. */
+static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0, const char *nvme_dir, reality *r) {
     memset(r, 0, sizeof *r);
     zoff_gpt2_options mo = *mo0;
     mo.external_params = true;
@@ -618,6 +618,7 @@ static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0,
     r->status = s;
     r->device = ms.device_peak;
     r->pinned = ms.pinned_peak;
+    if (nvme_dir) r->disk = dir_bytes(nvme_dir);
     zoff_device_free(dev, dx);
     zoff_device_free(dev, dy);
     free(hx);
@@ -643,6 +644,12 @@ static void test_stage3_vs_real(void **st) {
         {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}"},
         {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
                        "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 0}}"},
+        /* fp32 (zoff plan's probe): each group's slot in the swap file is 4 KiB aligned */
+        {2, ZOFF_F32, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
+                      "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 0}}"},
+        /* max_in_cpu keeps whole groups (block 0 and ln_f here, not the embeddings), pinned */
+        {2, ZOFF_F32, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
+                      "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 200000, \"buffer_count\": 1}}"},
         {0, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}"},
         {1, ZOFF_BF16, "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 500000}"},
         /* speculation: the speculative weights kept apart (a second staging half), pinned: counted exactly */
@@ -664,13 +671,19 @@ static void test_stage3_vs_real(void **st) {
         zoff_plan_row row;
         assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
         reality r;
-        measure_stage3(&cfg, &mo, &r);
+        const bool pnvme = cfg.zero.offload_param.device == ZOFF_OFFLOAD_NVME;
+        measure_stage3(&cfg, &mo, pnvme ? cfg.zero.offload_param.nvme_path : NULL, &r);
         double err = fabs((double)row.mem.device - (double)r.device) / (double)r.device;
         printf("stage 3 %s %s %s: device predicted %zu, real peak %zu (%+.2f%%; gathered pool estimate %zu)\n",
                sc->name, zoff_dtype_name(cases[c].dt), cases[c].zero, row.mem.device, r.device,
                100.0 * ((double)row.mem.device - (double)r.device) / (double)r.device, row.mem.gathered);
         if (err > TOL) fail_msg("stage 3 %s: device predicted %zu, real %zu", json, row.mem.device, r.device);
         exact("pinned", json, row.mem.pinned, r.pinned);
+        if (pnvme) { /* the parameter swap file, as zoff train's memory line reports it */
+            printf("  parameter swap file: predicted %zu, real %zu\n", row.mem.disk, r.disk);
+            assert_true(r.disk > 0);
+            exact("disk", json, row.mem.disk, r.disk);
+        }
         if (err > g_max_err[0]) g_max_err[0] = err;
         g_checked++;
         zoff_config_free(&cfg);

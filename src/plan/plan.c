@@ -18,6 +18,7 @@
  * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
 #define _GNU_SOURCE
 #include "zoff/plan.h"
+#include "zoff/aio.h"
 #include "zoff/engine.h"
 #include "zoff/swapper.h"
 #include "zoff/train.h"
@@ -217,16 +218,27 @@ static double micro_batch_flops(const zoff_gpt2_options *o, int64_t Vp, double *
 /* src/zero/partition.c zoff_dp_plan_build: rank r ends at
  * floor(n (r+1) / N) rounded down to ZOFF_DP_ALIGN (64) elements when n >= 256 N,
  * the last rank at n. Returns the largest partition (the rank the plan reports). */
-static int64_t largest_partition(int64_t n, int64_t world) {
+static int64_t largest_partition_at(int64_t n, int64_t world, int64_t *start) {
+    *start = 0;
     if (world <= 1) return n;
     int64_t align = n >= 64 * world * 4 ? 64 : 1, prev = 0, big = 0;
     for (int64_t r = 0; r < world; r++) {
         int64_t end = r == world - 1 ? n : (int64_t)((double)n * (double)(r + 1) / (double)world) / align * align;
         if (end < prev) end = prev;
-        if (end - prev > big) big = end - prev;
+        if (end - prev > big) big = end - prev, *start = prev;
         prev = end;
     }
     return big;
+}
+static int64_t largest_partition(int64_t n, int64_t world) {
+    int64_t start;
+    return largest_partition_at(n, world, &start);
+}
+/* Where that partition starts (the first rank with the largest, as the loop above finds it). */
+static int64_t largest_partition_start(int64_t n, int64_t world) {
+    int64_t start;
+    largest_partition_at(n, world, &start);
+    return start;
 }
 
 /* src/zero/stage3.c: groups are the runs of one `layer` (embeddings, each
@@ -354,22 +366,42 @@ static zoff_status plan_grad_bytes(const zoff_plan_inputs *in, bool buckets, int
     return ZOFF_OK;
 }
 
-/* Stage 3 with offload_param nvme: the weights on disk and the buffers that read them. */
-static void param_swap_memory(const zoff_config *cfg, int64_t part, int64_t maxgrp, int64_t L, size_t es,
-                              zoff_plan_memory *m) {
-    /* src/zero/stage3.c: whole groups up to max_in_cpu elements stay in host memory (counted
-     * here as min(max_in_cpu, partition)); the rest is on disk, read through min(buffer_count,
-     * groups) buffers as large as this rank's part of the largest group (at most buffer_size) */
+/* Stage 3 with offload_param nvme: the weights on disk and the buffers that read them, from the
+ * engine's own sizes (zoff_placement_param_swap, which src/zero/stage3.c lays the file out with):
+ * this rank's runs are its partition [lo, lo + part) cut at the groups (wte + wpe, each block,
+ * ln_f; the contiguous partition, one run per group); whole groups up to max_in_cpu elements stay
+ * in host memory; the rest is in the file, read through min(buffer_count, groups on disk) buffers
+ * of the largest on-disk group's slots, each allocated with ZOFF_AIO_ALIGN more (aligned by hand). */
+static zoff_status param_swap_memory(const zoff_config *cfg, int64_t lo, int64_t part, int64_t emb, int64_t blk,
+                                     int64_t lnf, int64_t L, size_t es, zoff_plan_memory *m) {
     const zoff_offload_param_config *op = &cfg->zero.offload_param;
-    int64_t res = op->max_in_cpu < part ? op->max_in_cpu : part;
-    int64_t cnt = op->buffer_count < L + 2 ? op->buffer_count : L + 2;
-    int64_t big = maxgrp < part ? maxgrp : part;
-    if (big > op->buffer_size) big = op->buffer_size;
-    m->disk_params = (size_t)(part - res) * es;
-    /* O_DIRECT alignment, and 4 KiB more per allocation (aligned by hand) */
-    size_t bbytes = ((size_t)(big > 0 ? big : 1) * es + 4095) / 4096 * 4096 + 4096;
-    m->param_buffers = mul_sat((size_t)(res < part ? (cnt > 0 ? cnt : 1) : 0), bbytes);
-    m->param_buffers = add_sat(m->param_buffers, (size_t)res * es);
+    const int ng = (int)L + 2;
+    int *gruns = calloc((size_t)ng, sizeof *gruns);
+    int64_t *rc = calloc((size_t)ng, sizeof *rc);
+    if (!gruns || !rc) {
+        free(gruns), free(rc);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    }
+    int nr = 0;
+    for (int g = 0; g < ng; g++) {
+        int64_t g0 = g == 0 ? 0 : emb + (int64_t)(g - 1) * blk, gn = g == 0 ? emb : g <= L ? blk : lnf;
+        int64_t a = g0 > lo ? g0 : lo, b = g0 + gn < lo + part ? g0 + gn : lo + part;
+        if (b > a) gruns[g] = 1, rc[nr++] = b - a;
+    }
+    zoff_param_swap sw;
+    zoff_placement_param_swap(&(zoff_param_swap_in){.ngroups = ng, .group_runs = gruns, .run_count = rc, .es = es,
+                                                    .max_in_cpu = op->max_in_cpu},
+                              NULL, &sw);
+    free(gruns), free(rc);
+    m->disk_params = sw.file_bytes;
+    /* a part above buffer_size is refused by the engine (a config error); counted here at buffer_size */
+    size_t buf = sw.largest_elems > op->buffer_size ? zoff_placement_param_slot_bytes(op->buffer_size, es)
+                                                      : sw.buffer_bytes;
+    int64_t cnt = op->buffer_count < sw.ondisk ? op->buffer_count : sw.ondisk;
+    if (sw.ondisk > 0 && cnt < 1) cnt = 1;
+    m->param_buffers = mul_sat((size_t)cnt, buf + ZOFF_AIO_ALIGN);
+    if (sw.resident_bytes) m->param_buffers = add_sat(m->param_buffers, sw.resident_bytes + ZOFF_AIO_ALIGN);
+    return ZOFF_OK;
 }
 
 /* The totals of r->mem, and whether they fit the machine with its margin;
@@ -621,7 +653,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
-        param_swap_memory(cfg, part, maxgrp, L, es, m);
+        ZOFF_TRY(param_swap_memory(cfg, R > 1 ? largest_partition_start(n, R) : 0, part, emb, blk, lnf, L, es, m));
     }
     /* super_offload, one rank: the model reports wte's rows (zoff_engine_uses_grad_rows) from a host copy of the tokens */
     m->host_spec_backup = zoff_placement_spec_backup_bytes(cfg, (int64_t)nh);
