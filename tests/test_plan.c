@@ -1374,6 +1374,54 @@ static void test_cli(void **st) {
     assert_int_equal(run_cmd(cmd), 0);
 }
 
+/* The grid's nvme rows at ratio 0 or 1 use at least ZOFF_PLAN_MIN_SUBGROUPS sub-groups, a
+ * sub_group_size the config does not have: the text table marks those rows ('*' after the
+ * offload) with a footnote naming both sizes, the JSON row says "sub_group_size_changed", and no
+ * other row is marked (their figures are for the config as it is; test_nvme_vs_real and
+ * test_grid_vs_real hold both kinds against the real allocation). */
+static void test_cli_marks_changed_settings(void **st) {
+    (void)st;
+    char dir[64], cmd[1024];
+    tmp_with_config(dir, sizeof dir,
+                    "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, "
+                    "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\", \"pin_memory\": true}}}");
+    const char *shape = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --vocab-size 256 "
+                        "--device cpu --no-probe --ratios 1";
+    snprintf(cmd, sizeof cmd, "%s plan --config %s/ds.json %s > %s/plan.txt", ZOFF_BINARY, dir, shape, dir);
+    assert_int_equal(run_cmd(cmd), 0);
+    snprintf(cmd, sizeof cmd, "grep -Eq '^ +2 nvme\\* +1 ' %s/plan.txt", dir);
+    if (run_cmd(cmd) != 0) fail_msg("the stage 2 nvme ratio 1 row is not marked as changing sub_group_size");
+    snprintf(cmd, sizeof cmd, "grep -Eq '^  \\* sub_group_size [0-9]+, not the config.s 1000000000' %s/plan.txt", dir);
+    if (run_cmd(cmd) != 0) fail_msg("no footnote naming the row's sub_group_size and the config's");
+    snprintf(cmd, sizeof cmd, "grep -Eq '^ +[0-3] (none|cpu)[^ ]*\\* ' %s/plan.txt", dir);
+    if (run_cmd(cmd) == 0) fail_msg("a cpu or none row is marked, yet it keeps the config's sub_group_size");
+    snprintf(cmd, sizeof cmd, "%s plan --config %s/ds.json %s --json > %s/plan.json", ZOFF_BINARY, dir, shape, dir);
+    json_t *root = plan_json_of(cmd, dir);
+    json_t *rows = json_object_get(root, "rows");
+    int changed = 0;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *w = json_array_get(rows, i);
+        bool ch = json_is_true(json_object_get(w, "sub_group_size_changed"));
+        assert_non_null(json_object_get(w, "sub_group_size_changed"));
+        assert_int_equal(ch, json_integer_value(json_object_get(w, "sub_group_size")) != 1000000000);
+        if (ch) {
+            assert_string_equal(json_string_value(json_object_get(w, "offload")), "nvme");
+            changed++;
+        }
+    }
+    assert_true(changed > 0);
+    json_decref(root);
+    /* a sub_group_size that already gives enough sub-groups: nothing marked */
+    snprintf(cmd, sizeof cmd,
+             "printf '%%s' '{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, "
+             "\"sub_group_size\": 1000, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}}}' > "
+             "%s/fine.json && %s plan --config %s/fine.json %s > %s/fine.txt && ! grep -q '\\*' %s/fine.txt",
+             dir, ZOFF_BINARY, dir, shape, dir, dir);
+    if (run_cmd(cmd) != 0) fail_msg("a row is marked although the config's sub_group_size gives enough sub-groups");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(run_cmd(cmd), 0);
+}
+
 static int report(void **st) {
     (void)st;
     printf("plan vs real over %d configurations: worst relative error device %.4f%%, pinned %.4f%%, pageable %.4f%%, "
@@ -1390,7 +1438,8 @@ int main(void) {
         cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),
         cmocka_unit_test(test_periodic_saves),
-        cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_13b_recommendation),
+        cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_marks_changed_settings),
+        cmocka_unit_test(test_13b_recommendation),
     };
     return cmocka_run_group_tests(tests, NULL, report);
 }

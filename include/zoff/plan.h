@@ -120,6 +120,13 @@ typedef struct zoff_plan_setting {
 
 /* The setting a config describes (legacy cpu_offload counts as offload "cpu"). */
 void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *out);
+/* nvme grid rows with ratio 0 or 1 get at least this many sub-groups when the config's
+ * sub_group_size gives fewer (with one, the swap buffers would hold the whole state). */
+#define ZOFF_PLAN_MIN_SUBGROUPS 16
+/* Whether a row's setting uses another sub_group_size than the config (the grid's nvme rows at
+ * ratio 0 or 1 split the state into at least 16 sub-groups): the one test the text table's mark,
+ * the JSON row's "sub_group_size_changed" and zoff_plan_config_json (which then writes it) use. */
+bool zoff_plan_changes_sub_group_size(const zoff_config *base, const zoff_plan_setting *s);
 
 /* Bytes per rank. Each total is the sum of the parts above it. */
 typedef struct zoff_plan_memory {

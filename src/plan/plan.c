@@ -35,9 +35,6 @@
 #include <unistd.h>
 
 
-/* nvme grid rows with ratio 0 or 1 get at least this many sub-groups when the
- * config's sub_group_size gives fewer. */
-#define PLAN_MIN_SUBGROUPS 16
 /* Predicted times within this fraction of the fastest count as a tie. */
 #define TIE_FRACTION 0.02
 
@@ -150,6 +147,10 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->pin_memory = z->offload_optimizer.pin_memory || z->cpu_offload;
     s->sub_group_size = z->sub_group_size;
     s->bf16_states = cfg->bf16_optimizer_states;
+}
+
+bool zoff_plan_changes_sub_group_size(const zoff_config *base, const zoff_plan_setting *s) {
+    return s->sub_group_size != base->zero.sub_group_size;
 }
 
 /* The NVMe swap file's arrays (src/zero/engine.c nvme_create): the fp32 master, then m and v
@@ -836,8 +837,8 @@ static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_s
             int64_t R = in->machine.ranks, n = out->model.num_params;
             int64_t part = stage >= 1 ? (n + R - 1) / R : n;
             int64_t sgs = s.sub_group_size > 0 ? s.sub_group_size : part;
-            if ((part + sgs - 1) / sgs < PLAN_MIN_SUBGROUPS)
-                s.sub_group_size = (part + PLAN_MIN_SUBGROUPS - 1) / PLAN_MIN_SUBGROUPS;
+            if ((part + sgs - 1) / sgs < ZOFF_PLAN_MIN_SUBGROUPS)
+                s.sub_group_size = (part + ZOFF_PLAN_MIN_SUBGROUPS - 1) / ZOFF_PLAN_MIN_SUBGROUPS;
         }
         ZOFF_TRY(add_row(in, &s, false, out));
         /* stage 3 with the whole optimizer offloaded: the weights can follow (ZeRO-Infinity) */
@@ -959,7 +960,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
     } else if (json_is_object(op)) {
         json_object_set_new(op, "device", json_string("none"));
     }
-    if (s->sub_group_size != base->zero.sub_group_size)
+    if (zoff_plan_changes_sub_group_size(base, s))
         json_object_set_new(zo, "sub_group_size", json_integer((json_int_t)s->sub_group_size));
     if (s->bf16_states != base->bf16_optimizer_states) /* the numerics change the row assumes */
         json_object_set_new(obj_child(root, "bf16"), "bf16_optimizer_states", json_boolean(s->bf16_states));
