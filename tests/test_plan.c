@@ -834,6 +834,49 @@ static void test_nvme_vs_real(void **st) {
     printf("nvme: %d configurations checked against the swap file and buffers\n", checked);
 }
 
+/* The probe's case (stage 2, offload_optimizer nvme at ratio 1, the default sub_group_size: one
+ * sub-group): the grid keeps the config's own setting as a row, unmarked, whose bytes are those of
+ * the real allocation of that config, beside the finer split it recommends (marked). */
+static void test_grid_keeps_config_row(void **st) {
+    (void)st;
+    char dir[64], json[1024];
+    make_tmpdir(dir, sizeof dir);
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
+             "{\"device\": \"nvme\", \"nvme_path\": \"%s\", \"pin_memory\": true}}}", dir);
+    zoff_config cfg;
+    load_cfg(json, &cfg);
+    zoff_gpt2_options mo = {.shape = SHAPES[0].shape, .batch_size = 4, .seq_len = 32, .dtype = ZOFF_F32};
+    zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
+    machine_for(&in.machine, 0);
+    const double one = 1.0;
+    zoff_plan plan;
+    assert_int_equal(zoff_plan_build(&in, &one, 1, &plan), ZOFF_OK);
+    const zoff_plan_row *own = NULL;
+    int finer = 0;
+    for (int i = 0; i < plan.nrows; i++) {
+        const zoff_plan_row *w = &plan.rows[i];
+        if (w->setting.stage != 2 || w->setting.offload != ZOFF_OFFLOAD_NVME || w->setting.ratio_auto) continue;
+        if (!zoff_plan_changes_sub_group_size(&cfg, &w->setting)) {
+            assert_null(own);
+            own = w;
+        } else finer++;
+    }
+    if (!own) fail_msg("no grid row for the config's own setting (stage 2, nvme, ratio 1, its sub_group_size)");
+    assert_int_equal(own->num_subgroups, 1);
+    assert_int_equal(finer, 1);
+    reality r;
+    clear_dir(dir);
+    measure_real(&cfg, &mo, 0, dir, &r);
+    if (r.status != ZOFF_OK) fail_msg("the config's own setting: %s", zoff_last_error());
+    assert_true(r.disk > 0);
+    compare("the grid's row of the config's own nvme setting", own, &r, true);
+    zoff_plan_free(&plan);
+    zoff_config_free(&cfg);
+    clear_dir(dir);
+    rmdir(dir);
+}
+
 /* ------------------------------------------------------------------ recommendation, bench files, DeepSpeed */
 
 /* With assumed rates the choice is arithmetic: a budget that the device
@@ -1435,7 +1478,8 @@ int main(void) {
         cmocka_unit_test(test_model_bytes_exact),  cmocka_unit_test(test_configs_vs_real),
         cmocka_unit_test(test_variants_vs_real),   cmocka_unit_test(test_grid_vs_real),
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
-        cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_ranks_vs_real),
+        cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_grid_keeps_config_row),
+        cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),
         cmocka_unit_test(test_periodic_saves),
         cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_marks_changed_settings),

@@ -819,8 +819,17 @@ void zoff_plan_free(zoff_plan *p) {
 
 /* The rows of one stage and offload device: each ratio (none: one row), "auto", stage 3's
  * parameter offload at ratio 1, and the smallest ratio that fits. */
+/* Whether two settings are the same (the same row of the grid). */
+static bool same_setting(const zoff_plan_setting *a, const zoff_plan_setting *b) {
+    return a->stage == b->stage && a->offload == b->offload && a->param_offload == b->param_offload &&
+           a->ratio_auto == b->ratio_auto && (a->ratio_auto || a->ratio == b->ratio) && a->pin_memory == b->pin_memory &&
+           a->sub_group_size == b->sub_group_size && a->bf16_states == b->bf16_states;
+}
+
 static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_setting *base, int stage,
                                    zoff_offload_device dev, const double *ratios, int nratios, zoff_plan *out) {
+    zoff_plan_setting own; /* the config's own setting */
+    zoff_plan_setting_from_config(in->cfg, &own);
     int nr = dev == ZOFF_OFFLOAD_NONE ? 1 : nratios + 1;
     for (int k = 0; k < nr; k++) {
         zoff_plan_setting s = *base;
@@ -837,8 +846,12 @@ static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_s
             int64_t R = in->machine.ranks, n = out->model.num_params;
             int64_t part = stage >= 1 ? (n + R - 1) / R : n;
             int64_t sgs = s.sub_group_size > 0 ? s.sub_group_size : part;
-            if ((part + sgs - 1) / sgs < ZOFF_PLAN_MIN_SUBGROUPS)
+            if ((part + sgs - 1) / sgs < ZOFF_PLAN_MIN_SUBGROUPS) {
+                /* the config's own setting stays in the grid as it is (what a run of it allocates),
+                 * the finer split after it */
+                if (same_setting(&s, &own)) ZOFF_TRY(add_row(in, &s, false, out));
                 s.sub_group_size = (part + ZOFF_PLAN_MIN_SUBGROUPS - 1) / ZOFF_PLAN_MIN_SUBGROUPS;
+            }
         }
         ZOFF_TRY(add_row(in, &s, false, out));
         /* stage 3 with the whole optimizer offloaded: the weights can follow (ZeRO-Infinity) */
@@ -874,6 +887,7 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
     /* stage 0: 1; stages 1-3: none + (cpu, nvme) x (ratios + fitted + auto + stage 3's parameter offload),
      * each maybe with a pageable variant */
     int cap = (1 + 3 * (1 + 2 * (nratios + 3)) + 3 * 2 * (nratios + 3)) * 2; /* + bf16-state cpu and nvme rows */
+    cap += 2; /* the config's own nvme setting beside its finer split (and its pageable variant) */
     out->rows = calloc((size_t)cap, sizeof *out->rows);
     if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d rows", cap);
     zoff_status st = ZOFF_OK;
