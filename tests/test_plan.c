@@ -442,6 +442,8 @@ static void grid_vs_real(const char *json, const zoff_gpt2_options *mo, size_t b
         assert_int_equal(again.param_offload, row->setting.param_offload);
         assert_int_equal(again.sub_group_size, row->setting.sub_group_size);
         if (row->setting.offload != ZOFF_OFFLOAD_NONE) assert_int_equal(again.pin_memory, row->setting.pin_memory);
+        if (row->setting.param_offload == ZOFF_OFFLOAD_NVME)
+            assert_int_equal(again.param_pin_memory, row->setting.param_pin_memory);
         bool supported = zoff_config_check_supported(&cfg) == ZOFF_OK;
         zoff_clear_error();
         /* stage 3 reaches its peak only after steps have gathered and pooled the
@@ -688,6 +690,46 @@ static void test_stage3_vs_real(void **st) {
         g_checked++;
         zoff_config_free(&cfg);
     }
+}
+
+/* offload_param.pin_memory is the row's own (the config's; false in the grid's pageable variant),
+ * counted and written alike: a config that pins the parameter swap buffers (the default) but not
+ * offload_optimizer's buffers; the config --write-config writes for its row allocates the row's
+ * pinned bytes and swap file. */
+static void test_stage3_written_config(void **st) {
+    (void)st;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    const shape_case *sc = &SHAPES[2];
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": %lld, \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
+             "{\"device\": \"cpu\", \"pin_memory\": false}, \"offload_param\": {\"device\": \"nvme\", "
+             "\"nvme_path\": \"%s\", \"max_in_cpu\": 0}}}",
+             (long long)sc->B, dir);
+    zoff_config cfg;
+    load_cfg(json, &cfg);
+    zoff_gpt2_options mo = {.shape = sc->shape, .batch_size = sc->B, .seq_len = sc->T, .dtype = ZOFF_F32};
+    zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
+    machine_for(&in.machine, 0);
+    zoff_plan_setting s;
+    zoff_plan_setting_from_config(&cfg, &s);
+    zoff_plan_row row;
+    assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+    assert_true(row.mem.param_buffers > 0);
+    char *txt = NULL;
+    assert_int_equal(zoff_plan_config_json(&cfg, &row, dir, &txt), ZOFF_OK);
+    zoff_config written;
+    load_cfg(txt, &written);
+    reality r;
+    measure_stage3(&written, &mo, dir, &r);
+    exact("pinned (the written config)", txt, row.mem.pinned, r.pinned);
+    exact("disk (the written config)", txt, row.mem.disk, r.disk);
+    free(txt);
+    zoff_config_free(&written);
+    zoff_config_free(&cfg);
+    clear_dir(dir);
+    rmdir(dir);
 }
 
 /* ------------------------------------------------------------------ two ranks (mpirun, when built with MPI) */
@@ -1478,6 +1520,7 @@ int main(void) {
         cmocka_unit_test(test_model_bytes_exact),  cmocka_unit_test(test_configs_vs_real),
         cmocka_unit_test(test_variants_vs_real),   cmocka_unit_test(test_grid_vs_real),
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
+        cmocka_unit_test(test_stage3_written_config),
         cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_grid_keeps_config_row),
         cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),

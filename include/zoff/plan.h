@@ -111,7 +111,9 @@ typedef struct zoff_plan_setting {
     zoff_offload_device param_offload;/* zero_optimization.offload_param.device (stage 3 only) */
     double ratio;                     /* offload_optimizer.ratio: fraction of the update on the host */
     bool ratio_auto;                  /* "ratio": "auto" */
-    bool pin_memory;                  /* offload_optimizer.pin_memory (offload_param's follows it) */
+    bool pin_memory;                  /* offload_optimizer.pin_memory */
+    bool param_pin_memory;            /* offload_param.pin_memory: its swap buffers and resident part
+                                         (offload_param nvme); false in the grid's pageable variant */
     int64_t sub_group_size;
     bool bf16_states;                 /* bf16.bf16_optimizer_states: the host optimizer's m and v in bf16
                                          (zoff_optimizer_state_dtype); a numerics change when the config

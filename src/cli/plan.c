@@ -241,9 +241,12 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     char o[32], rt[48], b[12][32];
     offload_label(&r->setting, o, sizeof o);
     ratio_label(r, rt, sizeof rt);
-    printf("%s: stage %d, offload %s, ratio %s (host %.1f%% of %lld parameters in %d sub-group%s), pin_memory %s%s\n",
+    printf("%s: stage %d, offload %s, ratio %s (host %.1f%% of %lld parameters in %d sub-group%s), pin_memory %s%s%s\n",
            title, r->setting.stage, o, rt, 100.0 * r->host_ratio, (long long)r->partition_params, r->num_subgroups,
            r->num_subgroups == 1 ? "" : "s", r->setting.pin_memory ? "true" : "false",
+           r->setting.param_offload != ZOFF_OFFLOAD_NVME ? ""
+           : r->setting.param_pin_memory               ? ", offload_param.pin_memory true"
+                                                       : ", offload_param.pin_memory false",
            in->cfg->zero.delayed_param_update && r->setting.offload != ZOFF_OFFLOAD_NONE ? ", delayed update" : "");
     printf("  device   %10s = weights %s + gradients %s + activations %s + tokens %s + optimizer %s",
            fmt_b(m->device, b[0], 32), fmt_b(m->params16, b[1], 32), fmt_b(m->grads16, b[2], 32),
@@ -460,6 +463,7 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
 
 static json_t *row_json(const zoff_plan_row *w, int index, const zoff_config *cfg) {
     json_t *o = row_json_base(w, index);
+    if (o) json_object_set_new(o, "param_pin_memory", json_boolean(w->setting.param_pin_memory));
     if (o) json_object_set_new(o, "sub_group_size_changed", json_boolean(zoff_plan_changes_sub_group_size(cfg, &w->setting)));
     json_t *sv = o ? json_pack("{s:b,s:I,s:I,s:I,s:s}", "background", w->background_saves, "snapshot_budget",
                                (json_int_t)w->snapshot_budget, "snapshot", (json_int_t)w->mem.snapshot,

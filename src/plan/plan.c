@@ -145,6 +145,7 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->ratio = s->offload == ZOFF_OFFLOAD_NONE ? 0.0 : z->offload_optimizer.ratio;
     s->ratio_auto = s->offload != ZOFF_OFFLOAD_NONE && z->offload_optimizer.ratio_auto;
     s->pin_memory = z->offload_optimizer.pin_memory || z->cpu_offload;
+    s->param_pin_memory = z->offload_param.pin_memory;
     s->sub_group_size = z->sub_group_size;
     s->bf16_states = cfg->bf16_optimizer_states;
 }
@@ -413,7 +414,7 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     m->device = m->params16 + m->grads16 + m->activations + m->tokens + m->comm_buffers + m->gathered +
                 m->device_optimizer + m->runtime_reserve;
     size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
-    bool pin_params = cfg->zero.offload_param.pin_memory;
+    bool pin_params = r->setting.param_pin_memory; /* offload_param.pin_memory, as the row writes it */
     m->pinned = add_sat(add_sat(m->model_pinned, pin_params ? m->param_buffers : 0), m->swap_pinned);
     m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers - m->swap_pinned), pin_params ? 0 : m->param_buffers);
     m->pageable = add_sat(m->pageable, m->host_spec_backup);
@@ -769,10 +770,12 @@ static zoff_status add_row(const zoff_plan_inputs *in, const zoff_plan_setting *
     ZOFF_TRY(zoff_plan_evaluate(in, s, r));
     r->ratio_fitted = fitted;
     out->nrows++;
-    if (!r->fits_pinned && s->pin_memory &&
-        (s->offload != ZOFF_OFFLOAD_NONE || s->param_offload != ZOFF_OFFLOAD_NONE)) {
+    const bool pins = (s->pin_memory && (s->offload != ZOFF_OFFLOAD_NONE || s->param_offload != ZOFF_OFFLOAD_NONE)) ||
+                      (s->param_pin_memory && s->param_offload == ZOFF_OFFLOAD_NVME);
+    if (!r->fits_pinned && pins) {
         zoff_plan_setting s2 = *s;
         s2.pin_memory = false;
+        s2.param_pin_memory = false;
         zoff_plan_row *r2 = &out->rows[out->nrows];
         ZOFF_TRY(zoff_plan_evaluate(in, &s2, r2));
         r2->ratio_fitted = fitted;
@@ -823,7 +826,7 @@ void zoff_plan_free(zoff_plan *p) {
 static bool same_setting(const zoff_plan_setting *a, const zoff_plan_setting *b) {
     return a->stage == b->stage && a->offload == b->offload && a->param_offload == b->param_offload &&
            a->ratio_auto == b->ratio_auto && (a->ratio_auto || a->ratio == b->ratio) && a->pin_memory == b->pin_memory &&
-           a->sub_group_size == b->sub_group_size && a->bf16_states == b->bf16_states;
+           a->param_pin_memory == b->param_pin_memory && a->sub_group_size == b->sub_group_size && a->bf16_states == b->bf16_states;
 }
 
 static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_setting *base, int stage,
@@ -968,7 +971,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
     if (s->param_offload != ZOFF_OFFLOAD_NONE) {
         op = obj_child(zo, "offload_param");
         json_object_set_new(op, "device", json_string(zoff_plan_offload_name(s->param_offload)));
-        json_object_set_new(op, "pin_memory", json_boolean(s->pin_memory));
+        json_object_set_new(op, "pin_memory", json_boolean(s->param_pin_memory));
         if (s->param_offload == ZOFF_OFFLOAD_NVME && !json_is_string(json_object_get(op, "nvme_path")))
             json_object_set_new(op, "nvme_path", json_string(nvme_path));
     } else if (json_is_object(op)) {
