@@ -412,8 +412,8 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
     if (nsg > 0) {
         char sgs[48] = "a finer sub_group_size (per row: --json)";
         if (sg > 0) snprintf(sgs, sizeof sgs, "sub_group_size %lld", (long long)sg);
-        printf("  * %s, not the config's %lld: nvme rows at ratio 0 or 1 split the state into at least %d "
-               "sub-groups (with one, the swap buffers would be as large as the state); a marked row's figures "
+        printf("  * %s, not the config's %lld: the marked nvme rows (ratio 0 or 1, and the fitted "
+               "ratio after them) split the state into at least %d sub-groups (with one, the swap buffers would be as large as the state); a marked row's figures "
                "are for that size, --write-config writes it (the config's own setting, unmarked, keeps its size)\n",
                sgs, (long long)in->cfg->zero.sub_group_size, ZOFF_PLAN_MIN_SUBGROUPS);
     }
