@@ -442,6 +442,8 @@ static void grid_vs_real(const char *json, const zoff_gpt2_options *mo, size_t b
         assert_int_equal(again.param_offload, row->setting.param_offload);
         assert_int_equal(again.sub_group_size, row->setting.sub_group_size);
         if (row->setting.offload != ZOFF_OFFLOAD_NONE) assert_int_equal(again.pin_memory, row->setting.pin_memory);
+        if (row->setting.param_offload == ZOFF_OFFLOAD_NVME)
+            assert_int_equal(again.param_pin_memory, row->setting.param_pin_memory);
         bool supported = zoff_config_check_supported(&cfg) == ZOFF_OK;
         zoff_clear_error();
         /* stage 3 reaches its peak only after steps have gathered and pooled the
@@ -569,8 +571,8 @@ static void test_auto_ratio_matches_engine(void **st) {
 
 /* Stage 3 as train.c runs it: the model without flat buffers, its weights from
  * the engine's hooks; two training steps (the second follows the recorded
- * order and prefetches), then the peaks. */
-static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0, reality *r) {
+ * order and prefetches), then the peaks and (nvme_dir) the parameter swap file. */
+static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0, const char *nvme_dir, reality *r) {
     memset(r, 0, sizeof *r);
     zoff_gpt2_options mo = *mo0;
     mo.external_params = true;
@@ -618,6 +620,7 @@ static void measure_stage3(const zoff_config *cfg, const zoff_gpt2_options *mo0,
     r->status = s;
     r->device = ms.device_peak;
     r->pinned = ms.pinned_peak;
+    if (nvme_dir) r->disk = dir_bytes(nvme_dir);
     zoff_device_free(dev, dx);
     zoff_device_free(dev, dy);
     free(hx);
@@ -643,6 +646,12 @@ static void test_stage3_vs_real(void **st) {
         {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}"},
         {2, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
                        "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 0}}"},
+        /* fp32 (zoff plan's probe): each group's slot in the swap file is 4 KiB aligned */
+        {2, ZOFF_F32, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
+                      "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 0}}"},
+        /* max_in_cpu keeps whole groups (block 0 and ln_f here, not the embeddings), pinned */
+        {2, ZOFF_F32, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": "
+                      "\"nvme\", \"nvme_path\": \"/tmp/zoff_test_plan_pnvme\", \"max_in_cpu\": 200000, \"buffer_count\": 1}}"},
         {0, ZOFF_BF16, "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"ratio\": 0.5}}"},
         {1, ZOFF_BF16, "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 500000}"},
         /* speculation: the speculative weights kept apart (a second staging half), pinned: counted exactly */
@@ -664,17 +673,63 @@ static void test_stage3_vs_real(void **st) {
         zoff_plan_row row;
         assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
         reality r;
-        measure_stage3(&cfg, &mo, &r);
+        const bool pnvme = cfg.zero.offload_param.device == ZOFF_OFFLOAD_NVME;
+        measure_stage3(&cfg, &mo, pnvme ? cfg.zero.offload_param.nvme_path : NULL, &r);
         double err = fabs((double)row.mem.device - (double)r.device) / (double)r.device;
         printf("stage 3 %s %s %s: device predicted %zu, real peak %zu (%+.2f%%; gathered pool estimate %zu)\n",
                sc->name, zoff_dtype_name(cases[c].dt), cases[c].zero, row.mem.device, r.device,
                100.0 * ((double)row.mem.device - (double)r.device) / (double)r.device, row.mem.gathered);
         if (err > TOL) fail_msg("stage 3 %s: device predicted %zu, real %zu", json, row.mem.device, r.device);
         exact("pinned", json, row.mem.pinned, r.pinned);
+        if (pnvme) { /* the parameter swap file, as zoff train's memory line reports it */
+            printf("  parameter swap file: predicted %zu, real %zu\n", row.mem.disk, r.disk);
+            assert_true(r.disk > 0);
+            exact("disk", json, row.mem.disk, r.disk);
+        }
         if (err > g_max_err[0]) g_max_err[0] = err;
         g_checked++;
         zoff_config_free(&cfg);
     }
+}
+
+/* offload_param.pin_memory is the row's own (the config's; false in the grid's pageable variant),
+ * counted and written alike: a config that pins the parameter swap buffers (the default) but not
+ * offload_optimizer's buffers; the config --write-config writes for its row allocates the row's
+ * pinned bytes and swap file. */
+static void test_stage3_written_config(void **st) {
+    (void)st;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    const shape_case *sc = &SHAPES[2];
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": %lld, \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
+             "{\"device\": \"cpu\", \"pin_memory\": false}, \"offload_param\": {\"device\": \"nvme\", "
+             "\"nvme_path\": \"%s\", \"max_in_cpu\": 0}}}",
+             (long long)sc->B, dir);
+    zoff_config cfg;
+    load_cfg(json, &cfg);
+    zoff_gpt2_options mo = {.shape = sc->shape, .batch_size = sc->B, .seq_len = sc->T, .dtype = ZOFF_F32};
+    zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
+    machine_for(&in.machine, 0);
+    zoff_plan_setting s;
+    zoff_plan_setting_from_config(&cfg, &s);
+    zoff_plan_row row;
+    assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+    assert_true(row.mem.param_buffers > 0);
+    char *txt = NULL;
+    assert_int_equal(zoff_plan_config_json(&cfg, &row, dir, &txt), ZOFF_OK);
+    zoff_config written;
+    load_cfg(txt, &written);
+    reality r;
+    measure_stage3(&written, &mo, dir, &r);
+    exact("pinned (the written config)", txt, row.mem.pinned, r.pinned);
+    exact("disk (the written config)", txt, row.mem.disk, r.disk);
+    free(txt);
+    zoff_config_free(&written);
+    zoff_config_free(&cfg);
+    clear_dir(dir);
+    rmdir(dir);
 }
 
 /* ------------------------------------------------------------------ two ranks (mpirun, when built with MPI) */
@@ -819,6 +874,49 @@ static void test_nvme_vs_real(void **st) {
     clear_dir(dir);
     rmdir(dir);
     printf("nvme: %d configurations checked against the swap file and buffers\n", checked);
+}
+
+/* The probe's case (stage 2, offload_optimizer nvme at ratio 1, the default sub_group_size: one
+ * sub-group): the grid keeps the config's own setting as a row, unmarked, whose bytes are those of
+ * the real allocation of that config, beside the finer split it recommends (marked). */
+static void test_grid_keeps_config_row(void **st) {
+    (void)st;
+    char dir[64], json[1024];
+    make_tmpdir(dir, sizeof dir);
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
+             "{\"device\": \"nvme\", \"nvme_path\": \"%s\", \"pin_memory\": true}}}", dir);
+    zoff_config cfg;
+    load_cfg(json, &cfg);
+    zoff_gpt2_options mo = {.shape = SHAPES[0].shape, .batch_size = 4, .seq_len = 32, .dtype = ZOFF_F32};
+    zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
+    machine_for(&in.machine, 0);
+    const double one = 1.0;
+    zoff_plan plan;
+    assert_int_equal(zoff_plan_build(&in, &one, 1, &plan), ZOFF_OK);
+    const zoff_plan_row *own = NULL;
+    int finer = 0;
+    for (int i = 0; i < plan.nrows; i++) {
+        const zoff_plan_row *w = &plan.rows[i];
+        if (w->setting.stage != 2 || w->setting.offload != ZOFF_OFFLOAD_NVME || w->setting.ratio_auto) continue;
+        if (!zoff_plan_changes_sub_group_size(&cfg, &w->setting)) {
+            assert_null(own);
+            own = w;
+        } else finer++;
+    }
+    if (!own) fail_msg("no grid row for the config's own setting (stage 2, nvme, ratio 1, its sub_group_size)");
+    assert_int_equal(own->num_subgroups, 1);
+    assert_int_equal(finer, 1);
+    reality r;
+    clear_dir(dir);
+    measure_real(&cfg, &mo, 0, dir, &r);
+    if (r.status != ZOFF_OK) fail_msg("the config's own setting: %s", zoff_last_error());
+    assert_true(r.disk > 0);
+    compare("the grid's row of the config's own nvme setting", own, &r, true);
+    zoff_plan_free(&plan);
+    zoff_config_free(&cfg);
+    clear_dir(dir);
+    rmdir(dir);
 }
 
 /* ------------------------------------------------------------------ recommendation, bench files, DeepSpeed */
@@ -1361,6 +1459,54 @@ static void test_cli(void **st) {
     assert_int_equal(run_cmd(cmd), 0);
 }
 
+/* The grid's nvme rows at ratio 0 or 1 use at least ZOFF_PLAN_MIN_SUBGROUPS sub-groups, a
+ * sub_group_size the config does not have: the text table marks those rows ('*' after the
+ * offload) with a footnote naming both sizes, the JSON row says "sub_group_size_changed", and no
+ * other row is marked (their figures are for the config as it is; test_nvme_vs_real and
+ * test_grid_vs_real hold both kinds against the real allocation). */
+static void test_cli_marks_changed_settings(void **st) {
+    (void)st;
+    char dir[64], cmd[1024];
+    tmp_with_config(dir, sizeof dir,
+                    "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, "
+                    "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\", \"pin_memory\": true}}}");
+    const char *shape = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --vocab-size 256 "
+                        "--device cpu --no-probe --ratios 1";
+    snprintf(cmd, sizeof cmd, "%s plan --config %s/ds.json %s > %s/plan.txt", ZOFF_BINARY, dir, shape, dir);
+    assert_int_equal(run_cmd(cmd), 0);
+    snprintf(cmd, sizeof cmd, "grep -Eq '^ +2 nvme\\* +1 ' %s/plan.txt", dir);
+    if (run_cmd(cmd) != 0) fail_msg("the stage 2 nvme ratio 1 row is not marked as changing sub_group_size");
+    snprintf(cmd, sizeof cmd, "grep -Eq '^  \\* sub_group_size [0-9]+, not the config.s 1000000000' %s/plan.txt", dir);
+    if (run_cmd(cmd) != 0) fail_msg("no footnote naming the row's sub_group_size and the config's");
+    snprintf(cmd, sizeof cmd, "grep -Eq '^ +[0-3] (none|cpu)[^ ]*\\* ' %s/plan.txt", dir);
+    if (run_cmd(cmd) == 0) fail_msg("a cpu or none row is marked, yet it keeps the config's sub_group_size");
+    snprintf(cmd, sizeof cmd, "%s plan --config %s/ds.json %s --json > %s/plan.json", ZOFF_BINARY, dir, shape, dir);
+    json_t *root = plan_json_of(cmd, dir);
+    json_t *rows = json_object_get(root, "rows");
+    int changed = 0;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *w = json_array_get(rows, i);
+        bool ch = json_is_true(json_object_get(w, "sub_group_size_changed"));
+        assert_non_null(json_object_get(w, "sub_group_size_changed"));
+        assert_int_equal(ch, json_integer_value(json_object_get(w, "sub_group_size")) != 1000000000);
+        if (ch) {
+            assert_string_equal(json_string_value(json_object_get(w, "offload")), "nvme");
+            changed++;
+        }
+    }
+    assert_true(changed > 0);
+    json_decref(root);
+    /* a sub_group_size that already gives enough sub-groups: nothing marked */
+    snprintf(cmd, sizeof cmd,
+             "printf '%%s' '{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, "
+             "\"sub_group_size\": 1000, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}}}' > "
+             "%s/fine.json && %s plan --config %s/fine.json %s > %s/fine.txt && ! grep -q '\\*' %s/fine.txt",
+             dir, ZOFF_BINARY, dir, shape, dir, dir);
+    if (run_cmd(cmd) != 0) fail_msg("a row is marked although the config's sub_group_size gives enough sub-groups");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(run_cmd(cmd), 0);
+}
+
 static int report(void **st) {
     (void)st;
     printf("plan vs real over %d configurations: worst relative error device %.4f%%, pinned %.4f%%, pageable %.4f%%, "
@@ -1374,10 +1520,13 @@ int main(void) {
         cmocka_unit_test(test_model_bytes_exact),  cmocka_unit_test(test_configs_vs_real),
         cmocka_unit_test(test_variants_vs_real),   cmocka_unit_test(test_grid_vs_real),
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
-        cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_ranks_vs_real),
+        cmocka_unit_test(test_stage3_written_config),
+        cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_grid_keeps_config_row),
+        cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),
         cmocka_unit_test(test_periodic_saves),
-        cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_13b_recommendation),
+        cmocka_unit_test(test_deepspeed_estimates), cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_marks_changed_settings),
+        cmocka_unit_test(test_13b_recommendation),
     };
     return cmocka_run_group_tests(tests, NULL, report);
 }

@@ -285,6 +285,33 @@ typedef struct zoff_host_buffers {
 } zoff_host_buffers;
 void zoff_placement_host_buffers(const zoff_host_buffers_in *in, zoff_host_buffers *out);
 
+/* Stage 3 with offload_param nvme (src/zero/stage3.c): this rank's weight partition in the
+ * parameter swap file (one home: stage3.c lays out and allocates from it, zoff plan counts it).
+ * A run is this rank's contiguous piece of one parameter group (embeddings, a block, ln_f); each
+ * has a slot of zoff_placement_param_slot_bytes (O_DIRECT: ZOFF_AIO_ALIGN-aligned), in the file
+ * and in a buffer. Whole groups, in model order, stay in host memory (resident) while this rank's
+ * elements of them add up to at most max_in_cpu; the slots of the others make the file, group by
+ * group; a swap buffer holds the largest of those groups' slots. */
+size_t zoff_placement_param_slot_bytes(int64_t count, size_t es);
+typedef struct zoff_param_swap_in {
+    int ngroups;
+    const int *group_runs;    /* runs of each group on this rank (0: none of it here) */
+    const int64_t *run_count; /* the runs' elements, group by group (sum of group_runs entries) */
+    size_t es;                /* bytes per weight element */
+    int64_t max_in_cpu;       /* offload_param.max_in_cpu */
+} zoff_param_swap_in;
+typedef struct zoff_param_swap {
+    size_t file_bytes;      /* the swap file */
+    size_t buffer_bytes;    /* one swap buffer's data (the largest on-disk group's slots; 0: none on disk) */
+    size_t resident_bytes;  /* the resident groups' slots */
+    int64_t resident_elems; /* their elements */
+    int ondisk;             /* groups in the file */
+    int largest_group;      /* the on-disk group with the most elements on this rank (-1: none) */
+    int64_t largest_elems;  /* its elements (offload_param.buffer_size must hold them) */
+} zoff_param_swap;
+/* resident (NULL or ngroups entries): whether each group stays in host memory. */
+void zoff_placement_param_swap(const zoff_param_swap_in *in, bool *resident, zoff_param_swap *out);
+
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);
 

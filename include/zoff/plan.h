@@ -111,7 +111,9 @@ typedef struct zoff_plan_setting {
     zoff_offload_device param_offload;/* zero_optimization.offload_param.device (stage 3 only) */
     double ratio;                     /* offload_optimizer.ratio: fraction of the update on the host */
     bool ratio_auto;                  /* "ratio": "auto" */
-    bool pin_memory;                  /* offload_optimizer.pin_memory (offload_param's follows it) */
+    bool pin_memory;                  /* offload_optimizer.pin_memory */
+    bool param_pin_memory;            /* offload_param.pin_memory: its swap buffers and resident part
+                                         (offload_param nvme); false in the grid's pageable variant */
     int64_t sub_group_size;
     bool bf16_states;                 /* bf16.bf16_optimizer_states: the host optimizer's m and v in bf16
                                          (zoff_optimizer_state_dtype); a numerics change when the config
@@ -120,6 +122,13 @@ typedef struct zoff_plan_setting {
 
 /* The setting a config describes (legacy cpu_offload counts as offload "cpu"). */
 void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *out);
+/* nvme grid rows with ratio 0 or 1 get at least this many sub-groups when the config's
+ * sub_group_size gives fewer (with one, the swap buffers would hold the whole state). */
+#define ZOFF_PLAN_MIN_SUBGROUPS 16
+/* Whether a row's setting uses another sub_group_size than the config (the grid's nvme rows at
+ * ratio 0 or 1 split the state into at least 16 sub-groups): the one test the text table's mark,
+ * the JSON row's "sub_group_size_changed" and zoff_plan_config_json (which then writes it) use. */
+bool zoff_plan_changes_sub_group_size(const zoff_config *base, const zoff_plan_setting *s);
 
 /* Bytes per rank. Each total is the sum of the parts above it. */
 typedef struct zoff_plan_memory {

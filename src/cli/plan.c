@@ -241,9 +241,12 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     char o[32], rt[48], b[12][32];
     offload_label(&r->setting, o, sizeof o);
     ratio_label(r, rt, sizeof rt);
-    printf("%s: stage %d, offload %s, ratio %s (host %.1f%% of %lld parameters in %d sub-group%s), pin_memory %s%s\n",
+    printf("%s: stage %d, offload %s, ratio %s (host %.1f%% of %lld parameters in %d sub-group%s), pin_memory %s%s%s\n",
            title, r->setting.stage, o, rt, 100.0 * r->host_ratio, (long long)r->partition_params, r->num_subgroups,
            r->num_subgroups == 1 ? "" : "s", r->setting.pin_memory ? "true" : "false",
+           r->setting.param_offload != ZOFF_OFFLOAD_NVME ? ""
+           : r->setting.param_pin_memory               ? ", offload_param.pin_memory true"
+                                                       : ", offload_param.pin_memory false",
            in->cfg->zero.delayed_param_update && r->setting.offload != ZOFF_OFFLOAD_NONE ? ", delayed update" : "");
     printf("  device   %10s = weights %s + gradients %s + activations %s + tokens %s + optimizer %s",
            fmt_b(m->device, b[0], 32), fmt_b(m->params16, b[1], 32), fmt_b(m->grads16, b[2], 32),
@@ -312,6 +315,10 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
                r->setting.offload == ZOFF_OFFLOAD_NVME ? "in the NVMe swap file" : "on the host",
                in->cfg->bf16_optimizer_states ? ", as configured"
                                               : ": a numerics change the config did not ask for; --write-config sets it");
+    if (zoff_plan_changes_sub_group_size(in->cfg, &r->setting))
+        printf("  sub-groups sub_group_size %lld, not the config's %lld (at least %d sub-groups for the NVMe swap "
+               "buffers; --write-config sets it)\n",
+               (long long)r->setting.sub_group_size, (long long)in->cfg->zero.sub_group_size, ZOFF_PLAN_MIN_SUBGROUPS);
     if (r->why[0]) printf("  note     %s\n", r->why);
 }
 
@@ -383,10 +390,17 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
            r->bench_files[0] ? "\n  bench files: " : "", r->bench_files);
     printf("per rank:  %5s %-16s %-10s %6s %3s %11s %11s %11s %11s  %-16s %9s  %s\n", "stage", "offload", "ratio", "host%",
            "pin", "device", "pinned", "pageable", "disk", "fits", "step s", "runs");
+    int nsg = 0; /* rows whose sub_group_size is not the config's, and theirs (-1: several) */
+    int64_t sg = 0;
     for (int i = 0; i < p->nrows; i++) {
         const zoff_plan_row *w = &p->rows[i];
         char o[32], rt[48], fl[48];
         offload_label(&w->setting, o, sizeof o);
+        if (zoff_plan_changes_sub_group_size(in->cfg, &w->setting)) { /* a setting the config does not have */
+            strncat(o, "*", sizeof o - strlen(o) - 1);
+            if (!nsg++) sg = w->setting.sub_group_size;
+            else if (sg != w->setting.sub_group_size) sg = -1;
+        }
         ratio_label(w, rt, sizeof rt);
         fits_label(w, fl, sizeof fl);
         printf("%-9s  %5d %-16s %-10s %5.1f%% %3s %11s %11s %11s %11s  %-16s %9.4g  %s\n",
@@ -394,6 +408,14 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
                100.0 * w->host_ratio, w->setting.offload == ZOFF_OFFLOAD_NONE ? "-" : w->setting.pin_memory ? "y" : "n",
                fmt_b(w->mem.device, b[0], 32), fmt_b(w->mem.pinned, b[1], 32), fmt_b(w->mem.pageable, b[2], 32),
                fmt_b(w->mem.disk, b[3], 32), fl, w->time.step, w->runnable ? "yes" : "no");
+    }
+    if (nsg > 0) {
+        char sgs[48] = "a finer sub_group_size (per row: --json)";
+        if (sg > 0) snprintf(sgs, sizeof sgs, "sub_group_size %lld", (long long)sg);
+        printf("  * %s, not the config's %lld: the marked nvme rows (ratio 0 or 1, and the fitted "
+               "ratio after them) split the state into at least %d sub-groups (with one, the swap buffers would be as large as the state); a marked row's figures "
+               "are for that size, --write-config writes it (the config's own setting, unmarked, keeps its size)\n",
+               sgs, (long long)in->cfg->zero.sub_group_size, ZOFF_PLAN_MIN_SUBGROUPS);
     }
     printf("\n");
     if (p->best >= 0) print_row_detail("recommended", &p->rows[p->best], in);
@@ -439,8 +461,10 @@ static json_t *row_json_base(const zoff_plan_row *w, int index) {
         t->host_optim, "weights_in", t->weights_in, "device_optim", t->device_optim, "forward_overlap", t->forward_overlap);
 }
 
-static json_t *row_json(const zoff_plan_row *w, int index) {
+static json_t *row_json(const zoff_plan_row *w, int index, const zoff_config *cfg) {
     json_t *o = row_json_base(w, index);
+    if (o) json_object_set_new(o, "param_pin_memory", json_boolean(w->setting.param_pin_memory));
+    if (o) json_object_set_new(o, "sub_group_size_changed", json_boolean(zoff_plan_changes_sub_group_size(cfg, &w->setting)));
     json_t *sv = o ? json_pack("{s:b,s:I,s:I,s:I,s:s}", "background", w->background_saves, "snapshot_budget",
                                (json_int_t)w->snapshot_budget, "snapshot", (json_int_t)w->mem.snapshot,
                                "snapshot_copy", (json_int_t)w->mem.snapshot_copy, "why", w->saves_why)
@@ -465,7 +489,7 @@ static int print_json(const plan_args *a, const zoff_plan_inputs *in, const zoff
     const zoff_plan_machine *M = &in->machine;
     const zoff_plan_rates *r = &M->rates;
     json_t *rows = json_array();
-    for (int i = 0; i < p->nrows; i++) json_array_append_new(rows, row_json(&p->rows[i], i));
+    for (int i = 0; i < p->nrows; i++) json_array_append_new(rows, row_json(&p->rows[i], i, in->cfg));
     json_t *root = json_pack(
         "{s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:b},"
         "s:{s:s,s:i,s:i,s:I,s:b,s:I,s:I,s:I,s:f,s:I,s:I,"

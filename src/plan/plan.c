@@ -18,6 +18,7 @@
  * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
 #define _GNU_SOURCE
 #include "zoff/plan.h"
+#include "zoff/aio.h"
 #include "zoff/engine.h"
 #include "zoff/swapper.h"
 #include "zoff/train.h"
@@ -34,9 +35,6 @@
 #include <unistd.h>
 
 
-/* nvme grid rows with ratio 0 or 1 get at least this many sub-groups when the
- * config's sub_group_size gives fewer. */
-#define PLAN_MIN_SUBGROUPS 16
 /* Predicted times within this fraction of the fastest count as a tie. */
 #define TIE_FRACTION 0.02
 
@@ -147,8 +145,13 @@ void zoff_plan_setting_from_config(const zoff_config *cfg, zoff_plan_setting *s)
     s->ratio = s->offload == ZOFF_OFFLOAD_NONE ? 0.0 : z->offload_optimizer.ratio;
     s->ratio_auto = s->offload != ZOFF_OFFLOAD_NONE && z->offload_optimizer.ratio_auto;
     s->pin_memory = z->offload_optimizer.pin_memory || z->cpu_offload;
+    s->param_pin_memory = z->offload_param.pin_memory;
     s->sub_group_size = z->sub_group_size;
     s->bf16_states = cfg->bf16_optimizer_states;
+}
+
+bool zoff_plan_changes_sub_group_size(const zoff_config *base, const zoff_plan_setting *s) {
+    return s->sub_group_size != base->zero.sub_group_size;
 }
 
 /* The NVMe swap file's arrays (src/zero/engine.c nvme_create): the fp32 master, then m and v
@@ -217,16 +220,27 @@ static double micro_batch_flops(const zoff_gpt2_options *o, int64_t Vp, double *
 /* src/zero/partition.c zoff_dp_plan_build: rank r ends at
  * floor(n (r+1) / N) rounded down to ZOFF_DP_ALIGN (64) elements when n >= 256 N,
  * the last rank at n. Returns the largest partition (the rank the plan reports). */
-static int64_t largest_partition(int64_t n, int64_t world) {
+static int64_t largest_partition_at(int64_t n, int64_t world, int64_t *start) {
+    *start = 0;
     if (world <= 1) return n;
     int64_t align = n >= 64 * world * 4 ? 64 : 1, prev = 0, big = 0;
     for (int64_t r = 0; r < world; r++) {
         int64_t end = r == world - 1 ? n : (int64_t)((double)n * (double)(r + 1) / (double)world) / align * align;
         if (end < prev) end = prev;
-        if (end - prev > big) big = end - prev;
+        if (end - prev > big) big = end - prev, *start = prev;
         prev = end;
     }
     return big;
+}
+static int64_t largest_partition(int64_t n, int64_t world) {
+    int64_t start;
+    return largest_partition_at(n, world, &start);
+}
+/* Where that partition starts (the first rank with the largest, as the loop above finds it). */
+static int64_t largest_partition_start(int64_t n, int64_t world) {
+    int64_t start;
+    largest_partition_at(n, world, &start);
+    return start;
 }
 
 /* src/zero/stage3.c: groups are the runs of one `layer` (embeddings, each
@@ -354,22 +368,42 @@ static zoff_status plan_grad_bytes(const zoff_plan_inputs *in, bool buckets, int
     return ZOFF_OK;
 }
 
-/* Stage 3 with offload_param nvme: the weights on disk and the buffers that read them. */
-static void param_swap_memory(const zoff_config *cfg, int64_t part, int64_t maxgrp, int64_t L, size_t es,
-                              zoff_plan_memory *m) {
-    /* src/zero/stage3.c: whole groups up to max_in_cpu elements stay in host memory (counted
-     * here as min(max_in_cpu, partition)); the rest is on disk, read through min(buffer_count,
-     * groups) buffers as large as this rank's part of the largest group (at most buffer_size) */
+/* Stage 3 with offload_param nvme: the weights on disk and the buffers that read them, from the
+ * engine's own sizes (zoff_placement_param_swap, which src/zero/stage3.c lays the file out with):
+ * this rank's runs are its partition [lo, lo + part) cut at the groups (wte + wpe, each block,
+ * ln_f; the contiguous partition, one run per group); whole groups up to max_in_cpu elements stay
+ * in host memory; the rest is in the file, read through min(buffer_count, groups on disk) buffers
+ * of the largest on-disk group's slots, each allocated with ZOFF_AIO_ALIGN more (aligned by hand). */
+static zoff_status param_swap_memory(const zoff_config *cfg, int64_t lo, int64_t part, int64_t emb, int64_t blk,
+                                     int64_t lnf, int64_t L, size_t es, zoff_plan_memory *m) {
     const zoff_offload_param_config *op = &cfg->zero.offload_param;
-    int64_t res = op->max_in_cpu < part ? op->max_in_cpu : part;
-    int64_t cnt = op->buffer_count < L + 2 ? op->buffer_count : L + 2;
-    int64_t big = maxgrp < part ? maxgrp : part;
-    if (big > op->buffer_size) big = op->buffer_size;
-    m->disk_params = (size_t)(part - res) * es;
-    /* O_DIRECT alignment, and 4 KiB more per allocation (aligned by hand) */
-    size_t bbytes = ((size_t)(big > 0 ? big : 1) * es + 4095) / 4096 * 4096 + 4096;
-    m->param_buffers = mul_sat((size_t)(res < part ? (cnt > 0 ? cnt : 1) : 0), bbytes);
-    m->param_buffers = add_sat(m->param_buffers, (size_t)res * es);
+    const int ng = (int)L + 2;
+    int *gruns = calloc((size_t)ng, sizeof *gruns);
+    int64_t *rc = calloc((size_t)ng, sizeof *rc);
+    if (!gruns || !rc) {
+        free(gruns), free(rc);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    }
+    int nr = 0;
+    for (int g = 0; g < ng; g++) {
+        int64_t g0 = g == 0 ? 0 : emb + (int64_t)(g - 1) * blk, gn = g == 0 ? emb : g <= L ? blk : lnf;
+        int64_t a = g0 > lo ? g0 : lo, b = g0 + gn < lo + part ? g0 + gn : lo + part;
+        if (b > a) gruns[g] = 1, rc[nr++] = b - a;
+    }
+    zoff_param_swap sw;
+    zoff_placement_param_swap(&(zoff_param_swap_in){.ngroups = ng, .group_runs = gruns, .run_count = rc, .es = es,
+                                                    .max_in_cpu = op->max_in_cpu},
+                              NULL, &sw);
+    free(gruns), free(rc);
+    m->disk_params = sw.file_bytes;
+    /* a part above buffer_size is refused by the engine (a config error); counted here at buffer_size */
+    size_t buf = sw.largest_elems > op->buffer_size ? zoff_placement_param_slot_bytes(op->buffer_size, es)
+                                                      : sw.buffer_bytes;
+    int64_t cnt = op->buffer_count < sw.ondisk ? op->buffer_count : sw.ondisk;
+    if (sw.ondisk > 0 && cnt < 1) cnt = 1;
+    m->param_buffers = mul_sat((size_t)cnt, buf + ZOFF_AIO_ALIGN);
+    if (sw.resident_bytes) m->param_buffers = add_sat(m->param_buffers, sw.resident_bytes + ZOFF_AIO_ALIGN);
+    return ZOFF_OK;
 }
 
 /* The totals of r->mem, and whether they fit the machine with its margin;
@@ -380,7 +414,7 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     m->device = m->params16 + m->grads16 + m->activations + m->tokens + m->comm_buffers + m->gathered +
                 m->device_optimizer + m->runtime_reserve;
     size_t engine_host = add_sat(add_sat(m->host_optimizer, m->host_grads), m->host_staging);
-    bool pin_params = cfg->zero.offload_param.pin_memory;
+    bool pin_params = r->setting.param_pin_memory; /* offload_param.pin_memory, as the row writes it */
     m->pinned = add_sat(add_sat(m->model_pinned, pin_params ? m->param_buffers : 0), m->swap_pinned);
     m->pageable = add_sat(add_sat(m->loop_pageable, m->swap_buffers - m->swap_pinned), pin_params ? 0 : m->param_buffers);
     m->pageable = add_sat(m->pageable, m->host_spec_backup);
@@ -621,7 +655,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     /* stage 3, offload_param cpu: the weights are the host optimizer's output
      * buffer (16-bit staging, fp32: the master), already counted above */
     if (s->stage == 3 && s->param_offload == ZOFF_OFFLOAD_NVME) {
-        param_swap_memory(cfg, part, maxgrp, L, es, m);
+        ZOFF_TRY(param_swap_memory(cfg, R > 1 ? largest_partition_start(n, R) : 0, part, emb, blk, lnf, L, es, m));
     }
     /* super_offload, one rank: the model reports wte's rows (zoff_engine_uses_grad_rows) from a host copy of the tokens */
     m->host_spec_backup = zoff_placement_spec_backup_bytes(cfg, (int64_t)nh);
@@ -736,10 +770,12 @@ static zoff_status add_row(const zoff_plan_inputs *in, const zoff_plan_setting *
     ZOFF_TRY(zoff_plan_evaluate(in, s, r));
     r->ratio_fitted = fitted;
     out->nrows++;
-    if (!r->fits_pinned && s->pin_memory &&
-        (s->offload != ZOFF_OFFLOAD_NONE || s->param_offload != ZOFF_OFFLOAD_NONE)) {
+    const bool pins = (s->pin_memory && (s->offload != ZOFF_OFFLOAD_NONE || s->param_offload != ZOFF_OFFLOAD_NONE)) ||
+                      (s->param_pin_memory && s->param_offload == ZOFF_OFFLOAD_NVME);
+    if (!r->fits_pinned && pins) {
         zoff_plan_setting s2 = *s;
         s2.pin_memory = false;
+        s2.param_pin_memory = false;
         zoff_plan_row *r2 = &out->rows[out->nrows];
         ZOFF_TRY(zoff_plan_evaluate(in, &s2, r2));
         r2->ratio_fitted = fitted;
@@ -786,8 +822,17 @@ void zoff_plan_free(zoff_plan *p) {
 
 /* The rows of one stage and offload device: each ratio (none: one row), "auto", stage 3's
  * parameter offload at ratio 1, and the smallest ratio that fits. */
+/* Whether two settings are the same (the same row of the grid). */
+static bool same_setting(const zoff_plan_setting *a, const zoff_plan_setting *b) {
+    return a->stage == b->stage && a->offload == b->offload && a->param_offload == b->param_offload &&
+           a->ratio_auto == b->ratio_auto && (a->ratio_auto || a->ratio == b->ratio) && a->pin_memory == b->pin_memory &&
+           a->param_pin_memory == b->param_pin_memory && a->sub_group_size == b->sub_group_size && a->bf16_states == b->bf16_states;
+}
+
 static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_setting *base, int stage,
                                    zoff_offload_device dev, const double *ratios, int nratios, zoff_plan *out) {
+    zoff_plan_setting own; /* the config's own setting */
+    zoff_plan_setting_from_config(in->cfg, &own);
     int nr = dev == ZOFF_OFFLOAD_NONE ? 1 : nratios + 1;
     for (int k = 0; k < nr; k++) {
         zoff_plan_setting s = *base;
@@ -804,8 +849,12 @@ static zoff_status add_device_rows(const zoff_plan_inputs *in, const zoff_plan_s
             int64_t R = in->machine.ranks, n = out->model.num_params;
             int64_t part = stage >= 1 ? (n + R - 1) / R : n;
             int64_t sgs = s.sub_group_size > 0 ? s.sub_group_size : part;
-            if ((part + sgs - 1) / sgs < PLAN_MIN_SUBGROUPS)
-                s.sub_group_size = (part + PLAN_MIN_SUBGROUPS - 1) / PLAN_MIN_SUBGROUPS;
+            if ((part + sgs - 1) / sgs < ZOFF_PLAN_MIN_SUBGROUPS) {
+                /* the config's own setting stays in the grid as it is (what a run of it allocates),
+                 * the finer split after it */
+                if (same_setting(&s, &own)) ZOFF_TRY(add_row(in, &s, false, out));
+                s.sub_group_size = (part + ZOFF_PLAN_MIN_SUBGROUPS - 1) / ZOFF_PLAN_MIN_SUBGROUPS;
+            }
         }
         ZOFF_TRY(add_row(in, &s, false, out));
         /* stage 3 with the whole optimizer offloaded: the weights can follow (ZeRO-Infinity) */
@@ -841,6 +890,7 @@ zoff_status zoff_plan_build(const zoff_plan_inputs *in, const double *ratios, in
     /* stage 0: 1; stages 1-3: none + (cpu, nvme) x (ratios + fitted + auto + stage 3's parameter offload),
      * each maybe with a pageable variant */
     int cap = (1 + 3 * (1 + 2 * (nratios + 3)) + 3 * 2 * (nratios + 3)) * 2; /* + bf16-state cpu and nvme rows */
+    cap += 2; /* the config's own nvme setting beside its finer split (and its pageable variant) */
     out->rows = calloc((size_t)cap, sizeof *out->rows);
     if (!out->rows) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for %d rows", cap);
     zoff_status st = ZOFF_OK;
@@ -921,13 +971,13 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
     if (s->param_offload != ZOFF_OFFLOAD_NONE) {
         op = obj_child(zo, "offload_param");
         json_object_set_new(op, "device", json_string(zoff_plan_offload_name(s->param_offload)));
-        json_object_set_new(op, "pin_memory", json_boolean(s->pin_memory));
+        json_object_set_new(op, "pin_memory", json_boolean(s->param_pin_memory));
         if (s->param_offload == ZOFF_OFFLOAD_NVME && !json_is_string(json_object_get(op, "nvme_path")))
             json_object_set_new(op, "nvme_path", json_string(nvme_path));
     } else if (json_is_object(op)) {
         json_object_set_new(op, "device", json_string("none"));
     }
-    if (s->sub_group_size != base->zero.sub_group_size)
+    if (zoff_plan_changes_sub_group_size(base, s))
         json_object_set_new(zo, "sub_group_size", json_integer((json_int_t)s->sub_group_size));
     if (s->bf16_states != base->bf16_optimizer_states) /* the numerics change the row assumes */
         json_object_set_new(obj_child(root, "bf16"), "bf16_optimizer_states", json_boolean(s->bf16_states));

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "zoff/aio.h"
 #include "zoff/engine.h"
 
 /* A fractional host ratio needs enough sub-groups to be honoured in whole ones. */
@@ -270,4 +271,34 @@ void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups
     /* flat: the groups' exact sizes wherever they are, the full buffer's bytes at any ratio (but the compact
      * buffer of several ranks' accumulation) */
     *per_param = gd.flat && !(in->spread && in->accumulate) ? 0 : zoff_dtype_size(in->dtype);
+}
+
+size_t zoff_placement_param_slot_bytes(int64_t count, size_t es) {
+    size_t b = (size_t)count * es;
+    return (b + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN;
+}
+
+void zoff_placement_param_swap(const zoff_param_swap_in *in, bool *resident, zoff_param_swap *out) {
+    *out = (zoff_param_swap){.largest_group = -1};
+    const int64_t *rc = in->run_count;
+    for (int g = 0; g < in->ngroups; g++) {
+        int64_t elems = 0;
+        size_t bytes = 0;
+        for (int k = 0; k < in->group_runs[g]; k++, rc++) {
+            elems += *rc;
+            bytes += zoff_placement_param_slot_bytes(*rc, in->es);
+        }
+        bool res = false;
+        if (elems > 0 && out->resident_elems + elems <= in->max_in_cpu) { /* whole groups, in order, while they fit */
+            res = true;
+            out->resident_elems += elems;
+            out->resident_bytes += bytes;
+        } else if (elems > 0) {
+            out->ondisk++;
+            out->file_bytes += bytes;
+            if (bytes > out->buffer_bytes) out->buffer_bytes = bytes;
+            if (elems > out->largest_elems) out->largest_elems = elems, out->largest_group = g;
+        }
+        if (resident) resident[g] = res;
+    }
 }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "zoff/engine.h" /* zoff_placement_param_swap */
 #include "zoff/resources.h"
 
 /* A pooled device buffer. Before a stream reuses it, it waits for both events. */
@@ -254,31 +255,41 @@ static zoff_status nv_create(zoff_s3 *s) {
     }
     for (int r = 0; r < s->nruns; r++) {
         s3_group *g = &s->grp[s->runs[r].grp];
-        s->runs[r].bytes = align_up((size_t)s->runs[r].count * s->es);
+        s->runs[r].bytes = zoff_placement_param_slot_bytes(s->runs[r].count, s->es);
         s->runs[r].boff = g->rbytes;
         g->rbytes += s->runs[r].bytes;
         g->lcount += s->runs[r].count;
         s->grun[g->run0 + g->nrun++] = r;
     }
-    /* max_in_cpu: whole groups, in order, while they fit; the rest on disk */
-    int64_t res_elems = 0, biggest = 0;
-    size_t res_bytes = 0, buf_bytes = 0;
-    int ondisk = 0, biggest_g = -1, max_req = 1;
-    for (int g = 0; g < s->ngrp; g++) {
-        s3_group *gr = &s->grp[g];
-        if (gr->lcount == 0) continue;
-        if (res_elems + gr->lcount <= s->o.nvme.max_in_cpu) {
-            res_elems += gr->lcount;
-            res_bytes += gr->rbytes;
-            gr->res = (char *)1; /* set below */
-            continue;
-        }
-        ondisk++;
-        if (gr->lcount > biggest) biggest = gr->lcount, biggest_g = g;
-        if (gr->rbytes > buf_bytes) buf_bytes = gr->rbytes;
-        int nr = (gr->nrun + ZOFF_AIO_MAX_SEGMENTS - 1) / ZOFF_AIO_MAX_SEGMENTS;
-        if (nr > max_req) max_req = nr;
+    /* max_in_cpu: whole groups, in order, while they fit; the rest on disk (zoff_placement_param_swap,
+     * the sizes zoff plan counts too) */
+    int *gruns = calloc((size_t)s->ngrp, sizeof *gruns);
+    int64_t *rcount = calloc((size_t)(s->nruns ? s->nruns : 1), sizeof *rcount);
+    bool *resident = calloc((size_t)s->ngrp, sizeof *resident);
+    if (!gruns || !rcount || !resident) {
+        free(gruns), free(rcount), free(resident);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap file");
     }
+    for (int g = 0, k = 0; g < s->ngrp; g++) {
+        gruns[g] = s->grp[g].nrun;
+        for (int j = 0; j < s->grp[g].nrun; j++) rcount[k++] = s->runs[s->grun[s->grp[g].run0 + j]].count;
+    }
+    zoff_param_swap sw;
+    zoff_placement_param_swap(&(zoff_param_swap_in){.ngroups = s->ngrp, .group_runs = gruns, .run_count = rcount,
+                                                    .es = s->es, .max_in_cpu = s->o.nvme.max_in_cpu},
+                              resident, &sw);
+    int max_req = 1;
+    for (int g = 0; g < s->ngrp; g++) {
+        if (resident[g]) s->grp[g].res = (char *)1; /* set below */
+        else if (s->grp[g].lcount > 0) {
+            int nr = (s->grp[g].nrun + ZOFF_AIO_MAX_SEGMENTS - 1) / ZOFF_AIO_MAX_SEGMENTS;
+            if (nr > max_req) max_req = nr;
+        }
+    }
+    free(gruns), free(rcount), free(resident);
+    const int64_t res_elems = sw.resident_elems, biggest = sw.largest_elems;
+    const size_t res_bytes = sw.resident_bytes, buf_bytes = sw.buffer_bytes;
+    const int ondisk = sw.ondisk, biggest_g = sw.largest_group;
     if (ondisk > 0 && biggest > s->o.nvme.buffer_size)
         return zoff_error(ZOFF_ERR_CONFIG,
                           "zero_optimization.offload_param.buffer_size is %lld elements, but this rank's part of "
@@ -330,6 +341,9 @@ static zoff_status nv_create(zoff_s3 *s) {
             r->crcs = calloc((size_t)(((int64_t)r->bytes + bs - 1) / bs) + 1, sizeof *r->crcs);
             if (!r->crcs) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap checksums");
         }
+    if ((size_t)fbytes != sw.file_bytes)
+        return zoff_error(ZOFF_ERR_INTERNAL, "offload_param nvme: the swap file's slots add up to %lld bytes, "
+                          "zoff_placement_param_swap says %zu", (long long)fbytes, sw.file_bytes);
     s->st.nvme_file_bytes = fbytes;
     s->st.nvme_buffers = s->nhb;
     s->st.nvme_buffer_bytes = (size_t)s->nhb * (buf_bytes + ZOFF_AIO_ALIGN); /* as allocated (nv_alloc_mem) */
