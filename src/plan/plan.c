@@ -14,8 +14,8 @@
  *                              master/m/v + gradient partition(s) + staging
  *   loop    src/train          token buffers on the device, the checkpoint
  *                              save's piece buffer on the host
- * tests/test_plan.c compares them with what those functions really allocate.
- * Stage 3, nvme and ranks > 1 are formulas only (docs/plan.md). */
+ * tests/test_plan.c compares them with what those functions really allocate (stage 3 and nvme
+ * included, one rank; ranks > 1 within 10%: docs/plan.md). */
 #define _GNU_SOURCE
 #include "zoff/plan.h"
 #include "zoff/aio.h"
