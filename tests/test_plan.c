@@ -193,6 +193,15 @@ static void machine_for(zoff_plan_machine *M, size_t budget) {
     M->margin = 0.0;
 }
 
+/* The plan's row for the config's own setting on a machine with that device budget (0: none). */
+static void config_row(const zoff_config *cfg, zoff_gpt2_options mo, size_t budget, zoff_plan_row *row) {
+    zoff_plan_inputs in = {.cfg = cfg, .model = mo};
+    machine_for(&in.machine, budget);
+    zoff_plan_setting s;
+    zoff_plan_setting_from_config(cfg, &s);
+    assert_int_equal(zoff_plan_evaluate(&in, &s, row), ZOFF_OK);
+}
+
 /* |predicted - real| <= TOL * real; returns the relative error. */
 static double check_close(const char *what, const char *label, size_t pred, size_t real) {
     double err = real ? fabs((double)pred - (double)real) / (double)real : (pred ? 1.0 : 0.0);
@@ -322,12 +331,8 @@ static void test_configs_vs_real(void **st) {
                     snprintf(label, sizeof label, "%s %s ckpt=%d %s", SHAPES[si].name, zoff_dtype_name(dt), ck, zero);
                     zoff_config cfg;
                     load_cfg(json, &cfg);
-                    zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
-                    machine_for(&in.machine, 0);
-                    zoff_plan_setting s;
-                    zoff_plan_setting_from_config(&cfg, &s);
                     zoff_plan_row row;
-                    assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+                    config_row(&cfg, mo, 0, &row);
                     assert_true(row.runnable);
                     reality r;
                     measure_real(&cfg, &mo, 0, NULL, &r);
@@ -372,12 +377,8 @@ static void test_variants_vs_real(void **st) {
         zoff_dtype dt = cfg.bf16_enabled ? ZOFF_BF16 : cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
         zoff_gpt2_options mo = {.shape = SHAPES[2].shape, .batch_size = cfg.train_micro_batch_size_per_gpu,
                                 .seq_len = 48, .dtype = dt, .checkpoint_activations = c % 2};
-        zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
-        machine_for(&in.machine, 0);
-        zoff_plan_setting s;
-        zoff_plan_setting_from_config(&cfg, &s);
         zoff_plan_row row;
-        assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+        config_row(&cfg, mo, 0, &row);
         reality r;
         measure_real(&cfg, &mo, 0, NULL, &r);
         if (r.status != ZOFF_OK) fail_msg("case %zu: %s", c, zoff_last_error());
@@ -538,12 +539,8 @@ static void test_auto_ratio_matches_engine(void **st) {
     const double extra[] = {-0.01, 0.02, 0.06, 0.2, 0.5, 1.0, 3.0};
     for (size_t k = 0; k < sizeof extra / sizeof extra[0]; k++) {
         size_t budget = (size_t)((double)model_dev * (1.0 + extra[k])) + (size_t)((double)mb.num_params * 12 * extra[k]);
-        zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
-        machine_for(&in.machine, budget);
-        zoff_plan_setting s;
-        zoff_plan_setting_from_config(&cfg, &s);
         zoff_plan_row row;
-        assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+        config_row(&cfg, mo, budget, &row);
         reality r;
         measure_real(&cfg, &mo, budget, NULL, &r);
         char label[128];
@@ -666,12 +663,8 @@ static void test_stage3_vs_real(void **st) {
         zoff_config cfg;
         load_cfg(json, &cfg);
         zoff_gpt2_options mo = {.shape = sc->shape, .batch_size = sc->B, .seq_len = sc->T, .dtype = cases[c].dt};
-        zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
-        machine_for(&in.machine, 0);
-        zoff_plan_setting s;
-        zoff_plan_setting_from_config(&cfg, &s);
         zoff_plan_row row;
-        assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+        config_row(&cfg, mo, 0, &row);
         reality r;
         const bool pnvme = cfg.zero.offload_param.device == ZOFF_OFFLOAD_NVME;
         measure_stage3(&cfg, &mo, pnvme ? cfg.zero.offload_param.nvme_path : NULL, &r);
@@ -710,12 +703,8 @@ static void test_stage3_written_config(void **st) {
     zoff_config cfg;
     load_cfg(json, &cfg);
     zoff_gpt2_options mo = {.shape = sc->shape, .batch_size = sc->B, .seq_len = sc->T, .dtype = ZOFF_F32};
-    zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
-    machine_for(&in.machine, 0);
-    zoff_plan_setting s;
-    zoff_plan_setting_from_config(&cfg, &s);
     zoff_plan_row row;
-    assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+    config_row(&cfg, mo, 0, &row);
     assert_true(row.mem.param_buffers > 0);
     char *txt = NULL;
     assert_int_equal(zoff_plan_config_json(&cfg, &row, dir, &txt), ZOFF_OK);
@@ -856,12 +845,8 @@ static void test_nvme_vs_real(void **st) {
             break;
         }
         zoff_gpt2_options mo = {.shape = SHAPES[2].shape, .batch_size = 4, .seq_len = 48, .dtype = dt};
-        zoff_plan_inputs in = {.cfg = &cfg, .model = mo};
-        machine_for(&in.machine, 0);
-        zoff_plan_setting s;
-        zoff_plan_setting_from_config(&cfg, &s);
         zoff_plan_row row;
-        assert_int_equal(zoff_plan_evaluate(&in, &s, &row), ZOFF_OK);
+        config_row(&cfg, mo, 0, &row);
         clear_dir(dir);
         reality r;
         measure_real(&cfg, &mo, 0, dir, &r);
