@@ -1308,7 +1308,8 @@ static void test_cpuadam_cores_perc(void **st) {
                  shares[i]);
         assert_int_equal(train(cfg_json(a, sizeof a, z, "", 1), ZOFF_F32, 1, 0, &r), ZOFF_OK);
         long t = lround(shares[i] * cores);
-        snprintf(want, sizeof want, ", %ld threads,", t < 1 ? 1 : t);
+        if (t < 1) t = 1;
+        snprintf(want, sizeof want, ", %ld thread%s,", t, t == 1 ? "" : "s");
         if (!strstr(r.describe, want)) fail_msg("share %g of %d cores: want \"%s\" in: %s", shares[i], cores, want, r.describe);
         free(r.weights);
     }
