@@ -106,6 +106,11 @@ check "bench ckpt --dir missing: exit 2, named, not created" \
 rc=$?
 check "bench nvme --dir missing: exit 2, named, not created" \
     "[ $rc -eq 2 ] && grep -q 'no-such-dir: no such directory' '$W/nodir.txt' && [ ! -e '$W/no-such-dir' ]"
+# --dtype f16 is fp16 here as in bench step and export (one parser; before: "'f16' is not one of")
+"$ZOFF" bench nvme --dir "$W" --dtype f16 --bf16-states > "$W/f16.txt" 2>&1
+rc=$?
+check "bench nvme --dtype f16: read as fp16 (then --bf16-states refused for it, exit 2)" \
+    "[ $rc -eq 2 ] && grep -q 'needs --dtype bf16.*got --dtype fp16' '$W/f16.txt'"
 # too few buffers for the swapper's pipeline: a usage error said before any measuring (before: exit 1)
 mkdir "$W/nvme1"
 "$ZOFF" bench nvme --dir "$W/nvme1" --size 1MiB --rounds 1 --no-step --buffer-count 1 > "$W/nvme1.txt" 2>&1

@@ -219,7 +219,7 @@ static void usage(FILE *f) {
             "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N --vocab-size N\n"
             "                         model for the steps (default 4 x 128, 4 heads, 64, 50257)\n"
             "  --micro-batch-size N   (default 8)\n"
-            "  --dtype f32|bf16|fp16  (default bf16)\n"
+            "  --dtype f32|bf16|f16   (default bf16)\n"
             "  --iters N              timed steps per configuration and round (default 3)\n"
             "  --json                 one JSON object on stdout\n",
             100.0 * CLI_BENCH_SPREAD_LIMIT, MAX_ROUNDS);
@@ -479,16 +479,13 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
     zoff_dtype dt;
-    const char *prec;
-    if (!strcmp(a.dts, "f32")) dt = ZOFF_F32, prec = "";
-    else if (!strcmp(a.dts, "bf16"))
-        dt = ZOFF_BF16, prec = a.bf16_states ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},"
-                                             : "\"bf16\": {\"enabled\": true},";
-    else if (!strcmp(a.dts, "fp16")) dt = ZOFF_F16, prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},";
-    else {
-        fprintf(stderr, "zoff bench nvme: --dtype: '%s' is not one of f32, bf16, fp16\n", a.dts);
-        return 2;
-    }
+    if (!cli_parse_dtype("bench nvme", "--dtype", a.dts, &dt)) return 2;
+    a.dts = cli_bench_dtype_name(dt);
+    const char *prec = dt == ZOFF_F32 ? ""
+                       : dt == ZOFF_F16
+                           ? "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},"
+                       : a.bf16_states ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},"
+                                       : "\"bf16\": {\"enabled\": true},";
     if (a.bf16_states && dt != ZOFF_BF16) {
         fprintf(stderr, "zoff bench nvme: --bf16-states needs --dtype bf16 (bf16 optimizer states are a bf16-training "
                         "option), got --dtype %s\n", a.dts);

@@ -230,12 +230,9 @@ int zoff_cmd_export(int argc, char **argv) {
         fprintf(stderr, "zoff export: --format: '%s' is not one of safetensors, fp32\n", format);
         return 2;
     }
-    if (!strcmp(dtype_s, "bf16")) eo.dtype = ZOFF_ST_BF16;
-    else if (!strcmp(dtype_s, "f16") || !strcmp(dtype_s, "fp16")) eo.dtype = ZOFF_ST_F16;
-    else if (strcmp(dtype_s, "f32") && strcmp(dtype_s, "fp32")) {
-        fprintf(stderr, "zoff export: --dtype: '%s' is not one of f32, bf16, f16\n", dtype_s);
-        return 2;
-    }
+    zoff_dtype wdt;
+    if (!cli_parse_dtype("export", "--dtype", dtype_s, &wdt)) return 2;
+    eo.dtype = wdt == ZOFF_BF16 ? ZOFF_ST_BF16 : wdt == ZOFF_F16 ? ZOFF_ST_F16 : ZOFF_ST_F32;
     if (eo.layout == ZOFF_GPT2_LAYOUT_ZOFF && eo.dtype != ZOFF_ST_F32) {
         fprintf(stderr, "zoff export: --format fp32 is always f32; --dtype %s applies to --format safetensors\n",
                 dtype_s);
