@@ -14,8 +14,11 @@ static void eval_usage(FILE *f) {
             "usage: zoff eval --load DIR|FILE --data-path PATTERN [options]\n"
             "\n"
             "The mean next-token loss (cross-entropy, nats) and the perplexity exp(loss) of a model on\n"
-            "token shards (zoff tokenize), over every window of T+1 tokens in file order: each of\n"
-            "its T predictions is counted once (no overlap between windows, no sliding context).\n"
+            "token shards (zoff tokenize), over every window of T+1 tokens in file order: window k of\n"
+            "a shard is its tokens k*T .. k*T+T, so one window's last token is the next one's first\n"
+            "(a shard of N tokens gives (N-1)/T windows, rounded down; the tokens after the last are\n"
+            "not read). Each of a window's T predictions is counted once, with no context from the\n"
+            "window before it (no sliding context).\n"
             "\n"
             "  --load DIR|FILE         checkpoint root (newest complete step), a step directory, or GPT-2\n"
             "                          weights in safetensors: a file, or a folder holding model.safetensors\n"
@@ -26,7 +29,7 @@ static void eval_usage(FILE *f) {
             "                          length; all of a safetensors model's positions)\n"
             "  --micro-batch-size N    windows per forward (default 1: every window; a larger batch leaves\n"
             "                          out the last windows that do not fill one, and says how many)\n"
-            "  --max-batches N         stop after N batches (default: all)\n"
+            "  --max-batches N         stop after N batches (default 0: all)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
             "  --json                  one JSON object on stdout instead of the summary line\n");
 }
