@@ -97,6 +97,11 @@ check "--seq-length past the model's positions: exit 2, says the limit" "[ $rc -
 "$ZOFF" eval --load "$W/run" >"$W/e3.txt" 2>&1
 rc=$?
 check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"
+"$ZOFF" eval --load "$W/run" --data-path "$W/small.txt" >"$W/e4.txt" 2>&1
+rc=$?
+check "a text file as --data-path: exit 2, the tokenize command, its shards for --data-path (before: 'train on those')" \
+  "[ $rc -eq 2 ] && grep -q 'small.txt is text, not a token shard: zoff tokenize .*give those as --data-path' '$W/e4.txt' \
+   && ! grep -q 'train on' '$W/e4.txt'"
 
 # an untied LM head (lm_head.weight other than wte): zoff would run wte as the head, another model
 # than the file's; eval and sample refuse it (before: a warning, then that other model's loss, exit 0).
