@@ -111,6 +111,11 @@ check "bench nvme --dir missing: exit 2, named, not created" \
 rc=$?
 check "bench nvme --dtype f16: read as fp16 (then --bf16-states refused for it, exit 2)" \
     "[ $rc -eq 2 ] && grep -q 'needs --dtype bf16.*got --dtype fp16' '$W/f16.txt'"
+# sizes: zoff_parse_size's units in any case (tests/test_core.c); a unit it does not read: the list, G in it
+"$ZOFF" bench nvme --dir "$W" --size 8X > "$W/size.txt" 2>&1
+rc=$?
+check "bench nvme --size 8X: exit 2, the units listed (G among them, any case)" \
+    "[ $rc -eq 2 ] && grep -q -- \"--size: invalid size unit in '8X'; the units: .*binary K, M, G, T.*any case\" '$W/size.txt'"
 # too few buffers for the swapper's pipeline: a usage error said before any measuring (before: exit 1)
 mkdir "$W/nvme1"
 "$ZOFF" bench nvme --dir "$W/nvme1" --size 1MiB --rounds 1 --no-step --buffer-count 1 > "$W/nvme1.txt" 2>&1

@@ -230,8 +230,12 @@ static bool size_value(const char *flag, int argc, char **argv, int *i, int64_t 
     const char *v = cli_value("bench nvme", argc, argv, i);
     size_t sz;
     if (!v) return false;
-    if (zoff_parse_size(v, &sz) != ZOFF_OK || sz == 0) {
-        fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", flag, v);
+    if (zoff_parse_size(v, &sz) != ZOFF_OK) {
+        fprintf(stderr, "zoff bench nvme: %s: %s\n", flag, zoff_last_error());
+        return false;
+    }
+    if (sz == 0) {
+        fprintf(stderr, "zoff bench nvme: %s: '%s' is no bytes; give a size such as 1GiB\n", flag, v);
         return false;
     }
     *dst = (int64_t)sz;

@@ -50,7 +50,7 @@ static void plan_usage(FILE *f) {
             "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N\n"
             "  --max-position-embeddings N --vocab-size N (default 50257) --micro-batch-size N\n"
             "  --checkpoint-activations\n"
-            "machine (detected unless given):\n"
+            "machine (detected unless given; SIZE: bytes, or a unit in any case: 80G = 80GiB, 80GB = 8e10):\n"
             "  --device cpu|cuda           backend (default: cuda when available)\n"
             "  --device-memory SIZE        per rank (default: CUDA: free memory of the GPU; CPU: no limit);\n"
             "                              also the budget zoff train --device-memory gives the engine\n"
