@@ -537,5 +537,18 @@ check "a mistyped benchmark: exit 2, did you mean zoff bench adam" \
 check "zoff help export: exit 0, the same text as zoff export --help" \
   "[ $rc -eq 0 ] && grep -q '^usage: zoff export' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
 
+# zoff help CMD WHAT and zoff help version: the specific help (before: bench's list, the general usage)
+"$ZOFF" help bench adam >"$W/help.out" 2>&1; rc=$?
+"$ZOFF" bench adam --help >"$W/help2.out" 2>&1
+check "zoff help bench adam: exit 0, the same text as zoff bench adam --help" \
+  "[ $rc -eq 0 ] && grep -q '^usage: zoff bench adam' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
+"$ZOFF" help version >"$W/help.out" 2>&1; rc=$?
+"$ZOFF" version --help >"$W/help2.out" 2>&1
+check "zoff help version: exit 0, the same text as zoff version --help" \
+  "[ $rc -eq 0 ] && grep -q '^usage: zoff version' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
+"$ZOFF" help traine >"$W/help.out" 2>&1; rc=$?
+check "zoff help of a mistyped command: exit 2, did you mean zoff train" \
+  "[ $rc -eq 2 ] && grep -q \"unknown command 'traine' (did you mean zoff train?)\" '$W/help.out'"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
