@@ -97,6 +97,12 @@ check "--seq-length past the model's positions: exit 2, says the limit" "[ $rc -
 "$ZOFF" eval --load "$W/run" >"$W/e3.txt" 2>&1
 rc=$?
 check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"
+for c in "sample --load ''" "eval --load '' --data-path x" "export --load '' --output x"; do
+  eval "\"\$ZOFF\" $c" >"$W/e5.txt" 2>&1
+  rc=$?
+  check "zoff $c: exit 2, '--load is empty' (before: 'checkpoint directory is empty')" \
+    "[ $rc -eq 2 ] && grep -q -- \"^zoff ${c%% *}: --load is empty: give a checkpoint folder\" '$W/e5.txt'"
+done
 "$ZOFF" eval --load "$W/run" --data-path "$W/small.txt" >"$W/e4.txt" 2>&1
 rc=$?
 check "a text file as --data-path: exit 2, the tokenize command, its shards for --data-path (before: 'train on those')" \

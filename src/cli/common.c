@@ -78,6 +78,12 @@ bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t 
     }
 }
 
+bool cli_path_given(const char *cmd, const char *flag, const char *path, const char *what) {
+    if (*path) return true;
+    fprintf(stderr, "zoff %s: %s is empty: give %s\n", cmd, flag, what);
+    return false;
+}
+
 const char *cli_value(const char *cmd, int argc, char **argv, int *i) {
     const char *arg = argv[*i];
     const char *eq = strchr(arg, '=');

@@ -26,6 +26,9 @@ const char *cli_bench_dtype_name(zoff_dtype dt);
 /* A comma-separated list (--ratios 0,0.5,1): not empty, no empty item (leading, trailing or doubled
  * comma), shorter than `cap` characters; else prints "zoff <cmd>: <flag>: ..." and returns false. */
 bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t cap);
+/* A path flag given as "" (--load ''): prints "zoff <cmd>: <flag> is empty: give <what>" and returns
+ * false; true for any other path. */
+bool cli_path_given(const char *cmd, const char *flag, const char *path, const char *what);
 /* Fetch the value after argv[*i] (advancing *i); prints an error if missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* The flag's name in `arg`: "--flag" of "--flag=value", else arg itself (cut to size - 1 bytes). */

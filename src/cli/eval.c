@@ -64,6 +64,9 @@ int zoff_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "zoff eval: --load and --data-path are required (zoff eval --help)\n");
         return 2;
     }
+    if (!cli_path_given("eval", "--load", load, "a checkpoint folder (zoff train --save) or safetensors weights") ||
+        !cli_path_given("eval", "--data-path", data, "token shards (a .bin file, a folder or a glob)"))
+        return 2;
     if (device && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
         fprintf(stderr, "zoff eval: --device: '%s' is not cpu or cuda\n", device);
         return 2;

@@ -220,10 +220,9 @@ int zoff_cmd_export(int argc, char **argv) {
         fprintf(stderr, "zoff export: --load DIR and --output PATH are required (zoff export --help)\n");
         return 2;
     }
-    if (!*output) { /* checked before its last character is read */
-        fprintf(stderr, "zoff export: --output is empty: give a file (e.g. model.safetensors) or a folder (e.g. hf/)\n");
-        return 2;
-    }
+    if (!cli_path_given("export", "--load", load, "a checkpoint folder (zoff train --save)") ||
+        !cli_path_given("export", "--output", output, "a file (e.g. model.safetensors) or a folder (e.g. hf/)"))
+        return 2; /* --output checked before its last character is read */
     zoff_gpt2_export_options eo = {.layout = ZOFF_GPT2_LAYOUT_HF, .dtype = ZOFF_ST_F32};
     if (!strcmp(format, "fp32")) eo.layout = ZOFF_GPT2_LAYOUT_ZOFF;
     else if (strcmp(format, "safetensors")) {
