@@ -1,4 +1,4 @@
-/* src/core/util.c: zoff_parse_size, the one reader of every size on the command line (--device-memory,
+/* src/core/util.c: zoff_format_count and zoff_format_params (the banners' counts); zoff_parse_size, the one reader of every size on the command line (--device-memory,
  * --host-memory, --size, ...): each unit in any case (80G as 80g, DeepSpeed's 80GB and 80GiB, 1e9),
  * binary and decimal as the header says, and the error lists exactly the units read. */
 #include "test_util.h"
@@ -58,8 +58,23 @@ static void test_parse_size_errors(void **state) {
     assert_int_equal(v, 7); /* untouched on failure */
 }
 
+/* the banners' counts: "1 layer", "2 layers"; a model's size in millions from one million on, else exact */
+static void test_format_counts(void **state) {
+    (void)state;
+    char b[48];
+    assert_string_equal(zoff_format_count(1, "layer", b, sizeof b), "1 layer");
+    assert_string_equal(zoff_format_count(0, "layer", b, sizeof b), "0 layers");
+    assert_string_equal(zoff_format_count(12, "round", b, sizeof b), "12 rounds");
+    assert_string_equal(zoff_format_params(18912, b, sizeof b), "18912 parameters");
+    assert_string_equal(zoff_format_params(1, b, sizeof b), "1 parameter");
+    assert_string_equal(zoff_format_params(999999, b, sizeof b), "999999 parameters");
+    assert_string_equal(zoff_format_params(1000000, b, sizeof b), "1.00M parameters");
+    assert_string_equal(zoff_format_params(124439808, b, sizeof b), "124.44M parameters");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_parse_size_units),
-                                       cmocka_unit_test(test_parse_size_errors)};
+                                       cmocka_unit_test(test_parse_size_errors),
+                                       cmocka_unit_test(test_format_counts)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,6 +105,11 @@ size_t zoff_edit_distance(const char *a, const char *b);
 zoff_status zoff_parse_size(const char *text, size_t *out);
 /* Format bytes as e.g. "1.50 GiB" into buf. Returns buf. */
 const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen);
+/* "1 layer", "4 layers": n and `word` (its plural: word + "s") into buf, for the banners. Returns buf. */
+const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buflen);
+/* A model's size for the banners: "1.62M parameters" from a million on, else the count ("8256
+ * parameters", "1 parameter"), never "0.0M". Returns buf. */
+const char *zoff_format_params(int64_t n, char *buf, size_t buflen);
 
 /* ---- files ---- */
 /* Write `text` to `path` atomically: a temp file beside it (PATH.tmp-PID), fsync,

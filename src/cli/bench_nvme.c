@@ -369,7 +369,7 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
 }
 
 static void io_report(const bench_args *a, const io_result *res) {
-    char why[400];
+    char why[400], rb[32];
     if (a->json)
         printf("{\"dir\":\"%s\",\"direct\":%s,\"engine\":\"%s\",\"block_size\":%lld,\"queue_depth\":%lld,"
                "\"buffer_count\":%lld,\"state_bytes\":%lld,\"rounds\":%lld,\"spread_limit\":%.2f,\"io\":{",
@@ -377,9 +377,9 @@ static void io_report(const bench_args *a, const io_result *res) {
                (long long)a->qd, (long long)a->buffers, (long long)a->size, (long long)a->rounds,
                CLI_BENCH_SPREAD_LIMIT);
     else
-        printf("\n%lld rounds, pairs next to each other (MB/s = 1e6 bytes/s; ratio = swapper / fio of each pair)\n"
+        printf("\n%s, pairs next to each other (MB/s = 1e6 bytes/s; ratio = swapper / fio of each pair)\n"
                "%-12s %12s %12s %8s %8s %8s\n",
-               (long long)a->rounds, "pass", "fio median", "zoff median", "ratio", "min", "max");
+               zoff_format_count(a->rounds, "round", rb, sizeof rb), "pass", "fio median", "zoff median", "ratio", "min", "max");
     for (int k = 0; k < NKIND; k++) {
         const cli_paired *p = &res->pair[k];
         if (a->json) {
@@ -459,13 +459,14 @@ static void step_report(const bench_args *a, const io_result *io, zoff_backend_k
                cli_paired_verdict(&p, why, sizeof why), disk_bytes, disk_t, carries ? "true" : "false");
         return;
     }
-    printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s%s; medians of "
-           "%d rounds\n%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
+    char np[48], nr[32];
+    printf("\ntraining steps: GPT-2 %lld x %lld (%s), batch %lld x %lld, %s, %s backend%s%s; medians of "
+           "%s\n%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
            "nvme / cpu offload step time, paired per round: median %.3f (min %.3f, max %.3f); target <= 1.25 where "
            "the disk carries %.0f B/param/step within the compute time\n",
-           (long long)a->shape.num_layers, (long long)a->shape.hidden_size, (long long)n, (long long)a->B,
-           (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "",
-           a->bf16_states ? ", bf16 optimizer states" : "", R, "config", "step",
+           (long long)a->shape.num_layers, (long long)a->shape.hidden_size, zoff_format_count(n, "parameter", np, sizeof np),
+           (long long)a->B, (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "",
+           a->bf16_states ? ", bf16 optimizer states" : "", zoff_format_count(R, "round", nr, sizeof nr), "config", "step",
            "compute", "host-opt", "cpu offload", med[0][0], med[0][1], med[0][2], "nvme", med[1][0], med[1][1],
            med[1][2], p.ratio_median, p.ratio_min, p.ratio_max, 2.0 * per);
     if (!p.steady) printf("(*) nvme / cpu offload: %s\n", cli_paired_verdict(&p, why, sizeof why));

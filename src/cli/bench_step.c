@@ -607,14 +607,18 @@ int zoff_cmd_bench_step(int argc, char **argv) {
                        (long long)shape.num_layers, (long long)shape.hidden_size, (long long)shape.num_heads,
                        (long long)T, (long long)shape.vocab_size, (long long)B, dts,
                        kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", (long long)o.rounds, (long long)o.iters);
-    else
-        printf("zoff bench step: GPT-2 %lld x %lld, %lld heads, seq %lld, vocab %lld, batch %lld, %s, %s backend\n"
-               "medians of %lld rounds x %lld steps (seconds)\n\n"
+    else {
+        char nh[32], nr[32], ns[32];
+        printf("zoff bench step: GPT-2 %lld x %lld, %s, seq %lld, vocab %lld, batch %lld, %s, %s backend\n"
+               "medians of %s x %s (seconds)\n\n"
                "%-20s %8s %8s %8s %9s %9s %9s %9s %9s %10s %9s %9s %11s\n",
-               (long long)shape.num_layers, (long long)shape.hidden_size, (long long)shape.num_heads, (long long)T,
-               (long long)shape.vocab_size, (long long)B, dts, kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
-               (long long)o.rounds, (long long)o.iters, "config", "step", "forward", "backward", "wait-grad", "host-opt",
+               (long long)shape.num_layers, (long long)shape.hidden_size,
+               zoff_format_count(shape.num_heads, "head", nh, sizeof nh), (long long)T, (long long)shape.vocab_size,
+               (long long)B, dts, kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
+               zoff_format_count(o.rounds, "round", nr, sizeof nr), zoff_format_count(o.iters, "step", ns, sizeof ns),
+               "config", "step", "forward", "backward", "wait-grad", "host-opt",
                "host-work", "dev-opt", "wait-wts", "tokens/s", "step/sum", "step/max", "host-hidden");
+    }
     for (int c = 0; c < nconf; c++) {
         const step_stats *m = &med[c];
         double work = m->host_work > 0 ? m->host_work : m->host;

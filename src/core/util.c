@@ -104,6 +104,17 @@ const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen) {
     return buf;
 }
 
+const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buflen) {
+    snprintf(buf, buflen, "%lld %s%s", (long long)n, word, n == 1 ? "" : "s");
+    return buf;
+}
+
+const char *zoff_format_params(int64_t n, char *buf, size_t buflen) {
+    if (n >= 1000000) snprintf(buf, buflen, "%.2fM parameters", (double)n / 1e6);
+    else zoff_format_count(n, "parameter", buf, buflen);
+    return buf;
+}
+
 float zoff_bf16_to_f32(uint16_t h) { return zoff_half_bf16_to_f32(h); }
 
 uint16_t zoff_f32_to_bf16(float f) { return zoff_half_f32_to_bf16(f); }
