@@ -85,6 +85,9 @@ check "--max-batches 0: every window, the help's (N-1)/T = $((nwin / 16)); the h
 "$ZOFF" bench adam --help >"$W/adam_help.txt"
 check "bench adam --help: --threads 0 is the default (all cores)" "grep -q 'default, and 0: ' '$W/adam_help.txt'"
 
+"$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" --max-batches 1 >"$W/one.txt" 2>&1
+check "--max-batches 1: '1 window of 16 + 1 tokens' (before: '1 windows')" \
+  "[ \$? -eq 0 ] && grep -q '^zoff eval: loss .* over 16 tokens (1 window of 16 + 1 tokens; the last windows left out: --max-batches)' '$W/one.txt'"
 # wrong input: exit 2, said
 "$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
 "$ZOFF" eval --load "$W/run" --data-path "$W/g2_train.bin" >"$W/e1.txt" 2>&1

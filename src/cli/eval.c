@@ -136,12 +136,13 @@ int zoff_cmd_eval(int argc, char **argv) {
             printf("{\"loss\":%.6f,\"perplexity\":%.6f,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
                    "\"seq_len\":%lld,\"batch\":%lld,\"seconds\":%.3f}\n",
                    loss, exp(loss), tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
-        else
-            printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%lld windows of %lld + 1 tokens%s%s) "
-                   "in %.1f s\n",
-                   loss, exp(loss), tokens, (long long)(nb * B), (long long)T,
+        else {
+            char nw[32];
+            printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%s of %lld + 1 tokens%s%s) in %.1f s\n",
+                   loss, exp(loss), tokens, zoff_format_count(nb * B, "window", nw, sizeof nw), (long long)T,
                    left > 0 ? "; the last windows left out: " : "", left > 0 ? (max_batches ? "--max-batches" : "fewer than a batch") : "",
                    secs);
+        }
     }
     if (dev) {
         zoff_device_free(dev, dx);
