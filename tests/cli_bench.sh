@@ -106,6 +106,16 @@ check "bench ckpt --dir missing: exit 2, named, not created" \
 rc=$?
 check "bench nvme --dir missing: exit 2, named, not created" \
     "[ $rc -eq 2 ] && grep -q 'no-such-dir: no such directory' '$W/nodir.txt' && [ ! -e '$W/no-such-dir' ]"
+# --dtype f16 is fp16 here as in bench step and export (one parser; before: "'f16' is not one of")
+"$ZOFF" bench nvme --dir "$W" --dtype f16 --bf16-states > "$W/f16.txt" 2>&1
+rc=$?
+check "bench nvme --dtype f16: read as fp16 (then --bf16-states refused for it, exit 2)" \
+    "[ $rc -eq 2 ] && grep -q 'needs --dtype bf16.*got --dtype fp16' '$W/f16.txt'"
+# sizes: zoff_parse_size's units in any case (tests/test_core.c); a unit it does not read: the list, G in it
+"$ZOFF" bench nvme --dir "$W" --size 8X > "$W/size.txt" 2>&1
+rc=$?
+check "bench nvme --size 8X: exit 2, the units listed (G among them, any case)" \
+    "[ $rc -eq 2 ] && grep -q -- \"--size: invalid size unit in '8X'; the units: .*binary K, M, G, T.*any case\" '$W/size.txt'"
 # too few buffers for the swapper's pipeline: a usage error said before any measuring (before: exit 1)
 mkdir "$W/nvme1"
 "$ZOFF" bench nvme --dir "$W/nvme1" --size 1MiB --rounds 1 --no-step --buffer-count 1 > "$W/nvme1.txt" 2>&1
@@ -123,6 +133,20 @@ check "bench ckpt leaves --dir as it found it (the user's file kept, its own fol
 "$ZOFF" bench adam --params 20k --threads 1 --iters 1 --rounds 3 --mode fp32-grads --json > "$W/adam.json" 2>&1 \
     && check_cmp "bench adam --json: each mode against the bound, paired" "$W/adam.json" 'd["modes"]' \
     || bad "bench adam: $(cat "$W/adam.json")"
+
+# counts in the banners: one of a thing is singular, a small model's size exact (before: "1 steps x 1
+# repeats", "GPT-2 1 layers", "(0.0M parameters)")
+"$ZOFF" bench adam --params 20k --threads 1 --iters 1 --rounds 1 --mode fp32-grads > "$W/adam1.txt" 2>&1
+check "bench adam, one of each: '1 thread', '1 step x 1 round'" \
+    "grep -q '^zoff bench adam: adamw, 20000 parameters, 1 thread, simd [a-z0-9-]*, 1 step x 1 round (' '$W/adam1.txt'"
+mkdir -p "$W/ck1"
+"$ZOFF" bench ckpt --dir "$W/ck1" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --vocab-size 256 \
+    --max-position-embeddings 16 --rounds 1 > "$W/ck1.txt" 2>&1
+check "bench ckpt of a 1-layer model: 'GPT-2 1 layer, width 32 (21472 parameters)', '1 round'" \
+    "grep -q '^zoff bench ckpt: GPT-2 1 layer, width 32 (21472 parameters): checkpoint .*; 1 round$' '$W/ck1.txt'"
+"$ZOFF" plan --num-layers 1 --hidden-size 32 --num-attention-heads 1 --vocab-size 64 --no-probe > "$W/plan1.txt" 2>&1
+check "zoff plan of a 1-layer model: 'GPT-2 1 layer, ..., 1 head, ...: 18912 parameters'" \
+    "grep -q '^zoff plan: GPT-2 1 layer, width 32, 1 head, seq 64, vocab 64 (padded 128): 18912 parameters, f32' '$W/plan1.txt'"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -68,6 +68,16 @@ out=$("$ZOFF" bench step --device cpu --num-layers 1 --hidden-size 32 --vocab-si
       --micro-batch-size 1 --iters 1 --rounds 1 --configs offload --json 2>/dev/null)
 if [ $? -eq 0 ] && /usr/bin/python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert list(d["configs"]) == ["offload"] and "profile" not in d' "$out"
 then echo "ok   - --configs offload: that configuration only, no profile"; else echo "FAIL - --configs: $out"; exit 1; fi
+# --dtype: the one parser of every command (zoff export's too): f16 and DeepSpeed's fp16 are the same
+# dtype, written "fp16" in the JSON that zoff plan --bench reads (before: f16 refused here, exit 2)
+out=$("$ZOFF" bench step --device cpu --num-layers 1 --hidden-size 32 --vocab-size 256 --seq-length 16 \
+      --micro-batch-size 1 --iters 1 --rounds 1 --configs device-optimizer --profile-iters 0 \
+      --dtype f16 --json 2>&1)
+if [ $? -eq 0 ] && /usr/bin/python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["dtype"] == "fp16", d' "$out"
+then echo "ok   - --dtype f16 (as export takes it): fp16 weights"; else echo "FAIL - --dtype f16: $out"; exit 1; fi
+out=$("$ZOFF" bench step --device cpu --dtype float16 2>&1)
+if [ $? -eq 2 ] && [ "$out" = "zoff bench step: --dtype: 'float16' is not one of f32, bf16, f16 (fp32 and fp16 also read)" ]
+then echo "ok   - --dtype float16: exit 2, the spellings named"; else echo "FAIL - --dtype float16: $out"; exit 1; fi
 "$ZOFF" bench step --device cpu --configs offload,nonsense >/dev/null 2>&1
 [ $? -eq 2 ] && echo "ok   - unknown --configs name exits 2" || { echo "FAIL - --configs nonsense should exit 2"; exit 1; }
 "$ZOFF" bench step --device cpu --iters 0 >/dev/null 2>&1

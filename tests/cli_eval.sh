@@ -73,6 +73,21 @@ check "eval of a checkpoint (its sequence length 16) == the trainer's validation
 check "the summary line: loss, perplexity, tokens, windows" \
   "[ \$? -eq 0 ] && grep -q '^zoff eval: loss [0-9.]*, perplexity [0-9.]* over [0-9]* tokens ([0-9]* windows of 16 + 1 tokens' '$W/line.txt'"
 
+# what the help says is read: windows of T+1 tokens starting at k*T, (N-1)/T of them; --max-batches 0 is all
+# (before: "no overlap between windows", and 0 undocumented)
+"$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" --max-batches 0 --json >"$W/mb0.json" 2>&1
+rc=$?
+"$ZOFF" eval --help >"$W/eval_help.txt"
+check "--max-batches 0: every window, the help's (N-1)/T = $((nwin / 16)); the help says both" \
+  "[ $rc -eq 0 ] && grep -q '\"windows\":$((nwin / 16)),' '$W/mb0.json' && grep -q 'windows of 16 + 1' '$W/line.txt' \
+   && grep -q '(default 0: all)' '$W/eval_help.txt' && grep -q \"one window's last token is the next one's first\" '$W/eval_help.txt' \
+   && grep -q '(N-1)/T windows' '$W/eval_help.txt' && ! grep -q 'no overlap' '$W/eval_help.txt'"
+"$ZOFF" bench adam --help >"$W/adam_help.txt"
+check "bench adam --help: --threads 0 is the default (all cores)" "grep -q 'default, and 0: ' '$W/adam_help.txt'"
+
+"$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" --max-batches 1 >"$W/one.txt" 2>&1
+check "--max-batches 1: '1 window of 16 + 1 tokens' (before: '1 windows')" \
+  "[ \$? -eq 0 ] && grep -q '^zoff eval: loss .* over 16 tokens (1 window of 16 + 1 tokens; the last windows left out: --max-batches)' '$W/one.txt'"
 # wrong input: exit 2, said
 "$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
 "$ZOFF" eval --load "$W/run" --data-path "$W/g2_train.bin" >"$W/e1.txt" 2>&1
@@ -85,6 +100,17 @@ check "--seq-length past the model's positions: exit 2, says the limit" "[ $rc -
 "$ZOFF" eval --load "$W/run" >"$W/e3.txt" 2>&1
 rc=$?
 check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"
+for c in "sample --load ''" "eval --load '' --data-path x" "export --load '' --output x"; do
+  eval "\"\$ZOFF\" $c" >"$W/e5.txt" 2>&1
+  rc=$?
+  check "zoff $c: exit 2, '--load is empty' (before: 'checkpoint directory is empty')" \
+    "[ $rc -eq 2 ] && grep -q -- \"^zoff ${c%% *}: --load is empty: give a checkpoint folder\" '$W/e5.txt'"
+done
+"$ZOFF" eval --load "$W/run" --data-path "$W/small.txt" >"$W/e4.txt" 2>&1
+rc=$?
+check "a text file as --data-path: exit 2, the tokenize command, its shards for --data-path (before: 'train on those')" \
+  "[ $rc -eq 2 ] && grep -q 'small.txt is text, not a token shard: zoff tokenize .*give those as --data-path' '$W/e4.txt' \
+   && ! grep -q 'train on' '$W/e4.txt'"
 
 # an untied LM head (lm_head.weight other than wte): zoff would run wte as the head, another model
 # than the file's; eval and sample refuse it (before: a warning, then that other model's loss, exit 0).

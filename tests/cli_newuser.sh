@@ -422,10 +422,15 @@ printf 'the third\n' > "$W/texts/c.md"; printf 'hidden\n' > "$W/texts/.h.txt"; p
 cp "$W/corpus_val.bin" "$W/texts/old_train.bin"; printf 'nested\n' > "$W/notexts/sub/e.txt"
 TK=(--tokenizer byte --val-fraction 0 --quiet)
 "$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_list" "$W/texts/a.txt" "$W/texts/b.txt" "$W/texts/c.md" >/dev/null 2>&1
-"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_dir" "$W/texts" >"$W/tk_dir.out" 2>&1
+"$ZOFF" tokenize "${TK[@]:0:4}" --output-prefix "$W/tk_dir" "$W/texts" >"$W/tk_dir.out" 2>&1
 rc=$?
 check "tokenize DIR: exit 0, its three files in name order (the same shard as naming them)" \
   "[ $rc -eq 0 ] && grep -q '3 file(s)' '$W/tk_dir.out' && cmp -s '$W/tk_list_train.bin' '$W/tk_dir_train.bin'"
+# --quiet is quiet, as export's (before: the 3-line summary still printed); warnings still print (below)
+"$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_q" "$W/texts" >"$W/tk_q.out" 2>&1
+rc=$?
+check "tokenize --quiet: exit 0, nothing printed, the shard written" \
+  "[ $rc -eq 0 ] && [ ! -s '$W/tk_q.out' ] && cmp -s '$W/tk_list_train.bin' '$W/tk_q_train.bin'"
 "$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_glob" "$W/texts/*.txt" >/dev/null 2>&1
 "$ZOFF" tokenize "${TK[@]}" --output-prefix "$W/tk_ab" "$W/texts/a.txt" "$W/texts/b.txt" >/dev/null 2>&1
 check "tokenize 'DIR/*.txt': the files it matches, in name order" "cmp -s '$W/tk_ab_train.bin' '$W/tk_glob_train.bin'"
@@ -531,6 +536,19 @@ check "a mistyped benchmark: exit 2, did you mean zoff bench adam" \
 "$ZOFF" export --help >"$W/help2.out" 2>&1
 check "zoff help export: exit 0, the same text as zoff export --help" \
   "[ $rc -eq 0 ] && grep -q '^usage: zoff export' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
+
+# zoff help CMD WHAT and zoff help version: the specific help (before: bench's list, the general usage)
+"$ZOFF" help bench adam >"$W/help.out" 2>&1; rc=$?
+"$ZOFF" bench adam --help >"$W/help2.out" 2>&1
+check "zoff help bench adam: exit 0, the same text as zoff bench adam --help" \
+  "[ $rc -eq 0 ] && grep -q '^usage: zoff bench adam' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
+"$ZOFF" help version >"$W/help.out" 2>&1; rc=$?
+"$ZOFF" version --help >"$W/help2.out" 2>&1
+check "zoff help version: exit 0, the same text as zoff version --help" \
+  "[ $rc -eq 0 ] && grep -q '^usage: zoff version' '$W/help.out' && cmp -s '$W/help.out' '$W/help2.out'"
+"$ZOFF" help traine >"$W/help.out" 2>&1; rc=$?
+check "zoff help of a mistyped command: exit 2, did you mean zoff train" \
+  "[ $rc -eq 2 ] && grep -q \"unknown command 'traine' (did you mean zoff train?)\" '$W/help.out'"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

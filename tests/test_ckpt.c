@@ -284,6 +284,8 @@ static void test_latest_skips_incomplete_and_tmp(void **state) {
     assert_ok(zoff_ckpt_latest(root, &latest));
     assert_int_equal(latest, -1);
     assert_err(zoff_ckpt_open(root, 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "no complete checkpoint in");
+    /* an empty path is said to be empty (before: "checkpoint directory is empty", as if a folder held nothing) */
+    assert_err(zoff_ckpt_open("", 0, &(zoff_ckpt_reader *){NULL}), ZOFF_ERR_INVALID, "the checkpoint path is empty ('')");
 
     save_small(root, 100, 1, NULL);
     save_small(root, 200, 2, NULL);

@@ -178,7 +178,8 @@ static void test_shard_bad_files(void **state) {
     write_text(txt, "short", 5);
     expect_error(zoff_shard_open(txt, 0, &s), ZOFF_ERR_FORMAT,
                  (const char *[]){"corpus.txt is text, not a token shard", "zoff tokenize --output-prefix ",
-                                  "/corpus.txt writes ", "/corpus_train.bin", NULL});
+                                  "/corpus.txt writes ", "/corpus_train.bin",
+                                  "give those as --data-path (to zoff train or zoff eval)", NULL});
     char long_text[3000];
     const char line[] = "caf\xc3\xa9 au lait,\tdeux\r\n"; /* UTF-8, a tab, CRLF */
     for (size_t i = 0; i < sizeof long_text; i++) long_text[i] = line[i % (sizeof line - 1)];

@@ -99,10 +99,17 @@ double zoff_lap(double *mark);
 size_t zoff_edit_distance(const char *a, const char *b);
 
 /* ---- sizes ---- */
-/* Parse "256MiB", "1.5GB", "4096", "2G" into bytes. Binary units for Ki/Mi/Gi/K/M/G, decimal for kB/MB/GB. */
+/* Parse "256MiB", "1.5GB", "4096", "1e9", "80g" into bytes: a number (strtod's), optional spaces, a unit
+ * of any case: none or B; K, M, G, T and KiB, MiB, GiB, TiB binary; kB, MB, GB, TB decimal. Else
+ * ZOFF_ERR_INVALID, the message listing the units. */
 zoff_status zoff_parse_size(const char *text, size_t *out);
 /* Format bytes as e.g. "1.50 GiB" into buf. Returns buf. */
 const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen);
+/* "1 layer", "4 layers": n and `word` (its plural: word + "s") into buf, for the banners. Returns buf. */
+const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buflen);
+/* A model's size for the banners: "1.62M parameters" from a million on, else the count ("8256
+ * parameters", "1 parameter"), never "0.0M". Returns buf. */
+const char *zoff_format_params(int64_t n, char *buf, size_t buflen);
 
 /* ---- files ---- */
 /* Write `text` to `path` atomically: a temp file beside it (PATH.tmp-PID), fsync,

@@ -151,7 +151,7 @@ static zoff_status path_join(char *out, size_t cap, const char *a, const char *b
 
 /* Copy dir without trailing slashes ("out/" -> "out"). */
 static zoff_status norm_dir(const char *dir, char *out, size_t cap) {
-    if (!dir || !dir[0]) return zoff_error(ZOFF_ERR_INVALID, "checkpoint directory is empty");
+    if (!dir || !dir[0]) return zoff_error(ZOFF_ERR_INVALID, "the checkpoint path is empty (''): give a folder");
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/') n--;
     if (n >= cap) return zoff_error(ZOFF_ERR_INVALID, "checkpoint directory '%s' is too long", dir);

@@ -8,7 +8,7 @@
 int zoff_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fprintf(argc < 2 ? stderr : stdout,
-                "usage: zoff bench <what> [options]   (zoff bench <what> --help)\n"
+                "usage: zoff bench <what> [options]   (zoff bench <what> --help, or zoff help bench <what>)\n"
                 "  adam   host optimizer step vs the machine's in-place memory bandwidth\n"
                 "  step   a training step and its components, with and without offload\n"
                 "  nvme   the NVMe swapper against fio on one disk, and steps with nvme vs cpu offload\n"

@@ -51,7 +51,8 @@ static void usage(FILE *f) {
             "  same access pattern (the machine's bound), interleaved and repeated.\n"
             "options:\n"
             "  --params N        parameters (default 100M; k, M, G suffixes are decimal)\n"
-            "  --threads T       threads (default: $ZOFF_THREADS, $OMP_NUM_THREADS, all cores)\n"
+            "  --threads T       threads (default, and 0: $ZOFF_THREADS, else $OMP_NUM_THREADS, else all\n"
+            "                    cores)\n"
             "  --iters K         optimizer steps per measurement (default 5)\n"
             "  --rounds R        rounds of bound/mode pairs (default 5; --repeats R is the same)\n"
             "  --optimizer NAME  adamw (default), adam (L2), adagrad, lion\n"
@@ -366,9 +367,11 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
                "\"repeats\":%d,\"loadavg_before\":%.2f,\"loadavg_after\":%.2f,\"modes\":[",
                optname, (long long)n, threads, zoff_host_optimizer_path(opt), iters, repeats, load0, load1);
     } else {
-        printf("zoff bench adam: %s, %lld params, %d threads, simd %s, %d steps x %d repeats (interleaved with the "
-               "bound), load %.2f -> %.2f\n",
-               optname, (long long)n, threads, zoff_host_optimizer_path(opt), iters, repeats, load0, load1);
+        char np[48], nt[32], ns[32], nr[32];
+        printf("zoff bench adam: %s, %s, %s, simd %s, %s x %s (interleaved with the bound), load %.2f -> %.2f\n",
+               optname, zoff_format_count(n, "parameter", np, sizeof np), zoff_format_count(threads, "thread", nt, sizeof nt),
+               zoff_host_optimizer_path(opt), zoff_format_count(iters, "step", ns, sizeof ns),
+               zoff_format_count(repeats, "round", nr, sizeof nr), load0, load1);
         printf("%-22s %6s | %12s %9s | %12s %9s | %8s %15s\n", "mode", "B/par", "bound par/s", "bound GB/s",
                "optim par/s", "optim GB/s", "% bound", "(min..max %)");
     }

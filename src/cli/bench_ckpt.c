@@ -310,11 +310,10 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
         rmtree(ckdir);
     }
     if (s == ZOFF_OK) {
-        char b1[32];
-        fprintf(stderr,
-                "zoff bench ckpt: GPT-2 %" PRId64 " layers, width %" PRId64 " (%.1fM parameters): checkpoint %s in %s; "
-                "%" PRId64 " rounds\n",
-                L, C, (double)n / 1e6, zoff_format_bytes(S, b1, sizeof b1), dir, rounds);
+        char b1[32], nl[32], np[48], nr[32];
+        fprintf(stderr, "zoff bench ckpt: GPT-2 %s, width %" PRId64 " (%s): checkpoint %s in %s; %s\n",
+                zoff_format_count(L, "layer", nl, sizeof nl), C, zoff_format_params(n, np, sizeof np),
+                zoff_format_bytes(S, b1, sizeof b1), dir, zoff_format_count(rounds, "round", nr, sizeof nr));
     }
     snprintf(step_dir, sizeof step_dir, "%s/step_00000001", ckdir);
     for (int64_t r = 0; r < rounds && s == ZOFF_OK; r++) {

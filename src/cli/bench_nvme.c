@@ -219,7 +219,7 @@ static void usage(FILE *f) {
             "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N --vocab-size N\n"
             "                         model for the steps (default 4 x 128, 4 heads, 64, 50257)\n"
             "  --micro-batch-size N   (default 8)\n"
-            "  --dtype f32|bf16|fp16  (default bf16)\n"
+            "  --dtype f32|bf16|f16   (default bf16)\n"
             "  --iters N              timed steps per configuration and round (default 3)\n"
             "  --json                 one JSON object on stdout\n",
             100.0 * CLI_BENCH_SPREAD_LIMIT, MAX_ROUNDS);
@@ -230,8 +230,12 @@ static bool size_value(const char *flag, int argc, char **argv, int *i, int64_t 
     const char *v = cli_value("bench nvme", argc, argv, i);
     size_t sz;
     if (!v) return false;
-    if (zoff_parse_size(v, &sz) != ZOFF_OK || sz == 0) {
-        fprintf(stderr, "zoff bench nvme: %s: '%s' is not a size (e.g. 1GiB)\n", flag, v);
+    if (zoff_parse_size(v, &sz) != ZOFF_OK) {
+        fprintf(stderr, "zoff bench nvme: %s: %s\n", flag, zoff_last_error());
+        return false;
+    }
+    if (sz == 0) {
+        fprintf(stderr, "zoff bench nvme: %s: '%s' is no bytes; give a size such as 1GiB\n", flag, v);
         return false;
     }
     *dst = (int64_t)sz;
@@ -365,7 +369,7 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
 }
 
 static void io_report(const bench_args *a, const io_result *res) {
-    char why[400];
+    char why[400], rb[32];
     if (a->json)
         printf("{\"dir\":\"%s\",\"direct\":%s,\"engine\":\"%s\",\"block_size\":%lld,\"queue_depth\":%lld,"
                "\"buffer_count\":%lld,\"state_bytes\":%lld,\"rounds\":%lld,\"spread_limit\":%.2f,\"io\":{",
@@ -373,9 +377,9 @@ static void io_report(const bench_args *a, const io_result *res) {
                (long long)a->qd, (long long)a->buffers, (long long)a->size, (long long)a->rounds,
                CLI_BENCH_SPREAD_LIMIT);
     else
-        printf("\n%lld rounds, pairs next to each other (MB/s = 1e6 bytes/s; ratio = swapper / fio of each pair)\n"
+        printf("\n%s, pairs next to each other (MB/s = 1e6 bytes/s; ratio = swapper / fio of each pair)\n"
                "%-12s %12s %12s %8s %8s %8s\n",
-               (long long)a->rounds, "pass", "fio median", "zoff median", "ratio", "min", "max");
+               zoff_format_count(a->rounds, "round", rb, sizeof rb), "pass", "fio median", "zoff median", "ratio", "min", "max");
     for (int k = 0; k < NKIND; k++) {
         const cli_paired *p = &res->pair[k];
         if (a->json) {
@@ -455,13 +459,14 @@ static void step_report(const bench_args *a, const io_result *io, zoff_backend_k
                cli_paired_verdict(&p, why, sizeof why), disk_bytes, disk_t, carries ? "true" : "false");
         return;
     }
-    printf("\ntraining steps: GPT-2 %lld x %lld (%lld parameters), batch %lld x %lld, %s, %s backend%s%s; medians of "
-           "%d rounds\n%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
+    char np[48], nr[32];
+    printf("\ntraining steps: GPT-2 %lld x %lld (%s), batch %lld x %lld, %s, %s backend%s%s; medians of "
+           "%s\n%-12s %10s %10s %10s\n%-12s %10.4f %10.4f %10.4f\n%-12s %10.4f %10.4f %10.4f\n"
            "nvme / cpu offload step time, paired per round: median %.3f (min %.3f, max %.3f); target <= 1.25 where "
            "the disk carries %.0f B/param/step within the compute time\n",
-           (long long)a->shape.num_layers, (long long)a->shape.hidden_size, (long long)n, (long long)a->B,
-           (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "",
-           a->bf16_states ? ", bf16 optimizer states" : "", R, "config", "step",
+           (long long)a->shape.num_layers, (long long)a->shape.hidden_size, zoff_format_count(n, "parameter", np, sizeof np),
+           (long long)a->B, (long long)a->T, a->dts, backend, a->delayed ? ", delayed parameter update" : "",
+           a->bf16_states ? ", bf16 optimizer states" : "", zoff_format_count(R, "round", nr, sizeof nr), "config", "step",
            "compute", "host-opt", "cpu offload", med[0][0], med[0][1], med[0][2], "nvme", med[1][0], med[1][1],
            med[1][2], p.ratio_median, p.ratio_min, p.ratio_max, 2.0 * per);
     if (!p.steady) printf("(*) nvme / cpu offload: %s\n", cli_paired_verdict(&p, why, sizeof why));
@@ -479,16 +484,13 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
     zoff_dtype dt;
-    const char *prec;
-    if (!strcmp(a.dts, "f32")) dt = ZOFF_F32, prec = "";
-    else if (!strcmp(a.dts, "bf16"))
-        dt = ZOFF_BF16, prec = a.bf16_states ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},"
-                                             : "\"bf16\": {\"enabled\": true},";
-    else if (!strcmp(a.dts, "fp16")) dt = ZOFF_F16, prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},";
-    else {
-        fprintf(stderr, "zoff bench nvme: --dtype: '%s' is not one of f32, bf16, fp16\n", a.dts);
-        return 2;
-    }
+    if (!cli_parse_dtype("bench nvme", "--dtype", a.dts, &dt)) return 2;
+    a.dts = cli_bench_dtype_name(dt);
+    const char *prec = dt == ZOFF_F32 ? ""
+                       : dt == ZOFF_F16
+                           ? "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},"
+                       : a.bf16_states ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true},"
+                                       : "\"bf16\": {\"enabled\": true},";
     if (a.bf16_states && dt != ZOFF_BF16) {
         fprintf(stderr, "zoff bench nvme: --bf16-states needs --dtype bf16 (bf16 optimizer states are a bf16-training "
                         "option), got --dtype %s\n", a.dts);

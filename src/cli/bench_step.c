@@ -354,7 +354,7 @@ static void bench_step_usage(FILE *f) {
                "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N --vocab-size N\n"
                "                         model shape (default: the default job's, 4 x 128, 4 heads, 64, 50257)\n"
                "  --micro-batch-size N   (default 8)\n"
-               "  --dtype f32|bf16|fp16  weights on the device (default bf16)\n"
+               "  --dtype f32|bf16|f16   weights on the device (default bf16)\n"
                "  --ratios LIST          Twin-Flow sweep instead: offload with these host ratios, e.g.\n"
                "                         0,0.25,0.5,0.75,1 (and \"auto\" when --device-memory is given)\n"
                "  --device-memory SIZE   device memory budget (CPU backend: simulated)\n"
@@ -558,14 +558,11 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         return 2;
     }
     zoff_dtype dt;
-    const char *prec, *dts = o.dts;
-    if (!strcmp(dts, "f32")) dt = ZOFF_F32, prec = "";
-    else if (!strcmp(dts, "bf16")) dt = ZOFF_BF16, prec = "\"bf16\": {\"enabled\": true},";
-    else if (!strcmp(dts, "fp16")) dt = ZOFF_F16, prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},";
-    else {
-        fprintf(stderr, "zoff bench step: --dtype: '%s' is not one of f32, bf16, fp16\n", dts);
-        return 2;
-    }
+    if (!cli_parse_dtype("bench step", "--dtype", o.dts, &dt)) return 2;
+    const char *dts = o.dts = cli_bench_dtype_name(dt); /* the peak's line too */
+    const char *prec = dt == ZOFF_F32    ? ""
+                       : dt == ZOFF_BF16 ? "\"bf16\": {\"enabled\": true},"
+                                         : "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12},";
     zoff_backend_kind kind = ZOFF_BACKEND_CPU;
     if ((o.device && !strcmp(o.device, "cuda")) || (!o.device && zoff_backend_available(ZOFF_BACKEND_CUDA)))
         kind = ZOFF_BACKEND_CUDA;
@@ -610,14 +607,18 @@ int zoff_cmd_bench_step(int argc, char **argv) {
                        (long long)shape.num_layers, (long long)shape.hidden_size, (long long)shape.num_heads,
                        (long long)T, (long long)shape.vocab_size, (long long)B, dts,
                        kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", (long long)o.rounds, (long long)o.iters);
-    else
-        printf("zoff bench step: GPT-2 %lld x %lld, %lld heads, seq %lld, vocab %lld, batch %lld, %s, %s backend\n"
-               "medians of %lld rounds x %lld steps (seconds)\n\n"
+    else {
+        char nh[32], nr[32], ns[32];
+        printf("zoff bench step: GPT-2 %lld x %lld, %s, seq %lld, vocab %lld, batch %lld, %s, %s backend\n"
+               "medians of %s x %s (seconds)\n\n"
                "%-20s %8s %8s %8s %9s %9s %9s %9s %9s %10s %9s %9s %11s\n",
-               (long long)shape.num_layers, (long long)shape.hidden_size, (long long)shape.num_heads, (long long)T,
-               (long long)shape.vocab_size, (long long)B, dts, kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
-               (long long)o.rounds, (long long)o.iters, "config", "step", "forward", "backward", "wait-grad", "host-opt",
+               (long long)shape.num_layers, (long long)shape.hidden_size,
+               zoff_format_count(shape.num_heads, "head", nh, sizeof nh), (long long)T, (long long)shape.vocab_size,
+               (long long)B, dts, kind == ZOFF_BACKEND_CUDA ? "cuda" : "cpu",
+               zoff_format_count(o.rounds, "round", nr, sizeof nr), zoff_format_count(o.iters, "step", ns, sizeof ns),
+               "config", "step", "forward", "backward", "wait-grad", "host-opt",
                "host-work", "dev-opt", "wait-wts", "tokens/s", "step/sum", "step/max", "host-hidden");
+    }
     for (int c = 0; c < nconf; c++) {
         const step_stats *m = &med[c];
         double work = m->host_work > 0 ? m->host_work : m->host;

@@ -43,6 +43,22 @@ bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double m
     return true;
 }
 
+bool cli_parse_dtype(const char *cmd, const char *flag, const char *text, zoff_dtype *dt) {
+    static const struct {
+        const char *name;
+        zoff_dtype dt;
+    } names[] = {{"f32", ZOFF_F32}, {"fp32", ZOFF_F32}, {"bf16", ZOFF_BF16}, {"f16", ZOFF_F16}, {"fp16", ZOFF_F16}};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+        if (!strcmp(text, names[k].name)) {
+            *dt = names[k].dt;
+            return true;
+        }
+    fprintf(stderr, "zoff %s: %s: '%s' is not one of f32, bf16, f16 (fp32 and fp16 also read)\n", cmd, flag, text);
+    return false;
+}
+
+const char *cli_bench_dtype_name(zoff_dtype dt) { return dt == ZOFF_F16 ? "fp16" : zoff_dtype_name(dt); }
+
 bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t cap) {
     size_t n = strlen(text);
     if (n >= cap) {
@@ -60,6 +76,12 @@ bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t 
         if (!end) return true;
         p = end;
     }
+}
+
+bool cli_path_given(const char *cmd, const char *flag, const char *path, const char *what) {
+    if (*path) return true;
+    fprintf(stderr, "zoff %s: %s is empty: give %s\n", cmd, flag, what);
+    return false;
 }
 
 const char *cli_value(const char *cmd, int argc, char **argv, int *i) {

@@ -16,9 +16,19 @@
 /* Parse helpers: on failure print "zoff <cmd>: <flag>: ..." to stderr and return false. */
 bool cli_parse_i64(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max, int64_t *out);
 bool cli_parse_f64(const char *cmd, const char *flag, const char *text, double min, double max, double *out);
+/* The one reading of every command's --dtype: f32, bf16 or f16 (the spellings the helps show), and
+ * DeepSpeed's fp32 and fp16 as the same, into *dt; otherwise prints "zoff <cmd>: <flag>: 'x' is not
+ * one of f32, bf16, f16 (fp32 and fp16 also read)" and returns false. */
+bool cli_parse_dtype(const char *cmd, const char *flag, const char *text, zoff_dtype *dt);
+/* The name of dt in the --json output of bench step and nvme: f32, bf16, fp16 (zoff plan --bench
+ * reads it back). */
+const char *cli_bench_dtype_name(zoff_dtype dt);
 /* A comma-separated list (--ratios 0,0.5,1): not empty, no empty item (leading, trailing or doubled
  * comma), shorter than `cap` characters; else prints "zoff <cmd>: <flag>: ..." and returns false. */
 bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t cap);
+/* A path flag given as "" (--load ''): prints "zoff <cmd>: <flag> is empty: give <what>" and returns
+ * false; true for any other path. */
+bool cli_path_given(const char *cmd, const char *flag, const char *path, const char *what);
 /* Fetch the value after argv[*i] (advancing *i); prints an error if missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* The flag's name in `arg`: "--flag" of "--flag=value", else arg itself (cut to size - 1 bytes). */

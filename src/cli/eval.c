@@ -14,8 +14,11 @@ static void eval_usage(FILE *f) {
             "usage: zoff eval --load DIR|FILE --data-path PATTERN [options]\n"
             "\n"
             "The mean next-token loss (cross-entropy, nats) and the perplexity exp(loss) of a model on\n"
-            "token shards (zoff tokenize), over every window of T+1 tokens in file order: each of\n"
-            "its T predictions is counted once (no overlap between windows, no sliding context).\n"
+            "token shards (zoff tokenize), over every window of T+1 tokens in file order: window k of\n"
+            "a shard is its tokens k*T .. k*T+T, so one window's last token is the next one's first\n"
+            "(a shard of N tokens gives (N-1)/T windows, rounded down; the tokens after the last are\n"
+            "not read). Each of a window's T predictions is counted once, with no context from the\n"
+            "window before it (no sliding context).\n"
             "\n"
             "  --load DIR|FILE         checkpoint root (newest complete step), a step directory, or GPT-2\n"
             "                          weights in safetensors: a file, or a folder holding model.safetensors\n"
@@ -26,7 +29,7 @@ static void eval_usage(FILE *f) {
             "                          length; all of a safetensors model's positions)\n"
             "  --micro-batch-size N    windows per forward (default 1: every window; a larger batch leaves\n"
             "                          out the last windows that do not fill one, and says how many)\n"
-            "  --max-batches N         stop after N batches (default: all)\n"
+            "  --max-batches N         stop after N batches (default 0: all)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
             "  --json                  one JSON object on stdout instead of the summary line\n");
 }
@@ -61,6 +64,9 @@ int zoff_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "zoff eval: --load and --data-path are required (zoff eval --help)\n");
         return 2;
     }
+    if (!cli_path_given("eval", "--load", load, "a checkpoint folder (zoff train --save) or safetensors weights") ||
+        !cli_path_given("eval", "--data-path", data, "token shards (a .bin file, a folder or a glob)"))
+        return 2;
     if (device && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
         fprintf(stderr, "zoff eval: --device: '%s' is not cpu or cuda\n", device);
         return 2;
@@ -130,12 +136,13 @@ int zoff_cmd_eval(int argc, char **argv) {
             printf("{\"loss\":%.6f,\"perplexity\":%.6f,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
                    "\"seq_len\":%lld,\"batch\":%lld,\"seconds\":%.3f}\n",
                    loss, exp(loss), tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
-        else
-            printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%lld windows of %lld + 1 tokens%s%s) "
-                   "in %.1f s\n",
-                   loss, exp(loss), tokens, (long long)(nb * B), (long long)T,
+        else {
+            char nw[32];
+            printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%s of %lld + 1 tokens%s%s) in %.1f s\n",
+                   loss, exp(loss), tokens, zoff_format_count(nb * B, "window", nw, sizeof nw), (long long)T,
                    left > 0 ? "; the last windows left out: " : "", left > 0 ? (max_batches ? "--max-batches" : "fewer than a batch") : "",
                    secs);
+        }
     }
     if (dev) {
         zoff_device_free(dev, dx);

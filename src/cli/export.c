@@ -220,22 +220,18 @@ int zoff_cmd_export(int argc, char **argv) {
         fprintf(stderr, "zoff export: --load DIR and --output PATH are required (zoff export --help)\n");
         return 2;
     }
-    if (!*output) { /* checked before its last character is read */
-        fprintf(stderr, "zoff export: --output is empty: give a file (e.g. model.safetensors) or a folder (e.g. hf/)\n");
-        return 2;
-    }
+    if (!cli_path_given("export", "--load", load, "a checkpoint folder (zoff train --save)") ||
+        !cli_path_given("export", "--output", output, "a file (e.g. model.safetensors) or a folder (e.g. hf/)"))
+        return 2; /* --output checked before its last character is read */
     zoff_gpt2_export_options eo = {.layout = ZOFF_GPT2_LAYOUT_HF, .dtype = ZOFF_ST_F32};
     if (!strcmp(format, "fp32")) eo.layout = ZOFF_GPT2_LAYOUT_ZOFF;
     else if (strcmp(format, "safetensors")) {
         fprintf(stderr, "zoff export: --format: '%s' is not one of safetensors, fp32\n", format);
         return 2;
     }
-    if (!strcmp(dtype_s, "bf16")) eo.dtype = ZOFF_ST_BF16;
-    else if (!strcmp(dtype_s, "f16") || !strcmp(dtype_s, "fp16")) eo.dtype = ZOFF_ST_F16;
-    else if (strcmp(dtype_s, "f32") && strcmp(dtype_s, "fp32")) {
-        fprintf(stderr, "zoff export: --dtype: '%s' is not one of f32, bf16, f16\n", dtype_s);
-        return 2;
-    }
+    zoff_dtype wdt;
+    if (!cli_parse_dtype("export", "--dtype", dtype_s, &wdt)) return 2;
+    eo.dtype = wdt == ZOFF_BF16 ? ZOFF_ST_BF16 : wdt == ZOFF_F16 ? ZOFF_ST_F16 : ZOFF_ST_F32;
     if (eo.layout == ZOFF_GPT2_LAYOUT_ZOFF && eo.dtype != ZOFF_ST_F32) {
         fprintf(stderr, "zoff export: --format fp32 is always f32; --dtype %s applies to --format safetensors\n",
                 dtype_s);

@@ -13,7 +13,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "zoff %s: train GPT-2-family models with ZeRO-Offload-style memory savings\n"
             "\n"
-            "usage: zoff <command> [options]     (zoff <command> --help, or zoff help <command>: its options)\n"
+            "usage: zoff <command> [options]     (zoff <command> --help, or zoff help <command>: its options;\n"
+            "                                    zoff help bench <benchmark>: a benchmark's)\n"
             "\n"
             "commands:\n"
             "  train      train a model (default: small GPT-2 on the bundled corpus)\n"
@@ -44,6 +45,10 @@ static void set_omp_wait_policy(char **argv) {
     execv("/proc/self/exe", argv); /* returns only on failure: run on with the default policy */
 }
 
+static void version_usage(void) {
+    printf("usage: zoff version   (or zoff --version): the version and build features; no options\n");
+}
+
 typedef struct command {
     const char *name;
     int (*run)(int argc, char **argv);
@@ -68,17 +73,32 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "help") && argc >= 3 && find_command(argv[2]) != NULL) { /* zoff help train */
-        char *help_argv[] = {argv[2], "--help", NULL};
-        return find_command(argv[2])->run(2, help_argv);
-    }
-    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+    if (!strcmp(cmd, "help") && argc >= 3) { /* zoff help train, zoff help bench adam: as CMD [WHAT] --help */
+        if (argc > 4) {
+            fprintf(stderr, "zoff help: unexpected argument '%s' (zoff help <command> [benchmark])\n", argv[4]);
+            return 2;
+        }
+        if (find_command(argv[2]) != NULL) {
+            char *help_argv[] = {argv[2], argc > 3 ? argv[3] : "--help", "--help", NULL};
+            return find_command(argv[2])->run(argc > 3 ? 3 : 2, help_argv);
+        }
+        if (!strcmp(argv[2], "version")) {
+            if (argc > 3) {
+                fprintf(stderr, "zoff help version: unexpected argument '%s' (zoff version has no subcommands)\n",
+                        argv[3]);
+                return 2;
+            }
+            version_usage();
+            return 0;
+        }
+        cmd = argv[2]; /* an unknown command: said below, as for zoff CMD */
+    } else if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         if (argc > 2 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
-            printf("usage: zoff version   (or zoff --version): the version and build features; no options\n");
+            version_usage();
             return 0;
         }
         if (argc > 2) {

@@ -50,7 +50,7 @@ static void plan_usage(FILE *f) {
             "  --num-layers N --hidden-size N --num-attention-heads N --seq-length N\n"
             "  --max-position-embeddings N --vocab-size N (default 50257) --micro-batch-size N\n"
             "  --checkpoint-activations\n"
-            "machine (detected unless given):\n"
+            "machine (detected unless given; SIZE: bytes, or a unit in any case: 80G = 80GiB, 80GB = 8e10):\n"
             "  --device cpu|cuda           backend (default: cuda when available)\n"
             "  --device-memory SIZE        per rank (default: CUDA: free memory of the GPU; CPU: no limit);\n"
             "                              also the budget zoff train --device-memory gives the engine\n"
@@ -362,11 +362,12 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
     const zoff_plan_machine *M = &in->machine;
     const zoff_plan_rates *r = &M->rates;
     char b[8][32];
-    printf("zoff plan: GPT-2 %lld layers, width %lld, %lld heads, seq %lld, vocab %lld (padded %lld): %.2fM parameters, "
-           "%s\n",
-           (long long)mo->shape.num_layers, (long long)mo->shape.hidden_size, (long long)mo->shape.num_heads,
-           (long long)mo->seq_len, (long long)mo->shape.vocab_size, (long long)p->model.padded_vocab_size,
-           (double)p->model.num_params / 1e6, zoff_dtype_name(mo->dtype));
+    char nl[32], nh[32], np[48];
+    printf("zoff plan: GPT-2 %s, width %lld, %s, seq %lld, vocab %lld (padded %lld): %s, %s\n",
+           zoff_format_count(mo->shape.num_layers, "layer", nl, sizeof nl), (long long)mo->shape.hidden_size,
+           zoff_format_count(mo->shape.num_heads, "head", nh, sizeof nh), (long long)mo->seq_len,
+           (long long)mo->shape.vocab_size, (long long)p->model.padded_vocab_size,
+           zoff_format_params(p->model.num_params, np, sizeof np), zoff_dtype_name(mo->dtype));
     printf("  micro-batch %lld x accumulation %lld x %d ranks, activation checkpointing %s, config %s\n",
            (long long)mo->batch_size, (long long)in->cfg->gradient_accumulation_steps, M->ranks,
            mo->checkpoint_activations ? "on" : "off", a->config_path ? a->config_path : "(defaults)");

@@ -68,6 +68,7 @@ int zoff_cmd_sample(int argc, char **argv) {
                         "safetensors file or model folder)\n");
         return 2;
     }
+    if (!cli_path_given("sample", "--load", load, "a checkpoint folder (zoff train --save) or safetensors weights")) return 2;
     int rc = 1;
     cli_weights src;
     zoff_tokenizer *tok = NULL;

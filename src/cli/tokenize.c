@@ -33,7 +33,7 @@ static void tokenize_usage(FILE *f) {
             "                          0 writes no val file)\n"
             "  --shard-size N          at most N tokens per file: P_train_000000.bin, ... (default:\n"
             "                          one file per split)\n"
-            "  --quiet                 no progress lines\n"
+            "  --quiet                 no progress lines and no summary (errors and warnings still print)\n"
             "  -h, --help              this help\n"
             "\n"
             "The GPT-2 tables are searched in $ZOFF_DATA_DIR/gpt2, the source tree's data/gpt2\n"
@@ -209,6 +209,10 @@ int zoff_cmd_tokenize(int argc, char **argv) {
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff tokenize: %s (nothing was written)\n", zoff_last_error());
         return cli_exit_code(s);
+    }
+    if (quiet) {
+        zoff_tokenize_result_free(&r);
+        return 0;
     }
     int64_t total = r.tokens_train + r.tokens_val;
     printf("tokenizer %s: %d file(s), %lld bytes -> %lld tokens (%.2f bytes/token) in %.2f s (%.1f MB/s)\n", tokenizer,

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 void *zoff_aligned_alloc(size_t alignment, size_t bytes, const char *what) {
@@ -62,25 +63,31 @@ size_t zoff_edit_distance(const char *a, const char *b) {
     return row[lb];
 }
 
+/* What every size error says: the units and their meaning (one list, as zoff_parse_size reads them). */
+#define SIZE_UNITS "B; binary K, M, G, T (= KiB, MiB, GiB, TiB); decimal kB, MB, GB, TB; any case, e.g. 80G, 80GB, 1e9"
+
 zoff_status zoff_parse_size(const char *text, size_t *out) {
-    if (!text || !*text) return zoff_error(ZOFF_ERR_INVALID, "empty size; expected e.g. 256MiB, 2GiB or 4096");
+    if (!text || !*text) return zoff_error(ZOFF_ERR_INVALID, "empty size; give bytes or a number with a unit: " SIZE_UNITS);
     errno = 0;
     char *end = NULL;
     double v = strtod(text, &end);
     if (end == text || errno || !(v >= 0) || !isfinite(v))
-        return zoff_error(ZOFF_ERR_INVALID, "invalid size '%s'; expected e.g. 256MiB, 2GiB or 4096", text);
+        return zoff_error(ZOFF_ERR_INVALID, "invalid size '%s'; give bytes or a number with a unit: " SIZE_UNITS, text);
     while (*end == ' ') end++;
-    double mul = 1;
-    struct { const char *s; double m; } units[] = {
-        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"kB", 1e3}, {"KB", 1e3},
-        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
-        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
-    size_t i;
-    for (i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(end, units[i].s) == 0) { mul = units[i].m; break; }
-    if (i == sizeof units / sizeof units[0])
-        return zoff_error(ZOFF_ERR_INVALID, "invalid size unit in '%s'; use B, KiB, MiB, GiB, TiB (or kB, MB, GB, TB)", text);
+    /* the unit, any case: "", B; K, KiB (binary); KB (decimal); the same for M, G, T */
+    static const char prefixes[] = "kmgt";
+    double mul = 0;
+    char u0 = (char)tolower((unsigned char)end[0]);
+    const char *pre = u0 ? strchr(prefixes, u0) : NULL;
+    if (!*end || !strcasecmp(end, "b")) mul = 1;
+    else if (pre) {
+        double bin = 1, dec = 1;
+        for (const char *q = prefixes; q <= pre; q++) bin *= 1024.0, dec *= 1000.0;
+        const char *rest = end + 1;
+        if (!*rest || !strcasecmp(rest, "ib")) mul = bin;
+        else if (!strcasecmp(rest, "b")) mul = dec;
+    }
+    if (mul == 0) return zoff_error(ZOFF_ERR_INVALID, "invalid size unit in '%s'; the units: " SIZE_UNITS, text);
     double bytes = v * mul;
     if (bytes > 1.8e19) return zoff_error(ZOFF_ERR_INVALID, "size '%s' is too large", text);
     *out = (size_t)bytes;
@@ -94,6 +101,17 @@ const char *zoff_format_bytes(size_t bytes, char *buf, size_t buflen) {
     while (v >= 1024.0 && i < 4) { v /= 1024.0; i++; }
     if (i == 0) snprintf(buf, buflen, "%zu B", bytes);
     else snprintf(buf, buflen, "%.2f %s", v, u[i]);
+    return buf;
+}
+
+const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buflen) {
+    snprintf(buf, buflen, "%lld %s%s", (long long)n, word, n == 1 ? "" : "s");
+    return buf;
+}
+
+const char *zoff_format_params(int64_t n, char *buf, size_t buflen) {
+    if (n >= 1000000) snprintf(buf, buflen, "%.2fM parameters", (double)n / 1e6);
+    else zoff_format_count(n, "parameter", buf, buflen);
     return buf;
 }
 

@@ -135,7 +135,7 @@ zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **o
         snprintf(prefix, sizeof prefix, "%.*s", keep, path);
         return zoff_error(ZOFF_ERR_FORMAT,
                           "%s is text, not a token shard: zoff tokenize --output-prefix %s %s writes %s_train.bin and "
-                          "%s_val.bin; train on those",
+                          "%s_val.bin: give those as --data-path (to zoff train or zoff eval)",
                           path, prefix, path, prefix, prefix);
     }
     if (fsize < ZOFF_SHARD_HEADER_BYTES) {
