@@ -238,6 +238,11 @@ echo '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_ac
 check "--micro-batch-size 2 with a config giving all three batch keys: the re-derived accumulation is said" \
   "[ \$? -eq 0 ] && grep -q 'note: --micro-batch-size 2 keeps train_batch_size 16: gradient_accumulation_steps 4 -> 8' '$W/out.txt'"
 
+"$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 1 --seq-length 16 --eval-iters 0 \
+  --train-iters 1 --no-checkpoint --save "$W/one" >"$W/out.txt" 2>&1
+check "the banner of a 1-layer, 1-head model of 21472 parameters says so (not '1 layers', '0.02M')" \
+  "grep -q 'GPT-2 1 layer, width 32, 1 head, seq 16, vocab 256: 21472 parameters on' '$W/out.txt'"
+
 # 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"

@@ -222,7 +222,7 @@ static void print_banner(zoff_trainer *t) {
     zoff_device_memory_stats(dev, &ms);
     zoff_engine_memory em;
     zoff_engine_memory_usage(zoff_trainer_engine(t), &em);
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], ranks[48] = "", phases[256];
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], ranks[48] = "", phases[256], nl[40], nh[40], np[48];
     zoff_startup_format(in->startup_phase_s, false, phases, sizeof phases);
     fprintf(stderr,
             "zoff: %s\n"
@@ -236,12 +236,13 @@ static void print_banner(zoff_trainer *t) {
     const int64_t B = in->micro_batch, A = in->accumulation, W = in->world, T = in->seq_len;
     if (W > 1) snprintf(ranks, sizeof ranks, " x %lld ranks", (long long)W);
     fprintf(stderr,
-            "zoff: GPT-2 %lld layers, width %lld, %lld heads, seq %lld, vocab %lld: %.2fM parameters on %s\n"
+            "zoff: GPT-2 %s, width %lld, %s, seq %lld, vocab %lld: %s on %s\n"
             "zoff: batch %lld x %lld accumulation%s = %lld sequences (%lld tokens) per step, %s; "
             "device memory %s in use (budget %s)\n"
             "zoff: start-up %.2f s (%s)\n",
-            (long long)in->shape.num_layers, (long long)in->shape.hidden_size, (long long)in->shape.num_heads,
-            (long long)T, (long long)in->shape.vocab_size, (double)in->num_params / 1e6, zoff_device_name(dev),
+            zoff_format_count(in->shape.num_layers, "layer", nl, sizeof nl), (long long)in->shape.hidden_size,
+            zoff_format_count(in->shape.num_heads, "head", nh, sizeof nh), (long long)T, (long long)in->shape.vocab_size,
+            zoff_format_params(in->num_params, np, sizeof np), zoff_device_name(dev),
             (long long)B, (long long)A, ranks, (long long)(B * A * W), (long long)(B * A * W * T),
             zoff_dtype_name(in->dtype), zoff_format_bytes(ms.device_in_use, b1, sizeof b1),
             ms.device_budget ? zoff_format_bytes(ms.device_budget, b2, sizeof b2) : "unlimited", in->startup_s, phases);

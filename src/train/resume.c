@@ -39,8 +39,10 @@ zoff_status trainer_open_load(zoff_trainer *t) {
 
 static const char *shape_text(const zoff_trainer *t, char *buf, size_t cap) {
     const zoff_gpt2_shape *r = &t->resume.shape;
-    snprintf(buf, cap, "%lld layers, width %lld, %lld heads, %lld positions, vocab %lld, seq %lld",
-             (long long)r->num_layers, (long long)r->hidden_size, (long long)r->num_heads, (long long)r->max_seq_len,
+    char nl[40], nh[40];
+    snprintf(buf, cap, "%s, width %lld, %s, %lld positions, vocab %lld, seq %lld",
+             zoff_format_count(r->num_layers, "layer", nl, sizeof nl), (long long)r->hidden_size,
+             zoff_format_count(r->num_heads, "head", nh, sizeof nh), (long long)r->max_seq_len,
              (long long)r->vocab_size, (long long)t->resume.seq_len);
     return buf;
 }

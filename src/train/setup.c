@@ -207,10 +207,10 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     if (!cuda) /* the CPU backend's device memory is host memory */
         dev_on_host = 2 * d * N + (1 - host_part) * 4 * (1 + moments) * N + d * (double)B * (double)T * C * (L + 1) * 4;
     double pageable = cli + host_state + dev_on_host;
-    char what[256];
-    snprintf(what, sizeof what, "this training job (GPT-2 %lld layers, width %lld: %.2fM parameters%s; at least this much)",
-             (long long)sh->num_layers, (long long)sh->hidden_size, N / 1e6,
-             cuda ? "" : ", CPU backend: device memory is host memory");
+    char what[256], nl[40], np[48];
+    snprintf(what, sizeof what, "this training job (GPT-2 %s, width %lld: %s%s; at least this much)",
+             zoff_format_count(sh->num_layers, "layer", nl, sizeof nl), (long long)sh->hidden_size,
+             zoff_format_params((int64_t)N, np, sizeof np), cuda ? "" : ", CPU backend: device memory is host memory");
     zoff_host_request rq = {.what = what,
                             .pageable = pageable >= 0x1p63 ? SIZE_MAX / 2 : (size_t)pageable,
                             .pinned = pinned >= 0x1p62 ? SIZE_MAX / 4 : (size_t)pinned,
@@ -234,15 +234,15 @@ zoff_status trainer_check_save_disk(const zoff_trainer *t) {
     const int64_t n = zoff_gpt2_count_params(&t->info.shape);
     const size_t need = zoff_train_ckpt_data_bytes(&t->cfg, n);
     size_t free_b = 0;
-    char where[4096], b1[32], b2[32];
+    char where[4096], b1[32], b2[32], np[48];
     if (!zoff_disk_free(t->o.save_dir, &free_b, where, sizeof where) || free_b >= need) return ZOFF_OK;
     const int arrays = zoff_optimizer_state_arrays(&t->cfg);
     return zoff_error(ZOFF_ERR_IO,
-                      "--save %s: a checkpoint of this run holds at least %s (%zu bytes; %.2fM parameters: fp32 master "
+                      "--save %s: a checkpoint of this run holds at least %s (%zu bytes; %s: fp32 master "
                       "weights + %d optimizer state array%s in %s), but the disk holding %s has %s (%zu bytes) free; "
                       "free space there, choose a --save on a larger disk, or train without checkpoints "
                       "(--no-checkpoint)",
-                      t->o.save_dir, zoff_format_bytes(need, b1, sizeof b1), need, (double)n / 1e6, arrays - 1,
+                      t->o.save_dir, zoff_format_bytes(need, b1, sizeof b1), need, zoff_format_params(n, np, sizeof np), arrays - 1,
                       arrays == 2 ? "" : "s", zoff_dtype_name(zoff_checkpoint_state_dtype(&t->cfg)), where,
                       zoff_format_bytes(free_b, b2, sizeof b2), free_b);
 }
