@@ -140,8 +140,8 @@ check "its checkpoint is complete and == the synchronous writer's; no step 4" \
   "[ -f '$W/sig/step_00000003/COMPLETE' ] && cmp -s '$W/sig/$f' '$W/sig-y/$f' && ! ls -d '$W/sig/step_00000004'* >/dev/null 2>&1"
 
 "$ZOFF" "${T[@]}" --config "$W/plain.json" --train-iters 1 --save-snapshot-memory 12XB --save "$W/bad" >"$W/bad.log" 2>&1
-check "a bad --save-snapshot-memory: exit 2 and a message naming it" \
-  "[ $? -eq 2 ] && grep -q 'save-snapshot-memory' '$W/bad.log'"
+check "a bad --save-snapshot-memory: exit 2 and a message naming it and the units a size takes" \
+  "[ $? -eq 2 ] && grep -q 'save-snapshot-memory .12XB.: invalid size unit.*the units' '$W/bad.log'"
 
 echo "# $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

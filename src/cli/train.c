@@ -166,9 +166,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
             if (!strcmp(v, "off")) {
                 o->save_snapshot_bytes = -1;
             } else if (strcmp(v, "auto") != 0) {
-                if (zoff_parse_size(v, &b) != ZOFF_OK || b == 0 || b > (size_t)INT64_MAX) {
-                    fprintf(stderr, "zoff train: --save-snapshot-memory '%s': give a size such as 512MiB, auto or off\n",
-                            v);
+                bool parsed = zoff_parse_size(v, &b) == ZOFF_OK;
+                if (!parsed || b == 0 || b > (size_t)INT64_MAX) {
+                    fprintf(stderr, "zoff train: --save-snapshot-memory '%s': %s; or auto, or off\n", v,
+                            parsed ? "give a size above 0 such as 512MiB" : zoff_last_error());
                     return 2;
                 }
                 o->save_snapshot_bytes = (int64_t)b;
