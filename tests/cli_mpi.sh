@@ -350,7 +350,13 @@ timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W
   -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --micro-batch-size 3 --save "$W/mm" >"$W/mm.txt" 2>&1
 rc=$?
 check "mismatched micro-batch across ranks: non-zero exit within the timeout" "[ $rc -ne 0 ] && [ $rc -ne 124 ]"
-check "... with a message naming the mismatch and the ranks" "grep -q 'differs across ranks.*rank 1 has' '$W/mm.txt'"
+check "... with a message naming the mismatch (the batch) and the ranks" \
+  "grep -q 'the batch (train_batch_size, .*) differs across ranks.*rank 1 has' '$W/mm.txt'"
+cfg plainlr 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' "" 5e-3
+timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --save "$W/mm3" : \
+  -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plainlr.json" --save "$W/mm3" >"$W/mm3.txt" 2>&1
+check "another lr on rank 1: exit 2, naming the optimizer as what differs (not a hash of everything)" \
+  "[ \$? -eq 2 ] && grep -q 'the optimizer, its schedule or gradient_clipping (optimizer, scheduler) differs across ranks' '$W/mm3.txt'"
 timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --save "$W/mm2" : \
   -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --seed 7 --save "$W/mm2" >"$W/mm2.txt" 2>&1
 check "mismatched --seed across ranks (data order) is refused too" \

@@ -70,29 +70,49 @@ static int64_t map_local(const zoff_engine *e, int64_t local) {
 }
 
 /* What must agree across ranks: the engine's configuration and the tensor table. */
-static uint64_t dp_fingerprint(const zoff_engine *e, const zoff_engine_options *o) {
+/* What every rank must agree on, in groups, so that a mismatch names its part: fingerprints of
+ * the batch, the optimizer and its schedule, the precision, zero_optimization, the tensor table. */
+enum { DP_FP_GROUPS = 5 };
+static const char *const dp_fp_what[DP_FP_GROUPS] = {
+    "the batch (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)",
+    "the optimizer, its schedule or gradient_clipping (optimizer, scheduler)",
+    "the precision (fp16, bf16 and their settings)",
+    "zero_optimization (stage, sub_group_size, buckets, offload)",
+    "the model (its tensors: the shape flags or the config's model section)"};
+static void dp_fingerprints(const zoff_engine *e, const zoff_engine_options *o, uint64_t fp[DP_FP_GROUPS]) {
     const zoff_config *c = e->cfg;
     const zoff_zero_config *z = &c->zero;
-    uint64_t h = ZOFF_FNV_INIT;
+    uint64_t h;
 #define H(x) h = zoff_fnv1a(h, &(x), sizeof(x))
+    h = ZOFF_FNV_INIT;
     H(c->train_batch_size); H(c->train_micro_batch_size_per_gpu); H(c->gradient_accumulation_steps);
+    fp[0] = h;
+    h = ZOFF_FNV_INIT;
     H(c->optimizer.type); H(c->optimizer.lr); H(c->optimizer.beta1); H(c->optimizer.beta2); H(c->optimizer.eps);
     H(c->optimizer.weight_decay); H(c->optimizer.adam_w_mode); H(c->optimizer.bias_correction);
     H(c->scheduler.type); H(c->scheduler.warmup_num_steps); H(c->scheduler.total_num_steps);
-    H(c->gradient_clipping); H(c->fp16.enabled); H(c->fp16.loss_scale); H(c->fp16.initial_scale_power);
+    H(c->gradient_clipping);
+    fp[1] = h;
+    h = ZOFF_FNV_INIT;
+    H(c->fp16.enabled); H(c->fp16.loss_scale); H(c->fp16.initial_scale_power);
     H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.min_loss_scale); H(c->bf16_enabled); H(c->bf16_optimizer_states);
+    H(o->dtype);
+    fp[2] = h;
+    h = ZOFF_FNV_INIT;
     H(z->stage); H(z->sub_group_size); H(z->round_robin_gradients); H(z->reduce_bucket_size);
     H(z->allgather_bucket_size); H(z->offload_optimizer.device); H(z->offload_optimizer.ratio);
     H(z->offload_optimizer.ratio_auto); H(z->offload_param.device); H(z->delayed_param_update);
     H(z->delayed_param_update_warmup); H(z->offload_optimizer.super_offload); H(z->stage3_prefetch_bucket_size); H(z->stage3_param_persistence_threshold);
-    H(o->dtype); H(o->num_params);
+    fp[3] = h;
+    h = ZOFF_FNV_INIT;
+    H(o->num_params);
     for (int i = 0; i < o->num_tensors; i++) {
         const zoff_tensor_info *t = &o->tensors[i];
         h = zoff_fnv1a(h, t->name, strlen(t->name));
         H(t->offset); H(t->numel); H(t->decay); H(t->layer);
     }
+    fp[4] = h;
 #undef H
-    return h;
 }
 
 /* Largest run of tensors of one layer: the largest range the model reports ready. */
@@ -134,9 +154,9 @@ static zoff_status dp_setup(zoff_engine *e, const zoff_engine_options *o, zoff_t
                                    &e->scratch.recv));
     }
     if (e->world > 1) {
-        ZOFF_TRY(zoff_comm_check_same(e->comm, dp_fingerprint(e, o),
-                                      "the training configuration (batch, optimizer, precision, zero_optimization) "
-                                      "or the model's tensor table"));
+        uint64_t fp[DP_FP_GROUPS];
+        dp_fingerprints(e, o, fp);
+        for (int g = 0; g < DP_FP_GROUPS; g++) ZOFF_TRY(zoff_comm_check_same(e->comm, fp[g], dp_fp_what[g]));
         ZOFF_TRY(zoff_dp_plan_build(&e->plan, o->tensors, o->num_tensors, e->n_model, e->world, e->rank,
                                     z->round_robin_gradients));
         ZOFF_TRY(zoff_dp_layout_alloc(&e->plan, &e->layout));
