@@ -285,7 +285,7 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
 
 /* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
 static void print_summary(const zoff_trainer_info *in, const char *save_dir, double train_time, double last_loss,
-                          int64_t skipped, double val_before, double val_after) {
+                          int64_t skipped, double val_before, double val_after, const zoff_memory_stats *ms) {
     int64_t steps = in->step - in->start_step;
     double tokens = (double)(in->micro_batch * in->seq_len * in->accumulation * in->world) * (double)steps;
     char val[96] = "", loss[48] = "", skip[96] = "", ck[4200];
@@ -294,6 +294,9 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, dou
     if (!isnan(val_after)) snprintf(val, sizeof val, "; validation loss %.4f -> %.4f", val_before, val_after);
     fprintf(stderr, "zoff: trained %lld step%s%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps,
             steps == 1 ? "" : "s", skip, train_time, train_time > 0 ? tokens / train_time : 0.0, loss, val);
+    char b1[32], b2[32];
+    fprintf(stderr, "zoff: peak memory: device %s, pinned host %s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
+            zoff_format_bytes(ms->pinned_peak, b2, sizeof b2));
     if (!save_dir) {
         fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
         return;
@@ -370,7 +373,12 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                     (long long)in->step, o->no_checkpoint ? "not saved (--no-checkpoint)" : "saved");
         return 128 + (int)g_stop;
     }
-    if (!o->quiet) print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, skipped, val_before, val_after);
+    if (!o->quiet) {
+        zoff_memory_stats ms; /* the peaks: what zoff plan predicts (stage 3 gathers weights on use) */
+        zoff_device_memory_stats(zoff_trainer_device(t), &ms);
+        print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, skipped, val_before, val_after,
+                      &ms);
+    }
     return 0;
 }
 
