@@ -221,9 +221,10 @@ static s3_run *run_of(zoff_s3 *s, int64_t x) {
     return &s->runs[a];
 }
 
-static zoff_status nv_create(zoff_s3 *s) {
+/* This rank's pieces as runs cut at the group boundaries, and each group's runs laid out in a
+ * buffer (slots of zoff_placement_param_slot_bytes). */
+static zoff_status nv_layout_runs(zoff_s3 *s) {
     const zoff_dp_plan *p = s->o.plan;
-    const int64_t bs = s->o.nvme.aio.block_size > 0 ? s->o.nvme.aio.block_size : (1 << 20);
     int nown = p->nown[p->rank];
     s->runs = calloc((size_t)(nown + s->ngrp), sizeof *s->runs);
     s->grun = calloc((size_t)(nown + s->ngrp), sizeof *s->grun);
@@ -261,6 +262,12 @@ static zoff_status nv_create(zoff_s3 *s) {
         g->lcount += s->runs[r].count;
         s->grun[g->run0 + g->nrun++] = r;
     }
+    return ZOFF_OK;
+}
+
+static zoff_status nv_create(zoff_s3 *s) {
+    const int64_t bs = s->o.nvme.aio.block_size > 0 ? s->o.nvme.aio.block_size : (1 << 20);
+    ZOFF_TRY(nv_layout_runs(s));
     /* max_in_cpu: whole groups, in order, while they fit; the rest on disk (zoff_placement_param_swap,
      * the sizes zoff plan counts too) */
     int *gruns = calloc((size_t)s->ngrp, sizeof *gruns);
