@@ -25,6 +25,10 @@ TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --
 "$ZOFF" train "${TINY[@]}" --train-iters 4 --save-interval 2 --save "$W/run" >/dev/null 2>&1
 "$ZOFF" export --load "$W/run" --output "$W/m.safetensors" >"$W/out.txt" 2>&1
 check "export exits 0 and says what it wrote" "[ \$? -eq 0 ] && grep -q 'exported step 4 (1 rank file)' '$W/out.txt'"
+# one layer is "1 layer", as in train's and plan's banners (before: "GPT-2 1 layers")
+"$ZOFF" train "${TINY[@]}" --num-layers 1 --train-iters 1 --save "$W/run1" >/dev/null 2>&1
+"$ZOFF" export --load "$W/run1" --output "$W/one.safetensors" >"$W/one.txt" 2>&1
+check "export of a 1-layer model says 'GPT-2 1 layer, width 32'" "grep -q ': GPT-2 1 layer, width 32, ' '$W/one.txt'"
 check "the file starts with a JSON header holding format pt and HF names" \
   "head -c 400 '$W/m.safetensors' | grep -q '\"format\":\"pt\".*\"wte.weight\":{\"dtype\":\"F32\",\"shape\":\\[256,32\\]'"
 check "no temp file left beside it" "! ls '$W' | grep -q 'tmp-'"

@@ -320,16 +320,17 @@ int zoff_cmd_export(int argc, char **argv) {
     if (s != ZOFF_OK) return fail(out_file, s);
     if (!quiet) {
         struct stat st;
-        char b[32];
+        char b[32], nl[32];
         stat(out_file, &st);
         fprintf(stderr,
-                "zoff: exported step %s (%d rank file%s) to %s%s: GPT-2 %" PRId64 " layers, width %" PRId64
+                "zoff: exported step %s (%d rank file%s) to %s%s: GPT-2 %s, width %" PRId64
                 ", vocabulary %" PRId64 ", %s %s, %s in %.2f s\n",
                 step_txt, nranks, nranks == 1 ? "" : "s", out_file,
                 !dir_mode                        ? ""
                 : !strcmp(meta.tokenizer, "gpt2") ? " (+ config.json and the tokenizer's files)"
                                                   : " (+ config.json)",
-                meta.shape.num_layers, meta.shape.hidden_size, meta.shape.vocab_size,
+                zoff_format_count(meta.shape.num_layers, "layer", nl, sizeof nl), meta.shape.hidden_size,
+                meta.shape.vocab_size,
                 eo.layout == ZOFF_GPT2_LAYOUT_HF ? "Hugging Face layout" : "zoff layout",
                 zoff_st_dtype_name(eo.dtype), zoff_format_bytes((size_t)st.st_size, b, sizeof b), dt);
     }

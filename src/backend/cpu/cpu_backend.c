@@ -220,7 +220,9 @@ static zoff_status cpu_init(zoff_device *dev, const zoff_device_options *opts, v
     if (!c) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory creating the CPU device");
     c->threads = opts->threads;
     int cores = zoff_cpu_features_get()->logical_cores;
-    snprintf(c->name, sizeof c->name, "cpu (%d kernel threads)", c->threads > 0 ? c->threads : cores > 0 ? cores : 1);
+    char nt[32];
+    snprintf(c->name, sizeof c->name, "cpu (%s)",
+             zoff_format_count(c->threads > 0 ? c->threads : cores > 0 ? cores : 1, "kernel thread", nt, sizeof nt));
     *ctx_out = c;
     return ZOFF_OK;
 }
