@@ -18,6 +18,17 @@ check "public headers installed" "[ -f '$P/usr/include/zoff/device.h' ] && [ -f 
 check "zoff command installed and runs" "'$P/usr/bin/zoff' version >/dev/null 2>&1"
 check "zoff.pc installed" "[ -f '$lib/pkgconfig/zoff.pc' ]"
 
+# The installed zoff reads the GPT-2 tables installed beside it (PREFIX/share/zoff, whatever the
+# prefix), not only $ZOFF_DATA_DIR, the source tree or /usr/local/share/zoff (before: with any other
+# prefix the installed tables were never read: a zoff without its source tree found no tables).
+printf 'Hello world, hello zoff.\n' > "$P/text.txt"
+env -u ZOFF_DATA_DIR "$P/usr/bin/zoff" tokenize --quiet --val-fraction 0 --output-prefix "$P/tok" "$P/text.txt" 2>"$P/tok.err"
+check "the installed zoff tokenizes with GPT-2 BPE" "[ \$? -eq 0 ] && [ -s '$P/tok_train.bin' ]"
+echo '[' > "$P/usr/share/zoff/gpt2/encoder.json" # a broken installed table: the one the installed zoff must read
+env -u ZOFF_DATA_DIR "$P/usr/bin/zoff" tokenize --quiet --val-fraction 0 --output-prefix "$P/tok2" "$P/text.txt" 2>"$P/tok2.err"
+check "it reads the tables under its own prefix: a broken $P/usr/share/zoff/gpt2/encoder.json is refused by name" \
+  "[ \$? -ne 0 ] && grep -q '$P/usr/share/zoff/gpt2/encoder.json' '$P/tok2.err' && [ ! -e '$P/tok2_train.bin' ]"
+
 cat > "$P/consumer.c" <<'C'
 #include <stdio.h>
 #include <zoff/device.h>

@@ -199,7 +199,8 @@ typedef enum zoff_unicode_class {
 zoff_unicode_class zoff_unicode_class_of(uint32_t codepoint);
 
 /* Find a data file by relative path (e.g. "gpt2/encoder.json"), trying in order
- *   $ZOFF_DATA_DIR/<rel>, ZOFF_SOURCE_DIR/data/<rel>, /usr/local/share/zoff/<rel>
+ *   $ZOFF_DATA_DIR/<rel>, PREFIX/share/zoff/<rel> (an installed zoff: PREFIX/bin holds the running
+ *   program), ZOFF_SOURCE_DIR/data/<rel>, /usr/local/share/zoff/<rel>
  * and writing the first that exists into out. The error lists every place tried. */
 zoff_status zoff_data_find(const char *rel, char *out, size_t outlen);
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef enum { KIND_BYTE, KIND_GPT2 } tok_kind;
 
@@ -118,12 +119,35 @@ void zoff_tokens_free(zoff_tokens *v) {
     v->n = v->cap = 0;
 }
 
+/* An installed zoff's data folder: PREFIX/share/zoff beside the PREFIX/bin holding the running
+ * program, whatever PREFIX was (cmake --install --prefix X), as a canonical path into out (PATH_MAX
+ * bytes). Empty when there is no such folder or /proc/self/exe cannot be read. */
+static void installed_data_dir(char *out) {
+    out[0] = '\0';
+#ifdef ZOFF_DATA_FROM_BIN
+    char exe[PATH_MAX], dir[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    *slash = '\0';
+    snprintf(dir, sizeof dir, "%s/%s", exe, ZOFF_DATA_FROM_BIN);
+    if (!realpath(dir, out)) out[0] = '\0';
+#else
+    (void)out;
+#endif
+}
+
 zoff_status zoff_data_find(const char *rel, char *out, size_t outlen) {
     if (!rel || !out || outlen == 0) return zoff_error(ZOFF_ERR_INVALID, "zoff_data_find: no path or output buffer");
-    const char *dirs[3];
+    const char *dirs[4];
     int nd = 0;
     const char *env = getenv("ZOFF_DATA_DIR");
     if (env && *env) dirs[nd++] = env;
+    char installed[PATH_MAX];
+    installed_data_dir(installed);
+    if (installed[0]) dirs[nd++] = installed;
 #ifdef ZOFF_SOURCE_DIR
     dirs[nd++] = ZOFF_SOURCE_DIR "/data";
 #endif
