@@ -25,7 +25,8 @@
 #   - a mistyped option names the option it most likely meant, in every command, and a
 #     mistyped command (or benchmark) the command; zoff help CMD is zoff CMD --help;
 #   - a flag of DeepSpeed's launchers, Megatron-DeepSpeed or the HF Trainer says where that
-#     setting is in zoff (--lr: optimizer.params.lr in the config, --max-steps: --train-iters).
+#     setting is in zoff (--lr: optimizer.params.lr in the config, --max-steps: --train-iters);
+#   - a mistyped ZOFF_CKPT_IO is refused before training, not at the first save.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
@@ -549,6 +550,19 @@ check "zoff help version: exit 0, the same text as zoff version --help" \
 "$ZOFF" help traine >"$W/help.out" 2>&1; rc=$?
 check "zoff help of a mistyped command: exit 2, did you mean zoff train" \
   "[ $rc -eq 2 ] && grep -q \"unknown command 'traine' (did you mean zoff train?)\" '$W/help.out'"
+
+# ---- a mistyped ZOFF_CKPT_IO (docs/architecture.md: ZOFF_CKPT_IO=buffered) is refused before
+# training, nothing written (before: the run trained, then failed at its first save, exit 2, its
+# training lost and --save created)
+ZOFF_CKPT_IO=bufferd "$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 \
+  --seq-length 16 --micro-batch-size 2 --train-iters 2 --save "$W/ckptio" >/dev/null 2>"$W/ckptio.err"
+rc=$?
+check "ZOFF_CKPT_IO=bufferd: exit 2 before training, naming the variable; --save not created" \
+  "[ $rc -eq 2 ] && grep -q \"ZOFF_CKPT_IO='bufferd' is invalid; expected auto .* or buffered\" '$W/ckptio.err' \
+   && [ ! -e '$W/ckptio' ]"
+ZOFF_CKPT_IO=buffered "$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 \
+  --seq-length 16 --micro-batch-size 2 --train-iters 1 --save "$W/ckptio2" >/dev/null 2>&1
+check "ZOFF_CKPT_IO=buffered still trains and saves" "[ $? -eq 0 ] && [ -f '$W/ckptio2/step_00000001/COMPLETE' ]"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

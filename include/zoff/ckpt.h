@@ -339,6 +339,11 @@ char *zoff_ckpt_partition_json(int rank, int world, int64_t num_params, const in
  * error) or -1 with errno set; FSYNC 0 or -1 with errno set. It may pass a call on to
  * zoff_ckpt_io_default. Process-wide; set it while no writer is running. NULL restores the
  * default. */
+/* ZOFF_CKPT_IO: "auto" (default: io_uring, O_DIRECT where the file system allows) or "buffered"
+ * (pwrite through the page cache) for every file src/ckpt writes; an invalid value is an error
+ * (ZOFF_ERR_INVALID), which zoff train reports before training, not at its first save. */
+zoff_status zoff_ckpt_io_buffered(bool *buffered);
+
 typedef enum zoff_ckpt_io_op { ZOFF_CKPT_IO_WRITE = 0, ZOFF_CKPT_IO_FSYNC = 1 } zoff_ckpt_io_op;
 typedef int64_t (*zoff_ckpt_io_hook)(void *user, zoff_ckpt_io_op op, const char *path, int fd, const void *buf,
                                      size_t bytes, int64_t offset);

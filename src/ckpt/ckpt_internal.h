@@ -32,10 +32,6 @@ zoff_status zoff_ckpt_fault_from_env(zoff_ckpt_fault *f, const char *files);
  * when the write must fail now; otherwise true, with *chunk cut to end at the fault offset. */
 bool zoff_ckpt_fault_allows(const zoff_ckpt_fault *f, int64_t pos, size_t *chunk);
 
-/* ZOFF_CKPT_IO: "auto" (default: io_uring, O_DIRECT where the file system allows) or "buffered"
- * (pwrite through the page cache) for every file src/ckpt writes; an invalid value is an error. */
-zoff_status zoff_ckpt_io_buffered(bool *buffered);
-
 /* ---- small shared helpers ---- */
 
 /* The writers' staging step: copies what fits of the n bytes at *src into buf after its *len bytes

@@ -229,6 +229,9 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
  * one zoff cannot tell), where the free space is unknown, with --no-checkpoint, or with --overwrite
  * (whose deletions free space after this check). */
 zoff_status trainer_check_save_disk(const zoff_trainer *t) {
+    bool buffered; /* how the saves will write: a bad ZOFF_CKPT_IO now, not after the training */
+    if (!t->o.no_checkpoint && zoff_ckpt_io_buffered(&buffered) != ZOFF_OK)
+        return zoff_error_context(ZOFF_ERR_INVALID, "--save %s", t->o.save_dir);
     if (t->o.no_checkpoint || t->o.overwrite) return ZOFF_OK; /* (--overwrite frees the old ones' space later) */
     if (t->info.world > 1 && zoff_comm_local_size(t->comm) < t->info.world) return ZOFF_OK;
     const int64_t n = zoff_gpt2_count_params(&t->info.shape);
