@@ -2,7 +2,8 @@
 # What a new user hits (issue 21 items 1, 2, 5 and parts of 6), end to end through the zoff
 # command; every check failed before its fix:
 #   - what `zoff plan --write-config` recommends (stage 2, optimizer on NVMe) `zoff train` runs
-#     on the same machine figures (ZOFF_TEST_MEM_AVAILABLE = plan's --host-memory);
+#     on the same machine figures (ZOFF_TEST_MEM_AVAILABLE = plan's --host-memory); the train
+#     command it prints keeps plan's --micro-batch-size and --max-position-embeddings;
 #   - a SIGKILLed NVMe run leaves no swap file, and a new run after it neither;
 #   - `zoff plan` on the CPU backend does not apply `ulimit -l` (pinned is ordinary memory);
 #   - "nothing fits" advises nothing that is already set;
@@ -62,6 +63,20 @@ check "train runs what plan wrote for one step on the same host memory (exit 0, 
 check "and its messages do not advise the NVMe offload it already uses" \
   "! grep -q 'keep the optimizer state on NVMe' '$W/planrun.txt'"
 rm -rf "$W/planrun"
+
+# The train command plan prints after --write-config takes what plan took from its flags and the
+# file does not hold (--write-config keeps the config's batch): --micro-batch-size,
+# --max-position-embeddings. Before: left out, so that command trained another batch (8, the
+# default config's, where the plan was for 2: device out of memory where the plan fitted).
+"$ZOFF" plan --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 32 \
+  --vocab-size 256 --micro-batch-size 2 --device cpu --no-probe --write-config "$W/mb.json" >"$W/mb.txt" 2>&1
+cmd=$(sed -n 's/^wrote [^:]*: zoff train //p' "$W/mb.txt")
+check "the command plan prints keeps --micro-batch-size 2 and --max-position-embeddings 32" \
+  "grep -q -- '--max-position-embeddings 32 --micro-batch-size 2' <<<'$cmd'"
+eval "\"\$ZOFF\" train $cmd --tokenizer byte --data-path '$W/corpus_train.bin' --eval-iters 0 --train-iters 1 \
+  --no-checkpoint --save '$W/mbrun'" >"$W/mbrun.txt" 2>&1
+check "and that command trains micro-batches of 2, the plan's" \
+  "[ $? -eq 0 ] && grep -q 'batch 2 x 1 accumulation' '$W/mbrun.txt' && [ -n '$cmd' ]"
 
 # ---- 2. SIGKILL of an NVMe run: no swap file outlives the process
 echo "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 2, \"sub_group_size\": 8000,

@@ -701,6 +701,10 @@ int zoff_cmd_plan(int argc, char **argv) {
                    (long long)in.model.shape.num_layers, (long long)in.model.shape.hidden_size,
                    (long long)in.model.shape.num_heads, (long long)in.model.seq_len,
                    (long long)in.model.shape.vocab_size, in.model.checkpoint_activations ? " --checkpoint-activations" : "");
+            /* what the plan took from flags and the written config does not hold: train takes them the same way */
+            if (in.model.shape.max_seq_len != in.model.seq_len)
+                printf(" --max-position-embeddings %lld", (long long)in.model.shape.max_seq_len);
+            if (a.micro_batch) printf(" --micro-batch-size %lld", (long long)a.micro_batch);
             if (M->device_budget) printf(" --device-memory %zu", M->device_bytes);
             printf("\n");
         }
