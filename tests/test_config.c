@@ -738,6 +738,13 @@ static void test_cross_key(void **state) {
             &cfg);
     assert_int_equal(cfg.zero.offload_param.device, ZOFF_OFFLOAD_NONE);
     zoff_config_free(&cfg);
+    /* and so does null for a key DeepSpeed declares Optional[...] = None (before: "got a JSON null"
+     * although the key table allows it): OneCycle's second half as long as the first */
+    load_ok("{'scheduler': {'type': 'OneCycle', 'params': {'cycle_min_lr': 0.001, 'cycle_max_lr': 0.01, "
+            "'cycle_first_step_size': 5, 'cycle_second_step_size': null}}}",
+            &cfg);
+    assert_int_equal(cfg.scheduler.cycle_second_step_size, -1);
+    zoff_config_free(&cfg);
 
     expect_error("{'model': {'hidden_size': 100, 'num_attention_heads': 12}}", "model.hidden_size",
                  "not divisible by model.num_attention_heads 12");

@@ -1044,6 +1044,7 @@ static zoff_status handle_key(walk *w, const key_spec *k, json_t *v, const char 
         break;
     }
     if (k->flags & F_UNSTORED) return handle_unstored(w, k, v, path);
+    if (json_is_null(v) && (k->flags & F_NULL_OK)) return ZOFF_OK; /* DeepSpeed's None: the default stays */
     ZOFF_TRY(store_value(w, k, v, path, base));
     if (k->flags & F_NO_EFFECT) note_no_effect(w, path);
     return ZOFF_OK;
