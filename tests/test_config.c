@@ -745,6 +745,15 @@ static void test_cross_key(void **state) {
             &cfg);
     assert_int_equal(cfg.scheduler.cycle_second_step_size, -1);
     zoff_config_free(&cfg);
+    /* nvme_path (Optional[Path] = None) and the deprecated cpu_offload (Optional[bool] = None) */
+    load_ok("{'zero_optimization': {'stage': 3, 'cpu_offload': null, 'offload_optimizer': {'device': 'cpu', "
+            "'nvme_path': null}, 'offload_param': {'device': 'cpu', 'nvme_path': null}}}",
+            &cfg);
+    assert_int_equal(cfg.zero.offload_optimizer.device, ZOFF_OFFLOAD_CPU);
+    assert_string_equal(cfg.zero.offload_optimizer.nvme_path, "");
+    zoff_config_free(&cfg);
+    expect_error("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'nvme', 'nvme_path': null}}}",
+                 "zero_optimization.offload_optimizer.nvme_path", "is required");
 
     expect_error("{'model': {'hidden_size': 100, 'num_attention_heads': 12}}", "model.hidden_size",
                  "not divisible by model.num_attention_heads 12");

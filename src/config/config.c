@@ -309,7 +309,7 @@ static const section s_bf16 = SECTION(k_bf16, NULL, NULL);
 
 static const key_spec k_offload_optimizer[] = {
     KE("device", zoff_offload_optimizer_config, device, k_devices),
-    KS("nvme_path", zoff_offload_optimizer_config, nvme_path),
+    KS("nvme_path", zoff_offload_optimizer_config, nvme_path, .flags = F_NULL_OK),
     KB("pin_memory", zoff_offload_optimizer_config, pin_memory),
     KI("buffer_count", zoff_offload_optimizer_config, buffer_count, NONNEG),
     KB("pipeline_read", zoff_offload_optimizer_config, pipeline_read),
@@ -325,7 +325,7 @@ static const section s_offload_optimizer = SECTION(k_offload_optimizer, NULL, NU
 
 static const key_spec k_offload_param[] = {
     KE("device", zoff_offload_param_config, device, k_devices),
-    KS("nvme_path", zoff_offload_param_config, nvme_path),
+    KS("nvme_path", zoff_offload_param_config, nvme_path, .flags = F_NULL_OK),
     KB("pin_memory", zoff_offload_param_config, pin_memory),
     KI("buffer_count", zoff_offload_param_config, buffer_count, NONNEG),
     KI("buffer_size", zoff_offload_param_config, buffer_size, NONNEG),
@@ -350,7 +350,7 @@ static const key_spec k_zero[] = {
        NOEFF("zoff all-gathers in place in one collective (in reduce_bucket_size pieces with round_robin_gradients)")),
     KI("sub_group_size", zoff_zero_config, sub_group_size, NONNEG),
     KB("round_robin_gradients", zoff_zero_config, round_robin_gradients),
-    KB("cpu_offload", zoff_zero_config, cpu_offload),
+    KB("cpu_offload", zoff_zero_config, cpu_offload, .flags = F_NULL_OK),
     DB("cpu_offload_param", "false", "deprecated; give offload_param.device \"cpu\" (stage 3) instead"),
     XB("cpu_offload_use_pin_memory", "deprecated; sets nothing in DeepSpeed either (use offload_optimizer.pin_memory)"),
     DB("load_from_fp32_weights", "true", "zoff always restores the fp32 master weights from its checkpoint"),
@@ -1318,7 +1318,8 @@ static zoff_status validate_config(walk *w, json_t *root) {
                          "memory saving; allowed here: false");
 
     /* ZeRO */
-    if (z->cpu_offload || json_path(root, "zero_optimization", "cpu_offload", NULL) != NULL) {
+    json_t *co = json_path(root, "zero_optimization", "cpu_offload", NULL);
+    if (co != NULL && !json_is_null(co)) {
         json_t *oo = json_path(root, "zero_optimization", "offload_optimizer", NULL);
         if (oo != NULL && !json_is_null(oo))
             return cfg_error(w, "zero_optimization.cpu_offload",
