@@ -746,12 +746,18 @@ static void test_cross_key(void **state) {
     assert_int_equal(cfg.scheduler.cycle_second_step_size, -1);
     zoff_config_free(&cfg);
     /* nvme_path (Optional[Path] = None) and the deprecated cpu_offload (Optional[bool] = None) */
-    load_ok("{'zero_optimization': {'stage': 3, 'cpu_offload': null, 'offload_optimizer': {'device': 'cpu', "
-            "'nvme_path': null}, 'offload_param': {'device': 'cpu', 'nvme_path': null}}}",
+    load_ok("{'zero_optimization': {'stage': 3, 'offload_optimizer': {'device': 'cpu', 'nvme_path': null}, "
+            "'offload_param': {'device': 'cpu', 'nvme_path': null}}}",
             &cfg);
     assert_int_equal(cfg.zero.offload_optimizer.device, ZOFF_OFFLOAD_CPU);
     assert_string_equal(cfg.zero.offload_optimizer.nvme_path, "");
     zoff_config_free(&cfg);
+    load_ok("{'zero_optimization': {'stage': 2, 'cpu_offload': null}}", &cfg);
+    assert_int_equal(cfg.zero.offload_optimizer.device, ZOFF_OFFLOAD_NONE);
+    zoff_config_free(&cfg);
+    /* beside its replacement even a null deprecated key is refused, as DeepSpeed's check of given fields does */
+    expect_error("{'zero_optimization': {'stage': 2, 'cpu_offload': null, 'offload_optimizer': {'device': 'cpu'}}}",
+                 "zero_optimization.cpu_offload", "given together with zero_optimization.offload_optimizer");
     expect_error("{'zero_optimization': {'stage': 2, 'offload_optimizer': {'device': 'nvme', 'nvme_path': null}}}",
                  "zero_optimization.offload_optimizer.nvme_path", "is required");
 

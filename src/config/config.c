@@ -1318,8 +1318,8 @@ static zoff_status validate_config(walk *w, json_t *root) {
                          "memory saving; allowed here: false");
 
     /* ZeRO */
-    json_t *co = json_path(root, "zero_optimization", "cpu_offload", NULL);
-    if (co != NULL && !json_is_null(co)) {
+    if (z->cpu_offload || json_path(root, "zero_optimization", "cpu_offload", NULL) != NULL) {
+        /* (a null cpu_offload too: DeepSpeed refuses a deprecated key given beside its replacement) */
         json_t *oo = json_path(root, "zero_optimization", "offload_optimizer", NULL);
         if (oo != NULL && !json_is_null(oo))
             return cfg_error(w, "zero_optimization.cpu_offload",
