@@ -19,6 +19,7 @@
 #   - a device out of memory names --checkpoint-activations and zoff plan;
 #   - a checkpoint step that is not there: the error lists the complete ones;
 #   - --init-from a folder reads its model.safetensors, and a checkpoint folder says how to use it;
+#     --load of a model folder names --init-from;
 #   - --init-from without shape flags takes the file's model (heads: metadata or config.json);
 #   - one run at a time trains into a --save folder (a lock the kernel drops at any exit);
 #   - zoff sample reads exported weights (a safetensors file or model folder) as well as checkpoints;
@@ -258,6 +259,12 @@ rc=$?
 check "--init-from a checkpoint folder: exit 2, names --load and export --format fp32, nothing written" \
   "[ $rc -eq 2 ] && grep -q 'is a zoff checkpoint (step 1): --load .* resumes it; .*zoff export --load .* --format fp32' '$W/init_ck.err' \
    && [ ! -e '$W/init_ck' ]"
+# and the other way round: --load of a model folder (README: `zoff sample --load gpt2/`, `zoff train
+# --init-from gpt2/`) names --init-from (before: "no complete checkpoint ...; check the path" only)
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --load "$W/hfdir" >/dev/null 2>"$W/load_hf.err"
+rc=$?
+check "train --load of a model folder: exit 2, says it holds safetensors weights and names --init-from" \
+  "[ $rc -eq 2 ] && grep -q 'no complete checkpoint in .*hfdir.*; it holds safetensors weights .*zoff train --init-from' '$W/load_hf.err'"
 
 # ---- --init-from without shape flags: the file's model gives the sizes (before: the defaults,
 # 4 layers x 128, then "tensor 'h.2.ln_1.weight' is missing ... train with --num-layers 2 ...").

@@ -1380,9 +1380,20 @@ zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *
         ZOFF_TRY(list_complete(p, true, &v, &n));
         if (n) step = v[n - 1];
         free(v);
-        if (step < 0)
+        if (step < 0) {
+            char wf[4200];
+            struct stat sb;
+            snprintf(wf, sizeof wf, "%s/model.safetensors", p);
+            bool weights = stat(wf, &sb) == 0;
+            snprintf(wf, sizeof wf, "%s/model.safetensors.index.json", p);
+            weights = weights || stat(wf, &sb) == 0;
             return zoff_error(ZOFF_ERR_INVALID,
-                              "no complete checkpoint in %s (looked for step_NNNNNNNN/" CK_MARKER "); check the path", p);
+                              "no complete checkpoint in %s (looked for step_NNNNNNNN/" CK_MARKER "); %s", p,
+                              weights ? "it holds safetensors weights (a model folder), not a training checkpoint: "
+                                        "zoff train --init-from starts a new run from them (zoff sample and zoff eval "
+                                        "read them with --load)"
+                                      : "check the path");
+        }
         ZOFF_TRY(step_dir_path(p, step, "", "", stepdir, sizeof stepdir));
     }
     if (out) {
