@@ -379,6 +379,20 @@ static void test_batch_relation(void **state) {
     assert_msg_has("world size 2");
     zoff_config_free(&cfg);
     expect_error("{'train_batch_size': 0}", "train_batch_size", "out of range", "an integer >= 1");
+    /* null is DeepSpeed's "not given" for the three (get_scalar_param with a None default): the other
+     * two give it. Worked by hand: 8 = 2 x 4 on one rank; 6 / 3 = 2 per micro-step. */
+    load_ok("{'train_batch_size': null, 'train_micro_batch_size_per_gpu': 2, 'gradient_accumulation_steps': 4}", &cfg);
+    assert_int_equal(zoff_config_resolve_batch(&cfg, 1), ZOFF_OK);
+    assert_int_equal(cfg.train_batch_size, 8);
+    zoff_config_free(&cfg);
+    load_ok("{'train_batch_size': 6, 'train_micro_batch_size_per_gpu': null, 'gradient_accumulation_steps': 3}", &cfg);
+    assert_int_equal(zoff_config_resolve_batch(&cfg, 1), ZOFF_OK);
+    assert_int_equal(cfg.train_micro_batch_size_per_gpu, 2);
+    zoff_config_free(&cfg);
+    load_ok("{'train_batch_size': 4, 'train_micro_batch_size_per_gpu': 4, 'gradient_accumulation_steps': null}", &cfg);
+    assert_int_equal(zoff_config_resolve_batch(&cfg, 1), ZOFF_OK);
+    assert_int_equal(cfg.gradient_accumulation_steps, 1);
+    zoff_config_free(&cfg);
     expect_error("{'gradient_accumulation_steps': -2}", "gradient_accumulation_steps", "-2");
 }
 

@@ -527,9 +527,9 @@ static const key_spec k_data_types[] = {
 static const section s_data_types = SECTION(k_data_types, NULL, NULL);
 
 static const key_spec k_top[] = {
-    KI("train_batch_size", zoff_config, train_batch_size, POSITIVE),
-    KI("train_micro_batch_size_per_gpu", zoff_config, train_micro_batch_size_per_gpu, POSITIVE),
-    KI("gradient_accumulation_steps", zoff_config, gradient_accumulation_steps, POSITIVE),
+    KI("train_batch_size", zoff_config, train_batch_size, POSITIVE, .flags = F_NULL_OK),
+    KI("train_micro_batch_size_per_gpu", zoff_config, train_micro_batch_size_per_gpu, POSITIVE, .flags = F_NULL_OK),
+    KI("gradient_accumulation_steps", zoff_config, gradient_accumulation_steps, POSITIVE, .flags = F_NULL_OK),
     DB("managed_gradient_accumulation", "true", "zoff's training loop always owns the accumulation boundary"),
     KSEC("optimizer", zoff_config, optimizer, &s_optimizer),
     KSEC("scheduler", zoff_config, scheduler, &s_scheduler),
