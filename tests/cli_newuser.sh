@@ -118,6 +118,8 @@ check "plan --device cpu under ulimit -l 64 KiB: no row fails on pinned memory, 
 (ulimit -l 64 && "$ZOFF" plan --config "$W/pin.json" --device cpu --no-probe) >"$W/pin.txt" 2>&1
 check "its text names why (CPU backend: pinned is ordinary memory) and marks no row no:pin" \
   "grep -q 'pinned is ordinary memory' '$W/pin.txt' && ! grep -q 'no:pin' '$W/pin.txt'"
+check "one rank is counted as one: 'x 1 rank,' and '(x1 rank;' (before: '1 ranks')" \
+  "grep -q 'x 1 rank, activation' '$W/pin.txt' && grep -q '(x1 rank;' '$W/pin.txt' && ! grep -q ' 1 ranks' '$W/pin.txt'"
 
 # ---- 5b. --ranks 2 in a build without MPI: the recommendation says MPI is what is missing (before:
 # "nothing this zoff can run fits" with advice on memory, while every row fits and none runs)

@@ -283,8 +283,9 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     if (m->disk)
         printf("  disk     %10s = optimizer state %s + params %s\n", fmt_b(m->disk, b[0], 32),
                fmt_b(m->disk_optimizer, b[1], 32), fmt_b(m->disk_params, b[2], 32));
-    printf("  host use %10s per node (x%d ranks%s)\n", fmt_b(r->host_use, b[0], 32), in->machine.ranks_per_node,
-           in->machine.backend == ZOFF_BACKEND_CPU ? "; CPU backend: device memory is host memory" : "");
+    char nr[32];
+    printf("  host use %10s per node (x%s%s)\n", fmt_b(r->host_use, b[0], 32),
+           zoff_format_count(in->machine.ranks_per_node, "rank", nr, sizeof nr), in->machine.backend == ZOFF_BACKEND_CPU ? "; CPU backend: device memory is host memory" : "");
     const size_t dfree = in->machine.disk_bytes;
     printf("  checkpoint %8s per save, all ranks (fp32 master weights + optimizer state; zoff train refuses a --save "
            "with less free disk%s%s%s)\n",
@@ -368,8 +369,10 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
            zoff_format_count(mo->shape.num_heads, "head", nh, sizeof nh), (long long)mo->seq_len,
            (long long)mo->shape.vocab_size, (long long)p->model.padded_vocab_size,
            zoff_format_params(p->model.num_params, np, sizeof np), zoff_dtype_name(mo->dtype));
-    printf("  micro-batch %lld x accumulation %lld x %d ranks, activation checkpointing %s, config %s\n",
-           (long long)mo->batch_size, (long long)in->cfg->gradient_accumulation_steps, M->ranks,
+    char nr[32];
+    printf("  micro-batch %lld x accumulation %lld x %s, activation checkpointing %s, config %s\n",
+           (long long)mo->batch_size, (long long)in->cfg->gradient_accumulation_steps,
+           zoff_format_count(M->ranks, "rank", nr, sizeof nr),
            mo->checkpoint_activations ? "on" : "off", a->config_path ? a->config_path : "(defaults)");
     printf("machine: %s backend, %d rank%s (%d per node); device %s%s; host %s available per node; pinned limit %s "
            "per rank%s; disk %s free; margin %.0f%%\n",
