@@ -112,6 +112,11 @@ const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buf
 const char *zoff_format_params(int64_t n, char *buf, size_t buflen);
 
 /* ---- files ---- */
+/* What to do about a failed write's errno, for the end of its message: "; the disk is full: free
+ * space, or write elsewhere" (ENOSPC, EDQUOT), "; PATH would pass this process's file size limit
+ * (ulimit -f): ..." (EFBIG), else "". A writer with a better hint of its own (checkpoints: keep
+ * fewer) gives that one for a full disk. */
+const char *zoff_write_hint(int err);
 /* Write `text` to `path` atomically: a temp file beside it (PATH.tmp-PID), fsync,
  * rename, then an fsync of the directory; a failed fsync of the directory is an
  * error when `dir_sync_required`, else ignored (the rename is done). On failure

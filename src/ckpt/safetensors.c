@@ -614,7 +614,7 @@ static zoff_status st_write_failed(const zoff_st_writer *w, int64_t at, int e) {
     if (!e)
         return zoff_error(ZOFF_ERR_IO, "short write to %s at offset %" PRId64 " (is the disk full?)", w->tmp, at);
     return zoff_error(ZOFF_ERR_IO, "cannot write %s at offset %" PRId64 ": %s%s", w->tmp, at, strerror(e),
-                      e == ENOSPC || e == EDQUOT ? " (the disk is full: free space or write elsewhere)" : "");
+                      zoff_write_hint(e));
 }
 
 /* Waits for every ring write; a failure is reported at the lowest offset that failed, worded as

@@ -1,6 +1,7 @@
 /* Whole-file writes that are atomic on disk. */
 #define _GNU_SOURCE
 #include "core/file_internal.h"
+#include "zoff/iofault.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -38,6 +39,14 @@ zoff_status zoff_fsync_dir_of(const char *path) {
     return s;
 }
 
+const char *zoff_write_hint(int err) {
+    if (err == ENOSPC || err == EDQUOT) return "; the disk is full: free space, or write elsewhere";
+    if (err == EFBIG)
+        return "; the file would pass this process's file size limit (ulimit -f): raise it (ulimit -f unlimited) "
+               "or write less";
+    return "";
+}
+
 /* Write `text` to PATH.tmp-PID, fsync, close, rename over `path`; on failure the
  * temp file is removed and `path` is as it was. Then fsync the directory. */
 zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
@@ -52,9 +61,12 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
     }
     size_t n = strlen(text), off = 0;
     while (off < n && s == ZOFF_OK) {
-        ssize_t w = write(fd, text + off, n - off);
+        ssize_t w = zoff_io_write(fd, text + off, n - off, tmp); /* write(2), or an injected fault (tests) */
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, w < 0 ? strerror(errno) : "short write");
+        int e = w < 0 ? errno : ENOSPC; /* a write of 0 bytes: nothing more fits */
+        if (w <= 0)
+            s = zoff_error(ZOFF_ERR_IO, "cannot write %s (through its temp file %s, removed): %s%s", path, tmp,
+                           strerror(e), zoff_write_hint(e));
         else off += (size_t)w;
     }
     if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));

@@ -35,8 +35,9 @@ static zoff_status write_all(int fd, const void *buf, size_t n, const char *path
         ssize_t w = zoff_io_write(fd, p, chunk, path); /* write(2), or an injected fault (tests) */
         if (w < 0) {
             if (errno == EINTR) continue;
-            return zoff_error(ZOFF_ERR_IO, "writing %s: %s; check free disk space and permissions", path,
-                              strerror(errno));
+            int e = errno;
+            return zoff_error(ZOFF_ERR_IO, "writing %s: %s%s", path, strerror(e),
+                              *zoff_write_hint(e) ? zoff_write_hint(e) : "; check free disk space and permissions");
         }
         p += w;
         n -= (size_t)w;
