@@ -8,7 +8,7 @@ set -u
 ZOFF="$1"; SRC="$2"
 . "$SRC/tests/cli_lib.sh"
 W=$(mktemp -d /tmp/zoff-cli-disk-XXXXXX)
-trap 'rm -rf "$W"' EXIT
+trap "rm -rf \"$W\"" EXIT; [ -n "${KEEP:-}" ] && trap - EXIT
 byte_corpus "$SRC" "$W"
 cd "$W" || exit 1
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
@@ -44,6 +44,73 @@ ZOFF_IO_FAULT=ENOSPC@10:ds.json "$ZOFF" plan --num-layers 2 --hidden-size 32 --n
 check "plan --write-config on a full disk: exit 1, 'cannot write ds.json', the disk is full" \
   "[ $? -eq 1 ] && grep -q 'cannot write ds.json .*No space left on device; the disk is full' err.txt"
 check "plan --write-config on a full disk: the old file kept, no temp file" "[ \"\$(cat ds.json)\" = '{\"old\": 1}' ] && no_temp"
+
+# 3. the monitors (tensorboard, csv_monitor) on a full disk: before, a csv row cut by a full disk
+#    stayed, and the resumed run's next row was appended to it ("1" + "12,5.2" = "112,5.2": a point
+#    at 112 samples that was never trained); the event file likewise ended in half a record
+printf '{"train_micro_batch_size_per_gpu": 4, "tensorboard": {"enabled": true, "output_path": "mon", "job_name": "tb"},
+ "csv_monitor": {"enabled": true, "output_path": "mon", "job_name": "csv"}}' > mon.json
+CSV=mon/csv/Train_Samples_train_loss.csv
+"$ZOFF" train "${TINY[@]}" --config mon.json --train-iters 3 --save mrun >/dev/null 2>&1 || bad "3 steps with the monitors"
+at=$(( $(stat -c %s $CSV) + 1 )) # one byte into the next row
+ZOFF_IO_FAULT=ENOSPC@$at:Train_Samples_train_loss.csv "$ZOFF" train "${TINY[@]}" --config mon.json \
+  --train-iters 6 --save mrun --load mrun >err.txt 2>&1
+check "csv_monitor on a full disk: exit 1 naming the csv file, the disk full" \
+  "[ $? -eq 1 ] && grep -q 'csv_monitor: cannot write .*Train_Samples_train_loss.csv: No space left on device; the disk is full' err.txt"
+check "csv_monitor on a full disk: the file ends in a whole row" "[ \"\$(tail -c 2 $CSV | od -An -c | tr -d ' ')\" = '\\r\\n' ]"
+"$ZOFF" train "${TINY[@]}" --config mon.json --train-iters 6 --save mrun --load mrun >/dev/null 2>&1 || bad "the resume to 6"
+# every row is "samples,loss" at the samples before a step (0, 4, ... 20: micro-batch 4), each step there
+rows=$(tail -n +2 $CSV | tr -d '\r' | grep -cvE '^(0|4|8|12|16|20),[0-9.e+-]+$')
+check "after the resume every csv row is a step's, each step has one" \
+  "[ $rows -eq 0 ] && [ \"\$(tail -n +2 $CSV | cut -d, -f1 | sort -nu | tr '\n' ' ')\" = '0 4 8 12 16 20 ' ]"
+ZOFF_IO_FAULT=ENOSPC@100:events.out.tfevents "$ZOFF" train "${TINY[@]}" --config mon.json \
+  --train-iters 9 --save mrun --load mrun >err.txt 2>&1
+check "tensorboard on a full disk: exit 1 naming the event file, the disk full" \
+  "[ $? -eq 1 ] && grep -q 'tensorboard: cannot write .*events.out.tfevents.*the disk is full' err.txt"
+# TFRecord framing: 8-byte length, 4-byte CRC, the event, 4-byte CRC; every file is whole records
+cat > frames.py <<'PY'
+import glob, struct, sys
+for path in glob.glob("mon/tb/events.out.tfevents.*"):
+    b, i = open(path, "rb").read(), 0
+    while i + 12 <= len(b):
+        i += 12 + struct.unpack_from("<Q", b, i)[0] + 4
+    if i != len(b):
+        sys.exit("%s: %d bytes, records end at %d" % (path, len(b), i))
+PY
+check "tensorboard on a full disk: every event file ends in a whole record" "'$PY' frames.py"
+
+# 4. the same on a really full disk (a tmpfs of 8 KiB for the csv files, in a private mount
+#    namespace; skipped where mounting is not allowed): the row the disk cut is gone after the resume
+cat > inner.sh <<'INNER'
+set -u
+ZOFF="$1"; mkdir -p m; mount -t tmpfs -o size=8k tmpfs m || exit 77
+printf '{"train_micro_batch_size_per_gpu": 4, "csv_monitor": {"enabled": true, "output_path": "m", "job_name": "c"}}' > full.json
+T=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte --data-path corpus_train.bin
+   --eval-iters 0 --quiet --config full.json --save frun --save-interval 5)
+"$ZOFF" train "${T[@]}" --train-iters 1000 >ferr.txt 2>&1; rc=$?
+mount -o remount,size=1m m
+last=$(ls -d frun/step_* | tail -1); n=$(( 10#${last##*_} + 5 ))
+"$ZOFF" train "${T[@]}" --train-iters $n --load frun >/dev/null 2>&1 || echo "resume failed"
+# the samples before each step 1..n: 0, 4, ..., 4(n-1), each a row "samples,loss" (some twice: redone steps)
+want=$(seq 0 4 $(( 4 * (n - 1) )) | tr '\n' ' ')
+got=$(tail -n +2 m/c/Train_Samples_train_loss.csv | tr -d '\r' | grep -E '^[0-9]+,[0-9.e+-]+$' | cut -d, -f1 | sort -nu | tr '\n' ' ')
+rows=$(tail -n +2 m/c/Train_Samples_train_loss.csv | grep -cvE '^[0-9]+,[0-9.e+-]+.$')
+echo "rc=$rc rows=$rows $( [ "$want" = "$got" ] && echo same || echo "differ: got $got" )"
+umount m
+INNER
+if unshare --user --map-root-user --mount true 2>/dev/null; then NS=(unshare --user --map-root-user --mount)
+elif [ "$(id -u)" -eq 0 ] && unshare --mount true 2>/dev/null; then NS=(unshare --mount)
+else NS=(); fi
+out=""; rc=77
+if [ ${#NS[@]} -gt 0 ]; then out=$("${NS[@]}" bash inner.sh "$ZOFF" 2>&1); rc=$?; fi
+if [ $rc -eq 77 ]; then echo "skip - csv_monitor on a really full disk: cannot mount a tmpfs here"
+else
+  check "csv_monitor on a really full disk: exit 1 naming the csv file, the disk full" \
+    "echo '$out' | grep -q '^rc=1 ' && grep -q 'csv_monitor: cannot write .*No space left on device; the disk is full' ferr.txt"
+  check "csv_monitor on a really full disk: after the resume every row is whole, at a step's samples" \
+    "echo '$out' | grep -q ' rows=0 same$'"
+  echo "$out" | grep -q ' rows=0 same$' || echo "  $out" | cut -c1-400
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
