@@ -36,6 +36,24 @@ check "export past ulimit -f: exit 1 naming the file, the error and the limit" \
   "[ $? -eq 1 ] && grep -q 'hf/model.safetensors.*File too large.*ulimit -f' err.txt"
 check "export past ulimit -f: the earlier export kept, no temp file" "cmp -s before.st hf/model.safetensors && no_temp"
 
+# A model folder (export --output DIR/) is all or nothing too: before, model.safetensors and
+# config.json were renamed into place before the tokenizer's files were written, and a write that
+# failed there left the new weights beside the old config.json (or a fresh folder without a
+# tokenizer). The model file (bf16, 0.8 MB) fits under the limit, vocab.json (1 MB) does not.
+head -c 100000 corpus.txt > g.txt && "$ZOFF" tokenize --tokenizer gpt2 --quiet --output-prefix g g.txt
+G=(--num-layers 1 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --tokenizer gpt2 --data-path g_train.bin
+   --eval-iters 0 --quiet --save grun)
+"$ZOFF" train "${G[@]}" --train-iters 1 >/dev/null 2>&1 && "$ZOFF" export --load grun --output ghf/ --quiet || bad "a gpt2 model exports"
+md5sum ghf/* > ghf.md5
+"$ZOFF" train "${G[@]}" --train-iters 2 --load grun >/dev/null 2>&1 || bad "a gpt2 model trains on"
+(ulimit -f 1000; "$ZOFF" export --load grun --output ghf/ --dtype bf16 --quiet) >err.txt 2>&1
+check "export into a model folder past ulimit -f: exit 1 naming vocab.json and the limit" \
+  "[ $? -eq 1 ] && grep -q 'cannot write ghf/vocab.json.*File too large.*ulimit -f' err.txt"
+check "export into a model folder past ulimit -f: every file of the earlier export as it was, no temp file" \
+  "md5sum -c --quiet ghf.md5 && [ \$(ls ghf | wc -l) -eq 5 ] && no_temp"
+(ulimit -f 1000; "$ZOFF" export --load grun --output ghf2/ --dtype bf16 --quiet) >/dev/null 2>&1
+check "export into a new model folder past ulimit -f: exit 1, no folder left" "[ $? -eq 1 ] && [ ! -e ghf2 ]"
+
 # 2. plan --write-config on a full disk: the file named (not only its temp), the disk said full,
 #    the old file kept
 printf '{"old": 1}' > ds.json

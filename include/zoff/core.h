@@ -122,6 +122,10 @@ const char *zoff_write_hint(int err);
  * error when `dir_sync_required`, else ignored (the rename is done). On failure
  * `path` is as it was and no temp file is left. */
 zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required);
+/* Its first half, for writing several files that appear together: `text` in PATH.tmp-PID, complete
+ * and fsynced, its name in *tmp_out (free it) for the caller to rename over `path` (or unlink). On
+ * failure no temp file is left and *tmp_out is NULL. */
+zoff_status zoff_write_file_staged(const char *path, const char *text, char **tmp_out);
 /* The folder an output file `path` goes in exists and is writable (checked before any work, so
  * that a wrong path fails at once): ZOFF_OK, or ZOFF_ERR_INVALID (not there, not a folder: what
  * to do) or the errno's status (not writable), naming the folder. */

@@ -47,9 +47,9 @@ const char *zoff_write_hint(int err) {
     return "";
 }
 
-/* Write `text` to PATH.tmp-PID, fsync, close, rename over `path`; on failure the
- * temp file is removed and `path` is as it was. Then fsync the directory. */
-zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
+/* Write `text` to PATH.tmp-PID, fsync, close; on failure the temp file is removed. */
+zoff_status zoff_write_file_staged(const char *path, const char *text, char **tmp_out) {
+    *tmp_out = NULL;
     if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "empty output path");
     char *tmp = zoff_tmp_path(path);
     if (!tmp) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory writing %s", path);
@@ -57,7 +57,8 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         s = zoff_error(zoff_status_of_path_errno(errno), "cannot create %s: %s", tmp, strerror(errno));
-        goto done;
+        free(tmp);
+        return s;
     }
     size_t n = strlen(text), off = 0;
     while (off < n && s == ZOFF_OK) {
@@ -71,12 +72,25 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
     }
     if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
-    if (s == ZOFF_OK && rename(tmp, path) != 0)
-        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (s != ZOFF_OK) {
+        unlink(tmp);
+        free(tmp);
+        return s;
+    }
+    *tmp_out = tmp;
+    return ZOFF_OK;
+}
+
+/* zoff_write_file_staged, then the rename over `path`; on failure the temp file is removed and
+ * `path` is as it was. Then fsync the directory. */
+zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
+    char *tmp = NULL;
+    zoff_status s = zoff_write_file_staged(path, text, &tmp);
+    if (s != ZOFF_OK) return s;
+    if (rename(tmp, path) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (s != ZOFF_OK) unlink(tmp);
     else if (dir_sync_required) s = zoff_fsync_dir_of(path);
     else (void)zoff_fsync_dir_of(path); /* best effort */
-done:
     free(tmp);
     return s;
 }
