@@ -648,6 +648,7 @@ static void st_direct_close(zoff_st_writer *w) {
 
 static void w_free(zoff_st_writer *w) {
     st_direct_close(w);
+    zoff_temp_forget(w->tmp); /* renamed or removed by now */
     for (size_t i = 0; i < w->n; i++) free(w->d[i].name);
     zoff_ckpt_free_pairs(w->mk, w->mv, w->nm);
     ZOFF_FREE_ALL(w->d, w->buf, w->path, w->tmp, w);
@@ -930,6 +931,7 @@ static zoff_status w_start(zoff_st_writer *w) {
                           "cannot create %s: %s (is the output directory there and writable?)", w->tmp,
                           strerror(e));
     }
+    zoff_temp_register(w->tmp); /* removed by a Ctrl-C (zoff_temp_cleanup_on_signals) */
     w->started = true;
     s = st_direct_open(w, (int64_t)(8 + padded) + w->data_total);
     if (s == ZOFF_OK && !w->aio && !(w->buf = malloc(ST_WBUF_BYTES))) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");

@@ -262,6 +262,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
         fprintf(stderr, "zoff bench ckpt: cannot create a folder in %s: %s\n", dir, strerror(errno));
         return 1;
     }
+    zoff_temp_register_dir(work); /* a Ctrl-C removes it too (zoff_temp_cleanup_on_signals) */
     zoff_gpt2_shape shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = P, .vocab_size = V};
     const char *json = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true},"
                        " \"optimizer\": {\"type\": \"AdamW\"},"
@@ -369,6 +370,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
             s = zoff_error(ZOFF_ERR_INTERNAL, "bench ckpt: the imported weights differ from the exported ones");
     }
     rmtree(work);
+    zoff_temp_forget(work);
     zoff_aligned_free(w);
     zoff_aligned_free(rd);
     zoff_aligned_free(iobuf);

@@ -95,6 +95,7 @@ static zoff_status staged_finish(staged_files *st, bool commit) {
         if (commit && s == ZOFF_OK && rename(st->tmp[i], st->path[i]) != 0)
             s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", st->tmp[i], st->path[i], strerror(errno));
         if (!commit || s != ZOFF_OK) unlink(st->tmp[i]); /* gone already where renamed */
+        zoff_temp_forget(st->tmp[i]);
     }
     if (commit && s == ZOFF_OK && st->n > 0) s = zoff_fsync_dir_of(st->path[0]);
     for (int i = 0; i < st->n; i++) {

@@ -60,6 +60,7 @@ zoff_status zoff_write_file_staged(const char *path, const char *text, char **tm
         free(tmp);
         return s;
     }
+    zoff_temp_register(tmp); /* until renamed or removed: the caller forgets it */
     size_t n = strlen(text), off = 0;
     while (off < n && s == ZOFF_OK) {
         ssize_t w = zoff_io_write(fd, text + off, n - off, tmp); /* write(2), or an injected fault (tests) */
@@ -74,6 +75,7 @@ zoff_status zoff_write_file_staged(const char *path, const char *text, char **tm
     if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
     if (s != ZOFF_OK) {
         unlink(tmp);
+        zoff_temp_forget(tmp);
         free(tmp);
         return s;
     }
@@ -89,8 +91,9 @@ zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_
     if (s != ZOFF_OK) return s;
     if (rename(tmp, path) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (s != ZOFF_OK) unlink(tmp);
-    else if (dir_sync_required) s = zoff_fsync_dir_of(path);
-    else (void)zoff_fsync_dir_of(path); /* best effort */
+    zoff_temp_forget(tmp);
+    if (s == ZOFF_OK && dir_sync_required) s = zoff_fsync_dir_of(path);
+    else if (s == ZOFF_OK) (void)zoff_fsync_dir_of(path); /* best effort */
     free(tmp);
     return s;
 }

@@ -77,6 +77,7 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
         free(tmp);
         return s;
     }
+    zoff_temp_register(tmp);
     int32_t header[ZOFF_SHARD_HEADER_INTS];
     memset(header, 0, sizeof header);
     header[0] = ZOFF_SHARD_MAGIC;
@@ -95,6 +96,7 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
     }
     if (s != ZOFF_OK) unlink(tmp);
     else (void)zoff_fsync_dir_of(path);
+    zoff_temp_forget(tmp);
     free(tmp);
     return s;
 }
