@@ -100,28 +100,34 @@ check "tensorboard on a full disk: every event file ends in a whole record" "'$P
 # 5. Ctrl-C (SIGINT) or a stopped job (SIGTERM) while a temp file is being written: exit 130 / 143
 #    and the temp file removed (before: tokenize's P_train.bin.incomplete-PID.tmp.XXXXXX, export's
 #    FILE.tmp-PID and bench ckpt's zoff-bench-ckpt.XXXXXX folder stayed, as large as the output).
-#    The process is stopped (SIGSTOP) as soon as its temp file appears, then signalled.
+#    The process is stopped (SIGSTOP) as soon as its temp file appears, then signalled (with its
+#    children: bench nvme's fio).
 set -m # background jobs with the default SIGINT (a script's are started with SIGINT ignored)
-interrupt() { # SIG GLOB CMD...: run CMD, signal it once GLOB matches; prints its exit status
+interrupt() { # SIG GLOB CMD...: run CMD, signal it once GLOB matches; its exit status in $rc
   local sig="$1" glob="$2"; shift 2
   "$@" >/dev/null 2>&1 &
   local p=$! i=0
   while ! compgen -G "$glob" >/dev/null && kill -0 $p 2>/dev/null && [ $i -lt 200000 ]; do i=$((i + 1)); done
-  kill -STOP $p 2>/dev/null; kill -"$sig" $p 2>/dev/null; kill -CONT $p 2>/dev/null
-  wait $p; echo $?
+  kill -STOP -- -$p 2>/dev/null; kill -"$sig" -- -$p 2>/dev/null; kill -CONT -- -$p 2>/dev/null # its process group, as a terminal does
+  wait $p; rc=$?; [ -n "${KEEP:-}" ] && { echo "rc=$rc i=$i"; find "$W" -name "*tmp*" -o -name "*incomplete*"; } >&2
 }
 for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do cat corpus.txt; done > big.txt
-rc=$(interrupt INT 'tok/c_train.bin.*' "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix tok/c big.txt)
+interrupt INT 'tok/c_train.bin.*' "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix tok/c big.txt
 check "tokenize interrupted (SIGINT) while writing its shard: exit 130, the old shard kept, no temp file" \
   "[ $rc -eq 130 ] && [ \"\$(cat tok/c_train.bin)\" = 'old shard' ] && no_temp"
 "$ZOFF" train --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1 \
   --tokenizer byte --data-path corpus_train.bin --eval-iters 0 --quiet --train-iters 1 --save wide >/dev/null 2>&1
-rc=$(interrupt INT 'w.safetensors.tmp-*' "$ZOFF" export --load wide --output w.safetensors)
+interrupt INT 'w.safetensors.tmp-*' "$ZOFF" export --load wide --output w.safetensors
 check "export interrupted (SIGINT) while writing: exit 130, no file, no temp file" "[ $rc -eq 130 ] && [ ! -e w.safetensors ] && no_temp"
 mkdir bench
-rc=$(interrupt TERM 'bench/zoff-bench-ckpt.*' "$ZOFF" bench ckpt --dir bench --num-layers 2 --hidden-size 64 \
-  --num-attention-heads 2 --vocab-size 256 --max-position-embeddings 64 --rounds 1)
+interrupt TERM 'bench/zoff-bench-ckpt.*' "$ZOFF" bench ckpt --dir bench --num-layers 2 --hidden-size 64 \
+  --num-attention-heads 2 --vocab-size 256 --max-position-embeddings 64 --rounds 1
 check "bench ckpt stopped (SIGTERM): exit 143, its folder removed" "[ $rc -eq 143 ] && [ -z \"\$(ls bench)\" ]"
+if command -v fio >/dev/null 2>&1; then
+  interrupt INT 'bench/zoff-bench-fio.dat' "$ZOFF" bench nvme --dir bench --size 8MiB --rounds 1
+  check "bench nvme interrupted (SIGINT) in fio's pass: exit 130, fio's file removed" \
+    "[ $rc -eq 130 ] && [ -z \"\$(ls bench)\" ]"
+else echo "skip - bench nvme interrupted: no fio here"; fi
 set +m
 
 # 4. the same on a really full disk (a tmpfs of 8 KiB for the csv files, in a private mount

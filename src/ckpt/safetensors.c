@@ -923,6 +923,7 @@ static zoff_status w_start(zoff_st_writer *w) {
         return s;
     }
     size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8;
+    zoff_temp_register(w->tmp); /* before it exists: a Ctrl-C removes it (forgotten in w_free) */
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         int e = errno;
@@ -931,7 +932,6 @@ static zoff_status w_start(zoff_st_writer *w) {
                           "cannot create %s: %s (is the output directory there and writable?)", w->tmp,
                           strerror(e));
     }
-    zoff_temp_register(w->tmp); /* removed by a Ctrl-C (zoff_temp_cleanup_on_signals) */
     w->started = true;
     s = st_direct_open(w, (int64_t)(8 + padded) + w->data_total);
     if (s == ZOFF_OK && !w->aio && !(w->buf = malloc(ST_WBUF_BYTES))) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");

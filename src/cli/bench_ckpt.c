@@ -258,11 +258,10 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
     if (cli_bench_dir("bench ckpt", dir)) return 2;
     char work[4200]; /* the benchmark's own folder in --dir: the only thing it writes and removes */
     snprintf(work, sizeof work, "%s/zoff-bench-ckpt.XXXXXX", dir);
-    if (!mkdtemp(work)) {
+    if (zoff_temp_create(work, true) != 0) { /* mkdtemp; a Ctrl-C removes the folder too */
         fprintf(stderr, "zoff bench ckpt: cannot create a folder in %s: %s\n", dir, strerror(errno));
         return 1;
     }
-    zoff_temp_register_dir(work); /* a Ctrl-C removes it too (zoff_temp_cleanup_on_signals) */
     zoff_gpt2_shape shape = {.num_layers = L, .hidden_size = C, .num_heads = NH, .max_seq_len = P, .vocab_size = V};
     const char *json = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true},"
                        " \"optimizer\": {\"type\": \"AdamW\"},"

@@ -54,13 +54,14 @@ zoff_status zoff_write_file_staged(const char *path, const char *text, char **tm
     char *tmp = zoff_tmp_path(path);
     if (!tmp) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory writing %s", path);
     zoff_status s = ZOFF_OK;
+    zoff_temp_register(tmp); /* before it exists, until renamed or removed: the caller forgets it */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         s = zoff_error(zoff_status_of_path_errno(errno), "cannot create %s: %s", tmp, strerror(errno));
+        zoff_temp_forget(tmp);
         free(tmp);
         return s;
     }
-    zoff_temp_register(tmp); /* until renamed or removed: the caller forgets it */
     size_t n = strlen(text), off = 0;
     while (off < n && s == ZOFF_OK) {
         ssize_t w = zoff_io_write(fd, text + off, n - off, tmp); /* write(2), or an injected fault (tests) */

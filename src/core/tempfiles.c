@@ -5,8 +5,11 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "zoff/core.h"
@@ -48,9 +51,9 @@ static void on_stop(int sig) {
     for (int i = 0; i < TEMP_SLOTS; i++) {
         int kind = __atomic_load_n(&g_slots[i].used, __ATOMIC_ACQUIRE);
         if (kind == 1) unlink(g_slots[i].path);
-        if (kind == 2) {
+        for (int tries = 0; kind == 2 && tries < 100; tries++) { /* again if another thread added a file */
             remove_under(open(g_slots[i].path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW), 0);
-            rmdir(g_slots[i].path);
+            if (rmdir(g_slots[i].path) == 0 || errno != ENOTEMPTY) break;
         }
     }
     errno = saved;
@@ -80,8 +83,37 @@ static void temp_add(const char *path, int kind) {
     pthread_mutex_unlock(&g_lock);
 }
 
+/* mkstemp / mkdtemp, but the name is registered before the file is created: a signal handled
+ * by any thread (blocking it in this one would not do) finds it registered once it exists. */
+int zoff_temp_create(char *templ, bool dir) {
+    static const char abc[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    size_t n = strlen(templ);
+    if (n < 6 || strcmp(templ + n - 6, "XXXXXX") != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    static uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull + __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+        for (int i = 0; i < 6; i++) templ[n - 6 + (size_t)i] = abc[(x >> (58 - 6 * i)) % (sizeof abc - 1)];
+        temp_add(templ, dir ? 2 : 1);
+        int r = dir ? mkdir(templ, 0700) : open(templ, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (r >= 0 || errno != EEXIST) {
+            int e = errno;
+            if (r < 0) zoff_temp_forget(templ);
+            errno = e;
+            return r;
+        }
+        zoff_temp_forget(templ); /* another file's name: try the next one */
+    }
+    errno = EEXIST;
+    return -1;
+}
+
 void zoff_temp_register(const char *path) { temp_add(path, 1); }
-void zoff_temp_register_dir(const char *path) { temp_add(path, 2); }
 
 void zoff_temp_forget(const char *path) {
     if (!path) return;

@@ -68,7 +68,7 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
     if (!tmp) return zoff_error(ZOFF_ERR_NOMEM, "out of memory writing %s", path);
     /* same directory as the target, so the rename is atomic */
     snprintf(tmp, plen + 32, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    int fd = zoff_temp_create(tmp, false); /* mkstemp, the file registered for a Ctrl-C's removal */
     if (fd < 0) {
         zoff_status s = zoff_error(zoff_status_of_path_errno(errno),
                                    "cannot create a temporary file next to %s: %s; check that the "
@@ -77,7 +77,6 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
         free(tmp);
         return s;
     }
-    zoff_temp_register(tmp);
     int32_t header[ZOFF_SHARD_HEADER_INTS];
     memset(header, 0, sizeof header);
     header[0] = ZOFF_SHARD_MAGIC;
