@@ -27,6 +27,8 @@ check "tokenize past ulimit -f: the old shard kept, no temp file" "[ \"\$(cat to
 (ulimit -f 64; "$ZOFF" train "${TINY[@]}" --train-iters 4 --save run --load run) >err.txt 2>&1
 check "a checkpoint save past ulimit -f: exit 1 naming the rank file, the error and the limit" \
   "[ $? -eq 1 ] && grep -q 'rank_00000.zckpt.*File too large.*ulimit -f' err.txt"
+check "a checkpoint save past ulimit -f: says which step is saved and how to go on (before: not said)" \
+  "grep -q 'step 2 is saved under run: once that is fixed, go on with --load run' err.txt"
 check "a checkpoint save past ulimit -f: no temp dir, step 2 still the newest and it resumes" \
   "no_temp && [ \"\$(ls -d run/step_*)\" = run/step_00000002 ] && '$ZOFF' train ${TINY[*]} --train-iters 3 --save run --load run >/dev/null 2>&1"
 
@@ -75,6 +77,8 @@ ZOFF_IO_FAULT=ENOSPC@$at:Train_Samples_train_loss.csv "$ZOFF" train "${TINY[@]}"
   --train-iters 6 --save mrun --load mrun >err.txt 2>&1
 check "csv_monitor on a full disk: exit 1 naming the csv file, the disk full" \
   "[ $? -eq 1 ] && grep -q 'csv_monitor: cannot write .*Train_Samples_train_loss.csv: No space left on device; the disk is full' err.txt"
+check "csv_monitor on a full disk: says which step is saved and how to go on" \
+  "grep -q 'step 3 is saved under mrun: once that is fixed, go on with --load mrun' err.txt"
 check "csv_monitor on a full disk: the file ends in a whole row" "[ \"\$(tail -c 2 $CSV | od -An -c | tr -d ' ')\" = '\\r\\n' ]"
 "$ZOFF" train "${TINY[@]}" --config mon.json --train-iters 6 --save mrun --load mrun >/dev/null 2>&1 || bad "the resume to 6"
 # every row is "samples,loss" at the samples before a step (0, 4, ... 20: micro-batch 4), each step there
