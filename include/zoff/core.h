@@ -112,11 +112,33 @@ const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buf
 const char *zoff_format_params(int64_t n, char *buf, size_t buflen);
 
 /* ---- files ---- */
+/* What to do about a failed write's errno, for the end of its message: "; the disk is full: free
+ * space, or write elsewhere" (ENOSPC, EDQUOT), "; PATH would pass this process's file size limit
+ * (ulimit -f): ..." (EFBIG), else "". A writer with a better hint of its own (checkpoints: keep
+ * fewer) gives that one for a full disk. */
+const char *zoff_write_hint(int err);
 /* Write `text` to `path` atomically: a temp file beside it (PATH.tmp-PID), fsync,
  * rename, then an fsync of the directory; a failed fsync of the directory is an
  * error when `dir_sync_required`, else ignored (the rename is done). On failure
  * `path` is as it was and no temp file is left. */
 zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required);
+/* Its first half, for writing several files that appear together: `text` in PATH.tmp-PID, complete
+ * and fsynced, its name in *tmp_out (free it) for the caller to rename over `path` (or unlink),
+ * then zoff_temp_forget it. On failure no temp file is left and *tmp_out is NULL. */
+zoff_status zoff_write_file_staged(const char *path, const char *text, char **tmp_out);
+/* Temp files: a writer registers a temp file by its name before creating it (or creates it with
+ * zoff_temp_create), and forgets it once it is renamed or removed; with
+ * zoff_temp_cleanup_on_signals (the zoff CLI's main calls it), SIGINT, SIGTERM and SIGHUP (Ctrl-C,
+ * a job stopped) remove every registered one (a folder with all in it) and then stop the process
+ * as the signal would (exit status 130, 143, 129), so that an interrupted tokenize, export or bench
+ * leaves no temp file behind. Signals that already have a handler (zoff train's) or are ignored
+ * keep it. Up to 32 at a time (more are not removed); forget takes the registered path. */
+void zoff_temp_cleanup_on_signals(void);
+void zoff_temp_register(const char *path);
+void zoff_temp_forget(const char *path);
+/* mkstemp (returns the fd) or, with `dir`, mkdtemp (returns 0) of `templ`, registered at once (no
+ * signal comes between); -1 with errno on failure. */
+int zoff_temp_create(char *templ, bool dir);
 /* The folder an output file `path` goes in exists and is writable (checked before any work, so
  * that a wrong path fails at once): ZOFF_OK, or ZOFF_ERR_INVALID (not there, not a folder: what
  * to do) or the errno's status (not writable), naming the folder. */

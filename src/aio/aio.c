@@ -563,8 +563,9 @@ zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
                           f->path, zoff_format_bytes((size_t)bytes, need, sizeof need), fs);
     }
     if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
-        return zoff_error(ZOFF_ERR_IO, "cannot reserve %s for %s: %s",
-                          zoff_format_bytes((size_t)bytes, need, sizeof need), f->path, strerror(err));
+        return zoff_error(ZOFF_ERR_IO, "cannot reserve %s for %s: %s%s",
+                          zoff_format_bytes((size_t)bytes, need, sizeof need), f->path, strerror(err),
+                          zoff_write_hint(err));
     if (ftruncate(f->fd, bytes) != 0)
         return zoff_error(ZOFF_ERR_IO, "cannot extend %s to %s: %s", f->path,
                           zoff_format_bytes((size_t)bytes, need, sizeof need), strerror(errno));

@@ -331,6 +331,7 @@ static zoff_status write_failed(const char *path, int64_t off, size_t n, int e) 
     const char *hint = "";
     if (e == ENOSPC || e == EDQUOT) hint = "; the disk is full: free space, or keep fewer checkpoints (--keep-last)";
     else if (e == EIO) hint = "; the storage device reported an I/O error";
+    else hint = zoff_write_hint(e);
     return zoff_error(ZOFF_ERR_IO, "cannot write checkpoint file %s at offset %" PRId64 " (%zu bytes): %s%s", path, off, n,
                       strerror(e), hint);
 }

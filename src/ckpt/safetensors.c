@@ -614,7 +614,7 @@ static zoff_status st_write_failed(const zoff_st_writer *w, int64_t at, int e) {
     if (!e)
         return zoff_error(ZOFF_ERR_IO, "short write to %s at offset %" PRId64 " (is the disk full?)", w->tmp, at);
     return zoff_error(ZOFF_ERR_IO, "cannot write %s at offset %" PRId64 ": %s%s", w->tmp, at, strerror(e),
-                      e == ENOSPC || e == EDQUOT ? " (the disk is full: free space or write elsewhere)" : "");
+                      zoff_write_hint(e));
 }
 
 /* Waits for every ring write; a failure is reported at the lowest offset that failed, worded as
@@ -648,6 +648,7 @@ static void st_direct_close(zoff_st_writer *w) {
 
 static void w_free(zoff_st_writer *w) {
     st_direct_close(w);
+    zoff_temp_forget(w->tmp); /* renamed or removed by now */
     for (size_t i = 0; i < w->n; i++) free(w->d[i].name);
     zoff_ckpt_free_pairs(w->mk, w->mv, w->nm);
     ZOFF_FREE_ALL(w->d, w->buf, w->path, w->tmp, w);
@@ -922,6 +923,7 @@ static zoff_status w_start(zoff_st_writer *w) {
         return s;
     }
     size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8;
+    zoff_temp_register(w->tmp); /* before it exists: a Ctrl-C removes it (forgotten in w_free) */
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         int e = errno;

@@ -258,7 +258,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
     if (cli_bench_dir("bench ckpt", dir)) return 2;
     char work[4200]; /* the benchmark's own folder in --dir: the only thing it writes and removes */
     snprintf(work, sizeof work, "%s/zoff-bench-ckpt.XXXXXX", dir);
-    if (!mkdtemp(work)) {
+    if (zoff_temp_create(work, true) != 0) { /* mkdtemp; a Ctrl-C removes the folder too */
         fprintf(stderr, "zoff bench ckpt: cannot create a folder in %s: %s\n", dir, strerror(errno));
         return 1;
     }
@@ -369,6 +369,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
             s = zoff_error(ZOFF_ERR_INTERNAL, "bench ckpt: the imported weights differ from the exported ones");
     }
     rmtree(work);
+    zoff_temp_forget(work);
     zoff_aligned_free(w);
     zoff_aligned_free(rd);
     zoff_aligned_free(iobuf);

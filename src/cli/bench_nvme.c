@@ -58,8 +58,12 @@ static zoff_status run_fio(const bench_args *a, int kind, bool uring, double *bp
                  "--group_reporting --bs=%lld --direct=1 --ioengine=psync --rw=%s --output-format=json 2>%s",
                  file, (long long)(a->size / a->qd), (long long)(a->size / a->qd), (long long)a->qd,
                  (long long)a->block, rw, errf);
+    zoff_temp_register(errf); /* removed by a Ctrl-C too */
     FILE *p = popen(cmd, "r");
-    if (!p) return zoff_error(ZOFF_ERR_IO, "cannot run fio: %s", strerror(errno));
+    if (!p) {
+        zoff_temp_forget(errf);
+        return zoff_error(ZOFF_ERR_IO, "cannot run fio: %s", strerror(errno));
+    }
     size_t cap = 1 << 16, len = 0;
     char *out = malloc(cap);
     size_t got;
@@ -87,9 +91,11 @@ static zoff_status run_fio(const bench_args *a, int kind, bool uring, double *bp
             fclose(e);
         }
         unlink(errf);
+        zoff_temp_forget(errf);
         return zoff_error(ZOFF_ERR_IO, "fio %s on %s failed (exit %d): %s", kind_names[kind], a->dir, rc, msg);
     }
     unlink(errf);
+    zoff_temp_forget(errf);
     json_t *job = json_array_get(json_object_get(root, "jobs"), 0);
     double r = json_number_value(json_object_get(json_object_get(job, "read"), "bw_bytes"));
     double w = json_number_value(json_object_get(json_object_get(job, "write"), "bw_bytes"));
@@ -345,6 +351,9 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
                a->dir, zoff_swapper_describe(sw), zoff_format_bytes((size_t)zoff_swapper_file_bytes(sw), fb, sizeof fb),
                ng, (long long)sgs, (long long)a->rounds);
     double bps;
+    char fiofile[4200];
+    snprintf(fiofile, sizeof fiofile, "%s/zoff-bench-fio.dat", a->dir);
+    if (a->fio) zoff_temp_register(fiofile);                  /* removed by a Ctrl-C too */
     if (a->fio) s = run_fio(a, 1, res->uring, &bps);          /* lay the file out; not measured */
     if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, 1, &bps); /* the initial write */
     for (int r = 0; s == ZOFF_OK && r < a->rounds; r++) {
@@ -356,9 +365,8 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
             if (s == ZOFF_OK && a->fio && !fio_first) s = run_fio(a, kind, res->uring, &res->fio[kind][r]);
         }
     }
-    char fiofile[4200];
-    snprintf(fiofile, sizeof fiofile, "%s/zoff-bench-fio.dat", a->dir);
     unlink(fiofile);
+    zoff_temp_forget(fiofile);
     zoff_swapper_destroy(sw);
     free(order);
     for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {

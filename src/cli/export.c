@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/file_internal.h"
 #include "core/half_internal.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -68,12 +69,41 @@ static zoff_status fetch_tensor(void *user, const zoff_tensor_info *t, float *ds
     return s;
 }
 
-/* Write a small text file atomically (temp + fsync + rename + fsync of the directory). */
-static zoff_status write_text_atomic(const char *dir, const char *name, const char *text) {
+/* A folder's small files (config.json, the tokenizer's), written complete under temp names before
+ * the model file and renamed into place after it: a failure anywhere (a full disk, ulimit -f)
+ * leaves the folder as it was, as for the single-file export. */
+typedef struct staged_files {
+    char *path[4], *tmp[4];
+    int n;
+} staged_files;
+
+static zoff_status write_text_staged(staged_files *st, const char *dir, const char *name, const char *text) {
     char path[4200];
     int pn = snprintf(path, sizeof path, "%s/%s", dir, name);
     if (pn < 0 || (size_t)pn >= sizeof path) return zoff_error(ZOFF_ERR_INVALID, "output path %s is too long", dir);
-    return zoff_write_file_atomic(path, text, true);
+    if (st->n == 4 || !(st->path[st->n] = strdup(path))) return zoff_error(ZOFF_ERR_NOMEM, "out of memory");
+    zoff_status s = zoff_write_file_staged(path, text, &st->tmp[st->n]);
+    if (s != ZOFF_OK) free(st->path[st->n]);
+    else st->n++;
+    return s;
+}
+
+/* Rename the staged files into place (commit) or remove them, and free the list. */
+static zoff_status staged_finish(staged_files *st, bool commit) {
+    zoff_status s = ZOFF_OK;
+    for (int i = 0; i < st->n; i++) {
+        if (commit && s == ZOFF_OK && rename(st->tmp[i], st->path[i]) != 0)
+            s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", st->tmp[i], st->path[i], strerror(errno));
+        if (!commit || s != ZOFF_OK) unlink(st->tmp[i]); /* gone already where renamed */
+        zoff_temp_forget(st->tmp[i]);
+    }
+    if (commit && s == ZOFF_OK && st->n > 0) s = zoff_fsync_dir_of(st->path[0]);
+    for (int i = 0; i < st->n; i++) {
+        free(st->tmp[i]);
+        free(st->path[i]);
+    }
+    st->n = 0;
+    return s;
 }
 
 /* transformers' GPT2Config for the exported weights. */
@@ -111,7 +141,7 @@ static char *hf_config_json(const zoff_gpt2_shape *sh, const char *tokenizer, zo
 /* The GPT-2 tokenizer's tables as transformers' GPT2Tokenizer reads them from a model folder:
  * vocab.json is GPT-2's encoder.json and merges.txt its vocab.bpe (the same bytes, "#version"
  * line first), with a tokenizer_config.json naming the class and <|endoftext|>. */
-static zoff_status write_gpt2_tokenizer(const char *dir, int64_t max_len) {
+static zoff_status write_gpt2_tokenizer(staged_files *st, const char *dir, int64_t max_len) {
     static const char *const files[][2] = {{"gpt2/encoder.json", "vocab.json"}, {"gpt2/vocab.bpe", "merges.txt"}};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char src[4200];
@@ -129,7 +159,7 @@ static zoff_status write_gpt2_tokenizer(const char *dir, int64_t max_len) {
         }
         fclose(f);
         if (!text) return zoff_error(ZOFF_ERR_IO, "cannot read %s", src);
-        zoff_status s = write_text_atomic(dir, files[i][1], text);
+        zoff_status s = write_text_staged(st, dir, files[i][1], text);
         free(text);
         ZOFF_TRY(s);
     }
@@ -139,7 +169,17 @@ static zoff_status write_gpt2_tokenizer(const char *dir, int64_t max_len) {
              "\"<|endoftext|>\",\n  \"model_max_length\": %lld,\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  "
              "\"unk_token\": \"<|endoftext|>\"\n}\n",
              (long long)max_len);
-    return write_text_atomic(dir, "tokenizer_config.json", cfg);
+    return write_text_staged(st, dir, "tokenizer_config.json", cfg);
+}
+
+/* A folder's config.json and, for the gpt2 tokenizer, its files, staged. */
+static zoff_status stage_folder_files(staged_files *st, const char *dir, const zoff_train_meta *meta, zoff_st_dtype dt) {
+    char *cfg = hf_config_json(&meta->shape, meta->tokenizer, dt);
+    zoff_status s =
+        cfg ? write_text_staged(st, dir, "config.json", cfg) : zoff_error(ZOFF_ERR_NOMEM, "cannot encode config.json");
+    free(cfg);
+    if (s == ZOFF_OK && !strcmp(meta->tokenizer, "gpt2")) s = write_gpt2_tokenizer(st, dir, meta->shape.max_seq_len);
+    return s;
 }
 
 /* A model without GPT-2's tokenizer exported into a folder that holds its files (an earlier export's):
@@ -165,7 +205,7 @@ static bool is_dir(const char *p) {
 
 /* Where --output goes, checked before any reading: a folder it names is created (one level), so its
  * parent must exist; a file's folder must exist. A folder's files (model.safetensors, config.json, ...)
- * are replaced, each atomically, unless one is a folder; an --output DIR/ that is a file is refused. */
+ * are replaced together (staged_files) unless one is a folder; an --output DIR/ that is a file is refused. */
 static zoff_status check_output(const char *output, bool dir_mode) {
     size_t olen = strlen(output);
     char where[4200];
@@ -288,12 +328,16 @@ int zoff_cmd_export(int argc, char **argv) {
         t->layer = -1;
     }
     char out_file[4200], dir[4200];
+    bool made_dir = false;
     if (dir_mode) {
         snprintf(dir, sizeof dir, "%.*s", (int)(output[olen - 1] == '/' && olen > 1 ? olen - 1 : olen), output);
         int on = snprintf(out_file, sizeof out_file, "%s/model.safetensors", dir);
         if (on < 0 || (size_t)on >= sizeof out_file) s = zoff_error(ZOFF_ERR_INVALID, "--output %s is too long", dir);
-        if (s == ZOFF_OK && !is_dir(dir) && mkdir(dir, 0755) != 0)
+        made_dir = s == ZOFF_OK && !is_dir(dir);
+        if (made_dir && mkdir(dir, 0755) != 0) {
+            made_dir = false;
             s = zoff_error(zoff_status_of_path_errno(errno), "cannot create directory %s: %s", dir, strerror(errno));
+        }
     } else {
         snprintf(out_file, sizeof out_file, "%s", output);
     }
@@ -303,21 +347,19 @@ int zoff_cmd_export(int argc, char **argv) {
     eo.metadata = extra;
     eo.metadata_pairs = 2;
     fetch_ctx fc = {.g = g};
+    staged_files small = {.n = 0}; /* a folder's small files: in place only once the model file is */
+    if (s == ZOFF_OK && dir_mode) s = stage_folder_files(&small, dir, &meta, eo.dtype);
     double t0 = zoff_now();
     if (s == ZOFF_OK) s = zoff_gpt2_st_export(out_file, &meta.shape, tab, n, fetch_tensor, &fc, &eo);
     double dt = zoff_now() - t0;
-    if (s == ZOFF_OK && dir_mode) {
-        char *cfg = hf_config_json(&meta.shape, meta.tokenizer, eo.dtype);
-        s = cfg ? write_text_atomic(dir, "config.json", cfg) : zoff_error(ZOFF_ERR_NOMEM, "cannot encode config.json");
-        free(cfg);
-        if (s == ZOFF_OK)
-            s = !strcmp(meta.tokenizer, "gpt2") ? write_gpt2_tokenizer(dir, meta.shape.max_seq_len)
-                                                : warn_tokenizer_left(dir, meta.tokenizer);
-    }
+    zoff_status fs = staged_finish(&small, s == ZOFF_OK);
+    if (s == ZOFF_OK) s = fs;
+    if (s == ZOFF_OK && dir_mode && strcmp(meta.tokenizer, "gpt2") != 0) s = warn_tokenizer_left(dir, meta.tokenizer);
     int nranks = zoff_ckpt_gather_nranks(g);
     zoff_ckpt_gather_close(g);
     free(tab);
-    if (s != ZOFF_OK) return fail(out_file, s);
+    if (s != ZOFF_OK && made_dir) rmdir(dir); /* the folder it made, empty again */
+    if (s != ZOFF_OK) return fail(dir_mode ? dir : out_file, s);
     if (!quiet) {
         struct stat st;
         char b[32], nl[32];

@@ -1,5 +1,6 @@
 /* The zoff command: subcommand dispatch. */
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,11 @@ static const command *find_command(const char *name) {
 
 int main(int argc, char **argv) {
     set_omp_wait_policy(argv);
+    /* A write past the file size limit (ulimit -f, RLIMIT_FSIZE: set by some batch systems) fails
+     * with EFBIG, which every writer reports (the file named, its temp file removed, exit 1),
+     * instead of SIGXFSZ killing the process mid-write with its temp files left behind. */
+    signal(SIGXFSZ, SIG_IGN);
+    zoff_temp_cleanup_on_signals(); /* Ctrl-C in tokenize, export, bench: their temp files removed */
     if (argc < 2) { /* a command is required: `zoff train` is the default job, asked for by name */
         usage(stderr);
         fprintf(stderr, "\nzoff: no command given; `zoff train` trains the default small GPT-2 on the bundled corpus\n");

@@ -117,6 +117,18 @@ static int fail(zoff_status s) {
     return cli_exit_code(s);
 }
 
+/* A run that failed on I/O (a full disk, a file size limit) after it began: fail, and where it
+ * can go on from once that is fixed. */
+static int fail_run(const zoff_trainer_options *o, zoff_status s) {
+    int rc = fail(s);
+    int64_t step = -1;
+    if (s == ZOFF_ERR_IO && !o->no_checkpoint && zoff_ckpt_latest(o->save_dir, &step) == ZOFF_OK && step >= 0)
+        fprintf(stderr, "%s: step %lld is saved under %s: once that is fixed, go on with --load %s\n", g_who,
+                (long long)step, o->save_dir, o->save_dir);
+    zoff_clear_error();
+    return rc;
+}
+
 static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
     zoff_trainer_options *o = &a->o;
@@ -331,7 +343,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     for (bool stop = false;;) {
         if ((s = zoff_trainer_should_stop(t, &stop)) != ZOFF_OK) return fail(s);
         if (stop || in->step >= o->train_iters) break;
-        if ((s = zoff_trainer_step(t, &r)) != ZOFF_OK) return fail(s);
+        if ((s = zoff_trainer_step(t, &r)) != ZOFF_OK) return fail_run(o, s);
         if (!isfinite(r.loss)) {
             fprintf(stderr, "zoff train: loss is %f at step %lld; stopping (lower the learning rate?)\n", r.loss,
                     (long long)r.step);
@@ -340,10 +352,10 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         skipped += r.info.skipped;
         print_step(&p, in, &r);
         if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
-            return fail(s);
+            return fail_run(o, s);
         if (zoff_trainer_eval_due(t)) {
             double val = NAN;
-            if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail(s);
+            if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail_run(o, s);
             if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
                 fprintf(stderr, "step %lld validation loss %.4f\n", (long long)in->step, val);
@@ -357,7 +369,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                 o->no_checkpoint ? "stopping (--no-checkpoint: no checkpoint)" : "saving a checkpoint",
                 (long long)in->step);
     /* final, also on SIGINT/SIGTERM */
-    if (!o->no_checkpoint && (s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail(s);
+    if (!o->no_checkpoint && (s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail_run(o, s);
     if (g_stop) {
         if (!o->quiet && !o->no_checkpoint)
             fprintf(stderr, "zoff: step %lld saved under %s; go on with --load %s\n", (long long)in->step, o->save_dir,

@@ -1,6 +1,7 @@
 /* Whole-file writes that are atomic on disk. */
 #define _GNU_SOURCE
 #include "core/file_internal.h"
+#include "zoff/iofault.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -38,33 +39,62 @@ zoff_status zoff_fsync_dir_of(const char *path) {
     return s;
 }
 
-/* Write `text` to PATH.tmp-PID, fsync, close, rename over `path`; on failure the
- * temp file is removed and `path` is as it was. Then fsync the directory. */
-zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
+const char *zoff_write_hint(int err) {
+    if (err == ENOSPC || err == EDQUOT) return "; the disk is full: free space, or write elsewhere";
+    if (err == EFBIG)
+        return "; the file would pass this process's file size limit (ulimit -f): raise it (ulimit -f unlimited) "
+               "or write less";
+    return "";
+}
+
+/* Write `text` to PATH.tmp-PID, fsync, close; on failure the temp file is removed. */
+zoff_status zoff_write_file_staged(const char *path, const char *text, char **tmp_out) {
+    *tmp_out = NULL;
     if (!path || !*path) return zoff_error(ZOFF_ERR_INVALID, "empty output path");
     char *tmp = zoff_tmp_path(path);
     if (!tmp) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory writing %s", path);
     zoff_status s = ZOFF_OK;
+    zoff_temp_register(tmp); /* before it exists, until renamed or removed: the caller forgets it */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         s = zoff_error(zoff_status_of_path_errno(errno), "cannot create %s: %s", tmp, strerror(errno));
-        goto done;
+        zoff_temp_forget(tmp);
+        free(tmp);
+        return s;
     }
     size_t n = strlen(text), off = 0;
     while (off < n && s == ZOFF_OK) {
-        ssize_t w = write(fd, text + off, n - off);
+        ssize_t w = zoff_io_write(fd, text + off, n - off, tmp); /* write(2), or an injected fault (tests) */
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", tmp, w < 0 ? strerror(errno) : "short write");
+        int e = w < 0 ? errno : ENOSPC; /* a write of 0 bytes: nothing more fits */
+        if (w <= 0)
+            s = zoff_error(ZOFF_ERR_IO, "cannot write %s (through its temp file %s, removed): %s%s", path, tmp,
+                           strerror(e), zoff_write_hint(e));
         else off += (size_t)w;
     }
     if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "cannot close %s: %s", tmp, strerror(errno));
-    if (s == ZOFF_OK && rename(tmp, path) != 0)
-        s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (s != ZOFF_OK) {
+        unlink(tmp);
+        zoff_temp_forget(tmp);
+        free(tmp);
+        return s;
+    }
+    *tmp_out = tmp;
+    return ZOFF_OK;
+}
+
+/* zoff_write_file_staged, then the rename over `path`; on failure the temp file is removed and
+ * `path` is as it was. Then fsync the directory. */
+zoff_status zoff_write_file_atomic(const char *path, const char *text, bool dir_sync_required) {
+    char *tmp = NULL;
+    zoff_status s = zoff_write_file_staged(path, text, &tmp);
+    if (s != ZOFF_OK) return s;
+    if (rename(tmp, path) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (s != ZOFF_OK) unlink(tmp);
-    else if (dir_sync_required) s = zoff_fsync_dir_of(path);
-    else (void)zoff_fsync_dir_of(path); /* best effort */
-done:
+    zoff_temp_forget(tmp);
+    if (s == ZOFF_OK && dir_sync_required) s = zoff_fsync_dir_of(path);
+    else if (s == ZOFF_OK) (void)zoff_fsync_dir_of(path); /* best effort */
     free(tmp);
     return s;
 }

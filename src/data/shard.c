@@ -35,8 +35,9 @@ static zoff_status write_all(int fd, const void *buf, size_t n, const char *path
         ssize_t w = zoff_io_write(fd, p, chunk, path); /* write(2), or an injected fault (tests) */
         if (w < 0) {
             if (errno == EINTR) continue;
-            return zoff_error(ZOFF_ERR_IO, "writing %s: %s; check free disk space and permissions", path,
-                              strerror(errno));
+            int e = errno;
+            return zoff_error(ZOFF_ERR_IO, "writing %s: %s%s", path, strerror(e),
+                              *zoff_write_hint(e) ? zoff_write_hint(e) : "; check free disk space and permissions");
         }
         p += w;
         n -= (size_t)w;
@@ -67,7 +68,7 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
     if (!tmp) return zoff_error(ZOFF_ERR_NOMEM, "out of memory writing %s", path);
     /* same directory as the target, so the rename is atomic */
     snprintf(tmp, plen + 32, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    int fd = zoff_temp_create(tmp, false); /* mkstemp, the file registered for a Ctrl-C's removal */
     if (fd < 0) {
         zoff_status s = zoff_error(zoff_status_of_path_errno(errno),
                                    "cannot create a temporary file next to %s: %s; check that the "
@@ -94,6 +95,7 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
     }
     if (s != ZOFF_OK) unlink(tmp);
     else (void)zoff_fsync_dir_of(path);
+    zoff_temp_forget(tmp);
     free(tmp);
     return s;
 }

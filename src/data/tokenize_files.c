@@ -349,6 +349,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     for (int i = 0; i < nplan && s == ZOFF_OK; i++) s = check_not_folder(plan[i].final_path); /* later shards */
     int32_t vocab = zoff_tokenizer_vocab_size(t);
     for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
+        zoff_temp_register(plan[i].tmp_path); /* before it exists: a Ctrl-C removes it (zoff_temp_forget below) */
         s = zoff_shard_write(plan[i].tmp_path, all.p + plan[i].begin, plan[i].count, vocab);
         if (s == ZOFF_OK) plan[i].written = true;
     }
@@ -368,6 +369,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     }
     for (int i = 0; i < nplan; i++) {
         if (plan[i].written) unlink(plan[i].tmp_path);
+        zoff_temp_forget(plan[i].tmp_path);
         if (s == ZOFF_OK) {
             res->paths[i] = plan[i].final_path;
             plan[i].final_path = NULL;

@@ -98,7 +98,7 @@ zoff_status trainer_metrics_line(zoff_trainer *t, const char *fmt, ...) {
             return zoff_error(ZOFF_ERR_IO, "cannot write %s: %s%s", path, strerror(e),
                               e == ENOSPC || e == EDQUOT
                                   ? " (the disk is full: free space, or keep fewer checkpoints with --keep-last)"
-                                  : "");
+                                  : zoff_write_hint(e));
         }
         done += (size_t)w;
     }

@@ -4,6 +4,7 @@
  * DeepSpeed's event names and x axis (samples trained). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,16 +14,37 @@
 #include <unistd.h>
 
 #include "train/trainer_internal.h"
+#include "zoff/iofault.h"
 
 enum { MAX_CSV = 16 };
 
 struct trainer_monitor {
-    FILE *tb;             /* the event file (NULL: no tensorboard) */
+    int tb;               /* the event file (-1: no tensorboard) */
     char tb_path[4400];
     char csv_dir[4400];   /* "" : no csv_monitor */
     char csv_names[MAX_CSV][96]; /* the csv files this run has written to */
     int ncsv;
 };
+
+/* Append one whole record (an event, a csv row) to fd, the file `path`, or none of it: a write
+ * that fails part way (a full disk) is cut off again, so that the file never ends in half a row
+ * that the next run's rows would be appended to. */
+static zoff_status append_whole(int fd, const char *path, const char *what, const void *buf, size_t n) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return zoff_error(ZOFF_ERR_IO, "%s: cannot stat %s: %s", what, path, strerror(errno));
+    for (size_t done = 0; done < n;) {
+        ssize_t w = zoff_io_write(fd, (const char *)buf + done, n - done, path); /* or an injected fault (tests) */
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC; /* a write of 0 bytes: nothing more fits */
+            bool cut = ftruncate(fd, st.st_size) == 0;
+            return zoff_error(ZOFF_ERR_IO, "%s: cannot write %s: %s%s%s", what, path, strerror(e), zoff_write_hint(e),
+                              cut ? " (the file keeps its whole records)" : "");
+        }
+        done += (size_t)w;
+    }
+    return ZOFF_OK;
+}
 
 /* ---- protobuf and TFRecord encoding ---- */
 
@@ -88,16 +110,14 @@ static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *versi
         pb_len(&sum, 1, val.b, val.n);
         pb_len(&ev, 5, sum.b, sum.n);
     } /* (a tag of <= 256 bytes keeps each message well inside its 512-byte buffer) */
-    uint8_t head[12];
+    uint8_t rec[12 + sizeof ev.b + 4]; /* length, its masked CRC, the event, the event's masked CRC */
     uint64_t len = ev.n;
-    for (int i = 0; i < 8; i++) head[i] = (uint8_t)(len >> (8 * i));
-    uint32_t hc = masked_crc(head, 8), dc = masked_crc(ev.b, ev.n);
-    for (int i = 0; i < 4; i++) head[8 + i] = (uint8_t)(hc >> (8 * i));
-    uint8_t tail[4];
-    for (int i = 0; i < 4; i++) tail[i] = (uint8_t)(dc >> (8 * i));
-    if (fwrite(head, 1, 12, m->tb) != 12 || fwrite(ev.b, 1, ev.n, m->tb) != ev.n || fwrite(tail, 1, 4, m->tb) != 4)
-        return zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", m->tb_path, strerror(errno));
-    return ZOFF_OK;
+    for (int i = 0; i < 8; i++) rec[i] = (uint8_t)(len >> (8 * i));
+    uint32_t hc = masked_crc(rec, 8), dc = masked_crc(ev.b, ev.n);
+    for (int i = 0; i < 4; i++) rec[8 + i] = (uint8_t)(hc >> (8 * i));
+    memcpy(rec + 12, ev.b, ev.n);
+    for (int i = 0; i < 4; i++) rec[12 + ev.n + (size_t)i] = (uint8_t)(dc >> (8 * i));
+    return append_whole(m->tb, m->tb_path, "tensorboard", rec, 12 + ev.n + 4);
 }
 
 /* ---- csv ---- */
@@ -123,14 +143,19 @@ static zoff_status csv_row(trainer_monitor *m, const char *name, double value, i
      * does not here) */
     bool header = !known && (stat(path, &st) != 0 || st.st_size == 0);
     if (!known && m->ncsv < MAX_CSV) snprintf(m->csv_names[m->ncsv++], sizeof m->csv_names[0], "%s", file);
-    FILE *f = fopen(path, "a");
-    if (!f) return zoff_error(ZOFF_ERR_IO, "csv_monitor: cannot write %s: %s", path, strerror(errno));
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "csv_monitor: cannot write %s: %s", path, strerror(errno));
     const char *last = strrchr(name, '/');
+    char row[256];
     shortest(value, num, sizeof num);
-    if (header) fprintf(f, "step,%s\r\n", last ? last + 1 : name);
-    fprintf(f, "%lld,%s\r\n", (long long)samples, num);
-    if (fclose(f) != 0) return zoff_error(ZOFF_ERR_IO, "csv_monitor: cannot write %s: %s", path, strerror(errno));
-    return ZOFF_OK;
+    int k = header ? snprintf(row, sizeof row, "step,%s\r\n", last ? last + 1 : name) : 0;
+    k += snprintf(row + k, sizeof row - (size_t)k, "%lld,%s\r\n", (long long)samples, num);
+    zoff_status s = append_whole(fd, path, "csv_monitor", row, (size_t)k); /* the header and its first row together */
+    if (close(fd) != 0 && s == ZOFF_OK) {
+        int e = errno;
+        s = zoff_error(ZOFF_ERR_IO, "csv_monitor: cannot write %s: %s%s", path, strerror(e), zoff_write_hint(e));
+    }
+    return s;
 }
 
 /* ---- the monitor ---- */
@@ -152,6 +177,7 @@ zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) 
     if (!cfg->tensorboard.enabled && !cfg->csv_monitor.enabled) return ZOFF_OK;
     trainer_monitor *m = calloc(1, sizeof *m);
     if (!m) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory");
+    m->tb = -1;
     zoff_status s = ZOFF_OK;
     if (cfg->csv_monitor.enabled) s = log_dir(&cfg->csv_monitor, "csv_monitor", m->csv_dir, sizeof m->csv_dir);
     if (s == ZOFF_OK && cfg->tensorboard.enabled) {
@@ -161,10 +187,9 @@ zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) 
         /* torch's SummaryWriter's name: events.out.tfevents.TIME.HOST.PID.N */
         snprintf(m->tb_path, sizeof m->tb_path, "%s/events.out.tfevents.%010lld.%s.%d.0", dir, (long long)time(NULL),
                  host, (int)getpid());
-        if (s == ZOFF_OK && !(m->tb = fopen(m->tb_path, "wb")))
+        if (s == ZOFF_OK && (m->tb = open(m->tb_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644)) < 0)
             s = zoff_error(ZOFF_ERR_IO, "tensorboard: cannot create %s: %s", m->tb_path, strerror(errno));
         if (s == ZOFF_OK) s = tb_record(m, 0, "brain.Event:2", NULL, 0);
-        if (s == ZOFF_OK && fflush(m->tb) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", m->tb_path, strerror(errno));
     }
     if (s != ZOFF_OK) {
         trainer_monitor_close(m);
@@ -176,18 +201,13 @@ zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) 
 
 zoff_status trainer_monitor_event(trainer_monitor *m, const char *name, double value, int64_t samples) {
     if (!m) return ZOFF_OK;
-    if (m->tb) ZOFF_TRY(tb_record(m, samples, NULL, name, (float)value));
+    if (m->tb >= 0) ZOFF_TRY(tb_record(m, samples, NULL, name, (float)value));
     if (m->csv_dir[0]) ZOFF_TRY(csv_row(m, name, value, samples));
-    return ZOFF_OK;
-}
-
-zoff_status trainer_monitor_flush(trainer_monitor *m) {
-    if (m && m->tb && fflush(m->tb) != 0) return zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", m->tb_path, strerror(errno));
     return ZOFF_OK;
 }
 
 void trainer_monitor_close(trainer_monitor *m) {
     if (!m) return;
-    if (m->tb) fclose(m->tb);
+    if (m->tb >= 0) close(m->tb);
     free(m);
 }

@@ -289,7 +289,7 @@ static zoff_status monitor_step(zoff_trainer *t, const zoff_train_step_result *r
         ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/elapsed_time_ms_backward", 1e3 * r->t_backward, after));
         ZOFF_TRY(trainer_monitor_event(t->monitor, "Train/Samples/elapsed_time_ms_step", 1e3 * r->info.t_step, after));
     }
-    return trainer_monitor_flush(t->monitor);
+    return ZOFF_OK; /* each event is in its files already (written whole, unbuffered: src/train/monitor.c) */
 }
 
 static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_result *r) {
@@ -405,8 +405,7 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     if (stopped) return ZOFF_OK; /* interrupted: no figure (NAN) */
     *out = sum / (double)n;
     ZOFF_TRY(trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out));
-    s = trainer_monitor_event(t->monitor, "Eval/Samples/val_loss", *out, samples_at(t, t->info.step));
-    return s == ZOFF_OK ? trainer_monitor_flush(t->monitor) : s;
+    return trainer_monitor_event(t->monitor, "Eval/Samples/val_loss", *out, samples_at(t, t->info.step));
 }
 
 /* What a checkpoint records besides tensors, as of now. */

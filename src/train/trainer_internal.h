@@ -13,7 +13,6 @@ typedef struct trainer_monitor trainer_monitor;
 zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out);
 /* One event (DeepSpeed's name, e.g. "Train/Samples/train_loss"; x: samples trained); m may be NULL. */
 zoff_status trainer_monitor_event(trainer_monitor *m, const char *name, double value, int64_t samples);
-zoff_status trainer_monitor_flush(trainer_monitor *m);
 void trainer_monitor_close(trainer_monitor *m);
 
 struct zoff_trainer {
