@@ -5,7 +5,7 @@
 # the file named, the error and what to do, leave no temp file, and keep what was there before.
 # Portable: no mount, no root. Usage: cli_disk.sh ZOFF SRCDIR
 set -u
-ZOFF="$1"; SRC="$2"
+ZOFF=$(readlink -f "$1"); SRC=$(readlink -f "$2") # the checks run in their own folder
 . "$SRC/tests/cli_lib.sh"
 W=$(mktemp -d /tmp/zoff-cli-disk-XXXXXX)
 trap "rm -rf \"$W\"" EXIT; [ -n "${KEEP:-}" ] && trap - EXIT
