@@ -219,6 +219,19 @@ done
 check "SIGINT after the final save, during the final validation: exit 130 (rc $rc), says so" \
   "[ $rc -eq 130 ] && grep -q 'the final validation stopped; step 1 is saved' '$W/sig.txt'"
 
+# 15b. SIGHUP (the terminal closed, an ssh session dropped) stops the run as SIGTERM does: the step
+# saved, exit 129 (before: the process died with no checkpoint of the steps it had trained)
+rm -rf "$W/hup"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 100000 --save "$W/hup" >"$W/hup.txt" 2>&1 </dev/null &
+P=$!
+for _ in $(seq 1 6000); do grep -q '"step":2,' "$W/hup/metrics.jsonl" 2>/dev/null && break; kill -0 $P 2>/dev/null || break; sleep 0.05; done
+kill -HUP $P 2>/dev/null
+wait $P
+rc=$?
+check "SIGHUP: exit 129, the step it reached saved and named, a complete checkpoint" \
+  "[ $rc -eq 129 ] && grep -q 'signal 1: saving a checkpoint at step' '$W/hup.txt' && ls '$W'/hup/step_*/COMPLETE >/dev/null 2>&1 \
+   && grep -q 'saved under .*/hup; go on with --load' '$W/hup.txt'"
+
 # 16. what a run takes that the user did not say is said: a capped --eval-iters, a kept seed, the
 # optimizer of a config without one
 "$ZOFF" train "${TINY[@]}" --eval-iters 1000000 --train-iters 1 --seed 7 --save "$W/sd" >"$W/out.txt" 2>&1

@@ -335,6 +335,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
 
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal); /* the terminal closed (an ssh session dropped): save and stop too, exit 129 */
     progress p = {.tty = isatty(STDERR_FILENO) && !o->quiet, .quiet = o->quiet, .iters = o->train_iters,
                   .breakdown = cfg->wall_clock_breakdown, .every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10,
                   .t_start = zoff_now()};
@@ -368,7 +369,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         fprintf(stderr, "zoff: signal %d: %s at step %lld\n", (int)g_stop,
                 o->no_checkpoint ? "stopping (--no-checkpoint: no checkpoint)" : "saving a checkpoint",
                 (long long)in->step);
-    /* final, also on SIGINT/SIGTERM */
+    /* final, also on SIGINT/SIGTERM/SIGHUP */
     if (!o->no_checkpoint && (s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail_run(o, s);
     if (g_stop) {
         if (!o->quiet && !o->no_checkpoint)
