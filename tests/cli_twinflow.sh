@@ -92,5 +92,22 @@ check "... with part of the update on the host (${host3:-?}%) and a device peak 
   --seq-length 16 --vocab-size 256 --device-memory 700KiB --no-probe --json >"$W/plan3.json" 2>"$W/plan3.err"
 check "... and zoff plan's stage 3 auto row chooses the same host share (${host3:-?}%)" \
   "[ -n '$host3' ] && '$PYBIN' -c \"import json,sys; r=[w for w in json.load(open('$W/plan3.json'))['rows'] if w['stage']==3 and w['offload']=='cpu' and w['param_offload']=='none' and w['ratio']=='auto']; sys.exit(0 if r and abs(100*r[0]['host_ratio'] - float('${host3:-0}')) < 0.05 else 1)\""
+
+# super_offload with the whole update on the device (ratio 0): nothing to speculate on the host, so the run is
+# the exact step's, bit for bit, and says so. It used to be refused in stages 1-2 with a reason that did not
+# apply ("needs ... a model that waits for each group's weights") and, in stage 3, to fail at the first step
+# ("host optimizer: optimizer is NULL", exit 2).
+for st in 2 3; do
+  sed "s/\"stage\": 2/\"stage\": $st/; s/\"ratio\": 0.5/\"ratio\": 0/" "$W/tf.json" > "$W/r0_$st.json"
+  sed 's/"ratio": 0}/"ratio": 0, "super_offload": true}/' "$W/r0_$st.json" > "$W/r0so_$st.json"
+  for v in r0 r0so; do
+    "$ZOFF" train "${BASE[@]}" --config "$W/${v}_$st.json" --train-iters 3 --save "$W/${v}_$st" >"$W/${v}_$st.txt" 2>&1
+    echo "exit $?" >>"$W/${v}_$st.txt"
+  done
+  grep '"loss"' "$W/r0_$st/metrics.jsonl" 2>/dev/null | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' > "$W/r0_$st.s"
+  grep '"loss"' "$W/r0so_$st/metrics.jsonl" 2>/dev/null | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' > "$W/r0so_$st.s"
+  check "stage $st, ratio 0 with super_offload: trains, says nothing is speculated, == ratio 0 without it bit for bit" \
+    "grep -q 'exit 0' '$W/r0so_$st.txt' && grep -q 'super_offload: the whole optimizer update is on the device' '$W/r0so_$st.txt' && [ \$(wc -l < '$W/r0so_$st.s') -eq 3 ] && cmp -s '$W/r0_$st.s' '$W/r0so_$st.s'"
+done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

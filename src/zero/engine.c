@@ -920,8 +920,16 @@ static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
     return ZOFF_OK;
 }
 
-/* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. */
+/* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. With
+ * none (offload_optimizer.ratio 0, or "auto" choosing 0) there is nothing to speculate: the exact
+ * step, said once. */
 static zoff_status spec_setup(zoff_engine *e) {
+    if (e->n_host == 0) {
+        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.super_offload: the whole optimizer update is on the device "
+                 "(offload_optimizer.ratio %s 0), nothing to speculate on the host: every step is the exact one",
+                 e->cfg->zero.offload_optimizer.ratio_auto ? "auto chose" : "is");
+        return ZOFF_OK;
+    }
     if (!e->pipelined && !e->stage3)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.offload_optimizer.super_offload needs stage 1 or 2 with the optimizer "
