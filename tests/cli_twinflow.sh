@@ -73,5 +73,41 @@ check "and puts part of the update on the host, part on the device" \
 "$ZOFF" train "${AUTO[@]}" --train-iters 2 --save "$W/tiny" --device-memory 200KiB >"$W/tiny.txt" 2>&1
 check "a budget that cannot hold the model: non-zero exit with numbers" \
   "[ \$? -ne 0 ] && grep -q 'device out of memory' '$W/tiny.txt' && grep -q 'KiB' '$W/tiny.txt'"
+
+# stage 3 (offload_param none): "auto" leaves room for what stage 3 allocates after it chooses (this rank's
+# weight and gradient partitions, the gathered groups). It used to divide the budget as if they took nothing:
+# under 700 KiB it put the whole optimizer state on the device and the first forward ran out of device memory
+# (exit 1, "acquiring the weights of parameter group ...").
+sed 's/"stage": 2/"stage": 3/' "$W/auto.json" > "$W/auto3.json"
+"$ZOFF" train "${BASE[@]}" --config "$W/auto3.json" --train-iters 2 --save "$W/auto3" --device-memory 700KiB \
+  >"$W/auto3.txt" 2>&1
+rc3=$?
+check "stage 3, auto ratio under a 700 KiB budget: trains (exit $rc3), counting the partitions and the gathered groups" \
+  "[ $rc3 -eq 0 ] && [ -f '$W/auto3/step_00000002/COMPLETE' ] && grep -q 'stage 3 weight and gradient partitions, gathered groups' '$W/auto3.txt'"
+peak3=$(grep -o 'peak memory: device [0-9.]* KiB' "$W/auto3.txt" | grep -o '[0-9.]*')
+host3=$(grep -o 'offloaded to the host: [0-9.]*%' "$W/auto3.txt" | grep -o '[0-9.]*')
+check "... with part of the update on the host (${host3:-?}%) and a device peak (${peak3:-?} KiB) within the budget" \
+  "awk -v h='$host3' -v p='$peak3' 'BEGIN { exit !(h != \"\" && p != \"\" && h + 0 > 0 && h + 0 < 100 && p + 0 <= 700) }'"
+"$ZOFF" plan --config "$W/auto3.json" --device cpu --num-layers 2 --hidden-size 32 --num-attention-heads 2 \
+  --seq-length 16 --vocab-size 256 --device-memory 700KiB --no-probe --json >"$W/plan3.json" 2>"$W/plan3.err"
+check "... and zoff plan's stage 3 auto row chooses the same host share (${host3:-?}%)" \
+  "[ -n '$host3' ] && '$PYBIN' -c \"import json,sys; r=[w for w in json.load(open('$W/plan3.json'))['rows'] if w['stage']==3 and w['offload']=='cpu' and w['param_offload']=='none' and w['ratio']=='auto']; sys.exit(0 if r and abs(100*r[0]['host_ratio'] - float('${host3:-0}')) < 0.05 else 1)\""
+
+# super_offload with the whole update on the device (ratio 0): nothing to speculate on the host, so the run is
+# the exact step's, bit for bit, and says so. It used to be refused in stages 1-2 with a reason that did not
+# apply ("needs ... a model that waits for each group's weights") and, in stage 3, to fail at the first step
+# ("host optimizer: optimizer is NULL", exit 2).
+for st in 2 3; do
+  sed "s/\"stage\": 2/\"stage\": $st/; s/\"ratio\": 0.5/\"ratio\": 0/" "$W/tf.json" > "$W/r0_$st.json"
+  sed 's/"ratio": 0}/"ratio": 0, "super_offload": true}/' "$W/r0_$st.json" > "$W/r0so_$st.json"
+  for v in r0 r0so; do
+    "$ZOFF" train "${BASE[@]}" --config "$W/${v}_$st.json" --train-iters 3 --save "$W/${v}_$st" >"$W/${v}_$st.txt" 2>&1
+    echo "exit $?" >>"$W/${v}_$st.txt"
+  done
+  grep '"loss"' "$W/r0_$st/metrics.jsonl" 2>/dev/null | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' > "$W/r0_$st.s"
+  grep '"loss"' "$W/r0so_$st/metrics.jsonl" 2>/dev/null | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' > "$W/r0so_$st.s"
+  check "stage $st, ratio 0 with super_offload: trains, says nothing is speculated, == ratio 0 without it bit for bit" \
+    "grep -q 'exit 0' '$W/r0so_$st.txt' && grep -q 'super_offload: the whole optimizer update is on the device' '$W/r0so_$st.txt' && [ \$(wc -l < '$W/r0so_$st.s') -eq 3 ] && cmp -s '$W/r0_$st.s' '$W/r0so_$st.s'"
+done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

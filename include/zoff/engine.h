@@ -221,6 +221,20 @@ size_t zoff_placement_stats_bytes(int ngroups);
  * group's bucket, reserved although the device may end up holding that group) and, with
  * buckets, the device gradient of each device parameter. */
 void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups, size_t *fixed, size_t *per_param);
+/* Stage 3's gathered parameter groups at their high-water mark (device bytes, es per element): the
+ * groups are the first (embeddings), mid_count groups of at most mid elements, the last. Groups of
+ * at most persistence_threshold elements stay gathered; the others are gathered into pooled buffers
+ * of their size. In backward every group also takes a gradient buffer of its size from the pool. At
+ * the peak: the first group's weights and gradient buffer (held through backward), the last's, and
+ * of the middle ones the one in use plus those prefetched within prefetch_elems (all of them when
+ * persistent) and one gradient buffer. An estimate of a dynamic peak (src/zero/stage3.c; zoff plan
+ * counts with it, checked against runs in tests/test_plan.c). */
+size_t zoff_placement_s3_gathered(int64_t first, int64_t mid, int64_t mid_count, int64_t last,
+                                  int64_t persistence_threshold, int64_t prefetch_elems, size_t es);
+/* Stage 3's device bytes that "auto" must leave free besides the optimizer state, all allocated
+ * after it chooses: this rank's gradient partition and (params_on_device: offload_param "none")
+ * weight partition, part elements each, and the gathered groups (zoff_placement_s3_gathered). */
+size_t zoff_placement_s3_auto_bytes(int64_t part, bool params_on_device, size_t gathered, size_t es);
 /* Speculation's rollback copy (offload_optimizer.super_offload with device "cpu"): the
  * saved fp32 master, m and v (as the optimizer uses them) of host_params parameters, in
  * pageable host memory; 0 without it. The engine allocates it, zoff plan counts it. */

@@ -243,27 +243,6 @@ static int64_t largest_partition_start(int64_t n, int64_t world) {
     return start;
 }
 
-/* src/zero/stage3.c: groups are the runs of one `layer` (embeddings, each
- * block, ln_f). Groups of at most stage3_param_persistence_threshold elements
- * stay gathered. The others are gathered into pooled device buffers of exactly
- * their size, kept for reuse. In backward every group also takes a gradient
- * buffer of its size from the pool. At the high-water mark: the embeddings'
- * weights and gradient buffer (held through backward), ln_f's, and for blocks
- * the one in use plus those prefetched within stage3_prefetch_bucket_size (all
- * of them when persistent) and one gradient buffer. An estimate of a dynamic
- * peak, checked against runs in tests/test_plan.c (docs/plan.md). */
-static size_t stage3_gathered(const zoff_config *cfg, int64_t emb, int64_t blk, int64_t lnf, int64_t L, size_t es) {
-    const int64_t thr = cfg->zero.stage3_param_persistence_threshold, pf = cfg->zero.stage3_prefetch_bucket_size;
-    /* weights (persistent or pooled) and one gradient buffer of each size in backward */
-    int64_t elems = 2 * emb + 2 * lnf + blk;
-    if (blk <= thr) {
-        elems += L * blk;
-    } else {
-        int64_t ahead = pf > 0 ? pf / blk : 0;
-        elems += (1 + ahead < L ? 1 + ahead : L) * blk;
-    }
-    return (size_t)elems * es;
-}
 
 static const char *short_unsupported(const zoff_plan_setting *s) {
     if (s->stage >= 3) return "stage 3 is not implemented yet";
@@ -339,7 +318,8 @@ static bool device_buffers(const zoff_plan_inputs *in, const zoff_plan_setting *
         m->params16 = s->param_offload == ZOFF_OFFLOAD_NONE ? (size_t)part * es : 0;
         m->grads16 = (size_t)part * es;
         m->comm_buffers = (size_t)maxgrp * es * (1 + (rr ? 1 : 0));
-        m->gathered = stage3_gathered(cfg, emb, blk, lnf, L, es);
+        m->gathered = zoff_placement_s3_gathered(emb, blk, L, lnf, cfg->zero.stage3_param_persistence_threshold,
+                                                 cfg->zero.stage3_prefetch_bucket_size, es);
     }
     return buckets;
 }
@@ -620,6 +600,9 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
         zoff_auto_ratio ar;
         size_t fixed, per_param;
         ZOFF_TRY(plan_grad_bytes(in, buckets, emb, blk, -1, &fixed, &per_param));
+        if (s->stage >= 3) /* the partitions and the gathered groups, allocated after the choice */
+            fixed += zoff_placement_s3_auto_bytes(part, s->param_offload == ZOFF_OFFLOAD_NONE, m->gathered,
+                                                  zoff_dtype_size(dt));
         zoff_placement_auto_ratio(M->device_budget ? M->device_bytes : 0, model_dev_before_engine, fixed, per_param,
                                   part, dt, &ar);
         r->auto_failed = !ar.fits;

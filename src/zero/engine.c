@@ -481,8 +481,24 @@ static zoff_status state_first_touch(zoff_engine *e, float *master, void *m, voi
     return s;
 }
 
+/* Stage 3: what s3_setup and the gathers will allocate (zoff_placement_s3_auto_bytes) over the
+ * model's layer groups: the first, the largest of the middle ones, the last. */
+static size_t s3_auto_bytes(const zoff_engine *e) {
+    const zoff_zero_config *z = &e->cfg->zero;
+    int ng = e->ngroups;
+    int64_t mid = 0;
+    for (int g = 1; g < ng - 1; g++)
+        if (e->gcnt[g] > mid) mid = e->gcnt[g];
+    size_t gathered = zoff_placement_s3_gathered(e->gcnt[0], mid, ng > 2 ? ng - 2 : 0, ng > 1 ? e->gcnt[ng - 1] : 0,
+                                                 z->stage3_param_persistence_threshold,
+                                                 z->stage3_prefetch_bucket_size, e->esize);
+    return zoff_placement_s3_auto_bytes(e->n, z->offload_param.device == ZOFF_OFFLOAD_NONE, gathered, e->esize);
+}
+
 /* "ratio": "auto" (zoff_placement_auto_ratio, shared with zoff plan); prints the arithmetic. */
 static zoff_status auto_ratio(zoff_engine *e, size_t fixed, size_t grad_per_param, double *ratio) {
+    const size_t s3 = e->cfg->zero.stage >= 3 ? s3_auto_bytes(e) : 0;
+    fixed += s3;
     zoff_memory_stats ms;
     zoff_device_memory_stats(e->dev, &ms);
     zoff_auto_ratio ar;
@@ -498,18 +514,21 @@ static zoff_status auto_ratio(zoff_engine *e, size_t fixed, size_t grad_per_para
     if (!ar.fits)
         return zoff_error(ZOFF_ERR_DEVICE_OOM,
                           "offload_optimizer.ratio auto: the device budget %s is used up by the model (%s in use: "
-                          "weights, gradients, activations) and the %s margin (5%%); even ratio 1 (all optimizer "
-                          "state on the host) does not fit. Lower the micro-batch size, use "
-                          "--checkpoint-activations, or raise --device-memory",
+                          "weights, gradients, activations), the engine's %s (statistics%s%s) and the %s margin "
+                          "(5%%); even ratio 1 (all optimizer state on the host) does not fit. Lower the "
+                          "micro-batch size, use --checkpoint-activations, or raise --device-memory",
                           zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
+                          zoff_format_bytes(fixed, b5, sizeof b5), grad_per_param ? ", gradient buckets" : "",
+                          s3 ? ", stage 3 weight and gradient partitions, gathered groups" : "",
                           zoff_format_bytes(ar.margin, b3, sizeof b3));
     *ratio = ar.ratio;
     zoff_log(ZOFF_LOG_INFO,
              "offload_optimizer.ratio auto: budget %s - in use %s (weights, gradients, activations) - engine %s "
-             "(statistics%s) - margin %s (5%%) = %s free; device optimizer state takes %zu B/param%s, so at most "
+             "(statistics%s%s) - margin %s (5%%) = %s free; device optimizer state takes %zu B/param%s, so at most "
              "%lld of %lld parameters fit on the device: host ratio >= %.4f (rounded up to whole sub-groups)",
              zoff_format_bytes(ms.device_budget, b1, sizeof b1), zoff_format_bytes(ms.device_in_use, b2, sizeof b2),
              zoff_format_bytes(fixed, b5, sizeof b5), grad_per_param ? ", gradient buckets" : "",
+             s3 ? ", stage 3 weight and gradient partitions, gathered groups" : "",
              zoff_format_bytes(ar.margin, b3, sizeof b3), zoff_format_bytes(ar.free_bytes, b4, sizeof b4), ar.per_param,
              grad_per_param ? " with its gradient" : "", (long long)(ar.max_device < e->n ? ar.max_device : e->n), (long long)e->n, *ratio);
     return ZOFF_OK;
@@ -901,8 +920,16 @@ static zoff_status pipe_setup(zoff_engine *e, const zoff_engine_options *o) {
     return ZOFF_OK;
 }
 
-/* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. */
+/* Speculation (offload_optimizer.super_offload): the saved state of every host sub-group. With
+ * none (offload_optimizer.ratio 0, or "auto" choosing 0) there is nothing to speculate: the exact
+ * step, said once. */
 static zoff_status spec_setup(zoff_engine *e) {
+    if (e->n_host == 0) {
+        zoff_log(ZOFF_LOG_INFO, "offload_optimizer.super_offload: the whole optimizer update is on the device "
+                 "(offload_optimizer.ratio %s 0), nothing to speculate on the host: every step is the exact one",
+                 e->cfg->zero.offload_optimizer.ratio_auto ? "auto chose" : "is");
+        return ZOFF_OK;
+    }
     if (!e->pipelined && !e->stage3)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "zero_optimization.offload_optimizer.super_offload needs stage 1 or 2 with the optimizer "

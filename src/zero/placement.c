@@ -273,6 +273,22 @@ void zoff_placement_auto_engine_bytes(const zoff_grad_device_in *in, int ngroups
     *per_param = gd.flat && !(in->spread && in->accumulate) ? 0 : zoff_dtype_size(in->dtype);
 }
 
+size_t zoff_placement_s3_gathered(int64_t first, int64_t mid, int64_t mid_count, int64_t last,
+                                  int64_t persistence_threshold, int64_t prefetch_elems, size_t es) {
+    int64_t elems = 2 * first + 2 * last + mid; /* weights and one gradient buffer of each size */
+    if (mid <= persistence_threshold) {
+        elems += mid_count * mid;
+    } else {
+        int64_t ahead = prefetch_elems > 0 ? prefetch_elems / mid : 0;
+        elems += (1 + ahead < mid_count ? 1 + ahead : mid_count) * mid;
+    }
+    return (size_t)elems * es;
+}
+
+size_t zoff_placement_s3_auto_bytes(int64_t part, bool params_on_device, size_t gathered, size_t es) {
+    return (size_t)part * es * (params_on_device ? 2 : 1) + gathered;
+}
+
 size_t zoff_placement_param_slot_bytes(int64_t count, size_t es) {
     size_t b = (size_t)count * es;
     return (b + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN;
