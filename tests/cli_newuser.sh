@@ -419,6 +419,8 @@ check "a run of one step says 'trained 1 step in'" "grep -q '^zoff: trained 1 st
 rc=$?
 check "--device-memory 1MiB: exit 1, names --checkpoint-activations and zoff plan" \
   "[ $rc -eq 1 ] && grep -q 'device out of memory allocating .*--checkpoint-activations.*zoff plan with the same flags' '$W/oom.err'"
+check "... and how to move more to the host, whether offload is on or not (before: 'enable offload')" \
+  "grep -q 'move more to the host (offload_optimizer, a lower offload_optimizer.ratio, stage 3 with offload_param' '$W/oom.err'"
 
 # ---- data smaller than a batch: the error says which data (a split of --data-path or --val-path) and,
 # for validation, that --eval-iters 0 runs without (before: "the all split", no way out named)

@@ -359,8 +359,9 @@ static void accounted_free(zoff_device *dev, mem_kind k, void *ptr) {
 
 /* What a user can do when the device is full (both out-of-memory errors). */
 #define DEVICE_OOM_WAYS                                                                                                \
-    "lower the batch size, give --checkpoint-activations or enable offload (zoff plan with the same flags and "       \
-    "config says what fits where)"
+    "lower the batch size, give --checkpoint-activations, or move more to the host (offload_optimizer, a lower "    \
+    "offload_optimizer.ratio, stage 3 with offload_param; zoff plan with the same flags and config says what "       \
+    "fits where)"
 
 zoff_status zoff_device_alloc(zoff_device *dev, size_t bytes, const char *what, void **out) {
     if (!what) what = "device buffer";
