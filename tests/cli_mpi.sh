@@ -216,6 +216,37 @@ if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-
   done
   check "stage 3, 2 ranks: super_offload speculates, == the exact step bit for bit (losses, weights, optimizer state)" \
     "grep -q 'speculative update (super_offload); stage 3' '$W/s3sp_spec.txt' && [ -f '$W/s3sp_spec/step_00000006/COMPLETE' ] && [ \"\$(lossdiff '$W/s3sp_exact/metrics.jsonl' '$W/s3sp_spec/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/s3sp_spec/step_00000006' '$W/s3sp_exact/step_00000006' 0 >/dev/null"
+  # stage 3 on 3 ranks, 34208 parameters (not a multiple of 3: --max-position-embeddings 17), validation
+  # with --eval-iters 2, not a multiple of the ranks: a stage-3 forward gathers from every rank, so
+  # every rank must run as many validation forwards. Before, rank 2 ran none and the others' gathers
+  # waited for the communication timeout (the default --eval-iters 20 hung every 3-rank stage-3 run
+  # 300 s, then failed). Against one rank: its validation at the same micro-batch (before training:
+  # the same sequences and weights, one rank evaluates each batch whole: the same figure) and its
+  # training at 3 x the micro-batch (fp32: within the summation-order tolerance above).
+  S3E=(--max-position-embeddings 17 --eval-iters 2 --comm-timeout 30)
+  cfg s3e_3 2 '{"stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}'
+  cfg s3e_1 6 '{"stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}'
+  timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${TINY[@]}" "${S3E[@]}" --config "$W/s3e_3.json" --train-iters 6 \
+    --save "$W/s3e_three" >"$W/s3e_three.txt" 2>&1
+  rc=$?
+  "$ZOFF" train "${TINY[@]}" "${S3E[@]}" --config "$W/s3e_3.json" --train-iters 1 --save "$W/s3e_val" >/dev/null 2>&1
+  "$ZOFF" train "${TINY[@]}" "${S3E[@]}" --config "$W/s3e_1.json" --train-iters 6 --save "$W/s3e_one" >/dev/null 2>&1
+  val() { grep -o '"val_loss":[0-9.]*' "$1" | sed -n "$2p"; }
+  check "stage 3, 3 ranks, --eval-iters 2: exit 0, validated before and after training" \
+    "[ $rc -eq 0 ] && [ \$(grep -c val_loss '$W/s3e_three/metrics.jsonl') -eq 2 ]" || tail -4 "$W/s3e_three.txt"
+  check "... its validation before training == one rank's at the same micro-batch" \
+    "[ -n \"\$(val '$W/s3e_val/metrics.jsonl' 1)\" ] && [ \"\$(val '$W/s3e_three/metrics.jsonl' 1)\" = \"\$(val '$W/s3e_val/metrics.jsonl' 1)\" ]"
+  check "... its training losses == one rank at 3 x the micro-batch (within 1e-5)" \
+    "[ \$(grep -c '\"loss\"' '$W/s3e_three/metrics.jsonl') -eq 6 ] && awk 'BEGIN {exit !($(lossdiff "$W/s3e_one/metrics.jsonl" "$W/s3e_three/metrics.jsonl") <= 1e-5)}'"
+  # resharding 3 -> 2 ranks: each new partition read from the old ranks' files
+  cfg s3e_2 3 '{"stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}'
+  timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${TINY[@]}" "${S3E[@]}" --eval-iters 0 --config "$W/s3e_3.json" \
+    --train-iters 3 --save "$W/s3e_32" >/dev/null 2>&1
+  timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" "${S3E[@]}" --eval-iters 0 --config "$W/s3e_2.json" --train-iters 6 \
+    --load "$W/s3e_32" --save "$W/s3e_32" >"$W/s3e_32.txt" 2>&1
+  check "stage 3: 3 ranks -> resume on 2 ranks: losses == one rank's straight run (within 1e-5)" \
+    "[ \$? -eq 0 ] && grep -q 'ranks 3' '$W/s3e_32/step_00000003/COMPLETE' && [ \$(grep -c '\"loss\"' '$W/s3e_32/metrics.jsonl') -eq 6 ] && awk 'BEGIN {exit !($(lossdiff "$W/s3e_one/metrics.jsonl" "$W/s3e_32/metrics.jsonl") <= 1e-5)}'" ||
+    tail -4 "$W/s3e_32.txt"
 else
   echo "skip - stage 3 through zoff train: $(grep -o 'not implemented yet[^(]*' "$W/s3probe.txt" | head -1)"
 fi

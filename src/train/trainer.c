@@ -377,26 +377,33 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
 }
 
 /* Validation batch k (of micro_batch sequences, in one rank's order) is evaluated by rank
- * k % world; the sum over ranks / n is then the loss one rank would compute. */
+ * k % world; the sum over ranks / n is then the loss one rank would compute. With stage 3 a
+ * forward gathers its weights from every rank, so every rank must run as many forwards: the
+ * last round is filled up with forwards of the last batch whose loss is not counted (before,
+ * an --eval-iters that is not a multiple of the ranks left a gather unmatched: every rank
+ * waited for the communication timeout). A signal then waits for the end of the evaluation
+ * (one rank stopping early would leave the others' gathers unmatched the same way). */
 zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     *out = NAN;
-    const int64_t n = t->info.eval_iters, B = t->info.micro_batch, T = t->info.seq_len;
+    const int64_t n = t->info.eval_iters, B = t->info.micro_batch, T = t->info.seq_len, w = t->info.world;
     if (!t->val_ld || n <= 0) return ZOFF_OK;
+    const bool lockstep = w > 1 && t->cfg.zero.stage == 3; /* a forward is a collective */
+    const int64_t rounds = lockstep ? (n + w - 1) / w * w : n;
     const size_t bytes = (size_t)(B * T) * sizeof(int32_t);
     zoff_stream *st = zoff_device_stream(t->dev);
     zoff_status s = ZOFF_OK;
     double sum = 0;
     zoff_loader_reset(t->val_ld);
-    for (int64_t k = 0; s == ZOFF_OK && k < n; k++) {
-        if (t->o.stop && *t->o.stop) break; /* a signal: the ranks stop together below */
-        s = zoff_loader_next(t->val_ld, t->hx, t->hy);
-        if (s != ZOFF_OK || k % t->info.world != t->info.rank) continue;
+    for (int64_t k = 0; s == ZOFF_OK && k < rounds; k++) {
+        if (!lockstep && t->o.stop && *t->o.stop) break; /* a signal: the ranks stop together below */
+        if (k < n) s = zoff_loader_next(t->val_ld, t->hx, t->hy);
+        if (s != ZOFF_OK || k % w != t->info.rank) continue;
         s = zoff_memcpy_async(st, t->dx, t->hx, bytes, ZOFF_COPY_H2D);
         if (s == ZOFF_OK) s = zoff_memcpy_async(st, t->dy, t->hy, bytes, ZOFF_COPY_H2D);
         if (s == ZOFF_OK) s = zoff_gpt2_forward(t->model, t->dx, t->dy, B, T);
         float l = 0;
         if (s == ZOFF_OK) s = zoff_gpt2_mean_loss(t->model, &l);
-        sum += l;
+        if (k < n) sum += l;
     }
     if (s == ZOFF_OK && t->info.world > 1) s = zoff_comm_allreduce_f64(t->comm, &sum, 1, ZOFF_REDUCE_SUM);
     if (s != ZOFF_OK) return zoff_error_context(s, "evaluation");
