@@ -5,6 +5,7 @@
 #include "ckpt_internal.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,27 +293,85 @@ static int64_t json_pos(const json_t *o, const char *key) {
     return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : 0;
 }
 
-/* The head count a Hugging Face model folder's config.json (beside the .safetensors file) gives:
- * "n_head" (or "num_attention_heads"), when its layers and width, where it gives them, are the
- * file's (a config.json of another model is not taken). 0: none. */
-static int64_t config_json_heads(const char *st_path, const zoff_gpt2_shape *fs) {
+/* A config.json setting that changes GPT-2's math to something zoff does not compute: refused by
+ * name (taking the weights would run, sample, evaluate or fine-tune another model than the file's). */
+static zoff_status config_unsupported(const char *path, const char *key, const char *value, const char *zoff_does) {
+    return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                      "%s says %s %s: zoff computes %s, so it would run another model than the file's and "
+                      "cannot load it (if %s does not describe this model, correct or remove it)",
+                      path, key, value, zoff_does, path);
+}
+
+/* The settings of a config.json (path) that change the model's math, against what zoff computes:
+ * model_type gpt2 (architectures GPT2*), GELU with the tanh approximation, LayerNorm eps 1e-5,
+ * attention scaled by 1/sqrt(head size) only, an MLP of 4 x the width. Absent keys are GPT-2's
+ * defaults; reorder_and_upcast_attn only changes the precision of the same math. */
+static zoff_status config_json_math(const char *path, const json_t *o, const zoff_gpt2_shape *fs) {
+    char v[200];
+    const json_t *mt = json_object_get(o, "model_type"), *ar = json_object_get(o, "architectures");
+    const char *a0 = json_string_value(json_array_get(ar, 0));
+    if (mt && (!json_is_string(mt) || strcmp(json_string_value(mt), "gpt2"))) {
+        snprintf(v, sizeof v, "\"%.60s\" (architectures %.60s)", json_is_string(mt) ? json_string_value(mt) : "?",
+                 a0 ? a0 : "not given");
+        return config_unsupported(path, "model_type", v, "GPT-2 only (model_type gpt2, GPT2LMHeadModel)");
+    }
+    if (a0 && strncmp(a0, "GPT2", 4)) {
+        snprintf(v, sizeof v, "[\"%.60s\"]", a0);
+        return config_unsupported(path, "architectures", v, "GPT-2 only (model_type gpt2, GPT2LMHeadModel)");
+    }
+    const json_t *af = json_object_get(o, "activation_function");
+    const char *act = json_string_value(af);
+    if (af && (!act || (strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_fast")))) {
+        snprintf(v, sizeof v, "\"%.60s\"", act ? act : "(not a string)");
+        return config_unsupported(path, "activation_function", v,
+                                  "GELU with the tanh approximation only (gelu_new, also named "
+                                  "gelu_pytorch_tanh, gelu_fast)");
+    }
+    const json_t *eps = json_object_get(o, "layer_norm_epsilon");
+    if (eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-11)) {
+        snprintf(v, sizeof v, "%.6g", json_is_number(eps) ? json_number_value(eps) : NAN);
+        return config_unsupported(path, "layer_norm_epsilon", v, "LayerNorm with epsilon 1e-5 only");
+    }
+    if (json_is_false(json_object_get(o, "scale_attn_weights")))
+        return config_unsupported(path, "scale_attn_weights", "false", "attention scores scaled by 1/sqrt(head size) only");
+    if (json_is_true(json_object_get(o, "scale_attn_by_inverse_layer_idx")))
+        return config_unsupported(path, "scale_attn_by_inverse_layer_idx", "true",
+                                  "attention scores scaled by 1/sqrt(head size) only, not also by 1/(layer + 1)");
+    const json_t *ni = json_object_get(o, "n_inner");
+    if (ni && !json_is_null(ni) && (!json_is_integer(ni) || json_integer_value(ni) != 4 * fs->hidden_size)) {
+        snprintf(v, sizeof v, "%" PRId64, json_is_integer(ni) ? (int64_t)json_integer_value(ni) : (int64_t)-1);
+        char does[80];
+        snprintf(does, sizeof does, "an MLP of 4 x the width only (n_inner null or %" PRId64 ")", 4 * fs->hidden_size);
+        return config_unsupported(path, "n_inner", v, does);
+    }
+    return ZOFF_OK;
+}
+
+/* A Hugging Face model folder's config.json (beside the .safetensors file), when its layers and
+ * width, where it gives them, are the file's (a config.json of another model is not taken): the head
+ * count it gives ("n_head" or "num_attention_heads"; *heads 0: none), and its settings that change the
+ * math checked (config_json_math). No config.json: *heads 0. */
+static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, int64_t *heads) {
     char path[4200];
     const char *slash = strrchr(st_path, '/');
     if (slash)
         snprintf(path, sizeof path, "%.*s/config.json", (int)(slash - st_path), st_path);
     else
         snprintf(path, sizeof path, "config.json");
+    *heads = 0;
     json_t *o = json_load_file(path, 0, NULL);
-    int64_t heads = 0;
+    zoff_status s = ZOFF_OK;
     if (json_is_object(o)) {
         int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
         int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
-        heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
-        if ((L && L != fs->num_layers) || (C && C != fs->hidden_size)) heads = 0;
-        if (heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, heads, path);
+        if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
+            *heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
+            s = config_json_math(path, o, fs);
+        }
+        if (*heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, *heads, path);
     }
     json_decref(o);
-    return heads;
+    return s;
 }
 
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out) {
@@ -339,9 +398,10 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
         const char *v = zoff_st_metadata(f, "zoff.vocab_size");
         if (v) out->vocab_size = strtoll(v, NULL, 10);
     }
+    int64_t cfg_heads;
+    ZOFF_TRY(config_json_read(zoff_st_path(f), out, &cfg_heads));
     const char *nh = zoff_st_metadata(f, "zoff.num_heads");
-    if (nh) out->num_heads = strtoll(nh, NULL, 10);
-    else out->num_heads = config_json_heads(zoff_st_path(f), out);
+    out->num_heads = nh ? strtoll(nh, NULL, 10) : cfg_heads;
     return ZOFF_OK;
 }
 

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Hugging Face GPT-2 model folders as the Hub has them (model.safetensors with "transformer."
+# names, the tied lm_head.weight and old attn.bias buffers, beside a full GPT2Config config.json),
+# read by zoff eval, zoff sample and zoff train --init-from. A config.json setting that changes the
+# model's math to something zoff does not compute (another activation, LayerNorm epsilon, attention
+# scaling, MLP width, another model type) is refused by name with exit 2; before, it was ignored
+# and zoff ran another model than the file's (eval's loss was GPT-2's, not the model's). Settings
+# that keep GPT-2's math (gelu_pytorch_tanh, reorder_and_upcast_attn, n_inner 4 x width, eps
+# 1e-05 written another way) give the plain folder's loss, which is an independent float64
+# PyTorch GPT-2's (tests/fixtures/safetensors_gpt2_ref.py) where python3-torch is present.
+# Usage: cli_hf.sh ZOFF SRCDIR
+set -u
+ZOFF="$1"; SRC="$2"
+W=$(mktemp -d /tmp/zoff-hf-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check, byte_corpus, PY
+if [ -z "$PY" ]; then echo "skip: no python3 to write the model folders"; exit 77; fi
+
+byte_corpus "$SRC" "$W"
+head -c 3001 "$W/corpus.txt" > "$W/small.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/small" "$W/small.txt" >/dev/null 2>&1
+
+# A random 2-layer GPT-2 (width 32, 2 heads, 32 positions, 256 tokens) as save_pretrained writes it,
+# in plain Python (no numpy or torch needed); ARGS: folder, then config.json overrides as JSON
+cat > "$W/mk.py" <<'PY'
+import json, os, random, struct, sys
+d, over = sys.argv[1], json.loads(sys.argv[2])
+L, C, T, V = 2, 32, 32, 256
+rng = random.Random(7)
+shapes = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
+for l in range(L):
+    p = "h.%d." % l
+    shapes += [(p + "ln_1.weight", (C,)), (p + "ln_1.bias", (C,)), (p + "attn.c_attn.weight", (C, 3 * C)),
+               (p + "attn.c_attn.bias", (3 * C,)), (p + "attn.c_proj.weight", (C, C)), (p + "attn.c_proj.bias", (C,)),
+               (p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,)), (p + "mlp.c_fc.weight", (C, 4 * C)),
+               (p + "mlp.c_fc.bias", (4 * C,)), (p + "mlp.c_proj.weight", (4 * C, C)), (p + "mlp.c_proj.bias", (C,))]
+shapes += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
+items = []
+for name, shape in shapes:
+    n = 1
+    for s in shape: n *= s
+    ln = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+    vals = [(1.0 if ln else 0.0) + (0.1 if ln else 0.3) * rng.gauss(0, 1) for _ in range(n)]
+    items.append(("transformer." + name, list(shape), struct.pack("<%df" % n, *vals)))
+for l in range(L):  # the buffers of older checkpoints
+    mask = [1.0 if j <= i else 0.0 for i in range(T) for j in range(T)]
+    items.append(("transformer.h.%d.attn.bias" % l, [1, 1, T, T], struct.pack("<%df" % (T * T), *mask)))
+    items.append(("transformer.h.%d.attn.masked_bias" % l, [], struct.pack("<f", -1e4)))
+items.append(("lm_head.weight", [V, C], items[0][2]))  # tied: wte's bytes
+hdr, off = {"__metadata__": {"format": "pt"}}, 0
+for name, shape, raw in items:
+    hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(raw)]}
+    off += len(raw)
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + b"".join(r for _, _, r in items))
+cfg = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+       "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+       "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": T, "n_embd": C, "n_head": 2, "n_inner": None,
+       "n_layer": L, "n_positions": T, "reorder_and_upcast_attn": False, "resid_pdrop": 0.1,
+       "scale_attn_by_inverse_layer_idx": False, "scale_attn_weights": True, "summary_activation": None,
+       "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+       "summary_use_proj": True, "use_cache": True, "vocab_size": V}
+for k, v in over.items():
+    if v == "DELETE": cfg.pop(k, None)
+    else: cfg[k] = v
+json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
+PY
+mk() { "$PY" "$W/mk.py" "$W/$1" "$2"; }
+EVAL=(--tokenizer byte --data-path "$W/small_train.bin" --seq-length 24 --micro-batch-size 7 --json --device cpu)
+loss_of() { "$PY" -c "import json,sys; print('%.6f' % json.load(open(sys.argv[1]))['loss'])" "$1" 2>/dev/null; }
+
+# 1. the plain Hub folder: its loss, and where torch is present the reference's
+mk base '{}'
+"$ZOFF" eval --load "$W/base" "${EVAL[@]}" >"$W/base.json" 2>"$W/base.err"
+check "eval of a Hub-style GPT-2 folder (transformer. names, tied lm_head, attn.bias buffers): exit 0" \
+  "[ \$? -eq 0 ] && [ -n \"\$(loss_of '$W/base.json')\" ]" || cat "$W/base.err"
+base=$(loss_of "$W/base.json")
+if "$PY" -c 'import torch, numpy' 2>/dev/null; then
+  "$PY" - "$SRC" "$W" >"$W/ref.txt" 2>&1 <<'PY'
+import sys
+import numpy as np, torch, torch.nn.functional as F
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, strip_names, forward
+W, T, B = sys.argv[2], 24, 7
+P = strip_names(read_safetensors(W + "/base/model.safetensors")[0])
+tok = np.frombuffer(open(W + "/small_train.bin", "rb").read()[1024:], dtype="<u2").astype(np.int64)
+n = ((len(tok) - 1) // T) // B * B
+win = np.stack([tok[k * T:k * T + T + 1] for k in range(n)])
+with torch.no_grad():
+    lg = forward(P, torch.from_numpy(win[:, :-1]), 2)
+print("%.6f" % F.cross_entropy(lg.reshape(-1, lg.shape[-1]), torch.from_numpy(win[:, 1:]).reshape(-1)).item())
+PY
+  ref=$(tail -1 "$W/ref.txt")
+  check "its loss is the float64 PyTorch GPT-2's ($base vs $ref)" \
+    "[ -n '$base' ] && \"\$PY\" -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-4 * b)' '$base' '$ref'"
+else
+  echo "skip - the PyTorch reference loss (no python3-torch under $PY)"
+fi
+
+# 2. settings with GPT-2's math: taken, the same loss
+i=0
+for over in '{"activation_function": "gelu_pytorch_tanh"}' '{"reorder_and_upcast_attn": true}' '{"n_inner": 128}' \
+            '{"layer_norm_epsilon": 1e-5, "n_ctx": 1024}' '{"activation_function": "DELETE", "model_type": "DELETE"}'; do
+  i=$((i + 1)); mk same$i "$over"
+  "$ZOFF" eval --load "$W/same$i" "${EVAL[@]}" >"$W/same$i.json" 2>"$W/same$i.err"
+  check "config.json $over keeps GPT-2's math: exit 0, the plain folder's loss" \
+    "[ \$? -eq 0 ] && [ \"\$(loss_of '$W/same$i.json')\" = '$base' ]" || cat "$W/same$i.err"
+done
+
+# 3. settings zoff does not compute: refused, naming the key, config.json and its value (before:
+#    exit 0 with the plain GPT-2's loss, not the model's)
+i=0
+while IFS='|' read -r over key value; do
+  i=$((i + 1)); mk other$i "$over"
+  "$ZOFF" eval --load "$W/other$i" "${EVAL[@]}" >"$W/other$i.out" 2>"$W/other$i.err"
+  check "config.json $over: eval exits 2 naming $key $value in other$i/config.json" \
+    "[ \$? -eq 2 ] && [ ! -s '$W/other$i.out' ] && grep -qF 'other$i/config.json says $key $value' '$W/other$i.err'" \
+    || cat "$W/other$i.err"
+done <<'EOF'
+{"activation_function": "relu"}|activation_function|"relu"
+{"activation_function": "gelu"}|activation_function|"gelu"
+{"layer_norm_epsilon": 1e-6}|layer_norm_epsilon|1e-06
+{"scale_attn_weights": false}|scale_attn_weights|false
+{"scale_attn_by_inverse_layer_idx": true}|scale_attn_by_inverse_layer_idx|true
+{"n_inner": 64}|n_inner|64
+{"model_type": "gpt_neo", "architectures": ["GPTNeoForCausalLM"]}|model_type|"gpt_neo"
+{"model_type": "DELETE", "architectures": ["LlamaForCausalLM"]}|architectures|["LlamaForCausalLM"]
+EOF
+# the same for sample and train --init-from (one reader of config.json for all three)
+"$ZOFF" sample --load "$W/other1" --tokenizer byte --max-new-tokens 4 >"$W/s.out" 2>"$W/s.err"
+check "sample --load a relu model: exit 2 naming activation_function, nothing sampled" \
+  "[ \$? -eq 2 ] && [ ! -s '$W/s.out' ] && grep -q 'activation_function \"relu\"' '$W/s.err'"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --quiet \
+  --init-from "$W/other1" --train-iters 1 --eval-iters 0 --save "$W/ft" >"$W/t.out" 2>"$W/t.err"
+check "train --init-from a relu model: exit 2 naming activation_function, no checkpoint" \
+  "[ \$? -eq 2 ] && grep -q 'activation_function \"relu\"' '$W/t.err' && [ ! -e '$W/ft/latest' ] && ! ls '$W/ft'/step_* >/dev/null 2>&1"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
