@@ -138,5 +138,46 @@ check "sample --load a relu model: exit 2 naming activation_function, nothing sa
 check "train --init-from a relu model: exit 2 naming activation_function, no checkpoint" \
   "[ \$? -eq 2 ] && grep -q 'activation_function \"relu\"' '$W/t.err' && [ ! -e '$W/ft/latest' ] && ! ls '$W/ft'/step_* >/dev/null 2>&1"
 
+# 4. a file inconsistent in itself (a tensor of the wrong shape, one left out): the message says so,
+#    not "train with --num-layers 2 ..." of the very sizes the model already has (before)
+cat > "$W/edit.py" <<'PY'
+import json, struct, sys
+src, dst, how = sys.argv[1:4]
+b = open(src, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+meta = h.pop("__metadata__")
+name = "transformer.h.1.mlp.c_fc.weight" if how == "shape" else "transformer.h.1.mlp.c_fc.bias"
+out, data, pos = {"__metadata__": meta}, b"", 0
+for k, v in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    if how == "drop" and k == name: continue
+    blob = b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+    out[k] = dict(v, data_offsets=[pos, pos + len(blob)])
+    if how == "shape" and k == name: out[k]["shape"] = v["shape"][::-1]
+    data += blob; pos += len(blob)
+j = json.dumps(out).encode()
+open(dst, "wb").write(struct.pack("<Q", len(j)) + j + data)
+PY
+for how in shape drop; do
+  mkdir -p "$W/bad_$how" && cp "$W/base/config.json" "$W/bad_$how/"
+  "$PY" "$W/edit.py" "$W/base/model.safetensors" "$W/bad_$how/model.safetensors" $how
+done
+"$ZOFF" eval --load "$W/bad_shape" "${EVAL[@]}" >/dev/null 2>"$W/bs.err"
+check "eval of a folder whose c_fc.weight is (4C, C): exit 2 naming it, the file inconsistent, no train flags" \
+  "[ \$? -eq 2 ] && grep -q \"'transformer.h.1.mlp.c_fc.weight' has shape \\[128, 32\\]\" '$W/bs.err' \
+   && grep -q 'the file itself is inconsistent' '$W/bs.err' && ! grep -q 'train with' '$W/bs.err'" || cat "$W/bs.err"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --quiet \
+  --init-from "$W/bad_shape" --train-iters 1 --eval-iters 0 --save "$W/ft2" >/dev/null 2>"$W/bt.err"
+check "train --init-from it: exit 2, the same (not --num-layers 2 --hidden-size 32 ..., which it already has)" \
+  "[ \$? -eq 2 ] && grep -q 'the file itself is inconsistent' '$W/bt.err' && ! grep -q 'train with' '$W/bt.err'" || cat "$W/bt.err"
+"$ZOFF" sample --load "$W/bad_drop" --tokenizer byte --max-new-tokens 4 >/dev/null 2>"$W/bd.err"
+check "sample of a folder without h.1.mlp.c_fc.bias: exit 2 naming it missing, the file inconsistent" \
+  "[ \$? -eq 2 ] && grep -q \"'h.1.mlp.c_fc.bias' is missing\" '$W/bd.err' && grep -q 'the file itself is inconsistent' '$W/bd.err' \
+   && ! grep -q 'train with' '$W/bd.err'" || cat "$W/bd.err"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --quiet \
+  --init-from "$W/base" --num-layers 3 --train-iters 1 --eval-iters 0 --save "$W/ft3" >/dev/null 2>"$W/b3.err"
+check "train --init-from with --num-layers 3 against its 2 layers: exit 2, still naming --num-layers 2" \
+  "[ \$? -eq 2 ] && grep -q 'train with --num-layers 2 --hidden-size 32' '$W/b3.err'" || cat "$W/b3.err"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -445,6 +445,15 @@ static void shape_hint(const zoff_st_file *f, const zoff_gpt2_shape *model, char
                  fs.num_layers, fs.hidden_size, fs.max_seq_len, fs.vocab_size);
         return;
     }
+    if (fs.num_layers == model->num_layers && fs.hidden_size == model->hidden_size &&
+        fs.max_seq_len == model->max_seq_len && fs.vocab_size == model->vocab_size) { /* no flags would help */
+        snprintf(buf, cap,
+                 "; the file's other tensors are this model's (%" PRId64 " layers, width %" PRId64 ", %" PRId64
+                 " positions, vocabulary %" PRId64 "), so the file itself is inconsistent (damaged, cut short or "
+                 "edited): write or download it again",
+                 fs.num_layers, fs.hidden_size, fs.max_seq_len, fs.vocab_size);
+        return;
+    }
     int n = snprintf(buf, cap,
                      "; the file holds a GPT-2 with %" PRId64 " layers, width %" PRId64 ", %" PRId64
                      " positions, vocabulary %" PRId64 ", the model has %" PRId64 ", %" PRId64 ", %" PRId64
