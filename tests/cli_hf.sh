@@ -138,6 +138,22 @@ check "sample --load a relu model: exit 2 naming activation_function, nothing sa
 check "train --init-from a relu model: exit 2 naming activation_function, no checkpoint" \
   "[ \$? -eq 2 ] && grep -q 'activation_function \"relu\"' '$W/t.err' && [ ! -e '$W/ft/latest' ] && ! ls '$W/ft'/step_* >/dev/null 2>&1"
 
+# a config.json that cannot be read is not passed over (before: "no config.json with n_head beside it:
+# put the model's config.json beside it", and with --num-attention-heads whatever it said was ignored)
+mkdir -p "$W/badcfg" "$W/dircfg/config.json" && cp "$W/base/model.safetensors" "$W/badcfg/" && cp "$W/base/model.safetensors" "$W/dircfg/"
+head -c 200 "$W/base/config.json" > "$W/badcfg/config.json"
+"$ZOFF" eval --load "$W/badcfg" "${EVAL[@]}" >/dev/null 2>"$W/bc.err"
+check "a config.json cut short: eval exits 2 naming it not valid JSON, with the line" \
+  "[ \$? -eq 2 ] && grep -q 'badcfg/config.json (the model.s Hugging Face config, beside .*) is not valid JSON (line [0-9]' '$W/bc.err'" \
+  || cat "$W/bc.err"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --quiet \
+  --num-attention-heads 2 --init-from "$W/badcfg" --train-iters 1 --eval-iters 0 --save "$W/ft4" >/dev/null 2>"$W/bc2.err"
+check "train --init-from it with --num-attention-heads: exit 2 all the same" \
+  "[ \$? -eq 2 ] && grep -q 'badcfg/config.json .* is not valid JSON' '$W/bc2.err'" || cat "$W/bc2.err"
+"$ZOFF" sample --load "$W/dircfg" --tokenizer byte --max-new-tokens 4 >/dev/null 2>"$W/dc.err"
+check "a config.json that is a folder: sample exits 2 naming it" \
+  "[ \$? -eq 2 ] && grep -q 'dircfg/config.json .* is a folder' '$W/dc.err'" || cat "$W/dc.err"
+
 # 4. a file inconsistent in itself (a tensor of the wrong shape, one left out): the message says so,
 #    not "train with --num-layers 2 ..." of the very sizes the model already has (before)
 cat > "$W/edit.py" <<'PY'

@@ -4,6 +4,7 @@
 #include "zoff/safetensors.h"
 #include "ckpt_internal.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -350,7 +351,7 @@ static zoff_status config_json_math(const char *path, const json_t *o, const zof
 /* A Hugging Face model folder's config.json (beside the .safetensors file), when its layers and
  * width, where it gives them, are the file's (a config.json of another model is not taken): the head
  * count it gives ("n_head" or "num_attention_heads"; *heads 0: none), and its settings that change the
- * math checked (config_json_math). No config.json: *heads 0. */
+ * math checked (config_json_math). No config.json: *heads 0; one that is not a JSON object: refused. */
 static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, int64_t *heads) {
     char path[4200];
     const char *slash = strrchr(st_path, '/');
@@ -359,9 +360,22 @@ static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *
     else
         snprintf(path, sizeof path, "config.json");
     *heads = 0;
-    json_t *o = json_load_file(path, 0, NULL);
+    struct stat sb;
+    int sr = stat(path, &sb);
+    if (sr != 0 && errno == ENOENT) return ZOFF_OK;
+    json_error_t je;
+    json_t *o = sr == 0 && S_ISDIR(sb.st_mode) ? NULL : json_load_file(path, 0, &je);
+    if (!json_is_object(o)) { /* what the model is unread: nothing of it is guessed */
+        char why[240];
+        if (sr == 0 && S_ISDIR(sb.st_mode)) snprintf(why, sizeof why, "a folder");
+        else if (o) snprintf(why, sizeof why, "not a JSON object");
+        else snprintf(why, sizeof why, "not valid JSON (line %d: %.160s)", je.line, je.text);
+        json_decref(o);
+        return zoff_error(ZOFF_ERR_FORMAT, "%s (the model's Hugging Face config, beside %s) is %s: correct it or remove it",
+                          path, st_path, why);
+    }
     zoff_status s = ZOFF_OK;
-    if (json_is_object(o)) {
+    {
         int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
         int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
         if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
