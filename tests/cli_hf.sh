@@ -154,6 +154,45 @@ check "train --init-from it with --num-attention-heads: exit 2 all the same" \
 check "a config.json that is a folder: sample exits 2 naming it" \
   "[ \$? -eq 2 ] && grep -q 'dircfg/config.json .* is a folder' '$W/dc.err'" || cat "$W/dc.err"
 
+# folders without model.safetensors: what they hold instead is named, and a path with no model in it
+# is said to be so, not "--tokenizer is for safetensors weights" (before, for all three with --tokenizer)
+mkdir -p "$W/shards" "$W/fp16name"
+"$PY" - "$W/base/model.safetensors" "$W/shards" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__")
+names = sorted(h)
+for k, part in enumerate([names[:len(names) // 2], names[len(names) // 2:]]):
+    hdr, data = {"__metadata__": {"format": "pt"}}, b""
+    for t in part:
+        blob = b[8 + n + h[t]["data_offsets"][0]:8 + n + h[t]["data_offsets"][1]]
+        hdr[t] = dict(h[t], data_offsets=[len(data), len(data) + len(blob)]); data += blob
+    j = json.dumps(hdr).encode()
+    open(sys.argv[2] + "/model-%05d-of-00002.safetensors" % (k + 1), "wb").write(struct.pack("<Q", len(j)) + j + data)
+PY
+cp "$W/base/config.json" "$W/shards/"; cp "$W/base/model.safetensors" "$W/fp16name/model.fp16.safetensors"
+"$ZOFF" eval --load "$W/shards" "${EVAL[@]}" >/dev/null 2>"$W/sh.err"
+check "eval of a folder of 2 shards without their index: exit 2 naming the shards and model.safetensors.index.json" \
+  "[ \$? -eq 2 ] && grep -q 'holds 2 shard files (model-00001-of-00002.safetensors, ...) but not the model.safetensors.index.json' '$W/sh.err'" \
+  || cat "$W/sh.err"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --quiet \
+  --init-from "$W/shards" --train-iters 1 --eval-iters 0 --save "$W/ft5" >/dev/null 2>"$W/sh2.err"
+check "train --init-from it: exit 2, the same" \
+  "[ \$? -eq 2 ] && grep -q 'but not the model.safetensors.index.json' '$W/sh2.err'" || cat "$W/sh2.err"
+"$ZOFF" sample --load "$W/fp16name" --tokenizer byte --max-new-tokens 4 >/dev/null 2>"$W/fn.err"
+check "sample of a folder holding only model.fp16.safetensors: exit 2 naming the file to give" \
+  "[ \$? -eq 2 ] && grep -q 'holds model.fp16.safetensors: give that file (.*fp16name/model.fp16.safetensors)' '$W/fn.err'" \
+  || cat "$W/fn.err"
+"$ZOFF" sample --load "$W/no-such-model" --tokenizer byte --max-new-tokens 4 >/dev/null 2>"$W/ns.err"
+check "sample --load a path that is not there, with --tokenizer: exit 2 saying so, not blaming --tokenizer" \
+  "[ \$? -eq 2 ] && grep -q 'No such file' '$W/ns.err' && ! grep -q 'tokenizer' '$W/ns.err'" || cat "$W/ns.err"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --num-layers 2 \
+  --hidden-size 32 --num-attention-heads 2 --quiet --train-iters 1 --eval-iters 0 --save "$W/run" >/dev/null 2>&1
+cp "$W/base/model.safetensors" "$W/run/other.safetensors"
+"$ZOFF" sample --load "$W/run" --temperature 0 --max-new-tokens 4 >/dev/null 2>"$W/rn.err"
+check "a checkpoint folder that also holds a .safetensors file is still sampled as the checkpoint" "[ \$? -eq 0 ]" || cat "$W/rn.err"
+
 # 4. a file inconsistent in itself (a tensor of the wrong shape, one left out): the message says so,
 #    not "train with --num-layers 2 ..." of the very sizes the model already has (before)
 cat > "$W/edit.py" <<'PY'

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <dirent.h>
 
 #define ST_NAME_SHOWN 160 /* longest name shown in a message */
 
@@ -432,10 +433,39 @@ int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap) {
     return -1;
 }
 
+/* The first (by name) of a folder's *.safetensors files into first; how many there are. */
+static int folder_safetensors(const char *dir, char *first, size_t cap) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    first[0] = '\0';
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name), k = strlen(".safetensors");
+        if (len <= k || strcmp(e->d_name + len - k, ".safetensors") || e->d_name[0] == '.') continue;
+        if (!n++ || strcmp(e->d_name, first) < 0) snprintf(first, cap, "%s", e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
 void zoff_gpt2_st_folder_hint(const char *dir, char *buf, size_t cap) {
-    char f[4200];
+    char f[4200], first[256];
     struct stat st;
     buf[0] = '\0';
+    const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
+    int n = folder_safetensors(dir, first, sizeof first);
+    if (n > 0 && strstr(first, "-of-")) { /* save_pretrained's shards: model-00001-of-00002.safetensors */
+        snprintf(buf, cap,
+                 "; it holds %d shard file%s (%s, ...) but not the model.safetensors.index.json that says which "
+                 "tensor is in which: put the index (written with the shards) beside them",
+                 n, n == 1 ? "" : "s", first);
+        return;
+    }
+    if (n > 0) {
+        snprintf(buf, cap, "; it holds %s%s: give that file (%s%s%s)", first,
+                 n > 1 ? " and other .safetensors files" : "", dir, sep, first);
+        return;
+    }
     snprintf(f, sizeof f, "%s/pytorch_model.bin", dir);
     if (stat(f, &st) == 0)
         snprintf(buf, cap,
