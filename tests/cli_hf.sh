@@ -25,6 +25,7 @@ head -c 3001 "$W/corpus.txt" > "$W/small.txt"
 cat > "$W/mk.py" <<'PY'
 import json, os, random, struct, sys
 d, over = sys.argv[1], json.loads(sys.argv[2])
+no_head = over.pop("_no_lm_head", False)  # a folder without lm_head.weight
 L, C, T, V = 2, 32, 32, 256
 rng = random.Random(7)
 shapes = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
@@ -46,7 +47,8 @@ for l in range(L):  # the buffers of older checkpoints
     mask = [1.0 if j <= i else 0.0 for i in range(T) for j in range(T)]
     items.append(("transformer.h.%d.attn.bias" % l, [1, 1, T, T], struct.pack("<%df" % (T * T), *mask)))
     items.append(("transformer.h.%d.attn.masked_bias" % l, [], struct.pack("<f", -1e4)))
-items.append(("lm_head.weight", [V, C], items[0][2]))  # tied: wte's bytes
+if not no_head:
+    items.append(("lm_head.weight", [V, C], items[0][2]))  # tied: wte's bytes
 hdr, off = {"__metadata__": {"format": "pt"}}, 0
 for name, shape, raw in items:
     hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(raw)]}
@@ -100,10 +102,12 @@ else
   echo "skip - the PyTorch reference loss (no python3-torch under $PY)"
 fi
 
-# 2. settings with GPT-2's math: taken, the same loss
+# 2. settings with GPT-2's math: taken, the same loss (tie_word_embeddings false with an lm_head.weight
+#    equal to wte: the loader compares the two)
 i=0
 for over in '{"activation_function": "gelu_pytorch_tanh"}' '{"reorder_and_upcast_attn": true}' '{"n_inner": 128}' \
-            '{"layer_norm_epsilon": 1e-5, "n_ctx": 1024}' '{"activation_function": "DELETE", "model_type": "DELETE"}'; do
+            '{"layer_norm_epsilon": 1e-5, "n_ctx": 1024}' '{"activation_function": "DELETE", "model_type": "DELETE"}' \
+            '{"tie_word_embeddings": false}' '{"_no_lm_head": true}'; do
   i=$((i + 1)); mk same$i "$over"
   "$ZOFF" eval --load "$W/same$i" "${EVAL[@]}" >"$W/same$i.json" 2>"$W/same$i.err"
   check "config.json $over keeps GPT-2's math: exit 0, the plain folder's loss" \
@@ -128,6 +132,7 @@ done <<'EOF'
 {"n_inner": 64}|n_inner|64
 {"model_type": "gpt_neo", "architectures": ["GPTNeoForCausalLM"]}|model_type|"gpt_neo"
 {"model_type": "DELETE", "architectures": ["LlamaForCausalLM"]}|architectures|["LlamaForCausalLM"]
+{"tie_word_embeddings": false, "_no_lm_head": true}|tie_word_embeddings|false, and the file holds no lm_head.weight
 EOF
 # the same for sample and train --init-from (one reader of config.json for all three)
 "$ZOFF" sample --load "$W/other1" --tokenizer byte --max-new-tokens 4 >"$W/s.out" 2>"$W/s.err"

@@ -307,8 +307,10 @@ static zoff_status config_unsupported(const char *path, const char *key, const c
 /* The settings of a config.json (path) that change the model's math, against what zoff computes:
  * model_type gpt2 (architectures GPT2*), GELU with the tanh approximation, LayerNorm eps 1e-5,
  * attention scaled by 1/sqrt(head size) only, an MLP of 4 x the width. Absent keys are GPT-2's
- * defaults; reorder_and_upcast_attn only changes the precision of the same math. */
-static zoff_status config_json_math(const char *path, const json_t *o, const zoff_gpt2_shape *fs) {
+ * defaults; reorder_and_upcast_attn only changes the precision of the same math. An untied head
+ * (tie_word_embeddings false) is the file's lm_head.weight, which the loader compares with wte:
+ * without one (has_head false) it is not in the file. */
+static zoff_status config_json_math(const char *path, const json_t *o, const zoff_gpt2_shape *fs, bool has_head) {
     char v[200];
     const json_t *mt = json_object_get(o, "model_type"), *ar = json_object_get(o, "architectures");
     const char *a0 = json_string_value(json_array_get(ar, 0));
@@ -346,6 +348,9 @@ static zoff_status config_json_math(const char *path, const json_t *o, const zof
         snprintf(does, sizeof does, "an MLP of 4 x the width only (n_inner null or %" PRId64 ")", 4 * fs->hidden_size);
         return config_unsupported(path, "n_inner", v, does);
     }
+    if (json_is_false(json_object_get(o, "tie_word_embeddings")) && !has_head)
+        return config_unsupported(path, "tie_word_embeddings", "false, and the file holds no lm_head.weight",
+                                  "the LM head tied to the token embedding (wte) only");
     return ZOFF_OK;
 }
 
@@ -353,7 +358,7 @@ static zoff_status config_json_math(const char *path, const json_t *o, const zof
  * width, where it gives them, are the file's (a config.json of another model is not taken): the head
  * count it gives ("n_head" or "num_attention_heads"; *heads 0: none), and its settings that change the
  * math checked (config_json_math). No config.json: *heads 0; one that is not a JSON object: refused. */
-static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, int64_t *heads) {
+static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, bool has_head, int64_t *heads) {
     char path[4200];
     const char *slash = strrchr(st_path, '/');
     if (slash)
@@ -381,7 +386,7 @@ static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *
         int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
         if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
             *heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
-            s = config_json_math(path, o, fs);
+            s = config_json_math(path, o, fs, has_head);
         }
         if (*heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, *heads, path);
     }
@@ -414,7 +419,7 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
         if (v) out->vocab_size = strtoll(v, NULL, 10);
     }
     int64_t cfg_heads;
-    ZOFF_TRY(config_json_read(zoff_st_path(f), out, &cfg_heads));
+    ZOFF_TRY(config_json_read(zoff_st_path(f), out, zoff_st_find(f, "lm_head.weight") != NULL, &cfg_heads));
     const char *nh = zoff_st_metadata(f, "zoff.num_heads");
     out->num_heads = nh ? strtoll(nh, NULL, 10) : cfg_heads;
     return ZOFF_OK;
