@@ -198,6 +198,26 @@ cp "$W/base/model.safetensors" "$W/run/other.safetensors"
 "$ZOFF" sample --load "$W/run" --temperature 0 --max-new-tokens 4 >/dev/null 2>"$W/rn.err"
 check "a checkpoint folder that also holds a .safetensors file is still sampled as the checkpoint" "[ \$? -eq 0 ]" || cat "$W/rn.err"
 
+# a head count that cannot be the model's: config.json's n_head not dividing the width, a zoff.num_heads
+# that is not a number (before: "shape.hidden_size (32) is not divisible ... (--num-attention-heads)",
+# a flag eval and sample do not have; "no zoff.num_heads in its metadata" though it was there)
+mk heads3 '{"n_head": 3}'
+"$ZOFF" sample --load "$W/heads3" --tokenizer byte --max-new-tokens 4 >/dev/null 2>"$W/h3.err"
+check "config.json n_head 3 for width 32: sample exits 2 naming config.json's n_head" \
+  "[ \$? -eq 2 ] && grep -q 'the n_head of config.json gives 3 attention heads, which do not divide the width 32' '$W/h3.err' \
+   && ! grep -q -- '--num-attention-heads' '$W/h3.err'" || cat "$W/h3.err"
+"$PY" - "$W/base/model.safetensors" "$W/nhbad.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h["__metadata__"]["zoff.num_heads"] = "two"
+j = json.dumps(h).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(j)) + j + b[8 + n:])
+PY
+"$ZOFF" eval --load "$W/nhbad.safetensors" "${EVAL[@]}" >/dev/null 2>"$W/nh.err"
+check "zoff.num_heads \"two\" in the metadata: eval exits 2 naming it, not 'no zoff.num_heads'" \
+  "[ \$? -eq 2 ] && grep -q 'its metadata zoff.num_heads is \"two\", not a positive integer' '$W/nh.err'" || cat "$W/nh.err"
+
 # 4. a file inconsistent in itself (a tensor of the wrong shape, one left out): the message says so,
 #    not "train with --num-layers 2 ..." of the very sizes the model already has (before)
 cat > "$W/edit.py" <<'PY'

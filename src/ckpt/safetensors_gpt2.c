@@ -394,6 +394,20 @@ static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *
     return s;
 }
 
+/* A size in the file's metadata (key): a positive decimal integer, else the file is refused. */
+static zoff_status meta_count(const zoff_st_file *f, const char *key, int64_t *out) {
+    const char *v = zoff_st_metadata(f, key);
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno || x <= 0)
+        return zoff_error(ZOFF_ERR_FORMAT, "%s: its metadata %s is \"%.40s\", not a positive integer: the file is "
+                          "damaged or was edited; write it again",
+                          zoff_st_path(f), key, v);
+    *out = x;
+    return ZOFF_OK;
+}
+
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out) {
     memset(out, 0, sizeof *out);
     const zoff_st_tensor *wte = find_either(f, "wte.weight"), *wpe = find_either(f, "wpe.weight");
@@ -415,13 +429,20 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
     out->vocab_size = wte->shape[0];
     if (zl) {
         out->padded_vocab_size = wte->shape[0];
-        const char *v = zoff_st_metadata(f, "zoff.vocab_size");
-        if (v) out->vocab_size = strtoll(v, NULL, 10);
+        if (zoff_st_metadata(f, "zoff.vocab_size")) ZOFF_TRY(meta_count(f, "zoff.vocab_size", &out->vocab_size));
     }
     int64_t cfg_heads;
     ZOFF_TRY(config_json_read(zoff_st_path(f), out, zoff_st_find(f, "lm_head.weight") != NULL, &cfg_heads));
-    const char *nh = zoff_st_metadata(f, "zoff.num_heads");
-    out->num_heads = nh ? strtoll(nh, NULL, 10) : cfg_heads;
+    const bool meta_heads = zoff_st_metadata(f, "zoff.num_heads") != NULL;
+    if (meta_heads) ZOFF_TRY(meta_count(f, "zoff.num_heads", &out->num_heads));
+    else out->num_heads = cfg_heads;
+    if (out->num_heads > 0 && out->hidden_size > 0 && out->hidden_size % out->num_heads)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "%s: %s gives %" PRId64 " attention heads, which do not divide the width %" PRId64
+                          " of its tensors: %s",
+                          zoff_st_path(f), meta_heads ? "its zoff.num_heads metadata" : "the n_head of config.json",
+                          out->num_heads, out->hidden_size,
+                          meta_heads ? "the file is damaged or was edited; write it again" : "correct config.json");
     return ZOFF_OK;
 }
 
