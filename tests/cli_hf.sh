@@ -218,6 +218,15 @@ PY
 check "zoff.num_heads \"two\" in the metadata: eval exits 2 naming it, not 'no zoff.num_heads'" \
   "[ \$? -eq 2 ] && grep -q 'its metadata zoff.num_heads is \"two\", not a positive integer' '$W/nh.err'" || cat "$W/nh.err"
 
+# a config.json of another model (other layers or width) is not read, and a warning says so (before:
+# only "no config.json with n_head beside it: put the model's config.json beside it", though one was)
+mkdir -p "$W/othercfg" && cp "$W/base/model.safetensors" "$W/othercfg/"
+echo '{"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "activation_function": "relu"}' > "$W/othercfg/config.json"
+"$ZOFF" eval --load "$W/othercfg" "${EVAL[@]}" >/dev/null 2>"$W/oc.err"
+check "a config.json of a 12 x 768 model beside a 2 x 32 file: exit 2 for the heads, a warning naming both shapes" \
+  "[ \$? -eq 2 ] && grep -q 'othercfg/config.json describes another model (12 layers, width 768; .*othercfg/model.safetensors has 2, 32): not read' '$W/oc.err'" \
+  || cat "$W/oc.err"
+
 # 4. a file inconsistent in itself (a tensor of the wrong shape, one left out): the message says so,
 #    not "train with --num-layers 2 ..." of the very sizes the model already has (before)
 cat > "$W/edit.py" <<'PY'
