@@ -381,20 +381,18 @@ static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *
                           path, st_path, why);
     }
     zoff_status s = ZOFF_OK;
-    {
-        int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
-        int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
-        if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
-            *heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
-            s = config_json_math(path, o, fs, has_head);
-        } else {
-            zoff_log(ZOFF_LOG_WARN,
-                     "%s describes another model (%" PRId64 " layers, width %" PRId64 "; %s has %" PRId64
-                     ", %" PRId64 "): not read",
-                     path, L ? L : fs->num_layers, C ? C : fs->hidden_size, st_path, fs->num_layers, fs->hidden_size);
-        }
-        if (*heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, *heads, path);
+    int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
+    int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
+    if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
+        *heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
+        s = config_json_math(path, o, fs, has_head);
+    } else {
+        zoff_log(ZOFF_LOG_WARN,
+                 "%s describes another model (%" PRId64 " layers, width %" PRId64 "; %s has %" PRId64 ", %" PRId64
+                 "): not read",
+                 path, L ? L : fs->num_layers, C ? C : fs->hidden_size, st_path, fs->num_layers, fs->hidden_size);
     }
+    if (*heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, *heads, path);
     json_decref(o);
     return s;
 }
