@@ -232,8 +232,9 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
  * with it), -1 for a folder with neither. */
 int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap);
 
-/* For a folder without model.safetensors: what it holds instead that zoff does not read (PyTorch's
- * pytorch_model.bin) and how to turn it into safetensors, into buf; "" when nothing known. */
+/* For a folder without model.safetensors: what it holds instead (shards without their index,
+ * another .safetensors file, PyTorch's pytorch_model.bin that zoff does not read) and what to do,
+ * into buf; "" when nothing known. */
 void zoff_gpt2_st_folder_hint(const char *dir, char *buf, size_t cap);
 
 /* Check an open file against a model shape without reading data: every GPT-2 tensor present once

@@ -4,11 +4,14 @@
 #include "zoff/safetensors.h"
 #include "ckpt_internal.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <dirent.h>
 
 #define ST_NAME_SHOWN 160 /* longest name shown in a message */
 
@@ -292,27 +295,120 @@ static int64_t json_pos(const json_t *o, const char *key) {
     return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : 0;
 }
 
-/* The head count a Hugging Face model folder's config.json (beside the .safetensors file) gives:
- * "n_head" (or "num_attention_heads"), when its layers and width, where it gives them, are the
- * file's (a config.json of another model is not taken). 0: none. */
-static int64_t config_json_heads(const char *st_path, const zoff_gpt2_shape *fs) {
+/* A config.json setting that changes GPT-2's math to something zoff does not compute: refused by
+ * name (taking the weights would run, sample, evaluate or fine-tune another model than the file's). */
+static zoff_status config_unsupported(const char *path, const char *key, const char *value, const char *zoff_does) {
+    return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                      "%s says %s %s: zoff computes %s, so it would run another model than the file's and "
+                      "cannot load it (if %s does not describe this model, correct or remove it)",
+                      path, key, value, zoff_does, path);
+}
+
+/* The settings of a config.json (path) that change the model's math, against what zoff computes:
+ * model_type gpt2 (architectures GPT2*), GELU with the tanh approximation, LayerNorm eps 1e-5,
+ * attention scaled by 1/sqrt(head size) only, an MLP of 4 x the width. Absent keys are GPT-2's
+ * defaults; reorder_and_upcast_attn only changes the precision of the same math. An untied head
+ * (tie_word_embeddings false) is the file's lm_head.weight, which the loader compares with wte:
+ * without one (has_head false) it is not in the file. */
+static zoff_status config_json_math(const char *path, const json_t *o, const zoff_gpt2_shape *fs, bool has_head) {
+    char v[200];
+    const json_t *mt = json_object_get(o, "model_type"), *ar = json_object_get(o, "architectures");
+    const char *a0 = json_string_value(json_array_get(ar, 0));
+    if (mt && (!json_is_string(mt) || strcmp(json_string_value(mt), "gpt2"))) {
+        snprintf(v, sizeof v, "\"%.60s\" (architectures %.60s)", json_is_string(mt) ? json_string_value(mt) : "?",
+                 a0 ? a0 : "not given");
+        return config_unsupported(path, "model_type", v, "GPT-2 only (model_type gpt2, GPT2LMHeadModel)");
+    }
+    if (a0 && strncmp(a0, "GPT2", 4)) {
+        snprintf(v, sizeof v, "[\"%.60s\"]", a0);
+        return config_unsupported(path, "architectures", v, "GPT-2 only (model_type gpt2, GPT2LMHeadModel)");
+    }
+    const json_t *af = json_object_get(o, "activation_function");
+    const char *act = json_string_value(af);
+    if (af && (!act || (strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_fast")))) {
+        snprintf(v, sizeof v, "\"%.60s\"", act ? act : "(not a string)");
+        return config_unsupported(path, "activation_function", v,
+                                  "GELU with the tanh approximation only (gelu_new, also named "
+                                  "gelu_pytorch_tanh, gelu_fast)");
+    }
+    const json_t *eps = json_object_get(o, "layer_norm_epsilon");
+    if (eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-11)) {
+        snprintf(v, sizeof v, "%.6g", json_is_number(eps) ? json_number_value(eps) : NAN);
+        return config_unsupported(path, "layer_norm_epsilon", v, "LayerNorm with epsilon 1e-5 only");
+    }
+    if (json_is_false(json_object_get(o, "scale_attn_weights")))
+        return config_unsupported(path, "scale_attn_weights", "false", "attention scores scaled by 1/sqrt(head size) only");
+    if (json_is_true(json_object_get(o, "scale_attn_by_inverse_layer_idx")))
+        return config_unsupported(path, "scale_attn_by_inverse_layer_idx", "true",
+                                  "attention scores scaled by 1/sqrt(head size) only, not also by 1/(layer + 1)");
+    const json_t *ni = json_object_get(o, "n_inner");
+    if (ni && !json_is_null(ni) && (!json_is_integer(ni) || json_integer_value(ni) != 4 * fs->hidden_size)) {
+        snprintf(v, sizeof v, "%" PRId64, json_is_integer(ni) ? (int64_t)json_integer_value(ni) : (int64_t)-1);
+        char does[80];
+        snprintf(does, sizeof does, "an MLP of 4 x the width only (n_inner null or %" PRId64 ")", 4 * fs->hidden_size);
+        return config_unsupported(path, "n_inner", v, does);
+    }
+    if (json_is_false(json_object_get(o, "tie_word_embeddings")) && !has_head)
+        return config_unsupported(path, "tie_word_embeddings", "false, and the file holds no lm_head.weight",
+                                  "the LM head tied to the token embedding (wte) only");
+    return ZOFF_OK;
+}
+
+/* A Hugging Face model folder's config.json (beside the .safetensors file), when its layers and
+ * width, where it gives them, are the file's (a config.json of another model is not taken): the head
+ * count it gives ("n_head" or "num_attention_heads"; *heads 0: none), and its settings that change the
+ * math checked (config_json_math). No config.json: *heads 0; one that is not a JSON object: refused. */
+static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, bool has_head, int64_t *heads) {
     char path[4200];
     const char *slash = strrchr(st_path, '/');
     if (slash)
         snprintf(path, sizeof path, "%.*s/config.json", (int)(slash - st_path), st_path);
     else
         snprintf(path, sizeof path, "config.json");
-    json_t *o = json_load_file(path, 0, NULL);
-    int64_t heads = 0;
-    if (json_is_object(o)) {
-        int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
-        int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
-        heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
-        if ((L && L != fs->num_layers) || (C && C != fs->hidden_size)) heads = 0;
-        if (heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, heads, path);
+    *heads = 0;
+    struct stat sb;
+    int sr = stat(path, &sb);
+    if (sr != 0 && errno == ENOENT) return ZOFF_OK;
+    json_error_t je;
+    json_t *o = sr == 0 && S_ISDIR(sb.st_mode) ? NULL : json_load_file(path, 0, &je);
+    if (!json_is_object(o)) { /* what the model is unread: nothing of it is guessed */
+        char why[240];
+        if (sr == 0 && S_ISDIR(sb.st_mode)) snprintf(why, sizeof why, "a folder");
+        else if (o) snprintf(why, sizeof why, "not a JSON object");
+        else snprintf(why, sizeof why, "not valid JSON (line %d: %.160s)", je.line, je.text);
+        json_decref(o);
+        return zoff_error(ZOFF_ERR_FORMAT, "%s (the model's Hugging Face config, beside %s) is %s: correct it or remove it",
+                          path, st_path, why);
     }
+    zoff_status s = ZOFF_OK;
+    int64_t L = json_pos(o, "n_layer") ? json_pos(o, "n_layer") : json_pos(o, "num_hidden_layers");
+    int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
+    if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
+        *heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
+        s = config_json_math(path, o, fs, has_head);
+    } else {
+        zoff_log(ZOFF_LOG_WARN,
+                 "%s describes another model (%" PRId64 " layers, width %" PRId64 "; %s has %" PRId64 ", %" PRId64
+                 "): not read",
+                 path, L ? L : fs->num_layers, C ? C : fs->hidden_size, st_path, fs->num_layers, fs->hidden_size);
+    }
+    if (*heads) zoff_log(ZOFF_LOG_DEBUG, "%s: %" PRId64 " attention heads (n_head of %s)", st_path, *heads, path);
     json_decref(o);
-    return heads;
+    return s;
+}
+
+/* A size in the file's metadata (key): a positive decimal integer, else the file is refused. */
+static zoff_status meta_count(const zoff_st_file *f, const char *key, int64_t *out) {
+    const char *v = zoff_st_metadata(f, key);
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno || x <= 0)
+        return zoff_error(ZOFF_ERR_FORMAT, "%s: its metadata %s is \"%.40s\", not a positive integer: the file is "
+                          "damaged or was edited; write it again",
+                          zoff_st_path(f), key, v);
+    *out = x;
+    return ZOFF_OK;
 }
 
 zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out) {
@@ -336,12 +432,20 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
     out->vocab_size = wte->shape[0];
     if (zl) {
         out->padded_vocab_size = wte->shape[0];
-        const char *v = zoff_st_metadata(f, "zoff.vocab_size");
-        if (v) out->vocab_size = strtoll(v, NULL, 10);
+        if (zoff_st_metadata(f, "zoff.vocab_size")) ZOFF_TRY(meta_count(f, "zoff.vocab_size", &out->vocab_size));
     }
-    const char *nh = zoff_st_metadata(f, "zoff.num_heads");
-    if (nh) out->num_heads = strtoll(nh, NULL, 10);
-    else out->num_heads = config_json_heads(zoff_st_path(f), out);
+    int64_t cfg_heads;
+    ZOFF_TRY(config_json_read(zoff_st_path(f), out, zoff_st_find(f, "lm_head.weight") != NULL, &cfg_heads));
+    const bool meta_heads = zoff_st_metadata(f, "zoff.num_heads") != NULL;
+    if (meta_heads) ZOFF_TRY(meta_count(f, "zoff.num_heads", &out->num_heads));
+    else out->num_heads = cfg_heads;
+    if (out->num_heads > 0 && out->hidden_size > 0 && out->hidden_size % out->num_heads)
+        return zoff_error(ZOFF_ERR_FORMAT,
+                          "%s: %s gives %" PRId64 " attention heads, which do not divide the width %" PRId64
+                          " of its tensors: %s",
+                          zoff_st_path(f), meta_heads ? "its zoff.num_heads metadata" : "the n_head of config.json",
+                          out->num_heads, out->hidden_size,
+                          meta_heads ? "the file is damaged or was edited; write it again" : "correct config.json");
     return ZOFF_OK;
 }
 
@@ -358,10 +462,39 @@ int zoff_gpt2_st_resolve(const char *path, char *file, size_t cap) {
     return -1;
 }
 
+/* The first (by name) of a folder's *.safetensors files into first; how many there are. */
+static int folder_safetensors(const char *dir, char *first, size_t cap) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    first[0] = '\0';
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name), k = strlen(".safetensors");
+        if (len <= k || strcmp(e->d_name + len - k, ".safetensors") || e->d_name[0] == '.') continue;
+        if (!n++ || strcmp(e->d_name, first) < 0) snprintf(first, cap, "%s", e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
 void zoff_gpt2_st_folder_hint(const char *dir, char *buf, size_t cap) {
-    char f[4200];
+    char f[4200], first[256];
     struct stat st;
     buf[0] = '\0';
+    const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
+    int n = folder_safetensors(dir, first, sizeof first);
+    if (n > 0 && strstr(first, "-of-")) { /* save_pretrained's shards: model-00001-of-00002.safetensors */
+        snprintf(buf, cap,
+                 "; it holds %d shard file%s (%s, ...) but not the model.safetensors.index.json that says which "
+                 "tensor is in which: put the index (written with the shards) beside them",
+                 n, n == 1 ? "" : "s", first);
+        return;
+    }
+    if (n > 0) {
+        snprintf(buf, cap, "; it holds %s%s: give that file (%s%s%s)", first,
+                 n > 1 ? " and other .safetensors files" : "", dir, sep, first);
+        return;
+    }
     snprintf(f, sizeof f, "%s/pytorch_model.bin", dir);
     if (stat(f, &st) == 0)
         snprintf(buf, cap,
@@ -382,6 +515,15 @@ static void shape_hint(const zoff_st_file *f, const zoff_gpt2_shape *model, char
         snprintf(buf, cap,
                  "; the file's tensors give no GPT-2 zoff can build (%" PRId64 " layers, width %" PRId64 ", %" PRId64
                  " positions, vocabulary %" PRId64 ")",
+                 fs.num_layers, fs.hidden_size, fs.max_seq_len, fs.vocab_size);
+        return;
+    }
+    if (fs.num_layers == model->num_layers && fs.hidden_size == model->hidden_size &&
+        fs.max_seq_len == model->max_seq_len && fs.vocab_size == model->vocab_size) { /* no flags would help */
+        snprintf(buf, cap,
+                 "; the file's other tensors are this model's (%" PRId64 " layers, width %" PRId64 ", %" PRId64
+                 " positions, vocabulary %" PRId64 "), so the file itself is inconsistent (damaged, cut short or "
+                 "edited): write or download it again",
                  fs.num_layers, fs.hidden_size, fs.max_seq_len, fs.vocab_size);
         return;
     }

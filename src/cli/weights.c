@@ -42,14 +42,15 @@ zoff_status cli_weights_open(const char *load, const char *tokenizer, cli_weight
     int r = zoff_gpt2_st_resolve(load, file, sizeof file);
     if (r == 1 || (r == 0 && stat(load, &st) == 0 && S_ISREG(st.st_mode)))
         return open_safetensors(file, tokenizer, src);
-    char hint[1024];
-    if (r < 0) zoff_gpt2_st_folder_hint(load, hint, sizeof hint);
-    if (r < 0 && hint[0])
+    zoff_status s = zoff_ckpt_open(load, 0, &src->rd);
+    char hint[1024] = "";
+    if (s != ZOFF_OK && r < 0) zoff_gpt2_st_folder_hint(load, hint, sizeof hint); /* a folder of other weights */
+    if (hint[0])
         return zoff_error(ZOFF_ERR_INVALID, "%s is neither a checkpoint nor holds model.safetensors%s", load, hint);
+    ZOFF_TRY(s); /* before --tokenizer: a path that holds no model is said to be so */
+    zoff_train_meta meta;
     if (tokenizer)
         return zoff_error(ZOFF_ERR_INVALID, "--tokenizer is for safetensors weights; a checkpoint records its own");
-    zoff_train_meta meta;
-    ZOFF_TRY(zoff_ckpt_open(load, 0, &src->rd));
     ZOFF_TRY(zoff_train_ckpt_read_meta(src->rd, &meta, NULL));
     src->shape = meta.shape;
     src->seq_len = meta.seq_len;
