@@ -227,6 +227,35 @@ check "a config.json of a 12 x 768 model beside a 2 x 32 file: exit 2 for the he
   "[ \$? -eq 2 ] && grep -q 'othercfg/config.json describes another model (12 layers, width 768; .*othercfg/model.safetensors has 2, 32): not read' '$W/oc.err'" \
   || cat "$W/oc.err"
 
+# a config.json whose vocabulary or positions are not its tensors' rows (transformers refuses such a
+# folder, "size mismatch"): refused naming config.json, the key, its value and the rows (before: exit 0,
+# run silently with the tensors' sizes); config.json's own sizes written another way are taken
+i=0
+while IFS='|' read -r over key value rows; do
+  i=$((i + 1)); mk sizes$i "$over"
+  "$ZOFF" eval --load "$W/sizes$i" "${EVAL[@]}" >"$W/sizes$i.out" 2>"$W/sizes$i.err"
+  check "config.json $over against the tensors' $rows rows: eval exits 2 naming $key $value, the folder inconsistent" \
+    "[ \$? -eq 2 ] && [ ! -s '$W/sizes$i.out' ] && grep -qF 'sizes$i/config.json says $key $value but ' '$W/sizes$i.err' \
+     && grep -qF 'model.safetensors has $rows (the rows of its' '$W/sizes$i.err' && grep -q 'the model folder is inconsistent' '$W/sizes$i.err'" \
+    || cat "$W/sizes$i.err"
+done <<'EOF2'
+{"vocab_size": 50257}|vocab_size|50257|256
+{"vocab_size": 255}|vocab_size|255|256
+{"n_positions": 1024}|n_positions|1024|32
+{"n_positions": "DELETE", "max_position_embeddings": 16}|max_position_embeddings|16|32
+EOF2
+"$ZOFF" sample --load "$W/sizes1" --tokenizer byte --max-new-tokens 4 >"$W/sz.out" 2>"$W/sz.err"
+check "sample --load it: exit 2 all the same, nothing sampled" \
+  "[ \$? -eq 2 ] && [ ! -s '$W/sz.out' ] && grep -q 'says vocab_size 50257 but' '$W/sz.err'" || cat "$W/sz.err"
+"$ZOFF" train --tokenizer byte --data-path "$W/corpus_train.bin" --micro-batch-size 4 --seq-length 16 --quiet \
+  --init-from "$W/sizes3" --train-iters 1 --eval-iters 0 --save "$W/ft6" >/dev/null 2>"$W/sz2.err"
+check "train --init-from it: exit 2 naming n_positions, no checkpoint" \
+  "[ \$? -eq 2 ] && grep -q 'says n_positions 1024 but' '$W/sz2.err' && [ ! -e '$W/ft6/latest' ]" || cat "$W/sz2.err"
+mk sizes_ok '{"n_positions": "DELETE", "max_position_embeddings": 32, "n_ctx": 1024}'
+"$ZOFF" eval --load "$W/sizes_ok" "${EVAL[@]}" >"$W/sizes_ok.json" 2>"$W/sizes_ok.err"
+check "config.json max_position_embeddings 32 (n_positions' alias) matching wpe: exit 0, the plain folder's loss" \
+  "[ \$? -eq 0 ] && [ \"\$(loss_of '$W/sizes_ok.json')\" = '$base' ]" || cat "$W/sizes_ok.err"
+
 # 4. a file inconsistent in itself (a tensor of the wrong shape, one left out): the message says so,
 #    not "train with --num-layers 2 ..." of the very sizes the model already has (before)
 cat > "$W/edit.py" <<'PY'

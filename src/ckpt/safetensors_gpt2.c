@@ -354,11 +354,37 @@ static zoff_status config_json_math(const char *path, const json_t *o, const zof
     return ZOFF_OK;
 }
 
+/* config.json's vocabulary ("vocab_size") and positions ("n_positions", or its alias
+ * "max_position_embeddings"), where it gives them, against the file's (fs; vocab_from says where the
+ * file's vocabulary comes from): a folder whose config.json disagrees with its own tensors is refused
+ * (transformers refuses it too, "size mismatch"), not run with the tensors' sizes. */
+static zoff_status config_json_sizes(const char *path, const json_t *o, const char *st_path,
+                                     const zoff_gpt2_shape *fs, const char *vocab_from) {
+    const int64_t V = json_pos(o, "vocab_size");
+    const bool alias = !json_pos(o, "n_positions") && json_pos(o, "max_position_embeddings");
+    const int64_t T = alias ? json_pos(o, "max_position_embeddings") : json_pos(o, "n_positions");
+    const char *key = "vocab_size", *what = vocab_from;
+    int64_t cfg = V, rows = fs->vocab_size;
+    if (!V || V == fs->vocab_size) {
+        key = alias ? "max_position_embeddings" : "n_positions";
+        what = "the rows of its wpe.weight";
+        cfg = T;
+        rows = fs->max_seq_len;
+    }
+    if (!cfg || cfg == rows) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_FORMAT,
+                      "%s says %s %" PRId64 " but %s has %" PRId64 " (%s): the model folder is inconsistent "
+                      "(transformers refuses it too: size mismatch); download or write it again",
+                      path, key, cfg, st_path, rows, what);
+}
+
 /* A Hugging Face model folder's config.json (beside the .safetensors file), when its layers and
  * width, where it gives them, are the file's (a config.json of another model is not taken): the head
- * count it gives ("n_head" or "num_attention_heads"; *heads 0: none), and its settings that change the
- * math checked (config_json_math). No config.json: *heads 0; one that is not a JSON object: refused. */
-static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, bool has_head, int64_t *heads) {
+ * count it gives ("n_head" or "num_attention_heads"; *heads 0: none), its vocabulary and positions
+ * against the file's (config_json_sizes) and its settings that change the math checked
+ * (config_json_math). No config.json: *heads 0; one that is not a JSON object: refused. */
+static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *fs, bool has_head,
+                                    const char *vocab_from, int64_t *heads) {
     char path[4200];
     const char *slash = strrchr(st_path, '/');
     if (slash)
@@ -385,7 +411,8 @@ static zoff_status config_json_read(const char *st_path, const zoff_gpt2_shape *
     int64_t C = json_pos(o, "n_embd") ? json_pos(o, "n_embd") : json_pos(o, "hidden_size");
     if (!(L && L != fs->num_layers) && !(C && C != fs->hidden_size)) {
         *heads = json_pos(o, "n_head") ? json_pos(o, "n_head") : json_pos(o, "num_attention_heads");
-        s = config_json_math(path, o, fs, has_head);
+        s = config_json_sizes(path, o, st_path, fs, vocab_from);
+        if (s == ZOFF_OK) s = config_json_math(path, o, fs, has_head);
     } else {
         zoff_log(ZOFF_LOG_WARN,
                  "%s describes another model (%" PRId64 " layers, width %" PRId64 "; %s has %" PRId64 ", %" PRId64
@@ -435,7 +462,10 @@ zoff_status zoff_gpt2_st_infer_shape(const zoff_st_file *f, zoff_gpt2_shape *out
         if (zoff_st_metadata(f, "zoff.vocab_size")) ZOFF_TRY(meta_count(f, "zoff.vocab_size", &out->vocab_size));
     }
     int64_t cfg_heads;
-    ZOFF_TRY(config_json_read(zoff_st_path(f), out, zoff_st_find(f, "lm_head.weight") != NULL, &cfg_heads));
+    const char *vocab_from = zl && zoff_st_metadata(f, "zoff.vocab_size") ? "its metadata zoff.vocab_size"
+                                                                            : "the rows of its wte.weight";
+    ZOFF_TRY(config_json_read(zoff_st_path(f), out, zoff_st_find(f, "lm_head.weight") != NULL, vocab_from,
+                              &cfg_heads));
     const bool meta_heads = zoff_st_metadata(f, "zoff.num_heads") != NULL;
     if (meta_heads) ZOFF_TRY(meta_count(f, "zoff.num_heads", &out->num_heads));
     else out->num_heads = cfg_heads;
