@@ -258,6 +258,21 @@ check "--micro-batch-size 2 with a config giving all three batch keys: the re-de
 check "the banner of a 1-layer, 1-head model of 21472 parameters says so (not '1 layers', '0.02M')" \
   "grep -q 'GPT-2 1 layer, width 32, 1 head, seq 16, vocab 256: 21472 parameters on' '$W/out.txt'"
 
+# a half-written step (step_X.tmp-PID of a live process) and an unfinished one (no COMPLETE marker)
+# beside complete ones: each said once per run, not at every listing of the folder (before: 4 times
+# each for one run with 1 rank: the resume, --load, the saves)
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 2 --save-interval 1 --save "$W/half" --quiet >/dev/null 2>&1
+mkdir "$W/half/step_00000009.tmp-$$" "$W/half/step_00000008"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 2 --save "$W/half" --load "$W/half" >"$W/half.txt" 2>&1
+check "resume beside a step_X.tmp-PID and an unmarked step: exit 0, each 'ignoring' line printed once" \
+  "[ \$? -eq 0 ] && [ \$(grep -c 'ignoring .*half/step_00000009.tmp-$$: a checkpoint still being written' '$W/half.txt') -eq 1 ] \
+   && [ \$(grep -c 'ignoring incomplete checkpoint .*half/step_00000008 ' '$W/half.txt') -eq 1 ] && grep -q 'resumed from .* at step 2' '$W/half.txt'" \
+  || cat "$W/half.txt"
+"$ZOFF" train "${TINY[@]}" --eval-iters 0 --train-iters 4 --save-interval 1 --save "$W/half" --load "$W/half" >"$W/half2.txt" 2>&1
+check "and training on with a save each step: the unmarked step still said once" \
+  "[ \$? -eq 0 ] && [ \$(grep -c 'ignoring incomplete checkpoint .*half/step_00000008 ' '$W/half2.txt') -eq 1 ] && [ -e '$W/half/step_00000004' ]" \
+  || cat "$W/half2.txt"
+
 # 8. two ranks (MPI): validation loss == one rank's; the banner shows the global batch; --quiet
 if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built'; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1243,7 +1244,24 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Sorted (ascending) steps of the complete checkpoints under dir. */
+/* Whether a folder the listing passes over (path p) was already said in this process: each such
+ * folder is said once, not at every listing of its directory (a run lists it several times: the
+ * resume, --load, each save's pruning). Past CK_TOLD_MAX paths, they are said again. */
+#define CK_TOLD_MAX 256
+static bool told_before(const char *p) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char *told[CK_TOLD_MAX];
+    static size_t n;
+    bool found = false;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n && !found; i++) found = !strcmp(told[i], p);
+    if (!found && n < CK_TOLD_MAX && (told[n] = strdup(p)) != NULL) n++;
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+/* Sorted (ascending) steps of the complete checkpoints under dir; with log, the folders passed over
+ * are said (once per path and process, told_before). */
 static zoff_status list_complete(const char *dir, bool log, int64_t **out, size_t *count) {
     *out = NULL;
     *count = 0;
@@ -1263,28 +1281,23 @@ static zoff_status list_complete(const char *dir, bool log, int64_t **out, size_
         int kind = parse_step_name(de->d_name, &step);
         char p[CK_PATH];
         if (kind == NAME_OTHER || snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= (int)sizeof p || !is_dir(p)) continue;
-        if (kind == NAME_TMP) {
-            if (log)
-                zoff_log(ZOFF_LOG_INFO, "ignoring %s: a checkpoint still being written, or left by an interrupted run", p);
+        if (kind == NAME_STEP && has_marker(p)) {
+            if (!ZOFF_CKPT_GROW(v, cap, n, 16)) {
+                st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory listing checkpoints in %s", dir);
+                break;
+            }
+            v[n++] = step;
             continue;
         }
-        if (kind == NAME_OLD) {
-            if (log)
-                zoff_log(ZOFF_LOG_WARN, "ignoring %s: an overwritten checkpoint left by an interrupted save", p);
-            continue;
-        }
-        if (!has_marker(p)) {
-            if (log)
-                zoff_log(ZOFF_LOG_WARN, "ignoring incomplete checkpoint %s (no " CK_MARKER " marker: it was interrupted "
-                                        "while being written)",
-                         p);
-            continue;
-        }
-        if (!ZOFF_CKPT_GROW(v, cap, n, 16)) {
-            st = zoff_error(ZOFF_ERR_NOMEM, "out of host memory listing checkpoints in %s", dir);
-            break;
-        }
-        v[n++] = step;
+        if (!log || told_before(p)) continue;
+        if (kind == NAME_TMP)
+            zoff_log(ZOFF_LOG_INFO, "ignoring %s: a checkpoint still being written, or left by an interrupted run", p);
+        else if (kind == NAME_OLD)
+            zoff_log(ZOFF_LOG_WARN, "ignoring %s: an overwritten checkpoint left by an interrupted save", p);
+        else
+            zoff_log(ZOFF_LOG_WARN, "ignoring incomplete checkpoint %s (no " CK_MARKER " marker: it was interrupted "
+                                    "while being written)",
+                     p);
     }
     closedir(d);
     if (st != ZOFF_OK) {
