@@ -167,5 +167,35 @@ else
   echo "$out" | grep -q ' rows=0 same$' || echo "  $out" | cut -c1-400
 fi
 
+# 5. the benchmarks on a full disk (a tmpfs of 2 MiB, the same namespace): the advice is the
+#    benchmark's (free space in --dir, another --dir, a smaller size), not a training run's (before:
+#    "keep fewer checkpoints (--keep-last)" and "point its nvme_path (offload_optimizer or offload_param)")
+cat > inner_bench.sh <<'INNER'
+set -u
+ZOFF="$1"; mkdir -p b; mount -t tmpfs -o size=2m tmpfs b || exit 77
+"$ZOFF" bench ckpt --dir b --num-layers 2 --hidden-size 128 --num-attention-heads 2 --vocab-size 256 \
+  --max-position-embeddings 64 --rounds 1 >/dev/null 2>bc.txt; echo "ckpt=$?"
+"$ZOFF" bench nvme --dir b --size 8MiB --no-fio --no-step --rounds 1 >/dev/null 2>bn.txt; echo "nvme=$?"
+"$ZOFF" bench nvme --dir b --size 256KiB --no-fio --rounds 1 --iters 1 --num-layers 2 --hidden-size 256 \
+  --num-attention-heads 2 --vocab-size 256 >/dev/null 2>bs.txt; echo "steps=$?"
+echo "left=$(ls -A b | wc -l)"
+umount b
+INNER
+out=""; rc=77
+if [ ${#NS[@]} -gt 0 ]; then out=$("${NS[@]}" bash inner_bench.sh "$ZOFF" 2>&1); rc=$?; fi
+if [ $rc -eq 77 ]; then echo "skip - the benchmarks on a really full disk: cannot mount a tmpfs here"
+else
+  check "bench ckpt on a full --dir: exit 1, the disk full, the advice free space in b, another --dir, a smaller model" \
+    "echo '$out' | grep -q '^ckpt=1$' && grep -q 'No space left on device; the disk is full: free space in b, give another --dir, or measure a smaller model (--num-layers' bc.txt \
+     && ! grep -q 'keep-last' bc.txt" || cat bc.txt
+  check "bench nvme on a full --dir: exit 1, the swap file's size, the advice free space in b, another --dir, a smaller --size" \
+    "echo '$out' | grep -q '^nvme=1$' && grep -q 'disk full: swap file b/.* needs .*: free space in b, give another --dir, or a smaller --size' bn.txt \
+     && ! grep -q 'nvme_path' bn.txt" || cat bn.txt
+  check "bench nvme's steps on a full --dir: exit 1, the same advice (not another nvme_path)" \
+    "echo '$out' | grep -q '^steps=1$' && grep -q 'steps: .*disk full: swap file .*: free space in b, give another --dir, or a smaller --size (for the steps, a smaller model' bs.txt \
+     && ! grep -q 'nvme_path' bs.txt" || cat bs.txt
+  check "the benchmarks on a full --dir leave nothing there" "echo '$out' | grep -q '^left=0$'" || echo "$out"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -113,10 +113,18 @@ const char *zoff_format_params(int64_t n, char *buf, size_t buflen);
 
 /* ---- files ---- */
 /* What to do about a failed write's errno, for the end of its message: "; the disk is full: free
- * space, or write elsewhere" (ENOSPC, EDQUOT), "; PATH would pass this process's file size limit
- * (ulimit -f): ..." (EFBIG), else "". A writer with a better hint of its own (checkpoints: keep
- * fewer) gives that one for a full disk. */
+ * space, or write elsewhere" (ENOSPC, EDQUOT; the process's advice instead where one is set, see
+ * below), "; PATH would pass this process's file size limit (ulimit -f): ..." (EFBIG), else "". A
+ * writer with a better hint of its own (checkpoints: keep fewer) gives that one for a full disk,
+ * through zoff_disk_full_advice. */
 const char *zoff_write_hint(int err);
+/* The advice for a full disk (ENOSPC, EDQUOT) at the end of a writer's message: the process's, when
+ * one was set, else the writer's own (`own`: checkpoints keep fewer, a swap file another nvme_path).
+ * A program whose files are not a training run's sets its own once, before anything is written
+ * (zoff bench: free space in --dir, another --dir, a smaller size); it is copied; NULL puts the
+ * writers' own back. */
+void zoff_set_disk_full_advice(const char *advice);
+const char *zoff_disk_full_advice(const char *own);
 /* Write `text` to `path` atomically: a temp file beside it (PATH.tmp-PID), fsync,
  * rename, then an fsync of the directory; a failed fsync of the directory is an
  * error when `dir_sync_required`, else ignored (the rename is done). On failure

@@ -203,6 +203,9 @@ static void format_free_space(const char *path, char *buf, size_t n) {
         msgf(buf, n, "free space in %s unknown", dir);
 }
 
+/* A swap file's own advice for a full disk (zoff_disk_full_advice). */
+#define SWAP_DISK_FULL_ADVICE "free space there or point its nvme_path (offload_optimizer or offload_param) at a larger disk"
+
 static zoff_status chunk_error(aio_chunk *c, char *msg, size_t n) {
     zoff_aio_request *r = c->r;
     const char *path = r->file->path;
@@ -211,9 +214,8 @@ static zoff_status chunk_error(aio_chunk *c, char *msg, size_t n) {
         char fs[4200];
         format_free_space(path, fs, sizeof fs);
         msgf(msg, n,
-                 "disk full %s %s at offset %lld (%zu bytes): %s (%s). Free space there or point "
-                 "its nvme_path (offload_optimizer or offload_param) at a larger disk",
-                 op_name(r->op), path, off, c->len, strerror(c->err), fs);
+                 "disk full %s %s at offset %lld (%zu bytes): %s (%s): %s", op_name(r->op), path, off, c->len,
+                 strerror(c->err), fs, zoff_disk_full_advice(SWAP_DISK_FULL_ADVICE));
         return ZOFF_ERR_IO;
     }
     if (c->err) {
@@ -558,9 +560,9 @@ zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
     if (err == ENOSPC || err == EDQUOT) {
         format_free_space(f->path, fs, sizeof fs);
         return zoff_error(ZOFF_ERR_IO,
-                          "disk full: swap file %s needs %s (%s). Free space there or point its nvme_path "
-                          "(offload_optimizer or offload_param) at a larger disk",
-                          f->path, zoff_format_bytes((size_t)bytes, need, sizeof need), fs);
+                          "disk full: swap file %s needs %s (%s): %s", f->path,
+                          zoff_format_bytes((size_t)bytes, need, sizeof need), fs,
+                          zoff_disk_full_advice(SWAP_DISK_FULL_ADVICE));
     }
     if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
         return zoff_error(ZOFF_ERR_IO, "cannot reserve %s for %s: %s%s",

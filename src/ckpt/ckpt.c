@@ -329,12 +329,12 @@ bool zoff_ckpt_fault_allows(const zoff_ckpt_fault *f, int64_t pos, size_t *chunk
 }
 
 static zoff_status write_failed(const char *path, int64_t off, size_t n, int e) {
-    const char *hint = "";
-    if (e == ENOSPC || e == EDQUOT) hint = "; the disk is full: free space, or keep fewer checkpoints (--keep-last)";
+    const char *hint = "", *full = NULL;
+    if (e == ENOSPC || e == EDQUOT) full = zoff_disk_full_advice("free space, or keep fewer checkpoints (--keep-last)");
     else if (e == EIO) hint = "; the storage device reported an I/O error";
     else hint = zoff_write_hint(e);
-    return zoff_error(ZOFF_ERR_IO, "cannot write checkpoint file %s at offset %" PRId64 " (%zu bytes): %s%s", path, off, n,
-                      strerror(e), hint);
+    return zoff_error(ZOFF_ERR_IO, "cannot write checkpoint file %s at offset %" PRId64 " (%zu bytes): %s%s%s", path, off,
+                      n, strerror(e), full ? "; the disk is full: " : hint, full ? full : "");
 }
 
 /* Write all n bytes at off. Short writes are continued; a write of 0 bytes is an error. */

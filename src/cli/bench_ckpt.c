@@ -98,7 +98,10 @@ static zoff_status seq_write(const char *path, size_t bytes, bool direct, const 
         size_t n = bytes - done < IO_BLOCK ? bytes - done : IO_BLOCK;
         ssize_t w = pwrite(fd, buf, n, (off_t)done);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "short write");
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC; /* a write of 0 bytes: nothing more fits */
+            s = zoff_error(ZOFF_ERR_IO, "cannot write %s: %s%s", path, strerror(e), zoff_write_hint(e));
+        }
         else done += (size_t)w;
     }
     if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "cannot fsync %s: %s", path, strerror(errno));
@@ -255,7 +258,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
     bool json_out = false;
     int prc = parse_args(argc, argv, &dir, &L, &C, &NH, &V, &P, &rounds, &json_out);
     if (prc) return prc < 0 ? 0 : prc;
-    if (cli_bench_dir("bench ckpt", dir)) return 2;
+    if (cli_bench_dir("bench ckpt", dir, "measure a smaller model (--num-layers, --hidden-size, --vocab-size)")) return 2;
     char work[4200]; /* the benchmark's own folder in --dir: the only thing it writes and removes */
     snprintf(work, sizeof work, "%s/zoff-bench-ckpt.XXXXXX", dir);
     if (zoff_temp_create(work, true) != 0) { /* mkdtemp; a Ctrl-C removes the folder too */

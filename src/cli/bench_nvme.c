@@ -291,7 +291,9 @@ static int parse_args(int argc, char **argv, bench_args *a) {
                 ZOFF_AIO_ALIGN);
         return 2;
     }
-    if (cli_bench_dir("bench nvme", a->dir)) return 2;
+    if (cli_bench_dir("bench nvme", a->dir,
+                      "a smaller --size (for the steps, a smaller model: --num-layers, --hidden-size, --vocab-size)"))
+        return 2;
     if (strchr(a->dir, '\'')) {
         fprintf(stderr, "zoff bench nvme: --dir must not contain a quote\n");
         return 2;

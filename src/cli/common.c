@@ -268,13 +268,18 @@ int cli_table_flags(const char *cmd, const cli_flag_tables *t, char *name, size_
     return took;
 }
 
-int cli_bench_dir(const char *cmd, const char *dir) {
+int cli_bench_dir(const char *cmd, const char *dir, const char *smaller) {
     struct stat st;
     const char *why = NULL;
     if (stat(dir, &st) != 0) why = errno == ENOENT ? "no such directory" : strerror(errno);
     else if (!S_ISDIR(st.st_mode)) why = "not a directory";
     else if (access(dir, W_OK | X_OK) != 0) why = "not writable";
-    if (!why) return 0;
+    if (!why) {
+        char advice[4400];
+        snprintf(advice, sizeof advice, "free space in %s, give another --dir, or %s", dir, smaller);
+        zoff_set_disk_full_advice(advice);
+        return 0;
+    }
     fprintf(stderr,
             "zoff %s: --dir %s: %s; give an existing folder on the disk to measure (it is not created, so that a "
             "mistyped mount point does not measure another disk)\n",

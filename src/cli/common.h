@@ -50,8 +50,10 @@ const char *cli_nearest_name(const char *typed, const char *const *names, size_t
 int cli_exit_code(zoff_status s);
 /* A benchmark's --dir: an existing, writable directory, never created (a mistyped mount point
  * would silently measure another disk). 0, or prints why, naming the command and the folder, and
- * returns 2. */
-int cli_bench_dir(const char *cmd, const char *dir);
+ * returns 2. On 0 the process's advice for a full disk is the benchmark's (zoff_set_disk_full_advice:
+ * free space in DIR, another --dir, or `smaller`, what makes the benchmark write less), not a
+ * training run's (keep fewer checkpoints, another nvme_path). */
+int cli_bench_dir(const char *cmd, const char *dir, const char *smaller);
 
 /* ---- weights to run a model on (weights.c: zoff sample, zoff eval) ---- */
 /* A training checkpoint or GPT-2 weights in safetensors, with the model's shape, its context

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +40,23 @@ zoff_status zoff_fsync_dir_of(const char *path) {
     return s;
 }
 
+/* The process's advice for a full disk (zoff_set_disk_full_advice), and zoff_write_hint's text with it. */
+static char disk_full_advice[1024], disk_full_hint[1100];
+static atomic_bool disk_full_set;
+
+void zoff_set_disk_full_advice(const char *advice) {
+    atomic_store(&disk_full_set, false);
+    if (!advice) return;
+    snprintf(disk_full_advice, sizeof disk_full_advice, "%s", advice);
+    snprintf(disk_full_hint, sizeof disk_full_hint, "; the disk is full: %s", disk_full_advice);
+    atomic_store(&disk_full_set, true);
+}
+
+const char *zoff_disk_full_advice(const char *own) { return atomic_load(&disk_full_set) ? disk_full_advice : own; }
+
 const char *zoff_write_hint(int err) {
-    if (err == ENOSPC || err == EDQUOT) return "; the disk is full: free space, or write elsewhere";
+    if (err == ENOSPC || err == EDQUOT)
+        return atomic_load(&disk_full_set) ? disk_full_hint : "; the disk is full: free space, or write elsewhere";
     if (err == EFBIG)
         return "; the file would pass this process's file size limit (ulimit -f): raise it (ulimit -f unlimited) "
                "or write less";
