@@ -106,6 +106,25 @@ rc=$?
 check "--quiet NVMe run: exit 0 and nothing on stdout or stderr" \
   "[ $rc -eq 0 ] && [ ! -s '$W/quiet.out' ] && [ ! -s '$W/quiet.err' ]"
 
+# ---- 6b. a sub_group_size far below the 4 KiB each state array of a sub-group is padded to on NVMe:
+#      a note at start with the state's size and the swap file's, and the sub_group_size that keeps the
+#      padding below the data (before: a swap file 16x the state, unexplained). The reference: 34176
+#      parameters x 3 fp32 arrays = 400.50 KiB; ceil(34176 / 64) = 534 sub-groups of at most 64
+#      elements, each array one 4096-byte block: 534 x 3 x 4096 = 6.26 MiB; 4096 / 4 = 1024 elements.
+LOUD=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16) # TINY without --quiet
+for a in "${DATA[@]}"; do [ "$a" = --quiet ] || LOUD+=("$a"); done
+sed 's/"sub_group_size": 8000/"sub_group_size": 64/' "$W/nvme.json" > "$W/nvme64.json"
+sed 's/"sub_group_size": 8000/"sub_group_size": 1024/' "$W/nvme.json" > "$W/nvme1k.json"
+"$ZOFF" train "${LOUD[@]}" --config "$W/nvme64.json" --train-iters 1 --no-checkpoint --save "$W/sg64" >"$W/sg64.txt" 2>&1
+check "sub_group_size 64 with offload_optimizer nvme: exit 0, a note naming 400.50 KiB of state in 6.26 MiB, 534 sub-groups, at least 1024 elements" \
+  "[ \$? -eq 0 ] && [ \$(grep -c 'note: offload_optimizer nvme: the swap file holds' '$W/sg64.txt') -eq 1 ] \
+   && grep -q 'holds 400.50 KiB of optimizer state in 6.26 MiB: each of its 534 sub-groups pads each state array to 4096 bytes' '$W/sg64.txt' \
+   && grep -q 'sub_group_size of at least 1024 elements (now 64) keeps it below the data' '$W/sg64.txt'" || cat "$W/sg64.txt"
+"$ZOFF" train "${LOUD[@]}" --config "$W/nvme1k.json" --train-iters 1 --no-checkpoint --save "$W/sg1k" >"$W/sg1k.txt" 2>&1
+check "sub_group_size 1024: no such note" "[ \$? -eq 0 ] && ! grep -q 'note: offload_optimizer nvme' '$W/sg1k.txt'" || cat "$W/sg1k.txt"
+"$ZOFF" train "${TINY[@]}" --config "$W/nvme64.json" --train-iters 1 --no-checkpoint --save "$W/sg64q" >"$W/sg64q.txt" 2>&1
+check "sub_group_size 64 with --quiet: nothing printed" "[ \$? -eq 0 ] && [ ! -s '$W/sg64q.txt' ]" || cat "$W/sg64q.txt"
+
 # ---- 5. zoff plan on the CPU backend ignores ulimit -l
 echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/pin.json"

@@ -75,6 +75,12 @@ typedef struct zoff_swapper_options {
 size_t zoff_swapper_array_bytes(int64_t count, zoff_dtype dt); /* padded to ZOFF_AIO_ALIGN */
 size_t zoff_swapper_group_bytes(int64_t count, int num_arrays, const zoff_dtype *dtype);
 int zoff_swapper_buffer_count(int64_t buffer_count, int num_groups); /* min(buffer_count, num_groups) */
+/* Whether the padding of the groups' arrays (zoff_swapper_array_bytes) is more than their data,
+ * which small groups (a small sub_group_size) make so: *padded is the groups' bytes in the file
+ * (zoff_swapper_group_bytes), *data their bytes unpadded, *min_count the elements per group from
+ * which no array's padding can exceed its data (ZOFF_AIO_ALIGN over the smallest dtype's size). */
+bool zoff_swapper_padding_exceeds(const int64_t *counts, int num_groups, int num_arrays, const zoff_dtype *dtype,
+                                  size_t *padded, size_t *data, int64_t *min_count);
 /* Bytes each pinned buffer takes beyond zoff_swapper_group_bytes (pin_memory: aligned by hand). */
 size_t zoff_swapper_pinned_padding(void);
 

@@ -564,6 +564,28 @@ static int nvme_array_of(const zoff_engine *e, int i) {
     return uses_v(e) ? 1 + (int)uses_m(e) : -1;
 }
 
+/* A note at start when the swap file's alignment padding (zoff_swapper_padding_exceeds) is more than
+ * the state itself: small sub-groups make a swap file many times the state, slow to create and to
+ * save, which nothing else would explain. */
+static void nvme_padding_note(const zoff_engine *e, const zoff_swapper_options *so) {
+    size_t padded, data;
+    int64_t min_count;
+    if (!zoff_swapper_padding_exceeds(so->counts, so->num_groups, so->num_arrays, so->dtype, &padded, &data, &min_count))
+        return;
+    char pb[32], db[32], why[160];
+    const int64_t sgs = e->cfg->zero.sub_group_size;
+    if (sgs > 0 && sgs < min_count)
+        snprintf(why, sizeof why, "a zero_optimization.sub_group_size of at least %lld elements (now %lld) keeps it "
+                 "below the data", (long long)min_count, (long long)sgs);
+    else
+        snprintf(why, sizeof why, "the sub-groups are the model's layers, cut there for NVMe, and they are small");
+    zoff_log(ZOFF_LOG_INFO,
+             "note: offload_optimizer nvme: the swap file holds %s of optimizer state in %s: each of its %d "
+             "sub-groups pads each state array to %d bytes (O_DIRECT), which makes it slow to create and to save; %s",
+             zoff_format_bytes(data, db, sizeof db), zoff_format_bytes(padded, pb, sizeof pb), so->num_groups,
+             ZOFF_AIO_ALIGN, why);
+}
+
 /* One swap group per host sub-group; updated from the top down like the host state. */
 static zoff_status nvme_create(zoff_engine *e) {
     const zoff_offload_optimizer_config *oo = &e->cfg->zero.offload_optimizer;
@@ -593,6 +615,7 @@ static zoff_status nvme_create(zoff_engine *e) {
         if (nvme_array_of(e, i) >= 0) so.dtype[nvme_array_of(e, i)] = e->sdt;
     zoff_aio_options_from_config(&e->cfg->aio, &so.aio);
     zoff_status s = zoff_swapper_create(&so, &e->swap);
+    if (s == ZOFF_OK) nvme_padding_note(e, &so);
     free(counts);
     if (s != ZOFF_OK) return zoff_error_context(s, "offload_optimizer.device nvme");
     return ZOFF_OK;

@@ -104,6 +104,19 @@ size_t zoff_swapper_group_bytes(int64_t count, int num_arrays, const zoff_dtype 
     for (int a = 0; a < num_arrays; a++) b += zoff_swapper_array_bytes(count, dtype[a]);
     return b;
 }
+bool zoff_swapper_padding_exceeds(const int64_t *counts, int num_groups, int num_arrays, const zoff_dtype *dtype,
+                                  size_t *padded, size_t *data, int64_t *min_count) {
+    size_t smallest = 0;
+    *padded = *data = 0;
+    for (int a = 0; a < num_arrays; a++)
+        if (!smallest || zoff_dtype_size(dtype[a]) < smallest) smallest = zoff_dtype_size(dtype[a]);
+    for (int g = 0; g < num_groups; g++) {
+        *padded += zoff_swapper_group_bytes(counts[g], num_arrays, dtype);
+        for (int a = 0; a < num_arrays; a++) *data += (size_t)counts[g] * zoff_dtype_size(dtype[a]);
+    }
+    *min_count = smallest ? (int64_t)(ZOFF_AIO_ALIGN / smallest) : 0;
+    return *padded - *data > *data;
+}
 size_t zoff_swapper_pinned_padding(void) { return ZOFF_AIO_ALIGN; }
 
 int zoff_swapper_buffer_count(int64_t buffer_count, int num_groups) {
