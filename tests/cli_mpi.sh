@@ -197,6 +197,24 @@ if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-
   check "stage 3 offload_param nvme: save at 3, resume to 6 on 2 ranks: losses == straight run" \
     "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/s3pn/metrics.jsonl' '$W/s3pnr/metrics.jsonl')\" = 0 ] && [ -z \"\$(ls '$W/pnvme')\" ]" ||
     tail -8 "$W/s3pnr.txt"
+  # offload_param.buffer_size below a group's part: contiguous partitions, each rank's largest part
+  # differs (rank 0: the embeddings, 256 x 32 + 16 x 32 = 8704; rank 1: a whole block, 12 x 32 x 32 +
+  # 13 x 32 = 12704), yet every rank must refuse with one message naming the minimum that works on all
+  # (before, each rank named its own, and 8704 then failed again); that minimum then runs
+  cfg s3pb 2 "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$W/pnvb\",
+                \"buffer_size\": 100, \"max_in_cpu\": 0}}"
+  timeout 120 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pb.json" --train-iters 1 --save "$W/s3pb" \
+    >"$W/s3pb.txt" 2>&1
+  rc=$?
+  pbmin=$(grep -o 'set buffer_size to at least [0-9]*' "$W/s3pb.txt" | sort -u)
+  check "offload_param.buffer_size too small on 2 ranks: exit 2, both ranks name one minimum (the largest part, 12704)" \
+    "[ $rc -eq 2 ] && grep -q 'rank 0/2.*buffer_size is 100' '$W/s3pb.txt' && grep -q 'rank 1/2.*buffer_size is 100' '$W/s3pb.txt' && [ \"$pbmin\" = 'set buffer_size to at least 12704' ]" ||
+    grep buffer_size "$W/s3pb.txt"
+  sed 's/"buffer_size": 100/"buffer_size": 12704/' "$W/s3pb.json" >"$W/s3pb2.json"
+  timeout 120 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pb2.json" --train-iters 1 --save "$W/s3pb2" \
+    >"$W/s3pb2.txt" 2>&1
+  check "... and buffer_size at that minimum runs on both ranks" "[ \$? -eq 0 ] && [ -f '$W/s3pb2/step_00000001/COMPLETE' ]" ||
+    tail -3 "$W/s3pb2.txt"
   cfg s3rs1 4 '{"stage": 3, "stage3_param_persistence_threshold": 0}'
   cfg s3rs2 2 '{"stage": 3, "stage3_param_persistence_threshold": 0}'
   "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3rs2.json" --train-iters 3 --save "$W/s3rs" >/dev/null 2>&1
