@@ -377,6 +377,28 @@ check "nvme: 1 rank -> resume on 2 ranks: both checkpoints and the losses == cpu
   "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/rs12/metrics.jsonl' '$W/rsn12/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn12/step_00000003' '$W/rs12/step_00000003' 0 >/dev/null && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn12/step_00000006' '$W/rs12/step_00000006' 0 >/dev/null" ||
   tail -5 "$W/rsn12.txt"
 
+# 4b. resume without --config on another number of ranks keeps the global batch (DeepSpeed's elasticity):
+#     3 ranks x micro 4 x accumulation 2 = 24; on 2 ranks 24 = 4 x 3 x 2, so accumulation 3 (before:
+#     micro and accumulation kept, 16 silently). 2 ranks x 2 x 2 = 8 on 3 ranks: 8 is not a multiple of
+#     2 x 3, so micro and accumulation stay and a note says the global batch becomes 12.
+cfg el4 4 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+cfg el2 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/el4.json" --train-iters 2 \
+  --save "$W/el32" >/dev/null 2>&1
+timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 0 --train-iters 3 --load "$W/el32" >"$W/el32.txt" 2>&1
+rc=$?
+check "resume 3 -> 2 ranks without --config: train_batch_size 24 kept, accumulation 2 -> 3 (note and batch line)" \
+  "[ $rc -eq 0 ] && grep -q 'resume: ranks 3 -> 2: train_batch_size 24 kept, gradient_accumulation_steps 2 -> 3' '$W/el32.txt' && grep -q 'batch 4 x 3 accumulation x 2 ranks = 24 sequences' '$W/el32.txt' && [ -f '$W/el32/step_00000003/COMPLETE' ]" ||
+  grep 'resume\|batch' "$W/el32.txt"
+timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/el2.json" --train-iters 2 --save "$W/el23" \
+  >/dev/null 2>&1
+timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${LOUD[@]}" --eval-iters 0 --train-iters 3 --load "$W/el23" \
+  >"$W/el23.txt" 2>&1
+rc=$?
+check "resume 2 -> 3 ranks, 8 not a multiple of 2 x 3: micro and accumulation kept, a note says 8 -> 12 and how to choose" \
+  "[ $rc -eq 0 ] && grep -q 'resume: ranks 2 -> 3: .*global batch changes from 8 to 12.*--micro-batch-size or a --config' '$W/el23.txt' && grep -q 'batch 2 x 2 accumulation x 3 ranks = 12 sequences' '$W/el23.txt'" ||
+  grep 'resume\|batch' "$W/el23.txt"
+
 # 5. round-robin: each transformer block's gradient copies are shared by both ranks (its
 #    range has bytes on both); without it, a block is copied by one rank (two at the boundary).
 share() { # dir: transformer blocks (the ranges between ln_f and the embeddings) copied by both ranks
