@@ -381,6 +381,8 @@ check "nvme: 1 rank -> resume on 2 ranks: both checkpoints and the losses == cpu
 #     3 ranks x micro 4 x accumulation 2 = 24; on 2 ranks 24 = 4 x 3 x 2, so accumulation 3 (before:
 #     micro and accumulation kept, 16 silently). 2 ranks x 2 x 2 = 8 on 3 ranks: 8 is not a multiple of
 #     2 x 3, so micro and accumulation stay and a note says the global batch becomes 12.
+#     The 3-rank run's rank-2 files are set aside as *.prev.jsonl (as metrics.prev.jsonl), not left as if
+#     rank 2 still took part.
 cfg el4 4 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
 cfg el2 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
 timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/el4.json" --train-iters 2 \
@@ -390,6 +392,9 @@ rc=$?
 check "resume 3 -> 2 ranks without --config: train_batch_size 24 kept, accumulation 2 -> 3 (note and batch line)" \
   "[ $rc -eq 0 ] && grep -q 'resume: ranks 3 -> 2: train_batch_size 24 kept, gradient_accumulation_steps 2 -> 3' '$W/el32.txt' && grep -q 'batch 4 x 3 accumulation x 2 ranks = 24 sequences' '$W/el32.txt' && [ -f '$W/el32/step_00000003/COMPLETE' ]" ||
   grep 'resume\|batch' "$W/el32.txt"
+check "... rank 2's metrics_rank and grad_timeline files kept as *.prev.jsonl (its 2 steps), the old names gone" \
+  "[ \$(grep -c '\"loss\"' '$W/el32/metrics_rank_00002.prev.jsonl' 2>/dev/null) -eq 2 ] && [ \$(grep -c '\"step\"' '$W/el32/grad_timeline_rank_00002.prev.jsonl' 2>/dev/null) -eq 2 ] && [ ! -e '$W/el32/metrics_rank_00002.jsonl' ] && [ ! -e '$W/el32/grad_timeline_rank_00002.jsonl' ] && grep -q 'grad_timeline_rank_00002.prev.jsonl' '$W/el32.txt'" ||
+  ls "$W/el32"
 timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/el2.json" --train-iters 2 --save "$W/el23" \
   >/dev/null 2>&1
 timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${LOUD[@]}" --eval-iters 0 --train-iters 3 --load "$W/el23" \
