@@ -505,6 +505,15 @@ rc=$?
 check "a relative --data-path that is other shards on rank 1: exit 2 at start, naming both token counts; no checkpoint" \
   "[ $rc -eq 2 ] && grep -q 'other files on rank 1 than on rank 0' '$W/nd.txt' && [ ! -e '$W/nd/step_00000002' ]"
 
+# An invalid ZOFF_COMM_TIMEOUT is refused on every rank before any work (exit 2, naming the variable),
+# as --comm-timeout abc is (before: a warning, then 300 s)
+timeout 120 "${MPI2[@]}" env ZOFF_COMM_TIMEOUT=5min "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" \
+  --train-iters 1 --save "$W/ctenv" >"$W/ctenv.txt" 2>&1
+rc=$?
+check "ZOFF_COMM_TIMEOUT=5min on 2 ranks: exit 2 before any work, naming the variable; --save not created" \
+  "[ $rc -eq 2 ] && grep -q \"ZOFF_COMM_TIMEOUT='5min' is invalid; expected a positive number of seconds\" '$W/ctenv.txt' && [ ! -e '$W/ctenv' ]" ||
+  tail -3 "$W/ctenv.txt"
+
 # 7. failures: a stalled rank and a killed rank end the job with an error, never a hang
 rank_pid() { # save-dir rank
   for p in $(pgrep -f "zoff train .*--save $1( |\$)"); do
