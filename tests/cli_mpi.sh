@@ -197,6 +197,24 @@ if "$ZOFF" train "${TINY[@]}" --config "$W/s3probe.json" --train-iters 1 --eval-
   check "stage 3 offload_param nvme: save at 3, resume to 6 on 2 ranks: losses == straight run" \
     "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/s3pn/metrics.jsonl' '$W/s3pnr/metrics.jsonl')\" = 0 ] && [ -z \"\$(ls '$W/pnvme')\" ]" ||
     tail -8 "$W/s3pnr.txt"
+  # offload_param.buffer_size below a group's part: contiguous partitions, each rank's largest part
+  # differs (rank 0: the embeddings, 256 x 32 + 16 x 32 = 8704; rank 1: a whole block, 12 x 32 x 32 +
+  # 13 x 32 = 12704), yet every rank must refuse with one message naming the minimum that works on all
+  # (before, each rank named its own, and 8704 then failed again); that minimum then runs
+  cfg s3pb 2 "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$W/pnvb\",
+                \"buffer_size\": 100, \"max_in_cpu\": 0}}"
+  timeout 120 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pb.json" --train-iters 1 --save "$W/s3pb" \
+    >"$W/s3pb.txt" 2>&1
+  rc=$?
+  pbmin=$(grep -o 'set buffer_size to at least [0-9]*' "$W/s3pb.txt" | sort -u)
+  check "offload_param.buffer_size too small on 2 ranks: exit 2, both ranks name one minimum (the largest part, 12704)" \
+    "[ $rc -eq 2 ] && grep -q 'rank 0/2.*buffer_size is 100' '$W/s3pb.txt' && grep -q 'rank 1/2.*buffer_size is 100' '$W/s3pb.txt' && [ \"$pbmin\" = 'set buffer_size to at least 12704' ]" ||
+    grep buffer_size "$W/s3pb.txt"
+  sed 's/"buffer_size": 100/"buffer_size": 12704/' "$W/s3pb.json" >"$W/s3pb2.json"
+  timeout 120 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3pb2.json" --train-iters 1 --save "$W/s3pb2" \
+    >"$W/s3pb2.txt" 2>&1
+  check "... and buffer_size at that minimum runs on both ranks" "[ \$? -eq 0 ] && [ -f '$W/s3pb2/step_00000001/COMPLETE' ]" ||
+    tail -3 "$W/s3pb2.txt"
   cfg s3rs1 4 '{"stage": 3, "stage3_param_persistence_threshold": 0}'
   cfg s3rs2 2 '{"stage": 3, "stage3_param_persistence_threshold": 0}'
   "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --config "$W/s3rs2.json" --train-iters 3 --save "$W/s3rs" >/dev/null 2>&1
@@ -359,6 +377,33 @@ check "nvme: 1 rank -> resume on 2 ranks: both checkpoints and the losses == cpu
   "[ \$? -eq 0 ] && [ \"\$(lossdiff '$W/rs12/metrics.jsonl' '$W/rsn12/metrics.jsonl')\" = 0 ] && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn12/step_00000003' '$W/rs12/step_00000003' 0 >/dev/null && $PY '$W/cmp.py' '$SRC/scripts' '$W/rsn12/step_00000006' '$W/rs12/step_00000006' 0 >/dev/null" ||
   tail -5 "$W/rsn12.txt"
 
+# 4b. resume without --config on another number of ranks keeps the global batch (DeepSpeed's elasticity):
+#     3 ranks x micro 4 x accumulation 2 = 24; on 2 ranks 24 = 4 x 3 x 2, so accumulation 3 (before:
+#     micro and accumulation kept, 16 silently). 2 ranks x 2 x 2 = 8 on 3 ranks: 8 is not a multiple of
+#     2 x 3, so micro and accumulation stay and a note says the global batch becomes 12.
+#     The 3-rank run's rank-2 files are set aside as *.prev.jsonl (as metrics.prev.jsonl), not left as if
+#     rank 2 still took part.
+cfg el4 4 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+cfg el2 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}'
+timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/el4.json" --train-iters 2 \
+  --save "$W/el32" >/dev/null 2>&1
+timeout 300 "${MPI2[@]}" "$ZOFF" train "${LOUD[@]}" --eval-iters 0 --train-iters 3 --load "$W/el32" >"$W/el32.txt" 2>&1
+rc=$?
+check "resume 3 -> 2 ranks without --config: train_batch_size 24 kept, accumulation 2 -> 3 (note and batch line)" \
+  "[ $rc -eq 0 ] && grep -q 'resume: ranks 3 -> 2: train_batch_size 24 kept, gradient_accumulation_steps 2 -> 3' '$W/el32.txt' && grep -q 'batch 4 x 3 accumulation x 2 ranks = 24 sequences' '$W/el32.txt' && [ -f '$W/el32/step_00000003/COMPLETE' ]" ||
+  grep 'resume\|batch' "$W/el32.txt"
+check "... rank 2's metrics_rank and grad_timeline files kept as *.prev.jsonl (its 2 steps), the old names gone" \
+  "[ \$(grep -c '\"loss\"' '$W/el32/metrics_rank_00002.prev.jsonl' 2>/dev/null) -eq 2 ] && [ \$(grep -c '\"step\"' '$W/el32/grad_timeline_rank_00002.prev.jsonl' 2>/dev/null) -eq 2 ] && [ ! -e '$W/el32/metrics_rank_00002.jsonl' ] && [ ! -e '$W/el32/grad_timeline_rank_00002.jsonl' ] && grep -q 'grad_timeline_rank_00002.prev.jsonl' '$W/el32.txt'" ||
+  ls "$W/el32"
+timeout 300 "${MPI2[@]}" "$ZOFF" train "${TINY[@]}" --eval-iters 0 --config "$W/el2.json" --train-iters 2 --save "$W/el23" \
+  >/dev/null 2>&1
+timeout 300 mpirun "${MPIOPTS[@]}" -np 3 "$ZOFF" train "${LOUD[@]}" --eval-iters 0 --train-iters 3 --load "$W/el23" \
+  >"$W/el23.txt" 2>&1
+rc=$?
+check "resume 2 -> 3 ranks, 8 not a multiple of 2 x 3: micro and accumulation kept, a note says 8 -> 12 and how to choose" \
+  "[ $rc -eq 0 ] && grep -q 'resume: ranks 2 -> 3: .*global batch changes from 8 to 12.*--micro-batch-size or a --config' '$W/el23.txt' && grep -q 'batch 2 x 2 accumulation x 3 ranks = 12 sequences' '$W/el23.txt'" ||
+  grep 'resume\|batch' "$W/el23.txt"
+
 # 5. round-robin: each transformer block's gradient copies are shared by both ranks (its
 #    range has bytes on both); without it, a block is copied by one rank (two at the boundary).
 share() { # dir: transformer blocks (the ranges between ln_f and the embeddings) copied by both ranks
@@ -459,6 +504,15 @@ timeout 300 mpirun "${MPIOPTS[@]}" -np 1 -wdir "$W/na" "$ZABS" train "${NS[@]}" 
 rc=$?
 check "a relative --data-path that is other shards on rank 1: exit 2 at start, naming both token counts; no checkpoint" \
   "[ $rc -eq 2 ] && grep -q 'other files on rank 1 than on rank 0' '$W/nd.txt' && [ ! -e '$W/nd/step_00000002' ]"
+
+# An invalid ZOFF_COMM_TIMEOUT is refused on every rank before any work (exit 2, naming the variable),
+# as --comm-timeout abc is (before: a warning, then 300 s)
+timeout 120 "${MPI2[@]}" env ZOFF_COMM_TIMEOUT=5min "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" \
+  --train-iters 1 --save "$W/ctenv" >"$W/ctenv.txt" 2>&1
+rc=$?
+check "ZOFF_COMM_TIMEOUT=5min on 2 ranks: exit 2 before any work, naming the variable; --save not created" \
+  "[ $rc -eq 2 ] && grep -q \"ZOFF_COMM_TIMEOUT='5min' is invalid; expected a positive number of seconds\" '$W/ctenv.txt' && [ ! -e '$W/ctenv' ]" ||
+  tail -3 "$W/ctenv.txt"
 
 # 7. failures: a stalled rank and a killed rank end the job with an error, never a hang
 rank_pid() { # save-dir rank

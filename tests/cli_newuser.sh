@@ -28,7 +28,8 @@
 #     mistyped command (or benchmark) the command; zoff help CMD is zoff CMD --help;
 #   - a flag of DeepSpeed's launchers, Megatron-DeepSpeed or the HF Trainer says where that
 #     setting is in zoff (--lr: optimizer.params.lr in the config, --max-steps: --train-iters);
-#   - a mistyped ZOFF_CKPT_IO is refused before training, not at the first save.
+#   - a mistyped ZOFF_CKPT_IO is refused before training, not at the first save;
+#   - an invalid ZOFF_COMM_TIMEOUT is refused before any work, as an invalid --comm-timeout is.
 # Usage: cli_newuser.sh ZOFF SRCDIR
 set -u
 ZOFF=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); SRC="$2"
@@ -608,6 +609,25 @@ check "ZOFF_CKPT_IO=bufferd: exit 2 before training, naming the variable; --save
 ZOFF_CKPT_IO=buffered "$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 \
   --seq-length 16 --micro-batch-size 2 --train-iters 1 --save "$W/ckptio2" >/dev/null 2>&1
 check "ZOFF_CKPT_IO=buffered still trains and saves" "[ $? -eq 0 ] && [ -f '$W/ckptio2/step_00000001/COMPLETE' ]"
+
+# ---- an invalid ZOFF_COMM_TIMEOUT is refused before any work (exit 2, naming the variable and what
+# it takes), as --comm-timeout abc is (before: a warning, then the run went on with 300 s)
+for v in 30s 0 -5 nan; do
+  ZOFF_COMM_TIMEOUT=$v "$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 \
+    --seq-length 16 --micro-batch-size 2 --train-iters 1 --save "$W/ct_$v" >/dev/null 2>"$W/ct.err"
+  rc=$?
+  check "ZOFF_COMM_TIMEOUT=$v: exit 2 before any work, naming the variable and what it takes; --save not created" \
+    "[ $rc -eq 2 ] && grep -q \"ZOFF_COMM_TIMEOUT='$v' is invalid; expected a positive number of seconds\" '$W/ct.err' && [ ! -e '$W/ct_$v' ]" ||
+    cat "$W/ct.err"
+done
+"$ZOFF" train --comm-timeout abc --train-iters 1 >/dev/null 2>&1
+check "... as --comm-timeout abc (exit 2)" "[ \$? -eq 2 ]"
+ZOFF_COMM_TIMEOUT=30s "$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 \
+  --seq-length 16 --micro-batch-size 2 --train-iters 1 --comm-timeout 60 --save "$W/ct_flag" >/dev/null 2>&1
+check "--comm-timeout given: the variable is not used, the run trains" "[ \$? -eq 0 ] && [ -f '$W/ct_flag/step_00000001/COMPLETE' ]"
+ZOFF_COMM_TIMEOUT=120 "$ZOFF" train "${DATA[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 \
+  --seq-length 16 --micro-batch-size 2 --train-iters 1 --save "$W/ct_ok" >/dev/null 2>&1
+check "ZOFF_COMM_TIMEOUT=120 still trains" "[ \$? -eq 0 ] && [ -f '$W/ct_ok/step_00000001/COMPLETE' ]"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -2,7 +2,9 @@
  * the one-rank implementation, stream ordering of host-buffer collectives,
  * the sticky error, and the consistency check. See include/zoff/comm.h. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,24 @@ zoff_status zoff_comm_nccl_attach(zoff_comm *c, zoff_device *dev) {
 
 /* ------------------------------------------------------------------ handle */
 
+/* $ZOFF_COMM_TIMEOUT into *seconds (unchanged when unset or empty); anything but a positive finite
+ * number of seconds is an error naming the variable. */
+static zoff_status env_timeout(double *seconds) {
+    const char *t = getenv("ZOFF_COMM_TIMEOUT");
+    if (!t || !*t) return ZOFF_OK;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(t, &end);
+    if (end == t || *end || errno || !(v > 0) || !isfinite(v))
+        return zoff_error(ZOFF_ERR_INVALID,
+                          "ZOFF_COMM_TIMEOUT='%s' is invalid; expected a positive number of seconds (how long a "
+                          "collective may wait for the other ranks, default %.0f): fix or unset it, or give "
+                          "zoff train --comm-timeout SECONDS",
+                          t, DEFAULT_TIMEOUT_S);
+    *seconds = v;
+    return ZOFF_OK;
+}
+
 static zoff_comm *comm_alloc(void) {
     zoff_comm *c = calloc(1, sizeof *c);
     if (!c) {
@@ -113,19 +133,15 @@ static zoff_comm *comm_alloc(void) {
     c->local_rank = 0;
     c->local_size = 1;
     c->timeout = DEFAULT_TIMEOUT_S;
-    const char *t = getenv("ZOFF_COMM_TIMEOUT");
-    if (t && *t) {
-        char *end = NULL;
-        double v = strtod(t, &end);
-        if (end != t && !*end && v > 0) c->timeout = v;
-        else zoff_log(ZOFF_LOG_WARN, "ZOFF_COMM_TIMEOUT='%s' is not a positive number of seconds; using %.0f s", t,
-                      c->timeout);
-    }
     return c;
 }
 
 zoff_status zoff_comm_create_single(zoff_comm **out) {
     *out = comm_alloc();
+    if (*out && env_timeout(&(*out)->timeout) != ZOFF_OK) { /* zoff_comm_init refuses it; here the default */
+        zoff_log(ZOFF_LOG_WARN, "%s; using %.0f s", zoff_last_error(), (*out)->timeout);
+        zoff_clear_error();
+    }
     return *out ? ZOFF_OK : ZOFF_ERR_NOMEM;
 }
 
@@ -151,9 +167,14 @@ zoff_status zoff_comm_init(int *argc, char ***argv, const zoff_comm_options *opt
                               li.rank, li.size, li.launcher);
         want_mpi = false; /* mpirun -np 1 with a build without MPI: one rank is fine */
     }
+    double timeout = o.timeout_s; /* else $ZOFF_COMM_TIMEOUT: a bad one is refused before any work */
+    if (timeout <= 0) {
+        timeout = DEFAULT_TIMEOUT_S;
+        ZOFF_TRY(env_timeout(&timeout));
+    }
     zoff_comm *c = comm_alloc();
     if (!c) return ZOFF_ERR_NOMEM;
-    if (o.timeout_s > 0) c->timeout = o.timeout_s;
+    c->timeout = timeout;
     c->world = true;
     if (want_mpi) {
         zoff_status s = zoff_comm_mpi_init(argc, argv, c);

@@ -1,6 +1,7 @@
 /* metrics.jsonl (one JSON object per line: step lines, val_loss lines, the start-up line) and,
  * with several ranks, each rank's gradient-stream timeline. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -39,6 +40,35 @@ static zoff_status drop_torn_tail(const char *path) {
     return s;
 }
 
+/* A resume on fewer ranks (rank 0): the per-rank files of ranks the run no longer has (on one rank:
+ * every timeline, none is written) would look like part of it; kept beside as *.prev.jsonl (one
+ * generation, as metrics.prev.jsonl). */
+static zoff_status set_aside_gone_ranks(const zoff_trainer *t) {
+    DIR *d = opendir(t->o.save_dir);
+    if (!d) return ZOFF_OK; /* nothing to set aside; the open below names a missing folder */
+    zoff_status s = ZOFF_OK;
+    for (struct dirent *e; s == ZOFF_OK && (e = readdir(d)) != NULL;) {
+        static const char *const kind[] = {"metrics_rank_", "grad_timeline_rank_"};
+        for (int k = 0; k < 2; k++) {
+            size_t pl = strlen(kind[k]);
+            int r = -1, end = 0;
+            if (strncmp(e->d_name, kind[k], pl) || sscanf(e->d_name + pl, "%5d.jsonl%n", &r, &end) != 1 ||
+                end != 11 || e->d_name[pl + (size_t)end] != '\0' || r < (k == 1 && t->info.world == 1 ? 0 : t->info.world))
+                continue;
+            char from[4300], to[4300];
+            snprintf(from, sizeof from, "%s/%s", t->o.save_dir, e->d_name);
+            snprintf(to, sizeof to, "%s/%s%05d.prev.jsonl", t->o.save_dir, kind[k], r);
+            if (rename(from, to) != 0)
+                s = zoff_error(ZOFF_ERR_IO, "--save: cannot move %s aside to %s: %s", from, to, strerror(errno));
+            else
+                trainer_say(t, "resume on %d ranks: rank %d's %s is now %s (that rank is no longer in the run)",
+                            t->info.world, r, from, to);
+        }
+    }
+    closedir(d);
+    return s;
+}
+
 zoff_status trainer_open_metrics(zoff_trainer *t) {
     const char *dir = t->o.save_dir;
     bool append = t->info.start_step > 0;
@@ -53,6 +83,7 @@ zoff_status trainer_open_metrics(zoff_trainer *t) {
             return zoff_error(ZOFF_ERR_IO, "--save: cannot write %s: %s", tpath, strerror(errno));
     }
     if (append) ZOFF_TRY(drop_torn_tail(t->metrics_path));
+    if (append && t->info.rank == 0) ZOFF_TRY(set_aside_gone_ranks(t));
     struct stat st;
     if (!append && !t->o.overwrite && t->info.rank == 0 && stat(t->metrics_path, &st) == 0 && st.st_size > 0) {
         /* an earlier run's without checkpoints (--no-checkpoint, or killed before its first save):

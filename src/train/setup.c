@@ -27,6 +27,33 @@ zoff_train_settings trainer_settings_of(const zoff_config *cfg, int world) {
     return s;
 }
 
+/* A resume without --config or --micro-batch-size: the stored run's batch. On another number of
+ * ranks its global batch (train_batch_size) is kept, as DeepSpeed's elasticity does, when it divides
+ * into the stored micro-batch x the ranks (zoff_config_resolve_batch derives the accumulation);
+ * else the micro-batch and accumulation are kept and the global batch changes, said in a note. */
+static void stored_batch(zoff_trainer *t) {
+    const zoff_train_settings *was = &t->resume.settings;
+    const int64_t mb = was->micro_batch, ga = was->accumulation, tb = mb * ga * was->world_size;
+    t->cfg.train_micro_batch_size_per_gpu = mb;
+    t->cfg.gradient_accumulation_steps = ga;
+    t->cfg.train_batch_size = 0; /* micro x accumulation x ranks */
+    if (was->world_size == t->info.world || was->world_size < 1 || mb < 1) return;
+    if (tb % (mb * t->info.world) == 0) {
+        t->cfg.train_batch_size = tb;
+        t->cfg.gradient_accumulation_steps = 0; /* tb / (micro x ranks) */
+        trainer_say(t, "resume: ranks %lld -> %d: train_batch_size %lld kept, gradient_accumulation_steps %lld -> %lld",
+                    (long long)was->world_size, t->info.world, (long long)tb, (long long)ga,
+                    (long long)(tb / (mb * t->info.world)));
+    } else {
+        trainer_say(t, "resume: ranks %lld -> %d: train_batch_size %lld is not divisible by "
+                       "train_micro_batch_size_per_gpu %lld x %d ranks: micro-batch and gradient_accumulation_steps "
+                       "are kept, so the global batch changes from %lld to %lld. To choose it, give "
+                       "--micro-batch-size or a --config with the batch",
+                    (long long)was->world_size, t->info.world, (long long)tb, (long long)mb, t->info.world, (long long)tb,
+                    (long long)(mb * ga * t->info.world));
+    }
+}
+
 /* The config (file or the default), the batch resolved for the ranks, and with several ranks
  * the command-line settings the engine's fingerprint cannot see checked to agree. */
 zoff_status trainer_load_config(zoff_trainer *t) {
@@ -39,11 +66,7 @@ zoff_status trainer_load_config(zoff_trainer *t) {
                                    : zoff_config_load_string(o->config_text, "the default config", &t->cfg);
     if (s != ZOFF_OK) return zoff_error_context(s, "config");
     if (stored) trainer_say(t, "resume: no --config given: the run goes on with the config stored in %s", o->load_dir);
-    if (stored && !o->micro_batch && t->resume.settings.known) {
-        t->cfg.train_micro_batch_size_per_gpu = t->resume.settings.micro_batch;
-        t->cfg.gradient_accumulation_steps = t->resume.settings.accumulation;
-        t->cfg.train_batch_size = 0; /* micro x accumulation x ranks */
-    }
+    if (stored && !o->micro_batch && t->resume.settings.known) stored_batch(t);
     int64_t gas_given = 0; /* the config's accumulation that --micro-batch-size re-derives */
     if (o->micro_batch) {
         t->cfg.train_micro_batch_size_per_gpu = o->micro_batch;

@@ -265,6 +265,39 @@ static zoff_status nv_layout_runs(zoff_s3 *s) {
     return ZOFF_OK;
 }
 
+/* offload_param.buffer_size against the largest part of one parameter group on disk on ANY rank
+ * (need: this rank's, 0 when none is on disk; g: its group). Collective: every rank refuses with the
+ * same message, naming the minimum that works on all of them (each rank's own figure differs). */
+static zoff_status nv_check_buffer_size(zoff_s3 *s, int64_t need, int g) {
+    int64_t mine[3] = {need, need > 0 ? s->grp[g].offset : 0, need > 0 ? s->grp[g].count : 0};
+    const int world = s->o.chan ? zoff_comm_size(s->o.chan) : 1;
+    int64_t *all = malloc((size_t)world * sizeof mine);
+    if (!all) return zoff_error(ZOFF_ERR_NOMEM, "out of host memory for the parameter swap file");
+    zoff_status st = world > 1 ? zoff_comm_allgather_bytes(s->o.chan, mine, all, sizeof mine) : ZOFF_OK;
+    if (world == 1) memcpy(all, mine, sizeof mine);
+    int top = 0; /* the lowest rank with the largest part */
+    for (int r = 1; st == ZOFF_OK && r < world; r++)
+        if (all[3 * r] > all[3 * top]) top = r;
+    if (st == ZOFF_OK && all[3 * top] > s->o.nvme.buffer_size) {
+        if (world > 1)
+            st = zoff_error(ZOFF_ERR_CONFIG,
+                            "zero_optimization.offload_param.buffer_size is %lld elements, but rank %d's part of "
+                            "parameter group [%lld, +%lld) has %lld, the largest on any of the %d ranks: set "
+                            "buffer_size to at least %lld (or raise max_in_cpu to keep such groups in host memory)",
+                            (long long)s->o.nvme.buffer_size, top, (long long)all[3 * top + 1],
+                            (long long)all[3 * top + 2], (long long)all[3 * top], world, (long long)all[3 * top]);
+        else
+            st = zoff_error(ZOFF_ERR_CONFIG,
+                            "zero_optimization.offload_param.buffer_size is %lld elements, but this rank's part of "
+                            "parameter group [%lld, +%lld) has %lld: set buffer_size to at least %lld (or raise "
+                            "max_in_cpu to keep such groups in host memory)",
+                            (long long)s->o.nvme.buffer_size, (long long)all[1], (long long)all[2],
+                            (long long)all[0], (long long)all[0]);
+    }
+    free(all);
+    return st;
+}
+
 static zoff_status nv_create(zoff_s3 *s) {
     const int64_t bs = s->o.nvme.aio.block_size > 0 ? s->o.nvme.aio.block_size : (1 << 20);
     ZOFF_TRY(nv_layout_runs(s));
@@ -297,13 +330,7 @@ static zoff_status nv_create(zoff_s3 *s) {
     const int64_t res_elems = sw.resident_elems, biggest = sw.largest_elems;
     const size_t res_bytes = sw.resident_bytes, buf_bytes = sw.buffer_bytes;
     const int ondisk = sw.ondisk, biggest_g = sw.largest_group;
-    if (ondisk > 0 && biggest > s->o.nvme.buffer_size)
-        return zoff_error(ZOFF_ERR_CONFIG,
-                          "zero_optimization.offload_param.buffer_size is %lld elements, but this rank's part of "
-                          "parameter group [%lld, +%lld) has %lld: set buffer_size to at least %lld (or raise "
-                          "max_in_cpu to keep such groups in host memory)",
-                          (long long)s->o.nvme.buffer_size, (long long)s->grp[biggest_g].offset,
-                          (long long)s->grp[biggest_g].count, (long long)biggest, (long long)biggest);
+    ZOFF_TRY(nv_check_buffer_size(s, ondisk > 0 ? biggest : 0, biggest_g));
     if (ondisk > 0 && s->o.nvme.buffer_count < 1)
         return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.offload_param.buffer_count is %lld: it needs at least 1",
                           (long long)s->o.nvme.buffer_count);
