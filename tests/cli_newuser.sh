@@ -126,6 +126,28 @@ check "sub_group_size 1024: no such note" "[ \$? -eq 0 ] && ! grep -q 'note: off
 "$ZOFF" train "${TINY[@]}" --config "$W/nvme64.json" --train-iters 1 --no-checkpoint --save "$W/sg64q" >"$W/sg64q.txt" 2>&1
 check "sub_group_size 64 with --quiet: nothing printed" "[ \$? -eq 0 ] && [ ! -s '$W/sg64q.txt' ]" || cat "$W/sg64q.txt"
 
+# ---- 6c. the same for offload_param nvme (stage 3): each parameter group's slot in the swap file is
+#      padded to 4 KiB, and the groups are the model's layers (embeddings, each block, ln_f), which
+#      sub_group_size does not change; max_in_cpu keeps them in host memory. The reference: width 4,
+#      2 layers, 16 positions, 256 tokens, fp32: embeddings (256 + 16) x 4 = 1088 elements (4352 bytes,
+#      2 blocks), each block 12 x 4^2 + 13 x 4 = 244 (976 bytes, 1 block), ln_f 8 (32 bytes, 1 block):
+#      1584 elements = 6336 bytes = 6.19 KiB in (2 + 1 + 1 + 1) x 4096 = 20.00 KiB, 4 slots.
+echo "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 64,
+       \"offload_optimizer\": {\"device\": \"cpu\"},
+       \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$W/pswap\", \"max_in_cpu\": 0}}}" > "$W/pn0.json"
+sed 's/"max_in_cpu": 0/"max_in_cpu": 1584/' "$W/pn0.json" > "$W/pnall.json"
+NARROW=(--num-layers 2 --hidden-size 4 --num-attention-heads 1 --seq-length 16)
+for a in "${DATA[@]}"; do [ "$a" = --quiet ] || NARROW+=("$a"); done
+"$ZOFF" train "${NARROW[@]}" --config "$W/pn0.json" --train-iters 1 --no-checkpoint --save "$W/pn0" >"$W/pn0.txt" 2>&1
+check "offload_param nvme of a width-4 model: exit 0, one note naming 6.19 KiB of parameters in 20.00 KiB, 4 slots, max_in_cpu of at least 1584 elements" \
+  "[ \$? -eq 0 ] && [ \$(grep -c 'note: offload_param nvme: the swap file holds' '$W/pn0.txt') -eq 1 ] \
+   && grep -q 'holds 6.19 KiB of parameters in 20.00 KiB: each of its 4 slots' '$W/pn0.txt' \
+   && grep -q 'max_in_cpu of at least 1584 elements (now 0) keeps these parameters in host memory' '$W/pn0.txt'" || cat "$W/pn0.txt"
+"$ZOFF" train "${NARROW[@]}" --config "$W/pnall.json" --train-iters 1 --no-checkpoint --save "$W/pnall" >"$W/pnall.txt" 2>&1
+check "max_in_cpu 1584: no such note" "[ \$? -eq 0 ] && ! grep -q 'note: offload_param nvme' '$W/pnall.txt'" || cat "$W/pnall.txt"
+"$ZOFF" train "${NARROW[@]}" --quiet --config "$W/pn0.json" --train-iters 1 --no-checkpoint --save "$W/pn0q" >"$W/pn0q.txt" 2>&1
+check "offload_param nvme note with --quiet: nothing printed" "[ \$? -eq 0 ] && [ ! -s '$W/pn0q.txt' ]" || cat "$W/pn0q.txt"
+
 # ---- 5. zoff plan on the CPU backend ignores ulimit -l
 echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}' > "$W/pin.json"

@@ -322,9 +322,14 @@ typedef struct zoff_param_swap {
     int ondisk;             /* groups in the file */
     int largest_group;      /* the on-disk group with the most elements on this rank (-1: none) */
     int64_t largest_elems;  /* its elements (offload_param.buffer_size must hold them) */
+    int64_t file_elems;     /* the parameters in the file (file_elems x es bytes of data) */
+    int file_slots;         /* its slots: one per run of a group (a layer of the model) on this rank */
 } zoff_param_swap;
 /* resident (NULL or ngroups entries): whether each group stays in host memory. */
 void zoff_placement_param_swap(const zoff_param_swap_in *in, bool *resident, zoff_param_swap *out);
+/* Whether the file's slot padding (zoff_placement_param_slot_bytes) is more than its data: many
+ * small groups (a narrow model) make a swap file many times the parameters. */
+bool zoff_placement_param_padding_exceeds(const zoff_param_swap *sw, size_t es);
 
 zoff_status zoff_engine_create(const zoff_engine_options *opts, zoff_engine **out);
 void zoff_engine_destroy(zoff_engine *e);

@@ -294,6 +294,11 @@ size_t zoff_placement_param_slot_bytes(int64_t count, size_t es) {
     return (b + ZOFF_AIO_ALIGN - 1) / ZOFF_AIO_ALIGN * ZOFF_AIO_ALIGN;
 }
 
+bool zoff_placement_param_padding_exceeds(const zoff_param_swap *sw, size_t es) {
+    size_t data = (size_t)sw->file_elems * es;
+    return sw->file_bytes - data > data;
+}
+
 void zoff_placement_param_swap(const zoff_param_swap_in *in, bool *resident, zoff_param_swap *out) {
     *out = (zoff_param_swap){.largest_group = -1};
     const int64_t *rc = in->run_count;
@@ -312,6 +317,8 @@ void zoff_placement_param_swap(const zoff_param_swap_in *in, bool *resident, zof
         } else if (elems > 0) {
             out->ondisk++;
             out->file_bytes += bytes;
+            out->file_elems += elems;
+            out->file_slots += in->group_runs[g];
             if (bytes > out->buffer_bytes) out->buffer_bytes = bytes;
             if (elems > out->largest_elems) out->largest_elems = elems, out->largest_group = g;
         }

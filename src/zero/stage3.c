@@ -298,6 +298,22 @@ static zoff_status nv_check_buffer_size(zoff_s3 *s, int64_t need, int g) {
     return st;
 }
 
+/* A note at start when the swap file's slot padding (zoff_placement_param_padding_exceeds) is more
+ * than the parameters: a narrow model's layers are small, and each is a slot padded to 4 KiB, which
+ * sub_group_size does not change; what keeps them off the disk is max_in_cpu. */
+static void nv_padding_note(const zoff_s3 *s, const zoff_param_swap *sw) {
+    if (!zoff_placement_param_padding_exceeds(sw, s->es)) return;
+    char pb[32], db[32];
+    zoff_log(ZOFF_LOG_INFO,
+             "note: offload_param nvme: the swap file holds %s of parameters in %s: each of its %d slots (the "
+             "model's layers, or this rank's pieces of them, whatever sub_group_size is) is padded to a multiple of %d bytes "
+             "(O_DIRECT), which makes it slow to create and to save; a zero_optimization.offload_param.max_in_cpu of "
+             "at least %lld elements (now %lld) keeps these parameters in host memory instead",
+             zoff_format_bytes((size_t)sw->file_elems * s->es, db, sizeof db), zoff_format_bytes(sw->file_bytes, pb, sizeof pb),
+             sw->file_slots, ZOFF_AIO_ALIGN, (long long)(sw->resident_elems + sw->file_elems),
+             (long long)s->o.nvme.max_in_cpu);
+}
+
 static zoff_status nv_create(zoff_s3 *s) {
     const int64_t bs = s->o.nvme.aio.block_size > 0 ? s->o.nvme.aio.block_size : (1 << 20);
     ZOFF_TRY(nv_layout_runs(s));
@@ -379,6 +395,7 @@ static zoff_status nv_create(zoff_s3 *s) {
         return zoff_error(ZOFF_ERR_INTERNAL, "offload_param nvme: the swap file's slots add up to %lld bytes, "
                           "zoff_placement_param_swap says %zu", (long long)fbytes, sw.file_bytes);
     s->st.nvme_file_bytes = fbytes;
+    nv_padding_note(s, &sw);
     s->st.nvme_buffers = s->nhb;
     s->st.nvme_buffer_bytes = (size_t)s->nhb * (buf_bytes + ZOFF_AIO_ALIGN); /* as allocated (nv_alloc_mem) */
     s->st.nvme_resident_bytes = res_bytes ? res_bytes + ZOFF_AIO_ALIGN : 0;
