@@ -429,6 +429,19 @@ check "--no-checkpoint: metrics.jsonl with 2 steps and no checkpoint in --save" 
 rc=$?
 check "a second --no-checkpoint run into that --save keeps the first's metrics as metrics.prev.jsonl" \
   "[ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.prev.jsonl') -eq 2 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.jsonl') -eq 1 ]"
+# the same one-generation rule for the per-rank files of an earlier --no-checkpoint run on 2 ranks
+# (rank 1's metrics_rank_00001.jsonl, both ranks' grad_timeline_rank_N.jsonl; written here by hand):
+# a new run on one rank sets them all aside as *.prev.jsonl (before: left as they were, as if this run's)
+printf '{"step":1,"loss":5.0}\n{"step":2,"loss":4.0}\n' > "$W/nock/metrics_rank_00001.jsonl"
+for r in 0 1; do printf '{"step":1,"rank":%d}\n{"step":2,"rank":%d}\n' $r $r > "$W/nock/grad_timeline_rank_0000$r.jsonl"; done
+"$ZOFF" train "${TINY[@]}" --train-iters 1 --no-checkpoint --save "$W/nock" >"$W/nock.out" 2>&1
+rc=$?
+check "a new run into a folder of an earlier 2-rank run's per-rank files keeps each as *.prev.jsonl, the old names gone" \
+  "[ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics_rank_00001.prev.jsonl' 2>/dev/null) -eq 2 ] \
+   && [ \$(grep -c '\"rank\":0' '$W/nock/grad_timeline_rank_00000.prev.jsonl' 2>/dev/null) -eq 2 ] \
+   && [ \$(grep -c '\"rank\":1' '$W/nock/grad_timeline_rank_00001.prev.jsonl' 2>/dev/null) -eq 2 ] \
+   && [ ! -e '$W/nock/metrics_rank_00001.jsonl' ] && [ ! -e '$W/nock/grad_timeline_rank_00000.jsonl' ] \
+   && [ ! -e '$W/nock/grad_timeline_rank_00001.jsonl' ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.jsonl') -eq 1 ]"
 "$ZOFF" train "${TINY[@]}" --no-checkpoint --save-interval 1 --save "$W/nock2" >/dev/null 2>"$W/nock.err"
 rc=$?
 check "--no-checkpoint with --save-interval: exit 2 naming both, nothing written" \

@@ -40,9 +40,23 @@ static zoff_status drop_torn_tail(const char *path) {
     return s;
 }
 
-/* A resume on fewer ranks (rank 0): the per-rank files of ranks the run no longer has (on one rank:
- * every timeline, none is written) would look like part of it; kept beside as *.prev.jsonl (one
- * generation, as metrics.prev.jsonl). */
+/* A new run (not a resume, no --overwrite) into a --save folder holding an earlier run's file of this
+ * rank (`path`, *.jsonl) with lines in it (--no-checkpoint, or killed before its first save): kept
+ * beside as *.prev.jsonl, not truncated (one generation: --overwrite or a new run past it drops it). */
+static zoff_status set_aside_earlier(const zoff_trainer *t, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || st.st_size == 0) return ZOFF_OK;
+    char prev[4300];
+    snprintf(prev, sizeof prev, "%.*s.prev.jsonl", (int)(strlen(path) - strlen(".jsonl")), path);
+    if (rename(path, prev) != 0)
+        return zoff_error(ZOFF_ERR_IO, "--save: cannot move %s aside to %s: %s", path, prev, strerror(errno));
+    trainer_say(t, "an earlier run's %s (no checkpoint of it in --save) is now %s", path, prev);
+    return ZOFF_OK;
+}
+
+/* A resume on fewer ranks, or a new run into a folder of a run on more (rank 0): the per-rank files of
+ * ranks the run does not have (on one rank: every timeline, none is written) would look like part of
+ * it; kept beside as *.prev.jsonl (one generation, as metrics.prev.jsonl). */
 static zoff_status set_aside_gone_ranks(const zoff_trainer *t) {
     DIR *d = opendir(t->o.save_dir);
     if (!d) return ZOFF_OK; /* nothing to set aside; the open below names a missing folder */
@@ -61,8 +75,8 @@ static zoff_status set_aside_gone_ranks(const zoff_trainer *t) {
             if (rename(from, to) != 0)
                 s = zoff_error(ZOFF_ERR_IO, "--save: cannot move %s aside to %s: %s", from, to, strerror(errno));
             else
-                trainer_say(t, "resume on %d ranks: rank %d's %s is now %s (that rank is no longer in the run)",
-                            t->info.world, r, from, to);
+                trainer_say(t, "%s on %d ranks: rank %d's %s is now %s (that rank is not in this run)",
+                            t->info.start_step > 0 ? "resume" : "new run", t->info.world, r, from, to);
         }
     }
     closedir(d);
@@ -76,25 +90,17 @@ zoff_status trainer_open_metrics(zoff_trainer *t) {
     else /* each rank's own breakdown */
         snprintf(t->metrics_path, sizeof t->metrics_path, "%s/metrics_rank_%05d.jsonl", dir, t->info.rank);
     t->info.metrics_path = t->metrics_path;
+    const bool fresh = !append && !t->o.overwrite; /* earlier files: set aside, not truncated */
     if (t->info.world > 1) {
         char tpath[4200];
         snprintf(tpath, sizeof tpath, "%s/grad_timeline_rank_%05d.jsonl", dir, t->info.rank);
+        if (fresh) ZOFF_TRY(set_aside_earlier(t, tpath));
         if (!(t->timeline = fopen(tpath, append ? "a" : "w")))
             return zoff_error(ZOFF_ERR_IO, "--save: cannot write %s: %s", tpath, strerror(errno));
     }
     if (append) ZOFF_TRY(drop_torn_tail(t->metrics_path));
-    if (append && t->info.rank == 0) ZOFF_TRY(set_aside_gone_ranks(t));
-    struct stat st;
-    if (!append && !t->o.overwrite && t->info.rank == 0 && stat(t->metrics_path, &st) == 0 && st.st_size > 0) {
-        /* an earlier run's without checkpoints (--no-checkpoint, or killed before its first save):
-         * kept beside, not truncated (one generation: --overwrite or a new run past it drops it) */
-        char prev[4300];
-        snprintf(prev, sizeof prev, "%s/metrics.prev.jsonl", dir);
-        if (rename(t->metrics_path, prev) != 0)
-            return zoff_error(ZOFF_ERR_IO, "--save: cannot move %s aside to %s: %s", t->metrics_path, prev,
-                              strerror(errno));
-        trainer_say(t, "an earlier run's %s (no checkpoint of it in --save) is now %s", t->metrics_path, prev);
-    }
+    if ((append || fresh) && t->info.rank == 0) ZOFF_TRY(set_aside_gone_ranks(t));
+    if (fresh) ZOFF_TRY(set_aside_earlier(t, t->metrics_path));
     if (!(t->metrics = fopen(t->metrics_path, append ? "a" : "w")))
         return zoff_error(ZOFF_ERR_IO, "--save: cannot write %s: %s", t->metrics_path, strerror(errno));
     return ZOFF_OK;
