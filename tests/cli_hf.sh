@@ -26,6 +26,7 @@ cat > "$W/mk.py" <<'PY'
 import json, os, random, struct, sys
 d, over = sys.argv[1], json.loads(sys.argv[2])
 no_head = over.pop("_no_lm_head", False)  # a folder without lm_head.weight
+extra = over.pop("_extra", [])  # [name, rows, cols]: tensors beside GPT-2's (another head's)
 L, C, T, V = 2, 32, 32, 256
 rng = random.Random(7)
 shapes = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
@@ -49,6 +50,10 @@ for l in range(L):  # the buffers of older checkpoints
     items.append(("transformer.h.%d.attn.masked_bias" % l, [], struct.pack("<f", -1e4)))
 if not no_head:
     items.append(("lm_head.weight", [V, C], items[0][2]))  # tied: wte's bytes
+for name, *shape in extra:
+    n = 1
+    for x in shape: n *= x
+    items.append((name, shape, struct.pack("<%df" % n, *[rng.gauss(0, 1) for _ in range(n)])))
 hdr, off = {"__metadata__": {"format": "pt"}}, 0
 for name, shape, raw in items:
     hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(raw)]}
@@ -107,7 +112,7 @@ fi
 i=0
 for over in '{"activation_function": "gelu_pytorch_tanh"}' '{"reorder_and_upcast_attn": true}' '{"n_inner": 128}' \
             '{"layer_norm_epsilon": 1e-5, "n_ctx": 1024}' '{"activation_function": "DELETE", "model_type": "DELETE"}' \
-            '{"tie_word_embeddings": false}' '{"_no_lm_head": true}'; do
+            '{"tie_word_embeddings": false}' '{"_no_lm_head": true}' '{"scale_attn_weights": 1}'; do
   i=$((i + 1)); mk same$i "$over"
   "$ZOFF" eval --load "$W/same$i" "${EVAL[@]}" >"$W/same$i.json" 2>"$W/same$i.err"
   check "config.json $over keeps GPT-2's math: exit 0, the plain folder's loss" \
@@ -129,11 +134,18 @@ done <<'EOF'
 {"layer_norm_epsilon": 1e-6}|layer_norm_epsilon|1e-06
 {"scale_attn_weights": false}|scale_attn_weights|false
 {"scale_attn_by_inverse_layer_idx": true}|scale_attn_by_inverse_layer_idx|true
+{"scale_attn_weights": 0}|scale_attn_weights|0
+{"scale_attn_weights": null}|scale_attn_weights|null
+{"scale_attn_by_inverse_layer_idx": 1}|scale_attn_by_inverse_layer_idx|1
+{"tie_word_embeddings": 0, "_no_lm_head": true}|tie_word_embeddings|0, and the file holds no lm_head.weight
 {"n_inner": 64}|n_inner|64
 {"model_type": "gpt_neo", "architectures": ["GPTNeoForCausalLM"]}|model_type|"gpt_neo"
 {"model_type": "DELETE", "architectures": ["LlamaForCausalLM"]}|architectures|["LlamaForCausalLM"]
 {"tie_word_embeddings": false, "_no_lm_head": true}|tie_word_embeddings|false, and the file holds no lm_head.weight
 EOF
+# (the numbers and null as transformers reads them, Python truth: `if config.scale_attn_weights:`;
+#  before: 0 and null were taken as true and 1 as false, the plain GPT-2's loss)
+
 # the same for sample and train --init-from (one reader of config.json for all three)
 "$ZOFF" sample --load "$W/other1" --tokenizer byte --max-new-tokens 4 >"$W/s.out" 2>"$W/s.err"
 check "sample --load a relu model: exit 2 naming activation_function, nothing sampled" \

@@ -295,6 +295,23 @@ static int64_t json_pos(const json_t *o, const char *key) {
     return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : 0;
 }
 
+/* A boolean member of config.json as transformers reads it (Python truth: `if config.key:`): 1 true,
+ * 0 false (false, null, 0, 0.0, "", [] or {}), -1 absent. *text: the value as written ("0", "false"). */
+static int json_truth(const json_t *o, const char *key, char *text, size_t cap) {
+    const json_t *v = json_object_get(o, key);
+    if (!v) return -1;
+    char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    snprintf(text, cap, "%.60s", d ? d : "?");
+    free(d);
+    if (json_is_boolean(v)) return json_is_true(v);
+    if (json_is_integer(v)) return json_integer_value(v) != 0;
+    if (json_is_real(v)) return json_real_value(v) != 0.0;
+    if (json_is_string(v)) return json_string_length(v) != 0;
+    if (json_is_array(v)) return json_array_size(v) != 0;
+    if (json_is_object(v)) return json_object_size(v) != 0;
+    return 0; /* null: None */
+}
+
 /* A config.json setting that changes GPT-2's math to something zoff does not compute: refused by
  * name (taking the weights would run, sample, evaluate or fine-tune another model than the file's). */
 static zoff_status config_unsupported(const char *path, const char *key, const char *value, const char *zoff_does) {
@@ -336,10 +353,10 @@ static zoff_status config_json_math(const char *path, const json_t *o, const zof
         snprintf(v, sizeof v, "%.6g", json_is_number(eps) ? json_number_value(eps) : NAN);
         return config_unsupported(path, "layer_norm_epsilon", v, "LayerNorm with epsilon 1e-5 only");
     }
-    if (json_is_false(json_object_get(o, "scale_attn_weights")))
-        return config_unsupported(path, "scale_attn_weights", "false", "attention scores scaled by 1/sqrt(head size) only");
-    if (json_is_true(json_object_get(o, "scale_attn_by_inverse_layer_idx")))
-        return config_unsupported(path, "scale_attn_by_inverse_layer_idx", "true",
+    if (json_truth(o, "scale_attn_weights", v, sizeof v) == 0)
+        return config_unsupported(path, "scale_attn_weights", v, "attention scores scaled by 1/sqrt(head size) only");
+    if (json_truth(o, "scale_attn_by_inverse_layer_idx", v, sizeof v) == 1)
+        return config_unsupported(path, "scale_attn_by_inverse_layer_idx", v,
                                   "attention scores scaled by 1/sqrt(head size) only, not also by 1/(layer + 1)");
     const json_t *ni = json_object_get(o, "n_inner");
     if (ni && !json_is_null(ni) && (!json_is_integer(ni) || json_integer_value(ni) != 4 * fs->hidden_size)) {
@@ -348,9 +365,10 @@ static zoff_status config_json_math(const char *path, const json_t *o, const zof
         snprintf(does, sizeof does, "an MLP of 4 x the width only (n_inner null or %" PRId64 ")", 4 * fs->hidden_size);
         return config_unsupported(path, "n_inner", v, does);
     }
-    if (json_is_false(json_object_get(o, "tie_word_embeddings")) && !has_head)
-        return config_unsupported(path, "tie_word_embeddings", "false, and the file holds no lm_head.weight",
-                                  "the LM head tied to the token embedding (wte) only");
+    if (json_truth(o, "tie_word_embeddings", v, sizeof v) == 0 && !has_head) {
+        strncat(v, ", and the file holds no lm_head.weight", sizeof v - strlen(v) - 1);
+        return config_unsupported(path, "tie_word_embeddings", v, "the LM head tied to the token embedding (wte) only");
+    }
     return ZOFF_OK;
 }
 
