@@ -146,6 +146,23 @@ EOF
 # (the numbers and null as transformers reads them, Python truth: `if config.scale_attn_weights:`;
 #  before: 0 and null were taken as true and 1 as false, the plain GPT-2's loss)
 
+# 3b. a GPT2DoubleHeadsModel file (its multiple-choice head beside GPT-2's tensors): loaded without
+#     that head, as transformers' GPT2LMHeadModel does, with a note naming the two tensors; the loss is
+#     the plain folder's (before: refused, "not a GPT-2 parameter"). Any other tensor stays refused.
+mk dh '{"architectures": ["GPT2DoubleHeadsModel"], "_extra": [["multiple_choice_head.summary.weight", 1, 32], ["multiple_choice_head.summary.bias", 1]]}'
+"$ZOFF" eval --load "$W/dh" "${EVAL[@]}" >"$W/dh.json" 2>"$W/dh.err"
+check "a GPT2DoubleHeadsModel folder: exit 0, the plain folder's loss, a note naming both multiple_choice_head tensors" \
+  "[ \$? -eq 0 ] && [ \"\$(loss_of '$W/dh.json')\" = '$base' ] && [ \$(grep -c 'not loaded: multiple_choice_head.summary.weight, multiple_choice_head.summary.bias' '$W/dh.err') -eq 1 ]" \
+  || cat "$W/dh.err"
+for x in '["score.weight", 2, 32]' '["multiple_choice_head.summary.other", 1]'; do
+  mk dhx '{"architectures": ["GPT2DoubleHeadsModel"], "_extra": [["multiple_choice_head.summary.weight", 1, 32], '"$x"']}'
+  "$ZOFF" eval --load "$W/dhx" "${EVAL[@]}" >"$W/dhx.out" 2>"$W/dhx.err"
+  rc=$? n=$(echo "$x" | cut -d'"' -f2)
+  check "... with $n beside it: exit 2, '$n' is not a GPT-2 parameter" \
+    "[ $rc -eq 2 ] && [ ! -s '$W/dhx.out' ] && grep -qF \"tensor '$n' is not a GPT-2 parameter\" '$W/dhx.err'" || cat "$W/dhx.err"
+  rm -rf "$W/dhx"
+done
+
 # the same for sample and train --init-from (one reader of config.json for all three)
 "$ZOFF" sample --load "$W/other1" --tokenizer byte --max-new-tokens 4 >"$W/s.out" 2>"$W/s.err"
 check "sample --load a relu model: exit 2 naming activation_function, nothing sampled" \

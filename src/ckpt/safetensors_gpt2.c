@@ -71,6 +71,12 @@ static bool is_hf_buffer(const char *name) {
     return parse_block_name(name, &l, &rest) && (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias"));
 }
 
+/* GPT2DoubleHeadsModel's multiple-choice head (SequenceSummary: summary.weight, summary.bias), not
+ * part of the LM: transformers loads such a file into GPT2LMHeadModel without it (a warning). */
+static bool is_mc_head(const char *name) {
+    return !strcmp(name, "multiple_choice_head.summary.weight") || !strcmp(name, "multiple_choice_head.summary.bias");
+}
+
 static void param_name(int64_t idx, int64_t L, char *out, size_t cap) {
     if (idx == 0) snprintf(out, cap, "wte.weight");
     else if (idx == 1) snprintf(out, cap, "wpe.weight");
@@ -597,7 +603,7 @@ static zoff_status match_tensors(const zoff_st_file *f, const zoff_gpt2_shape *s
     for (size_t i = 0; i < zoff_st_num_tensors(f); i++) {
         const zoff_st_tensor *t = zoff_st_tensor_at(f, i);
         const char *name = strip_prefix(t->name);
-        if (layout == ZOFF_GPT2_LAYOUT_HF && is_hf_buffer(name)) continue;
+        if (layout == ZOFF_GPT2_LAYOUT_HF && (is_hf_buffer(name) || is_mc_head(t->name))) continue;
         if (layout == ZOFF_GPT2_LAYOUT_HF && !strcmp(t->name, "lm_head.weight")) {
             *lm_head = t;
             continue;
@@ -718,7 +724,13 @@ zoff_status zoff_gpt2_st_loader_open(zoff_st_file *f, const zoff_gpt2_shape *sha
     *l = (zoff_gpt2_st_loader){.f = f, .sh = sh, .layout = zoff_gpt2_st_layout(f), .tensors = tensors,
                                .ntensors = ntensors, .slot = l->slot, .tmp_of = -1};
     zoff_status s = match_tensors(f, &sh, l->layout, byidx, &l->lm);
-    char sa[200], sb[200];
+    char sa[200], sb[200], mc[200] = "";
+    for (size_t i = 0; s == ZOFF_OK && l->layout == ZOFF_GPT2_LAYOUT_HF && i < zoff_st_num_tensors(f); i++)
+        if (is_mc_head(zoff_st_tensor_at(f, i)->name))
+            snprintf(mc + strlen(mc), sizeof mc - strlen(mc), "%s%s", *mc ? ", " : "", zoff_st_tensor_at(f, i)->name);
+    if (*mc)
+        zoff_log(ZOFF_LOG_INFO, "note: %s: not loaded: %s (GPT2DoubleHeadsModel's multiple-choice head; zoff's "
+                 "GPT-2 is the language model only, as transformers' GPT2LMHeadModel)", zoff_st_path(f), mc);
     for (int i = 0; i < ntensors && s == ZOFF_OK; i++) {
         const zoff_tensor_info *t = &tensors[i];
         int64_t layer, idx = param_index(t->name, L, &layer), dims[2];
