@@ -2,7 +2,9 @@
 # Operating a long run: the tools a user points at a run folder after saves, resumes and
 # interruptions. scripts/zckpt.py verify of one step folder checks that checkpoint (before: "ok:
 # 0 complete checkpoint(s)", exit 0, having checked nothing, also for a corrupt one); list of a run
-# folder says to give a step folder.
+# folder says to give a step folder; scripts/plot_metrics.sh draws the run as it stands after a
+# resume of an older step: one point per step, the steps the abandoned branch logged past it
+# dropped (before: steps 1..6 then 4, 5 again, the curve drawn back over itself).
 # Usage: cli_longrun.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -43,6 +45,26 @@ rmdir "$W/run/step_00000009"
 "${ZCKPT[@]}" list "$W/run" >"$W/v.txt" 2>&1
 check "list of a run folder: exit 1, says it is not a step directory (before: rank_00000.zckpt not found)" \
   "[ \$? -eq 1 ] && grep -q 'is not a step directory' '$W/v.txt'"
+
+# 3. plot_metrics.sh after the resume of step 3: steps 1..5, each once, in order; validation at 0
+# (the first start), 3 (the resume's start) and 5 (its end), not the abandoned branch's step 6.
+# gnuplot is replaced by a stand-in that keeps the data files it is given.
+mkdir "$W/bin" "$W/seen"
+cat > "$W/bin/gnuplot" <<'G'
+#!/bin/sh
+p=$(grep -o '"[^"]*/steps.dat"' | head -1 | tr -d '"')
+cp "$p" "$SEEN/steps.dat" && cp "${p%steps.dat}val.dat" "$SEEN/val.dat"
+G
+chmod +x "$W/bin/gnuplot"
+SEEN="$W/seen" PATH="$W/bin:$PATH" bash "$SRC/scripts/plot_metrics.sh" "$W/run" "$W/plots" >"$W/p.txt" 2>&1
+check "plot_metrics.sh: exit 0" "[ \$? -eq 0 ]"
+steps=$(awk '{printf "%s ", $1}' "$W/seen/steps.dat" 2>/dev/null)
+check "plot_metrics.sh: train points at steps 1 2 3 4 5 (got: $steps)" "[ '$steps' = '1 2 3 4 5 ' ]"
+vals=$(awk '{printf "%s ", $1}' "$W/seen/val.dat" 2>/dev/null)
+check "plot_metrics.sh: validation points at steps 0 3 5 (got: $vals)" "[ '$vals' = '0 3 5 ' ]"
+# the points of steps 4 and 5 are the resumed run's: its last lines for those steps
+l5=$(grep '"step":5,"loss"' "$W/run/metrics.jsonl" | tail -1 | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+check "plot_metrics.sh: step 5's loss is the resumed run's ($l5)" "awk '\$1 == 5 { exit !(\$2 == $l5) }' '$W/seen/steps.dat'"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
