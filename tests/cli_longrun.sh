@@ -4,7 +4,8 @@
 # 0 complete checkpoint(s)", exit 0, having checked nothing, also for a corrupt one); list of a run
 # folder says to give a step folder; scripts/plot_metrics.sh draws the run as it stands after a
 # resume of an older step: one point per step, the steps the abandoned branch logged past it
-# dropped (before: steps 1..6 then 4, 5 again, the curve drawn back over itself).
+# dropped (before: steps 1..6 then 4, 5 again, the curve drawn back over itself); --keep-last on
+# the resume of a run whose saves filled the disk applies at start, so that the run goes on.
 # Usage: cli_longrun.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -65,6 +66,35 @@ check "plot_metrics.sh: validation points at steps 0 3 5 (got: $vals)" "[ '$vals
 # the points of steps 4 and 5 are the resumed run's: its last lines for those steps
 l5=$(grep '"step":5,"loss"' "$W/run/metrics.jsonl" | tail -1 | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 check "plot_metrics.sh: step 5's loss is the resumed run's ($l5)" "awk '\$1 == 5 { exit !(\$2 == $l5) }' '$W/seen/steps.dat'"
+
+# 4. a run saving every 2 steps without --keep-last fills its disk (a tmpfs of 2 MiB, 4 checkpoints
+# of 500 KiB, in a private mount namespace; skipped where mounting is not allowed): exit 1, advice
+# "keep fewer checkpoints (--keep-last)" and "go on with --load". That resume with --keep-last 2
+# keeps the newest 2 from the start and goes on (before: refused at start, the disk too full for one
+# checkpoint, as the older ones were pruned only after a save)
+cat > "$W/inner.sh" <<'INNER'
+set -u
+ZOFF="$1"; W="$2"; shift 2; mkdir -p "$W/m"; mount -t tmpfs -o size=2m tmpfs "$W/m" || exit 77
+"$ZOFF" train "$@" --train-iters 20 --save-interval 2 --save "$W/m/run" >"$W/full.txt" 2>&1
+echo "first rc=$?"
+"$ZOFF" train "$@" --train-iters 14 --save-interval 2 --keep-last 2 --load "$W/m/run" >"$W/keep.txt" 2>&1
+echo "resume rc=$? steps: $(cd "$W/m/run" && ls -d step_* | tr '\n' ' ')"
+umount "$W/m"
+INNER
+if unshare --user --map-root-user --mount true 2>/dev/null; then NS=(unshare --user --map-root-user --mount)
+elif [ "$(id -u)" -eq 0 ] && unshare --mount true 2>/dev/null; then NS=(unshare --mount)
+else NS=(); fi
+out=""; rc=77
+if [ ${#NS[@]} -gt 0 ]; then out=$("${NS[@]}" bash "$W/inner.sh" "$(readlink -f "$ZOFF")" "$W" "${TINY[@]}" 2>&1); rc=$?; fi
+if [ $rc -eq 77 ]; then echo "skip - --keep-last on a resume after the disk filled: cannot mount a tmpfs here"
+else
+  check "saves without --keep-last fill a 2 MiB disk: exit 1, advice --keep-last and --load ($(echo $out | head -c 200))" \
+    "echo '$out' | grep -q '^first rc=1' && grep -q 'keep fewer checkpoints (--keep-last)' '$W/full.txt' && grep -q 'go on with --load' '$W/full.txt'"
+  check "the resume with --keep-last 2: exit 0, only steps 12 and 14 left" \
+    "echo '$out' | grep -q '^resume rc=0 steps: step_00000012 step_00000014 \$'"
+  check "... the older checkpoints removed at start, each said" \
+    "grep -q 'removed old checkpoint .*step_00000004 (keeping the newest 2)' '$W/keep.txt'"
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
