@@ -11,21 +11,33 @@ metrics="$dir/metrics.jsonl"
 command -v gnuplot >/dev/null || { echo "plot_metrics: gnuplot not found: apt-get install gnuplot-nox" >&2; exit 2; }
 mkdir -p "$out"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-# JSON lines -> whitespace columns (python3's json module only: no extra packages)
+# JSON lines -> whitespace columns (python3's json module only: no extra packages). A resumed run
+# appends to metrics.jsonl from its checkpoint's step S (its start line: {"step":S,"startup_time":..}),
+# so the steps after S that an earlier start logged (trained past its last checkpoint, or a resume
+# of an older step) are not this run's: each start drops them; one point per step, in step order.
 python3 - "$metrics" "$tmp" <<'PY'
 import json, sys
 src, tmp = sys.argv[1], sys.argv[2]
 keys = ["forward", "backward", "wait_grads", "host_step", "device_step", "wait_weights", "other"]
-with open(src) as f, open(tmp + "/steps.dat", "w") as s, open(tmp + "/val.dat", "w") as v:
+steps, vals = {}, {}
+with open(src) as f:
     for line in f:
         line = line.strip()
         if not line:
             continue
         r = json.loads(line)
+        if "startup_time" in r:
+            for d in (steps, vals):
+                for k in [k for k in d if k > r["step"]]:
+                    del d[k]
         if "val_loss" in r:
-            v.write(f"{r['step']} {r['val_loss']}\n")
+            vals[r["step"]] = f"{r['step']} {r['val_loss']}\n"
         elif "loss" in r:
-            s.write(" ".join(str(x) for x in [r["step"], r["loss"], r.get("step_time", 0)] + [r.get(k, 0) for k in keys]) + "\n")
+            steps[r["step"]] = " ".join(str(x) for x in [r["step"], r["loss"], r.get("step_time", 0)] +
+                                        [r.get(k, 0) for k in keys]) + "\n"
+with open(tmp + "/steps.dat", "w") as s, open(tmp + "/val.dat", "w") as v:
+    s.write("".join(steps[k] for k in sorted(steps)))
+    v.write("".join(vals[k] for k in sorted(vals)))
 PY
 gnuplot <<GP
 set terminal pngcairo size 900,500

@@ -4,7 +4,8 @@ documented in include/zoff/ckpt.h), in plain Python (no numpy): the crash test c
 checkpoints with it, and fuzz/make_seeds.py writes seed files with it.
 
     zckpt.py verify  DIR [--cache FILE]
-                                    every step_* directory of DIR: COMPLETE marker present and
+                                    every step_* directory of DIR (or DIR alone when it is a
+                                    step directory, DIR/step_N): COMPLETE marker present and
                                     well-formed, every rank file valid, every CRC right (with a
                                     cache file, data CRCs of files verified before are skipped;
                                     headers and indexes are always checked)
@@ -179,9 +180,20 @@ def verify_stepdir(stepdir, cache=None):
     return step
 
 
+def is_stepdir(p):
+    """A step folder itself (DIR/step_NNNNNNNN, or a folder holding its COMPLETE or rank files), not a
+    run folder: verify checks it alone instead of finding no step_* folder inside and passing."""
+    if re.fullmatch(r"step_\d{8,}", os.path.basename(os.path.normpath(p))):
+        return True
+    return os.path.isdir(p) and (os.path.isfile(os.path.join(p, "COMPLETE")) or bool(rank_files(p)))
+
+
 def verify_root(root, cache=None):
     """Every step_NNNNNNNN directory is complete and valid; temp (.tmp-) and .old- dirs are ignored.
-    cache: a set of rank files (path, size, mtime, inode) whose data CRCs were already checked."""
+    cache: a set of rank files (path, size, mtime, inode) whose data CRCs were already checked.
+    root may also be one step directory: that checkpoint alone."""
+    if is_stepdir(root):
+        return [verify_stepdir(root, cache)]
     steps = []
     for d in sorted(os.listdir(root)):
         if not d.startswith("step_"):
@@ -196,6 +208,9 @@ def verify_root(root, cache=None):
 
 def _file_of(p):
     if os.path.isdir(p):
+        if not is_stepdir(p):
+            raise Invalid("%s is not a step directory (no COMPLETE, no rank_*.zckpt): give DIR/step_N or a "
+                          ".zckpt file ('verify %s' lists the run's steps)" % (p, p))
         return os.path.join(p, "rank_00000.zckpt")
     return p
 

@@ -243,6 +243,8 @@ zoff_status zoff_ckpt_discard(const char *dir, int64_t step, const zoff_ckpt_opt
  * is none (that is not an error). Temp and incomplete directories are skipped with a log line.
  * Fails only if `dir` cannot be read. */
 zoff_status zoff_ckpt_latest(const char *dir, int64_t *step);
+/* How many complete checkpoints (step directories with a COMPLETE marker) `dir` holds, quietly. */
+zoff_status zoff_ckpt_count(const char *dir, size_t *count);
 
 /* Accept either a checkpoint root ("out": its newest complete step) or a step directory
  * ("out/step_00000100", which must be complete). Writes the step directory into out and its

@@ -1310,6 +1310,17 @@ static zoff_status list_complete(const char *dir, bool log, int64_t **out, size_
     return ZOFF_OK;
 }
 
+zoff_status zoff_ckpt_count(const char *dir_in, size_t *count) {
+    if (!count) return zoff_error(ZOFF_ERR_INVALID, "zoff_ckpt_count: count is NULL");
+    *count = 0;
+    char dir[CK_PATH];
+    ZOFF_TRY(norm_dir(dir_in, dir, sizeof dir));
+    int64_t *v;
+    ZOFF_TRY(list_complete(dir, false, &v, count));
+    free(v);
+    return ZOFF_OK;
+}
+
 zoff_status zoff_ckpt_latest(const char *dir_in, int64_t *step) {
     if (!step) return zoff_error(ZOFF_ERR_INVALID, "zoff_ckpt_latest: step is NULL");
     *step = -1;

@@ -280,6 +280,17 @@ zoff_status trainer_overwrite(zoff_trainer *t) {
     return ZOFF_OK;
 }
 
+/* --keep-last applies from the start (rank 0, after the load succeeded): a folder holding more
+ * checkpoints than kept (a run saved without --keep-last until its disk filled) keeps its newest
+ * --keep-last now, the loaded one among them (an older step is loaded into its folder only when
+ * none is newer), so that the first save has their room; before, they were pruned only after a
+ * save, which the full disk refused. */
+zoff_status trainer_keep_last(zoff_trainer *t) {
+    if (!t->o.keep_last || t->o.no_checkpoint || t->info.rank != 0) return ZOFF_OK;
+    zoff_status s = zoff_ckpt_prune(t->o.save_dir, (int)t->o.keep_last);
+    return s != ZOFF_OK ? zoff_error_context(s, "--keep-last") : ZOFF_OK;
+}
+
 /* --load: the optimizer state (resharded), the engine's scalars, the data position. */
 /* The delayed update's weights pending at the save: the next forward uses the device weights
  * the checkpoint holds, as the uninterrupted run's does. */

@@ -247,7 +247,8 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
 
 /* The --save directory's disk holds at least one checkpoint's data (zoff_train_ckpt_data_bytes:
  * a save writes the new checkpoint before it prunes older ones), or the run is refused before it
- * starts rather than at its first save, hours in. Free space on one node (every rank's file goes
+ * starts rather than at its first save, hours in. A resume whose --keep-last removes older
+ * checkpoints at start (trainer_keep_last) has their room. Free space on one node (every rank's file goes
  * there); not checked with several nodes (each writes its own ranks' files, to a disk or a shared
  * one zoff cannot tell), where the free space is unknown, with --no-checkpoint, or with --overwrite
  * (whose deletions free space after this check). */
@@ -256,6 +257,10 @@ zoff_status trainer_check_save_disk(const zoff_trainer *t) {
     if (!t->o.no_checkpoint && zoff_ckpt_io_buffered(&buffered) != ZOFF_OK)
         return zoff_error_context(ZOFF_ERR_INVALID, "--save %s", t->o.save_dir);
     if (t->o.no_checkpoint || t->o.overwrite) return ZOFF_OK; /* (--overwrite frees the old ones' space later) */
+    size_t held = 0; /* --keep-last removes the older ones at start (trainer_keep_last): each frees at least `need` */
+    if (t->o.keep_last && zoff_ckpt_count(t->o.save_dir, &held) == ZOFF_OK && held > (size_t)t->o.keep_last)
+        return ZOFF_OK;
+    zoff_clear_error();
     if (t->info.world > 1 && zoff_comm_local_size(t->comm) < t->info.world) return ZOFF_OK;
     const int64_t n = zoff_gpt2_count_params(&t->info.shape);
     const size_t need = zoff_train_ckpt_data_bytes(&t->cfg, n);

@@ -180,6 +180,7 @@ static zoff_status create(zoff_trainer *t) {
     engine_phases(t, zoff_lap(&mark));
     ZOFF_TRY(trainer_overwrite(t));
     ZOFF_TRY(trainer_restore(t));
+    ZOFF_TRY(trainer_keep_last(t));
     ZOFF_TRY(trainer_open_metrics(t));
     if (t->info.rank == 0) ZOFF_TRY(trainer_monitor_open(&t->cfg, &t->monitor));
     p[ZOFF_STARTUP_OTHER] += zoff_lap(&mark);

@@ -61,6 +61,7 @@ zoff_status trainer_load_config(zoff_trainer *t);
 zoff_status trainer_resolve_shape(zoff_trainer *t);
 zoff_status trainer_check_host_memory(const zoff_trainer *t);
 zoff_status trainer_check_save_disk(const zoff_trainer *t);
+zoff_status trainer_keep_last(zoff_trainer *t);
 zoff_status trainer_open_data(zoff_trainer *t);
 zoff_status trainer_make_output_dir(zoff_trainer *t);
 void trainer_remove_made_dir(zoff_trainer *t);
