@@ -762,6 +762,10 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
 const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w) { return w ? w->io : ""; }
 int64_t zoff_ckpt_writer_in_place(const zoff_ckpt_writer *w) { return w ? w->in_place : 0; }
 size_t zoff_ckpt_writer_buffer_bytes(void) { return CK_NPIECES * CK_PIECE_BYTES; }
+int64_t zoff_ckpt_entry_span(int64_t bytes) { return bytes > 0 ? align_up(bytes) : 0; }
+int64_t zoff_ckpt_file_bytes(size_t count, int64_t spans) {
+    return ZOFF_CKPT_ALIGN + spans + (int64_t)count * CK_ENTRY_BYTES;
+}
 
 static void w_free(zoff_ckpt_writer *w) {
     if (w->aio) (void)w_drain(w);
@@ -1042,7 +1046,7 @@ static zoff_status w_finish(zoff_ckpt_writer *w) {
         ZOFF_TRY(w_put(w, rec, sizeof rec));
     }
     h.index_crc = crc;
-    h.file_bytes = h.index_offset + h.index_bytes;
+    h.file_bytes = (uint64_t)zoff_ckpt_file_bytes(w->n, (int64_t)h.index_offset - ZOFF_CKPT_ALIGN); /* = index end */
     ZOFF_TRY(w_flush_end(w, h.file_bytes));
     uint8_t hb[ZOFF_CKPT_ALIGN];
     encode_header(&h, hb);
@@ -1100,10 +1104,18 @@ static zoff_status read_marker(const char *stepdir, int64_t *step, int *nranks) 
     return ZOFF_OK;
 }
 
+static int marker_text(char *text, size_t cap, int64_t step, int nranks) {
+    return snprintf(text, cap, "zoff-checkpoint 1\nstep %" PRId64 "\nranks %d\n", step, nranks);
+}
+size_t zoff_ckpt_marker_bytes(int64_t step, int nranks) {
+    char text[128];
+    return (size_t)marker_text(text, sizeof text, step, nranks);
+}
+
 static zoff_status write_marker(const char *stepdir, int64_t step, int nranks) {
     char p[CK_PATH], text[128];
     ZOFF_TRY(path_join(p, sizeof p, stepdir, CK_MARKER));
-    int n = snprintf(text, sizeof text, "zoff-checkpoint 1\nstep %" PRId64 "\nranks %d\n", step, nranks);
+    int n = marker_text(text, sizeof text, step, nranks);
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", p, strerror(errno));
     zoff_status st = io_write_all(p, fd, text, (size_t)n, 0, NULL);

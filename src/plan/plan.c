@@ -654,7 +654,12 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
     zoff_config ck = with_states; /* the checkpoint stores m and v by the setting's ratio */
     ck.zero.offload_optimizer.ratio = s->ratio;
     ck.zero.offload_optimizer.ratio_auto = s->ratio_auto;
-    m->checkpoint = zoff_train_ckpt_data_bytes(&ck, n);
+    ck.zero.stage = s->stage; /* the setting's: several ranks share the state from stage 1 on */
+    ck.zero.offload_optimizer.device = s->offload; /* (the delayed update's device weights with an offload) */
+    ck.zero.cpu_offload = false;
+    const zoff_train_ckpt_size cks = {.cfg = &ck, .shape = &mo->shape, .model_dtype = dt, .world = (int)R,
+                                      .config_text = in->cfg->source, .step = -1};
+    m->checkpoint = zoff_train_ckpt_bytes(&cks, &m->checkpoint_bound);
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);
