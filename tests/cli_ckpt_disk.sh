@@ -75,5 +75,23 @@ ZOFF_TEST_DISK_FREE=$free "$ZOFF" train "${TINY[@]}" --train-iters 13 --save-int
 check "a resume from step 9 to 13: 3 saves to come, room for 2: warned about 3" \
   "[ \$? -eq 0 ] && grep -q 'this run writes 3 checkpoints of' err.txt"
 
+# 4. zoff bench ckpt into a --dir without room for a round (the disk bound's file and the checkpoint,
+#    at once): before, it failed in the checkpoint writer's words ("saving checkpoint step 1 under
+#    D/zoff-bench-ckpt.X/ckpt ... earlier checkpoints in D/zoff-bench-ckpt.X/ckpt are untouched", a
+#    folder the benchmark had made and removed); now it is refused before anything is written, in
+#    the benchmark's words. The reference: the checkpoint the benchmark wrote (its --json
+#    checkpoint_bytes, the files' sizes on disk) and the bound's file, whole 4 KiB blocks of it.
+B=(--num-layers 2 --hidden-size 64 --num-attention-heads 2 --vocab-size 256 --max-position-embeddings 64 --rounds 1)
+mkdir bdir
+"$ZOFF" bench ckpt --dir bdir "${B[@]}" --json > bench.json 2>/dev/null || bad "bench ckpt runs"
+S=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint_bytes"])' bench.json)
+need=$(( (S + 4095) / 4096 * 4096 + S ))
+ZOFF_TEST_DISK_FREE=$((need - 1)) "$ZOFF" bench ckpt --dir bdir "${B[@]}" >/dev/null 2>err.txt
+check "bench ckpt with one byte less free than a round's $need bytes: exit 1, said in the benchmark's words, nothing left" \
+  "[ \$? -eq 1 ] && grep -q '^zoff bench ckpt: --dir bdir has .* free, but each round writes at least .* there at once: the checkpoint of this model (.*) and a file as large for the disk.s bound, then the safetensors export; free space in bdir, give another --dir, or measure a smaller model' err.txt \
+   && ! grep -q 'earlier checkpoints\|saving checkpoint' err.txt && [ -z \"\$(ls -A bdir)\" ]"
+ZOFF_TEST_DISK_FREE=$need "$ZOFF" bench ckpt --dir bdir "${B[@]}" >/dev/null 2>err.txt
+check "... with exactly that much free: it runs" "[ \$? -eq 0 ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
