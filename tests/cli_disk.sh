@@ -185,8 +185,8 @@ out=""; rc=77
 if [ ${#NS[@]} -gt 0 ]; then out=$("${NS[@]}" bash inner_bench.sh "$ZOFF" 2>&1); rc=$?; fi
 if [ $rc -eq 77 ]; then echo "skip - the benchmarks on a really full disk: cannot mount a tmpfs here"
 else
-  check "bench ckpt on a full --dir: exit 1, the disk full, the advice free space in b, another --dir, a smaller model" \
-    "echo '$out' | grep -q '^ckpt=1$' && grep -q 'No space left on device; the disk is full: free space in b, give another --dir, or measure a smaller model (--num-layers' bc.txt \
+  check "bench ckpt on a full --dir: exit 1, refused before writing (its 2 MiB < a round), the advice free space in b, another --dir, a smaller model" \
+    "echo '$out' | grep -q '^ckpt=1$' && grep -q 'bench ckpt: --dir b has 2.00 MiB free, but each round writes at least .*; free space in b, give another --dir, or measure a smaller model (--num-layers' bc.txt \
      && ! grep -q 'keep-last' bc.txt" || cat bc.txt
   check "bench nvme on a full --dir: exit 1, the swap file's size, the advice free space in b, another --dir, a smaller --size" \
     "echo '$out' | grep -q '^nvme=1$' && grep -q 'disk full: swap file b/.* needs .*: free space in b, give another --dir, or a smaller --size' bn.txt \

@@ -285,6 +285,16 @@ check "export --step 3 of a run saved at step 1: exit 2, lists step 1" \
 rc=$?
 check "sample --load DIR/step_00000002 of a folder without checkpoints: exit 2, says it holds none" \
   "[ $rc -eq 2 ] && grep -q 'its folder holds no complete checkpoint' '$W/step.err'"
+# a short name (step_1 for step_00000001, the spelling a user types from --step or the logs):
+# before, "No such file or directory" alone; now the folder's spelling and the path to give
+"$ZOFF" sample --load "$W/planrun0/step_1" --device cpu >/dev/null 2>"$W/step.err"
+rc=$?
+check "sample --load DIR/step_1 of a run saved at step 1: exit 2, gives DIR/step_00000001" \
+  "[ $rc -eq 2 ] && grep -q 'step_1: No such file or directory; step folders are named step_00000001: --load .*planrun0/step_00000001\$' '$W/step.err'"
+"$ZOFF" sample --load "$W/planrun0/step_3" --device cpu >/dev/null 2>"$W/step.err"
+rc=$?
+check "sample --load DIR/step_3 of a run saved at step 1: exit 2, lists step 1 and the folders' spelling" \
+  "[ $rc -eq 2 ] && grep -q 'step_3: No such file or directory; its folder holds complete checkpoints at step 1 (folders named like step_00000001)\$' '$W/step.err'"
 
 # ---- --init-from a folder: its model.safetensors (what export --output DIR/ writes, a Hugging Face
 # model folder), the same run as naming the file; a zoff checkpoint folder: the two ways to use it

@@ -155,10 +155,11 @@ grep '"loss"' "$W/onvme/metrics.jsonl" | sed 's/"tokens_per_s".*//' > "$W/n.txt"
 check "nvme offload (3 + resume to 6): losses, lr and grad norms bit-identical to cpu offload" \
   "[ -s '$W/c.txt' ] && cmp -s '$W/c.txt' '$W/n.txt'"
 
-# 11. the --save disk must hold one checkpoint's data, or the run is refused before it starts (not at its
-# first save): the reference is what an independent reader (scripts/zckpt.py) counts in a real checkpoint
-# of the same run, every entry but the metadata blobs; fp32 states, and bf16 m and v (offload cpu). zoff plan
-# prints the same figure for that setting ("checkpoint" in --json).
+# 11. the --save disk must hold one checkpoint, or the run is refused before it starts (not at its
+# first save): the reference is the size of the files (stat) of a real checkpoint of the same run,
+# its rank file and COMPLETE marker; fp32 states, and bf16 m and v (offload cpu). zoff plan prints
+# the rank files' bytes for that setting ("checkpoint" in --json). (Before: the entries' data only,
+# without the file's header, alignment, metadata blobs and index; tests/cli_ckpt_disk.sh.)
 for st in false true; do
   echo "{\"train_micro_batch_size_per_gpu\": 4, \"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": $st},
          \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}}" > "$W/disk-$st.json"
@@ -166,11 +167,11 @@ for st in false true; do
   ca=(--config "$W/disk-$st.json")
   rm -rf "$W/disk"
   "$ZOFF" train "${TINY[@]}" "${ca[@]}" --train-iters 1 --save "$W/disk" >/dev/null 2>&1
-  data=$("$PY" "$SRC/scripts/zckpt.py" list "$W/disk/step_00000001/rank_00000.zckpt" |
-         awk '$2 == "dtype" && $3 != 255 { s += $(NF - 3) } END { print s + 0 }')
+  rank=$(stat -c %s "$W/disk/step_00000001/rank_00000.zckpt")
+  data=$((rank + $(stat -c %s "$W/disk/step_00000001/COMPLETE")))
   rm -rf "$W/disk"
   ZOFF_TEST_DISK_FREE=$((data - 1)) "$ZOFF" train "${TINY[@]}" "${ca[@]}" --train-iters 1 --save "$W/disk" >"$W/err.txt" 2>&1
-  check "$what: a disk with one byte less free than a checkpoint's $data bytes of data: refused, naming --save and --no-checkpoint, nothing written" \
+  check "$what: a disk with one byte less free than a checkpoint's $data bytes: refused, naming --save and --no-checkpoint, nothing written" \
     "[ \$? -ne 0 ] && [ $data -gt 0 ] && grep -q -- '--save $W/disk' '$W/err.txt' && grep -q -- '--no-checkpoint' '$W/err.txt' && [ ! -e '$W/disk' ]"
   grep -m1 'checkpoint of this run' "$W/err.txt"
   ZOFF_TEST_DISK_FREE=$data "$ZOFF" train "${TINY[@]}" "${ca[@]}" --train-iters 1 --save "$W/disk" >"$W/err.txt" 2>&1
@@ -178,12 +179,12 @@ for st in false true; do
   rm -rf "$W/disk"
   "$ZOFF" plan "${ca[@]}" --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 \
     --vocab-size 256 --device cpu --no-probe --json > "$W/plan.json" 2>"$W/plan.err"
-  check "$what: zoff plan's checkpoint for stage 2, offload cpu, ratio 1 is the same $data bytes" \
+  check "$what: zoff plan's checkpoint for stage 2, offload cpu, ratio 1 is the rank file's $rank bytes" \
     "'$PY' -c 'import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))[\"rows\"] if r[\"stage\"] == 2 and r[\"offload\"] == \"cpu\"
         and r[\"ratio\"] == 1 and r[\"bf16_optimizer_states\"] == (sys.argv[2] == \"true\")]
 print(\"plan rows:\", [r[\"breakdown\"][\"checkpoint\"] for r in rows])
-sys.exit(not rows or any(r[\"breakdown\"][\"checkpoint\"] != int(sys.argv[3]) for r in rows))' '$W/plan.json' $st $data"
+sys.exit(not rows or any(r[\"breakdown\"][\"checkpoint\"] != int(sys.argv[3]) for r in rows))' '$W/plan.json' $st $rank"
 done
 ZOFF_TEST_DISK_FREE=1 "$ZOFF" train "${TINY[@]}" --train-iters 1 --no-checkpoint --save "$W/disk" >/dev/null 2>&1
 check "--no-checkpoint: no disk needed" "[ \$? -eq 0 ]"

@@ -216,6 +216,13 @@ zoff_status zoff_ckpt_reap_external(zoff_ckpt_writer *w);
 int64_t zoff_ckpt_writer_in_place(const zoff_ckpt_writer *w);
 /* Host bytes a writer holds for its piece buffers (the one home of that figure). */
 size_t zoff_ckpt_writer_buffer_bytes(void);
+/* The layout rule of a .zckpt file (the format above, the one home of its sizes): the bytes an
+ * entry of `bytes` data takes in the file (aligned up to ZOFF_CKPT_ALIGN; 0 for an empty one),
+ * and the size of a file of `count` entries whose spans add up to `spans` (the header block,
+ * the spans, the index). zoff_ckpt_marker_bytes: the COMPLETE marker of a step folder. */
+int64_t zoff_ckpt_entry_span(int64_t bytes);
+int64_t zoff_ckpt_file_bytes(size_t count, int64_t spans);
+size_t zoff_ckpt_marker_bytes(int64_t step, int nranks);
 /* How this writer's file is written, e.g. "io_uring, 1 thread x queue depth 3, 8.00 MiB blocks;
  * O_DIRECT" or "pwrite from the caller's thread, buffered (ZOFF_CKPT_IO=buffered)". */
 const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w);

@@ -432,7 +432,7 @@ int64_t zoff_engine_steps_taken(const zoff_engine *e);
  * elements, in partition order; with one rank: num_params elements in model
  * order) plus scalars. get copies one to a host buffer; set restores it (and
  * refreshes the model's weights from master). */
-int zoff_engine_state_count(const zoff_engine *e);
+int zoff_engine_state_count(const zoff_engine *e); /* the same for every engine and optimizer: e may be NULL */
 const char *zoff_engine_state_name(const zoff_engine *e, int i);
 zoff_status zoff_engine_state_get(zoff_engine *e, int i, float *host_dst);
 zoff_status zoff_engine_state_set(zoff_engine *e, int i, const float *host_src);

@@ -158,8 +158,9 @@ typedef struct zoff_plan_memory {
     /* disk */
     size_t disk_optimizer;    /* nvme: fp32 master, m, v */
     size_t disk_params;       /* stage 3, offload_param nvme: 16-bit parameter partition */
-    size_t checkpoint;        /* zoff train's checkpoint, all ranks' files: the data (zoff_train_ckpt_data_bytes;
-                                 not in the totals: it goes to --save, which this plan does not know) */
+    size_t checkpoint;        /* zoff train's checkpoint, all ranks' .zckpt files (zoff_train_ckpt_bytes, without
+                                 the COMPLETE marker; not in the totals: it goes to --save, which this plan does not know) */
+    const char *checkpoint_bound; /* NULL: that figure is exact; "at least" / "at most" (zoff_train_ckpt_bytes) */
     size_t snapshot;          /* a background save's whole snapshot arena (zoff_placement_snapshot_bytes, as
                                  zoff_engine_snapshot_bytes; not in the totals: a save takes what is left) */
     size_t snapshot_copy;     /* ... of which the copy of a device share (zoff_engine_snapshot_min_bytes) */

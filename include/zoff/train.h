@@ -98,6 +98,23 @@ size_t zoff_train_ckpt_gather_bytes(int world, int stage);
  * zoff_checkpoint_state_dtype (the files add their metadata and alignment, under 1 MiB each for
  * GPT-2). zoff train refuses a --save whose disk has less free; zoff plan prints it. */
 size_t zoff_train_ckpt_data_bytes(const zoff_config *cfg, int64_t n);
+/* The files of one checkpoint (DIR/step_X: every rank's .zckpt file, the COMPLETE marker when
+ * step >= 0), as zoff train's save writes them: the entries it adds sized by the .zckpt layout rule
+ * (zoff_ckpt_file_bytes). *bound (may be NULL): NULL when the figure is exact to the byte (one
+ * rank, or several in stage 0; a meta of under 4 KiB, which data paths of up to 1 KiB keep);
+ * "at least" with several ranks in stage 1-3 (the other ranks' shares and partitions are not laid
+ * out here); "at most" with the delayed parameter update (the device weights' entry is in the
+ * saves made while an update is pending: after its warm-up). zoff plan prints it, zoff train checks
+ * the --save disk against it. */
+typedef struct zoff_train_ckpt_size {
+    const zoff_config *cfg;
+    const zoff_gpt2_shape *shape;
+    zoff_dtype model_dtype;  /* the weights' dtype (the delayed update's device weights) */
+    int world;               /* ranks */
+    const char *config_text; /* the config the checkpoint stores (NULL: zoff train's built-in one, under 4 KiB) */
+    int64_t step;            /* the step (its COMPLETE marker's size); -1: the marker not counted */
+} zoff_train_ckpt_size;
+size_t zoff_train_ckpt_bytes(const zoff_train_ckpt_size *in, const char **bound);
 
 /* Background save (one rank): zoff_train_ckpt_save_start fixes the meta and config now and
  * starts a writer thread ("zoff-ckpt"; ZOFF_CKPT_WRITER_NICE lowers its priority) that streams the engine's host state

@@ -762,6 +762,10 @@ static zoff_status w_open_io(zoff_ckpt_writer *w) {
 const char *zoff_ckpt_writer_io(const zoff_ckpt_writer *w) { return w ? w->io : ""; }
 int64_t zoff_ckpt_writer_in_place(const zoff_ckpt_writer *w) { return w ? w->in_place : 0; }
 size_t zoff_ckpt_writer_buffer_bytes(void) { return CK_NPIECES * CK_PIECE_BYTES; }
+int64_t zoff_ckpt_entry_span(int64_t bytes) { return bytes > 0 ? align_up(bytes) : 0; }
+int64_t zoff_ckpt_file_bytes(size_t count, int64_t spans) {
+    return ZOFF_CKPT_ALIGN + spans + (int64_t)count * CK_ENTRY_BYTES;
+}
 
 static void w_free(zoff_ckpt_writer *w) {
     if (w->aio) (void)w_drain(w);
@@ -1042,7 +1046,7 @@ static zoff_status w_finish(zoff_ckpt_writer *w) {
         ZOFF_TRY(w_put(w, rec, sizeof rec));
     }
     h.index_crc = crc;
-    h.file_bytes = h.index_offset + h.index_bytes;
+    h.file_bytes = (uint64_t)zoff_ckpt_file_bytes(w->n, (int64_t)h.index_offset - ZOFF_CKPT_ALIGN); /* = index end */
     ZOFF_TRY(w_flush_end(w, h.file_bytes));
     uint8_t hb[ZOFF_CKPT_ALIGN];
     encode_header(&h, hb);
@@ -1100,10 +1104,18 @@ static zoff_status read_marker(const char *stepdir, int64_t *step, int *nranks) 
     return ZOFF_OK;
 }
 
+static int marker_text(char *text, size_t cap, int64_t step, int nranks) {
+    return snprintf(text, cap, "zoff-checkpoint 1\nstep %" PRId64 "\nranks %d\n", step, nranks);
+}
+size_t zoff_ckpt_marker_bytes(int64_t step, int nranks) {
+    char text[128];
+    return (size_t)marker_text(text, sizeof text, step, nranks);
+}
+
 static zoff_status write_marker(const char *stepdir, int64_t step, int nranks) {
     char p[CK_PATH], text[128];
     ZOFF_TRY(path_join(p, sizeof p, stepdir, CK_MARKER));
-    int n = snprintf(text, sizeof text, "zoff-checkpoint 1\nstep %" PRId64 "\nranks %d\n", step, nranks);
+    int n = marker_text(text, sizeof text, step, nranks);
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot create %s: %s", p, strerror(errno));
     zoff_status st = io_write_all(p, fd, text, (size_t)n, 0, NULL);
@@ -1334,27 +1346,45 @@ zoff_status zoff_ckpt_latest(const char *dir_in, int64_t *step) {
     return ZOFF_OK;
 }
 
+/* "step_<digits>" with any number of digits (step_3, step_003): the step a user means by it. */
+static bool loose_step_name(const char *name, int64_t *step) {
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) return false;
+    int64_t v = 0;
+    for (const char *q = name + 5; *q; q++) {
+        if (*q < '0' || *q > '9' || v > (INT64_MAX - 9) / 10) return false;
+        v = v * 10 + (*q - '0');
+    }
+    *step = v;
+    return true;
+}
+
 /* For a step directory that is not there: "; its folder holds complete checkpoints at steps 5, 6,
  * 7" (the newest few), or "; its folder holds no complete checkpoint", into hint; empty when the
- * path is no step directory or its folder cannot be read. */
+ * path is no step directory or its folder cannot be read. A name that is not the folder's spelling
+ * (step_3 for step_00000003) gets the spelling, and the path to give when that step is there. */
 static void missing_step_hint(const char *p, char *hint, size_t cap) {
     hint[0] = '\0';
     char parent[CK_PATH];
     snprintf(parent, sizeof parent, "%s", p);
     char *slash = strrchr(parent, '/');
     const char *base = slash ? slash + 1 : parent;
-    int64_t step;
-    if (parse_step_name(base, &step) != NAME_STEP) return;
+    int64_t step, *v = NULL;
+    if (!loose_step_name(base, &step)) return;
+    const bool canon = parse_step_name(base, &step) == NAME_STEP;
     if (slash == parent) slash[1] = '\0';
     else if (slash) *slash = '\0';
     else snprintf(parent, sizeof parent, ".");
-    int64_t *v = NULL;
     size_t n = 0;
     if (list_complete(parent, false, &v, &n) != ZOFF_OK) {
         zoff_clear_error();
         return;
     }
-    if (n == 0) {
+    bool there = false;
+    for (size_t i = 0; i < n; i++) there = there || v[i] == step;
+    char want[CK_PATH];
+    if (!canon && there && step_dir_path(parent, step, "", "", want, sizeof want) == ZOFF_OK) {
+        snprintf(hint, cap, "; step folders are named step_%08" PRId64 ": --load %s", step, want);
+    } else if (n == 0) {
         snprintf(hint, cap, "; its folder holds no complete checkpoint");
     } else {
         enum { SHOWN = 8 };
@@ -1366,6 +1396,8 @@ static void missing_step_hint(const char *p, char *hint, size_t cap) {
             m = snprintf(hint + used, cap - used, "%s%" PRId64, i > first ? ", " : "", v[i]);
             used = m > 0 && (size_t)m < cap - used ? used + (size_t)m : cap - 1;
         }
+        if (!canon && used < cap - 1)
+            snprintf(hint + used, cap - used, " (folders named like step_%08" PRId64 ")", v[n - 1]);
     }
     free(v);
 }
@@ -1376,7 +1408,7 @@ zoff_status zoff_ckpt_resolve(const char *path, char *out, size_t cap, int64_t *
     struct stat st;
     if (stat(p, &st) != 0) {
         int e = errno;
-        char have[160] = "";
+        char have[CK_PATH + 160] = "";
         missing_step_hint(p, have, sizeof have);
         return zoff_error(zoff_status_of_path_errno(e), "cannot open checkpoint %s: %s%s", p, strerror(e), have);
     }

@@ -33,6 +33,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/crc32c_internal.h"
+#include "zoff/resources.h"
 #include "zoff/safetensors.h"
 
 #define IO_BLOCK ((size_t)8 << 20)
@@ -222,6 +223,28 @@ static void report(double t[M_COUNT][MAX_ROUNDS], int rounds, size_t S, size_t S
 }
 
 /* 0: go on; -1: --help printed; else the exit code. */
+/* A round holds in --dir at once the disk bound's file (the checkpoint's size, whole 4 KiB blocks), the
+ * checkpoint (zoff_train_ckpt_bytes: what the save writes, to the byte), then the safetensors export. A
+ * --dir with less free than the first two is refused before anything is written, in the benchmark's
+ * words (before: the checkpoint writer's, "... earlier checkpoints in D/zoff-bench-ckpt.X/ckpt are
+ * untouched", of a folder the benchmark had removed). */
+static zoff_status check_room(const char *dir, const zoff_gpt2_shape *sh, const zoff_config *cfg, const char *json,
+                              int64_t n) {
+    const zoff_train_ckpt_size cks = {.cfg = cfg, .shape = sh, .model_dtype = ZOFF_BF16, .world = 1,
+                                      .config_text = json, .step = 1};
+    const size_t S = zoff_train_ckpt_bytes(&cks, NULL), need = (S + 4095) / 4096 * 4096 + S;
+    size_t free_b = 0;
+    if (!zoff_disk_free(dir, &free_b, NULL, 0) || free_b >= need) return ZOFF_OK;
+    char b1[32], b2[32], b3[32], np[48];
+    return zoff_error(ZOFF_ERR_IO,
+                      "--dir %s has %s free, but each round writes at least %s there at once: the checkpoint of "
+                      "this model (%s, %s) and a file as large for the disk's bound, then the safetensors export; "
+                      "free space in %s, give another --dir, or measure a smaller model (--num-layers, "
+                      "--hidden-size, --vocab-size)",
+                      dir, zoff_format_bytes(free_b, b1, sizeof b1), zoff_format_bytes(need, b2, sizeof b2),
+                      zoff_format_params(n, np, sizeof np), zoff_format_bytes(S, b3, sizeof b3), dir);
+}
+
 static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64_t *C, int64_t *NH, int64_t *V,
                       int64_t *P, int64_t *rounds, bool *json_out) {
     for (int i = 1; i < argc; i++) {
@@ -306,6 +329,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
     snprintf(meta.tokenizer, sizeof meta.tokenizer, "gpt2");
     double t[M_COUNT][MAX_ROUNDS] = {{0}};
     size_t S = 0, SX = 0;
+    if (s == ZOFF_OK) s = check_room(dir, zoff_gpt2_get_shape(m), &cfg, json, n);
     if (s == ZOFF_OK) { /* warm-up save: the checkpoint's size */
         rmtree(ckdir);
         s = cli_save_checkpoint(ckdir, eng, m, &meta, json);

@@ -287,9 +287,12 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
     printf("  host use %10s per node (x%s%s)\n", fmt_b(r->host_use, b[0], 32),
            zoff_format_count(in->machine.ranks_per_node, "rank", nr, sizeof nr), in->machine.backend == ZOFF_BACKEND_CPU ? "; CPU backend: device memory is host memory" : "");
     const size_t dfree = in->machine.disk_bytes;
-    printf("  checkpoint %8s per save, all ranks (fp32 master weights + optimizer state; zoff train refuses a --save "
-           "with less free disk%s%s%s)\n",
-           fmt_b(m->checkpoint, b[0], 32), dfree && dfree < m->checkpoint ? ": more than the " : "",
+    printf("  checkpoint %8s per save, all ranks (%s%s%zu bytes%s in its rank_NNNNN.zckpt files: fp32 master weights + "
+           "optimizer state + metadata; a save with --keep-last N is written beside N of them; zoff train refuses a "
+           "--save with less free disk%s%s%s)\n",
+           fmt_b(m->checkpoint, b[0], 32), m->checkpoint_bound ? m->checkpoint_bound : "",
+           m->checkpoint_bound ? " " : "", m->checkpoint, m->checkpoint_bound ? "" : " exactly",
+           dfree && dfree < m->checkpoint ? ": more than the " : "",
            dfree && dfree < m->checkpoint ? fmt_b(dfree, b[1], 32) : "",
            dfree && dfree < m->checkpoint ? " free at the planned disk; save elsewhere or --no-checkpoint" : "");
     print_saves(in, r, b);

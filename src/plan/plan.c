@@ -554,6 +554,21 @@ static void nvme_swap_memory(const zoff_config *cfg, bool pin, const plan_placem
     r->mem.disk_optimizer = add_sat(ZOFF_SWAP_HEADER_BYTES, pl->host_swap_bytes);
 }
 
+/* zoff train's checkpoint of the setting (zoff_train_ckpt_bytes): m and v by the setting's ratio, the
+ * state shared from stage 1 on with several ranks, the delayed update's device weights with an offload. */
+static void checkpoint_bytes(const zoff_plan_inputs *in, const zoff_config *cfg, const zoff_plan_setting *s,
+                             zoff_plan_memory *m) {
+    zoff_config ck = *cfg;
+    ck.zero.offload_optimizer.ratio = s->ratio;
+    ck.zero.offload_optimizer.ratio_auto = s->ratio_auto;
+    ck.zero.stage = s->stage;
+    ck.zero.offload_optimizer.device = s->offload;
+    ck.zero.cpu_offload = false;
+    const zoff_train_ckpt_size cks = {.cfg = &ck, .shape = &in->model.shape, .model_dtype = in->model.dtype,
+                                      .world = (int)in->machine.ranks, .config_text = in->cfg->source, .step = -1};
+    m->checkpoint = zoff_train_ckpt_bytes(&cks, &m->checkpoint_bound);
+}
+
 zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setting *s, zoff_plan_row *r) {
     memset(r, 0, sizeof *r);
     if (!in || !in->cfg || !s) return zoff_error(ZOFF_ERR_INVALID, "zoff_plan_evaluate: missing inputs");
@@ -651,10 +666,7 @@ zoff_status zoff_plan_evaluate(const zoff_plan_inputs *in, const zoff_plan_setti
      * transposed matrix, zoff_gpt2_st_loader_floats, is not planned) */
     size_t save = add_sat(zoff_train_ckpt_save_bytes(), zoff_train_ckpt_gather_bytes(R, s->stage));
     m->loop_pageable = save + 2 * (size_t)(B * T) * sizeof(int32_t);
-    zoff_config ck = with_states; /* the checkpoint stores m and v by the setting's ratio */
-    ck.zero.offload_optimizer.ratio = s->ratio;
-    ck.zero.offload_optimizer.ratio_auto = s->ratio_auto;
-    m->checkpoint = zoff_train_ckpt_data_bytes(&ck, n);
+    checkpoint_bytes(in, cfg, s, m);
 
     /* ---- totals, fit with the margin, runnable by this version */
     memory_fit(M, cfg, pinned, model_dev_before_engine, r);

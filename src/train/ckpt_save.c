@@ -41,6 +41,44 @@ size_t zoff_train_ckpt_data_bytes(const zoff_config *cfg, int64_t n) {
     const size_t per = zoff_placement_state_bytes_per_param(zoff_optimizer_state_arrays(cfg), zoff_checkpoint_state_dtype(cfg));
     return n > 0 && (size_t)n > SIZE_MAX / per ? SIZE_MAX : (size_t)(n > 0 ? n : 0) * per;
 }
+/* The entries write_entries and open_rank_file add, sized by the writer's layout rule
+ * (zoff_ckpt_entry_span, zoff_ckpt_file_bytes); the blobs (partition JSON, meta, a config of
+ * under 4 KiB) each take one 4 KiB block. */
+size_t zoff_train_ckpt_bytes(const zoff_train_ckpt_size *in, const char **bound) {
+    const zoff_config *cfg = in->cfg;
+    const zoff_zero_config *z = &cfg->zero;
+    const int world = in->world > 1 ? in->world : 1, arrays = zoff_engine_state_count(NULL); /* every optimizer's */
+    const int64_t blob = zoff_ckpt_entry_span(1), es = (int64_t)zoff_dtype_size(zoff_checkpoint_state_dtype(cfg));
+    const bool offload = z->offload_optimizer.device != ZOFF_OFFLOAD_NONE || z->cpu_offload;
+    const bool pending = offload && z->delayed_param_update, shared = world > 1 && z->stage >= 1;
+    const int nt = zoff_gpt2_num_tensors(in->shape->num_layers);
+    zoff_tensor_info *t = calloc((size_t)(nt > 0 ? nt : 1), sizeof *t);
+    zoff_gpt2_shape sh;
+    if (bound) *bound = shared ? "at least" : pending ? "at most" : NULL;
+    if (!t || zoff_gpt2_check_shape(in->shape, "checkpoint", &sh) != ZOFF_OK) {
+        free(t);
+        zoff_clear_error();
+        if (bound) *bound = "at least";
+        return zoff_train_ckpt_data_bytes(cfg, zoff_gpt2_count_params(in->shape));
+    }
+    const int64_t n = zoff_gpt2_tensor_table(&sh, t);
+    int64_t spans = 0, total = 0;
+    for (int i = 0; i < nt; i++) spans += zoff_ckpt_entry_span(t[i].numel * (int64_t)sizeof(float));
+    free(t);
+    /* the delayed update's device weights (a save while an update is pending: after its warm-up) */
+    if (pending) spans += zoff_ckpt_entry_span(n * (int64_t)zoff_dtype_size(in->model_dtype));
+    /* rank 0's state: all of it with one rank or a replica (stage 0); with several ranks in stage 1-3
+     * at least its share (the others' files hold the rest, each aligned by itself: not counted) */
+    const int64_t states = shared ? n * es : zoff_ckpt_entry_span(n * es);
+    spans += (arrays - 1) * states + blob /* partition */ + blob /* meta */;
+    spans += in->config_text && strlen(in->config_text) > 0 ? zoff_ckpt_entry_span((int64_t)strlen(in->config_text)) : blob;
+    total = zoff_ckpt_file_bytes((size_t)(nt + pending + arrays - 1 + 3), spans);
+    /* the other ranks: their state arrays (empty in stage 0), the partition blob */
+    total += (int64_t)(world - 1) * zoff_ckpt_file_bytes((size_t)arrays, blob);
+    if (in->step >= 0) total += (int64_t)zoff_ckpt_marker_bytes(in->step, world);
+    return (size_t)total;
+}
+
 /* What a save copies from the engine into the writer's piece at a time (then checksummed in cache). */
 static size_t slice_bytes(void) { return (size_t)256 << 10; }
 

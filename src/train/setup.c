@@ -245,36 +245,78 @@ zoff_status trainer_check_host_memory(const zoff_trainer *t) {
     return s != ZOFF_OK ? zoff_error_context(s, "host memory") : ZOFF_OK;
 }
 
-/* The --save directory's disk holds at least one checkpoint's data (zoff_train_ckpt_data_bytes:
- * a save writes the new checkpoint before it prunes older ones), or the run is refused before it
- * starts rather than at its first save, hours in. A resume whose --keep-last removes older
- * checkpoints at start (trainer_keep_last) has their room. Free space on one node (every rank's file goes
- * there); not checked with several nodes (each writes its own ranks' files, to a disk or a shared
- * one zoff cannot tell), where the free space is unknown, with --no-checkpoint, or with --overwrite
- * (whose deletions free space after this check). */
+/* How many checkpoints this run writes (every --save-interval steps before --train-iters, and
+ * the final one), and how many of them the --save disk holds at once beyond the `kept` already
+ * there: all of them, or with --keep-last K a save beside K (the start prunes to K). */
+static int64_t saves_at_once(const zoff_trainer *t, int64_t kept, int64_t *saves) {
+    const int64_t si = t->o.save_interval, T = t->o.train_iters, start = t->rd ? t->resume.step : 0;
+    *saves = (si > 0 && T > 1 ? (T - 1) / si - (start < T ? start : T - 1) / si : 0) + 1;
+    if (!t->o.keep_last) return *saves;
+    const int64_t beside = t->o.keep_last + 1 - (kept < t->o.keep_last ? kept : t->o.keep_last);
+    return beside < *saves ? beside : *saves;
+}
+
+/* The warning at start when the saves of this run will not all fit the free space of the --save
+ * disk (not a refusal: free space changes; the first save that does not fit fails, keeping the
+ * checkpoints before it). */
+static void warn_saves_fit(const zoff_trainer *t, size_t one, size_t free_b, const char *where, int64_t kept) {
+    int64_t saves = 0;
+    const int64_t at_once = saves_at_once(t, kept, &saves), room = one ? (int64_t)(free_b / one) : at_once;
+    if (room >= at_once) return;
+    char b1[32], b2[32], b3[32], how[160], fix[160];
+    if (t->o.keep_last)
+        snprintf(how, sizeof how, "--keep-last %lld: each written beside the %lld kept", (long long)t->o.keep_last,
+                 (long long)t->o.keep_last);
+    else
+        snprintf(how, sizeof how, "all kept");
+    const int64_t k = room - 1 + (kept < t->o.keep_last || !t->o.keep_last ? kept : t->o.keep_last);
+    if (k >= 1) snprintf(fix, sizeof fix, "keep fewer (--keep-last %lld)", (long long)k);
+    else snprintf(fix, sizeof fix, "free space there (even --keep-last 1 writes each save beside the newest)");
+    zoff_log(ZOFF_LOG_WARN,
+             "--save %s: this run writes %lld checkpoint%s of %s (%s), %s at once, but the disk holding %s has %s free: "
+             "room for %lld; %s, or choose a --save on a larger disk (the run starts: free space can change)",
+             t->o.save_dir, (long long)saves, saves == 1 ? "" : "s", zoff_format_bytes(one, b1, sizeof b1), how,
+             zoff_format_bytes(one * (size_t)at_once, b2, sizeof b2), where, zoff_format_bytes(free_b, b3, sizeof b3),
+             (long long)room, fix);
+}
+
+/* The --save directory's disk holds one checkpoint (zoff_train_ckpt_bytes: a save writes the new
+ * checkpoint before it prunes older ones), or the run is refused before it starts rather than at
+ * its first save, hours in; when all of this run's saves will not fit, a warning (warn_saves_fit).
+ * A resume whose --keep-last removes older checkpoints at start (trainer_keep_last) has their room.
+ * Free space on one node (every rank's file goes there); not checked with several nodes (each
+ * writes its own ranks' files, to a disk or a shared one zoff cannot tell), where the free space
+ * is unknown, with --no-checkpoint, or with --overwrite (whose deletions free space after this check). */
 zoff_status trainer_check_save_disk(const zoff_trainer *t) {
     bool buffered; /* how the saves will write: a bad ZOFF_CKPT_IO now, not after the training */
     if (!t->o.no_checkpoint && zoff_ckpt_io_buffered(&buffered) != ZOFF_OK)
         return zoff_error_context(ZOFF_ERR_INVALID, "--save %s", t->o.save_dir);
     if (t->o.no_checkpoint || t->o.overwrite) return ZOFF_OK; /* (--overwrite frees the old ones' space later) */
-    size_t held = 0; /* --keep-last removes the older ones at start (trainer_keep_last): each frees at least `need` */
-    if (t->o.keep_last && zoff_ckpt_count(t->o.save_dir, &held) == ZOFF_OK && held > (size_t)t->o.keep_last)
-        return ZOFF_OK;
-    zoff_clear_error();
     if (t->info.world > 1 && zoff_comm_local_size(t->comm) < t->info.world) return ZOFF_OK;
-    const int64_t n = zoff_gpt2_count_params(&t->info.shape);
-    const size_t need = zoff_train_ckpt_data_bytes(&t->cfg, n);
+    size_t held = 0;
+    if (zoff_ckpt_count(t->o.save_dir, &held) != ZOFF_OK) held = 0; /* (a new --save) */
+    zoff_clear_error();
+    const zoff_train_ckpt_size cks = {.cfg = &t->cfg, .shape = &t->info.shape, .model_dtype = t->info.dtype,
+                                      .world = t->info.world, .config_text = t->cfg.source, .step = t->o.train_iters};
+    const char *bound = NULL;
+    const size_t need = zoff_train_ckpt_bytes(&cks, &bound);
     size_t free_b = 0;
     char where[4096], b1[32], b2[32], np[48];
-    if (!zoff_disk_free(t->o.save_dir, &free_b, where, sizeof where) || free_b >= need) return ZOFF_OK;
-    const int arrays = zoff_optimizer_state_arrays(&t->cfg);
+    if (!zoff_disk_free(t->o.save_dir, &free_b, where, sizeof where)) return ZOFF_OK;
+    /* --keep-last removes the older ones at start (trainer_keep_last): each frees about `need` */
+    const size_t pruned = t->o.keep_last && held > (size_t)t->o.keep_last ? held - (size_t)t->o.keep_last : 0;
+    if (free_b >= need || pruned) {
+        warn_saves_fit(t, need, pruned && SIZE_MAX - free_b > pruned * need ? free_b + pruned * need : free_b, where,
+                       (int64_t)held);
+        return ZOFF_OK;
+    }
     return zoff_error(ZOFF_ERR_IO,
-                      "--save %s: a checkpoint of this run holds at least %s (%zu bytes; %s: fp32 master "
-                      "weights + %d optimizer state array%s in %s), but the disk holding %s has %s (%zu bytes) free; "
-                      "free space there, choose a --save on a larger disk, or train without checkpoints "
-                      "(--no-checkpoint)",
-                      t->o.save_dir, zoff_format_bytes(need, b1, sizeof b1), need, zoff_format_params(n, np, sizeof np), arrays - 1,
-                      arrays == 2 ? "" : "s", zoff_dtype_name(zoff_checkpoint_state_dtype(&t->cfg)), where,
+                      "--save %s: a checkpoint of this run holds %s%s%s (%zu bytes; %s: fp32 master weights, optimizer "
+                      "state in %s, metadata), but the disk holding %s has %s (%zu bytes) free; free space there, "
+                      "choose a --save on a larger disk, or train without checkpoints (--no-checkpoint)",
+                      t->o.save_dir, bound ? bound : "", bound ? " " : "", zoff_format_bytes(need, b1, sizeof b1), need,
+                      zoff_format_params(zoff_gpt2_count_params(&t->info.shape), np, sizeof np),
+                      zoff_dtype_name(zoff_checkpoint_state_dtype(&t->cfg)), where,
                       zoff_format_bytes(free_b, b2, sizeof b2), free_b);
 }
 
