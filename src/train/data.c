@@ -60,13 +60,36 @@ zoff_status zoff_train_default_data(const char *dir, zoff_tokenizer *tok, char *
 
 /* The shard paths: --data-path / --val-path, or the default corpus (several ranks: local rank 0
  * builds it, the others wait and find it). */
-/* path as an absolute one into out[1024] ("" when it does not fit): what a checkpoint records. */
+/* A --data-path / --val-path (a comma-separated list, as zoff_dataset_open reads it) with each of its
+ * paths made absolute, into out[1024] ("" when it does not fit): what a checkpoint records, so that a
+ * resume from another directory reads the same files. */
 static void absolute(const char *path, char *out) {
     char cwd[4096];
-    int n = path[0] == '/'             ? snprintf(out, 1024, "%s", path)
-            : getcwd(cwd, sizeof cwd) ? snprintf(out, 1024, "%s/%s", cwd, path)
-                                       : -1;
-    if (n < 0 || n >= 1024) out[0] = '\0';
+    const bool have_cwd = getcwd(cwd, sizeof cwd) != NULL;
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *p = path; *p;) {
+        size_t len = strcspn(p, ",");
+        int n = len == 0                  ? 0
+                : p[0] == '/'             ? snprintf(out + used, 1024 - used, "%.*s", (int)len, p)
+                : have_cwd                ? snprintf(out + used, 1024 - used, "%s/%.*s", cwd, (int)len, p)
+                                          : -1;
+        if (n < 0 || (size_t)n >= 1024 - used) {
+            out[0] = '\0';
+            return;
+        }
+        used += (size_t)n;
+        p += len;
+        if (*p == ',') p++;
+        if (*p && len > 0) {
+            if (used + 1 >= 1024) {
+                out[0] = '\0';
+                return;
+            }
+            out[used++] = ',';
+            out[used] = '\0';
+        }
+    }
 }
 
 /* A resume without --data-path reads the run's shards (the checkpoint's record of them). */
@@ -82,6 +105,10 @@ static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path,
         snprintf(val_path, cap, "%s", vp ? vp : "");
         absolute(dp, t->data_abs);
         if (vp) absolute(vp, t->val_abs);
+        if (!t->data_abs[0] || (vp && !t->val_abs[0]))
+            trainer_say(t, "note: %s is too long for the checkpoint to record (1023 characters at most): give it "
+                           "again when you resume this run, or name the shards with a glob or their folder",
+                        !t->data_abs[0] ? "--data-path" : "--val-path");
         return ZOFF_OK;
     }
     bool first = t->info.world == 1 || zoff_comm_local_rank(t->comm) == 0;
