@@ -45,5 +45,19 @@ check "resume of a relative --data-path list from another directory: exit 0, ste
 check "... reading the run's shards: losses bit-identical to the straight run" \
   "[ -n \"\$(losses '$W/list')\" ] && [ \"\$(losses '$W/list')\" = \"\$(losses '$W/list_straight')\" ]"
 
+# 2. a shard in a --data-path directory that is a link to a file gone: refused, exit 2, naming the
+#    link (before: skipped unsaid, the run trained on the other shards; a glob refused it)
+mkdir -p "$W/dl"
+ln -s ../a.bin "$W/dl/a.bin"; ln -s ../gone.bin "$W/dl/b.bin"
+"$ZOFF" train "${TINY[@]}" --data-path "$W/dl" --val-path "$W/val.bin" --train-iters 1 --save "$W/dl_run" \
+  >"$W/dl.txt" 2>&1
+rc=$?
+check "a dangling link in a --data-path directory: exit 2, names the link and its target, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'dl/b.bin (a link to ../gone.bin): No such file' '$W/dl.txt' && [ ! -e '$W/dl_run' ]"
+rm "$W/dl/b.bin"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/dl" --val-path "$W/val.bin" --train-iters 1 --save "$W/dl_run2" \
+  >"$W/dl.txt" 2>&1
+check "... a directory of a link to a shard trains (exit 0)" "[ $? -eq 0 ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

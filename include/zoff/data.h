@@ -64,7 +64,8 @@ int32_t zoff_shard_vocab_size(const zoff_shard *s); /* header[3]; 0 = unknown */
 /* ======================================================================= dataset
  * An ordered list of open shards. `pattern` is one of
  *   - a file:        out/data/corpus_train.bin
- *   - a directory:   every *.bin directly inside it, sorted by name
+ *   - a directory:   every *.bin directly inside it, sorted by name (a *.bin link to a file
+ *                    that is gone is an error naming it, as it is in a glob or given alone)
  *   - a glob:        'out/data/train_*.bin' (sorted by name; quote it in the shell)
  *   - a comma-separated list of the above, taken in the order given.
  * No match is an error naming the pattern. */
