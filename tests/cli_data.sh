@@ -59,5 +59,14 @@ rm "$W/dl/b.bin"
   >"$W/dl.txt" 2>&1
 check "... a directory of a link to a shard trains (exit 0)" "[ $? -eq 0 ]"
 
+# 3. an epoch wrap is reported: windows = (tokens - 1) // 16, batches an epoch = windows // 4, so
+#    the step after the last batch of epoch 1 begins epoch 2 (before: nothing said)
+first=$("$PY" -c 'print((20000 - 1) // 16 // 4 + 1)')
+"$ZOFF" train "${TINY[@]}" --data-path "$W/a.bin" --val-path "$W/val.bin" --train-iters "$first" \
+  --save "$W/epoch" >"$W/epoch.txt" 2>&1
+rc=$?
+check "an epoch wrap: exit 0, 'step $first began epoch 2 of the training data' said once" \
+  "[ $rc -eq 0 ] && [ \$(grep -c 'step $first began epoch 2 of the training data: an epoch reads 1248 of its 1249 windows' '$W/epoch.txt') -eq 1 ] && [ \$(grep -c 'began epoch' '$W/epoch.txt') -eq 1 ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
