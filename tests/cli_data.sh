@@ -68,5 +68,30 @@ rc=$?
 check "an epoch wrap: exit 0, 'step $first began epoch 2 of the training data' said once" \
   "[ $rc -eq 0 ] && [ \$(grep -c 'step $first began epoch 2 of the training data: an epoch reads 1248 of its 1249 windows' '$W/epoch.txt') -eq 1 ] && [ \$(grep -c 'began epoch' '$W/epoch.txt') -eq 1 ]"
 
+# 4. a shard written again between a run and its resume, the same size with other tokens (a corpus
+#    re-tokenized): the resume warns (before: silently other data; a shard removed, added or of
+#    another size is refused, exit 2, as before)
+mkdir -p "$W/mod"; cp "$W/a.bin" "$W/b.bin" "$W/mod/"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/mod" --val-path "$W/val.bin" --train-iters 2 --save "$W/modrun" \
+  >/dev/null 2>&1
+"$ZOFF" train --load "$W/modrun" --train-iters 3 >"$W/mod1.txt" 2>&1
+rc=$?
+check "resume over the same shards: exit 0, no warning about their tokens" \
+  "[ $rc -eq 0 ] && ! grep -q 'other tokens' '$W/mod1.txt'"
+"$PY" -c "
+import numpy as np
+h = np.fromfile('$W/mod/b.bin', dtype='<i4', count=256)
+t = np.random.default_rng(9).integers(0, 256, int(h[2])).astype('<u2')
+with open('$W/mod/b.bin', 'wb') as f: f.write(h.tobytes()); f.write(t.tobytes())"
+"$ZOFF" train --load "$W/modrun" --train-iters 4 >"$W/mod2.txt" 2>&1
+rc=$?
+check "resume over a shard written again (same size, other tokens): exit 0, warns that the data holds other tokens" \
+  "[ $rc -eq 0 ] && grep -q 'warning: the data position is restored, but --data-path holds other tokens than the saved run' '$W/mod2.txt'"
+rm "$W/mod/b.bin"
+"$ZOFF" train --load "$W/modrun" --train-iters 5 >"$W/mod3.txt" 2>&1
+rc=$?
+check "resume with a shard removed: exit 2, the data position refused" \
+  "[ $rc -eq 2 ] && grep -q 'cannot restore the data position' '$W/mod3.txt' && [ ! -e '$W/modrun/step_00000005' ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -434,6 +434,8 @@ static void test_loader_save_restore(void **state) {
     assert_int_equal(st.window, 3 * B);
     o.seed = 999; /* restoring brings the saved seed back */
     CHECK_OK(zoff_loader_create(ds, &o, &b));
+    assert_true(st.contents != 0); /* the same data: the same contents digest */
+    assert_true(zoff_loader_get_state(b).contents == st.contents);
     CHECK_OK(zoff_loader_set_state(b, &st));
     for (int64_t i = 0; i < 2 * nb; i++) {
         CHECK_OK(zoff_loader_next(a, x, y));

@@ -144,6 +144,9 @@ typedef struct zoff_loader_state {
     int64_t seq_len;      /* T, checked on restore */
     int64_t num_windows;  /* windows in the split, checked on restore */
     uint64_t fingerprint; /* hash of the split's shard sizes and T, checked on restore */
+    uint64_t contents;    /* hash of tokens sampled from each shard of the split (0: not recorded, as in
+                           * older checkpoints): another value on restore, the same files and sizes holding
+                           * other tokens (re-written since), is a warning, not an error */
 } zoff_loader_state;
 zoff_loader_state zoff_loader_get_state(const zoff_loader *l);
 zoff_status zoff_loader_set_state(zoff_loader *l, const zoff_loader_state *s);

@@ -18,7 +18,7 @@ struct zoff_loader {
     segment *segs;
     int num_segs;
     int64_t num_windows;
-    uint64_t fingerprint;
+    uint64_t fingerprint, contents;
     /* position */
     uint64_t seed;
     int64_t epoch;
@@ -85,6 +85,21 @@ zoff_loader_options zoff_loader_defaults(int64_t batch_size, int64_t seq_len) {
     return o;
 }
 
+/* The loader's contents digest: CRC32C of 8 blocks of up to 512 tokens spread over each segment (its
+ * first and last among them), so that opening a large dataset reads 8 KiB a shard, not the shards.
+ * Never 0 (0: not recorded). */
+static uint64_t contents_digest(const segment *segs, int n, int64_t T) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int i = 0; i < n; i++) {
+        const int64_t len = segs[i].num_windows * T + 1, blk = len < 512 ? len : 512;
+        for (int64_t k = 0; k < 8; k++) {
+            const int64_t off = (len - blk) * k / 7;
+            h = fnv(h, zoff_crc32c(0, segs[i].tokens + off, (size_t)blk * sizeof(uint16_t)));
+        }
+    }
+    return h ? h : 1;
+}
+
 static const char *split_name(zoff_data_split s) {
     return s == ZOFF_SPLIT_TRAIN ? "the train split" : s == ZOFF_SPLIT_VAL ? "the val split" : "the data";
 }
@@ -140,6 +155,7 @@ zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options
         g0 = g1;
     }
     l->fingerprint = fp;
+    l->contents = contents_digest(l->segs, l->num_segs, T);
     const int64_t need = B * (int64_t)opt->world_size;
     if (l->num_windows < need) {
         zoff_status st = zoff_error(ZOFF_ERR_INVALID,
@@ -228,6 +244,7 @@ zoff_loader_state zoff_loader_get_state(const zoff_loader *l) {
     s.seq_len = l->opt.seq_len;
     s.num_windows = l->num_windows;
     s.fingerprint = l->fingerprint;
+    s.contents = l->contents;
     return s;
 }
 
@@ -252,6 +269,12 @@ zoff_status zoff_loader_set_state(zoff_loader *l, const zoff_loader_state *s) {
         return zoff_error(ZOFF_ERR_INVALID, "cannot restore the data position: epoch %lld window %lld is out of range "
                                             "(%lld windows); the saved state is corrupt",
                           (long long)s->epoch, (long long)s->window, (long long)l->num_windows);
+    if (s->contents != 0 && s->contents != l->contents)
+        zoff_log(ZOFF_LOG_WARN,
+                 "the data position is restored, but %s holds other tokens than the saved run's (the same files "
+                 "and sizes, other contents: written again since?): training goes on from the same position over "
+                 "the new tokens; resume with the run's shards to continue it exactly",
+                 l->opt.what ? l->opt.what : split_name(l->opt.split));
     l->seed = s->seed;
     l->epoch = s->epoch;
     l->window = s->window;
