@@ -93,5 +93,24 @@ rc=$?
 check "resume with a shard removed: exit 2, the data position refused" \
   "[ $rc -eq 2 ] && grep -q 'cannot restore the data position' '$W/mod3.txt' && [ ! -e '$W/modrun/step_00000005' ]"
 
+# 5. one file named twice: in --data-path and --val-path (a folder of zoff tokenize's output holds
+#    NAME_val.bin too), or twice in --data-path (a list and a link): a warning naming both
+#    (before: the validation loss was measured on training data, or a shard read twice an epoch, unsaid)
+mkdir -p "$W/both"; cp "$W/a.bin" "$W/both/x_train.bin"; cp "$W/val.bin" "$W/both/x_val.bin"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/both" --val-path "$W/both/x_val.bin" --train-iters 1 \
+  --save "$W/both_run" >"$W/both.txt" 2>&1
+rc=$?
+check "--data-path a folder holding the --val-path shard: exit 0, warns naming the shard" \
+  "[ $rc -eq 0 ] && grep -q \"warning: --val-path's $W/both/x_val.bin is also a training shard\" '$W/both.txt'"
+ln -s a.bin "$W/a_link.bin"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/a.bin,$W/a_link.bin" --val-path "$W/val.bin" --train-iters 1 \
+  --save "$W/twice_run" >"$W/twice.txt" 2>&1
+rc=$?
+check "--data-path naming one file twice (itself and a link to it): exit 0, warns naming both" \
+  "[ $rc -eq 0 ] && grep -q 'warning: --data-path names one file twice, $W/a.bin and $W/a_link.bin' '$W/twice.txt'"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/a.bin,$W/b.bin" --val-path "$W/val.bin" --train-iters 1 \
+  --save "$W/distinct_run" >"$W/distinct.txt" 2>&1
+check "... distinct shards: no such warning" "[ $? -eq 0 ] && ! grep -q 'warning' '$W/distinct.txt'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

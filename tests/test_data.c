@@ -288,6 +288,22 @@ static void test_dataset_patterns(void **state) {
     CHECK_OK(zoff_dataset_open(pat, 256, &ds));
     assert_int_equal(zoff_dataset_num_shards(ds), 2);
     assert_int_equal(zoff_dataset_num_tokens(ds), 60);
+    /* one file in two datasets, or twice in one (another spelling of its path) */
+    zoff_dataset *ds2;
+    int ia = -1, ib = -1;
+    snprintf(pat, sizeof pat, "%s/ds/train_000001.bin,%s/ds/../ds/train_000000.bin", g_dir, g_dir);
+    CHECK_OK(zoff_dataset_open(pat, 256, &ds2));
+    assert_false(zoff_dataset_same_file(ds, ds, &ia, &ib));
+    assert_true(zoff_dataset_same_file(ds, ds2, &ia, &ib));
+    assert_int_equal(ia, 1);
+    assert_int_equal(ib, 1);
+    zoff_dataset_free(ds2);
+    snprintf(pat, sizeof pat, "%s/ds/train_000000.bin,%s/ds", g_dir, g_dir);
+    CHECK_OK(zoff_dataset_open(pat, 256, &ds2));
+    assert_true(zoff_dataset_same_file(ds2, ds2, &ia, &ib));
+    assert_int_equal(ia, 0);
+    assert_int_equal(ib, 1); /* the folder's first shard, train_000000.bin */
+    zoff_dataset_free(ds2);
     zoff_dataset_free(ds);
 
     snprintf(pat, sizeof pat, "%s/ds/nothing_*.bin", g_dir);

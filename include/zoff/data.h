@@ -75,6 +75,10 @@ void zoff_dataset_free(zoff_dataset *ds);
 int zoff_dataset_num_shards(const zoff_dataset *ds);
 const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i);
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds); /* over all shards */
+/* Whether a shard of `a` (index *ia) is the same file (device and inode: also through a link or
+ * another spelling of its path) as one of `b` (*ib): the first such pair. With a == b, two
+ * shards of one dataset (*ia < *ib): a file listed twice, read twice an epoch. */
+bool zoff_dataset_same_file(const zoff_dataset *a, const zoff_dataset *b, int *ia, int *ib);
 typedef struct zoff_tokenizer zoff_tokenizer;
 /* Every shard that records its tokenizer's vocabulary (zoff tokenize's) records tok's: else
  * ZOFF_ERR_FORMAT naming the file, both tokenizers and what to do (hint appended). */

@@ -163,6 +163,21 @@ static zoff_status same_data(zoff_trainer *t) {
     return s;
 }
 
+/* One file twice in --data-path (its windows read twice an epoch) or in both --data-path and --val-path
+ * (validation on training data): said, not refused (a repeat may be meant). Rank 0. */
+static void warn_same_files(const zoff_trainer *t) {
+    int i, j;
+    if (t->info.rank != 0) return;
+    if (zoff_dataset_same_file(t->train_ds, t->train_ds, &i, &j))
+        zoff_log(ZOFF_LOG_WARN, "--data-path names one file twice, %s and %s: each epoch reads its windows twice",
+                 zoff_shard_path(zoff_dataset_shard(t->train_ds, i)), zoff_shard_path(zoff_dataset_shard(t->train_ds, j)));
+    if (t->val_ds && zoff_dataset_same_file(t->train_ds, t->val_ds, &i, &j))
+        zoff_log(ZOFF_LOG_WARN,
+                 "--val-path's %s is also a training shard (--data-path's %s): the validation loss is measured on "
+                 "data the model trains on; give --data-path the training shards only (e.g. 'DIR/NAME_train*.bin')",
+                 zoff_shard_path(zoff_dataset_shard(t->val_ds, j)), zoff_shard_path(zoff_dataset_shard(t->train_ds, i)));
+}
+
 zoff_status trainer_open_data(zoff_trainer *t) {
     char train_path[4096], val_path[4096];
     ZOFF_TRY(data_paths(t, train_path, val_path, sizeof train_path));
@@ -189,6 +204,7 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     }
     if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)
         return zoff_error_context(s, "training data");
+    warn_same_files(t);
     ZOFF_TRY(same_data(t));
     return t->o.eval_iters > 0 ? open_validation(t, split_val, lo.val_tokens) : ZOFF_OK;
 }
