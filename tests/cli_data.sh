@@ -22,6 +22,7 @@ def shard(name, n, seed):
     t = np.random.default_rng(seed).integers(0, 256, n).astype('<u2')
     with open(f'{d}/{name}', 'wb') as f: f.write(h.tobytes()); f.write(t.tobytes())
 shard('a.bin', 20000, 1); shard('b.bin', 6000, 2); shard('val.bin', 3000, 3)
+shard('short16.bin', 16, 4); shard('empty.bin', 0, 5); shard('exact17.bin', 17, 6)
 EOF
 # a schedule of its own (the built-in one spans --train-iters: 2 and 4 steps would differ)
 echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 2e-3}},
@@ -111,6 +112,15 @@ check "--data-path naming one file twice (itself and a link to it): exit 0, warn
 "$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/a.bin,$W/b.bin" --val-path "$W/val.bin" --train-iters 1 \
   --save "$W/distinct_run" >"$W/distinct.txt" 2>&1
 check "... distinct shards: no such warning" "[ $? -eq 0 ] && ! grep -q 'warning' '$W/distinct.txt'"
+
+# 6. shards shorter than one window (seq_len + 1 = 17 tokens: windows never cross shards) are not
+#    read: a note says how many, their tokens and the first (before: left out unsaid); a shard of
+#    exactly 17 tokens is one window, read
+"$ZOFF" train "${TINY[@]}" --data-path "$W/a.bin,$W/short16.bin,$W/exact17.bin,$W/empty.bin" --val-path "$W/val.bin" \
+  --train-iters 1 --save "$W/short_run" >"$W/short.txt" 2>&1
+rc=$?
+check "shards of 16 and 0 tokens at seq 16: exit 0, a note names 2 of 4 shards, 16 tokens, the first" \
+  "[ $rc -eq 0 ] && grep -q \"note: 2 of --data-path's 4 shards (16 tokens; the first: $W/short16.bin) hold fewer than seq_len + 1 = 17 tokens\" '$W/short.txt'"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

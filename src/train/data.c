@@ -178,6 +178,26 @@ static void warn_same_files(const zoff_trainer *t) {
                  zoff_shard_path(zoff_dataset_shard(t->val_ds, j)), zoff_shard_path(zoff_dataset_shard(t->train_ds, i)));
 }
 
+/* Shards too short for one window (seq_len + 1 tokens; windows never cross shards) are not read: said,
+ * naming the first, so that data left out is not a surprise. Rank 0. */
+static void note_short_shards(const zoff_trainer *t, const zoff_dataset *ds, const char *flag) {
+    const int64_t need = t->info.seq_len + 1;
+    int n = 0, first = -1;
+    int64_t tokens = 0;
+    for (int i = 0; i < zoff_dataset_num_shards(ds); i++) {
+        int64_t k = zoff_shard_num_tokens(zoff_dataset_shard(ds, i));
+        if (k >= need) continue;
+        if (first < 0) first = i;
+        n++;
+        tokens += k;
+    }
+    if (n > 0)
+        trainer_say(t, "note: %d of %s's %d shards (%lld tokens; the first: %s) hold fewer than seq_len + 1 = %lld "
+                       "tokens, one window: they are not read",
+                    n, flag, zoff_dataset_num_shards(ds), (long long)tokens,
+                    zoff_shard_path(zoff_dataset_shard(ds, first)), (long long)need);
+}
+
 zoff_status trainer_open_data(zoff_trainer *t) {
     char train_path[4096], val_path[4096];
     ZOFF_TRY(data_paths(t, train_path, val_path, sizeof train_path));
@@ -205,6 +225,8 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)
         return zoff_error_context(s, "training data");
     warn_same_files(t);
+    note_short_shards(t, t->train_ds, "--data-path");
+    if (t->val_ds && t->o.eval_iters > 0) note_short_shards(t, t->val_ds, "--val-path");
     ZOFF_TRY(same_data(t));
     return t->o.eval_iters > 0 ? open_validation(t, split_val, lo.val_tokens) : ZOFF_OK;
 }
