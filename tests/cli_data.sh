@@ -122,5 +122,10 @@ rc=$?
 check "shards of 16 and 0 tokens at seq 16: exit 0, a note names 2 of 4 shards, 16 tokens, the first" \
   "[ $rc -eq 0 ] && grep -q \"note: 2 of --data-path's 4 shards (16 tokens; the first: $W/short16.bin) hold fewer than seq_len + 1 = 17 tokens\" '$W/short.txt'"
 
+# 7. the help says what --data-path takes, the list form too (before: "file, directory or glob", while
+#    a comma-separated list, section 1, is read)
+check "zoff train --help and zoff eval --help name the comma-separated list of --data-path" \
+  "\"$ZOFF\" train --help 2>&1 | grep -q 'comma-separated list of these' && \"$ZOFF\" eval --help 2>&1 | grep -q 'comma-separated list of these'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
