@@ -127,5 +127,20 @@ check "shards of 16 and 0 tokens at seq 16: exit 0, a note names 2 of 4 shards, 
 check "zoff train --help and zoff eval --help name the comma-separated list of --data-path" \
   "\"$ZOFF\" train --help 2>&1 | grep -q 'comma-separated list of these' && \"$ZOFF\" eval --help 2>&1 | grep -q 'comma-separated list of these'"
 
+# 8. a shard truncated in place while a run reads it (a script writing it again): the run ends with an
+#    error naming the shard, exit 1, its last checkpoint kept (before: "Bus error", exit 135, no word)
+cp "$W/a.bin" "$W/trunc.bin"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/trunc.bin" --val-path "$W/val.bin" --train-iters 1000000 \
+  --save-interval 50 --save "$W/trunc_run" >"$W/trunc.txt" 2>&1 &
+pid=$!
+for _ in $(seq 600); do [ -d "$W/trunc_run/step_00000050" ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+: > "$W/trunc.bin"
+for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+kill $pid 2>/dev/null
+wait $pid
+rc=$?
+check "a shard truncated during the run: exit 1, the error names it, a checkpoint kept" \
+  "[ $rc -eq 1 ] && grep -q '$W/trunc.bin: the file became shorter while this run reads it' '$W/trunc.txt' && [ -f '$W/trunc_run/step_00000050/COMPLETE' ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -129,7 +129,9 @@ void zoff_loader_free(zoff_loader *l);
 
 /* Fill inputs and targets, each (B,T) int32 row-major, and advance. A token id not
  * below the dataset's vocab_size in a window it reads: ZOFF_ERR_FORMAT naming the
- * shard file and the position. */
+ * shard file and the position. A shard whose file became shorter since it was opened
+ * (the mapped pages gone: SIGBUS, caught while the batch is copied): ZOFF_ERR_IO
+ * naming it, the position not advanced. */
 zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets);
 /* Back to the first batch of epoch 0. */
 void zoff_loader_reset(zoff_loader *l);
