@@ -288,6 +288,22 @@ static void test_dataset_patterns(void **state) {
     CHECK_OK(zoff_dataset_open(pat, 256, &ds));
     assert_int_equal(zoff_dataset_num_shards(ds), 2);
     assert_int_equal(zoff_dataset_num_tokens(ds), 60);
+    /* one file in two datasets, or twice in one (another spelling of its path) */
+    zoff_dataset *ds2;
+    int ia = -1, ib = -1;
+    snprintf(pat, sizeof pat, "%s/ds/train_000001.bin,%s/ds/../ds/train_000000.bin", g_dir, g_dir);
+    CHECK_OK(zoff_dataset_open(pat, 256, &ds2));
+    assert_false(zoff_dataset_same_file(ds, ds, &ia, &ib));
+    assert_true(zoff_dataset_same_file(ds, ds2, &ia, &ib));
+    assert_int_equal(ia, 1);
+    assert_int_equal(ib, 1);
+    zoff_dataset_free(ds2);
+    snprintf(pat, sizeof pat, "%s/ds/train_000000.bin,%s/ds", g_dir, g_dir);
+    CHECK_OK(zoff_dataset_open(pat, 256, &ds2));
+    assert_true(zoff_dataset_same_file(ds2, ds2, &ia, &ib));
+    assert_int_equal(ia, 0);
+    assert_int_equal(ib, 1); /* the folder's first shard, train_000000.bin */
+    zoff_dataset_free(ds2);
     zoff_dataset_free(ds);
 
     snprintf(pat, sizeof pat, "%s/ds/nothing_*.bin", g_dir);
@@ -434,6 +450,8 @@ static void test_loader_save_restore(void **state) {
     assert_int_equal(st.window, 3 * B);
     o.seed = 999; /* restoring brings the saved seed back */
     CHECK_OK(zoff_loader_create(ds, &o, &b));
+    assert_true(st.contents != 0); /* the same data: the same contents digest */
+    assert_true(zoff_loader_get_state(b).contents == st.contents);
     CHECK_OK(zoff_loader_set_state(b, &st));
     for (int64_t i = 0; i < 2 * nb; i++) {
         CHECK_OK(zoff_loader_next(a, x, y));
@@ -442,6 +460,25 @@ static void test_loader_save_restore(void **state) {
         assert_memory_equal(y, y2, sizeof y);
     }
     zoff_loader_free(b);
+
+    /* another micro-batch on resume: the position counts windows, so two batches of B/2 restored
+     * from it read exactly the B windows one batch of B restored from it reads (docs/reliability.md) */
+    zoff_loader *full, *half;
+    o.seed = 7;
+    CHECK_OK(zoff_loader_create(ds, &o, &full));
+    o.batch_size = B / 2;
+    CHECK_OK(zoff_loader_create(ds, &o, &half));
+    o.batch_size = B;
+    CHECK_OK(zoff_loader_set_state(full, &st));
+    CHECK_OK(zoff_loader_set_state(half, &st));
+    CHECK_OK(zoff_loader_next(full, x, y));
+    CHECK_OK(zoff_loader_next(half, x2, y2));
+    CHECK_OK(zoff_loader_next(half, x2 + B / 2 * T, y2 + B / 2 * T));
+    assert_memory_equal(x, x2, sizeof x);
+    assert_memory_equal(y, y2, sizeof y);
+    assert_int_equal(zoff_loader_get_state(half).window, zoff_loader_get_state(full).window);
+    zoff_loader_free(full);
+    zoff_loader_free(half);
 
     /* data parallel: ranks 0 and 1 with B together equal one process with 2B */
     o.seed = 7;

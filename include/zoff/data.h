@@ -64,7 +64,8 @@ int32_t zoff_shard_vocab_size(const zoff_shard *s); /* header[3]; 0 = unknown */
 /* ======================================================================= dataset
  * An ordered list of open shards. `pattern` is one of
  *   - a file:        out/data/corpus_train.bin
- *   - a directory:   every *.bin directly inside it, sorted by name
+ *   - a directory:   every *.bin directly inside it, sorted by name (a *.bin link to a file
+ *                    that is gone is an error naming it, as it is in a glob or given alone)
  *   - a glob:        'out/data/train_*.bin' (sorted by name; quote it in the shell)
  *   - a comma-separated list of the above, taken in the order given.
  * No match is an error naming the pattern. */
@@ -74,6 +75,10 @@ void zoff_dataset_free(zoff_dataset *ds);
 int zoff_dataset_num_shards(const zoff_dataset *ds);
 const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i);
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds); /* over all shards */
+/* Whether a shard of `a` (index *ia) is the same file (device and inode: also through a link or
+ * another spelling of its path) as one of `b` (*ib): the first such pair. With a == b, two
+ * shards of one dataset (*ia < *ib): a file listed twice, read twice an epoch. */
+bool zoff_dataset_same_file(const zoff_dataset *a, const zoff_dataset *b, int *ia, int *ib);
 typedef struct zoff_tokenizer zoff_tokenizer;
 /* Every shard that records its tokenizer's vocabulary (zoff tokenize's) records tok's: else
  * ZOFF_ERR_FORMAT naming the file, both tokenizers and what to do (hint appended). */
@@ -124,7 +129,9 @@ void zoff_loader_free(zoff_loader *l);
 
 /* Fill inputs and targets, each (B,T) int32 row-major, and advance. A token id not
  * below the dataset's vocab_size in a window it reads: ZOFF_ERR_FORMAT naming the
- * shard file and the position. */
+ * shard file and the position. A shard whose file became shorter since it was opened
+ * (the mapped pages gone: SIGBUS, caught while the batch is copied): ZOFF_ERR_IO
+ * naming it, the position not advanced. */
 zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets);
 /* Back to the first batch of epoch 0. */
 void zoff_loader_reset(zoff_loader *l);
@@ -143,6 +150,9 @@ typedef struct zoff_loader_state {
     int64_t seq_len;      /* T, checked on restore */
     int64_t num_windows;  /* windows in the split, checked on restore */
     uint64_t fingerprint; /* hash of the split's shard sizes and T, checked on restore */
+    uint64_t contents;    /* hash of tokens sampled from each shard of the split (0: not recorded, as in
+                           * older checkpoints): another value on restore, the same files and sizes holding
+                           * other tokens (re-written since), is a warning, not an error */
 } zoff_loader_state;
 zoff_loader_state zoff_loader_get_state(const zoff_loader *l);
 zoff_status zoff_loader_set_state(zoff_loader *l, const zoff_loader_state *s);

@@ -159,7 +159,19 @@ zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char
         }
         snprintf(path, len, "%s/%s", dir, e->d_name);
         struct stat st;
-        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) { /* a subdirectory, a dangling link, ... */
+        const int src = stat(path, &st);
+        if (src != 0 && keep != NULL) { /* a file of the kind asked for that cannot be read: */
+            int err = errno;                         /* a link to a file gone, ... (not skipped unsaid) */
+            char target[1024];
+            ssize_t tl = readlink(path, target, sizeof target - 1);
+            target[tl > 0 ? tl : 0] = '\0';
+            s = zoff_error(ZOFF_ERR_INVALID, "%s%s%s%s: %s; restore %s or remove it from %s", path,
+                           tl > 0 ? " (a link to " : "", tl > 0 ? target : "", tl > 0 ? ")" : "", strerror(err),
+                           tl > 0 ? "the link's target" : "it", dir);
+            free(path);
+            break;
+        }
+        if (src != 0 || !S_ISREG(st.st_mode)) { /* a subdirectory, a dangling link (keep NULL), ... */
             free(path);
             continue;
         }

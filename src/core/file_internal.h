@@ -15,7 +15,9 @@ zoff_status zoff_fsync_dir_of(const char *path);
 
 /* The regular files directly in `dir` (not its subdirectories, not names beginning with '.')
  * for which keep(name) holds (keep NULL: all), as "dir/name" paths sorted bytewise: *paths is
- * malloc'd, each path too (zoff_free_paths frees them); *n may be 0. */
+ * malloc'd, each path too (zoff_free_paths frees them); *n may be 0. A name keep() accepts
+ * that cannot be read (a link to a file that is gone) is an error (ZOFF_ERR_INVALID) naming it and
+ * its target, as the same name given alone would be; with keep NULL such entries are skipped. */
 zoff_status zoff_dir_files(const char *dir, bool (*keep)(const char *name), char ***paths, size_t *n);
 void zoff_free_paths(char **paths, size_t n);
 /* Append a copy of `path` to the list (*paths, *n of *cap, grown as needed); false when out of

@@ -2,6 +2,9 @@
  * per-epoch keyed permutation, with a position that saves and restores exactly. */
 #include "zoff/data.h"
 
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +21,7 @@ struct zoff_loader {
     segment *segs;
     int num_segs;
     int64_t num_windows;
-    uint64_t fingerprint;
+    uint64_t fingerprint, contents;
     /* position */
     uint64_t seed;
     int64_t epoch;
@@ -85,6 +88,21 @@ zoff_loader_options zoff_loader_defaults(int64_t batch_size, int64_t seq_len) {
     return o;
 }
 
+/* The loader's contents digest: CRC32C of 8 blocks of up to 512 tokens spread over each segment (its
+ * first and last among them), so that opening a large dataset reads 8 KiB a shard, not the shards.
+ * Never 0 (0: not recorded). */
+static uint64_t contents_digest(const segment *segs, int n, int64_t T) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int i = 0; i < n; i++) {
+        const int64_t len = segs[i].num_windows * T + 1, blk = len < 512 ? len : 512;
+        for (int64_t k = 0; k < 8; k++) {
+            const int64_t off = (len - blk) * k / 7;
+            h = fnv(h, zoff_crc32c(0, segs[i].tokens + off, (size_t)blk * sizeof(uint16_t)));
+        }
+    }
+    return h ? h : 1;
+}
+
 static const char *split_name(zoff_data_split s) {
     return s == ZOFF_SPLIT_TRAIN ? "the train split" : s == ZOFF_SPLIT_VAL ? "the val split" : "the data";
 }
@@ -140,6 +158,7 @@ zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options
         g0 = g1;
     }
     l->fingerprint = fp;
+    l->contents = contents_digest(l->segs, l->num_segs, T);
     const int64_t need = B * (int64_t)opt->world_size;
     if (l->num_windows < need) {
         zoff_status st = zoff_error(ZOFF_ERR_INVALID,
@@ -175,7 +194,8 @@ void zoff_loader_reset(zoff_loader *l) {
 
 /* Window w's T + 1 tokens, their ids checked against the vocabulary (shards are
  * not scanned at open: a bad id is refused here, naming the file and position). */
-static zoff_status window_tokens(const zoff_loader *l, int64_t w, const uint16_t **out) {
+static zoff_status window_tokens(const zoff_loader *l, int64_t w, const uint16_t **out,
+                                 const zoff_shard *volatile *shard) {
     int lo = 0, hi = l->num_segs - 1;
     while (lo < hi) { /* last segment with first_window <= w */
         int mid = (lo + hi + 1) / 2;
@@ -183,34 +203,77 @@ static zoff_status window_tokens(const zoff_loader *l, int64_t w, const uint16_t
         else hi = mid - 1;
     }
     const segment *s = &l->segs[lo];
+    *shard = s->shard; /* before its tokens are read: the shard a fault names */
     const int64_t off = (w - s->first_window) * l->opt.seq_len;
     ZOFF_TRY(zoff_shard_check_tokens(s->shard, s->start + off, s->start + off + l->opt.seq_len + 1));
     *out = s->tokens + off;
     return ZOFF_OK;
 }
 
-zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets) {
+/* The shards are mapped: a shard truncated in place while a loader reads it (a script writing its
+ * file again, not zoff tokenize's new file renamed over it) faults with SIGBUS on the pages gone.
+ * While this thread copies a batch, that fault returns to zoff_loader_next as an error naming the
+ * shard; any other SIGBUS gets its previous disposition back and faults again as it would have. */
+static _Thread_local sigjmp_buf *t_bus_jump;
+static struct sigaction g_bus_prev;
+static pthread_once_t g_bus_once = PTHREAD_ONCE_INIT;
+
+static void on_bus(int sig) {
+    if (t_bus_jump) siglongjmp(*t_bus_jump, 1);
+    sigaction(sig, &g_bus_prev, NULL); /* not a loader's read: returning re-runs the fault under it */
+}
+
+static void install_bus_handler(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_bus;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NODEFER;
+    sigaction(SIGBUS, &sa, &g_bus_prev);
+}
+
+/* B windows from `base` of this epoch's order into inputs and targets; *cur: the shard being read. */
+static zoff_status copy_batch(const zoff_loader *l, int64_t base, int32_t *inputs, int32_t *targets,
+                              const zoff_shard *volatile *cur) {
     const int64_t B = l->opt.batch_size, T = l->opt.seq_len;
-    const int64_t need = B * (int64_t)l->opt.world_size;
-    if (l->window + need > l->num_windows) {
-        l->epoch++;
-        l->window = 0;
-        epoch_keys(l);
-    }
-    const int64_t base = l->window + (int64_t)l->opt.rank * B;
     for (int64_t b = 0; b < B; b++) {
         int64_t i = base + b;
         int64_t w = l->opt.shuffle ? permute(l, i) : i;
         const uint16_t *src = NULL;
-        ZOFF_TRY(window_tokens(l, w, &src));
+        ZOFF_TRY(window_tokens(l, w, &src, cur));
         int32_t *x = inputs + b * T, *y = targets + b * T;
         for (int64_t t = 0; t < T; t++) {
             x[t] = src[t];
             y[t] = src[t + 1];
         }
     }
-    l->window += need;
     return ZOFF_OK;
+}
+
+zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets) {
+    const int64_t B = l->opt.batch_size;
+    const int64_t need = B * (int64_t)l->opt.world_size;
+    if (l->window + need > l->num_windows) {
+        l->epoch++;
+        l->window = 0;
+        epoch_keys(l);
+    }
+    pthread_once(&g_bus_once, install_bus_handler);
+    const zoff_shard *volatile cur = NULL;
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 1)) {
+        t_bus_jump = NULL;
+        return zoff_error(ZOFF_ERR_IO,
+                          "%s: the file became shorter while this run reads it (written again in place, or "
+                          "truncated): its tokens are gone. Write shards anew with zoff tokenize (a new file renamed "
+                          "over the old one, which a running job keeps reading), or stop the run first",
+                          cur ? zoff_shard_path(cur) : "a token shard");
+    }
+    t_bus_jump = &jump;
+    zoff_status s = copy_batch(l, l->window + (int64_t)l->opt.rank * B, inputs, targets, &cur);
+    t_bus_jump = NULL;
+    if (s == ZOFF_OK) l->window += need;
+    return s;
 }
 
 int64_t zoff_loader_num_windows(const zoff_loader *l) { return l->num_windows; }
@@ -228,6 +291,7 @@ zoff_loader_state zoff_loader_get_state(const zoff_loader *l) {
     s.seq_len = l->opt.seq_len;
     s.num_windows = l->num_windows;
     s.fingerprint = l->fingerprint;
+    s.contents = l->contents;
     return s;
 }
 
@@ -252,6 +316,12 @@ zoff_status zoff_loader_set_state(zoff_loader *l, const zoff_loader_state *s) {
         return zoff_error(ZOFF_ERR_INVALID, "cannot restore the data position: epoch %lld window %lld is out of range "
                                             "(%lld windows); the saved state is corrupt",
                           (long long)s->epoch, (long long)s->window, (long long)l->num_windows);
+    if (s->contents != 0 && s->contents != l->contents)
+        zoff_log(ZOFF_LOG_WARN,
+                 "the data position is restored, but %s holds other tokens than the saved run's (the same files "
+                 "and sizes, other contents: written again since?): training goes on from the same position over "
+                 "the new tokens; resume with the run's shards to continue it exactly",
+                 l->opt.what ? l->opt.what : split_name(l->opt.split));
     l->seed = s->seed;
     l->epoch = s->epoch;
     l->window = s->window;

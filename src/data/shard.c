@@ -24,6 +24,8 @@ struct zoff_shard {
     const uint16_t *tokens;
     void *map;
     size_t map_bytes;
+    dev_t dev; /* the file's identity: one file named twice (a link, a list, a glob and a folder) */
+    ino_t ino;
 };
 
 /* ------------------------------------------------------------------ writing */
@@ -200,6 +202,8 @@ zoff_status zoff_shard_open(const char *path, int32_t vocab_size, zoff_shard **o
     }
     s->num_tokens = n;
     s->vocab_size = hv;
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
     s->map_bytes = (size_t)fsize;
     s->map = mmap(NULL, s->map_bytes, PROT_READ, MAP_SHARED, fd, 0);
     int err = errno;
@@ -362,6 +366,17 @@ const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i) {
     return (i >= 0 && i < ds->num_shards) ? ds->shards[i] : NULL;
 }
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds) { return ds->num_tokens; }
+
+bool zoff_dataset_same_file(const zoff_dataset *a, const zoff_dataset *b, int *ia, int *ib) {
+    for (int i = 0; i < a->num_shards; i++)
+        for (int j = a == b ? i + 1 : 0; j < b->num_shards; j++)
+            if (a->shards[i]->dev == b->shards[j]->dev && a->shards[i]->ino == b->shards[j]->ino) {
+                *ia = i;
+                *ib = j;
+                return true;
+            }
+    return false;
+}
 
 static const char *tokenizer_by_vocab(int32_t v) { return v == 256 ? "byte" : v == 50257 ? "gpt2" : NULL; }
 

@@ -24,6 +24,10 @@ static json_t *loader_to_json(const zoff_loader_state *l) {
     json_object_set_new(o, "seq_len", json_integer((json_int_t)l->seq_len));
     json_object_set_new(o, "num_windows", json_integer((json_int_t)l->num_windows));
     json_object_set_new(o, "fingerprint", json_string(fp));
+    if (l->contents) {
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)l->contents);
+        json_object_set_new(o, "contents", json_string(fp));
+    }
     return o;
 }
 
@@ -136,6 +140,8 @@ static zoff_status read_loader(json_t *lj, const char *path, zoff_loader_state *
     ZOFF_TRY(get_int(lj, "num_windows", path, &l->num_windows));
     const char *fp = json_string_value(json_object_get(lj, "fingerprint"));
     l->fingerprint = fp ? strtoull(fp, NULL, 16) : 0;
+    const char *ct = json_string_value(json_object_get(lj, "contents")); /* absent: an older checkpoint */
+    l->contents = ct ? strtoull(ct, NULL, 16) : 0;
     return ZOFF_OK;
 }
 

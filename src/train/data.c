@@ -60,13 +60,36 @@ zoff_status zoff_train_default_data(const char *dir, zoff_tokenizer *tok, char *
 
 /* The shard paths: --data-path / --val-path, or the default corpus (several ranks: local rank 0
  * builds it, the others wait and find it). */
-/* path as an absolute one into out[1024] ("" when it does not fit): what a checkpoint records. */
+/* A --data-path / --val-path (a comma-separated list, as zoff_dataset_open reads it) with each of its
+ * paths made absolute, into out[1024] ("" when it does not fit): what a checkpoint records, so that a
+ * resume from another directory reads the same files. */
 static void absolute(const char *path, char *out) {
     char cwd[4096];
-    int n = path[0] == '/'             ? snprintf(out, 1024, "%s", path)
-            : getcwd(cwd, sizeof cwd) ? snprintf(out, 1024, "%s/%s", cwd, path)
-                                       : -1;
-    if (n < 0 || n >= 1024) out[0] = '\0';
+    const bool have_cwd = getcwd(cwd, sizeof cwd) != NULL;
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *p = path; *p;) {
+        size_t len = strcspn(p, ",");
+        int n = len == 0                  ? 0
+                : p[0] == '/'             ? snprintf(out + used, 1024 - used, "%.*s", (int)len, p)
+                : have_cwd                ? snprintf(out + used, 1024 - used, "%s/%.*s", cwd, (int)len, p)
+                                          : -1;
+        if (n < 0 || (size_t)n >= 1024 - used) {
+            out[0] = '\0';
+            return;
+        }
+        used += (size_t)n;
+        p += len;
+        if (*p == ',') p++;
+        if (*p && len > 0) {
+            if (used + 1 >= 1024) {
+                out[0] = '\0';
+                return;
+            }
+            out[used++] = ',';
+            out[used] = '\0';
+        }
+    }
 }
 
 /* A resume without --data-path reads the run's shards (the checkpoint's record of them). */
@@ -82,6 +105,10 @@ static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path,
         snprintf(val_path, cap, "%s", vp ? vp : "");
         absolute(dp, t->data_abs);
         if (vp) absolute(vp, t->val_abs);
+        if (!t->data_abs[0] || (vp && !t->val_abs[0]))
+            trainer_say(t, "note: %s is too long for the checkpoint to record (1023 characters at most): give it "
+                           "again when you resume this run, or name the shards with a glob or their folder",
+                        !t->data_abs[0] ? "--data-path" : "--val-path");
         return ZOFF_OK;
     }
     bool first = t->info.world == 1 || zoff_comm_local_rank(t->comm) == 0;
@@ -136,6 +163,41 @@ static zoff_status same_data(zoff_trainer *t) {
     return s;
 }
 
+/* One file twice in --data-path (its windows read twice an epoch) or in both --data-path and --val-path
+ * (validation on training data): said, not refused (a repeat may be meant). Rank 0. */
+static void warn_same_files(const zoff_trainer *t) {
+    int i, j;
+    if (t->info.rank != 0) return;
+    if (zoff_dataset_same_file(t->train_ds, t->train_ds, &i, &j))
+        zoff_log(ZOFF_LOG_WARN, "--data-path names one file twice, %s and %s: each epoch reads its windows twice",
+                 zoff_shard_path(zoff_dataset_shard(t->train_ds, i)), zoff_shard_path(zoff_dataset_shard(t->train_ds, j)));
+    if (t->val_ds && zoff_dataset_same_file(t->train_ds, t->val_ds, &i, &j))
+        zoff_log(ZOFF_LOG_WARN,
+                 "--val-path's %s is also a training shard (--data-path's %s): the validation loss is measured on "
+                 "data the model trains on; give --data-path the training shards only (e.g. 'DIR/NAME_train*.bin')",
+                 zoff_shard_path(zoff_dataset_shard(t->val_ds, j)), zoff_shard_path(zoff_dataset_shard(t->train_ds, i)));
+}
+
+/* Shards too short for one window (seq_len + 1 tokens; windows never cross shards) are not read: said,
+ * naming the first, so that data left out is not a surprise. Rank 0. */
+static void note_short_shards(const zoff_trainer *t, const zoff_dataset *ds, const char *flag) {
+    const int64_t need = t->info.seq_len + 1;
+    int n = 0, first = -1;
+    int64_t tokens = 0;
+    for (int i = 0; i < zoff_dataset_num_shards(ds); i++) {
+        int64_t k = zoff_shard_num_tokens(zoff_dataset_shard(ds, i));
+        if (k >= need) continue;
+        if (first < 0) first = i;
+        n++;
+        tokens += k;
+    }
+    if (n > 0)
+        trainer_say(t, "note: %d of %s's %d shards (%lld tokens; the first: %s) hold fewer than seq_len + 1 = %lld "
+                       "tokens, one window: they are not read",
+                    n, flag, zoff_dataset_num_shards(ds), (long long)tokens,
+                    zoff_shard_path(zoff_dataset_shard(ds, first)), (long long)need);
+}
+
 zoff_status trainer_open_data(zoff_trainer *t) {
     char train_path[4096], val_path[4096];
     ZOFF_TRY(data_paths(t, train_path, val_path, sizeof train_path));
@@ -162,6 +224,9 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     }
     if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)
         return zoff_error_context(s, "training data");
+    warn_same_files(t);
+    note_short_shards(t, t->train_ds, "--data-path");
+    if (t->val_ds && t->o.eval_iters > 0) note_short_shards(t, t->val_ds, "--val-path");
     ZOFF_TRY(same_data(t));
     return t->o.eval_iters > 0 ? open_validation(t, split_val, lo.val_tokens) : ZOFF_OK;
 }

@@ -345,7 +345,7 @@ static void prepare_saves(zoff_trainer *t) {
 
 zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     memset(r, 0, sizeof *r);
-    const int64_t accum = t->info.accumulation;
+    const int64_t accum = t->info.accumulation, epoch = zoff_loader_epoch(t->train_ld);
     double t0 = zoff_now(), loss_sum = 0;
     zoff_status s = zoff_engine_zero_grad(t->eng);
     if (s != ZOFF_OK) return zoff_error_context(s, "step");
@@ -365,6 +365,14 @@ zoff_status zoff_trainer_step(zoff_trainer *t, zoff_train_step_result *r) {
     if ((s = zoff_engine_step(t->eng, r->lr, &r->info)) != ZOFF_OK) return zoff_error_context(s, "optimizer step");
     if ((s = mean_over_ranks(t, &loss_sum)) != ZOFF_OK) return zoff_error_context(s, "step");
     r->step = ++t->info.step;
+    if (zoff_loader_epoch(t->train_ld) != epoch) /* the loader wrapped during this step's micro-batches */
+        trainer_say(t, "step %lld began epoch %lld of the training data: an epoch reads %lld of its %lld windows of "
+                       "%lld tokens once (%lld micro-batches of %lld x %d rank(s)), each epoch in a new order",
+                    (long long)r->step, (long long)zoff_loader_epoch(t->train_ld) + 1,
+                    (long long)(zoff_loader_batches_per_epoch(t->train_ld) * t->info.micro_batch * t->info.world),
+                    (long long)zoff_loader_num_windows(t->train_ld), (long long)t->info.seq_len + 1,
+                    (long long)zoff_loader_batches_per_epoch(t->train_ld), (long long)t->info.micro_batch,
+                    t->info.world);
     prepare_saves(t);
     trainer_write_timeline(t, &r->info, r->t_backward);
     double tokens = (double)(t->info.micro_batch * t->info.seq_len * accum * t->info.world); /* all ranks */
