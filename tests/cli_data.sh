@@ -3,7 +3,7 @@
 # independent writer (numpy, llm.c's format), lists, directories, links, epochs and resumes.
 # Usage: cli_data.sh ZOFF SRCDIR
 set -u
-ZOFF="$1"; SRC="$2"
+ZOFF=$(readlink -f "$1"); SRC="$2" # absolute: sections run it from other directories
 W=$(mktemp -d /tmp/zoff-cli-data-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check
@@ -141,6 +141,22 @@ wait $pid
 rc=$?
 check "a shard truncated during the run: exit 1, the error names it, a checkpoint kept" \
   "[ $rc -eq 1 ] && grep -q '$W/trunc.bin: the file became shorter while this run reads it' '$W/trunc.txt' && [ -f '$W/trunc_run/step_00000050/COMPLETE' ]"
+
+# 9. a leading ~ in a path zoff expands itself (a quoted glob, the second path of a comma-separated
+#    list: the shell leaves ~ there as it is) is $HOME, as the shell's (before: "no files match
+#    '~/a*.bin'", "token shard ~/b.bin: No such file or directory")
+mkdir -p "$W/home/c"; cp "$W/a.bin" "$W/b.bin" "$W/val.bin" "$W/home/"
+printf 'some text to tokenize\n' > "$W/home/c/t1.txt"
+"$ZOFF" train "${TINY[@]}" --quiet --data-path "$W/a.bin,$W/b.bin" --val-path "$W/val.bin" --train-iters 1 \
+  --save "$W/tilde_abs" >/dev/null 2>&1
+HOME="$W/home" "$ZOFF" train "${TINY[@]}" --quiet --data-path '~/a.bin,~/b.bin' --val-path '~/val*.bin' \
+  --train-iters 1 --save "$W/tilde" >"$W/tilde.txt" 2>&1
+rc=$?
+check "--data-path '~/a.bin,~/b.bin' --val-path '~/val*.bin': exit 0, the same loss as the paths written out" \
+  "[ $rc -eq 0 ] && [ -n \"\$(losses '$W/tilde')\" ] && [ \"\$(losses '$W/tilde')\" = \"\$(losses '$W/tilde_abs')\" ]"
+HOME="$W/home" "$ZOFF" tokenize --tokenizer byte --quiet --output-prefix "$W/tk" '~/c/t*.txt' >"$W/tk.txt" 2>&1
+rc=$?
+check "zoff tokenize '~/c/t*.txt': exit 0, shards written" "[ $rc -eq 0 ] && ls '$W'/tk*.bin >/dev/null 2>&1"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -89,7 +89,7 @@ static int expand_inputs(const char **inputs, int ninputs, char ***files, size_t
             zoff_free_paths(dir, n);
         } else if (stat_err == ENOENT && strpbrk(in, "*?[")) {
             glob_t g;
-            int rc = glob(in, 0, NULL, &g);
+            int rc = glob(in, GLOB_TILDE, NULL, &g); /* a quoted "~/corpus/x*.txt" as the shell would */
             size_t taken = 0;
             if (rc == GLOB_NOMATCH) why = "no files match this pattern";
             else if (rc != 0) why = "cannot expand this pattern";

@@ -120,6 +120,17 @@ bool zoff_ends_with(const char *name, const char *suffix) {
     return a >= b && strcmp(name + a - b, suffix) == 0;
 }
 
+char *zoff_expand_home(const char *path) {
+    const char *home = getenv("HOME");
+    if (path[0] != '~' || (path[1] != '\0' && path[1] != '/') || !home || !*home) return strdup(path);
+    size_t a = strlen(home), b = strlen(path + 1);
+    char *out = malloc(a + b + 1);
+    if (!out) return NULL;
+    memcpy(out, home, a);
+    memcpy(out + a, path + 1, b + 1);
+    return out;
+}
+
 void zoff_free_paths(char **paths, size_t n) {
     for (size_t i = 0; i < n; i++) free(paths[i]);
     free(paths);

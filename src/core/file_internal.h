@@ -25,5 +25,9 @@ void zoff_free_paths(char **paths, size_t n);
 bool zoff_paths_add(char ***paths, size_t *n, size_t *cap, const char *path);
 /* Whether `name` ends in `suffix`. */
 bool zoff_ends_with(const char *name, const char *suffix);
+/* `path` with a leading "~" or "~/" replaced by $HOME, as the shell does for a word it sees (a
+ * quoted glob, or the second path of a comma-separated list, reaches zoff unexpanded): a new
+ * string (the caller frees it), a copy when there is nothing to expand; NULL when out of memory. */
+char *zoff_expand_home(const char *path);
 
 #endif

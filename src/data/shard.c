@@ -305,6 +305,17 @@ static zoff_status add_directory(zoff_dataset *ds, const char *dir, int32_t voca
     return s;
 }
 
+static zoff_status add_pattern(zoff_dataset *ds, const char *given, int32_t vocab_size);
+
+/* One path of the list, a leading ~ taken as $HOME (zoff_expand_home). */
+static zoff_status add_path(zoff_dataset *ds, const char *given, int32_t vocab_size) {
+    char *pat = zoff_expand_home(given);
+    if (!pat) return zoff_error(ZOFF_ERR_NOMEM, "out of memory reading the shard list");
+    zoff_status s = add_pattern(ds, pat, vocab_size);
+    free(pat);
+    return s;
+}
+
 static zoff_status add_pattern(zoff_dataset *ds, const char *pat, int32_t vocab_size) {
     struct stat st;
     if (stat(pat, &st) == 0) {
@@ -345,7 +356,7 @@ zoff_status zoff_dataset_open(const char *pattern, int32_t vocab_size, zoff_data
     zoff_status s = ZOFF_OK;
     char *save = NULL;
     for (char *tok = strtok_r(copy, ",", &save); tok && s == ZOFF_OK; tok = strtok_r(NULL, ",", &save))
-        if (*tok) s = add_pattern(ds, tok, vocab_size);
+        if (*tok) s = add_path(ds, tok, vocab_size);
     free(copy);
     if (s == ZOFF_OK && ds->num_shards == 0)
         s = zoff_error(ZOFF_ERR_INVALID, "data path '%s' names no shards", pattern);
