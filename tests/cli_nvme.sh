@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# NVMe offload as a user with a shared scratch disk meets it: the swap files' folder (nvme_path)
+# missing or unusable, a disk too small for them, a name already taken there. Each failure exits
+# with the right code, says what and where and what to do, and leaves nothing behind.
+# The full-disk checks mount a small tmpfs in a private mount namespace (skipped where that is
+# not allowed). Usage: cli_nvme.sh ZOFF SRCDIR
+set -u
+ZOFF=$(readlink -f "$1"); SRC=$(readlink -f "$2") # the checks run in their own folder
+. "$SRC/tests/cli_lib.sh"
+W=$(mktemp -d /tmp/zoff-cli-nvme-XXXXXX)
+trap "rm -rf \"$W\"" EXIT; [ -n "${KEEP:-}" ] && trap - EXIT
+byte_corpus "$SRC" "$W"
+cd "$W" || exit 1
+TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
+      --tokenizer byte --data-path corpus_train.bin --val-path corpus_val.bin --eval-iters 0
+      --train-iters 2 --no-checkpoint)
+nvme_cfg() { # FILE OPT_PATH [PARAM_PATH]: stage 2 (stage 3 with offload_param nvme at PARAM_PATH)
+  if [ $# -ge 3 ]; then
+    printf '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3, "sub_group_size": 8000,
+ "offload_optimizer": {"device": "nvme", "nvme_path": "%s"},
+ "offload_param": {"device": "nvme", "nvme_path": "%s", "max_in_cpu": 0}}}' "$2" "$3" > "$1"
+  else
+    printf '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2, "sub_group_size": 8000,
+ "offload_optimizer": {"device": "nvme", "nvme_path": "%s"}}}' "$2" > "$1"
+  fi
+}
+
+# 1. Stage 3 with the optimizer's and the parameters' swap files on one disk that holds neither
+#    both: the second file's reservation fails while the first holds its space. Before, the message
+#    said only "needs 144 KiB (76 KiB free)", and once zoff had exited df showed 500 KiB free: more
+#    than "needed". Now it also says what the run's other swap file holds and the total needed.
+cat > inner_full.sh <<'INNER'
+set -u
+ZOFF="$1"; shift; mkdir -p m; mount -t tmpfs -o size=500k tmpfs m || exit 77
+"$ZOFF" train "$@" --quiet --config s3.json >/dev/null 2>s3err.txt; echo "rc=$?"
+echo "left=$(find m -type f | wc -l)"
+umount m
+INNER
+nvme_cfg s3.json "$W/m/o" "$W/m/p"
+if unshare --user --map-root-user --mount true 2>/dev/null; then NS=(unshare --user --map-root-user --mount)
+elif [ "$(id -u)" -eq 0 ] && unshare --mount true 2>/dev/null; then NS=(unshare --mount)
+else NS=(); fi
+out=""; rc=77
+if [ ${#NS[@]} -gt 0 ]; then out=$("${NS[@]}" bash inner_full.sh "$ZOFF" "${TINY[@]}" 2>&1); rc=$?; fi
+if [ $rc -eq 77 ]; then echo "skip - swap files on a really full disk: cannot mount a tmpfs here"
+else
+  # the sizes from the run's own log line on a roomy disk (zoff_swapper / stage 3's describe)
+  mkdir -p big; nvme_cfg s3big.json "$W/big/o" "$W/big/p"
+  "$ZOFF" train "${TINY[@]}" --config s3big.json > big.txt 2>&1 || bad "stage 3 nvme on a roomy disk trains"
+  opt=$(grep -o 'zoff-optimizer-[0-9]*-[0-9]*\.swp ([0-9.]* KiB' big.txt | head -1 | sed 's/.*(//; s/ KiB//')
+  par=$(grep -o 'zoff-param-[0-9]*-[0-9]*\.swp ([0-9.]* KiB' big.txt | head -1 | sed 's/.*(//; s/ KiB//')
+  all=$(awk -v a="$opt" -v b="$par" 'BEGIN { printf "%.2f", a + b }')
+  check "stage 3, both swap files on a 500 KiB disk: exit 1, nothing left there" \
+    "echo '$out' | grep -q '^rc=1$' && echo '$out' | grep -q '^left=0$'" || echo "$out"
+  check "... the message says the other swap file holds ${opt} KiB there: ${all} KiB needed in all" \
+    "[ -n '$opt' ] && [ -n '$par' ] && grep -q \"disk full: swap file .*/m/p/zoff-param-[0-9]*-0.swp needs ${par} KiB (.* free in .*/m/p; this process's other swap file there already holds ${opt} KiB: ${all} KiB needed in all)\" s3err.txt" \
+    || cat s3err.txt big.txt
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
