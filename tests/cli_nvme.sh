@@ -57,5 +57,18 @@ else
     || cat s3err.txt big.txt
 fi
 
+# 2. nvme_path whose parent folder is missing (a typo, a scratch disk not mounted): zoff creates only
+#    the last folder. Before: "cannot create ... nvme_path X: No such file or directory", exit 2,
+#    without saying which folder is missing or what to do. Now the parent is named, with the fix.
+nvme_cfg miss.json "$W/no/such/swap"
+"$ZOFF" train "${TINY[@]}" --quiet --config miss.json >/dev/null 2>err.txt
+check "offload_optimizer.nvme_path under a missing folder: exit 2, the missing parent and mkdir -p named" \
+  "[ \$? -eq 2 ] && grep -q \"cannot create zero_optimization.offload_optimizer.nvme_path $W/no/such/swap: its parent folder $W/no/such does not exist .*: create it (mkdir -p $W/no/such/swap) or correct the path\" err.txt && [ ! -e no ]" \
+  || cat err.txt
+mkdir -p ok; nvme_cfg miss3.json "$W/ok" "$W/no/such/pswap"
+"$ZOFF" train "${TINY[@]}" --quiet --config miss3.json >/dev/null 2>err.txt
+check "offload_param.nvme_path under a missing folder: exit 2, the same message for its key, nothing left" \
+  "[ \$? -eq 2 ] && grep -q \"cannot create zero_optimization.offload_param.nvme_path $W/no/such/pswap: its parent folder $W/no/such does not exist\" err.txt && [ ! -e no ] && [ -z \"\$(ls -A ok)\" ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
