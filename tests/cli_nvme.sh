@@ -70,5 +70,23 @@ mkdir -p ok; nvme_cfg miss3.json "$W/ok" "$W/no/such/pswap"
 check "offload_param.nvme_path under a missing folder: exit 2, the same message for its key, nothing left" \
   "[ \$? -eq 2 ] && grep -q \"cannot create zero_optimization.offload_param.nvme_path $W/no/such/pswap: its parent folder $W/no/such does not exist\" err.txt && [ ! -e no ] && [ -z \"\$(ls -A ok)\" ]"
 
+# 3. zoff bench nvme on a shared scratch disk: fio's file had one fixed name in --dir
+#    (zoff-bench-fio.dat), so a second benchmark there measured on the first one's file and removed
+#    it at its end (or any file of that name). Now the name carries the pid; another's file stays.
+if command -v fio >/dev/null 2>&1; then
+  mkdir scratch && printf 'another benchmark file' > scratch/zoff-bench-fio.dat
+  "$ZOFF" bench nvme --dir scratch --size 1MiB --block-size 256KiB --rounds 1 --no-step >out.txt 2>&1
+  check "bench nvme beside another's zoff-bench-fio.dat: exit 0, that file unchanged, nothing of its own left" \
+    "[ \$? -eq 0 ] && [ \"\$(cat scratch/zoff-bench-fio.dat 2>/dev/null)\" = 'another benchmark file' ] && [ \"\$(ls -A scratch)\" = zoff-bench-fio.dat ]" \
+    || tail -3 out.txt
+  # ... and a file of a killed benchmark (SIGKILL: no handler removes it) is said at start, kept
+  sleep 0 & dead=$!; wait $dead
+  printf 'left' > "scratch/zoff-bench-fio-$dead.dat"
+  "$ZOFF" bench nvme --dir scratch --size 1MiB --block-size 256KiB --rounds 1 --no-step >out.txt 2>&1
+  check "bench nvme beside a killed benchmark's fio file: a note names it, its size, the dead pid, and keeps it" \
+    "[ \$? -eq 0 ] && grep -q \"note: scratch/zoff-bench-fio-$dead.dat (4 B) is left by a benchmark that was killed (no process $dead runs here): remove it, unless\" out.txt && [ -f scratch/zoff-bench-fio-$dead.dat ]" \
+    || tail -3 out.txt
+else echo "skip - bench nvme beside another's fio file: fio not installed"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
