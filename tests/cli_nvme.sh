@@ -88,5 +88,31 @@ if command -v fio >/dev/null 2>&1; then
     || tail -3 out.txt
 else echo "skip - bench nvme beside another's fio file: fio not installed"; fi
 
+# 4. Two ranks on one host, nvme_path on a disk that holds one rank's swap file, not both: each
+#    rank reserves its own and the later one (or both, racing) fails. Before, a rank said only
+#    "needs 220 KiB (96 KiB free)" or even "needs 220 KiB (300 KiB free)" (the other rank's
+#    reservation gone by then); now it says every rank on the host reserves its own and the total.
+if command -v mpirun >/dev/null 2>&1 && "$ZOFF" version | grep -q '^mpi: built' && [ ${#NS[@]} -gt 0 ]; then
+  cat > inner_mpi.sh <<'INNER'
+set -u
+ZOFF="$1"; shift; mkdir -p m; mount -t tmpfs -o size=300k tmpfs m || exit 77
+timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader \
+  --mca btl_vader_single_copy_mechanism none -x ZOFF_THREADS=1 -x OMP_NUM_THREADS=1 -x ZOFF_COMM_TIMEOUT=60 \
+  -np 2 "$ZOFF" train "$@" --quiet --config mpi.json >/dev/null 2>mpierr.txt; echo "rc=$?"
+echo "left=$(find m -type f | wc -l)"
+umount m
+INNER
+  nvme_cfg mpi.json "$W/m/o"
+  out=$("${NS[@]}" bash inner_mpi.sh "$ZOFF" "${TINY[@]}" 2>&1); rc=$?
+  if [ $rc -eq 77 ]; then echo "skip - two ranks on a full disk: cannot mount a tmpfs here"
+  else
+    check "2 ranks, one disk too small for both swap files: exit 1, nothing left there" \
+      "echo '$out' | grep -q '^rc=1$' && echo '$out' | grep -q '^left=0$'" || echo "$out"
+    check "... the message says each of the 2 ranks on this host reserves its own, and the total" \
+      "grep -q 'disk full: swap file .*/m/o/zoff-optimizer-[0-9]*-0.swp needs [0-9.]* KiB (.* free in .*/m/o; each of the 2 ranks on this host reserves its own: about 2 x [0-9.]* KiB = [0-9.]* KiB there)' mpierr.txt" \
+      || cat mpierr.txt
+  fi
+else echo "skip - two ranks on a full disk: zoff built without MPI, no mpirun, or no mount namespace"; fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

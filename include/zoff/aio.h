@@ -132,6 +132,9 @@ int zoff_aio_file_fd(const zoff_aio_file *f);
  * what this process's other reserved files on that file system hold, freed
  * when it exits: the total needed), not in the middle of training. */
 zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes);
+/* The ranks of a data-parallel job on this host (each reserves swap files like this process's on
+ * the same nvme_path): a full disk's message then says about how much they need together. */
+void zoff_aio_set_host_ranks(int n);
 
 /* ---- requests ---- */
 enum {

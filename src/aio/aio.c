@@ -558,6 +558,11 @@ static void reserved_forget(zoff_aio_file *f) {
     pthread_mutex_unlock(&g_reserved_mu);
 }
 
+/* The ranks of the job on this host (zoff_aio_set_host_ranks): each reserves its own swap files. */
+static _Atomic int g_host_ranks = 1;
+
+void zoff_aio_set_host_ranks(int n) { g_host_ranks = n > 1 ? n : 1; }
+
 /* Bytes this process's other reserved files hold on dev, and how many they are. */
 static int64_t reserved_elsewhere(const zoff_aio_file *f, dev_t dev, int *count) {
     int64_t sum = 0;
@@ -608,14 +613,19 @@ zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
         struct stat st;
         int others = 0;
         const int64_t held = fstat(f->fd, &st) == 0 ? reserved_elsewhere(f, st.st_dev, &others) : 0;
-        char also[256] = "", hb[32], tb[32];
+        char also[256] = "", ranks[256] = "", hb[32], tb[32], rb[32];
         if (held > 0) /* freed when this process exits: the free space seen then is more than said here */
             msgf(also, sizeof also, "; this process's other swap file%s there already hold%s %s: %s needed in all",
                  others == 1 ? "" : "s", others == 1 ? "s" : "", zoff_format_bytes((size_t)held, hb, sizeof hb),
                  zoff_format_bytes((size_t)(held + bytes), tb, sizeof tb));
+        const int nr = g_host_ranks;
+        if (nr > 1) /* the other ranks' files, freed when they exit, may hold what is missing */
+            msgf(ranks, sizeof ranks, "; each of the %d ranks on this host reserves its own: about %d x %s = %s there",
+                 nr, nr, zoff_format_bytes((size_t)(held + bytes), tb, sizeof tb),
+                 zoff_format_bytes((size_t)(held + bytes) * (size_t)nr, rb, sizeof rb));
         return zoff_error(ZOFF_ERR_IO,
-                          "disk full: swap file %s needs %s (%s%s): %s", f->path,
-                          zoff_format_bytes((size_t)bytes, need, sizeof need), fs, also,
+                          "disk full: swap file %s needs %s (%s%s%s): %s", f->path,
+                          zoff_format_bytes((size_t)bytes, need, sizeof need), fs, also, ranks,
                           zoff_disk_full_advice(SWAP_DISK_FULL_ADVICE));
     }
     if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
