@@ -114,5 +114,17 @@ INNER
   fi
 else echo "skip - two ranks on a full disk: zoff built without MPI, no mpirun, or no mount namespace"; fi
 
+# 5. A swap file in nvme_path of a zoff that is gone (an older zoff killed with SIGKILL before swap
+#    files were unlinked at open, or one killed between create and unlink): it held 12 B per
+#    parameter for ever and nothing said so. Now a note at start names it with its size; it is kept
+#    (zoff removes nothing it did not create) and the run trains beside it.
+sleep 0 & dead=$!; wait $dead
+mkdir -p stale && head -c 5000 /dev/zero > "stale/zoff-optimizer-$dead-0.swp"
+nvme_cfg stale.json "$W/stale"
+"$ZOFF" train "${TINY[@]}" --config stale.json >out.txt 2>&1
+check "a dead zoff's swap file in nvme_path: exit 0, a note naming it, its size and the pid; kept, nothing else left" \
+  "[ \$? -eq 0 ] && grep -q \"note: $W/stale/zoff-optimizer-$dead-0.swp (4.88 KiB) is a swap file of a zoff that is no longer running (no process $dead here): .*remove it\" out.txt && [ \"\$(ls -A stale)\" = zoff-optimizer-$dead-0.swp ]" \
+  || tail -3 out.txt
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
