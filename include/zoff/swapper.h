@@ -31,7 +31,9 @@
  * (its state may be half written): the caller resumes from a checkpoint.
  *
  * The file (DIR/zoff-<stem>-<pid>-<n>.swp) is created by zoff_swapper_create,
- * reserved in full (a disk too small fails then) and deleted by destroy. */
+ * unlinked as soon as it is open (ZOFF_AIO_TEMPORARY: freed when the process
+ * ends, however it ends), reserved in full (a disk too small fails then) and
+ * closed by destroy. */
 #ifndef ZOFF_SWAPPER_H
 #define ZOFF_SWAPPER_H
 
