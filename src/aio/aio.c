@@ -609,7 +609,11 @@ zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
     }
     int err = errno;
     if (err == ENOSPC || err == EDQUOT) {
+        /* ext4 and xfs keep the part a failed fallocate got ("0 B free" said while the disk has room):
+         * give it back first, the file is dropped anyway; the free space said is then the disk's */
+        const bool released = ftruncate(f->fd, 0) == 0;
         format_free_space(f->path, fs, sizeof fs);
+        if (!released) msgf(fs + strlen(fs), sizeof fs - strlen(fs), ", less what the failed reservation took");
         struct stat st;
         int others = 0;
         const int64_t held = fstat(f->fd, &st) == 0 ? reserved_elsewhere(f, st.st_dev, &others) : 0;
