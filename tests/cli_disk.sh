@@ -128,7 +128,7 @@ interrupt TERM 'bench/zoff-bench-ckpt.*' "$ZOFF" bench ckpt --dir bench --num-la
   --num-attention-heads 2 --vocab-size 256 --max-position-embeddings 64 --rounds 1
 check "bench ckpt stopped (SIGTERM): exit 143, its folder removed" "[ $rc -eq 143 ] && [ -z \"\$(ls bench)\" ]"
 if command -v fio >/dev/null 2>&1; then
-  interrupt INT 'bench/zoff-bench-fio.dat' "$ZOFF" bench nvme --dir bench --size 8MiB --rounds 1
+  interrupt INT 'bench/zoff-bench-fio-*.dat' "$ZOFF" bench nvme --dir bench --size 8MiB --rounds 1
   check "bench nvme interrupted (SIGINT) in fio's pass: exit 130, fio's file removed" \
     "[ $rc -eq 130 ] && [ -z \"\$(ls bench)\" ]"
 else echo "skip - bench nvme interrupted: no fio here"; fi

@@ -128,9 +128,13 @@ const char *zoff_aio_file_direct_note(const zoff_aio_file *f);
 const char *zoff_aio_file_path(const zoff_aio_file *f);
 int zoff_aio_file_fd(const zoff_aio_file *f);
 /* Reserve `bytes` for the file (fallocate where supported, else extend it):
- * a full disk is reported now, naming the directory and the free space, not
- * in the middle of training. */
+ * a full disk is reported now, naming the directory and the free space (and
+ * what this process's other reserved files on that file system hold, freed
+ * when it exits: the total needed), not in the middle of training. */
 zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes);
+/* The ranks of a data-parallel job on this host (each reserves swap files like this process's on
+ * the same nvme_path): a full disk's message then says about how much they need together. */
+void zoff_aio_set_host_ranks(int n);
 
 /* ---- requests ---- */
 enum {

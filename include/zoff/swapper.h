@@ -31,7 +31,9 @@
  * (its state may be half written): the caller resumes from a checkpoint.
  *
  * The file (DIR/zoff-<stem>-<pid>-<n>.swp) is created by zoff_swapper_create,
- * reserved in full (a disk too small fails then) and deleted by destroy. */
+ * unlinked as soon as it is open (ZOFF_AIO_TEMPORARY: freed when the process
+ * ends, however it ends), reserved in full (a disk too small fails then) and
+ * closed by destroy. */
 #ifndef ZOFF_SWAPPER_H
 #define ZOFF_SWAPPER_H
 
@@ -90,6 +92,11 @@ void zoff_swapper_destroy(zoff_swapper *s);
 
 /* "…/zoff-optimizer-123-0.swp, 1.20 GiB, O_DIRECT, io_uring ..., 4 buffers of 48.0 MiB, pipelined read+write" */
 const char *zoff_swapper_describe(const zoff_swapper *s);
+/* A note (log, info) for each swap file in dir (zoff-<stem>-<pid>-<n>.swp) whose process is gone:
+ * zoff unlinks its own as soon as they are open, so such a file was left by an older zoff (or a
+ * process killed between create and unlink); it is named with its size, never removed. Once per
+ * directory and process. */
+void zoff_swapper_note_stale(const char *dir);
 const char *zoff_swapper_path(const zoff_swapper *s);
 int64_t zoff_swapper_file_bytes(const zoff_swapper *s);
 size_t zoff_swapper_buffer_bytes(const zoff_swapper *s); /* host memory of all buffers (pinned with pin_memory) */

@@ -542,8 +542,44 @@ zoff_status zoff_aio_file_open(zoff_aio *a, const char *path, int flags, zoff_ai
     return ZOFF_OK;
 }
 
+/* The files this process has reserved space for and not closed: a full disk's message counts what
+ * the process's other swap files already hold on the same file system (stage 3 with both
+ * offload_optimizer and offload_param on one disk), which is free again once it has exited. */
+static pthread_mutex_t g_reserved_mu = PTHREAD_MUTEX_INITIALIZER;
+static zoff_aio_file *g_reserved;
+
+static void reserved_forget(zoff_aio_file *f) {
+    pthread_mutex_lock(&g_reserved_mu);
+    for (zoff_aio_file **p = &g_reserved; *p; p = &(*p)->next_reserved)
+        if (*p == f) {
+            *p = f->next_reserved;
+            break;
+        }
+    pthread_mutex_unlock(&g_reserved_mu);
+}
+
+/* The ranks of the job on this host (zoff_aio_set_host_ranks): each reserves its own swap files. */
+static _Atomic int g_host_ranks = 1;
+
+void zoff_aio_set_host_ranks(int n) { g_host_ranks = n > 1 ? n : 1; }
+
+/* Bytes this process's other reserved files hold on dev, and how many they are. */
+static int64_t reserved_elsewhere(const zoff_aio_file *f, dev_t dev, int *count) {
+    int64_t sum = 0;
+    *count = 0;
+    pthread_mutex_lock(&g_reserved_mu);
+    for (const zoff_aio_file *o = g_reserved; o; o = o->next_reserved)
+        if (o != f && o->dev == dev) {
+            sum += o->reserved;
+            ++*count;
+        }
+    pthread_mutex_unlock(&g_reserved_mu);
+    return sum;
+}
+
 void zoff_aio_file_close(zoff_aio_file *f) {
     if (!f) return;
+    if (f->reserved) reserved_forget(f);
     close(f->fd);
     free(f);
 }
@@ -553,15 +589,47 @@ const char *zoff_aio_file_direct_note(const zoff_aio_file *f) { return f->note; 
 const char *zoff_aio_file_path(const zoff_aio_file *f) { return f->path; }
 int zoff_aio_file_fd(const zoff_aio_file *f) { return f->fd; }
 
+/* Remember that f now holds `bytes` (for reserved_elsewhere). */
+static void reserved_add(zoff_aio_file *f, int64_t bytes) {
+    struct stat st;
+    if (f->reserved || fstat(f->fd, &st) != 0) return;
+    f->dev = st.st_dev;
+    f->reserved = bytes;
+    pthread_mutex_lock(&g_reserved_mu);
+    f->next_reserved = g_reserved;
+    g_reserved = f;
+    pthread_mutex_unlock(&g_reserved_mu);
+}
+
 zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
     char need[32], fs[4200];
-    if (fallocate(f->fd, 0, 0, bytes) == 0) return ZOFF_OK;
+    if (fallocate(f->fd, 0, 0, bytes) == 0) {
+        reserved_add(f, bytes);
+        return ZOFF_OK;
+    }
     int err = errno;
     if (err == ENOSPC || err == EDQUOT) {
+        /* ext4 and xfs keep the part a failed fallocate got ("0 B free" said while the disk has room):
+         * give it back first, the file is dropped anyway; the free space said is then the disk's */
+        const bool released = ftruncate(f->fd, 0) == 0;
         format_free_space(f->path, fs, sizeof fs);
+        if (!released) msgf(fs + strlen(fs), sizeof fs - strlen(fs), ", less what the failed reservation took");
+        struct stat st;
+        int others = 0;
+        const int64_t held = fstat(f->fd, &st) == 0 ? reserved_elsewhere(f, st.st_dev, &others) : 0;
+        char also[256] = "", ranks[256] = "", hb[32], tb[32], rb[32];
+        if (held > 0) /* freed when this process exits: the free space seen then is more than said here */
+            msgf(also, sizeof also, "; this process's other swap file%s there already hold%s %s: %s needed in all",
+                 others == 1 ? "" : "s", others == 1 ? "s" : "", zoff_format_bytes((size_t)held, hb, sizeof hb),
+                 zoff_format_bytes((size_t)(held + bytes), tb, sizeof tb));
+        const int nr = g_host_ranks;
+        if (nr > 1) /* the other ranks' files, freed when they exit, may hold what is missing */
+            msgf(ranks, sizeof ranks, "; each of the %d ranks on this host reserves its own: about %d x %s = %s there",
+                 nr, nr, zoff_format_bytes((size_t)(held + bytes), tb, sizeof tb),
+                 zoff_format_bytes((size_t)(held + bytes) * (size_t)nr, rb, sizeof rb));
         return zoff_error(ZOFF_ERR_IO,
-                          "disk full: swap file %s needs %s (%s): %s", f->path,
-                          zoff_format_bytes((size_t)bytes, need, sizeof need), fs,
+                          "disk full: swap file %s needs %s (%s%s%s): %s", f->path,
+                          zoff_format_bytes((size_t)bytes, need, sizeof need), fs, also, ranks,
                           zoff_disk_full_advice(SWAP_DISK_FULL_ADVICE));
     }
     if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
@@ -571,5 +639,6 @@ zoff_status zoff_aio_file_reserve(zoff_aio_file *f, int64_t bytes) {
     if (ftruncate(f->fd, bytes) != 0)
         return zoff_error(ZOFF_ERR_IO, "cannot extend %s to %s: %s", f->path,
                           zoff_format_bytes((size_t)bytes, need, sizeof need), strerror(errno));
+    reserved_add(f, bytes);
     return ZOFF_OK;
 }

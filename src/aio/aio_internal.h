@@ -4,6 +4,7 @@
 #define ZOFF_AIO_INTERNAL_H
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include "zoff/aio.h"
 
@@ -12,6 +13,9 @@ struct zoff_aio_file {
     bool direct;
     char note[256];
     char path[4096];
+    dev_t dev;                         /* its file system (set when reserved) */
+    int64_t reserved;                  /* bytes zoff_aio_file_reserve gave it (0: none) */
+    struct zoff_aio_file *next_reserved; /* the process's reserved files (aio.c g_reserved) */
 };
 
 /* One block (or less) of one segment of one request, as an I/O thread handles it. */

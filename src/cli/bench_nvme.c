@@ -5,8 +5,10 @@
  * round by round (the order within a pair alternates), reported as the median of
  * the paired ratios with its min and max (bench_stats.h). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,10 +43,38 @@ static size_t state_bytes(const bench_args *a) {
 
 static bool have_fio(void) { return system("fio --version >/dev/null 2>&1") == 0; }
 
+/* fio's file in --dir: this process's own (the pid), so that benchmarks sharing a scratch disk
+ * neither measure nor remove each other's file. */
+static void fio_file(const bench_args *a, char *file, size_t n) {
+    snprintf(file, n, "%s/zoff-bench-fio-%ld.dat", a->dir, (long)getpid());
+}
+
+/* fio files in --dir of benchmarks whose process is gone (killed with SIGKILL: a Ctrl-C or SIGTERM
+ * removes it): said, not removed (a benchmark on another machine sharing the disk may own it). */
+static void note_stale_fio(const bench_args *a) {
+    DIR *d = opendir(a->dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        long pid;
+        int end = 0;
+        if (sscanf(e->d_name, "zoff-bench-fio-%ld.dat%n", &pid, &end) != 1 || e->d_name[end] || pid <= 0 ||
+            pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        struct stat st;
+        char path[4400], b[32];
+        snprintf(path, sizeof path, "%s/%s", a->dir, e->d_name);
+        fprintf(stderr,
+                "zoff bench nvme: note: %s (%s) is left by a benchmark that was killed (no process %ld runs here): "
+                "remove it, unless a benchmark on another machine sharing %s is running\n",
+                path, stat(path, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown", pid,
+                a->dir);
+    }
+    if (d) closedir(d);
+}
+
 /* One fio job; bytes per second (read + write for the mixed job). */
 static zoff_status run_fio(const bench_args *a, int kind, bool uring, double *bps) {
     char file[4200], cmd[8192], errf[64];
-    snprintf(file, sizeof file, "%s/zoff-bench-fio.dat", a->dir);
+    fio_file(a, file, sizeof file);
     snprintf(errf, sizeof errf, "/tmp/zoff-bench-fio-%ld.err", (long)getpid());
     const char *rw = kind == 0 ? "read" : kind == 1 ? "write" : "rw --rwmixread=50";
     if (uring)
@@ -354,7 +384,7 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
                ng, (long long)sgs, (long long)a->rounds);
     double bps;
     char fiofile[4200];
-    snprintf(fiofile, sizeof fiofile, "%s/zoff-bench-fio.dat", a->dir);
+    fio_file(a, fiofile, sizeof fiofile);
     if (a->fio) zoff_temp_register(fiofile);                  /* removed by a Ctrl-C too */
     if (a->fio) s = run_fio(a, 1, res->uring, &bps);          /* lay the file out; not measured */
     if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, 1, &bps); /* the initial write */
@@ -520,6 +550,7 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
                         "swapper only\n");
         a.fio = false;
     }
+    if (a.fio) note_stale_fio(&a);
     static io_result io;
     memset(&io, 0, sizeof io);
     zoff_status s = io_rounds(&a, &io);

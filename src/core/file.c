@@ -220,8 +220,20 @@ zoff_status zoff_check_output_parent(const char *path) {
 
 zoff_status zoff_make_work_dir(const char *dir, const char *what) {
     struct stat st;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return zoff_error(zoff_status_of_path_errno(errno), "cannot create %s %s: %s", what, dir, strerror(errno));
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        const int err = errno;
+        if (err == ENOENT) { /* only the last folder is created: a typo in the path makes no tree */
+            char *copy = strdup(dir);
+            const char *parent = copy ? dirname(copy) : "its parent";
+            zoff_status s = zoff_error(zoff_status_of_path_errno(err),
+                                       "cannot create %s %s: its parent folder %s does not exist (zoff creates "
+                                       "only the last folder of the path): create it (mkdir -p %s) or correct the path",
+                                       what, dir, parent, dir);
+            free(copy);
+            return s;
+        }
+        return zoff_error(zoff_status_of_path_errno(err), "cannot create %s %s: %s", what, dir, strerror(err));
+    }
     if (stat(dir, &st) != 0)
         return zoff_error(zoff_status_of_path_errno(errno), "%s %s: %s", what, dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "train/trainer_internal.h"
+#include "zoff/aio.h"
 #include "zoff/resources.h"
 #include "zoff/schedule.h"
 
@@ -424,6 +425,7 @@ static zoff_status file_weights(void *arg, const zoff_gpt2 *model, int64_t lo, i
 
 /* Device, model, initial weights, engine (zoff_train_stack), token buffers. */
 zoff_status trainer_build(zoff_trainer *t) {
+    if (t->info.world > 1) zoff_aio_set_host_ranks(zoff_comm_local_size(t->comm)); /* for a full disk's message */
     zoff_train_stack_options so = {.device = device_options(t), .cfg = &t->cfg, .shape = t->info.shape,
                                    .batch_size = t->info.micro_batch, .seq_len = t->info.seq_len,
                                    .dtype = t->info.dtype, .checkpoint_activations = t->o.checkpoint_activations,

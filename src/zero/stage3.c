@@ -11,6 +11,7 @@
 
 #include "zoff/engine.h" /* zoff_placement_param_swap */
 #include "zoff/resources.h"
+#include "zoff/swapper.h"
 
 /* A pooled device buffer. Before a stream reuses it, it waits for both events. */
 typedef struct s3_buf {
@@ -403,6 +404,7 @@ static zoff_status nv_create(zoff_s3 *s) {
     s->st.nvme_pinned = s->o.nvme.pin_memory;
     const char *dir = s->o.nvme.dir;
     ZOFF_TRY(zoff_make_work_dir(dir, "zero_optimization.offload_param.nvme_path"));
+    zoff_swapper_note_stale(dir);
     static int counter;
     int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
     int m = snprintf(s->path, sizeof s->path, "%s/zoff-param-%ld-%d.swp", dir, (long)getpid(), my);

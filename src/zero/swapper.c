@@ -17,7 +17,10 @@
 #include "zoff/device.h"
 #include "zoff/resources.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -320,6 +323,7 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     }
     /* the file */
     if (st == ZOFF_OK) st = zoff_make_work_dir(o->dir, "zero_optimization.offload_optimizer.nvme_path");
+    if (st == ZOFF_OK) zoff_swapper_note_stale(o->dir);
     static int counter;
     int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
     if (st == ZOFF_OK) {
@@ -361,6 +365,34 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
         }
     *out = s;
     return ZOFF_OK;
+}
+
+void zoff_swapper_note_stale(const char *dir) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char told[4096]; /* the last directory looked at (optimizer and parameters often share one) */
+    pthread_mutex_lock(&mu);
+    const bool seen = strcmp(told, dir) == 0;
+    if (!seen) snprintf(told, sizeof told, "%s", dir);
+    pthread_mutex_unlock(&mu);
+    DIR *d = seen ? NULL : opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char stem[64];
+        long pid;
+        int n, end = 0;
+        if (sscanf(e->d_name, "zoff-%63[a-z]-%ld-%d.swp%n", stem, &pid, &n, &end) != 3 || e->d_name[end] ||
+            pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[4400], b[32];
+        struct stat st;
+        textf(path, sizeof path, "%s/%s", dir, e->d_name);
+        zoff_log(ZOFF_LOG_INFO,
+                 "note: %s (%s) is a swap file of a zoff that is no longer running (no process %ld here): zoff "
+                 "removes its own swap files as soon as they are open, so it was left by an older zoff or a killed "
+                 "one; it is not used: remove it, unless a zoff on another machine sharing %s runs",
+                 path, stat(path, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown",
+                 pid, dir);
+    }
+    if (d) closedir(d);
 }
 
 const char *zoff_swapper_describe(const zoff_swapper *s) { return s->describe; }
