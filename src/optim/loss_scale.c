@@ -30,6 +30,19 @@ void zoff_loss_scaler_init_fixed(zoff_loss_scaler *ls, double scale) {
     ls->last_overflow_iter = -1;
 }
 
+void zoff_loss_scaler_restore(zoff_loss_scaler *ls, double scale, int64_t iter, int64_t last_overflow_iter,
+                              int hysteresis_left) {
+    ls->iter = iter;
+    if (!ls->dynamic) return; /* the configured scale */
+    if (hysteresis_left < 1) { /* a static run's state: as a new scaler, its window counted from here */
+        ls->last_overflow_iter = iter - 1;
+        return;
+    }
+    ls->scale = scale;
+    ls->last_overflow_iter = last_overflow_iter;
+    ls->hysteresis_left = hysteresis_left;
+}
+
 zoff_status zoff_loss_scaler_update(zoff_loss_scaler *ls, bool overflow) {
     if (!ls->dynamic) {
         ls->iter++;

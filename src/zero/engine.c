@@ -1881,10 +1881,7 @@ zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *i
                           (long long)in->steps_taken, in->loss_scale);
     e->sc.steps_taken = in->steps_taken;
     e->sc.steps_skipped = in->steps_skipped;
-    e->ls.scale = in->loss_scale;
-    e->ls.iter = in->scaler_iter;
-    e->ls.last_overflow_iter = in->last_overflow_iter;
-    e->ls.hysteresis_left = in->hysteresis_left;
+    zoff_loss_scaler_restore(&e->ls, in->loss_scale, in->scaler_iter, in->last_overflow_iter, in->hysteresis_left);
     e->rollbacks = in->rollbacks;
     /* the host optimizer multiplies its bias-correction products step by step (pow() after a
      * jump): begin the steps taken again, so that they are those of the uninterrupted run */
