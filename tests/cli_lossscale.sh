@@ -110,6 +110,29 @@ fp16 16 1000 2 false 1 1024 > "$W/static.json"
 check "static loss_scale 1024: every step at 1024 ($(ref "$W/static/metrics.jsonl" 1 s1024 1 1 1 false))" \
   "ref '$W/static/metrics.jsonl' 1 s1024 1 1 1 false >/dev/null"
 
+# 2. an overflow at min_loss_scale with the hysteresis spent: exit 2 naming the scale and the step
+#    (DeepSpeed: "Current loss scale already at minimum"), the checkpoints saved before intact
+fp16 30 1000 2 false 1048576 > "$W/min.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/min.json" --train-iters 40 --save-interval 3 --sync-save --save "$W/min" \
+  >"$W/min.txt" 2>&1
+rc=$?
+last=$(grep -o '"step":[0-9]*,"loss"' "$W/min/metrics.jsonl" | tail -1 | grep -o '[0-9]*')
+check "overflow at the minimum 2^20: exit 2 (rc $rc)" "[ $rc -eq 2 ]"
+check "... says the scale exactly and the step after the last one trained ($((last + 1)))" \
+  "grep -q 'overflow at the minimum loss scale 1048576 (step $((last + 1))): training cannot progress' '$W/min.txt'"
+check "... where DeepSpeed stops too ($(ref "$W/min/metrics.jsonl" 1 $((2 ** 30)) 1000 1048576 2 false at-min))" \
+  "ref '$W/min/metrics.jsonl' 1 $((2 ** 30)) 1000 1048576 2 false at-min >/dev/null"
+check "... the checkpoints saved before it verify" "'$PY' '$SRC/scripts/zckpt.py' verify '$W/min' >/dev/null"
+# a scale below min_loss_scale (initial_scale_power 20, min 2^22): DeepSpeed's max(scale / 2, min)
+# takes it up to the minimum, and only an overflow there stops (before: an error at 2^20, "the
+# minimum loss scale 1.04858e+06")
+fp16 20 1000 1 false 4194304 > "$W/below.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/below.json" --train-iters 10 --no-checkpoint --save "$W/below" >"$W/below.txt" 2>&1
+rc=$?
+check "initial scale 2^20 below min_loss_scale 2^22: the second step at 2^22, then exit 2 at step 2 (rc $rc)" \
+  "[ $rc -eq 2 ] && grep -q 'minimum loss scale 4194304 (step 2)' '$W/below.txt' && \
+   ref '$W/below/metrics.jsonl' 1 1048576 1000 4194304 1 false at-min >/dev/null"
+
 # 3. resume: the scaler's state (scale, hysteresis budget, last overflow) goes on exactly
 for cons in false true; do
   fp16 30 3 3 $cons 1 > "$W/res.json"

@@ -50,10 +50,10 @@ zoff_status zoff_loss_scaler_update(zoff_loss_scaler *ls, bool overflow) {
     }
     if (overflow) {
         if (ls->hysteresis == 1 || ls->hysteresis_left == 1) {
-            if (ls->scale <= ls->min_scale)
+            if (ls->scale == ls->min_scale) /* (below it, as DeepSpeed: up to it) */
                 return zoff_error(ZOFF_ERR_INVALID,
-                                  "fp16 gradients overflow at the minimum loss scale %g (step %lld): training cannot "
-                                  "progress; lower the learning rate, use bf16, or lower fp16.min_loss_scale",
+                                  "fp16 gradients overflow at the minimum loss scale %.17g (step %lld): training "
+                                  "cannot progress; lower the learning rate, use bf16, or lower fp16.min_loss_scale",
                                   ls->scale, (long long)ls->iter + 1);
             ls->scale = fmax(ls->scale / ls->factor, ls->min_scale);
         } else {
