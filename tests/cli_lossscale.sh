@@ -171,5 +171,14 @@ fp16 20 2 2 false 1 1024 > "$W/s10.json"
 check "dynamic resumed with static loss_scale 1024: steps 7-12 at 1024 ($(ref "$W/ds/metrics.jsonl" 7 s1024 1 1 1 false))" \
   "ref '$W/ds/metrics.jsonl' 7 s1024 1 1 1 false >/dev/null && grep -q 'resume: fp16.loss_scale 0 -> 1024' '$W/ds.txt'"
 
+# 4. a static scale beyond fp32's largest number is refused by name, nothing written (before: the
+#    first forward failed, "dloss_scale is inf")
+fp16 16 1000 2 false 1 1e39 > "$W/huge.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/huge.json" --train-iters 2 --save "$W/huge" >"$W/huge.txt" 2>&1
+rc=$?
+check "fp16.loss_scale 1e39: exit 2 naming the key and its range, nothing written" \
+  "[ $rc -eq 2 ] && grep -q 'fp16.loss_scale: 1e+39 is out of range; allowed: a number in \[0, 3.40282e+38\]' '$W/huge.txt' \
+   && [ ! -e '$W/huge' ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
