@@ -95,7 +95,8 @@ static void dp_fingerprints(const zoff_engine *e, const zoff_engine_options *o, 
     fp[1] = h;
     h = ZOFF_FNV_INIT;
     H(c->fp16.enabled); H(c->fp16.loss_scale); H(c->fp16.initial_scale_power);
-    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.min_loss_scale); H(c->bf16_enabled); H(c->bf16_optimizer_states);
+    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.consecutive_hysteresis); H(c->fp16.min_loss_scale);
+    H(c->bf16_enabled); H(c->bf16_optimizer_states);
     H(o->dtype);
     fp[2] = h;
     h = ZOFF_FNV_INIT;
