@@ -16,7 +16,7 @@ trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh" # pass/fail counters, ok, bad, check, $PY, byte_corpus
 if ! "$PY" -c 'import json' 2>/dev/null; then echo "cli_lossscale: SKIPPED: no python3"; exit 77; fi
 
-byte_corpus "$SRC" "$W"
+fixed_corpus "$SRC" "$W" # (the overflows depend on the data: not the sources, which every edit changes)
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4
       --tokenizer byte --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 0)
 
@@ -151,7 +151,7 @@ for cons in false true; do
 done
 # a static run resumed with dynamic scaling: a new dynamic scaler at 2^initial_scale_power from the
 # resumed step (before: it kept the static 2^25 and, its hysteresis budget 0, never lowered it:
-# every step skipped)
+# every step skipped; steps 1-3 overflow at 2^25, so a step taken is one after the resume)
 fp16 16 1000 2 false 1 33554432 > "$W/s25.json"
 fp16 16 2 2 false 1 > "$W/d16.json"
 "$ZOFF" train "${TINY[@]}" --config "$W/s25.json" --train-iters 3 --save "$W/sd" >/dev/null 2>&1
@@ -160,7 +160,7 @@ rc=$?
 check "static 2^25 resumed dynamic (2^16, window 2): steps 4-30 == a new DeepSpeed scaler's \
 ($(ref "$W/sd/metrics.jsonl" 4 65536 2 1 2 false))" \
   "[ $rc -eq 0 ] && ref '$W/sd/metrics.jsonl' 4 65536 2 1 2 false >/dev/null && \
-   grep -q '\"step\":30,.*\"skipped\":false' '$W/sd/metrics.jsonl'"
+   grep -q '\"skipped\":false' '$W/sd/metrics.jsonl'"
 check "... said: the loss scale 65536 of this config, not the checkpoint's 33554432" \
   "grep -q 'resume: loss scale 65536 (this config.s fp16 settings), not the checkpoint.s 33554432' '$W/sd.txt' && \
    grep -q 'resume: fp16.loss_scale 33554432 -> 0' '$W/sd.txt'"
