@@ -105,6 +105,12 @@ c2 30 3 2 true
 c3 24 1 3 true
 p0 0 2 2 false
 EOF
+# the console's progress line of a skipped step (not a terminal: step 1 is always printed) says
+# inf/NaN, as the skip line does, not printf's "-nan" (metrics.jsonl: null)
+"$ZOFF" train "${TINY[@]}" --config "$W/h1.json" --train-iters 2 --no-checkpoint --save "$W/con" >"$W/con.txt" 2>&1
+check "a skipped step's progress line: 'grad_norm inf/NaN', no 'nan' on the console" \
+  "grep -q '^step 1/2 loss [0-9.]* lr [0-9.e+-]* grad_norm inf/NaN tok/s' '$W/con.txt' && ! grep -qi 'grad_norm -*nan' '$W/con.txt' \
+   && grep -q '\"grad_norm\":null' '$W/con/metrics.jsonl'"
 fp16 16 1000 2 false 1 1024 > "$W/static.json"
 "$ZOFF" train "${TINY[@]}" --config "$W/static.json" --train-iters 10 --no-checkpoint --save "$W/static" >/dev/null 2>&1
 check "static loss_scale 1024: every step at 1024 ($(ref "$W/static/metrics.jsonl" 1 s1024 1 1 1 false))" \
