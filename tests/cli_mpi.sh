@@ -433,6 +433,16 @@ timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W
   -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plainlr.json" --save "$W/mm3" >"$W/mm3.txt" 2>&1
 check "another lr on rank 1: exit 2, naming the optimizer as what differs (not a hash of everything)" \
   "[ \$? -eq 2 ] && grep -q 'the optimizer, its schedule or gradient_clipping (optimizer, scheduler) differs across ranks' '$W/mm3.txt'"
+# every rank runs its own loss scaler: one with consecutive_hysteresis, one without, drifted apart
+# (scales 65536 and 131072 at step 23) and each unscaled the reduced gradients by its own
+cfg fp16f 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' \
+  '"fp16": {"enabled": true, "initial_scale_power": 24, "hysteresis": 3, "consecutive_hysteresis": false},'
+cfg fp16t 2 '{"stage": 2, "offload_optimizer": {"device": "cpu"}}' \
+  '"fp16": {"enabled": true, "initial_scale_power": 24, "hysteresis": 3, "consecutive_hysteresis": true},'
+timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/fp16f.json" --save "$W/mm4" : \
+  -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/fp16t.json" --save "$W/mm4" >"$W/mm4.txt" 2>&1
+check "fp16.consecutive_hysteresis true on rank 1 only: exit 2, naming the precision settings as what differs" \
+  "[ \$? -eq 2 ] && grep -q 'the precision (fp16, bf16 and their settings) differs across ranks' '$W/mm4.txt'"
 timeout 120 mpirun "${MPIOPTS[@]}" -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --save "$W/mm2" : \
   -np 1 "$ZOFF" train "${TINY[@]}" --config "$W/plain.json" --seed 7 --save "$W/mm2" >"$W/mm2.txt" 2>&1
 check "mismatched --seed across ranks (data order) is refused too" \

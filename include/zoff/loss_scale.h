@@ -33,6 +33,14 @@ typedef struct zoff_loss_scaler {
 
 void zoff_loss_scaler_init(zoff_loss_scaler *ls, const zoff_fp16_config *fp16);
 void zoff_loss_scaler_init_fixed(zoff_loss_scaler *ls, double scale);
+/* Continue from a checkpoint's scaler state (zoff_engine_scalars). A static scaler keeps its
+ * configured fp16.loss_scale (the stored scale may be a dynamic run's). A dynamic one takes the
+ * stored scale, last overflow and hysteresis budget, unless the state is
+ * a static scaler's (hysteresis_left 0: a dynamic budget is never below 1), when it starts afresh
+ * at 2^initial_scale_power, its first window counted from the resumed step. The step count (iter)
+ * is always taken. */
+void zoff_loss_scaler_restore(zoff_loss_scaler *ls, double scale, int64_t iter, int64_t last_overflow_iter,
+                              int hysteresis_left);
 /* Record the outcome of a step. Returns ZOFF_ERR_INVALID (with DeepSpeed's
  * advice) when a dynamic scaler overflows at its minimum scale. */
 zoff_status zoff_loss_scaler_update(zoff_loss_scaler *ls, bool overflow);

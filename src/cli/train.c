@@ -284,8 +284,10 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
                 (long long)step, (long long)p->iters, r->loss, r->lr, r->tokens_per_s, e1, e2);
         if (step == p->iters) fputc('\n', stderr);
     } else if (step % p->every == 0 || step == p->iters || done == 1) {
-        fprintf(stderr, "step %lld/%lld loss %.4f lr %.3e grad_norm %.3f tok/s %.0f elapsed %s left %s\n",
-                (long long)step, (long long)p->iters, r->loss, r->lr, r->info.grad_norm, r->tokens_per_s, e1, e2);
+        char norm[32] = "inf/NaN"; /* a skipped step's: not a norm (printf's "-nan"; metrics.jsonl: null) */
+        if (isfinite(r->info.grad_norm)) snprintf(norm, sizeof norm, "%.3f", r->info.grad_norm);
+        fprintf(stderr, "step %lld/%lld loss %.4f lr %.3e grad_norm %s tok/s %.0f elapsed %s left %s\n",
+                (long long)step, (long long)p->iters, r->loss, r->lr, norm, r->tokens_per_s, e1, e2);
     }
     const zoff_step_info *si = &r->info;
     if (si->skipped) /* DeepSpeed's "OVERFLOW! Skipping step": every time, not every N steps */

@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -287,7 +288,8 @@ static const section s_scheduler = SECTION(k_scheduler, NULL, NULL);
 static const key_spec k_fp16[] = {
     KB("enabled", zoff_fp16_config, enabled),
     XB("auto_cast", "casts floating-point model inputs to fp16; zoff's model input is token ids, which it leaves alone"),
-    KN("loss_scale", zoff_fp16_config, loss_scale, 0, INFINITY),
+    /* at most fp32's largest: the scale multiplies the fp32 loss gradient (gpt2_forward) */
+    KN("loss_scale", zoff_fp16_config, loss_scale, 0, FLT_MAX),
     KI("initial_scale_power", zoff_fp16_config, initial_scale_power, 0, 127),
     KI("loss_scale_window", zoff_fp16_config, loss_scale_window, 1, INT_MAX),
     KI("hysteresis", zoff_fp16_config, hysteresis, 1, INT_MAX),

@@ -30,6 +30,19 @@ void zoff_loss_scaler_init_fixed(zoff_loss_scaler *ls, double scale) {
     ls->last_overflow_iter = -1;
 }
 
+void zoff_loss_scaler_restore(zoff_loss_scaler *ls, double scale, int64_t iter, int64_t last_overflow_iter,
+                              int hysteresis_left) {
+    ls->iter = iter;
+    if (!ls->dynamic) return; /* the configured scale */
+    if (hysteresis_left < 1) { /* a static run's state: as a new scaler, its window counted from here */
+        ls->last_overflow_iter = iter - 1;
+        return;
+    }
+    ls->scale = scale;
+    ls->last_overflow_iter = last_overflow_iter;
+    ls->hysteresis_left = hysteresis_left;
+}
+
 zoff_status zoff_loss_scaler_update(zoff_loss_scaler *ls, bool overflow) {
     if (!ls->dynamic) {
         ls->iter++;
@@ -37,10 +50,10 @@ zoff_status zoff_loss_scaler_update(zoff_loss_scaler *ls, bool overflow) {
     }
     if (overflow) {
         if (ls->hysteresis == 1 || ls->hysteresis_left == 1) {
-            if (ls->scale <= ls->min_scale)
+            if (ls->scale == ls->min_scale) /* (below it, as DeepSpeed: up to it) */
                 return zoff_error(ZOFF_ERR_INVALID,
-                                  "fp16 gradients overflow at the minimum loss scale %g (step %lld): training cannot "
-                                  "progress; lower the learning rate, use bf16, or lower fp16.min_loss_scale",
+                                  "fp16 gradients overflow at the minimum loss scale %.17g (step %lld): training "
+                                  "cannot progress; lower the learning rate, use bf16, or lower fp16.min_loss_scale",
                                   ls->scale, (long long)ls->iter + 1);
             ls->scale = fmax(ls->scale / ls->factor, ls->min_scale);
         } else {

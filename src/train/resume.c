@@ -89,9 +89,15 @@ static void say_config_changes(const zoff_trainer *t) {
         {"optimizer.params.eps", a->eps, b->eps},
         {"optimizer.params.weight_decay", a->weight_decay, b->weight_decay},
         {"zero_optimization.stage", old.zero.stage, t->cfg.zero.stage},
+        {"fp16.loss_scale", old.fp16.loss_scale, t->cfg.fp16.loss_scale},
+        {"fp16.initial_scale_power", old.fp16.initial_scale_power, t->cfg.fp16.initial_scale_power},
+        {"fp16.loss_scale_window", old.fp16.loss_scale_window, t->cfg.fp16.loss_scale_window},
+        {"fp16.hysteresis", old.fp16.hysteresis, t->cfg.fp16.hysteresis},
+        {"fp16.consecutive_hysteresis", old.fp16.consecutive_hysteresis, t->cfg.fp16.consecutive_hysteresis},
+        {"fp16.min_loss_scale", old.fp16.min_loss_scale, t->cfg.fp16.min_loss_scale},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-        if (k[i].was != k[i].now) trainer_say(t, "resume: %s %g -> %g", k[i].key, k[i].was, k[i].now);
+        if (k[i].was != k[i].now) trainer_say(t, "resume: %s %.15g -> %.15g", k[i].key, k[i].was, k[i].now);
     zoff_config_free(&old);
 }
 
@@ -317,6 +323,11 @@ zoff_status trainer_restore(zoff_trainer *t) {
     if (!t->rd) return ZOFF_OK;
     zoff_status s = zoff_train_ckpt_read_state(t->rd, t->eng, t->info.num_params);
     if (s == ZOFF_OK) s = zoff_engine_set_scalars(t->eng, &t->resume.engine);
+    zoff_engine_scalars sc;
+    zoff_engine_get_scalars(t->eng, &sc);
+    if (s == ZOFF_OK && sc.loss_scale != t->resume.engine.loss_scale) /* zoff_loss_scaler_restore's rule */
+        trainer_say(t, "resume: loss scale %.17g (this config's fp16 settings), not the checkpoint's %.17g",
+                    sc.loss_scale, t->resume.engine.loss_scale);
     if (s == ZOFF_OK) s = restore_device_weights(t);
     if (s == ZOFF_OK) s = zoff_loader_set_state(t->train_ld, &t->resume.loader);
     zoff_ckpt_close(t->rd);

@@ -95,7 +95,8 @@ static void dp_fingerprints(const zoff_engine *e, const zoff_engine_options *o, 
     fp[1] = h;
     h = ZOFF_FNV_INIT;
     H(c->fp16.enabled); H(c->fp16.loss_scale); H(c->fp16.initial_scale_power);
-    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.min_loss_scale); H(c->bf16_enabled); H(c->bf16_optimizer_states);
+    H(c->fp16.loss_scale_window); H(c->fp16.hysteresis); H(c->fp16.consecutive_hysteresis); H(c->fp16.min_loss_scale);
+    H(c->bf16_enabled); H(c->bf16_optimizer_states);
     H(o->dtype);
     fp[2] = h;
     h = ZOFF_FNV_INIT;
@@ -1881,10 +1882,7 @@ zoff_status zoff_engine_set_scalars(zoff_engine *e, const zoff_engine_scalars *i
                           (long long)in->steps_taken, in->loss_scale);
     e->sc.steps_taken = in->steps_taken;
     e->sc.steps_skipped = in->steps_skipped;
-    e->ls.scale = in->loss_scale;
-    e->ls.iter = in->scaler_iter;
-    e->ls.last_overflow_iter = in->last_overflow_iter;
-    e->ls.hysteresis_left = in->hysteresis_left;
+    zoff_loss_scaler_restore(&e->ls, in->loss_scale, in->scaler_iter, in->last_overflow_iter, in->hysteresis_left);
     e->rollbacks = in->rollbacks;
     /* the host optimizer multiplies its bias-correction products step by step (pow() after a
      * jump): begin the steps taken again, so that they are those of the uninterrupted run */
