@@ -187,6 +187,11 @@ const char *zoff_tokenizer_token_bytes(const zoff_tokenizer *t, int32_t id, size
  * text[0] (0 only when n == 0). Invalid UTF-8 bytes count as single OTHER characters. */
 size_t zoff_gpt2_pretokenize_next(const char *text, size_t n);
 
+/* The UTF-8 character at text[0] (n >= 1): 1, its byte length and code point; 0 when text[0..n) is
+ * the valid start of a character that n cuts short (*len = n); -1 when invalid, *len the bytes one
+ * U+FFFD replaces (Unicode's substitution of maximal subparts, as Python's errors="replace"). */
+int zoff_utf8_char(const char *text, size_t n, size_t *len, uint32_t *codepoint);
+
 /* Character classes of that regex: SPACE = \s, LETTER = \p{L}, NUMBER = \p{N}.
  * The table (src/data/unicode_class.c) is generated from Python's `regex` module
  * (Unicode 15) by tests/fixtures/gen_bpe_fixture.py. */

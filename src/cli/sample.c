@@ -25,7 +25,52 @@ static void sample_usage(FILE *f) {
             "  --top-p P               then among the fewest most likely tokens that hold P of the\n"
             "                          probability (nucleus sampling), 1 = all (default 1)\n"
             "  --seed N                sampling seed (default 1)\n"
-            "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n");
+            "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
+            "\n"
+            "gpt2 tokenizer: the text is printed as UTF-8 as it comes, a character split over tokens when it\n"
+            "is whole; bytes that are no UTF-8, and a character the end cuts short, as U+FFFD (as Hugging\n"
+            "Face's decode shows them). byte tokenizer: the bytes as they are (a token is a byte).\n");
+}
+
+/* Text out as it is generated, valid UTF-8 however the tokens split characters: a character's first
+ * bytes wait for the token that completes it; bytes that are no UTF-8 (and a character the end cuts
+ * short) are written as U+FFFD, as Hugging Face's decode (errors="replace") shows them. */
+typedef struct utf8_out {
+    bool raw; /* the byte tokenizer: its tokens are the bytes, as they are */
+    char held[4];
+    size_t n;
+} utf8_out;
+
+static void utf8_put(utf8_out *o, const char *p, size_t n, bool end) {
+    if (o->raw) {
+        if (n) fwrite(p, 1, n, stdout);
+        return;
+    }
+    while (o->n > 0 || n > 0) {
+        const bool from_held = o->n > 0;
+        while (from_held && o->n < sizeof o->held && n > 0) {
+            o->held[o->n++] = *p++;
+            n--;
+        }
+        const char *s = from_held ? o->held : p;
+        size_t avail = from_held ? o->n : n, len;
+        uint32_t cp;
+        int r = zoff_utf8_char(s, avail, &len, &cp);
+        if (r == 0 && !end) { /* the rest of a character in the next token's bytes */
+            if (!from_held) memcpy(o->held, p, n);
+            o->n = avail;
+            return;
+        }
+        if (r == 1) fwrite(s, 1, len, stdout);
+        else fputs("\xEF\xBF\xBD", stdout);
+        if (from_held) {
+            memmove(o->held, o->held + len, o->n - len);
+            o->n -= len;
+        } else {
+            p += len;
+            n -= len;
+        }
+    }
 }
 
 int zoff_cmd_sample(int argc, char **argv) {
@@ -77,6 +122,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     float *logits = NULL, *scratch = NULL;
     int32_t *dtok = NULL;
     zoff_tokens ctx = {0};
+    utf8_out out = {.raw = false};
     zoff_status s = cli_weights_open(load, tokenizer, &src);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff sample: --load %s: %s\n", load, zoff_last_error());
@@ -84,6 +130,7 @@ int zoff_cmd_sample(int argc, char **argv) {
         return cli_exit_code(s);
     }
     const int64_t T = src.seq_len;
+    out.raw = strcmp(src.tokenizer, "gpt2") != 0;
     s = zoff_tokenizer_open(src.tokenizer, &tok);
     if (s == ZOFF_OK) s = cli_weights_model(&src, device, 1, T, &dev, &model);
     int64_t V = src.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
@@ -96,7 +143,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s == ZOFF_OK) s = zoff_tokenizer_encode(tok, prompt, strlen(prompt), &ctx);
     if (s == ZOFF_OK && ctx.n == 0) s = zoff_tokens_push(&ctx, '\n'); /* byte tokenizer, empty prompt */
     if (s != ZOFF_OK) goto done;
-    fputs(prompt, stdout);
+    utf8_put(&out, prompt, strlen(prompt), false);
     uint64_t rng = zoff_sample_rng_init((uint64_t)seed);
     const zoff_sample_options so = {.temperature = temp, .top_k = top_k, .top_p = top_p};
     /* the positions 0..cached-1 of the context whose activations the model holds: then each new token
@@ -125,9 +172,10 @@ int zoff_cmd_sample(int argc, char **argv) {
         if ((s = zoff_tokens_push(&ctx, id)) != ZOFF_OK) goto done;
         size_t nb = 0;
         const char *bytes = zoff_tokenizer_token_bytes(tok, id, &nb);
-        if (bytes) fwrite(bytes, 1, nb, stdout);
+        if (bytes) utf8_put(&out, bytes, nb, false);
         fflush(stdout);
     }
+    utf8_put(&out, NULL, 0, true);
     fputc('\n', stdout);
     rc = 0;
 done:
