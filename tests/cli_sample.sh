@@ -8,6 +8,8 @@
 #     for every --max-new-tokens 0..N the text is the decode of the prompt and the first tokens: valid
 #     UTF-8, a character split over tokens whole, bytes that are no UTF-8 and a character the end cuts
 #     short as U+FFFD (before: the raw bytes, not UTF-8).
+#  2. A prompt longer than the context (a byte-token model): the last T tokens, as nanoGPT crops, and a
+#     note saying so (before: silently).
 # Usage: cli_sample.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -82,6 +84,39 @@ for k in $(seq 0 $N); do
 done
 check "every --max-new-tokens 0..$N: valid UTF-8 ($valid of $((N + 1))), the decode of PyTorch's tokens ($same of $((N + 1)))" \
   "[ $valid -eq $((N + 1)) ] && [ $same -eq $((N + 1)) ]" || { cmp "$W/got_$N" "$W/exp_$N"; od -c "$W/got_$N" | head -5; }
+
+# 2. a prompt longer than the model's 32 positions (byte tokens: the output is the bytes as they are)
+"$PY" "$SRC/tests/fixtures/check_export_safetensors.py" random "$W/rand.safetensors" --layers 2 --hidden 32 \
+  --heads 2 --positions 32 --vocab 256 >/dev/null
+LONG='static int parse(const char *text, size_t n, struct state *st) { if '
+cat > "$W/crop.py" <<'PY'
+import sys
+import torch
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, strip_names, forward
+W, prompt, T = sys.argv[2], sys.argv[3].encode(), 32
+P = strip_names(read_safetensors(W + "/rand.safetensors")[0])
+ctx, gap = list(prompt), float("inf")
+with torch.no_grad():
+    for _ in range(8):
+        lg = forward(P, torch.tensor([ctx[-T:]]), 2)[0, -1]   # the last T tokens, as nanoGPT crops
+        top = lg.topk(2).values
+        gap = min(gap, (top[0] - top[1]).item())
+        ctx.append(int(lg.argmax()))
+open(W + "/long_exp", "wb").write(bytes(ctx) + b"\n")
+sys.exit(0 if gap > 1e-3 else 1)
+PY
+"$PY" "$W/crop.py" "$SRC" "$W" "$LONG" >"$W/crop.txt" 2>&1
+"$ZOFF" sample --load "$W/rand.safetensors" --tokenizer byte --device cpu --temperature 0 --max-new-tokens 8 \
+  --prompt "$LONG" >"$W/got_long" 2>"$W/err_long"
+rc=$?
+check "a ${#LONG}-token prompt: exit 0, PyTorch's greedy text on its last 32 tokens, a note that it was cut to them" \
+  "[ $rc -eq 0 ] && cmp -s '$W/got_long' '$W/long_exp' \
+   && grep -q '^zoff sample: note: the prompt is ${#LONG} tokens, longer than the model.s context (its sequence length, 32): it sees the last 32' '$W/err_long'" \
+  || cat "$W/crop.txt" "$W/err_long"
+"$ZOFF" sample --load "$W/rand.safetensors" --tokenizer byte --device cpu --temperature 0 --max-new-tokens 8 \
+  --prompt "${LONG:0:32}" >/dev/null 2>"$W/err_32"
+check "a prompt of exactly 32 tokens: no note" "[ \$? -eq 0 ] && ! grep -q note '$W/err_32'"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -27,6 +27,9 @@ static void sample_usage(FILE *f) {
             "  --seed N                sampling seed (default 1)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
             "\n"
+            "The model's context is its sequence length (a checkpoint's, or all a safetensors model's positions):\n"
+            "a longer prompt is cut to its last tokens, with a note, and the text slides on past it, the\n"
+            "model seeing its last tokens (as nanoGPT's sample.py; Hugging Face's generate refuses the prompt).\n"
             "gpt2 tokenizer: the text is printed as UTF-8 as it comes, a character split over tokens when it\n"
             "is whole; bytes that are no UTF-8, and a character the end cuts short, as U+FFFD (as Hugging\n"
             "Face's decode shows them). byte tokenizer: the bytes as they are (a token is a byte).\n");
@@ -143,6 +146,10 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s == ZOFF_OK) s = zoff_tokenizer_encode(tok, prompt, strlen(prompt), &ctx);
     if (s == ZOFF_OK && ctx.n == 0) s = zoff_tokens_push(&ctx, '\n'); /* byte tokenizer, empty prompt */
     if (s != ZOFF_OK) goto done;
+    if ((int64_t)ctx.n > T) /* nanoGPT crops so; Hugging Face's generate refuses such a prompt */
+        fprintf(stderr, "zoff sample: note: the prompt is %zu tokens%s, longer than the model's context (its sequence "
+                        "length, %lld): it sees the last %lld\n",
+                ctx.n, eot >= 0 ? " with the <|endoftext|> before it" : "", (long long)T, (long long)T);
     utf8_put(&out, prompt, strlen(prompt), false);
     uint64_t rng = zoff_sample_rng_init((uint64_t)seed);
     const zoff_sample_options so = {.temperature = temp, .top_k = top_k, .top_p = top_p};
