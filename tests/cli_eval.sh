@@ -52,8 +52,45 @@ PY
   "$PY" "$W/ref.py" "$SRC" "$W" >"$W/ref.txt" 2>&1
   check "its loss, windows and perplexity are PyTorch's on the same windows ($(tail -1 "$W/ref.txt"))" \
     "grep -q '^loss zoff' '$W/ref.txt'"
+  # several shards, one shorter than a window: windows never span two shards, the short one gives none
+  # and a note names it (before: left out without a word)
+  mkdir -p "$W/multi"
+  head -c 700 "$W/corpus.txt" > "$W/m1.txt"; tail -c 20 "$W/corpus.txt" > "$W/m2.txt"; tail -c 401 "$W/corpus.txt" > "$W/m3.txt"
+  for m in m1 m2 m3; do
+    "$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/multi/$m" "$W/$m.txt" >/dev/null 2>&1
+  done
+  "$ZOFF" eval --load "$W/rand.safetensors" --tokenizer byte --data-path "$W/multi" --seq-length 24 --json \
+    --device cpu >"$W/multi.json" 2>"$W/multi.err"
+  rc=$?
+  cat > "$W/ref_multi.py" <<'PY'
+import glob, json, sys
+import numpy as np
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, strip_names, forward
+W, T = sys.argv[2], 24
+P = strip_names(read_safetensors(W + "/rand.safetensors")[0])
+wins = []
+for f in sorted(glob.glob(W + "/multi/*.bin")):
+    tok = np.frombuffer(open(f, "rb").read()[1024:], dtype="<u2").astype(np.int64)
+    wins += [tok[k * T:k * T + T + 1] for k in range((len(tok) - 1) // T)]   # each shard's own windows
+win = torch.from_numpy(np.stack(wins))
+with torch.no_grad():
+    logits = forward(P, win[:, :-1], 2)
+loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), win[:, 1:].reshape(-1)).item()
+got = json.load(open(W + "/multi.json"))
+assert got["windows"] == len(wins) and got["tokens"] == len(wins) * T, (got, len(wins))
+assert abs(got["loss"] - loss) <= 1e-4 * loss, (got["loss"], loss)
+print("loss zoff %.6f PyTorch float64 %.6f over %d windows of 3 shards" % (got["loss"], loss, len(wins)))
+PY
+  "$PY" "$W/ref_multi.py" "$SRC" "$W" >"$W/ref_multi.txt" 2>&1
+  check "3 shards, one of 20 tokens: PyTorch's loss over each shard's windows ($(tail -1 "$W/ref_multi.txt")), a note names the short one" \
+    "[ $rc -eq 0 ] && grep -q '^loss zoff' '$W/ref_multi.txt' \
+     && grep -q '^zoff eval: note: .*multi/m2_train.bin has 20 tokens, fewer than a window.s 25 (--seq-length + 1): not evaluated' '$W/multi.err' \
+     && [ \$(grep -c note '$W/multi.err') -eq 1 ]"
 else
-  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 2))
+  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 3))
 fi
 
 # a checkpoint: eval on the validation shard == the trainer's validation loss over the same windows

@@ -129,6 +129,8 @@ zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets);
 /* Back to the first batch of epoch 0. */
 void zoff_loader_reset(zoff_loader *l);
 int64_t zoff_loader_num_windows(const zoff_loader *l);       /* windows of T+1 in the split */
+/* The windows shard s (of the loader's dataset) gives: 0 when fewer than T+1 of its tokens are in the split. */
+int64_t zoff_loader_shard_windows(const zoff_loader *l, const zoff_shard *s);
 int64_t zoff_loader_batches_per_epoch(const zoff_loader *l); /* per process */
 int64_t zoff_loader_epoch(const zoff_loader *l);
 

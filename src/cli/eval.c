@@ -17,8 +17,9 @@ static void eval_usage(FILE *f) {
             "token shards (zoff tokenize), over every window of T+1 tokens in file order: window k of\n"
             "a shard is its tokens k*T .. k*T+T, so one window's last token is the next one's first\n"
             "(a shard of N tokens gives (N-1)/T windows, rounded down; the tokens after the last are\n"
-            "not read). Each of a window's T predictions is counted once, with no context from the\n"
-            "window before it (no sliding context).\n"
+            "not read; a shard of fewer than T+1 tokens gives none, and a note names it). Each of a\n"
+            "window's T predictions is counted once, with no context from the window before it (no\n"
+            "sliding context).\n"
             "\n"
             "  --load DIR|FILE         checkpoint root (newest complete step), a step directory, or GPT-2\n"
             "                          weights in safetensors: a file, or a folder holding model.safetensors\n"
@@ -102,6 +103,12 @@ int zoff_cmd_eval(int argc, char **argv) {
     lo.what = "--data-path";
     lo.too_small_hint = "; give more tokens or a smaller --seq-length / --micro-batch-size";
     if (s == ZOFF_OK) s = zoff_loader_create(ds, &lo, &ld);
+    for (int i = 0; s == ZOFF_OK && i < zoff_dataset_num_shards(ds); i++) { /* a shard that adds nothing */
+        const zoff_shard *sh = zoff_dataset_shard(ds, i);
+        if (zoff_loader_shard_windows(ld, sh) == 0)
+            fprintf(stderr, "zoff eval: note: %s has %lld tokens, fewer than a window's %lld (--seq-length + 1): "
+                            "not evaluated\n", zoff_shard_path(sh), (long long)zoff_shard_num_tokens(sh), (long long)(T + 1));
+    }
     if (s == ZOFF_OK) {
         where = "--load";
         s = cli_weights_model(&src, device, B, T, &dev, &model);
