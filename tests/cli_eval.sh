@@ -89,8 +89,34 @@ PY
     "[ $rc -eq 0 ] && grep -q '^loss zoff' '$W/ref_multi.txt' \
      && grep -q '^zoff eval: note: .*multi/m2_train.bin has 20 tokens, fewer than a window.s 25 (--seq-length + 1): not evaluated' '$W/multi.err' \
      && [ \$(grep -c note '$W/multi.err') -eq 1 ]"
+  # weights holding NaN or Inf (before: eval "loss nan, perplexity nan" and sample a run of token 0, exit 0)
+  for bad in nan inf; do
+    "$PY" - "$SRC" "$W/rand.safetensors" "$W/$bad.safetensors" $bad <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, write_safetensors
+tensors, meta, _ = read_safetensors(sys.argv[2])
+out = []
+for name, t in tensors.items():
+    a = t.numpy().astype("<f4").copy()
+    if name.endswith("h.1.mlp.c_fc.weight"):
+        a[3, 5] = float(sys.argv[4])
+    out.append((name, "F32", a))
+write_safetensors(sys.argv[3], out, meta)
+PY
+    "$ZOFF" eval --load "$W/$bad.safetensors" --tokenizer byte --data-path "$W/small_train.bin" --seq-length 24 \
+      --device cpu >"$W/$bad.out" 2>"$W/$bad.err"
+    rc1=$?
+    "$ZOFF" sample --load "$W/$bad.safetensors" --tokenizer byte --max-new-tokens 8 --prompt "int " --device cpu \
+      >"$W/${bad}s.out" 2>"$W/${bad}s.err"
+    rc2=$?
+    check "weights with one $bad: eval and sample exit 2 naming the tensor, no loss or text printed" \
+      "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ ! -s '$W/$bad.out' ] && [ ! -s '$W/${bad}s.out' ] \
+       && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/$bad.err' \
+       && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}s.err'"
+  done
 else
-  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 3))
+  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 5))
 fi
 
 # a checkpoint: eval on the validation shard == the trainer's validation loss over the same windows
