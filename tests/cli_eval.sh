@@ -115,8 +115,23 @@ PY
        && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/$bad.err' \
        && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}s.err'"
   done
+  # a loss past 709 nats (ln_f scaled 300x): exp(loss) is past a double; --json gives perplexity null
+  # (before: "perplexity":inf, which no JSON reader takes)
+  "$PY" - "$SRC" "$W/rand.safetensors" "$W/huge.safetensors" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, write_safetensors
+tensors, meta, _ = read_safetensors(sys.argv[2])
+write_safetensors(sys.argv[3], [(n, "F32", (t.numpy() * (300 if n.endswith("ln_f.weight") else 1)).astype("<f4"))
+                                for n, t in tensors.items()], meta)
+PY
+  "$ZOFF" eval --load "$W/huge.safetensors" --tokenizer byte --data-path "$W/small_train.bin" --seq-length 24 \
+    --json --device cpu >"$W/huge.json" 2>"$W/huge.err"
+  rc=$?
+  check "a loss over 709: exit 0, --json is JSON (perplexity null)" \
+    "[ $rc -eq 0 ] && '$PY' -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d[\"loss\"] > 709 and d[\"perplexity\"] is None))' '$W/huge.json'"
 else
-  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 5))
+  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 6))
 fi
 
 # a checkpoint: eval on the validation shard == the trainer's validation loss over the same windows

@@ -32,7 +32,8 @@ static void eval_usage(FILE *f) {
             "                          out the last windows that do not fill one, and says how many)\n"
             "  --max-batches N         stop after N batches (default 0: all)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
-            "  --json                  one JSON object on stdout instead of the summary line\n");
+            "  --json                  one JSON object on stdout instead of the summary line (perplexity\n"
+            "                          null where exp(loss) is past a double's range)\n");
 }
 
 int zoff_cmd_eval(int argc, char **argv) {
@@ -139,10 +140,12 @@ int zoff_cmd_eval(int argc, char **argv) {
     } else {
         const double loss = sum / (double)nb, tokens = (double)(nb * B * T);
         const int64_t left = windows - nb * B;
+        char ppl[40] = "null"; /* exp(loss) past a double (a loss over 709): JSON has no inf */
+        if (isfinite(exp(loss))) snprintf(ppl, sizeof ppl, "%.6f", exp(loss));
         if (json)
-            printf("{\"loss\":%.6f,\"perplexity\":%.6f,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
+            printf("{\"loss\":%.6f,\"perplexity\":%s,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
                    "\"seq_len\":%lld,\"batch\":%lld,\"seconds\":%.3f}\n",
-                   loss, exp(loss), tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
+                   loss, ppl, tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
         else {
             char nw[32];
             printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%s of %lld + 1 tokens%s%s) in %.1f s\n",
