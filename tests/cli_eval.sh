@@ -16,6 +16,7 @@ byte_corpus "$SRC" "$W"
 # a val shard of a few thousand tokens: PyTorch evaluates all of it
 head -c 3001 "$W/corpus.txt" > "$W/small.txt"
 "$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/small" "$W/small.txt" >/dev/null 2>&1
+"$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
 
 if "$PY" -c 'import torch' 2>/dev/null; then
   "$PY" "$SRC/tests/fixtures/check_export_safetensors.py" random "$W/rand.safetensors" --layers 2 --hidden 32 \
@@ -130,8 +131,20 @@ PY
   rc=$?
   check "a loss over 709: exit 0, --json is JSON (perplexity null)" \
     "[ $rc -eq 0 ] && '$PY' -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d[\"loss\"] > 709 and d[\"perplexity\"] is None))' '$W/huge.json'"
+  # --tokenizer gpt2 for a model of 256 tokens: refused before any work, naming both sizes (before: sample
+  # printed the prompt, then "embed_fwd failed on stream 'compute': ... token id 50256 ... out of range";
+  # eval blamed the shards)
+  "$ZOFF" sample --load "$W/rand.safetensors" --tokenizer gpt2 --max-new-tokens 4 --prompt "Hello" --device cpu \
+    >"$W/tk.out" 2>"$W/tk.err"
+  rc1=$?
+  "$ZOFF" eval --load "$W/rand.safetensors" --tokenizer gpt2 --data-path "$W/g2_train.bin" --device cpu >/dev/null 2>"$W/tk2.err"
+  rc2=$?
+  check "--tokenizer gpt2 on a 256-token model: sample and eval exit 2 naming both vocabularies, nothing printed" \
+    "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ ! -s '$W/tk.out' ] \
+     && grep -q 'the gpt2 tokenizer has 50257 tokens, more than the model.s vocabulary of 256' '$W/tk.err' \
+     && grep -q '^zoff eval: --load: the gpt2 tokenizer has 50257 tokens, more than the model.s vocabulary of 256' '$W/tk2.err'"
 else
-  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 6))
+  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 7))
 fi
 
 # a checkpoint: eval on the validation shard == the trainer's validation loss over the same windows
@@ -167,7 +180,6 @@ check "bench adam --help: --threads 0 is the default (all cores)" "grep -q 'defa
 check "--max-batches 1: '1 window of 16 + 1 tokens' (before: '1 windows')" \
   "[ \$? -eq 0 ] && grep -q '^zoff eval: loss .* over 16 tokens (1 window of 16 + 1 tokens; the last windows left out: --max-batches)' '$W/one.txt'"
 # wrong input: exit 2, said
-"$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
 "$ZOFF" eval --load "$W/run" --data-path "$W/g2_train.bin" >"$W/e1.txt" 2>&1
 rc=$?
 check "gpt2 shards on a byte model: exit 2, names the tokenizers" \

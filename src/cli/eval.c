@@ -95,8 +95,12 @@ int zoff_cmd_eval(int argc, char **argv) {
     int32_t *hx = NULL, *hy = NULL, *dx = NULL, *dy = NULL;
     const size_t bytes = (size_t)(B * T) * sizeof(int32_t);
     zoff_tokenizer *tok = NULL;
-    s = zoff_dataset_open(data, (int32_t)src.shape.vocab_size, &ds);
-    if (s == ZOFF_OK) s = zoff_tokenizer_open(src.tokenizer, &tok);
+    where = "--load";
+    s = cli_weights_tokenizer(&src, &tok);
+    if (s == ZOFF_OK) {
+        where = "--data-path";
+        s = zoff_dataset_open(data, (int32_t)src.shape.vocab_size, &ds);
+    }
     if (s == ZOFF_OK) s = zoff_dataset_check_tokenizer(ds, tok, " (the model's)");
     zoff_tokenizer_free(tok);
     zoff_loader_options lo = zoff_loader_defaults(B, T);

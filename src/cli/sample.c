@@ -138,7 +138,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     }
     const int64_t T = src.seq_len;
     out.raw = strcmp(src.tokenizer, "gpt2") != 0;
-    s = zoff_tokenizer_open(src.tokenizer, &tok);
+    s = cli_weights_tokenizer(&src, &tok);
     if (s == ZOFF_OK) s = cli_weights_model(&src, device, 1, T, &dev, &model);
     int64_t V = src.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
     zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;

@@ -88,6 +88,19 @@ static zoff_status read_weights(cli_weights *src, const zoff_gpt2 *model, float 
 }
 
 
+zoff_status cli_weights_tokenizer(const cli_weights *src, zoff_tokenizer **tok) {
+    ZOFF_TRY(zoff_tokenizer_open(src->tokenizer, tok));
+    const int32_t n = zoff_tokenizer_vocab_size(*tok);
+    if (n <= src->shape.vocab_size) return ZOFF_OK;
+    zoff_tokenizer_free(*tok);
+    *tok = NULL;
+    return zoff_error(ZOFF_ERR_INVALID,
+                      "the %s tokenizer has %d tokens, more than the model's vocabulary of %lld: its ids would "
+                      "be out of the model's range; give the model's tokenizer (--tokenizer byte for 256 tokens, "
+                      "gpt2 for 50257)",
+                      src->tokenizer, (int)n, (long long)src->shape.vocab_size);
+}
+
 void cli_weights_close(cli_weights *src) {
     zoff_ckpt_close(src->rd);
     zoff_st_close(src->st);
