@@ -10,6 +10,7 @@
 #     short as U+FFFD (before: the raw bytes, not UTF-8).
 #  2. A prompt longer than the context (a byte-token model): the last T tokens, as nanoGPT crops, and a
 #     note saying so (before: silently).
+#  3. A model with more rows than the tokenizer has tokens: only the tokenizer's tokens are picked.
 # Usage: cli_sample.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -117,6 +118,46 @@ check "a ${#LONG}-token prompt: exit 0, PyTorch's greedy text on its last 32 tok
 "$ZOFF" sample --load "$W/rand.safetensors" --tokenizer byte --device cpu --temperature 0 --max-new-tokens 8 \
   --prompt "${LONG:0:32}" >/dev/null 2>"$W/err_32"
 check "a prompt of exactly 32 tokens: no note" "[ \$? -eq 0 ] && ! grep -q note '$W/err_32'"
+
+# 3. a model with more rows than the tokenizer's tokens (nanoGPT pads GPT-2's 50257 to 50304): the rows past
+#    50257 are no token and print nothing; here they dominate the logits. zoff picks among the tokenizer's
+#    tokens, PyTorch's greedy over logits[:50257] (before: it picked the padding, printing nothing, exit 0)
+cat > "$W/pad.py" <<'PY'
+import sys
+import torch
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import hf_shapes, write_safetensors, forward
+from gen_bpe_fixture import load_encoder
+W, T, V = sys.argv[2], 32, 50304
+E = load_encoder()
+g = torch.Generator().manual_seed(3)
+P = {}
+for name, shape in hf_shapes(2, 32, T, V).items():
+    ln = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+    P[name] = 1.0 + 0.1 * torch.randn(shape, generator=g) if ln else 0.3 * torch.randn(shape, generator=g)
+P["wte.weight"][50257:] *= 3             # the padding rows dominate
+P = {k: v.to(torch.float32) for k, v in P.items()}
+write_safetensors(W + "/pad.safetensors", [(k, "F32", v.numpy().astype("<f4")) for k, v in P.items()],
+                  {"format": "pt", "zoff.num_heads": "2"})
+P = {k: v.double() for k, v in P.items()}
+ids, P0, padded, gap = [50256] + E.encode("Hello"), 2, 0, float("inf")
+with torch.no_grad():
+    for _ in range(8):
+        lg = forward(P, torch.tensor([ids[-T:]]), 2)[0, -1]
+        padded += int(lg.argmax()) >= 50257
+        top = lg[:50257].topk(2).values
+        gap = min(gap, (top[0] - top[1]).item())
+        ids.append(int(lg[:50257].argmax()))
+open(W + "/pad_exp", "wb").write((E.decode(ids[1:]) + "\n").encode())
+print("%d of 8 greedy picks over all 50304 rows are padding; smallest top-2 gap %.2e" % (padded, gap))
+sys.exit(0 if padded and gap > 1e-3 else 1)
+PY
+"$PY" "$W/pad.py" "$SRC" "$W" >"$W/pad.txt" 2>&1
+check "the reference: a 50304-row model whose padding rows win ($(tail -1 "$W/pad.txt"))" "[ \$? -eq 0 ]"
+"$ZOFF" sample --load "$W/pad.safetensors" --device cpu --temperature 0 --max-new-tokens 8 --prompt Hello \
+  >"$W/pad_got" 2>"$W/pad_err"
+check "sample of it: exit 0, PyTorch's greedy text over the tokenizer's 50257 tokens" \
+  "[ \$? -eq 0 ] && cmp -s '$W/pad_got' '$W/pad_exp'" || cat "$W/pad_got" "$W/pad_err"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

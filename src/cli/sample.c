@@ -36,7 +36,9 @@ static void sample_usage(FILE *f) {
             "model seeing its last tokens (as nanoGPT's sample.py; Hugging Face's generate refuses the prompt).\n"
             "gpt2 tokenizer: the text is printed as UTF-8 as it comes, a character split over tokens when it\n"
             "is whole; bytes that are no UTF-8, and a character the end cuts short, as U+FFFD (as Hugging\n"
-            "Face's decode shows them). byte tokenizer: the bytes as they are (a token is a byte).\n");
+            "Face's decode shows them). byte tokenizer: the bytes as they are (a token is a byte).\n"
+            "A model with more vocabulary rows than its tokenizer has tokens (nanoGPT pads GPT-2's 50257 to\n"
+            "50304) picks among the tokenizer's tokens only.\n");
 }
 
 /* Text out as it is generated, valid UTF-8 however the tokens split characters: a character's first
@@ -140,7 +142,9 @@ int zoff_cmd_sample(int argc, char **argv) {
     out.raw = strcmp(src.tokenizer, "gpt2") != 0;
     s = cli_weights_tokenizer(&src, &tok);
     if (s == ZOFF_OK) s = cli_weights_model(&src, device, 1, T, &dev, &model);
-    int64_t V = src.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
+    /* picked among the tokenizer's tokens: a model's rows past them (nanoGPT's padded 50304) print nothing */
+    int64_t V = tok ? zoff_tokenizer_vocab_size(tok) : 0;
+    int64_t Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
     zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)T * sizeof(int32_t), "context tokens", (void **)&dtok);
     if (s == ZOFF_OK && (!(logits = malloc((size_t)Vp * sizeof(float))) || !(scratch = malloc((size_t)Vp * sizeof(float)))))
