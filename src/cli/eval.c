@@ -112,7 +112,8 @@ int zoff_cmd_eval(int argc, char **argv) {
         const zoff_shard *sh = zoff_dataset_shard(ds, i);
         if (zoff_loader_shard_windows(ld, sh) == 0)
             fprintf(stderr, "zoff eval: note: %s has %lld tokens, fewer than a window's %lld (--seq-length + 1): "
-                            "not evaluated\n", zoff_shard_path(sh), (long long)zoff_shard_num_tokens(sh), (long long)(T + 1));
+                            "not evaluated\n",
+                    zoff_shard_path(sh), (long long)zoff_shard_num_tokens(sh), (long long)(T + 1));
     }
     if (s == ZOFF_OK) {
         where = "--load";
