@@ -16,6 +16,7 @@ byte_corpus "$SRC" "$W"
 # a val shard of a few thousand tokens: PyTorch evaluates all of it
 head -c 3001 "$W/corpus.txt" > "$W/small.txt"
 "$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/small" "$W/small.txt" >/dev/null 2>&1
+"$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
 
 if "$PY" -c 'import torch' 2>/dev/null; then
   "$PY" "$SRC/tests/fixtures/check_export_safetensors.py" random "$W/rand.safetensors" --layers 2 --hidden 32 \
@@ -52,8 +53,98 @@ PY
   "$PY" "$W/ref.py" "$SRC" "$W" >"$W/ref.txt" 2>&1
   check "its loss, windows and perplexity are PyTorch's on the same windows ($(tail -1 "$W/ref.txt"))" \
     "grep -q '^loss zoff' '$W/ref.txt'"
+  # several shards, one shorter than a window: windows never span two shards, the short one gives none
+  # and a note names it (before: left out without a word)
+  mkdir -p "$W/multi"
+  head -c 700 "$W/corpus.txt" > "$W/m1.txt"; tail -c 20 "$W/corpus.txt" > "$W/m2.txt"; tail -c 401 "$W/corpus.txt" > "$W/m3.txt"
+  for m in m1 m2 m3; do
+    "$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/multi/$m" "$W/$m.txt" >/dev/null 2>&1
+  done
+  "$ZOFF" eval --load "$W/rand.safetensors" --tokenizer byte --data-path "$W/multi" --seq-length 24 --json \
+    --device cpu >"$W/multi.json" 2>"$W/multi.err"
+  rc=$?
+  cat > "$W/ref_multi.py" <<'PY'
+import glob, json, sys
+import numpy as np
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, strip_names, forward
+W, T = sys.argv[2], 24
+P = strip_names(read_safetensors(W + "/rand.safetensors")[0])
+wins = []
+for f in sorted(glob.glob(W + "/multi/*.bin")):
+    tok = np.frombuffer(open(f, "rb").read()[1024:], dtype="<u2").astype(np.int64)
+    wins += [tok[k * T:k * T + T + 1] for k in range((len(tok) - 1) // T)]   # each shard's own windows
+win = torch.from_numpy(np.stack(wins))
+with torch.no_grad():
+    logits = forward(P, win[:, :-1], 2)
+loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), win[:, 1:].reshape(-1)).item()
+got = json.load(open(W + "/multi.json"))
+assert got["windows"] == len(wins) and got["tokens"] == len(wins) * T, (got, len(wins))
+assert abs(got["loss"] - loss) <= 1e-4 * loss, (got["loss"], loss)
+print("loss zoff %.6f PyTorch float64 %.6f over %d windows of 3 shards" % (got["loss"], loss, len(wins)))
+PY
+  "$PY" "$W/ref_multi.py" "$SRC" "$W" >"$W/ref_multi.txt" 2>&1
+  check "3 shards, one of 20 tokens: PyTorch's loss over each shard's windows ($(tail -1 "$W/ref_multi.txt")), a note names the short one" \
+    "[ $rc -eq 0 ] && grep -q '^loss zoff' '$W/ref_multi.txt' \
+     && grep -q '^zoff eval: note: .*multi/m2_train.bin has 20 tokens, fewer than a window.s 25 (--seq-length + 1): not evaluated' '$W/multi.err' \
+     && [ \$(grep -c note '$W/multi.err') -eq 1 ]"
+  # weights holding NaN or Inf (before: eval "loss nan, perplexity nan" and sample a run of token 0, exit 0)
+  for bad in nan inf; do
+    "$PY" - "$SRC" "$W/rand.safetensors" "$W/$bad.safetensors" $bad <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, write_safetensors
+tensors, meta, _ = read_safetensors(sys.argv[2])
+out = []
+for name, t in tensors.items():
+    a = t.numpy().astype("<f4").copy()
+    if name.endswith("h.1.mlp.c_fc.weight"):
+        a[3, 5] = float(sys.argv[4])
+    out.append((name, "F32", a))
+write_safetensors(sys.argv[3], out, meta)
+PY
+    "$ZOFF" eval --load "$W/$bad.safetensors" --tokenizer byte --data-path "$W/small_train.bin" --seq-length 24 \
+      --device cpu >"$W/$bad.out" 2>"$W/$bad.err"
+    rc1=$?
+    "$ZOFF" sample --load "$W/$bad.safetensors" --tokenizer byte --max-new-tokens 8 --prompt "int " --device cpu \
+      >"$W/${bad}s.out" 2>"$W/${bad}s.err"
+    rc2=$?
+    check "weights with one $bad: eval and sample exit 2 naming the tensor, no loss or text printed" \
+      "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ ! -s '$W/$bad.out' ] && [ ! -s '$W/${bad}s.out' ] \
+       && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/$bad.err' \
+       && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}s.err'"
+  done
+  # a loss past 709 nats (ln_f scaled 300x): exp(loss) is past a double; --json gives perplexity null
+  # (before: "perplexity":inf, which no JSON reader takes)
+  "$PY" - "$SRC" "$W/rand.safetensors" "$W/huge.safetensors" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/tests/fixtures")
+from safetensors_gpt2_ref import read_safetensors, write_safetensors
+tensors, meta, _ = read_safetensors(sys.argv[2])
+write_safetensors(sys.argv[3], [(n, "F32", (t.numpy() * (300 if n.endswith("ln_f.weight") else 1)).astype("<f4"))
+                                for n, t in tensors.items()], meta)
+PY
+  "$ZOFF" eval --load "$W/huge.safetensors" --tokenizer byte --data-path "$W/small_train.bin" --seq-length 24 \
+    --json --device cpu >"$W/huge.json" 2>"$W/huge.err"
+  rc=$?
+  check "a loss over 709: exit 0, --json is JSON (perplexity null)" \
+    "[ $rc -eq 0 ] && '$PY' -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(not (d[\"loss\"] > 709 and d[\"perplexity\"] is None))' '$W/huge.json'"
+  # --tokenizer gpt2 for a model of 256 tokens: refused before any work, naming both sizes (before: sample
+  # printed the prompt, then "embed_fwd failed on stream 'compute': ... token id 50256 ... out of range";
+  # eval blamed the shards)
+  "$ZOFF" sample --load "$W/rand.safetensors" --tokenizer gpt2 --max-new-tokens 4 --prompt "Hello" --device cpu \
+    >"$W/tk.out" 2>"$W/tk.err"
+  rc1=$?
+  "$ZOFF" eval --load "$W/rand.safetensors" --tokenizer gpt2 --data-path "$W/g2_train.bin" --device cpu >/dev/null 2>"$W/tk2.err"
+  rc2=$?
+  check "--tokenizer gpt2 on a 256-token model: sample and eval exit 2 naming both vocabularies, nothing printed" \
+    "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ ! -s '$W/tk.out' ] \
+     && grep -q 'the gpt2 tokenizer has 50257 tokens, more than the model.s vocabulary of 256' '$W/tk.err' \
+     && grep -q '^zoff eval: --load: the gpt2 tokenizer has 50257 tokens, more than the model.s vocabulary of 256' '$W/tk2.err'"
 else
-  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 2))
+  echo "skip - eval against PyTorch (no python3-torch under $PY)"; skip=$((skip + 7))
 fi
 
 # a checkpoint: eval on the validation shard == the trainer's validation loss over the same windows
@@ -89,7 +180,6 @@ check "bench adam --help: --threads 0 is the default (all cores)" "grep -q 'defa
 check "--max-batches 1: '1 window of 16 + 1 tokens' (before: '1 windows')" \
   "[ \$? -eq 0 ] && grep -q '^zoff eval: loss .* over 16 tokens (1 window of 16 + 1 tokens; the last windows left out: --max-batches)' '$W/one.txt'"
 # wrong input: exit 2, said
-"$ZOFF" tokenize --tokenizer gpt2 --quiet --val-fraction 0 --output-prefix "$W/g2" "$W/small.txt" >/dev/null 2>&1
 "$ZOFF" eval --load "$W/run" --data-path "$W/g2_train.bin" >"$W/e1.txt" 2>&1
 rc=$?
 check "gpt2 shards on a byte model: exit 2, names the tokenizers" \

@@ -614,6 +614,13 @@ elsewhere train --max-steps -- "optimizer steps is --train-iters"
 elsewhere train --bf16 -- '"bf16": {"enabled": true}'
 elsewhere plan --zero_stage -- "zero_optimization.stage"
 elsewhere train --output_dir -- "the output folder is --save"
+# Hugging Face generate / evaluate and nanoGPT names in eval and sample (before: only "unknown option")
+elsewhere eval --eval-iters -- "eval reads every window; --max-batches N stops after N batches"
+elsewhere eval --per_device_eval_batch_size -- "the windows per forward are --micro-batch-size"
+elsewhere sample --max_length -- "the tokens to generate are --max-new-tokens"
+elsewhere sample --num_samples -- "run it again with another --seed"
+elsewhere sample --do_sample -- "--temperature 0 is greedy"
+elsewhere train --batch-size -- "train_micro_batch_size_per_gpu"
 "$ZOFF" sample --load "$W/done2" --lr 1 >/dev/null 2>"$W/else.err"
 check "sample (no --config) gives no config hint for --lr" "! grep -q 'optimizer.params' '$W/else.err'"
 "$ZOFF" traine >"$W/cmd.out" 2>"$W/cmd.err"

@@ -118,12 +118,23 @@ static void test_wide_vocabulary(void **state) {
     check_frequencies(logits, MAXV, (zoff_sample_options){1.3, 0, 0.9}, 23, 30000);
 }
 
+/* The one seed whose state was 0 (seed x 0x9E3779B97F4A7C15 + 1 = 2^64): xorshift stays at 0, every
+ * draw was 0 and every pick the first kept token ('sample --seed 1018231460777725123': "\0\0\0..." from a
+ * byte model, "!!!!" from GPT-2). Its picks follow the distribution like any seed's. */
+static void test_no_degenerate_seed(void **state) {
+    (void)state;
+    const uint64_t bad = 1018231460777725123ull; /* (2^64 - 1) / 0x9E3779B97F4A7C15 mod 2^64 */
+    assert_true(bad * 0x9E3779B97F4A7C15ull + 1 == 0);
+    check_frequencies(k_small, 6, (zoff_sample_options){1, 0, 1}, bad, 200000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_small_distribution),
         cmocka_unit_test(test_top_p_keeps_the_token_that_crosses),
         cmocka_unit_test(test_wide_vocabulary),
+        cmocka_unit_test(test_no_degenerate_seed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

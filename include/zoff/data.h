@@ -136,6 +136,8 @@ zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets);
 /* Back to the first batch of epoch 0. */
 void zoff_loader_reset(zoff_loader *l);
 int64_t zoff_loader_num_windows(const zoff_loader *l);       /* windows of T+1 in the split */
+/* The windows shard s (of the loader's dataset) gives: 0 when fewer than T+1 of its tokens are in the split. */
+int64_t zoff_loader_shard_windows(const zoff_loader *l, const zoff_shard *s);
 int64_t zoff_loader_batches_per_epoch(const zoff_loader *l); /* per process */
 int64_t zoff_loader_epoch(const zoff_loader *l);
 
@@ -196,6 +198,11 @@ const char *zoff_tokenizer_token_bytes(const zoff_tokenizer *t, int32_t id, size
  * written out in C over UTF-8: returns the byte length of the piece that starts at
  * text[0] (0 only when n == 0). Invalid UTF-8 bytes count as single OTHER characters. */
 size_t zoff_gpt2_pretokenize_next(const char *text, size_t n);
+
+/* The UTF-8 character at text[0] (n >= 1): 1, its byte length and code point; 0 when text[0..n) is
+ * the valid start of a character that n cuts short (*len = n); -1 when invalid, *len the bytes one
+ * U+FFFD replaces (Unicode's substitution of maximal subparts, as Python's errors="replace"). */
+int zoff_utf8_char(const char *text, size_t n, size_t *len, uint32_t *codepoint);
 
 /* Character classes of that regex: SPACE = \s, LETTER = \p{L}, NUMBER = \p{N}.
  * The table (src/data/unicode_class.c) is generated from Python's `regex` module

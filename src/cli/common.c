@@ -133,28 +133,41 @@ static void nearest_option(const char *name, const char *text, char *best, size_
 }
 
 /* Flags of DeepSpeed launch scripts, Megatron-DeepSpeed and the Hugging Face Trainer that a
- * command taking --config may be given: where each setting is in zoff. Names are compared with
- * '_' read as '-'; NULL: none. */
-static const char *elsewhere_hint(const char *name) {
+ * command taking --config may be given, and those of Hugging Face's generate / evaluate and nanoGPT's
+ * sample.py that eval and sample may be given: where each setting is in zoff. An entry applies to
+ * a command whose usage text holds its `needs`; names are compared with '_' read as '-'; NULL: none. */
+static const char *elsewhere_hint(const char *name, const char *usage) {
+#define CFG "--config FILE"
+#define EVAL "--max-batches N"
+#define SAMPLE "--max-new-tokens N"
     static const struct {
-        const char *names, *hint; /* names: " --a --b " */
+        const char *needs, *names, *hint; /* names: " --a --b " */
     } hints[] = {
-        {" --deepspeed --deepspeed-config --ds-config ", "the DeepSpeed JSON config is --config FILE"},
-        {" --lr --learning-rate ", "the learning rate is optimizer.params.lr in the --config file"},
-        {" --batch-size --per-device-train-batch-size --micro-batch ",
+        {CFG, " --deepspeed --deepspeed-config --ds-config ", "the DeepSpeed JSON config is --config FILE"},
+        {CFG, " --lr --learning-rate ", "the learning rate is optimizer.params.lr in the --config file"},
+        {CFG, " --batch-size --per-device-train-batch-size --micro-batch ",
          "the batch per rank is --micro-batch-size, or the config's train_micro_batch_size_per_gpu"},
-        {" --global-batch-size --train-batch-size ", "the global batch is the config's train_batch_size"},
-        {" --gradient-accumulation-steps ", "accumulation is the config's gradient_accumulation_steps"},
-        {" --max-steps --train-steps --steps --iters ", "the number of optimizer steps is --train-iters"},
-        {" --epochs --num-train-epochs ", "zoff counts optimizer steps: --train-iters"},
-        {" --bf16 --fp16 ", "precision is the config's \"bf16\": {\"enabled\": true} or \"fp16\": {...}"},
-        {" --zero-stage --zero ", "the ZeRO stage is the config's zero_optimization.stage"},
-        {" --warmup --warmup-steps --lr-warmup-iters ", "warm-up is the config's scheduler.params.warmup_num_steps"},
-        {" --weight-decay ", "weight decay is the config's optimizer.params.weight_decay"},
-        {" --clip-grad --max-grad-norm ", "clipping is the config's gradient_clipping"},
-        {" --output-dir --save-dir ", "the output folder is --save"},
-        {" --save-steps ", "the checkpoint interval is --save-interval"},
-        {" --offload ", "offload is the config's zero_optimization.offload_optimizer.device (cpu or nvme)"},
+        {CFG, " --global-batch-size --train-batch-size ", "the global batch is the config's train_batch_size"},
+        {CFG, " --gradient-accumulation-steps ", "accumulation is the config's gradient_accumulation_steps"},
+        {CFG, " --max-steps --train-steps --steps --iters ", "the number of optimizer steps is --train-iters"},
+        {CFG, " --epochs --num-train-epochs ", "zoff counts optimizer steps: --train-iters"},
+        {CFG, " --bf16 --fp16 ", "precision is the config's \"bf16\": {\"enabled\": true} or \"fp16\": {...}"},
+        {CFG, " --zero-stage --zero ", "the ZeRO stage is the config's zero_optimization.stage"},
+        {CFG, " --warmup --warmup-steps --lr-warmup-iters ", "warm-up is the config's scheduler.params.warmup_num_steps"},
+        {CFG, " --weight-decay ", "weight decay is the config's optimizer.params.weight_decay"},
+        {CFG, " --clip-grad --max-grad-norm ", "clipping is the config's gradient_clipping"},
+        {CFG, " --output-dir --save-dir ", "the output folder is --save"},
+        {CFG, " --save-steps ", "the checkpoint interval is --save-interval"},
+        {CFG, " --offload ", "offload is the config's zero_optimization.offload_optimizer.device (cpu or nvme)"},
+        {EVAL, " --eval-iters --eval-steps --max-eval-steps --eval-batches ",
+         "eval reads every window; --max-batches N stops after N batches"},
+        {EVAL, " --batch-size --eval-batch-size --per-device-eval-batch-size ",
+         "the windows per forward are --micro-batch-size"},
+        {SAMPLE, " --max-tokens --max-length --max-new-token --num-tokens --length ",
+         "the tokens to generate are --max-new-tokens"},
+        {SAMPLE, " --num-samples --num-return-sequences ",
+         "zoff sample writes one text: run it again with another --seed"},
+        {SAMPLE, " --do-sample --greedy ", "--temperature 0 is greedy, above 0 it samples (default 0.8)"},
     };
     char key[72] = " ";
     size_t k = 1;
@@ -162,8 +175,11 @@ static const char *elsewhere_hint(const char *name) {
     key[k++] = ' ';
     key[k] = '\0';
     for (size_t i = 0; i < sizeof hints / sizeof *hints; i++)
-        if (strstr(hints[i].names, key)) return hints[i].hint;
+        if (strstr(hints[i].names, key) && strstr(usage, hints[i].needs)) return hints[i].hint;
     return NULL;
+#undef CFG
+#undef EVAL
+#undef SAMPLE
 }
 
 void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *)) {
@@ -177,7 +193,7 @@ void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *))
         usage(ms);
         if (fclose(ms) == 0 && text != NULL) {
             nearest_option(name, text, best, sizeof best);
-            if (strstr(text, "--config FILE")) hint = elsewhere_hint(name);
+            hint = elsewhere_hint(name, text);
         }
     }
     free(text);

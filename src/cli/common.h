@@ -70,6 +70,9 @@ typedef struct cli_weights {
  * Call cli_weights_close also after a failure. */
 zoff_status cli_weights_open(const char *load, const char *tokenizer, cli_weights *w);
 void cli_weights_close(cli_weights *w);
+/* The weights' tokenizer, refused when it has more tokens than the model's vocabulary (a --tokenizer
+ * that is not the model's: its ids would be out of the model's range). */
+zoff_status cli_weights_tokenizer(const cli_weights *w, zoff_tokenizer **tok);
 /* A device ("cuda", "cpu" or NULL: cuda when available) and an fp32 model of batch B and sequence
  * T holding the weights (no host copy kept). */
 zoff_status cli_weights_model(cli_weights *w, const char *device, int64_t B, int64_t T, zoff_device **dev,

@@ -17,8 +17,9 @@ static void eval_usage(FILE *f) {
             "token shards (zoff tokenize), over every window of T+1 tokens in file order: window k of\n"
             "a shard is its tokens k*T .. k*T+T, so one window's last token is the next one's first\n"
             "(a shard of N tokens gives (N-1)/T windows, rounded down; the tokens after the last are\n"
-            "not read). Each of a window's T predictions is counted once, with no context from the\n"
-            "window before it (no sliding context).\n"
+            "not read; a shard of fewer than T+1 tokens gives none, and a note names it). Each of a\n"
+            "window's T predictions is counted once, with no context from the window before it (no\n"
+            "sliding context).\n"
             "\n"
             "  --load DIR|FILE         checkpoint root (newest complete step), a step directory, or GPT-2\n"
             "                          weights in safetensors: a file, or a folder holding model.safetensors\n"
@@ -32,7 +33,8 @@ static void eval_usage(FILE *f) {
             "                          out the last windows that do not fill one, and says how many)\n"
             "  --max-batches N         stop after N batches (default 0: all)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
-            "  --json                  one JSON object on stdout instead of the summary line\n");
+            "  --json                  one JSON object on stdout instead of the summary line (perplexity\n"
+            "                          null where exp(loss) is past a double's range)\n");
 }
 
 int zoff_cmd_eval(int argc, char **argv) {
@@ -94,8 +96,12 @@ int zoff_cmd_eval(int argc, char **argv) {
     int32_t *hx = NULL, *hy = NULL, *dx = NULL, *dy = NULL;
     const size_t bytes = (size_t)(B * T) * sizeof(int32_t);
     zoff_tokenizer *tok = NULL;
-    s = zoff_dataset_open(data, (int32_t)src.shape.vocab_size, &ds);
-    if (s == ZOFF_OK) s = zoff_tokenizer_open(src.tokenizer, &tok);
+    where = "--load";
+    s = cli_weights_tokenizer(&src, &tok);
+    if (s == ZOFF_OK) {
+        where = "--data-path";
+        s = zoff_dataset_open(data, (int32_t)src.shape.vocab_size, &ds);
+    }
     if (s == ZOFF_OK) s = zoff_dataset_check_tokenizer(ds, tok, " (the model's)");
     zoff_tokenizer_free(tok);
     zoff_loader_options lo = zoff_loader_defaults(B, T);
@@ -103,6 +109,13 @@ int zoff_cmd_eval(int argc, char **argv) {
     lo.what = "--data-path";
     lo.too_small_hint = "; give more tokens or a smaller --seq-length / --micro-batch-size";
     if (s == ZOFF_OK) s = zoff_loader_create(ds, &lo, &ld);
+    for (int i = 0; s == ZOFF_OK && i < zoff_dataset_num_shards(ds); i++) { /* a shard that adds nothing */
+        const zoff_shard *sh = zoff_dataset_shard(ds, i);
+        if (zoff_loader_shard_windows(ld, sh) == 0)
+            fprintf(stderr, "zoff eval: note: %s has %lld tokens, fewer than a window's %lld (--seq-length + 1): "
+                            "not evaluated\n",
+                    zoff_shard_path(sh), (long long)zoff_shard_num_tokens(sh), (long long)(T + 1));
+    }
     if (s == ZOFF_OK) {
         where = "--load";
         s = cli_weights_model(&src, device, B, T, &dev, &model);
@@ -133,10 +146,12 @@ int zoff_cmd_eval(int argc, char **argv) {
     } else {
         const double loss = sum / (double)nb, tokens = (double)(nb * B * T);
         const int64_t left = windows - nb * B;
+        char ppl[40] = "null"; /* exp(loss) past a double (a loss over 709): JSON has no inf */
+        if (isfinite(exp(loss))) snprintf(ppl, sizeof ppl, "%.6f", exp(loss));
         if (json)
-            printf("{\"loss\":%.6f,\"perplexity\":%.6f,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
+            printf("{\"loss\":%.6f,\"perplexity\":%s,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
                    "\"seq_len\":%lld,\"batch\":%lld,\"seconds\":%.3f}\n",
-                   loss, exp(loss), tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
+                   loss, ppl, tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
         else {
             char nw[32];
             printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%s of %lld + 1 tokens%s%s) in %.1f s\n",

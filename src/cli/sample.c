@@ -18,14 +18,68 @@ static void sample_usage(FILE *f) {
             "                          lm_head.weight other than wte is refused (zoff ties the head)\n"
             "  --tokenizer gpt2|byte   safetensors weights without zoff's metadata: their tokenizer (default\n"
             "                          gpt2 for GPT-2's vocabulary; a checkpoint and zoff export's files say theirs)\n"
-            "  --prompt TEXT           text to continue (default: start of a document)\n"
-            "  --max-new-tokens N      tokens to generate (default 200)\n"
+            "  --prompt TEXT           text to continue (default: empty). gpt2 tokenizer: the model sees\n"
+            "                          <|endoftext|> before it, as a document starts in zoff tokenize's shards\n"
+            "                          (Hugging Face's generate and nanoGPT see the prompt's tokens alone: their\n"
+            "                          text differs); \"<|endoftext|>\" in TEXT is plain text. byte tokenizer:\n"
+            "                          an empty prompt is a newline\n"
+            "  --max-new-tokens N      tokens to generate at most (default 200; <|endoftext|> ends the text)\n"
             "  --temperature X         softmax temperature, 0 = greedy (default 0.8)\n"
             "  --top-k N               sample among the N most likely tokens, 0 = all (default 40)\n"
             "  --top-p P               then among the fewest most likely tokens that hold P of the\n"
             "                          probability (nucleus sampling), 1 = all (default 1)\n"
             "  --seed N                sampling seed (default 1)\n"
-            "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n");
+            "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
+            "\n"
+            "The model's context is its sequence length (a checkpoint's, or all a safetensors model's positions):\n"
+            "a longer prompt is cut to its last tokens, with a note, and the text slides on past it, the\n"
+            "model seeing its last tokens (as nanoGPT's sample.py; Hugging Face's generate refuses the prompt).\n"
+            "gpt2 tokenizer: the text is printed as UTF-8 as it comes, a character split over tokens when it\n"
+            "is whole; bytes that are no UTF-8, and a character the end cuts short, as U+FFFD (as Hugging\n"
+            "Face's decode shows them). byte tokenizer: the bytes as they are (a token is a byte).\n"
+            "A model with more vocabulary rows than its tokenizer has tokens (nanoGPT pads GPT-2's 50257 to\n"
+            "50304) picks among the tokenizer's tokens only.\n");
+}
+
+/* Text out as it is generated, valid UTF-8 however the tokens split characters: a character's first
+ * bytes wait for the token that completes it; bytes that are no UTF-8 (and a character the end cuts
+ * short) are written as U+FFFD, as Hugging Face's decode (errors="replace") shows them. */
+typedef struct utf8_out {
+    bool raw; /* the byte tokenizer: its tokens are the bytes, as they are */
+    char held[4];
+    size_t n;
+} utf8_out;
+
+static void utf8_put(utf8_out *o, const char *p, size_t n, bool end) {
+    if (o->raw) {
+        if (n) fwrite(p, 1, n, stdout);
+        return;
+    }
+    while (o->n > 0 || n > 0) {
+        const bool from_held = o->n > 0;
+        while (from_held && o->n < sizeof o->held && n > 0) {
+            o->held[o->n++] = *p++;
+            n--;
+        }
+        const char *s = from_held ? o->held : p;
+        size_t avail = from_held ? o->n : n, len;
+        uint32_t cp;
+        int r = zoff_utf8_char(s, avail, &len, &cp);
+        if (r == 0 && !end) { /* the rest of a character in the next token's bytes */
+            if (!from_held) memcpy(o->held, p, n);
+            o->n = avail;
+            return;
+        }
+        if (r == 1) fwrite(s, 1, len, stdout);
+        else fputs("\xEF\xBF\xBD", stdout);
+        if (from_held) {
+            memmove(o->held, o->held + len, o->n - len);
+            o->n -= len;
+        } else {
+            p += len;
+            n -= len;
+        }
+    }
 }
 
 int zoff_cmd_sample(int argc, char **argv) {
@@ -77,6 +131,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     float *logits = NULL, *scratch = NULL;
     int32_t *dtok = NULL;
     zoff_tokens ctx = {0};
+    utf8_out out = {.raw = false};
     zoff_status s = cli_weights_open(load, tokenizer, &src);
     if (s != ZOFF_OK) {
         fprintf(stderr, "zoff sample: --load %s: %s\n", load, zoff_last_error());
@@ -84,9 +139,12 @@ int zoff_cmd_sample(int argc, char **argv) {
         return cli_exit_code(s);
     }
     const int64_t T = src.seq_len;
-    s = zoff_tokenizer_open(src.tokenizer, &tok);
+    out.raw = strcmp(src.tokenizer, "gpt2") != 0;
+    s = cli_weights_tokenizer(&src, &tok);
     if (s == ZOFF_OK) s = cli_weights_model(&src, device, 1, T, &dev, &model);
-    int64_t V = src.shape.vocab_size, Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
+    /* picked among the tokenizer's tokens: a model's rows past them (nanoGPT's padded 50304) print nothing */
+    int64_t V = tok ? zoff_tokenizer_vocab_size(tok) : 0;
+    int64_t Vp = s == ZOFF_OK ? zoff_gpt2_get_shape(model)->padded_vocab_size : 0;
     zoff_stream *st = s == ZOFF_OK ? zoff_device_stream(dev) : NULL;
     if (s == ZOFF_OK) s = zoff_device_alloc(dev, (size_t)T * sizeof(int32_t), "context tokens", (void **)&dtok);
     if (s == ZOFF_OK && (!(logits = malloc((size_t)Vp * sizeof(float))) || !(scratch = malloc((size_t)Vp * sizeof(float)))))
@@ -96,7 +154,11 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s == ZOFF_OK) s = zoff_tokenizer_encode(tok, prompt, strlen(prompt), &ctx);
     if (s == ZOFF_OK && ctx.n == 0) s = zoff_tokens_push(&ctx, '\n'); /* byte tokenizer, empty prompt */
     if (s != ZOFF_OK) goto done;
-    fputs(prompt, stdout);
+    if ((int64_t)ctx.n > T) /* nanoGPT crops so; Hugging Face's generate refuses such a prompt */
+        fprintf(stderr, "zoff sample: note: the prompt is %zu tokens%s, longer than the model's context (its sequence "
+                        "length, %lld): it sees the last %lld\n",
+                ctx.n, eot >= 0 ? " with the <|endoftext|> before it" : "", (long long)T, (long long)T);
+    utf8_put(&out, prompt, strlen(prompt), false);
     uint64_t rng = zoff_sample_rng_init((uint64_t)seed);
     const zoff_sample_options so = {.temperature = temp, .top_k = top_k, .top_p = top_p};
     /* the positions 0..cached-1 of the context whose activations the model holds: then each new token
@@ -125,9 +187,10 @@ int zoff_cmd_sample(int argc, char **argv) {
         if ((s = zoff_tokens_push(&ctx, id)) != ZOFF_OK) goto done;
         size_t nb = 0;
         const char *bytes = zoff_tokenizer_token_bytes(tok, id, &nb);
-        if (bytes) fwrite(bytes, 1, nb, stdout);
+        if (bytes) utf8_put(&out, bytes, nb, false);
         fflush(stdout);
     }
+    utf8_put(&out, NULL, 0, true);
     fputc('\n', stdout);
     rc = 0;
 done:

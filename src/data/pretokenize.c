@@ -14,13 +14,12 @@
  * string is split and encodes losslessly. */
 #include "zoff/data.h"
 
-/* Class and byte length of the character at s[0] (n >= 1). */
-static inline zoff_unicode_class char_at(const uint8_t *s, size_t n, size_t *len) {
+int zoff_utf8_char(const char *text, size_t n, size_t *len, uint32_t *codepoint) {
+    const uint8_t *s = (const uint8_t *)text;
     uint8_t c = s[0];
-    if (c < 0x80) {
-        *len = 1;
-        return zoff_unicode_class_of(c);
-    }
+    *len = 1;
+    *codepoint = c;
+    if (c < 0x80) return 1;
     uint32_t cp;
     size_t need;
     uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
@@ -33,23 +32,30 @@ static inline zoff_unicode_class char_at(const uint8_t *s, size_t n, size_t *len
         need = 4; cp = c & 0x07;
         if (c == 0xF0) lo = 0x90;
         else if (c == 0xF4) hi = 0x8F; /* <= U+10FFFF */
-    } else {
-        *len = 1;
-        return ZOFF_UCLASS_OTHER;
-    }
-    if (n < need || s[1] < lo || s[1] > hi) {
-        *len = 1;
-        return ZOFF_UCLASS_OTHER;
-    }
-    cp = (cp << 6) | (s[1] & 0x3F);
-    for (size_t i = 2; i < need; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            *len = 1;
-            return ZOFF_UCLASS_OTHER;
-        }
+    } else
+        return -1;
+    for (size_t i = 1; i < need; i++) {
+        *len = i;
+        if (i >= n) return 0;
+        if (s[i] < (i == 1 ? lo : 0x80) || s[i] > (i == 1 ? hi : 0xBF)) return -1;
         cp = (cp << 6) | (s[i] & 0x3F);
     }
     *len = need;
+    *codepoint = cp;
+    return 1;
+}
+
+/* Class and byte length of the character at s[0] (n >= 1): an invalid or cut-short byte is one OTHER. */
+static inline zoff_unicode_class char_at(const uint8_t *s, size_t n, size_t *len) {
+    if (s[0] < 0x80) {
+        *len = 1;
+        return zoff_unicode_class_of(s[0]);
+    }
+    uint32_t cp;
+    if (zoff_utf8_char((const char *)s, n, len, &cp) != 1) {
+        *len = 1;
+        return ZOFF_UCLASS_OTHER;
+    }
     return zoff_unicode_class_of(cp);
 }
 

@@ -6,7 +6,12 @@
 
 #include "zoff/model.h"
 
-uint64_t zoff_sample_rng_init(uint64_t seed) { return seed * 0x9E3779B97F4A7C15ull + 1; }
+/* xorshift's state must not be 0 (it stays 0: every draw 0, the first kept token always): the one
+ * seed that maps there takes another state */
+uint64_t zoff_sample_rng_init(uint64_t seed) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    return s ? s : 0x9E3779B97F4A7C15ull;
+}
 
 static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
     *s ^= *s >> 12;
