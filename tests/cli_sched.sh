@@ -33,5 +33,38 @@ for opt in Lion Adagrad; do
   check "$opt with offload_optimizer.ratio 1: trains" "[ \$? -eq 0 ] && grep -q '\"step\":2,' '$W/tf1_$opt/metrics.jsonl'"
 done
 
+# 2. OneCycle's cycle_first_stair_count / cycle_second_stair_count: DeepSpeed 0.19.8 holds the lr and
+# the momentum flat over each of that many pieces of a half cycle. zoff accepted them as "stored,
+# not used" and ran the continuous cycle. Each step's lr and beta1 (metrics.jsonl) against
+# DeepSpeed's formula, written here (last_batch_iteration = the optimizer steps before it, - 1).
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+       "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3,
+         "cycle_first_step_size": 6, "cycle_second_step_size": 4, "cycle_first_stair_count": 3,
+         "cycle_second_stair_count": 2, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}}' > "$W/stairs.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/stairs.json" --train-iters 12 --no-checkpoint --save "$W/stairs" \
+  >"$W/stairs.txt" 2>&1
+check "OneCycle with stair counts trains 12 steps" "[ \$? -eq 0 ] && grep -q '\"step\":12,' '$W/stairs/metrics.jsonl'"
+"$PY" - "$W/stairs/metrics.jsonl" >"$W/stairs.py.txt" 2>&1 <<'P'
+import json, math, sys
+first, second, n1, n2 = 6.0, 4.0, 3, 2
+total = first + second
+def scale(it):  # DeepSpeed 0.19.8 OneCycle._get_scale_factor at last_batch_iteration it
+    bi = it + 1
+    x = 1.0 + bi / total - math.floor(1 + bi / total)
+    n = n1 if x <= first / total else n2
+    pos = bi % total
+    return math.floor((pos if pos <= first else total - pos) * n / (first if pos <= first else second)) / n
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert len(steps) == 12, len(steps)
+for s in steps:
+    it = s["step"] - 2  # the lr of optimizer step k is set by the scheduler's (k-1)-th step()
+    sc = 0.0 if it < 0 else scale(it)  # before any step(): cycle_min_lr, cycle_min_mom
+    lr, mom = 1e-4 + (1e-3 - 1e-4) * sc, (0.95 - (0.95 - 0.85) * sc) if it >= 0 else 0.85
+    assert abs(s["lr"] - lr) <= 1e-6 * lr and abs(s["beta1"] - mom) <= 1e-6, (s["step"], s["lr"], lr, s["beta1"], mom)
+print("ok", [s["lr"] for s in steps])
+P
+check "... each step's lr and beta1 are DeepSpeed's stairs ($(tail -c 300 "$W/stairs.py.txt"))" \
+  "grep -q '^ok' '$W/stairs.py.txt'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

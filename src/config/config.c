@@ -261,10 +261,10 @@ static const key_spec k_scheduler_params[] = {
     KI("cycle_first_step_size", zoff_scheduler_config, cycle_first_step_size, POSITIVE, .mask = M_1CYC),
     KI("cycle_second_step_size", zoff_scheduler_config, cycle_second_step_size, NONNEG, .mask = M_1CYC,
        .flags = F_NULL_OK),
-    {.name = "cycle_first_stair_count", .kind = K_I64, .ilo = 0, .ihi = INT64_MAX, .flags = XU_, .mask = M_1CYC,
-     .note = "DeepSpeed's OneCycle stores it and does not use it"},
-    {.name = "cycle_second_stair_count", .kind = K_I64, .ilo = 0, .ihi = INT64_MAX, .flags = XU_, .mask = M_1CYC,
-     .note = "DeepSpeed's OneCycle stores it and does not use it"},
+    KI("cycle_first_stair_count", zoff_scheduler_config, cycle_first_stair_count, NONNEG, .mask = M_1CYC,
+       .flags = F_NULL_OK),
+    KI("cycle_second_stair_count", zoff_scheduler_config, cycle_second_stair_count, NONNEG, .mask = M_1CYC,
+       .flags = F_NULL_OK),
     KI("decay_step_size", zoff_scheduler_config, decay_step_size, NONNEG, .mask = M_1CYC),
     KB("cycle_momentum", zoff_scheduler_config, cycle_momentum, .mask = M_1CYC),
     KN("cycle_min_mom", zoff_scheduler_config, cycle_min_mom, 0, 1, .flags = F_HI_OPEN, .mask = M_1CYC),
@@ -1397,6 +1397,8 @@ void zoff_config_defaults(zoff_config *cfg) {
     s->cos_min_ratio = 0.0001;
     s->cycle_first_step_size = 2000;
     s->cycle_second_step_size = -1;
+    s->cycle_first_stair_count = 0;
+    s->cycle_second_stair_count = -1;
     s->cycle_momentum = true;
     s->cycle_min_mom = 0.8;
     s->cycle_max_mom = 0.9;
