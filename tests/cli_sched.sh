@@ -66,5 +66,19 @@ P
 check "... each step's lr and beta1 are DeepSpeed's stairs ($(tail -c 300 "$W/stairs.py.txt"))" \
   "grep -q '^ok' '$W/stairs.py.txt'"
 
+# 3. optimizer.params.fp32_optimizer_states (DeepSpeed 0.19.8's CPU Adam, Adagrad and Lion) was an
+# "unknown key" (exit 2, as if not DeepSpeed's); it has no effect in zoff (fp32 master weights):
+# accepted, type-checked and said so.
+echo '{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3,
+       "fp32_optimizer_states": false}}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' \
+  > "$W/fp32st.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/fp32st.json" --train-iters 1 --no-checkpoint --save "$W/fp32st" >"$W/fp32st.txt" 2>&1
+check "optimizer.params.fp32_optimizer_states: trains, logged as accepted with no effect" \
+  "[ \$? -eq 0 ] && grep -q 'accepted, no effect in zoff.*optimizer.params.fp32_optimizer_states' '$W/fp32st.txt'"
+sed 's/"fp32_optimizer_states": false/"fp32_optimizer_states": "no"/' "$W/fp32st.json" > "$W/fp32bad.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/fp32bad.json" --train-iters 1 --save "$W/fp32bad" >"$W/fp32bad.txt" 2>&1
+check "... a string there: exit 2 naming the key, nothing written" \
+  "[ \$? -eq 2 ] && grep -q 'optimizer.params.fp32_optimizer_states: expected true or false' '$W/fp32bad.txt' && [ ! -e '$W/fp32bad' ]"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -230,6 +230,9 @@ static const key_spec k_optimizer_params[] = {
     KB("bias_correction", zoff_optimizer_config, bias_correction, .mask = M_ADAM | M_ADAMW),
     KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW,
        NOEFF("picks torch's Adam over DeepSpeed's fused one (the same update); zoff has one Adam")),
+    {.name = "fp32_optimizer_states", .kind = K_BOOL, .flags = XU_, .mask = M_ADAM | M_ADAMW | M_ADAGRAD | M_LION,
+     .note = "DeepSpeed's CPU optimizers keep m and v in the dtype of the parameters they update when false; "
+             "those are zoff's fp32 master weights either way (bf16 state: bf16.bf16_optimizer_states)"},
     KC("amsgrad", h_only_false, .mask = M_ADAM | M_ADAMW | M_ADAGRAD, .allowed = "false",
        .note = "AMSGrad is not implemented, as in DeepSpeed's fused and CPU Adam"),
     KN("initial_accumulator_value", zoff_optimizer_config, initial_accumulator_value, 0, INFINITY,
