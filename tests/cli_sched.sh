@@ -80,5 +80,16 @@ sed 's/"fp32_optimizer_states": false/"fp32_optimizer_states": "no"/' "$W/fp32st
 check "... a string there: exit 2 naming the key, nothing written" \
   "[ \$? -eq 2 ] && grep -q 'optimizer.params.fp32_optimizer_states: expected true or false' '$W/fp32bad.txt' && [ ! -e '$W/fp32bad' ]"
 
+# 4. OneCycle's decay_mom_rate grows the momentum after the cycle: one that takes beta1 to 1 or more
+# within --train-iters is refused before training, naming the key and the step (docs/config.md
+# said "stops training at that step"); fewer steps train. beta1 of step 10: 0.9 * (1 + 0.5 * 5).
+echo '{"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4,
+       "cycle_max_lr": 1e-3, "cycle_first_step_size": 2, "decay_step_size": 1, "decay_mom_rate": 0.5}}}' > "$W/mom.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/mom.json" --train-iters 10 --save "$W/mom" >"$W/mom.txt" 2>&1
+check "decay_mom_rate 0.5 over 10 steps: exit 2 before training, beta1 3.15 at step 10 named, nothing written" \
+  "[ \$? -eq 2 ] && grep -q 'scheduler.params.decay_mom_rate 0.5 takes .* to 3.15 by optimizer step 10 of --train-iters 10' '$W/mom.txt' && [ ! -e '$W/mom' ]"
+"$ZOFF" train "${TINY[@]}" --config "$W/mom.json" --train-iters 4 --no-checkpoint --save "$W/mom4" >"$W/mom4.txt" 2>&1
+check "... over 4 steps: trains (step 4: beta1 0.85, half way down the cycle)" "[ \$? -eq 0 ] && grep -q '\"step\":4,.*\"beta1\":0.850000' '$W/mom4/metrics.jsonl'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
