@@ -91,5 +91,22 @@ check "decay_mom_rate 0.5 over 10 steps: exit 2 before training, beta1 3.15 at s
 "$ZOFF" train "${TINY[@]}" --config "$W/mom.json" --train-iters 4 --no-checkpoint --save "$W/mom4" >"$W/mom4.txt" 2>&1
 check "... over 4 steps: trains (step 4: beta1 0.85, half way down the cycle)" "[ \$? -eq 0 ] && grep -q '\"step\":4,.*\"beta1\":0.850000' '$W/mom4/metrics.jsonl'"
 
+# 5. torch_adam: DeepSpeed builds torch.optim.AdamW from the params given, so a weight_decay not
+# given is torch's AdamW default (FusedAdam's and CPU Adam's is 0); zoff took 0. The default is
+# read from torch when it imports (else torch's documented 1e-2): the run with torch_adam and no
+# weight_decay must be the run with that weight_decay, step for step.
+WD=$("$PY" -c 'import torch; print(torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults["weight_decay"])' \
+     2>/dev/null || echo 0.01)
+for v in torch:'"torch_adam": true' wd:"\"weight_decay\": $WD" zero:'"weight_decay": 0'; do
+  echo "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_clipping\": 0,
+         \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-2, ${v#*:}}}}" > "$W/ta_${v%%:*}.json"
+  "$ZOFF" train "${TINY[@]}" --config "$W/ta_${v%%:*}.json" --train-iters 4 --no-checkpoint --save "$W/ta_${v%%:*}" \
+    >/dev/null 2>&1
+  grep '"loss"' "$W/ta_${v%%:*}/metrics.jsonl" 2>/dev/null | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' \
+    > "$W/ta_${v%%:*}.txt"
+done
+check "torch_adam without weight_decay trains as weight_decay $WD (torch.optim.AdamW's default), not as 0" \
+  "[ \$(wc -l < '$W/ta_torch.txt') -eq 4 ] && cmp -s '$W/ta_torch.txt' '$W/ta_wd.txt' && ! cmp -s '$W/ta_torch.txt' '$W/ta_zero.txt'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -228,8 +228,7 @@ static const key_spec k_optimizer_params[] = {
     KN("weight_decay", zoff_optimizer_config, weight_decay, 0, INFINITY),
     KB("adam_w_mode", zoff_optimizer_config, adam_w_mode, .mask = M_ADAM | M_ADAMW),
     KB("bias_correction", zoff_optimizer_config, bias_correction, .mask = M_ADAM | M_ADAMW),
-    KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW,
-       NOEFF("picks torch's Adam over DeepSpeed's fused one (the same update); zoff has one Adam")),
+    KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW),
     {.name = "fp32_optimizer_states", .kind = K_BOOL, .flags = XU_, .mask = M_ADAM | M_ADAMW | M_ADAGRAD | M_LION,
      .note = "DeepSpeed's CPU optimizers keep m and v in the dtype of the parameters they update when false; "
              "those are zoff's fp32 master weights either way (bf16 state: bf16.bf16_optimizer_states)"},
@@ -1288,6 +1287,11 @@ static zoff_status validate_config(walk *w, json_t *root) {
                              "for L2-style weight decay use type \"Adam\" with adam_w_mode false");
         cfg->optimizer.adam_w_mode = true;
     }
+    /* torch_adam: DeepSpeed builds torch.optim.AdamW (or Adam) from the params as given (the same
+     * update as its fused and CPU Adam), so a weight_decay not given is torch's: AdamW's is 0.01 */
+    if (cfg->optimizer.torch_adam && cfg->optimizer.adam_w_mode &&
+        json_path(root, "optimizer", "params", "weight_decay") == NULL)
+        cfg->optimizer.weight_decay = 0.01;
 
     /* scheduler */
     zoff_scheduler_config *s = &cfg->scheduler;
