@@ -108,5 +108,16 @@ done
 check "torch_adam without weight_decay trains as weight_decay $WD (torch.optim.AdamW's default), not as 0" \
   "[ \$(wc -l < '$W/ta_torch.txt') -eq 4 ] && cmp -s '$W/ta_torch.txt' '$W/ta_wd.txt' && ! cmp -s '$W/ta_torch.txt' '$W/ta_zero.txt'"
 
+# 6. A torch.optim.lr_scheduler class (DeepSpeed builds any by name when it is not one of its own)
+# was "not allowed", as if the config were wrong: the refusal now says what it is and that zoff
+# implements DeepSpeed's five. A missing type still says it is required.
+echo '{"train_micro_batch_size_per_gpu": 4, "scheduler": {"type": "StepLR", "params": {"step_size": 10}}}' > "$W/steplr.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/steplr.json" --train-iters 1 --save "$W/steplr" >"$W/steplr.txt" 2>&1
+check "scheduler.type StepLR: exit 2, named as a torch scheduler zoff does not implement, nothing written" \
+  "[ \$? -eq 2 ] && grep -q 'scheduler.type: \"StepLR\" is not allowed; allowed: \"WarmupLR\".*torch.optim.lr_scheduler classes DeepSpeed also builds by name.*are not implemented in zoff' '$W/steplr.txt' && [ ! -e '$W/steplr' ]"
+echo '{"train_micro_batch_size_per_gpu": 4, "scheduler": {"params": {"warmup_num_steps": 10}}}' > "$W/notype.json"
+"$ZOFF" train "${TINY[@]}" --config "$W/notype.json" --train-iters 1 --save "$W/notype" >"$W/notype.txt" 2>&1
+check "... no scheduler.type: exit 2, 'is required'" "[ \$? -eq 2 ] && grep -q 'scheduler.type: is required' '$W/notype.txt'"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

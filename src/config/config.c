@@ -281,7 +281,9 @@ static const key_spec k_scheduler_params[] = {
 static const section s_scheduler_params = SECTION(k_scheduler_params, scheduler_mask, scheduler_name);
 
 static const key_spec k_scheduler[] = {
-    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED),
+    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED,
+       .note = " (DeepSpeed's own schedules; the torch.optim.lr_scheduler classes DeepSpeed also builds by name, "
+               "such as StepLR or CosineAnnealingLR, are not implemented in zoff)"),
     KSEC_SAME("params", &s_scheduler_params),
 };
 static const section s_scheduler = SECTION(k_scheduler, NULL, NULL);
