@@ -804,6 +804,21 @@ static void test_optimizer_types(void **state) {
     assert_true(cfg.optimizer.torch_adam);
     assert_false(cfg.optimizer.bias_correction);
     assert_true(cfg.optimizer.adam_w_mode);
+    /* torch_adam: DeepSpeed builds torch.optim.AdamW(params, **given): its default weight_decay is
+     * torch's 1e-2 (FusedAdam's and DeepSpeedCPUAdam's is 0); torch.optim.Adam's is 0 */
+    assert_true(cfg.optimizer.weight_decay == 1e-2);
+    zoff_config_free(&cfg);
+    load_ok("{'optimizer': {'type': 'Adam', 'params': {'torch_adam': true}}}", &cfg); /* adam_w_mode default true */
+    assert_true(cfg.optimizer.weight_decay == 1e-2);
+    zoff_config_free(&cfg);
+    load_ok("{'optimizer': {'type': 'Adam', 'params': {'torch_adam': true, 'adam_w_mode': false}}}", &cfg);
+    assert_true(cfg.optimizer.weight_decay == 0.0);
+    zoff_config_free(&cfg);
+    load_ok("{'optimizer': {'type': 'AdamW', 'params': {'torch_adam': true, 'weight_decay': 0}}}", &cfg);
+    assert_true(cfg.optimizer.weight_decay == 0.0);
+    zoff_config_free(&cfg);
+    load_ok("{'optimizer': {'type': 'AdamW', 'params': {'torch_adam': false}}}", &cfg);
+    assert_true(cfg.optimizer.weight_decay == 0.0);
     zoff_config_free(&cfg);
 }
 
@@ -1024,7 +1039,7 @@ static void test_no_effect_keys(void **state) {
     assert_non_null(cfg.no_effect);
     /* once, at info level, naming the keys */
     if (strstr(log, "test.json: accepted, no effect in zoff (see docs/config.md): managed_gradient_accumulation, "
-                    "optimizer.params.torch_adam") == NULL)
+                    "optimizer.params.fp32_optimizer_states") == NULL)
         fail_msg("log: %s", log);
     const char *second = strstr(log, "accepted, no effect");
     assert_null(strstr(second + 1, "accepted, no effect"));

@@ -1,7 +1,7 @@
 /* Host optimizers (src/optim/cpu_adam*.c): every SIMD path against a
  * double-precision reference with forward error bounds, bit-identity across
  * paths and thread counts, special values, the beta-power bookkeeping, the
- * config wiring, PyTorch Adam/AdamW trajectories (tests/fixtures/adam_torch.bin)
+ * config wiring, PyTorch Adam/AdamW/Adagrad trajectories (tests/fixtures/adam_torch.bin)
  * and the effect of bf16 optimizer state.
  *
  * Error bounds (u = 2^-24, fp32's unit roundoff): each output y is compared with
@@ -307,8 +307,8 @@ static void check_reference(const ocase *oc, const tbuf *in, const tbuf *out, do
             double ev = K * Sv + TINY;
             double sq = sqrt(v1), denom = sq + eps;
             double dsq = v1 > 0 ? fmin(ev / (2 * sq), sqrt(ev)) : sqrt(ev);
-            double u = g / denom;
-            double eu = K * Sg / denom + fabs(u) * (dsq + K * denom) / denom + K * fabs(u);
+            double u = gd / denom; /* L2: the decayed gradient in the update too (torch, DeepSpeed) */
+            double eu = K * Sgd / denom + fabs(u) * (dsq + K * denom) / denom + K * fabs(u);
             pref = p - lr * u;
             Sp = fabs(p) + fabs(lr * u);
             errp = K * Sp + lr * eu + TINY;
@@ -1158,7 +1158,7 @@ static void test_torch_fixture(void **state) {
         fc->steps = hdr[2];
         fc->lr = hp[0], fc->b1 = hp[1], fc->b2 = hp[2], fc->eps = hp[3], fc->wd = hp[4], fc->loss_scale = hp[5];
         size_t need = (size_t)fc->n * 4 * (3 + 2 * (size_t)fc->steps);
-        assert_true(fc->kind <= 1 && fc->n > 0 && fc->steps > 0 && off + need <= len);
+        assert_true(fc->kind <= 2 && fc->n > 0 && fc->steps > 0 && off + need <= len);
         const float *f = (const float *)(buf + off); /* 8-aligned: header and doubles keep alignment */
         fc->p0 = f;
         fc->grads = f + fc->n;
@@ -1175,7 +1175,9 @@ static void test_torch_fixture(void **state) {
             for (int gi = 0; gi < 3; gi++) {
                 const fixture_case *fc = &cases[c];
                 zoff_dtype gd = gi == 0 ? ZOFF_F32 : gi == 1 ? ZOFF_BF16 : ZOFF_F16;
-                zoff_optimizer_config cfg = {.type = fc->kind ? ZOFF_OPTIM_ADAMW : ZOFF_OPTIM_ADAM, .lr = fc->lr,
+                static const zoff_optimizer_type kinds[] = {ZOFF_OPTIM_ADAM, ZOFF_OPTIM_ADAMW, ZOFF_OPTIM_ADAGRAD};
+                static const char *const names[] = {"Adam", "AdamW", "Adagrad"};
+                zoff_optimizer_config cfg = {.type = kinds[fc->kind], .lr = fc->lr,
                                              .beta1 = fc->b1, .beta2 = fc->b2, .eps = fc->eps, .adam_w_mode = false,
                                              .bias_correction = true, .weight_decay = fc->wd};
                 zoff_host_optimizer_options o = {.threads = 2, .path = g_paths[pi], .serial_below = -1};
@@ -1206,7 +1208,7 @@ static void test_torch_fixture(void **state) {
                         if (rel > worst) worst = rel;
                         if (!(err <= tol))
                             fail_msg("torch case %u (%s, %s grads, %s) step %u p[%u]: %.9g vs torch %.9g (err %.3g > %.3g)",
-                                     c, fc->kind ? "AdamW" : "Adam", zoff_dtype_name(gd),
+                                     c, names[fc->kind], zoff_dtype_name(gd),
                                      zoff_simd_path_name(g_paths[pi]), s + 1, i, (double)b.p[i], want, err, tol);
                     }
                 }
@@ -1215,6 +1217,7 @@ static void test_torch_fixture(void **state) {
                     gmax = fmax(gmax, fabs(fc->grads[i] / fc->loss_scale));
                 for (uint32_t i = 0; i < fc->n; i++) {
                     float m = ((float *)b.m)[i], v = ((float *)b.v)[i];
+                    if (fc->kind == 2) m = 0; /* Adagrad has no exp_avg (the fixture's are 0) */
                     if (!(fabs(m - fc->m[i]) <= 1e-5 * fabs(fc->m[i]) + 1e-7 * gmax) ||
                         !(fabs(v - fc->v[i]) <= 1e-5 * fabs(fc->v[i]) + 1e-7 * gmax * gmax))
                         fail_msg("torch case %u: state[%u] m %.9g vs %.9g, v %.9g vs %.9g", c, i, (double)m,

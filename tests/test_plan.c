@@ -826,7 +826,9 @@ static void test_nvme_vs_real(void **st) {
     make_tmpdir(dir, sizeof dir);
     char json[1024];
     int checked = 0;
-    for (int c = 0; c < 5; c++) { /* 3, 4: bf16 m and v in the swap file (AdamW at ratio 1, Lion at 0.6) */
+    /* 1: Twin-Flow (AdamW at 0.6); 3, 4: bf16 m and v in the swap file (AdamW, Lion); Lion (2, 4) at ratio 1:
+     * the device optimizer is Adam/AdamW only */
+    for (int c = 0; c < 5; c++) {
         zoff_dtype dt = c == 0 || c >= 3 ? ZOFF_BF16 : c == 1 ? ZOFF_F32 : ZOFF_F16;
         const char *prec = c >= 3 ? "\"bf16\": {\"enabled\": true, \"bf16_optimizer_states\": true}," : prec_json(dt);
         snprintf(json, sizeof json,
@@ -834,7 +836,7 @@ static void test_nvme_vs_real(void **st) {
                  "{\"stage\": 2, \"sub_group_size\": %d, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": "
                  "\"%s\", \"ratio\": %s, \"pin_memory\": %s, \"buffer_count\": %d, \"pipeline_read\": %s}}}",
                  prec, c == 2 || c == 4 ? "Lion" : "AdamW", c == 1 ? 7000 : c == 3 ? 9001 : 30000, dir,
-                 c == 0 || c == 3 ? "1" : "0.6", c == 1 ? "false" : "true", c == 2 ? 2 : c == 3 ? 3 : 4,
+                 c == 1 ? "0.6" : "1", c == 1 ? "false" : "true", c == 2 ? 2 : c == 3 ? 3 : 4,
                  c == 2 || c == 3 ? "true" : "false");
         zoff_config cfg;
         load_cfg(json, &cfg);

@@ -74,6 +74,9 @@ typedef struct zoff_scheduler_config {
     double decay_lr_rate;      /* default 0 (no decay after the cycle) */
     int64_t cycle_first_step_size;  /* default 2000 */
     int64_t cycle_second_step_size; /* default -1: cycle_first_step_size */
+    /* stairs: the lr and momentum held flat over each of that many steps of the half cycle */
+    int64_t cycle_first_stair_count;  /* default 0: continuous */
+    int64_t cycle_second_stair_count; /* default -1: cycle_first_stair_count */
     int64_t decay_step_size;   /* default 0: no decay */
     bool cycle_momentum;       /* default true: beta1 cycles between the moms below, beta2 is 0.99 (as
                                   DeepSpeed sets it); not for Adagrad, which has no betas */

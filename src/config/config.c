@@ -229,8 +229,10 @@ static const key_spec k_optimizer_params[] = {
     KN("weight_decay", zoff_optimizer_config, weight_decay, 0, INFINITY),
     KB("adam_w_mode", zoff_optimizer_config, adam_w_mode, .mask = M_ADAM | M_ADAMW),
     KB("bias_correction", zoff_optimizer_config, bias_correction, .mask = M_ADAM | M_ADAMW),
-    KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW,
-       NOEFF("picks torch's Adam over DeepSpeed's fused one (the same update); zoff has one Adam")),
+    KB("torch_adam", zoff_optimizer_config, torch_adam, .mask = M_ADAM | M_ADAMW),
+    {.name = "fp32_optimizer_states", .kind = K_BOOL, .flags = XU_, .mask = M_ADAM | M_ADAMW | M_ADAGRAD | M_LION,
+     .note = "DeepSpeed's CPU optimizers keep m and v in the dtype of the parameters they update when false; "
+             "those are zoff's fp32 master weights either way (bf16 state: bf16.bf16_optimizer_states)"},
     KC("amsgrad", h_only_false, .mask = M_ADAM | M_ADAMW | M_ADAGRAD, .allowed = "false",
        .note = "AMSGrad is not implemented, as in DeepSpeed's fused and CPU Adam"),
     KN("initial_accumulator_value", zoff_optimizer_config, initial_accumulator_value, 0, INFINITY,
@@ -262,10 +264,10 @@ static const key_spec k_scheduler_params[] = {
     KI("cycle_first_step_size", zoff_scheduler_config, cycle_first_step_size, POSITIVE, .mask = M_1CYC),
     KI("cycle_second_step_size", zoff_scheduler_config, cycle_second_step_size, NONNEG, .mask = M_1CYC,
        .flags = F_NULL_OK),
-    {.name = "cycle_first_stair_count", .kind = K_I64, .ilo = 0, .ihi = INT64_MAX, .flags = XU_, .mask = M_1CYC,
-     .note = "DeepSpeed's OneCycle stores it and does not use it"},
-    {.name = "cycle_second_stair_count", .kind = K_I64, .ilo = 0, .ihi = INT64_MAX, .flags = XU_, .mask = M_1CYC,
-     .note = "DeepSpeed's OneCycle stores it and does not use it"},
+    KI("cycle_first_stair_count", zoff_scheduler_config, cycle_first_stair_count, NONNEG, .mask = M_1CYC,
+       .flags = F_NULL_OK),
+    KI("cycle_second_stair_count", zoff_scheduler_config, cycle_second_stair_count, NONNEG, .mask = M_1CYC,
+       .flags = F_NULL_OK),
     KI("decay_step_size", zoff_scheduler_config, decay_step_size, NONNEG, .mask = M_1CYC),
     KB("cycle_momentum", zoff_scheduler_config, cycle_momentum, .mask = M_1CYC),
     KN("cycle_min_mom", zoff_scheduler_config, cycle_min_mom, 0, 1, .flags = F_HI_OPEN, .mask = M_1CYC),
@@ -280,7 +282,9 @@ static const key_spec k_scheduler_params[] = {
 static const section s_scheduler_params = SECTION(k_scheduler_params, scheduler_mask, scheduler_name);
 
 static const key_spec k_scheduler[] = {
-    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED),
+    KE("type", zoff_scheduler_config, type, k_schedulers, .flags = F_REQUIRED,
+       .note = " (DeepSpeed's own schedules; the torch.optim.lr_scheduler classes DeepSpeed also builds by name, "
+               "such as StepLR or CosineAnnealingLR, are not implemented in zoff)"),
     KSEC_SAME("params", &s_scheduler_params),
 };
 static const section s_scheduler = SECTION(k_scheduler, NULL, NULL);
@@ -1287,6 +1291,11 @@ static zoff_status validate_config(walk *w, json_t *root) {
                              "for L2-style weight decay use type \"Adam\" with adam_w_mode false");
         cfg->optimizer.adam_w_mode = true;
     }
+    /* torch_adam: DeepSpeed builds torch.optim.AdamW (or Adam) from the params as given (the same
+     * update as its fused and CPU Adam), so a weight_decay not given is torch's: AdamW's is 0.01 */
+    if (cfg->optimizer.torch_adam && cfg->optimizer.adam_w_mode &&
+        json_path(root, "optimizer", "params", "weight_decay") == NULL)
+        cfg->optimizer.weight_decay = 0.01;
 
     /* scheduler */
     zoff_scheduler_config *s = &cfg->scheduler;
@@ -1399,6 +1408,8 @@ void zoff_config_defaults(zoff_config *cfg) {
     s->cos_min_ratio = 0.0001;
     s->cycle_first_step_size = 2000;
     s->cycle_second_step_size = -1;
+    s->cycle_first_stair_count = 0;
+    s->cycle_second_stair_count = -1;
     s->cycle_momentum = true;
     s->cycle_min_mom = 0.8;
     s->cycle_max_mom = 0.9;

@@ -66,8 +66,8 @@ ZO_AI void ZO_FN(zo_math)(const int kind, const int decay_mode, const ZO_FN(zo_h
     } else if (kind == ZO_KIND_ADAGRAD) {
         zv vv = *vp;
         zv gv = zv_mul(gr, h->gscale);
-        zv gd2 = decay_mode != ZO_DECAY_NONE ? zv_fma(pv, h->decay, gv) : gv;
-        vv = zv_fma(gd2, gd2, vv);
+        if (decay_mode != ZO_DECAY_NONE) gv = zv_fma(pv, h->decay, gv); /* L2: in the sum and the update */
+        vv = zv_fma(gv, gv, vv);
         zv u = zv_div(gv, zv_add(zv_sqrt(vv), h->eps));
         pv = zv_fma(u, h->step, pv);
         *vp = vv;

@@ -19,8 +19,9 @@ enum { ZO_DECAY_NONE = 0, ZO_DECAY_L2 = 1, ZO_DECAY_DECOUPLED = 2 };
  *            denom = fma(sqrt(v), bc2inv, eps); u = m / denom
  *            [decoupled: p = fma(p, decay, p)]  (decay = -lr * wd)
  *            p = fma(u, step, p)                 (step = -lr / bc1)
- *   Adagrad: g = grad * gscale; gd = [fma(p, decay, g) | g]; v = fma(gd, gd, v)
- *            u = g / (sqrt(v) + eps); p = fma(u, step, p)   (step = -lr)
+ *   Adagrad: g = grad * gscale; [L2: g = fma(p, decay, g)]; v = fma(g, g, v)
+ *            u = g / (sqrt(v) + eps); p = fma(u, step, p)   (step = -lr; as torch's and
+ *            DeepSpeed's CPU Adagrad, the decayed g in both the sum and the update)
  *   Lion:    g = grad * gscale; c = fma(g, omb1, m * b1)
  *            t = -copysign(lr, c) + (c - c)      (the second term propagates NaN)
  *            p = [fma(p, decay, t) | p + t]      (decay = 1 - lr * wd)

@@ -20,11 +20,23 @@ static double one_cycle_total(const zoff_scheduler_config *s) {
 }
 
 static double one_cycle_scale(const zoff_scheduler_config *s, int64_t it) {
-    const double total = one_cycle_total(s), step_ratio = (double)s->cycle_first_step_size / total;
+    const double first = (double)s->cycle_first_step_size, total = one_cycle_total(s), step_ratio = first / total;
     double batch_iteration = (double)(it + 1);
     double cycle = floor(1.0 + batch_iteration / total);
     double x = 1.0 + batch_iteration / total - cycle;
-    return x <= step_ratio ? x / step_ratio : (x - 1.0) / (step_ratio - 1.0);
+    bool up = x <= step_ratio;
+    double scale_factor = up ? x / step_ratio : (x - 1.0) / (step_ratio - 1.0);
+    /* stairs (DeepSpeed 0.19.8): flat over each of stair_count pieces of the half cycle, counted
+     * from the integer batch offset in the cycle */
+    int64_t stair_count =
+        up || s->cycle_second_stair_count < 0 ? s->cycle_first_stair_count : s->cycle_second_stair_count;
+    if (stair_count > 0) {
+        double cycle_iteration = fmod(batch_iteration, total), stair_position;
+        if (cycle_iteration <= first) stair_position = cycle_iteration * (double)stair_count / first;
+        else stair_position = (total - cycle_iteration) * (double)stair_count / (total - first);
+        scale_factor = floor(stair_position) / (double)stair_count;
+    }
+    return scale_factor;
 }
 
 double zoff_lr_at(const zoff_scheduler_config *s, double base_lr, int64_t step) {

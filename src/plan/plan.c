@@ -502,7 +502,7 @@ static void check_runnable(const zoff_config *cfg, const zoff_plan_setting *s, i
         r->runnable = false;
         append_why(r, "not runnable: the delayed parameter update is not implemented with stage 3");
     }
-    if (r->runnable && r->device_params > 0 && cfg->optimizer.type != ZOFF_OPTIM_ADAM &&
+    if (r->runnable && (!offload || s->ratio_auto || s->ratio < 1.0) && cfg->optimizer.type != ZOFF_OPTIM_ADAM &&
         cfg->optimizer.type != ZOFF_OPTIM_ADAMW) {
         r->runnable = false;
         append_why(r, "not runnable: the device optimizer is Adam/AdamW only (use offload cpu, ratio 1)");

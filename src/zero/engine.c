@@ -1019,11 +1019,26 @@ static zoff_status check_supported(const zoff_engine_options *o) {
         return zoff_error(ZOFF_ERR_CONFIG,
                           "zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (got 0), as in "
                           "DeepSpeed; set \"stage\": 2");
-    if (!offload && cfg->optimizer.type != ZOFF_OPTIM_ADAM && cfg->optimizer.type != ZOFF_OPTIM_ADAMW)
+    /* the device optimizer is fused Adam/AdamW only: Lion and Adagrad need the whole update on the host
+     * (a Twin-Flow ratio below 1, or "auto", would give the device's sub-groups Adam's update) */
+    const char *host_only = cfg->optimizer.type == ZOFF_OPTIM_LION      ? "Lion"
+                            : cfg->optimizer.type == ZOFF_OPTIM_ADAGRAD ? "Adagrad"
+                                                                        : NULL;
+    if (host_only && !offload)
         return zoff_error(ZOFF_ERR_UNSUPPORTED,
                           "optimizer.type %s runs on the host optimizer only: set "
                           "zero_optimization.offload_optimizer.device to \"cpu\" (stage 1 or 2)",
-                          cfg->optimizer.type == ZOFF_OPTIM_LION ? "Lion" : "Adagrad");
+                          host_only);
+    if (host_only && (z->offload_optimizer.ratio_auto || z->offload_optimizer.ratio < 1.0)) {
+        char rv[64];
+        if (z->offload_optimizer.ratio_auto) snprintf(rv, sizeof rv, "\"auto\" puts what fits of");
+        else snprintf(rv, sizeof rv, "%g leaves part of", z->offload_optimizer.ratio);
+        return zoff_error(ZOFF_ERR_UNSUPPORTED,
+                          "zero_optimization.offload_optimizer.ratio %s the update on the device optimizer, which "
+                          "is Adam/AdamW only, but optimizer.type %s runs on the host optimizer only: set ratio 1 "
+                          "(or leave it out), or use Adam/AdamW",
+                          rv, host_only);
+    }
     if (z->delayed_param_update && !offload)
         return zoff_error(ZOFF_ERR_CONFIG, "zero_optimization.zoff_delayed_param_update needs "
                                            "offload_optimizer.device \"cpu\" or \"nvme\"");
