@@ -477,6 +477,8 @@ static json_t *row_json(const zoff_plan_row *w, int index, const zoff_config *cf
                                "snapshot_copy", (json_int_t)w->mem.snapshot_copy, "why", w->saves_why)
                    : NULL;
     if (o) json_object_set_new(o, "bf16_optimizer_states", json_boolean(w->setting.bf16_states));
+    json_t *bd = o ? json_object_get(o, "breakdown") : NULL; /* breakdown.checkpoint: exact or a bound */
+    if (bd) json_object_set_new(bd, "checkpoint_bound", json_string(w->mem.checkpoint_bound ? w->mem.checkpoint_bound : "exact"));
     if (o && sv) json_object_set_new(o, "periodic_saves", sv);
     return o;
 }
