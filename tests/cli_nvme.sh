@@ -126,6 +126,24 @@ check "a dead zoff's swap file in nvme_path: exit 0, a note naming it, its size 
   "[ \$? -eq 0 ] && grep -q \"note: $W/stale/zoff-optimizer-$dead-0.swp (4.88 KiB) is a swap file of a zoff that is no longer running (no process $dead here): .*remove it\" out.txt && [ \"\$(ls -A stale)\" = zoff-optimizer-$dead-0.swp ]" \
   || tail -3 out.txt
 
+# 5b. The same name as this run's (zoff-<stem>-<pid>-<n>.swp) left by an older process with the same
+#     pid: a container where zoff is always pid 1, hosts sharing an nvme_path over NFS. Before, the
+#     run failed ("cannot create .../zoff-optimizer-1-0.swp: File exists"); now it takes the next
+#     free name, the note names the old file, and the old file is kept as it was. zoff runs as pid 1
+#     in a new pid namespace (skipped where that is not allowed).
+if unshare --fork --pid --mount-proc true 2>/dev/null; then
+  mkdir -p same/o same/p && head -c 5000 /dev/zero > same/o/zoff-optimizer-1-0.swp && head -c 3000 /dev/zero > same/p/zoff-param-1-0.swp
+  nvme_cfg same.json "$W/same/o" "$W/same/p"
+  unshare --fork --pid --mount-proc "$ZOFF" train "${TINY[@]}" --config same.json >out.txt 2>&1
+  check "pid 1 with an older pid 1's swap files in both nvme_paths (stage 3): the run trains (exit 0) on the next names" \
+    "[ \$? -eq 0 ] && grep -q 'trained 2 steps' out.txt && grep -q 'same/o/zoff-optimizer-1-1.swp' out.txt && grep -q 'same/p/zoff-param-1-1.swp' out.txt" \
+    || tail -3 out.txt
+  check "... a note names each old file with its size and says to remove it" \
+    "grep -q \"note: $W/same/o/zoff-optimizer-1-0.swp (4.88 KiB) is a swap file left by an older zoff with this process's id 1.*remove it\" out.txt && grep -q \"note: $W/same/p/zoff-param-1-0.swp (2.93 KiB) is a swap file left by an older zoff\" out.txt"
+  check "... the old files kept as they were, nothing else left" \
+    "[ \"\$(ls -A same/o)\" = zoff-optimizer-1-0.swp ] && [ \"\$(ls -A same/p)\" = zoff-param-1-0.swp ] && [ \$(stat -c %s same/o/zoff-optimizer-1-0.swp) -eq 5000 ] && [ \$(stat -c %s same/p/zoff-param-1-0.swp) -eq 3000 ]"
+else echo "skip - a swap file name taken by an older process of the same pid: no pid namespace here (unshare --pid)"; fi
+
 # 6. A swap file larger than the free space of an ext4 disk (a loop-mounted image, skipped where
 #    that cannot be mounted): ext4 keeps what a failed fallocate got, so the message said
 #    "needs 18.88 MiB (0 B free ...)" while df showed 5.86 MiB free before and after. Now the partial
