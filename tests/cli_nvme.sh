@@ -86,6 +86,19 @@ if command -v fio >/dev/null 2>&1; then
   check "bench nvme beside a killed benchmark's fio file: a note names it, its size, the dead pid, and keeps it" \
     "[ \$? -eq 0 ] && grep -q \"note: scratch/zoff-bench-fio-$dead.dat (4 B) is left by a benchmark that was killed (no process $dead runs here): remove it, unless\" out.txt && [ -f scratch/zoff-bench-fio-$dead.dat ]" \
     || tail -3 out.txt
+  # ... and a file of the very name this benchmark takes (zoff-bench-fio-<pid>.dat), left by an older
+  #     process with the same pid (a container where zoff is pid 1; hosts sharing the disk): before,
+  #     fio wrote over it and the benchmark removed it at its end. Now it takes the next free name
+  #     and the file found is noted and kept as it was. zoff runs as pid 1 in a pid namespace.
+  if unshare --fork --pid --mount-proc true 2>/dev/null; then
+    mkdir pid1 && printf 'an older pid 1 benchmark' > pid1/zoff-bench-fio-1.dat
+    unshare --fork --pid --mount-proc "$ZOFF" bench nvme --dir pid1 --size 1MiB --block-size 256KiB --rounds 1 --no-step >out.txt 2>&1
+    check "bench nvme as pid 1 beside an older pid 1's zoff-bench-fio-1.dat: exit 0, that file unchanged, nothing of its own left" \
+      "[ \$? -eq 0 ] && [ \"\$(cat pid1/zoff-bench-fio-1.dat 2>/dev/null)\" = 'an older pid 1 benchmark' ] && [ \"\$(ls -A pid1)\" = zoff-bench-fio-1.dat ]" \
+      || tail -3 out.txt
+    check "... a note names it with its size and says the next name is used" \
+      "grep -q 'note: pid1/zoff-bench-fio-1.dat (24 B) is left by an older benchmark with this process.s id 1 .*kept, this benchmark uses the next free name' out.txt"
+  else echo "skip - bench nvme beside an older same-pid fio file: no pid namespace here (unshare --pid)"; fi
 else echo "skip - bench nvme beside another's fio file: fio not installed"; fi
 
 # 4. Two ranks on one host, nvme_path on a disk that holds one rank's swap file, not both: each
