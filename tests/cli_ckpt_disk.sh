@@ -46,6 +46,21 @@ check "zoff plan's text says the checkpoint's bytes exactly, and that a save wit
 check "with the delayed update zoff plan says 'at most' (the device weights' entry is in the saves after its warm-up)" \
   "grep -q 'checkpoint .* per save, all ranks (at most [0-9]* bytes in its rank' plan.txt"
 
+# 1b. --json says which the checkpoint figure is (breakdown.checkpoint_bound; before: the text said
+#     "at least" / "at most" but the JSON gave a bare number): exact with one rank, "at most" with
+#     the delayed update, "at least" with several ranks in stages 1-3 (stage 0 stays exact)
+bounds() { "$ZOFF" plan "${SHAPE[@]}" --vocab-size 256 --device cpu --no-probe --json "$@" 2>/dev/null | "$PY" -c 'import json, sys
+print(",".join(sorted(set("%d:%s" % (r["stage"], r["breakdown"].get("checkpoint_bound")) for r in json.load(sys.stdin)["rows"]))))'; }
+got=$(bounds)
+check "plan --json, one rank: every row's checkpoint_bound is 'exact' (got: $got)" \
+  "[ '$got' = '0:exact,1:exact,2:exact,3:exact' ]"
+got=$(bounds --ranks 2)
+check "plan --json, two ranks: 'at least' in stages 1-3, 'exact' in stage 0 (got: $got)" \
+  "[ '$got' = '0:exact,1:at least,2:at least,3:at least' ]"
+got=$(bounds --config dpu.json)
+check "plan --json with the delayed update: the offload rows say 'at most', the others 'exact' (got: $got)" \
+  "echo '$got' | grep -q '2:at most' && echo '$got' | grep -q '2:exact'"
+
 # 2. zoff train refuses a --save disk without room for one checkpoint: the files of its last step
 #    folder (rank files and COMPLETE), to the byte
 one=$(files r-defaults/step_00000002/rank_*.zckpt r-defaults/step_00000002/COMPLETE) # step 2: same digits as step 3

@@ -86,6 +86,19 @@ if command -v fio >/dev/null 2>&1; then
   check "bench nvme beside a killed benchmark's fio file: a note names it, its size, the dead pid, and keeps it" \
     "[ \$? -eq 0 ] && grep -q \"note: scratch/zoff-bench-fio-$dead.dat (4 B) is left by a benchmark that was killed (no process $dead runs here): remove it, unless\" out.txt && [ -f scratch/zoff-bench-fio-$dead.dat ]" \
     || tail -3 out.txt
+  # ... and a file of the very name this benchmark takes (zoff-bench-fio-<pid>.dat), left by an older
+  #     process with the same pid (a container where zoff is pid 1; hosts sharing the disk): before,
+  #     fio wrote over it and the benchmark removed it at its end. Now it takes the next free name
+  #     and the file found is noted and kept as it was. zoff runs as pid 1 in a pid namespace.
+  if unshare --fork --pid --mount-proc true 2>/dev/null; then
+    mkdir pid1 && printf 'an older pid 1 benchmark' > pid1/zoff-bench-fio-1.dat
+    unshare --fork --pid --mount-proc "$ZOFF" bench nvme --dir pid1 --size 1MiB --block-size 256KiB --rounds 1 --no-step >out.txt 2>&1
+    check "bench nvme as pid 1 beside an older pid 1's zoff-bench-fio-1.dat: exit 0, that file unchanged, nothing of its own left" \
+      "[ \$? -eq 0 ] && [ \"\$(cat pid1/zoff-bench-fio-1.dat 2>/dev/null)\" = 'an older pid 1 benchmark' ] && [ \"\$(ls -A pid1)\" = zoff-bench-fio-1.dat ]" \
+      || tail -3 out.txt
+    check "... a note names it with its size and says the next name is used" \
+      "grep -q 'note: pid1/zoff-bench-fio-1.dat (24 B) is left by an older benchmark with this process.s id 1 .*kept, this benchmark uses the next free name' out.txt"
+  else echo "skip - bench nvme beside an older same-pid fio file: no pid namespace here (unshare --pid)"; fi
 else echo "skip - bench nvme beside another's fio file: fio not installed"; fi
 
 # 4. Two ranks on one host, nvme_path on a disk that holds one rank's swap file, not both: each
@@ -125,6 +138,24 @@ nvme_cfg stale.json "$W/stale"
 check "a dead zoff's swap file in nvme_path: exit 0, a note naming it, its size and the pid; kept, nothing else left" \
   "[ \$? -eq 0 ] && grep -q \"note: $W/stale/zoff-optimizer-$dead-0.swp (4.88 KiB) is a swap file of a zoff that is no longer running (no process $dead here): .*remove it\" out.txt && [ \"\$(ls -A stale)\" = zoff-optimizer-$dead-0.swp ]" \
   || tail -3 out.txt
+
+# 5b. The same name as this run's (zoff-<stem>-<pid>-<n>.swp) left by an older process with the same
+#     pid: a container where zoff is always pid 1, hosts sharing an nvme_path over NFS. Before, the
+#     run failed ("cannot create .../zoff-optimizer-1-0.swp: File exists"); now it takes the next
+#     free name, the note names the old file, and the old file is kept as it was. zoff runs as pid 1
+#     in a new pid namespace (skipped where that is not allowed).
+if unshare --fork --pid --mount-proc true 2>/dev/null; then
+  mkdir -p same/o same/p && head -c 5000 /dev/zero > same/o/zoff-optimizer-1-0.swp && head -c 3000 /dev/zero > same/p/zoff-param-1-0.swp
+  nvme_cfg same.json "$W/same/o" "$W/same/p"
+  unshare --fork --pid --mount-proc "$ZOFF" train "${TINY[@]}" --config same.json >out.txt 2>&1
+  check "pid 1 with an older pid 1's swap files in both nvme_paths (stage 3): the run trains (exit 0) on the next names" \
+    "[ \$? -eq 0 ] && grep -q 'trained 2 steps' out.txt && grep -q 'same/o/zoff-optimizer-1-1.swp' out.txt && grep -q 'same/p/zoff-param-1-1.swp' out.txt" \
+    || tail -3 out.txt
+  check "... a note names each old file with its size and says to remove it" \
+    "grep -q \"note: $W/same/o/zoff-optimizer-1-0.swp (4.88 KiB) is a swap file left by an older zoff with this process's id 1.*remove it\" out.txt && grep -q \"note: $W/same/p/zoff-param-1-0.swp (2.93 KiB) is a swap file left by an older zoff\" out.txt"
+  check "... the old files kept as they were, nothing else left" \
+    "[ \"\$(ls -A same/o)\" = zoff-optimizer-1-0.swp ] && [ \"\$(ls -A same/p)\" = zoff-param-1-0.swp ] && [ \$(stat -c %s same/o/zoff-optimizer-1-0.swp) -eq 5000 ] && [ \$(stat -c %s same/p/zoff-param-1-0.swp) -eq 3000 ]"
+else echo "skip - a swap file name taken by an older process of the same pid: no pid namespace here (unshare --pid)"; fi
 
 # 6. A swap file larger than the free space of an ext4 disk (a loop-mounted image, skipped where
 #    that cannot be mounted): ext4 keeps what a failed fallocate got, so the message said

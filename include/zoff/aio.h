@@ -120,6 +120,7 @@ enum {
                                file disappears with the process however it ends (exit, crash,
                                SIGKILL); the path stays the file's name in messages */
 };
+/* On failure errno is open(2)'s: EEXIST when CREATE finds the name taken. */
 zoff_status zoff_aio_file_open(zoff_aio *a, const char *path, int flags, zoff_aio_file **out);
 void zoff_aio_file_close(zoff_aio_file *f);
 bool zoff_aio_file_direct(const zoff_aio_file *f);

@@ -81,6 +81,13 @@ typedef struct zoff_plan_machine {
     size_t host_bytes;         /* per node: host memory available (MemAvailable) */
     size_t pinned_limit;       /* per rank: lockable memory (RLIMIT_MEMLOCK); SIZE_MAX = unlimited */
     size_t disk_bytes;         /* free bytes at the nvme path, per node; 0 = unknown (disk not checked) */
+    char disk_path[512];       /* that path (detected; "" when given as --disk-free or not detected) */
+    /* offload_param.nvme_path on a file system of its own (another st_dev than disk_path's): the
+     * parameter swap file is checked against param_disk_bytes (0 = unknown), the optimizer's against
+     * disk_bytes; false: one file system holds both, checked together against disk_bytes */
+    bool param_disk_own;
+    size_t param_disk_bytes;
+    char param_disk_path[512];
     double margin;             /* fraction of each capacity kept free, e.g. 0.10 */
     size_t runtime_reserve;    /* per rank device bytes the runtime takes outside zoff's accounting (CUDA) */
     size_t process_baseline;   /* per rank host bytes of the process itself (libraries, threads, tokenizer) */
@@ -91,8 +98,9 @@ typedef struct zoff_plan_machine {
 void zoff_plan_machine_defaults(zoff_plan_machine *m, zoff_backend_kind backend);
 /* Host memory (/proc/meminfo MemAvailable), pinned limit (RLIMIT_MEMLOCK; not on the CPU
  * backend, where pinned memory is ordinary memory: left unlimited) and free disk at
- * disk_path (statvfs; NULL or missing: left 0). */
-zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path);
+ * disk_path (statvfs; NULL or missing: left 0), and at param_disk_path (offload_param.nvme_path; NULL:
+ * the same) when that is on another file system (param_disk_own). */
+zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path, const char *param_disk_path);
 /* Quick built-in probes on dev (about a second; docs/plan.md "Rates"): a small
  * GPT-2 forward+backward at the model's width and dtype (device FLOP/s), the
  * device Adam op, pinned copies both ways, and the host optimizer with its

@@ -30,7 +30,7 @@
  * the file and the offset. After any error the swapper refuses further passes
  * (its state may be half written): the caller resumes from a checkpoint.
  *
- * The file (DIR/zoff-<stem>-<pid>-<n>.swp) is created by zoff_swapper_create,
+ * The file (DIR/zoff-<stem>-<pid>-<n>.swp, the first free n: zoff_swapper_open_file) is created by zoff_swapper_create,
  * unlinked as soon as it is open (ZOFF_AIO_TEMPORARY: freed when the process
  * ends, however it ends), reserved in full (a disk too small fails then) and
  * closed by destroy. */
@@ -97,6 +97,13 @@ const char *zoff_swapper_describe(const zoff_swapper *s);
  * process killed between create and unlink); it is named with its size, never removed. Once per
  * directory and process. */
 void zoff_swapper_note_stale(const char *dir);
+/* Creates and opens DIR/zoff-<stem>-<pid>-<n>.swp (ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY: unlinked once
+ * open) with the next n of *counter whose name is free; a name already taken is a file left by an
+ * older process with this pid (a container where zoff is always pid 1, an nvme_path shared over NFS
+ * by hosts): it is named in a note, kept, and the next n is tried. path (cap bytes) gets the name
+ * taken; key names the config key of dir in messages. */
+zoff_status zoff_swapper_open_file(zoff_aio *io, const char *dir, const char *stem, const char *key, int *counter,
+                                   char *path, size_t cap, zoff_aio_file **out);
 const char *zoff_swapper_path(const zoff_swapper *s);
 int64_t zoff_swapper_file_bytes(const zoff_swapper *s);
 size_t zoff_swapper_buffer_bytes(const zoff_swapper *s); /* host memory of all buffers (pinned with pin_memory) */

@@ -510,11 +510,13 @@ zoff_status zoff_aio_file_open(zoff_aio *a, const char *path, int flags, zoff_ai
     if (fd < 0) {
         int err = errno;
         free(f);
-        return zoff_error(ZOFF_ERR_IO, "cannot %s %s: %s%s", (flags & ZOFF_AIO_CREATE) ? "create" : "open", path,
-                          strerror(err),
-                          err == EEXIST ? " (remove it, or another zoff process is using it)"
-                          : err == ENOENT ? " (does the directory exist?)"
-                                          : "");
+        zoff_status st = zoff_error(ZOFF_ERR_IO, "cannot %s %s: %s%s", (flags & ZOFF_AIO_CREATE) ? "create" : "open",
+                                    path, strerror(err),
+                                    err == EEXIST ? " (remove it, or another zoff process is using it)"
+                                    : err == ENOENT ? " (does the directory exist?)"
+                                                    : "");
+        errno = err; /* the caller may take another name on EEXIST (zoff_swapper_open_file) */
+        return st;
     }
     f->fd = fd;
     if (a->o.direct) {

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <signal.h>
 #include <math.h>
@@ -43,10 +44,32 @@ static size_t state_bytes(const bench_args *a) {
 
 static bool have_fio(void) { return system("fio --version >/dev/null 2>&1") == 0; }
 
-/* fio's file in --dir: this process's own (the pid), so that benchmarks sharing a scratch disk
- * neither measure nor remove each other's file. */
-static void fio_file(const bench_args *a, char *file, size_t n) {
-    snprintf(file, n, "%s/zoff-bench-fio-%ld.dat", a->dir, (long)getpid());
+/* fio's file in --dir, created here (empty, O_EXCL) so that it is this process's own: benchmarks
+ * sharing a scratch disk neither measure nor remove each other's file. zoff-bench-fio-<pid>.dat, else
+ * (a file of that name left by an older process with this pid: a container where zoff is always pid 1,
+ * hosts sharing the disk) zoff-bench-fio-<pid>-<n>.dat with the first free n; the file found is noted
+ * and kept. */
+static zoff_status fio_file_create(const bench_args *a, char *file, size_t cap) {
+    for (int n = 0; n < 1000; n++) {
+        int m = n ? snprintf(file, cap, "%s/zoff-bench-fio-%ld-%d.dat", a->dir, (long)getpid(), n)
+                  : snprintf(file, cap, "%s/zoff-bench-fio-%ld.dat", a->dir, (long)getpid());
+        if (m < 0 || (size_t)m >= cap) return zoff_error(ZOFF_ERR_INVALID, "--dir %s: the path is too long", a->dir);
+        int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            close(fd);
+            return ZOFF_OK;
+        }
+        if (errno != EEXIST) return zoff_error(ZOFF_ERR_IO, "cannot create fio's file %s: %s", file, strerror(errno));
+        struct stat st;
+        char b[32];
+        fprintf(stderr,
+                "zoff bench nvme: note: %s (%s) is left by an older benchmark with this process's id %ld (a container "
+                "where zoff runs as the same pid each time, or another machine sharing %s): kept, this benchmark "
+                "uses the next free name; remove it, unless a benchmark on another machine sharing %s is running\n",
+                file, stat(file, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown",
+                (long)getpid(), a->dir, a->dir);
+    }
+    return zoff_error(ZOFF_ERR_IO, "cannot create fio's file in %s: 1000 names taken (%s the last)", a->dir, file);
 }
 
 /* fio files in --dir of benchmarks whose process is gone (killed with SIGKILL: a Ctrl-C or SIGTERM
@@ -56,7 +79,13 @@ static void note_stale_fio(const bench_args *a) {
     for (struct dirent *e; d && (e = readdir(d));) {
         long pid;
         int end = 0;
-        if (sscanf(e->d_name, "zoff-bench-fio-%ld.dat%n", &pid, &end) != 1 || e->d_name[end] || pid <= 0 ||
+        int n, dash = 0;
+        if (sscanf(e->d_name, "zoff-bench-fio-%ld%n", &pid, &dash) == 1 && e->d_name[dash] == '-' &&
+            sscanf(e->d_name + dash, "-%d%n", &n, &end) == 1)
+            end += dash; /* zoff-bench-fio-<pid>-<n>.dat */
+        else
+            end = dash;
+        if (!dash || strncmp(e->d_name + end, ".dat", 5) != 0 || pid <= 0 ||
             pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
         struct stat st;
@@ -72,9 +101,8 @@ static void note_stale_fio(const bench_args *a) {
 }
 
 /* One fio job; bytes per second (read + write for the mixed job). */
-static zoff_status run_fio(const bench_args *a, int kind, bool uring, double *bps) {
-    char file[4200], cmd[8192], errf[64];
-    fio_file(a, file, sizeof file);
+static zoff_status run_fio(const bench_args *a, const char *file, int kind, bool uring, double *bps) {
+    char cmd[8192], errf[64];
     snprintf(errf, sizeof errf, "/tmp/zoff-bench-fio-%ld.err", (long)getpid());
     const char *rw = kind == 0 ? "read" : kind == 1 ? "write" : "rw --rwmixread=50";
     if (uring)
@@ -383,22 +411,23 @@ static zoff_status io_rounds(const bench_args *a, io_result *res) {
                a->dir, zoff_swapper_describe(sw), zoff_format_bytes((size_t)zoff_swapper_file_bytes(sw), fb, sizeof fb),
                ng, (long long)sgs, (long long)a->rounds);
     double bps;
-    char fiofile[4200];
-    fio_file(a, fiofile, sizeof fiofile);
-    if (a->fio) zoff_temp_register(fiofile);                  /* removed by a Ctrl-C too */
-    if (a->fio) s = run_fio(a, 1, res->uring, &bps);          /* lay the file out; not measured */
+    char fiofile[4200] = "";
+    if (a->fio) s = fio_file_create(a, fiofile, sizeof fiofile);
+    const bool own_fio = a->fio && s == ZOFF_OK;             /* the name found on failure is not ours */
+    if (own_fio) zoff_temp_register(fiofile);                 /* removed by a Ctrl-C too */
+    if (s == ZOFF_OK && a->fio) s = run_fio(a, fiofile, 1, res->uring, &bps); /* lay the file out; not measured */
     if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, 1, &bps); /* the initial write */
     for (int r = 0; s == ZOFF_OK && r < a->rounds; r++) {
         for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {
             int kind = k == 0 ? 1 : k == 1 ? 0 : 2; /* write, read, mixed */
             bool fio_first = r % 2 == 0;
-            if (a->fio && fio_first) s = run_fio(a, kind, res->uring, &res->fio[kind][r]);
+            if (a->fio && fio_first) s = run_fio(a, fiofile, kind, res->uring, &res->fio[kind][r]);
             if (s == ZOFF_OK) s = swapper_pass(sw, ng, order, kind, &res->zoff[kind][r]);
-            if (s == ZOFF_OK && a->fio && !fio_first) s = run_fio(a, kind, res->uring, &res->fio[kind][r]);
+            if (s == ZOFF_OK && a->fio && !fio_first) s = run_fio(a, fiofile, kind, res->uring, &res->fio[kind][r]);
         }
     }
-    unlink(fiofile);
-    zoff_temp_forget(fiofile);
+    if (own_fio) unlink(fiofile);
+    if (own_fio) zoff_temp_forget(fiofile);
     zoff_swapper_destroy(sw);
     free(order);
     for (int k = 0; s == ZOFF_OK && k < NKIND; k++) {

@@ -56,7 +56,8 @@ static void plan_usage(FILE *f) {
             "                              also the budget zoff train --device-memory gives the engine\n"
             "  --host-memory SIZE          per node (default: MemAvailable of /proc/meminfo)\n"
             "  --pinned-limit SIZE|unlimited  per rank (default: ulimit -l)\n"
-            "  --disk-free SIZE            free space for nvme offload (default: statvfs at the nvme path)\n"
+            "  --disk-free SIZE            free space for nvme offload, one disk for both swap files\n"
+            "                              (default: statvfs at each nvme path, per file system)\n"
             "  --nvme-path DIR             (default: the config's nvme_path, else .)\n"
             "  --ranks N --ranks-per-node N  data-parallel ranks (default 1; per node default: all)\n"
             "  --margin F                  fraction of each capacity kept free (default 0.10)\n"
@@ -280,7 +281,13 @@ static void print_row_detail(const char *title, const zoff_plan_row *r, const zo
                fmt_b(m->host_staging, b[5], 32), m->host_params ? " + params " : "",
                m->host_params ? fmt_b(m->host_params, b[6], 32) : "");
     printf("\n");
-    if (m->disk)
+    const zoff_plan_machine *M = &in->machine;
+    if (m->disk && M->param_disk_own)
+        printf("  disk     %10s = optimizer state %s (at %s, %s free) + params %s (at %s, another file system, %s free)\n",
+               fmt_b(m->disk, b[0], 32), fmt_b(m->disk_optimizer, b[1], 32), M->disk_path,
+               M->disk_bytes ? fmt_b(M->disk_bytes, b[3], 32) : "unknown", fmt_b(m->disk_params, b[2], 32),
+               M->param_disk_path, M->param_disk_bytes ? fmt_b(M->param_disk_bytes, b[4], 32) : "unknown");
+    else if (m->disk)
         printf("  disk     %10s = optimizer state %s + params %s\n", fmt_b(m->disk, b[0], 32),
                fmt_b(m->disk_optimizer, b[1], 32), fmt_b(m->disk_params, b[2], 32));
     char nr[32];
@@ -378,14 +385,17 @@ static void print_text(const plan_args *a, const zoff_plan_inputs *in, const zof
            zoff_format_count(M->ranks, "rank", nr, sizeof nr),
            mo->checkpoint_activations ? "on" : "off", a->config_path ? a->config_path : "(defaults)");
     printf("machine: %s backend, %d rank%s (%d per node); device %s%s; host %s available per node; pinned limit %s "
-           "per rank%s; disk %s free; margin %.0f%%\n",
+           "per rank%s; disk %s free%s%s%s%s%s%s; margin %.0f%%\n",
            M->backend == ZOFF_BACKEND_CUDA ? "cuda" : "cpu", M->ranks, M->ranks == 1 ? "" : "s", M->ranks_per_node,
            M->device_bytes ? fmt_b(M->device_bytes, b[0], 32) : "unlimited",
            M->device_bytes ? (M->device_budget ? " (--device-memory)" : " (free on the GPU)")
                            : " (CPU backend: device memory is host memory)",
            fmt_b(M->host_bytes, b[1], 32), fmt_b(M->pinned_limit, b[2], 32),
            a->have_pinned ? "" : M->backend == ZOFF_BACKEND_CPU ? " (CPU backend: pinned is ordinary memory)" : " (ulimit -l)",
-           M->disk_bytes ? fmt_b(M->disk_bytes, b[3], 32) : "unknown", 100.0 * M->margin);
+           M->disk_bytes ? fmt_b(M->disk_bytes, b[3], 32) : "unknown", M->disk_path[0] ? " at " : "", M->disk_path,
+           M->param_disk_own ? " (optimizer), " : "",
+           M->param_disk_own ? (M->param_disk_bytes ? fmt_b(M->param_disk_bytes, b[4], 32) : "unknown") : "",
+           M->param_disk_own ? " free at " : "", M->param_disk_own ? M->param_disk_path : "", 100.0 * M->margin);
     printf("rates: compute %.3g GFLOP/s (%s), device Adam %.3g Mparam/s (%s), host Adam %.3g Mparam/s (%.3g with "
            "bf16 states; %s; bound %.3g GB/s),\n  copies H2D %.3g / D2H %.3g GB/s (%s), disk read %.3g / write %.3g GB/s (%s), link %.3g GB/s "
            "(%s)%s%s\n\n",
@@ -477,6 +487,8 @@ static json_t *row_json(const zoff_plan_row *w, int index, const zoff_config *cf
                                "snapshot_copy", (json_int_t)w->mem.snapshot_copy, "why", w->saves_why)
                    : NULL;
     if (o) json_object_set_new(o, "bf16_optimizer_states", json_boolean(w->setting.bf16_states));
+    json_t *bd = o ? json_object_get(o, "breakdown") : NULL; /* breakdown.checkpoint: exact or a bound */
+    if (bd) json_object_set_new(bd, "checkpoint_bound", json_string(w->mem.checkpoint_bound ? w->mem.checkpoint_bound : "exact"));
     if (o && sv) json_object_set_new(o, "periodic_saves", sv);
     return o;
 }
@@ -527,6 +539,14 @@ static int print_json(const plan_args *a, const zoff_plan_inputs *in, const zoff
         fprintf(stderr, "zoff plan: cannot encode the JSON output\n");
         return 1;
     }
+    json_t *mj = json_object_get(root, "machine"); /* the free space per file system of the swap files */
+    if (mj) {
+        json_object_set_new(mj, "disk_path", M->disk_path[0] ? json_string(M->disk_path) : json_null());
+        json_object_set_new(mj, "param_disk_own", json_boolean(M->param_disk_own));
+        json_object_set_new(mj, "param_disk_bytes", json_integer((json_int_t)(M->param_disk_own ? M->param_disk_bytes : M->disk_bytes)));
+        json_object_set_new(mj, "param_disk_path", M->param_disk_own ? json_string(M->param_disk_path)
+                                                   : M->disk_path[0] ? json_string(M->disk_path) : json_null());
+    }
     if (rec_config) {
         json_error_t je;
         json_t *rc = json_loads(rec_config, 0, &je);
@@ -575,6 +595,19 @@ static bool cuda_free_memory(size_t *out) {
     return true;
 }
 #endif
+
+/* zoff_plan_machine_detect at the swap files' folders; returns the nvme path the plan writes into
+ * configs that have none. The parameters' swap file goes to offload_param.nvme_path (the run's), else
+ * where the optimizer's goes; --nvme-path names one folder for both. */
+static const char *detect_machine(const plan_args *a, const zoff_config *cfg, zoff_plan_machine *M) {
+    const zoff_zero_config *z = &cfg->zero;
+    const char *nvme = a->nvme_path                      ? a->nvme_path
+                       : z->offload_optimizer.nvme_path[0] ? z->offload_optimizer.nvme_path
+                       : z->offload_param.nvme_path[0]     ? z->offload_param.nvme_path
+                                                           : ".";
+    zoff_plan_machine_detect(M, nvme, a->nvme_path || !z->offload_param.nvme_path[0] ? nvme : z->offload_param.nvme_path);
+    return nvme;
+}
 
 int zoff_cmd_plan(int argc, char **argv) {
     plan_args a;
@@ -632,11 +665,7 @@ int zoff_cmd_plan(int argc, char **argv) {
     zoff_plan_machine_defaults(M, kind);
     M->ranks = ranks;
     M->ranks_per_node = a.ranks_per_node ? (int)a.ranks_per_node : ranks;
-    const char *nvme = a.nvme_path                                    ? a.nvme_path
-                       : cfg.zero.offload_optimizer.nvme_path[0]      ? cfg.zero.offload_optimizer.nvme_path
-                       : cfg.zero.offload_param.nvme_path[0]          ? cfg.zero.offload_param.nvme_path
-                                                                      : ".";
-    zoff_plan_machine_detect(M, nvme);
+    const char *nvme = detect_machine(&a, &cfg, M);
     if (a.device_memory) {
         M->device_bytes = a.device_memory;
         M->device_budget = true;
@@ -650,7 +679,7 @@ int zoff_cmd_plan(int argc, char **argv) {
 #endif
     if (a.have_host) M->host_bytes = a.host_memory;
     if (a.have_pinned) M->pinned_limit = a.pinned_limit;
-    if (a.have_disk) M->disk_bytes = a.disk_free;
+    if (a.have_disk) M->disk_bytes = a.disk_free, M->disk_path[0] = 0, M->param_disk_own = false; /* one disk for both */
     if (a.have_margin) M->margin = a.margin;
 
     /* rates: bench files, then the probes, then the assumed figures */

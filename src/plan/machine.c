@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include "zoff/resources.h"
 
 #include "zoff/engine.h"
@@ -59,7 +60,20 @@ void zoff_plan_machine_defaults(zoff_plan_machine *m, zoff_backend_kind backend)
     }
 }
 
-zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path) {
+/* Free bytes at path (zoff_disk_free) and the device of the file system they are on; false, with a
+ * warning, where they cannot be read. */
+static bool disk_at(const char *path, size_t *bytes, dev_t *dev) {
+    char where[4096];
+    struct stat st;
+    if (!zoff_disk_free(path, bytes, where, sizeof where) || stat(where, &st) != 0) {
+        zoff_log(ZOFF_LOG_WARN, "zoff plan: cannot read free space at %s: %s", path, strerror(errno));
+        return false;
+    }
+    *dev = st.st_dev;
+    return true;
+}
+
+zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path, const char *param_disk_path) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (f) {
         char line[256];
@@ -76,10 +90,17 @@ zoff_status zoff_plan_machine_detect(zoff_plan_machine *m, const char *disk_path
     struct rlimit rl;
     if (m->backend != ZOFF_BACKEND_CPU && getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
         m->pinned_limit = rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : (size_t)rl.rlim_cur;
-    if (disk_path && *disk_path) {
-        size_t b = 0;
-        if (zoff_disk_free(disk_path, &b, NULL, 0)) m->disk_bytes = b;
-        else zoff_log(ZOFF_LOG_WARN, "zoff plan: cannot read free space at %s: %s", disk_path, strerror(errno));
+    if (!disk_path || !*disk_path) return ZOFF_OK;
+    size_t b = 0, pb = 0;
+    dev_t dev = 0, pdev = 0;
+    const bool ok = disk_at(disk_path, &b, &dev);
+    m->disk_bytes = ok ? b : 0;
+    snprintf(m->disk_path, sizeof m->disk_path, "%s", disk_path);
+    if (param_disk_path && *param_disk_path && strcmp(param_disk_path, disk_path) != 0) {
+        const bool pok = disk_at(param_disk_path, &pb, &pdev);
+        m->param_disk_own = !ok || !pok || pdev != dev; /* unknown: checked on its own (and not said to fit) */
+        m->param_disk_bytes = m->param_disk_own && pok ? pb : 0;
+        if (m->param_disk_own) snprintf(m->param_disk_path, sizeof m->param_disk_path, "%s", param_disk_path);
     }
     return ZOFF_OK;
 }

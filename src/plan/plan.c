@@ -388,6 +388,19 @@ static zoff_status param_swap_memory(const zoff_config *cfg, int64_t lo, int64_t
 
 /* The totals of r->mem, and whether they fit the machine with its margin;
  * `model_dev_before_engine` is what the engine saw in use when "auto" failed. */
+/* Whether ranks_per_node x bytes fit within keep of the free bytes of a file system (0: unknown, not
+ * said to fit); why it does not goes to r->why, what (e.g. "disk") first. */
+static bool disk_fits(zoff_plan_row *r, const char *what, size_t bytes, size_t free_bytes, size_t rpn, double keep) {
+    char b1[32], b2[32];
+    const size_t use = mul_sat(bytes, rpn);
+    if (bytes == 0 || (free_bytes > 0 && use <= frac_of(free_bytes, keep))) return true;
+    if (free_bytes == 0) append_why(r, "%s %s, free space unknown", what, zoff_format_bytes(use, b1, sizeof b1));
+    else
+        append_why(r, "%s %s > %s", what, zoff_format_bytes(use, b1, sizeof b1),
+                   zoff_format_bytes(frac_of(free_bytes, keep), b2, sizeof b2));
+    return false;
+}
+
 static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool pinned, size_t model_dev_before_engine,
                        zoff_plan_row *r) {
     zoff_plan_memory *m = &r->mem;
@@ -422,14 +435,10 @@ static void memory_fit(const zoff_plan_machine *M, const zoff_config *cfg, bool 
     if (!r->fits_host)
         append_why(r, "host %s > %s", zoff_format_bytes(r->host_use, b1, sizeof b1),
                    zoff_format_bytes(frac_of(M->host_bytes, keep), b2, sizeof b2));
-    size_t disk_use = mul_sat(m->disk, rpn);
-    r->fits_disk = m->disk == 0 || (M->disk_bytes > 0 && disk_use <= frac_of(M->disk_bytes, keep));
-    if (!r->fits_disk) {
-        if (M->disk_bytes == 0) append_why(r, "disk %s, free space unknown", zoff_format_bytes(disk_use, b1, sizeof b1));
-        else
-            append_why(r, "disk %s > %s", zoff_format_bytes(disk_use, b1, sizeof b1),
-                       zoff_format_bytes(frac_of(M->disk_bytes, keep), b2, sizeof b2));
-    }
+    /* per file system: offload_param.nvme_path on one of its own holds the parameter swap file alone */
+    const bool own = M->param_disk_own;
+    r->fits_disk = disk_fits(r, own ? "optimizer disk" : "disk", own ? m->disk_optimizer : m->disk, M->disk_bytes, rpn, keep);
+    if (own) r->fits_disk = disk_fits(r, "parameter disk", m->disk_params, M->param_disk_bytes, rpn, keep) && r->fits_disk;
     if (r->auto_failed)
         append_why(r, "ratio auto: the model alone (%s) leaves less than the engine's 5%% margin of the budget",
                    zoff_format_bytes(model_dev_before_engine, b1, sizeof b1));

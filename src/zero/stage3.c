@@ -406,16 +406,12 @@ static zoff_status nv_create(zoff_s3 *s) {
     ZOFF_TRY(zoff_make_work_dir(dir, "zero_optimization.offload_param.nvme_path"));
     zoff_swapper_note_stale(dir);
     static int counter;
-    int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-    int m = snprintf(s->path, sizeof s->path, "%s/zoff-param-%ld-%d.swp", dir, (long)getpid(), my);
-    if (m < 0 || (size_t)m >= sizeof s->path)
-        return zoff_error(ZOFF_ERR_INVALID, "zero_optimization.offload_param.nvme_path is too long (%zu bytes)",
-                          strlen(dir));
     zoff_aio_options ao = s->o.nvme.aio; /* pinned buffers: registered with io_uring as fixed buffers */
     for (int i = 0; s->o.nvme.pin_memory && buf_bytes > 0 && i < s->nhb; i++)
         if (!zoff_aio_options_add_fixed(&ao, s->hb[i].ptr, buf_bytes)) break;
     ZOFF_TRY(zoff_aio_create(&ao, &s->io));
-    ZOFF_TRY(zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &s->f));
+    ZOFF_TRY(zoff_swapper_open_file(s->io, dir, "param", "zero_optimization.offload_param.nvme_path", &counter,
+                                    s->path, sizeof s->path, &s->f));
     if (fbytes > 0) ZOFF_TRY(zoff_aio_file_reserve(s->f, fbytes));
     s->st.nvme_path = s->path;
     char fb[32], bb[32], rb[32];

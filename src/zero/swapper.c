@@ -325,14 +325,10 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     if (st == ZOFF_OK) st = zoff_make_work_dir(o->dir, "zero_optimization.offload_optimizer.nvme_path");
     if (st == ZOFF_OK) zoff_swapper_note_stale(o->dir);
     static int counter;
-    int my = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-    if (st == ZOFF_OK) {
-        int m = snprintf(s->path, sizeof s->path, "%s/zoff-%s-%ld-%d.swp", o->dir, o->stem ? o->stem : "state",
-                         (long)getpid(), my);
-        if (m < 0 || (size_t)m >= sizeof s->path)
-            st = zoff_error(ZOFF_ERR_INVALID, "nvme_path is too long (%zu bytes)", strlen(o->dir));
-    }
-    if (st == ZOFF_OK) st = zoff_aio_file_open(s->io, s->path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, &s->f);
+    if (st == ZOFF_OK)
+        st = zoff_swapper_open_file(s->io, o->dir, o->stem ? o->stem : "state",
+                                    "zero_optimization.offload_optimizer.nvme_path", &counter, s->path, sizeof s->path,
+                                    &s->f);
     if (st == ZOFF_OK) st = zoff_aio_file_reserve(s->f, s->file_bytes);
     if (st == ZOFF_OK) {
         build_header(s);
@@ -367,6 +363,40 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     return ZOFF_OK;
 }
 
+/* The note for a swap file at path that no running zoff uses (pid: its process; ours: it has this
+ * process's pid, so it is an older process's that had it). */
+static void note_stale_file(const char *dir, const char *path, long pid, bool ours) {
+    char b[32];
+    struct stat st;
+    const char *size = stat(path, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown";
+    if (ours)
+        zoff_log(ZOFF_LOG_INFO,
+                 "note: %s (%s) is a swap file left by an older zoff with this process's id %ld (a container where "
+                 "zoff runs as the same pid each time, or another machine sharing %s): zoff removes its own swap "
+                 "files as soon as they are open; it is not used, this run takes the next free name: remove it, "
+                 "unless a zoff on another machine sharing %s runs",
+                 path, size, pid, dir, dir);
+    else
+        zoff_log(ZOFF_LOG_INFO,
+                 "note: %s (%s) is a swap file of a zoff that is no longer running (no process %ld here): zoff "
+                 "removes its own swap files as soon as they are open, so it was left by an older zoff or a killed "
+                 "one; it is not used: remove it, unless a zoff on another machine sharing %s runs",
+                 path, size, pid, dir);
+}
+
+zoff_status zoff_swapper_open_file(zoff_aio *io, const char *dir, const char *stem, const char *key, int *counter,
+                                   char *path, size_t cap, zoff_aio_file **out) {
+    for (int tries = 0;; tries++) {
+        int n = __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
+        int m = snprintf(path, cap, "%s/zoff-%s-%ld-%d.swp", dir, stem, (long)getpid(), n);
+        if (m < 0 || (size_t)m >= cap) return zoff_error(ZOFF_ERR_INVALID, "%s is too long (%zu bytes)", key, strlen(dir));
+        zoff_status st = zoff_aio_file_open(io, path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, out);
+        if (st == ZOFF_OK || errno != EEXIST || tries >= 1000) return st; /* 1000 taken names: say the last */
+        zoff_clear_error();
+        note_stale_file(dir, path, (long)getpid(), true);
+    }
+}
+
 void zoff_swapper_note_stale(const char *dir) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     static char told[4096]; /* the last directory looked at (optimizer and parameters often share one) */
@@ -382,15 +412,9 @@ void zoff_swapper_note_stale(const char *dir) {
         if (sscanf(e->d_name, "zoff-%63[a-z]-%ld-%d.swp%n", stem, &pid, &n, &end) != 3 || e->d_name[end] ||
             pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
-        char path[4400], b[32];
-        struct stat st;
+        char path[4400];
         textf(path, sizeof path, "%s/%s", dir, e->d_name);
-        zoff_log(ZOFF_LOG_INFO,
-                 "note: %s (%s) is a swap file of a zoff that is no longer running (no process %ld here): zoff "
-                 "removes its own swap files as soon as they are open, so it was left by an older zoff or a killed "
-                 "one; it is not used: remove it, unless a zoff on another machine sharing %s runs",
-                 path, stat(path, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown",
-                 pid, dir);
+        note_stale_file(dir, path, pid, false);
     }
     if (d) closedir(d);
 }
