@@ -115,6 +115,12 @@ PY
       "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ ! -s '$W/$bad.out' ] && [ ! -s '$W/${bad}s.out' ] \
        && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/$bad.err' \
        && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}s.err'"
+    # train --init-from them: the same refusal (before: it trained from them, every loss NaN, exit 0)
+    "$ZOFF" train --init-from "$W/$bad.safetensors" --tokenizer byte --data-path "$W/small_train.bin" \
+      --seq-length 24 --micro-batch-size 1 --eval-iters 0 --train-iters 1 --save "$W/ft_$bad" >"$W/${bad}t.err" 2>&1
+    check "train --init-from weights with one $bad: exit 2 naming the count and the tensor, nothing saved" \
+      "[ \$? -eq 2 ] && [ ! -e '$W/ft_$bad' ] \
+       && grep -q 'init-from .*$bad.safetensors: the weights hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}t.err'"
   done
   # a loss past 709 nats (ln_f scaled 300x): exp(loss) is past a double; --json gives perplexity null
   # (before: "perplexity":inf, which no JSON reader takes)

@@ -28,6 +28,8 @@ struct zoff_trainer {
     zoff_engine *eng;
     zoff_st_file *init_st;    /* --init-from, open during create only */
     zoff_gpt2_st_loader *init_ld; /* its weights, a range at a time (opened at the first range) */
+    int64_t init_bad;         /* values of those ranges that are not finite, and the first tensor */
+    int init_first;           /*   holding one (-1: none): zoff_gpt2_count_nonfinite */
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
     char *resume_config;      /* --load's stored config text (NULL: none); the run's config without --config */
