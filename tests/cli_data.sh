@@ -87,7 +87,7 @@ with open('$W/mod/b.bin', 'wb') as f: f.write(h.tobytes()); f.write(t.tobytes())
 "$ZOFF" train --load "$W/modrun" --train-iters 4 >"$W/mod2.txt" 2>&1
 rc=$?
 check "resume over a shard written again (same size, other tokens): exit 0, warns that the data holds other tokens" \
-  "[ $rc -eq 0 ] && grep -q 'warning: the data position is restored, but --data-path holds other tokens than the saved run' '$W/mod2.txt'"
+  "[ $rc -eq 0 ] && grep -q \"warning: the data position is restored, but --data-path (the checkpoint's, $W/mod) holds other tokens than the saved run\" '$W/mod2.txt'"
 rm "$W/mod/b.bin"
 "$ZOFF" train --load "$W/modrun" --train-iters 5 >"$W/mod3.txt" 2>&1
 rc=$?

@@ -38,6 +38,9 @@ struct zoff_trainer {
     trainer_monitor *monitor; /* rank 0: tensorboard / csv_monitor (NULL: none) */
     char metrics_path[4200];
     char data_abs[1024], val_abs[1024]; /* the shards' paths made absolute, for the meta ("": none) */
+    /* the shards in messages: "--data-path", or on a resume without it "--data-path (the checkpoint's,
+     * PATH)"; the same for --val-path (trainer_open_data) */
+    char data_flag[1100], val_flag[1100];
     char made_dir[4096];      /* the top-most --save directory create made ("" when none) */
     int lock_fd;              /* rank 0: the --save folder's lock (trainer_lock_save_dir), -1: none */
     zoff_comm *comm;          /* NULL with one rank */
