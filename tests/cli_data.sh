@@ -87,12 +87,25 @@ with open('$W/mod/b.bin', 'wb') as f: f.write(h.tobytes()); f.write(t.tobytes())
 "$ZOFF" train --load "$W/modrun" --train-iters 4 >"$W/mod2.txt" 2>&1
 rc=$?
 check "resume over a shard written again (same size, other tokens): exit 0, warns that the data holds other tokens" \
-  "[ $rc -eq 0 ] && grep -q 'warning: the data position is restored, but --data-path holds other tokens than the saved run' '$W/mod2.txt'"
+  "[ $rc -eq 0 ] && grep -q \"warning: the data position is restored, but --data-path (the checkpoint's, $W/mod) holds other tokens than the saved run\" '$W/mod2.txt'"
 rm "$W/mod/b.bin"
 "$ZOFF" train --load "$W/modrun" --train-iters 5 >"$W/mod3.txt" 2>&1
 rc=$?
-check "resume with a shard removed: exit 2, the data position refused" \
-  "[ $rc -eq 2 ] && grep -q 'cannot restore the data position' '$W/mod3.txt' && [ ! -e '$W/modrun/step_00000005' ]"
+R=$(readlink -f "$W") # the checkpoint records the shards' resolved paths
+check "resume with a shard removed: exit 2, the data position refused, naming the shard removed (before: not named)" \
+  "[ $rc -eq 2 ] && grep -q 'cannot restore the data position' '$W/mod3.txt' && [ ! -e '$W/modrun/step_00000005' ] \
+   && grep -q 'since the save: removed $R/mod/b.bin (6000 tokens)\$' '$W/mod3.txt'"
+cp "$W/b.bin" "$W/mod/"; cp "$W/short16.bin" "$W/mod/c.bin"
+"$ZOFF" train --load "$W/modrun" --train-iters 5 >"$W/mod4.txt" 2>&1
+rc=$?
+check "... with a shard added: exit 2, naming it and its tokens" \
+  "[ $rc -eq 2 ] && grep -q 'cannot restore the data position.*; since the save: added $R/mod/c.bin (16 tokens)\$' '$W/mod4.txt'"
+rm "$W/mod/c.bin"; cp "$W/b.bin" "$W/mod/a.bin"
+"$ZOFF" train --load "$W/modrun" --train-iters 5 >"$W/mod5.txt" 2>&1
+rc=$?
+check "... with a shard of another size: exit 2, naming it and both sizes" \
+  "[ $rc -eq 2 ] && grep -q 'cannot restore the data position.*; since the save: $R/mod/a.bin resized to 6000 tokens from 20000\$' '$W/mod5.txt' \
+   && [ ! -e '$W/modrun/step_00000005' ]"
 
 # 5. one file named twice: in --data-path and --val-path (a folder of zoff tokenize's output holds
 #    NAME_val.bin too), or twice in --data-path (a list and a link): a warning naming both

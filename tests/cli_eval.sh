@@ -115,6 +115,12 @@ PY
       "[ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ ! -s '$W/$bad.out' ] && [ ! -s '$W/${bad}s.out' ] \
        && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/$bad.err' \
        && grep -q 'hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}s.err'"
+    # train --init-from them: the same refusal (before: it trained from them, every loss NaN, exit 0)
+    "$ZOFF" train --init-from "$W/$bad.safetensors" --tokenizer byte --data-path "$W/small_train.bin" \
+      --seq-length 24 --micro-batch-size 1 --eval-iters 0 --train-iters 1 --save "$W/ft_$bad" >"$W/${bad}t.err" 2>&1
+    check "train --init-from weights with one $bad: exit 2 naming the count and the tensor, nothing saved" \
+      "[ \$? -eq 2 ] && [ ! -e '$W/ft_$bad' ] \
+       && grep -q 'init-from .*$bad.safetensors: the weights hold 1 value(s) that are not finite (NaN or Inf), the first in h.1.mlp.c_fc.weight' '$W/${bad}t.err'"
   done
   # a loss past 709 nats (ln_f scaled 300x): exp(loss) is past a double; --json gives perplexity null
   # (before: "perplexity":inf, which no JSON reader takes)
@@ -187,6 +193,15 @@ check "gpt2 shards on a byte model: exit 2, names the tokenizers" \
 "$ZOFF" eval --load "$W/run" --data-path "$W/small_train.bin" --seq-length 17 >"$W/e2.txt" 2>&1
 rc=$?
 check "--seq-length past the model's positions: exit 2, says the limit" "[ $rc -eq 2 ] && grep -q 'give 16 or less' '$W/e2.txt'"
+# data smaller than one batch: eval's words (before: the trainer's "one step needs batch 4 x 1 process(es)"
+# and two pieces of advice, "use more data or a smaller batch/sequence length; give more tokens or ...")
+head -c 41 "$W/small.txt" > "$W/tiny.txt"
+"$ZOFF" tokenize --tokenizer byte --quiet --val-fraction 0 --output-prefix "$W/tiny" "$W/tiny.txt" >/dev/null 2>&1
+"$ZOFF" eval --load "$W/run" --data-path "$W/tiny_train.bin" --seq-length 16 --micro-batch-size 4 >"$W/e6.txt" 2>&1
+rc=$?
+check "data of 41 tokens, batches of 4 x 17: exit 2, 'fewer than one batch of 4', one piece of advice" \
+  "[ $rc -eq 2 ] && grep -q 'has 41 tokens (1 shard(s)), which give 2 windows of seq_len+1 = 17 tokens, fewer than one batch of 4; give more tokens or a smaller --seq-length / --micro-batch-size\$' '$W/e6.txt' \
+   && ! grep -q 'step\\|process\\|use more data' '$W/e6.txt'"
 "$ZOFF" eval --load "$W/run" >"$W/e3.txt" 2>&1
 rc=$?
 check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"

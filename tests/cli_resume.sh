@@ -140,6 +140,18 @@ check "... and --load DIR/step_N without --save in DIR too: step 5" \
 (cd / && "$ZABS" train "${SHAPE[@]}" --tokenizer byte --eval-iters 2 --train-iters 6 --load "$W/rb2" >"$W/out.txt" 2>&1)
 check "... and without --data-path, elsewhere, too: the run's shards (given relative, recorded absolute), said; its validation runs" \
   "[ \$? -eq 0 ] && [ -f '$W/rb2/step_00000006/COMPLETE' ] && grep -q 'resume: no --data-path given: the run.s $W/corpus_train.bin, --val-path $W/corpus_val.bin' '$W/out.txt' && grep -q 'validation loss' '$W/out.txt'"
+# ... and a shard of the run's gone: the error names the path as the checkpoint's (before: "--data-path:",
+# a flag not given)
+for f in train val; do
+  mv "$W/corpus_$f.bin" "$W/corpus_$f.off"
+  (cd / && "$ZABS" train "${SHAPE[@]}" --tokenizer byte --eval-iters 2 --train-iters 7 --load "$W/rb2" >"$W/out.txt" 2>&1)
+  rc=$?
+  mv "$W/corpus_$f.off" "$W/corpus_$f.bin"
+  flag=$([ $f = train ] && echo data || echo val)
+  check "... without --data-path, the run's --$flag-path shard gone: exit 2, '--$flag-path (the checkpoint's, PATH): ...', no step 7" \
+    "[ $rc -eq 2 ] && grep -q -- '^zoff train: --$flag-path (the checkpoint.s, $W/corpus_$f.bin): .*corpus_$f.bin' '$W/out.txt' \
+     && [ ! -e '$W/rb2/step_00000007' ]"
+done
 
 # 10. a resume without --config goes on with the checkpoint's config and batch, not the default
 echo '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,

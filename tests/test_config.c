@@ -547,7 +547,28 @@ static void test_out_of_range(void **state) {
                  "\"Adam\", \"AdamW\", \"Adagrad\", \"Lion\"");
     expect_error("{'optimizer': {'params': {'lr': 0.1}}}", "optimizer.type", "is required");
     expect_error("{'optimizer': {'type': 'Adam', 'params': {'amsgrad': true}}}", "optimizer.params.amsgrad",
-                 "unsupported");
+                 "unsupported", "as in DeepSpeed's fused and CPU Adam");
+    /* with torch_adam DeepSpeed builds torch.optim.AdamW, which has AMSGrad: the reason says so, in
+     * either key order (torch_adam after amsgrad too) */
+    expect_error("{'optimizer': {'type': 'AdamW', 'params': {'amsgrad': true, 'torch_adam': true}}}",
+                 "optimizer.params.amsgrad", "true is unsupported", "torch.optim.AdamW", "which has it",
+                 "allowed: false");
+    {
+        zoff_config c;
+        assert_int_equal(load("{'optimizer': {'type': 'Adam', 'params': {'torch_adam': true, 'amsgrad': true}}}", &c),
+                         ZOFF_ERR_CONFIG);
+        assert_msg_has("torch.optim.AdamW");
+        assert_null(strstr(zoff_last_error(), "as in DeepSpeed's fused"));
+        zoff_config_free(&c);
+    }
+    expect_error("{'optimizer': {'type': 'Adam', 'params': {'amsgrad': 1}}}", "optimizer.params.amsgrad",
+                 "expected true or false");
+    expect_error("{'optimizer': {'type': 'Adam', 'params': {'foreach': 'yes'}}}", "optimizer.params.foreach",
+                 "expected true or false");
+    expect_error("{'optimizer': {'type': 'Lion', 'params': {'foreach': true}}}", "optimizer.params.foreach",
+                 "unknown key");
+    expect_error("{'optimizer': {'type': 'Adagrad', 'params': {'set_grad_none': true}}}",
+                 "optimizer.params.set_grad_none", "unknown key");
     expect_error("{'scheduler': {'type': 'CyclicLR'}}", "scheduler.type", "\"CyclicLR\" is not allowed",
                  "\"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", \"OneCycle\", \"LRRangeTest\"");
     expect_error("{'scheduler': {'type': 'OneCycle', 'params': {'cycle_max_lr': 0.1}}}",
@@ -576,7 +597,12 @@ static void test_out_of_range(void **state) {
                  "scheduler.params.warmup_min_lr");
     expect_error("{'scheduler': {'type': 'WarmupCosineLR', 'params': {'total_num_steps': 10, 'cos_min_ratio': 2}}}",
                  "scheduler.params.cos_min_ratio", "[0, 1]");
-    expect_error("{'fp16': {'min_loss_scale': 0}}", "fp16.min_loss_scale", "a number > 0");
+    expect_error("{'fp16': {'min_loss_scale': 0}}", "fp16.min_loss_scale", "a number in (0, 3.40282e+38]");
+    /* the floor of the dynamic scale has loss_scale's bound, fp32's largest */
+    expect_error("{'fp16': {'min_loss_scale': 1e39}}", "fp16.min_loss_scale", "1e+39 is out of range",
+                 "a number in (0, 3.40282e+38]");
+    expect_error("{'fp16': {'loss_scale': 1e39}}", "fp16.loss_scale", "1e+39 is out of range",
+                 "a number in [0, 3.40282e+38]");
     expect_error("{'fp16': {'initial_scale_power': 200}}", "fp16.initial_scale_power", "[0, 127]");
     expect_error("{'fp16': {'loss_scale': -1}}", "fp16.loss_scale");
     expect_error("{'zero_optimization': {'reduce_bucket_size': 0}}", "zero_optimization.reduce_bucket_size");

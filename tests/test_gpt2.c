@@ -20,6 +20,7 @@
  *                                 slowly; 1e-5 still catches a weight decay of
  *                                 half the right size, which is off by 2e-5 at step 4)
  * 16-bit storage (bf16 / f16) uses its own, looser bounds, stated in that test. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1061,6 +1062,63 @@ static void test_init_params(void **state) {
     zoff_device_destroy(dev);
 }
 
+/* zoff_gpt2_count_nonfinite against isfinite(), over the whole model and over small ranges in
+ * reverse order (train --init-from reads the weights a range at a time); the error names the count
+ * and the lowest tensor holding one. */
+static void test_count_nonfinite(void **state) {
+    (void)state;
+    zoff_device *dev = make_device(0);
+    zoff_gpt2_options o = {.shape = {.num_layers = 2, .hidden_size = 32, .num_heads = 2, .max_seq_len = 16,
+                                     .vocab_size = 50, .padded_vocab_size = 0},
+                           .batch_size = 1, .seq_len = 8, .dtype = ZOFF_F32};
+    zoff_gpt2 *m = NULL;
+    CHECK_OK(zoff_gpt2_create(dev, &o, &m));
+    int64_t P = zoff_gpt2_num_params(m);
+    int n = 0;
+    const zoff_tensor_info *t = zoff_gpt2_tensors(m, &n);
+    float *w = malloc((size_t)P * sizeof(float));
+    assert_non_null(w);
+    zoff_gpt2_init_params(m, 7, w);
+    int64_t bad = 0;
+    int first = -1;
+    zoff_gpt2_count_nonfinite(m, 0, P, w, &bad, &first);
+    assert_int_equal(bad, 0);
+    assert_int_equal(first, -1);
+    assert_int_equal(zoff_gpt2_nonfinite_error(m, bad, first), ZOFF_OK);
+    w[t[5].offset + 3] = NAN;
+    w[t[5].offset] = -INFINITY;
+    w[t[2].offset + t[2].numel - 1] = INFINITY;
+    w[t[3].offset] = FLT_MAX;      /* large but finite */
+    w[t[3].offset + 1] = 1e-45f;   /* subnormal: finite */
+    int64_t want = 0;
+    int want_first = -1;
+    for (int k = 0; k < n; k++)
+        for (int64_t i = 0; i < t[k].numel; i++)
+            if (!isfinite(w[t[k].offset + i])) {
+                want++;
+                if (want_first < 0) want_first = k;
+            }
+    assert_int_equal(want, 3);
+    zoff_gpt2_count_nonfinite(m, 0, P, w, &bad, &first);
+    assert_int_equal(bad, want);
+    assert_int_equal(first, want_first);
+    bad = 0;
+    first = -1;
+    for (int64_t hi = P; hi > 0; hi -= 7) {
+        int64_t lo = hi > 7 ? hi - 7 : 0;
+        zoff_gpt2_count_nonfinite(m, lo, hi, w + lo, &bad, &first);
+    }
+    assert_int_equal(bad, want);
+    assert_int_equal(first, want_first);
+    assert_int_equal(zoff_gpt2_nonfinite_error(m, bad, first), ZOFF_ERR_INVALID);
+    char msg[128];
+    snprintf(msg, sizeof msg, "hold 3 value(s) that are not finite (NaN or Inf), the first in %s:", t[2].name);
+    if (!strstr(zoff_last_error(), msg)) fail_msg("%s", zoff_last_error());
+    free(w);
+    zoff_gpt2_destroy(m);
+    zoff_device_destroy(dev);
+}
+
 int main(void) {
     zoff_status st = fixture_load(ZOFF_TEST_DIR "/fixtures/gpt2_small.bin", &g_fx);
     if (st != ZOFF_OK) {
@@ -1080,6 +1138,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_ten_steps),
         cmocka_unit_test(test_bf16_storage),
         cmocka_unit_test(test_f16_storage),
+        cmocka_unit_test(test_count_nonfinite),
         cmocka_unit_test(test_bad_shapes),
         cmocka_unit_test(test_out_of_range_ids),
         cmocka_unit_test(test_device_oom),

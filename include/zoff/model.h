@@ -135,6 +135,15 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
  * lets a caller generate each piece straight into its final place. */
 void zoff_gpt2_init_params_range(const zoff_gpt2 *m, uint64_t seed, int64_t lo, int64_t hi, float *dst);
 
+/* Weights that hold NaN or Inf make every loss and logit NaN. zoff_gpt2_count_nonfinite: the values
+ * among w, the fp32 weights of the flat elements [lo, hi) (w[0] is element lo), that are not finite
+ * are added to *count, and *first (-1: none yet) becomes the lowest index of a tensor holding one;
+ * calls over disjoint ranges add up. zoff_gpt2_nonfinite_error: ZOFF_OK for a count of 0, else
+ * ZOFF_ERR_INVALID naming the count and tensor `first` (eval, sample and train --init-from). */
+void zoff_gpt2_count_nonfinite(const zoff_gpt2 *m, int64_t lo, int64_t hi, const float *w, int64_t *count,
+                               int *first);
+zoff_status zoff_gpt2_nonfinite_error(const zoff_gpt2 *m, int64_t count, int first);
+
 /* Forward pass on the device's stream, for evaluation and sampling. tokens, targets: device int32
  * (B,T) with B <= batch_size, T <= seq_len. targets may be NULL (logits only). With targets the
  * per-token losses are copied to a pinned host buffer on the stream; zoff_gpt2_mean_loss waits for

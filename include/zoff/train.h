@@ -70,7 +70,12 @@ typedef struct zoff_train_meta {
      * model's dtype, [num_params]), the weights the next forward uses. -1: a checkpoint written
      * before this field existed (unknown) */
     int weights_pending;
+    /* at a save: the training shards, recorded with their token counts ("shards": [[path, tokens],
+     * ...], the paths resolved; at most ZOFF_TRAIN_SHARDS_MAX) so that a refused resume can say
+     * which shard changed (zoff_train_ckpt_shard_changes). NULL: not recorded. Not read back. */
+    const zoff_dataset *shards;
 } zoff_train_meta;
+#define ZOFF_TRAIN_SHARDS_MAX 1000
 #define ZOFF_TRAIN_DEVICE_WEIGHTS "delayed_update.device_weights"
 
 /* Save weights (fp32 master, per tensor by name), this rank's optimizer state and, on rank 0,
@@ -168,6 +173,10 @@ zoff_status zoff_train_ckpt_save_wait(zoff_train_ckpt_job *job, zoff_train_ckpt_
 /* Read meta from a checkpoint (rank 0's reader). *config_json (malloc'd, may be NULL; pass
  * NULL not to read it). */
 zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *meta, char **config_json);
+/* What changed between the training shards a checkpoint records and ds, into out (cap bytes):
+ * "removed PATH (N tokens)", "added PATH (N tokens)", "PATH resized to N tokens from M", joined by
+ * ", "; "" when the checkpoint records none (an older one) or none changed. */
+void zoff_train_ckpt_shard_changes(zoff_ckpt_reader *r, const zoff_dataset *ds, char *out, size_t cap);
 /* Read the fp32 master weights of every tensor of `model` into host_params (num_params floats). */
 zoff_status zoff_train_ckpt_read_weights(zoff_ckpt_reader *r, const zoff_gpt2 *model, float *host_params);
 /* The same for the model range [lo, hi) only, into dst (hi - lo floats): whole tensors are read

@@ -107,6 +107,7 @@ int zoff_cmd_eval(int argc, char **argv) {
     zoff_loader_options lo = zoff_loader_defaults(B, T);
     lo.shuffle = false;
     lo.what = "--data-path";
+    lo.one_batch = true;
     lo.too_small_hint = "; give more tokens or a smaller --seq-length / --micro-batch-size";
     if (s == ZOFF_OK) s = zoff_loader_create(ds, &lo, &ld);
     for (int i = 0; s == ZOFF_OK && i < zoff_dataset_num_shards(ds); i++) { /* a shard that adds nothing */

@@ -59,32 +59,16 @@ zoff_status cli_weights_open(const char *load, const char *tokenizer, cli_weight
     return ZOFF_OK;
 }
 
-/* Weights that hold NaN or Inf make every loss and logit NaN: eval printed "loss nan" and sample a
- * string of token 0, both with exit 0. Refused, naming the first such tensor. */
-static zoff_status check_finite(const zoff_tensor_info *tab, int nt, const float *w) {
-    int64_t bad = 0;
-    int first = -1;
-    for (int k = 0; k < nt; k++) {
-        const uint32_t *u = (const uint32_t *)(const void *)(w + tab[k].offset);
-        int64_t here = 0;
-        for (int64_t i = 0; i < tab[k].numel; i++) here += (u[i] & 0x7F800000u) == 0x7F800000u; /* exponent all ones */
-        if (here && first < 0) first = k;
-        bad += here;
-    }
-    if (!bad) return ZOFF_OK;
-    return zoff_error(ZOFF_ERR_INVALID,
-                      "the weights hold %lld value(s) that are not finite (NaN or Inf), the first in %s: they "
-                      "would make every loss and logit NaN; they come from a run that diverged or a damaged "
-                      "file (load an earlier checkpoint, or write or download the file again)",
-                      (long long)bad, tab[first].name);
-}
-
 static zoff_status read_weights(cli_weights *src, const zoff_gpt2 *model, float *w) {
     int nt = 0;
     const zoff_tensor_info *tab = zoff_gpt2_tensors(model, &nt);
     if (src->rd) ZOFF_TRY(zoff_train_ckpt_read_weights(src->rd, model, w));
     else ZOFF_TRY(zoff_gpt2_st_load(src->st, zoff_gpt2_get_shape(model), tab, nt, w));
-    return check_finite(tab, nt, w);
+    /* NaN or Inf weights: eval printed "loss nan" and sample a string of token 0, both with exit 0 */
+    int64_t bad = 0;
+    int first = -1;
+    zoff_gpt2_count_nonfinite(model, 0, zoff_gpt2_num_params(model), w, &bad, &first);
+    return zoff_gpt2_nonfinite_error(model, bad, first);
 }
 
 

@@ -200,7 +200,7 @@ static const enum_name k_dtype_names[] = {
 
 static zoff_status h_optimizer_type(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_betas(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
-static zoff_status h_only_false(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
+static zoff_status h_bool_checked(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_last_batch_iteration(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_ratio(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
 static zoff_status h_grad_buckets(walk *w, const key_spec *k, json_t *v, const char *path, char *base);
@@ -233,8 +233,14 @@ static const key_spec k_optimizer_params[] = {
     {.name = "fp32_optimizer_states", .kind = K_BOOL, .flags = XU_, .mask = M_ADAM | M_ADAMW | M_ADAGRAD | M_LION,
      .note = "DeepSpeed's CPU optimizers keep m and v in the dtype of the parameters they update when false; "
              "those are zoff's fp32 master weights either way (bf16 state: bf16.bf16_optimizer_states)"},
-    KC("amsgrad", h_only_false, .mask = M_ADAM | M_ADAMW | M_ADAGRAD, .allowed = "false",
-       .note = "AMSGrad is not implemented, as in DeepSpeed's fused and CPU Adam"),
+    /* true is refused after the walk (validate_config): the reason depends on torch_adam */
+    KC("amsgrad", h_bool_checked, .mask = M_ADAM | M_ADAMW | M_ADAGRAD, .allowed = "false"),
+    {.name = "foreach", .kind = K_BOOL, .flags = XU_, .mask = M_ADAM | M_ADAMW | M_ADAGRAD,
+     .note = "chooses torch's multi-tensor implementation of the same update (torch_adam's torch.optim.AdamW and "
+             "torch's Adagrad take it); zoff's CPU optimizer has its own kernels"},
+    {.name = "set_grad_none", .kind = K_BOOL, .flags = XU_, .mask = M_ADAM | M_ADAMW | M_LION,
+     .note = "whether DeepSpeed's fused Adam and Lion set the gradients to None or to zeros in zero_grad (memory, "
+             "not values); zoff clears its own gradient buffer before each step's accumulation"},
     KN("initial_accumulator_value", zoff_optimizer_config, initial_accumulator_value, 0, INFINITY,
        .mask = M_ADAGRAD),
 };
@@ -289,16 +295,19 @@ static const key_spec k_scheduler[] = {
 };
 static const section s_scheduler = SECTION(k_scheduler, NULL, NULL);
 
+/* A loss scale (static, or the dynamic one's floor) is at most fp32's largest: the scale multiplies the
+ * fp32 loss gradient (gpt2_forward). */
+#define LOSS_SCALE_MAX FLT_MAX
+
 static const key_spec k_fp16[] = {
     KB("enabled", zoff_fp16_config, enabled),
     XB("auto_cast", "casts floating-point model inputs to fp16; zoff's model input is token ids, which it leaves alone"),
-    /* at most fp32's largest: the scale multiplies the fp32 loss gradient (gpt2_forward) */
-    KN("loss_scale", zoff_fp16_config, loss_scale, 0, FLT_MAX),
+    KN("loss_scale", zoff_fp16_config, loss_scale, 0, LOSS_SCALE_MAX),
     KI("initial_scale_power", zoff_fp16_config, initial_scale_power, 0, 127),
     KI("loss_scale_window", zoff_fp16_config, loss_scale_window, 1, INT_MAX),
     KI("hysteresis", zoff_fp16_config, hysteresis, 1, INT_MAX),
     KB("consecutive_hysteresis", zoff_fp16_config, consecutive_hysteresis),
-    KN("min_loss_scale", zoff_fp16_config, min_loss_scale, 0, INFINITY, .flags = F_LO_OPEN),
+    KN("min_loss_scale", zoff_fp16_config, min_loss_scale, 0, LOSS_SCALE_MAX, .flags = F_LO_OPEN),
     DB("fp16_master_weights_and_grads", "false", "16-bit master weights are not implemented: zoff keeps fp32 ones"),
 };
 static const section s_fp16 = SECTION(k_fp16, NULL, NULL);
@@ -1186,11 +1195,10 @@ static zoff_status h_betas(walk *w, const key_spec *k, json_t *v, const char *pa
     return ZOFF_OK;
 }
 
-static zoff_status h_only_false(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
+/* A bool checked for its type only; its value is judged after the walk (validate_config). */
+static zoff_status h_bool_checked(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
     bool b = false;
-    ZOFF_TRY(read_bool(w, v, path, &b));
-    if (b) return cfg_error(w, path, "true is unsupported: %s; allowed: false", k->note ? k->note : "not implemented");
-    return ZOFF_OK;
+    return read_bool(w, v, path, &b);
 }
 
 static zoff_status h_last_batch_iteration(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
@@ -1277,6 +1285,20 @@ static const char *device_name(zoff_offload_device d) {
     return d == ZOFF_OFFLOAD_CPU ? "cpu" : d == ZOFF_OFFLOAD_NVME ? "nvme" : "none";
 }
 
+/* optimizer.params.amsgrad: only false. Why depends on what DeepSpeed would build: with torch_adam,
+ * torch.optim.AdamW / Adam, which has AMSGrad; else its fused or CPU Adam, which refuse it. */
+static zoff_status check_amsgrad(walk *w, json_t *root) {
+    const zoff_optimizer_config *o = &w->cfg->optimizer;
+    if (!json_is_true(json_path(root, "optimizer", "params", "amsgrad"))) return ZOFF_OK;
+    const char *why = o->type == ZOFF_OPTIM_ADAGRAD ? "AMSGrad (an Adam variant) is not implemented in zoff's Adagrad"
+                      : o->torch_adam ? "AMSGrad is not implemented in zoff; with torch_adam true DeepSpeed builds "
+                                        "torch.optim.AdamW (or Adam), which has it, but zoff's Adam does not, so this "
+                                        "run would train differently"
+                                      : "AMSGrad is not implemented, as in DeepSpeed's fused and CPU Adam (which refuse "
+                                        "it)";
+    return cfg_error(w, "optimizer.params.amsgrad", "true is unsupported: %s; allowed: false", why);
+}
+
 static zoff_status validate_config(walk *w, json_t *root) {
     zoff_config *cfg = w->cfg;
     zoff_zero_config *z = &cfg->zero;
@@ -1296,6 +1318,7 @@ static zoff_status validate_config(walk *w, json_t *root) {
     if (cfg->optimizer.torch_adam && cfg->optimizer.adam_w_mode &&
         json_path(root, "optimizer", "params", "weight_decay") == NULL)
         cfg->optimizer.weight_decay = 0.01;
+    ZOFF_TRY(check_amsgrad(w, root));
 
     /* scheduler */
     zoff_scheduler_config *s = &cfg->scheduler;

@@ -576,6 +576,31 @@ void zoff_gpt2_init_params(const zoff_gpt2 *m, uint64_t seed, float *host_params
     if (m) zoff_gpt2_init_params_range(m, seed, 0, m->num_params, host_params);
 }
 
+/* ------------------------------------------------------------------ finite check */
+
+void zoff_gpt2_count_nonfinite(const zoff_gpt2 *m, int64_t lo, int64_t hi, const float *w, int64_t *count,
+                               int *first) {
+    for (int k = 0; m && k < m->ntensors; k++) {
+        const zoff_tensor_info *t = &m->tensors[k];
+        int64_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+        if (a >= b) continue;
+        const uint32_t *u = (const uint32_t *)(const void *)(w + (a - lo));
+        int64_t here = 0;
+        for (int64_t i = 0; i < b - a; i++) here += (u[i] & 0x7F800000u) == 0x7F800000u; /* exponent all ones */
+        *count += here;
+        if (here && (*first < 0 || k < *first)) *first = k;
+    }
+}
+
+zoff_status zoff_gpt2_nonfinite_error(const zoff_gpt2 *m, int64_t count, int first) {
+    if (count == 0) return ZOFF_OK;
+    return zoff_error(ZOFF_ERR_INVALID,
+                      "the weights hold %lld value(s) that are not finite (NaN or Inf), the first in %s: they "
+                      "would make every loss and logit NaN; they come from a run that diverged or a damaged "
+                      "file (use an earlier checkpoint, or write or download the file again)",
+                      (long long)count, m && first >= 0 && first < m->ntensors ? m->tensors[first].name : "?");
+}
+
 /* ------------------------------------------------------------------ forward */
 
 #define LAUNCH(op, args, ...)                                                 \

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,27 @@ static json_t *loader_to_json(const zoff_loader_state *l) {
     return o;
 }
 
+/* A shard's path resolved (links, "..", relative to the working directory), else as opened. */
+static void shard_real_path(const zoff_shard *sh, char *out, size_t cap) {
+    char *rp = realpath(zoff_shard_path(sh), NULL);
+    snprintf(out, cap, "%s", rp ? rp : zoff_shard_path(sh));
+    free(rp);
+}
+
+/* [[path, tokens], ...] of the training shards (NULL: too many to record, or none given). */
+static json_t *shards_to_json(const zoff_dataset *ds) {
+    int n = ds ? zoff_dataset_num_shards(ds) : 0;
+    if (n == 0 || n > ZOFF_TRAIN_SHARDS_MAX) return NULL;
+    json_t *a = json_array();
+    char path[4096];
+    for (int i = 0; a && i < n; i++) {
+        const zoff_shard *sh = zoff_dataset_shard(ds, i);
+        shard_real_path(sh, path, sizeof path);
+        json_array_append_new(a, json_pack("[s,I]", path, (json_int_t)zoff_shard_num_tokens(sh)));
+    }
+    return a;
+}
+
 static json_t *settings_to_json(const zoff_train_settings *s) {
     return json_pack("{s:s,s:s,s:f,s:s,s:I,s:I,s:I,s:I,s:I,s:f}", "optimizer", s->optimizer, "precision",
                      s->precision, "lr", s->lr, "scheduler", s->scheduler, "warmup_steps",
@@ -56,6 +78,8 @@ char *train_meta_to_text(const zoff_train_meta *meta) {
     if (root) json_object_set_new(root, "weights_pending", json_boolean(meta->weights_pending > 0));
     if (root && meta->data_path[0]) json_object_set_new(root, "data_path", json_string(meta->data_path));
     if (root && meta->val_path[0]) json_object_set_new(root, "val_path", json_string(meta->val_path));
+    json_t *shards = root ? shards_to_json(meta->shards) : NULL;
+    if (shards) json_object_set_new(root, "shards", shards);
     if (root && meta->engine.rollbacks)
         json_object_set_new(json_object_get(root, "engine"), "rollbacks", json_integer((json_int_t)meta->engine.rollbacks));
     char *txt = root ? json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS) : NULL;
@@ -210,6 +234,64 @@ zoff_status zoff_train_ckpt_read_meta(zoff_ckpt_reader *r, zoff_train_meta *m, c
     if (s == ZOFF_OK && config_json && zoff_ckpt_find(r, "config"))
         s = zoff_ckpt_read_blob(r, "config", config_json, NULL);
     return s;
+}
+
+/* One change into out (", " between changes; "..." once the room is spent). */
+static void add_change(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add_change(char *out, size_t cap, const char *fmt, ...) {
+    char item[4200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(item, sizeof item, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(out);
+    if (len + strlen(item) + 8 >= cap) {
+        if (len + 4 < cap && (len < 3 || strcmp(out + len - 3, "...") != 0)) snprintf(out + len, cap - len, "...");
+        return;
+    }
+    snprintf(out + len, cap - len, "%s%s", len ? ", " : "", item);
+}
+
+void zoff_train_ckpt_shard_changes(zoff_ckpt_reader *r, const zoff_dataset *ds, char *out, size_t cap) {
+    out[0] = '\0';
+    char *txt = NULL;
+    if (zoff_ckpt_read_blob(r, "meta", &txt, NULL) != ZOFF_OK) return;
+    json_t *root = json_loads(txt, 0, NULL);
+    free(txt);
+    json_t *rec = json_object_get(root, "shards");
+    const int n = zoff_dataset_num_shards(ds);
+    char **now = json_is_array(rec) ? calloc((size_t)n + 1, sizeof *now) : NULL; /* resolved paths */
+    bool *seen = now ? calloc((size_t)n + 1, sizeof *seen) : NULL;
+    for (int i = 0; seen && i < n; i++) {
+        const char *p = zoff_shard_path(zoff_dataset_shard(ds, i));
+        if (!(now[i] = realpath(p, NULL)) && !(now[i] = strdup(p))) {
+            free(seen);
+            seen = NULL; /* out of memory: nothing said */
+        }
+    }
+    for (size_t k = 0; seen && k < json_array_size(rec); k++) {
+        json_t *e = json_array_get(rec, k);
+        const char *p = json_string_value(json_array_get(e, 0));
+        json_int_t was = json_integer_value(json_array_get(e, 1));
+        int i = 0;
+        while (p && i < n && (seen[i] || strcmp(now[i], p) != 0)) i++;
+        if (!p) continue;
+        if (i == n) {
+            add_change(out, cap, "removed %s (%lld tokens)", p, (long long)was);
+            continue;
+        }
+        seen[i] = true;
+        int64_t has = zoff_shard_num_tokens(zoff_dataset_shard(ds, i));
+        if (has != was) add_change(out, cap, "%s resized to %lld tokens from %lld", p, (long long)has, (long long)was);
+    }
+    for (int i = 0; seen && i < n; i++)
+        if (!seen[i])
+            add_change(out, cap, "added %s (%lld tokens)", now[i],
+                       (long long)zoff_shard_num_tokens(zoff_dataset_shard(ds, i)));
+    free(seen);
+    for (int i = 0; now && i < n; i++) free(now[i]);
+    free(now);
+    json_decref(root);
 }
 
 /* ------------------------------------------------------------------ the load's pipeline */

@@ -95,10 +95,14 @@ static void absolute(const char *path, char *out) {
 /* A resume without --data-path reads the run's shards (the checkpoint's record of them). */
 static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path, size_t cap) {
     const char *dp = t->o.data_path, *vp = t->o.val_path;
+    snprintf(t->data_flag, sizeof t->data_flag, "--data-path");
+    snprintf(t->val_flag, sizeof t->val_flag, "--val-path");
     if (!dp && t->resume.data_path[0]) {
         dp = t->resume.data_path;
         vp = t->resume.val_path[0] ? t->resume.val_path : NULL;
         trainer_say(t, "resume: no --data-path given: the run's %s%s%s", dp, vp ? ", --val-path " : "", vp ? vp : "");
+        snprintf(t->data_flag, sizeof t->data_flag, "--data-path (the checkpoint's, %s)", dp);
+        if (vp) snprintf(t->val_flag, sizeof t->val_flag, "--val-path (the checkpoint's, %s)", vp);
     }
     if (dp) {
         snprintf(train_path, cap, "%s", dp);
@@ -123,8 +127,10 @@ static zoff_status data_paths(zoff_trainer *t, char *train_path, char *val_path,
  * zoff_trainer_evaluate shares the batches out, so the loss does not depend on the rank count. */
 static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_tokens) {
     zoff_loader_options vo = zoff_loader_defaults(t->info.micro_batch, t->info.seq_len);
+    char what[1200];
+    snprintf(what, sizeof what, "the validation split (the last 5%% of %s's tokens)", t->data_flag);
     vo.shuffle = false;
-    vo.what = split_val ? "the validation split (the last 5% of --data-path's tokens)" : "--val-path";
+    vo.what = split_val ? what : t->val_flag;
     vo.too_small_hint = split_val ? "; or give --val-path shards of their own, or --eval-iters 0 for no validation"
                                   : "; or --eval-iters 0 for no validation";
     if (split_val) {
@@ -155,10 +161,11 @@ static zoff_status same_data(zoff_trainer *t) {
     while (s == ZOFF_OK && r < t->info.world && all[2 * r] == all[0] && all[2 * r + 1] == all[1]) r++;
     if (s == ZOFF_OK && r < t->info.world)
         s = zoff_error(ZOFF_ERR_INVALID,
-                       "--data-path / --val-path are other files on rank %d than on rank 0: %lld / %lld tokens there, "
+                       "%s / %s are other files on rank %d than on rank 0: %lld / %lld tokens there, "
                        "%lld / %lld on rank 0. Every rank must read the same shards (one shared file system, or "
                        "identical copies at the same paths)",
-                       r, (long long)all[2 * r], (long long)all[2 * r + 1], (long long)all[0], (long long)all[1]);
+                       t->data_flag, t->val_flag, r, (long long)all[2 * r], (long long)all[2 * r + 1],
+                       (long long)all[0], (long long)all[1]);
     free(all);
     return s;
 }
@@ -169,13 +176,14 @@ static void warn_same_files(const zoff_trainer *t) {
     int i, j;
     if (t->info.rank != 0) return;
     if (zoff_dataset_same_file(t->train_ds, t->train_ds, &i, &j))
-        zoff_log(ZOFF_LOG_WARN, "--data-path names one file twice, %s and %s: each epoch reads its windows twice",
+        zoff_log(ZOFF_LOG_WARN, "%s names one file twice, %s and %s: each epoch reads its windows twice", t->data_flag,
                  zoff_shard_path(zoff_dataset_shard(t->train_ds, i)), zoff_shard_path(zoff_dataset_shard(t->train_ds, j)));
     if (t->val_ds && zoff_dataset_same_file(t->train_ds, t->val_ds, &i, &j))
         zoff_log(ZOFF_LOG_WARN,
-                 "--val-path's %s is also a training shard (--data-path's %s): the validation loss is measured on "
-                 "data the model trains on; give --data-path the training shards only (e.g. 'DIR/NAME_train*.bin')",
-                 zoff_shard_path(zoff_dataset_shard(t->val_ds, j)), zoff_shard_path(zoff_dataset_shard(t->train_ds, i)));
+                 "%s's %s is also a training shard (%s's %s): the validation loss is measured on data the model "
+                 "trains on; give --data-path the training shards only (e.g. 'DIR/NAME_train*.bin')",
+                 t->val_flag, zoff_shard_path(zoff_dataset_shard(t->val_ds, j)), t->data_flag,
+                 zoff_shard_path(zoff_dataset_shard(t->train_ds, i)));
 }
 
 /* Shards too short for one window (seq_len + 1 tokens; windows never cross shards) are not read: said,
@@ -206,27 +214,30 @@ zoff_status trainer_open_data(zoff_trainer *t) {
     const char *hint = t->o.load_dir ? " (the checkpoint's)" : ", or train with the shards' (--tokenizer)";
     zoff_status s = zoff_dataset_open(train_path, vocab, &t->train_ds);
     if (s == ZOFF_OK) s = zoff_dataset_check_tokenizer(t->train_ds, t->tok, hint);
-    if (s != ZOFF_OK) return zoff_error_context(s, "--data-path");
+    if (s != ZOFF_OK) return zoff_error_context(s, "%s", t->data_flag);
     zoff_loader_options lo = zoff_loader_defaults(t->info.micro_batch, t->info.seq_len);
+    char split_what[1300];
+    snprintf(split_what, sizeof split_what,
+             "the training split (all but the last 5%% of %s's tokens, which validation reads unless --val-path is "
+             "given)", t->data_flag);
     lo.seed = t->o.seed;
     lo.rank = t->info.rank; /* rank r takes rows [r*B, (r+1)*B) of each global batch of world*B */
     lo.world_size = t->info.world;
     bool split_val = !val_path[0];
-    lo.what = "--data-path";
+    lo.what = t->data_flag;
     if (split_val) {
         lo.split = ZOFF_SPLIT_TRAIN;
         lo.val_tokens = zoff_dataset_num_tokens(t->train_ds) / 20;
-        lo.what = "the training split (all but the last 5% of --data-path's tokens, which validation reads unless "
-                  "--val-path is given)";
+        lo.what = split_what;
     } else if ((s = zoff_dataset_open(val_path, vocab, &t->val_ds)) != ZOFF_OK ||
                (s = zoff_dataset_check_tokenizer(t->val_ds, t->tok, hint)) != ZOFF_OK) {
-        return zoff_error_context(s, "--val-path");
+        return zoff_error_context(s, "%s", t->val_flag);
     }
     if ((s = zoff_loader_create(t->train_ds, &lo, &t->train_ld)) != ZOFF_OK)
         return zoff_error_context(s, "training data");
     warn_same_files(t);
-    note_short_shards(t, t->train_ds, "--data-path");
-    if (t->val_ds && t->o.eval_iters > 0) note_short_shards(t, t->val_ds, "--val-path");
+    note_short_shards(t, t->train_ds, t->data_flag);
+    if (t->val_ds && t->o.eval_iters > 0) note_short_shards(t, t->val_ds, t->val_flag);
     ZOFF_TRY(same_data(t));
     return t->o.eval_iters > 0 ? open_validation(t, split_val, lo.val_tokens) : ZOFF_OK;
 }

@@ -319,6 +319,16 @@ static zoff_status restore_device_weights(zoff_trainer *t) {
     return ZOFF_OK;
 }
 
+/* A data position refused (other shards than the saved run's): which shard was removed, added or
+ * resized since the save, where the checkpoint records its shards. */
+static zoff_status with_shard_changes(zoff_trainer *t, zoff_status s) {
+    char changes[2048], msg[2048];
+    zoff_train_ckpt_shard_changes(t->rd, t->train_ds, changes, sizeof changes);
+    if (!changes[0]) return s;
+    snprintf(msg, sizeof msg, "%s", zoff_last_error());
+    return zoff_error(s, "%s; since the save: %s", msg, changes);
+}
+
 zoff_status trainer_restore(zoff_trainer *t) {
     if (!t->rd) return ZOFF_OK;
     zoff_status s = zoff_train_ckpt_read_state(t->rd, t->eng, t->info.num_params);
@@ -329,7 +339,8 @@ zoff_status trainer_restore(zoff_trainer *t) {
         trainer_say(t, "resume: loss scale %.17g (this config's fp16 settings), not the checkpoint's %.17g",
                     sc.loss_scale, t->resume.engine.loss_scale);
     if (s == ZOFF_OK) s = restore_device_weights(t);
-    if (s == ZOFF_OK) s = zoff_loader_set_state(t->train_ld, &t->resume.loader);
+    if (s == ZOFF_OK && (s = zoff_loader_set_state(t->train_ld, &t->resume.loader)) != ZOFF_OK)
+        s = with_shard_changes(t, s);
     zoff_ckpt_close(t->rd);
     t->rd = NULL;
     if (s != ZOFF_OK) return zoff_error_context(s, "--load");

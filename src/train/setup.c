@@ -420,7 +420,21 @@ static zoff_status file_weights(void *arg, const zoff_gpt2 *model, int64_t lo, i
         s = zoff_gpt2_st_loader_open(t->init_st, zoff_gpt2_get_shape(model), tensors, nt, &t->init_ld);
     }
     if (s == ZOFF_OK) s = zoff_gpt2_st_loader_read(t->init_ld, lo, hi, dst);
+    if (s == ZOFF_OK) zoff_gpt2_count_nonfinite(model, lo, hi, dst, &t->init_bad, &t->init_first);
     return s == ZOFF_OK ? s : zoff_error_context(s, "--init-from");
+}
+
+/* --init-from's weights, read: NaN or Inf in them (counted by file_weights) is refused as eval and
+ * sample refuse it, on every rank alike (the largest count and the first tensor any rank saw). */
+static zoff_status init_weights_finite(zoff_trainer *t) {
+    if (t->info.world > 1) {
+        double v[2] = {(double)t->init_bad, t->init_first < 0 ? -1e18 : -(double)t->init_first};
+        ZOFF_TRY(zoff_comm_allreduce_f64(t->comm, v, 2, ZOFF_REDUCE_MAX));
+        t->init_bad = (int64_t)v[0];
+        t->init_first = v[1] < -1e17 ? -1 : (int)-v[1];
+    }
+    zoff_status s = zoff_gpt2_nonfinite_error(t->stack.model, t->init_bad, t->init_first);
+    return s == ZOFF_OK ? s : zoff_error_context(s, "--init-from %s", t->o.init_from);
 }
 
 /* Device, model, initial weights, engine (zoff_train_stack), token buffers. */
@@ -434,7 +448,10 @@ zoff_status trainer_build(zoff_trainer *t) {
                                    .init_arg = t,
                                    .comm = t->info.world > 1 ? t->comm : NULL, .timeline = t->info.world > 1,
                                    .weight_waits = true};
+    t->init_bad = 0;
+    t->init_first = -1;
     zoff_status s = zoff_train_stack_create(&so, &t->stack);
+    if (t->init_st && s == ZOFF_OK) s = init_weights_finite(t);
     if (t->init_st && s == ZOFF_OK)
         trainer_say(t, "initialised the weights from %s (%s layout)", t->o.init_from,
                     zoff_gpt2_st_layout(t->init_st) == ZOFF_GPT2_LAYOUT_ZOFF ? "zoff" : "Hugging Face");

@@ -433,6 +433,7 @@ static zoff_train_meta current_meta(const zoff_trainer *t) {
     snprintf(m.data_path, sizeof m.data_path, "%s", t->data_abs);
     snprintf(m.val_path, sizeof m.val_path, "%s", t->val_abs);
     m.loader = zoff_loader_get_state(t->train_ld);
+    m.shards = t->train_ds;
     zoff_engine_get_scalars(t->eng, &m.engine);
     m.weights_pending = zoff_engine_weights_pending(t->eng);
     return m;

@@ -28,6 +28,8 @@ struct zoff_trainer {
     zoff_engine *eng;
     zoff_st_file *init_st;    /* --init-from, open during create only */
     zoff_gpt2_st_loader *init_ld; /* its weights, a range at a time (opened at the first range) */
+    int64_t init_bad;         /* values of those ranges that are not finite, and the first tensor */
+    int init_first;           /*   holding one (-1: none): zoff_gpt2_count_nonfinite */
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
     char *resume_config;      /* --load's stored config text (NULL: none); the run's config without --config */
@@ -36,6 +38,9 @@ struct zoff_trainer {
     trainer_monitor *monitor; /* rank 0: tensorboard / csv_monitor (NULL: none) */
     char metrics_path[4200];
     char data_abs[1024], val_abs[1024]; /* the shards' paths made absolute, for the meta ("": none) */
+    /* the shards in messages: "--data-path", or on a resume without it "--data-path (the checkpoint's,
+     * PATH)"; the same for --val-path (trainer_open_data) */
+    char data_flag[1100], val_flag[1100];
     char made_dir[4096];      /* the top-most --save directory create made ("" when none) */
     int lock_fd;              /* rank 0: the --save folder's lock (trainer_lock_save_dir), -1: none */
     zoff_comm *comm;          /* NULL with one rank */
