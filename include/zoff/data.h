@@ -237,7 +237,7 @@ typedef struct zoff_tokenize_options {
     bool quiet;                /* no progress lines on stderr */
     int threads;               /* encoding threads; 0: OpenMP's default (OMP_NUM_THREADS or all cores).
                                   The shards are the same for any count */
-    size_t piece_bytes;        /* text per thread and step; 0: 2 MiB (smaller only to test the cuts) */
+    size_t piece_bytes;        /* text per thread and step; 0: 512 KiB (smaller only to test the cuts) */
 } zoff_tokenize_options;
 
 typedef struct zoff_tokenize_result {

@@ -17,9 +17,11 @@
 #include <omp.h>
 #else
 static int omp_get_max_threads(void) { return 1; }
+static int omp_get_thread_num(void) { return 0; }
 #endif
 
-#define PIECE_BYTES ((size_t)2 << 20)
+#define PIECE_BYTES ((size_t)512 << 10)
+#define PIECES_PER_THREAD 4 /* a step's pieces, taken as threads come free: a slow piece holds no thread idle long */
 #define REPORT_BYTES ((size_t)64 << 20)
 
 #define SPOOL_TOKENS ((size_t)1 << 20)
@@ -116,14 +118,14 @@ static void spool_remove(spool *sp, int64_t from) {
     }
 }
 
-/* The encoders: one tokenizer per thread (tok[0] the caller's, the others clones), each piece's ids. */
+/* The encoders: one tokenizer per thread (tok[0] the caller's, the others clones); a step's pieces and their ids. */
 typedef struct tok_pool {
     zoff_tokenizer **tok;
     zoff_tokens *out;
     zoff_status *status;
     char (*msg)[512];
     size_t *cut; /* piece i is buf[cut[i] .. cut[i+1]) */
-    int threads;
+    int threads, pieces; /* pieces: at most this many a step */
     size_t piece_bytes;
     bool bytes_only; /* the byte tokenizer: any place is a cut */
     char *buf;
@@ -132,7 +134,7 @@ typedef struct tok_pool {
 
 static void pool_free(tok_pool *p) {
     for (int i = 1; i < p->threads && p->tok; i++) zoff_tokenizer_free(p->tok[i]);
-    for (int i = 0; i < p->threads && p->out; i++) zoff_tokens_free(&p->out[i]);
+    for (int i = 0; i < p->pieces && p->out; i++) zoff_tokens_free(&p->out[i]);
     free(p->tok);
     free(p->out);
     free(p->status);
@@ -148,12 +150,13 @@ static zoff_status pool_init(tok_pool *p, zoff_tokenizer *t, const zoff_tokenize
     if (p->threads < 1) p->threads = 1;
     p->piece_bytes = opt->piece_bytes > 0 ? opt->piece_bytes : PIECE_BYTES;
     p->bytes_only = !strcmp(zoff_tokenizer_name(t), "byte");
-    p->cap = p->piece_bytes * ((size_t)p->threads + 1); /* each piece ends a little past piece_bytes */
+    p->pieces = p->threads > 1 ? p->threads * PIECES_PER_THREAD : 1;
+    p->cap = p->piece_bytes * ((size_t)p->pieces + 1); /* each piece ends a little past piece_bytes */
     p->tok = calloc((size_t)p->threads, sizeof *p->tok);
-    p->out = calloc((size_t)p->threads, sizeof *p->out);
-    p->status = calloc((size_t)p->threads, sizeof *p->status);
-    p->msg = calloc((size_t)p->threads, sizeof *p->msg);
-    p->cut = calloc((size_t)p->threads + 1, sizeof *p->cut);
+    p->out = calloc((size_t)p->pieces, sizeof *p->out);
+    p->status = calloc((size_t)p->pieces, sizeof *p->status);
+    p->msg = calloc((size_t)p->pieces, sizeof *p->msg);
+    p->cut = calloc((size_t)p->pieces + 1, sizeof *p->cut);
     p->buf = malloc(p->cap);
     if (!p->tok || !p->out || !p->status || !p->msg || !p->cut || !p->buf) {
         pool_free(p);
@@ -186,12 +189,12 @@ static size_t safe_cut(const tok_pool *pool, size_t from, size_t have) {
     return 0;
 }
 
-/* Cuts buf[0 .. have) into at most `threads` pieces of about piece_bytes (the last one ending at a
+/* Cuts buf[0 .. have) into at most `pieces` pieces of about piece_bytes (the last one ending at a
  * safe cut unless eof): the number of pieces; 0 when no safe cut is in the buffer before eof. */
 static int cut_pieces(tok_pool *p, size_t have, bool eof) {
     int np = 0;
     size_t pos = 0;
-    while (np < p->threads && pos < have) {
+    while (np < p->pieces && pos < have) {
         size_t end = have - pos <= p->piece_bytes && eof ? have : safe_cut(p, pos + p->piece_bytes, have);
         if (end == 0 && eof) end = have;
         if (end == 0) break;
@@ -203,10 +206,11 @@ static int cut_pieces(tok_pool *p, size_t have, bool eof) {
 }
 
 static void encode_pieces(tok_pool *p, int np) {
-#pragma omp parallel for num_threads(np) schedule(static, 1)
+    int nt = np < p->threads ? np : p->threads;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int i = 0; i < np; i++) {
         p->out[i].n = 0;
-        p->status[i] = zoff_tokenizer_encode(p->tok[i], p->buf + p->cut[i], p->cut[i + 1] - p->cut[i], &p->out[i]);
+        p->status[i] = zoff_tokenizer_encode(p->tok[nt > 1 ? omp_get_thread_num() : 0], p->buf + p->cut[i], p->cut[i + 1] - p->cut[i], &p->out[i]);
         if (p->status[i] != ZOFF_OK) snprintf(p->msg[i], sizeof p->msg[i], "%s", zoff_last_error());
     }
 }
