@@ -55,5 +55,24 @@ check "tokenize 64 MB of text: peak memory within 16 MiB of a 16 MB run's" \
 check "tokenize 64 MB of text: every byte a token (train + val)" \
   "[ \$(( \$(stat -c %s b_train.bin) + \$(stat -c %s b_val.bin) - 2048 )) -eq 128000000 ]"
 
+# 3. text without whitespace (minified JSON): cut between a letter or digit and punctuation, so its
+#    memory is bounded too (before: the whole file read before the first cut)
+"$PY" -c 'import sys
+u = "{\"id\":12345,\"it'"'"'s\":[1.5,-2e-3,\"x\"],\"name\":\"caf\u00e9\"},"
+sys.stdout.write((u * (32000000 // len(u) + 1))[:32000000])' > min32.json
+head -c 8000000 min32.json > min8.json
+pm() { # peak resident KiB of a gpt2 run
+    "$PY" -c 'import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if r.returncode == 0 else -1)' \
+      "$ZOFF" tokenize --tokenizer gpt2 --threads 2 --quiet --val-fraction 0 --output-prefix "$1" "$2"
+}
+p8=$(pm m8 min8.json); p32=$(pm m32 min32.json)
+echo "peak resident memory, no whitespace: ${p8} KiB for 8 MB, ${p32} KiB for 32 MB"
+check "tokenize 32 MB of text without whitespace: peak memory within 16 MiB of an 8 MB run's" \
+  "[ $p8 -gt 0 ] && [ $p32 -gt 0 ] && [ $((p32 - p8)) -lt 16384 ]"
+"$ZOFF" tokenize --tokenizer gpt2 --threads 1 --quiet --val-fraction 0 --output-prefix m1 min8.json
+check "8 MB without whitespace: the same tokens at 1 and 2 threads" "cmp -s m1_train.bin m8_train.bin"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

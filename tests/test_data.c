@@ -886,7 +886,7 @@ static void test_tokenize_files(void **state) {
  * rename after all the work); a later shard that is a folder is refused before any shard is written. */
 /* Threads and the places text is cut: every fixture case as a file of its own (its shard tokens must be
  * <|endoftext|> and the ids the Python reference gave), then a large mixed text, a long run with no
- * place to cut and a file of one character; for any thread count and piece size the shards hold the
+ * place to cut, a file of one character and one with no whitespace (contractions in it); for any thread count and piece size the shards hold the
  * same tokens, split and sharded the same way. */
 static void test_tokenize_threads(void **state) {
     (void)state;
@@ -896,7 +896,7 @@ static void test_tokenize_threads(void **state) {
     if (!root) fail_msg("cannot read the fixture: %s", jerr.text);
     json_t *cases = json_object_get(root, "cases");
     size_t nc = json_array_size(cases), nfiles = 0, len;
-    char **paths = calloc(nc + 3, sizeof *paths);
+    char **paths = calloc(nc + 4, sizeof *paths);
     zoff_tokens want = {0};
     for (size_t i = 0; i < nc; i++) {
         json_t *c = json_array_get(cases, i), *ids = json_object_get(c, "ids");
@@ -913,9 +913,13 @@ static void test_tokenize_threads(void **state) {
     char *text = big_text(&len), *run = malloc(20000);
     if (len > 400000) len = 400000; /* pieces of 7 bytes: a parallel step each */
     for (int i = 0; i < 20000; i++) run[i] = i % 7 == 6 ? '.' : "ab\xc3\xa9"[i % 3 == 2 && i % 2 ? 2 : i % 2];
-    const char *extra[3][2] = {{"thr/big.txt", text}, {"thr/run.txt", run}, {"thr/one.txt", "x"}};
-    size_t extra_len[3] = {len, 20000, 1};
-    for (int e = 0; e < 3; e++) { /* the reference: one encode of the whole file, no cut */
+    /* no whitespace at all: cut only between a letter or digit and punctuation, never in "'s" */
+    static const char unit[] = "{\"it's\":[12,3.5e-7],\"don't\":\"x'y\",\"we're\":'ll'd'm'v't,\"\xc3\xa9'\":0}";
+    char *json = malloc(30000);
+    for (size_t i = 0; i < 30000; i++) json[i] = unit[i % (sizeof unit - 1)];
+    const char *extra[4][2] = {{"thr/big.txt", text}, {"thr/run.txt", run}, {"thr/one.txt", "x"}, {"thr/min.json", json}};
+    size_t extra_len[4] = {len, 20000, 1, 30000};
+    for (int e = 0; e < 4; e++) { /* the reference: one encode of the whole file, no cut */
         paths[nfiles++] = strdup(path_in(extra[e][0]));
         write_text(paths[nfiles - 1], extra[e][1], extra_len[e]);
         CHECK_OK(zoff_tokens_push(&want, 50256));
@@ -923,6 +927,7 @@ static void test_tokenize_threads(void **state) {
     }
     free(text);
     free(run);
+    free(json);
     const int64_t per = 99991, nval = (int64_t)((double)want.n * 0.1);
     const struct { int threads; size_t piece; } runs[] = {{1, 0}, {2, 7}, {3, 64}, {4, 4096}, {2, 0}};
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {

@@ -174,18 +174,23 @@ static zoff_status pool_init(tok_pool *p, zoff_tokenizer *t, const zoff_tokenize
 }
 
 /* The first place p in [from, have) where text may be cut so that encoding the two sides apart
- * equals encoding the whole, or 0 if there is none: after an ASCII non-space, before ASCII
- * whitespace. Every piece of GPT-2's pre-tokeniser holding text[p-1] (a contraction or a run of
- * one class, maybe after one space) ends there whatever follows, and the next piece starts at p
- * and looks only forward; text[p-1] ASCII means no character is cut. */
+ * equals encoding the whole, or 0 if there is none. Both bytes around it are ASCII (no character
+ * is cut) and either text[p-1] is a non-space and text[p] whitespace, or text[p-1] a letter or
+ * digit and text[p] neither (punctuation: minified JSON, code). The piece of GPT-2's pre-tokeniser
+ * holding text[p-1] (a contraction, or a run of one class after at most one space) ends at p
+ * whatever follows, and the next one starts at p and looks only forward. (Punctuation then a
+ * letter is no place: "'" "s" is a contraction.) */
 static size_t safe_cut(const tok_pool *pool, size_t from, size_t have) {
     const uint8_t *t = (const uint8_t *)pool->buf;
     if (from < 1) from = 1;
     if (pool->bytes_only) return from < have ? from : 0;
-    for (size_t p = from; p < have; p++)
-        if (t[p] < 0x80 && zoff_unicode_class_of(t[p]) == ZOFF_UCLASS_SPACE && t[p - 1] < 0x80 &&
-            zoff_unicode_class_of(t[p - 1]) != ZOFF_UCLASS_SPACE)
+    for (size_t p = from; p < have; p++) {
+        if (t[p] >= 0x80 || t[p - 1] >= 0x80) continue;
+        zoff_unicode_class a = zoff_unicode_class_of(t[p - 1]), b = zoff_unicode_class_of(t[p]);
+        if ((a != ZOFF_UCLASS_SPACE && b == ZOFF_UCLASS_SPACE) ||
+            ((a == ZOFF_UCLASS_LETTER || a == ZOFF_UCLASS_NUMBER) && b == ZOFF_UCLASS_OTHER))
             return p;
+    }
     return 0;
 }
 
