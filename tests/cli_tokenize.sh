@@ -74,5 +74,20 @@ check "tokenize 32 MB of text without whitespace: peak memory within 16 MiB of a
 "$ZOFF" tokenize --tokenizer gpt2 --threads 1 --quiet --val-fraction 0 --output-prefix m1 min8.json
 check "8 MB without whitespace: the same tokens at 1 and 2 threads" "cmp -s m1_train.bin m8_train.bin"
 
+# 4. Ctrl-C with more than 32 shards' temporary files on disk (a large corpus, --shard-size): none
+#    left behind (before: the temp-file registry had 32 places, the 33rd file on stayed)
+set -m # a background job with the default SIGINT
+"$ZOFF" tokenize --tokenizer byte --threads 2 --quiet --shard-size 1000000 --output-prefix many big.txt \
+    >/dev/null 2>&1 &
+p=$!; i=0
+while ! compgen -G 'many_train_000040.bin.incomplete-*' >/dev/null && kill -0 $p 2>/dev/null && [ $i -lt 200000 ]; do
+    i=$((i + 1))
+done
+kill -STOP -- -$p 2>/dev/null; kill -INT -- -$p 2>/dev/null; kill -CONT -- -$p 2>/dev/null
+wait $p; rc=$?
+set +m
+check "Ctrl-C with 41 shard temp files on disk: exit 130, no temp file left" \
+  "[ $rc -eq 130 ] && ! compgen -G 'many_*' >/dev/null"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

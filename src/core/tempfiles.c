@@ -14,7 +14,9 @@
 
 #include "zoff/core.h"
 
-enum { TEMP_SLOTS = 32, TEMP_PATH = 4352, TREE_DEPTH = 8 };
+/* zoff tokenize keeps one temp file per shard until the last is written (100 shards of 100M tokens
+ * for a 40 GB corpus), so there is room for many; untouched slots cost no memory. */
+enum { TEMP_SLOTS = 1024, TEMP_PATH = 4352, TREE_DEPTH = 8 };
 
 static struct temp_slot {
     char path[TEMP_PATH];
@@ -73,14 +75,21 @@ void zoff_temp_cleanup_on_signals(void) {
 
 static void temp_add(const char *path, int kind) {
     if (!path || strlen(path) >= TEMP_PATH) return; /* best effort: such a path is not removed */
+    static bool warned;
+    int i = 0;
     pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < TEMP_SLOTS; i++)
+    for (; i < TEMP_SLOTS; i++)
         if (!__atomic_load_n(&g_slots[i].used, __ATOMIC_ACQUIRE)) {
             snprintf(g_slots[i].path, TEMP_PATH, "%s", path);
             __atomic_store_n(&g_slots[i].used, kind, __ATOMIC_RELEASE);
             break;
         }
+    bool full = i == TEMP_SLOTS && !warned;
+    warned = warned || full;
     pthread_mutex_unlock(&g_lock);
+    if (full)
+        zoff_log(ZOFF_LOG_WARN, "more than %d temporary files at once: if this run is stopped (Ctrl-C), %s and "
+                                "those after it stay behind; remove them by hand", TEMP_SLOTS, path);
 }
 
 /* mkstemp / mkdtemp, but the name is registered before the file is created: a signal handled
