@@ -85,7 +85,7 @@ while ! compgen -G 'many_train_000040.bin.incomplete-*' >/dev/null && kill -0 $p
 done
 kill -STOP -- -$p 2>/dev/null; kill -INT -- -$p 2>/dev/null; kill -CONT -- -$p 2>/dev/null
 wait $p; rc=$?
-set +m
+set +m; [ $rc -eq 130 ] && ! compgen -G "many_*" >/dev/null || { echo "rc=$rc i=$i"; ls many_* | head -3; }
 check "Ctrl-C with 41 shard temp files on disk: exit 130, no temp file left" \
   "[ $rc -eq 130 ] && ! compgen -G 'many_*' >/dev/null"
 

@@ -48,8 +48,18 @@ static void remove_under(int dir, int depth) {
     if (dir >= 0) close(dir);
 }
 
+static pid_t g_main_tid; /* the thread that set the handlers up (zoff's main) */
+
 static void on_stop(int sig) {
     int saved = errno;
+    /* Files are registered before their thread creates them, which is safe only while that thread
+     * is not running: a handler on another thread (an OpenMP worker of zoff tokenize) could unlink
+     * a name just before the main thread creates it. The main thread, which creates most, takes it. */
+    if (g_main_tid > 0 && (pid_t)syscall(SYS_gettid) != g_main_tid &&
+        syscall(SYS_tgkill, getpid(), g_main_tid, sig) == 0) {
+        errno = saved;
+        return;
+    }
     for (int i = 0; i < TEMP_SLOTS; i++) {
         int kind = __atomic_load_n(&g_slots[i].used, __ATOMIC_ACQUIRE);
         if (kind == 1) unlink(g_slots[i].path);
@@ -64,6 +74,7 @@ static void on_stop(int sig) {
 }
 
 void zoff_temp_cleanup_on_signals(void) {
+    g_main_tid = (pid_t)syscall(SYS_gettid);
     for (size_t i = 0; i < sizeof g_signals / sizeof *g_signals; i++) {
         struct sigaction old;
         if (sigaction(g_signals[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL) continue; /* ignored, or taken */
