@@ -884,6 +884,83 @@ static void test_tokenize_files(void **state) {
 /* Output prefixes refused before any reading, nothing written: one ending in '/' (wrote DIR/_train.bin),
  * one that is a folder (wrote the shards beside it), one whose shard name is a folder (exit 1 at the
  * rename after all the work); a later shard that is a folder is refused before any shard is written. */
+/* Threads and the places text is cut: every fixture case as a file of its own (its shard tokens must be
+ * <|endoftext|> and the ids the Python reference gave), then a large mixed text, a long run with no
+ * place to cut, a file of one character and one with no whitespace (contractions in it); for any thread count and piece size the shards hold the
+ * same tokens, split and sharded the same way. */
+static void test_tokenize_threads(void **state) {
+    (void)state;
+    make_subdir("thr");
+    json_error_t jerr;
+    json_t *root = json_load_file(ZOFF_TEST_DIR "/fixtures/gpt2_bpe_cases.json", 0, &jerr);
+    if (!root) fail_msg("cannot read the fixture: %s", jerr.text);
+    json_t *cases = json_object_get(root, "cases");
+    size_t nc = json_array_size(cases), nfiles = 0, len;
+    char **paths = calloc(nc + 4, sizeof *paths);
+    zoff_tokens want = {0};
+    for (size_t i = 0; i < nc; i++) {
+        json_t *c = json_array_get(cases, i), *ids = json_object_get(c, "ids");
+        size_t tl = json_string_length(json_object_get(c, "text"));
+        char name[64];
+        snprintf(name, sizeof name, "thr/case%03zu.txt", i);
+        paths[nfiles++] = strdup(path_in(name));
+        write_text(paths[nfiles - 1], json_string_value(json_object_get(c, "text")), tl);
+        if (tl > 0) CHECK_OK(zoff_tokens_push(&want, 50256)); /* an empty file is no document */
+        for (size_t k = 0; k < json_array_size(ids); k++)
+            CHECK_OK(zoff_tokens_push(&want, (int32_t)json_integer_value(json_array_get(ids, k))));
+    }
+    json_decref(root);
+    char *text = big_text(&len), *run = malloc(20000);
+    if (len > 400000) len = 400000; /* pieces of 7 bytes: a parallel step each */
+    for (int i = 0; i < 20000; i++) run[i] = i % 7 == 6 ? '.' : "ab\xc3\xa9"[i % 3 == 2 && i % 2 ? 2 : i % 2];
+    /* no whitespace at all: cut only between a letter or digit and punctuation, never in "'s" */
+    static const char unit[] = "{\"it's\":[12,3.5e-7],\"don't\":\"x'y\",\"we're\":'ll'd'm'v't,\"\xc3\xa9'\":0}";
+    char *json = malloc(30000);
+    for (size_t i = 0; i < 30000; i++) json[i] = unit[i % (sizeof unit - 1)];
+    const char *extra[4][2] = {{"thr/big.txt", text}, {"thr/run.txt", run}, {"thr/one.txt", "x"}, {"thr/min.json", json}};
+    size_t extra_len[4] = {len, 20000, 1, 30000};
+    for (int e = 0; e < 4; e++) { /* the reference: one encode of the whole file, no cut */
+        paths[nfiles++] = strdup(path_in(extra[e][0]));
+        write_text(paths[nfiles - 1], extra[e][1], extra_len[e]);
+        CHECK_OK(zoff_tokens_push(&want, 50256));
+        CHECK_OK(zoff_tokenizer_encode(g_gpt2, extra[e][1], extra_len[e], &want));
+    }
+    free(text);
+    free(run);
+    free(json);
+    const int64_t per = 99991, nval = (int64_t)((double)want.n * 0.1);
+    const struct { int threads; size_t piece; } runs[] = {{1, 0}, {2, 7}, {3, 64}, {4, 4096}, {2, 0}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        zoff_tokenize_options o = {.output_prefix = path_in("thr/out"), .val_fraction = 0.1, .shard_tokens = per,
+                                   .quiet = true, .threads = runs[r].threads, .piece_bytes = runs[r].piece};
+        zoff_tokenize_result res;
+        CHECK_OK(zoff_tokenize_files(g_gpt2, (const char *const *)paths, (int)nfiles, &o, &res));
+        assert_int_equal(res.tokens_train + res.tokens_val, (int64_t)want.n);
+        assert_int_equal(res.tokens_val, nval);
+        int64_t at = 0;
+        for (int f = 0; f < res.num_paths; f++) {
+            bool train = f < res.num_train_files;
+            int64_t begin = train ? 0 : (int64_t)want.n - nval, split = train ? (int64_t)want.n - nval : nval;
+            int64_t k = train ? f : f - res.num_train_files, expect = split - k * per < per ? split - k * per : per;
+            zoff_shard *sh;
+            CHECK_OK(zoff_shard_open(res.paths[f], 50257, &sh));
+            assert_int_equal(zoff_shard_num_tokens(sh), expect);
+            assert_int_equal(at, begin + k * per);
+            const uint16_t *tk = zoff_shard_tokens(sh);
+            for (int64_t i = 0; i < expect; i++, at++)
+                if (tk[i] != want.ids[at])
+                    fail_msg("threads %d, pieces of %zu bytes: %s token %lld is %d, the reference %d", runs[r].threads,
+                             runs[r].piece, res.paths[f], (long long)i, tk[i], want.ids[at]);
+            zoff_shard_close(sh);
+        }
+        assert_int_equal(at, (int64_t)want.n);
+        zoff_tokenize_result_free(&res);
+    }
+    for (size_t i = 0; i < nfiles; i++) free(paths[i]);
+    free(paths);
+    zoff_tokens_free(&want);
+}
+
 static void test_tokenize_outputs(void **state) {
     (void)state;
     make_subdir("tko");
@@ -1146,6 +1223,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_round_trip_bytes),
         cmocka_unit_test(test_data_find),
         cmocka_unit_test(test_tokenize_files),
+        cmocka_unit_test(test_tokenize_threads),
         cmocka_unit_test(test_tokenize_outputs),
         cmocka_unit_test(test_default_corpus),
         cmocka_unit_test(test_cli_tokenize),

@@ -41,6 +41,10 @@ extern "C" {
  * behind and an existing `path` is untouched. `vocab_size` goes into header[3]
  * (0 = unknown); every token must be < vocab_size when it is > 0. */
 zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n, int32_t vocab_size);
+/* The header of a shard of n (<= ZOFF_SHARD_MAX_TOKENS) tokens, for writers that stream a shard. */
+void zoff_shard_header(int32_t header[ZOFF_SHARD_HEADER_INTS], int64_t n, int32_t vocab_size);
+/* write(2) all n bytes to fd (through zoff_io_write); an error names path, with a disk-space hint. */
+zoff_status zoff_shard_write_bytes(int fd, const void *buf, size_t n, const char *path);
 
 /* An open shard: the tokens are mapped read-only. */
 typedef struct zoff_shard zoff_shard;
@@ -171,6 +175,9 @@ zoff_status zoff_tokenizer_open_byte(zoff_tokenizer **out);
 /* GPT-2 BPE from explicit table files (encoder.json: token -> id; vocab.bpe: merges). */
 zoff_status zoff_tokenizer_open_gpt2(const char *encoder_json, const char *vocab_bpe, zoff_tokenizer **out);
 void zoff_tokenizer_free(zoff_tokenizer *t);
+/* A tokenizer for another thread: t's tables, shared (read-only), with a cache of its own.
+ * Encodes exactly as t does. Free it (zoff_tokenizer_free) before t. */
+zoff_status zoff_tokenizer_clone(const zoff_tokenizer *t, zoff_tokenizer **out);
 
 const char *zoff_tokenizer_name(const zoff_tokenizer *t);  /* "gpt2" or "byte" */
 int32_t zoff_tokenizer_vocab_size(const zoff_tokenizer *t); /* 50257 or 256 */
@@ -231,6 +238,9 @@ typedef struct zoff_tokenize_options {
     int64_t shard_tokens;      /* 0: one file per split; else at most this many tokens per file,
                                   named DIR/name_train_000000.bin, ... */
     bool quiet;                /* no progress lines on stderr */
+    int threads;               /* encoding threads; 0: OpenMP's default (OMP_NUM_THREADS or all cores).
+                                  The shards are the same for any count */
+    size_t piece_bytes;        /* text per thread and step; 0: 512 KiB (smaller only to test the cuts) */
 } zoff_tokenize_options;
 
 typedef struct zoff_tokenize_result {
@@ -246,7 +256,8 @@ typedef struct zoff_tokenize_result {
  * with the gpt2 tokenizer every document is preceded by <|endoftext|> (as llm.c does), the
  * byte tokenizer has no such token. Inputs that hold no text at all are refused. All shards are written to temporary files first and
  * renamed only when every one is complete: on any error nothing new is left behind.
- * Holds the tokens in memory (2 bytes each). Free `res` with zoff_tokenize_result_free. */
+ * Reads a few MiB of text at a time and writes the tokens as they come (the val split is copied
+ * out at the end), so memory does not grow with the corpus. Free `res` with zoff_tokenize_result_free. */
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
                                 const zoff_tokenize_options *opt, zoff_tokenize_result *res);
 void zoff_tokenize_result_free(zoff_tokenize_result *res);

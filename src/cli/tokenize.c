@@ -23,7 +23,8 @@ static void tokenize_usage(FILE *f) {
             "input that is one of the files written, is refused. Each file is one document (an\n"
             "empty file none); with gpt2 each document starts with <|endoftext|>. The last\n"
             "--val-fraction of all tokens becomes the validation split. Files are written\n"
-            "completely or not at all; inputs with no text at all write nothing.\n"
+            "completely or not at all; inputs with no text at all write nothing. Memory does not\n"
+            "grow with the corpus: the text is read and the tokens written a few MiB at a time.\n"
             "\n"
             "options:\n"
             "  --tokenizer gpt2|byte   GPT-2 BPE (50257 tokens, default) or bytes (256 tokens)\n"
@@ -33,6 +34,8 @@ static void tokenize_usage(FILE *f) {
             "                          0 writes no val file)\n"
             "  --shard-size N          at most N tokens per file: P_train_000000.bin, ... (default:\n"
             "                          one file per split)\n"
+            "  --threads N             encode with N threads (default: OMP_NUM_THREADS, else all cores); the\n"
+            "                          shards are the same for any N\n"
             "  --quiet                 no progress lines and no summary (errors and warnings still print)\n"
             "  -h, --help              this help\n"
             "\n"
@@ -130,6 +133,7 @@ int zoff_cmd_tokenize(int argc, char **argv) {
     const char *tokenizer = "gpt2", *prefix = NULL;
     double val_fraction = 0.05;
     int64_t shard_tokens = 0;
+    int threads = 0;
     bool quiet = false;
     const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
     int ninputs = 0, bad = 0;
@@ -167,6 +171,15 @@ int zoff_cmd_tokenize(int argc, char **argv) {
                 bad = 1;
             }
             shard_tokens = (int64_t)d;
+        } else if ((v = opt_value(argc, argv, &i, "--threads", &bad))) {
+            char *end;
+            errno = 0;
+            long n = strtol(v, &end, 10);
+            if (errno || end == v || *end || n < 1 || n > 1024) {
+                fprintf(stderr, "zoff tokenize: --threads '%s' must be a whole number in [1, 1024]\n", v);
+                bad = 1;
+            }
+            threads = (int)n;
         } else if (bad) {
             break;
         } else if (a[0] == '-' && a[1] != '\0') {
@@ -202,7 +215,7 @@ int zoff_cmd_tokenize(int argc, char **argv) {
         return 1;
     }
     zoff_tokenize_options o = {.output_prefix = prefix, .val_fraction = val_fraction, .shard_tokens = shard_tokens,
-                               .quiet = quiet};
+                               .quiet = quiet, .threads = threads};
     zoff_tokenize_result r;
     s = zoff_tokenize_files(tok, (const char **)files, (int)nfiles, &o, &r);
     zoff_free_paths(files, nfiles);

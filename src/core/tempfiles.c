@@ -14,7 +14,9 @@
 
 #include "zoff/core.h"
 
-enum { TEMP_SLOTS = 32, TEMP_PATH = 4352, TREE_DEPTH = 8 };
+/* zoff tokenize keeps one temp file per shard until the last is written (100 shards of 100M tokens
+ * for a 40 GB corpus), so there is room for many; untouched slots cost no memory. */
+enum { TEMP_SLOTS = 1024, TEMP_PATH = 4352, TREE_DEPTH = 8 };
 
 static struct temp_slot {
     char path[TEMP_PATH];
@@ -46,8 +48,18 @@ static void remove_under(int dir, int depth) {
     if (dir >= 0) close(dir);
 }
 
+static pid_t g_main_tid; /* the thread that set the handlers up (zoff's main) */
+
 static void on_stop(int sig) {
     int saved = errno;
+    /* Files are registered before their thread creates them, which is safe only while that thread
+     * is not running: a handler on another thread (an OpenMP worker of zoff tokenize) could unlink
+     * a name just before the main thread creates it. The main thread, which creates most, takes it. */
+    if (g_main_tid > 0 && (pid_t)syscall(SYS_gettid) != g_main_tid &&
+        syscall(SYS_tgkill, getpid(), g_main_tid, sig) == 0) {
+        errno = saved;
+        return;
+    }
     for (int i = 0; i < TEMP_SLOTS; i++) {
         int kind = __atomic_load_n(&g_slots[i].used, __ATOMIC_ACQUIRE);
         if (kind == 1) unlink(g_slots[i].path);
@@ -62,6 +74,7 @@ static void on_stop(int sig) {
 }
 
 void zoff_temp_cleanup_on_signals(void) {
+    g_main_tid = (pid_t)syscall(SYS_gettid);
     for (size_t i = 0; i < sizeof g_signals / sizeof *g_signals; i++) {
         struct sigaction old;
         if (sigaction(g_signals[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL) continue; /* ignored, or taken */
@@ -73,14 +86,21 @@ void zoff_temp_cleanup_on_signals(void) {
 
 static void temp_add(const char *path, int kind) {
     if (!path || strlen(path) >= TEMP_PATH) return; /* best effort: such a path is not removed */
+    static bool warned;
+    int i = 0;
     pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < TEMP_SLOTS; i++)
+    for (; i < TEMP_SLOTS; i++)
         if (!__atomic_load_n(&g_slots[i].used, __ATOMIC_ACQUIRE)) {
             snprintf(g_slots[i].path, TEMP_PATH, "%s", path);
             __atomic_store_n(&g_slots[i].used, kind, __ATOMIC_RELEASE);
             break;
         }
+    bool full = i == TEMP_SLOTS && !warned;
+    warned = warned || full;
     pthread_mutex_unlock(&g_lock);
+    if (full)
+        zoff_log(ZOFF_LOG_WARN, "more than %d temporary files at once: if this run is stopped (Ctrl-C), %s and "
+                                "those after it stay behind; remove them by hand", TEMP_SLOTS, path);
 }
 
 /* mkstemp / mkdtemp, but the name is registered before the file is created: a signal handled

@@ -45,11 +45,18 @@ int zoff_utf8_char(const char *text, size_t n, size_t *len, uint32_t *codepoint)
     return 1;
 }
 
+/* zoff_unicode_class_of of the ASCII characters, looked up here without a call (most text is ASCII). */
+static uint8_t g_ascii_class[128];
+
+__attribute__((constructor)) static void ascii_class_init(void) {
+    for (uint32_t c = 0; c < 128; c++) g_ascii_class[c] = (uint8_t)zoff_unicode_class_of(c);
+}
+
 /* Class and byte length of the character at s[0] (n >= 1): an invalid or cut-short byte is one OTHER. */
 static inline zoff_unicode_class char_at(const uint8_t *s, size_t n, size_t *len) {
     if (s[0] < 0x80) {
         *len = 1;
-        return zoff_unicode_class_of(s[0]);
+        return (zoff_unicode_class)g_ascii_class[s[0]];
     }
     uint32_t cp;
     if (zoff_utf8_char((const char *)s, n, len, &cp) != 1) {

@@ -30,7 +30,7 @@ struct zoff_shard {
 
 /* ------------------------------------------------------------------ writing */
 
-static zoff_status write_all(int fd, const void *buf, size_t n, const char *path) {
+zoff_status zoff_shard_write_bytes(int fd, const void *buf, size_t n, const char *path) {
     const char *p = buf;
     while (n > 0) {
         size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
@@ -45,6 +45,14 @@ static zoff_status write_all(int fd, const void *buf, size_t n, const char *path
         n -= (size_t)w;
     }
     return ZOFF_OK;
+}
+
+void zoff_shard_header(int32_t header[ZOFF_SHARD_HEADER_INTS], int64_t n, int32_t vocab_size) {
+    memset(header, 0, ZOFF_SHARD_HEADER_BYTES);
+    header[0] = ZOFF_SHARD_MAGIC;
+    header[1] = ZOFF_SHARD_VERSION;
+    header[2] = (int32_t)n;
+    header[3] = vocab_size;
 }
 
 zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n, int32_t vocab_size) {
@@ -80,14 +88,10 @@ zoff_status zoff_shard_write(const char *path, const uint16_t *tokens, int64_t n
         return s;
     }
     int32_t header[ZOFF_SHARD_HEADER_INTS];
-    memset(header, 0, sizeof header);
-    header[0] = ZOFF_SHARD_MAGIC;
-    header[1] = ZOFF_SHARD_VERSION;
-    header[2] = (int32_t)n;
-    header[3] = vocab_size;
+    zoff_shard_header(header, n, vocab_size);
     (void)fchmod(fd, 0644); /* mkstemp makes 0600; shards are plain data files */
-    zoff_status s = write_all(fd, header, sizeof header, path);
-    if (s == ZOFF_OK && n > 0) s = write_all(fd, tokens, (size_t)n * sizeof(uint16_t), path);
+    zoff_status s = zoff_shard_write_bytes(fd, header, sizeof header, path);
+    if (s == ZOFF_OK && n > 0) s = zoff_shard_write_bytes(fd, tokens, (size_t)n * sizeof(uint16_t), path);
     if (s == ZOFF_OK && fsync(fd) != 0)
         s = zoff_error(ZOFF_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "closing %s: %s", tmp, strerror(errno));

@@ -13,48 +13,237 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHUNK_BYTES ((size_t)1 << 20)
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_max_threads(void) { return 1; }
+static int omp_get_thread_num(void) { return 0; }
+#endif
 
-typedef struct u16vec {
-    uint16_t *p;
-    int64_t n, cap;
-} u16vec;
+#define PIECE_BYTES ((size_t)512 << 10)
+#define PIECES_PER_THREAD 4 /* a step's pieces, taken as threads come free: a slow piece holds no thread idle long */
+#define REPORT_BYTES ((size_t)64 << 20)
 
-static zoff_status u16_append(u16vec *v, const int32_t *ids, size_t m) {
-    if (v->n + (int64_t)m > v->cap) {
-        int64_t nc = v->cap ? v->cap : ((int64_t)1 << 20);
-        while (nc < v->n + (int64_t)m) nc *= 2;
-        uint16_t *q = realloc(v->p, (size_t)nc * sizeof *q);
-        if (!q)
-            return zoff_error(ZOFF_ERR_NOMEM, "out of memory holding %lld tokens (%lld MiB); tokenize fewer files at a time",
-                              (long long)nc, (long long)(nc * 2 >> 20));
-        v->p = q;
-        v->cap = nc;
-    }
-    for (size_t i = 0; i < m; i++) v->p[v->n + (int64_t)i] = (uint16_t)ids[i];
-    v->n += (int64_t)m;
+#define SPOOL_TOKENS ((size_t)1 << 20)
+
+/* Shard k of a split is named (and its temporary file) as below. */
+static void shard_paths(const zoff_tokenize_options *opt, const char *split, int64_t k, char *final, size_t l,
+                        char *tmp, size_t tl) {
+    if (opt->shard_tokens > 0)
+        snprintf(final, l, "%s_%s_%06lld.bin", opt->output_prefix, split, (long long)k);
+    else
+        snprintf(final, l, "%s_%s.bin", opt->output_prefix, split);
+    snprintf(tmp, tl, "%s.incomplete-%ld", final, (long)getpid());
+}
+
+/* Where the tokens go as they come, so that no more than a buffer of them is held: spool file k,
+ * the temporary file of train shard k, holds tokens [k * per, (k + 1) * per) of all (per: the
+ * shard size, else no limit) after a shard header. The split into train and val is made at the
+ * end (finish_split), when the number of tokens is known. */
+typedef struct spool {
+    const zoff_tokenize_options *opt;
+    int32_t vocab;
+    int64_t per, n; /* n: tokens so far, the buffered ones too */
+    int64_t nfiles; /* spool files created (and registered for a Ctrl-C's removal) */
+    int fd;         /* the last one's, or -1 */
+    char path[4300];
+    uint16_t *buf;
+    size_t nbuf;
+} spool;
+
+static int64_t spool_in_last(const spool *sp) { return sp->n - (sp->nfiles - 1) * sp->per; }
+
+/* Writes a shard header for `count` tokens at the start of the open file. */
+static zoff_status put_header(int fd, const char *path, int64_t count, int32_t vocab) {
+    int32_t h[ZOFF_SHARD_HEADER_INTS];
+    zoff_shard_header(h, count, vocab);
+    if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h)
+        return zoff_error(ZOFF_ERR_IO, "writing the header of %s: %s", path, strerror(errno));
     return ZOFF_OK;
 }
 
-static bool is_ascii_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-
-/* End of the next chunk of text[pos..len): at least CHUNK_BYTES when possible, and
- * at a place where GPT-2's pre-tokeniser must start a new piece whether or not the
- * text goes on, so encoding chunk by chunk equals encoding the whole: a lone '\n'
- * between ASCII non-spaces ("x\ny"). The '\n' is then a piece of its own either way
- * (regex alternative 6 mid-text, 5 at a chunk's end). After a longer whitespace run
- * the split would differ ("\n\n" at the end of a chunk vs "\n" "\n" mid-text). */
-static size_t chunk_end(const char *text, size_t pos, size_t len) {
-    if (len - pos <= CHUNK_BYTES) return len;
-    for (size_t p = pos + CHUNK_BYTES; p < len; p++) {
-        uint8_t c = (uint8_t)text[p], b = (uint8_t)text[p - 2];
-        if (text[p - 1] == '\n' && c < 0x80 && !is_ascii_space(c) && b < 0x80 && !is_ascii_space(b)) return p;
-    }
-    return len;
+static zoff_status spool_flush(spool *sp) {
+    zoff_status s = zoff_shard_write_bytes(sp->fd, sp->buf, sp->nbuf * sizeof *sp->buf, sp->path);
+    sp->nbuf = 0;
+    return s;
 }
 
-static zoff_status tokenize_one(zoff_tokenizer *t, const char *path, bool quiet, zoff_tokens *scratch, u16vec *all,
-                                int64_t *bytes_in) {
+/* Flushes and closes the last spool file, its header counting what it holds, synced. */
+static zoff_status spool_close(spool *sp) {
+    if (sp->fd < 0) return ZOFF_OK;
+    zoff_status s = spool_flush(sp);
+    int64_t count = spool_in_last(sp);
+    if (s == ZOFF_OK) s = put_header(sp->fd, sp->path, count < ZOFF_SHARD_MAX_TOKENS ? count : 0, sp->vocab);
+    if (s == ZOFF_OK && fsync(sp->fd) != 0) s = zoff_error(ZOFF_ERR_IO, "fsync %s: %s", sp->path, strerror(errno));
+    if (close(sp->fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "closing %s: %s", sp->path, strerror(errno));
+    sp->fd = -1;
+    return s;
+}
+
+static zoff_status spool_open_next(spool *sp) {
+    char final[4200];
+    shard_paths(sp->opt, "train", sp->nfiles, final, sizeof final, sp->path, sizeof sp->path);
+    zoff_temp_register(sp->path); /* before it exists: a Ctrl-C removes it */
+    sp->nfiles++;
+    sp->fd = open(sp->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (sp->fd < 0)
+        return zoff_error(zoff_status_of_path_errno(errno), "cannot create %s: %s", sp->path, strerror(errno));
+    int32_t h[ZOFF_SHARD_HEADER_INTS] = {0}; /* the real one when it is closed */
+    return zoff_shard_write_bytes(sp->fd, h, sizeof h, sp->path);
+}
+
+static zoff_status spool_add(spool *sp, const int32_t *ids, size_t m) {
+    for (size_t i = 0; i < m;) {
+        if (sp->fd < 0) ZOFF_TRY(spool_open_next(sp));
+        int64_t room = sp->per - spool_in_last(sp);
+        size_t take = m - i < SPOOL_TOKENS - sp->nbuf ? m - i : SPOOL_TOKENS - sp->nbuf;
+        if ((int64_t)take > room) take = (size_t)room;
+        for (size_t k = 0; k < take; k++) sp->buf[sp->nbuf + k] = (uint16_t)ids[i + k];
+        sp->nbuf += take, sp->n += (int64_t)take, i += take;
+        if ((int64_t)take == room) ZOFF_TRY(spool_close(sp));
+        else if (sp->nbuf == SPOOL_TOKENS) ZOFF_TRY(spool_flush(sp));
+    }
+    return ZOFF_OK;
+}
+
+/* Removes the spool files (after a failure, or those past the train split). */
+static void spool_remove(spool *sp, int64_t from) {
+    char final[4200], tmp[4300];
+    if (sp->fd >= 0) close(sp->fd);
+    sp->fd = -1;
+    for (int64_t k = from; k < sp->nfiles; k++) {
+        shard_paths(sp->opt, "train", k, final, sizeof final, tmp, sizeof tmp);
+        unlink(tmp);
+        zoff_temp_forget(tmp);
+    }
+}
+
+/* The encoders: one tokenizer per thread (tok[0] the caller's, the others clones); a step's pieces and their ids. */
+typedef struct tok_pool {
+    zoff_tokenizer **tok;
+    zoff_tokens *out;
+    zoff_status *status;
+    char (*msg)[512];
+    size_t *cut; /* piece i is buf[cut[i] .. cut[i+1]) */
+    int threads, pieces; /* pieces: at most this many a step */
+    size_t piece_bytes;
+    bool bytes_only; /* the byte tokenizer: any place is a cut */
+    char *buf;
+    size_t cap;
+} tok_pool;
+
+static void pool_free(tok_pool *p) {
+    for (int i = 1; i < p->threads && p->tok; i++) zoff_tokenizer_free(p->tok[i]);
+    for (int i = 0; i < p->pieces && p->out; i++) zoff_tokens_free(&p->out[i]);
+    free(p->tok);
+    free(p->out);
+    free(p->status);
+    free(p->msg);
+    free(p->cut);
+    free(p->buf);
+    memset(p, 0, sizeof *p);
+}
+
+static zoff_status pool_init(tok_pool *p, zoff_tokenizer *t, const zoff_tokenize_options *opt) {
+    memset(p, 0, sizeof *p);
+    p->threads = opt->threads > 0 ? opt->threads : omp_get_max_threads();
+    if (p->threads < 1) p->threads = 1;
+    p->piece_bytes = opt->piece_bytes > 0 ? opt->piece_bytes : PIECE_BYTES;
+    p->bytes_only = !strcmp(zoff_tokenizer_name(t), "byte");
+    p->pieces = p->threads > 1 ? p->threads * PIECES_PER_THREAD : 1;
+    p->cap = p->piece_bytes * ((size_t)p->pieces + 1); /* each piece ends a little past piece_bytes */
+    p->tok = calloc((size_t)p->threads, sizeof *p->tok);
+    p->out = calloc((size_t)p->pieces, sizeof *p->out);
+    p->status = calloc((size_t)p->pieces, sizeof *p->status);
+    p->msg = calloc((size_t)p->pieces, sizeof *p->msg);
+    p->cut = calloc((size_t)p->pieces + 1, sizeof *p->cut);
+    p->buf = malloc(p->cap);
+    if (!p->tok || !p->out || !p->status || !p->msg || !p->cut || !p->buf) {
+        pool_free(p);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory setting up %d tokenizing threads; try --threads 1", p->threads);
+    }
+    p->tok[0] = t;
+    for (int i = 1; i < p->threads; i++) {
+        zoff_status s = zoff_tokenizer_clone(t, &p->tok[i]);
+        if (s != ZOFF_OK) {
+            pool_free(p);
+            return s;
+        }
+    }
+    return ZOFF_OK;
+}
+
+/* The first place p in [from, have) where text may be cut so that encoding the two sides apart
+ * equals encoding the whole, or 0 if there is none. Both bytes around it are ASCII (no character
+ * is cut) and either text[p-1] is a non-space and text[p] whitespace, or text[p-1] a letter or
+ * digit and text[p] neither (punctuation: minified JSON, code). The piece of GPT-2's pre-tokeniser
+ * holding text[p-1] (a contraction, or a run of one class after at most one space) ends at p
+ * whatever follows, and the next one starts at p and looks only forward. (Punctuation then a
+ * letter is no place: "'" "s" is a contraction.) */
+static size_t safe_cut(const tok_pool *pool, size_t from, size_t have) {
+    const uint8_t *t = (const uint8_t *)pool->buf;
+    if (from < 1) from = 1;
+    if (pool->bytes_only) return from < have ? from : 0;
+    for (size_t p = from; p < have; p++) {
+        if (t[p] >= 0x80 || t[p - 1] >= 0x80) continue;
+        zoff_unicode_class a = zoff_unicode_class_of(t[p - 1]), b = zoff_unicode_class_of(t[p]);
+        if ((a != ZOFF_UCLASS_SPACE && b == ZOFF_UCLASS_SPACE) ||
+            ((a == ZOFF_UCLASS_LETTER || a == ZOFF_UCLASS_NUMBER) && b == ZOFF_UCLASS_OTHER))
+            return p;
+    }
+    return 0;
+}
+
+/* Cuts buf[0 .. have) into at most `pieces` pieces of about piece_bytes (the last one ending at a
+ * safe cut unless eof): the number of pieces; 0 when no safe cut is in the buffer before eof. */
+static int cut_pieces(tok_pool *p, size_t have, bool eof) {
+    int np = 0;
+    size_t pos = 0;
+    while (np < p->pieces && pos < have) {
+        size_t end = have - pos <= p->piece_bytes && eof ? have : safe_cut(p, pos + p->piece_bytes, have);
+        if (end == 0 && eof) end = have;
+        if (end == 0) break;
+        p->cut[np++] = pos;
+        pos = end;
+    }
+    p->cut[np] = pos;
+    return np;
+}
+
+static void encode_pieces(tok_pool *p, int np) {
+    int nt = np < p->threads ? np : p->threads;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int i = 0; i < np; i++) {
+        p->out[i].n = 0;
+        p->status[i] = zoff_tokenizer_encode(p->tok[nt > 1 ? omp_get_thread_num() : 0], p->buf + p->cut[i], p->cut[i + 1] - p->cut[i], &p->out[i]);
+        if (p->status[i] != ZOFF_OK) snprintf(p->msg[i], sizeof p->msg[i], "%s", zoff_last_error());
+    }
+}
+
+/* Reads into the pool's buffer after its first *have bytes, up to its capacity (doubled when
+ * full): the bytes read, 0 at the end of the file. */
+static zoff_status fill(tok_pool *p, int fd, const char *path, int64_t *off, size_t *have, size_t *got) {
+    *got = 0;
+    if (*have == p->cap) {
+        char *q = realloc(p->buf, p->cap * 2);
+        if (!q)
+            return zoff_error(ZOFF_ERR_NOMEM, "out of memory holding %zu MiB of %s without a space to cut it at",
+                              p->cap * 2 >> 20, path);
+        p->buf = q;
+        p->cap *= 2;
+    }
+    while (*have < p->cap) {
+        ssize_t r = pread(fd, p->buf + *have, p->cap - *have, (off_t)*off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return zoff_error(ZOFF_ERR_IO, "reading %s at byte %lld: %s", path, (long long)*off, strerror(errno));
+        if (r == 0) break;
+        *have += (size_t)r, *got += (size_t)r, *off += r;
+    }
+    return ZOFF_OK;
+}
+
+/* One file, read a buffer at a time and encoded in pieces by the pool's threads, appended in order. */
+static zoff_status tokenize_one(tok_pool *pool, const char *path, bool quiet, spool *all, int64_t *bytes_in) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return zoff_error(zoff_status_of_path_errno(errno), "cannot open input %s: %s", path, strerror(errno));
@@ -63,37 +252,35 @@ static zoff_status tokenize_one(zoff_tokenizer *t, const char *path, bool quiet,
         close(fd);
         return zoff_error(ZOFF_ERR_INVALID, "input %s is not a regular file", path);
     }
-    size_t len = (size_t)st.st_size;
-    const char *text = NULL;
-    if (len > 0) {
-        void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            return zoff_error(ZOFF_ERR_IO, "cannot read %s (%zu bytes): %s", path, len, strerror(e));
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    zoff_status s = ZOFF_OK;
+    int32_t eot = zoff_tokenizer_eot(pool->tok[0]);
+    int64_t off = 0;
+    size_t have = 0, got = 0, next_report = REPORT_BYTES, len = (size_t)st.st_size;
+    bool eof = false, started = false;
+    while (s == ZOFF_OK && (!eof || have > 0)) {
+        if (!eof) s = fill(pool, fd, path, &off, &have, &got);
+        if (s != ZOFF_OK) break;
+        eof = eof || got == 0 || have < pool->cap;
+        if (!started && have > 0 && eot >= 0) s = spool_add(all, &eot, 1); /* an empty file is no document */
+        started = started || have > 0;
+        int np = s == ZOFF_OK ? cut_pieces(pool, have, eof) : 0;
+        if (np == 0) continue; /* no place to cut yet: read more */
+        encode_pieces(pool, np);
+        for (int i = 0; i < np && s == ZOFF_OK; i++)
+            s = pool->status[i] == ZOFF_OK ? spool_add(all, pool->out[i].ids, pool->out[i].n)
+                                           : zoff_error(pool->status[i], "%s", pool->msg[i]);
+        size_t used = pool->cut[np];
+        memmove(pool->buf, pool->buf + used, have - used);
+        have -= used;
+        if (!quiet && (size_t)off - have >= next_report) {
+            zoff_log(ZOFF_LOG_INFO, "%s: %zu of %zu MiB, %lld tokens so far", path, ((size_t)off - have) >> 20,
+                     len >> 20, (long long)all->n);
+            while (next_report <= (size_t)off - have) next_report += REPORT_BYTES;
         }
-        (void)madvise(m, len, MADV_SEQUENTIAL);
-        text = m;
     }
     close(fd);
-    zoff_status s = ZOFF_OK;
-    int32_t eot = zoff_tokenizer_eot(t);
-    if (eot >= 0 && len > 0) s = u16_append(all, &eot, 1); /* an empty file is no document */
-    size_t next_report = (size_t)64 << 20;
-    for (size_t pos = 0; pos < len && s == ZOFF_OK;) {
-        size_t end = chunk_end(text, pos, len);
-        scratch->n = 0;
-        s = zoff_tokenizer_encode(t, text + pos, end - pos, scratch);
-        if (s == ZOFF_OK) s = u16_append(all, scratch->ids, scratch->n);
-        pos = end;
-        if (!quiet && pos >= next_report) {
-            zoff_log(ZOFF_LOG_INFO, "%s: %zu of %zu MiB, %lld tokens so far", path, pos >> 20, len >> 20,
-                     (long long)all->n);
-            next_report += (size_t)64 << 20;
-        }
-    }
-    if (text) munmap((void *)text, len);
-    *bytes_in += (int64_t)len;
+    *bytes_in += off;
     if (s != ZOFF_OK) return zoff_error_context(s, "tokenizing %s", path);
     return ZOFF_OK;
 }
@@ -136,11 +323,7 @@ static zoff_status plan_split(const zoff_tokenize_options *opt, const char *spli
         f->final_path = malloc(l);
         f->tmp_path = malloc(l + 32);
         if (!f->final_path || !f->tmp_path) return zoff_error(ZOFF_ERR_NOMEM, "out of memory planning output files");
-        if (opt->shard_tokens > 0)
-            snprintf(f->final_path, l, "%s_%s_%06lld.bin", opt->output_prefix, split, (long long)i);
-        else
-            snprintf(f->final_path, l, "%s_%s.bin", opt->output_prefix, split);
-        snprintf(f->tmp_path, l + 32, "%s.incomplete-%ld", f->final_path, (long)getpid());
+        shard_paths(opt, split, i, f->final_path, l, f->tmp_path, l + 32);
         f->begin = begin + i * per;
         f->count = (i == nshards - 1) ? count - i * per : per;
     }
@@ -297,6 +480,61 @@ static zoff_status check_inputs(const zoff_tokenize_options *opt, const char *co
     return s;
 }
 
+/* Copies tokens [begin, begin + count) of the spool into the open file fd (named path). */
+static zoff_status copy_tokens(const spool *sp, int64_t begin, int64_t count, int fd, const char *path) {
+    char final[4200], src[4300];
+    zoff_status s = ZOFF_OK;
+    uint16_t *buf = malloc(SPOOL_TOKENS * sizeof *buf);
+    if (!buf) return zoff_error(ZOFF_ERR_NOMEM, "out of memory copying tokens into %s", path);
+    for (int64_t pos = begin; pos < begin + count && s == ZOFF_OK;) {
+        int64_t k = pos / sp->per, at = pos - k * sp->per, left = begin + count - pos;
+        int64_t m = left < (int64_t)SPOOL_TOKENS ? left : (int64_t)SPOOL_TOKENS;
+        if (m > sp->per - at) m = sp->per - at;
+        shard_paths(sp->opt, "train", k, final, sizeof final, src, sizeof src);
+        int in = open(src, O_RDONLY | O_CLOEXEC);
+        ssize_t r = in < 0 ? -1 : pread(in, buf, (size_t)m * sizeof *buf, ZOFF_SHARD_HEADER_BYTES + at * 2);
+        if (r != (ssize_t)((size_t)m * sizeof *buf))
+            s = zoff_error(ZOFF_ERR_IO, "reading back %s: %s", src, r < 0 ? strerror(errno) : "the file is short");
+        if (in >= 0) close(in);
+        if (s == ZOFF_OK) s = zoff_shard_write_bytes(fd, buf, (size_t)m * sizeof *buf, path);
+        pos += m;
+    }
+    free(buf);
+    return s;
+}
+
+/* The spool, closed, into the planned shards' temporary files: the val shards copied out of it,
+ * then the last train shard cut to its size (the spool files past it are removed by the caller). */
+static zoff_status finish_split(spool *sp, plan_file *plan, int nplan, int ntrain) {
+    zoff_status s = ZOFF_OK;
+    for (int i = ntrain; i < nplan && s == ZOFF_OK; i++) {
+        zoff_temp_register(plan[i].tmp_path); /* before it exists: a Ctrl-C removes it */
+        int fd = open(plan[i].tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            zoff_temp_forget(plan[i].tmp_path);
+            return zoff_error(zoff_status_of_path_errno(errno), "cannot create %s: %s", plan[i].tmp_path,
+                              strerror(errno));
+        }
+        plan[i].written = true;
+        int32_t h[ZOFF_SHARD_HEADER_INTS];
+        zoff_shard_header(h, plan[i].count, sp->vocab);
+        s = zoff_shard_write_bytes(fd, h, sizeof h, plan[i].tmp_path);
+        if (s == ZOFF_OK) s = copy_tokens(sp, plan[i].begin, plan[i].count, fd, plan[i].tmp_path);
+        if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "fsync %s: %s", plan[i].tmp_path, strerror(errno));
+        if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "closing %s: %s", plan[i].tmp_path, strerror(errno));
+    }
+    if (s != ZOFF_OK) return s;
+    const plan_file *last = &plan[ntrain - 1]; /* the spool file it is holds val tokens too, or is exact */
+    int fd = open(last->tmp_path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return zoff_error(ZOFF_ERR_IO, "cannot open %s: %s", last->tmp_path, strerror(errno));
+    if (ftruncate(fd, ZOFF_SHARD_HEADER_BYTES + last->count * 2) != 0)
+        s = zoff_error(ZOFF_ERR_IO, "cutting %s to its tokens: %s", last->tmp_path, strerror(errno));
+    if (s == ZOFF_OK) s = put_header(fd, last->tmp_path, last->count, sp->vocab);
+    if (s == ZOFF_OK && fsync(fd) != 0) s = zoff_error(ZOFF_ERR_IO, "fsync %s: %s", last->tmp_path, strerror(errno));
+    if (close(fd) != 0 && s == ZOFF_OK) s = zoff_error(ZOFF_ERR_IO, "closing %s: %s", last->tmp_path, strerror(errno));
+    return s;
+}
+
 zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int nfiles,
                                 const zoff_tokenize_options *opt, zoff_tokenize_result *res) {
     memset(res, 0, sizeof *res);
@@ -323,12 +561,16 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     ZOFF_TRY(check_inputs(opt, files, nfiles));
 
     double t0 = zoff_now();
-    u16vec all = {0};
-    zoff_tokens scratch = {0};
-    zoff_status s = ZOFF_OK;
-    for (int i = 0; i < nfiles && s == ZOFF_OK; i++)
-        s = tokenize_one(t, files[i], opt->quiet, &scratch, &all, &res->bytes_in);
-    zoff_tokens_free(&scratch);
+    spool all = {.opt = opt, .vocab = zoff_tokenizer_vocab_size(t), .fd = -1,
+                 .per = opt->shard_tokens > 0 ? opt->shard_tokens : INT64_MAX};
+    tok_pool pool;
+    if (!(all.buf = malloc(SPOOL_TOKENS * sizeof *all.buf)))
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory for a %zu-token write buffer", SPOOL_TOKENS);
+    zoff_status s = pool_init(&pool, t, opt);
+    for (int i = 0; i < nfiles && s == ZOFF_OK; i++) s = tokenize_one(&pool, files[i], opt->quiet, &all, &res->bytes_in);
+    pool_free(&pool);
+    if (s == ZOFF_OK) s = spool_close(&all);
+    free(all.buf);
 
     int64_t n = all.n, nval = 0;
     if (s == ZOFF_OK && n == 0) s = zoff_error(ZOFF_ERR_INVALID, "the input files hold no text; nothing to write");
@@ -347,13 +589,9 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
     ntrain = nplan;
     if (s == ZOFF_OK && nval > 0) s = plan_split(opt, "val", n - nval, nval, &plan, &nplan, &cap);
     for (int i = 0; i < nplan && s == ZOFF_OK; i++) s = check_not_folder(plan[i].final_path); /* later shards */
-    int32_t vocab = zoff_tokenizer_vocab_size(t);
-    for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
-        zoff_temp_register(plan[i].tmp_path); /* before it exists: a Ctrl-C removes it (zoff_temp_forget below) */
-        s = zoff_shard_write(plan[i].tmp_path, all.p + plan[i].begin, plan[i].count, vocab);
-        if (s == ZOFF_OK) plan[i].written = true;
-    }
-    free(all.p);
+    if (s == ZOFF_OK) s = finish_split(&all, plan, nplan, ntrain);
+    spool_remove(&all, s == ZOFF_OK ? ntrain : 0); /* past the train split, or all after a failure */
+    for (int i = 0; i < ntrain && s == ZOFF_OK; i++) plan[i].written = true;
     /* all complete: move into place */
     for (int i = 0; i < nplan && s == ZOFF_OK; i++) {
         if (rename(plan[i].tmp_path, plan[i].final_path) != 0) {
@@ -363,6 +601,7 @@ zoff_status zoff_tokenize_files(zoff_tokenizer *t, const char *const *files, int
         }
         plan[i].written = false;
     }
+    if (s == ZOFF_OK) (void)zoff_fsync_dir_of(opt->output_prefix);
     if (s == ZOFF_OK) {
         res->paths = calloc((size_t)nplan, sizeof *res->paths);
         if (!res->paths) s = zoff_error(ZOFF_ERR_NOMEM, "out of memory");

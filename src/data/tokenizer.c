@@ -57,6 +57,7 @@ typedef struct pair_slot {
 
 struct zoff_tokenizer {
     tok_kind kind;
+    bool shared;       /* a clone: tok_bytes, tok_off and pairs belong to the original */
     int32_t vocab_size;
     int32_t eot;
     char *tok_bytes;   /* all token byte strings, concatenated */
@@ -178,12 +179,31 @@ static zoff_tokenizer *tokenizer_new(tok_kind kind) {
 
 void zoff_tokenizer_free(zoff_tokenizer *t) {
     if (!t) return;
-    free(t->tok_bytes);
-    free(t->tok_off);
-    free(t->pairs);
+    if (!t->shared) {
+        free(t->tok_bytes);
+        free(t->tok_off);
+        free(t->pairs);
+    }
     cache_free(&t->cache);
     free(t->work);
     free(t);
+}
+
+zoff_status zoff_tokenizer_clone(const zoff_tokenizer *t, zoff_tokenizer **out) {
+    *out = NULL;
+    zoff_tokenizer *c = tokenizer_new(t->kind);
+    if (!c) return zoff_error(ZOFF_ERR_NOMEM, "out of memory creating a %s tokenizer for a thread", zoff_tokenizer_name(t));
+    *c = *t; /* the read-only tables, shared; the cache and scratch of its own */
+    c->shared = true;
+    c->cache = (piece_cache){0};
+    c->work = NULL;
+    c->work_cap = 0;
+    if (t->kind == KIND_GPT2 && !(c->cache.slots = calloc(CACHE_SLOTS, sizeof *c->cache.slots))) {
+        zoff_tokenizer_free(c);
+        return zoff_error(ZOFF_ERR_NOMEM, "out of memory creating a %s tokenizer for a thread", zoff_tokenizer_name(t));
+    }
+    *out = c;
+    return ZOFF_OK;
 }
 
 const char *zoff_tokenizer_name(const zoff_tokenizer *t) { return t->kind == KIND_GPT2 ? "gpt2" : "byte"; }
