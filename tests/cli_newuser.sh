@@ -56,6 +56,21 @@ rc=$?
 check "plan recommends stage 2 with offload_optimizer nvme and writes it" \
   "[ $rc -eq 0 ] && '$PY' -c 'import json,sys; z=json.load(open(sys.argv[1]))[\"zero_optimization\"]; \
    sys.exit(not (z[\"stage\"] == 2 and z[\"offload_optimizer\"][\"device\"] == \"nvme\"))' '$W/plan.json'"
+# --nvme-path over a config that names another nvme_path: the plan measures --nvme-path's disk, and
+# the written config (so the printed train command) must put the swap file there. Before: the
+# config's own nvme_path was kept, a folder the plan had not measured.
+mkdir -p "$W/swap2"
+echo "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"optimizer\": {\"type\": \"AdamW\"},
+       \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$W/other\"}}}" > "$W/s2o.json"
+"$ZOFF" plan --config "$W/s2o.json" "${SHAPE[@]}" --host-memory "$HOST" --margin 0.05 --device cpu --no-probe \
+  --nvme-path "$W/swap2" --write-config "$W/plan2.json" >"$W/plan2.txt" 2>&1
+rc=$?
+check "plan --nvme-path D over a config's other nvme_path: the disk measured at D, the written nvme_path D (before: the config's)" \
+  "[ $rc -eq 0 ] && grep -q 'free at $W/swap2' '$W/plan2.txt' && grep -q '^wrote $W/plan2.json: zoff train --config $W/plan2.json ' '$W/plan2.txt' \
+   && '$PY' -c 'import json,sys; z=json.load(open(sys.argv[1]))[\"zero_optimization\"]; \
+   sys.exit(not (z[\"offload_optimizer\"][\"device\"] == \"nvme\" and z[\"offload_optimizer\"][\"nvme_path\"] == sys.argv[2]))' '$W/plan2.json' '$W/swap2'"
+check "... and plan --nvme-path D without one in the config writes D too" \
+  "'$PY' -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"zero_optimization\"][\"offload_optimizer\"][\"nvme_path\"] != sys.argv[2])' '$W/plan.json' '$W/swap'"
 ZOFF_TEST_MEM_AVAILABLE=$HOST "$ZOFF" train --config "$W/plan.json" "${SHAPE[@]}" --vocab-size 50257 "${DATA[@]}" \
   --train-iters 1 --save "$W/planrun" >"$W/planrun.txt" 2>&1
 rc=$?
