@@ -11,6 +11,7 @@
 #   - one exit code for every config error (2), a missing or directory --config included;
 #   - an empty or malformed config names the position once;
 #   - --quiet prints nothing on success (the NVMe swapper's note included);
+#   - -q is --quiet in train, tokenize and export (the commands that take --quiet);
 #   - a wrong input or output path exits 2, as a wrong config does;
 #   - a resumed run already at --train-iters says there is nothing to train;
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
@@ -121,6 +122,20 @@ check "a new NVMe run after the kill trains and leaves nvme_path empty" \
 rc=$?
 check "--quiet NVMe run: exit 0 and nothing on stdout or stderr" \
   "[ $rc -eq 0 ] && [ ! -s '$W/quiet.out' ] && [ ! -s '$W/quiet.err' ]"
+
+# ---- 6a. -q is --quiet in every command that takes --quiet (train, tokenize, export), one rule
+#      (cli_flag_name); before, each refused it: "unknown option '-q'", exit 2
+QT=(); for a in "${TINY[@]}"; do [ "$a" = --quiet ] && QT+=(-q) || QT+=("$a"); done
+"$ZOFF" train "${QT[@]}" --train-iters 1 --no-checkpoint --save "$W/qshort" >"$W/qshort.out" 2>&1
+check "train -q: exit 0 and nothing printed (before: unknown option '-q', exit 2)" "[ \$? -eq 0 ] && [ ! -s '$W/qshort.out' ]" \
+  || cat "$W/qshort.out"
+printf 'a few words\n' > "$W/q.txt"
+"$ZOFF" tokenize --tokenizer byte --val-fraction 0 -q --output-prefix "$W/qtok" "$W/q.txt" >"$W/qtok.out" 2>&1
+check "tokenize -q: exit 0, nothing printed, the shard written" "[ \$? -eq 0 ] && [ ! -s '$W/qtok.out' ] && [ -s '$W/qtok_train.bin' ]"
+"$ZOFF" export --load "$W/quiet" --output "$W/q.safetensors" -q >"$W/qexp.out" 2>&1
+check "export -q: exit 0, nothing printed, the file written" "[ \$? -eq 0 ] && [ ! -s '$W/qexp.out' ] && [ -s '$W/q.safetensors' ]"
+check "... and each of their helps lists -q, --quiet" \
+  "(for c in train tokenize export; do \"\$ZOFF\" \$c --help | grep -q '^  -q, --quiet ' || exit 1; done)"
 
 # ---- 6b. a sub_group_size far below the 4 KiB each state array of a sub-group is padded to on NVMe:
 #      a note at start with the state's size and the swap file's, and the sub_group_size that keeps the
