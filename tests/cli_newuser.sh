@@ -535,6 +535,20 @@ check "--data-path smaller than a batch: exit 2, names the training split of --d
   "[ $rc -eq 2 ] && grep -q 'training data: .*the training split (all but the last 5% of --data-path' '$W/small2.err' \
    && ! grep -q 'all split' '$W/small2.err'"
 
+# validation smaller than one batch speaks of one validation batch, with one list of advice (before:
+# "one step needs batch 4 x 1 process(es) = 4 windows; use more data or a smaller batch/sequence
+# length; or ...", a training step's words for a validation batch, which any rank count reads whole)
+check "--val-path smaller than a batch: one validation batch of 4, one list of advice, no training step" \
+  "grep -q -- '--val-path has 40 tokens (1 shard(s)), which give 2 windows of seq_len+1 = 17 tokens, fewer than one validation batch of 4; give more tokens, a smaller --micro-batch-size or --seq-length, or --eval-iters 0 for no validation\$' '$W/small1.err' \
+   && ! grep -q 'step\\|process\\|use more data' '$W/small1.err'"
+head -c 1000 "$W/corpus.txt" > "$W/k1.txt" # 1000 tokens: the last 5%, 50 tokens, hold 3 windows of 17
+"$ZOFF" tokenize --tokenizer byte --val-fraction 0 --quiet --output-prefix "$W/k1" "$W/k1.txt" >/dev/null 2>&1
+"$ZOFF" train "${SM[@]}" --data-path "$W/k1_train.bin" --save "$W/small3" >/dev/null 2>"$W/small3.err"
+rc=$?
+check "a validation split (5% of --data-path) smaller than one batch: exit 2, one validation batch, --val-path and --eval-iters 0" \
+  "[ $rc -eq 2 ] && grep -q -- \"validation data: data loader: the validation split (the last 5% of --data-path's tokens) has 50 tokens (1 shard(s)), which give 3 windows of seq_len+1 = 17 tokens, fewer than one validation batch of 4; give --val-path shards of their own, more tokens, a smaller --micro-batch-size or --seq-length, or --eval-iters 0 for no validation\$\" '$W/small3.err' \
+   && ! grep -q 'step\\|process\\|use more data' '$W/small3.err' && [ ! -e '$W/small3' ]"
+
 # ---- zoff tokenize of a directory or a quoted glob, as --data-path takes them (before: "not a
 # regular file", "No such file or directory"): the same shards as the files named one by one in
 # name order; hidden files, .bin shards and subdirectories are not read

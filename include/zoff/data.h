@@ -120,9 +120,11 @@ typedef struct zoff_loader_options {
     /* The error when the data gives less than a batch: what the data is (NULL: its split's name)
      * and advice appended to it (NULL: none). */
     const char *what, *too_small_hint;
-    /* A reader of batches, not of training steps (zoff eval): that error speaks of one batch of
-     * batch_size windows, and too_small_hint is all its advice. */
+    /* A reader of batches, not of training steps (zoff eval, validation): that error speaks of one
+     * batch of batch_size windows ("one <batch_name> of B", batch_name NULL: "batch"), and
+     * too_small_hint is all its advice. */
     bool one_batch;
+    const char *batch_name;
 } zoff_loader_options;
 
 /* B and T set; seed 0, shuffle on, split ALL, rank 0 of 1. */

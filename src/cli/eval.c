@@ -106,7 +106,7 @@ int zoff_cmd_eval(int argc, char **argv) {
     zoff_tokenizer_free(tok);
     zoff_loader_options lo = zoff_loader_defaults(B, T);
     lo.shuffle = false;
-    lo.what = "--data-path";
+    lo.what = data; /* the error's prefix names --data-path: the data by its path */
     lo.one_batch = true;
     lo.too_small_hint = "; give more tokens or a smaller --seq-length / --micro-batch-size";
     if (s == ZOFF_OK) s = zoff_loader_create(ds, &lo, &ld);

@@ -131,8 +131,12 @@ static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_
     snprintf(what, sizeof what, "the validation split (the last 5%% of %s's tokens)", t->data_flag);
     vo.shuffle = false;
     vo.what = split_val ? what : t->val_flag;
-    vo.too_small_hint = split_val ? "; or give --val-path shards of their own, or --eval-iters 0 for no validation"
-                                  : "; or --eval-iters 0 for no validation";
+    vo.one_batch = true; /* one batch of micro_batch windows, whatever the ranks (they share it out) */
+    vo.batch_name = "validation batch";
+    vo.too_small_hint = split_val ? "; give --val-path shards of their own, more tokens, a smaller --micro-batch-size or "
+                                    "--seq-length, or --eval-iters 0 for no validation"
+                                  : "; give more tokens, a smaller --micro-batch-size or --seq-length, or --eval-iters 0 "
+                                    "for no validation";
     if (split_val) {
         vo.split = ZOFF_SPLIT_VAL;
         vo.val_tokens = val_tokens;
