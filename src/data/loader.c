@@ -288,11 +288,6 @@ zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets) 
 }
 
 int64_t zoff_loader_num_windows(const zoff_loader *l) { return l->num_windows; }
-int64_t zoff_loader_shard_windows(const zoff_loader *l, const zoff_shard *s) {
-    for (int k = 0; k < l->num_segs; k++)
-        if (l->segs[k].shard == s) return l->segs[k].num_windows;
-    return 0;
-}
 int64_t zoff_loader_batches_per_epoch(const zoff_loader *l) {
     return l->num_windows / (l->opt.batch_size * (int64_t)l->opt.world_size);
 }
