@@ -202,6 +202,8 @@ rc=$?
 check "data of 41 tokens, batches of 4 x 17: exit 2, 'fewer than one batch of 4', one piece of advice" \
   "[ $rc -eq 2 ] && grep -q 'has 41 tokens (1 shard(s)), which give 2 windows of seq_len+1 = 17 tokens, fewer than one batch of 4; give more tokens or a smaller --seq-length / --micro-batch-size\$' '$W/e6.txt' \
    && ! grep -q 'step\\|process\\|use more data' '$W/e6.txt'"
+check "... --data-path named once, the data by its path (before: 'zoff eval: --data-path: data loader: --data-path has')" \
+  "grep -q '^zoff eval: --data-path: data loader: $W/tiny_train.bin has 41 tokens' '$W/e6.txt' && [ \$(grep -o -- '--data-path' '$W/e6.txt' | wc -l) -eq 1 ]"
 "$ZOFF" eval --load "$W/run" >"$W/e3.txt" 2>&1
 rc=$?
 check "no --data-path: exit 2" "[ $rc -eq 2 ] && grep -q -- '--data-path are required' '$W/e3.txt'"

@@ -6,7 +6,8 @@
 # the loss scale (fp16) after it, the validation losses, DeepSpeed's timers with
 # wall_clock_breakdown, on DeepSpeed's x axis (samples).
 # The csv files the same, DeepSpeed's names and header. A resumed run adds a second event file
-# and appends rows under the one header. Usage: cli_monitor.sh ZOFF SRCDIR
+# and appends rows under the one header; after a crash past the last checkpoint the rows of the
+# steps after it come twice, read as the docs say. Usage: cli_monitor.sh ZOFF SRCDIR
 set -u
 ZOFF="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; SRC="$2" # absolute: one run below starts in another folder
 W=$(mktemp -d /tmp/zoff-mon-XXXXXX)
@@ -144,6 +145,62 @@ PY
 "$PY" "$W/read.py" "$W" >"$W/read.txt" 2>&1
 check "the event files read back (CRCs, Event/Summary protobufs) and the csv files hold metrics.jsonl's values on DeepSpeed's axis" \
   "grep -q '^events:' '$W/read.txt'" || cat "$W/read.txt"
+
+# A crash past the last checkpoint, then a resume: the csv files are appended from the checkpoint's
+# step, so the rows of the steps trained after it come twice and the samples go back (as
+# metrics.jsonl's lines; docs/config.md and docs/reliability.md "Open" say so and how to read them:
+# at each row, drop the earlier rows at its samples or after). The crash is its files: 4 steps logged,
+# checkpoints at 2 and 4, the one at 4 removed (a kill before it was written).
+cat > "$W/cr.json" <<J
+{"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+ "csv_monitor": {"enabled": true, "output_path": "$W/csv", "job_name": "cr"}}
+J
+CR=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte --data-path "$W/corpus_train.bin"
+    --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet --config "$W/cr.json" --save "$W/cr")
+"$ZOFF" train "${CR[@]}" --train-iters 4 --save-interval 2 >"$W/cr1.txt" 2>&1 && rm -rf "$W/cr/step_00000004" \
+  && "$ZOFF" train "${CR[@]}" --train-iters 5 --load "$W/cr" >"$W/cr2.txt" 2>&1
+check "4 steps (checkpoint at 2 kept, at 4 lost), then resumed to 5 with csv_monitor: exit 0" "[ \$? -eq 0 ]" || cat "$W/cr1.txt" "$W/cr2.txt"
+cat > "$W/cr.py" <<'PY'
+import json, sys
+W, gbs = sys.argv[1], 4
+def rows(name):
+    lines = open(W + "/csv/cr/" + name + ".csv", newline="").read().split("\r\n")
+    assert lines[0].startswith("step,") and lines[-1] == "", lines
+    return [(int(a), float(b)) for a, b in (l.split(",") for l in lines[1:-1])]
+def read(rs):  # the documented rule: each row drops the earlier rows at its samples or after
+    out = []
+    for x, v in rs:
+        out = [r for r in out if r[0] < x] + [(x, v)]
+    return out
+# metrics.jsonl by its documented rule: at a start line, drop the steps after its S; the last line per step
+loss, val = {}, {}
+for l in open(W + "/cr/metrics.jsonl"):
+    m = json.loads(l)
+    if "startup_time" in m:
+        loss = {k: v for k, v in loss.items() if k <= m["step"]}
+        val = {k: v for k, v in val.items() if k <= m["step"]}
+    if "loss" in m: loss[m["step"]] = m["loss"]
+    if "val_loss" in m: val[m["step"]] = m["val_loss"]
+close = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
+tl, vl, lr = rows("Train_Samples_train_loss"), rows("Eval_Samples_val_loss"), rows("Train_Samples_lr")
+# as written: steps 3 and 4 twice (the samples go back to step 3's after step 4's), the same values
+assert [x for x, _ in tl] == [0, 4, 8, 12, 8, 12, 16], tl
+assert close(tl[4][1], tl[2][1]) and close(tl[5][1], tl[3][1]), tl
+assert [x for x, _ in lr] == [4, 8, 12, 16, 12, 16, 20], lr
+assert [x for x, _ in vl] == [0, 16, 8, 20], vl  # before/after the first start, before/after the resume
+# read by the rule: one row per step, the resumed run's, metrics.jsonl's values
+assert [x for x, _ in read(tl)] == [(s - 1) * gbs for s in sorted(loss)] == [0, 4, 8, 12, 16], read(tl)
+assert all(close(v, loss[x // gbs + 1]) for x, v in read(tl)), (read(tl), loss)
+assert [x for x, _ in read(lr)] == [4, 8, 12, 16, 20], read(lr)
+assert [x for x, _ in read(vl)] == [s * gbs for s in sorted(val)] == [0, 8, 20], (read(vl), val)
+assert all(close(v, val[x // gbs]) for x, v in read(vl)), (read(vl), val)
+print("csv after a resume: ok")
+PY
+"$PY" "$W/cr.py" "$W" >"$W/cr.txt" 2>&1
+check "... the csv rows of steps 3-4 come twice, the samples going back; read by the documented rule: metrics.jsonl's curve" \
+  "grep -q '^csv after a resume: ok' '$W/cr.txt'" || cat "$W/cr.txt"
+check "... docs/config.md's csv_monitor says so and how to read it (before: only 'header once, also across resumes')" \
+  "grep '^| .csv_monitor.enabled' '$SRC/docs/config.md' | grep -q 'samples go back.*drops, at each row, the earlier rows at its samples or after'"
 
 # defaults: output_path "" is the working directory, job_name DeepSpeedJobName (as DeepSpeed)
 sed 's|"tensorboard": {[^}]*}|"tensorboard": {"enabled": true}|; s|"csv_monitor": {[^}]*}|"csv_monitor": {"enabled": true}|' \

@@ -11,6 +11,7 @@
 #   - one exit code for every config error (2), a missing or directory --config included;
 #   - an empty or malformed config names the position once;
 #   - --quiet prints nothing on success (the NVMe swapper's note included);
+#   - -q is --quiet in train, tokenize and export (the commands that take --quiet);
 #   - a wrong input or output path exits 2, as a wrong config does;
 #   - a resumed run already at --train-iters says there is nothing to train;
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
@@ -56,6 +57,21 @@ rc=$?
 check "plan recommends stage 2 with offload_optimizer nvme and writes it" \
   "[ $rc -eq 0 ] && '$PY' -c 'import json,sys; z=json.load(open(sys.argv[1]))[\"zero_optimization\"]; \
    sys.exit(not (z[\"stage\"] == 2 and z[\"offload_optimizer\"][\"device\"] == \"nvme\"))' '$W/plan.json'"
+# --nvme-path over a config that names another nvme_path: the plan measures --nvme-path's disk, and
+# the written config (so the printed train command) must put the swap file there. Before: the
+# config's own nvme_path was kept, a folder the plan had not measured.
+mkdir -p "$W/swap2"
+echo "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"optimizer\": {\"type\": \"AdamW\"},
+       \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$W/other\"}}}" > "$W/s2o.json"
+"$ZOFF" plan --config "$W/s2o.json" "${SHAPE[@]}" --host-memory "$HOST" --margin 0.05 --device cpu --no-probe \
+  --nvme-path "$W/swap2" --write-config "$W/plan2.json" >"$W/plan2.txt" 2>&1
+rc=$?
+check "plan --nvme-path D over a config's other nvme_path: the disk measured at D, the written nvme_path D (before: the config's)" \
+  "[ $rc -eq 0 ] && grep -q 'free at $W/swap2' '$W/plan2.txt' && grep -q '^wrote $W/plan2.json: zoff train --config $W/plan2.json ' '$W/plan2.txt' \
+   && '$PY' -c 'import json,sys; z=json.load(open(sys.argv[1]))[\"zero_optimization\"]; \
+   sys.exit(not (z[\"offload_optimizer\"][\"device\"] == \"nvme\" and z[\"offload_optimizer\"][\"nvme_path\"] == sys.argv[2]))' '$W/plan2.json' '$W/swap2'"
+check "... and plan --nvme-path D without one in the config writes D too" \
+  "'$PY' -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"zero_optimization\"][\"offload_optimizer\"][\"nvme_path\"] != sys.argv[2])' '$W/plan.json' '$W/swap'"
 ZOFF_TEST_MEM_AVAILABLE=$HOST "$ZOFF" train --config "$W/plan.json" "${SHAPE[@]}" --vocab-size 50257 "${DATA[@]}" \
   --train-iters 1 --save "$W/planrun" >"$W/planrun.txt" 2>&1
 rc=$?
@@ -106,6 +122,20 @@ check "a new NVMe run after the kill trains and leaves nvme_path empty" \
 rc=$?
 check "--quiet NVMe run: exit 0 and nothing on stdout or stderr" \
   "[ $rc -eq 0 ] && [ ! -s '$W/quiet.out' ] && [ ! -s '$W/quiet.err' ]"
+
+# ---- 6a. -q is --quiet in every command that takes --quiet (train, tokenize, export), one rule
+#      (cli_flag_name); before, each refused it: "unknown option '-q'", exit 2
+QT=(); for a in "${TINY[@]}"; do [ "$a" = --quiet ] && QT+=(-q) || QT+=("$a"); done
+"$ZOFF" train "${QT[@]}" --train-iters 1 --no-checkpoint --save "$W/qshort" >"$W/qshort.out" 2>&1
+check "train -q: exit 0 and nothing printed (before: unknown option '-q', exit 2)" "[ \$? -eq 0 ] && [ ! -s '$W/qshort.out' ]" \
+  || cat "$W/qshort.out"
+printf 'a few words\n' > "$W/q.txt"
+"$ZOFF" tokenize --tokenizer byte --val-fraction 0 -q --output-prefix "$W/qtok" "$W/q.txt" >"$W/qtok.out" 2>&1
+check "tokenize -q: exit 0, nothing printed, the shard written" "[ \$? -eq 0 ] && [ ! -s '$W/qtok.out' ] && [ -s '$W/qtok_train.bin' ]"
+"$ZOFF" export --load "$W/quiet" --output "$W/q.safetensors" -q >"$W/qexp.out" 2>&1
+check "export -q: exit 0, nothing printed, the file written" "[ \$? -eq 0 ] && [ ! -s '$W/qexp.out' ] && [ -s '$W/q.safetensors' ]"
+check "... and each of their helps lists -q, --quiet" \
+  "(for c in train tokenize export; do \"\$ZOFF\" \$c --help | grep -q '^  -q, --quiet ' || exit 1; done)"
 
 # ---- 6b. a sub_group_size far below the 4 KiB each state array of a sub-group is padded to on NVMe:
 #      a note at start with the state's size and the swap file's, and the sub_group_size that keeps the
@@ -504,6 +534,20 @@ rc=$?
 check "--data-path smaller than a batch: exit 2, names the training split of --data-path" \
   "[ $rc -eq 2 ] && grep -q 'training data: .*the training split (all but the last 5% of --data-path' '$W/small2.err' \
    && ! grep -q 'all split' '$W/small2.err'"
+
+# validation smaller than one batch speaks of one validation batch, with one list of advice (before:
+# "one step needs batch 4 x 1 process(es) = 4 windows; use more data or a smaller batch/sequence
+# length; or ...", a training step's words for a validation batch, which any rank count reads whole)
+check "--val-path smaller than a batch: one validation batch of 4, one list of advice, no training step" \
+  "grep -q -- '--val-path has 40 tokens (1 shard(s)), which give 2 windows of seq_len+1 = 17 tokens, fewer than one validation batch of 4; give more tokens, a smaller --micro-batch-size or --seq-length, or --eval-iters 0 for no validation\$' '$W/small1.err' \
+   && ! grep -q 'step\\|process\\|use more data' '$W/small1.err'"
+head -c 1000 "$W/corpus.txt" > "$W/k1.txt" # 1000 tokens: the last 5%, 50 tokens, hold 3 windows of 17
+"$ZOFF" tokenize --tokenizer byte --val-fraction 0 --quiet --output-prefix "$W/k1" "$W/k1.txt" >/dev/null 2>&1
+"$ZOFF" train "${SM[@]}" --data-path "$W/k1_train.bin" --save "$W/small3" >/dev/null 2>"$W/small3.err"
+rc=$?
+check "a validation split (5% of --data-path) smaller than one batch: exit 2, one validation batch, --val-path and --eval-iters 0" \
+  "[ $rc -eq 2 ] && grep -q -- \"validation data: data loader: the validation split (the last 5% of --data-path's tokens) has 50 tokens (1 shard(s)), which give 3 windows of seq_len+1 = 17 tokens, fewer than one validation batch of 4; give --val-path shards of their own, more tokens, a smaller --micro-batch-size or --seq-length, or --eval-iters 0 for no validation\$\" '$W/small3.err' \
+   && ! grep -q 'step\\|process\\|use more data' '$W/small3.err' && [ ! -e '$W/small3' ]"
 
 # ---- zoff tokenize of a directory or a quoted glob, as --data-path takes them (before: "not a
 # regular file", "No such file or directory"): the same shards as the files named one by one in

@@ -148,14 +148,30 @@ if unshare --fork --pid --mount-proc true 2>/dev/null; then
   mkdir -p same/o same/p && head -c 5000 /dev/zero > same/o/zoff-optimizer-1-0.swp && head -c 3000 /dev/zero > same/p/zoff-param-1-0.swp
   nvme_cfg same.json "$W/same/o" "$W/same/p"
   unshare --fork --pid --mount-proc "$ZOFF" train "${TINY[@]}" --config same.json >out.txt 2>&1
+  rc5b=$?; cp out.txt out5b.txt
   check "pid 1 with an older pid 1's swap files in both nvme_paths (stage 3): the run trains (exit 0) on the next names" \
-    "[ \$? -eq 0 ] && grep -q 'trained 2 steps' out.txt && grep -q 'same/o/zoff-optimizer-1-1.swp' out.txt && grep -q 'same/p/zoff-param-1-1.swp' out.txt" \
+    "[ $rc5b -eq 0 ] && grep -q 'trained 2 steps' out.txt && grep -q 'same/o/zoff-optimizer-1-1.swp' out.txt && grep -q 'same/p/zoff-param-1-1.swp' out.txt" \
     || tail -3 out.txt
   check "... a note names each old file with its size and says to remove it" \
     "grep -q \"note: $W/same/o/zoff-optimizer-1-0.swp (4.88 KiB) is a swap file left by an older zoff with this process's id 1.*remove it\" out.txt && grep -q \"note: $W/same/p/zoff-param-1-0.swp (2.93 KiB) is a swap file left by an older zoff\" out.txt"
   check "... the old files kept as they were, nothing else left" \
     "[ \"\$(ls -A same/o)\" = zoff-optimizer-1-0.swp ] && [ \"\$(ls -A same/p)\" = zoff-param-1-0.swp ] && [ \$(stat -c %s same/o/zoff-optimizer-1-0.swp) -eq 5000 ] && [ \$(stat -c %s same/p/zoff-param-1-0.swp) -eq 3000 ]"
 else echo "skip - a swap file name taken by an older process of the same pid: no pid namespace here (unshare --pid)"; fi
+
+# 5c. A swap file of an older process with this pid but another <n> (zoff-optimizer-1-7.swp beside a
+#     run as pid 1): its name is not the one this run takes, so it was never tried. Before, it got no
+#     note at all (the folder's note skipped every file of this pid, the name-taken note saw only
+#     the names tried); now the note names it as an older same-pid process's. Kept as it was.
+if unshare --fork --pid --mount-proc true 2>/dev/null; then
+  mkdir -p samen && head -c 5000 /dev/zero > samen/zoff-optimizer-1-7.swp
+  nvme_cfg samen.json "$W/samen"
+  unshare --fork --pid --mount-proc "$ZOFF" train "${TINY[@]}" --config samen.json >out.txt 2>&1
+  check "pid 1 beside an older pid 1's zoff-optimizer-1-7.swp: exit 0 on -0, a note names it with its size (before: none), kept" \
+    "[ \$? -eq 0 ] && grep -q 'samen/zoff-optimizer-1-0.swp' out.txt && grep -q \"note: $W/samen/zoff-optimizer-1-7.swp (4.88 KiB) is a swap file left by an older zoff with this process's id 1.*remove it\" out.txt && [ \"\$(ls -A samen)\" = zoff-optimizer-1-7.swp ] && [ \$(stat -c %s samen/zoff-optimizer-1-7.swp) -eq 5000 ]" \
+    || tail -3 out.txt
+  check "... and one note per old file in 5b's folders (the taken name is not named twice)" \
+    "[ \$(grep -c 'note: .*same/o/zoff-optimizer-1-0.swp' out5b.txt) -eq 1 ] && [ \$(grep -c 'note: .*same/p/zoff-param-1-0.swp' out5b.txt) -eq 1 ]"
+else echo "skip - a swap file of an older same-pid process with another number: no pid namespace here (unshare --pid)"; fi
 
 # 6. A swap file larger than the free space of an ext4 disk (a loop-mounted image, skipped where
 #    that cannot be mounted): ext4 keeps what a failed fallocate got, so the message said

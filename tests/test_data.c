@@ -259,6 +259,42 @@ static void test_shard_large(void **state) {
 
 /* -------------------------------------------------------------------- datasets */
 
+/* The shards too short for one window (seq_len + 1 tokens), train's and eval's one rule: by hand, for
+ * shards of 16, 17, 5 and 100 tokens; the loader reads windows of the others only. */
+static void test_dataset_short_shards(void **state) {
+    (void)state;
+    make_subdir("short");
+    const int lens[4] = {16, 17, 5, 100};
+    uint16_t tok[100];
+    for (int i = 0; i < 100; i++) tok[i] = (uint16_t)i;
+    char pat[2600] = "";
+    for (int k = 0; k < 4; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "short/s%d.bin", k);
+        CHECK_OK(zoff_shard_write(path_in(name), tok, lens[k], 0));
+        size_t u = strlen(pat);
+        snprintf(pat + u, sizeof pat - u, "%s%s", k ? "," : "", path_in(name));
+    }
+    zoff_dataset *ds;
+    CHECK_OK(zoff_dataset_open(pat, 256, &ds));
+    /* seq_len 16: windows of 17 tokens; 16 and 5 tokens are too short */
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 16, 0), 0);
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 16, 1), 2);
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 16, 3), -1);
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 16, 4), -1);
+    /* seq_len 5: only the 5-token shard; seq_len 4: none (5 tokens are one window of 5) */
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 5, 0), 2);
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 5, 3), -1);
+    assert_int_equal(zoff_dataset_next_short_shard(ds, 4, 0), -1);
+    /* the loader reads the others' windows only: (17 - 1) / 16 + (100 - 1) / 16 = 1 + 6 */
+    zoff_loader_options lo = zoff_loader_defaults(1, 16);
+    zoff_loader *ld;
+    CHECK_OK(zoff_loader_create(ds, &lo, &ld));
+    assert_int_equal(zoff_loader_num_windows(ld), 7);
+    zoff_loader_free(ld);
+    zoff_dataset_free(ds);
+}
+
 static void test_dataset_patterns(void **state) {
     (void)state;
     make_subdir("ds");
@@ -1212,7 +1248,7 @@ int main(void) {
         cmocka_unit_test(test_shard_write_atomic),
         cmocka_unit_test(test_shard_bad_files),
         cmocka_unit_test(test_shard_large),
-        cmocka_unit_test(test_dataset_patterns),
+        cmocka_unit_test(test_dataset_patterns), cmocka_unit_test(test_dataset_short_shards),
         cmocka_unit_test(test_loader_sequential),
         cmocka_unit_test(test_loader_shuffle_determinism),
         cmocka_unit_test(test_loader_save_restore),

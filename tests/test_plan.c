@@ -430,7 +430,7 @@ static void grid_vs_real(const char *json, const zoff_gpt2_options *mo, size_t b
     for (int i = 0; i < plan.nrows; i++) {
         const zoff_plan_row *row = &plan.rows[i];
         char *txt = NULL;
-        assert_int_equal(zoff_plan_config_json(&base, row, dir, &txt), ZOFF_OK);
+        assert_int_equal(zoff_plan_config_json(&base, row, dir, false, &txt), ZOFF_OK);
         zoff_config cfg;
         zoff_status ls = zoff_config_load_string(txt, "written config", &cfg);
         if (ls != ZOFF_OK) fail_msg("row %d: the written config does not load: %s\n%s", i, zoff_last_error(), txt);
@@ -707,7 +707,7 @@ static void test_stage3_written_config(void **st) {
     config_row(&cfg, mo, 0, &row);
     assert_true(row.mem.param_buffers > 0);
     char *txt = NULL;
-    assert_int_equal(zoff_plan_config_json(&cfg, &row, dir, &txt), ZOFF_OK);
+    assert_int_equal(zoff_plan_config_json(&cfg, &row, dir, false, &txt), ZOFF_OK);
     zoff_config written;
     load_cfg(txt, &written);
     reality r;
@@ -719,6 +719,49 @@ static void test_stage3_written_config(void **st) {
     zoff_config_free(&cfg);
     clear_dir(dir);
     rmdir(dir);
+}
+
+/* The swap-file folders --write-config writes (zoff plan --nvme-path P: replace_nvme_path): P for both
+ * files where the config names others (before: the config's kept, while the plan measured P's disk);
+ * without it the config's own, and nvme_path where it names none. */
+static void test_written_nvme_path(void **st) {
+    (void)st;
+    const char *json = "{\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3, "
+                       "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/cfg/opt\"}, "
+                       "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/cfg/param\"}}}";
+    const char *bare = "{\"train_micro_batch_size_per_gpu\": 2}"; /* its row set to nvme for both below */
+    const struct {
+        const char *base, *path;
+        bool replace;
+        const char *opt, *param;
+    } cases[] = {
+        {json, "/given", true, "/given", "/given"},
+        {json, "/given", false, "/cfg/opt", "/cfg/param"},
+        {bare, "/given", true, "/given", "/given"},
+        {bare, "/given", false, "/given", "/given"},
+        {bare, NULL, false, ".", "."},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        zoff_config base, written;
+        load_cfg(cases[k].base, &base);
+        zoff_plan_row row;
+        memset(&row, 0, sizeof row);
+        zoff_plan_setting_from_config(&base, &row.setting);
+        row.setting.stage = 3;
+        row.setting.offload = row.setting.param_offload = ZOFF_OFFLOAD_NVME;
+        row.host_ratio = 1.0;
+        char *txt = NULL;
+        assert_int_equal(zoff_plan_config_json(&base, &row, cases[k].path, cases[k].replace, &txt), ZOFF_OK);
+        load_cfg(txt, &written);
+        if (strcmp(written.zero.offload_optimizer.nvme_path, cases[k].opt) ||
+            strcmp(written.zero.offload_param.nvme_path, cases[k].param))
+            fail_msg("case %zu: written nvme_path %s / %s, expected %s / %s\n%s", k,
+                     written.zero.offload_optimizer.nvme_path, written.zero.offload_param.nvme_path, cases[k].opt,
+                     cases[k].param, txt);
+        free(txt);
+        zoff_config_free(&written);
+        zoff_config_free(&base);
+    }
 }
 
 /* ------------------------------------------------------------------ two ranks (mpirun, when built with MPI) */
@@ -1507,7 +1550,7 @@ int main(void) {
         cmocka_unit_test(test_model_bytes_exact),  cmocka_unit_test(test_configs_vs_real),
         cmocka_unit_test(test_variants_vs_real),   cmocka_unit_test(test_grid_vs_real),
         cmocka_unit_test(test_auto_ratio_matches_engine), cmocka_unit_test(test_stage3_vs_real),
-        cmocka_unit_test(test_stage3_written_config),
+        cmocka_unit_test(test_stage3_written_config), cmocka_unit_test(test_written_nvme_path),
         cmocka_unit_test(test_nvme_vs_real),        cmocka_unit_test(test_grid_keeps_config_row),
         cmocka_unit_test(test_ranks_vs_real),
         cmocka_unit_test(test_recommendation),     cmocka_unit_test(test_bench_files), cmocka_unit_test(test_host_rates), cmocka_unit_test(test_pipelined_step),

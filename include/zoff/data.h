@@ -79,6 +79,10 @@ void zoff_dataset_free(zoff_dataset *ds);
 int zoff_dataset_num_shards(const zoff_dataset *ds);
 const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i);
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds); /* over all shards */
+/* The one rule for a shard too short for one window of seq_len + 1 tokens (windows never cross
+ * shards: the loader reads none of its tokens): the index of the first such shard of ds at or after
+ * `from`, -1 when none. zoff train's and zoff eval's notes about shards left out. */
+int zoff_dataset_next_short_shard(const zoff_dataset *ds, int64_t seq_len, int from);
 /* Whether a shard of `a` (index *ia) is the same file (device and inode: also through a link or
  * another spelling of its path) as one of `b` (*ib): the first such pair. With a == b, two
  * shards of one dataset (*ia < *ib): a file listed twice, read twice an epoch. */
@@ -120,9 +124,11 @@ typedef struct zoff_loader_options {
     /* The error when the data gives less than a batch: what the data is (NULL: its split's name)
      * and advice appended to it (NULL: none). */
     const char *what, *too_small_hint;
-    /* A reader of batches, not of training steps (zoff eval): that error speaks of one batch of
-     * batch_size windows, and too_small_hint is all its advice. */
+    /* A reader of batches, not of training steps (zoff eval, validation): that error speaks of one
+     * batch of batch_size windows ("one <batch_name> of B", batch_name NULL: "batch"), and
+     * too_small_hint is all its advice. */
     bool one_batch;
+    const char *batch_name;
 } zoff_loader_options;
 
 /* B and T set; seed 0, shuffle on, split ALL, rank 0 of 1. */
@@ -143,8 +149,6 @@ zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets);
 /* Back to the first batch of epoch 0. */
 void zoff_loader_reset(zoff_loader *l);
 int64_t zoff_loader_num_windows(const zoff_loader *l);       /* windows of T+1 in the split */
-/* The windows shard s (of the loader's dataset) gives: 0 when fewer than T+1 of its tokens are in the split. */
-int64_t zoff_loader_shard_windows(const zoff_loader *l, const zoff_shard *s);
 int64_t zoff_loader_batches_per_epoch(const zoff_loader *l); /* per process */
 int64_t zoff_loader_epoch(const zoff_loader *l);
 

@@ -244,10 +244,12 @@ void zoff_plan_free(zoff_plan *p);
 
 /* The base config's JSON with the setting of `row` applied to zero_optimization
  * (stage, offload_optimizer device / ratio / pin_memory / nvme_path, offload_param,
- * sub_group_size), every other key kept. nvme_path is used for nvme rows when
- * the base has none. The result loads with zoff_config_load_string. *out is malloc'd. */
+ * sub_group_size), every other key kept. nvme_path (NULL or "": ".") is the nvme rows'
+ * swap-file folder where the base names none; with replace_nvme_path (zoff plan
+ * --nvme-path, the folder the plan measured) also where it names one, for both swap files.
+ * The result loads with zoff_config_load_string. *out is malloc'd. */
 zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *row, const char *nvme_path,
-                                  char **out);
+                                  bool replace_nvme_path, char **out);
 /* Write text to path atomically: a temporary file in the same directory,
  * fsync, rename, fsync of the directory. */
 zoff_status zoff_plan_write_file_atomic(const char *path, const char *text);

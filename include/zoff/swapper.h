@@ -92,16 +92,18 @@ void zoff_swapper_destroy(zoff_swapper *s);
 
 /* "…/zoff-optimizer-123-0.swp, 1.20 GiB, O_DIRECT, io_uring ..., 4 buffers of 48.0 MiB, pipelined read+write" */
 const char *zoff_swapper_describe(const zoff_swapper *s);
-/* A note (log, info) for each swap file in dir (zoff-<stem>-<pid>-<n>.swp) whose process is gone:
- * zoff unlinks its own as soon as they are open, so such a file was left by an older zoff (or a
- * process killed between create and unlink); it is named with its size, never removed. Once per
- * directory and process. */
+/* A note (log, info) for each swap file in dir (zoff-<stem>-<pid>-<n>.swp) whose process is gone,
+ * or whose pid is this process's (any <n>: an older process that had this pid, in a container where
+ * zoff is always pid 1 or on an nvme_path shared by hosts): zoff unlinks its own as soon as they are
+ * open, so such a file was left by an older zoff (or a process killed between create and unlink);
+ * it is named with its size, never removed. Once per directory and process, before the process
+ * creates a swap file there (zoff_swapper_open_file calls it; swap files are created one at a time). */
 void zoff_swapper_note_stale(const char *dir);
 /* Creates and opens DIR/zoff-<stem>-<pid>-<n>.swp (ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY: unlinked once
- * open) with the next n of *counter whose name is free; a name already taken is a file left by an
- * older process with this pid (a container where zoff is always pid 1, an nvme_path shared over NFS
- * by hosts): it is named in a note, kept, and the next n is tried. path (cap bytes) gets the name
- * taken; key names the config key of dir in messages. */
+ * open) with the next n of *counter whose name is free, after zoff_swapper_note_stale(dir); a name
+ * already taken is a file left by an older process with this pid (a container where zoff is always
+ * pid 1, an nvme_path shared over NFS by hosts): that note named it; it is kept, and the next n is
+ * tried. path (cap bytes) gets the name taken; key names the config key of dir in messages. */
 zoff_status zoff_swapper_open_file(zoff_aio *io, const char *dir, const char *stem, const char *key, int *counter,
                                    char *path, size_t cap, zoff_aio_file **out);
 const char *zoff_swapper_path(const zoff_swapper *s);

@@ -207,6 +207,7 @@ void cli_unknown_option(const char *cmd, const char *arg, void (*usage)(FILE *))
 }
 
 void cli_flag_name(const char *arg, char *name, size_t size) {
+    if (!strcmp(arg, "-q")) arg = "--quiet"; /* the short forms, each command's: -h is --help, tested as -h */
     const char *eq = strchr(arg, '=');
     size_t n = eq && arg[0] == '-' && arg[1] == '-' ? (size_t)(eq - arg) : strlen(arg);
     snprintf(name, size, "%.*s", (int)(n < size - 1 ? n : size - 1), arg);

@@ -31,7 +31,8 @@ bool cli_check_list(const char *cmd, const char *flag, const char *text, size_t 
 bool cli_path_given(const char *cmd, const char *flag, const char *path, const char *what);
 /* Fetch the value after argv[*i] (advancing *i); prints an error if missing. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
-/* The flag's name in `arg`: "--flag" of "--flag=value", else arg itself (cut to size - 1 bytes). */
+/* The flag's name in `arg`: "--flag" of "--flag=value", "--quiet" of -q (the one short alias of a long
+ * flag, for every command that takes --quiet), else arg itself (cut to size - 1 bytes). */
 void cli_flag_name(const char *arg, char *name, size_t size);
 /* Fetch argv[*i]'s value (as cli_value) and check that it is one of `choices` (NULL-terminated);
  * otherwise print "zoff <cmd>: <flag>: 'v' is not one of a, b" and return NULL. */

@@ -106,16 +106,16 @@ int zoff_cmd_eval(int argc, char **argv) {
     zoff_tokenizer_free(tok);
     zoff_loader_options lo = zoff_loader_defaults(B, T);
     lo.shuffle = false;
-    lo.what = "--data-path";
+    lo.what = data; /* the error's prefix names --data-path: the data by its path */
     lo.one_batch = true;
     lo.too_small_hint = "; give more tokens or a smaller --seq-length / --micro-batch-size";
     if (s == ZOFF_OK) s = zoff_loader_create(ds, &lo, &ld);
-    for (int i = 0; s == ZOFF_OK && i < zoff_dataset_num_shards(ds); i++) { /* a shard that adds nothing */
+    for (int i = s == ZOFF_OK ? zoff_dataset_next_short_shard(ds, T, 0) : -1; i >= 0;
+         i = zoff_dataset_next_short_shard(ds, T, i + 1)) { /* a shard that adds nothing */
         const zoff_shard *sh = zoff_dataset_shard(ds, i);
-        if (zoff_loader_shard_windows(ld, sh) == 0)
-            fprintf(stderr, "zoff eval: note: %s has %lld tokens, fewer than a window's %lld (--seq-length + 1): "
-                            "not evaluated\n",
-                    zoff_shard_path(sh), (long long)zoff_shard_num_tokens(sh), (long long)(T + 1));
+        fprintf(stderr, "zoff eval: note: %s has %lld tokens, fewer than a window's %lld (--seq-length + 1): "
+                        "not evaluated\n",
+                zoff_shard_path(sh), (long long)zoff_shard_num_tokens(sh), (long long)(T + 1));
     }
     if (s == ZOFF_OK) {
         where = "--load";

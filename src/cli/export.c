@@ -39,7 +39,7 @@ static void export_usage(FILE *f) {
             "                        and for the gpt2 tokenizer its vocab.json, merges.txt and\n"
             "                        tokenizer_config.json (AutoTokenizer.from_pretrained(PATH))\n"
             "  --dtype f32|bf16|f16  data type of --format safetensors (default f32)\n"
-            "  --quiet               no summary line\n");
+            "  -q, --quiet           no summary line\n");
 }
 
 static int fail(const char *what, zoff_status s) {

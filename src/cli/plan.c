@@ -58,7 +58,7 @@ static void plan_usage(FILE *f) {
             "  --pinned-limit SIZE|unlimited  per rank (default: ulimit -l)\n"
             "  --disk-free SIZE            free space for nvme offload, one disk for both swap files\n"
             "                              (default: statvfs at each nvme path, per file system)\n"
-            "  --nvme-path DIR             (default: the config's nvme_path, else .)\n"
+            "  --nvme-path DIR             (default: the config's nvme_path, else .); --write-config writes it\n"
             "  --ranks N --ranks-per-node N  data-parallel ranks (default 1; per node default: all)\n"
             "  --margin F                  fraction of each capacity kept free (default 0.10)\n"
             "rates:\n"
@@ -707,7 +707,7 @@ int zoff_cmd_plan(int argc, char **argv) {
         return fail("plan", s);
     }
     char *rec = NULL;
-    if (plan.best >= 0 && (s = zoff_plan_config_json(&cfg, &plan.rows[plan.best], nvme, &rec)) != ZOFF_OK) {
+    if (plan.best >= 0 && (s = zoff_plan_config_json(&cfg, &plan.rows[plan.best], nvme, a.nvme_path != NULL, &rec)) != ZOFF_OK) {
         zoff_plan_free(&plan);
         zoff_config_free(&cfg);
         return fail("recommended config", s);

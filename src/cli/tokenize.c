@@ -36,7 +36,7 @@ static void tokenize_usage(FILE *f) {
             "                          one file per split)\n"
             "  --threads N             encode with N threads (default: OMP_NUM_THREADS, else all cores); the\n"
             "                          shards are the same for any N\n"
-            "  --quiet                 no progress lines and no summary (errors and warnings still print)\n"
+            "  -q, --quiet             no progress lines and no summary (errors and warnings still print)\n"
             "  -h, --help              this help\n"
             "\n"
             "The GPT-2 tables are searched in $ZOFF_DATA_DIR/gpt2, PREFIX/share/zoff/gpt2 of an\n"
@@ -143,11 +143,13 @@ int zoff_cmd_tokenize(int argc, char **argv) {
     }
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i], *v;
+        char name[64];
+        cli_flag_name(a, name, sizeof name);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             tokenize_usage(stdout);
             free(inputs);
             return 0;
-        } else if (!strcmp(a, "--quiet")) {
+        } else if (!strcmp(name, "--quiet")) {
             quiet = true;
         } else if ((v = opt_value(argc, argv, &i, "--tokenizer", &bad))) {
             tokenizer = v;

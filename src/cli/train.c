@@ -104,7 +104,7 @@ static void train_usage(FILE *f) {
             "  --device cpu|cuda           backend (default: cuda when available, else cpu)\n"
             "  --device-memory SIZE        device memory budget, e.g. 256MiB (CPU backend: simulated)\n"
             "  --checkpoint-activations    recompute block activations in backward (less memory)\n"
-            "  --quiet                     no progress output\n"
+            "  -q, --quiet                 no progress output\n"
             "  --comm-timeout SECONDS      data parallel (mpirun -np N zoff train): a collective that does not\n"
             "                              finish in time ends all ranks with an error (default: $ZOFF_COMM_TIMEOUT,\n"
             "                              else 300; see docs/multinode.md)\n");

@@ -163,9 +163,10 @@ zoff_status zoff_loader_create(const zoff_dataset *ds, const zoff_loader_options
     if (l->num_windows < need && opt->one_batch) {
         zoff_status st = zoff_error(ZOFF_ERR_INVALID,
                                     "data loader: %s has %lld tokens (%d shard(s)), which give %lld windows of "
-                                    "seq_len+1 = %lld tokens, fewer than one batch of %lld%s",
+                                    "seq_len+1 = %lld tokens, fewer than one %s of %lld%s",
                                     opt->what ? opt->what : split_name(opt->split), (long long)(hi - lo), nshards,
-                                    (long long)l->num_windows, (long long)(T + 1), (long long)need,
+                                    (long long)l->num_windows, (long long)(T + 1),
+                                    opt->batch_name ? opt->batch_name : "batch", (long long)need,
                                     opt->too_small_hint ? opt->too_small_hint : "");
         zoff_loader_free(l);
         return st;
@@ -287,11 +288,6 @@ zoff_status zoff_loader_next(zoff_loader *l, int32_t *inputs, int32_t *targets) 
 }
 
 int64_t zoff_loader_num_windows(const zoff_loader *l) { return l->num_windows; }
-int64_t zoff_loader_shard_windows(const zoff_loader *l, const zoff_shard *s) {
-    for (int k = 0; k < l->num_segs; k++)
-        if (l->segs[k].shard == s) return l->segs[k].num_windows;
-    return 0;
-}
 int64_t zoff_loader_batches_per_epoch(const zoff_loader *l) {
     return l->num_windows / (l->opt.batch_size * (int64_t)l->opt.world_size);
 }

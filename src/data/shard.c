@@ -382,6 +382,12 @@ const zoff_shard *zoff_dataset_shard(const zoff_dataset *ds, int i) {
 }
 int64_t zoff_dataset_num_tokens(const zoff_dataset *ds) { return ds->num_tokens; }
 
+int zoff_dataset_next_short_shard(const zoff_dataset *ds, int64_t seq_len, int from) {
+    for (int i = from < 0 ? 0 : from; i < ds->num_shards; i++)
+        if (zoff_shard_num_tokens(zoff_dataset_shard(ds, i)) < seq_len + 1) return i;
+    return -1;
+}
+
 bool zoff_dataset_same_file(const zoff_dataset *a, const zoff_dataset *b, int *ia, int *ib) {
     for (int i = 0; i < a->num_shards; i++)
         for (int j = a == b ? i + 1 : 0; j < b->num_shards; j++)

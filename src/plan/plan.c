@@ -931,7 +931,7 @@ static json_t *obj_child(json_t *parent, const char *key) {
 }
 
 zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *row, const char *nvme_path,
-                                  char **out) {
+                                  bool replace_nvme_path, char **out) {
     *out = NULL;
     json_t *root;
     if (base->source) {
@@ -968,7 +968,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
         else if (s->ratio_auto) json_object_set_new(oo, "ratio", json_real(row->host_ratio));
         else if (s->ratio >= 1.0) json_object_del(oo, "ratio");
         else json_object_set_new(oo, "ratio", json_real(s->ratio));
-        if (s->offload == ZOFF_OFFLOAD_NVME && !json_is_string(json_object_get(oo, "nvme_path")))
+        if (s->offload == ZOFF_OFFLOAD_NVME && (replace_nvme_path || !json_is_string(json_object_get(oo, "nvme_path"))))
             json_object_set_new(oo, "nvme_path", json_string(nvme_path));
     }
     json_t *op = json_object_get(zo, "offload_param");
@@ -976,7 +976,7 @@ zoff_status zoff_plan_config_json(const zoff_config *base, const zoff_plan_row *
         op = obj_child(zo, "offload_param");
         json_object_set_new(op, "device", json_string(zoff_plan_offload_name(s->param_offload)));
         json_object_set_new(op, "pin_memory", json_boolean(s->param_pin_memory));
-        if (s->param_offload == ZOFF_OFFLOAD_NVME && !json_is_string(json_object_get(op, "nvme_path")))
+        if (s->param_offload == ZOFF_OFFLOAD_NVME && (replace_nvme_path || !json_is_string(json_object_get(op, "nvme_path"))))
             json_object_set_new(op, "nvme_path", json_string(nvme_path));
     } else if (json_is_object(op)) {
         json_object_set_new(op, "device", json_string("none"));

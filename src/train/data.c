@@ -131,8 +131,12 @@ static zoff_status open_validation(zoff_trainer *t, bool split_val, int64_t val_
     snprintf(what, sizeof what, "the validation split (the last 5%% of %s's tokens)", t->data_flag);
     vo.shuffle = false;
     vo.what = split_val ? what : t->val_flag;
-    vo.too_small_hint = split_val ? "; or give --val-path shards of their own, or --eval-iters 0 for no validation"
-                                  : "; or --eval-iters 0 for no validation";
+    vo.one_batch = true; /* one batch of micro_batch windows, whatever the ranks (they share it out) */
+    vo.batch_name = "validation batch";
+    vo.too_small_hint = split_val ? "; give --val-path shards of their own, more tokens, a smaller --micro-batch-size or "
+                                    "--seq-length, or --eval-iters 0 for no validation"
+                                  : "; give more tokens, a smaller --micro-batch-size or --seq-length, or --eval-iters 0 "
+                                    "for no validation";
     if (split_val) {
         vo.split = ZOFF_SPLIT_VAL;
         vo.val_tokens = val_tokens;
@@ -190,14 +194,12 @@ static void warn_same_files(const zoff_trainer *t) {
  * naming the first, so that data left out is not a surprise. Rank 0. */
 static void note_short_shards(const zoff_trainer *t, const zoff_dataset *ds, const char *flag) {
     const int64_t need = t->info.seq_len + 1;
-    int n = 0, first = -1;
+    const int first = zoff_dataset_next_short_shard(ds, t->info.seq_len, 0);
+    int n = 0;
     int64_t tokens = 0;
-    for (int i = 0; i < zoff_dataset_num_shards(ds); i++) {
-        int64_t k = zoff_shard_num_tokens(zoff_dataset_shard(ds, i));
-        if (k >= need) continue;
-        if (first < 0) first = i;
+    for (int i = first; i >= 0; i = zoff_dataset_next_short_shard(ds, t->info.seq_len, i + 1)) {
         n++;
-        tokens += k;
+        tokens += zoff_shard_num_tokens(zoff_dataset_shard(ds, i));
     }
     if (n > 0)
         trainer_say(t, "note: %d of %s's %d shards (%lld tokens; the first: %s) hold fewer than seq_len + 1 = %lld "

@@ -1,7 +1,8 @@
 /* DeepSpeed's monitors: "tensorboard" (a TensorFlow event file: TFRecord framing, each record an
  * Event protobuf with one scalar Summary value) and "csv_monitor" (OUTPUT_PATH/JOB_NAME/NAME.csv,
  * "step,<last part of NAME>" then one "samples,value" row per event). Rank 0 writes both, under
- * DeepSpeed's event names and x axis (samples trained). */
+ * DeepSpeed's event names and x axis (samples trained). A resumed run appends its rows from its
+ * checkpoint's step: those an earlier start wrote past it stay (docs/config.md, csv_monitor). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

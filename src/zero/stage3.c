@@ -404,7 +404,6 @@ static zoff_status nv_create(zoff_s3 *s) {
     s->st.nvme_pinned = s->o.nvme.pin_memory;
     const char *dir = s->o.nvme.dir;
     ZOFF_TRY(zoff_make_work_dir(dir, "zero_optimization.offload_param.nvme_path"));
-    zoff_swapper_note_stale(dir);
     static int counter;
     zoff_aio_options ao = s->o.nvme.aio; /* pinned buffers: registered with io_uring as fixed buffers */
     for (int i = 0; s->o.nvme.pin_memory && buf_bytes > 0 && i < s->nhb; i++)

@@ -323,7 +323,6 @@ zoff_status zoff_swapper_create(const zoff_swapper_options *o, zoff_swapper **ou
     }
     /* the file */
     if (st == ZOFF_OK) st = zoff_make_work_dir(o->dir, "zero_optimization.offload_optimizer.nvme_path");
-    if (st == ZOFF_OK) zoff_swapper_note_stale(o->dir);
     static int counter;
     if (st == ZOFF_OK)
         st = zoff_swapper_open_file(s->io, o->dir, o->stem ? o->stem : "state",
@@ -386,6 +385,7 @@ static void note_stale_file(const char *dir, const char *path, long pid, bool ou
 
 zoff_status zoff_swapper_open_file(zoff_aio *io, const char *dir, const char *stem, const char *key, int *counter,
                                    char *path, size_t cap, zoff_aio_file **out) {
+    zoff_swapper_note_stale(dir); /* names every file left there, those of this pid too: a name taken below is one */
     for (int tries = 0;; tries++) {
         int n = __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
         int m = snprintf(path, cap, "%s/zoff-%s-%ld-%d.swp", dir, stem, (long)getpid(), n);
@@ -393,7 +393,6 @@ zoff_status zoff_swapper_open_file(zoff_aio *io, const char *dir, const char *st
         zoff_status st = zoff_aio_file_open(io, path, ZOFF_AIO_CREATE | ZOFF_AIO_TEMPORARY, out);
         if (st == ZOFF_OK || errno != EEXIST || tries >= 1000) return st; /* 1000 taken names: say the last */
         zoff_clear_error();
-        note_stale_file(dir, path, (long)getpid(), true);
     }
 }
 
@@ -409,12 +408,15 @@ void zoff_swapper_note_stale(const char *dir) {
         char stem[64];
         long pid;
         int n, end = 0;
-        if (sscanf(e->d_name, "zoff-%63[a-z]-%ld-%d.swp%n", stem, &pid, &n, &end) != 3 || e->d_name[end] ||
-            pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        if (sscanf(e->d_name, "zoff-%63[a-z]-%ld-%d.swp%n", stem, &pid, &n, &end) != 3 || e->d_name[end] || pid <= 0)
             continue;
+        /* this pid's: an older process's (this one's are unlinked once open, and it notes a folder before
+         * it creates a file there), whatever its <n> */
+        const bool ours = pid == (long)getpid();
+        if (!ours && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue;
         char path[4400];
         textf(path, sizeof path, "%s/%s", dir, e->d_name);
-        note_stale_file(dir, path, pid, false);
+        note_stale_file(dir, path, pid, ours);
     }
     if (d) closedir(d);
 }
