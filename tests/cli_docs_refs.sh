@@ -12,8 +12,14 @@
 #                the word `field` in the code
 #   ZOFF_NAME    every uppercase ZOFF_ word (macros, environment variables, CMake options): a
 #                word in src/, include/, tests/, scripts/, bench/, fuzz/ or CMakeLists.txt
+#   `name.c`     a backticked source file named without its folder (`engine_impl.h`): a file of
+#                the tree whose path ends with it
+#   Layers       docs/architecture.md's "Layers" table against the #includes: each src/ folder
+#                uses only the folders of the rows above it (a public header belongs to the row
+#                that lists it), and every src/ folder and include/zoff/ header has a row
 # First the checker is shown to fail on a page with made-up references (and to pass its real
-# ones), then it runs over the real pages. grep, sed and one perl pass: a few seconds.
+# ones) and on a Layers table with rows swapped or missing, then it runs over the real pages.
+# grep, sed, awk and two perl passes: a few seconds.
 # Usage: cli_docs_refs.sh ZOFF SRCDIR   (ZOFF unused: the docs are checked against the sources)
 set -u
 SRC=$(cd "$2" && pwd)
