@@ -3,8 +3,9 @@
 # docs/*.md and README.md name is in the tree, and every zoff_* name they use is declared or
 # defined in src/ or include/ (docs/architecture.md describes the code as it is; a renamed or
 # removed function, type or file must take its mentions with it). Reported as DOC:LINE: REF.
-#   paths        a word starting with src/ include/ tests/ scripts/ bench/ (backticked or not;
-#                trailing . , : ; dropped); one with '*' must match at least one file
+#   paths        a word starting with src/ include/ tests/ scripts/ bench/ docs/ fuzz/ (backticked or not;
+#                trailing . , : ; dropped); one with '*' or a capitalised placeholder folder
+#                (fuzz/corpus/NAME/) must match at least one file
 #   zoff_NAME    every lowercase zoff_ word (backticked or not): declared in the sources with
 #                the comments taken out (after a type word, '*', 'struct', 'enum', 'union',
 #                '#define', '}' or '(*'), or a string the code uses ("zoff_grad_buckets": a config
@@ -58,10 +59,12 @@ scan() {
   local doc
   for doc in "$@"; do
     # paths: not inside another path or word (../shared/src/x, https://host/src/x, my_src/x)
-    grep -noE '(^|[^A-Za-z0-9_./~-])(src|include|tests|scripts|bench)/[A-Za-z0-9_.*/+-]*' "$doc" |
-      sed -E 's/^([0-9]+):[^a-z]*/\1 /; s/[.,:;]+$//' | while read -r line ref; do
-        case "$ref" in
-          *'*'*) compgen -G "$ref" >/dev/null || echo "$doc:$line: \`$ref\`: matches no file" ;;
+    grep -noE '(^|[^A-Za-z0-9_./~-])(src|include|tests|scripts|bench|docs|fuzz)/[A-Za-z0-9_.*/+-]*' "$doc" |
+      # "LINE REF GLOB": in GLOB a placeholder folder (fuzz/corpus/NAME/: a capitalised word) is '*'
+      sed -E 's/^([0-9]+):[^a-z]*/\1 /; s/[.,:;]+$//; h; s/^[0-9]+ //; :a; s#(^|/)[A-Z][A-Z0-9_]*(/|$)#\1*\2#; ta; H; x; s/\n/ /' |
+      while read -r line ref glob; do
+        case "$glob" in
+          *'*'*) compgen -G "$glob" >/dev/null || echo "$doc:$line: \`$ref\`: matches no file" ;;
           *) [ -e "$ref" ] || echo "$doc:$line: \`$ref\`: no such file or folder" ;;
         esac
       done
@@ -131,9 +134,10 @@ cat > "$W/docs/fake.md" <<'EOF'
 Real: `src/zero/engine.c`, include/zoff/engine.h, `tests/cli_*.sh`, scripts/test.sh and bench/.
 Real: `zoff_engine_step`, `zoff_engine_options.init_range`, `zoff_placement_*`, `ZOFF_CKPT_IO`,
 `zero_optimization.zoff_grad_buckets`, `zoff_backend_vtable` (a type), ../shared/src/nowhere.c.
-Made up: `src/zero/engine2.c`, see include/zoff/nowhere.h.
+Made up: `src/zero/engine2.c`, see include/zoff/nowhere.h and docs/nowhere.md.
 Made up: `zoff_engine_stepp`, `zoff_engine_options.init_rangee`, `zoff_placemant_*`, `ZOFF_CKPT_IOO`.
-Made up: tests/cli_nowhere_*.sh, `zoff_only_in_a_comment` (a comment is not a declaration).
+Made up: tests/cli_nowhere_*.sh, `zoff_only_in_a_comment` (a comment is not a declaration), fuzz/NAME/nowhere.
+Real: `fuzz/corpus/NAME/`.
 Real: `engine_impl.h`, `cpu/cpu_kernels.c`. Made up: `engine_impl2.h`, `cuda/cpu_kernels.c`.
 EOF
 cat > "$W/fake.c" <<'EOF'
@@ -148,13 +152,13 @@ check "declared: what a C file declares and its strings, not its comments or cal
   "[ '$got' = 'zoff_backend_vtable zoff_fake_fn zoff_fake_key zoff_fake_s zoff_fake_t zoff_fake_vtable ' ]"
 scan "$W/docs/fake.md" > "$W/fake.txt"
 cat "$W/fake.txt"
-for want in '1:' '2:' '3:' '7: `engine_impl.h`' '7: `cpu/cpu_kernels.c`'; do
+for want in '1:' '2:' '3:' '8: `engine_impl.h`' '8: `cpu/cpu_kernels.c`' '7:'; do
   check "a real reference on line $want of the made-up page is not reported" "! grep -qF '$W/docs/fake.md:$want' '$W/fake.txt'"
 done
-for want in '4: `src/zero/engine2.c`' '4: `include/zoff/nowhere.h`' '5: `zoff_engine_stepp`' \
+for want in '4: `src/zero/engine2.c`' '4: `include/zoff/nowhere.h`' '4: `docs/nowhere.md`' '5: `zoff_engine_stepp`' \
              '5: `zoff_engine_options.init_rangee`' '5: `zoff_placemant_*`' '5: `ZOFF_CKPT_IOO`' \
-             '6: `tests/cli_nowhere_*.sh`' '6: `zoff_only_in_a_comment`' '7: `engine_impl2.h`' \
-             '7: `cuda/cpu_kernels.c`'; do
+             '6: `tests/cli_nowhere_*.sh`' '6: `zoff_only_in_a_comment`' '6: `fuzz/NAME/nowhere`' \
+             '8: `engine_impl2.h`' '8: `cuda/cpu_kernels.c`'; do
   check "the made-up reference on line $want is reported with its page and line" \
     "grep -qF '$W/docs/fake.md:$want:' '$W/fake.txt'"
 done
