@@ -13,6 +13,7 @@
 #                the word `field` in the code
 #   ZOFF_NAME    every uppercase ZOFF_ word (macros, environment variables, CMake options): a
 #                word in src/, include/, tests/, scripts/, bench/, fuzz/ or CMakeLists.txt
+#   `test_X`     a backticked test name: a ctest name (tests/test_X.c) or a word in tests/
 #   `name.c`     a backticked source file named without its folder (`engine_impl.h`): a file of
 #                the tree whose path ends with it
 #   Layers       docs/architecture.md's "Layers" table against the #includes: each src/ folder
@@ -53,6 +54,9 @@ grep -rhoE --exclude-dir=.git --exclude=cli_docs_refs.sh '\bZOFF_[A-Z0-9_]+' src
   sort -u > "$W/upper.txt"
 
 find src include tests scripts bench fuzz -type f > "$W/files.txt"
+# the tests' names: ctest's (tests/test_X.c) and the test functions in them
+{ grep -rhoE --exclude=cli_docs_refs.sh '\btest_[a-z0-9_]+' tests scripts CMakeLists.txt; sed -nE 's#^tests/(test_[a-z0-9_]+)\.c$#\1#p' "$W/files.txt"; } |
+  sort -u > "$W/tests.txt"
 
 # scan DOC...: one line per reference that does not resolve, "DOC:LINE: `REF`: why"
 scan() {
@@ -73,6 +77,10 @@ scan() {
     grep -noE '`[A-Za-z0-9_./-]+\.(c|h|cu|cuh|cpp|hpp)`' "$doc" | tr -d '`' | tr ':' ' ' | while read -r line ref; do
         case "$ref" in src/*|include/*|tests/*|scripts/*|bench/*) continue ;; esac
         grep -qE "(^|/)${ref//./\\.}\$" "$W/files.txt" || echo "$doc:$line: \`$ref\`: no file of that name in the tree"
+      done
+    # a backticked test name (`test_comm`, `test_bucket_accumulation`): a ctest name or a word in tests/
+    grep -noE '`test_[a-z0-9_]+`' "$doc" | tr -d '`' | tr ':' ' ' | while read -r line ref; do
+        grep -qx "$ref" "$W/tests.txt" || echo "$doc:$line: \`$ref\`: no test of that name in tests/"
       done
     grep -noE '(^|[^A-Za-z0-9_])zoff_[A-Za-z0-9_]*(\*|\.[A-Za-z_][A-Za-z0-9_]*)?' "$doc" |
       sed -E 's/^([0-9]+):[^z]*/\1 /' | while read -r line ref; do
@@ -139,6 +147,7 @@ Made up: `zoff_engine_stepp`, `zoff_engine_options.init_rangee`, `zoff_placemant
 Made up: tests/cli_nowhere_*.sh, `zoff_only_in_a_comment` (a comment is not a declaration), fuzz/NAME/nowhere.
 Real: `fuzz/corpus/NAME/`.
 Real: `engine_impl.h`, `cpu/cpu_kernels.c`. Made up: `engine_impl2.h`, `cuda/cpu_kernels.c`.
+Real: `test_comm`, `test_bucket_accumulation`. Made up: `test_nowhere_at_all`.
 EOF
 cat > "$W/fake.c" <<'EOF'
 /* zoff_only_in_a_comment(void); */ const char *a = "/* not a comment", b = '"'; // zoff_x(void);
@@ -152,13 +161,14 @@ check "declared: what a C file declares and its strings, not its comments or cal
   "[ '$got' = 'zoff_backend_vtable zoff_fake_fn zoff_fake_key zoff_fake_s zoff_fake_t zoff_fake_vtable ' ]"
 scan "$W/docs/fake.md" > "$W/fake.txt"
 cat "$W/fake.txt"
-for want in '1:' '2:' '3:' '8: `engine_impl.h`' '8: `cpu/cpu_kernels.c`' '7:'; do
+for want in '1:' '2:' '3:' '8: `engine_impl.h`' '8: `cpu/cpu_kernels.c`' '7:' '9: `test_comm`' \
+            '9: `test_bucket_accumulation`'; do
   check "a real reference on line $want of the made-up page is not reported" "! grep -qF '$W/docs/fake.md:$want' '$W/fake.txt'"
 done
 for want in '4: `src/zero/engine2.c`' '4: `include/zoff/nowhere.h`' '4: `docs/nowhere.md`' '5: `zoff_engine_stepp`' \
              '5: `zoff_engine_options.init_rangee`' '5: `zoff_placemant_*`' '5: `ZOFF_CKPT_IOO`' \
              '6: `tests/cli_nowhere_*.sh`' '6: `zoff_only_in_a_comment`' '6: `fuzz/NAME/nowhere`' \
-             '8: `engine_impl2.h`' '8: `cuda/cpu_kernels.c`'; do
+             '8: `engine_impl2.h`' '8: `cuda/cpu_kernels.c`' '9: `test_nowhere_at_all`'; do
   check "the made-up reference on line $want is reported with its page and line" \
     "grep -qF '$W/docs/fake.md:$want:' '$W/fake.txt'"
 done
