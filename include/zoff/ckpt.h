@@ -87,8 +87,8 @@
  * Every rank file holds a "partition" blob, JSON:
  *   {"format":"zoff-partition","version":1,"rank":R,"world_size":N,"num_params":P,
  *    "runs":[[offset,count],...]}
- * and the optimizer state entries "optimizer.exp_avg", "optimizer.exp_avg_sq" (fp32, 1-D)
- * of that rank only: element k of such an entry is model element (flat offset) of the
+ * and the optimizer state entries "optimizer.exp_avg", "optimizer.exp_avg_sq" (1-D; fp32, or
+ * bf16 where every element kept bf16 state: zoff_checkpoint_state_dtype) of that rank only: element k of such an entry is model element (flat offset) of the
  * runs laid end to end in the order given (runs are ranges of the model's flat parameter
  * space; one run [0,P) for one rank; one per rank without round_robin_gradients, about one
  * per tensor with it; an empty list when the rank holds a replica: stage 0). The runs of

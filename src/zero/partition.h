@@ -37,7 +37,7 @@
 #define ZOFF_ZERO_PARTITION_H
 
 #include "zoff/comm.h"
-#include "zoff/model.h"
+#include "zoff/param_space.h"
 
 #define ZOFF_DP_ALIGN 64 /* partition boundaries are multiples of this (elements), except at n */
 

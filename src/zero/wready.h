@@ -17,7 +17,7 @@
 #include <stdbool.h>
 
 #include "zoff/device.h"
-#include "zoff/model.h"
+#include "zoff/param_space.h"
 
 typedef struct zoff_wready zoff_wready;
 
