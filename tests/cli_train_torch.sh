@@ -8,7 +8,8 @@
 # clipping of the global norm before the update (clipped on some steps, not others), weight decay on
 # the parameters docs/config.md names, Adam/AdamW (L2, bias correction off), Adagrad, Lion, the
 # schedules' lr at each step (DeepSpeed's step counting), ZeRO stages 1-3, host/NVMe offload,
-# Twin-Flow ratio 0.5, speculation, gradient buckets, activation checkpointing: the fp32 runs to
+# Twin-Flow ratio 0.5, speculation, gradient buckets, activation checkpointing, and zoff's delayed
+# parameter update as docs/config.md describes it (one step behind after its warm-up): the fp32 runs to
 # float32 precision; bf16 and fp16 runs close to it. Skipped (77) without /usr/bin/python3 with
 # torch and numpy. Usage: cli_train_torch.sh ZOFF SRCDIR
 set -u
@@ -49,6 +50,7 @@ twinflow|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, $CPU, "ra
 super_offload|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 1, $CPU, "ratio": 0.5, "super_offload": true}}|
 buckets|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, "zoff_grad_buckets": "always", $CPU}}|
 ckpt_act|fp32|$CLIP, $ADAMW, $DECAY|--checkpoint-activations
+delayed_update|fp32|$CLIP, $ADAMW, "zero_optimization": {"stage": 2, $CPU}, "zoff_delayed_param_update": true, "zoff_delayed_param_update_warmup": 2}|
 adagrad|fp32|$CLIP, "optimizer": {"type": "Adagrad", "params": {"lr": 3e-2, "weight_decay": 0.1}}, "zero_optimization": {"stage": 2, $CPU}}|
 lion|fp32|$CLIP, "optimizer": {"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.5}}, "zero_optimization": {"stage": 2, $CPU}}|
 bf16|16bit|$CLIP, $ADAMW, $DECAY, "bf16": {"enabled": true}|

@@ -31,7 +31,10 @@ implements is DeepSpeed's documented behaviour, written independently:
   weights (every other tensor: the matrices and both embeddings);
 - the scheduler's lr for optimizer step s (1-based) is its value after s - 1 calls of
   scheduler.step() (DeepSpeed steps the scheduler after the optimizer; a fresh
-  scheduler's last_batch_iteration is -1), as deepspeed/runtime/lr_schedules.py computes it.
+  scheduler's last_batch_iteration is -1), as deepspeed/runtime/lr_schedules.py computes it;
+- zero_optimization.zoff_delayed_param_update (a zoff extension, no DeepSpeed counterpart), as
+  docs/config.md says: after zoff_delayed_param_update_warmup exact steps, the forward and
+  backward of step s + 1 use the weights of update s - 1, and each update applies to the newest.
 
 The key bias (the middle third of attn.c_attn.bias) is left out of the weight comparison: it
 adds q.b_k to every score of a query's row, which the softmax cancels, so its exact gradient
@@ -294,6 +297,12 @@ def reference(d, cfg, steps, T):
     assert mb * ga == len(win), f"the shard must hold one step's windows: {len(win)} != {mb} x {ga}"
     clip = cfg.get("gradient_clipping", 1.0)
     opt, base_lr = make_optimizer(model, cfg)
+    # zoff's delayed parameter update (docs/config.md): updates after the first `warmup` run one step
+    # behind, so the forward and backward of step s + 1 use the weights of update s - 1
+    zo = cfg.get("zero_optimization", {})
+    delay_from = zo.get("zoff_delayed_param_update_warmup", 10) + 1 if zo.get("zoff_delayed_param_update") else None
+    params = list(model.parameters())
+    prev = [p.detach().clone() for p in params]  # the weights before the last update
     rows = []
     for s in range(1, steps + 1):
         lr = ds_lr(cfg.get("scheduler"), base_lr, s)
@@ -301,12 +310,23 @@ def reference(d, cfg, steps, T):
             g["lr"] = lr
         for p in model.parameters():
             p.grad = None
+        stale = delay_from is not None and s - 1 >= delay_from
+        now = [p.detach().clone() for p in params]
+        if stale:  # the forward of step s sees update s - 2's weights
+            with torch.no_grad():
+                for p, q in zip(params, prev):
+                    p.copy_(q)
         loss = 0.0
         for k in range(ga):  # the micro-batches: order does not matter for the step's mean
             w = win[k * mb:(k + 1) * mb]
             l = model(w[:, :-1], w[:, 1:])
             (l / ga).backward()
             loss += l.item() / ga
+        if stale:  # the update applies to the newest weights
+            with torch.no_grad():
+                for p, q in zip(params, now):
+                    p.copy_(q)
+        prev = now
         norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in model.parameters()))
         if clip > 0:
             nn.utils.clip_grad_norm_(list(model.parameters()), clip)
