@@ -31,7 +31,8 @@ implements is DeepSpeed's documented behaviour, written independently:
   weights (every other tensor: the matrices and both embeddings);
 - the scheduler's lr for optimizer step s (1-based) is its value after s - 1 calls of
   scheduler.step() (DeepSpeed steps the scheduler after the optimizer; a fresh
-  scheduler's last_batch_iteration is -1), as deepspeed/runtime/lr_schedules.py computes it;
+  scheduler's last_batch_iteration is -1), as deepspeed/runtime/lr_schedules.py computes it
+  (OneCycle: also the betas, (momentum, 0.99));
 - zero_optimization.zoff_delayed_param_update (a zoff extension, no DeepSpeed counterpart), as
   docs/config.md says: after zoff_delayed_param_update_warmup exact steps, the forward and
   backward of step s + 1 use the weights of update s - 1, and each update applies to the newest.
@@ -170,7 +171,31 @@ def ds_lr(sched, base_lr, step):
         prog = min(1.0, (it - w + 1) / max(1, p["total_num_steps"] - w))
         c = p.get("cos_min_ratio", 0.0001)
         return base_lr * max(0.0, c + (1 - c) * (1 + math.cos(math.pi * prog)) / 2)
+    if typ == "OneCycle":
+        return one_cycle(p, it)[0]
     raise SystemExit(f"train_torch_ref.py: scheduler {typ} not modelled")
+
+
+def one_cycle(p, it):
+    """DeepSpeed's OneCycle at last_batch_iteration `it` (continuous, no stairs): (lr, beta1 or None).
+    Up from cycle_min_lr to cycle_max_lr over cycle_first_step_size steps and back over the second,
+    then lr = min / (1 + decay_lr_rate * decay steps); beta1 the other way between cycle_max_mom and
+    cycle_min_mom, with beta2 0.99 (DeepSpeed sets the betas to (momentum, 0.99))."""
+    lo, hi = p["cycle_min_lr"], p["cycle_max_lr"]
+    first = p.get("cycle_first_step_size", 2000)
+    total = first + (p.get("cycle_second_step_size") or first)
+    mlo, mhi = p.get("cycle_min_mom", 0.8), p.get("cycle_max_mom", 0.9)
+    mom = p.get("cycle_momentum", True)
+    if it < 0:  # the constructor's values
+        return lo, (mlo if mom else None)
+    if it < total:
+        x = (it + 1) / total - math.floor((it + 1) / total)
+        ratio = first / total
+        f = x / ratio if x <= ratio else (x - 1) / (ratio - 1)
+        return lo + (hi - lo) * f, (mhi - (mhi - mlo) * f if mom else None)
+    ds = p.get("decay_step_size", 0)
+    n = (it - total + 1) / ds if ds else 0
+    return lo / (1 + p.get("decay_lr_rate", 0.0) * n), (mhi * (1 + p.get("decay_mom_rate", 0.0) * n) if mom else None)
 
 
 # ------------------------------------------------------------------ setup
@@ -308,6 +333,11 @@ def reference(d, cfg, steps, T):
         lr = ds_lr(cfg.get("scheduler"), base_lr, s)
         for g in opt.param_groups:
             g["lr"] = lr
+        if cfg.get("scheduler", {}).get("type") == "OneCycle":
+            b1 = one_cycle(cfg["scheduler"]["params"], s - 2)[1]
+            for g in opt.param_groups:
+                if b1 is not None:
+                    g["betas"] = (b1, 0.99)
         for p in model.parameters():
             p.grad = None
         stale = delay_from is not None and s - 1 >= delay_from
