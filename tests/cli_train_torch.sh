@@ -7,8 +7,8 @@
 # (zoff export) must be the reference's: gradient accumulation (the mean over micro-batches),
 # clipping of the global norm before the update (clipped on some steps, not others), weight decay on
 # the parameters docs/config.md names, Adam/AdamW (L2, bias correction off), Adagrad, Lion, the
-# schedules' lr at each step (DeepSpeed's step counting; OneCycle's beta1 too), ZeRO stages 1-3, NVMe,
-# Twin-Flow ratio 0.5, speculation, gradient buckets, activation checkpointing, and zoff's delayed
+# schedules' lr at each step (DeepSpeed's step counting; OneCycle's beta1 too), ZeRO stages 1-3,
+# offload to host and NVMe, Twin-Flow ratio 0.5, speculation, gradient buckets, activation checkpointing, and zoff's delayed
 # parameter update as docs/config.md describes it (one step behind after its warm-up): the fp32 runs to
 # float32 precision; bf16 and fp16 runs close to it. Skipped (77) without /usr/bin/python3 with
 # torch and numpy. Usage: cli_train_torch.sh ZOFF SRCDIR
