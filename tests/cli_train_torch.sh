@@ -8,9 +8,9 @@
 # clipping of the global norm before the update (clipped on some steps, not others), weight decay on
 # the parameters docs/config.md names, Adam/AdamW (L2, bias correction off), Adagrad, Lion, the
 # schedules' lr at each step (DeepSpeed's step counting; OneCycle's beta1 too), ZeRO stages 1-3,
-# offload to host and NVMe, Twin-Flow ratio 0.5, speculation, gradient buckets, activation checkpointing, and zoff's delayed
-# parameter update as docs/config.md describes it (one step behind after its warm-up): the fp32 runs to
-# float32 precision; bf16 and fp16 runs close to it. Skipped (77) without /usr/bin/python3 with
+# offload to host and NVMe, Twin-Flow ratio 0.5, speculation, gradient buckets, activation
+# checkpointing, and zoff's delayed parameter update as docs/config.md describes it (one step behind
+# after its warm-up): the fp32 runs to float32 precision; bf16 and fp16 runs close to it. Skipped (77) without /usr/bin/python3 with
 # torch and numpy. Usage: cli_train_torch.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -42,6 +42,7 @@ adam_l2|fp32|$CLIP, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "adam_w
 no_bias_corr|fp32|$CLIP, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "bias_correction": false, "weight_decay": 0.1}}|
 cosine|fp32|$CLIP, $ADAMW, "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_min_ratio": 0.1, "warmup_num_steps": 3, "total_num_steps": 8}}|
 warmup_log|fp32|$CLIP, $ADAMW, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-3, "warmup_num_steps": 4}}|
+lr_range|fp32|$CLIP, $ADAMW, "scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 1e-3, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 2, "lr_range_test_staircase": true}}|
 one_cycle|fp32|$CLIP, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2, "cycle_first_step_size": 2}}|
 one_cycle_decay|fp32|$CLIP, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2, "cycle_first_step_size": 2, "cycle_second_step_size": 2, "decay_step_size": 1, "decay_lr_rate": 0.5, "decay_mom_rate": 0.01, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}, "zero_optimization": {"stage": 2, $CPU, "ratio": 0.5}}|
 stage1|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 1}|

@@ -173,6 +173,10 @@ def ds_lr(sched, base_lr, step):
         return base_lr * max(0.0, c + (1 - c) * (1 + math.cos(math.pi * prog)) / 2)
     if typ == "OneCycle":
         return one_cycle(p, it)[0]
+    if typ == "LRRangeTest":  # min_lr * (1 + rate * (it + 1) / step_size), the interval floored in stairs
+        n = (it + 1) / p.get("lr_range_test_step_size", 2000)
+        n = math.floor(n) if p.get("lr_range_test_staircase", False) else n
+        return p.get("lr_range_test_min_lr", 1e-3) * (1 + p.get("lr_range_test_step_rate", 1.0) * n)
     raise SystemExit(f"train_torch_ref.py: scheduler {typ} not modelled")
 
 
