@@ -391,6 +391,9 @@ def check(d, specs):
         worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
         for s, (a, b) in enumerate(zip(got, ref), 1):
             for key in worst:
+                if a.get(key) is None:  # a skipped (overflowed) step: the reference has none
+                    bad.append(f"step {s} {key}: zoff {a.get(key)} (skipped: {a.get('skipped')})")
+                    continue
                 err = abs(a[key] - b[key]) / max(abs(b[key]), 1e-12)
                 worst[key] = max(worst[key], err)
                 if not err <= tol.get(key, 1e-6):  # lr: metrics.jsonl prints 7 digits
