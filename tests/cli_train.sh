@@ -189,5 +189,23 @@ done
 ZOFF_TEST_DISK_FREE=1 "$ZOFF" train "${TINY[@]}" --train-iters 1 --no-checkpoint --save "$W/disk" >/dev/null 2>&1
 check "--no-checkpoint: no disk needed" "[ \$? -eq 0 ]"
 
+# bf16 with gradient accumulation at ZeRO stage 0: DeepSpeed's default (data_types.grad_accum_dtype null)
+# sums the micro-batches' gradients in fp32 there (its BF16_Optimizer), zoff in bf16: said at start,
+# not silently (in stages 1-3 DeepSpeed sums in bf16 too; an explicit "bf16" is the user's choice)
+LOUD=(); for a in "${TINY[@]}"; do [ "$a" = --quiet ] || LOUD+=("$a"); done
+i=0
+for extra in '' ', "data_types": {"grad_accum_dtype": "bf16"}' ', "zero_optimization": {"stage": 1}' ', "data_types": {"grad_accum_dtype": null}'; do
+  for ga in 2 1; do
+    i=$((i + 1))
+    echo "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": $ga, \"bf16\": {\"enabled\": true}$extra}" > "$W/acc$i.json"
+    "$ZOFF" train "${LOUD[@]}" --config "$W/acc$i.json" --train-iters 1 --no-checkpoint --save "$W/acc$i" >"$W/acc$i.txt" 2>&1
+    rc=$?
+    want=0; { [ -z "$extra" ] || [ "${extra#*null}" != "$extra" ]; } && [ "$ga" = 2 ] && want=1
+    got=$(grep -c "note: bf16 at zero_optimization.stage 0 with gradient_accumulation_steps 2: zoff sums the micro-batches' gradients in bf16, .*where DeepSpeed (data_types.grad_accum_dtype null) sums them in fp32" "$W/acc$i.txt")
+    check "bf16, accumulation $ga$extra: exit 0 (got $rc), the note on fp32 accumulation $want time(s) (got $got)" \
+      "[ $rc -eq 0 ] && [ $got -eq $want ]"
+  done
+done
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -190,6 +190,7 @@ typedef struct zoff_config {
     double gradient_clipping;     /* max global norm; 0 = off. Default 1.0 (DeepSpeed 0.19; older releases: 0) */
     zoff_fp16_config fp16;
     bool bf16_enabled;            /* "bf16": {"enabled": true}; "bfloat16" is accepted as an alias */
+    bool grad_accum_dtype_given;  /* data_types.grad_accum_dtype given (not null): the training dtype */
     bool bf16_optimizer_states;   /* "bf16": {"bf16_optimizer_states": true}: the host optimizer keeps
                                      exp_avg / exp_avg_sq in bf16 (zoff_optimizer_state_dtype) */
     int64_t steps_per_print;      /* default 10 */

@@ -534,8 +534,8 @@ static const section s_checkpoint = SECTION(k_checkpoint, NULL, NULL);
 
 static const key_spec k_data_types[] = {
     KC("grad_accum_dtype", h_grad_accum_dtype, .allowed = "\"fp32\", \"fp16\" or \"bf16\" (or null)",
-       .note = "implemented when it is the training dtype (null: DeepSpeed's default, the same); another dtype "
-               "is refused as not implemented"),
+       .note = "implemented when it is the training dtype (null: DeepSpeed's default, the same except bf16 at "
+               "stage 0, where DeepSpeed's is fp32); another dtype is refused as not implemented"),
     DE("param_dtype", k_dtype_names, "null", "zoff's parameter dtype is set by fp16.enabled / bf16.enabled"),
     XE("buffer_dtype", k_dtype_names, "the dtype of the model's non-parameter buffers; zoff's GPT-2 has none"),
 };
@@ -1249,7 +1249,9 @@ static zoff_status h_ratio(walk *w, const key_spec *k, json_t *v, const char *pa
 }
 
 /* data_types.grad_accum_dtype: zoff accumulates gradients in the training dtype, which is
- * also DeepSpeed's default (null). Runs after fp16 and bf16 (table order). */
+ * also DeepSpeed's default (null), except with bf16 at ZeRO stage 0, where DeepSpeed's default is
+ * fp32 (its BF16_Optimizer; the trainer notes it, trainer_load_config). Runs after fp16 and bf16
+ * (table order). */
 static zoff_status h_grad_accum_dtype(walk *w, const key_spec *k, json_t *v, const char *path, char *base) {
     char val[96], allowed[300];
     if (json_is_null(v)) return ZOFF_OK;
@@ -1269,6 +1271,7 @@ static zoff_status h_grad_accum_dtype(walk *w, const key_spec *k, json_t *v, con
         snprintf(hint, sizeof hint, "zoff accumulates gradients in the training dtype, here %s", names[train]);
         note_unsupported(w, path, v, hint);
     }
+    w->cfg->grad_accum_dtype_given = true;
     return ZOFF_OK;
 }
 

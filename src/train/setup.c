@@ -97,6 +97,13 @@ zoff_status trainer_load_config(zoff_trainer *t) {
     t->info.dtype = t->cfg.bf16_enabled ? ZOFF_BF16 : t->cfg.fp16.enabled ? ZOFF_F16 : ZOFF_F32;
     t->info.micro_batch = t->cfg.train_micro_batch_size_per_gpu;
     t->info.accumulation = t->cfg.gradient_accumulation_steps;
+    if (t->cfg.bf16_enabled && t->cfg.zero.stage == 0 && t->info.accumulation > 1 && !t->cfg.grad_accum_dtype_given)
+        trainer_say(t, "note: bf16 at zero_optimization.stage 0 with gradient_accumulation_steps %lld: zoff sums the "
+                       "micro-batches' gradients in bf16, the training dtype, where DeepSpeed (data_types."
+                       "grad_accum_dtype null) sums them in fp32 (in stages 1-3 it sums in bf16 too); zoff does not "
+                       "implement fp32 accumulation: give data_types.grad_accum_dtype \"bf16\" to take bf16 without "
+                       "this note",
+                    (long long)t->info.accumulation);
     /* OneCycle's momentum grows after the cycle with decay_mom_rate: refused now, not at the step
      * where it reaches 1 (it only grows, so the last step says) */
     double b1 = 0, b2 = 0;
