@@ -279,15 +279,17 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
     char e1[16], e2[16];
     fmt_hms(elapsed, e1, sizeof e1);
     fmt_hms(left, e2, sizeof e2);
+    char loss[32];
+    zoff_format_fixed(r->loss, 4, loss, sizeof loss); /* never "0.0000" for a small loss */
     if (p->tty) {
-        fprintf(stderr, "\rstep %6lld/%lld | loss %7.4f | lr %.2e | %8.0f tok/s | %s elapsed | %s left   ",
-                (long long)step, (long long)p->iters, r->loss, r->lr, r->tokens_per_s, e1, e2);
+        fprintf(stderr, "\rstep %6lld/%lld | loss %9s | lr %.2e | %8.0f tok/s | %s elapsed | %s left   ",
+                (long long)step, (long long)p->iters, loss, r->lr, r->tokens_per_s, e1, e2);
         if (step == p->iters) fputc('\n', stderr);
     } else if (step % p->every == 0 || step == p->iters || done == 1) {
         char norm[32] = "inf/NaN"; /* a skipped step's: not a norm (printf's "-nan"; metrics.jsonl: null) */
-        if (isfinite(r->info.grad_norm)) snprintf(norm, sizeof norm, "%.3f", r->info.grad_norm);
-        fprintf(stderr, "step %lld/%lld loss %.4f lr %.3e grad_norm %s tok/s %.0f elapsed %s left %s\n",
-                (long long)step, (long long)p->iters, r->loss, r->lr, norm, r->tokens_per_s, e1, e2);
+        if (isfinite(r->info.grad_norm)) zoff_format_fixed(r->info.grad_norm, 3, norm, sizeof norm);
+        fprintf(stderr, "step %lld/%lld loss %s lr %.3e grad_norm %s tok/s %.0f elapsed %s left %s\n",
+                (long long)step, (long long)p->iters, loss, r->lr, norm, r->tokens_per_s, e1, e2);
     }
     const zoff_step_info *si = &r->info;
     if (si->skipped) /* DeepSpeed's "OVERFLOW! Skipping step": every time, not every N steps */
@@ -306,10 +308,12 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, dou
                           int64_t skipped, double val_before, double val_after, const zoff_memory_stats *ms) {
     int64_t steps = in->step - in->start_step;
     double tokens = (double)(in->micro_batch * in->seq_len * in->accumulation * in->world) * (double)steps;
-    char val[96] = "", loss[48] = "", skip[96] = "", ck[4200];
-    if (steps > 0) snprintf(loss, sizeof loss, "; train loss %.4f", last_loss);
+    char val[96] = "", loss[64] = "", skip[96] = "", ck[4200], v1[32], v2[32];
+    if (steps > 0) snprintf(loss, sizeof loss, "; train loss %s (last step)", zoff_format_fixed(last_loss, 4, v1, 32));
     if (skipped) snprintf(skip, sizeof skip, " (%lld of them skipped: inf/NaN gradients)", (long long)skipped);
-    if (!isnan(val_after)) snprintf(val, sizeof val, "; validation loss %.4f -> %.4f", val_before, val_after);
+    if (!isnan(val_after))
+        snprintf(val, sizeof val, "; validation loss %s -> %s", zoff_format_fixed(val_before, 4, v1, sizeof v1),
+                 zoff_format_fixed(val_after, 4, v2, sizeof v2));
     fprintf(stderr, "zoff: trained %lld step%s%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps,
             steps == 1 ? "" : "s", skip, train_time, train_time > 0 ? tokens / train_time : 0.0, loss, val);
     char b1[32], b2[32];
@@ -337,7 +341,9 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                 "nothing to train (give --train-iters above %lld to go on)\n",
                 (long long)in->start_step, (long long)o->train_iters, (long long)in->start_step);
     if ((s = zoff_trainer_evaluate(t, &val_before)) != ZOFF_OK) return fail(s);
-    if (!o->quiet && !isnan(val_before)) fprintf(stderr, "zoff: validation loss before training: %.4f\n", val_before);
+    char vb[32];
+    if (!o->quiet && !isnan(val_before))
+        fprintf(stderr, "zoff: validation loss before training: %s\n", zoff_format_fixed(val_before, 4, vb, sizeof vb));
 
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
@@ -365,7 +371,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
             if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail_run(o, s);
             if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
-                fprintf(stderr, "step %lld validation loss %.4f\n", (long long)in->step, val);
+                fprintf(stderr, "step %lld validation loss %s\n", (long long)in->step, zoff_format_fixed(val, 4, vb, sizeof vb));
             }
         }
     }
