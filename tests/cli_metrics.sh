@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The figures zoff train reports about a run, checked against figures taken outside zoff:
+#   - the summary's tokens/s is the steps' throughput (global batch: micro x accumulation x ranks x
+#     seq), not the training loop's wall time with its validations in it: a run validating 300
+#     batches after every step reports about what a run without validation does, measured by the
+#     shell's clock (before: 1/50 of it);
 #   - small losses and gradient norms keep their digits: a model that learns a corpus of one
 #     repeated byte reaches a loss near 1e-6; the console and metrics.jsonl said 0.0000 / 0.000001.
 # Usage: cli_metrics.sh ZOFF SRCDIR
@@ -9,6 +13,46 @@ W=$(mktemp -d /tmp/zoff-metrics-XXXXXX)
 trap 'rm -rf "$W"' EXIT
 . "$(dirname "$0")/cli_lib.sh"
 if ! command -v "$PY" >/dev/null 2>&1; then echo "cli_metrics: SKIPPED: needs python3"; exit 77; fi
+
+now() { date +%s.%N; }
+
+# ---- throughput over the steps, validations not counted
+byte_corpus "$SRC" "$W"
+cat > "$W/ga.json" <<J
+{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 100,
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 0}}
+J
+TINY=(--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --tokenizer byte
+      --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --config "$W/ga.json" --no-checkpoint)
+t0=$(now)
+"$ZOFF" train "${TINY[@]}" --train-iters 10 --eval-iters 0 --save "$W/plain" >"$W/plain.txt" 2>&1
+rc1=$?
+t1=$(now)
+"$ZOFF" train "${TINY[@]}" --train-iters 10 --eval-iters 300 --eval-interval 1 --save "$W/val" >"$W/val.txt" 2>&1
+rc2=$?
+t2=$(now)
+cat > "$W/tput.py" <<'PY'
+import re, sys
+t0, t1, t2 = map(float, sys.argv[1:4])
+plain_wall, val_wall, path = t1 - t0, t2 - t1, sys.argv[4]
+text = open(path).read()
+m = re.search(r"throughput: ([0-9.]+) tokens/s \(([0-9.]+) samples/s\) over the steps' ([0-9.]+) s", text)
+assert m, "no throughput line:\n" + text
+tps, sps, secs = map(float, m.groups())
+tokens = 10 * 4 * 2 * 32  # steps x micro x accumulation x seq (1 rank)
+# the figure is the run's tokens over the seconds it names (the global batch counted whole)
+assert abs(tps * secs - tokens) <= 0.01 * tokens + tps * 0.0005, (tps, secs, tokens)
+assert abs(sps * 32 - tps) <= 0.01 * tps, (sps, tps)
+# the shell's clock: the run without validation trained at least at tokens / its whole wall time
+outside = tokens / plain_wall
+assert tps >= outside / 4, "summary %.0f tokens/s, the steps alone ran at >= %.0f tokens/s (shell clock)" % (tps, outside)
+v = re.search(r"not counted: validation ([0-9.]+) s", text)
+assert v and float(v.group(1)) >= (val_wall - plain_wall) / 3 and float(v.group(1)) <= val_wall, (v, val_wall, plain_wall)
+print("tokens/s", tps, "outside >=", round(outside), "validation", v.group(1), "s of", round(val_wall - plain_wall, 3))
+PY
+"$PY" "$W/tput.py" "$t0" "$t1" "$t2" "$W/val.txt" >"$W/tput.txt" 2>&1
+check "10 steps validating 300 batches after each: the summary's tokens/s is the steps' (>= 1/4 of a run without validation by the shell's clock), global batch counted, validation time said apart" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q '^tokens/s' '$W/tput.txt'" || { cat "$W/tput.txt"; grep 'zoff: t' "$W/val.txt"; }
 
 # ---- small values keep their significant digits
 "$PY" -c "print('a' * 200000)" > "$W/aaa.txt"

@@ -303,19 +303,42 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
                 si->t_wait_weights, r->step_time);
 }
 
+/* Where the training loop's time went (seconds): the steps (zoff_train_step_result.step_time; the first of
+ * this run also alone), the validations and periodic saves between them; wall: the whole loop. */
+typedef struct loop_times {
+    double wall, steps, first, evals, saves;
+} loop_times;
+
+/* The throughput line: tokens and samples per second over the steps' own time, as DeepSpeed's
+ * ThroughputTimer measures it (not the validations and saves between them), first step included and,
+ * from two steps on, without it (DeepSpeed leaves its first steps out as warm-up). */
+static void print_throughput(const zoff_trainer_info *in, int64_t steps, const loop_times *lt) {
+    const double seqs = (double)(in->micro_batch * in->accumulation * in->world), tokens = seqs * (double)in->seq_len;
+    if (steps <= 0 || !(lt->steps > 0)) return;
+    char rest[96] = "";
+    if (steps > 1 && lt->steps - lt->first > 0)
+        snprintf(rest, sizeof rest, "; without it %.0f tokens/s",
+                 tokens * (double)(steps - 1) / (lt->steps - lt->first));
+    fprintf(stderr,
+            "zoff: throughput: %.0f tokens/s (%.2f samples/s) over the steps' %.3f s (the first step's %.3f s "
+            "included%s); not counted: validation %.2f s, periodic checkpoints %.2f s\n",
+            tokens * (double)steps / lt->steps, seqs * (double)steps / lt->steps, lt->steps, lt->first, rest, lt->evals,
+            lt->saves);
+}
+
 /* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
-static void print_summary(const zoff_trainer_info *in, const char *save_dir, double train_time, double last_loss,
+static void print_summary(const zoff_trainer_info *in, const char *save_dir, const loop_times *lt, double last_loss,
                           int64_t skipped, double val_before, double val_after, const zoff_memory_stats *ms) {
     int64_t steps = in->step - in->start_step;
-    double tokens = (double)(in->micro_batch * in->seq_len * in->accumulation * in->world) * (double)steps;
     char val[96] = "", loss[64] = "", skip[96] = "", ck[4200], v1[32], v2[32];
     if (steps > 0) snprintf(loss, sizeof loss, "; train loss %s (last step)", zoff_format_fixed(last_loss, 4, v1, 32));
     if (skipped) snprintf(skip, sizeof skip, " (%lld of them skipped: inf/NaN gradients)", (long long)skipped);
     if (!isnan(val_after))
         snprintf(val, sizeof val, "; validation loss %s -> %s", zoff_format_fixed(val_before, 4, v1, sizeof v1),
                  zoff_format_fixed(val_after, 4, v2, sizeof v2));
-    fprintf(stderr, "zoff: trained %lld step%s%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps,
-            steps == 1 ? "" : "s", skip, train_time, train_time > 0 ? tokens / train_time : 0.0, loss, val);
+    fprintf(stderr, "zoff: trained %lld step%s%s in %.2f s%s%s\n", (long long)steps, steps == 1 ? "" : "s", skip,
+            lt->wall, loss, val);
+    print_throughput(in, steps, lt);
     char b1[32], b2[32];
     fprintf(stderr, "zoff: peak memory: device %s, pinned host %s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
             zoff_format_bytes(ms->pinned_peak, b2, sizeof b2));
@@ -353,6 +376,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                   .t_start = zoff_now()};
     zoff_train_step_result r = {.loss = NAN};
     int64_t skipped = 0;
+    loop_times lt = {0};
     for (bool stop = false;;) {
         if ((s = zoff_trainer_should_stop(t, &stop)) != ZOFF_OK) return fail(s);
         if (stop || in->step >= o->train_iters) break;
@@ -363,12 +387,17 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
             return 1;
         }
         skipped += r.info.skipped;
+        if (lt.steps == 0) lt.first = r.step_time;
+        lt.steps += r.step_time;
         print_step(&p, in, &r);
+        double mark = zoff_now();
         if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
             return fail_run(o, s);
+        lt.saves += zoff_lap(&mark);
         if (zoff_trainer_eval_due(t)) {
             double val = NAN;
             if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail_run(o, s);
+            lt.evals += zoff_lap(&mark);
             if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
                 fprintf(stderr, "step %lld validation loss %s\n", (long long)in->step, zoff_format_fixed(val, 4, vb, sizeof vb));
@@ -376,7 +405,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         }
     }
     if (p.tty && in->step < o->train_iters) fputc('\n', stderr);
-    double train_time = zoff_now() - p.t_start;
+    lt.wall = zoff_now() - p.t_start;
     if (g_stop && !o->quiet)
         fprintf(stderr, "zoff: signal %d: %s at step %lld\n", (int)g_stop,
                 o->no_checkpoint ? "stopping (--no-checkpoint: no checkpoint)" : "saving a checkpoint",
@@ -401,8 +430,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     if (!o->quiet) {
         zoff_memory_stats ms; /* the peaks: what zoff plan predicts (stage 3 gathers weights on use) */
         zoff_device_memory_stats(zoff_trainer_device(t), &ms);
-        print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, skipped, val_before, val_after,
-                      &ms);
+        print_summary(in, o->no_checkpoint ? NULL : o->save_dir, &lt, r.loss, skipped, val_before, val_after, &ms);
     }
     return 0;
 }
