@@ -304,9 +304,10 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
 }
 
 /* Where the training loop's time went (seconds): the steps (zoff_train_step_result.step_time; the first of
- * this run also alone), the validations and periodic saves between them; wall: the whole loop. */
+ * this run also alone), the validations and periodic saves between them (and how many); wall: the whole loop. */
 typedef struct loop_times {
     double wall, steps, first, evals, saves;
+    int64_t nevals, nsaves;
 } loop_times;
 
 /* The throughput line: tokens and samples per second over the steps' own time, as DeepSpeed's
@@ -315,15 +316,17 @@ typedef struct loop_times {
 static void print_throughput(const zoff_trainer_info *in, int64_t steps, const loop_times *lt) {
     const double seqs = (double)(in->micro_batch * in->accumulation * in->world), tokens = seqs * (double)in->seq_len;
     if (steps <= 0 || !(lt->steps > 0)) return;
-    char rest[96] = "";
+    char rest[96] = "", out[160] = "", v[64] = "", c[64] = "";
     if (steps > 1 && lt->steps - lt->first > 0)
         snprintf(rest, sizeof rest, "; without it %.0f tokens/s",
                  tokens * (double)(steps - 1) / (lt->steps - lt->first));
+    if (lt->nevals) snprintf(v, sizeof v, "%lld validations %.2f s", (long long)lt->nevals, lt->evals);
+    if (lt->nsaves) snprintf(c, sizeof c, "%lld periodic checkpoints %.2f s", (long long)lt->nsaves, lt->saves);
+    if (v[0] || c[0]) snprintf(out, sizeof out, "; not counted: %s%s%s", v, v[0] && c[0] ? ", " : "", c);
     fprintf(stderr,
             "zoff: throughput: %.0f tokens/s (%.2f samples/s) over the steps' %.3f s (the first step's %.3f s "
-            "included%s); not counted: validation %.2f s, periodic checkpoints %.2f s\n",
-            tokens * (double)steps / lt->steps, seqs * (double)steps / lt->steps, lt->steps, lt->first, rest, lt->evals,
-            lt->saves);
+            "included%s)%s\n",
+            tokens * (double)steps / lt->steps, seqs * (double)steps / lt->steps, lt->steps, lt->first, rest, out);
 }
 
 /* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
@@ -391,13 +394,14 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
         lt.steps += r.step_time;
         print_step(&p, in, &r);
         double mark = zoff_now();
-        if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
-            return fail_run(o, s);
-        lt.saves += zoff_lap(&mark);
+        if (zoff_trainer_next_save(t) == in->step) {
+            if ((s = zoff_trainer_save_periodic(t)) != ZOFF_OK) return fail_run(o, s);
+            lt.saves += zoff_lap(&mark), lt.nsaves++;
+        }
         if (zoff_trainer_eval_due(t)) {
             double val = NAN;
             if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail_run(o, s);
-            lt.evals += zoff_lap(&mark);
+            lt.evals += zoff_lap(&mark), lt.nevals++;
             if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
                 fprintf(stderr, "step %lld validation loss %s\n", (long long)in->step, zoff_format_fixed(val, 4, vb, sizeof vb));
