@@ -5,7 +5,9 @@
 #     batches after every step reports about what a run without validation does, measured by the
 #     shell's clock (before: 1/50 of it);
 #   - small losses and gradient norms keep their digits: a model that learns a corpus of one
-#     repeated byte reaches a loss near 1e-6; the console and metrics.jsonl said 0.0000 / 0.000001.
+#     repeated byte reaches a loss near 1e-6; the console and metrics.jsonl said 0.0000 / 0.000001;
+#   - the summary's peak memory has the host's: the process's resident peak, against the kernel's
+#     max RSS of the child (getrusage); before, only device and pinned host memory were named.
 # Usage: cli_metrics.sh ZOFF SRCDIR
 set -u
 ZOFF="$1"; SRC="$2"
@@ -91,6 +93,27 @@ PY
 "$PY" "$W/small.py" "$W/aaa_run.txt" "$W/aaa/metrics.jsonl" >"$W/small.txt" 2>&1
 check "a loss near 1e-6: metrics.jsonl keeps 6 significant digits of loss, grad_norm, val_loss; the console and the summary print them (not 0.0000)" \
   "[ $rc -eq 0 ] && grep -q '^small ok' '$W/small.txt'" || { cat "$W/small.txt"; tail -5 "$W/aaa_run.txt"; }
+
+# ---- host memory: the summary's peak is the process's resident peak, as the kernel counts it for the parent
+cat > "$W/off.json" <<J
+{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}
+J
+cat > "$W/rss.py" <<'PY'
+import re, resource, subprocess, sys
+p = subprocess.run(sys.argv[1:], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+kernel = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the child's peak RSS (bytes)
+m = re.search(r"^zoff: peak memory: .*host resident ([0-9.]+) (B|KiB|MiB|GiB) \(the process's VmHWM\)$", p.stderr, re.M)
+assert p.returncode == 0 and m, p.stderr[-2000:]
+said = float(m.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m.group(2)]
+assert abs(said - kernel) <= 0.03 * kernel + (2 << 20), (said, kernel)
+print("rss ok", said, kernel)
+PY
+"$PY" "$W/rss.py" "$ZOFF" train --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --tokenizer byte \
+  --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 1 --config "$W/off.json" \
+  --train-iters 2 --no-checkpoint --save "$W/off" >"$W/rss.txt" 2>&1
+check "offloaded optimizer: the summary's host resident peak is the kernel's max RSS of the process (within 3% + 2 MiB)" \
+  "grep -q '^rss ok' '$W/rss.txt'" || cat "$W/rss.txt"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "zoff/resources.h"
 #include "zoff/train.h"
 #ifdef ZOFF_HAVE_MPI
 #include <mpi.h>
@@ -342,9 +343,13 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, con
     fprintf(stderr, "zoff: trained %lld step%s%s in %.2f s%s%s\n", (long long)steps, steps == 1 ? "" : "s", skip,
             lt->wall, loss, val);
     print_throughput(in, steps, lt);
-    char b1[32], b2[32];
-    fprintf(stderr, "zoff: peak memory: device %s, pinned host %s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
-            zoff_format_bytes(ms->pinned_peak, b2, sizeof b2));
+    char b1[32], b2[32], b3[32], host[96] = "";
+    zoff_host_memory hm; /* the whole process: pageable optimizer state, data, buffers; on the CPU backend the device's too */
+    if (zoff_host_memory_query(&hm) == ZOFF_OK && hm.resident_peak != SIZE_MAX)
+        snprintf(host, sizeof host, ", host resident %s (%s VmHWM)", zoff_format_bytes(hm.resident_peak, b3, sizeof b3),
+                 in->world > 1 ? "rank 0's" : "the process's");
+    fprintf(stderr, "zoff: peak memory: device %s, pinned host %s%s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
+            zoff_format_bytes(ms->pinned_peak, b2, sizeof b2), host);
     if (!save_dir) {
         fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
         return;
