@@ -4,6 +4,8 @@
 #     seq), not the training loop's wall time with its validations in it: a run validating 300
 #     batches after every step reports about what a run without validation does, measured by the
 #     shell's clock (before: 1/50 of it);
+#   - wall_clock_breakdown's console line in milliseconds (DeepSpeed's unit), each figure the step's in
+#     metrics.jsonl: it was seconds to 4 decimals, a forward of 40 us printed as 0.0000;
 #   - small losses and gradient norms keep their digits: a model that learns a corpus of one
 #     repeated byte reaches a loss near 1e-6; the console and metrics.jsonl said 0.0000 / 0.000001;
 #   - the summary's peak memory has the host's: the process's resident peak, against the kernel's
@@ -55,6 +57,31 @@ PY
 "$PY" "$W/tput.py" "$t0" "$t1" "$t2" "$W/val.txt" >"$W/tput.txt" 2>&1
 check "10 steps validating 300 batches after each: the summary's tokens/s is the steps' (>= 1/4 of a run without validation by the shell's clock), global batch counted, validation time said apart" \
   "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q '^tokens/s' '$W/tput.txt'" || { cat "$W/tput.txt"; grep 'zoff: t' "$W/val.txt"; }
+
+# ---- wall_clock_breakdown on the console: milliseconds, metrics.jsonl's figures of that step
+sed 's/"steps_per_print": 100,/"steps_per_print": 2, "wall_clock_breakdown": true,/' "$W/ga.json" > "$W/bd.json"
+"$ZOFF" train "${TINY[@]/$W\/ga.json/$W/bd.json}" --train-iters 4 --eval-iters 0 --save "$W/bd" >"$W/bd.txt" 2>&1
+rc=$?
+cat > "$W/bd.py" <<'PY'
+import json, re, sys
+out, metrics = open(sys.argv[1]).read(), sys.argv[2]
+steps = {r["step"]: r for r in map(json.loads, open(metrics)) if "loss" in r}
+keys = {"forward": "forward", "backward": "backward", "wait-grads": "wait_grads", "host-step": "host_step",
+        "device-step": "device_step", "wait-weights": "wait_weights", "step": "step_time"}
+lines = re.findall(r"^time \(ms\): (.*)$", out, re.M)
+assert len(lines) == 2, out  # steps 2 and 4 (steps_per_print 2)
+for step, line in zip((2, 4), lines):
+    got = dict(re.findall(r"([a-z-]+) ([0-9.]+)", line))
+    assert set(got) == set(keys), got
+    for name, key in keys.items():
+        ms = 1e3 * steps[step][key]
+        assert abs(float(got[name]) - ms) <= 5e-4 + 1e-3 * ms, (step, name, got[name], ms)
+    assert float(got["forward"]) > 0, line  # tens of microseconds: not 0.0000
+print("breakdown ok")
+PY
+"$PY" "$W/bd.py" "$W/bd.txt" "$W/bd/metrics.jsonl" >"$W/bdcheck.txt" 2>&1
+check "wall_clock_breakdown: the console's 'time (ms):' lines are the step's metrics.jsonl figures in ms (a forward of tens of us is not 0.0000)" \
+  "[ $rc -eq 0 ] && grep -q '^breakdown ok' '$W/bdcheck.txt'" || { cat "$W/bdcheck.txt"; grep time "$W/bd.txt"; }
 
 # ---- small values keep their significant digits
 "$PY" -c "print('a' * 200000)" > "$W/aaa.txt"
