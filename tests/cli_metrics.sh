@@ -127,13 +127,16 @@ cat > "$W/off.json" <<J
  "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}
 J
 cat > "$W/rss.py" <<'PY'
-import re, resource, subprocess, sys
-p = subprocess.run(sys.argv[1:], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+import os, re, resource, subprocess, sys
+asan = os.environ.get("ASAN_OPTIONS", "")  # a sanitizer build: no leak scan growing the process after the summary
+env = dict(os.environ, ASAN_OPTIONS=(asan + ":" if asan else "") + "detect_leaks=0")
+p = subprocess.run(sys.argv[1:], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
 kernel = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the child's peak RSS (bytes)
 m = re.search(r"^zoff: peak memory: .*host resident ([0-9.]+) (B|KiB|MiB|GiB) \(the process's VmHWM\)$", p.stderr, re.M)
 assert p.returncode == 0 and m, p.stderr[-2000:]
 said = float(m.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m.group(2)]
-assert abs(said - kernel) <= 0.03 * kernel + (2 << 20), (said, kernel)
+# the kernel's figure is the peak over the whole life, the summary's a moment before the end: never above it
+assert said <= kernel + (1 << 20) and said >= 0.97 * kernel - (2 << 20), (said, kernel)
 print("rss ok", said, kernel)
 PY
 "$PY" "$W/rss.py" "$ZOFF" train --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --tokenizer byte \
