@@ -344,7 +344,7 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, con
             lt->wall, loss, val);
     print_throughput(in, steps, lt);
     char b1[32], b2[32], b3[32], host[96] = "";
-    zoff_host_memory hm; /* the whole process: pageable optimizer state, data, buffers; on the CPU backend the device's too */
+    zoff_host_memory hm; /* the whole process: pageable optimizer state, data, buffers (CPU backend: the device's) */
     if (zoff_host_memory_query(&hm) == ZOFF_OK && hm.resident_peak != SIZE_MAX)
         snprintf(host, sizeof host, ", host resident %s (%s VmHWM)", zoff_format_bytes(hm.resident_peak, b3, sizeof b3),
                  in->world > 1 ? "rank 0's" : "the process's");
@@ -409,7 +409,8 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
             lt.evals += zoff_lap(&mark), lt.nevals++;
             if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
-                fprintf(stderr, "step %lld validation loss %s\n", (long long)in->step, zoff_format_fixed(val, 4, vb, sizeof vb));
+                fprintf(stderr, "step %lld validation loss %s\n", (long long)in->step,
+                        zoff_format_fixed(val, 4, vb, sizeof vb));
             }
         }
     }
