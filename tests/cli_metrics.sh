@@ -135,14 +135,17 @@ kernel = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the ch
 m = re.search(r"^zoff: peak memory: .*host resident ([0-9.]+) (B|KiB|MiB|GiB) \(the process's VmHWM\)$", p.stderr, re.M)
 assert p.returncode == 0 and m, p.stderr[-2000:]
 said = float(m.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m.group(2)]
-# the kernel's figure is the peak over the whole life, the summary's a moment before the end: never above it
-assert said <= kernel + (1 << 20) and said >= 0.97 * kernel - (2 << 20), (said, kernel)
+# the kernel's figure is the peak over the whole life, the summary's a moment before the end: never above it,
+# and the teardown after it adds nothing (0.2 MiB here) but in an AddressSanitizer build (its shadow of the
+# memory freed: 128 MiB at the summary, 138 MiB at exit)
+slack = 0.15 if os.environ.get("SANITIZED") == "1" else 0.03
+assert said <= kernel + (1 << 20) and said >= (1 - slack) * kernel - (2 << 20), (said, kernel)
 print("rss ok", said, kernel)
 PY
-"$PY" "$W/rss.py" "$ZOFF" train --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --tokenizer byte \
+SANITIZED=$(grep -q __asan_init "$ZOFF" && echo 1 || echo 0) "$PY" "$W/rss.py" "$ZOFF" train --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 32 --tokenizer byte \
   --data-path "$W/corpus_train.bin" --val-path "$W/corpus_val.bin" --eval-iters 1 --config "$W/off.json" \
   --train-iters 2 --no-checkpoint --save "$W/off" >"$W/rss.txt" 2>&1
-check "offloaded optimizer: the summary's host resident peak is the kernel's max RSS of the process (within 3% + 2 MiB)" \
+check "offloaded optimizer: the summary's host resident peak is the kernel's max RSS of the process (within 3% + 2 MiB; ASan 15%)" \
   "grep -q '^rss ok' '$W/rss.txt'" || cat "$W/rss.txt"
 
 echo "$pass passed, $fail failed"
