@@ -103,8 +103,8 @@ check "--eval-iters 0: the summary has no validation loss (no 'nan')" \
 "$ZOFF" train "${TINY[@]}" --train-iters 2 --save "$W/val" >"$W/out.txt" 2>&1
 check "with validation: the summary has 'validation loss A -> B'" \
   "grep -qE 'validation loss [0-9.]+ -> [0-9.]+' '$W/out.txt'"
-check "the summary gives the peak device and pinned memory (what zoff plan predicts)" \
-  "grep -qE '^zoff: peak memory: device [0-9.]+ (B|KiB|MiB|GiB), pinned host [0-9.]+ (B|KiB|MiB|GiB)$' '$W/out.txt'"
+check "the summary gives the peak device and pinned memory (what zoff plan predicts) and the host's resident peak" \
+  "grep -qE '^zoff: peak memory: device [0-9.]+ (B|KiB|MiB|GiB), pinned host [0-9.]+ (B|KiB|MiB|GiB), host resident [0-9.]+ (B|KiB|MiB|GiB) \\(the process.s VmHWM\\)$' '$W/out.txt'"
 check "the log reports the start-up time" "grep -qE '^zoff: start-up [0-9.]+ s' '$W/out.txt'"
 check "metrics.jsonl has a startup_time line before the first step" \
   "head -1 '$W/val/metrics.jsonl' | grep -qE '^\\{\"step\":0,\"startup_time\":[0-9.]+(,\"startup_[a-z_]+\":-?[0-9.]+){8}\\}$'"

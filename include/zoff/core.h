@@ -110,6 +110,10 @@ const char *zoff_format_count(int64_t n, const char *word, char *buf, size_t buf
 /* A model's size for the banners: "1.62M parameters" from a million on, else the count ("8256
  * parameters", "1 parameter"), never "0.0M". Returns buf. */
 const char *zoff_format_params(int64_t n, char *buf, size_t buflen);
+/* A figure that can get small (a loss, a gradient norm) with at least `digits` significant digits:
+ * "%.*f" (digits decimals) from 0.1 up, and 0, inf and nan so; below 0.1 "%.*e" (digits - 1), so that
+ * 0.0000123 is "1.230e-05", not "0.0000" (the console, metrics.jsonl). Returns buf. */
+const char *zoff_format_fixed(double v, int digits, char *buf, size_t buflen);
 
 /* ---- files ---- */
 /* What to do about a failed write's errno, for the end of its message: "; the disk is full: free

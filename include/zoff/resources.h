@@ -40,6 +40,7 @@ typedef struct zoff_host_memory {
     size_t vm_size;        /* VmSize of this process */
     size_t memlock_limit;  /* RLIMIT_MEMLOCK soft limit (ulimit -l); SIZE_MAX = unlimited */
     size_t locked;         /* VmLck of this process */
+    size_t resident_peak;  /* VmHWM of this process: the most of its pages resident at once; SIZE_MAX = unknown */
 } zoff_host_memory;
 
 /* Read the numbers above. Fields that cannot be read are SIZE_MAX (or 0 for usage). */

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "zoff/resources.h"
 #include "zoff/train.h"
 #ifdef ZOFF_HAVE_MPI
 #include <mpi.h>
@@ -279,42 +280,76 @@ static void print_step(const progress *p, const zoff_trainer_info *in, const zof
     char e1[16], e2[16];
     fmt_hms(elapsed, e1, sizeof e1);
     fmt_hms(left, e2, sizeof e2);
+    char loss[32];
+    zoff_format_fixed(r->loss, 4, loss, sizeof loss); /* never "0.0000" for a small loss */
     if (p->tty) {
-        fprintf(stderr, "\rstep %6lld/%lld | loss %7.4f | lr %.2e | %8.0f tok/s | %s elapsed | %s left   ",
-                (long long)step, (long long)p->iters, r->loss, r->lr, r->tokens_per_s, e1, e2);
+        fprintf(stderr, "\rstep %6lld/%lld | loss %9s | lr %.2e | %8.0f tok/s | %s elapsed | %s left   ",
+                (long long)step, (long long)p->iters, loss, r->lr, r->tokens_per_s, e1, e2);
         if (step == p->iters) fputc('\n', stderr);
     } else if (step % p->every == 0 || step == p->iters || done == 1) {
         char norm[32] = "inf/NaN"; /* a skipped step's: not a norm (printf's "-nan"; metrics.jsonl: null) */
-        if (isfinite(r->info.grad_norm)) snprintf(norm, sizeof norm, "%.3f", r->info.grad_norm);
-        fprintf(stderr, "step %lld/%lld loss %.4f lr %.3e grad_norm %s tok/s %.0f elapsed %s left %s\n",
-                (long long)step, (long long)p->iters, r->loss, r->lr, norm, r->tokens_per_s, e1, e2);
+        if (isfinite(r->info.grad_norm)) zoff_format_fixed(r->info.grad_norm, 3, norm, sizeof norm);
+        fprintf(stderr, "step %lld/%lld loss %s lr %.3e grad_norm %s tok/s %.0f elapsed %s left %s\n",
+                (long long)step, (long long)p->iters, loss, r->lr, norm, r->tokens_per_s, e1, e2);
     }
     const zoff_step_info *si = &r->info;
     if (si->skipped) /* DeepSpeed's "OVERFLOW! Skipping step": every time, not every N steps */
         fprintf(stderr, "%sstep %lld: inf/NaN gradients at loss scale %.17g: update skipped\n", p->tty ? "\n" : "",
                 (long long)step, si->loss_scale);
-    if (p->breakdown && step % p->every == 0)
+    if (p->breakdown && step % p->every == 0) /* in ms, as DeepSpeed's and the monitors' timers (0.0000 s hid 40 us) */
         fprintf(stderr,
-                "%stime (s): forward %.4f backward %.4f wait-grads %.4f host-step %.4f device-step %.4f "
-                "wait-weights %.4f step %.4f\n",
-                p->tty ? "\n" : "", r->t_forward, r->t_backward, si->t_wait_grads, si->t_host, si->t_device,
-                si->t_wait_weights, r->step_time);
+                "%stime (ms): forward %.3f backward %.3f wait-grads %.3f host-step %.3f device-step %.3f "
+                "wait-weights %.3f step %.3f\n",
+                p->tty ? "\n" : "", 1e3 * r->t_forward, 1e3 * r->t_backward, 1e3 * si->t_wait_grads, 1e3 * si->t_host,
+                1e3 * si->t_device, 1e3 * si->t_wait_weights, 1e3 * r->step_time);
+}
+
+/* Where the training loop's time went (seconds): the steps (zoff_train_step_result.step_time; the first of
+ * this run also alone), the validations and periodic saves between them (and how many); wall: the whole loop. */
+typedef struct loop_times {
+    double wall, steps, first, evals, saves;
+    int64_t nevals, nsaves;
+} loop_times;
+
+/* The throughput line: tokens and samples per second over the steps' own time, as DeepSpeed's
+ * ThroughputTimer measures it (not the validations and saves between them), first step included and,
+ * from two steps on, without it (DeepSpeed leaves its first steps out as warm-up). */
+static void print_throughput(const zoff_trainer_info *in, int64_t steps, const loop_times *lt) {
+    const double seqs = (double)(in->micro_batch * in->accumulation * in->world), tokens = seqs * (double)in->seq_len;
+    if (steps <= 0 || !(lt->steps > 0)) return;
+    char rest[96] = "", out[160] = "", v[64] = "", c[64] = "";
+    if (steps > 1 && lt->steps - lt->first > 0)
+        snprintf(rest, sizeof rest, "; without it %.0f tokens/s",
+                 tokens * (double)(steps - 1) / (lt->steps - lt->first));
+    if (lt->nevals) snprintf(v, sizeof v, "%lld validations %.2f s", (long long)lt->nevals, lt->evals);
+    if (lt->nsaves) snprintf(c, sizeof c, "%lld periodic checkpoints %.2f s", (long long)lt->nsaves, lt->saves);
+    if (v[0] || c[0]) snprintf(out, sizeof out, "; not counted: %s%s%s", v, v[0] && c[0] ? ", " : "", c);
+    fprintf(stderr,
+            "zoff: throughput: %.0f tokens/s (%.2f samples/s) over the steps' %.3f s (the first step's %.3f s "
+            "included%s)%s\n",
+            tokens * (double)steps / lt->steps, seqs * (double)steps / lt->steps, lt->steps, lt->first, rest, out);
 }
 
 /* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
-static void print_summary(const zoff_trainer_info *in, const char *save_dir, double train_time, double last_loss,
+static void print_summary(const zoff_trainer_info *in, const char *save_dir, const loop_times *lt, double last_loss,
                           int64_t skipped, double val_before, double val_after, const zoff_memory_stats *ms) {
     int64_t steps = in->step - in->start_step;
-    double tokens = (double)(in->micro_batch * in->seq_len * in->accumulation * in->world) * (double)steps;
-    char val[96] = "", loss[48] = "", skip[96] = "", ck[4200];
-    if (steps > 0) snprintf(loss, sizeof loss, "; train loss %.4f", last_loss);
+    char val[96] = "", loss[64] = "", skip[96] = "", ck[4200], v1[32], v2[32];
+    if (steps > 0) snprintf(loss, sizeof loss, "; train loss %s (last step)", zoff_format_fixed(last_loss, 4, v1, 32));
     if (skipped) snprintf(skip, sizeof skip, " (%lld of them skipped: inf/NaN gradients)", (long long)skipped);
-    if (!isnan(val_after)) snprintf(val, sizeof val, "; validation loss %.4f -> %.4f", val_before, val_after);
-    fprintf(stderr, "zoff: trained %lld step%s%s in %.1f s (%.0f tokens/s)%s%s\n", (long long)steps,
-            steps == 1 ? "" : "s", skip, train_time, train_time > 0 ? tokens / train_time : 0.0, loss, val);
-    char b1[32], b2[32];
-    fprintf(stderr, "zoff: peak memory: device %s, pinned host %s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
-            zoff_format_bytes(ms->pinned_peak, b2, sizeof b2));
+    if (!isnan(val_after))
+        snprintf(val, sizeof val, "; validation loss %s -> %s", zoff_format_fixed(val_before, 4, v1, sizeof v1),
+                 zoff_format_fixed(val_after, 4, v2, sizeof v2));
+    fprintf(stderr, "zoff: trained %lld step%s%s in %.2f s%s%s\n", (long long)steps, steps == 1 ? "" : "s", skip,
+            lt->wall, loss, val);
+    print_throughput(in, steps, lt);
+    char b1[32], b2[32], b3[32], host[96] = "";
+    zoff_host_memory hm; /* the whole process: pageable optimizer state, data, buffers (CPU backend: the device's) */
+    if (zoff_host_memory_query(&hm) == ZOFF_OK && hm.resident_peak != SIZE_MAX)
+        snprintf(host, sizeof host, ", host resident %s (%s VmHWM)", zoff_format_bytes(hm.resident_peak, b3, sizeof b3),
+                 in->world > 1 ? "rank 0's" : "the process's");
+    fprintf(stderr, "zoff: peak memory: device %s, pinned host %s%s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
+            zoff_format_bytes(ms->pinned_peak, b2, sizeof b2), host);
     if (!save_dir) {
         fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
         return;
@@ -337,7 +372,9 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                 "nothing to train (give --train-iters above %lld to go on)\n",
                 (long long)in->start_step, (long long)o->train_iters, (long long)in->start_step);
     if ((s = zoff_trainer_evaluate(t, &val_before)) != ZOFF_OK) return fail(s);
-    if (!o->quiet && !isnan(val_before)) fprintf(stderr, "zoff: validation loss before training: %.4f\n", val_before);
+    char vb[32];
+    if (!o->quiet && !isnan(val_before))
+        fprintf(stderr, "zoff: validation loss before training: %s\n", zoff_format_fixed(val_before, 4, vb, sizeof vb));
 
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
@@ -347,6 +384,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
                   .t_start = zoff_now()};
     zoff_train_step_result r = {.loss = NAN};
     int64_t skipped = 0;
+    loop_times lt = {0};
     for (bool stop = false;;) {
         if ((s = zoff_trainer_should_stop(t, &stop)) != ZOFF_OK) return fail(s);
         if (stop || in->step >= o->train_iters) break;
@@ -357,20 +395,27 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
             return 1;
         }
         skipped += r.info.skipped;
+        if (lt.steps == 0) lt.first = r.step_time;
+        lt.steps += r.step_time;
         print_step(&p, in, &r);
-        if (zoff_trainer_next_save(t) == in->step && (s = zoff_trainer_save_periodic(t)) != ZOFF_OK)
-            return fail_run(o, s);
+        double mark = zoff_now();
+        if (zoff_trainer_next_save(t) == in->step) {
+            if ((s = zoff_trainer_save_periodic(t)) != ZOFF_OK) return fail_run(o, s);
+            lt.saves += zoff_lap(&mark), lt.nsaves++;
+        }
         if (zoff_trainer_eval_due(t)) {
             double val = NAN;
             if ((s = zoff_trainer_evaluate(t, &val)) != ZOFF_OK) return fail_run(o, s);
+            lt.evals += zoff_lap(&mark), lt.nevals++;
             if (!o->quiet && !isnan(val)) { /* NAN: a signal stopped it; the loop stops next */
                 if (p.tty) fputc('\n', stderr); /* below the progress line it would overwrite */
-                fprintf(stderr, "step %lld validation loss %.4f\n", (long long)in->step, val);
+                fprintf(stderr, "step %lld validation loss %s\n", (long long)in->step,
+                        zoff_format_fixed(val, 4, vb, sizeof vb));
             }
         }
     }
     if (p.tty && in->step < o->train_iters) fputc('\n', stderr);
-    double train_time = zoff_now() - p.t_start;
+    lt.wall = zoff_now() - p.t_start;
     if (g_stop && !o->quiet)
         fprintf(stderr, "zoff: signal %d: %s at step %lld\n", (int)g_stop,
                 o->no_checkpoint ? "stopping (--no-checkpoint: no checkpoint)" : "saving a checkpoint",
@@ -395,8 +440,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     if (!o->quiet) {
         zoff_memory_stats ms; /* the peaks: what zoff plan predicts (stage 3 gathers weights on use) */
         zoff_device_memory_stats(zoff_trainer_device(t), &ms);
-        print_summary(in, o->no_checkpoint ? NULL : o->save_dir, train_time, r.loss, skipped, val_before, val_after,
-                      &ms);
+        print_summary(in, o->no_checkpoint ? NULL : o->save_dir, &lt, r.loss, skipped, val_before, val_after, &ms);
     }
     return 0;
 }

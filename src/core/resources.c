@@ -128,6 +128,7 @@ zoff_status zoff_host_memory_query(zoff_host_memory *m) {
     if (m->vm_size == SIZE_MAX) m->vm_size = 0;
     m->locked = proc_kb("/proc/self/status", "VmLck");
     if (m->locked == SIZE_MAX) m->locked = 0;
+    m->resident_peak = proc_kb("/proc/self/status", "VmHWM");
     return ZOFF_OK;
 }
 

@@ -115,6 +115,12 @@ const char *zoff_format_params(int64_t n, char *buf, size_t buflen) {
     return buf;
 }
 
+const char *zoff_format_fixed(double v, int digits, char *buf, size_t buflen) {
+    if (v == 0 || !isfinite(v) || fabs(v) >= 0.1) snprintf(buf, buflen, "%.*f", digits, v);
+    else snprintf(buf, buflen, "%.*e", digits - 1, v);
+    return buf;
+}
+
 float zoff_bf16_to_f32(uint16_t h) { return zoff_half_bf16_to_f32(h); }
 
 uint16_t zoff_f32_to_bf16(float f) { return zoff_half_f32_to_bf16(f); }

@@ -297,16 +297,17 @@ static zoff_status write_step_metrics(zoff_trainer *t, const zoff_train_step_res
     const zoff_step_info *si = &r->info;
     double other = fmax(0.0, r->step_time - r->t_forward - r->t_backward - si->t_wait_grads - si->t_host -
                                  si->t_device - si->t_wait_weights - r->t_ckpt_wait);
-    char mom[48] = ""; /* the momentum, where the schedule moves it */
+    char mom[48] = "", loss[32], norm[32]; /* the momentum, where the schedule moves it */
     if (zoff_schedule_cycles_betas(&t->cfg.scheduler, &t->cfg.optimizer))
         snprintf(mom, sizeof mom, ",\"beta1\":%.6f", r->beta1);
     zoff_status s = trainer_metrics_line(
         t,
-        "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6e%s,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
+        "{\"step\":%lld,\"loss\":%s,\"lr\":%.6e%s,\"grad_norm\":%s,\"tokens_per_s\":%.1f,\"step_time\":%.6f,"
         "\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,\"device_step\":%.6f,"
         "\"wait_weights\":%.6f,\"other\":%.6f,\"loss_scale\":%.17g,\"skipped\":%s,\"rollbacks\":%lld,\"ckpt_wait\":%.6f,"
         "\"clock\":%.6f}\n",
-        (long long)r->step, (float)r->loss, r->lr, mom, si->grad_norm, r->tokens_per_s, r->step_time, r->t_forward,
+        (long long)r->step, zoff_format_fixed((float)r->loss, 6, loss, sizeof loss), r->lr, mom,
+        zoff_format_fixed(si->grad_norm, 6, norm, sizeof norm), r->tokens_per_s, r->step_time, r->t_forward,
         r->t_backward, si->t_wait_grads, si->t_host, si->t_device, si->t_wait_weights, other, si->loss_scale,
         si->skipped ? "true" : "false", (long long)si->rollbacks, r->t_ckpt_wait, zoff_now());
     if (s == ZOFF_OK) s = monitor_step(t, r);
@@ -420,7 +421,9 @@ zoff_status zoff_trainer_evaluate(zoff_trainer *t, double *out) {
     if (t->o.stop) ZOFF_TRY(zoff_trainer_should_stop(t, &stopped));
     if (stopped) return ZOFF_OK; /* interrupted: no figure (NAN) */
     *out = sum / (double)n;
-    ZOFF_TRY(trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%.6f}\n", (long long)t->info.step, *out));
+    char v[32];
+    ZOFF_TRY(trainer_metrics_line(t, "{\"step\":%lld,\"val_loss\":%s}\n", (long long)t->info.step,
+                                  zoff_format_fixed(*out, 6, v, sizeof v)));
     return trainer_monitor_event(t->monitor, "Eval/Samples/val_loss", *out, samples_at(t, t->info.step));
 }
 
