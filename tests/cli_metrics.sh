@@ -92,7 +92,7 @@ cat > "$W/a.json" <<J
 J
 "$ZOFF" train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte \
   --data-path "$W/aaa_train.bin" --val-path "$W/aaa_val.bin" --eval-iters 2 --config "$W/a.json" \
-  --train-iters 60 --no-checkpoint --save "$W/aaa" >"$W/aaa_run.txt" 2>&1
+  --train-iters 60 --save "$W/aaa" >"$W/aaa_run.txt" 2>&1
 rc=$?
 cat > "$W/small.py" <<'PY'
 import json, re, sys
@@ -120,6 +120,22 @@ PY
 "$PY" "$W/small.py" "$W/aaa_run.txt" "$W/aaa/metrics.jsonl" >"$W/small.txt" 2>&1
 check "a loss near 1e-6: metrics.jsonl keeps 6 significant digits of loss, grad_norm, val_loss; the console and the summary print them (not 0.0000)" \
   "[ $rc -eq 0 ] && grep -q '^small ok' '$W/small.txt'" || { cat "$W/small.txt"; tail -5 "$W/aaa_run.txt"; }
+
+# zoff eval of that model: the same rule (its --json loss was "%.6f": 0.000001; its line "loss 0.0000")
+"$ZOFF" eval --load "$W/aaa" --data-path "$W/aaa_val.bin" --json >"$W/aaa_eval.json" 2>/dev/null
+"$ZOFF" eval --load "$W/aaa" --data-path "$W/aaa_val.bin" >"$W/aaa_eval.txt" 2>/dev/null
+"$PY" - "$W/aaa_eval.json" "$W/aaa_eval.txt" >"$W/evsmall.txt" 2>&1 <<'PY'
+import json, re, sys
+t = re.search(r'"loss":([^,}]*)', open(sys.argv[1]).read()).group(1)
+x = float(t)
+assert 0 < x < 1e-3, (t, "not a small loss: the check would prove nothing")
+assert len(re.match(r"-?([0-9.]+)", t).group(1).replace(".", "").lstrip("0")) >= 6, (t, "fewer than 6 significant digits")
+line = re.search(r"zoff eval: loss (\S+),", open(sys.argv[2]).read()).group(1)
+assert abs(float(line) - x) <= 1e-2 * x, (line, t)
+print("eval small ok", t, line)
+PY
+check "zoff eval of that model: --json's loss keeps 6 significant digits, the line's 4 (not 0.000001 / 0.0000)" \
+  "grep -q '^eval small ok' '$W/evsmall.txt'" || cat "$W/evsmall.txt"
 
 # ---- host memory: the summary's peak is the process's resident peak, as the kernel counts it for the parent
 cat > "$W/off.json" <<J

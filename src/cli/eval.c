@@ -149,14 +149,17 @@ int zoff_cmd_eval(int argc, char **argv) {
         const int64_t left = windows - nb * B;
         char ppl[40] = "null"; /* exp(loss) past a double (a loss over 709): JSON has no inf */
         if (isfinite(exp(loss))) snprintf(ppl, sizeof ppl, "%.6f", exp(loss));
+        char lj[40], lt[40]; /* a small loss keeps its digits: never 0.000001 / 0.0000 */
+        zoff_format_fixed(loss, 6, lj, sizeof lj);
+        zoff_format_fixed(loss, 4, lt, sizeof lt);
         if (json)
-            printf("{\"loss\":%.6f,\"perplexity\":%s,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
+            printf("{\"loss\":%s,\"perplexity\":%s,\"tokens\":%.0f,\"windows\":%lld,\"windows_left_out\":%lld,"
                    "\"seq_len\":%lld,\"batch\":%lld,\"seconds\":%.3f}\n",
-                   loss, ppl, tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
+                   lj, ppl, tokens, (long long)(nb * B), (long long)left, (long long)T, (long long)B, secs);
         else {
             char nw[32];
-            printf("zoff eval: loss %.4f, perplexity %.3f over %.0f tokens (%s of %lld + 1 tokens%s%s) in %.1f s\n",
-                   loss, exp(loss), tokens, zoff_format_count(nb * B, "window", nw, sizeof nw), (long long)T,
+            printf("zoff eval: loss %s, perplexity %.3f over %.0f tokens (%s of %lld + 1 tokens%s%s) in %.1f s\n",
+                   lt, exp(loss), tokens, zoff_format_count(nb * B, "window", nw, sizeof nw), (long long)T,
                    left > 0 ? "; the last windows left out: " : "", left > 0 ? (max_batches ? "--max-batches" : "fewer than a batch") : "",
                    secs);
         }
