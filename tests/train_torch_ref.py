@@ -8,13 +8,15 @@
         windows in all reads every window once, whatever zoff's shuffled order: the step's
         mean loss and gradient do not depend on which window lands in which micro-batch.
 
-    train_torch_ref.py check DIR NAME:CONFIG:RUN:EXPORT[:TOL] ...
+    train_torch_ref.py check DIR NAME:CONFIG:RUN:EXPORT[:TOL[:RANKS]] ...
         For each run: trains the reference from DIR/init.safetensors on DIR/train.bin as the
         DeepSpeed config CONFIG says (micro-batch, accumulation, optimizer, scheduler,
         gradient_clipping), for as many steps as RUN/metrics.jsonl has, and compares every
         step's loss, lr and grad_norm with zoff's metrics.jsonl and the final weights with
         EXPORT (zoff export of the run's last checkpoint, f32). TOL: fp32 (default) or 16bit
-        (bf16/fp16 runs, only expected to be close to float64), the tolerances in TOLS.
+        (bf16/fp16 runs, only expected to be close to float64), the tolerances in TOLS. RANKS: the
+        run's number of data-parallel ranks N (default 1): the step's batch is N x micro-batch x
+        accumulation windows (DeepSpeed's train_batch_size), the shard one step's worth of them.
 
 The reference is written here in plain PyTorch (nn.Linear, nn.LayerNorm, F.gelu tanh,
 explicit causal attention, F.cross_entropy, torch.optim.AdamW / Adam,
@@ -33,6 +35,12 @@ implements is DeepSpeed's documented behaviour, written independently:
   scheduler.step() (DeepSpeed steps the scheduler after the optimizer; a fresh
   scheduler's last_batch_iteration is -1), as deepspeed/runtime/lr_schedules.py computes it
   (OneCycle: also the betas, (momentum, 0.99));
+- fp16 with dynamic loss scaling: a step whose gradients overflow is skipped (no update, the
+  schedule does not advance: DeepSpeed's engine steps its scheduler only after an update). Which
+  steps overflow depends on fp16 rounding a float64 loop does not have, so the reference skips the
+  steps zoff's metrics.jsonl marks skipped (fp16 runs only; any other run's skip is a failure) and
+  still compares their loss; with N ranks every rank's metrics must record the same steps, losses,
+  norms and loss scales (metrics_rank_R.jsonl);
 - zero_optimization.zoff_delayed_param_update (a zoff extension, no DeepSpeed counterpart), as
   docs/config.md says: after zoff_delayed_param_update_warmup exact steps, the forward and
   backward of step s + 1 use the weights of update s - 1, and each update applies to the newest.
@@ -314,14 +322,16 @@ class Lion:
                     m.mul_(self.b2).add_(p.grad, alpha=1 - self.b2)
 
 
-def reference(d, cfg, steps, T):
+def reference(d, cfg, steps, T, ranks=1, skipped=()):
     P = strip_names(read_safetensors(os.path.join(d, "init.safetensors"))[0])
     L, C, maxT, V = shape_of(P)
     NH = int(read_safetensors(os.path.join(d, "init.safetensors"))[1]["zoff.num_heads"])
     model = GPT2(L, C, NH, maxT, V)
     model.load_hf(P)
     win = read_windows(os.path.join(d, "train.bin"), T)
-    mb = cfg["train_micro_batch_size_per_gpu"]
+    # N ranks at micro-batch m: a micro-batch of the step is N x m windows (rank r reads m of them); the
+    # step's gradient is the mean over all its windows, whichever rank reads which
+    mb = cfg["train_micro_batch_size_per_gpu"] * ranks
     ga = cfg.get("gradient_accumulation_steps", 1)
     assert mb * ga == len(win), f"the shard must hold one step's windows: {len(win)} != {mb} x {ga}"
     clip = cfg.get("gradient_clipping", 1.0)
@@ -333,7 +343,10 @@ def reference(d, cfg, steps, T):
     params = list(model.parameters())
     prev = [p.detach().clone() for p in params]  # the weights before the last update
     rows = []
-    for s in range(1, steps + 1):
+    taken = 0  # optimizer steps taken: a skipped step does not advance the schedule (DeepSpeed's fp16)
+    for step in range(1, steps + 1):
+        skip = step <= len(skipped) and skipped[step - 1]
+        s = taken + 1
         lr = ds_lr(cfg.get("scheduler"), base_lr, s)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -361,6 +374,10 @@ def reference(d, cfg, steps, T):
                 for p, q in zip(params, now):
                     p.copy_(q)
         prev = now
+        if skip:  # fp16 overflow: no update (the forward's loss is still the step's)
+            rows.append({"loss": loss, "lr": lr, "grad_norm": None, "clipped": False, "skipped": True})
+            continue
+        taken += 1
         norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in model.parameters()))
         if clip > 0:
             nn.utils.clip_grad_norm_(list(model.parameters()), clip)
@@ -383,14 +400,32 @@ def check(d, specs):
     for spec in specs:
         parts = spec.split(":")
         name, cfg_path, run, export = parts[:4]
-        tol = TOLS[parts[4] if len(parts) > 4 else "fp32"]
+        tol = TOLS[parts[4] if len(parts) > 4 and parts[4] else "fp32"]
+        ranks = int(parts[5]) if len(parts) > 5 else 1
         cfg = json.load(open(cfg_path))
+        if not os.path.exists(os.path.join(run, "metrics.jsonl")) or not os.path.exists(export):
+            print(f"FAIL: {name}: the run left no metrics.jsonl or no export")
+            fails += 1
+            continue
         got = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in x and '"step"' in x]
-        ref, W = reference(d, cfg, len(got), T)
+        # fp16 overflow skips a step (a float64 reference cannot tell which): the reference skips the
+        # steps zoff skipped, as DeepSpeed does (no update, the schedule does not advance); only fp16
+        # runs may skip, and every rank's metrics must record the same steps skipped (checked below)
+        fp16 = cfg.get("fp16", {}).get("enabled", False)
+        skipped = [bool(a.get("skipped")) and fp16 for a in got]
+        ref, W = reference(d, cfg, len(got), T, ranks, skipped)
         bad = [] if got else ["no steps in metrics.jsonl"]
+        for r in range(1, ranks):  # rank r's own metrics file: the same decisions, step by step
+            mr = os.path.join(run, f"metrics_rank_{r:05d}.jsonl")
+            other = [json.loads(x) for x in open(mr) if '"loss"' in x] if os.path.exists(mr) else []
+            keys = ("step", "loss", "grad_norm", "loss_scale", "skipped")
+            if [[a.get(k) for k in keys] for a in other] != [[a.get(k) for k in keys] for a in got]:
+                bad.append(f"rank {r}'s metrics (step, loss, grad_norm, loss_scale, skipped) differ from rank 0's")
         worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
         for s, (a, b) in enumerate(zip(got, ref), 1):
             for key in worst:
+                if key == "grad_norm" and b.get("skipped"):  # both skipped: no norm
+                    continue
                 if a.get(key) is None:  # a skipped (overflowed) step: the reference has none
                     bad.append(f"step {s} {key}: zoff {a.get(key)} (skipped: {a.get('skipped')})")
                     continue
@@ -410,7 +445,8 @@ def check(d, specs):
         if not werr <= tol["weights"]:
             bad.append(f"final weights: {wname} differs from the reference by {werr:.3g} of its change in training "
                        f"(tolerance {tol['weights']:g})")
-        print(f"{name}: {len(got)} steps, clipped: {''.join('y' if r['clipped'] else 'n' for r in ref)}; worst rel "
+        print(f"{name}: {len(got)} steps, clipped: {''.join('y' if r['clipped'] else 'n' for r in ref)}"
+              f"{', skipped: ' + ''.join('y' if k else 'n' for k in skipped) if any(skipped) else ''}; worst rel "
               f"err loss {worst['loss']:.2g}, lr {worst['lr']:.2g}, grad_norm {worst['grad_norm']:.2g}; final "
               f"weights {werr:.2g} ({wname}); reference losses " + " ".join(f"{r['loss']:.4f}" for r in ref))
         for b in bad:
