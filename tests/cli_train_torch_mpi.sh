@@ -34,10 +34,13 @@ MPIOPTS=(--allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
          --mca btl_vader_single_copy_mechanism none -x ZOFF_THREADS=1 -x OMP_NUM_THREADS=1
          -x OMP_WAIT_POLICY=passive -x ZOFF_COMM_TIMEOUT=120 -x ASAN_OPTIONS)
 
-# one step = N ranks x micro-batch 2 x accumulation 2 windows: 8 for 2 ranks, 12 for 3
+# one step = N ranks x micro-batch 2 x accumulation 2 windows: 8 for 2 ranks, 12 for 3; validation:
+# --eval-iters N + 1 batches of the micro-batch (not a multiple of N: some ranks run a batch again and do
+# not count it, docs/multinode.md), val.bin exactly their windows, before training and every 2 steps
 for n in 2 3; do
   mkdir -p "$W/n$n"
-  "$PY" "$REF" setup "$W/n$n" --layers 2 --hidden 32 --heads 2 --seq 8 --windows $((n * 2 * 2))
+  "$PY" "$REF" setup "$W/n$n" --layers 2 --hidden 32 --heads 2 --seq 8 --windows $((n * 2 * 2)) \
+    --val-windows $(((n + 1) * 2))
 done
 check "the reference wrote the initial weights and one step's token windows for 2 and 3 ranks" \
   "[ \$(stat -c %s '$W/n2/train.bin') -eq \$((1024 + 2 * (8 * 8 + 1))) ] && [ \$(stat -c %s '$W/n3/train.bin') -eq \$((1024 + 2 * (12 * 8 + 1))) ]"
@@ -90,7 +93,7 @@ while IFS='|' read -r name n tol cfg flags; do
   # shellcheck disable=SC2086
   timeout 300 mpirun "${MPIOPTS[@]}" -np "$n" "$ZOFF" train --init-from "$D/init.safetensors" \
     --num-attention-heads 2 --seq-length 8 --tokenizer byte --data-path "$D/train.bin" --val-path "$D/val.bin" \
-    --eval-iters 0 --config "$W/$name.json" --train-iters $STEPS --save "$W/$name" --device cpu --quiet $flags \
+    --eval-iters $((n + 1)) --eval-interval 2 --config "$W/$name.json" --train-iters $STEPS --save "$W/$name" --device cpu --quiet $flags \
     </dev/null >"$W/$name.log" 2>&1
   rc=$?
   "$ZOFF" export --load "$W/$name" --output "$W/$name.safetensors" --quiet >>"$W/$name.log" 2>&1
@@ -99,6 +102,29 @@ while IFS='|' read -r name n tol cfg flags; do
     || tail -20 "$W/$name.log"
   specs+=("$D:$name:$W/$name.json:$W/$name:$W/$name.safetensors:$tol:$n")
 done <<< "$RUNS"
+
+# The number of ranks changes on resume (docs/multinode.md, Checkpoints): 3 steps on 2 ranks at
+# micro-batch 2, then to step 6 on 1 rank without --config (train_batch_size 8 kept: accumulation
+# 2 -> 4); 3 steps on 1 rank at micro-batch 4, then on 2 ranks (accumulation 2 -> 1). Both are the
+# reference's 6 steps of the global batch of 8 (its config: one rank at micro-batch 4).
+D="$W/n2"; ONE="$W/resume_one.json"
+sed 's/"train_micro_batch_size_per_gpu": 2/"train_micro_batch_size_per_gpu": 4/' "$W/stage2_cpu_rr.json" > "$ONE"
+RS=(--data-path "$D/train.bin" --val-path "$D/val.bin" --eval-iters 0 --device cpu --quiet)
+INIT=(--init-from "$D/init.safetensors" --num-attention-heads 2 --seq-length 8 --tokenizer byte)
+for r in "2 1" "1 2"; do
+  read -r from to <<< "$r"; name=resume_${from}to$to; cfg="$W/stage2_cpu_rr.json"; [ "$from" = 1 ] && cfg="$ONE"
+  timeout 300 mpirun "${MPIOPTS[@]}" -np "$from" "$ZOFF" train "${INIT[@]}" "${RS[@]}" --config "$cfg" \
+    --train-iters 3 --save "$W/$name" </dev/null >"$W/$name.log" 2>&1
+  rc1=$?
+  timeout 300 mpirun "${MPIOPTS[@]}" -np "$to" "$ZOFF" train "${RS[@]}" --train-iters $STEPS --save "$W/$name" \
+    --load "$W/$name" </dev/null >>"$W/$name.log" 2>&1
+  rc=$?
+  "$ZOFF" export --load "$W/$name" --output "$W/$name.safetensors" --quiet >>"$W/$name.log" 2>&1
+  check "$name: 3 steps on $from rank(s), resumed to $STEPS on $to (exit $rc1, $rc)" \
+    "[ $rc1 -eq 0 ] && [ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' '$W/$name/metrics.jsonl') -eq $STEPS ]" \
+    || tail -20 "$W/$name.log"
+  specs+=("$D:$name:$ONE:$W/$name:$W/$name.safetensors:fp32:1")
+done
 
 for n in 2 3; do
   sel=()
@@ -113,6 +139,8 @@ for s in "${specs[@]}"; do
 done
 check "clipping (of the global norm) is active on some steps of stage0 and not on others" \
   "grep -q '^stage0: .*clipped: [yn]*yn' '$W/ref.txt'"
+check "val_loss before training and after steps 2, 4 and 6 is the reference's (2 and 3 ranks, stages 0 and 3)" \
+  "[ \$(grep -c '^\(stage0\|stage0_3r\|stage3\|stage3_3r\): .*val_loss [^ ]* (4)' '$W/ref.txt') -eq 4 ]"
 for name in fp16_skip fp16_skip_s0 fp16_skip_3r; do
   check "$name: fp16 overflow skips some steps (on every rank) and not others" \
     "grep -q '^$name: .*skipped: [yn]*y' '$W/ref.txt' && grep -q '^$name: .*skipped: [yn]*n' '$W/ref.txt'"

@@ -1,18 +1,22 @@
 #!/usr/bin/python3
 """zoff train against an independent float64 PyTorch training loop (tests/cli_train_torch.sh).
 
-    train_torch_ref.py setup DIR --layers L --hidden C --heads NH --seq T --windows N
+    train_torch_ref.py setup DIR --layers L --hidden C --heads NH --seq T --windows N [--val-windows V]
         DIR/init.safetensors: a random GPT-2 in Hugging Face's layout (float32, for
         zoff train --init-from); DIR/train.bin: a token shard (llm.c format, byte tokenizer)
         of exactly N windows of T + 1 tokens, so that a step whose micro-batches take N
         windows in all reads every window once, whatever zoff's shuffled order: the step's
         mean loss and gradient do not depend on which window lands in which micro-batch.
+        DIR/val.bin: the first V windows (default 2) of the same stream.
 
     train_torch_ref.py check DIR NAME:CONFIG:RUN:EXPORT[:TOL[:RANKS]] ...
         For each run: trains the reference from DIR/init.safetensors on DIR/train.bin as the
         DeepSpeed config CONFIG says (micro-batch, accumulation, optimizer, scheduler,
         gradient_clipping), for as many steps as RUN/metrics.jsonl has, and compares every
-        step's loss, lr and grad_norm with zoff's metrics.jsonl and the final weights with
+        step's loss, lr and grad_norm with zoff's metrics.jsonl (and each val_loss line with the
+        mean loss over all of DIR/val.bin's windows at the reference's weights after that step:
+        --eval-iters x micro-batch must be V, so that every evaluation reads each window once)
+        and the final weights with
         EXPORT (zoff export of the run's last checkpoint, f32). TOL: fp32 (default) or 16bit
         (bf16/fp16 runs, only expected to be close to float64), the tolerances in TOLS. RANKS: the
         run's number of data-parallel ranks N (default 1): the step's batch is N x micro-batch x
@@ -221,7 +225,7 @@ def write_shard(path, tokens):
         f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
-def setup(d, L, C, NH, T, N):
+def setup(d, L, C, NH, T, N, NV=2):
     g = torch.Generator().manual_seed(20261129)
     out = []
     for name, shape in hf_shapes(L, C, T, 256).items():
@@ -238,7 +242,7 @@ def setup(d, L, C, NH, T, N):
     base = rng.integers(0, 256, size=37)
     toks = [int(base[i % 37]) if rng.random() < 0.8 else int(rng.integers(0, 256)) for i in range(N * T + 1)]
     write_shard(os.path.join(d, "train.bin"), toks)
-    write_shard(os.path.join(d, "val.bin"), toks[: 2 * T + 1])
+    write_shard(os.path.join(d, "val.bin"), toks[: NV * T + 1])
 
 
 # ------------------------------------------------------------------ the reference run
@@ -322,7 +326,7 @@ class Lion:
                     m.mul_(self.b2).add_(p.grad, alpha=1 - self.b2)
 
 
-def reference(d, cfg, steps, T, ranks=1, skipped=()):
+def reference(d, cfg, steps, T, ranks=1, skipped=(), val_steps=()):
     P = strip_names(read_safetensors(os.path.join(d, "init.safetensors"))[0])
     L, C, maxT, V = shape_of(P)
     NH = int(read_safetensors(os.path.join(d, "init.safetensors"))[1]["zoff.num_heads"])
@@ -342,6 +346,15 @@ def reference(d, cfg, steps, T, ranks=1, skipped=()):
     delay_from = zo.get("zoff_delayed_param_update_warmup", 10) + 1 if zo.get("zoff_delayed_param_update") else None
     params = list(model.parameters())
     prev = [p.detach().clone() for p in params]  # the weights before the last update
+    val = read_windows(os.path.join(d, "val.bin"), T)
+    vals = {}
+
+    def validate(step):  # the mean loss over every validation window (equal batches: the mean of theirs)
+        if step in val_steps:
+            with torch.no_grad():
+                vals[step] = model(val[:, :-1], val[:, 1:]).item()
+
+    validate(0)
     rows = []
     taken = 0  # optimizer steps taken: a skipped step does not advance the schedule (DeepSpeed's fp16)
     for step in range(1, steps + 1):
@@ -376,6 +389,7 @@ def reference(d, cfg, steps, T, ranks=1, skipped=()):
         prev = now
         if skip:  # fp16 overflow: no update (the forward's loss is still the step's)
             rows.append({"loss": loss, "lr": lr, "grad_norm": None, "clipped": False, "skipped": True})
+            validate(step)
             continue
         taken += 1
         norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in model.parameters()))
@@ -383,7 +397,8 @@ def reference(d, cfg, steps, T, ranks=1, skipped=()):
             nn.utils.clip_grad_norm_(list(model.parameters()), clip)
         opt.step()
         rows.append({"loss": loss, "lr": lr, "grad_norm": norm, "clipped": 0 < clip < norm})
-    return rows, model.hf_state()
+        validate(step)
+    return rows, model.hf_state(), vals
 
 
 # tolerances (relative): fp32 runs are zoff's float32 against float64; 16-bit runs (bf16, fp16) are
@@ -413,7 +428,13 @@ def check(d, specs):
         # runs may skip, and every rank's metrics must record the same steps skipped (checked below)
         fp16 = cfg.get("fp16", {}).get("enabled", False)
         skipped = [bool(a.get("skipped")) and fp16 for a in got]
-        ref, W = reference(d, cfg, len(got), T, ranks, skipped)
+        # validation (--eval-iters batches of the micro-batch, val.bin one evaluation's windows: the mean
+        # over all of them, whichever rank evaluates which batch), before training and every eval interval
+        vgot = {a["step"]: a["val_loss"] for a in (json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))
+                                                  if '"val_loss"' in x)}
+        if cfg.get("zero_optimization", {}).get("zoff_delayed_param_update"):
+            vgot = {}  # the weights a delayed update's evaluation sees are not modelled here
+        ref, W, vref = reference(d, cfg, len(got), T, ranks, skipped, set(vgot))
         bad = [] if got else ["no steps in metrics.jsonl"]
         for r in range(1, ranks):  # rank r's own metrics file: the same decisions, step by step
             mr = os.path.join(run, f"metrics_rank_{r:05d}.jsonl")
@@ -433,6 +454,12 @@ def check(d, specs):
                 worst[key] = max(worst[key], err)
                 if not err <= tol.get(key, 1e-6):  # lr: metrics.jsonl prints 7 digits
                     bad.append(f"step {s} {key}: zoff {a[key]:.7g}, reference {b[key]:.7g}")
+        verr = 0.0
+        for step, v in sorted(vgot.items()):
+            err = abs(v - vref[step]) / abs(vref[step])
+            verr = max(verr, err)
+            if not err <= tol["loss"]:
+                bad.append(f"val_loss after step {step}: zoff {v:.7g}, reference {vref[step]:.7g}")
         Z = strip_names(read_safetensors(export)[0])
         werr, wname = 0.0, ""
         for n, ref_w in W.items():  # each tensor: |zoff - reference| / |reference - initial|
@@ -447,7 +474,7 @@ def check(d, specs):
                        f"(tolerance {tol['weights']:g})")
         print(f"{name}: {len(got)} steps, clipped: {''.join('y' if r['clipped'] else 'n' for r in ref)}"
               f"{', skipped: ' + ''.join('y' if k else 'n' for k in skipped) if any(skipped) else ''}; worst rel "
-              f"err loss {worst['loss']:.2g}, lr {worst['lr']:.2g}, grad_norm {worst['grad_norm']:.2g}; final "
+              f"err loss {worst['loss']:.2g}{f', val_loss {verr:.2g} ({len(vgot)})' if vgot else ''}, lr {worst['lr']:.2g}, grad_norm {worst['grad_norm']:.2g}; final "
               f"weights {werr:.2g} ({wname}); reference losses " + " ".join(f"{r['loss']:.4f}" for r in ref))
         for b in bad:
             print(f"FAIL: {name}: {b}")
@@ -458,7 +485,8 @@ def check(d, specs):
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "setup":
         a = dict(zip(sys.argv[3::2], map(int, sys.argv[4::2])))
-        setup(sys.argv[2], a["--layers"], a["--hidden"], a["--heads"], a["--seq"], a["--windows"])
+        setup(sys.argv[2], a["--layers"], a["--hidden"], a["--heads"], a["--seq"], a["--windows"],
+              a.get("--val-windows", 2))
         return 0
     if len(sys.argv) > 3 and sys.argv[1] == "check":
         return 1 if check(sys.argv[2], sys.argv[3:]) else 0
