@@ -80,6 +80,11 @@ no_bias_corr|2|fp32|$CLIP, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2,
 bf16_states|2|16bit|$CLIP, $ADAMW, $DECAY, "bf16": {"enabled": true, "bf16_optimizer_states": true}, "zero_optimization": {"stage": 2, $CPU}}|
 stage3_persist_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 3, $CPU, "ratio": 0.5}}|
 super_offload_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, "round_robin_gradients": true, $CPU, "super_offload": true}}|
+fp16_spec_s3|2|16bit|$CLIP, $ADAMW, $DECAY, $SKIP, "zero_optimization": {"stage": 3, $CPU, "super_offload": true}, "offload_param": {"device": "cpu"}}|
+bf16_s3_3r|3|16bit|$CLIP, $ADAMW, $DECAY, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "round_robin_gradients": true, $CPU}, "offload_param": {"device": "cpu"}}|
+adagrad_s3_3r|3|fp32|$CLIP, "optimizer": {"type": "Adagrad", "params": {"lr": 3e-2, "weight_decay": 0.1}}, "zero_optimization": {"stage": 3, $CPU}, "offload_param": {"device": "cpu"}}|
+adam_l2_rr_3r|3|fp32|$CLIP, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "adam_w_mode": false, "weight_decay": 0.5}}, $DECAY, "zero_optimization": {"stage": 2, "round_robin_gradients": true}|
+always_s1_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 1, "zoff_grad_buckets": "always", "reduce_bucket_size": 1, $CPU, "ratio": 0.5}}|
 stage0_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 0}|
 fp16_skip_3r|3|16bit|$CLIP, $ADAMW, $DECAY, $SKIP, "zero_optimization": {"stage": 1, $CPU}}|
 twinflow_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, "round_robin_gradients": true, $CPU, "ratio": 0.5}}|
@@ -141,7 +146,7 @@ check "clipping (of the global norm) is active on some steps of stage0 and not o
   "grep -q '^stage0: .*clipped: [yn]*yn' '$W/ref.txt'"
 check "val_loss before training and after steps 2, 4 and 6 is the reference's (2 and 3 ranks, stages 0 and 3)" \
   "[ \$(grep -c '^\(stage0\|stage0_3r\|stage3\|stage3_3r\): .*val_loss [^ ]* (4)' '$W/ref.txt') -eq 4 ]"
-for name in fp16_skip fp16_skip_s0 fp16_skip_3r; do
+for name in fp16_skip fp16_skip_s0 fp16_skip_3r fp16_spec_s3; do
   check "$name: fp16 overflow skips some steps (on every rank) and not others" \
     "grep -q '^$name: .*skipped: [yn]*y' '$W/ref.txt' && grep -q '^$name: .*skipped: [yn]*n' '$W/ref.txt'"
 done
