@@ -77,6 +77,7 @@ delayed|2|fp32|$CLIP, $ADAMW, "zero_optimization": {"stage": 2, $CPU}, "zoff_del
 super_offload|2|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 1, $CPU, "ratio": 0.5, "super_offload": true}}|
 stage3_nvme|2|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "$W/nvme"}, "offload_param": {"device": "nvme", "nvme_path": "$W/nvme", "max_in_cpu": 0}}|--checkpoint-activations
 no_bias_corr|2|fp32|$CLIP, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "bias_correction": false, "weight_decay": 0.1}}, "zero_optimization": {"stage": 2}|
+bf16_comm_fp32|2|16bit|$CLIP, $ADAMW, $DECAY, "bf16": {"enabled": true}, "communication_data_type": "fp32", "zero_optimization": {"stage": 1}|
 bf16_states|2|16bit|$CLIP, $ADAMW, $DECAY, "bf16": {"enabled": true, "bf16_optimizer_states": true}, "zero_optimization": {"stage": 2, $CPU}}|
 stage3_persist_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 3, $CPU, "ratio": 0.5}}|
 super_offload_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, "round_robin_gradients": true, $CPU, "super_offload": true}}|
