@@ -86,6 +86,7 @@ bf16_s3_3r|3|16bit|$CLIP, $ADAMW, $DECAY, "bf16": {"enabled": true}, "zero_optim
 adagrad_s3_3r|3|fp32|$CLIP, "optimizer": {"type": "Adagrad", "params": {"lr": 3e-2, "weight_decay": 0.1}}, "zero_optimization": {"stage": 3, $CPU}, "offload_param": {"device": "cpu"}}|
 adam_l2_rr_3r|3|fp32|$CLIP, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "adam_w_mode": false, "weight_decay": 0.5}}, $DECAY, "zero_optimization": {"stage": 2, "round_robin_gradients": true}|
 always_s1_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 1, "zoff_grad_buckets": "always", "reduce_bucket_size": 1, $CPU, "ratio": 0.5}}|
+tbs_only_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, $CPU}}|
 stage0_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 0}|
 fp16_skip_3r|3|16bit|$CLIP, $ADAMW, $DECAY, $SKIP, "zero_optimization": {"stage": 1, $CPU}}|
 twinflow_3r|3|fp32|$CLIP, $ADAMW, $DECAY, "zero_optimization": {"stage": 2, "round_robin_gradients": true, $CPU, "ratio": 0.5}}|
@@ -95,7 +96,9 @@ EOF
 specs=()
 while IFS='|' read -r name n tol cfg flags; do
   D="$W/n$n"
-  echo "{$BASE, $cfg}" > "$W/$name.json"
+  batch=$BASE
+  [ "$name" = tbs_only_3r ] && batch='"train_batch_size": 12' # DeepSpeed derives micro-batch 4, accumulation 1
+  echo "{$batch, $cfg}" > "$W/$name.json"
   # shellcheck disable=SC2086
   timeout 300 mpirun "${MPIOPTS[@]}" -np "$n" "$ZOFF" train --init-from "$D/init.safetensors" \
     --num-attention-heads 2 --seq-length 8 --tokenizer byte --data-path "$D/train.bin" --val-path "$D/val.bin" \

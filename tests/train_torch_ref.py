@@ -15,12 +15,14 @@
         gradient_clipping), for as many steps as RUN/metrics.jsonl has, and compares every
         step's loss, lr and grad_norm with zoff's metrics.jsonl (and each val_loss line with the
         mean loss over all of DIR/val.bin's windows at the reference's weights after that step:
-        --eval-iters x micro-batch must be V, so that every evaluation reads each window once)
+        --eval-iters x micro-batch must be a multiple of V, so that every evaluation reads each
+        window equally often)
         and the final weights with
         EXPORT (zoff export of the run's last checkpoint, f32). TOL: fp32 (default) or 16bit
         (bf16/fp16 runs, only expected to be close to float64), the tolerances in TOLS. RANKS: the
         run's number of data-parallel ranks N (default 1): the step's batch is N x micro-batch x
-        accumulation windows (DeepSpeed's train_batch_size), the shard one step's worth of them.
+        accumulation windows (DeepSpeed's train_batch_size; any one of the three config keys may
+        be left out and is derived as DeepSpeed does), the shard one step's worth of them.
 
 The reference is written here in plain PyTorch (nn.Linear, nn.LayerNorm, F.gelu tanh,
 explicit causal attention, F.cross_entropy, torch.optim.AdamW / Adam,
@@ -335,8 +337,16 @@ def reference(d, cfg, steps, T, ranks=1, skipped=(), val_steps=()):
     win = read_windows(os.path.join(d, "train.bin"), T)
     # N ranks at micro-batch m: a micro-batch of the step is N x m windows (rank r reads m of them); the
     # step's gradient is the mean over all its windows, whichever rank reads which
-    mb = cfg["train_micro_batch_size_per_gpu"] * ranks
-    ga = cfg.get("gradient_accumulation_steps", 1)
+    # DeepSpeed's batch rule: train_batch_size = micro x accumulation x ranks, any one of the three derived
+    # from the other two (only train_batch_size: accumulation 1)
+    mb, ga, tbs = (cfg.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                        "train_batch_size"))
+    if mb is None:
+        ga = ga or 1
+        mb = tbs // (ga * ranks)
+    elif ga is None:
+        ga = tbs // (mb * ranks) if tbs else 1
+    mb *= ranks
     assert mb * ga == len(win), f"the shard must hold one step's windows: {len(win)} != {mb} x {ga}"
     clip = cfg.get("gradient_clipping", 1.0)
     opt, base_lr = make_optimizer(model, cfg)
