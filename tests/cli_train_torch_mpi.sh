@@ -9,7 +9,8 @@
 # lr and grad_norm (clipping: the global norm over all ranks' gradients) and the final weights
 # (zoff export: rank 0's file, gathered from every rank's partition) must be the reference's, for
 # ZeRO stages 0-3, with and without offload, Twin-Flow ratio 0.5, round-robin partitions, bf16 and
-# fp16 loss scaling. Ranks that disagreed (one rank skipping or clipping a step the others take, a
+# fp16 loss scaling (an overflow on one rank only skips the step on all), validation, resume on another
+# number of ranks. Ranks that disagreed (one rank skipping or clipping a step the others take, a
 # replicated update applied differently) would train on different weights from the next step on,
 # and the mean loss of the following steps would leave the reference's.
 # Usage: cli_train_torch_mpi.sh ZOFF SRCDIR. Skips (exit 77) when zoff was built without MPI, mpirun
@@ -112,6 +113,53 @@ while IFS='|' read -r name n tol cfg flags; do
   specs+=("$D:$name:$W/$name.json:$W/$name:$W/$name.safetensors:$tol:$n")
 done <<< "$RUNS"
 
+# fp16: an overflow on one rank only skips the step on every rank. A shard of 4 windows, S R R R (S: one
+# token repeated, R: random tokens; 2 ranks x micro-batch 2 = one step reads all 4): whatever the
+# shuffled order, every step one rank gets S and an R, the other two Rs. Probes on one rank at
+# micro-batch 2 (zoff pre-divides each rank's loss gradient by N, so one rank at scale 2^16 is each of
+# 2 ranks at 2^17, docs/multinode.md): S R overflows at 2^16, R R does not. So at 2^17 step 1
+# overflows on one rank only; the metrics of both ranks must say skipped, and the run (the scale
+# halves: hysteresis 1) must follow the reference that skips it.
+H="$W/hot"; mkdir -p "$H"; cp "$W/n2/init.safetensors" "$W/n2/val.bin" "$H/"
+"$PY" - "$H" "$SRC/tests" <<'PYEOF'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from train_torch_ref import write_shard
+T, d = 8, sys.argv[1]
+R = [int(x) for x in np.random.default_rng(3).integers(0, 256, T)]
+S = [200] * T
+def stream(ws):  # windows of T + 1 tokens overlap by one: every window's last token is the next one's first
+    return sum(ws, []) + [R[0]]
+write_shard(d + "/train.bin", stream([S, R, R, R]))
+write_shard(d + "/probe_sr.bin", stream([S, R]))
+write_shard(d + "/probe_rr.bin", stream([R, R]))
+PYEOF
+HOT=(--init-from "$H/init.safetensors" --num-attention-heads 2 --seq-length 8 --tokenizer byte --val-path "$H/val.bin"
+     --eval-iters 0 --device cpu --quiet)
+echo '{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+       "fp16": {"enabled": true, "loss_scale": 65536}}' > "$H/probe.json"
+for p in sr rr; do
+  "$ZOFF" train "${HOT[@]}" --data-path "$H/probe_$p.bin" --config "$H/probe.json" --train-iters 1 --no-checkpoint \
+    --save "$H/probe_$p" >"$H/probe_$p.log" 2>&1
+done
+check "probes on one rank at loss scale 2^16: micro-batch S R overflows, R R does not" \
+  "grep -q '\"skipped\":true' '$H/probe_sr/metrics.jsonl' && grep -q '\"skipped\":false' '$H/probe_rr/metrics.jsonl'"
+for st in 0 2; do
+  name=fp16_one_rank_s$st
+  echo "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 1, $CLIP, $ADAMW,
+         \"fp16\": {\"enabled\": true, \"initial_scale_power\": 17, \"hysteresis\": 1, \"loss_scale_window\": 2},
+         \"zero_optimization\": {\"stage\": $st}}" > "$W/$name.json"
+  timeout 300 mpirun "${MPIOPTS[@]}" -np 2 "$ZOFF" train "${HOT[@]}" --data-path "$H/train.bin" --config "$W/$name.json" \
+    --train-iters $STEPS --save "$W/$name" </dev/null >"$W/$name.log" 2>&1
+  rc=$?
+  "$ZOFF" export --load "$W/$name" --output "$W/$name.safetensors" --quiet >>"$W/$name.log" 2>&1
+  check "$name: 2 ranks train $STEPS steps (exit $rc); step 1 (one rank's overflow) skipped on both ranks" \
+    "[ $rc -eq 0 ] && grep '\"step\":1,' '$W/$name/metrics.jsonl' | grep -q '\"skipped\":true' && grep '\"step\":1,' '$W/$name/metrics_rank_00001.jsonl' | grep -q '\"skipped\":true'" \
+    || tail -20 "$W/$name.log"
+  specs+=("$H:$name:$W/$name.json:$W/$name:$W/$name.safetensors:16bit:2")
+done
+
 # The number of ranks changes on resume (docs/multinode.md, Checkpoints): 3 steps on 2 ranks at
 # micro-batch 2, then to step 6 on 1 rank without --config (train_batch_size 8 kept: accumulation
 # 2 -> 4); 3 steps on 1 rank at micro-batch 4, then on 2 ranks (accumulation 2 -> 1). Both are the
@@ -135,10 +183,10 @@ for r in "2 1" "1 2"; do
   specs+=("$D:$name:$ONE:$W/$name:$W/$name.safetensors:fp32:1")
 done
 
-for n in 2 3; do
+for D in "$W/n2" "$W/n3" "$H"; do
   sel=()
-  for s in "${specs[@]}"; do [ "${s%%:*}" = "$W/n$n" ] && sel+=("${s#*:}"); done
-  "$PY" "$REF" check "$W/n$n" "${sel[@]}" >>"$W/ref.txt" 2>&1
+  for s in "${specs[@]}"; do [ "${s%%:*}" = "$D" ] && sel+=("${s#*:}"); done
+  "$PY" "$REF" check "$D" "${sel[@]}" >>"$W/ref.txt" 2>&1
 done
 cat "$W/ref.txt"
 for s in "${specs[@]}"; do
