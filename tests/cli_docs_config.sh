@@ -44,7 +44,7 @@ def other(v):  # a value DeepSpeed allows that the row says zoff refuses
     if isinstance(v, bool): return not v
     if v is None: return "fp16"
     if isinstance(v, (int, float)): return v + 1
-    return "sum" if v == "mean" else v + "x"
+    return {"mean": "sum", "fp32": "bf16"}.get(v, v + "x")
 
 # 1. "Valid DeepSpeed, not implemented": accepted values train, another is refused by name
 table = doc.split("## Valid DeepSpeed, not implemented")[1].split("\n## ")[0]

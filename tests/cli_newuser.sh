@@ -482,6 +482,17 @@ check "a new run into a folder of an earlier 2-rank run's per-rank files keeps e
    && [ \$(grep -c '\"rank\":1' '$W/nock/grad_timeline_rank_00001.prev.jsonl' 2>/dev/null) -eq 2 ] \
    && [ ! -e '$W/nock/metrics_rank_00001.jsonl' ] && [ ! -e '$W/nock/grad_timeline_rank_00000.jsonl' ] \
    && [ ! -e '$W/nock/grad_timeline_rank_00001.jsonl' ] && [ \$(grep -c '\"loss\"' '$W/nock/metrics.jsonl') -eq 1 ]"
+# ... and says why for each (not --quiet): rank 0 is in this run, but a run on one rank writes no timeline
+# (before: "that rank is not in this run" for rank 0's timeline too, and "on 1 ranks")
+printf '{"step":1,"loss":5.0}\n' > "$W/nock/metrics_rank_00001.jsonl"
+for r in 0 1; do printf '{"step":1,"rank":%d}\n' $r > "$W/nock/grad_timeline_rank_0000$r.jsonl"; done
+LOUD=(); for a in "${TINY[@]}"; do [ "$a" = --quiet ] || LOUD+=("$a"); done
+"$ZOFF" train "${LOUD[@]}" --train-iters 1 --no-checkpoint --save "$W/nock" >"$W/nock.out" 2>&1
+rc=$?
+check "... the message says why: rank 0's timeline (one rank writes none), rank 1's files (not in this run)" \
+  "[ $rc -eq 0 ] && grep -q \"new run on 1 rank: rank 0's .*grad_timeline_rank_00000.jsonl is now .*(a run on one rank writes no gradient timeline)\" '$W/nock.out' \
+   && grep -q \"new run on 1 rank: rank 1's .*metrics_rank_00001.jsonl is now .*(that rank is not in this run)\" '$W/nock.out' \
+   && ! grep -q \"rank 0's.*not in this run\" '$W/nock.out'" || grep 'is now' "$W/nock.out"
 "$ZOFF" train "${TINY[@]}" --no-checkpoint --save-interval 1 --save "$W/nock2" >/dev/null 2>"$W/nock.err"
 rc=$?
 check "--no-checkpoint with --save-interval: exit 2 naming both, nothing written" \

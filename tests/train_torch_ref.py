@@ -1,20 +1,28 @@
 #!/usr/bin/python3
 """zoff train against an independent float64 PyTorch training loop (tests/cli_train_torch.sh).
 
-    train_torch_ref.py setup DIR --layers L --hidden C --heads NH --seq T --windows N
+    train_torch_ref.py setup DIR --layers L --hidden C --heads NH --seq T --windows N [--val-windows V]
         DIR/init.safetensors: a random GPT-2 in Hugging Face's layout (float32, for
         zoff train --init-from); DIR/train.bin: a token shard (llm.c format, byte tokenizer)
         of exactly N windows of T + 1 tokens, so that a step whose micro-batches take N
         windows in all reads every window once, whatever zoff's shuffled order: the step's
         mean loss and gradient do not depend on which window lands in which micro-batch.
+        DIR/val.bin: the first V windows (default 2) of the same stream.
 
-    train_torch_ref.py check DIR NAME:CONFIG:RUN:EXPORT[:TOL] ...
+    train_torch_ref.py check DIR NAME:CONFIG:RUN:EXPORT[:TOL[:RANKS]] ...
         For each run: trains the reference from DIR/init.safetensors on DIR/train.bin as the
         DeepSpeed config CONFIG says (micro-batch, accumulation, optimizer, scheduler,
         gradient_clipping), for as many steps as RUN/metrics.jsonl has, and compares every
-        step's loss, lr and grad_norm with zoff's metrics.jsonl and the final weights with
+        step's loss, lr and grad_norm with zoff's metrics.jsonl (and each val_loss line with the
+        mean loss over all of DIR/val.bin's windows at the reference's weights after that step:
+        --eval-iters x micro-batch must be a multiple of V, so that every evaluation reads each
+        window equally often)
+        and the final weights with
         EXPORT (zoff export of the run's last checkpoint, f32). TOL: fp32 (default) or 16bit
-        (bf16/fp16 runs, only expected to be close to float64), the tolerances in TOLS.
+        (bf16/fp16 runs, only expected to be close to float64), the tolerances in TOLS. RANKS: the
+        run's number of data-parallel ranks N (default 1): the step's batch is N x micro-batch x
+        accumulation windows (DeepSpeed's train_batch_size; any one of the three config keys may
+        be left out and is derived as DeepSpeed does), the shard one step's worth of them.
 
 The reference is written here in plain PyTorch (nn.Linear, nn.LayerNorm, F.gelu tanh,
 explicit causal attention, F.cross_entropy, torch.optim.AdamW / Adam,
@@ -33,6 +41,12 @@ implements is DeepSpeed's documented behaviour, written independently:
   scheduler.step() (DeepSpeed steps the scheduler after the optimizer; a fresh
   scheduler's last_batch_iteration is -1), as deepspeed/runtime/lr_schedules.py computes it
   (OneCycle: also the betas, (momentum, 0.99));
+- fp16 with dynamic loss scaling: a step whose gradients overflow is skipped (no update, the
+  schedule does not advance: DeepSpeed's engine steps its scheduler only after an update). Which
+  steps overflow depends on fp16 rounding a float64 loop does not have, so the reference skips the
+  steps zoff's metrics.jsonl marks skipped (fp16 runs only; any other run's skip is a failure) and
+  still compares their loss; with N ranks every rank's metrics must record the same steps, losses,
+  norms and loss scales (metrics_rank_R.jsonl);
 - zero_optimization.zoff_delayed_param_update (a zoff extension, no DeepSpeed counterpart), as
   docs/config.md says: after zoff_delayed_param_update_warmup exact steps, the forward and
   backward of step s + 1 use the weights of update s - 1, and each update applies to the newest.
@@ -213,7 +227,7 @@ def write_shard(path, tokens):
         f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
-def setup(d, L, C, NH, T, N):
+def setup(d, L, C, NH, T, N, NV=2):
     g = torch.Generator().manual_seed(20261129)
     out = []
     for name, shape in hf_shapes(L, C, T, 256).items():
@@ -230,7 +244,7 @@ def setup(d, L, C, NH, T, N):
     base = rng.integers(0, 256, size=37)
     toks = [int(base[i % 37]) if rng.random() < 0.8 else int(rng.integers(0, 256)) for i in range(N * T + 1)]
     write_shard(os.path.join(d, "train.bin"), toks)
-    write_shard(os.path.join(d, "val.bin"), toks[: 2 * T + 1])
+    write_shard(os.path.join(d, "val.bin"), toks[: NV * T + 1])
 
 
 # ------------------------------------------------------------------ the reference run
@@ -314,15 +328,25 @@ class Lion:
                     m.mul_(self.b2).add_(p.grad, alpha=1 - self.b2)
 
 
-def reference(d, cfg, steps, T):
+def reference(d, cfg, steps, T, ranks=1, skipped=(), val_steps=()):
     P = strip_names(read_safetensors(os.path.join(d, "init.safetensors"))[0])
     L, C, maxT, V = shape_of(P)
     NH = int(read_safetensors(os.path.join(d, "init.safetensors"))[1]["zoff.num_heads"])
     model = GPT2(L, C, NH, maxT, V)
     model.load_hf(P)
     win = read_windows(os.path.join(d, "train.bin"), T)
-    mb = cfg["train_micro_batch_size_per_gpu"]
-    ga = cfg.get("gradient_accumulation_steps", 1)
+    # N ranks at micro-batch m: a micro-batch of the step is N x m windows (rank r reads m of them); the
+    # step's gradient is the mean over all its windows, whichever rank reads which
+    # DeepSpeed's batch rule: train_batch_size = micro x accumulation x ranks, any one of the three derived
+    # from the other two (only train_batch_size: accumulation 1)
+    mb, ga, tbs = (cfg.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                        "train_batch_size"))
+    if mb is None:
+        ga = ga or 1
+        mb = tbs // (ga * ranks)
+    elif ga is None:
+        ga = tbs // (mb * ranks) if tbs else 1
+    mb *= ranks
     assert mb * ga == len(win), f"the shard must hold one step's windows: {len(win)} != {mb} x {ga}"
     clip = cfg.get("gradient_clipping", 1.0)
     opt, base_lr = make_optimizer(model, cfg)
@@ -332,8 +356,20 @@ def reference(d, cfg, steps, T):
     delay_from = zo.get("zoff_delayed_param_update_warmup", 10) + 1 if zo.get("zoff_delayed_param_update") else None
     params = list(model.parameters())
     prev = [p.detach().clone() for p in params]  # the weights before the last update
+    val = read_windows(os.path.join(d, "val.bin"), T)
+    vals = {}
+
+    def validate(step):  # the mean loss over every validation window (equal batches: the mean of theirs)
+        if step in val_steps:
+            with torch.no_grad():
+                vals[step] = model(val[:, :-1], val[:, 1:]).item()
+
+    validate(0)
     rows = []
-    for s in range(1, steps + 1):
+    taken = 0  # optimizer steps taken: a skipped step does not advance the schedule (DeepSpeed's fp16)
+    for step in range(1, steps + 1):
+        skip = step <= len(skipped) and skipped[step - 1]
+        s = taken + 1
         lr = ds_lr(cfg.get("scheduler"), base_lr, s)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -361,12 +397,18 @@ def reference(d, cfg, steps, T):
                 for p, q in zip(params, now):
                     p.copy_(q)
         prev = now
+        if skip:  # fp16 overflow: no update (the forward's loss is still the step's)
+            rows.append({"loss": loss, "lr": lr, "grad_norm": None, "clipped": False, "skipped": True})
+            validate(step)
+            continue
+        taken += 1
         norm = math.sqrt(sum(float((p.grad ** 2).sum()) for p in model.parameters()))
         if clip > 0:
             nn.utils.clip_grad_norm_(list(model.parameters()), clip)
         opt.step()
         rows.append({"loss": loss, "lr": lr, "grad_norm": norm, "clipped": 0 < clip < norm})
-    return rows, model.hf_state()
+        validate(step)
+    return rows, model.hf_state(), vals
 
 
 # tolerances (relative): fp32 runs are zoff's float32 against float64; 16-bit runs (bf16, fp16) are
@@ -383,14 +425,38 @@ def check(d, specs):
     for spec in specs:
         parts = spec.split(":")
         name, cfg_path, run, export = parts[:4]
-        tol = TOLS[parts[4] if len(parts) > 4 else "fp32"]
+        tol = TOLS[parts[4] if len(parts) > 4 and parts[4] else "fp32"]
+        ranks = int(parts[5]) if len(parts) > 5 else 1
         cfg = json.load(open(cfg_path))
+        if not os.path.exists(os.path.join(run, "metrics.jsonl")) or not os.path.exists(export):
+            print(f"FAIL: {name}: the run left no metrics.jsonl or no export")
+            fails += 1
+            continue
         got = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in x and '"step"' in x]
-        ref, W = reference(d, cfg, len(got), T)
+        # fp16 overflow skips a step (a float64 reference cannot tell which): the reference skips the
+        # steps zoff skipped, as DeepSpeed does (no update, the schedule does not advance); only fp16
+        # runs may skip, and every rank's metrics must record the same steps skipped (checked below)
+        fp16 = cfg.get("fp16", {}).get("enabled", False)
+        skipped = [bool(a.get("skipped")) and fp16 for a in got]
+        # validation (--eval-iters batches of the micro-batch, val.bin one evaluation's windows: the mean
+        # over all of them, whichever rank evaluates which batch), before training and every eval interval
+        vgot = {a["step"]: a["val_loss"] for a in (json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))
+                                                  if '"val_loss"' in x)}
+        if cfg.get("zero_optimization", {}).get("zoff_delayed_param_update"):
+            vgot = {}  # the weights a delayed update's evaluation sees are not modelled here
+        ref, W, vref = reference(d, cfg, len(got), T, ranks, skipped, set(vgot))
         bad = [] if got else ["no steps in metrics.jsonl"]
+        for r in range(1, ranks):  # rank r's own metrics file: the same decisions, step by step
+            mr = os.path.join(run, f"metrics_rank_{r:05d}.jsonl")
+            other = [json.loads(x) for x in open(mr) if '"loss"' in x] if os.path.exists(mr) else []
+            keys = ("step", "loss", "grad_norm", "loss_scale", "skipped")
+            if [[a.get(k) for k in keys] for a in other] != [[a.get(k) for k in keys] for a in got]:
+                bad.append(f"rank {r}'s metrics (step, loss, grad_norm, loss_scale, skipped) differ from rank 0's")
         worst = {"loss": 0.0, "lr": 0.0, "grad_norm": 0.0}
         for s, (a, b) in enumerate(zip(got, ref), 1):
             for key in worst:
+                if key == "grad_norm" and b.get("skipped"):  # both skipped: no norm
+                    continue
                 if a.get(key) is None:  # a skipped (overflowed) step: the reference has none
                     bad.append(f"step {s} {key}: zoff {a.get(key)} (skipped: {a.get('skipped')})")
                     continue
@@ -398,6 +464,12 @@ def check(d, specs):
                 worst[key] = max(worst[key], err)
                 if not err <= tol.get(key, 1e-6):  # lr: metrics.jsonl prints 7 digits
                     bad.append(f"step {s} {key}: zoff {a[key]:.7g}, reference {b[key]:.7g}")
+        verr = 0.0
+        for step, v in sorted(vgot.items()):
+            err = abs(v - vref[step]) / abs(vref[step])
+            verr = max(verr, err)
+            if not err <= tol["loss"]:
+                bad.append(f"val_loss after step {step}: zoff {v:.7g}, reference {vref[step]:.7g}")
         Z = strip_names(read_safetensors(export)[0])
         werr, wname = 0.0, ""
         for n, ref_w in W.items():  # each tensor: |zoff - reference| / |reference - initial|
@@ -410,8 +482,9 @@ def check(d, specs):
         if not werr <= tol["weights"]:
             bad.append(f"final weights: {wname} differs from the reference by {werr:.3g} of its change in training "
                        f"(tolerance {tol['weights']:g})")
-        print(f"{name}: {len(got)} steps, clipped: {''.join('y' if r['clipped'] else 'n' for r in ref)}; worst rel "
-              f"err loss {worst['loss']:.2g}, lr {worst['lr']:.2g}, grad_norm {worst['grad_norm']:.2g}; final "
+        print(f"{name}: {len(got)} steps, clipped: {''.join('y' if r['clipped'] else 'n' for r in ref)}"
+              f"{', skipped: ' + ''.join('y' if k else 'n' for k in skipped) if any(skipped) else ''}; worst rel "
+              f"err loss {worst['loss']:.2g}{f', val_loss {verr:.2g} ({len(vgot)})' if vgot else ''}, lr {worst['lr']:.2g}, grad_norm {worst['grad_norm']:.2g}; final "
               f"weights {werr:.2g} ({wname}); reference losses " + " ".join(f"{r['loss']:.4f}" for r in ref))
         for b in bad:
             print(f"FAIL: {name}: {b}")
@@ -422,7 +495,8 @@ def check(d, specs):
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "setup":
         a = dict(zip(sys.argv[3::2], map(int, sys.argv[4::2])))
-        setup(sys.argv[2], a["--layers"], a["--hidden"], a["--heads"], a["--seq"], a["--windows"])
+        setup(sys.argv[2], a["--layers"], a["--hidden"], a["--heads"], a["--seq"], a["--windows"],
+              a.get("--val-windows", 2))
         return 0
     if len(sys.argv) > 3 and sys.argv[1] == "check":
         return 1 if check(sys.argv[2], sys.argv[3:]) else 0

@@ -560,8 +560,10 @@ static const key_spec k_top[] = {
     KN("gradient_predivide_factor", zoff_config, gradient_predivide_factor, 0, INFINITY, .flags = F_LO_OPEN | F_NO_EFFECT,
        .note = "splits DeepSpeed's division by the rank count in two; zoff pre-divides the loss gradient and sums in "
                "fp32"),
-    DE("communication_data_type", k_comm_dtypes, "null", "zoff sends gradients in the training dtype and sums them "
-                                                         "in fp32"),
+    /* "fp32" is what zoff does: 16-bit gradients are widened to fp32 for the collective (comm.h) */
+    DE("communication_data_type", k_comm_dtypes, "\"fp32\"",
+       "zoff communicates gradients in fp32 whatever the training dtype (16-bit gradients are widened for the sum, "
+       "which is rounded once): give \"fp32\" or null"),
     DE("gradient_allreduce_op", k_allreduce_ops, "\"mean\"", "zoff averages gradients over ranks"),
     XB("disable_allgather", "chooses an all-gather or broadcasts for the updated weights: the same values"),
     XB("sparse_gradients", "concerns torch's sparse embedding gradients; zoff's gradients are dense"),

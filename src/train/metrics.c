@@ -75,8 +75,11 @@ static zoff_status set_aside_gone_ranks(const zoff_trainer *t) {
             if (rename(from, to) != 0)
                 s = zoff_error(ZOFF_ERR_IO, "--save: cannot move %s aside to %s: %s", from, to, strerror(errno));
             else
-                trainer_say(t, "%s on %d ranks: rank %d's %s is now %s (that rank is not in this run)",
-                            t->info.start_step > 0 ? "resume" : "new run", t->info.world, r, from, to);
+                trainer_say(t, "%s on %d rank%s: rank %d's %s is now %s (%s)",
+                            t->info.start_step > 0 ? "resume" : "new run", t->info.world,
+                            t->info.world == 1 ? "" : "s", r, from, to,
+                            r < t->info.world ? "a run on one rank writes no gradient timeline"
+                                              : "that rank is not in this run");
         }
     }
     closedir(d);
