@@ -392,6 +392,9 @@ rc=$?
 check "resume 3 -> 2 ranks without --config: train_batch_size 24 kept, accumulation 2 -> 3 (note and batch line)" \
   "[ $rc -eq 0 ] && grep -q 'resume: ranks 3 -> 2: train_batch_size 24 kept, gradient_accumulation_steps 2 -> 3' '$W/el32.txt' && grep -q 'batch 4 x 3 accumulation x 2 ranks = 24 sequences' '$W/el32.txt' && [ -f '$W/el32/step_00000003/COMPLETE' ]" ||
   grep 'resume\|batch' "$W/el32.txt"
+check "... said once: no further 'resume: gradient_accumulation_steps 2 -> 3' nor 'resume: ranks 3 -> 2' line (before: three lines for one change)" \
+  "[ \$(grep -c 'resume: .*gradient_accumulation_steps 2 -> 3' '$W/el32.txt') -eq 1 ] && [ \$(grep -c 'resume: ranks 3 -> 2' '$W/el32.txt') -eq 1 ]" ||
+  grep 'resume\|batch' "$W/el32.txt"
 check "... rank 2's metrics_rank and grad_timeline files kept as *.prev.jsonl (its 2 steps), the old names gone" \
   "[ \$(grep -c '\"loss\"' '$W/el32/metrics_rank_00002.prev.jsonl' 2>/dev/null) -eq 2 ] && [ \$(grep -c '\"step\"' '$W/el32/grad_timeline_rank_00002.prev.jsonl' 2>/dev/null) -eq 2 ] && [ ! -e '$W/el32/metrics_rank_00002.jsonl' ] && [ ! -e '$W/el32/grad_timeline_rank_00002.jsonl' ] && grep -q 'grad_timeline_rank_00002.prev.jsonl' '$W/el32.txt'" ||
   ls "$W/el32"
@@ -403,6 +406,8 @@ rc=$?
 check "resume 2 -> 3 ranks, 8 not a multiple of 2 x 3: micro and accumulation kept, a note says 8 -> 12 and how to choose" \
   "[ $rc -eq 0 ] && grep -q 'resume: ranks 2 -> 3: .*global batch changes from 8 to 12.*--micro-batch-size or a --config' '$W/el23.txt' && grep -q 'batch 2 x 2 accumulation x 3 ranks = 12 sequences' '$W/el23.txt'" ||
   grep 'resume\|batch' "$W/el23.txt"
+check "... said once (no second 'resume: ranks 2 -> 3' line)" "[ \$(grep -c 'resume: ranks 2 -> 3' '$W/el23.txt') -eq 1 ]" ||
+  grep 'resume' "$W/el23.txt"
 
 # 5. round-robin: each transformer block's gradient copies are shared by both ranks (its
 #    range has bytes on both); without it, a block is copied by one rank (two at the boundary).

@@ -39,6 +39,7 @@ static void stored_batch(zoff_trainer *t) {
     t->cfg.gradient_accumulation_steps = ga;
     t->cfg.train_batch_size = 0; /* micro x accumulation x ranks */
     if (was->world_size == t->info.world || was->world_size < 1 || mb < 1) return;
+    t->ranks_change_said = true; /* one line: trainer_check_resume says neither again */
     if (tb % (mb * t->info.world) == 0) {
         t->cfg.train_batch_size = tb;
         t->cfg.gradient_accumulation_steps = 0; /* tb / (micro x ranks) */

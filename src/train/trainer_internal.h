@@ -33,6 +33,7 @@ struct zoff_trainer {
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
     char *resume_config;      /* --load's stored config text (NULL: none); the run's config without --config */
+    bool ranks_change_said;   /* stored_batch said the ranks' change and the accumulation it took */
     int32_t *hx, *hy, *dx, *dy;
     FILE *metrics, *timeline;
     trainer_monitor *monitor; /* rank 0: tensorboard / csv_monitor (NULL: none) */
