@@ -624,9 +624,9 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         double work = m->host_work > 0 ? m->host_work : m->host;
         double sum = m->fwd + m->bwd + m->wait_grads + work + m->device + m->wait_weights;
         double mx = fmax(m->fwd + m->bwd, work);
-        char hh[32]; /* null: no host optimizer */
-        if (isnan(m->host_hidden)) snprintf(hh, sizeof hh, "null");
-        else snprintf(hh, sizeof hh, "%.4f", m->host_hidden);
+        char hh[32]; /* no host optimizer: null in the JSON, n/a in the table */
+        if (isnan(m->host_hidden)) snprintf(hh, sizeof hh, "%s", o.json ? "null" : "n/a");
+        else snprintf(hh, sizeof hh, o.json ? "%.4f" : "%.3f", m->host_hidden);
         if (o.json)
             printf("%s\"%s\":{\"step\":%.6f,\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,"
                    "\"host_work\":%.6f,\"device_step\":%.6f,\"wait_weights\":%.6f,\"tokens_per_s\":%.1f,"
@@ -634,9 +634,9 @@ int zoff_cmd_bench_step(int argc, char **argv) {
                    c ? "," : "", names[c], m->step, m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device,
                    m->wait_weights, tokens / m->step, m->step / sum, m->step / mx, hh, m->rolled_back, ex[c].dev_peak);
         else
-            printf("%-20s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11.3f\n", names[c], m->step,
+            printf("%-20s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11s\n", names[c], m->step,
                    m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device, m->wait_weights, tokens / m->step,
-                   m->step / sum, m->step / mx, m->host_hidden);
+                   m->step / sum, m->step / mx, hh);
     }
     if (o.json) {
         printf("}");
@@ -650,7 +650,8 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         }
         printf("\nstep/sum < 1: part of the work overlaps; step/max = 1: the step is as short as its longest part\n"
                "host-hidden: fraction of the host optimizer's wall time during which the device ran forward or\n"
-               "backward work of the same step or the next (from the compute stream's own time stamps)\n");
+               "backward work of the same step or the next (from the compute stream's own time stamps);\n"
+               "n/a: no host optimizer (device-optimizer)\n");
         if (prof_conf >= 0) print_profile(&o, &ex[prof_conf], med[prof_conf].step, peak, dt);
     }
     return 0;
