@@ -370,7 +370,9 @@ static void bench_step_usage(FILE *f) {
                "  --peak-gemm N          measure the device's GEMM peak with N x N x N products in --dtype (the\n"
                "                         MFU's denominator; default 8192 on CUDA, 1024 on the CPU; 0: off)\n"
                "  --device cpu|cuda      (default: cuda when available)\n"
-               "  --json                 one JSON object on stdout\n");
+               "  --json                 one JSON object on stdout\n"
+               "  -q, --quiet            no notes on stderr (the library's); the table or JSON on stdout,\n"
+               "                         warnings and errors still print\n");
 }
 
 /* The median over rounds of each component (NaN fields left out). */
@@ -422,7 +424,7 @@ typedef struct bench_opts {
     int64_t T, B, iters, rounds, prof_iters, peak_n; /* peak_n < 0: the backend's default */
     const char *dts, *device, *ratios, *configs;
     size_t budget;
-    bool json;
+    bool json, quiet;
     double clip;
 } bench_opts;
 
@@ -445,6 +447,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             bench_step_usage(stdout);
             return 0;
         }
+        if (cli_quiet_flag(a, &o->quiet)) continue;
         NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, o->shape.num_layers)
         NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, o->shape.hidden_size)
         NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, o->shape.num_heads)

@@ -483,7 +483,7 @@ int zoff_cmd_train(int argc, char **argv) {
     if (zoff_comm_rank(comm) > 0) a.o.quiet = true; /* progress from rank 0 only; errors from every rank */
     /* --quiet: nothing on success, from any layer (the corpus, NVMe and engine notes are INFO);
      * warnings and errors still print */
-    if (a.o.quiet && zoff_log_get_level() < ZOFF_LOG_WARN) zoff_log_set_level(ZOFF_LOG_WARN);
+    if (a.o.quiet) cli_quiet_logs();
     a.o.stop = &g_stop;
     zoff_trainer *t = NULL;
     s = zoff_trainer_create(&a.o, world > 1 ? comm : NULL, &t);
