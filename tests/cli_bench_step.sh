@@ -78,6 +78,15 @@ then echo "ok   - --dtype f16 (as export takes it): fp16 weights"; else echo "FA
 out=$("$ZOFF" bench step --device cpu --dtype float16 2>&1)
 if [ $? -eq 2 ] && [ "$out" = "zoff bench step: --dtype: 'float16' is not one of f32, bf16, f16 (fp32 and fp16 also read)" ]
 then echo "ok   - --dtype float16: exit 2, the spellings named"; else echo "FAIL - --dtype float16: $out"; exit 1; fi
+# the text table: no host optimizer reads n/a in the host-hidden column, with a footnote, a
+# measured one a fraction (before: "nan", a value a reader takes for a failed measurement)
+out=$("$ZOFF" bench step --device cpu --num-layers 1 --hidden-size 32 --vocab-size 256 --seq-length 16 \
+      --micro-batch-size 1 --iters 1 --rounds 1 --configs device-optimizer,offload --profile-iters 0 2>/dev/null)
+if [ $? -eq 0 ] && ! printf '%s' "$out" | grep -qiw 'nan' \
+   && printf '%s\n' "$out" | grep -Eq '^device-optimizer .* n/a$' \
+   && printf '%s\n' "$out" | grep -Eq '^offload .* (0|1)\.[0-9]{3}$' \
+   && printf '%s\n' "$out" | grep -q '^n/a: no host optimizer'
+then echo "ok   - table: host-hidden n/a without a host optimizer, explained"; else echo "FAIL - table host-hidden: $out"; exit 1; fi
 "$ZOFF" bench step --device cpu --configs offload,nonsense >/dev/null 2>&1
 [ $? -eq 2 ] && echo "ok   - unknown --configs name exits 2" || { echo "FAIL - --configs nonsense should exit 2"; exit 1; }
 "$ZOFF" bench step --device cpu --iters 0 >/dev/null 2>&1

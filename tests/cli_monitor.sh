@@ -153,7 +153,8 @@ check "the event files read back (CRCs, Event/Summary protobufs) and the csv fil
 # checkpoints at 2 and 4, the one at 4 removed (a kill before it was written).
 cat > "$W/cr.json" <<J
 {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
- "csv_monitor": {"enabled": true, "output_path": "$W/csv", "job_name": "cr"}}
+ "csv_monitor": {"enabled": true, "output_path": "$W/csv", "job_name": "cr"},
+ "tensorboard": {"enabled": true, "output_path": "$W/tb", "job_name": "cr"}}
 J
 CR=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte --data-path "$W/corpus_train.bin"
     --val-path "$W/corpus_val.bin" --eval-iters 2 --quiet --config "$W/cr.json" --save "$W/cr")
@@ -196,9 +197,44 @@ assert [x for x, _ in read(vl)] == [s * gbs for s in sorted(val)] == [0, 8, 20],
 assert all(close(v, val[x // gbs]) for x, v in read(vl)), (read(vl), val)
 print("csv after a resume: ok")
 PY
+# TensorBoard the same: each start its own event file (named by its start time: read in name
+# order), the resumed one's events from its checkpoint's step, so the steps after it are in both
+# files; zoff writes no SessionLog START event (field 6), which TensorBoard's Python reader would
+# take to drop them; read by the same rule, per tag, the files hold the csv's curve
+cat >> "$W/cr.py" <<'PY'
+sys.argv = [sys.argv[0], W]
+src = open(W + "/read.py").read()
+exec(src[:src.index("files = sorted(")])  # the TFRecord / protobuf reader above, not its checks
+import glob
+files = sorted(glob.glob(W + "/tb/cr/events.out.tfevents.*"))
+assert len(files) == 2, files  # the first start's and the resumed one's
+per = []  # per file: {tag: [(samples, value)]}
+for path in files:
+    tags = {}
+    for rec in records(path):
+        f = {k: v for k, _, v in fields(rec)}
+        assert 6 not in f, "a SessionLog event"
+        if 5 not in f: continue  # the file_version record
+        (val,) = [v for k, _, v in fields(f[5]) if k == 1]
+        vf = {k: v for k, _, v in fields(val)}
+        tags.setdefault(vf[1].decode(), []).append((f[2], struct.unpack("<f", vf[2])[0]))
+    per.append(tags)
+loss0, loss1 = per[0]["Train/Samples/train_loss"], per[1]["Train/Samples/train_loss"]
+assert [x for x, _ in loss0] == [0, 4, 8, 12] and [x for x, _ in loss1] == [8, 12, 16], (loss0, loss1)
+for tag, csvrows in (("Train/Samples/train_loss", tl), ("Train/Samples/lr", lr), ("Eval/Samples/val_loss", vl)):
+    both = per[0].get(tag, []) + per[1].get(tag, [])
+    assert [x for x, _ in both] == [x for x, _ in csvrows], (tag, both, csvrows)
+    assert [x for x, _ in read(both)] == [x for x, _ in read(csvrows)], (tag, read(both))
+    assert all(abs(a[1] - b[1]) <= 1e-6 * max(1.0, abs(b[1])) for a, b in zip(read(both), read(csvrows))), tag
+print("tensorboard after a resume: ok")
+PY
 "$PY" "$W/cr.py" "$W" >"$W/cr.txt" 2>&1
 check "... the csv rows of steps 3-4 come twice, the samples going back; read by the documented rule: metrics.jsonl's curve" \
   "grep -q '^csv after a resume: ok' '$W/cr.txt'" || cat "$W/cr.txt"
+check "... tensorboard: two event files, the resumed one's from step 3 (steps 3-4 in both), read by the same rule: the same curve" \
+  "grep -q '^tensorboard after a resume: ok' '$W/cr.txt'" || cat "$W/cr.txt"
+check "... docs/config.md's tensorboard says so and how to read it (before: nothing of a resume)" \
+  "grep '^| .tensorboard.enabled' '$SRC/docs/config.md' | grep -q 'steps after it are in the earlier start.s file and again in the resumed one.s.*no SessionLog START'"
 check "... docs/config.md's csv_monitor says so and how to read it (before: only 'header once, also across resumes')" \
   "grep '^| .csv_monitor.enabled' '$SRC/docs/config.md' | grep -q 'samples go back.*drops, at each row, the earlier rows at its samples or after'"
 

@@ -11,7 +11,8 @@
 #   - one exit code for every config error (2), a missing or directory --config included;
 #   - an empty or malformed config names the position once;
 #   - --quiet prints nothing on success (the NVMe swapper's note included);
-#   - -q is --quiet in train, tokenize and export (the commands that take --quiet);
+#   - -q is --quiet in every command that takes --quiet (train, tokenize, export, eval, sample, plan,
+#     bench step|adam|nvme|ckpt), their results on stdout kept;
 #   - a wrong input or output path exits 2, as a wrong config does;
 #   - a resumed run already at --train-iters says there is nothing to train;
 #   - data smaller than a batch names the data (which split of --data-path, or --val-path) and,
@@ -134,8 +135,56 @@ printf 'a few words\n' > "$W/q.txt"
 check "tokenize -q: exit 0, nothing printed, the shard written" "[ \$? -eq 0 ] && [ ! -s '$W/qtok.out' ] && [ -s '$W/qtok_train.bin' ]"
 "$ZOFF" export --load "$W/quiet" --output "$W/q.safetensors" -q >"$W/qexp.out" 2>&1
 check "export -q: exit 0, nothing printed, the file written" "[ \$? -eq 0 ] && [ ! -s '$W/qexp.out' ] && [ -s '$W/q.safetensors' ]"
+# eval, sample, plan and the benchmarks take it too, from the same rule (cli_quiet_flag): their notes
+# on stderr go, the result on stdout stays as it was (before: "unknown option '-q'", exit 2). Each case
+# is run without -q first, so the note it must drop is known to be there.
+EV=(eval --load "$W/quiet" --data-path "$W/corpus_val.bin,$W/qtok_train.bin") # the second: 12 tokens, < T + 1
+"$ZOFF" "${EV[@]}" >"$W/qev.out" 2>"$W/qev.err"; rc1=$?
+"$ZOFF" "${EV[@]}" -q >"$W/qevq.out" 2>"$W/qevq.err"; rc2=$?
+check "eval -q: exit 0, the short shard's note gone, the result line on stdout" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q 'qtok_train.bin has 12 tokens, fewer than a window' '$W/qev.err' \
+   && [ ! -s '$W/qevq.err' ] && grep -q '^zoff eval: loss [0-9.]*, perplexity' '$W/qevq.out'" || cat "$W/qevq.err"
+"$ZOFF" eval --quiet --json --load "$W/quiet" --data-path "$W/corpus_val.bin,$W/qtok_train.bin" >"$W/qevj.out" 2>"$W/qevj.err"
+check "eval --quiet --json: the JSON object, nothing on stderr" \
+  "[ \$? -eq 0 ] && [ ! -s '$W/qevj.err' ] && '$PY' -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[\"tokens\"] > 0' '$W/qevj.out'"
+LONG="one two three four five six seven eight nine ten" # 48 byte tokens, past the 16 of context
+"$ZOFF" sample --load "$W/quiet" --prompt "$LONG" --max-new-tokens 4 >"$W/qsa.out" 2>"$W/qsa.err"; rc1=$?
+"$ZOFF" sample --load "$W/quiet" --prompt "$LONG" --max-new-tokens 4 -q >"$W/qsaq.out" 2>"$W/qsaq.err"; rc2=$?
+check "sample -q: exit 0, the cut prompt's note gone, the same text on stdout" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q 'note: the prompt is 48 tokens' '$W/qsa.err' && [ ! -s '$W/qsaq.err' ] \
+   && grep -q '^$LONG' '$W/qsaq.out' && cmp -s '$W/qsa.out' '$W/qsaq.out'" || cat "$W/qsaq.err"
+echo '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "contiguous_gradients": true}}' > "$W/qplan.json"
+PL=(plan --config "$W/qplan.json" --num-layers 2 --hidden-size 32 --num-attention-heads 2 --device cpu --no-probe)
+"$ZOFF" "${PL[@]}" >"$W/qpl.out" 2>"$W/qpl.err"; rc1=$?
+"$ZOFF" "${PL[@]}" -q >"$W/qplq.out" 2>"$W/qplq.err"; rc2=$?
+check "plan -q: exit 0, the config's 'accepted, no effect' note gone, the same table on stdout" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q 'accepted, no effect' '$W/qpl.err' && [ ! -s '$W/qplq.err' ] \
+   && [ -s '$W/qplq.out' ] && cmp -s '$W/qpl.out' '$W/qplq.out'" || cat "$W/qplq.err"
+mkdir -p "$W/qbench"
+BC=(bench ckpt --dir "$W/qbench" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --vocab-size 256
+    --max-position-embeddings 16 --rounds 1 --json)
+"$ZOFF" "${BC[@]}" >"$W/qbc.out" 2>"$W/qbc.err"; rc1=$?
+"$ZOFF" "${BC[@]}" -q >"$W/qbcq.out" 2>"$W/qbcq.err"; rc2=$?
+check "bench ckpt -q: exit 0, its heading on stderr gone, the JSON on stdout" \
+  "[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && grep -q '^zoff bench ckpt: GPT-2 1 layer' '$W/qbc.err' && [ ! -s '$W/qbcq.err' ] \
+   && '$PY' -c 'import json,sys; json.load(open(sys.argv[1]))' '$W/qbcq.out'" || cat "$W/qbcq.err"
+"$ZOFF" bench step --device cpu --num-layers 1 --hidden-size 32 --vocab-size 256 --seq-length 16 --micro-batch-size 1 \
+  --iters 1 --rounds 1 --configs device-optimizer --profile-iters 0 --peak-gemm 0 --json -q >"$W/qbs.out" 2>"$W/qbs.err"
+check "bench step -q: exit 0, the JSON on stdout, nothing on stderr" \
+  "[ \$? -eq 0 ] && [ ! -s '$W/qbs.err' ] && '$PY' -c 'import json,sys; json.load(open(sys.argv[1]))[\"configs\"]' '$W/qbs.out'"
+"$ZOFF" bench adam --params 10k --iters 1 --rounds 1 --mode fp32-grads --json -q >"$W/qba.out" 2>"$W/qba.err"
+check "bench adam -q: exit 0, the JSON on stdout, nothing on stderr" \
+  "[ \$? -eq 0 ] && [ ! -s '$W/qba.err' ] && '$PY' -c 'import json,sys; json.load(open(sys.argv[1]))' '$W/qba.out'"
+"$ZOFF" bench nvme --dir "$W/qbench" --size 1MiB --no-fio --no-step --rounds 1 --json -q >"$W/qbn.out" 2>"$W/qbn.err"
+check "bench nvme -q: exit 0, the JSON on stdout, nothing on stderr" \
+  "[ \$? -eq 0 ] && [ ! -s '$W/qbn.err' ] && '$PY' -c 'import json,sys; json.load(open(sys.argv[1]))' '$W/qbn.out'" \
+  || cat "$W/qbn.err"
+"$ZOFF" eval --quiet=1 --load "$W/quiet" --data-path "$W/corpus_val.bin" >/dev/null 2>"$W/qeq.err"
+check "eval --quiet=1: a switch takes no value: exit 2, unknown option, --quiet named" \
+  "[ \$? -eq 2 ] && grep -q \"unknown option '--quiet=1' (did you mean --quiet?\" '$W/qeq.err'" || cat "$W/qeq.err"
 check "... and each of their helps lists -q, --quiet" \
-  "(for c in train tokenize export; do \"\$ZOFF\" \$c --help | grep -q '^  -q, --quiet ' || exit 1; done)"
+  "(for c in train tokenize export eval sample plan 'bench step' 'bench adam' 'bench nvme' 'bench ckpt'; do \
+      \"\$ZOFF\" \$c --help | grep -q '^  -q, --quiet ' || exit 1; done)"
 
 # ---- 6b. a sub_group_size far below the 4 KiB each state array of a sub-group is padded to on NVMe:
 #      a note at start with the state's size and the swap file's, and the sub_group_size that keeps the

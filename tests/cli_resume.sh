@@ -229,7 +229,8 @@ for try in 1 2 3; do
   echo "# try $try: the signal came before the save returned"
 done
 check "SIGINT after the final save, during the final validation: exit 130 (rc $rc), says so" \
-  "[ $rc -eq 130 ] && grep -q 'the final validation stopped; step 1 is saved' '$W/sig.txt'"
+  "[ $rc -eq 130 ] && grep -q 'the final validation stopped; step 1 is saved' '$W/sig.txt' \
+   && grep -Eq '^zoff: trained 1 step \(stopped by signal 2\) in [0-9.]+ s; train loss [0-9.]+ \(last step\)$' '$W/sig.txt'"
 
 # 15b. SIGHUP (the terminal closed, an ssh session dropped) stops the run as SIGTERM does: the step
 # saved, exit 129 (before: the process died with no checkpoint of the steps it had trained)
@@ -243,6 +244,13 @@ rc=$?
 check "SIGHUP: exit 129, the step it reached saved and named, a complete checkpoint" \
   "[ $rc -eq 129 ] && grep -q 'signal 1: saving a checkpoint at step' '$W/hup.txt' && ls '$W'/hup/step_*/COMPLETE >/dev/null 2>&1 \
    && grep -q 'saved under .*/hup; go on with --load' '$W/hup.txt'"
+# ... and it says what it trained, as a run that ends does (before: no summary at all): the steps
+# (the step it saved, from the checkpoint's folder name), the stop, the last loss, the throughput
+hs=$(ls -d "$W"/hup/step_* 2>/dev/null | tail -1); hs=$((10#${hs##*step_}))
+check "SIGHUP: the summary: trained $hs steps (stopped by signal 1), the last loss, the throughput" \
+  "grep -Eq '^zoff: trained $hs steps \(stopped by signal 1\) in [0-9.]+ s; train loss [0-9.]+ \(last step\)' '$W/hup.txt' \
+   && grep -q '^zoff: throughput: [0-9]* tokens/s' '$W/hup.txt' && grep -q '^zoff: peak memory:' '$W/hup.txt' \
+   && ! grep -q 'try: zoff sample' '$W/hup.txt'"
 
 # 16. what a run takes that the user did not say is said: a capped --eval-iters, a kept seed, the
 # optimizer of a config without one

@@ -60,7 +60,9 @@ static void usage(FILE *f) {
             "  --mode NAME       only this mode (repeatable): fp32-grads, bf16-grads+bf16-copy,\n"
             "                    fp16-grads+fp16-copy, bf16-states\n"
             "  --latency         also time single calls on small ranges (thread wake-up cost)\n"
-            "  --json            print one JSON object instead of the table\n");
+            "  --json            print one JSON object instead of the table\n"
+            "  -q, --quiet       no notes on stderr (the library's); the table or JSON on stdout, warnings\n"
+            "                    and errors still print\n");
 }
 
 static bool parse_count(const char *flag, const char *text, double min, double max, double *out) {
@@ -251,7 +253,7 @@ static void report_modes(zoff_host_optimizer *opt, const bench_bufs *bp, int64_t
 
 int zoff_cmd_bench_adam(int argc, char **argv) {
     double dparams = 100e6, dthreads = 0, diters = 5, drepeats = 5;
-    bool json = false, lat = false;
+    bool json = false, lat = false, quiet = false;
     bool want[NMODES] = {false};
     bool any_mode = false;
     zoff_simd_path path = ZOFF_SIMD_AUTO;
@@ -278,6 +280,7 @@ int zoff_cmd_bench_adam(int argc, char **argv) {
         if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
             usage(stdout);
             return 0;
+        } else if (cli_quiet_flag(a, &quiet)) {
         } else if (!strcmp(flag, "--json")) json = true;
         else if (!strcmp(flag, "--latency")) lat = true;
         else if (!strcmp(flag, "--params")) {

@@ -55,7 +55,10 @@ static void usage(FILE *f) {
             "  --vocab-size N              (default 50257)\n"
             "  --max-position-embeddings N (default 1024)\n"
             "  --rounds N                  rounds, medians reported (default 5)\n"
-            "  --json                      one JSON object on stdout\n");
+            "  --json                      one JSON object on stdout\n"
+            "  -q, --quiet                 no heading on stderr (the model, the checkpoint's size, the rounds)\n"
+            "                              nor the library's notes; the table or JSON on stdout, warnings and\n"
+            "                              errors still print\n");
 }
 
 static int rm_cb(const char *p, const struct stat *sb, int type, struct FTW *ftw) {
@@ -246,13 +249,15 @@ static zoff_status check_room(const char *dir, const zoff_gpt2_shape *sh, const 
 }
 
 static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64_t *C, int64_t *NH, int64_t *V,
-                      int64_t *P, int64_t *rounds, bool *json_out) {
+                      int64_t *P, int64_t *rounds, bool *json_out, bool *quiet) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int64_t *dst = NULL, lo = 1, hi = 1 << 20;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return -1;
+        } else if (cli_quiet_flag(a, quiet)) {
+            continue;
         } else if (!strcmp(a, "--dir")) {
             if (!(v = cli_value("bench ckpt", argc, argv, &i))) return 2;
             *dir = v;
@@ -278,8 +283,8 @@ static int parse_args(int argc, char **argv, const char **dir, int64_t *L, int64
 int zoff_cmd_bench_ckpt(int argc, char **argv) {
     const char *dir = ".";
     int64_t L = 12, C = 768, NH = 12, V = 50257, P = 1024, rounds = 5;
-    bool json_out = false;
-    int prc = parse_args(argc, argv, &dir, &L, &C, &NH, &V, &P, &rounds, &json_out);
+    bool json_out = false, quiet = false;
+    int prc = parse_args(argc, argv, &dir, &L, &C, &NH, &V, &P, &rounds, &json_out, &quiet);
     if (prc) return prc < 0 ? 0 : prc;
     if (cli_bench_dir("bench ckpt", dir, "measure a smaller model (--num-layers, --hidden-size, --vocab-size)")) return 2;
     char work[4200]; /* the benchmark's own folder in --dir: the only thing it writes and removes */
@@ -336,7 +341,7 @@ int zoff_cmd_bench_ckpt(int argc, char **argv) {
         S = tree_bytes(ckdir);
         rmtree(ckdir);
     }
-    if (s == ZOFF_OK) {
+    if (s == ZOFF_OK && !quiet) {
         char b1[32], nl[32], np[48], nr[32];
         fprintf(stderr, "zoff bench ckpt: GPT-2 %s, width %" PRId64 " (%s): checkpoint %s in %s; %s\n",
                 zoff_format_count(L, "layer", nl, sizeof nl), C, zoff_format_params(n, np, sizeof np),

@@ -32,7 +32,7 @@ typedef struct bench_args {
     int64_t size, block, qd, buffers, sgs, rounds, iters, B, T;
     zoff_gpt2_shape shape;
     const char *dts;
-    bool json, fio, step, delayed, bf16_states;
+    bool json, fio, step, delayed, bf16_states, quiet;
 } bench_args;
 
 /* State bytes per parameter (master, m, v: zoff_placement_state_bytes_per_param). */
@@ -62,12 +62,14 @@ static zoff_status fio_file_create(const bench_args *a, char *file, size_t cap) 
         if (errno != EEXIST) return zoff_error(ZOFF_ERR_IO, "cannot create fio's file %s: %s", file, strerror(errno));
         struct stat st;
         char b[32];
-        fprintf(stderr,
-                "zoff bench nvme: note: %s (%s) is left by an older benchmark with this process's id %ld (a container "
-                "where zoff runs as the same pid each time, or another machine sharing %s): kept, this benchmark "
-                "uses the next free name; remove it, unless a benchmark on another machine sharing %s is running\n",
-                file, stat(file, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown",
-                (long)getpid(), a->dir, a->dir);
+        if (!a->quiet)
+            fprintf(stderr,
+                    "zoff bench nvme: note: %s (%s) is left by an older benchmark with this process's id %ld (a "
+                    "container where zoff runs as the same pid each time, or another machine sharing %s): kept, this "
+                    "benchmark uses the next free name; remove it, unless a benchmark on another machine sharing %s "
+                    "is running\n",
+                    file, stat(file, &st) == 0 ? zoff_format_bytes((size_t)st.st_size, b, sizeof b) : "size unknown",
+                    (long)getpid(), a->dir, a->dir);
     }
     return zoff_error(ZOFF_ERR_IO, "cannot create fio's file in %s: 1000 names taken (%s the last)", a->dir, file);
 }
@@ -285,7 +287,9 @@ static void usage(FILE *f) {
             "  --micro-batch-size N   (default 8)\n"
             "  --dtype f32|bf16|f16   (default bf16)\n"
             "  --iters N              timed steps per configuration and round (default 3)\n"
-            "  --json                 one JSON object on stdout\n",
+            "  --json                 one JSON object on stdout\n"
+            "  -q, --quiet            no notes on stderr (fio files left in --dir, the library's); the\n"
+            "                         table or JSON on stdout, warnings and errors still print\n",
             100.0 * CLI_BENCH_SPREAD_LIMIT, MAX_ROUNDS);
 }
 
@@ -331,6 +335,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
                                     bools, sizeof bools / sizeof *bools,       usage};
     for (int i = 1; i < argc; i++) {
         char o[64];
+        if (cli_quiet_flag(argv[i], &a->quiet)) continue;
         int took = cli_table_flags("bench nvme", &tables, o, sizeof o, argc, argv, &i);
         if (took == CLI_FLAG_TAKEN) continue;
         if (took != CLI_FLAG_NONE) return took == CLI_FLAG_HELP ? -1 : 2;
@@ -579,7 +584,7 @@ int zoff_cmd_bench_nvme(int argc, char **argv) {
                         "swapper only\n");
         a.fio = false;
     }
-    if (a.fio) note_stale_fio(&a);
+    if (a.fio && !a.quiet) note_stale_fio(&a);
     static io_result io;
     memset(&io, 0, sizeof io);
     zoff_status s = io_rounds(&a, &io);

@@ -370,7 +370,9 @@ static void bench_step_usage(FILE *f) {
                "  --peak-gemm N          measure the device's GEMM peak with N x N x N products in --dtype (the\n"
                "                         MFU's denominator; default 8192 on CUDA, 1024 on the CPU; 0: off)\n"
                "  --device cpu|cuda      (default: cuda when available)\n"
-               "  --json                 one JSON object on stdout\n");
+               "  --json                 one JSON object on stdout\n"
+               "  -q, --quiet            no notes on stderr (the library's); the table or JSON on stdout,\n"
+               "                         warnings and errors still print\n");
 }
 
 /* The median over rounds of each component (NaN fields left out). */
@@ -422,7 +424,7 @@ typedef struct bench_opts {
     int64_t T, B, iters, rounds, prof_iters, peak_n; /* peak_n < 0: the backend's default */
     const char *dts, *device, *ratios, *configs;
     size_t budget;
-    bool json;
+    bool json, quiet;
     double clip;
 } bench_opts;
 
@@ -445,6 +447,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             bench_step_usage(stdout);
             return 0;
         }
+        if (cli_quiet_flag(a, &o->quiet)) continue;
         NUM("--num-layers", 1, ZOFF_GPT2_MAX_LAYERS, o->shape.num_layers)
         NUM("--hidden-size", 1, ZOFF_GPT2_MAX_HIDDEN, o->shape.hidden_size)
         NUM("--num-attention-heads", 1, ZOFF_GPT2_MAX_HIDDEN, o->shape.num_heads)
@@ -624,9 +627,9 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         double work = m->host_work > 0 ? m->host_work : m->host;
         double sum = m->fwd + m->bwd + m->wait_grads + work + m->device + m->wait_weights;
         double mx = fmax(m->fwd + m->bwd, work);
-        char hh[32]; /* null: no host optimizer */
-        if (isnan(m->host_hidden)) snprintf(hh, sizeof hh, "null");
-        else snprintf(hh, sizeof hh, "%.4f", m->host_hidden);
+        char hh[32]; /* no host optimizer: null in the JSON, n/a in the table */
+        if (isnan(m->host_hidden)) snprintf(hh, sizeof hh, "%s", o.json ? "null" : "n/a");
+        else snprintf(hh, sizeof hh, o.json ? "%.4f" : "%.3f", m->host_hidden);
         if (o.json)
             printf("%s\"%s\":{\"step\":%.6f,\"forward\":%.6f,\"backward\":%.6f,\"wait_grads\":%.6f,\"host_step\":%.6f,"
                    "\"host_work\":%.6f,\"device_step\":%.6f,\"wait_weights\":%.6f,\"tokens_per_s\":%.1f,"
@@ -634,9 +637,9 @@ int zoff_cmd_bench_step(int argc, char **argv) {
                    c ? "," : "", names[c], m->step, m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device,
                    m->wait_weights, tokens / m->step, m->step / sum, m->step / mx, hh, m->rolled_back, ex[c].dev_peak);
         else
-            printf("%-20s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11.3f\n", names[c], m->step,
+            printf("%-20s %8.4f %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.0f %9.3f %9.3f %11s\n", names[c], m->step,
                    m->fwd, m->bwd, m->wait_grads, m->host, m->host_work, m->device, m->wait_weights, tokens / m->step,
-                   m->step / sum, m->step / mx, m->host_hidden);
+                   m->step / sum, m->step / mx, hh);
     }
     if (o.json) {
         printf("}");
@@ -650,7 +653,8 @@ int zoff_cmd_bench_step(int argc, char **argv) {
         }
         printf("\nstep/sum < 1: part of the work overlaps; step/max = 1: the step is as short as its longest part\n"
                "host-hidden: fraction of the host optimizer's wall time during which the device ran forward or\n"
-               "backward work of the same step or the next (from the compute stream's own time stamps)\n");
+               "backward work of the same step or the next (from the compute stream's own time stamps);\n"
+               "n/a: no host optimizer (device-optimizer)\n");
         if (prof_conf >= 0) print_profile(&o, &ex[prof_conf], med[prof_conf].step, peak, dt);
     }
     return 0;

@@ -213,6 +213,19 @@ void cli_flag_name(const char *arg, char *name, size_t size) {
     snprintf(name, size, "%.*s", (int)(n < size - 1 ? n : size - 1), arg);
 }
 
+void cli_quiet_logs(void) {
+    if (zoff_log_get_level() < ZOFF_LOG_WARN) zoff_log_set_level(ZOFF_LOG_WARN);
+}
+
+bool cli_quiet_flag(const char *arg, bool *quiet) {
+    char name[16];
+    cli_flag_name(arg, name, sizeof name);
+    if (strcmp(name, "--quiet") != 0 || strchr(arg, '=') != NULL) return false;
+    *quiet = true;
+    cli_quiet_logs();
+    return true;
+}
+
 const char *cli_choice(const char *cmd, const char *flag, const char *const *choices, int argc, char **argv,
                        int *i) {
     const char *v = cli_value(cmd, argc, argv, i);

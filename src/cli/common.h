@@ -34,6 +34,13 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* The flag's name in `arg`: "--flag" of "--flag=value", "--quiet" of -q (the one short alias of a long
  * flag, for every command that takes --quiet), else arg itself (cut to size - 1 bytes). */
 void cli_flag_name(const char *arg, char *name, size_t size);
+/* --quiet for every command that takes it: from here on the library's notes (zoff_log INFO) are not
+ * printed; its warnings and errors are. */
+void cli_quiet_logs(void);
+/* When arg is --quiet or -q (cli_flag_name's alias; not --quiet=VALUE): sets *quiet, quiets the
+ * library's notes (cli_quiet_logs) and returns true; else false. For the commands whose --quiet keeps
+ * the result (eval, sample, plan, bench): their own notes on stderr go, what they print on stdout stays. */
+bool cli_quiet_flag(const char *arg, bool *quiet);
 /* Fetch argv[*i]'s value (as cli_value) and check that it is one of `choices` (NULL-terminated);
  * otherwise print "zoff <cmd>: <flag>: 'v' is not one of a, b" and return NULL. */
 const char *cli_choice(const char *cmd, const char *flag, const char *const *choices, int argc, char **argv,

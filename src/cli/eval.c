@@ -34,19 +34,22 @@ static void eval_usage(FILE *f) {
             "  --max-batches N         stop after N batches (default 0: all)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
             "  --json                  one JSON object on stdout instead of the summary line (perplexity\n"
-            "                          null where exp(loss) is past a double's range)\n");
+            "                          null where exp(loss) is past a double's range)\n"
+            "  -q, --quiet             no notes on stderr (a shard too short, the library's); the result\n"
+            "                          on stdout, warnings and errors still print\n");
 }
 
 int zoff_cmd_eval(int argc, char **argv) {
     const char *load = NULL, *data = NULL, *device = NULL, *tokenizer = NULL;
     int64_t T = 0, B = 1, max_batches = 0;
-    bool json = false;
+    bool json = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             eval_usage(stdout);
             return 0;
         }
+        if (cli_quiet_flag(a, &quiet)) continue;
         if (!strcmp(a, "--json")) {
             json = true;
             continue;
@@ -110,7 +113,7 @@ int zoff_cmd_eval(int argc, char **argv) {
     lo.one_batch = true;
     lo.too_small_hint = "; give more tokens or a smaller --seq-length / --micro-batch-size";
     if (s == ZOFF_OK) s = zoff_loader_create(ds, &lo, &ld);
-    for (int i = s == ZOFF_OK ? zoff_dataset_next_short_shard(ds, T, 0) : -1; i >= 0;
+    for (int i = s == ZOFF_OK && !quiet ? zoff_dataset_next_short_shard(ds, T, 0) : -1; i >= 0;
          i = zoff_dataset_next_short_shard(ds, T, i + 1)) { /* a shard that adds nothing */
         const zoff_shard *sh = zoff_dataset_shard(ds, i);
         fprintf(stderr, "zoff eval: note: %s has %lld tokens, fewer than a window's %lld (--seq-length + 1): "

@@ -33,7 +33,7 @@ typedef struct plan_args {
     bool have_margin;
     double ratios[MAX_RATIOS];
     int nratios;
-    bool checkpoint_activations, json, no_probe, deepspeed;
+    bool checkpoint_activations, json, no_probe, deepspeed, quiet;
 } plan_args;
 
 static void plan_usage(FILE *f) {
@@ -68,7 +68,9 @@ static void plan_usage(FILE *f) {
             "  --ratios LIST               host ratios to plan, e.g. 0,0.5,1 (default 0,0.25,0.5,0.75,1; auto always)\n"
             "  --json                      one JSON object on stdout\n"
             "  --deepspeed                 also print DeepSpeed's estimate_zero2/zero3 figures for this model\n"
-            "  --write-config FILE         write the recommended setting as DeepSpeed JSON (atomically)\n");
+            "  --write-config FILE         write the recommended setting as DeepSpeed JSON (atomically)\n"
+            "  -q, --quiet                 no notes on stderr (the library's: a config key with no effect); the\n"
+            "                              table or JSON on stdout, warnings and errors still print\n");
 }
 
 static bool parse_size_flag(const char *flag, const char *v, size_t *out) {
@@ -126,6 +128,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         char name[64];
+        if (cli_quiet_flag(argv[i], &a->quiet)) continue;
         int took = cli_table_flags("plan", &tables, name, sizeof name, argc, argv, &i);
         if (took == CLI_FLAG_TAKEN) continue;
         if (took != CLI_FLAG_NONE) return took == CLI_FLAG_HELP ? -1 : 2;

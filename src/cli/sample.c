@@ -30,6 +30,8 @@ static void sample_usage(FILE *f) {
             "                          probability (nucleus sampling), 1 = all (default 1)\n"
             "  --seed N                sampling seed (default 1)\n"
             "  --device cpu|cuda       backend (default: cuda when available, else cpu)\n"
+            "  -q, --quiet             no notes on stderr (a prompt cut to the context, the library's); the\n"
+            "                          text on stdout, warnings and errors still print\n"
             "\n"
             "The model's context is its sequence length (a checkpoint's, or all a safetensors model's positions):\n"
             "a longer prompt is cut to its last tokens, with a note, and the text slides on past it, the\n"
@@ -86,12 +88,14 @@ int zoff_cmd_sample(int argc, char **argv) {
     const char *load = NULL, *prompt = "", *device = NULL, *tokenizer = NULL;
     int64_t max_new = 200, top_k = 40, seed = 1;
     double temp = 0.8, top_p = 1;
+    bool quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             sample_usage(stdout);
             return 0;
         }
+        if (cli_quiet_flag(a, &quiet)) continue;
         const cli_string_flag strs[] = {{"--load", &load}, {"--prompt", &prompt}, {"--device", &device},
                                           {"--tokenizer", &tokenizer}};
         const cli_int_flag ints[] = {{"--max-new-tokens", 0, 1 << 24, &max_new},
@@ -154,7 +158,7 @@ int zoff_cmd_sample(int argc, char **argv) {
     if (s == ZOFF_OK) s = zoff_tokenizer_encode(tok, prompt, strlen(prompt), &ctx);
     if (s == ZOFF_OK && ctx.n == 0) s = zoff_tokens_push(&ctx, '\n'); /* byte tokenizer, empty prompt */
     if (s != ZOFF_OK) goto done;
-    if ((int64_t)ctx.n > T) /* nanoGPT crops so; Hugging Face's generate refuses such a prompt */
+    if ((int64_t)ctx.n > T && !quiet) /* nanoGPT crops so; Hugging Face's generate refuses such a prompt */
         fprintf(stderr, "zoff sample: note: the prompt is %zu tokens%s, longer than the model's context (its sequence "
                         "length, %lld): it sees the last %lld\n",
                 ctx.n, eot >= 0 ? " with the <|endoftext|> before it" : "", (long long)T, (long long)T);

@@ -330,18 +330,20 @@ static void print_throughput(const zoff_trainer_info *in, int64_t steps, const l
             tokens * (double)steps / lt->steps, seqs * (double)steps / lt->steps, lt->steps, lt->first, rest, out);
 }
 
-/* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint. */
+/* The closing lines; validation figures only when they were measured. save_dir NULL: no checkpoint.
+ * sig > 0: a signal stopped the run: said on the first line, and the checkpoint lines are the caller's. */
 static void print_summary(const zoff_trainer_info *in, const char *save_dir, const loop_times *lt, double last_loss,
-                          int64_t skipped, double val_before, double val_after, const zoff_memory_stats *ms) {
+                          int64_t skipped, double val_before, double val_after, const zoff_memory_stats *ms, int sig) {
     int64_t steps = in->step - in->start_step;
-    char val[96] = "", loss[64] = "", skip[96] = "", ck[4200], v1[32], v2[32];
+    char val[96] = "", loss[64] = "", skip[96] = "", stop[48] = "", ck[4200], v1[32], v2[32];
     if (steps > 0) snprintf(loss, sizeof loss, "; train loss %s (last step)", zoff_format_fixed(last_loss, 4, v1, 32));
     if (skipped) snprintf(skip, sizeof skip, " (%lld of them skipped: inf/NaN gradients)", (long long)skipped);
     if (!isnan(val_after))
         snprintf(val, sizeof val, "; validation loss %s -> %s", zoff_format_fixed(val_before, 4, v1, sizeof v1),
                  zoff_format_fixed(val_after, 4, v2, sizeof v2));
-    fprintf(stderr, "zoff: trained %lld step%s%s in %.2f s%s%s\n", (long long)steps, steps == 1 ? "" : "s", skip,
-            lt->wall, loss, val);
+    if (sig > 0) snprintf(stop, sizeof stop, " (stopped by signal %d)", sig);
+    fprintf(stderr, "zoff: trained %lld step%s%s%s in %.2f s%s%s\n", (long long)steps, steps == 1 ? "" : "s", skip,
+            stop, lt->wall, loss, val);
     print_throughput(in, steps, lt);
     char b1[32], b2[32], b3[32], host[96] = "";
     zoff_host_memory hm; /* the whole process: pageable optimizer state, data, buffers (CPU backend: the device's) */
@@ -350,6 +352,7 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, con
                  in->world > 1 ? "rank 0's" : "the process's");
     fprintf(stderr, "zoff: peak memory: device %s, pinned host %s%s\n", zoff_format_bytes(ms->device_peak, b1, sizeof b1),
             zoff_format_bytes(ms->pinned_peak, b2, sizeof b2), host);
+    if (sig > 0) return;
     if (!save_dir) {
         fprintf(stderr, "zoff: no checkpoint (--no-checkpoint), metrics %s\n", in->metrics_path);
         return;
@@ -357,6 +360,17 @@ static void print_summary(const zoff_trainer_info *in, const char *save_dir, con
     zoff_ckpt_step_path(save_dir, in->step, ck, sizeof ck);
     fprintf(stderr, "zoff: checkpoint %s, metrics %s\nzoff: try: zoff sample --load %s\n", ck, in->metrics_path,
             save_dir);
+}
+
+/* The closing summary of train() (not under --quiet), with the memory peaks: what zoff plan predicts
+ * (stage 3 gathers weights on use). sig > 0: a signal stopped the run. */
+static void summarize(zoff_trainer *t, const zoff_trainer_options *o, const loop_times *lt, double last_loss,
+                      int64_t skipped, double val_before, double val_after, int sig) {
+    if (o->quiet) return;
+    zoff_memory_stats ms;
+    zoff_device_memory_stats(zoff_trainer_device(t), &ms);
+    print_summary(zoff_trainer_info_get(t), o->no_checkpoint ? NULL : o->save_dir, lt, last_loss, skipped, val_before,
+                  val_after, &ms, sig);
 }
 
 /* The training loop. */
@@ -423,6 +437,7 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     /* final, also on SIGINT/SIGTERM/SIGHUP */
     if (!o->no_checkpoint && (s = zoff_trainer_save(t, true)) != ZOFF_OK) return fail_run(o, s);
     if (g_stop) {
+        summarize(t, o, &lt, r.loss, skipped, val_before, NAN, (int)g_stop);
         if (!o->quiet && !o->no_checkpoint)
             fprintf(stderr, "zoff: step %lld saved under %s; go on with --load %s\n", (long long)in->step, o->save_dir,
                     o->save_dir);
@@ -432,16 +447,13 @@ static int train(zoff_trainer *t, const zoff_trainer_options *o) {
     if ((s = zoff_engine_flush(zoff_trainer_engine(t))) != ZOFF_OK) return fail(s);
     if ((s = zoff_trainer_evaluate(t, &val_after)) != ZOFF_OK) return fail(s);
     if (g_stop) { /* during the final validation: the checkpoint is written, the figure is not */
+        summarize(t, o, &lt, r.loss, skipped, val_before, NAN, (int)g_stop);
         if (!o->quiet)
             fprintf(stderr, "zoff: signal %d: the final validation stopped; step %lld is %s\n", (int)g_stop,
                     (long long)in->step, o->no_checkpoint ? "not saved (--no-checkpoint)" : "saved");
         return 128 + (int)g_stop;
     }
-    if (!o->quiet) {
-        zoff_memory_stats ms; /* the peaks: what zoff plan predicts (stage 3 gathers weights on use) */
-        zoff_device_memory_stats(zoff_trainer_device(t), &ms);
-        print_summary(in, o->no_checkpoint ? NULL : o->save_dir, &lt, r.loss, skipped, val_before, val_after, &ms);
-    }
+    summarize(t, o, &lt, r.loss, skipped, val_before, val_after, 0);
     return 0;
 }
 
@@ -471,7 +483,7 @@ int zoff_cmd_train(int argc, char **argv) {
     if (zoff_comm_rank(comm) > 0) a.o.quiet = true; /* progress from rank 0 only; errors from every rank */
     /* --quiet: nothing on success, from any layer (the corpus, NVMe and engine notes are INFO);
      * warnings and errors still print */
-    if (a.o.quiet && zoff_log_get_level() < ZOFF_LOG_WARN) zoff_log_set_level(ZOFF_LOG_WARN);
+    if (a.o.quiet) cli_quiet_logs();
     a.o.stop = &g_stop;
     zoff_trainer *t = NULL;
     s = zoff_trainer_create(&a.o, world > 1 ? comm : NULL, &t);
