@@ -246,6 +246,24 @@ mkdir -p "$W/cwd"
 check "defaults: ./DeepSpeedJobName/ holds the event file and the csv files" \
   "ls '$W/cwd/DeepSpeedJobName/' | grep -q '^events.out.tfevents' && [ -f '$W/cwd/DeepSpeedJobName/Train_Samples_lr.csv' ]"
 
+# an event file of an earlier start with this pid in this second (zoff as pid 1 in a container,
+# restarted within a second) is kept: the new start takes the next N (before: O_TRUNC emptied it)
+if unshare --fork --pid --mount-proc true 2>/dev/null; then
+  mkdir -p "$W/pid1/tb1"; t0=$(date +%s)
+  for t in $(seq "$t0" $((t0 + 60))); do
+    printf 'an earlier start' > "$W/pid1/tb1/events.out.tfevents.$(printf %010d "$t").$(hostname).1.0"
+  done
+  sed "s|\"output_path\": \"$W/tb\", \"job_name\": \"run1\"|\"output_path\": \"$W/pid1\", \"job_name\": \"tb1\"|" \
+    "$W/mon.json" > "$W/pid1.json"
+  unshare --fork --pid --mount-proc "$ZOFF" train "${TINY[@]/$W\/mon.json/$W/pid1.json}" --train-iters 1 \
+    --save "$W/pid1/run" >"$W/pid1.txt" 2>&1
+  rc=$?
+  check "pid 1 beside an earlier pid 1's event files of this second: exit 0, each kept, the new one named .1" \
+    "[ $rc -eq 0 ] && [ \$(grep -l '^an earlier start\$' '$W'/pid1/tb1/*.1.0 | wc -l) -eq 61 ] && \
+     [ \$(ls '$W'/pid1/tb1/ | grep -c '\.1\.1\$') -eq 1 ] && [ -s \"\$(ls '$W'/pid1/tb1/*.1.1)\" ]" ||
+    { ls -l "$W/pid1/tb1" | head; cat "$W/pid1.txt"; }
+else echo "skip - an earlier start's event file with this pid: no pid namespace here (unshare --pid)"; fi
+
 # an output_path under a file: exit 2 naming the key, before training
 sed "s|\"output_path\": \"$W/tb\"|\"output_path\": \"$W/o1.txt/tb\"|" "$W/mon.json" > "$W/bad.json"
 "$ZOFF" train "${TINY[@]/$W\/mon.json/$W/bad.json}" --train-iters 1 --save "$W/bad" >"$W/bad.txt" 2>&1

@@ -185,11 +185,16 @@ zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) 
         char dir[4096], host[256] = "localhost";
         s = log_dir(&cfg->tensorboard, "tensorboard", dir, sizeof dir);
         gethostname(host, sizeof host - 1);
-        /* torch's SummaryWriter's name: events.out.tfevents.TIME.HOST.PID.N */
-        snprintf(m->tb_path, sizeof m->tb_path, "%s/events.out.tfevents.%010lld.%s.%d.0", dir, (long long)time(NULL),
-                 host, (int)getpid());
-        if (s == ZOFF_OK && (m->tb = open(m->tb_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644)) < 0)
-            s = zoff_error(ZOFF_ERR_IO, "tensorboard: cannot create %s: %s", m->tb_path, strerror(errno));
+        /* torch's SummaryWriter's name: events.out.tfevents.TIME.HOST.PID.N. A name taken (an earlier start in
+         * the same second with the same pid: zoff as pid 1 in a container, restarted) is kept: the next N */
+        const long long now = (long long)time(NULL);
+        for (int n = 0; s == ZOFF_OK && m->tb < 0; n++) {
+            snprintf(m->tb_path, sizeof m->tb_path, "%s/events.out.tfevents.%010lld.%s.%d.%d", dir, now, host,
+                     (int)getpid(), n);
+            m->tb = open(m->tb_path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+            if (m->tb < 0 && (errno != EEXIST || n >= 999))
+                s = zoff_error(ZOFF_ERR_IO, "tensorboard: cannot create %s: %s", m->tb_path, strerror(errno));
+        }
         if (s == ZOFF_OK) s = tb_record(m, 0, "brain.Event:2", NULL, 0);
     }
     if (s != ZOFF_OK) {
