@@ -84,7 +84,7 @@ def records(path):
 
 files = sorted(glob.glob(W + "/tb/run1/events.out.tfevents.*"))
 assert len(files) == 2, files  # the first run's and the resumed run's
-scalars = {}
+scalars, starts = {}, []
 for path in files:
     first = True
     for rec in records(path):
@@ -97,12 +97,17 @@ for path in files:
             assert f.get(3) == b"brain.Event:2", ev
             first = False
             continue
+        if 7 in f:  # SessionLog: a resume's START (status 1) at its checkpoint's samples
+            assert {k: v for k, _, v in fields(f[7])} == {1: 1}, ev
+            starts.append((path, f[2]))
+            continue
         (val,) = [v for k, _, v in fields(f[5]) if k == 1]
         vf = {k: v for k, _, v in fields(val)}
         tag = vf[1].decode()
         (x,) = struct.unpack("<f", vf[2])
         scalars.setdefault(tag, []).append((f[2], x))
 
+assert starts == [(files[1], 3 * 8 + 1)], starts  # none in the first start's file; the resume's past step 3's samples
 steps = [json.loads(l) for l in open(W + "/run/metrics.jsonl") if '"loss"' in l]
 vals = [json.loads(l) for l in open(W + "/run/metrics.jsonl") if '"val_loss"' in l]
 gbs = 8  # micro 4 x accumulation 2 x 1 rank
@@ -199,8 +204,12 @@ print("csv after a resume: ok")
 PY
 # TensorBoard the same: each start its own event file (named by its start time: read in name
 # order), the resumed one's events from its checkpoint's step, so the steps after it are in both
-# files; zoff writes no SessionLog START event (field 6), which TensorBoard's Python reader would
-# take to drop them; read by the same rule, per tag, the files hold the csv's curve
+# files. The resumed file begins with a SessionLog START event (Event field 7, status 1) past the
+# checkpoint's samples, as torch's SummaryWriter(purge_step=) writes one: TensorBoard's reader
+# (EventAccumulator, file_version 2) then drops every earlier event past the checkpoint (before: no
+# START, so TensorBoard showed steps 3-4 twice). Those at its samples stay (step 2's lr; step 3's
+# loss, logged before it, is there from both starts, the same value). Read by TensorBoard's rule,
+# the files hold the csv's curve read by its rule.
 cat >> "$W/cr.py" <<'PY'
 sys.argv = [sys.argv[0], W]
 src = open(W + "/read.py").read()
@@ -208,17 +217,25 @@ exec(src[:src.index("files = sorted(")])  # the TFRecord / protobuf reader above
 import glob
 files = sorted(glob.glob(W + "/tb/cr/events.out.tfevents.*"))
 assert len(files) == 2, files  # the first start's and the resumed one's
-per = []  # per file: {tag: [(samples, value)]}
+per, starts = [], []  # per file: {tag: [(samples, value)]}; the START events' samples
+tb = {}  # TensorBoard's reading: the files in order, a START purges every tag's events at its step or after
 for path in files:
     tags = {}
     for rec in records(path):
         f = {k: v for k, _, v in fields(rec)}
-        assert 6 not in f, "a SessionLog event"
+        if 7 in f:  # SessionLog { status = 1 }
+            sl = {k: v for k, _, v in fields(f[7])}
+            assert sl.get(1) == 1, ("a SessionLog that is not START", sl)
+            starts.append((path, f[2]))
+            tb = {k: [e for e in v if e[0] < f[2]] for k, v in tb.items()}
+            continue
         if 5 not in f: continue  # the file_version record
         (val,) = [v for k, _, v in fields(f[5]) if k == 1]
         vf = {k: v for k, _, v in fields(val)}
         tags.setdefault(vf[1].decode(), []).append((f[2], struct.unpack("<f", vf[2])[0]))
+        tb.setdefault(vf[1].decode(), []).append(tags[vf[1].decode()][-1])
     per.append(tags)
+assert starts == [(files[1], 9)], starts  # one START, in the resumed file, past step 2's samples (2 x 4)
 loss0, loss1 = per[0]["Train/Samples/train_loss"], per[1]["Train/Samples/train_loss"]
 assert [x for x, _ in loss0] == [0, 4, 8, 12] and [x for x, _ in loss1] == [8, 12, 16], (loss0, loss1)
 for tag, csvrows in (("Train/Samples/train_loss", tl), ("Train/Samples/lr", lr), ("Eval/Samples/val_loss", vl)):
@@ -226,17 +243,34 @@ for tag, csvrows in (("Train/Samples/train_loss", tl), ("Train/Samples/lr", lr),
     assert [x for x, _ in both] == [x for x, _ in csvrows], (tag, both, csvrows)
     assert [x for x, _ in read(both)] == [x for x, _ in read(csvrows)], (tag, read(both))
     assert all(abs(a[1] - b[1]) <= 1e-6 * max(1.0, abs(b[1])) for a, b in zip(read(both), read(csvrows))), tag
+    last = {}
+    for x, v in tb[tag]: last[x] = v  # TensorBoard's purge: the last start's curve (one x, 8, from both)
+    assert sorted(last.items()) == read(both), (tag, tb[tag], read(both))
+    assert len(tb[tag]) - len(last) <= 1, (tag, tb[tag])  # without the purge: 12 twice too
 print("tensorboard after a resume: ok")
 PY
 "$PY" "$W/cr.py" "$W" >"$W/cr.txt" 2>&1
 check "... the csv rows of steps 3-4 come twice, the samples going back; read by the documented rule: metrics.jsonl's curve" \
   "grep -q '^csv after a resume: ok' '$W/cr.txt'" || cat "$W/cr.txt"
-check "... tensorboard: two event files, the resumed one's from step 3 (steps 3-4 in both), read by the same rule: the same curve" \
+check "... tensorboard: two event files, the resumed one's from step 3 with a SessionLog START past step 2's samples; TensorBoard's purge gives the csv's curve read by its rule" \
   "grep -q '^tensorboard after a resume: ok' '$W/cr.txt'" || cat "$W/cr.txt"
 check "... docs/config.md's tensorboard says so and how to read it (before: nothing of a resume)" \
-  "grep '^| .tensorboard.enabled' '$SRC/docs/config.md' | grep -q 'steps after it are in the earlier start.s file and again in the resumed one.s.*no SessionLog START'"
+  "grep '^| .tensorboard.enabled' '$SRC/docs/config.md' | grep -q 'steps after it are in the earlier start.s file and again in the resumed one.s.*SessionLog START'"
 check "... docs/config.md's csv_monitor says so and how to read it (before: only 'header once, also across resumes')" \
   "grep '^| .csv_monitor.enabled' '$SRC/docs/config.md' | grep -q 'samples go back.*drops, at each row, the earlier rows at its samples or after'"
+
+# a resume with another global batch: the x axis goes on from the samples trained (the checkpoint's
+# consumed tokens / seq_len, DeepSpeed's global_samples), not the step x the new batch
+sed 's/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 8/; s|"job_name": "cr"|"job_name": "gb"|g' "$W/cr.json" > "$W/gb8.json"
+sed 's|"job_name": "cr"|"job_name": "gb"|g' "$W/cr.json" > "$W/gb4.json"
+GB=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --tokenizer byte --data-path "$W/corpus_train.bin"
+    --eval-iters 0 --quiet --save "$W/gb")
+"$ZOFF" train "${GB[@]}" --config "$W/gb4.json" --train-iters 2 >"$W/gb.txt" 2>&1 &&
+  "$ZOFF" train "${GB[@]}" --config "$W/gb8.json" --train-iters 4 --load "$W/gb" >>"$W/gb.txt" 2>&1
+rc=$?
+check "2 steps at batch 4, resumed to 4 at batch 8: train_loss at samples 0, 4, 8, 16 (before: 0, 4, 16, 24)" \
+  "[ $rc -eq 0 ] && [ \"\$(tail -n +2 '$W/csv/gb/Train_Samples_train_loss.csv' | cut -d, -f1 | tr -d '\r' | tr '\n' ' ')\" = '0 4 8 16 ' ]" ||
+  { cat "$W/gb.txt"; cat "$W/csv/gb/Train_Samples_train_loss.csv"; }
 
 # defaults: output_path "" is the working directory, job_name DeepSpeedJobName (as DeepSpeed)
 sed 's|"tensorboard": {[^}]*}|"tensorboard": {"enabled": true}|; s|"csv_monitor": {[^}]*}|"csv_monitor": {"enabled": true}|' \

@@ -90,8 +90,10 @@ static double wall_time(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One Event (wall_time = 1, step = 2, file_version = 3, summary = 5) as a TFRecord. */
-static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *version, const char *tag, float value) {
+/* One Event (wall_time = 1, step = 2, file_version = 3, summary = 5, session_log = 7 { status = 1: START 1 }) as a
+ * TFRecord. */
+static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *version, const char *tag, float value,
+                             bool start) {
     pbuf ev = {.n = 0}, sum = {.n = 0}, val = {.n = 0};
     uint64_t wt;
     double w = wall_time();
@@ -101,6 +103,12 @@ static zoff_status tb_record(trainer_monitor *m, int64_t step, const char *versi
     pb_tag(&ev, 2, 0);
     pb_varint(&ev, (uint64_t)step);
     if (version) pb_len(&ev, 3, version, strlen(version));
+    if (start) {
+        pbuf sl = {.n = 0};
+        pb_tag(&sl, 1, 0);
+        pb_varint(&sl, 1);
+        pb_len(&ev, 7, sl.b, sl.n);
+    }
     if (tag && strlen(tag) > 256) return zoff_error(ZOFF_ERR_INTERNAL, "tensorboard tag %.40s... too long", tag);
     if (tag) { /* Summary { repeated Value value = 1 { string tag = 1; float simple_value = 2 } } */
         uint32_t fv;
@@ -173,7 +181,7 @@ static zoff_status log_dir(const zoff_monitor_config *c, const char *what, char 
     return ZOFF_OK;
 }
 
-zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) {
+zoff_status trainer_monitor_open(const zoff_config *cfg, int64_t restart_samples, trainer_monitor **out) {
     *out = NULL;
     if (!cfg->tensorboard.enabled && !cfg->csv_monitor.enabled) return ZOFF_OK;
     trainer_monitor *m = calloc(1, sizeof *m);
@@ -195,7 +203,8 @@ zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) 
             if (m->tb < 0 && (errno != EEXIST || n >= 999))
                 s = zoff_error(ZOFF_ERR_IO, "tensorboard: cannot create %s: %s", m->tb_path, strerror(errno));
         }
-        if (s == ZOFF_OK) s = tb_record(m, 0, "brain.Event:2", NULL, 0);
+        if (s == ZOFF_OK) s = tb_record(m, 0, "brain.Event:2", NULL, 0, false);
+        if (s == ZOFF_OK && restart_samples >= 0) s = tb_record(m, restart_samples, NULL, NULL, 0, true);
     }
     if (s != ZOFF_OK) {
         trainer_monitor_close(m);
@@ -207,7 +216,7 @@ zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out) 
 
 zoff_status trainer_monitor_event(trainer_monitor *m, const char *name, double value, int64_t samples) {
     if (!m) return ZOFF_OK;
-    if (m->tb >= 0) ZOFF_TRY(tb_record(m, samples, NULL, name, (float)value));
+    if (m->tb >= 0) ZOFF_TRY(tb_record(m, samples, NULL, name, (float)value, false));
     if (m->csv_dir[0]) ZOFF_TRY(csv_row(m, name, value, samples));
     return ZOFF_OK;
 }

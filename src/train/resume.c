@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -349,6 +350,11 @@ zoff_status trainer_restore(zoff_trainer *t) {
     t->info.start_step = t->info.step = t->resume.step;
     t->o.seed = t->resume.seed; /* the run's, as its data order (the loader's restored key): the next save records it */
     t->info.consumed_tokens = t->resume.consumed_tokens;
+    /* the samples trained so far, also when this resume takes another global batch (DeepSpeed's global_samples) */
+    t->samples_base_step = t->resume.step;
+    t->samples_base = t->resume.consumed_tokens > 0 && t->resume.seq_len > 0
+                          ? (int64_t)llround(t->resume.consumed_tokens / (double)t->resume.seq_len)
+                          : t->resume.step * t->info.micro_batch * t->info.accumulation * t->info.world;
     trainer_say(t, "resumed from %s at step %lld", t->o.load_dir, (long long)t->info.step);
     return ZOFF_OK;
 }

@@ -11,6 +11,8 @@
 #include "zoff/resources.h"
 #include "zoff/schedule.h"
 
+static int64_t samples_at(const zoff_trainer *t, int64_t step); /* the monitors' x axis */
+
 void trainer_say(const zoff_trainer *t, const char *fmt, ...) {
     if (t->o.quiet || t->info.rank != 0) return;
     char buf[2048];
@@ -182,7 +184,8 @@ static zoff_status create(zoff_trainer *t) {
     ZOFF_TRY(trainer_restore(t));
     ZOFF_TRY(trainer_keep_last(t));
     ZOFF_TRY(trainer_open_metrics(t));
-    if (t->info.rank == 0) ZOFF_TRY(trainer_monitor_open(&t->cfg, &t->monitor));
+    if (t->info.rank == 0)
+        ZOFF_TRY(trainer_monitor_open(&t->cfg, t->o.load_dir ? samples_at(t, t->info.step) + 1 : -1, &t->monitor));
     p[ZOFF_STARTUP_OTHER] += zoff_lap(&mark);
     t->made_dir[0] = 0; /* files exist from here on: the directory stays */
     t->info.startup_s = mark - t0;
@@ -268,7 +271,7 @@ static zoff_status micro_batch(zoff_trainer *t, bool boundary, float *loss, doub
 
 /* Samples trained after `step` optimizer steps (all ranks): the monitors' x axis, as DeepSpeed's global_samples. */
 static int64_t samples_at(const zoff_trainer *t, int64_t step) {
-    return step * t->info.micro_batch * t->info.accumulation * t->info.world;
+    return t->samples_base + (step - t->samples_base_step) * t->info.micro_batch * t->info.accumulation * t->info.world;
 }
 
 /* DeepSpeed's monitor events of a step: the loss at the samples before it (its backward logs it),

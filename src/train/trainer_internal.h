@@ -10,7 +10,10 @@
 /* monitor.c: DeepSpeed's tensorboard and csv_monitor (rank 0) */
 typedef struct trainer_monitor trainer_monitor;
 /* NULL when neither is enabled. */
-zoff_status trainer_monitor_open(const zoff_config *cfg, trainer_monitor **out);
+/* restart_samples >= 0: a resume, TensorBoard's SessionLog START at those samples (its reader drops the
+ * earlier starts' events from there on, as torch's SummaryWriter(purge_step=) has it): the checkpoint's
+ * samples + 1, keeping the events logged after its step (lr, loss scale, timers); -1: a new run */
+zoff_status trainer_monitor_open(const zoff_config *cfg, int64_t restart_samples, trainer_monitor **out);
 /* One event (DeepSpeed's name, e.g. "Train/Samples/train_loss"; x: samples trained); m may be NULL. */
 zoff_status trainer_monitor_event(trainer_monitor *m, const char *name, double value, int64_t samples);
 void trainer_monitor_close(trainer_monitor *m);
@@ -33,6 +36,8 @@ struct zoff_trainer {
     zoff_ckpt_reader *rd;     /* --load, open during create only */
     zoff_train_meta resume;   /* --load's meta */
     char *resume_config;      /* --load's stored config text (NULL: none); the run's config without --config */
+    int64_t samples_base, samples_base_step; /* the monitors' x axis: samples trained at that step (a resume:
+                                             * the checkpoint's consumed tokens / its seq_len, so another batch goes on from there) */
     bool ranks_change_said;   /* stored_batch said the ranks' change and the accumulation it took */
     int32_t *hx, *hy, *dx, *dy;
     FILE *metrics, *timeline;
