@@ -182,6 +182,11 @@ check "bench nvme -q: exit 0, the JSON on stdout, nothing on stderr" \
 "$ZOFF" eval --quiet=1 --load "$W/quiet" --data-path "$W/corpus_val.bin" >/dev/null 2>"$W/qeq.err"
 check "eval --quiet=1: a switch takes no value: exit 2, unknown option, --quiet named" \
   "[ \$? -eq 2 ] && grep -q \"unknown option '--quiet=1' (did you mean --quiet?\" '$W/qeq.err'" || cat "$W/qeq.err"
+for c in tokenize export; do # one rule (cli_quiet_flag): before, their --quiet=1 was taken as --quiet
+  "$ZOFF" $c --quiet=1 >/dev/null 2>"$W/qeq_$c.err"
+  check "$c --quiet=1: exit 2, unknown option, --quiet named (as eval)" \
+    "[ \$? -eq 2 ] && grep -q \"unknown option '--quiet=1' (did you mean --quiet?\" '$W/qeq_$c.err'" || cat "$W/qeq_$c.err"
+done
 check "... and each of their helps lists -q, --quiet" \
   "(for c in train tokenize export eval sample plan 'bench step' 'bench adam' 'bench nvme' 'bench ckpt'; do \
       \"\$ZOFF\" \$c --help | grep -q '^  -q, --quiet ' || exit 1; done)"

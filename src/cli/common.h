@@ -38,8 +38,9 @@ void cli_flag_name(const char *arg, char *name, size_t size);
  * printed; its warnings and errors are. */
 void cli_quiet_logs(void);
 /* When arg is --quiet or -q (cli_flag_name's alias; not --quiet=VALUE): sets *quiet, quiets the
- * library's notes (cli_quiet_logs) and returns true; else false. For the commands whose --quiet keeps
- * the result (eval, sample, plan, bench): their own notes on stderr go, what they print on stdout stays. */
+ * library's notes (cli_quiet_logs) and returns true; else false. Every command's --quiet but train's (a
+ * table flag): eval, sample, plan and bench keep their result on stdout; export and tokenize drop their
+ * summary too. */
 bool cli_quiet_flag(const char *arg, bool *quiet);
 /* Fetch argv[*i]'s value (as cli_value) and check that it is one of `choices` (NULL-terminated);
  * otherwise print "zoff <cmd>: <flag>: 'v' is not one of a, b" and return NULL. */

@@ -249,9 +249,7 @@ int zoff_cmd_export(int argc, char **argv) {
         if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
             export_usage(stdout);
             return 0;
-        } else if (!strcmp(name, "--quiet")) {
-            quiet = true;
-        } else {
+        } else if (!cli_quiet_flag(a, &quiet)) {
             cli_unknown_option("export", a, export_usage);
             return 2;
         }

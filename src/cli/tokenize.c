@@ -143,14 +143,11 @@ int zoff_cmd_tokenize(int argc, char **argv) {
     }
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i], *v;
-        char name[64];
-        cli_flag_name(a, name, sizeof name);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             tokenize_usage(stdout);
             free(inputs);
             return 0;
-        } else if (!strcmp(name, "--quiet")) {
-            quiet = true;
+        } else if (cli_quiet_flag(a, &quiet)) {
         } else if ((v = opt_value(argc, argv, &i, "--tokenizer", &bad))) {
             tokenizer = v;
         } else if ((v = opt_value(argc, argv, &i, "--output-prefix", &bad))) {

@@ -139,8 +139,10 @@ zoff_status trainer_check_resume(zoff_trainer *t) {
     if (strcmp(was->scheduler, now.scheduler))
         trainer_say(t, "resume: scheduler.type %s -> %s", was->scheduler, now.scheduler);
     for (size_t i = 0; i < sizeof num / sizeof num[0]; i++) {
-        bool said = t->ranks_change_said && (!strcmp(num[i].key, "ranks") || !strcmp(num[i].key, "gradient_accumulation_steps"));
-        if (num[i].was != num[i].now && !said) trainer_say(t, "resume: %s %g -> %g", num[i].key, num[i].was, num[i].now);
+        bool said = t->ranks_change_said && /* stored_batch's one line said these two */
+                    (!strcmp(num[i].key, "ranks") || !strcmp(num[i].key, "gradient_accumulation_steps"));
+        if (num[i].was != num[i].now && !said)
+            trainer_say(t, "resume: %s %g -> %g", num[i].key, num[i].was, num[i].now);
     }
     say_config_changes(t);
     return ZOFF_OK;
